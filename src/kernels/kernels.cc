@@ -1,0 +1,169 @@
+// Dispatch and the drivers that split work across the pool. Per-element arithmetic lives in the
+// ISA tables; here is only the looping, in an order fixed independent of batch and thread count.
+#include "kernels/kernels.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/check.h"
+#include "base/cpu.h"
+#include "kernels/isa_tables.h"
+
+namespace gale::kernels {
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+TypeSlot SlotOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32: return kSlotF32;
+    case GgmlType::kF16: return kSlotF16;
+    case GgmlType::kBF16: return kSlotBF16;
+    case GgmlType::kQ8_0: return kSlotQ8_0;
+    case GgmlType::kQ4_0: return kSlotQ4_0;
+  }
+  CHECK(false && "no kernels for this type");
+  return kSlotF32;
+}
+
+const KernelTable* GetKernelTable(Isa isa) {
+  const CpuFeatures& cpu = GetCpuFeatures();
+  switch (isa) {
+    case Isa::kScalar: return &ScalarTable();
+    case Isa::kAvx2: return cpu.HasAvx2() ? &Avx2Table() : nullptr;
+    case Isa::kAvx512: return cpu.HasAvx512() ? &Avx512Table() : nullptr;
+  }
+  return nullptr;
+}
+
+Isa BestIsa() {
+  Isa best = Isa::kScalar;
+  if (GetKernelTable(Isa::kAvx2)) best = Isa::kAvx2;
+  if (GetKernelTable(Isa::kAvx512)) best = Isa::kAvx512;
+  if (const char* env = std::getenv("GALE_ISA")) {
+    const std::string want(env);
+    Isa cap = best;
+    if (want == "scalar") cap = Isa::kScalar;
+    if (want == "avx2") cap = Isa::kAvx2;
+    if (static_cast<int>(cap) < static_cast<int>(best)) best = cap;
+  }
+  return best;
+}
+
+namespace {
+const KernelTable* g_active = nullptr;
+}
+
+const KernelTable& Active() {
+  if (g_active == nullptr) g_active = GetKernelTable(BestIsa());
+  return *g_active;
+}
+
+void SetActiveIsa(Isa isa) {
+  const KernelTable* t = GetKernelTable(isa);
+  CHECK(t != nullptr);
+  g_active = t;
+}
+
+void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
+  const int64_t cols = w.shape[0];
+  const int64_t rows = w.NumRows();
+  const int64_t row_bytes = w.RowBytes();
+  const VecDotFn dot = Active().vec_dot[SlotOf(w.type)];
+  // Each y element is one vec_dot of a weight row with a token row: the same call, in the same
+  // order, whatever the batch size or split. Rows outer so a weight row is read once per call.
+  pool.ParallelFor(
+      rows,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const uint8_t* wr = w.data + r * row_bytes;
+          for (int64_t t = 0; t < num_tokens; ++t) y[t * rows + r] = dot(wr, x + t * cols, cols);
+        }
+      },
+      /*min_items_per_thread=*/16);
+}
+
+void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out) {
+  const int64_t cols = w.shape[0];
+  const DequantizeRowFn deq = Active().dequantize_row[SlotOf(w.type)];
+  for (int64_t i = 0; i < num_ids; ++i) deq(w.Row(ids[i]), out + i * cols, cols);
+}
+
+void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  Active().rms_norm(x, w, n, eps, out);
+}
+
+void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, up, n); }
+
+void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
+          float freq_scale) {
+  const float p = static_cast<float>(pos) * freq_scale;
+  for (int i = 0; i < rope_dims; i += 2) {
+    // Same expression as llama2.c's run.c so the reference logits match to the last bits.
+    const float freq = 1.0f / std::pow(freq_base, static_cast<float>(i) / static_cast<float>(rope_dims));
+    const float val = p * freq;
+    const float c = std::cos(val);
+    const float s = std::sin(val);
+    for (int h = 0; h < num_heads; ++h) {
+      float* v = x + h * head_dim + i;
+      const float v0 = v[0];
+      const float v1 = v[1];
+      v[0] = v0 * c - v1 * s;
+      v[1] = v0 * s + v1 * c;
+    }
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* k_cache,
+               const float* v_cache, int num_heads, int num_kv_heads, int head_dim, float* out,
+               ThreadPool& pool) {
+  const KernelTable& kt = Active();
+  const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
+  const int64_t kv_stride = static_cast<int64_t>(num_kv_heads) * head_dim;
+  const int group = num_heads / num_kv_heads;
+  // Divide (not multiply by the reciprocal) as run.c does: it rounds differently.
+  const float scale_div = std::sqrt(static_cast<float>(head_dim));
+  // One task per (token, head); each reduces over the cache in position order.
+  pool.ParallelFor(num_tokens * num_heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;  // [positions[t] + 1]
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / num_heads;
+      const int h = static_cast<int>(task % num_heads);
+      const int kvh = h / group;
+      const int64_t len = static_cast<int64_t>(positions[t]) + 1;
+      const float* qh = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
+      scores.resize(len);
+      for (int64_t p = 0; p < len; ++p) {
+        scores[p] = kt.vec_dot[kSlotF32](k_cache + p * kv_stride + kvh * head_dim, qh, head_dim) / scale_div;
+      }
+      Softmax(scores.data(), len);
+      float* oh = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
+      std::memset(oh, 0, sizeof(float) * head_dim);
+      for (int64_t p = 0; p < len; ++p) {
+        kt.axpy(scores[p], v_cache + p * kv_stride + kvh * head_dim, oh, head_dim);
+      }
+    }
+  });
+}
+
+}  // namespace gale::kernels

@@ -1,0 +1,51 @@
+// The only numeric API model code sees. Free functions over plain pointers and TensorViews,
+// dispatched once at start-up through a KernelTable chosen from CPUID: a scalar reference is
+// always built; AVX2 and AVX-512 each live in their own translation unit with their own flags.
+// Every output element is reduced in a fixed order that does not depend on batch size or thread
+// count (batch invariance, DESIGN.md).
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+#include "kernels/kernel_table.h"
+#include "gguf/gguf_file.h"
+
+namespace gale::kernels {
+
+// The table for an ISA, or nullptr when this CPU cannot run it.
+const KernelTable* GetKernelTable(Isa isa);
+// Best ISA this CPU supports; GALE_ISA=scalar|avx2|avx512 in the environment caps it.
+Isa BestIsa();
+const KernelTable& Active();
+void SetActiveIsa(Isa isa);  // CHECKs that the CPU supports it
+
+// ---- Drivers over the active table ---------------------------------------------------------
+
+// y[t, r] = dot(W[r, :], x[t, :]): W is [rows, cols] (ggml shape {cols, rows}), x is
+// [num_tokens, cols], y is [num_tokens, rows]. Rows are split across the pool.
+void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool);
+
+// out[i, :] = dequantized row ids[i] of W ([rows, cols]); ids must be in range.
+void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out);
+
+void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
+void SiluMul(float* gate, const float* up, int64_t n);
+
+// Rotary embedding in llama's "normal" mode (adjacent pairs (2i, 2i+1) rotate together), applied
+// to the first rope_dims of each head of x ([num_heads, head_dim]) at position pos.
+// theta_i = pos * freq_scale / freq_base^(2i / rope_dims).
+void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
+          float freq_scale);
+
+// In-place softmax over n values (max-subtracted, f32 exp).
+void Softmax(float* x, int64_t n);
+
+// Causal attention of one sequence over its contiguous cache.
+// q: [num_tokens, num_heads * head_dim]; k_cache, v_cache: [>= max pos + 1, num_kv_heads * head_dim];
+// query t attends to cache rows [0, positions[t]]; out: [num_tokens, num_heads * head_dim].
+void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* k_cache,
+               const float* v_cache, int num_heads, int num_kv_heads, int head_dim, float* out,
+               ThreadPool& pool);
+
+}  // namespace gale::kernels

@@ -1,0 +1,54 @@
+// Hyperparameter parsing and validation for llama-family GGUF files.
+#include "model/hparams.h"
+
+namespace gale {
+
+StatusOr<LlamaHParams> ReadLlamaHParams(const GgufFile& file) {
+  LlamaHParams hp;
+  ASSIGN_OR_RETURN(hp.arch, file.GetString("general.architecture"));
+  if (hp.arch != "llama") {
+    return Unimplemented("architecture '{}' is not supported yet (gale runs 'llama')", hp.arch);
+  }
+  const std::string p = hp.arch + ".";
+  ASSIGN_OR_RETURN(hp.dim, file.GetInt(p + "embedding_length"));
+  ASSIGN_OR_RETURN(hp.ffn_dim, file.GetInt(p + "feed_forward_length"));
+  ASSIGN_OR_RETURN(hp.num_layers, file.GetInt(p + "block_count"));
+  ASSIGN_OR_RETURN(hp.num_heads, file.GetInt(p + "attention.head_count"));
+  hp.num_kv_heads = file.GetInt(p + "attention.head_count_kv", hp.num_heads);
+  hp.context_length = file.GetInt(p + "context_length", 2048);
+  hp.rms_eps = static_cast<float>(file.GetDouble(p + "attention.layer_norm_rms_epsilon", 1e-5));
+  hp.rope_freq_base = static_cast<float>(file.GetDouble(p + "rope.freq_base", 10000.0));
+
+  auto bad = [&](const char* what) {
+    return InvalidArgument("model hyperparameters: {} (dim {}, heads {}, kv heads {}, layers {}, ffn {})",
+                           what, hp.dim, hp.num_heads, hp.num_kv_heads, hp.num_layers, hp.ffn_dim);
+  };
+  constexpr int64_t kLimit = 1 << 20;
+  if (hp.dim <= 0 || hp.dim > kLimit) return bad("embedding_length out of range");
+  if (hp.ffn_dim <= 0 || hp.ffn_dim > 16 * kLimit) return bad("feed_forward_length out of range");
+  if (hp.num_layers <= 0 || hp.num_layers > 4096) return bad("block_count out of range");
+  if (hp.num_heads <= 0 || hp.dim % hp.num_heads != 0) return bad("head_count must divide embedding_length");
+  if (hp.num_kv_heads <= 0 || hp.num_heads % hp.num_kv_heads != 0) return bad("head_count_kv must divide head_count");
+  if (hp.context_length <= 0) return bad("context_length must be positive");
+  hp.head_dim = hp.dim / hp.num_heads;
+  hp.rope_dims = file.GetInt(p + "rope.dimension_count", hp.head_dim);
+  if (hp.rope_dims <= 0 || hp.rope_dims > hp.head_dim || hp.rope_dims % 2 != 0) {
+    return bad("rope.dimension_count must be even and at most the head size");
+  }
+  if (!(hp.rms_eps > 0.0f) || !(hp.rope_freq_base > 0.0f)) return bad("rms epsilon and rope freq_base must be positive");
+
+  const GgufValue* scaling_type = file.Find(p + "rope.scaling.type");
+  if (scaling_type != nullptr && scaling_type->AsString() != nullptr) {
+    const std::string& t = *scaling_type->AsString();
+    if (t == "linear") {
+      const double factor = file.GetDouble(p + "rope.scaling.factor", 1.0);
+      if (!(factor > 0.0)) return bad("rope.scaling.factor must be positive");
+      hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    } else if (t != "none") {
+      return Unimplemented("rope scaling type '{}' is not supported yet (gale supports none, linear)", t);
+    }
+  }
+  return hp;
+}
+
+}  // namespace gale

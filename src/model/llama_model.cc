@@ -1,0 +1,155 @@
+// Llama forward pass: embed, then per layer RMSNorm -> QKV -> RoPE -> cache write -> attention ->
+// output projection -> residual, RMSNorm -> SwiGLU MLP -> residual; final norm and lm_head.
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/kernels.h"
+
+namespace gale {
+namespace {
+
+Status ExpectShape(const GgufFile& file, const std::string& name, std::vector<int64_t> shape,
+                   TensorView* out) {
+  auto t = file.Tensor(name);
+  if (!t.ok()) return t.status();
+  if (t->shape != shape) {
+    std::string want, got;
+    for (int64_t d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+    for (int64_t d : t->shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    return InvalidArgument("tensor {}: expected shape [{}], got [{}]", name, want, got);
+  }
+  if (shape.size() == 1 && t->type != GgmlType::kF32) {
+    return InvalidArgument("tensor {}: norm weights must be f32, got {}", name, TypeName(static_cast<uint32_t>(t->type)));
+  }
+  *out = std::move(*t);
+  return Status::Ok();
+}
+
+void Grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+KvCache::KvCache(const LlamaHParams& hp, int64_t capacity_tokens)
+    : capacity_tokens_(capacity_tokens),
+      layer_stride_(capacity_tokens * hp.kv_dim()),
+      k_(static_cast<size_t>(hp.num_layers * layer_stride_)),
+      v_(static_cast<size_t>(hp.num_layers * layer_stride_)) {}
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  ASSIGN_OR_RETURN(m->hp_, ReadLlamaHParams(file));
+  LlamaHParams& hp = m->hp_;
+
+  const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
+  if (embd == nullptr) return NotFound("tensor token_embd.weight not found");
+  if (embd->shape.size() != 2 || embd->shape[0] != hp.dim) {
+    return InvalidArgument("tensor token_embd.weight: expected shape [{}, vocab]", hp.dim);
+  }
+  hp.vocab_size = embd->shape[1];
+  if (hp.vocab_size <= 0 || hp.vocab_size > (1 << 24)) return InvalidArgument("vocab size {} out of range", hp.vocab_size);
+
+  RETURN_IF_ERROR(ExpectShape(file, "token_embd.weight", {hp.dim, hp.vocab_size}, &m->token_embd_));
+  RETURN_IF_ERROR(ExpectShape(file, "output_norm.weight", {hp.dim}, &m->output_norm_));
+  if (file.FindTensor("output.weight") != nullptr) {
+    RETURN_IF_ERROR(ExpectShape(file, "output.weight", {hp.dim, hp.vocab_size}, &m->output_));
+  } else {
+    m->output_ = m->token_embd_;
+    m->tied_output_ = true;
+  }
+  const int64_t kv_dim = hp.kv_dim();
+  m->layers_.resize(hp.num_layers);
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    LlamaLayerWeights& w = m->layers_[l];
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_norm.weight", {hp.dim}, &w.attn_norm));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_q.weight", {hp.dim, hp.dim}, &w.wq));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_k.weight", {hp.dim, kv_dim}, &w.wk));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_v.weight", {hp.dim, kv_dim}, &w.wv));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_output.weight", {hp.dim, hp.dim}, &w.wo));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_norm.weight", {hp.dim}, &w.ffn_norm));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_gate.weight", {hp.dim, hp.ffn_dim}, &w.w_gate));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_up.weight", {hp.dim, hp.ffn_dim}, &w.w_up));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_down.weight", {hp.ffn_dim, hp.dim}, &w.w_down));
+  }
+  for (const auto& t : file.tensors()) m->weight_bytes_ += t.num_bytes;
+  return m;
+}
+
+Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  if (n == 0) return InvalidArgument("empty batch");
+  if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch: tokens and positions differ in length");
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= hp_.vocab_size) {
+      return InvalidArgument("token id {} out of range [0, {})", batch.tokens[i], hp_.vocab_size);
+    }
+    if (batch.positions[i] < 0 || batch.positions[i] >= kv.capacity_tokens()) {
+      return InvalidArgument("position {} outside the KV cache of {} tokens", batch.positions[i], kv.capacity_tokens());
+    }
+  }
+  const int64_t dim = hp_.dim, kv_dim = hp_.kv_dim(), ffn = hp_.ffn_dim;
+  Grow(ws.x, n * dim);
+  Grow(ws.xb, n * dim);
+  Grow(ws.xb2, n * dim);
+  Grow(ws.q, n * dim);
+  Grow(ws.k, n * kv_dim);
+  Grow(ws.v, n * kv_dim);
+  Grow(ws.hb, n * ffn);
+  Grow(ws.hb2, n * ffn);
+
+  kernels::GetRows(token_embd_, batch.tokens.data(), n, ws.x.data());
+
+  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    const LlamaLayerWeights& w = layers_[l];
+    const float* attn_norm = reinterpret_cast<const float*>(w.attn_norm.data);
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+    }
+    kernels::MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
+    kernels::MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
+    kernels::MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
+    float* k_cache = kv.K(l);  // [capacity, kv_dim]
+    float* v_cache = kv.V(l);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = batch.positions[t];
+      kernels::Rope(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
+                    static_cast<int>(hp_.rope_dims), pos, hp_.rope_freq_base, hp_.rope_freq_scale);
+      kernels::Rope(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
+                    static_cast<int>(hp_.rope_dims), pos, hp_.rope_freq_base, hp_.rope_freq_scale);
+      std::memcpy(k_cache + pos * kv_dim, ws.k.data() + t * kv_dim, kv_dim * sizeof(float));
+      std::memcpy(v_cache + pos * kv_dim, ws.v.data() + t * kv_dim, kv_dim * sizeof(float));
+    }
+    kernels::Attention(ws.q.data(), n, batch.positions.data(), k_cache, v_cache,
+                       static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
+                       static_cast<int>(hp_.head_dim), ws.xb.data(), pool);
+    kernels::MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
+    for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
+
+    const float* ffn_norm = reinterpret_cast<const float*>(w.ffn_norm.data);
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+    }
+    kernels::MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
+    kernels::MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
+    kernels::SiluMul(ws.hb.data(), ws.hb2.data(), n * ffn);
+    kernels::MatMul(w.w_down, ws.hb.data(), n, ws.xb2.data(), pool);
+    for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
+  }
+
+  // Final norm and lm_head only for the rows whose logits are wanted.
+  const int64_t first = batch.all_logits ? 0 : n - 1;
+  const int64_t num_out = n - first;
+  const float* out_norm = reinterpret_cast<const float*>(output_norm_.data);
+  for (int64_t t = 0; t < num_out; ++t) {
+    kernels::RmsNorm(ws.x.data() + (first + t) * dim, out_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+  }
+  Grow(ws.logits, num_out * hp_.vocab_size);
+  kernels::MatMul(output_, ws.xb.data(), num_out, ws.logits.data(), pool);
+  return Status::Ok();
+}
+
+}  // namespace gale

@@ -1,0 +1,81 @@
+// The llama architecture: weights as views into the GGUF mapping, and one Forward over a batch of
+// tokens of one sequence with a contiguous KV cache (the paged cache comes with kv/). Activations
+// are f32. All numerics go through kernels/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "gguf/gguf_file.h"
+#include "model/hparams.h"
+
+namespace gale {
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;     // [num_tokens]
+  std::vector<int32_t> positions;  // [num_tokens] position of each token in its sequence
+  bool all_logits = false;         // logits for every token (perplexity), else only the last
+};
+
+// KV cache of one sequence, contiguous: position p of layer l is row p of that layer's block.
+class KvCache {
+ public:
+  KvCache(const LlamaHParams& hp, int64_t capacity_tokens);
+  int64_t capacity_tokens() const { return capacity_tokens_; }
+  float* K(int64_t layer_idx) { return k_.data() + layer_idx * layer_stride_; }
+  float* V(int64_t layer_idx) { return v_.data() + layer_idx * layer_stride_; }
+  uint64_t num_bytes() const { return 2 * k_.size() * sizeof(float); }
+
+ private:
+  int64_t capacity_tokens_;
+  int64_t layer_stride_;   // capacity_tokens * kv_dim
+  std::vector<float> k_;   // [num_layers, capacity_tokens, kv_dim]
+  std::vector<float> v_;   // [num_layers, capacity_tokens, kv_dim]
+};
+
+// Scratch activations, grown to the largest batch seen; reused across steps.
+struct Workspace {
+  std::vector<float> x;       // [num_tokens, dim] residual stream
+  std::vector<float> xb;      // [num_tokens, dim] normed input / attention output
+  std::vector<float> xb2;     // [num_tokens, dim] projection output
+  std::vector<float> q;       // [num_tokens, dim]
+  std::vector<float> k;       // [num_tokens, kv_dim]
+  std::vector<float> v;       // [num_tokens, kv_dim]
+  std::vector<float> hb;      // [num_tokens, ffn_dim]
+  std::vector<float> hb2;     // [num_tokens, ffn_dim]
+  std::vector<float> logits;  // [num_logit_rows, vocab_size]
+};
+
+struct LlamaLayerWeights {
+  TensorView attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+};
+
+class LlamaModel {
+ public:
+  // The GgufFile must outlive the model: weights are views into its mapping.
+  static StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& file);
+
+  const LlamaHParams& hparams() const { return hp_; }
+  bool tied_output() const { return tied_output_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+  // Runs one batch of one sequence; tokens are written to the cache at their positions.
+  // On return ws.logits holds [1 or num_tokens, vocab_size]. Errors on out-of-range ids/positions.
+  Status Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const;
+
+ private:
+  LlamaModel() = default;
+
+  LlamaHParams hp_;
+  TensorView token_embd_;
+  TensorView output_norm_;
+  TensorView output_;
+  bool tied_output_ = false;
+  std::vector<LlamaLayerWeights> layers_;
+  uint64_t weight_bytes_ = 0;
+};
+
+}  // namespace gale

@@ -1,0 +1,301 @@
+// SentencePiece-style BPE as llama.cpp's llm_tokenizer_spm does it: start from UTF-8 characters,
+// repeatedly merge the adjacent pair whose concatenation is the highest-scoring vocab entry (ties:
+// leftmost), then emit ids, resegmenting or byte-falling-back what is not in the vocab.
+#include "model/tokenizer.h"
+
+#include <algorithm>
+#include <queue>
+
+namespace gale {
+namespace {
+
+constexpr std::string_view kSpaceMarker = "\xe2\x96\x81";  // U+2581 '▁'
+
+std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    if (s.compare(i, from.size(), from) == 0) {
+      out += to;
+      i += from.size();
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int Utf8CharLength(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto c = static_cast<uint8_t>(s[0]);
+  int len;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) len = 2;
+  else if (c >= 0xe0 && c <= 0xef) len = 3;
+  else if (c >= 0xf0 && c <= 0xf4) len = 4;
+  else return -1;
+  for (int i = 1; i < len; ++i) {
+    if (i >= static_cast<int>(s.size())) return 0;
+    const auto b = static_cast<uint8_t>(s[i]);
+    if ((b & 0xc0) != 0x80) return -1;
+    // Reject overlong 3/4-byte forms, surrogates and code points past U+10FFFF.
+    if (i == 1) {
+      if (c == 0xe0 && b < 0xa0) return -1;
+      if (c == 0xed && b > 0x9f) return -1;
+      if (c == 0xf0 && b < 0x90) return -1;
+      if (c == 0xf4 && b > 0x8f) return -1;
+    }
+  }
+  return len;
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  ASSIGN_OR_RETURN(std::string model, file.GetString("tokenizer.ggml.model"));
+  if (model != "llama") {
+    return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama' SentencePiece vocabs)", model);
+  }
+  const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
+  if (tokens == nullptr || !tokens->IsArrayOf(GgufValueType::kString)) {
+    return InvalidArgument("tokenizer.ggml.tokens is missing or not an array of strings");
+  }
+  const size_t n = tokens->array.size();
+  if (n == 0 || n > (1u << 24)) return InvalidArgument("tokenizer.ggml.tokens has {} entries", n);
+  t->tokens_.reserve(n);
+  for (const auto& v : tokens->array) t->tokens_.push_back(v.str);
+  t->scores_.assign(n, 0.0f);
+  if (const GgufValue* s = file.Find("tokenizer.ggml.scores")) {
+    if (!s->IsArrayOf(GgufValueType::kFloat32) || s->array.size() != n) {
+      return InvalidArgument("tokenizer.ggml.scores must be {} float32 values", n);
+    }
+    for (size_t i = 0; i < n; ++i) t->scores_[i] = static_cast<float>(*s->array[i].AsDouble());
+  }
+  t->types_.assign(n, TokenType::kNormal);
+  if (const GgufValue* ty = file.Find("tokenizer.ggml.token_type")) {
+    if (ty->type != GgufValueType::kArray || ty->array.size() != n) {
+      return InvalidArgument("tokenizer.ggml.token_type must have {} entries", n);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const auto v = ty->array[i].AsInt();
+      if (!v || *v < 0 || *v > 6) return InvalidArgument("tokenizer.ggml.token_type[{}] is not a token type", i);
+      t->types_[i] = static_cast<TokenType>(*v);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) t->token_to_id_.emplace(t->tokens_[i], static_cast<int32_t>(i));
+
+  auto read_id = [&](const char* key, int32_t def) -> StatusOr<int32_t> {
+    const GgufValue* v = file.Find(key);
+    if (v == nullptr) return def;
+    auto id = v->AsInt();
+    if (!id) return InvalidArgument("{} is not an integer", key);
+    if (*id == 0xffffffffll || *id == -1) return -1;
+    if (*id < 0 || *id >= static_cast<int64_t>(n)) return InvalidArgument("{} = {} is outside the vocab of {}", key, *id, n);
+    return static_cast<int32_t>(*id);
+  };
+  ASSIGN_OR_RETURN(t->bos_id_, read_id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1));
+  ASSIGN_OR_RETURN(t->eos_id_, read_id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1));
+  ASSIGN_OR_RETURN(t->unk_id_, read_id("tokenizer.ggml.unknown_token_id", 0));
+  ASSIGN_OR_RETURN(t->eot_id_, read_id("tokenizer.ggml.eot_token_id", -1));
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_bos_token"); v && v->AsBool()) t->add_bos_ = *v->AsBool();
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_eos_token"); v && v->AsBool()) t->add_eos_ = *v->AsBool();
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_space_prefix"); v && v->AsBool()) {
+    t->add_space_prefix_ = *v->AsBool();
+  }
+
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+    auto it = t->token_to_id_.find(hex);
+    if (it == t->token_to_id_.end()) it = t->token_to_id_.find(std::string(1, static_cast<char>(b)));
+    t->byte_token_[b] = it != t->token_to_id_.end() ? it->second : t->unk_id_;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if ((t->types_[i] == TokenType::kControl || t->types_[i] == TokenType::kUserDefined) && !t->tokens_[i].empty()) {
+      t->special_ids_.push_back(static_cast<int32_t>(i));
+    }
+  }
+  std::stable_sort(t->special_ids_.begin(), t->special_ids_.end(), [&](int32_t a, int32_t b) {
+    return t->tokens_[a].size() > t->tokens_[b].size();
+  });
+  return t;
+}
+
+int32_t Tokenizer::ByteToToken(uint8_t byte) const { return byte_token_[byte]; }
+
+void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) const {
+  struct Symbol {
+    int prev, next;
+    const char* text;
+    size_t n;
+  };
+  struct Bigram {
+    int left, right;
+    float score;
+    size_t size;
+  };
+  struct Worse {
+    bool operator()(const Bigram& a, const Bigram& b) const {
+      return a.score < b.score || (a.score == b.score && a.left > b.left);
+    }
+  };
+  const std::string escaped = ReplaceAll(text, " ", kSpaceMarker);
+  std::vector<Symbol> symbols;
+  for (size_t offs = 0; offs < escaped.size();) {
+    int len = Utf8CharLength(std::string_view(escaped).substr(offs));
+    size_t n = len > 0 ? static_cast<size_t>(len) : 1;  // invalid/incomplete: one byte
+    n = std::min(n, escaped.size() - offs);
+    const int idx = static_cast<int>(symbols.size());
+    symbols.push_back({idx - 1, offs + n == escaped.size() ? -1 : idx + 1, escaped.data() + offs, n});
+    offs += n;
+  }
+  std::priority_queue<Bigram, std::vector<Bigram>, Worse> queue;
+  std::unordered_map<std::string, std::pair<int, int>> rev_merge;
+  auto try_add = [&](int left, int right) {
+    if (left == -1 || right == -1) return;
+    std::string s(symbols[left].text, symbols[left].n + symbols[right].n);
+    auto it = token_to_id_.find(s);
+    if (it == token_to_id_.end()) return;
+    queue.push({left, right, scores_[it->second], s.size()});
+    rev_merge[s] = {left, right};
+  };
+  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
+  while (!queue.empty()) {
+    const Bigram b = queue.top();
+    queue.pop();
+    Symbol& l = symbols[b.left];
+    Symbol& r = symbols[b.right];
+    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // stale
+    l.n += r.n;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) symbols[r.next].prev = b.left;
+    try_add(l.prev, b.left);
+    try_add(b.left, l.next);
+  }
+  // Emit; a symbol not in the vocab is split back along its merges, or into byte tokens.
+  std::vector<std::pair<const char*, size_t>> stack;
+  for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[i].next) {
+    stack.push_back({symbols[i].text, symbols[i].n});
+    while (!stack.empty()) {
+      auto [p, len] = stack.back();
+      stack.pop_back();
+      std::string s(p, len);
+      auto it = token_to_id_.find(s);
+      if (it != token_to_id_.end()) {
+        out->push_back(it->second);
+        continue;
+      }
+      auto m = rev_merge.find(s);
+      if (m == rev_merge.end()) {
+        for (size_t j = 0; j < len; ++j) out->push_back(ByteToToken(static_cast<uint8_t>(p[j])));
+        continue;
+      }
+      const Symbol& a = symbols[m->second.first];
+      const size_t a_len = static_cast<size_t>(symbols[m->second.second].text - a.text);
+      stack.push_back({p + a_len, len - a_len});  // right half after the left
+      stack.push_back({p, a_len});
+    }
+  }
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special) const {
+  std::vector<int32_t> out;
+  if (add_special && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
+  // Split the text on special-token texts (user-defined always, control ones when asked).
+  bool prev_special = true;  // a fragment at the start or after a special token gets the prefix
+  size_t start = 0;
+  auto emit_text = [&](std::string_view frag) {
+    if (frag.empty()) return;
+    std::string s;
+    if (add_space_prefix_ && prev_special) s = " ";
+    s.append(frag);
+    EncodeSpm(s, &out);
+    prev_special = false;
+  };
+  size_t i = 0;
+  while (i < text.size()) {
+    int32_t match = -1;
+    for (int32_t id : special_ids_) {
+      if (types_[id] == TokenType::kControl && !parse_special) continue;
+      if (text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
+        match = id;
+        break;
+      }
+    }
+    if (match < 0) {
+      ++i;
+      continue;
+    }
+    emit_text(text.substr(start, i - start));
+    out.push_back(match);
+    prev_special = true;
+    i += tokens_[match].size();
+    start = i;
+  }
+  emit_text(text.substr(start));
+  if (add_special && add_eos_ && eos_id_ >= 0) out.push_back(eos_id_);
+  return out;
+}
+
+std::string Tokenizer::TokenToPiece(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) return "";
+  const std::string& text = tokens_[id];
+  switch (types_[id]) {
+    case TokenType::kControl:
+    case TokenType::kUnused:
+      return "";
+    case TokenType::kByte:
+      if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>') {
+        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+      }
+      return text;
+    case TokenType::kUserDefined:
+      return text;
+    default:
+      return ReplaceAll(text, kSpaceMarker, " ");
+  }
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  Detokenizer d(*this, /*at_start=*/true);
+  std::string out;
+  for (int32_t id : ids) out += d.Push(id);
+  out += d.Flush();
+  return out;
+}
+
+std::string Detokenizer::Push(int32_t id) {
+  std::string piece = tok_.TokenToPiece(id);
+  if (at_start_ && !piece.empty()) {
+    if (tok_.add_space_prefix() && piece[0] == ' ') piece.erase(0, 1);
+    at_start_ = false;
+  }
+  pending_ += piece;
+  std::string out;
+  size_t i = 0;
+  while (i < pending_.size()) {
+    const int len = Utf8CharLength(std::string_view(pending_).substr(i));
+    if (len == 0) break;  // incomplete: wait for more bytes
+    if (len < 0) {
+      out += "\xef\xbf\xbd";  // U+FFFD for an invalid byte
+      ++i;
+      continue;
+    }
+    out.append(pending_, i, len);
+    i += len;
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string Detokenizer::Flush() {
+  // An incomplete character at the end of the stream becomes one replacement character.
+  std::string out = pending_.empty() ? "" : "\xef\xbf\xbd";
+  pending_.clear();
+  return out;
+}
+
+}  // namespace gale

@@ -1,0 +1,89 @@
+// Tokenizer built from GGUF metadata (tokenizer.ggml.*). Now: SentencePiece-style vocabularies
+// (`tokenizer.ggml.model = llama`): score-ordered pair merges, byte fallback `<0xXX>`,
+// add-space-prefix, BOS/EOS, special tokens. Other tokenizer models get a clear Unimplemented.
+// Also the incremental Detokenizer, which never emits a broken UTF-8 sequence.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "gguf/gguf_file.h"
+
+namespace gale {
+
+// llama.cpp's token types (tokenizer.ggml.token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+class Tokenizer {
+ public:
+  static StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
+
+  // Text to ids. add_bos follows the vocab's add_bos_token unless overridden; parse_special
+  // lets control-token texts like "</s>" in the input become those tokens.
+  std::vector<int32_t> Encode(std::string_view text, bool add_special = true, bool parse_special = false) const;
+
+  // The bytes a token stands for: byte tokens give their byte, control tokens nothing, '▁' is a
+  // space. May be a partial UTF-8 sequence (byte fallback).
+  std::string TokenToPiece(int32_t id) const;
+  // Whole-sequence decode; drops the leading space that add-space-prefix put in front.
+  std::string Decode(const std::vector<int32_t>& ids) const;
+
+  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  bool add_bos() const { return add_bos_; }
+  bool add_space_prefix() const { return add_space_prefix_; }
+  bool IsEog(int32_t id) const { return id == eos_id_ || id == eot_id_; }
+  const std::string& TokenText(int32_t id) const { return tokens_[id]; }
+  TokenType GetTokenType(int32_t id) const { return types_[id]; }
+
+ private:
+  Tokenizer() = default;
+  void EncodeSpm(std::string_view text, std::vector<int32_t>* out) const;
+  int32_t ByteToToken(uint8_t byte) const;
+
+  std::vector<std::string> tokens_;
+  std::vector<float> scores_;
+  std::vector<TokenType> types_;
+  std::unordered_map<std::string, int32_t> token_to_id_;
+  std::vector<int32_t> special_ids_;  // control + user-defined, longest text first
+  int32_t bos_id_ = -1, eos_id_ = -1, eot_id_ = -1, unk_id_ = -1;
+  bool add_bos_ = true;
+  bool add_eos_ = false;
+  bool add_space_prefix_ = true;
+  int32_t byte_token_[256];
+};
+
+// Turns a stream of token ids into text chunks that are always whole UTF-8 characters.
+// Bytes of a character split across tokens are held until the character completes; an invalid
+// sequence becomes U+FFFD. Flush() returns what is left at the end of the stream.
+class Detokenizer {
+ public:
+  // at_start: the next token is the first after BOS, so its add-space-prefix space is dropped.
+  Detokenizer(const Tokenizer& tok, bool at_start) : tok_(tok), at_start_(at_start) {}
+  std::string Push(int32_t id);
+  std::string Flush();
+
+ private:
+  const Tokenizer& tok_;
+  bool at_start_;
+  std::string pending_;  // bytes of an incomplete UTF-8 character
+};
+
+// Length of the valid UTF-8 character starting s[0] (1-4), 0 if incomplete, -1 if invalid.
+int Utf8CharLength(std::string_view s);
+
+}  // namespace gale

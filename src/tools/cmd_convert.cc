@@ -1,0 +1,85 @@
+// `gale convert` and `gale synth`: the two ways to make a GGUF file.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "tools/commands.h"
+#include "tools/llama2c_convert.h"
+#include "tools/synth.h"
+
+namespace gale {
+
+CommandFn RegisterConvert(CLI::App& app) {
+  struct Opts {
+    std::string llama2c, tokenizer, out;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--llama2c", o->llama2c, "llama2.c checkpoint (.bin)")->required();
+  app.add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer (.bin)")->required();
+  app.add_option("-o,--output", o->out, "output GGUF path")->required();
+  return [o]() {
+    Llama2cConfig c;
+    auto w = ConvertLlama2c(o->llama2c, o->tokenizer, &c);
+    if (!w.ok()) {
+      std::fprintf(stderr, "gale convert: %s\n", w.status().ToString().c_str());
+      return 1;
+    }
+    if (Status s = w->WriteFile(o->out); !s.ok()) {
+      std::fprintf(stderr, "gale convert: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "wrote %s: dim %d, layers %d, heads %d/%d, ffn %d, vocab %d, %s classifier\n",
+                 o->out.c_str(), c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
+                 c.shared_classifier ? "shared" : "separate");
+    return 0;
+  };
+}
+
+CommandFn RegisterSynth(CLI::App& app) {
+  struct Opts {
+    std::string shape = "tiny", type = "f16", out;
+    uint64_t seed = 1;
+    SynthShape custom;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | custom")->capture_default_str();
+  app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
+  app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
+  app.add_option("-o,--output", o->out, "output GGUF path")->required();
+  app.add_option("--dim", o->custom.dim, "custom: embedding size");
+  app.add_option("--layers", o->custom.num_layers, "custom: layers");
+  app.add_option("--heads", o->custom.num_heads, "custom: attention heads");
+  app.add_option("--kv-heads", o->custom.num_kv_heads, "custom: KV heads");
+  app.add_option("--ffn", o->custom.ffn_dim, "custom: feed-forward size");
+  app.add_option("--vocab", o->custom.vocab_size, "custom: vocab size");
+  app.add_option("--ctx", o->custom.context_length, "custom: context length");
+  return [o]() {
+    auto type = ParseTypeName(o->type);
+    if (!type) {
+      std::fprintf(stderr, "gale synth: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", o->type.c_str());
+      return 1;
+    }
+    SynthShape shape = o->custom;
+    if (o->shape != "custom") {
+      auto named = NamedSynthShape(o->shape);
+      if (!named.ok()) {
+        std::fprintf(stderr, "gale synth: %s\n", named.status().message().c_str());
+        return 1;
+      }
+      shape = *named;
+    }
+    auto w = SynthesizeLlama(shape, *type, o->seed);
+    if (!w.ok()) {
+      std::fprintf(stderr, "gale synth: %s\n", w.status().message().c_str());
+      return 1;
+    }
+    if (Status s = w->WriteFile(o->out); !s.ok()) {
+      std::fprintf(stderr, "gale synth: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "wrote %s (%s, %s)\n", o->out.c_str(), shape.name.c_str(), o->type.c_str());
+    return 0;
+  };
+}
+
+}  // namespace gale

@@ -1,0 +1,148 @@
+// `gale run`: load a GGUF, tokenize the prompt, stream the generated text to stdout, and report
+// prompt and generation speed on stderr. Without -m it runs the bundled default model.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "base/cpu.h"
+#include "kernels/kernels.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "runner/generate.h"
+#include "tools/commands.h"
+
+namespace gale {
+namespace {
+
+std::string DefaultModelPath() {
+  // Next to the binary first (installed layouts), then the source tree it was built from.
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    std::string dir(buf, n);
+    dir = dir.substr(0, dir.find_last_of('/'));
+    for (const char* rel : {"/models/stories260K.gguf", "/../models/stories260K.gguf"}) {
+      const std::string p = dir + rel;
+      if (access(p.c_str(), R_OK) == 0) return p;
+    }
+  }
+  return GALE_DEFAULT_MODEL;
+}
+
+}  // namespace
+
+CommandFn RegisterRun(CLI::App& app) {
+  struct Opts {
+    std::string model, prompt, isa;
+    int64_t n_predict = 128;
+    int64_t ctx = 0;
+    int threads = ThreadPool::DefaultNumThreads();
+    int64_t seed = -1;
+    bool ignore_eos = false;
+    SamplingParams sp;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
+  app.add_option("-p,--prompt", o->prompt, "prompt text");
+  app.add_option("-n,--n-predict", o->n_predict, "tokens to generate")->capture_default_str();
+  app.add_option("-c,--ctx-size", o->ctx, "context size in tokens (0 = the model's)")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
+  app.add_option("--temp", o->sp.temperature, "temperature (0 = greedy)")->capture_default_str();
+  app.add_option("--top-k", o->sp.top_k, "top-k (0 = off)")->capture_default_str();
+  app.add_option("--top-p", o->sp.top_p, "top-p (1 = off)")->capture_default_str();
+  app.add_option("--min-p", o->sp.min_p, "min-p (0 = off)")->capture_default_str();
+  app.add_option("--repeat-penalty", o->sp.repeat_penalty, "repeat penalty (1 = off)")->capture_default_str();
+  app.add_option("--repeat-last-n", o->sp.repeat_last_n, "tokens the penalties look back over (-1 = all)")
+      ->capture_default_str();
+  app.add_option("--presence-penalty", o->sp.presence_penalty, "presence penalty")->capture_default_str();
+  app.add_option("--frequency-penalty", o->sp.frequency_penalty, "frequency penalty")->capture_default_str();
+  app.add_option("-s,--seed", o->seed, "RNG seed (-1 = random)")->capture_default_str();
+  app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
+  app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
+  return [o]() {
+    auto fail = [](const Status& s) {
+      std::fprintf(stderr, "gale run: %s\n", s.ToString().c_str());
+      return 1;
+    };
+    if (!o->isa.empty()) {
+      kernels::Isa isa;
+      if (o->isa == "scalar") isa = kernels::Isa::kScalar;
+      else if (o->isa == "avx2") isa = kernels::Isa::kAvx2;
+      else if (o->isa == "avx512") isa = kernels::Isa::kAvx512;
+      else return fail(InvalidArgument("--isa '{}' is not one of scalar, avx2, avx512", o->isa));
+      if (kernels::GetKernelTable(isa) == nullptr) return fail(InvalidArgument("this CPU cannot run --isa {}", o->isa));
+      kernels::SetActiveIsa(isa);
+    }
+    if (o->n_predict < 0) return fail(InvalidArgument("-n must be >= 0"));
+    if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+    const std::string path = o->model.empty() ? DefaultModelPath() : o->model;
+    auto file = GgufFile::Open(path);
+    if (!file.ok()) return fail(file.status());
+    auto model = LlamaModel::Load(**file);
+    if (!model.ok()) return fail(model.status().WithContext(path));
+    auto tok = Tokenizer::FromGguf(**file);
+    if (!tok.ok()) return fail(tok.status().WithContext(path));
+    const LlamaHParams& hp = (*model)->hparams();
+    if ((*tok)->vocab_size() != hp.vocab_size) {
+      return fail(InvalidArgument("{}: tokenizer has {} tokens but the embedding has {} rows", path,
+                                  (*tok)->vocab_size(), hp.vocab_size));
+    }
+    const int64_t ctx = o->ctx > 0 ? o->ctx : hp.context_length;
+    std::vector<int32_t> prompt = (*tok)->Encode(o->prompt);
+    if (prompt.empty()) prompt.push_back((*tok)->bos_id() >= 0 ? (*tok)->bos_id() : 0);
+    int64_t n_predict = o->n_predict;
+    if (static_cast<int64_t>(prompt.size()) >= ctx) {
+      return fail(InvalidArgument("the prompt has {} tokens, the context only {}", prompt.size(), ctx));
+    }
+    if (static_cast<int64_t>(prompt.size()) + n_predict > ctx) {
+      n_predict = ctx - static_cast<int64_t>(prompt.size());
+      std::fprintf(stderr, "note: generating at most %lld tokens to stay within the context of %lld\n",
+                   static_cast<long long>(n_predict), static_cast<long long>(ctx));
+    }
+    GenerateOptions go;
+    go.max_new_tokens = n_predict;
+    go.sampling = o->sp;
+    go.sampling.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed)
+                                    : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    if (!o->ignore_eos) {
+      // End of sequence; llama2.c-style models also end a story by emitting BOS.
+      for (int32_t id : {(*tok)->eos_id(), (*tok)->bos_id()}) {
+        if (id >= 0) go.stop_ids.push_back(id);
+      }
+    }
+    ThreadPool pool(o->threads);
+    KvCache kv(hp, static_cast<int64_t>(prompt.size()) + n_predict);
+    Workspace ws;
+    std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, vocab %lld, %.1f MiB weights); kernels: %s; threads: %d\n",
+                 path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim), static_cast<long long>(hp.num_layers),
+                 static_cast<long long>(hp.vocab_size), (*model)->weight_bytes() / 1048576.0,
+                 kernels::IsaName(kernels::Active().isa), o->threads);
+    std::fputs(o->prompt.c_str(), stdout);
+    std::fflush(stdout);
+    Detokenizer detok(**tok, /*at_start=*/o->prompt.empty());
+    const std::vector<int32_t>& stops = go.stop_ids;
+    auto stats = Generate(**model, prompt, go, kv, ws, pool, [&](int32_t id) {
+      if (std::find(stops.begin(), stops.end(), id) != stops.end()) return true;
+      const std::string text = detok.Push(id);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    const std::string rest = detok.Flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+    if (!stats.ok()) return fail(stats.status());
+    const double pp = stats->prompt_seconds > 0 ? stats->num_prompt_tokens / stats->prompt_seconds : 0.0;
+    const int64_t decoded = stats->num_generated - 1;  // the first token comes from the prefill
+    const double tg = decoded > 0 && stats->generate_seconds > 0 ? decoded / stats->generate_seconds : 0.0;
+    std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s); generation: %lld tokens in %.3f s (%.1f tok/s)\n",
+                 static_cast<long long>(stats->num_prompt_tokens), stats->prompt_seconds, pp,
+                 static_cast<long long>(stats->num_generated), stats->generate_seconds, tg);
+    return 0;
+  };
+}
+
+}  // namespace gale

@@ -1,0 +1,27 @@
+// Entry point of `gale`: parses the command line and dispatches to a subcommand.
+#include <cstdio>
+#include <vector>
+
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gale: LLM inference engine"};
+  app.require_subcommand(1);
+  struct Entry {
+    CLI::App* sub;
+    gale::CommandFn fn;
+  };
+  std::vector<Entry> entries;
+  auto add = [&](const char* name, const char* help, gale::CommandFn (*reg)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    entries.push_back({sub, reg(*sub)});
+  };
+  add("run", "generate text from a prompt", gale::RegisterRun);
+  add("convert", "convert a llama2.c checkpoint to GGUF", gale::RegisterConvert);
+  add("synth", "write a deterministic random-weight llama GGUF", gale::RegisterSynth);
+  CLI11_PARSE(app, argc, argv);
+  for (auto& e : entries) {
+    if (e.sub->parsed()) return e.fn();
+  }
+  return 1;
+}

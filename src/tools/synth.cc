@@ -1,0 +1,155 @@
+// Synthetic models: weights uniform in +-sqrt(3/fan_in) (unit-variance activations through the
+// projections), norms 1. Each tensor's generator is seeded from the seed and the tensor name, so
+// tensors are independent of write order.
+#include "tools/synth.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/rng.h"
+
+namespace gale {
+
+StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
+  SynthShape s;
+  s.name = name;
+  if (name == "110m") {
+    s.dim = 768; s.num_layers = 12; s.num_heads = 12; s.num_kv_heads = 12; s.ffn_dim = 2048; s.vocab_size = 32000;
+  } else if (name == "tinyllama-1.1b") {
+    s.dim = 2048; s.num_layers = 22; s.num_heads = 32; s.num_kv_heads = 4; s.ffn_dim = 5632; s.vocab_size = 32000;
+  } else if (name == "tiny") {
+    s.dim = 128; s.num_layers = 2; s.num_heads = 4; s.num_kv_heads = 2; s.ffn_dim = 256; s.vocab_size = 2048;
+    s.context_length = 512;
+  } else {
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny)", name);
+  }
+  return s;
+}
+
+void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,
+                std::vector<int32_t>* types) {
+  const std::string sp = "\xe2\x96\x81";
+  tokens->clear();
+  types->clear();
+  auto add = [&](std::string t, int32_t type) {
+    if (static_cast<int64_t>(tokens->size()) < vocab_size) {
+      tokens->push_back(std::move(t));
+      types->push_back(type);
+    }
+  };
+  add("<unk>", 2);
+  add("<s>", 3);
+  add("</s>", 3);
+  for (int b = 0; b < 256; ++b) add(fmt::format("<0x{:02X}>", b), 6);
+  add(sp, 1);
+  for (int c = 33; c < 127; ++c) add(std::string(1, static_cast<char>(c)), 1);
+  for (int c = 33; c < 127; ++c) add(sp + static_cast<char>(c), 1);
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) add(std::string{a, b}, 1);
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) add(sp + a + b, 1);
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b)
+      for (char c = 'a'; c <= 'z'; ++c) add(sp + a + b + c, 1);
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b)
+      for (char c = 'a'; c <= 'z'; ++c) add(std::string{a, b, c}, 1);
+  // Past 37k entries (larger custom vocabs): numbered filler tokens, never produced by merges.
+  for (int64_t i = static_cast<int64_t>(tokens->size()); i < vocab_size; ++i) add(fmt::format("<extra_{}>", i), 5);
+  scores->resize(tokens->size());
+  // Longer pieces score higher so merges prefer them, as in a trained vocab.
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    (*scores)[i] = (*types)[i] == 1 ? static_cast<float>(i) / static_cast<float>(tokens->size()) : 0.0f;
+  }
+}
+
+StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_t seed) {
+  if (s.dim <= 0 || s.num_heads <= 0 || s.dim % s.num_heads != 0 || s.num_kv_heads <= 0 ||
+      s.num_heads % s.num_kv_heads != 0 || s.num_layers <= 0 || s.ffn_dim <= 0 || s.vocab_size < 260) {
+    return InvalidArgument("synth: inconsistent shape (dim {}, heads {}, kv heads {}, layers {}, ffn {}, vocab {} >= 260)",
+                           s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
+  }
+  const int64_t block = TypeTraits(type).block_size;
+  if (s.dim % block != 0 || s.ffn_dim % block != 0) {
+    return InvalidArgument("synth: dim {} and ffn {} must be multiples of the {} block size {}", s.dim, s.ffn_dim,
+                           TypeTraits(type).name, block);
+  }
+  const int64_t head_dim = s.dim / s.num_heads;
+  const int64_t kv_dim = head_dim * s.num_kv_heads;
+  GgufWriter w;
+  w.SetString("general.architecture", "llama");
+  w.SetString("general.name", "gale-synth-" + s.name + "-" + std::string(TypeTraits(type).name));
+  // llama.cpp's llama_ftype for the file's dominant type.
+  uint32_t ftype = 0;
+  switch (type) {
+    case GgmlType::kF32: ftype = 0; break;
+    case GgmlType::kF16: ftype = 1; break;
+    case GgmlType::kQ4_0: ftype = 2; break;
+    case GgmlType::kQ8_0: ftype = 7; break;
+    case GgmlType::kBF16: ftype = 32; break;
+  }
+  w.SetU32("general.file_type", ftype);
+  w.SetU32("llama.context_length", static_cast<uint32_t>(s.context_length));
+  w.SetU32("llama.embedding_length", static_cast<uint32_t>(s.dim));
+  w.SetU32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  w.SetU32("llama.attention.head_count", static_cast<uint32_t>(s.num_heads));
+  w.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(s.num_kv_heads));
+  w.SetU32("llama.block_count", static_cast<uint32_t>(s.num_layers));
+  w.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.SetF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.SetF32("llama.rope.freq_base", 10000.0f);
+  w.SetU32("llama.vocab_size", static_cast<uint32_t>(s.vocab_size));
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  SynthVocab(s.vocab_size, &tokens, &scores, &types);
+  w.SetString("tokenizer.ggml.model", "llama");
+  w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
+  w.SetValue("tokenizer.ggml.scores", GgufValue::F32Array(scores));
+  w.SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
+  w.SetU32("tokenizer.ggml.unknown_token_id", 0);
+  w.SetU32("tokenizer.ggml.bos_token_id", 1);
+  w.SetU32("tokenizer.ggml.eos_token_id", 2);
+  w.SetBool("tokenizer.ggml.add_bos_token", true);
+  w.SetBool("tokenizer.ggml.add_eos_token", false);
+
+  auto matrix = [&](const std::string& name, int64_t in, int64_t out, GgmlType t) {
+    uint64_t tensor_seed = seed ^ 0xcbf29ce484222325ull;  // FNV-1a over the name: portable
+    for (char ch : name) tensor_seed = (tensor_seed ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
+    return w.AddTensor(name, static_cast<uint32_t>(t), {in, out}, [in, out, t, tensor_seed](uint8_t* dst, uint64_t) {
+      Rng rng(tensor_seed);
+      const float a = std::sqrt(3.0f / static_cast<float>(in));
+      std::vector<float> row(in);
+      const int64_t row_bytes = RowBytes(t, in);
+      for (int64_t r = 0; r < out; ++r) {
+        for (float& v : row) v = rng.Uniform(-a, a);
+        QuantizeRowRef(t, row.data(), dst + r * row_bytes, in);
+      }
+    });
+  };
+  auto ones = [&](const std::string& name, int64_t n) {
+    std::vector<float> v(n, 1.0f);
+    std::vector<uint8_t> bytes(n * 4);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
+  };
+  RETURN_IF_ERROR(matrix("token_embd.weight", s.dim, s.vocab_size, type));
+  RETURN_IF_ERROR(ones("output_norm.weight", s.dim));
+  RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    RETURN_IF_ERROR(ones(b + "attn_norm.weight", s.dim));
+    RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, s.dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_output.weight", s.dim, s.dim, type));
+    RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
+    RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
+    RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
+    RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
+  }
+  return w;
+}
+
+}  // namespace gale

@@ -1,0 +1,36 @@
+// Deterministic random-weight llama GGUF files of named or custom shapes, for benchmarks and
+// tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
+// vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "gguf/ggml_types.h"
+#include "gguf/gguf_writer.h"
+
+namespace gale {
+
+struct SynthShape {
+  std::string name = "custom";
+  int64_t dim = 64;
+  int64_t num_layers = 2;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 4;
+  int64_t ffn_dim = 128;
+  int64_t vocab_size = 512;
+  int64_t context_length = 2048;
+};
+
+// "110m", "tinyllama-1.1b", "tiny" (a test-sized model); nullopt otherwise.
+StatusOr<SynthShape> NamedSynthShape(const std::string& name);
+
+// Builds the file; weights are generated while writing (WriteFile streams them).
+StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& shape, GgmlType type, uint64_t seed);
+
+// The synthetic vocab's pieces (with '▁'), scores and token types.
+void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,
+                std::vector<int32_t>* types);
+
+}  // namespace gale

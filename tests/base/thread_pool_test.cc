@@ -1,0 +1,41 @@
+#include "base/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+namespace gale {
+namespace {
+
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 100, 1001}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.ParallelFor(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads " << threads << " n " << n;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ManyJobsInARow) {
+  ThreadPool pool(4);
+  std::atomic<int64_t> sum{0};
+  for (int job = 0; job < 2000; ++job) {
+    pool.ParallelFor(64, [&](int64_t b, int64_t e) { sum += e - b; });
+  }
+  EXPECT_EQ(sum.load(), 2000 * 64);
+}
+
+TEST(ThreadPoolTest, MinItemsKeepsSmallJobsInline) {
+  ThreadPool pool(4);
+  int parts = 0;  // no atomics needed if it really runs inline
+  pool.ParallelFor(10, [&](int64_t, int64_t) { ++parts; }, /*min_items_per_thread=*/16);
+  EXPECT_EQ(parts, 1);
+}
+
+}  // namespace
+}  // namespace gale

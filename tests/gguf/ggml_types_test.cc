@@ -1,0 +1,112 @@
+#include "gguf/ggml_types.h"
+
+#include <gtest/gtest.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "base/cpu.h"
+#include "base/fp16.h"
+#include "base/rng.h"
+
+namespace gale {
+namespace {
+
+TEST(Fp16Test, EveryHalfRoundTrips) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = Fp16ToFp32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(Fp32ToFp16(f), h) << "half 0x" << std::hex << h;
+  }
+}
+
+__attribute__((target("f16c"))) uint16_t HardwareFp16(float f) { return _cvtss_sh(f, 0); }
+__attribute__((target("f16c"))) float HardwareFp32(uint16_t h) { return _cvtsh_ss(h); }
+
+TEST(Fp16Test, MatchesF16cOnRandomFloats) {
+  if (!GetCpuFeatures().f16c) GTEST_SKIP() << "no F16C on this CPU";
+  Rng rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    // Random bit patterns cover subnormals, overflow, ties and NaN.
+    const float f = F32FromBits(static_cast<uint32_t>(rng.NextU64()));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(Fp32ToFp16(f), HardwareFp16(f)) << f;
+  }
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float a = Fp16ToFp32(static_cast<uint16_t>(h));
+    const float b = HardwareFp32(static_cast<uint16_t>(h));
+    if (std::isnan(a)) {
+      ASSERT_TRUE(std::isnan(b));
+      continue;
+    }
+    ASSERT_EQ(F32Bits(a), F32Bits(b));
+  }
+}
+
+TEST(Bf16Test, RoundsToNearestEven) {
+  EXPECT_EQ(Fp32ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(Fp32ToBf16(F32FromBits(0x3f808000u)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(Fp32ToBf16(F32FromBits(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(Fp32ToBf16(F32FromBits(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(Bf16ToFp32(0xc000), -2.0f);
+}
+
+TEST(GgmlTypesTest, LayoutsMatchLlamaCpp) {
+  EXPECT_EQ(RowBytes(GgmlType::kQ8_0, 64), 68);
+  EXPECT_EQ(RowBytes(GgmlType::kQ4_0, 64), 36);
+  EXPECT_EQ(RowBytes(GgmlType::kF16, 10), 20);
+  EXPECT_EQ(BlockLayout(12)->block_bytes, 144);  // q4_K, readable though not computable yet
+  EXPECT_FALSE(BlockLayout(4).has_value());      // removed q4_2
+  EXPECT_FALSE(GetTypeTraits(12).has_value());
+  EXPECT_EQ(TypeName(14), "q6_K");
+}
+
+TEST(GgmlTypesTest, Q8_0KnownBlock) {
+  float x[32];
+  for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(i - 16) * 0.5f;  // max |x| = 8
+  BlockQ8_0 b;
+  QuantizeRowRef(GgmlType::kQ8_0, x, &b, 32);
+  EXPECT_EQ(b.d, Fp32ToFp16(8.0f / 127.0f));
+  EXPECT_EQ(b.qs[0], -127);
+  EXPECT_EQ(b.qs[16], 0);
+  EXPECT_EQ(b.qs[17], static_cast<int8_t>(std::roundf(0.5f * 127.0f / 8.0f)));
+  float y[32];
+  DequantizeRowRef(GgmlType::kQ8_0, &b, y, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_NEAR(y[i], x[i], 8.0f / 127.0f);
+}
+
+TEST(GgmlTypesTest, Q4_0KnownBlockAndNibbleOrder) {
+  float x[32];
+  for (int i = 0; i < 32; ++i) x[i] = 0.0f;
+  x[0] = -8.0f;  // the largest magnitude, negative: d = -8 / -8 = 1
+  x[1] = 7.0f;
+  x[16] = 3.0f;  // element 16 is the high nibble of byte 0
+  BlockQ4_0 b;
+  QuantizeRowRef(GgmlType::kQ4_0, x, &b, 32);
+  EXPECT_EQ(Fp16ToFp32(b.d), 1.0f);
+  EXPECT_EQ(b.qs[0] & 0x0f, 0);       // -8 + 8
+  EXPECT_EQ(b.qs[0] >> 4, 3 + 8);     // element 16
+  EXPECT_EQ(b.qs[1] & 0x0f, 15);      // 7 + 8
+  float y[32];
+  DequantizeRowRef(GgmlType::kQ4_0, &b, y, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], x[i]) << i;
+}
+
+TEST(GgmlTypesTest, QuantizeDequantizeErrorBounded) {
+  Rng rng(3);
+  std::vector<float> x(32 * 33);
+  for (float& v : x) v = rng.Uniform(-2.0f, 2.0f);
+  for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    std::vector<uint8_t> q(RowBytes(t, x.size()));
+    std::vector<float> y(x.size());
+    QuantizeRowRef(t, x.data(), q.data(), x.size());
+    DequantizeRowRef(t, q.data(), y.data(), x.size());
+    // Per-block step: f16 ~ 2^-11 relative, bf16 2^-8, q8 amax/127, q4 amax/8 (half a step each).
+    const float bound = t == GgmlType::kF16 ? 2e-3f : t == GgmlType::kBF16 ? 1.6e-2f : t == GgmlType::kQ8_0 ? 2.0f / 127.0f : 2.0f / 8.0f * 1.01f;
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_LE(std::fabs(x[i] - y[i]), bound) << TypeTraits(t).name << " " << i;
+  }
+}
+
+}  // namespace
+}  // namespace gale

@@ -1,0 +1,182 @@
+// Each SIMD table against the scalar reference on fresh random data with odd sizes, per type;
+// and batch invariance of the matmul and attention drivers.
+#include "kernels/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "../test_util.h"
+#include "base/fp16.h"
+
+namespace gale::kernels {
+namespace {
+
+std::vector<Isa> SimdIsas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (GetKernelTable(isa) != nullptr) out.push_back(isa);
+  }
+  return out;
+}
+
+const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
+
+std::vector<uint8_t> Quantized(GgmlType t, const std::vector<float>& x) {
+  std::vector<uint8_t> q(RowBytes(t, x.size()));
+  QuantizeRowRef(t, x.data(), q.data(), x.size());
+  return q;
+}
+
+TEST(KernelsTest, SimdTablesExistOnThisCpu) {
+  // Not an assertion on CI hardware, only a record of what ran.
+  for (Isa isa : SimdIsas()) std::printf("testing %s against scalar\n", IsaName(isa));
+  SUCCEED();
+}
+
+TEST(KernelsTest, VecDotMatchesScalar) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    for (GgmlType t : kTypes) {
+      const int64_t block = TypeTraits(t).block_size;
+      for (int64_t blocks : {1, 3, 7, 33, 129}) {
+        // Odd element counts for the unblocked types exercise every tail path.
+        const int64_t n = block == 1 ? blocks * 8 + (blocks % 7) : blocks * block;
+        const uint64_t seed = n * 31 + static_cast<uint64_t>(t);
+        const auto w = test::RandomFloats(n, seed);
+        const auto x = test::RandomFloats(n, seed + 1);
+        const auto q = Quantized(t, w);
+        const float want = ref.vec_dot[SlotOf(t)](q.data(), x.data(), n);
+        const float got = simd.vec_dot[SlotOf(t)](q.data(), x.data(), n);
+        std::vector<float> deq(n);
+        DequantizeRowRef(t, q.data(), deq.data(), n);
+        double exact = 0.0, sum_abs = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          exact += static_cast<double>(deq[i]) * x[i];
+          sum_abs += std::fabs(static_cast<double>(deq[i]) * x[i]);
+        }
+        // Rounding in a reordered f32 sum behaves like a random walk: about sqrt(n) * u * sum|w x|
+        // (u = 2^-24). Allow 8 of those, so a wrong element or lane (error ~ |w x| ~ 1) fails.
+        const float tol = static_cast<float>(8.0 * std::sqrt(static_cast<double>(n)) * 6e-8 * sum_abs + 1e-6);
+        ASSERT_NEAR(got, want, tol) << IsaName(isa) << " " << TypeTraits(t).name << " n=" << n;
+        // And against a double-precision dot of the dequantized weights.
+        ASSERT_NEAR(got, exact, tol) << IsaName(isa) << " " << TypeTraits(t).name;
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, DequantizeRowIsBitExact) {
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    for (GgmlType t : kTypes) {
+      const int64_t n = TypeTraits(t).block_size == 1 ? 203 : 32 * 9;
+      const auto q = Quantized(t, test::RandomFloats(n, 11));
+      std::vector<float> want(n), got(n);
+      DequantizeRowRef(t, q.data(), want.data(), n);
+      simd.dequantize_row[SlotOf(t)](q.data(), got.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(F32Bits(got[i]), F32Bits(want[i])) << TypeTraits(t).name << " " << i;
+    }
+  }
+}
+
+TEST(KernelsTest, RmsNormSiluAxpyMatchScalar) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    for (int64_t n : {1, 7, 17, 64, 333}) {
+      const auto x = test::RandomFloats(n, n, -3.0f, 3.0f);
+      const auto w = test::RandomFloats(n, n + 5);
+      std::vector<float> a(n), b(n);
+      ref.rms_norm(x.data(), w.data(), n, 1e-5f, a.data());
+      simd.rms_norm(x.data(), w.data(), n, 1e-5f, b.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], 1e-5f * (1.0f + std::fabs(a[i]))) << n;
+
+      std::vector<float> g1 = x, g2 = x;
+      ref.silu_mul(g1.data(), w.data(), n);
+      simd.silu_mul(g2.data(), w.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(g1[i], g2[i], 1e-6f * (1.0f + std::fabs(g1[i])));
+
+      std::vector<float> y1 = w, y2 = w;
+      ref.axpy(0.37f, x.data(), y1.data(), n);
+      simd.axpy(0.37f, x.data(), y2.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y1[i], y2[i], 1e-6f * (1.0f + std::fabs(y1[i])));
+    }
+  }
+}
+
+TEST(KernelsTest, SiluMulIsSiluTimesUp) {
+  std::vector<float> g = {-2.0f, 0.0f, 1.5f}, up = {1.0f, 3.0f, -2.0f};
+  GetKernelTable(Isa::kScalar)->silu_mul(g.data(), up.data(), 3);
+  EXPECT_NEAR(g[0], -2.0f / (1.0f + std::exp(2.0f)), 1e-7f);
+  EXPECT_EQ(g[1], 0.0f);
+  EXPECT_NEAR(g[2], -2.0f * 1.5f / (1.0f + std::exp(-1.5f)), 1e-6f);
+}
+
+TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8_t>* storage, uint64_t seed) {
+  const auto w = test::RandomFloats(cols * rows, seed);
+  *storage = Quantized(t, w);
+  TensorView v;
+  v.type = t;
+  v.shape = {cols, rows};
+  v.data = storage->data();
+  v.num_bytes = storage->size();
+  return v;
+}
+
+// Each output row of MatMul is bitwise the same for any batch size and thread count.
+TEST(KernelsTest, MatMulIsBatchInvariant) {
+  const int64_t cols = 96, rows = 37, num_tokens = 9;
+  for (GgmlType t : kTypes) {
+    std::vector<uint8_t> storage;
+    const TensorView w = MakeWeights(t, cols, rows, &storage, 5);
+    const auto x = test::RandomFloats(cols * num_tokens, 6);
+    ThreadPool one(1), two(2), three(3);
+    std::vector<float> batched(rows * num_tokens);
+    MatMul(w, x.data(), num_tokens, batched.data(), three);
+    for (int64_t tok = 0; tok < num_tokens; ++tok) {
+      std::vector<float> single(rows);
+      MatMul(w, x.data() + tok * cols, 1, single.data(), tok % 2 ? one : two);
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(F32Bits(single[r]), F32Bits(batched[tok * rows + r])) << TypeTraits(t).name;
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
+  const int heads = 4, kv_heads = 2, head_dim = 16, len = 13;
+  const auto q = test::RandomFloats(len * heads * head_dim, 1);
+  const auto k = test::RandomFloats(len * kv_heads * head_dim, 2);
+  const auto v = test::RandomFloats(len * kv_heads * head_dim, 3);
+  std::vector<int32_t> pos(len);
+  for (int i = 0; i < len; ++i) pos[i] = i;
+  ThreadPool pool(2), one(1);
+  std::vector<float> all(len * heads * head_dim);
+  Attention(q.data(), len, pos.data(), k.data(), v.data(), heads, kv_heads, head_dim, all.data(), pool);
+  for (int t = 0; t < len; ++t) {
+    std::vector<float> single(heads * head_dim);
+    Attention(q.data() + t * heads * head_dim, 1, &pos[t], k.data(), v.data(), heads, kv_heads, head_dim,
+              single.data(), one);
+    for (int i = 0; i < heads * head_dim; ++i) ASSERT_EQ(F32Bits(single[i]), F32Bits(all[t * heads * head_dim + i]));
+  }
+  // Token 0 attends only to itself: its output is V row 0 of its KV head.
+  for (int h = 0; h < heads; ++h) {
+    for (int d = 0; d < head_dim; ++d) ASSERT_FLOAT_EQ(all[h * head_dim + d], v[(h / 2) * head_dim + d]);
+  }
+}
+
+TEST(KernelsTest, RopeRotatesAdjacentPairs) {
+  std::vector<float> x = {1.0f, 0.0f, 0.0f, 1.0f};  // one head of 4: pairs (0,1), (2,3)
+  Rope(x.data(), 1, 4, 4, 3, 10000.0f, 1.0f);
+  EXPECT_NEAR(x[0], std::cos(3.0f), 1e-6f);
+  EXPECT_NEAR(x[1], std::sin(3.0f), 1e-6f);
+  const float theta = 3.0f / 100.0f;  // 10000^(-2/4)
+  EXPECT_NEAR(x[2], -std::sin(theta), 1e-6f);
+  EXPECT_NEAR(x[3], std::cos(theta), 1e-6f);
+}
+
+}  // namespace
+}  // namespace gale::kernels

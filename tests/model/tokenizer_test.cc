@@ -1,0 +1,128 @@
+#include "model/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "../test_util.h"
+
+namespace gale {
+namespace {
+
+std::unique_ptr<Tokenizer> LoadTok(const std::string& path, std::unique_ptr<GgufFile>* keep) {
+  auto f = GgufFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  auto t = Tokenizer::FromGguf(**f);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  *keep = std::move(*f);
+  return std::move(*t);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class StoriesTokenizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { tok_ = LoadTok(test::SourceDir() + "/models/stories260K.gguf", &file_); }
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(StoriesTokenizerTest, EncodesLikeRunC) {
+  EXPECT_EQ(tok_->Encode("Once upon a time"), (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  EXPECT_EQ(tok_->Encode(""), (std::vector<int32_t>{1}));
+  EXPECT_EQ(tok_->Encode("", /*add_special=*/false), (std::vector<int32_t>{}));
+}
+
+TEST_F(StoriesTokenizerTest, ByteFallbackRoundTripsAnyUtf8) {
+  const std::string text = "Caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80 tab\there\nnew line";
+  const std::vector<int32_t> ids = tok_->Encode(text, false);
+  bool used_byte_tokens = false;
+  for (int32_t id : ids) used_byte_tokens |= tok_->GetTokenType(id) == TokenType::kByte;
+  EXPECT_TRUE(used_byte_tokens);
+  EXPECT_EQ(tok_->Decode(ids), text);
+}
+
+TEST_F(StoriesTokenizerTest, DetokenizerNeverEmitsBrokenUtf8) {
+  const std::string text = "\xe6\x97\xa5\xe6\x9c\xac and \xf0\x9f\x98\x80!";
+  const std::vector<int32_t> ids = tok_->Encode(text, false);
+  Detokenizer d(*tok_, true);
+  std::string all;
+  for (int32_t id : ids) {
+    const std::string chunk = d.Push(id);
+    for (size_t i = 0; i < chunk.size();) {
+      const int len = Utf8CharLength(std::string_view(chunk).substr(i));
+      ASSERT_GT(len, 0) << "broken UTF-8 in chunk";
+      i += len;
+    }
+    all += chunk;
+  }
+  all += d.Flush();
+  EXPECT_EQ(all, text);
+}
+
+TEST_F(StoriesTokenizerTest, InvalidBytesBecomeReplacementCharacters) {
+  Detokenizer d(*tok_, false);
+  const int32_t byte_ff = 3 + 0xff, byte_e6 = 3 + 0xe6;
+  EXPECT_EQ(d.Push(byte_ff), "\xef\xbf\xbd");
+  EXPECT_EQ(d.Push(byte_e6), "");            // first byte of a 3-byte character: held
+  EXPECT_EQ(d.Push(3 + 'a'), "\xef\xbf\xbd" "a");  // not a continuation: replaced, 'a' kept
+  EXPECT_EQ(d.Push(byte_e6), "");
+  EXPECT_EQ(d.Flush(), "\xef\xbf\xbd");      // stream ended mid-character
+}
+
+TEST_F(StoriesTokenizerTest, SpecialTokensParsedOnlyWhenAsked) {
+  const auto plain = tok_->Encode("a</s>b", false, false);
+  const auto special = tok_->Encode("a</s>b", false, true);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 2), 0);
+  EXPECT_EQ(std::count(special.begin(), special.end(), 2), 1);
+}
+
+TEST(TokenizerTest, UnsupportedModelIsAClearError) {
+  std::unique_ptr<GgufFile> f;
+  auto g = GgufFile::Open(test::SharedDir() + "/vocab/ggml-vocab-gpt-2.gguf");
+  ASSERT_TRUE(g.ok());
+  auto t = Tokenizer::FromGguf(**g);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("gpt2"), std::string::npos);
+}
+
+// llama.cpp's own test vectors for its SentencePiece vocabs.
+TEST(TokenizerTest, LlamaCppSpmVectors) {
+  for (const char* name : {"llama-spm", "phi-3"}) {
+    const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + name + ".gguf";
+    std::unique_ptr<GgufFile> keep;
+    auto tok = LoadTok(base, &keep);
+    ASSERT_TRUE(tok);
+    const std::string inp = ReadFile(base + ".inp");
+    const std::string out = ReadFile(base + ".out");
+    const std::string sep = "\n__ggml_vocab_test__\n";
+    std::vector<std::string> inputs;
+    for (size_t at = 0;;) {
+      size_t next = inp.find(sep, at);
+      if (next == std::string::npos) break;
+      inputs.push_back(inp.substr(at, next - at));
+      at = next + sep.size();
+    }
+    std::vector<std::vector<int32_t>> outputs;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream ids(line);
+      std::vector<int32_t> v;
+      for (int32_t id; ids >> id;) v.push_back(id);
+      outputs.push_back(v);
+    }
+    ASSERT_EQ(inputs.size(), outputs.size()) << name;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_EQ(tok->Encode(inputs[i], false, false), outputs[i]) << name << " input #" << i << ": '" << inputs[i] << "'";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gale

@@ -1,0 +1,128 @@
+// gale convert and gale synth: the vendored default model is exactly what convert produces;
+// bad checkpoints are errors; synthetic models load, tokenize and run for every type.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../test_util.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "runner/generate.h"
+#include "tools/llama2c_convert.h"
+#include "tools/synth.h"
+
+namespace gale {
+namespace {
+
+std::vector<uint8_t> ReadBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST(ConvertTest, VendoredModelIsTheConversionOfTheSharedCheckpoint) {
+  auto w = ConvertLlama2c(test::SharedDir() + "/models/stories260K.bin", test::SharedDir() + "/models/tok512.bin");
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->WriteToBytes(), ReadBytes(test::SourceDir() + "/models/stories260K.gguf"));
+}
+
+TEST(ConvertTest, TruncatedOrCorruptCheckpointsAreErrors) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string tok = test::SharedDir() + "/models/tok512.bin";
+  std::vector<uint8_t> model = ReadBytes(test::SharedDir() + "/models/stories260K.bin");
+  auto write = [&](const std::vector<uint8_t>& b) {
+    const std::string p = (dir / "gale_bad_llama2c.bin").string();
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
+    return p;
+  };
+  auto truncated = model;
+  truncated.resize(truncated.size() - 4);
+  EXPECT_NE(ConvertLlama2c(write(truncated), tok).status().message().find("header describes"), std::string::npos);
+  auto bad = model;
+  int32_t zero = 0;
+  std::memcpy(bad.data(), &zero, 4);
+  EXPECT_NE(ConvertLlama2c(write(bad), tok).status().message().find("implausible"), std::string::npos);
+  EXPECT_FALSE(ConvertLlama2c(write({1, 2, 3}), tok).ok());
+  EXPECT_EQ(ConvertLlama2c("/nonexistent/x.bin", tok).status().code(), StatusCode::kIoError);
+  auto tok_bytes = ReadBytes(tok);
+  tok_bytes.resize(100);
+  const std::string tp = (dir / "gale_bad_tok.bin").string();
+  std::ofstream(tp, std::ios::binary).write(reinterpret_cast<const char*>(tok_bytes.data()), tok_bytes.size());
+  EXPECT_NE(ConvertLlama2c(test::SharedDir() + "/models/stories260K.bin", tp).status().message().find("truncated"),
+            std::string::npos);
+}
+
+TEST(SynthTest, EveryTypeLoadsTokenizesAndRuns) {
+  auto shape = NamedSynthShape("tiny");
+  ASSERT_TRUE(shape.ok());
+  for (const char* type_name : {"f32", "f16", "bf16", "q8_0", "q4_0"}) {
+    auto w = SynthesizeLlama(*shape, *ParseTypeName(type_name), 7);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const auto bytes = w->WriteToBytes();
+    auto f = GgufFile::FromBytes(bytes);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    auto m = LlamaModel::Load(**f);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto t = Tokenizer::FromGguf(**f);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const auto prompt = (*t)->Encode("hello world, the quick brown fox");
+    EXPECT_EQ((*t)->Decode(prompt), "hello world, the quick brown fox");
+    EXPECT_LT(prompt.size(), 20u);  // pieces merge; not one token per byte
+    ThreadPool pool(2);
+    KvCache kv((*m)->hparams(), 64);
+    Workspace ws;
+    GenerateOptions go;
+    go.max_new_tokens = 8;
+    go.sampling.temperature = 0.0f;
+    int n = 0;
+    auto stats = Generate(**m, prompt, go, kv, ws, pool, [&](int32_t) { return ++n > 0; });
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_EQ(n, 8);
+    for (int64_t i = 0; i < (*m)->hparams().vocab_size; ++i) ASSERT_TRUE(std::isfinite(ws.logits[i]));
+  }
+}
+
+TEST(SynthTest, DeterministicAndShapesAreValidated) {
+  auto shape = NamedSynthShape("tiny");
+  auto a = SynthesizeLlama(*shape, GgmlType::kQ4_0, 3)->WriteToBytes();
+  auto b = SynthesizeLlama(*shape, GgmlType::kQ4_0, 3)->WriteToBytes();
+  auto c = SynthesizeLlama(*shape, GgmlType::kQ4_0, 4)->WriteToBytes();
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_FALSE(NamedSynthShape("7b").ok());
+  SynthShape odd = *shape;
+  odd.ffn_dim = 100;  // not a multiple of 32
+  EXPECT_FALSE(SynthesizeLlama(odd, GgmlType::kQ8_0, 1).ok());
+  EXPECT_TRUE(SynthesizeLlama(odd, GgmlType::kF16, 1).ok());
+  auto big = NamedSynthShape("tinyllama-1.1b");
+  EXPECT_EQ(big->num_kv_heads, 4);
+}
+
+TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
+  auto shape = NamedSynthShape("tiny");
+  auto w = SynthesizeLlama(*shape, GgmlType::kF32, 1);
+  auto bytes = w->WriteToBytes();
+  auto f = GgufFile::FromBytes(bytes);
+  // Rebuild without one tensor and with one reshaped.
+  GgufWriter missing, reshaped;
+  for (const auto& [k, v] : (*f)->metadata()) {
+    missing.SetValue(k, v);
+    reshaped.SetValue(k, v);
+  }
+  for (const auto& t : (*f)->tensors()) {
+    std::vector<uint8_t> data(t.data, t.data + t.num_bytes);
+    if (t.name != "blk.1.ffn_up.weight") ASSERT_TRUE(missing.AddTensor(t.name, t.type_id, t.shape, data).ok());
+    auto s = t.shape;
+    if (t.name == "blk.0.attn_k.weight") std::swap(s[0], s[1]);
+    ASSERT_TRUE(reshaped.AddTensor(t.name, t.type_id, s, data).ok());
+  }
+  auto mb = missing.WriteToBytes();
+  auto m = LlamaModel::Load(**GgufFile::FromBytes(mb));
+  EXPECT_NE(m.status().message().find("blk.1.ffn_up.weight"), std::string::npos) << m.status().message();
+  auto rb = reshaped.WriteToBytes();
+  auto r = LlamaModel::Load(**GgufFile::FromBytes(rb));
+  EXPECT_NE(r.status().message().find("blk.0.attn_k.weight: expected shape"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace gale
