@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 
 #include "../test_util.h"
@@ -24,6 +25,33 @@ TEST(ConvertTest, VendoredModelIsTheConversionOfTheSharedCheckpoint) {
   auto w = ConvertLlama2c(test::SharedDir() + "/models/stories260K.bin", test::SharedDir() + "/models/tok512.bin");
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->WriteToBytes(), ReadBytes(test::SourceDir() + "/models/stories260K.gguf"));
+}
+
+// What llama.cpp's own converter wrote for the same checkpoint is what we write: same keys with
+// the same value types, the same vocab, the same tensor names, shapes and bytes (llama.cpp also
+// writes output.weight as a copy of the tied embedding; we leave it out, which it accepts).
+TEST(ConvertTest, MatchesLlamaCppConversion) {
+  auto theirs = GgufFile::Open(test::SharedDir() + "/models/stories260K.llamacpp.gguf");
+  auto ours = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf");
+  ASSERT_TRUE(theirs.ok() && ours.ok());
+  for (const auto& [key, value] : (*theirs)->metadata()) {
+    if (key == "tokenizer.ggml.seperator_token_id" || key == "tokenizer.ggml.padding_token_id") continue;
+    const GgufValue* mine = (*ours)->Find(key);
+    ASSERT_NE(mine, nullptr) << key;
+    EXPECT_EQ(mine->type, value.type) << key;
+    if (key.rfind("tokenizer.", 0) == 0 || key.find("embedding_length") != std::string::npos ||
+        key.find("head_count") != std::string::npos || key.find("block_count") != std::string::npos) {
+      EXPECT_TRUE(*mine == value) << key;
+    }
+  }
+  for (const auto& t : (*ours)->tensors()) {
+    const GgufTensorInfo* o = (*theirs)->FindTensor(t.name);
+    ASSERT_NE(o, nullptr) << t.name;
+    EXPECT_EQ(o->shape, t.shape) << t.name;
+    EXPECT_EQ(o->type_id, t.type_id) << t.name;
+    ASSERT_EQ(o->num_bytes, t.num_bytes);
+    EXPECT_EQ(std::memcmp(o->data, t.data, t.num_bytes), 0) << t.name;
+  }
 }
 
 TEST(ConvertTest, TruncatedOrCorruptCheckpointsAreErrors) {
