@@ -31,34 +31,39 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    ++generation_;
+    stop_.store(true);
+    generation_.fetch_add(1);
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
 void ThreadPool::WorkerLoop(int worker_idx) {
+  constexpr int kSpinIterations = 1 << 15;  // roughly 0.1-1 ms of pause instructions
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* fn;
-    int64_t items;
-    int parts;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (stop_) return;
-      fn = job_fn_;
-      items = job_items_;
-      parts = job_parts_;
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == seen && spins < kSpinIterations; ++spins) {
+      _mm_pause();
     }
+    if (generation_.load() == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      num_sleeping_.fetch_add(1);
+      cv_.wait(lock, [&] { return generation_.load() != seen; });
+      num_sleeping_.fetch_sub(1);
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    if (stop_.load()) return;
+    const std::function<void(int64_t, int64_t)>* fn = job_fn_;
+    const int64_t items = job_items_;
+    const int parts = job_parts_;
     if (worker_idx < parts) {
       int64_t begin, end;
       PartRange(items, parts, worker_idx, &begin, &end);
       if (begin < end) (*fn)(begin, end);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
+    // Every worker checks in, taking part or not, so the caller cannot publish the next job
+    // while a worker may still be reading this one's fields.
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -71,15 +76,17 @@ void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t
     fn(0, num_items);
     return;
   }
-  {
+  // The job fields are published by the generation bump (release); workers read them after
+  // seeing it (acquire). A worker cannot still be reading the previous job: pending_ was 0.
+  job_fn_ = &fn;
+  job_items_ = num_items;
+  job_parts_ = parts;
+  pending_.store(num_threads_ - 1, std::memory_order_release);
+  generation_.fetch_add(1);
+  if (num_sleeping_.load() > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    job_fn_ = &fn;
-    job_items_ = num_items;
-    job_parts_ = parts;
-    pending_.store(parts - 1, std::memory_order_release);
-    ++generation_;
+    cv_.notify_all();
   }
-  cv_.notify_all();
   int64_t begin, end;
   PartRange(num_items, parts, 0, &begin, &end);
   fn(begin, end);

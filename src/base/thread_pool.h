@@ -39,8 +39,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t generation_ = 0;  // guarded by mu_; bumped for each job
-  bool stop_ = false;        // guarded by mu_
+  // Bumped once per job. Workers spin on it for a while before sleeping on cv_, because a
+  // futex wake-up per matmul costs more than a decode step's matmul on a small model.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> num_sleeping_{0};
+  std::atomic<bool> stop_{false};
   // The current job, valid while pending_ > 0.
   const std::function<void(int64_t, int64_t)>* job_fn_ = nullptr;
   int64_t job_items_ = 0;

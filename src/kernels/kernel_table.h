@@ -19,6 +19,27 @@ enum TypeSlot { kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kNumTyp
 TypeSlot SlotOf(GgmlType type);
 
 using VecDotFn = float (*)(const void* w_row, const float* x, int64_t n);
+
+// Activations quantized for the int8 paths (Q8_0 and Q4_0 weights): per token, per block of 32,
+// d * q with q = round-half-even(x / d) in [-127, 127], d = max|x| / 127, and the block's sum of q
+// (for the unsigned-times-signed dot instructions). Same quantizer on every ISA.
+struct QuantizedActs {
+  const int8_t* qs;     // [num_tokens, k]
+  const float* d;       // [num_tokens, k / 32]
+  const int32_t* qsum;  // [num_tokens, k / 32]
+  int64_t k;            // elements per token, a multiple of 32
+};
+
+// Quantizes one token's activations (k a multiple of 32) into the QuantizedActs layout.
+void QuantizeActivations(const float* x, int64_t k, int8_t* qs, float* d, int32_t* qsum);
+
+// Y[t, r] = W[r, :] . X[t, :] for r < num_rows, t < num_tokens; Y row stride ldy. W rows are
+// row_bytes apart. Each output is computed by the same sequence of operations whatever
+// num_rows and num_tokens are (batch invariance).
+using GemmFloatFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k,
+                             int64_t num_tokens, float* y, int64_t ldy);
+using GemmQuantFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                             int64_t num_tokens, float* y, int64_t ldy);
 using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
 
 struct KernelTable {
@@ -26,6 +47,10 @@ struct KernelTable {
   // dot(w_row dequantized, x) over n elements; n is a multiple of the type's block size.
   VecDotFn vec_dot[kNumTypeSlots];
   DequantizeRowFn dequantize_row[kNumTypeSlots];
+  // Matrix products: gemm_float for F32/F16/BF16 weights (f32 activations), gemm_quant for
+  // Q8_0/Q4_0 weights (int8 activations); nullptr where the slot uses the other one.
+  GemmFloatFn gemm_float[kNumTypeSlots];
+  GemmQuantFn gemm_quant[kNumTypeSlots];
   // out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps)
   void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* out);
   // gate[i] = silu(gate[i]) * up[i]

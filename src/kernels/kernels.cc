@@ -2,6 +2,7 @@
 // ISA tables; here is only the looping, in an order fixed independent of batch and thread count.
 #include "kernels/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -75,21 +76,48 @@ void SetActiveIsa(Isa isa) {
 }
 
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
+  const KernelTable& kt = Active();
+  const TypeSlot slot = SlotOf(w.type);
   const int64_t cols = w.shape[0];
   const int64_t rows = w.NumRows();
   const int64_t row_bytes = w.RowBytes();
-  const VecDotFn dot = Active().vec_dot[SlotOf(w.type)];
-  // Each y element is one vec_dot of a weight row with a token row: the same call, in the same
-  // order, whatever the batch size or split. Rows outer so a weight row is read once per call.
-  pool.ParallelFor(
-      rows,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const uint8_t* wr = w.data + r * row_bytes;
-          for (int64_t t = 0; t < num_tokens; ++t) y[t * rows + r] = dot(wr, x + t * cols, cols);
-        }
-      },
-      /*min_items_per_thread=*/16);
+  // Threads split the rows in multiples of 4 (the widest row tile); each thread walks all tokens.
+  constexpr int64_t kRowQuantum = 4;
+  const int64_t num_quanta = (rows + kRowQuantum - 1) / kRowQuantum;
+  if (kt.gemm_quant[slot] != nullptr) {
+    // Quantize the activations once per call; every row of W reuses them.
+    // NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
+    static thread_local std::vector<int8_t> qs;     // [num_tokens, cols]
+    static thread_local std::vector<float> d;       // [num_tokens, cols / 32]
+    static thread_local std::vector<int32_t> qsum;  // [num_tokens, cols / 32]
+    const int64_t nb = cols / 32;
+    if (qs.size() < static_cast<size_t>(num_tokens * cols)) qs.resize(num_tokens * cols);
+    if (d.size() < static_cast<size_t>(num_tokens * nb)) {
+      d.resize(num_tokens * nb);
+      qsum.resize(num_tokens * nb);
+    }
+    int8_t* qs_data = qs.data();
+    float* d_data = d.data();
+    int32_t* qsum_data = qsum.data();
+    pool.ParallelFor(
+        num_tokens,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            QuantizeActivations(x + t * cols, cols, qs_data + t * cols, d_data + t * nb, qsum_data + t * nb);
+          }
+        },
+        /*min_items_per_thread=*/16);
+    const QuantizedActs qa{qs_data, d_data, qsum_data, cols};
+    pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
+      const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
+      kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, qa, num_tokens, y + r0, rows);
+    });
+    return;
+  }
+  pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
+    const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
+    kt.gemm_float[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, x, cols, num_tokens, y + r0, rows);
+  });
 }
 
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out) {

@@ -61,6 +61,53 @@ void Dequantize(const void* src, float* dst, int64_t n) {
   DequantizeRowRef(kType, src, dst, n);
 }
 
+// Reference products: each output is the reference dot of its row and token.
+template <VecDotFn kDot>
+void GemmFloatRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k,
+                  int64_t num_tokens, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t r = 0; r < num_rows; ++r) y[t * ldy + r] = kDot(w + r * row_bytes, x + t * k, k);
+  }
+}
+
+// Signed int8 weights of block b of a row, for either quantized type, plus the block scale.
+template <GgmlType kType>
+float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+    for (int j = 0; j < kQK8_0; ++j) out[j] = blk->qs[j];
+    return Fp16ToFp32(blk->d);
+  } else {
+    const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      out[j] = static_cast<int8_t>((blk->qs[j] & 0x0f) - 8);
+      out[j + kQK4_0 / 2] = static_cast<int8_t>((blk->qs[j] >> 4) - 8);
+    }
+    return Fp16ToFp32(blk->d);
+  }
+}
+
+// Per block: exact integer dot, then sum += (d_w * d_x) * isum, blocks in order.
+template <GgmlType kType>
+void GemmQuantRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                  int64_t num_tokens, float* y, int64_t ldy) {
+  const int64_t nb = x.k / 32;
+  int8_t wq[32];
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      float sum = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float dw = UnpackBlock<kType>(w + r * row_bytes, b, wq);
+        const int8_t* q = x.qs + t * x.k + b * 32;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; ++j) isum += wq[j] * q[j];
+        sum += (dw * x.d[t * nb + b]) * static_cast<float>(isum);
+      }
+      y[t * ldy + r] = sum;
+    }
+  }
+}
+
 void RmsNormRef(const float* x, const float* w, int64_t n, float eps, float* out) {
   float ss = 0.0f;
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -84,12 +131,33 @@ void AxpyRef(float a, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
+void QuantizeActivations(const float* x, int64_t k, int8_t* qs, float* d, int32_t* qsum) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.0f;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      // nearbyint rounds half to even, like the SIMD conversion instructions.
+      const int v = static_cast<int>(std::nearbyint(xb[j] * inv));
+      qs[b * 32 + j] = static_cast<int8_t>(v < -127 ? -127 : v > 127 ? 127 : v);
+      sum += qs[b * 32 + j];
+    }
+    d[b] = scale;
+    qsum[b] = sum;
+  }
+}
+
 const KernelTable& ScalarTable() {
   static const KernelTable table = {
       Isa::kScalar,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {Dequantize<GgmlType::kF32>, Dequantize<GgmlType::kF16>, Dequantize<GgmlType::kBF16>,
        Dequantize<GgmlType::kQ8_0>, Dequantize<GgmlType::kQ4_0>},
+      {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
+      {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>},
       RmsNormRef,
       SiluMulRef,
       AxpyRef,

@@ -7,6 +7,7 @@
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
+#include "kernels/x86/gemm_tiles.h"
 
 namespace gale::kernels {
 namespace {
@@ -157,6 +158,122 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+
+// ---- GEMM: 2 rows x 2 tokens per tile (16 ymm registers bound the tile) -------------------------
+
+template <GgmlType kType>
+inline __m256 LoadW8(const uint8_t* row, int64_t i) {
+  if constexpr (kType == GgmlType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (kType == GgmlType::kF16) {
+    return LoadF16x8(reinterpret_cast<const uint16_t*>(row) + i);
+  } else {
+    return LoadBf16x8(reinterpret_cast<const uint16_t*>(row) + i);
+  }
+}
+
+template <GgmlType kType>
+inline float ScalarW(const uint8_t* row, int64_t i) {
+  if constexpr (kType == GgmlType::kF32) return reinterpret_cast<const float*>(row)[i];
+  else if constexpr (kType == GgmlType::kF16) return Fp16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
+  else return Bf16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
+}
+
+template <GgmlType kType, int R, int T>
+void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+               int64_t ldy) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const uint8_t* rows = w + r0 * row_bytes;
+  const float* xs = x + t0 * k;
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = LoadW8<kType>(rows + r * row_bytes, i);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(xs + t * k + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int r = 0; r < R; ++r) {
+      float sum = HSum(acc[r][t]);
+      for (int64_t j = i; j < k; ++j) sum += ScalarW<kType>(rows + r * row_bytes, j) * xs[t * k + j];
+      y[(t0 + t) * ldy + r0 + r] = sum;
+    }
+  }
+}
+
+using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+
+template <GgmlType kType>
+void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
+               float* y, int64_t ldy) {
+  static constexpr TileFloatFn kTiles[2][2] = {{TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>},
+                                               {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>}};
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+}
+
+// Signed int8 weights of one 32-element block and its scale.
+template <GgmlType kType>
+inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+    *d = _cvtsh_ss(blk->d);
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
+  } else {
+    const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+    *d = _cvtsh_ss(blk->d);
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
+    const __m256i n = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                              _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+    return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
+  }
+}
+
+// Per block: |w| times sign-adjusted q (maddubs cannot overflow: 2 * 127 * 127 < 32768), pairs
+// to int32, to f32, times d_w * d_x, accumulated.
+template <GgmlType kType, int R, int T>
+void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const QuantizedActs* xa, int64_t,
+               float* y, int64_t ldy) {
+  const QuantizedActs& x = *xa;
+  const int64_t nb = x.k / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const uint8_t* rows = w + r0 * row_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i wv[R];
+    float dw[R];
+    for (int r = 0; r < R; ++r) wv[r] = UnpackBlock<kType>(rows + r * row_bytes, b, &dw[r]);
+    for (int t = 0; t < T; ++t) {
+      const int64_t tok = t0 + t;
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + tok * x.k + b * 32));
+      const float dx = x.d[tok * nb + b];
+      for (int r = 0; r < R; ++r) {
+        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(q, wv[r]));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+        acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[r] * dx), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = HSum(acc[r][t]);
+}
+
+using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const QuantizedActs*, int64_t, float*, int64_t);
+
+template <GgmlType kType>
+void GemmQuant(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
+               float* y, int64_t ldy) {
+  static constexpr TileQuantFn kTiles[2][2] = {{TileQuant<kType, 1, 1>, TileQuant<kType, 1, 2>},
+                                               {TileQuant<kType, 2, 1>, TileQuant<kType, 2, 2>}};
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, &x, x.k, y, ldy);
+}
+
 }  // namespace
 
 const KernelTable& Avx2Table() {
@@ -164,6 +281,8 @@ const KernelTable& Avx2Table() {
       Isa::kAvx2,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0},
+      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
+      {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>},
       RmsNorm,
       SiluMul,
       Axpy,

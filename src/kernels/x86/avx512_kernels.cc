@@ -3,10 +3,12 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
+#include "kernels/x86/gemm_tiles.h"
 
 namespace gale::kernels {
 namespace {
@@ -130,6 +132,163 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+
+// ---- GEMM, float weights: 4 rows x 4 tokens per tile, 16 elements per step --------------------
+
+template <GgmlType kType, bool kMasked>
+inline __m512 LoadW16(const uint8_t* row, int64_t i, __mmask16 m) {
+  if constexpr (kType == GgmlType::kF32) {
+    const float* p = reinterpret_cast<const float*>(row) + i;
+    return kMasked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+  } else {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + i;
+    const __m256i h = kMasked ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (kType == GgmlType::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// One 16-element step of a float tile: every output gets one FMA (the tail step is masked).
+template <GgmlType kType, int R, int T, bool kMasked>
+inline void StepFloat(const uint8_t* rows, int64_t row_bytes, const float* xs, int64_t k, int64_t i, __mmask16 m,
+                      __m512 (&acc)[R][T]) {
+  __m512 wv[R];
+  for (int r = 0; r < R; ++r) wv[r] = LoadW16<kType, kMasked>(rows + r * row_bytes, i, m);
+  for (int t = 0; t < T; ++t) {
+    const __m512 xv = kMasked ? _mm512_maskz_loadu_ps(m, xs + t * k + i) : _mm512_loadu_ps(xs + t * k + i);
+    for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+  }
+}
+
+template <GgmlType kType, int R, int T>
+void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+               int64_t ldy) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint8_t* rows = w + r0 * row_bytes;
+  const float* xs = x + t0 * k;
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) StepFloat<kType, R, T, false>(rows, row_bytes, xs, k, i, 0, acc);
+  if (i < k) StepFloat<kType, R, T, true>(rows, row_bytes, xs, k, i, static_cast<__mmask16>((1u << (k - i)) - 1), acc);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+
+template <GgmlType kType>
+void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
+               float* y, int64_t ldy) {
+  static constexpr TileFloatFn kTiles[4][4] = {
+      {TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>, TileFloat<kType, 1, 3>, TileFloat<kType, 1, 4>},
+      {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>, TileFloat<kType, 2, 3>, TileFloat<kType, 2, 4>},
+      {TileFloat<kType, 3, 1>, TileFloat<kType, 3, 2>, TileFloat<kType, 3, 3>, TileFloat<kType, 3, 4>},
+      {TileFloat<kType, 4, 1>, TileFloat<kType, 4, 2>, TileFloat<kType, 4, 3>, TileFloat<kType, 4, 4>}};
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+}
+
+// ---- GEMM, Q8_0/Q4_0 weights x int8 activations (VNNI) ------------------------------------------
+// Two 32-element blocks per 512-bit step. Weights become unsigned u = w + offset (Q8_0: w ^ 0x80,
+// offset 128; Q4_0: the raw nibble, offset 8), vpdpbusd sums u * q into 16 int32 lanes (8 per
+// block), starting from -offset * sum(q) placed in lane 0 of each block's half, so the lanes of a
+// half add up to the exact integer dot of the block. Then lanes -> f32, times d_w * d_x, accumulate.
+
+// Lanes 0-7 from element 0 of v, lanes 8-15 from element 1 (one value per block of a pair).
+inline __m512 HalvesPs(__m128 v) {
+  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+inline __m512 LoadPairPs(const float* p, bool two) {
+  return HalvesPs(two ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))) : _mm_load_ss(p));
+}
+// The two f16 scales at byte offsets 0 and stride of p, as halves.
+inline __m512 LoadPairF16(const uint8_t* p, int64_t stride, bool two) {
+  uint16_t a, b = 0;
+  std::memcpy(&a, p, 2);
+  if (two) std::memcpy(&b, p + stride, 2);
+  return HalvesPs(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(a | (static_cast<uint32_t>(b) << 16)))));
+}
+// -offset * qsum of each block in lane 0 of its half, zeros elsewhere.
+inline __m512i Correction(const int32_t* qsum, bool two, int32_t offset) {
+  const __m128i v = two ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qsum)) : _mm_cvtsi32_si128(qsum[0]);
+  const __m512i idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i spread = _mm512_maskz_permutexvar_epi32(0x0101, idx, _mm512_castsi128_si512(v));
+  return _mm512_mullo_epi32(spread, _mm512_set1_epi32(-offset));
+}
+
+template <GgmlType kType>
+constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
+
+// Unsigned weights of blocks b and b+1 (b+1 only when two) and their scales.
+template <GgmlType kType>
+inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m512* dw) {
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
+    const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)) : _mm256_setzero_si256();
+    *u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(static_cast<char>(0x80)));
+    *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ8_0), two);
+  } else {
+    const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    auto nibbles = [&](const BlockQ4_0& q) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q.qs));
+      return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                     _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+    };
+    const __m256i lo = nibbles(blk[0]);
+    const __m256i hi = two ? nibbles(blk[1]) : _mm256_setzero_si256();
+    *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ4_0), two);
+  }
+}
+
+template <GgmlType kType, int R, int T>
+void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const QuantizedActs* xa, int64_t,
+               float* y, int64_t ldy) {
+  const QuantizedActs& x = *xa;
+  const int64_t k = x.k;
+  const int64_t nb = k / 32;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint8_t* rows = w + r0 * row_bytes;
+  for (int64_t b = 0; b < nb; b += 2) {
+    const bool two = b + 1 < nb;
+    __m512i u[R];
+    __m512 dw[R];
+    for (int r = 0; r < R; ++r) UnpackPair<kType>(rows + r * row_bytes, b, two, &u[r], &dw[r]);
+    for (int t = 0; t < T; ++t) {
+      const int64_t tok = t0 + t;
+      const int8_t* q = x.qs + tok * k + b * 32;
+      // NOTE: masked loads are slow on AMD Zen; only the odd last block uses one.
+      const __m512i qv = two ? _mm512_loadu_si512(q) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+      const __m512 dx = LoadPairPs(x.d + tok * nb + b, two);
+      const __m512i corr = Correction(x.qsum + tok * nb + b, two, kOffset<kType>);
+      for (int r = 0; r < R; ++r) {
+        const __m512i p = _mm512_dpbusd_epi32(corr, u[r], qv);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const QuantizedActs*, int64_t, float*, int64_t);
+
+template <GgmlType kType>
+void GemmQuant(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
+               float* y, int64_t ldy) {
+  static constexpr TileQuantFn kTiles[4][4] = {
+      {TileQuant<kType, 1, 1>, TileQuant<kType, 1, 2>, TileQuant<kType, 1, 3>, TileQuant<kType, 1, 4>},
+      {TileQuant<kType, 2, 1>, TileQuant<kType, 2, 2>, TileQuant<kType, 2, 3>, TileQuant<kType, 2, 4>},
+      {TileQuant<kType, 3, 1>, TileQuant<kType, 3, 2>, TileQuant<kType, 3, 3>, TileQuant<kType, 3, 4>},
+      {TileQuant<kType, 4, 1>, TileQuant<kType, 4, 2>, TileQuant<kType, 4, 3>, TileQuant<kType, 4, 4>}};
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, &x, x.k, y, ldy);
+}
+
 }  // namespace
 
 const KernelTable& Avx512Table() {
@@ -137,6 +296,8 @@ const KernelTable& Avx512Table() {
       Isa::kAvx512,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0},
+      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
+      {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>},
       RmsNorm,
       SiluMul,
       Axpy,

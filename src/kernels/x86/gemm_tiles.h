@@ -1,0 +1,32 @@
+// Internal to the ISA translation units: the tiling driver shared by every ISA's GEMM. It walks
+// the output in token blocks of kTokenBlock (so a block's activations stay in L1/L2 while the
+// thread's weight rows stream past), rows in tiles of kR and tokens in tiles of kT, and calls a
+// tile function chosen by the actual tile size. Tile functions compute every output with the
+// same operation sequence whatever the tile size, so results do not depend on batch shape.
+// NOTE: everything here is in an anonymous namespace: each ISA file gets its own copy compiled
+// with its own flags, and no copy can leak to another ISA through the linker.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace gale::kernels {
+namespace {
+
+template <int kR, int kT, typename TileFn, typename... Args>
+inline void ForEachTile(int64_t num_rows, int64_t num_tokens, const TileFn (&tiles)[kR][kT], Args&&... args) {
+  constexpr int64_t kTokenBlock = 64;
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(num_tokens, t0 + kTokenBlock);
+    for (int64_t r = 0; r < num_rows; r += kR) {
+      const int rr = static_cast<int>(std::min<int64_t>(kR, num_rows - r));
+      for (int64_t t = t0; t < t1; t += kT) {
+        const int tt = static_cast<int>(std::min<int64_t>(kT, t1 - t));
+        tiles[rr - 1][tt - 1](r, t, args...);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gale::kernels
