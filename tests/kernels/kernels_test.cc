@@ -115,6 +115,89 @@ TEST(KernelsTest, SiluMulIsSiluTimesUp) {
   EXPECT_NEAR(g[2], -2.0f * 1.5f / (1.0f + std::exp(-1.5f)), 1e-6f);
 }
 
+// Every ISA's GEMM against the scalar GEMM, for every type, on tile-edge shapes (rows and tokens
+// not multiples of the tiles, an odd number of blocks). Float types reorder an f32 sum; the int8
+// paths compute exact integer block dots and reorder only the f32 sum of scaled blocks.
+TEST(KernelsTest, GemmMatchesScalarOnEdgeShapes) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    for (GgmlType t : kTypes) {
+      const TypeSlot slot = SlotOf(t);
+      for (int64_t k : {32, 96, 160, 800}) {
+        for (int64_t rows : {1, 3, 5, 9}) {
+          for (int64_t tokens : {1, 2, 5, 7}) {
+            const int64_t kk = TypeTraits(t).block_size == 1 ? k + 3 : k;  // odd k for float types
+            const auto wf = test::RandomFloats(kk * rows, k * 7 + rows);
+            std::vector<uint8_t> w(RowBytes(t, kk) * rows);
+            for (int64_t r = 0; r < rows; ++r) QuantizeRowRef(t, wf.data() + r * kk, w.data() + r * RowBytes(t, kk), kk);
+            const auto x = test::RandomFloats(kk * tokens, k + tokens);
+            std::vector<float> want(rows * tokens), got(rows * tokens);
+            const int64_t rb = RowBytes(t, kk);
+            double scale = 0.0;  // sum |w x| bound per output: kk * max|w| * max|x| <= kk
+            if (ref.gemm_quant[slot] != nullptr) {
+              std::vector<int8_t> qs(kk * tokens);
+              std::vector<float> d(kk / 32 * tokens);
+              std::vector<int32_t> qsum(kk / 32 * tokens);
+              for (int64_t i = 0; i < tokens; ++i) {
+                QuantizeActivations(x.data() + i * kk, kk, qs.data() + i * kk, d.data() + i * kk / 32, qsum.data() + i * kk / 32);
+              }
+              const QuantizedActs qa{qs.data(), d.data(), qsum.data(), kk};
+              ref.gemm_quant[slot](w.data(), rb, rows, qa, tokens, want.data(), rows);
+              simd.gemm_quant[slot](w.data(), rb, rows, qa, tokens, got.data(), rows);
+            } else {
+              ref.gemm_float[slot](w.data(), rb, rows, x.data(), kk, tokens, want.data(), rows);
+              simd.gemm_float[slot](w.data(), rb, rows, x.data(), kk, tokens, got.data(), rows);
+            }
+            scale = static_cast<double>(kk);
+            // Random-walk rounding bound as in VecDotMatchesScalar, with sum|w x| <= kk.
+            const double tol = 8.0 * std::sqrt(static_cast<double>(kk)) * 6e-8 * scale + 1e-6;
+            for (int64_t i = 0; i < rows * tokens; ++i) {
+              ASSERT_NEAR(got[i], want[i], tol) << IsaName(isa) << " " << TypeTraits(t).name << " k=" << kk
+                                                << " rows=" << rows << " tokens=" << tokens << " i=" << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The int8 path is a real product: close to the double-precision product of the dequantized
+// weights and the unquantized activations, within the activation quantization error.
+TEST(KernelsTest, QuantGemmApproximatesTheExactProduct) {
+  const int64_t k = 256, rows = 6, tokens = 3;
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const auto wf = test::RandomFloats(k * rows, 1);
+    std::vector<uint8_t> w(RowBytes(t, k) * rows);
+    for (int64_t r = 0; r < rows; ++r) QuantizeRowRef(t, wf.data() + r * k, w.data() + r * RowBytes(t, k), k);
+    const auto x = test::RandomFloats(k * tokens, 2);
+    TensorView v;
+    v.type = t;
+    v.shape = {k, rows};
+    v.data = w.data();
+    v.num_bytes = w.size();
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (GetKernelTable(isa) == nullptr) continue;
+      SetActiveIsa(isa);
+      ThreadPool pool(2);
+      std::vector<float> y(rows * tokens);
+      MatMul(v, x.data(), tokens, y.data(), pool);
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> deq(k);
+          DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data(), k);
+          double exact = 0.0;
+          for (int64_t i = 0; i < k; ++i) exact += static_cast<double>(deq[i]) * x[tok * k + i];
+          // Each activation moves by at most half a step, max|x| / 254 <= 1/254; |w| <= 1.
+          ASSERT_NEAR(y[tok * rows + r], exact, k / 254.0 * 0.5) << IsaName(isa);
+        }
+      }
+    }
+    SetActiveIsa(BestIsa());
+  }
+}
+
 TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8_t>* storage, uint64_t seed) {
   const auto w = test::RandomFloats(cols * rows, seed);
   *storage = Quantized(t, w);
@@ -129,6 +212,9 @@ TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8
 // Each output row of MatMul is bitwise the same for any batch size and thread count.
 TEST(KernelsTest, MatMulIsBatchInvariant) {
   const int64_t cols = 96, rows = 37, num_tokens = 9;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  if (GetKernelTable(isa) == nullptr) continue;
+  SetActiveIsa(isa);
   for (GgmlType t : kTypes) {
     std::vector<uint8_t> storage;
     const TensorView w = MakeWeights(t, cols, rows, &storage, 5);
@@ -140,10 +226,12 @@ TEST(KernelsTest, MatMulIsBatchInvariant) {
       std::vector<float> single(rows);
       MatMul(w, x.data() + tok * cols, 1, single.data(), tok % 2 ? one : two);
       for (int64_t r = 0; r < rows; ++r) {
-        ASSERT_EQ(F32Bits(single[r]), F32Bits(batched[tok * rows + r])) << TypeTraits(t).name;
+        ASSERT_EQ(F32Bits(single[r]), F32Bits(batched[tok * rows + r])) << IsaName(isa) << " " << TypeTraits(t).name;
       }
     }
   }
+  }
+  SetActiveIsa(BestIsa());
 }
 
 TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
