@@ -162,8 +162,8 @@ void Softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
 }
 
-void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* k_cache,
-               const float* v_cache, int num_heads, int num_kv_heads, int head_dim, float* out,
+void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* const* k_caches,
+               const float* const* v_caches, int num_heads, int num_kv_heads, int head_dim, float* out,
                ThreadPool& pool) {
   const KernelTable& kt = Active();
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
@@ -179,6 +179,8 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
       const int h = static_cast<int>(task % num_heads);
       const int kvh = h / group;
       const int64_t len = static_cast<int64_t>(positions[t]) + 1;
+      const float* k_cache = k_caches[t];
+      const float* v_cache = v_caches[t];
       const float* qh = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
       scores.resize(len);
       for (int64_t p = 0; p < len; ++p) {

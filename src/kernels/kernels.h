@@ -41,11 +41,11 @@ void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, flo
 // In-place softmax over n values (max-subtracted, f32 exp).
 void Softmax(float* x, int64_t n);
 
-// Causal attention of one sequence over its contiguous cache.
-// q: [num_tokens, num_heads * head_dim]; k_cache, v_cache: [>= max pos + 1, num_kv_heads * head_dim];
-// query t attends to cache rows [0, positions[t]]; out: [num_tokens, num_heads * head_dim].
-void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* k_cache,
-               const float* v_cache, int num_heads, int num_kv_heads, int head_dim, float* out,
+// Causal attention over contiguous caches. q: [num_tokens, num_heads * head_dim]; token t reads
+// the cache of its own sequence, k_caches[t] / v_caches[t]: [>= positions[t] + 1,
+// num_kv_heads * head_dim], rows [0, positions[t]]. out: [num_tokens, num_heads * head_dim].
+void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* const* k_caches,
+               const float* const* v_caches, int num_heads, int num_kv_heads, int head_dim, float* out,
                ThreadPool& pool);
 
 }  // namespace gale::kernels

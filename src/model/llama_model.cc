@@ -80,16 +80,32 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
 }
 
 Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {
+  KvCache* caches[1] = {&kv};
+  return Forward(batch, std::span<KvCache* const>(caches, 1), ws, pool);
+}
+
+Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                           ThreadPool& pool) const {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   if (n == 0) return InvalidArgument("empty batch");
   if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch: tokens and positions differ in length");
+  if (!batch.seq_idx.empty() && batch.seq_idx.size() != batch.tokens.size()) {
+    return InvalidArgument("batch: tokens and seq_idx differ in length");
+  }
+  auto seq_of = [&](int64_t i) { return batch.seq_idx.empty() ? 0 : batch.seq_idx[i]; };
   for (int64_t i = 0; i < n; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= hp_.vocab_size) {
       return InvalidArgument("token id {} out of range [0, {})", batch.tokens[i], hp_.vocab_size);
     }
-    if (batch.positions[i] < 0 || batch.positions[i] >= kv.capacity_tokens()) {
-      return InvalidArgument("position {} outside the KV cache of {} tokens", batch.positions[i], kv.capacity_tokens());
+    const int32_t s = seq_of(i);
+    if (s < 0 || static_cast<size_t>(s) >= caches.size()) return InvalidArgument("seq_idx {} has no KV cache", s);
+    if (batch.positions[i] < 0 || batch.positions[i] >= caches[s]->capacity_tokens()) {
+      return InvalidArgument("position {} outside the KV cache of {} tokens", batch.positions[i],
+                             caches[s]->capacity_tokens());
     }
+  }
+  for (int32_t row : batch.logit_rows) {
+    if (row < 0 || row >= n) return InvalidArgument("logit row {} outside the batch of {}", row, n);
   }
   const int64_t dim = hp_.dim, kv_dim = hp_.kv_dim(), ffn = hp_.ffn_dim;
   Grow(ws.x, n * dim);
@@ -112,9 +128,14 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws
     kernels::MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
     kernels::MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
     kernels::MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
-    float* k_cache = kv.K(l);  // [capacity, kv_dim]
-    float* v_cache = kv.V(l);
+    ws.k_rows.resize(n);
+    ws.v_rows.resize(n);
     for (int64_t t = 0; t < n; ++t) {
+      KvCache& kv = *caches[seq_of(t)];
+      float* k_cache = kv.K(l);  // [capacity, kv_dim]
+      float* v_cache = kv.V(l);
+      ws.k_rows[t] = k_cache;
+      ws.v_rows[t] = v_cache;
       const int64_t pos = batch.positions[t];
       kernels::Rope(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
                     static_cast<int>(hp_.rope_dims), pos, hp_.rope_freq_base, hp_.rope_freq_scale);
@@ -123,7 +144,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws
       std::memcpy(k_cache + pos * kv_dim, ws.k.data() + t * kv_dim, kv_dim * sizeof(float));
       std::memcpy(v_cache + pos * kv_dim, ws.v.data() + t * kv_dim, kv_dim * sizeof(float));
     }
-    kernels::Attention(ws.q.data(), n, batch.positions.data(), k_cache, v_cache,
+    kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.k_rows.data(), ws.v_rows.data(),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
                        static_cast<int>(hp_.head_dim), ws.xb.data(), pool);
     kernels::MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
@@ -141,11 +162,15 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws
   }
 
   // Final norm and lm_head only for the rows whose logits are wanted.
-  const int64_t first = batch.all_logits ? 0 : n - 1;
-  const int64_t num_out = n - first;
+  auto out_row = [&](int64_t i) -> int64_t {
+    if (!batch.logit_rows.empty()) return batch.logit_rows[i];
+    return batch.all_logits ? i : n - 1;
+  };
+  const int64_t num_out = !batch.logit_rows.empty() ? static_cast<int64_t>(batch.logit_rows.size())
+                                                     : (batch.all_logits ? n : 1);
   const float* out_norm = reinterpret_cast<const float*>(output_norm_.data);
   for (int64_t t = 0; t < num_out; ++t) {
-    kernels::RmsNorm(ws.x.data() + (first + t) * dim, out_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+    kernels::RmsNorm(ws.x.data() + out_row(t) * dim, out_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
   }
   Grow(ws.logits, num_out * hp_.vocab_size);
   kernels::MatMul(output_, ws.xb.data(), num_out, ws.logits.data(), pool);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "base/status.h"
@@ -14,10 +15,13 @@
 
 namespace gale {
 
+// One step's tokens, from one or more sequences. Tokens of a sequence appear in position order.
 struct ForwardBatch {
-  std::vector<int32_t> tokens;     // [num_tokens]
-  std::vector<int32_t> positions;  // [num_tokens] position of each token in its sequence
-  bool all_logits = false;         // logits for every token (perplexity), else only the last
+  std::vector<int32_t> tokens;      // [num_tokens]
+  std::vector<int32_t> positions;   // [num_tokens] position of each token in its sequence
+  std::vector<int32_t> seq_idx;     // [num_tokens] index of the token's KV cache; empty: all 0
+  std::vector<int32_t> logit_rows;  // tokens whose logits are wanted, in output order; empty: see below
+  bool all_logits = false;          // with logit_rows empty: every token (perplexity), else the last
 };
 
 // KV cache of one sequence, contiguous: position p of layer l is row p of that layer's block.
@@ -47,6 +51,7 @@ struct Workspace {
   std::vector<float> hb;      // [num_tokens, ffn_dim]
   std::vector<float> hb2;     // [num_tokens, ffn_dim]
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
+  std::vector<const float*> k_rows, v_rows;  // [num_tokens] per-token cache bases of one layer
 };
 
 struct LlamaLayerWeights {
@@ -65,6 +70,9 @@ class LlamaModel {
   // Runs one batch of one sequence; tokens are written to the cache at their positions.
   // On return ws.logits holds [1 or num_tokens, vocab_size]. Errors on out-of-range ids/positions.
   Status Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const;
+  // Several sequences in one step: token i uses caches[batch.seq_idx[i]]. Logit rows follow
+  // batch.logit_rows.
+  Status Forward(const ForwardBatch& batch, std::span<KvCache* const> caches, Workspace& ws, ThreadPool& pool) const;
 
  private:
   LlamaModel() = default;

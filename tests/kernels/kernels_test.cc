@@ -243,10 +243,11 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
   for (int i = 0; i < len; ++i) pos[i] = i;
   ThreadPool pool(2), one(1);
   std::vector<float> all(len * heads * head_dim);
-  Attention(q.data(), len, pos.data(), k.data(), v.data(), heads, kv_heads, head_dim, all.data(), pool);
+  const std::vector<const float*> ks(len, k.data()), vs(len, v.data());
+  Attention(q.data(), len, pos.data(), ks.data(), vs.data(), heads, kv_heads, head_dim, all.data(), pool);
   for (int t = 0; t < len; ++t) {
     std::vector<float> single(heads * head_dim);
-    Attention(q.data() + t * heads * head_dim, 1, &pos[t], k.data(), v.data(), heads, kv_heads, head_dim,
+    Attention(q.data() + t * heads * head_dim, 1, &pos[t], ks.data(), vs.data(), heads, kv_heads, head_dim,
               single.data(), one);
     for (int i = 0; i < heads * head_dim; ++i) ASSERT_EQ(F32Bits(single[i]), F32Bits(all[t * heads * head_dim + i]));
   }

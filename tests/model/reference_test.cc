@@ -175,6 +175,45 @@ TEST_P(ReferenceTest, PrefillChunkingIsBitwiseInvariant) {
   }
 }
 
+// Sequences batched into one forward get bitwise the logits they get alone.
+TEST_P(ReferenceTest, MultiSequenceBatchIsBitwiseInvariant) {
+  const std::vector<std::vector<int32_t>> prompts = {m_.tok->Encode("Once upon a time"), m_.tok->Encode("The dog ran"),
+                                                     m_.tok->Encode("Lily and Tom went to the park to play")};
+  const int64_t vocab = m_.model->hparams().vocab_size;
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> alone;
+  for (const auto& p : prompts) {
+    KvCache kv(m_.model->hparams(), 64);
+    Workspace ws;
+    ForwardBatch b;
+    b.tokens = p;
+    for (size_t i = 0; i < p.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
+    ASSERT_TRUE(m_.model->Forward(b, kv, ws, pool).ok());
+    alone.emplace_back(ws.logits.begin(), ws.logits.begin() + vocab);
+  }
+  std::vector<KvCache> caches;
+  for (size_t s = 0; s < prompts.size(); ++s) caches.emplace_back(m_.model->hparams(), 64);
+  std::vector<KvCache*> ptrs;
+  for (auto& c : caches) ptrs.push_back(&c);
+  ForwardBatch b;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    for (size_t i = 0; i < prompts[s].size(); ++i) {
+      b.tokens.push_back(prompts[s][i]);
+      b.positions.push_back(static_cast<int32_t>(i));
+      b.seq_idx.push_back(static_cast<int32_t>(s));
+    }
+    b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+  }
+  Workspace ws;
+  ASSERT_TRUE(m_.model->Forward(b, ptrs, ws, pool).ok());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    for (int64_t i = 0; i < vocab; ++i) ASSERT_EQ(F32Bits(ws.logits[s * vocab + i]), F32Bits(alone[s][i])) << s;
+  }
+  ForwardBatch bad = b;
+  bad.seq_idx[0] = 7;
+  EXPECT_FALSE(m_.model->Forward(bad, ptrs, ws, pool).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllFilesAllIsas, ReferenceTest,
     ::testing::Combine(::testing::Values("vendored", "converted", "llamacpp"),
