@@ -13,5 +13,6 @@ using CommandFn = std::function<int()>;
 CommandFn RegisterRun(CLI::App& app);
 CommandFn RegisterConvert(CLI::App& app);
 CommandFn RegisterSynth(CLI::App& app);
+CommandFn RegisterBench(CLI::App& app);
 
 }  // namespace gale

@@ -1,0 +1,268 @@
+// `gale bench`: prompt processing (ppN) and generation (tgN) throughput of a model, over
+// repetitions after a warm-up, aggregate decode throughput against batch size, and each figure as
+// a fraction of this machine's roofline (measured by probes, or given with --bandwidth).
+// Output: a Markdown table (default), JSON (one array) or CSV. Forward passes only: no
+// tokenizer or sampler, like llama-bench, so figures compare with it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/rng.h"
+#include "kernels/kernels.h"
+#include "model/llama_model.h"
+#include "tools/commands.h"
+#include "tools/roofline.h"
+
+namespace gale {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Result {
+  std::string test;
+  int64_t batch = 1;
+  int threads = 1;
+  std::string model_type;
+  double tokens_per_second = 0.0;  // mean over repetitions
+  double std = 0.0;
+  double bytes_per_token = 0.0;
+  double roofline_tokens_per_second = 0.0;
+  double roofline_fraction = 0.0;
+};
+
+void MeanStd(const std::vector<double>& v, double* mean, double* std) {
+  double s = 0.0;
+  for (double x : v) s += x;
+  *mean = s / static_cast<double>(v.size());
+  double var = 0.0;
+  for (double x : v) var += (x - *mean) * (x - *mean);
+  *std = v.size() > 1 ? std::sqrt(var / static_cast<double>(v.size() - 1)) : 0.0;
+}
+
+std::string ModelType(const GgufFile& file, const LlamaModel& model) {
+  int64_t params = 0;
+  for (const auto& t : file.tensors()) params += t.NumElements();
+  const GgufTensorInfo* ffn = file.FindTensor("blk.0.ffn_gate.weight");
+  const std::string type = ffn ? std::string(TypeName(ffn->type_id)) : "?";
+  const double m = static_cast<double>(params) / 1e6;
+  char buf[64];
+  if (m >= 1000) std::snprintf(buf, sizeof(buf), "%s %.1fB %s", model.hparams().arch.c_str(), m / 1000, type.c_str());
+  else std::snprintf(buf, sizeof(buf), "%s %.0fM %s", model.hparams().arch.c_str(), m, type.c_str());
+  return buf;
+}
+
+}  // namespace
+
+CommandFn RegisterBench(CLI::App& app) {
+  struct Opts {
+    std::string model, output = "md", batches, isa;
+    int64_t n_prompt = 512, n_gen = 128;
+    int reps = 5;
+    int threads = ThreadPool::DefaultNumThreads();
+    double bandwidth = 0.0;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "GGUF model")->required();
+  app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens for the ppN test (0 = skip)")->capture_default_str();
+  app.add_option("-n,--n-gen", o->n_gen, "generated tokens for the tgN test (0 = skip)")->capture_default_str();
+  app.add_option("-r,--repetitions", o->reps, "repetitions after one warm-up")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  app.add_option("--batch", o->batches, "decode batch sizes for the throughput curve, e.g. 1,2,4,8,16,32");
+  app.add_option("-o,--output", o->output, "md | json | csv")->capture_default_str();
+  app.add_option("--bandwidth", o->bandwidth, "memory read bandwidth in GB/s (default: measure it)");
+  app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512");
+  return [o]() {
+    auto fail = [](const std::string& msg) {
+      std::fprintf(stderr, "gale bench: %s\n", msg.c_str());
+      return 1;
+    };
+    if (o->output != "md" && o->output != "json" && o->output != "csv") return fail("-o must be md, json or csv");
+    if (o->reps < 1 || o->threads < 1 || o->n_prompt < 0 || o->n_gen < 0) return fail("-r, -t must be >= 1; -p, -n >= 0");
+    if (!o->isa.empty()) {
+      const kernels::Isa isa = o->isa == "scalar" ? kernels::Isa::kScalar
+                               : o->isa == "avx2" ? kernels::Isa::kAvx2
+                                                  : kernels::Isa::kAvx512;
+      if ((o->isa != "scalar" && o->isa != "avx2" && o->isa != "avx512") || !kernels::GetKernelTable(isa)) {
+        return fail("--isa '" + o->isa + "' is unknown or not supported by this CPU");
+      }
+      kernels::SetActiveIsa(isa);
+    }
+    std::vector<int64_t> batches;
+    if (!o->batches.empty()) {
+      std::stringstream ss(o->batches);
+      for (std::string item; std::getline(ss, item, ',');) {
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (end == item.c_str() || *end != '\0' || v < 1 || v > 4096) return fail("bad --batch entry '" + item + "'");
+        batches.push_back(v);
+      }
+    }
+    auto file = GgufFile::Open(o->model);
+    if (!file.ok()) return fail(file.status().ToString());
+    auto model = LlamaModel::Load(**file);
+    if (!model.ok()) return fail(model.status().ToString());
+    const LlamaHParams& hp = (*model)->hparams();
+    ThreadPool pool(o->threads);
+    Roofline roof = MeasureRoofline(pool);
+    if (o->bandwidth > 0) roof.read_bandwidth_gbs = o->bandwidth;
+    const std::string model_type = ModelType(**file, **model);
+    const GgufTensorInfo* ffn = (*file)->FindTensor("blk.0.ffn_gate.weight");
+    const bool int8_path = ffn && (ffn->type_id == 2 || ffn->type_id == 8);
+    const double peak_ops = (int8_path ? roof.int8_dot_gops : roof.f32_fma_gflops) * 1e9;
+    const double weight_bytes = static_cast<double>((*model)->weight_bytes()) -
+                                ((*model)->tied_output() ? 0.0 : 0.0);
+    // Multiply-adds per token in the matmuls: every 2-D weight except the embedding lookup.
+    double matmul_params = 0.0;
+    for (const auto& t : (*file)->tensors()) {
+      if (t.shape.size() == 2 && t.name != "token_embd.weight") matmul_params += static_cast<double>(t.NumElements());
+    }
+    if ((*model)->tied_output()) matmul_params += static_cast<double>(hp.dim * hp.vocab_size);
+    const double kv_bytes_per_pos = 2.0 * hp.num_layers * hp.kv_dim() * sizeof(float);
+    std::fprintf(stderr, "model: %s (%s), threads %d, kernels %s; roofline: %.1f GB/s read, %.0f GFLOP/s f32, %.0f GOP/s int8\n",
+                 o->model.c_str(), model_type.c_str(), o->threads, kernels::IsaName(kernels::Active().isa),
+                 roof.read_bandwidth_gbs, roof.f32_fma_gflops, roof.int8_dot_gops);
+
+    Rng rng(42);
+    auto random_tokens = [&](int64_t n) {
+      std::vector<int32_t> t(n);
+      for (auto& id : t) id = static_cast<int32_t>(rng.NextU64() % static_cast<uint64_t>(hp.vocab_size));
+      return t;
+    };
+    std::vector<Result> results;
+    Workspace ws;
+
+    if (o->n_prompt > 0) {
+      KvCache kv(hp, o->n_prompt);
+      ForwardBatch b;
+      b.tokens = random_tokens(o->n_prompt);
+      for (int64_t i = 0; i < o->n_prompt; ++i) b.positions.push_back(static_cast<int32_t>(i));
+      std::vector<double> tps;
+      for (int rep = 0; rep <= o->reps; ++rep) {
+        const auto t0 = Clock::now();
+        if (Status s = (*model)->Forward(b, kv, ws, pool); !s.ok()) return fail(s.ToString());
+        const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (rep > 0) tps.push_back(static_cast<double>(o->n_prompt) / sec);
+      }
+      Result r;
+      r.test = "pp" + std::to_string(o->n_prompt);
+      MeanStd(tps, &r.tokens_per_second, &r.std);
+      r.bytes_per_token = weight_bytes / static_cast<double>(o->n_prompt);
+      // Compute bound: 2 ops per multiply-add, plus attention (QK and PV, causal: half the square).
+      const double ops = 2.0 * matmul_params + 2.0 * 2.0 * hp.num_layers * hp.dim * (o->n_prompt / 2.0);
+      r.roofline_tokens_per_second = peak_ops / ops;
+      results.push_back(r);
+    }
+
+    auto decode = [&](int64_t batch) -> Status {
+      std::vector<KvCache> caches;
+      caches.reserve(batch);
+      for (int64_t s = 0; s < batch; ++s) caches.emplace_back(hp, o->n_gen + 1);
+      std::vector<KvCache*> ptrs;
+      for (auto& c : caches) ptrs.push_back(&c);
+      std::vector<double> tps;
+      for (int rep = 0; rep <= o->reps; ++rep) {
+        const auto t0 = Clock::now();
+        for (int64_t step = 0; step < o->n_gen; ++step) {
+          ForwardBatch b;
+          b.tokens = random_tokens(batch);
+          for (int64_t s = 0; s < batch; ++s) {
+            b.positions.push_back(static_cast<int32_t>(step));
+            b.seq_idx.push_back(static_cast<int32_t>(s));
+            b.logit_rows.push_back(static_cast<int32_t>(s));
+          }
+          RETURN_IF_ERROR((*model)->Forward(b, ptrs, ws, pool));
+        }
+        const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (rep > 0) tps.push_back(static_cast<double>(batch * o->n_gen) / sec);
+      }
+      Result r;
+      r.test = "tg" + std::to_string(o->n_gen);
+      r.batch = batch;
+      MeanStd(tps, &r.tokens_per_second, &r.std);
+      // Memory bound: weights once per step for the whole batch, plus each sequence's KV
+      // (on average half the generated length).
+      r.bytes_per_token = weight_bytes / static_cast<double>(batch) + kv_bytes_per_pos * (o->n_gen / 2.0);
+      const double mem_tps = roof.read_bandwidth_gbs * 1e9 / r.bytes_per_token;
+      const double compute_tps = peak_ops / (2.0 * matmul_params);
+      r.roofline_tokens_per_second = std::min(mem_tps, compute_tps);
+      results.push_back(r);
+      return Status::Ok();
+    };
+    if (o->n_gen > 0) {
+      if (batches.empty()) batches.push_back(1);
+      for (int64_t b : batches) {
+        if (Status s = decode(b); !s.ok()) return fail(s.ToString());
+      }
+    }
+    for (auto& r : results) {
+      r.threads = o->threads;
+      r.model_type = model_type;
+      r.roofline_fraction = r.roofline_tokens_per_second > 0 ? r.tokens_per_second / r.roofline_tokens_per_second : 0.0;
+    }
+
+    if (o->output == "json") {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& r : results) {
+        arr.push_back({{"test", r.test},
+                       {"batch", r.batch},
+                       {"threads", r.threads},
+                       {"model_type", r.model_type},
+                       {"model", o->model},
+                       {"isa", kernels::IsaName(kernels::Active().isa)},
+                       {"tokens_per_second", r.tokens_per_second},
+                       {"std", r.std},
+                       {"repetitions", o->reps},
+                       {"bytes_per_token", r.bytes_per_token},
+                       {"roofline_tokens_per_second", r.roofline_tokens_per_second},
+                       {"roofline_fraction", r.roofline_fraction},
+                       {"read_bandwidth_gbs", roof.read_bandwidth_gbs},
+                       {"peak_gops", peak_ops / 1e9}});
+      }
+      std::printf("%s\n", arr.dump(2).c_str());
+    } else if (o->output == "csv") {
+      std::printf("test,batch,threads,model_type,tokens_per_second,std,bytes_per_token,roofline_fraction\n");
+      for (const auto& r : results) {
+        std::printf("%s,%lld,%d,%s,%.2f,%.2f,%.0f,%.4f\n", r.test.c_str(), static_cast<long long>(r.batch), r.threads,
+                    r.model_type.c_str(), r.tokens_per_second, r.std, r.bytes_per_token, r.roofline_fraction);
+      }
+    } else {
+      std::printf("| model | test | batch | threads | tokens/s | std | bytes/token | roofline tok/s | of roofline |\n");
+      std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      for (const auto& r : results) {
+        std::printf("| %s | %s | %lld | %d | %.1f | %.1f | %.3g | %.1f | %.0f%% |\n", r.model_type.c_str(), r.test.c_str(),
+                    static_cast<long long>(r.batch), r.threads, r.tokens_per_second, r.std, r.bytes_per_token,
+                    r.roofline_tokens_per_second, 100.0 * r.roofline_fraction);
+      }
+    }
+    // The knee of the throughput curve: the first batch size after which doubling the batch
+    // gains less than 20% aggregate throughput.
+    if (batches.size() > 1) {
+      std::vector<const Result*> tg;
+      for (const auto& r : results) {
+        if (r.test[0] == 't') tg.push_back(&r);
+      }
+      int64_t knee = tg.back()->batch;
+      for (size_t i = 0; i + 1 < tg.size(); ++i) {
+        const double gain = tg[i + 1]->tokens_per_second / tg[i]->tokens_per_second;
+        const double size_ratio = static_cast<double>(tg[i + 1]->batch) / static_cast<double>(tg[i]->batch);
+        if (gain < 1.0 + 0.2 * std::log2(size_ratio)) {
+          knee = tg[i]->batch;
+          break;
+        }
+      }
+      std::fprintf(stderr, "throughput knee: batch %lld (%.1f tok/s aggregate at batch 1, %.1f at %lld)\n",
+                   static_cast<long long>(knee), tg.front()->tokens_per_second, tg.back()->tokens_per_second,
+                   static_cast<long long>(tg.back()->batch));
+    }
+    return 0;
+  };
+}
+
+}  // namespace gale
