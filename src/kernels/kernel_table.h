@@ -23,15 +23,25 @@ using VecDotFn = float (*)(const void* w_row, const float* x, int64_t n);
 // Activations quantized for the int8 paths (Q8_0 and Q4_0 weights): per token, per block of 32,
 // d * q with q = round-half-even(x / d) in [-127, 127], d = max|x| / 127, and the block's sum of q
 // (for the unsigned-times-signed dot instructions). Same quantizer on every ISA.
+// Rows are zero-padded to a multiple of kActPad elements (d = qsum = 0 there), so kernels that
+// work in groups of 4 blocks may read past k.
+inline constexpr int64_t kActPad = 128;
 struct QuantizedActs {
-  const int8_t* qs;     // [num_tokens, k]
-  const float* d;       // [num_tokens, k / 32]
-  const int32_t* qsum;  // [num_tokens, k / 32]
+  const int8_t* qs;     // [num_tokens, k_stride]
+  const float* d;       // [num_tokens, k_stride / 32]
+  const int32_t* qsum;  // [num_tokens, k_stride / 32]
   int64_t k;            // elements per token, a multiple of 32
+  int64_t k_stride;     // k rounded up to kActPad
 };
 
-// Quantizes one token's activations (k a multiple of 32) into the QuantizedActs layout.
-void QuantizeActivations(const float* x, int64_t k, int8_t* qs, float* d, int32_t* qsum);
+// Quantizes one token's activations (k a multiple of 32) into the QuantizedActs layout, zeroing
+// the padding up to k_stride.
+void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum);
+
+// Weight repacking: an ISA may lay a weight matrix out again at load time in a form its GEMM
+// reads faster (same bytes per row or close). packed_row_bytes(k) gives a packed row's size.
+using PackedRowBytesFn = int64_t (*)(int64_t k);
+using PackFn = void (*)(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst);
 
 // Y[t, r] = W[r, :] . X[t, :] for r < num_rows, t < num_tokens; Y row stride ldy. W rows are
 // row_bytes apart. Each output is computed by the same sequence of operations whatever
@@ -51,6 +61,10 @@ struct KernelTable {
   // Q8_0/Q4_0 weights (int8 activations); nullptr where the slot uses the other one.
   GemmFloatFn gemm_float[kNumTypeSlots];
   GemmQuantFn gemm_quant[kNumTypeSlots];
+  // Optional repacked layout per slot (all three set, or all nullptr).
+  PackedRowBytesFn packed_row_bytes[kNumTypeSlots];
+  PackFn pack[kNumTypeSlots];
+  GemmQuantFn gemm_packed[kNumTypeSlots];
   // out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps)
   void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* out);
   // gate[i] = silu(gate[i]) * up[i]

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <sys/mman.h>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -75,7 +76,32 @@ void SetActiveIsa(Isa isa) {
   g_active = t;
 }
 
+std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
+  const KernelTable& kt = Active();
+  const TypeSlot slot = SlotOf(w.type);
+  if (kt.pack[slot] == nullptr) return nullptr;
+  auto p = std::make_unique<PackedWeights>();
+  p->isa = kt.isa;
+  p->type = w.type;
+  p->num_rows = w.NumRows();
+  p->cols = w.shape[0];
+  p->row_bytes = kt.packed_row_bytes[slot](p->cols);
+  const size_t bytes = static_cast<size_t>(p->row_bytes * p->num_rows);
+  const size_t alloc = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  void* mem = std::aligned_alloc(2u << 20, alloc);  // 2 MiB aligned: transparent huge pages can back it
+  CHECK(mem != nullptr);
+  madvise(mem, alloc, MADV_HUGEPAGE);
+  p->data = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(mem), std::free);
+  kt.pack[slot](w.data, w.RowBytes(), p->num_rows, p->cols, p->data.get());
+  return p;
+}
+
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
+  MatMul(w, nullptr, x, num_tokens, y, pool);
+}
+
+void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, int64_t num_tokens, float* y,
+            ThreadPool& pool) {
   const KernelTable& kt = Active();
   const TypeSlot slot = SlotOf(w.type);
   const int64_t cols = w.shape[0];
@@ -90,8 +116,9 @@ void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, T
     static thread_local std::vector<int8_t> qs;     // [num_tokens, cols]
     static thread_local std::vector<float> d;       // [num_tokens, cols / 32]
     static thread_local std::vector<int32_t> qsum;  // [num_tokens, cols / 32]
-    const int64_t nb = cols / 32;
-    if (qs.size() < static_cast<size_t>(num_tokens * cols)) qs.resize(num_tokens * cols);
+    const int64_t k_stride = (cols + kActPad - 1) / kActPad * kActPad;
+    const int64_t nb = k_stride / 32;
+    if (qs.size() < static_cast<size_t>(num_tokens * k_stride)) qs.resize(num_tokens * k_stride);
     if (d.size() < static_cast<size_t>(num_tokens * nb)) {
       d.resize(num_tokens * nb);
       qsum.resize(num_tokens * nb);
@@ -103,11 +130,20 @@ void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, T
         num_tokens,
         [&](int64_t begin, int64_t end) {
           for (int64_t t = begin; t < end; ++t) {
-            QuantizeActivations(x + t * cols, cols, qs_data + t * cols, d_data + t * nb, qsum_data + t * nb);
+            QuantizeActivations(x + t * cols, cols, k_stride, qs_data + t * k_stride, d_data + t * nb,
+                                qsum_data + t * nb);
           }
         },
         /*min_items_per_thread=*/16);
-    const QuantizedActs qa{qs_data, d_data, qsum_data, cols};
+    const QuantizedActs qa{qs_data, d_data, qsum_data, cols, k_stride};
+    if (packed != nullptr && packed->isa == kt.isa && kt.gemm_packed[slot] != nullptr) {
+      pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
+        const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
+        kt.gemm_packed[slot](packed->data.get() + r0 * packed->row_bytes, packed->row_bytes, r1 - r0, qa, num_tokens,
+                             y + r0, rows);
+      });
+      return;
+    }
     pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
       const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
       kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, qa, num_tokens, y + r0, rows);

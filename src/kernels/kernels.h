@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "base/thread_pool.h"
 #include "kernels/kernel_table.h"
@@ -22,9 +23,24 @@ void SetActiveIsa(Isa isa);  // CHECKs that the CPU supports it
 
 // ---- Drivers over the active table ---------------------------------------------------------
 
+// A weight matrix laid out again for one ISA's GEMM (see KernelTable::pack). Owns its bytes.
+struct PackedWeights {
+  Isa isa;
+  GgmlType type;
+  int64_t num_rows = 0;
+  int64_t cols = 0;
+  int64_t row_bytes = 0;
+  std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, nullptr};
+};
+// Packs w for the active ISA, or returns nullptr when that ISA reads the GGUF layout directly.
+std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w);
+
 // y[t, r] = dot(W[r, :], x[t, :]): W is [rows, cols] (ggml shape {cols, rows}), x is
 // [num_tokens, cols], y is [num_tokens, rows]. Rows are split across the pool.
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool);
+// The same product reading packed weights when they were packed for the active ISA (else w).
+void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, int64_t num_tokens, float* y,
+            ThreadPool& pool);
 
 // out[i, :] = dequantized row ids[i] of W ([rows, cols]); ids must be in range.
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out);

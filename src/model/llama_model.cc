@@ -27,6 +27,10 @@ Status ExpectShape(const GgufFile& file, const std::string& name, std::vector<in
   return Status::Ok();
 }
 
+void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
+  kernels::MatMul(w.view, w.packed.get(), x, num_tokens, y, pool);
+}
+
 void Grow(std::vector<float>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
@@ -55,9 +59,9 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
   RETURN_IF_ERROR(ExpectShape(file, "token_embd.weight", {hp.dim, hp.vocab_size}, &m->token_embd_));
   RETURN_IF_ERROR(ExpectShape(file, "output_norm.weight", {hp.dim}, &m->output_norm_));
   if (file.FindTensor("output.weight") != nullptr) {
-    RETURN_IF_ERROR(ExpectShape(file, "output.weight", {hp.dim, hp.vocab_size}, &m->output_));
+    RETURN_IF_ERROR(ExpectShape(file, "output.weight", {hp.dim, hp.vocab_size}, &m->output_.view));
   } else {
-    m->output_ = m->token_embd_;
+    m->output_.view = m->token_embd_;
     m->tied_output_ = true;
   }
   const int64_t kv_dim = hp.kv_dim();
@@ -66,17 +70,25 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LlamaLayerWeights& w = m->layers_[l];
     RETURN_IF_ERROR(ExpectShape(file, b + "attn_norm.weight", {hp.dim}, &w.attn_norm));
-    RETURN_IF_ERROR(ExpectShape(file, b + "attn_q.weight", {hp.dim, hp.dim}, &w.wq));
-    RETURN_IF_ERROR(ExpectShape(file, b + "attn_k.weight", {hp.dim, kv_dim}, &w.wk));
-    RETURN_IF_ERROR(ExpectShape(file, b + "attn_v.weight", {hp.dim, kv_dim}, &w.wv));
-    RETURN_IF_ERROR(ExpectShape(file, b + "attn_output.weight", {hp.dim, hp.dim}, &w.wo));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_q.weight", {hp.dim, hp.dim}, &w.wq.view));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_k.weight", {hp.dim, kv_dim}, &w.wk.view));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_v.weight", {hp.dim, kv_dim}, &w.wv.view));
+    RETURN_IF_ERROR(ExpectShape(file, b + "attn_output.weight", {hp.dim, hp.dim}, &w.wo.view));
     RETURN_IF_ERROR(ExpectShape(file, b + "ffn_norm.weight", {hp.dim}, &w.ffn_norm));
-    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_gate.weight", {hp.dim, hp.ffn_dim}, &w.w_gate));
-    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_up.weight", {hp.dim, hp.ffn_dim}, &w.w_up));
-    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_down.weight", {hp.ffn_dim, hp.dim}, &w.w_down));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_gate.weight", {hp.dim, hp.ffn_dim}, &w.w_gate.view));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_up.weight", {hp.dim, hp.ffn_dim}, &w.w_up.view));
+    RETURN_IF_ERROR(ExpectShape(file, b + "ffn_down.weight", {hp.ffn_dim, hp.dim}, &w.w_down.view));
   }
   for (const auto& t : file.tensors()) m->weight_bytes_ += t.num_bytes;
   return m;
+}
+
+void LlamaModel::PackWeights() {
+  auto pack = [](MatrixWeight& w) { w.packed = kernels::PackForActiveIsa(w.view); };
+  for (auto& l : layers_) {
+    for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*w);
+  }
+  pack(output_);
 }
 
 Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {
@@ -125,9 +137,9 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
     for (int64_t t = 0; t < n; ++t) {
       kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
     }
-    kernels::MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
-    kernels::MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
-    kernels::MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
+    MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
+    MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
+    MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
     ws.k_rows.resize(n);
     ws.v_rows.resize(n);
     for (int64_t t = 0; t < n; ++t) {
@@ -147,17 +159,17 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
     kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.k_rows.data(), ws.v_rows.data(),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
                        static_cast<int>(hp_.head_dim), ws.xb.data(), pool);
-    kernels::MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
+    MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
 
     const float* ffn_norm = reinterpret_cast<const float*>(w.ffn_norm.data);
     for (int64_t t = 0; t < n; ++t) {
       kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
     }
-    kernels::MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
-    kernels::MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
+    MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
+    MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
     kernels::SiluMul(ws.hb.data(), ws.hb2.data(), n * ffn);
-    kernels::MatMul(w.w_down, ws.hb.data(), n, ws.xb2.data(), pool);
+    MatMul(w.w_down, ws.hb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
   }
 
@@ -173,7 +185,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
     kernels::RmsNorm(ws.x.data() + out_row(t) * dim, out_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
   }
   Grow(ws.logits, num_out * hp_.vocab_size);
-  kernels::MatMul(output_, ws.xb.data(), num_out, ws.logits.data(), pool);
+  MatMul(output_, ws.xb.data(), num_out, ws.logits.data(), pool);
   return Status::Ok();
 }
 

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
+#include "kernels/kernels.h"
 #include "model/hparams.h"
 
 namespace gale {
@@ -54,8 +55,15 @@ struct Workspace {
   std::vector<const float*> k_rows, v_rows;  // [num_tokens] per-token cache bases of one layer
 };
 
+// A weight matrix: its view into the file, and optionally a copy packed for the active ISA.
+struct MatrixWeight {
+  TensorView view;
+  std::unique_ptr<kernels::PackedWeights> packed;
+};
+
 struct LlamaLayerWeights {
-  TensorView attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  TensorView attn_norm, ffn_norm;
+  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 class LlamaModel {
@@ -66,6 +74,10 @@ class LlamaModel {
   const LlamaHParams& hparams() const { return hp_; }
   bool tied_output() const { return tied_output_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
+
+  // Lays the matrices out again for the active kernel ISA where it has a faster layout (costs a
+  // copy of those weights in memory). Forward uses the packed copy only while that ISA is active.
+  void PackWeights();
 
   // Runs one batch of one sequence; tokens are written to the cache at their positions.
   // On return ws.logits holds [1 or num_tokens, vocab_size]. Errors on out-of-range ids/positions.
@@ -80,7 +92,7 @@ class LlamaModel {
   LlamaHParams hp_;
   TensorView token_embd_;
   TensorView output_norm_;
-  TensorView output_;
+  MatrixWeight output_;
   bool tied_output_ = false;
   std::vector<LlamaLayerWeights> layers_;
   uint64_t weight_bytes_ = 0;

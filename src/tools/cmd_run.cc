@@ -83,6 +83,7 @@ CommandFn RegisterRun(CLI::App& app) {
     if (!file.ok()) return fail(file.status());
     auto model = LlamaModel::Load(**file);
     if (!model.ok()) return fail(model.status().WithContext(path));
+    (*model)->PackWeights();
     auto tok = Tokenizer::FromGguf(**file);
     if (!tok.ok()) return fail(tok.status().WithContext(path));
     const LlamaHParams& hp = (*model)->hparams();

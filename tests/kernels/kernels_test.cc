@@ -136,15 +136,30 @@ TEST(KernelsTest, GemmMatchesScalarOnEdgeShapes) {
             const int64_t rb = RowBytes(t, kk);
             double scale = 0.0;  // sum |w x| bound per output: kk * max|w| * max|x| <= kk
             if (ref.gemm_quant[slot] != nullptr) {
-              std::vector<int8_t> qs(kk * tokens);
-              std::vector<float> d(kk / 32 * tokens);
-              std::vector<int32_t> qsum(kk / 32 * tokens);
+              const int64_t ks = (kk + kActPad - 1) / kActPad * kActPad;
+              std::vector<int8_t> qs(ks * tokens);
+              std::vector<float> d(ks / 32 * tokens);
+              std::vector<int32_t> qsum(ks / 32 * tokens);
               for (int64_t i = 0; i < tokens; ++i) {
-                QuantizeActivations(x.data() + i * kk, kk, qs.data() + i * kk, d.data() + i * kk / 32, qsum.data() + i * kk / 32);
+                QuantizeActivations(x.data() + i * kk, kk, ks, qs.data() + i * ks, d.data() + i * ks / 32,
+                                    qsum.data() + i * ks / 32);
               }
-              const QuantizedActs qa{qs.data(), d.data(), qsum.data(), kk};
+              const QuantizedActs qa{qs.data(), d.data(), qsum.data(), kk, ks};
               ref.gemm_quant[slot](w.data(), rb, rows, qa, tokens, want.data(), rows);
               simd.gemm_quant[slot](w.data(), rb, rows, qa, tokens, got.data(), rows);
+              if (simd.pack[slot] != nullptr) {
+                // The packed layout must give what the GGUF layout gives, to the same tolerance.
+                const int64_t prb = simd.packed_row_bytes[slot](kk);
+                std::vector<uint8_t> packed(prb * rows);
+                simd.pack[slot](w.data(), rb, rows, kk, packed.data());
+                std::vector<float> got_packed(rows * tokens);
+                simd.gemm_packed[slot](packed.data(), prb, rows, qa, tokens, got_packed.data(), rows);
+                const double tol = 8.0 * std::sqrt(static_cast<double>(kk)) * 6e-8 * kk + 1e-6;
+                for (int64_t i = 0; i < rows * tokens; ++i) {
+                  ASSERT_NEAR(got_packed[i], want[i], tol) << "packed " << IsaName(isa) << " " << TypeTraits(t).name
+                                                           << " k=" << kk << " rows=" << rows << " tokens=" << tokens;
+                }
+              }
             } else {
               ref.gemm_float[slot](w.data(), rb, rows, x.data(), kk, tokens, want.data(), rows);
               simd.gemm_float[slot](w.data(), rb, rows, x.data(), kk, tokens, got.data(), rows);

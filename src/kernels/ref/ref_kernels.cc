@@ -92,16 +92,17 @@ template <GgmlType kType>
 void GemmQuantRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
                   int64_t num_tokens, float* y, int64_t ldy) {
   const int64_t nb = x.k / 32;
+  const int64_t nb_stride = x.k_stride / 32;
   int8_t wq[32];
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t r = 0; r < num_rows; ++r) {
       float sum = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const float dw = UnpackBlock<kType>(w + r * row_bytes, b, wq);
-        const int8_t* q = x.qs + t * x.k + b * 32;
+        const int8_t* q = x.qs + t * x.k_stride + b * 32;
         int32_t isum = 0;
         for (int j = 0; j < 32; ++j) isum += wq[j] * q[j];
-        sum += (dw * x.d[t * nb + b]) * static_cast<float>(isum);
+        sum += (dw * x.d[t * nb_stride + b]) * static_cast<float>(isum);
       }
       y[t * ldy + r] = sum;
     }
@@ -131,7 +132,12 @@ void AxpyRef(float a, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-void QuantizeActivations(const float* x, int64_t k, int8_t* qs, float* d, int32_t* qsum) {
+void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
+  for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;
+  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
+    d[b] = 0.0f;
+    qsum[b] = 0;
+  }
   for (int64_t b = 0; b < k / 32; ++b) {
     const float* xb = x + b * 32;
     float amax = 0.0f;
@@ -158,6 +164,7 @@ const KernelTable& ScalarTable() {
        Dequantize<GgmlType::kQ8_0>, Dequantize<GgmlType::kQ4_0>},
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>},
+      {}, {}, {},
       RmsNormRef,
       SiluMulRef,
       AxpyRef,

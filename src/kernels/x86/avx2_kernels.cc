@@ -240,6 +240,7 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
                float* y, int64_t ldy) {
   const QuantizedActs& x = *xa;
   const int64_t nb = x.k / 32;
+  const int64_t nb_stride = x.k_stride / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
@@ -251,8 +252,8 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
     for (int r = 0; r < R; ++r) wv[r] = UnpackBlock<kType>(rows + r * row_bytes, b, &dw[r]);
     for (int t = 0; t < T; ++t) {
       const int64_t tok = t0 + t;
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + tok * x.k + b * 32));
-      const float dx = x.d[tok * nb + b];
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + tok * x.k_stride + b * 32));
+      const float dx = x.d[tok * nb_stride + b];
       for (int r = 0; r < R; ++r) {
         const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(q, wv[r]));
         const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
@@ -283,6 +284,7 @@ const KernelTable& Avx2Table() {
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0},
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>},
+      {}, {}, {},
       RmsNorm,
       SiluMul,
       Axpy,
