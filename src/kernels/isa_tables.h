@@ -7,4 +7,7 @@ namespace gale::kernels {
 const KernelTable& ScalarTable();
 const KernelTable& Avx2Table();
 const KernelTable& Avx512Table();
+// The scalar attention, for ISAs whose own kernel does not cover a head size.
+void AttendReference(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
+                     float* out);
 }  // namespace gale::kernels

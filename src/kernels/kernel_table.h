@@ -71,6 +71,10 @@ struct KernelTable {
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   // y[i] += a * x[i]
   void (*axpy)(float a, const float* x, float* y, int64_t n);
+  // One query head over len cached positions: out = softmax(q . k_p / sqrt(head_dim)) . v_p.
+  // k and v rows are kv_stride floats apart. The reduction order depends only on len.
+  void (*attend)(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
+                 float* out);
 };
 
 }  // namespace gale::kernels

@@ -205,29 +205,14 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv_stride = static_cast<int64_t>(num_kv_heads) * head_dim;
   const int group = num_heads / num_kv_heads;
-  // Divide (not multiply by the reciprocal) as run.c does: it rounds differently.
-  const float scale_div = std::sqrt(static_cast<float>(head_dim));
-  // One task per (token, head); each reduces over the cache in position order.
+  // One task per (token, head); each reduces over its cache in position order.
   pool.ParallelFor(num_tokens * num_heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;  // [positions[t] + 1]
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / num_heads;
       const int h = static_cast<int>(task % num_heads);
-      const int kvh = h / group;
-      const int64_t len = static_cast<int64_t>(positions[t]) + 1;
-      const float* k_cache = k_caches[t];
-      const float* v_cache = v_caches[t];
-      const float* qh = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
-      scores.resize(len);
-      for (int64_t p = 0; p < len; ++p) {
-        scores[p] = kt.vec_dot[kSlotF32](k_cache + p * kv_stride + kvh * head_dim, qh, head_dim) / scale_div;
-      }
-      Softmax(scores.data(), len);
-      float* oh = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
-      std::memset(oh, 0, sizeof(float) * head_dim);
-      for (int64_t p = 0; p < len; ++p) {
-        kt.axpy(scores[p], v_cache + p * kv_stride + kvh * head_dim, oh, head_dim);
-      }
+      const int64_t kv_off = static_cast<int64_t>(h / group) * head_dim;
+      kt.attend(q + t * q_stride + static_cast<int64_t>(h) * head_dim, k_caches[t] + kv_off, v_caches[t] + kv_off,
+                static_cast<int64_t>(positions[t]) + 1, kv_stride, head_dim, out + t * q_stride + static_cast<int64_t>(h) * head_dim);
     }
   });
 }

@@ -250,7 +250,7 @@ TEST(KernelsTest, MatMulIsBatchInvariant) {
 }
 
 TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
-  const int heads = 4, kv_heads = 2, head_dim = 16, len = 13;
+  const int heads = 4, kv_heads = 2, head_dim = 64, len = 37;
   const auto q = test::RandomFloats(len * heads * head_dim, 1);
   const auto k = test::RandomFloats(len * kv_heads * head_dim, 2);
   const auto v = test::RandomFloats(len * kv_heads * head_dim, 3);
@@ -269,6 +269,28 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
   // Token 0 attends only to itself: its output is V row 0 of its KV head.
   for (int h = 0; h < heads; ++h) {
     for (int d = 0; d < head_dim; ++d) ASSERT_FLOAT_EQ(all[h * head_dim + d], v[(h / 2) * head_dim + d]);
+  }
+}
+
+// Each ISA's attention (online softmax where it has one) against the scalar exact softmax.
+TEST(KernelsTest, AttendMatchesScalar) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    for (int head_dim : {8, 32, 64, 80, 96, 128}) {
+      for (int64_t len : {1, 2, 15, 16, 17, 100}) {
+        const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
+        const auto q = test::RandomFloats(head_dim, head_dim + len, -2.0f, 2.0f);
+        const auto k = test::RandomFloats(len * kv_stride, len, -2.0f, 2.0f);
+        const auto v = test::RandomFloats(len * kv_stride, len + 1);
+        std::vector<float> want(head_dim), got(head_dim);
+        ref.attend(q.data(), k.data() + head_dim, v.data() + head_dim, len, kv_stride, head_dim, want.data());
+        simd.attend(q.data(), k.data() + head_dim, v.data() + head_dim, len, kv_stride, head_dim, got.data());
+        // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
+        // differ by a few ulps of the weights.
+        for (int d = 0; d < head_dim; ++d) ASSERT_NEAR(got[d], want[d], 2e-6f) << IsaName(isa) << " hd " << head_dim << " len " << len;
+      }
+    }
   }
 }
 

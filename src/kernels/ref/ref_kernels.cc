@@ -1,6 +1,7 @@
 // Scalar reference kernels: the definition every SIMD path is tested against. Plain loops in
 // element order, no tricks; the rms_norm and silu follow llama2.c's run.c expression for expression.
 #include <cmath>
+#include <vector>
 
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
@@ -130,7 +131,32 @@ void AxpyRef(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same).
+void AttendRef(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
+               float* out) {
+  thread_local std::vector<float> scores;  // [len]
+  scores.resize(len);
+  // Divide (not multiply by the reciprocal) as run.c does: it rounds differently.
+  const float div = std::sqrt(static_cast<float>(head_dim));
+  for (int64_t p = 0; p < len; ++p) scores[p] = DotF32(k + p * kv_stride, q, head_dim) / div;
+  float max = scores[0];
+  for (int64_t p = 1; p < len; ++p) max = scores[p] > max ? scores[p] : max;
+  float sum = 0.0f;
+  for (int64_t p = 0; p < len; ++p) {
+    scores[p] = std::exp(scores[p] - max);
+    sum += scores[p];
+  }
+  for (int64_t p = 0; p < len; ++p) scores[p] /= sum;
+  for (int d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  for (int64_t p = 0; p < len; ++p) AxpyRef(scores[p], v + p * kv_stride, out, head_dim);
+}
+
 }  // namespace
+
+void AttendReference(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
+                     float* out) {
+  AttendRef(q, k, v, len, kv_stride, head_dim, out);
+}
 
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
   for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;
@@ -168,6 +194,7 @@ const KernelTable& ScalarTable() {
       RmsNormRef,
       SiluMulRef,
       AxpyRef,
+      AttendRef,
   };
   return table;
 }

@@ -288,6 +288,7 @@ const KernelTable& Avx2Table() {
       RmsNorm,
       SiluMul,
       Axpy,
+      AttendReference,
   };
   return table;
 }

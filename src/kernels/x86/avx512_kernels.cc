@@ -2,6 +2,7 @@
 // and bf16 paths of the kernels issue). Built with its own flags; only called when CPUID agrees.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -410,6 +411,59 @@ void GemmPacked(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Qua
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, &x, x.k, y, ldy);
 }
 
+// Online softmax over blocks of 16 positions (no score matrix): per block, the scores, the new
+// running max, rescale of the running sum and output, then the block's weighted V rows. q and the
+// output stay in registers (head_dim / 16 vectors). The order depends only on len.
+template <int kVecs>
+void AttendOnline(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
+                  float* out) {
+  __m512 qv[kVecs], acc[kVecs];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int i = 0; i < kVecs; ++i) {
+    qv[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
+    acc[i] = _mm512_setzero_ps();
+  }
+  float running_max = -INFINITY, running_sum = 0.0f;
+  float s[16];
+  for (int64_t p0 = 0; p0 < len; p0 += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, len - p0));
+    float block_max = -INFINITY;
+    for (int j = 0; j < n; ++j) {
+      const float* kr = k + (p0 + j) * kv_stride;
+      __m512 d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+      for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + 16 * i), d);
+      s[j] = _mm512_reduce_add_ps(d);
+      block_max = std::max(block_max, s[j]);
+    }
+    const float new_max = std::max(running_max, block_max);
+    const float correction = std::exp(running_max - new_max);  // exp(-inf) = 0 on the first block
+    running_sum *= correction;
+    const __m512 cv = _mm512_set1_ps(correction);
+    for (int i = 0; i < kVecs; ++i) acc[i] = _mm512_mul_ps(acc[i], cv);
+    for (int j = 0; j < n; ++j) {
+      const float w = std::exp(s[j] - new_max);
+      running_sum += w;
+      const __m512 wv = _mm512_set1_ps(w);
+      const float* vr = v + (p0 + j) * kv_stride;
+      for (int i = 0; i < kVecs; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vr + 16 * i), acc[i]);
+    }
+    running_max = new_max;
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / running_sum);
+  for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], inv));
+}
+
+void Attend(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim, float* out) {
+  switch (head_dim) {
+    case 32: return AttendOnline<2>(q, k, v, len, kv_stride, head_dim, out);
+    case 64: return AttendOnline<4>(q, k, v, len, kv_stride, head_dim, out);
+    case 80: return AttendOnline<5>(q, k, v, len, kv_stride, head_dim, out);
+    case 96: return AttendOnline<6>(q, k, v, len, kv_stride, head_dim, out);
+    case 128: return AttendOnline<8>(q, k, v, len, kv_stride, head_dim, out);
+    default: return AttendReference(q, k, v, len, kv_stride, head_dim, out);
+  }
+}
+
 }  // namespace
 
 const KernelTable& Avx512Table() {
@@ -425,6 +479,7 @@ const KernelTable& Avx512Table() {
       RmsNorm,
       SiluMul,
       Axpy,
+      Attend,
   };
   return table;
 }
