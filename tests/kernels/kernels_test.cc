@@ -294,6 +294,28 @@ TEST(KernelsTest, AttendMatchesScalar) {
   }
 }
 
+TEST(KernelsTest, ActivationQuantizationRoundsHalfToEvenAndPads) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;  // scale 1
+  x[1] = 2.5f;
+  x[2] = 3.5f;
+  x[3] = -2.5f;
+  x[4] = -126.6f;
+  std::vector<int8_t> qs(128, 99);
+  std::vector<float> d(4, 9.0f);
+  std::vector<int32_t> qsum(4, 9);
+  QuantizeActivations(x.data(), 32, 128, qs.data(), d.data(), qsum.data());
+  EXPECT_EQ(d[0], 1.0f);
+  EXPECT_EQ(qs[0], 127);
+  EXPECT_EQ(qs[1], 2);
+  EXPECT_EQ(qs[2], 4);
+  EXPECT_EQ(qs[3], -2);
+  EXPECT_EQ(qs[4], -127);
+  EXPECT_EQ(qsum[0], 127 + 2 + 4 - 2 - 127);
+  for (int i = 32; i < 128; ++i) ASSERT_EQ(qs[i], 0);
+  for (int b = 1; b < 4; ++b) EXPECT_TRUE(d[b] == 0.0f && qsum[b] == 0);
+}
+
 TEST(KernelsTest, RopeRotatesAdjacentPairs) {
   std::vector<float> x = {1.0f, 0.0f, 0.0f, 1.0f};  // one head of 4: pairs (0,1), (2,3)
   Rope(x.data(), 1, 4, 4, 3, 10000.0f, 1.0f);

@@ -167,14 +167,19 @@ void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs
   for (int64_t b = 0; b < k / 32; ++b) {
     const float* xb = x + b * 32;
     float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = a > amax ? a : amax;  // not std::fmax: that is a libm call here, and x is never NaN
+    }
     const float scale = amax / 127.0f;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < 32; ++j) {
-      // nearbyint rounds half to even, like the SIMD conversion instructions.
-      const int v = static_cast<int>(std::nearbyint(xb[j] * inv));
-      qs[b * 32 + j] = static_cast<int8_t>(v < -127 ? -127 : v > 127 ? 127 : v);
+      // Round half to even, like the SIMD conversions: adding 1.5 * 2^23 leaves the integer part
+      // in the mantissa under the default rounding mode (|v| <= 127 here).
+      const float v = xb[j] * inv;
+      const int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
+      qs[b * 32 + j] = static_cast<int8_t>(q < -127 ? -127 : q > 127 ? 127 : q);
       sum += qs[b * 32 + j];
     }
     d[b] = scale;
