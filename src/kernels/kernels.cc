@@ -168,23 +168,35 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
 
 void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, up, n); }
 
-void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
-          float freq_scale) {
+void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin) {
   const float p = static_cast<float>(pos) * freq_scale;
   for (int i = 0; i < rope_dims; i += 2) {
     // Same expression as llama2.c's run.c so the reference logits match to the last bits.
     const float freq = 1.0f / std::pow(freq_base, static_cast<float>(i) / static_cast<float>(rope_dims));
     const float val = p * freq;
-    const float c = std::cos(val);
-    const float s = std::sin(val);
-    for (int h = 0; h < num_heads; ++h) {
-      float* v = x + h * head_dim + i;
-      const float v0 = v[0];
-      const float v1 = v[1];
-      v[0] = v0 * c - v1 * s;
-      v[1] = v0 * s + v1 * c;
+    cos_sin[i] = std::cos(val);
+    cos_sin[i + 1] = std::sin(val);
+  }
+}
+
+void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
+  for (int h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int i = 0; i < rope_dims; i += 2) {
+      const float c = cos_sin[i], s = cos_sin[i + 1];
+      const float v0 = v[i];
+      const float v1 = v[i + 1];
+      v[i] = v0 * c - v1 * s;
+      v[i + 1] = v0 * s + v1 * c;
     }
   }
+}
+
+void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
+          float freq_scale) {
+  std::vector<float> cos_sin(rope_dims);
+  RopeAngles(rope_dims, pos, freq_base, freq_scale, cos_sin.data());
+  RopeApply(x, num_heads, head_dim, rope_dims, cos_sin.data());
 }
 
 void Softmax(float* x, int64_t n) {

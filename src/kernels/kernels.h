@@ -54,6 +54,12 @@ void SiluMul(float* gate, const float* up, int64_t n);
 void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
           float freq_scale);
 
+// The same rotation in two steps, so a forward pass computes the angles once per token instead of
+// once per layer: RopeAngles fills cos_sin ([rope_dims / 2, 2]) for a position, RopeApply rotates.
+// Results are bitwise those of Rope().
+void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin);
+void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+
 // In-place softmax over n values (max-subtracted, f32 exp).
 void Softmax(float* x, int64_t n);
 

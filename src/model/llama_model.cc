@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/profiler.h"
 #include "kernels/kernels.h"
 
 namespace gale {
@@ -83,6 +84,18 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
   return m;
 }
 
+uint64_t LlamaModel::packed_bytes() const {
+  uint64_t total = 0;
+  auto add = [&](const MatrixWeight& w) {
+    if (w.packed) total += static_cast<uint64_t>(w.packed->row_bytes * w.packed->num_rows);
+  };
+  for (const auto& l : layers_) {
+    for (const MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*w);
+  }
+  add(output_);
+  return total;
+}
+
 void LlamaModel::PackWeights() {
   auto pack = [](MatrixWeight& w) { w.packed = kernels::PackForActiveIsa(w.view); };
   for (auto& l : layers_) {
@@ -129,17 +142,35 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
   Grow(ws.hb, n * ffn);
   Grow(ws.hb2, n * ffn);
 
-  kernels::GetRows(token_embd_, batch.tokens.data(), n, ws.x.data());
+  {
+    ProfileSpan span("embed", "op", n);
+    kernels::GetRows(token_embd_, batch.tokens.data(), n, ws.x.data());
+  }
+  Grow(ws.rope, n * hp_.rope_dims);
+  for (int64_t t = 0; t < n; ++t) {
+    kernels::RopeAngles(static_cast<int>(hp_.rope_dims), batch.positions[t], hp_.rope_freq_base, hp_.rope_freq_scale,
+                        ws.rope.data() + t * hp_.rope_dims);
+  }
+  int64_t kv_positions = 0;  // cache rows attention reads per layer, for the profile's bytes
+  for (int64_t t = 0; t < n; ++t) kv_positions += batch.positions[t] + 1;
+  auto bytes = [](const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); };
 
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const LlamaLayerWeights& w = layers_[l];
     const float* attn_norm = reinterpret_cast<const float*>(w.attn_norm.data);
-    for (int64_t t = 0; t < n; ++t) {
-      kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+    {
+      ProfileSpan span("rms_norm", "op", n, 0, l);
+      for (int64_t t = 0; t < n; ++t) {
+        kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+      }
     }
-    MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
-    MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
-    MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
+    {
+      ProfileSpan span("matmul_qkv", "op", n, bytes(w.wq) + bytes(w.wk) + bytes(w.wv), l);
+      MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
+      MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
+      MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
+    }
+    ProfileSpan span("rope_kv_write", "op", n, 0, l);
     ws.k_rows.resize(n);
     ws.v_rows.resize(n);
     for (int64_t t = 0; t < n; ++t) {
@@ -149,26 +180,33 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
       ws.k_rows[t] = k_cache;
       ws.v_rows[t] = v_cache;
       const int64_t pos = batch.positions[t];
-      kernels::Rope(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
-                    static_cast<int>(hp_.rope_dims), pos, hp_.rope_freq_base, hp_.rope_freq_scale);
-      kernels::Rope(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
-                    static_cast<int>(hp_.rope_dims), pos, hp_.rope_freq_base, hp_.rope_freq_scale);
+      const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
+      kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
+                         static_cast<int>(hp_.rope_dims), cos_sin);
+      kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
+                         static_cast<int>(hp_.rope_dims), cos_sin);
       std::memcpy(k_cache + pos * kv_dim, ws.k.data() + t * kv_dim, kv_dim * sizeof(float));
       std::memcpy(v_cache + pos * kv_dim, ws.v.data() + t * kv_dim, kv_dim * sizeof(float));
     }
+    span.Next("attention", n, kv_positions * kv_dim * 2 * static_cast<int64_t>(sizeof(float)), l);
     kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.k_rows.data(), ws.v_rows.data(),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
                        static_cast<int>(hp_.head_dim), ws.xb.data(), pool);
+    span.Next("matmul_o", n, bytes(w.wo), l);
     MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
 
     const float* ffn_norm = reinterpret_cast<const float*>(w.ffn_norm.data);
+    span.Next("rms_norm", n, 0, l);
     for (int64_t t = 0; t < n; ++t) {
       kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
     }
+    span.Next("matmul_gate_up", n, bytes(w.w_gate) + bytes(w.w_up), l);
     MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
     MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
+    span.Next("silu_mul", n, 0, l);
     kernels::SiluMul(ws.hb.data(), ws.hb2.data(), n * ffn);
+    span.Next("matmul_down", n, bytes(w.w_down), l);
     MatMul(w.w_down, ws.hb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
   }
@@ -181,10 +219,12 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
   const int64_t num_out = !batch.logit_rows.empty() ? static_cast<int64_t>(batch.logit_rows.size())
                                                      : (batch.all_logits ? n : 1);
   const float* out_norm = reinterpret_cast<const float*>(output_norm_.data);
+  ProfileSpan span("output_norm", "op", num_out);
   for (int64_t t = 0; t < num_out; ++t) {
     kernels::RmsNorm(ws.x.data() + out_row(t) * dim, out_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
   }
   Grow(ws.logits, num_out * hp_.vocab_size);
+  span.Next("lm_head", num_out, static_cast<int64_t>(output_.view.num_bytes));
   MatMul(output_, ws.xb.data(), num_out, ws.logits.data(), pool);
   return Status::Ok();
 }

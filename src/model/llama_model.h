@@ -53,6 +53,7 @@ struct Workspace {
   std::vector<float> hb2;     // [num_tokens, ffn_dim]
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
   std::vector<const float*> k_rows, v_rows;  // [num_tokens] per-token cache bases of one layer
+  std::vector<float> rope;    // [num_tokens, rope_dims] cos/sin pairs per token
 };
 
 // A weight matrix: its view into the file, and optionally a copy packed for the active ISA.
@@ -78,6 +79,7 @@ class LlamaModel {
   // Lays the matrices out again for the active kernel ISA where it has a faster layout (costs a
   // copy of those weights in memory). Forward uses the packed copy only while that ISA is active.
   void PackWeights();
+  uint64_t packed_bytes() const;
 
   // Runs one batch of one sequence; tokens are written to the cache at their positions.
   // On return ws.logits holds [1 or num_tokens, vocab_size]. Errors on out-of-range ids/positions.

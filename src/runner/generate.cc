@@ -5,6 +5,8 @@
 #include <chrono>
 #include <span>
 
+#include "base/profiler.h"
+
 namespace gale {
 
 StatusOr<GenerateStats> Generate(const LlamaModel& model, const std::vector<int32_t>& prompt,
@@ -29,15 +31,26 @@ StatusOr<GenerateStats> Generate(const LlamaModel& model, const std::vector<int3
   batch.positions.resize(prompt.size());
   for (size_t i = 0; i < prompt.size(); ++i) batch.positions[i] = static_cast<int32_t>(i);
   auto t0 = Clock::now();
-  RETURN_IF_ERROR(model.Forward(batch, kv, ws, pool));
+  {
+    ProfileSpan span("prefill", "step", static_cast<int64_t>(prompt.size()));
+    RETURN_IF_ERROR(model.Forward(batch, kv, ws, pool));
+  }
   auto t1 = Clock::now();
   stats.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
-    const int32_t next = sampler.Sample(std::span<float>(ws.logits.data(), vocab), history);
+    int32_t next;
+    {
+      ProfileSpan span("sample", "cpu");
+      next = sampler.Sample(std::span<float>(ws.logits.data(), vocab), history);
+    }
     history.push_back(next);
     ++stats.num_generated;
-    const bool keep_going = on_token(next);
+    bool keep_going;
+    {
+      ProfileSpan span("detokenize_emit", "cpu");
+      keep_going = on_token(next);
+    }
     if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), next) != opts.stop_ids.end()) {
       stats.stopped_on_token = true;
       break;
@@ -45,6 +58,7 @@ StatusOr<GenerateStats> Generate(const LlamaModel& model, const std::vector<int3
     if (!keep_going || i + 1 == opts.max_new_tokens) break;
     batch.tokens.assign(1, next);
     batch.positions.assign(1, static_cast<int32_t>(history.size() - 1));
+    ProfileSpan span("decode", "step", 1);
     RETURN_IF_ERROR(model.Forward(batch, kv, ws, pool));
   }
   stats.generate_seconds = std::chrono::duration<double>(Clock::now() - t1).count();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/cpu.h"
+#include "base/profiler.h"
 #include "kernels/kernels.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
@@ -42,6 +43,8 @@ CommandFn RegisterRun(CLI::App& app) {
     int threads = ThreadPool::DefaultNumThreads();
     int64_t seed = -1;
     bool ignore_eos = false;
+    bool profile = false;
+    std::string trace;
     SamplingParams sp;
   };
   auto o = std::make_shared<Opts>();
@@ -61,6 +64,8 @@ CommandFn RegisterRun(CLI::App& app) {
   app.add_option("--frequency-penalty", o->sp.frequency_penalty, "frequency penalty")->capture_default_str();
   app.add_option("-s,--seed", o->seed, "RNG seed (-1 = random)")->capture_default_str();
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
+  app.add_option("--trace", o->trace, "write a Chrome trace-event JSON of every op (open in Perfetto)");
+  app.add_flag("--profile", o->profile, "print time per op, prefill/decode share, CPU-side time and memory");
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
   return [o]() {
     auto fail = [](const Status& s) {
@@ -92,7 +97,16 @@ CommandFn RegisterRun(CLI::App& app) {
                                   (*tok)->vocab_size(), hp.vocab_size));
     }
     const int64_t ctx = o->ctx > 0 ? o->ctx : hp.context_length;
-    std::vector<int32_t> prompt = (*tok)->Encode(o->prompt);
+    std::unique_ptr<Profiler> profiler;
+    if (o->profile || !o->trace.empty()) {
+      profiler = std::make_unique<Profiler>();
+      SetProfiler(profiler.get());
+    }
+    std::vector<int32_t> prompt;
+    {
+      ProfileSpan span("tokenize", "cpu");
+      prompt = (*tok)->Encode(o->prompt);
+    }
     if (prompt.empty()) prompt.push_back((*tok)->bos_id() >= 0 ? (*tok)->bos_id() : 0);
     int64_t n_predict = o->n_predict;
     if (static_cast<int64_t>(prompt.size()) >= ctx) {
@@ -135,7 +149,23 @@ CommandFn RegisterRun(CLI::App& app) {
     const std::string rest = detok.Flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
+    SetProfiler(nullptr);
     if (!stats.ok()) return fail(stats.status());
+    if (!o->trace.empty()) {
+      if (Status s = profiler->WriteChromeTrace(o->trace); !s.ok()) return fail(s);
+      std::fprintf(stderr, "trace: %s (%zu events)\n", o->trace.c_str(), profiler->events().size());
+    }
+    if (o->profile) {
+      uint64_t packed = (*model)->packed_bytes();
+      uint64_t activations = 0;
+      for (const auto* v : {&ws.x, &ws.xb, &ws.xb2, &ws.q, &ws.k, &ws.v, &ws.hb, &ws.hb2, &ws.logits}) {
+        activations += v->capacity() * sizeof(float);
+      }
+      std::fprintf(stderr, "%s", profiler->Summary().c_str());
+      std::fprintf(stderr, "memory: weights %.1f MiB (file, mapped) + %.1f MiB (packed for %s), KV cache %.2f MiB, activations %.2f MiB\n",
+                   (*model)->weight_bytes() / 1048576.0, packed / 1048576.0, kernels::IsaName(kernels::Active().isa),
+                   kv.num_bytes() / 1048576.0, activations / 1048576.0);
+    }
     const double pp = stats->prompt_seconds > 0 ? stats->num_prompt_tokens / stats->prompt_seconds : 0.0;
     const int64_t decoded = stats->num_generated - 1;  // the first token comes from the prefill
     const double tg = decoded > 0 && stats->generate_seconds > 0 ? decoded / stats->generate_seconds : 0.0;
