@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/profiler.h"
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "model/llama_model.h"
@@ -67,6 +68,8 @@ CommandFn RegisterBench(CLI::App& app) {
     int reps = 5;
     int threads = ThreadPool::DefaultNumThreads();
     double bandwidth = 0.0;
+    std::string trace;
+    bool profile = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF model")->required();
@@ -78,6 +81,8 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("-o,--output", o->output, "md | json | csv")->capture_default_str();
   app.add_option("--bandwidth", o->bandwidth, "memory read bandwidth in GB/s (default: measure it)");
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512");
+  app.add_option("--trace", o->trace, "write a Chrome trace-event JSON of every op (open in Perfetto)");
+  app.add_flag("--profile", o->profile, "print time per op kind and the prefill/decode split");
   return [o]() {
     auto fail = [](const std::string& msg) {
       std::fprintf(stderr, "gale bench: %s\n", msg.c_str());
@@ -130,6 +135,11 @@ CommandFn RegisterBench(CLI::App& app) {
                  o->model.c_str(), model_type.c_str(), o->threads, kernels::IsaName(kernels::Active().isa),
                  roof.read_bandwidth_gbs, roof.f32_fma_gflops, roof.int8_dot_gops);
 
+    std::unique_ptr<Profiler> profiler;
+    if (o->profile || !o->trace.empty()) {
+      profiler = std::make_unique<Profiler>();
+      SetProfiler(profiler.get());
+    }
     Rng rng(42);
     auto random_tokens = [&](int64_t n) {
       std::vector<int32_t> t(n);
@@ -147,6 +157,7 @@ CommandFn RegisterBench(CLI::App& app) {
       std::vector<double> tps;
       for (int rep = 0; rep <= o->reps; ++rep) {
         const auto t0 = Clock::now();
+        ProfileSpan span("prefill", "step", o->n_prompt);
         if (Status s = (*model)->Forward(b, kv, ws, pool); !s.ok()) return fail(s.ToString());
         const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
         if (rep > 0) tps.push_back(static_cast<double>(o->n_prompt) / sec);
@@ -178,6 +189,7 @@ CommandFn RegisterBench(CLI::App& app) {
             b.seq_idx.push_back(static_cast<int32_t>(s));
             b.logit_rows.push_back(static_cast<int32_t>(s));
           }
+          ProfileSpan span("decode", "step", batch);
           RETURN_IF_ERROR((*model)->Forward(b, ptrs, ws, pool));
         }
         const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -202,6 +214,11 @@ CommandFn RegisterBench(CLI::App& app) {
         if (Status s = decode(b); !s.ok()) return fail(s.ToString());
       }
     }
+    SetProfiler(nullptr);
+    if (!o->trace.empty()) {
+      if (Status s = profiler->WriteChromeTrace(o->trace); !s.ok()) return fail(s.ToString());
+    }
+    if (o->profile) std::fprintf(stderr, "%s", profiler->Summary().c_str());
     for (auto& r : results) {
       r.threads = o->threads;
       r.model_type = model_type;
