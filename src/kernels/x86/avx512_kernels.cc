@@ -2,7 +2,6 @@
 // and bf16 paths of the kernels issue). Built with its own flags; only called when CPUID agrees.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -426,16 +425,16 @@ void AttendOnline(const float* q, const float* k, const float* v, int64_t len, i
   float running_max = -INFINITY, running_sum = 0.0f;
   float s[16];
   for (int64_t p0 = 0; p0 < len; p0 += 16) {
-    const int n = static_cast<int>(std::min<int64_t>(16, len - p0));
+    const int n = len - p0 < 16 ? static_cast<int>(len - p0) : 16;
     float block_max = -INFINITY;
     for (int j = 0; j < n; ++j) {
       const float* kr = k + (p0 + j) * kv_stride;
       __m512 d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
       for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + 16 * i), d);
       s[j] = _mm512_reduce_add_ps(d);
-      block_max = std::max(block_max, s[j]);
+      block_max = s[j] > block_max ? s[j] : block_max;
     }
-    const float new_max = std::max(running_max, block_max);
+    const float new_max = block_max > running_max ? block_max : running_max;
     const float correction = std::exp(running_max - new_max);  // exp(-inf) = 0 on the first block
     running_sum *= correction;
     const __m512 cv = _mm512_set1_ps(correction);

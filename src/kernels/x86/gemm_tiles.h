@@ -4,10 +4,11 @@
 // tile function chosen by the actual tile size. Tile functions compute every output with the
 // same operation sequence whatever the tile size, so results do not depend on batch shape.
 // NOTE: everything here is in an anonymous namespace: each ISA file gets its own copy compiled
-// with its own flags, and no copy can leak to another ISA through the linker.
+// with its own flags, and no copy can leak to another ISA through the linker. For the same reason
+// ISA files avoid std:: templates with external linkage (std::min, std::max, containers): an
+// out-of-line copy built with -mavx512f could be the one the linker keeps for everyone.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 namespace gale::kernels {
@@ -17,11 +18,11 @@ template <int kR, int kT, typename TileFn, typename... Args>
 inline void ForEachTile(int64_t num_rows, int64_t num_tokens, const TileFn (&tiles)[kR][kT], Args&&... args) {
   constexpr int64_t kTokenBlock = 64;
   for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokenBlock) {
-    const int64_t t1 = std::min(num_tokens, t0 + kTokenBlock);
+    const int64_t t1 = t0 + kTokenBlock < num_tokens ? t0 + kTokenBlock : num_tokens;
     for (int64_t r = 0; r < num_rows; r += kR) {
-      const int rr = static_cast<int>(std::min<int64_t>(kR, num_rows - r));
+      const int rr = static_cast<int>(num_rows - r < kR ? num_rows - r : kR);
       for (int64_t t = t0; t < t1; t += kT) {
-        const int tt = static_cast<int>(std::min<int64_t>(kT, t1 - t));
+        const int tt = static_cast<int>(t1 - t < kT ? t1 - t : kT);
         tiles[rr - 1][tt - 1](r, t, args...);
       }
     }

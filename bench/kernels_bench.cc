@@ -1,0 +1,94 @@
+// Google Benchmark microbenchmarks of the kernels on the active ISA (GALE_ISA caps it): the
+// matmul per weight type at decode (1 token) and prefill (64 tokens) shapes, attention and the
+// activation quantizer. Counters report GB/s of weights read and GFLOP/s.
+//   build/kernels_bench --benchmark_filter=MatMul
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "base/rng.h"
+#include "kernels/kernels.h"
+
+namespace gale {
+namespace {
+
+constexpr GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
+
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  std::unique_ptr<kernels::PackedWeights> packed;
+};
+
+Matrix MakeMatrix(GgmlType t, int64_t cols, int64_t rows) {
+  Matrix m;
+  Rng rng(1);
+  std::vector<float> row(cols);
+  m.bytes.resize(RowBytes(t, cols) * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : row) v = rng.Uniform(-1, 1);
+    QuantizeRowRef(t, row.data(), m.bytes.data() + r * RowBytes(t, cols), cols);
+  }
+  m.view.type = t;
+  m.view.shape = {cols, rows};
+  m.view.data = m.bytes.data();
+  m.view.num_bytes = m.bytes.size();
+  m.packed = kernels::PackForActiveIsa(m.view);
+  return m;
+}
+
+// args: type index, tokens, threads. Shape: a 2048 x 768 projection (110m's ffn_gate).
+void BM_MatMul(benchmark::State& state) {
+  const GgmlType t = kTypes[state.range(0)];
+  const int64_t tokens = state.range(1);
+  const int64_t cols = 768, rows = 2048;
+  Matrix m = MakeMatrix(t, cols, rows);
+  std::vector<float> x(cols * tokens, 0.5f), y(rows * tokens);
+  ThreadPool pool(static_cast<int>(state.range(2)));
+  for (auto _ : state) {
+    kernels::MatMul(m.view, m.packed.get(), x.data(), tokens, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(TypeTraits(t).name) + " " + kernels::IsaName(kernels::Active().isa));
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(m.bytes.size()), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * cols * rows * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 64}, {1, 2}})->UseRealTime();
+
+// args: context length. 12 heads of 64 over one token's cache, one thread.
+void BM_Attention(benchmark::State& state) {
+  const int64_t len = state.range(0);
+  const int heads = 12, head_dim = 64;
+  Rng rng(2);
+  std::vector<float> q(heads * head_dim), k(len * heads * head_dim), v(len * heads * head_dim), out(heads * head_dim);
+  for (auto* vec : {&q, &k, &v}) for (float& f : *vec) f = rng.Uniform(-1, 1);
+  const float* kp = k.data();
+  const float* vp = v.data();
+  const int32_t pos = static_cast<int32_t>(len - 1);
+  ThreadPool pool(1);
+  for (auto _ : state) {
+    kernels::Attention(q.data(), 1, &pos, &kp, &vp, heads, heads, head_dim, out.data(), pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(2.0 * len * heads * head_dim * 4, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Attention)->Arg(128)->Arg(1024)->Arg(4096);
+
+void BM_QuantizeActivations(benchmark::State& state) {
+  const int64_t k = 4096;
+  std::vector<float> x(k, 0.3f);
+  std::vector<int8_t> qs(k);
+  std::vector<float> d(k / 32);
+  std::vector<int32_t> qsum(k / 32);
+  for (auto _ : state) {
+    kernels::QuantizeActivations(x.data(), k, k, qs.data(), d.data(), qsum.data());
+    benchmark::DoNotOptimize(qs.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(k * 4.0, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_QuantizeActivations);
+
+}  // namespace
+}  // namespace gale
+
+BENCHMARK_MAIN();
