@@ -16,6 +16,9 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kF16, "f16", 1, 2},
     {GgmlType::kQ4_0, "q4_0", kQK4_0, sizeof(BlockQ4_0)},
     {GgmlType::kQ8_0, "q8_0", kQK8_0, sizeof(BlockQ8_0)},
+    {GgmlType::kQ4_K, "q4_K", kQK_K, sizeof(BlockQ4_K)},
+    {GgmlType::kQ5_K, "q5_K", kQK_K, sizeof(BlockQ5_K)},
+    {GgmlType::kQ6_K, "q6_K", kQK_K, sizeof(BlockQ6_K)},
     {GgmlType::kBF16, "bf16", 1, 2},
 };
 
@@ -69,7 +72,78 @@ void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t n) {
   }
 }
 
+void DequantizeQ4_K(const BlockQ4_K* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    const float dmin = Fp16ToFp32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    for (int g = 0; g < 4; ++g) {
+      uint8_t sc, m;
+      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0x0f) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+}
+
+void DequantizeQ5_K(const BlockQ5_K* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    const float dmin = Fp16ToFp32(b[i].dmin);
+    const uint8_t* ql = b[i].qs;
+    const uint8_t* qh = b[i].qh;
+    uint8_t u1 = 1, u2 = 2;
+    for (int g = 0; g < 4; ++g) {
+      uint8_t sc, m;
+      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      ql += 32;
+      u1 = static_cast<uint8_t>(u1 << 2);
+      u2 = static_cast<uint8_t>(u2 << 2);
+    }
+  }
+}
+
+void DequantizeQ6_K(const BlockQ6_K* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    const uint8_t* ql = b[i].ql;
+    const uint8_t* qh = b[i].qh;
+    const int8_t* sc = b[i].scales;
+    for (int half = 0; half < 2; ++half) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * sc[is] * q1;
+        y[l + 32] = d * sc[is + 2] * q2;
+        y[l + 64] = d * sc[is + 4] * q3;
+        y[l + 96] = d * sc[is + 6] * q4;
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
 }  // namespace
+
+bool CanQuantize(GgmlType type) {
+  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
+         type == GgmlType::kQ4_0;
+}
 
 std::optional<GgmlBlockLayout> BlockLayout(uint32_t type_id) {
   if (type_id >= std::size(kLayouts) || kLayouts[type_id].block_size == 0) return std::nullopt;
@@ -131,6 +205,10 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
       CHECK(n % kQK4_0 == 0);
       QuantizeQ4_0(src, static_cast<BlockQ4_0*>(dst), n);
       return;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      break;
   }
   CHECK(false && "QuantizeRowRef: unsupported type");
 }
@@ -169,6 +247,15 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    case GgmlType::kQ4_K:
+      DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), dst, n);
+      return;
+    case GgmlType::kQ5_K:
+      DequantizeQ5_K(static_cast<const BlockQ5_K*>(src), dst, n);
+      return;
+    case GgmlType::kQ6_K:
+      DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), dst, n);
+      return;
   }
   CHECK(false && "DequantizeRowRef: unsupported type");
 }

@@ -16,6 +16,9 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
   kBF16 = 30,
 };
 
@@ -36,6 +39,52 @@ struct BlockQ4_0 {
   uint8_t qs[kQK4_0 / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18);
+
+// K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16).
+inline constexpr int kQK_K = 256;
+
+// Q4_K: w = d * sc_j * q - dmin * m_j for sub-block j, q in [0, 15]; the eight 6-bit (sc, m)
+// pairs are packed in scales[12]; qs holds 4 groups of 64 weights, 32 bytes each, low nibbles
+// first (elements 0-31 of the group), then high nibbles (32-63).
+struct BlockQ4_K {
+  uint16_t d;     // f16 scale of the sub-block scales
+  uint16_t dmin;  // f16 scale of the sub-block mins
+  uint8_t scales[12];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+// Q5_K: as Q4_K with a fifth bit per weight in qh (bit 2g of qh[l] for element l of group g's
+// low half, bit 2g+1 for its high half).
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
+// Q6_K: w = d * scales[i] * (q - 32), q in [0, 63] from 4 low bits in ql and 2 high bits in qh,
+// one int8 scale per 16 weights.
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];
+  uint8_t qh[kQK_K / 4];
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// The 6-bit scale and min of sub-block j (0-7) of a Q4_K/Q5_K super-block.
+static inline void KQuantScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 
 struct GgmlTypeTraits {
   GgmlType type;
@@ -62,7 +111,8 @@ std::optional<GgmlType> ParseTypeName(std::string_view name);  // "f16", "q8_0",
 int64_t RowBytes(GgmlType type, int64_t num_elements);
 
 // Reference conversions, bit-exact with llama.cpp's *_ref functions. n is a multiple of the
-// type's block size.
+// type's block size. QuantizeRowRef does not support the K-quants yet (CanQuantize says which).
+bool CanQuantize(GgmlType type);
 void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n);
 void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n);
 

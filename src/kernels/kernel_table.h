@@ -15,7 +15,7 @@ enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* IsaName(Isa isa);
 
 // Weight types with kernels, as a dense index into the table.
-enum TypeSlot { kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kNumTypeSlots };
+enum TypeSlot { kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kSlotQ4_K, kSlotQ5_K, kSlotQ6_K, kNumTypeSlots };
 TypeSlot SlotOf(GgmlType type);
 
 using VecDotFn = float (*)(const void* w_row, const float* x, int64_t n);
@@ -54,11 +54,13 @@ using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
 
 struct KernelTable {
   Isa isa;
-  // dot(w_row dequantized, x) over n elements; n is a multiple of the type's block size.
+  // dot(w_row dequantized, x) over n elements; n is a multiple of the type's block size
+  // (nullptr for the K-quants: they go through dequantize_row).
   VecDotFn vec_dot[kNumTypeSlots];
   DequantizeRowFn dequantize_row[kNumTypeSlots];
   // Matrix products: gemm_float for F32/F16/BF16 weights (f32 activations), gemm_quant for
-  // Q8_0/Q4_0 weights (int8 activations); nullptr where the slot uses the other one.
+  // Q8_0/Q4_0 weights (int8 activations); nullptr where the slot uses the other one. Slots with
+  // neither (the K-quants, for now) are dequantized row by row and multiplied as f32.
   GemmFloatFn gemm_float[kNumTypeSlots];
   GemmQuantFn gemm_quant[kNumTypeSlots];
   // Optional repacked layout per slot (all three set, or all nullptr).

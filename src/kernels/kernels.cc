@@ -32,6 +32,9 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kBF16: return kSlotBF16;
     case GgmlType::kQ8_0: return kSlotQ8_0;
     case GgmlType::kQ4_0: return kSlotQ4_0;
+    case GgmlType::kQ4_K: return kSlotQ4_K;
+    case GgmlType::kQ5_K: return kSlotQ5_K;
+    case GgmlType::kQ6_K: return kSlotQ6_K;
   }
   CHECK(false && "no kernels for this type");
   return kSlotF32;
@@ -148,6 +151,20 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
       const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
       kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, qa, num_tokens, y + r0, rows);
     });
+    return;
+  }
+  if (kt.gemm_float[slot] == nullptr) {
+    // No kernel reads this type directly: dequantize each row once per call (SIMD where the ISA
+    // has a dequantizer) and multiply it as an f32 row with every token.
+    pool.ParallelFor(rows, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> row;  // [cols]
+      row.resize(cols);
+      for (int64_t r = begin; r < end; ++r) {
+        kt.dequantize_row[slot](w.data + r * row_bytes, row.data(), cols);
+        kt.gemm_float[kSlotF32](reinterpret_cast<const uint8_t*>(row.data()), cols * 4, 1, x, cols, num_tokens,
+                                y + r, rows);
+      }
+    }, /*min_items_per_thread=*/4);
     return;
   }
   pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {

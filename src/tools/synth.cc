@@ -70,6 +70,9 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
     return InvalidArgument("synth: inconsistent shape (dim {}, heads {}, kv heads {}, layers {}, ffn {}, vocab {} >= 260)",
                            s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
   }
+  if (!CanQuantize(type)) {
+    return InvalidArgument("synth: cannot write {} yet (f32, f16, bf16, q8_0, q4_0)", TypeTraits(type).name);
+  }
   const int64_t block = TypeTraits(type).block_size;
   if (s.dim % block != 0 || s.ffn_dim % block != 0) {
     return InvalidArgument("synth: dim {} and ffn {} must be multiples of the {} block size {}", s.dim, s.ffn_dim,

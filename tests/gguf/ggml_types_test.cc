@@ -56,9 +56,13 @@ TEST(GgmlTypesTest, LayoutsMatchLlamaCpp) {
   EXPECT_EQ(RowBytes(GgmlType::kQ8_0, 64), 68);
   EXPECT_EQ(RowBytes(GgmlType::kQ4_0, 64), 36);
   EXPECT_EQ(RowBytes(GgmlType::kF16, 10), 20);
-  EXPECT_EQ(BlockLayout(12)->block_bytes, 144);  // q4_K, readable though not computable yet
+  EXPECT_EQ(BlockLayout(12)->block_bytes, 144);  // q4_K
+  EXPECT_EQ(BlockLayout(13)->block_bytes, 176);  // q5_K
+  EXPECT_EQ(BlockLayout(14)->block_bytes, 210);  // q6_K
+  EXPECT_EQ(BlockLayout(10)->block_bytes, 84);   // q2_K, readable though not computable yet
   EXPECT_FALSE(BlockLayout(4).has_value());      // removed q4_2
-  EXPECT_FALSE(GetTypeTraits(12).has_value());
+  EXPECT_TRUE(GetTypeTraits(12).has_value());
+  EXPECT_FALSE(GetTypeTraits(10).has_value());
   EXPECT_EQ(TypeName(14), "q6_K");
 }
 

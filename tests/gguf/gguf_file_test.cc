@@ -36,8 +36,8 @@ GgufWriter SampleWriter() {
   std::vector<uint8_t> b(2 * 34);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
   EXPECT_TRUE(w.AddTensor("b.q8", static_cast<uint32_t>(GgmlType::kQ8_0), {64}, b).ok());
-  std::vector<uint8_t> c(144);  // a q4_K block: readable, not computable
-  EXPECT_TRUE(w.AddTensor("c.q4k", 12, {256}, c).ok());
+  std::vector<uint8_t> c(84);  // a q2_K block: readable, not computable
+  EXPECT_TRUE(w.AddTensor("c.q2k", 10, {256}, c).ok());
   return w;
 }
 
@@ -76,9 +76,9 @@ TEST(GgufTest, RoundTripPreservesEveryKeyAndTensorByte) {
   EXPECT_EQ(a->shape, (std::vector<int64_t>{6, 4}));
   for (uint64_t i = 0; i < a->num_bytes; ++i) ASSERT_EQ(a->data[i], static_cast<uint8_t>(i * 7));
   EXPECT_EQ((*f)->data_offset() % 32, 0u);
-  auto q4k = (*f)->Tensor("c.q4k");
-  EXPECT_EQ(q4k.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(q4k.status().message().find("q4_K"), std::string::npos);
+  auto q2k = (*f)->Tensor("c.q2k");
+  EXPECT_EQ(q2k.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(q2k.status().message().find("q2_K"), std::string::npos);
 }
 
 TEST(GgufTest, OpenMapsFileAndHonorsAlignment) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "../test_util.h"
@@ -23,7 +24,30 @@ std::vector<Isa> SimdIsas() {
 
 const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
 
+const GgmlType kKTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+// Random K-quant super-blocks: random bits everywhere, with small finite f16 super-scales.
+std::vector<uint8_t> RandomKBlocks(GgmlType t, int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<uint8_t> b(RowBytes(t, n));
+  for (auto& v : b) v = static_cast<uint8_t>(rng.NextU64());
+  const int64_t bytes = TypeTraits(t).block_bytes;
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    uint8_t* blk = b.data() + i * bytes;
+    const uint16_t d = Fp32ToFp16(rng.Uniform(0.001f, 0.01f));
+    const uint16_t dmin = Fp32ToFp16(rng.Uniform(0.001f, 0.01f));
+    if (t == GgmlType::kQ6_K) {
+      std::memcpy(blk + 208, &d, 2);
+    } else {
+      std::memcpy(blk, &d, 2);
+      std::memcpy(blk + 2, &dmin, 2);
+    }
+  }
+  return b;
+}
+
 std::vector<uint8_t> Quantized(GgmlType t, const std::vector<float>& x) {
+  if (!CanQuantize(t)) return RandomKBlocks(t, static_cast<int64_t>(x.size()), x.size() + static_cast<uint64_t>(t));
   std::vector<uint8_t> q(RowBytes(t, x.size()));
   QuantizeRowRef(t, x.data(), q.data(), x.size());
   return q;
@@ -69,10 +93,12 @@ TEST(KernelsTest, VecDotMatchesScalar) {
 }
 
 TEST(KernelsTest, DequantizeRowIsBitExact) {
+  std::vector<GgmlType> all(std::begin(kTypes), std::end(kTypes));
+  all.insert(all.end(), std::begin(kKTypes), std::end(kKTypes));
   for (Isa isa : SimdIsas()) {
     const KernelTable& simd = *GetKernelTable(isa);
-    for (GgmlType t : kTypes) {
-      const int64_t n = TypeTraits(t).block_size == 1 ? 203 : 32 * 9;
+    for (GgmlType t : all) {
+      const int64_t n = TypeTraits(t).block_size == 1 ? 203 : TypeTraits(t).block_size * 9;
       const auto q = Quantized(t, test::RandomFloats(n, 11));
       std::vector<float> want(n), got(n);
       DequantizeRowRef(t, q.data(), want.data(), n);
@@ -314,6 +340,99 @@ TEST(KernelsTest, ActivationQuantizationRoundsHalfToEvenAndPads) {
   EXPECT_EQ(qsum[0], 127 + 2 + 4 - 2 - 127);
   for (int i = 32; i < 128; ++i) ASSERT_EQ(qs[i], 0);
   for (int b = 1; b < 4; ++b) EXPECT_TRUE(d[b] == 0.0f && qsum[b] == 0);
+}
+
+// The K-quant layouts, element by element from the format's definition (not from our decoder).
+TEST(KernelsTest, KQuantLayoutsFromTheirDefinition) {
+  {
+    BlockQ4_K b{};
+    b.d = Fp32ToFp16(1.0f);
+    b.dmin = Fp32ToFp16(0.5f);
+    b.scales[0] = 3;     // sub-block 0: scale 3 (low 6 bits)
+    b.scales[4] = 2;     //              min 2
+    b.scales[1] = 0x40;  // sub-block 1: scale 0, min 0; bits 6-7 are bits 4-5 of sub-block 5's scale
+    b.scales[9] = 0x21;  // sub-block 5: scale low 4 bits 1, min low 4 bits 2
+    b.qs[0] = 0x5a;      // element 0 (low nibble 10), element 32 (high nibble 5)
+    b.qs[64] = 0x70;     // group 2: element 128 (low nibble 0), element 160 (high nibble 7)
+    float y[256];
+    DequantizeRowRef(GgmlType::kQ4_K, &b, y, 256);
+    EXPECT_EQ(y[0], 1.0f * 3 * 10 - 0.5f * 2);
+    EXPECT_EQ(y[32], 0.0f);                       // sub-block 1: scale 0, min 0
+    EXPECT_EQ(y[160], 1.0f * (16 + 1) * 7 - 0.5f * 2);
+  }
+  {
+    BlockQ5_K b{};
+    b.d = Fp32ToFp16(1.0f);
+    b.dmin = Fp32ToFp16(0.0f);
+    b.scales[0] = 1;     // sub-block 0 scale 1
+    b.scales[1] = 1;     // sub-block 1 scale 1
+    b.scales[2] = 2;     // sub-block 2 scale 2
+    b.qs[0] = 0x23;      // element 0 low nibble 3, element 32 high nibble 2
+    b.qh[0] = 0x01 | 0x02 | 0x04;  // fifth bit for element 0 (bit 0), element 32 (bit 1), element 64 (bit 2)
+    float y[256];
+    DequantizeRowRef(GgmlType::kQ5_K, &b, y, 256);
+    EXPECT_EQ(y[0], 3.0f + 16.0f);
+    EXPECT_EQ(y[32], 2.0f + 16.0f);
+    EXPECT_EQ(y[64], 2.0f * 16.0f);  // sub-block 2, low nibble 0 of qs[32], fifth bit set
+  }
+  {
+    BlockQ6_K b{};
+    b.d = Fp32ToFp16(0.5f);
+    for (int i = 0; i < 16; ++i) b.scales[i] = static_cast<int8_t>(i + 1);
+    b.ql[0] = 0x21;      // element 0 low 4 bits 1, element 64 low 4 bits 2
+    b.ql[32] = 0x03;     // element 32 low 4 bits 3
+    b.qh[0] = 0x01 | (0x2 << 2) | (0x3 << 4);  // high bits: element 0: 1, element 32: 2, element 64: 3
+    b.ql[64] = 0x05;     // second half: element 128 low 4 bits 5
+    float y[256];
+    DequantizeRowRef(GgmlType::kQ6_K, &b, y, 256);
+    EXPECT_EQ(y[0], 0.5f * 1 * ((1 | 1 << 4) - 32));   // scales[0]
+    EXPECT_EQ(y[32], 0.5f * 3 * ((3 | 2 << 4) - 32));  // scales[2]
+    EXPECT_EQ(y[64], 0.5f * 5 * ((2 | 3 << 4) - 32));  // scales[4]
+    EXPECT_EQ(y[16], 0.5f * 2 * (0 - 32));             // scales[1], q = 0
+    EXPECT_EQ(y[128], 0.5f * 9 * (5 - 32));            // second half: scales[8]
+  }
+}
+
+// K-quant matmuls (dequantize, then f32 products) on every ISA: close to the exact product of the
+// reference dequantization, and batch invariant.
+TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
+  const int64_t k = 512, rows = 7, tokens = 5;
+  for (GgmlType t : kKTypes) {
+    std::vector<uint8_t> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = RandomKBlocks(t, k, 100 + r);
+      w.insert(w.end(), row.begin(), row.end());
+    }
+    TensorView v;
+    v.type = t;
+    v.shape = {k, rows};
+    v.data = w.data();
+    v.num_bytes = w.size();
+    const auto x = test::RandomFloats(k * tokens, 3);
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (GetKernelTable(isa) == nullptr) continue;
+      SetActiveIsa(isa);
+      ThreadPool pool(2), one(1);
+      std::vector<float> y(rows * tokens), y1(rows);
+      MatMul(v, x.data(), tokens, y.data(), pool);
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        MatMul(v, x.data() + tok * k, 1, y1.data(), one);
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(F32Bits(y1[r]), F32Bits(y[tok * rows + r])) << IsaName(isa);
+          std::vector<float> deq(k);
+          DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data(), k);
+          double exact = 0.0, sum_abs = 0.0;
+          for (int64_t i = 0; i < k; ++i) {
+            exact += static_cast<double>(deq[i]) * x[tok * k + i];
+            sum_abs += std::fabs(static_cast<double>(deq[i]) * x[tok * k + i]);
+          }
+          ASSERT_NEAR(y[tok * rows + r], exact, 8.0 * std::sqrt(static_cast<double>(k)) * 6e-8 * sum_abs + 1e-6)
+              << IsaName(isa) << " " << TypeTraits(t).name;
+        }
+      }
+    }
+    SetActiveIsa(BestIsa());
+  }
 }
 
 TEST(KernelsTest, RopeRotatesAdjacentPairs) {

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "../test_util.h"
+#include "base/fp16.h"
+#include "base/rng.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
@@ -118,12 +120,89 @@ TEST(SynthTest, DeterministicAndShapesAreValidated) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   EXPECT_FALSE(NamedSynthShape("7b").ok());
+  EXPECT_FALSE(SynthesizeLlama(*shape, GgmlType::kQ4_K, 1).ok());
   SynthShape odd = *shape;
   odd.ffn_dim = 100;  // not a multiple of 32
   EXPECT_FALSE(SynthesizeLlama(odd, GgmlType::kQ8_0, 1).ok());
   EXPECT_TRUE(SynthesizeLlama(odd, GgmlType::kF16, 1).ok());
   auto big = NamedSynthShape("tinyllama-1.1b");
   EXPECT_EQ(big->num_kv_heads, 4);
+}
+
+// A model whose matrices are K-quants (a Q4_K_M-style mix of Q4_K, Q5_K and Q6_K) gives bitwise
+// the logits of the same model with those matrices dequantized to F32 by the reference decoder.
+TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
+  SynthShape shape;
+  shape.dim = 256;
+  shape.num_layers = 2;
+  shape.num_heads = 4;
+  shape.num_kv_heads = 2;
+  shape.ffn_dim = 512;
+  shape.vocab_size = 300;
+  auto base = SynthesizeLlama(shape, GgmlType::kF32, 5);
+  ASSERT_TRUE(base.ok());
+  const auto base_bytes = base->WriteToBytes();
+  auto f = GgufFile::FromBytes(base_bytes);
+  ASSERT_TRUE(f.ok());
+  GgufWriter kq, deq;
+  for (const auto& [k, v] : (*f)->metadata()) {
+    kq.SetValue(k, v);
+    deq.SetValue(k, v);
+  }
+  Rng rng(9);
+  int n = 0;
+  for (const auto& t : (*f)->tensors()) {
+    std::vector<uint8_t> data(t.data, t.data + t.num_bytes);
+    if (t.shape.size() != 2 || t.name == "token_embd.weight") {
+      ASSERT_TRUE(kq.AddTensor(t.name, t.type_id, t.shape, data).ok());
+      ASSERT_TRUE(deq.AddTensor(t.name, t.type_id, t.shape, data).ok());
+      continue;
+    }
+    const GgmlType types[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+    const GgmlType kt = types[n++ % 3];
+    const int64_t elems = t.shape[0] * t.shape[1];
+    std::vector<uint8_t> blocks(RowBytes(kt, t.shape[0]) * t.shape[1]);
+    for (auto& b : blocks) b = static_cast<uint8_t>(rng.NextU64());
+    const int64_t bb = TypeTraits(kt).block_bytes;
+    for (int64_t i = 0; i < elems / kQK_K; ++i) {  // sane super-block scales
+      const uint16_t d = Fp32ToFp16(0.004f), dmin = Fp32ToFp16(0.002f);
+      uint8_t* blk = blocks.data() + i * bb;
+      if (kt == GgmlType::kQ6_K) {
+        std::memcpy(blk + 208, &d, 2);
+      } else {
+        std::memcpy(blk, &d, 2);
+        std::memcpy(blk + 2, &dmin, 2);
+      }
+    }
+    std::vector<float> f32(elems);
+    DequantizeRowRef(kt, blocks.data(), f32.data(), elems);
+    std::vector<uint8_t> f32_bytes(elems * 4);
+    std::memcpy(f32_bytes.data(), f32.data(), f32_bytes.size());
+    ASSERT_TRUE(kq.AddTensor(t.name, static_cast<uint32_t>(kt), t.shape, blocks).ok());
+    ASSERT_TRUE(deq.AddTensor(t.name, 0, t.shape, f32_bytes).ok());
+  }
+  const auto kq_bytes = kq.WriteToBytes();
+  const auto deq_bytes = deq.WriteToBytes();
+  auto fk = GgufFile::FromBytes(kq_bytes);
+  auto fd = GgufFile::FromBytes(deq_bytes);
+  ASSERT_TRUE(fk.ok() && fd.ok());
+  auto mk = LlamaModel::Load(**fk);
+  auto md = LlamaModel::Load(**fd);
+  ASSERT_TRUE(mk.ok()) << mk.status().ToString();
+  ASSERT_TRUE(md.ok());
+  ThreadPool pool(2);
+  ForwardBatch b;
+  b.tokens = {1, 50, 60, 70};
+  b.positions = {0, 1, 2, 3};
+  b.all_logits = true;
+  KvCache kv1((*mk)->hparams(), 8), kv2((*md)->hparams(), 8);
+  Workspace w1, w2;
+  ASSERT_TRUE((*mk)->Forward(b, kv1, w1, pool).ok());
+  ASSERT_TRUE((*md)->Forward(b, kv2, w2, pool).ok());
+  for (int64_t i = 0; i < 4 * 300; ++i) {
+    ASSERT_TRUE(std::isfinite(w1.logits[i]));
+    ASSERT_EQ(F32Bits(w1.logits[i]), F32Bits(w2.logits[i])) << i;
+  }
 }
 
 TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {

@@ -119,6 +119,9 @@ void DequantBF16(const void* src, float* dst, int64_t n) {
 
 void DequantQ8_0(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ8_0, src, dst, n); }
 void DequantQ4_0(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ4_0, src, dst, n); }
+void DequantQ4_K(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ4_K, src, dst, n); }
+void DequantQ5_K(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_K, src, dst, n); }
+void DequantQ6_K(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ6_K, src, dst, n); }
 
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   __m256 acc = _mm256_setzero_ps();
@@ -281,7 +284,7 @@ const KernelTable& Avx2Table() {
   static const KernelTable table = {
       Isa::kAvx2,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
-      {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0},
+      {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K},
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>},
       {}, {}, {},

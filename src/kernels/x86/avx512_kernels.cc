@@ -96,6 +96,101 @@ void DequantBF16(const void* src, float* dst, int64_t n) {
 void DequantQ8_0(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ8_0, src, dst, n); }
 void DequantQ4_0(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ4_0, src, dst, n); }
 
+// K-quant dequantizers: the reference's arithmetic (mul then sub, no FMA) 16 lanes at a time, so
+// the results are bit-identical to DequantizeRowRef.
+inline __m512 U8x16ToF32(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+
+void DequantQ4_K(const void* src, float* dst, int64_t n) {
+  const BlockQ4_K* b = static_cast<const BlockQ4_K*>(src);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    const float dmin = Fp16ToFp32(b[i].dmin);
+    float* y = dst + i * kQK_K;
+    for (int g = 0; g < 4; ++g) {
+      uint8_t sc, m;
+      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
+      const __m512 d1 = _mm512_set1_ps(d * sc), m1 = _mm512_set1_ps(dmin * m);
+      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
+      const __m512 d2 = _mm512_set1_ps(d * sc), m2 = _mm512_set1_ps(dmin * m);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs + 32 * g));
+      const __m256i lo = _mm256_and_si256(q, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      float* yg = y + 64 * g;
+      _mm512_storeu_ps(yg, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_castsi256_si128(lo))), m1));
+      _mm512_storeu_ps(yg + 16, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_extracti128_si256(lo, 1))), m1));
+      _mm512_storeu_ps(yg + 32, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_castsi256_si128(hi))), m2));
+      _mm512_storeu_ps(yg + 48, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_extracti128_si256(hi, 1))), m2));
+    }
+  }
+}
+
+void DequantQ5_K(const void* src, float* dst, int64_t n) {
+  const BlockQ5_K* b = static_cast<const BlockQ5_K*>(src);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    const float dmin = Fp16ToFp32(b[i].dmin);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qh));
+    float* y = dst + i * kQK_K;
+    for (int g = 0; g < 4; ++g) {
+      uint8_t sc, m;
+      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
+      const __m512 d1 = _mm512_set1_ps(d * sc), m1 = _mm512_set1_ps(dmin * m);
+      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
+      const __m512 d2 = _mm512_set1_ps(d * sc), m2 = _mm512_set1_ps(dmin * m);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs + 32 * g));
+      // Fifth bits: bit 2g of qh for the low half, bit 2g+1 for the high half.
+      const __m256i bit_lo = _mm256_set1_epi8(static_cast<char>(1 << (2 * g)));
+      const __m256i bit_hi = _mm256_set1_epi8(static_cast<char>(1 << (2 * g + 1)));
+      const __m256i h_lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_lo), bit_lo), sixteen);
+      const __m256i h_hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), sixteen);
+      const __m256i lo = _mm256_add_epi8(_mm256_and_si256(q, low4), h_lo);
+      const __m256i hi = _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), h_hi);
+      float* yg = y + 64 * g;
+      _mm512_storeu_ps(yg, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_castsi256_si128(lo))), m1));
+      _mm512_storeu_ps(yg + 16, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_extracti128_si256(lo, 1))), m1));
+      _mm512_storeu_ps(yg + 32, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_castsi256_si128(hi))), m2));
+      _mm512_storeu_ps(yg + 48, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_extracti128_si256(hi, 1))), m2));
+    }
+  }
+}
+
+void DequantQ6_K(const void* src, float* dst, int64_t n) {
+  const BlockQ6_K* b = static_cast<const BlockQ6_K*>(src);
+  const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b[i].ql + 64 * half;
+      const uint8_t* qhp = b[i].qh + 32 * half;
+      const int8_t* sc = b[i].scales + 8 * half;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qhp));
+      auto high = [&](int shift) {
+        return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), three), 4);
+      };
+      // q[k] holds elements 32k .. 32k+31 of this half, as signed values q - 32.
+      const __m256i q[4] = {
+          _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(l0, low4), high(0)), bias),
+          _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(l1, low4), high(2)), bias),
+          _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), high(4)), bias),
+          _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), high(6)), bias)};
+      float* y = dst + i * kQK_K + 128 * half;
+      for (int k = 0; k < 4; ++k) {
+        for (int part = 0; part < 2; ++part) {
+          const __m128i bytes = part == 0 ? _mm256_castsi256_si128(q[k]) : _mm256_extracti128_si256(q[k], 1);
+          const __m512 scale = _mm512_set1_ps(d * sc[part + 2 * k]);
+          _mm512_storeu_ps(y + 32 * k + 16 * part,
+                           _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes))));
+        }
+      }
+    }
+  }
+}
+
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
@@ -469,7 +564,7 @@ const KernelTable& Avx512Table() {
   static const KernelTable table = {
       Isa::kAvx512,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
-      {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0},
+      {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K},
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>},
       {nullptr, nullptr, nullptr, PackedRowBytes<GgmlType::kQ8_0>, PackedRowBytes<GgmlType::kQ4_0>},
