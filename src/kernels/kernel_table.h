@@ -39,8 +39,11 @@ struct QuantizedActs {
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum);
 
 // Weight repacking: an ISA may lay a weight matrix out again at load time in a form its GEMM
-// reads faster (same bytes per row or close). packed_row_bytes(k) gives a packed row's size.
-using PackedRowBytesFn = int64_t (*)(int64_t k);
+// reads faster. Packed matrices are stored in groups of kPackedRowGroup rows (the last group
+// padded); packed_group_bytes(k) is the size of one group. gemm_packed then takes the group
+// stride as its row_bytes argument and a row count that starts at a group boundary.
+inline constexpr int64_t kPackedRowGroup = 16;
+using PackedGroupBytesFn = int64_t (*)(int64_t k);
 using PackFn = void (*)(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst);
 
 // Y[t, r] = W[r, :] . X[t, :] for r < num_rows, t < num_tokens; Y row stride ldy. W rows are
@@ -64,7 +67,7 @@ struct KernelTable {
   GemmFloatFn gemm_float[kNumTypeSlots];
   GemmQuantFn gemm_quant[kNumTypeSlots];
   // Optional repacked layout per slot (all three set, or all nullptr).
-  PackedRowBytesFn packed_row_bytes[kNumTypeSlots];
+  PackedGroupBytesFn packed_group_bytes[kNumTypeSlots];
   PackFn pack[kNumTypeSlots];
   GemmQuantFn gemm_packed[kNumTypeSlots];
   // out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps)

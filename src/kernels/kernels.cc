@@ -88,8 +88,9 @@ std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
   p->type = w.type;
   p->num_rows = w.NumRows();
   p->cols = w.shape[0];
-  p->row_bytes = kt.packed_row_bytes[slot](p->cols);
-  const size_t bytes = static_cast<size_t>(p->row_bytes * p->num_rows);
+  p->group_bytes = kt.packed_group_bytes[slot](p->cols);
+  const int64_t num_groups = (p->num_rows + kPackedRowGroup - 1) / kPackedRowGroup;
+  const size_t bytes = static_cast<size_t>(p->group_bytes * num_groups);
   const size_t alloc = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
   void* mem = std::aligned_alloc(2u << 20, alloc);  // 2 MiB aligned: transparent huge pages can back it
   CHECK(mem != nullptr);
@@ -140,10 +141,11 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
         /*min_items_per_thread=*/16);
     const QuantizedActs qa{qs_data, d_data, qsum_data, cols, k_stride};
     if (packed != nullptr && packed->isa == kt.isa && kt.gemm_packed[slot] != nullptr) {
-      pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
-        const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
-        kt.gemm_packed[slot](packed->data.get() + r0 * packed->row_bytes, packed->row_bytes, r1 - r0, qa, num_tokens,
-                             y + r0, rows);
+      const int64_t num_groups = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
+      pool.ParallelFor(num_groups, [&](int64_t begin, int64_t end) {
+        const int64_t r0 = begin * kPackedRowGroup, r1 = std::min(rows, end * kPackedRowGroup);
+        kt.gemm_packed[slot](packed->data.get() + begin * packed->group_bytes, packed->group_bytes, r1 - r0, qa,
+                             num_tokens, y + r0, rows);
       });
       return;
     }

@@ -29,7 +29,7 @@ struct PackedWeights {
   GgmlType type;
   int64_t num_rows = 0;
   int64_t cols = 0;
-  int64_t row_bytes = 0;
+  int64_t group_bytes = 0;  // bytes per kPackedRowGroup rows
   std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, nullptr};
 };
 // Packs w for the active ISA, or returns nullptr when that ISA reads the GGUF layout directly.

@@ -87,7 +87,10 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
 uint64_t LlamaModel::packed_bytes() const {
   uint64_t total = 0;
   auto add = [&](const MatrixWeight& w) {
-    if (w.packed) total += static_cast<uint64_t>(w.packed->row_bytes * w.packed->num_rows);
+    if (w.packed) {
+      const int64_t groups = (w.packed->num_rows + kernels::kPackedRowGroup - 1) / kernels::kPackedRowGroup;
+      total += static_cast<uint64_t>(w.packed->group_bytes * groups);
+    }
   };
   for (const auto& l : layers_) {
     for (const MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*w);

@@ -122,8 +122,12 @@ CommandFn RegisterBench(CLI::App& app) {
     const GgufTensorInfo* ffn = (*file)->FindTensor("blk.0.ffn_gate.weight");
     const bool int8_path = ffn && (ffn->type_id == 2 || ffn->type_id == 8);
     const double peak_ops = (int8_path ? roof.int8_dot_gops : roof.f32_fma_gflops) * 1e9;
-    const double weight_bytes = static_cast<double>((*model)->weight_bytes()) -
-                                ((*model)->tied_output() ? 0.0 : 0.0);
+    // Bytes of weights a forward pass reads: everything but the embedding table, of which it
+    // reads one row per token (unless the output layer is tied to it, then all of it).
+    double weight_bytes = static_cast<double>((*model)->weight_bytes());
+    if (const GgufTensorInfo* embd = (*file)->FindTensor("token_embd.weight"); embd && !(*model)->tied_output()) {
+      weight_bytes -= static_cast<double>(embd->num_bytes);
+    }
     // Multiply-adds per token in the matmuls: every 2-D weight except the embedding lookup.
     double matmul_params = 0.0;
     for (const auto& t : (*file)->tensors()) {
