@@ -228,7 +228,7 @@ GgufFile::~GgufFile() {
   if (mapping_ != nullptr) munmap(mapping_, size_);
 }
 
-StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, bool copy_to_memory) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return IoError("cannot open '{}': {}", path, std::strerror(errno));
   struct stat st;
@@ -252,6 +252,18 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
     }
     file->mapping_ = m;
     file->base_ = static_cast<const uint8_t*>(m);
+    if (copy_to_memory) {
+      void* a = mmap(nullptr, file->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (a == MAP_FAILED) {
+        ::close(fd);
+        return IoError("cannot allocate {} bytes to load '{}' into memory", file->size_, path);
+      }
+      madvise(a, file->size_, MADV_HUGEPAGE);
+      std::memcpy(a, m, file->size_);
+      munmap(m, file->size_);
+      file->mapping_ = a;
+      file->base_ = static_cast<const uint8_t*>(a);
+    }
   }
   ::close(fd);
   Status s = file->Parse();

@@ -109,7 +109,9 @@ struct TensorView {
 class GgufFile {
  public:
   // Maps the file read-only and parses it. Errors name the file and what is wrong.
-  static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // With copy_to_memory the bytes are read into anonymous memory backed by transparent huge
+  // pages instead (costs a copy and the load time; saves TLB misses when weights are streamed).
+  static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path, bool copy_to_memory = false);
   // Parses bytes held in memory (tests, fuzzing). The file keeps its own copy.
   static StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::span<const uint8_t> bytes);
 

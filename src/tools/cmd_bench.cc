@@ -69,6 +69,7 @@ CommandFn RegisterBench(CLI::App& app) {
     int threads = ThreadPool::DefaultNumThreads();
     double bandwidth = 0.0;
     std::string trace;
+    LoadOptions load;
     bool profile = false;
   };
   auto o = std::make_shared<Opts>();
@@ -80,6 +81,7 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("--batch", o->batches, "decode batch sizes for the throughput curve, e.g. 1,2,4,8,16,32");
   app.add_option("-o,--output", o->output, "md | json | csv")->capture_default_str();
   app.add_option("--bandwidth", o->bandwidth, "memory read bandwidth in GB/s (default: measure it)");
+  o->load.Register(app);
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512");
   app.add_option("--trace", o->trace, "write a Chrome trace-event JSON of every op (open in Perfetto)");
   app.add_flag("--profile", o->profile, "print time per op kind and the prefill/decode split");
@@ -109,7 +111,8 @@ CommandFn RegisterBench(CLI::App& app) {
         batches.push_back(v);
       }
     }
-    auto file = GgufFile::Open(o->model);
+    const bool copy = o->load.CopyToMemory(o->model);
+    auto file = GgufFile::Open(o->model, copy);
     if (!file.ok()) return fail(file.status().ToString());
     auto model = LlamaModel::Load(**file);
     if (!model.ok()) return fail(model.status().ToString());

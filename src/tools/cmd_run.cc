@@ -45,6 +45,7 @@ CommandFn RegisterRun(CLI::App& app) {
     bool ignore_eos = false;
     bool profile = false;
     std::string trace;
+    LoadOptions load;
     SamplingParams sp;
   };
   auto o = std::make_shared<Opts>();
@@ -66,6 +67,7 @@ CommandFn RegisterRun(CLI::App& app) {
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
   app.add_option("--trace", o->trace, "write a Chrome trace-event JSON of every op (open in Perfetto)");
   app.add_flag("--profile", o->profile, "print time per op, prefill/decode share, CPU-side time and memory");
+  o->load.Register(app);
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
   return [o]() {
     auto fail = [](const Status& s) {
@@ -84,7 +86,8 @@ CommandFn RegisterRun(CLI::App& app) {
     if (o->n_predict < 0) return fail(InvalidArgument("-n must be >= 0"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
     const std::string path = o->model.empty() ? DefaultModelPath() : o->model;
-    auto file = GgufFile::Open(path);
+    const bool copy = o->load.CopyToMemory(path);
+    auto file = GgufFile::Open(path, copy);
     if (!file.ok()) return fail(file.status());
     auto model = LlamaModel::Load(**file);
     if (!model.ok()) return fail(model.status().WithContext(path));
@@ -131,10 +134,10 @@ CommandFn RegisterRun(CLI::App& app) {
     ThreadPool pool(o->threads);
     KvCache kv(hp, static_cast<int64_t>(prompt.size()) + n_predict);
     Workspace ws;
-    std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, vocab %lld, %.1f MiB weights); kernels: %s; threads: %d\n",
+    std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, vocab %lld, %.1f MiB weights, %s); kernels: %s; threads: %d\n",
                  path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim), static_cast<long long>(hp.num_layers),
                  static_cast<long long>(hp.vocab_size), (*model)->weight_bytes() / 1048576.0,
-                 kernels::IsaName(kernels::Active().isa), o->threads);
+                 copy ? "read into memory" : "mapped", kernels::IsaName(kernels::Active().isa), o->threads);
     std::fputs(o->prompt.c_str(), stdout);
     std::fflush(stdout);
     Detokenizer detok(**tok, /*at_start=*/o->prompt.empty());

@@ -91,6 +91,17 @@ TEST(GgufTest, OpenMapsFileAndHonorsAlignment) {
   EXPECT_EQ((*f)->alignment(), 64u);
   EXPECT_EQ((*f)->data_offset() % 64, 0u);
   for (const auto& t : (*f)->tensors()) EXPECT_EQ(t.offset % 64, 0u);
+  // Read into memory instead of mapped: the same metadata and tensor bytes.
+  auto copy = GgufFile::Open(path.string(), /*copy_to_memory=*/true);
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  EXPECT_EQ((*copy)->metadata().size(), (*f)->metadata().size());
+  for (const auto& t : (*f)->tensors()) {
+    const GgufTensorInfo* c = (*copy)->FindTensor(t.name);
+    ASSERT_NE(c, nullptr);
+    ASSERT_EQ(c->num_bytes, t.num_bytes);
+    EXPECT_EQ(std::memcmp(c->data, t.data, t.num_bytes), 0);
+    EXPECT_NE(c->data, t.data);
+  }
   std::filesystem::remove(path);
   auto missing = GgufFile::Open(path.string());
   EXPECT_EQ(missing.status().code(), StatusCode::kIoError);
