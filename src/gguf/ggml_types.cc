@@ -78,11 +78,7 @@ void DequantizeQ4_K(const BlockQ4_K* b, float* y, int64_t n) {
     const float dmin = Fp16ToFp32(b[i].dmin);
     const uint8_t* q = b[i].qs;
     for (int g = 0; g < 4; ++g) {
-      uint8_t sc, m;
-      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
+      const auto [d1, m1, d2, m2] = KQuantGroupScales(d, dmin, b[i].scales, g);
       for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0x0f) - m1;
       for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
       q += 32;
@@ -98,11 +94,7 @@ void DequantizeQ5_K(const BlockQ5_K* b, float* y, int64_t n) {
     const uint8_t* qh = b[i].qh;
     uint8_t u1 = 1, u2 = 2;
     for (int g = 0; g < 4; ++g) {
-      uint8_t sc, m;
-      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
+      const auto [d1, m1, d2, m2] = KQuantGroupScales(d, dmin, b[i].scales, g);
       for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
       for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
       ql += 32;

@@ -86,6 +86,18 @@ static inline void KQuantScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t*
   }
 }
 
+// Float scales and mins of group g (sub-blocks 2g and 2g+1, 64 weights) of a Q4_K/Q5_K
+// super-block: w = d1 * q - m1 for the group's first 32 weights, d2 * q - m2 for the next 32.
+struct KGroupScales {
+  float d1, m1, d2, m2;
+};
+static inline KGroupScales KQuantGroupScales(float d, float dmin, const uint8_t* scales, int g) {
+  uint8_t sc1, m1, sc2, m2;
+  KQuantScaleMin(2 * g, scales, &sc1, &m1);
+  KQuantScaleMin(2 * g + 1, scales, &sc2, &m2);
+  return {d * sc1, dmin * m1, d * sc2, dmin * m2};
+}
+
 struct GgmlTypeTraits {
   GgmlType type;
   std::string_view name;

@@ -218,17 +218,6 @@ void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, flo
   RopeApply(x, num_heads, head_dim, rope_dims, cos_sin.data());
 }
 
-void Softmax(float* x, int64_t n) {
-  float max = x[0];
-  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += x[i];
-  }
-  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
-}
-
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* const* k_caches,
                const float* const* v_caches, int num_heads, int num_kv_heads, int head_dim, float* out,
                ThreadPool& pool) {

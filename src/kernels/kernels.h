@@ -60,9 +60,6 @@ void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, flo
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 
-// In-place softmax over n values (max-subtracted, f32 exp).
-void Softmax(float* x, int64_t n);
-
 // Causal attention over contiguous caches. q: [num_tokens, num_heads * head_dim]; token t reads
 // the cache of its own sequence, k_caches[t] / v_caches[t]: [>= positions[t] + 1,
 // num_kv_heads * head_dim], rows [0, positions[t]]. out: [num_tokens, num_heads * head_dim].

@@ -100,6 +100,16 @@ void DequantQ4_0(const void* src, float* dst, int64_t n) { DequantizeRowRef(Ggml
 // the results are bit-identical to DequantizeRowRef.
 inline __m512 U8x16ToF32(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
 
+// One Q4_K/Q5_K group: 32 codes in lo (scale d1, min m1), 32 in hi (d2, m2), as d * q - m.
+inline void StoreKGroup(float* y, __m256i lo, __m256i hi, const KGroupScales& sc) {
+  const __m512 d1 = _mm512_set1_ps(sc.d1), m1 = _mm512_set1_ps(sc.m1);
+  const __m512 d2 = _mm512_set1_ps(sc.d2), m2 = _mm512_set1_ps(sc.m2);
+  _mm512_storeu_ps(y, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_castsi256_si128(lo))), m1));
+  _mm512_storeu_ps(y + 16, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_extracti128_si256(lo, 1))), m1));
+  _mm512_storeu_ps(y + 32, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_castsi256_si128(hi))), m2));
+  _mm512_storeu_ps(y + 48, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_extracti128_si256(hi, 1))), m2));
+}
+
 void DequantQ4_K(const void* src, float* dst, int64_t n) {
   const BlockQ4_K* b = static_cast<const BlockQ4_K*>(src);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -108,19 +118,11 @@ void DequantQ4_K(const void* src, float* dst, int64_t n) {
     const float dmin = Fp16ToFp32(b[i].dmin);
     float* y = dst + i * kQK_K;
     for (int g = 0; g < 4; ++g) {
-      uint8_t sc, m;
-      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
-      const __m512 d1 = _mm512_set1_ps(d * sc), m1 = _mm512_set1_ps(dmin * m);
-      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
-      const __m512 d2 = _mm512_set1_ps(d * sc), m2 = _mm512_set1_ps(dmin * m);
+      const KGroupScales sc = KQuantGroupScales(d, dmin, b[i].scales, g);
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs + 32 * g));
       const __m256i lo = _mm256_and_si256(q, low4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-      float* yg = y + 64 * g;
-      _mm512_storeu_ps(yg, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_castsi256_si128(lo))), m1));
-      _mm512_storeu_ps(yg + 16, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_extracti128_si256(lo, 1))), m1));
-      _mm512_storeu_ps(yg + 32, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_castsi256_si128(hi))), m2));
-      _mm512_storeu_ps(yg + 48, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_extracti128_si256(hi, 1))), m2));
+      StoreKGroup(y + 64 * g, lo, hi, sc);
     }
   }
 }
@@ -135,11 +137,7 @@ void DequantQ5_K(const void* src, float* dst, int64_t n) {
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qh));
     float* y = dst + i * kQK_K;
     for (int g = 0; g < 4; ++g) {
-      uint8_t sc, m;
-      KQuantScaleMin(2 * g, b[i].scales, &sc, &m);
-      const __m512 d1 = _mm512_set1_ps(d * sc), m1 = _mm512_set1_ps(dmin * m);
-      KQuantScaleMin(2 * g + 1, b[i].scales, &sc, &m);
-      const __m512 d2 = _mm512_set1_ps(d * sc), m2 = _mm512_set1_ps(dmin * m);
+      const KGroupScales sc = KQuantGroupScales(d, dmin, b[i].scales, g);
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs + 32 * g));
       // Fifth bits: bit 2g of qh for the low half, bit 2g+1 for the high half.
       const __m256i bit_lo = _mm256_set1_epi8(static_cast<char>(1 << (2 * g)));
@@ -148,11 +146,7 @@ void DequantQ5_K(const void* src, float* dst, int64_t n) {
       const __m256i h_hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), sixteen);
       const __m256i lo = _mm256_add_epi8(_mm256_and_si256(q, low4), h_lo);
       const __m256i hi = _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), h_hi);
-      float* yg = y + 64 * g;
-      _mm512_storeu_ps(yg, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_castsi256_si128(lo))), m1));
-      _mm512_storeu_ps(yg + 16, _mm512_sub_ps(_mm512_mul_ps(d1, U8x16ToF32(_mm256_extracti128_si256(lo, 1))), m1));
-      _mm512_storeu_ps(yg + 32, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_castsi256_si128(hi))), m2));
-      _mm512_storeu_ps(yg + 48, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_extracti128_si256(hi, 1))), m2));
+      StoreKGroup(y + 64 * g, lo, hi, sc);
     }
   }
 }
