@@ -34,6 +34,9 @@ struct QuantizedActs {
   int64_t k_stride;     // k rounded up to kActPad
 };
 
+// Most queries one attend_many call takes.
+inline constexpr int kMaxAttendQueries = 16;
+
 // Quantizes one token's activations (k a multiple of 32) into the QuantizedActs layout, zeroing
 // the padding up to k_stride.
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum);
@@ -76,10 +79,11 @@ struct KernelTable {
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   // y[i] += a * x[i]
   void (*axpy)(float a, const float* x, float* y, int64_t n);
-  // One query head over len cached positions: out = softmax(q . k_p / sqrt(head_dim)) . v_p.
-  // k and v rows are kv_stride floats apart. The reduction order depends only on len.
-  void (*attend)(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
-                 float* out);
+  // Query heads that share one KV head's cache: out_i = softmax(q_i . k_p / sqrt(head_dim)) . v_p
+  // over positions p < lens[i]; k and v rows are kv_stride floats apart. Each query's reduction
+  // order depends only on its own length, not on the other queries (batch invariance).
+  void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
+                      int64_t kv_stride, int head_dim, float* const* outs);
 };
 
 }  // namespace gale::kernels

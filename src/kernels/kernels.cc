@@ -225,14 +225,42 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv_stride = static_cast<int64_t>(num_kv_heads) * head_dim;
   const int group = num_heads / num_kv_heads;
-  // One task per (token, head); each reduces over its cache in position order.
-  pool.ParallelFor(num_tokens * num_heads, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / num_heads;
-      const int h = static_cast<int>(task % num_heads);
-      const int64_t kv_off = static_cast<int64_t>(h / group) * head_dim;
-      kt.attend(q + t * q_stride + static_cast<int64_t>(h) * head_dim, k_caches[t] + kv_off, v_caches[t] + kv_off,
-                static_cast<int64_t>(positions[t]) + 1, kv_stride, head_dim, out + t * q_stride + static_cast<int64_t>(h) * head_dim);
+  // A task is a run of consecutive tokens of one sequence and one KV head: its query heads share
+  // the K/V rows, which attend_many then reads once per block for all of them.
+  const int64_t tokens_per_task = std::max<int64_t>(1, kMaxAttendQueries / group);
+  struct Task {
+    int64_t t_begin, t_end;
+    int kv_head;
+  };
+  // NOTE: the lambda below runs on pool threads; it must see the caller's list, not its own
+  // thread_local instance, hence the reference.
+  thread_local std::vector<Task> caller_tasks;
+  std::vector<Task>& tasks = caller_tasks;
+  tasks.clear();
+  for (int64_t t = 0; t < num_tokens;) {
+    int64_t t_end = t + 1;
+    while (t_end < num_tokens && t_end - t < tokens_per_task && k_caches[t_end] == k_caches[t]) ++t_end;
+    for (int kvh = 0; kvh < num_kv_heads; ++kvh) tasks.push_back({t, t_end, kvh});
+    t = t_end;
+  }
+  pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+    const float* qs[kMaxAttendQueries];
+    float* outs[kMaxAttendQueries];
+    int64_t lens[kMaxAttendQueries];
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& task = tasks[i];
+      int nq = 0;
+      for (int64_t t = task.t_begin; t < task.t_end; ++t) {
+        for (int h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
+          qs[nq] = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
+          outs[nq] = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
+          lens[nq] = static_cast<int64_t>(positions[t]) + 1;
+          ++nq;
+        }
+      }
+      const int64_t kv_off = static_cast<int64_t>(task.kv_head) * head_dim;
+      kt.attend_many(qs, lens, nq, k_caches[task.t_begin] + kv_off, v_caches[task.t_begin] + kv_off, kv_stride,
+                     head_dim, outs);
     }
   });
 }

@@ -163,9 +163,11 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
     const float* attn_norm = reinterpret_cast<const float*>(w.attn_norm.data);
     {
       ProfileSpan span("rms_norm", "op", n, 0, l);
-      for (int64_t t = 0; t < n; ++t) {
-        kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
-      }
+      pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+        }
+      }, /*min_items_per_thread=*/8);
     }
     {
       ProfileSpan span("matmul_qkv", "op", n, bytes(w.wq) + bytes(w.wk) + bytes(w.wv), l);
@@ -201,14 +203,19 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
 
     const float* ffn_norm = reinterpret_cast<const float*>(w.ffn_norm.data);
     span.Next("rms_norm", n, 0, l);
-    for (int64_t t = 0; t < n; ++t) {
-      kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
-    }
+    pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+      }
+    }, /*min_items_per_thread=*/8);
     span.Next("matmul_gate_up", n, bytes(w.w_gate) + bytes(w.w_up), l);
     MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
     MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
     span.Next("silu_mul", n, 0, l);
-    kernels::SiluMul(ws.hb.data(), ws.hb2.data(), n * ffn);
+    // One token row per item: an element's arithmetic does not depend on the split.
+    pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      kernels::SiluMul(ws.hb.data() + begin * ffn, ws.hb2.data() + begin * ffn, (end - begin) * ffn);
+    });
     span.Next("matmul_down", n, bytes(w.w_down), l);
     MatMul(w.w_down, ws.hb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];

@@ -310,13 +310,44 @@ TEST(KernelsTest, AttendMatchesScalar) {
         const auto k = test::RandomFloats(len * kv_stride, len, -2.0f, 2.0f);
         const auto v = test::RandomFloats(len * kv_stride, len + 1);
         std::vector<float> want(head_dim), got(head_dim);
-        ref.attend(q.data(), k.data() + head_dim, v.data() + head_dim, len, kv_stride, head_dim, want.data());
-        simd.attend(q.data(), k.data() + head_dim, v.data() + head_dim, len, kv_stride, head_dim, got.data());
+        const float* qp = q.data();
+        float* wp = want.data();
+        float* gp = got.data();
+        ref.attend_many(&qp, &len, 1, k.data() + head_dim, v.data() + head_dim, kv_stride, head_dim, &wp);
+        simd.attend_many(&qp, &len, 1, k.data() + head_dim, v.data() + head_dim, kv_stride, head_dim, &gp);
         // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
         // differ by a few ulps of the weights.
         for (int d = 0; d < head_dim; ++d) ASSERT_NEAR(got[d], want[d], 2e-6f) << IsaName(isa) << " hd " << head_dim << " len " << len;
       }
     }
+  }
+}
+
+// Queries attended together get bitwise what each gets alone, whatever their lengths.
+TEST(KernelsTest, AttendManyEqualsOneAtATime) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = GetKernelTable(isa);
+    if (kt == nullptr) continue;
+    const int head_dim = 64, nq = 11;
+    const int64_t kv_stride = 2 * head_dim;
+    const auto k = test::RandomFloats(70 * kv_stride, 1);
+    const auto v = test::RandomFloats(70 * kv_stride, 2);
+    const auto q = test::RandomFloats(nq * head_dim, 3);
+    std::vector<const float*> qs;
+    std::vector<int64_t> lens;
+    std::vector<float> together(nq * head_dim), alone(nq * head_dim);
+    std::vector<float*> outs;
+    for (int i = 0; i < nq; ++i) {
+      qs.push_back(q.data() + i * head_dim);
+      lens.push_back(1 + (i * 7) % 70);
+      outs.push_back(together.data() + i * head_dim);
+    }
+    kt->attend_many(qs.data(), lens.data(), nq, k.data(), v.data(), kv_stride, head_dim, outs.data());
+    for (int i = 0; i < nq; ++i) {
+      float* o = alone.data() + i * head_dim;
+      kt->attend_many(&qs[i], &lens[i], 1, k.data(), v.data(), kv_stride, head_dim, &o);
+    }
+    for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa);
   }
 }
 

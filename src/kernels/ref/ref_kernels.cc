@@ -158,6 +158,11 @@ void AttendReference(const float* q, const float* k, const float* v, int64_t len
   AttendRef(q, k, v, len, kv_stride, head_dim, out);
 }
 
+void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
+                         int64_t kv_stride, int head_dim, float* const* outs) {
+  for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], k, v, lens[i], kv_stride, head_dim, outs[i]);
+}
+
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
   for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;
   for (int64_t b = k / 32; b < k_stride / 32; ++b) {
@@ -200,7 +205,7 @@ const KernelTable& ScalarTable() {
       RmsNormRef,
       SiluMulRef,
       AxpyRef,
-      AttendRef,
+      AttendManyReference,
   };
   return table;
 }

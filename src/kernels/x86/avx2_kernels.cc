@@ -291,7 +291,7 @@ const KernelTable& Avx2Table() {
       RmsNorm,
       SiluMul,
       Axpy,
-      AttendReference,
+      AttendManyReference,
   };
   return table;
 }

@@ -534,56 +534,117 @@ void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const Q
 // Online softmax over blocks of 16 positions (no score matrix): per block, the scores, the new
 // running max, rescale of the running sum and output, then the block's weighted V rows. q and the
 // output stay in registers (head_dim / 16 vectors). The order depends only on len.
-template <int kVecs>
-void AttendOnline(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
-                  float* out) {
-  __m512 qv[kVecs], acc[kVecs];
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  for (int i = 0; i < kVecs; ++i) {
-    qv[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
-    acc[i] = _mm512_setzero_ps();
+// Horizontal sums of 16 vectors at once: lane j of the result is the sum of v[j]'s 16 lanes.
+// A transpose-and-add tree (45 instructions instead of 16 separate reductions); the order in
+// which each v[j] is summed is the same for every j.
+inline __m512 SumEach16(const __m512 (&v)[16]) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   }
-  float running_max = -INFINITY, running_sum = 0.0f;
-  alignas(64) float s[16] = {};
-  for (int64_t p0 = 0; p0 < len; p0 += 16) {
-    const int n = len - p0 < 16 ? static_cast<int>(len - p0) : 16;
-    float block_max = -INFINITY;
-    for (int j = 0; j < n; ++j) {
-      const float* kr = k + (p0 + j) * kv_stride;
-      __m512 d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-      for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kr + 16 * i), d);
-      s[j] = _mm512_reduce_add_ps(d);
-      block_max = s[j] > block_max ? s[j] : block_max;
-    }
-    const float new_max = block_max > running_max ? block_max : running_max;
-    const float correction = std::exp(running_max - new_max);  // exp(-inf) = 0 on the first block
-    running_sum *= correction;
-    const __m512 cv = _mm512_set1_ps(correction);
-    for (int i = 0; i < kVecs; ++i) acc[i] = _mm512_mul_ps(acc[i], cv);
-    // All 16 weights of the block at once (lanes past n are never used).
-    alignas(64) float wts[16];
-    _mm512_store_ps(wts, Exp16(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(new_max))));
-    for (int j = 0; j < n; ++j) {
-      const float w = wts[j];
-      running_sum += w;
-      const __m512 wv = _mm512_set1_ps(w);
-      const float* vr = v + (p0 + j) * kv_stride;
-      for (int i = 0; i < kVecs; ++i) acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vr + 16 * i), acc[i]);
-    }
-    running_max = new_max;
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / running_sum);
-  for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], inv));
+  // c[i], 128-bit lane L: the partial sums (over lane group L) of v[4i .. 4i+3].
+  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xdd));
 }
 
-void Attend(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim, float* out) {
+// Running state of one query's online softmax.
+template <int kVecs>
+struct QueryState {
+  __m512 q[kVecs];    // the query, pre-scaled by 1 / sqrt(head_dim)
+  __m512 acc[kVecs];  // sum of weights * V rows so far (relative to max)
+  float max;
+  float sum;
+};
+
+template <int kVecs>
+inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int i = 0; i < kVecs; ++i) {
+    st.q[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
+    st.acc[i] = _mm512_setzero_ps();
+  }
+  st.max = -INFINITY;
+  st.sum = 0.0f;
+}
+
+// Keys p0 .. p0+n-1 (n <= 16) into one query's state: scores, new running max, rescale of the
+// sum and output, then the weighted V rows. The same operations whatever other queries share
+// the block, so a query's result does not depend on how queries are grouped.
+template <int kVecs>
+inline void QueryBlock(QueryState<kVecs>& st, const float* k, const float* v, int64_t p0, int n, int64_t kv_stride) {
+  __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
+  for (int j = 0; j < 16; ++j) {
+    if (j >= n) {
+      part[j] = _mm512_setzero_ps();
+      continue;
+    }
+    const float* kr = k + (p0 + j) * kv_stride;
+    __m512 d = _mm512_mul_ps(st.q[0], _mm512_loadu_ps(kr));
+    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], _mm512_loadu_ps(kr + 16 * i), d);
+    part[j] = d;
+  }
+  alignas(64) float s[16];
+  _mm512_store_ps(s, SumEach16(part));
+  float block_max = -INFINITY;
+  for (int j = 0; j < n; ++j) block_max = s[j] > block_max ? s[j] : block_max;
+  const float new_max = block_max > st.max ? block_max : st.max;
+  const float correction = std::exp(st.max - new_max);  // exp(-inf) = 0 on the first block
+  st.sum *= correction;
+  const __m512 cv = _mm512_set1_ps(correction);
+  for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_mul_ps(st.acc[i], cv);
+  alignas(64) float wts[16];  // lanes past n are never used
+  _mm512_store_ps(wts, Exp16(_mm512_sub_ps(_mm512_load_ps(s), _mm512_set1_ps(new_max))));
+  for (int j = 0; j < n; ++j) {
+    st.sum += wts[j];
+    const __m512 wv = _mm512_set1_ps(wts[j]);
+    const float* vr = v + (p0 + j) * kv_stride;
+    for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vr + 16 * i), st.acc[i]);
+  }
+  st.max = new_max;
+}
+
+template <int kVecs>
+inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
+  const __m512 inv = _mm512_set1_ps(1.0f / st.sum);
+  for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(st.acc[i], inv));
+}
+
+// Several queries over the same K/V (one KV head of one sequence), key block by key block, so a
+// block of K and V rows is read from memory once and from L1 for the other queries.
+template <int kVecs>
+void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
+                      int64_t kv_stride, int head_dim, float* const* outs) {
+  QueryState<kVecs> st[kMaxAttendQueries];
+  int64_t max_len = 0;
+  for (int i = 0; i < num_queries; ++i) {
+    InitQuery(st[i], qs[i], head_dim);
+    max_len = lens[i] > max_len ? lens[i] : max_len;
+  }
+  for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
+    for (int i = 0; i < num_queries; ++i) {
+      if (lens[i] <= p0) continue;
+      const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
+      QueryBlock(st[i], k, v, p0, n, kv_stride);
+    }
+  }
+  for (int i = 0; i < num_queries; ++i) FinishQuery(st[i], outs[i]);
+}
+
+void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
+                int64_t kv_stride, int head_dim, float* const* outs) {
   switch (head_dim) {
-    case 32: return AttendOnline<2>(q, k, v, len, kv_stride, head_dim, out);
-    case 64: return AttendOnline<4>(q, k, v, len, kv_stride, head_dim, out);
-    case 80: return AttendOnline<5>(q, k, v, len, kv_stride, head_dim, out);
-    case 96: return AttendOnline<6>(q, k, v, len, kv_stride, head_dim, out);
-    case 128: return AttendOnline<8>(q, k, v, len, kv_stride, head_dim, out);
-    default: return AttendReference(q, k, v, len, kv_stride, head_dim, out);
+    case 32: return AttendManyOnline<2>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
+    case 64: return AttendManyOnline<4>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
+    case 80: return AttendManyOnline<5>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
+    case 96: return AttendManyOnline<6>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
+    case 128: return AttendManyOnline<8>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
+    default:
+      for (int i = 0; i < num_queries; ++i) AttendReference(qs[i], k, v, lens[i], kv_stride, head_dim, outs[i]);
   }
 }
 
@@ -602,7 +663,7 @@ const KernelTable& Avx512Table() {
       RmsNorm,
       SiluMul,
       Axpy,
-      Attend,
+      AttendMany,
   };
   return table;
 }
