@@ -152,6 +152,7 @@ CommandFn RegisterRun(CLI::App& app) {
     const std::string rest = detok.Flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
+    std::fflush(stdout);  // before the stats on stderr, so the two do not interleave
     SetProfiler(nullptr);
     if (!stats.ok()) return fail(stats.status());
     if (!o->trace.empty()) {
