@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# End-to-end checks of the gale binary: it runs the default model, and every bad input gets a
+# clear error and a non-zero exit status, never a crash. Usage: cli_test.sh path/to/gale
+set -u
+GALE="$1"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+
+# expect_fail NAME EXPECTED_SUBSTRING -- command...
+expect_fail() {
+  local name="$1" want="$2"
+  shift 3
+  local out rc
+  out="$("$@" 2>&1)"
+  rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ] || [[ "$out" != *"$want"* ]]; then
+    echo "FAIL $name: rc=$rc, wanted '$want' in: $out"
+    fails=$((fails + 1))
+  else
+    pass=$((pass + 1))
+  fi
+}
+
+out="$("$GALE" run -p "Once upon a time" -n 16 --temp 0 2>/dev/null)"
+if [[ "$out" == "Once upon a time, there was a little girl named Lily."* ]]; then
+  pass=$((pass + 1))
+else
+  echo "FAIL default model greedy text: $out"
+  fails=$((fails + 1))
+fi
+
+expect_fail missing-model "cannot open" -- "$GALE" run -m "$tmp/nope.gguf" -p hi
+head -c 1000 "$(dirname "$0")/../../models/stories260K.gguf" > "$tmp/trunc.gguf"
+expect_fail truncated-model "DATA_LOSS" -- "$GALE" run -m "$tmp/trunc.gguf" -p hi
+head -c 600000 "$(dirname "$0")/../../models/stories260K.gguf" > "$tmp/trunc-data.gguf"
+expect_fail truncated-data "runs past the end" -- "$GALE" run -m "$tmp/trunc-data.gguf" -p hi
+printf 'NOTGGUF-at-all-xxxxxxxxxxxxxxxxxxxx' > "$tmp/bad.gguf"
+expect_fail bad-magic "not a GGUF file" -- "$GALE" run -m "$tmp/bad.gguf" -p hi
+expect_fail bad-isa "--isa" -- "$GALE" run --isa mmx -p hi
+expect_fail long-prompt "context" -- "$GALE" run -c 8 -p "one two three four five six seven eight nine ten"
+expect_fail bad-top-p "top_p" -- "$GALE" run --top-p 0 -p hi
+expect_fail bad-temp "temperature" -- "$GALE" run --temp -1 -p hi
+expect_fail both-load-flags "excludes" -- "$GALE" run --mmap --no-mmap -p hi
+expect_fail synth-bad-type "unknown type" -- "$GALE" synth --type q3_X -o "$tmp/x.gguf"
+expect_fail synth-bad-shape "unknown model shape" -- "$GALE" synth --shape 70b -o "$tmp/x.gguf"
+expect_fail convert-missing "cannot open" -- "$GALE" convert --llama2c "$tmp/none.bin" --tokenizer "$tmp/none.bin" -o "$tmp/x.gguf"
+expect_fail bench-bad-batch "--batch" -- "$GALE" bench -m "$tmp/trunc.gguf" --batch 1,x
+expect_fail bench-bad-output "-o must be" -- "$GALE" bench -m "$tmp/trunc.gguf" -o xml
+
+echo "$pass passed, $fails failed"
+[ "$fails" -eq 0 ]
