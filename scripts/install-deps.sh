@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gale builds and tests with. Runs apt only when one is missing.
 set -euo pipefail
-PACKAGES=(cmake ninja-build g++ clang lld libclang-rt-14-dev
+PACKAGES=(cmake ninja-build pkg-config g++ clang lld libclang-rt-14-dev
           libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libspdlog-dev
           nlohmann-json3-dev libutf8proc-dev libxxhash-dev)
 missing=()

@@ -4,7 +4,10 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <climits>
 #include <queue>
+
+#include "model/bpe.h"
 
 namespace gale {
 namespace {
@@ -55,8 +58,32 @@ int Utf8CharLength(std::string_view s) {
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   ASSIGN_OR_RETURN(std::string model, file.GetString("tokenizer.ggml.model"));
-  if (model != "llama") {
-    return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama' SentencePiece vocabs)", model);
+  if (model == "gpt2") {
+    t->kind_ = Kind::kBpe;
+    const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "gpt-2";
+    if (pre == "gpt-2" || pre == "default" || pre == "mpt") {
+      t->split_digits_ = false;
+    } else if (pre == "starcoder" || pre == "refact") {
+      t->split_digits_ = true;  // every digit its own piece before the GPT-2 split
+    } else {
+      return Unimplemented("pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact)", pre);
+    }
+    const GgufValue* merges = file.Find("tokenizer.ggml.merges");
+    if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
+      return InvalidArgument("tokenizer.ggml.merges is missing or not an array of strings (needed for BPE)");
+    }
+    t->merge_rank_.reserve(merges->array.size());
+    for (size_t i = 0; i < merges->array.size(); ++i) {
+      const std::string& m = merges->array[i].str;
+      if (m.find(' ') == std::string::npos || m.find(' ') == 0 || m.find(' ') + 1 == m.size()) {
+        return InvalidArgument("tokenizer.ggml.merges[{}] = '{}' is not two symbols separated by a space", i, m);
+      }
+      t->merge_rank_.emplace(m, static_cast<int32_t>(i));
+    }
+    t->add_space_prefix_ = false;
+    t->add_bos_ = false;  // BPE vocabs that want BOS say so with add_bos_token (Llama 3 does)
+  } else if (model != "llama") {
+    return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama' and 'gpt2')", model);
   }
   const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
   if (tokens == nullptr || !tokens->IsArrayOf(GgufValueType::kString)) {
@@ -106,6 +133,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
   }
 
   for (int b = 0; b < 256; ++b) {
+    if (t->kind_ == Kind::kBpe) {  // byte-level vocab: every byte is a printable character
+      auto it = t->token_to_id_.find(ByteToBpeChar(static_cast<uint8_t>(b)));
+      t->byte_token_[b] = it != t->token_to_id_.end() ? it->second : t->unk_id_;
+      continue;
+    }
     char hex[8];
     std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
     auto it = t->token_to_id_.find(hex);
@@ -201,6 +233,64 @@ void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) cons
   }
 }
 
+void Tokenizer::BpeWord(std::string_view word, std::vector<int32_t>* out) const {
+  // Symbols: the word's bytes as BPE characters; merge the adjacent pair of lowest rank until
+  // none is in the merge list (ties: leftmost). Words are short, so a simple scan per merge.
+  std::vector<std::string> sym;
+  sym.reserve(word.size());
+  for (char ch : word) sym.push_back(ByteToBpeChar(static_cast<uint8_t>(ch)));
+  std::string key;
+  while (sym.size() > 1) {
+    int32_t best_rank = INT32_MAX;
+    size_t best = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      key.assign(sym[i]).append(" ").append(sym[i + 1]);
+      auto it = merge_rank_.find(key);
+      if (it != merge_rank_.end() && it->second < best_rank) {
+        best_rank = it->second;
+        best = i;
+      }
+    }
+    if (best_rank == INT32_MAX) break;
+    sym[best] += sym[best + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  for (const std::string& piece : sym) {
+    auto it = token_to_id_.find(piece);
+    if (it != token_to_id_.end()) {
+      out->push_back(it->second);
+      continue;
+    }
+    // Not in the vocab: one token per byte it stands for.
+    for (size_t i = 0; i < piece.size();) {
+      uint32_t cp;
+      i += static_cast<size_t>(DecodeUtf8(std::string_view(piece).substr(i), &cp));
+      const int b = BpeCharToByte(cp);
+      if (b >= 0) out->push_back(byte_token_[b]);
+    }
+  }
+}
+
+void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
+  if (!split_digits_) {
+    for (std::string_view word : PreTokenizeGpt2(text)) BpeWord(word, out);
+    return;
+  }
+  // Each number character is a piece of its own; the runs between them go through GPT-2's split.
+  size_t run_start = 0;
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    const int len = DecodeUtf8(text.substr(i), &cp);
+    if (IsUnicodeNumber(cp)) {
+      for (std::string_view word : PreTokenizeGpt2(text.substr(run_start, i - run_start))) BpeWord(word, out);
+      BpeWord(text.substr(i, static_cast<size_t>(len)), out);
+      run_start = i + static_cast<size_t>(len);
+    }
+    i += static_cast<size_t>(len);
+  }
+  for (std::string_view word : PreTokenizeGpt2(text.substr(run_start))) BpeWord(word, out);
+}
+
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special) const {
   std::vector<int32_t> out;
   if (add_special && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
@@ -209,6 +299,11 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   size_t start = 0;
   auto emit_text = [&](std::string_view frag) {
     if (frag.empty()) return;
+    if (kind_ == Kind::kBpe) {
+      EncodeBpe(frag, &out);
+      prev_special = false;
+      return;
+    }
     std::string s;
     if (add_space_prefix_ && prev_special) s = " ";
     s.append(frag);
@@ -255,8 +350,19 @@ std::string Tokenizer::TokenToPiece(int32_t id) const {
     case TokenType::kUserDefined:
       return text;
     default:
-      return ReplaceAll(text, kSpaceMarker, " ");
+      break;
   }
+  if (kind_ == Kind::kBpe) {  // each character of the token stands for one byte
+    std::string bytes;
+    for (size_t i = 0; i < text.size();) {
+      uint32_t cp;
+      i += static_cast<size_t>(DecodeUtf8(std::string_view(text).substr(i), &cp));
+      const int b = BpeCharToByte(cp);
+      if (b >= 0) bytes += static_cast<char>(b);
+    }
+    return bytes;
+  }
+  return ReplaceAll(text, kSpaceMarker, " ");
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {

@@ -1,6 +1,8 @@
 // Tokenizer built from GGUF metadata (tokenizer.ggml.*). Now: SentencePiece-style vocabularies
 // (`tokenizer.ggml.model = llama`): score-ordered pair merges, byte fallback `<0xXX>`,
-// add-space-prefix, BOS/EOS, special tokens. Other tokenizer models get a clear Unimplemented.
+// add-space-prefix; and byte-level BPE (`gpt2`) with ranked merges and the GPT-2 pre-tokenizer
+// (`tokenizer.ggml.pre` = gpt-2). BOS/EOS and special tokens for both. Other tokenizer models and
+// pre-tokenizers get a clear Unimplemented.
 // Also the incremental Detokenizer, which never emits a broken UTF-8 sequence.
 #pragma once
 
@@ -53,6 +55,13 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   void EncodeSpm(std::string_view text, std::vector<int32_t>* out) const;
+  void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
+  void BpeWord(std::string_view word, std::vector<int32_t>* out) const;
+
+  enum class Kind { kSpm, kBpe };
+  Kind kind_ = Kind::kSpm;
+  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
+  bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   int32_t ByteToToken(uint8_t byte) const;
 
   std::vector<std::string> tokens_;

@@ -24,5 +24,6 @@ struct LoadOptions {
 CommandFn RegisterConvert(CLI::App& app);
 CommandFn RegisterSynth(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
+CommandFn RegisterTokenize(CLI::App& app);
 
 }  // namespace gale

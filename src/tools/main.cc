@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add("run", "generate text from a prompt", gale::RegisterRun);
   add("convert", "convert a llama2.c checkpoint to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
+  add("tokenize", "print the token ids of a text", gale::RegisterTokenize);
   add("synth", "write a deterministic random-weight llama GGUF", gale::RegisterSynth);
   CLI11_PARSE(app, argc, argv);
   for (auto& e : entries) {

@@ -31,6 +31,9 @@ else
   fails=$((fails + 1))
 fi
 
+out="$("$GALE" tokenize -m "$(dirname "$0")/../../models/stories260K.gguf" -p "Once upon a time" --ids-only)"
+if [ "$out" = "[1, 403, 407, 261, 378]" ]; then pass=$((pass + 1)); else echo "FAIL tokenize ids: $out"; fails=$((fails + 1)); fi
+expect_fail tokenize-missing "cannot open" -- "$GALE" tokenize -m "$tmp/nope.gguf" -p hi
 expect_fail missing-model "cannot open" -- "$GALE" run -m "$tmp/nope.gguf" -p hi
 head -c 1000 "$(dirname "$0")/../../models/stories260K.gguf" > "$tmp/trunc.gguf"
 expect_fail truncated-model "DATA_LOSS" -- "$GALE" run -m "$tmp/trunc.gguf" -p hi

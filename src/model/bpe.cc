@@ -1,0 +1,144 @@
+// GPT-2 pre-tokenizer as a hand-written scanner (std::regex has no \p{..}); character classes
+// from utf8proc's Unicode categories, white space as Unicode's White_Space property.
+#include "model/bpe.h"
+
+#include <utf8proc.h>
+
+#include <array>
+
+#include "model/tokenizer.h"
+
+namespace gale {
+namespace {
+
+bool IsWhitespace(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+bool IsLetter(uint32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsNumber(uint32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct ByteTables {
+  std::array<std::string, 256> byte_to_char;
+  std::array<int, 324> char_to_byte;  // code points used are < 324
+};
+
+const ByteTables& Tables() {
+  static const ByteTables t = [] {
+    ByteTables t;
+    t.char_to_byte.fill(-1);
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + extra++);
+      utf8proc_uint8_t buf[4];
+      const auto len = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+      t.byte_to_char[b].assign(reinterpret_cast<const char*>(buf), static_cast<size_t>(len));
+      t.char_to_byte[cp] = b;
+    }
+    return t;
+  }();
+  return t;
+}
+
+}  // namespace
+
+bool IsUnicodeNumber(uint32_t code_point) { return IsNumber(code_point); }
+
+int DecodeUtf8(std::string_view s, uint32_t* cp) {
+  const int len = Utf8CharLength(s);
+  if (len <= 0) {
+    *cp = 0xfffd;
+    return 1;
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  uint32_t c = len == 1 ? p[0] : len == 2 ? (p[0] & 0x1fu) : len == 3 ? (p[0] & 0x0fu) : (p[0] & 0x07u);
+  for (int i = 1; i < len; ++i) c = (c << 6) | (p[i] & 0x3fu);
+  *cp = c;
+  return len;
+}
+
+const std::string& ByteToBpeChar(uint8_t b) { return Tables().byte_to_char[b]; }
+
+int BpeCharToByte(uint32_t code_point) {
+  return code_point < Tables().char_to_byte.size() ? Tables().char_to_byte[code_point] : -1;
+}
+
+std::vector<std::string_view> PreTokenizeGpt2(std::string_view text) {
+  // Decode once: code points and their byte offsets (offsets has one extra entry, the end).
+  std::vector<uint32_t> cps;
+  std::vector<size_t> offsets;
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    const int len = DecodeUtf8(text.substr(i), &cp);
+    cps.push_back(cp);
+    offsets.push_back(i);
+    i += static_cast<size_t>(len);
+  }
+  offsets.push_back(text.size());
+  const size_t n = cps.size();
+  auto at = [&](size_t i) -> uint32_t { return i < n ? cps[i] : 0xffffffffu; };
+  auto ws = [&](size_t i) { return i < n && IsWhitespace(cps[i]); };
+  auto letter = [&](size_t i) { return i < n && IsLetter(cps[i]); };
+  auto number = [&](size_t i) { return i < n && IsNumber(cps[i]); };
+  auto other = [&](size_t i) { return i < n && !IsWhitespace(cps[i]) && !IsLetter(cps[i]) && !IsNumber(cps[i]); };
+
+  std::vector<std::string_view> words;
+  size_t pos = 0;
+  while (pos < n) {
+    size_t end = pos;
+    const uint32_t c = cps[pos];
+    // 's|'t|'re|'ve|'m|'ll|'d
+    if (c == '\'') {
+      const uint32_t c1 = at(pos + 1), c2 = at(pos + 2);
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') end = pos + 2;
+      else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) end = pos + 3;
+    }
+    if (end == pos) {
+      const size_t start = (c == ' ') ? pos + 1 : pos;  // the optional leading space
+      if (letter(start)) {  // ' ?\p{L}+'
+        end = start;
+        while (letter(end)) ++end;
+      } else if (number(start)) {  // ' ?\p{N}+'
+        end = start;
+        while (number(end)) ++end;
+      } else if (other(start)) {  // ' ?[^\s\p{L}\p{N}]+'
+        end = start;
+        while (other(end)) ++end;
+      } else {
+        // \s+(?!\S)|\s+ : a run of white space, less its last character when a non-space follows
+        // (that one then leads the next word), unless the run is a single character.
+        end = pos;
+        while (ws(end)) ++end;
+        if (end < n && end - pos > 1) --end;
+      }
+    }
+    words.push_back(text.substr(offsets[pos], offsets[end] - offsets[pos]));
+    pos = end;
+  }
+  return words;
+}
+
+}  // namespace gale

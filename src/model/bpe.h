@@ -1,0 +1,31 @@
+// Pieces of byte-level BPE (GPT-2 style) tokenization that do not need the vocab: the GPT-2
+// pre-tokenizer (splitting text into words the way its regex does) and the byte <-> printable
+// character mapping the BPE vocab is written in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gale {
+
+// Splits text like GPT-2's pre-tokenizer regex
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// (Unicode letters, numbers and white space by their properties). Returns views into text.
+// Invalid UTF-8 bytes are treated as one "other" character each.
+std::vector<std::string_view> PreTokenizeGpt2(std::string_view text);
+
+// The printable character (as UTF-8) byte b is written as in byte-level BPE vocabs.
+const std::string& ByteToBpeChar(uint8_t b);
+// The byte a BPE character stands for, or -1 when the code point is not one of the 256.
+int BpeCharToByte(uint32_t code_point);
+
+// Unicode general category N* (what \p{N} matches).
+bool IsUnicodeNumber(uint32_t code_point);
+
+// Decodes one UTF-8 character at s[0]; returns its length (1 for an invalid byte, whose code
+// point is then reported as 0xFFFD) and sets *cp.
+int DecodeUtf8(std::string_view s, uint32_t* cp);
+
+}  // namespace gale
