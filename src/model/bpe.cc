@@ -63,7 +63,71 @@ const ByteTables& Tables() {
   return t;
 }
 
+bool IsPunctuation(uint32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_PD:
+    case UTF8PROC_CATEGORY_PS:
+    case UTF8PROC_CATEGORY_PE:
+    case UTF8PROC_CATEGORY_PI:
+    case UTF8PROC_CATEGORY_PF:
+    case UTF8PROC_CATEGORY_PO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Cuts text into the spans where match(cp_index) says a match of length > 0 starts and the gaps.
+template <typename MatchFn>
+std::vector<std::string_view> SplitByMatches(std::string_view text, MatchFn match) {
+  std::vector<uint32_t> cps;
+  std::vector<size_t> offsets;
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    const int len = DecodeUtf8(text.substr(i), &cp);
+    cps.push_back(cp);
+    offsets.push_back(i);
+    i += static_cast<size_t>(len);
+  }
+  offsets.push_back(text.size());
+  std::vector<std::string_view> out;
+  size_t gap_start = 0;
+  for (size_t i = 0; i < cps.size();) {
+    const size_t len = match(cps, i);
+    if (len == 0) {
+      ++i;
+      continue;
+    }
+    if (gap_start < i) out.push_back(text.substr(offsets[gap_start], offsets[i] - offsets[gap_start]));
+    out.push_back(text.substr(offsets[i], offsets[i + len] - offsets[i]));
+    i += len;
+    gap_start = i;
+  }
+  if (gap_start < cps.size()) out.push_back(text.substr(offsets[gap_start]));
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::string_view> SplitPunctuationRuns(std::string_view text) {
+  auto is_member = [](uint32_t c) {
+    return IsPunctuation(c) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' ||
+           c == '|' || c == '`';
+  };
+  return SplitByMatches(text, [&](const std::vector<uint32_t>& cps, size_t i) {
+    size_t j = i;
+    while (j < cps.size() && is_member(cps[j])) ++j;
+    return j - i;
+  });
+}
+
+std::vector<std::string_view> SplitDigitTriples(std::string_view text) {
+  auto digit = [](uint32_t c) { return c >= '0' && c <= '9'; };
+  return SplitByMatches(text, [&](const std::vector<uint32_t>& cps, size_t i) -> size_t {
+    return i + 2 < cps.size() && digit(cps[i]) && digit(cps[i + 1]) && digit(cps[i + 2]) ? 3 : 0;
+  });
+}
 
 bool IsUnicodeNumber(uint32_t code_point) { return IsNumber(code_point); }
 

@@ -16,6 +16,13 @@ namespace gale {
 // Invalid UTF-8 bytes are treated as one "other" character each.
 std::vector<std::string_view> PreTokenizeGpt2(std::string_view text);
 
+// Pre-tokenizer splits beyond GPT-2's, each as llama.cpp applies a regex: the text is cut into
+// the regex's matches and the runs between them, all kept, in order.
+// [\p{P}$+<=>^~|`]+ : runs of punctuation and those ASCII symbols (falcon, first pass).
+std::vector<std::string_view> SplitPunctuationRuns(std::string_view text);
+// [0-9][0-9][0-9] : groups of three ASCII digits, left to right (falcon, last pass).
+std::vector<std::string_view> SplitDigitTriples(std::string_view text);
+
 // The printable character (as UTF-8) byte b is written as in byte-level BPE vocabs.
 const std::string& ByteToBpeChar(uint8_t b);
 // The byte a BPE character stands for, or -1 when the code point is not one of the 256.

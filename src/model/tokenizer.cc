@@ -65,8 +65,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->split_digits_ = false;
     } else if (pre == "starcoder" || pre == "refact") {
       t->split_digits_ = true;  // every digit its own piece before the GPT-2 split
+    } else if (pre == "falcon") {
+      t->falcon_ = true;
     } else {
-      return Unimplemented("pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact)", pre);
+      return Unimplemented("pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, falcon)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
@@ -272,6 +274,14 @@ void Tokenizer::BpeWord(std::string_view word, std::vector<int32_t>* out) const 
 }
 
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
+  if (falcon_) {
+    for (std::string_view a : SplitPunctuationRuns(text)) {
+      for (std::string_view b : PreTokenizeGpt2(a)) {
+        for (std::string_view c : SplitDigitTriples(b)) BpeWord(c, out);
+      }
+    }
+    return;
+  }
   if (!split_digits_) {
     for (std::string_view word : PreTokenizeGpt2(text)) BpeWord(word, out);
     return;

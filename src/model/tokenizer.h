@@ -62,6 +62,7 @@ class Tokenizer {
   Kind kind_ = Kind::kSpm;
   std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
+  bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
   int32_t ByteToToken(uint8_t byte) const;
 
   std::vector<std::string> tokens_;

@@ -93,7 +93,7 @@ TEST(TokenizerTest, UnsupportedModelIsAClearError) {
 
 // llama.cpp's own test vectors for its SentencePiece vocabs.
 TEST(TokenizerTest, LlamaCppVectors) {
-  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "mpt", "starcoder", "refact"}) {
+  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "mpt", "starcoder", "refact", "falcon"}) {
     const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + name + ".gguf";
     std::unique_ptr<GgufFile> keep;
     auto tok = LoadTok(base, &keep);
