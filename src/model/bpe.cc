@@ -5,6 +5,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <cstdlib>
 
 #include "model/tokenizer.h"
 
@@ -130,6 +131,50 @@ std::vector<std::string_view> SplitDigitTriples(std::string_view text) {
 }
 
 bool IsUnicodeNumber(uint32_t code_point) { return IsNumber(code_point); }
+
+std::vector<std::string> PreTokenizeBert(std::string_view text) {
+  utf8proc_uint8_t* nfd = nullptr;
+  const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                static_cast<utf8proc_ssize_t>(text.size()), &nfd, UTF8PROC_DECOMPOSE);
+  // Invalid UTF-8 cannot be normalized: fall back to the raw text, byte errors become U+FFFD.
+  std::string normalized = len >= 0 ? std::string(reinterpret_cast<const char*>(nfd), static_cast<size_t>(len))
+                                    : std::string(text);
+  std::free(nfd);
+  auto is_cjk = [](uint32_t c) {
+    return (c >= 0x4e00 && c <= 0x9fff) || (c >= 0x3400 && c <= 0x4dbf) || (c >= 0x20000 && c <= 0x2a6df) ||
+           (c >= 0x2a700 && c <= 0x2b73f) || (c >= 0x2b740 && c <= 0x2b81f) || (c >= 0x2b820 && c <= 0x2ceaf) ||
+           (c >= 0xf900 && c <= 0xfaff) || (c >= 0x2f800 && c <= 0x2fa1f);
+  };
+  std::vector<std::string> words(1);
+  for (size_t i = 0; i < normalized.size();) {
+    uint32_t cp;
+    i += static_cast<size_t>(DecodeUtf8(std::string_view(normalized).substr(i), &cp));
+    if (IsWhitespace(cp)) {
+      if (!words.back().empty()) words.emplace_back();
+      continue;
+    }
+    const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+    // Control characters go, and so do the accents NFD split off (BERT's strip_accents).
+    if (cp == 0 || cp == 0xfffd || cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+        cat == UTF8PROC_CATEGORY_CS || cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_MN) {
+      continue;
+    }
+    utf8proc_uint8_t buf[4];
+    const auto n = utf8proc_encode_char(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp)), buf);
+    const std::string ch(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+    const bool symbol = cat == UTF8PROC_CATEGORY_SM || cat == UTF8PROC_CATEGORY_SC || cat == UTF8PROC_CATEGORY_SK ||
+                        cat == UTF8PROC_CATEGORY_SO;
+    if (IsPunctuation(cp) || (cp < 0x7f && symbol) || is_cjk(cp)) {
+      if (!words.back().empty()) words.emplace_back();
+      words.back() = ch;
+      words.emplace_back();
+    } else {
+      words.back() += ch;
+    }
+  }
+  if (words.back().empty()) words.pop_back();
+  return words;
+}
 
 int DecodeUtf8(std::string_view s, uint32_t* cp) {
   const int len = Utf8CharLength(s);

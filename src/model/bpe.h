@@ -23,6 +23,12 @@ std::vector<std::string_view> SplitPunctuationRuns(std::string_view text);
 // [0-9][0-9][0-9] : groups of three ASCII digits, left to right (falcon, last pass).
 std::vector<std::string_view> SplitDigitTriples(std::string_view text);
 
+// BERT's basic tokenizer as llama.cpp runs it before WordPiece: NFD, accents (Mn) dropped, lower
+// case, white space
+// separates words, control characters dropped, and every punctuation mark, ASCII symbol and CJK
+// ideograph is a word of its own.
+std::vector<std::string> PreTokenizeBert(std::string_view text);
+
 // The printable character (as UTF-8) byte b is written as in byte-level BPE vocabs.
 const std::string& ByteToBpeChar(uint8_t b);
 // The byte a BPE character stands for, or -1 when the code point is not one of the 256.

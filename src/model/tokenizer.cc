@@ -84,8 +84,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     }
     t->add_space_prefix_ = false;
     t->add_bos_ = false;  // BPE vocabs that want BOS say so with add_bos_token (Llama 3 does)
+  } else if (model == "bert") {
+    t->kind_ = Kind::kWpm;
+    t->add_space_prefix_ = false;
+    t->add_bos_ = false;  // [CLS]/[SEP] framing is the embedding caller's business
   } else if (model != "llama") {
-    return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama' and 'gpt2')", model);
+    return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama', 'gpt2' and 'bert')", model);
   }
   const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
   if (tokens == nullptr || !tokens->IsArrayOf(GgufValueType::kString)) {
@@ -113,7 +117,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->types_[i] = static_cast<TokenType>(*v);
     }
   }
-  for (size_t i = 0; i < n; ++i) t->token_to_id_.emplace(t->tokens_[i], static_cast<int32_t>(i));
+  for (size_t i = 0; i < n; ++i) {
+    t->token_to_id_.emplace(t->tokens_[i], static_cast<int32_t>(i));
+    t->max_token_bytes_ = std::max(t->max_token_bytes_, t->tokens_[i].size());
+  }
 
   auto read_id = [&](const char* key, int32_t def) -> StatusOr<int32_t> {
     const GgufValue* v = file.Find(key);
@@ -273,6 +280,37 @@ void Tokenizer::BpeWord(std::string_view word, std::vector<int32_t>* out) const 
   }
 }
 
+// WordPiece as llama.cpp stores it: word-initial pieces carry the '▁' marker, continuations
+// none. Greedy longest match from the left; a word with any unmatched rest becomes one [UNK].
+void Tokenizer::EncodeWpm(std::string_view text, std::vector<int32_t>* out) const {
+  for (const std::string& w : PreTokenizeBert(text)) {
+    const std::string word = std::string(kSpaceMarker) + w;
+    const size_t first = out->size();
+    bool matched_all = true;
+    for (size_t i = 0; i < word.size();) {
+      size_t j = std::min(word.size(), i + max_token_bytes_);
+      bool found = false;
+      for (; j > i; --j) {
+        auto it = token_to_id_.find(word.substr(i, j - i));
+        if (it != token_to_id_.end()) {
+          out->push_back(it->second);
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        matched_all = false;
+        break;
+      }
+      i = j;
+    }
+    if (!matched_all) {
+      out->resize(first);
+      if (unk_id_ >= 0) out->push_back(unk_id_);
+    }
+  }
+}
+
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
   if (falcon_) {
     for (std::string_view a : SplitPunctuationRuns(text)) {
@@ -309,8 +347,9 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   size_t start = 0;
   auto emit_text = [&](std::string_view frag) {
     if (frag.empty()) return;
-    if (kind_ == Kind::kBpe) {
-      EncodeBpe(frag, &out);
+    if (kind_ != Kind::kSpm) {
+      if (kind_ == Kind::kBpe) EncodeBpe(frag, &out);
+      else EncodeWpm(frag, &out);
       prev_special = false;
       return;
     }

@@ -58,11 +58,14 @@ class Tokenizer {
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
   void BpeWord(std::string_view word, std::vector<int32_t>* out) const;
 
-  enum class Kind { kSpm, kBpe };
+  void EncodeWpm(std::string_view text, std::vector<int32_t>* out) const;
+
+  enum class Kind { kSpm, kBpe, kWpm };
   Kind kind_ = Kind::kSpm;
   std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
+  size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
   int32_t ByteToToken(uint8_t byte) const;
 
   std::vector<std::string> tokens_;
