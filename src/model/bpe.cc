@@ -5,6 +5,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <functional>
 #include <cstdlib>
 
 #include "model/tokenizer.h"
@@ -131,6 +132,41 @@ std::vector<std::string_view> SplitDigitTriples(std::string_view text) {
 }
 
 bool IsUnicodeNumber(uint32_t code_point) { return IsNumber(code_point); }
+
+std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text) {
+  using Cps = std::vector<uint32_t>;
+  // \s?X+ : an optional white-space character, then a run of X.
+  auto optional_space_run = [](auto is_x) {
+    return [is_x](const Cps& cps, size_t i) -> size_t {
+      size_t j = i;
+      if (IsWhitespace(cps[j]) && j + 1 < cps.size() && is_x(cps[j + 1])) ++j;
+      if (!is_x(cps[j])) return 0;
+      while (j < cps.size() && is_x(cps[j])) ++j;
+      return j - i;
+    };
+  };
+  const std::vector<std::function<size_t(const Cps&, size_t)>> passes = {
+      [](const Cps& cps, size_t i) -> size_t { return cps[i] == '\r' || cps[i] == '\n' ? 1 : 0; },
+      optional_space_run(IsLetter),
+      optional_space_run(IsPunctuation),
+      [](const Cps& cps, size_t i) -> size_t {
+        auto cjk = [](uint32_t c) { return (c >= 0x0800 && c <= 0x9fa5) || (c >= 0xac00 && c <= 0xd7ff); };
+        size_t j = i;
+        while (j < cps.size() && cjk(cps[j])) ++j;
+        return j - i;
+      },
+      [](const Cps& cps, size_t i) -> size_t { return IsNumber(cps[i]) ? 1 : 0; },
+  };
+  std::vector<std::string_view> pieces = {text};
+  for (const auto& pass : passes) {
+    std::vector<std::string_view> next;
+    for (std::string_view p : pieces) {
+      for (std::string_view q : SplitByMatches(p, pass)) next.push_back(q);
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
 
 std::vector<std::string> PreTokenizeBert(std::string_view text) {
   utf8proc_uint8_t* nfd = nullptr;

@@ -23,6 +23,10 @@ std::vector<std::string_view> SplitPunctuationRuns(std::string_view text);
 // [0-9][0-9][0-9] : groups of three ASCII digits, left to right (falcon, last pass).
 std::vector<std::string_view> SplitDigitTriples(std::string_view text);
 
+// deepseek-coder's passes, in order: [\r\n], \s?\p{L}+, \s?\p{P}+, [\u0800-\u9FA5\uAC00-\uD7FF]+,
+// \p{N} (each pass cuts every piece of the previous one into matches and the runs between).
+std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text);
+
 // BERT's basic tokenizer as llama.cpp runs it before WordPiece: NFD, accents (Mn) dropped, lower
 // case, white space
 // separates words, control characters dropped, and every punctuation mark, ASCII symbol and CJK

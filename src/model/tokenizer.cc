@@ -67,8 +67,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->split_digits_ = true;  // every digit its own piece before the GPT-2 split
     } else if (pre == "falcon") {
       t->falcon_ = true;
+    } else if (pre == "deepseek-coder") {
+      t->deepseek_coder_ = true;
     } else {
-      return Unimplemented("pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, falcon)", pre);
+      return Unimplemented(
+          "pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, falcon, deepseek-coder)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
@@ -312,6 +315,10 @@ void Tokenizer::EncodeWpm(std::string_view text, std::vector<int32_t>* out) cons
 }
 
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
+  if (deepseek_coder_) {
+    for (std::string_view word : PreTokenizeDeepseekCoder(text)) BpeWord(word, out);
+    return;
+  }
   if (falcon_) {
     for (std::string_view a : SplitPunctuationRuns(text)) {
       for (std::string_view b : PreTokenizeGpt2(a)) {

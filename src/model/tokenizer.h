@@ -65,6 +65,7 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
+  bool deepseek_coder_ = false;
   size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
   int32_t ByteToToken(uint8_t byte) const;
 

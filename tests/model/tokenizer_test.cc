@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -91,9 +93,40 @@ TEST(TokenizerTest, UnsupportedPreTokenizerIsAClearError) {
   EXPECT_NE(t.status().message().find("deepseek-llm"), std::string::npos);
 }
 
-// llama.cpp's own test vectors for its SentencePiece vocabs.
+// Every vocab in ../shared/vocab with test vectors: tokenized exactly, or said why not.
+TEST(TokenizerTest, AllSharedVocabsAccountedFor) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(test::SharedDir() + "/vocab")) {
+    const std::string f = e.path().filename().string();
+    if (f.size() > 9 && f.rfind("ggml-vocab-", 0) == 0 && f.substr(f.size() - 9) == ".gguf.inp") {
+      names.push_back(f.substr(11, f.size() - 11 - 9));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  int supported = 0;
+  for (const auto& name : names) {
+    const std::string gguf = test::SharedDir() + "/vocab/ggml-vocab-" + name + ".gguf";
+    if (!std::filesystem::exists(gguf)) {
+      std::printf("vocab %-15s: no .gguf in ../shared/vocab (only .inp/.out); not tested\n", name.c_str());
+      continue;
+    }
+    auto f = GgufFile::Open(gguf);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    auto t = Tokenizer::FromGguf(**f);
+    if (!t.ok()) {
+      ASSERT_EQ(t.status().code(), StatusCode::kUnimplemented) << t.status().ToString();
+      std::printf("vocab %-15s: %s\n", name.c_str(), t.status().message().c_str());
+      continue;
+    }
+    std::printf("vocab %-15s: supported, checked by LlamaCppVectors\n", name.c_str());
+    ++supported;
+  }
+  EXPECT_GE(supported, 9);
+}
+
+// llama.cpp's own test vectors for the vocabs gale supports.
 TEST(TokenizerTest, LlamaCppVectors) {
-  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "mpt", "starcoder", "refact", "falcon", "bert-bge"}) {
+  for (const char* name : {"llama-spm", "phi-3", "gpt-2", "mpt", "starcoder", "refact", "falcon", "bert-bge", "deepseek-coder"}) {
     const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + name + ".gguf";
     std::unique_ptr<GgufFile> keep;
     auto tok = LoadTok(base, &keep);
