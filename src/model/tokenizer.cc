@@ -196,14 +196,12 @@ void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) cons
     offs += n;
   }
   std::priority_queue<Bigram, std::vector<Bigram>, Worse> queue;
-  std::unordered_map<std::string, std::pair<int, int>> rev_merge;
   auto try_add = [&](int left, int right) {
     if (left == -1 || right == -1) return;
-    std::string s(symbols[left].text, symbols[left].n + symbols[right].n);
+    const std::string_view s(symbols[left].text, symbols[left].n + symbols[right].n);
     auto it = token_to_id_.find(s);
     if (it == token_to_id_.end()) return;
     queue.push({left, right, scores_[it->second], s.size()});
-    rev_merge[s] = {left, right};
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
   while (!queue.empty()) {
@@ -219,29 +217,16 @@ void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) cons
     try_add(l.prev, b.left);
     try_add(b.left, l.next);
   }
-  // Emit; a symbol not in the vocab is split back along its merges, or into byte tokens.
-  std::vector<std::pair<const char*, size_t>> stack;
+  // Emit. Every merged symbol is a vocab entry (merges only happen into one), so a symbol that is
+  // not in the vocab is a single character never merged: it falls back to byte tokens.
   for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[i].next) {
-    stack.push_back({symbols[i].text, symbols[i].n});
-    while (!stack.empty()) {
-      auto [p, len] = stack.back();
-      stack.pop_back();
-      std::string s(p, len);
-      auto it = token_to_id_.find(s);
-      if (it != token_to_id_.end()) {
-        out->push_back(it->second);
-        continue;
-      }
-      auto m = rev_merge.find(s);
-      if (m == rev_merge.end()) {
-        for (size_t j = 0; j < len; ++j) out->push_back(ByteToToken(static_cast<uint8_t>(p[j])));
-        continue;
-      }
-      const Symbol& a = symbols[m->second.first];
-      const size_t a_len = static_cast<size_t>(symbols[m->second.second].text - a.text);
-      stack.push_back({p + a_len, len - a_len});  // right half after the left
-      stack.push_back({p, a_len});
+    const std::string_view s(symbols[i].text, symbols[i].n);
+    auto it = token_to_id_.find(s);
+    if (it != token_to_id_.end()) {
+      out->push_back(it->second);
+      continue;
     }
+    for (char ch : s) out->push_back(ByteToToken(static_cast<uint8_t>(ch)));
   }
 }
 

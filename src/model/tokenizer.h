@@ -53,6 +53,12 @@ class Tokenizer {
   TokenType GetTokenType(int32_t id) const { return types_[id]; }
 
  private:
+  // Maps looked up with string_views (no allocation per lookup on the hot path).
+  struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
   Tokenizer() = default;
   void EncodeSpm(std::string_view text, std::vector<int32_t>* out) const;
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
@@ -62,7 +68,7 @@ class Tokenizer {
 
   enum class Kind { kSpm, kBpe, kWpm };
   Kind kind_ = Kind::kSpm;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank (BPE)
+  std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> merge_rank_;  // "left right" -> rank
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
   bool deepseek_coder_ = false;
@@ -72,7 +78,7 @@ class Tokenizer {
   std::vector<std::string> tokens_;
   std::vector<float> scores_;
   std::vector<TokenType> types_;
-  std::unordered_map<std::string, int32_t> token_to_id_;
+  std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> token_to_id_;
   std::vector<int32_t> special_ids_;  // control + user-defined, longest text first
   int32_t bos_id_ = -1, eos_id_ = -1, eot_id_ = -1, unk_id_ = -1;
   bool add_bos_ = true;
