@@ -376,6 +376,15 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   return out;
 }
 
+std::vector<std::vector<int32_t>> Tokenizer::EncodeBatch(const std::vector<std::string>& texts, ThreadPool& pool,
+                                                         bool add_special, bool parse_special) const {
+  std::vector<std::vector<int32_t>> out(texts.size());
+  pool.ParallelFor(static_cast<int64_t>(texts.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = Encode(texts[i], add_special, parse_special);
+  });
+  return out;
+}
+
 std::string Tokenizer::TokenToPiece(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return "";
   const std::string& text = tokens_[id];

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 
 namespace gale {
@@ -36,6 +37,9 @@ class Tokenizer {
   // Text to ids. add_bos follows the vocab's add_bos_token unless overridden; parse_special
   // lets control-token texts like "</s>" in the input become those tokens.
   std::vector<int32_t> Encode(std::string_view text, bool add_special = true, bool parse_special = false) const;
+  // Many texts at once on the pool (Encode is const and thread-safe); out[i] is texts[i]'s ids.
+  std::vector<std::vector<int32_t>> EncodeBatch(const std::vector<std::string>& texts, ThreadPool& pool,
+                                                bool add_special = true, bool parse_special = false) const;
 
   // The bytes a token stands for: byte tokens give their byte, control tokens nothing, '▁' is a
   // space. May be a partial UTF-8 sequence (byte fallback).

@@ -41,6 +41,15 @@ TEST_F(StoriesTokenizerTest, EncodesLikeRunC) {
   EXPECT_EQ(tok_->Encode("", /*add_special=*/false), (std::vector<int32_t>{}));
 }
 
+TEST_F(StoriesTokenizerTest, BatchEqualsOneByOne) {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 37; ++i) texts.push_back("Story " + std::to_string(i) + ": once upon a time \xe6\x97\xa5");
+  ThreadPool pool(3);
+  const auto batch = tok_->EncodeBatch(texts, pool);
+  ASSERT_EQ(batch.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], tok_->Encode(texts[i]));
+}
+
 TEST_F(StoriesTokenizerTest, ByteFallbackRoundTripsAnyUtf8) {
   const std::string text = "Caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80 tab\there\nnew line";
   const std::vector<int32_t> ids = tok_->Encode(text, false);
