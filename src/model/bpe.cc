@@ -80,19 +80,24 @@ bool IsPunctuation(uint32_t c) {
   }
 }
 
+// The code points of text and the byte offset of each, plus one final offset (the end).
+void DecodeAll(std::string_view text, std::vector<uint32_t>* cps, std::vector<size_t>* offsets) {
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    const int len = DecodeUtf8(text.substr(i), &cp);
+    cps->push_back(cp);
+    offsets->push_back(i);
+    i += static_cast<size_t>(len);
+  }
+  offsets->push_back(text.size());
+}
+
 // Cuts text into the spans where match(cp_index) says a match of length > 0 starts and the gaps.
 template <typename MatchFn>
 std::vector<std::string_view> SplitByMatches(std::string_view text, MatchFn match) {
   std::vector<uint32_t> cps;
   std::vector<size_t> offsets;
-  for (size_t i = 0; i < text.size();) {
-    uint32_t cp;
-    const int len = DecodeUtf8(text.substr(i), &cp);
-    cps.push_back(cp);
-    offsets.push_back(i);
-    i += static_cast<size_t>(len);
-  }
-  offsets.push_back(text.size());
+  DecodeAll(text, &cps, &offsets);
   std::vector<std::string_view> out;
   size_t gap_start = 0;
   for (size_t i = 0; i < cps.size();) {
@@ -232,17 +237,9 @@ int BpeCharToByte(uint32_t code_point) {
 }
 
 std::vector<std::string_view> PreTokenizeGpt2(std::string_view text) {
-  // Decode once: code points and their byte offsets (offsets has one extra entry, the end).
   std::vector<uint32_t> cps;
   std::vector<size_t> offsets;
-  for (size_t i = 0; i < text.size();) {
-    uint32_t cp;
-    const int len = DecodeUtf8(text.substr(i), &cp);
-    cps.push_back(cp);
-    offsets.push_back(i);
-    i += static_cast<size_t>(len);
-  }
-  offsets.push_back(text.size());
+  DecodeAll(text, &cps, &offsets);
   const size_t n = cps.size();
   auto at = [&](size_t i) -> uint32_t { return i < n ? cps[i] : 0xffffffffu; };
   auto ws = [&](size_t i) { return i < n && IsWhitespace(cps[i]); };
