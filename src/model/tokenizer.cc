@@ -161,6 +161,16 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->special_ids_.push_back(static_cast<int32_t>(i));
     }
   }
+  // SPM texts may be encoded chunk by chunk when no token has a '▁' after another character.
+  t->spm_chunkable_ = t->kind_ == Kind::kSpm;
+  for (const std::string& tok : t->tokens_) {
+    size_t i = 0;
+    while (tok.compare(i, kSpaceMarker.size(), kSpaceMarker) == 0) i += kSpaceMarker.size();
+    if (tok.find(kSpaceMarker, i) != std::string::npos) {
+      t->spm_chunkable_ = false;
+      break;
+    }
+  }
   std::stable_sort(t->special_ids_.begin(), t->special_ids_.end(), [&](int32_t a, int32_t b) {
     return t->tokens_[a].size() > t->tokens_[b].size();
   });
@@ -170,6 +180,39 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
 int32_t Tokenizer::ByteToToken(uint8_t byte) const { return byte_token_[byte]; }
 
 void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) const {
+  const std::string escaped = ReplaceAll(text, " ", kSpaceMarker);
+  if (!spm_chunkable_) {
+    EncodeSpmChunk(escaped, out);
+    return;
+  }
+  // No vocab entry has a '▁' after a non-'▁' character, so no symbol can ever span the start of
+  // a run of '▁': the text splits there into chunks that merge independently, exactly as the
+  // whole would. Repeated chunks (words) are encoded once per call.
+  std::unordered_map<std::string_view, std::vector<int32_t>> cache;
+  const std::string_view all(escaped);
+  size_t start = 0;
+  auto flush = [&](size_t end) {
+    if (end <= start) return;
+    const std::string_view chunk = all.substr(start, end - start);
+    auto it = cache.find(chunk);
+    if (it == cache.end()) {
+      std::vector<int32_t> ids;
+      EncodeSpmChunk(chunk, &ids);
+      it = cache.emplace(chunk, std::move(ids)).first;
+    }
+    out->insert(out->end(), it->second.begin(), it->second.end());
+    start = end;
+  };
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool marker = all.compare(i, kSpaceMarker.size(), kSpaceMarker) == 0;
+    const bool after_marker = i >= kSpaceMarker.size() &&
+                              all.compare(i - kSpaceMarker.size(), kSpaceMarker.size(), kSpaceMarker) == 0;
+    if (marker && !after_marker) flush(i);
+  }
+  flush(all.size());
+}
+
+void Tokenizer::EncodeSpmChunk(std::string_view escaped, std::vector<int32_t>* out) const {
   struct Symbol {
     int prev, next;
     const char* text;
@@ -185,7 +228,6 @@ void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) cons
       return a.score < b.score || (a.score == b.score && a.left > b.left);
     }
   };
-  const std::string escaped = ReplaceAll(text, " ", kSpaceMarker);
   std::vector<Symbol> symbols;
   for (size_t offs = 0; offs < escaped.size();) {
     int len = Utf8CharLength(std::string_view(escaped).substr(offs));
@@ -300,20 +342,31 @@ void Tokenizer::EncodeWpm(std::string_view text, std::vector<int32_t>* out) cons
 }
 
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
+  // Words repeat (Zipf): each distinct word of this call is merged once.
+  std::unordered_map<std::string_view, std::vector<int32_t>> cache;
+  auto word_ids = [&](std::string_view word) {
+    auto it = cache.find(word);
+    if (it == cache.end()) {
+      std::vector<int32_t> ids;
+      BpeWord(word, &ids);
+      it = cache.emplace(word, std::move(ids)).first;
+    }
+    out->insert(out->end(), it->second.begin(), it->second.end());
+  };
   if (deepseek_coder_) {
-    for (std::string_view word : PreTokenizeDeepseekCoder(text)) BpeWord(word, out);
+    for (std::string_view word : PreTokenizeDeepseekCoder(text)) word_ids(word);
     return;
   }
   if (falcon_) {
     for (std::string_view a : SplitPunctuationRuns(text)) {
       for (std::string_view b : PreTokenizeGpt2(a)) {
-        for (std::string_view c : SplitDigitTriples(b)) BpeWord(c, out);
+        for (std::string_view c : SplitDigitTriples(b)) word_ids(c);
       }
     }
     return;
   }
   if (!split_digits_) {
-    for (std::string_view word : PreTokenizeGpt2(text)) BpeWord(word, out);
+    for (std::string_view word : PreTokenizeGpt2(text)) word_ids(word);
     return;
   }
   // Each number character is a piece of its own; the runs between them go through GPT-2's split.
@@ -322,13 +375,13 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
     uint32_t cp;
     const int len = DecodeUtf8(text.substr(i), &cp);
     if (IsUnicodeNumber(cp)) {
-      for (std::string_view word : PreTokenizeGpt2(text.substr(run_start, i - run_start))) BpeWord(word, out);
-      BpeWord(text.substr(i, static_cast<size_t>(len)), out);
+      for (std::string_view word : PreTokenizeGpt2(text.substr(run_start, i - run_start))) word_ids(word);
+      word_ids(text.substr(i, static_cast<size_t>(len)));
       run_start = i + static_cast<size_t>(len);
     }
     i += static_cast<size_t>(len);
   }
-  for (std::string_view word : PreTokenizeGpt2(text.substr(run_start))) BpeWord(word, out);
+  for (std::string_view word : PreTokenizeGpt2(text.substr(run_start))) word_ids(word);
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special) const {

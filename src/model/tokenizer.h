@@ -65,6 +65,7 @@ class Tokenizer {
 
   Tokenizer() = default;
   void EncodeSpm(std::string_view text, std::vector<int32_t>* out) const;
+  void EncodeSpmChunk(std::string_view escaped, std::vector<int32_t>* out) const;
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
   void BpeWord(std::string_view word, std::vector<int32_t>* out) const;
 
@@ -76,6 +77,7 @@ class Tokenizer {
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
   bool deepseek_coder_ = false;
+  bool spm_chunkable_ = false;  // see EncodeSpm
   size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
   int32_t ByteToToken(uint8_t byte) const;
 
