@@ -47,6 +47,11 @@ class Tokenizer {
   // Whole-sequence decode; drops the leading space that add-space-prefix put in front.
   std::string Decode(const std::vector<int32_t>& ids) const;
 
+  // SPM only: encode the text as one piece instead of word chunks (slower; the same result where
+  // chunking is allowed). For tests that check that equivalence.
+  void DisableSpmChunking() { spm_chunkable_ = false; }
+  bool spm_chunking() const { return spm_chunkable_; }
+
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }

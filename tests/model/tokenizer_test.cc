@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../test_util.h"
+#include "base/rng.h"
 
 namespace gale {
 namespace {
@@ -92,6 +93,28 @@ TEST_F(StoriesTokenizerTest, SpecialTokensParsedOnlyWhenAsked) {
   const auto special = tok_->Encode("a</s>b", false, true);
   EXPECT_EQ(std::count(plain.begin(), plain.end(), 2), 0);
   EXPECT_EQ(std::count(special.begin(), special.end(), 2), 1);
+}
+
+// SPM chunking at runs of '▁' gives exactly the whole-text merge, on random texts with runs of
+// spaces, newlines, punctuation and non-ASCII characters.
+TEST(TokenizerTest, SpmChunkingIsExact) {
+  for (const std::string path : {test::SharedDir() + "/vocab/ggml-vocab-llama-spm.gguf",
+                                 test::SourceDir() + "/models/stories260K.gguf"}) {
+    std::unique_ptr<GgufFile> k1, k2;
+    auto chunked = LoadTok(path, &k1);
+    auto whole = LoadTok(path, &k2);
+    ASSERT_TRUE(chunked->spm_chunking()) << path;
+    whole->DisableSpmChunking();
+    const char* parts[] = {"the", " ", "  ", "   ", "\n", "cat", "sat", ",", ".", "\xc3\xa9t\xc3\xa9", "\xe6\x97\xa5",
+                           "Once", "upon", "time", "\t", "12", "'s"};
+    Rng rng(5);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string text;
+      const int n = 1 + static_cast<int>(rng.NextU64() % 30);
+      for (int i = 0; i < n; ++i) text += parts[rng.NextU64() % std::size(parts)];
+      ASSERT_EQ(chunked->Encode(text), whole->Encode(text)) << "'" << text << "'";
+    }
+  }
 }
 
 TEST(TokenizerTest, UnsupportedPreTokenizerIsAClearError) {
