@@ -25,6 +25,13 @@ const char* IsaName(Isa isa) {
   return "?";
 }
 
+std::optional<Isa> ParseIsa(std::string_view name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (name == IsaName(isa)) return isa;
+  }
+  return std::nullopt;
+}
+
 TypeSlot SlotOf(GgmlType type) {
   switch (type) {
     case GgmlType::kF32: return kSlotF32;
@@ -55,11 +62,8 @@ Isa BestIsa() {
   if (GetKernelTable(Isa::kAvx2)) best = Isa::kAvx2;
   if (GetKernelTable(Isa::kAvx512)) best = Isa::kAvx512;
   if (const char* env = std::getenv("GALE_ISA")) {
-    const std::string want(env);
-    Isa cap = best;
-    if (want == "scalar") cap = Isa::kScalar;
-    if (want == "avx2") cap = Isa::kAvx2;
-    if (static_cast<int>(cap) < static_cast<int>(best)) best = cap;
+    const std::optional<Isa> cap = ParseIsa(env);
+    if (cap && static_cast<int>(*cap) < static_cast<int>(best)) best = *cap;
   }
   return best;
 }
@@ -211,12 +215,6 @@ void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float
   }
 }
 
-void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
-          float freq_scale) {
-  std::vector<float> cos_sin(rope_dims);
-  RopeAngles(rope_dims, pos, freq_base, freq_scale, cos_sin.data());
-  RopeApply(x, num_heads, head_dim, rope_dims, cos_sin.data());
-}
 
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* const* k_caches,
                const float* const* v_caches, int num_heads, int num_kv_heads, int head_dim, float* out,

@@ -7,12 +7,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "base/thread_pool.h"
 #include "kernels/kernel_table.h"
 #include "gguf/gguf_file.h"
 
 namespace gale::kernels {
+
+// "scalar", "avx2" or "avx512" -> the Isa (nullopt otherwise). Does not check the CPU.
+std::optional<Isa> ParseIsa(std::string_view name);
 
 // The table for an ISA, or nullptr when this CPU cannot run it.
 const KernelTable* GetKernelTable(Isa isa);
@@ -49,14 +54,10 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 void SiluMul(float* gate, const float* up, int64_t n);
 
 // Rotary embedding in llama's "normal" mode (adjacent pairs (2i, 2i+1) rotate together), applied
-// to the first rope_dims of each head of x ([num_heads, head_dim]) at position pos.
-// theta_i = pos * freq_scale / freq_base^(2i / rope_dims).
-void Rope(float* x, int num_heads, int head_dim, int rope_dims, int64_t pos, float freq_base,
-          float freq_scale);
-
-// The same rotation in two steps, so a forward pass computes the angles once per token instead of
-// once per layer: RopeAngles fills cos_sin ([rope_dims / 2, 2]) for a position, RopeApply rotates.
-// Results are bitwise those of Rope().
+// to the first rope_dims of each head of x ([num_heads, head_dim]) at position pos, in two steps
+// so a forward pass computes the angles once per token instead of once per layer.
+// theta_i = pos * freq_scale / freq_base^(2i / rope_dims). RopeAngles fills cos_sin
+// ([rope_dims / 2, 2]) for a position; RopeApply rotates.
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 

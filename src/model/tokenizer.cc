@@ -29,6 +29,25 @@ std::string ReplaceAll(std::string_view s, std::string_view from, std::string_vi
   return out;
 }
 
+// Ids of text pieces within one Encode call: each distinct piece is encoded once (words repeat,
+// Zipf), later occurrences copy its ids.
+class PieceCache {
+ public:
+  template <typename EncodeFn>
+  void Emit(std::string_view piece, EncodeFn encode, std::vector<int32_t>* out) {
+    auto it = ids_.find(piece);
+    if (it == ids_.end()) {
+      std::vector<int32_t> ids;
+      encode(piece, &ids);
+      it = ids_.emplace(piece, std::move(ids)).first;
+    }
+    out->insert(out->end(), it->second.begin(), it->second.end());
+  }
+
+ private:
+  std::unordered_map<std::string_view, std::vector<int32_t>> ids_;
+};
+
 }  // namespace
 
 int Utf8CharLength(std::string_view s) {
@@ -188,19 +207,13 @@ void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>* out) cons
   // No vocab entry has a '▁' after a non-'▁' character, so no symbol can ever span the start of
   // a run of '▁': the text splits there into chunks that merge independently, exactly as the
   // whole would. Repeated chunks (words) are encoded once per call.
-  std::unordered_map<std::string_view, std::vector<int32_t>> cache;
+  PieceCache cache;
   const std::string_view all(escaped);
   size_t start = 0;
   auto flush = [&](size_t end) {
     if (end <= start) return;
-    const std::string_view chunk = all.substr(start, end - start);
-    auto it = cache.find(chunk);
-    if (it == cache.end()) {
-      std::vector<int32_t> ids;
-      EncodeSpmChunk(chunk, &ids);
-      it = cache.emplace(chunk, std::move(ids)).first;
-    }
-    out->insert(out->end(), it->second.begin(), it->second.end());
+    cache.Emit(all.substr(start, end - start),
+               [this](std::string_view chunk, std::vector<int32_t>* ids) { EncodeSpmChunk(chunk, ids); }, out);
     start = end;
   };
   for (size_t i = 0; i < all.size(); ++i) {
@@ -342,16 +355,9 @@ void Tokenizer::EncodeWpm(std::string_view text, std::vector<int32_t>* out) cons
 }
 
 void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
-  // Words repeat (Zipf): each distinct word of this call is merged once.
-  std::unordered_map<std::string_view, std::vector<int32_t>> cache;
+  PieceCache cache;
   auto word_ids = [&](std::string_view word) {
-    auto it = cache.find(word);
-    if (it == cache.end()) {
-      std::vector<int32_t> ids;
-      BpeWord(word, &ids);
-      it = cache.emplace(word, std::move(ids)).first;
-    }
-    out->insert(out->end(), it->second.begin(), it->second.end());
+    cache.Emit(word, [this](std::string_view w, std::vector<int32_t>* ids) { BpeWord(w, ids); }, out);
   };
   if (deepseek_coder_) {
     for (std::string_view word : PreTokenizeDeepseekCoder(text)) word_ids(word);

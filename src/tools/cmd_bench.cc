@@ -93,13 +93,11 @@ CommandFn RegisterBench(CLI::App& app) {
     if (o->output != "md" && o->output != "json" && o->output != "csv") return fail("-o must be md, json or csv");
     if (o->reps < 1 || o->threads < 1 || o->n_prompt < 0 || o->n_gen < 0) return fail("-r, -t must be >= 1; -p, -n >= 0");
     if (!o->isa.empty()) {
-      const kernels::Isa isa = o->isa == "scalar" ? kernels::Isa::kScalar
-                               : o->isa == "avx2" ? kernels::Isa::kAvx2
-                                                  : kernels::Isa::kAvx512;
-      if ((o->isa != "scalar" && o->isa != "avx2" && o->isa != "avx512") || !kernels::GetKernelTable(isa)) {
+      const auto isa = kernels::ParseIsa(o->isa);
+      if (!isa || !kernels::GetKernelTable(*isa)) {
         return fail("--isa '" + o->isa + "' is unknown or not supported by this CPU");
       }
-      kernels::SetActiveIsa(isa);
+      kernels::SetActiveIsa(*isa);
     }
     std::vector<int64_t> batches;
     if (!o->batches.empty()) {

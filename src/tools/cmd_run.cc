@@ -75,13 +75,10 @@ CommandFn RegisterRun(CLI::App& app) {
       return 1;
     };
     if (!o->isa.empty()) {
-      kernels::Isa isa;
-      if (o->isa == "scalar") isa = kernels::Isa::kScalar;
-      else if (o->isa == "avx2") isa = kernels::Isa::kAvx2;
-      else if (o->isa == "avx512") isa = kernels::Isa::kAvx512;
-      else return fail(InvalidArgument("--isa '{}' is not one of scalar, avx2, avx512", o->isa));
-      if (kernels::GetKernelTable(isa) == nullptr) return fail(InvalidArgument("this CPU cannot run --isa {}", o->isa));
-      kernels::SetActiveIsa(isa);
+      const auto isa = kernels::ParseIsa(o->isa);
+      if (!isa) return fail(InvalidArgument("--isa '{}' is not one of scalar, avx2, avx512", o->isa));
+      if (kernels::GetKernelTable(*isa) == nullptr) return fail(InvalidArgument("this CPU cannot run --isa {}", o->isa));
+      kernels::SetActiveIsa(*isa);
     }
     if (o->n_predict < 0) return fail(InvalidArgument("-n must be >= 0"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));

@@ -468,7 +468,9 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
 
 TEST(KernelsTest, RopeRotatesAdjacentPairs) {
   std::vector<float> x = {1.0f, 0.0f, 0.0f, 1.0f};  // one head of 4: pairs (0,1), (2,3)
-  Rope(x.data(), 1, 4, 4, 3, 10000.0f, 1.0f);
+  float cos_sin[4];
+  RopeAngles(4, 3, 10000.0f, 1.0f, cos_sin);
+  RopeApply(x.data(), 1, 4, 4, cos_sin);
   EXPECT_NEAR(x[0], std::cos(3.0f), 1e-6f);
   EXPECT_NEAR(x[1], std::sin(3.0f), 1e-6f);
   const float theta = 3.0f / 100.0f;  // 10000^(-2/4)

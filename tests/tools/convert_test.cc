@@ -218,7 +218,9 @@ TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
   }
   for (const auto& t : (*f)->tensors()) {
     std::vector<uint8_t> data(t.data, t.data + t.num_bytes);
-    if (t.name != "blk.1.ffn_up.weight") ASSERT_TRUE(missing.AddTensor(t.name, t.type_id, t.shape, data).ok());
+    if (t.name != "blk.1.ffn_up.weight") {
+      ASSERT_TRUE(missing.AddTensor(t.name, t.type_id, t.shape, data).ok());
+    }
     auto s = t.shape;
     if (t.name == "blk.0.attn_k.weight") std::swap(s[0], s[1]);
     ASSERT_TRUE(reshaped.AddTensor(t.name, t.type_id, s, data).ok());
