@@ -8,8 +8,6 @@ const KernelTable& ScalarTable();
 const KernelTable& Avx2Table();
 const KernelTable& Avx512Table();
 // The scalar attention, for ISAs whose own kernel does not cover a head size.
-void AttendReference(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
-                     float* out);
-void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
-                         int64_t kv_stride, int head_dim, float* const* outs);
+void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                         int head_dim, float* const* outs);
 }  // namespace gale::kernels

@@ -34,6 +34,23 @@ struct QuantizedActs {
   int64_t k_stride;     // k rounded up to kActPad
 };
 
+// Element type of the KV cache.
+enum class KvType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// The K and V rows of one KV head of one sequence in a paged cache. Position p is at byte offset
+//   block_table[p / block_size] * block_bytes + (p % block_size) * row_bytes
+// from k and from v (the two caches share one layout). A contiguous cache is one block:
+// block_table = {0}, block_size >= the length.
+struct KvBlockView {
+  const uint8_t* k;            // K storage of one layer, offset to the KV head
+  const uint8_t* v;            // V storage, same layout
+  const int32_t* block_table;  // [num_logical_blocks] physical block ids
+  int64_t block_size;          // positions per block
+  int64_t block_bytes;         // bytes from one physical block to the next
+  int64_t row_bytes;           // bytes from one position to the next inside a block
+  KvType type;
+};
+
 // Most queries one attend_many call takes.
 inline constexpr int kMaxAttendQueries = 16;
 
@@ -80,10 +97,11 @@ struct KernelTable {
   // y[i] += a * x[i]
   void (*axpy)(float a, const float* x, float* y, int64_t n);
   // Query heads that share one KV head's cache: out_i = softmax(q_i . k_p / sqrt(head_dim)) . v_p
-  // over positions p < lens[i]; k and v rows are kv_stride floats apart. Each query's reduction
-  // order depends only on its own length, not on the other queries (batch invariance).
-  void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
-                      int64_t kv_stride, int head_dim, float* const* outs);
+  // over positions p < lens[i], K/V rows read through the block table of kv. Each query's
+  // reduction order depends only on its own length, not on the other queries nor on the block
+  // size (batch invariance; a paged cache gives bitwise what a contiguous one gives).
+  void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                      int head_dim, float* const* outs);
 };
 
 }  // namespace gale::kernels

@@ -216,15 +216,31 @@ void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float
 }
 
 
-void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* const* k_caches,
-               const float* const* v_caches, int num_heads, int num_kv_heads, int head_dim, float* out,
-               ThreadPool& pool) {
+const char* KvTypeName(KvType type) {
+  switch (type) {
+    case KvType::kF32: return "f32";
+    case KvType::kF16: return "f16";
+    case KvType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+std::optional<KvType> ParseKvType(std::string_view name) {
+  if (name == "f32") return KvType::kF32;
+  if (name == "f16") return KvType::kF16;
+  if (name == "bf16") return KvType::kBF16;
+  return std::nullopt;
+}
+
+void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
+               const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool) {
   const KernelTable& kt = Active();
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
-  const int64_t kv_stride = static_cast<int64_t>(num_kv_heads) * head_dim;
+  const int64_t elem_bytes = KvTypeBytes(kv.type);
+  const int64_t row_bytes = static_cast<int64_t>(num_kv_heads) * head_dim * elem_bytes;
   const int group = num_heads / num_kv_heads;
   // A task is a run of consecutive tokens of one sequence and one KV head: its query heads share
-  // the K/V rows, which attend_many then reads once per block for all of them.
+  // the K/V rows, which attend_many then reads once per 16 positions for all of them.
   const int64_t tokens_per_task = std::max<int64_t>(1, kMaxAttendQueries / group);
   struct Task {
     int64_t t_begin, t_end;
@@ -237,7 +253,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   tasks.clear();
   for (int64_t t = 0; t < num_tokens;) {
     int64_t t_end = t + 1;
-    while (t_end < num_tokens && t_end - t < tokens_per_task && k_caches[t_end] == k_caches[t]) ++t_end;
+    while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
     for (int kvh = 0; kvh < num_kv_heads; ++kvh) tasks.push_back({t, t_end, kvh});
     t = t_end;
   }
@@ -256,9 +272,10 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
           ++nq;
         }
       }
-      const int64_t kv_off = static_cast<int64_t>(task.kv_head) * head_dim;
-      kt.attend_many(qs, lens, nq, k_caches[task.t_begin] + kv_off, v_caches[task.t_begin] + kv_off, kv_stride,
-                     head_dim, outs);
+      const int64_t head_off = static_cast<int64_t>(task.kv_head) * head_dim * elem_bytes;
+      const KvBlockView view{kv.k + head_off, kv.v + head_off, block_tables[task.t_begin], kv.block_size,
+                             kv.block_size * row_bytes, row_bytes, kv.type};
+      kt.attend_many(qs, lens, nq, view, head_dim, outs);
     }
   });
 }

@@ -61,11 +61,25 @@ void SiluMul(float* gate, const float* up, int64_t n);
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 
-// Causal attention over contiguous caches. q: [num_tokens, num_heads * head_dim]; token t reads
-// the cache of its own sequence, k_caches[t] / v_caches[t]: [>= positions[t] + 1,
-// num_kv_heads * head_dim], rows [0, positions[t]]. out: [num_tokens, num_heads * head_dim].
-void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const float* const* k_caches,
-               const float* const* v_caches, int num_heads, int num_kv_heads, int head_dim, float* out,
-               ThreadPool& pool);
+// Bytes of one KV cache element.
+inline int64_t KvTypeBytes(KvType type) { return type == KvType::kF32 ? 4 : 2; }
+const char* KvTypeName(KvType type);
+std::optional<KvType> ParseKvType(std::string_view name);  // "f32", "f16", "bf16"
+
+// One layer of a paged KV cache as attention reads it: K and V are each
+// [num_blocks, block_size, num_kv_heads * head_dim] elements of type.
+struct KvLayer {
+  const uint8_t* k;
+  const uint8_t* v;
+  int64_t block_size;
+  KvType type;
+};
+
+// Causal attention through block tables. q: [num_tokens, num_heads * head_dim]; token t reads
+// positions [0, positions[t]] of its sequence, whose logical block i is physical block
+// block_tables[t][i] (tokens of one sequence share one table pointer and come in position
+// order). out: [num_tokens, num_heads * head_dim].
+void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
+               const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool);
 
 }  // namespace gale::kernels

@@ -38,11 +38,22 @@ void Grow(std::vector<float>& v, size_t n) {
 
 }  // namespace
 
-KvCache::KvCache(const LlamaHParams& hp, int64_t capacity_tokens)
+KvCache::KvCache(const LlamaHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
+                 int64_t block_size)
     : capacity_tokens_(capacity_tokens),
-      layer_stride_(capacity_tokens * hp.kv_dim()),
-      k_(static_cast<size_t>(hp.num_layers * layer_stride_)),
-      v_(static_cast<size_t>(hp.num_layers * layer_stride_)) {}
+      storage_(hp.num_layers, hp.kv_dim(), num_seqs * ((capacity_tokens + block_size - 1) / block_size), block_size,
+               type) {
+  const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
+  tables_.resize(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    for (int64_t i = 0; i < per_seq; ++i) tables_[s].push_back(static_cast<int32_t>(s * per_seq + i));
+  }
+}
+
+void KvCache::Attach(ForwardBatch& batch) const {
+  batch.block_tables.clear();
+  for (const auto& t : tables_) batch.block_tables.emplace_back(t);
+}
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
   std::unique_ptr<LlamaModel> m(new LlamaModel());
@@ -108,28 +119,42 @@ void LlamaModel::PackWeights() {
 }
 
 Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {
-  KvCache* caches[1] = {&kv};
-  return Forward(batch, std::span<KvCache* const>(caches, 1), ws, pool);
+  ForwardBatch b = batch;
+  kv.Attach(b);
+  return Forward(b, kv.storage(), ws, pool);
 }
 
-Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> caches, Workspace& ws,
-                           ThreadPool& pool) const {
+Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   if (n == 0) return InvalidArgument("empty batch");
   if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch: tokens and positions differ in length");
   if (!batch.seq_idx.empty() && batch.seq_idx.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and seq_idx differ in length");
   }
+  if (kv.num_layers() != hp_.num_layers || kv.kv_dim() != hp_.kv_dim()) {
+    return InvalidArgument("KV storage is for {} layers x {}, the model has {} x {}", kv.num_layers(), kv.kv_dim(),
+                           hp_.num_layers, hp_.kv_dim());
+  }
   auto seq_of = [&](int64_t i) { return batch.seq_idx.empty() ? 0 : batch.seq_idx[i]; };
+  const int64_t block_size = kv.block_size();
   for (int64_t i = 0; i < n; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= hp_.vocab_size) {
       return InvalidArgument("token id {} out of range [0, {})", batch.tokens[i], hp_.vocab_size);
     }
     const int32_t s = seq_of(i);
-    if (s < 0 || static_cast<size_t>(s) >= caches.size()) return InvalidArgument("seq_idx {} has no KV cache", s);
-    if (batch.positions[i] < 0 || batch.positions[i] >= caches[s]->capacity_tokens()) {
-      return InvalidArgument("position {} outside the KV cache of {} tokens", batch.positions[i],
-                             caches[s]->capacity_tokens());
+    if (s < 0 || static_cast<size_t>(s) >= batch.block_tables.size()) {
+      return InvalidArgument("seq_idx {} has no block table", s);
+    }
+    const auto& table = batch.block_tables[s];
+    const int64_t pos = batch.positions[i];
+    if (pos < 0 || pos / block_size >= static_cast<int64_t>(table.size())) {
+      return InvalidArgument("position {} outside the {} tokens of sequence {}'s blocks", pos,
+                             static_cast<int64_t>(table.size()) * block_size, s);
+    }
+  }
+  for (const auto& table : batch.block_tables) {
+    for (int32_t b : table) {
+      if (b < 0 || b >= kv.num_blocks()) return InvalidArgument("block id {} outside the {} KV blocks", b, kv.num_blocks());
     }
   }
   for (int32_t row : batch.logit_rows) {
@@ -154,6 +179,8 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
     kernels::RopeAngles(static_cast<int>(hp_.rope_dims), batch.positions[t], hp_.rope_freq_base, hp_.rope_freq_scale,
                         ws.rope.data() + t * hp_.rope_dims);
   }
+  ws.tables.resize(n);
+  for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[seq_of(t)].data();
   int64_t kv_positions = 0;  // cache rows attention reads per layer, for the profile's bytes
   for (int64_t t = 0; t < n; ++t) kv_positions += batch.positions[t] + 1;
   auto bytes = [](const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); };
@@ -176,25 +203,18 @@ Status LlamaModel::Forward(const ForwardBatch& batch, std::span<KvCache* const> 
       MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
     }
     ProfileSpan span("rope_kv_write", "op", n, 0, l);
-    ws.k_rows.resize(n);
-    ws.v_rows.resize(n);
     for (int64_t t = 0; t < n; ++t) {
-      KvCache& kv = *caches[seq_of(t)];
-      float* k_cache = kv.K(l);  // [capacity, kv_dim]
-      float* v_cache = kv.V(l);
-      ws.k_rows[t] = k_cache;
-      ws.v_rows[t] = v_cache;
       const int64_t pos = batch.positions[t];
+      const auto& table = batch.block_tables[seq_of(t)];
       const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
       kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
                          static_cast<int>(hp_.rope_dims), cos_sin);
       kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
                          static_cast<int>(hp_.rope_dims), cos_sin);
-      std::memcpy(k_cache + pos * kv_dim, ws.k.data() + t * kv_dim, kv_dim * sizeof(float));
-      std::memcpy(v_cache + pos * kv_dim, ws.v.data() + t * kv_dim, kv_dim * sizeof(float));
+      kv.Write(l, table[pos / block_size], pos % block_size, ws.k.data() + t * kv_dim, ws.v.data() + t * kv_dim);
     }
-    span.Next("attention", n, kv_positions * kv_dim * 2 * static_cast<int64_t>(sizeof(float)), l);
-    kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.k_rows.data(), ws.v_rows.data(),
+    span.Next("attention", n, kv_positions * kv_dim * 2 * kernels::KvTypeBytes(kv.type()), l);
+    kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.tables.data(), kv.Layer(l),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
                        static_cast<int>(hp_.head_dim), ws.xb.data(), pool);
     span.Next("matmul_o", n, bytes(w.wo), l);

@@ -1,6 +1,6 @@
 // The llama architecture: weights as views into the GGUF mapping, and one Forward over a batch of
-// tokens of one sequence with a contiguous KV cache (the paged cache comes with kv/). Activations
-// are f32. All numerics go through kernels/.
+// tokens of one or more sequences, reading and writing the paged KV cache (kv/KvStorage) through
+// each sequence's block table. Activations are f32. All numerics go through kernels/.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
+#include "kv/kv_storage.h"
 #include "model/hparams.h"
 
 namespace gale {
@@ -20,25 +21,30 @@ namespace gale {
 struct ForwardBatch {
   std::vector<int32_t> tokens;      // [num_tokens]
   std::vector<int32_t> positions;   // [num_tokens] position of each token in its sequence
-  std::vector<int32_t> seq_idx;     // [num_tokens] index of the token's KV cache; empty: all 0
+  std::vector<int32_t> seq_idx;     // [num_tokens] index into block_tables; empty: all 0
   std::vector<int32_t> logit_rows;  // tokens whose logits are wanted, in output order; empty: see below
   bool all_logits = false;          // with logit_rows empty: every token (perplexity), else the last
+  // [num_seqs] logical -> physical block ids of each sequence; must cover every position in the batch.
+  std::vector<std::span<const int32_t>> block_tables;
 };
 
-// KV cache of one sequence, contiguous: position p of layer l is row p of that layer's block.
+// A KV cache for a fixed set of sequences (`gale run`, `gale bench`, tests): num_seqs sequences of
+// capacity_tokens each, sequence s owning its own fixed blocks. The engine instead shares one
+// KvStorage among requests through a KvCacheManager.
 class KvCache {
  public:
-  KvCache(const LlamaHParams& hp, int64_t capacity_tokens);
+  KvCache(const LlamaHParams& hp, int64_t capacity_tokens, int64_t num_seqs = 1,
+          kernels::KvType type = kernels::KvType::kF32, int64_t block_size = 16);
   int64_t capacity_tokens() const { return capacity_tokens_; }
-  float* K(int64_t layer_idx) { return k_.data() + layer_idx * layer_stride_; }
-  float* V(int64_t layer_idx) { return v_.data() + layer_idx * layer_stride_; }
-  uint64_t num_bytes() const { return 2 * k_.size() * sizeof(float); }
+  uint64_t num_bytes() const { return storage_.num_bytes(); }
+  KvStorage& storage() { return storage_; }
+  // Points the batch's block tables at this cache's sequences.
+  void Attach(ForwardBatch& batch) const;
 
  private:
   int64_t capacity_tokens_;
-  int64_t layer_stride_;   // capacity_tokens * kv_dim
-  std::vector<float> k_;   // [num_layers, capacity_tokens, kv_dim]
-  std::vector<float> v_;   // [num_layers, capacity_tokens, kv_dim]
+  KvStorage storage_;
+  std::vector<std::vector<int32_t>> tables_;  // [num_seqs][blocks per sequence]
 };
 
 // Scratch activations, grown to the largest batch seen; reused across steps.
@@ -52,7 +58,7 @@ struct Workspace {
   std::vector<float> hb;      // [num_tokens, ffn_dim]
   std::vector<float> hb2;     // [num_tokens, ffn_dim]
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
-  std::vector<const float*> k_rows, v_rows;  // [num_tokens] per-token cache bases of one layer
+  std::vector<const int32_t*> tables;  // [num_tokens] block table of each token's sequence
   std::vector<float> rope;    // [num_tokens, rope_dims] cos/sin pairs per token
 };
 
@@ -81,12 +87,12 @@ class LlamaModel {
   void PackWeights();
   uint64_t packed_bytes() const;
 
-  // Runs one batch of one sequence; tokens are written to the cache at their positions.
-  // On return ws.logits holds [1 or num_tokens, vocab_size]. Errors on out-of-range ids/positions.
+  // Runs one batch: each token's K/V are written to its sequence's blocks at its position, then
+  // attention reads them back through the block tables. On return ws.logits holds the rows named
+  // by logit_rows ([num_logit_rows, vocab_size]). Errors on out-of-range ids, positions or blocks.
+  Status Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const;
+  // The same over a fixed-sequence cache (copies the batch to attach the cache's block tables).
   Status Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const;
-  // Several sequences in one step: token i uses caches[batch.seq_idx[i]]. Logit rows follow
-  // batch.logit_rows.
-  Status Forward(const ForwardBatch& batch, std::span<KvCache* const> caches, Workspace& ws, ThreadPool& pool) const;
 
  private:
   LlamaModel() = default;

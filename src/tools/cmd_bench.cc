@@ -178,11 +178,7 @@ CommandFn RegisterBench(CLI::App& app) {
     }
 
     auto decode = [&](int64_t batch) -> Status {
-      std::vector<KvCache> caches;
-      caches.reserve(batch);
-      for (int64_t s = 0; s < batch; ++s) caches.emplace_back(hp, o->n_gen + 1);
-      std::vector<KvCache*> ptrs;
-      for (auto& c : caches) ptrs.push_back(&c);
+      KvCache caches(hp, o->n_gen + 1, batch);
       std::vector<double> tps;
       for (int rep = 0; rep <= o->reps; ++rep) {
         const auto t0 = Clock::now();
@@ -195,7 +191,7 @@ CommandFn RegisterBench(CLI::App& app) {
             b.logit_rows.push_back(static_cast<int32_t>(s));
           }
           ProfileSpan span("decode", "step", batch);
-          RETURN_IF_ERROR((*model)->Forward(b, ptrs, ws, pool));
+          RETURN_IF_ERROR((*model)->Forward(b, caches, ws, pool));
         }
         const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
         if (rep > 0) tps.push_back(static_cast<double>(batch * o->n_gen) / sec);

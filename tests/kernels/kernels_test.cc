@@ -275,22 +275,50 @@ TEST(KernelsTest, MatMulIsBatchInvariant) {
   SetActiveIsa(BestIsa());
 }
 
+// A contiguous f32 cache of rows kv_stride floats apart, as one block.
+KvBlockView Contiguous(const float* k, const float* v, int64_t kv_stride, const int32_t* zero) {
+  return {reinterpret_cast<const uint8_t*>(k), reinterpret_cast<const uint8_t*>(v), zero, int64_t{1} << 40, 0,
+          kv_stride * static_cast<int64_t>(sizeof(float)), KvType::kF32};
+}
+
 TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
-  const int heads = 4, kv_heads = 2, head_dim = 64, len = 37;
+  const int heads = 4, kv_heads = 2, head_dim = 64, len = 37, block_size = 16;
+  const int64_t row = kv_heads * head_dim;
   const auto q = test::RandomFloats(len * heads * head_dim, 1);
-  const auto k = test::RandomFloats(len * kv_heads * head_dim, 2);
-  const auto v = test::RandomFloats(len * kv_heads * head_dim, 3);
+  const auto k = test::RandomFloats(len * row, 2);
+  const auto v = test::RandomFloats(len * row, 3);
+  // Positions scattered over blocks in a shuffled order: logical block i -> physical table[i].
+  const std::vector<int32_t> table = {2, 0, 3};
+  std::vector<float> kc(4 * block_size * row), vc(4 * block_size * row);
+  for (int p = 0; p < len; ++p) {
+    const int64_t at = (table[p / block_size] * block_size + p % block_size) * row;
+    std::copy(k.begin() + p * row, k.begin() + (p + 1) * row, kc.begin() + at);
+    std::copy(v.begin() + p * row, v.begin() + (p + 1) * row, vc.begin() + at);
+  }
+  const KvLayer layer{reinterpret_cast<const uint8_t*>(kc.data()), reinterpret_cast<const uint8_t*>(vc.data()),
+                      block_size, KvType::kF32};
   std::vector<int32_t> pos(len);
   for (int i = 0; i < len; ++i) pos[i] = i;
   ThreadPool pool(2), one(1);
   std::vector<float> all(len * heads * head_dim);
-  const std::vector<const float*> ks(len, k.data()), vs(len, v.data());
-  Attention(q.data(), len, pos.data(), ks.data(), vs.data(), heads, kv_heads, head_dim, all.data(), pool);
+  const std::vector<const int32_t*> tables(len, table.data());
+  Attention(q.data(), len, pos.data(), tables.data(), layer, heads, kv_heads, head_dim, all.data(), pool);
+  const int32_t zero = 0;
   for (int t = 0; t < len; ++t) {
     std::vector<float> single(heads * head_dim);
-    Attention(q.data() + t * heads * head_dim, 1, &pos[t], ks.data(), vs.data(), heads, kv_heads, head_dim,
+    Attention(q.data() + t * heads * head_dim, 1, &pos[t], tables.data(), layer, heads, kv_heads, head_dim,
               single.data(), one);
     for (int i = 0; i < heads * head_dim; ++i) ASSERT_EQ(F32Bits(single[i]), F32Bits(all[t * heads * head_dim + i]));
+    // The paged cache gives bitwise what the same rows give contiguous.
+    for (int h = 0; h < heads; ++h) {
+      const float* qp = q.data() + (t * heads + h) * head_dim;
+      const int64_t n = t + 1;
+      float out[64];
+      float* op = out;
+      const KvBlockView view = Contiguous(k.data() + (h / 2) * head_dim, v.data() + (h / 2) * head_dim, row, &zero);
+      Active().attend_many(&qp, &n, 1, view, head_dim, &op);
+      for (int d = 0; d < head_dim; ++d) ASSERT_EQ(F32Bits(out[d]), F32Bits(all[(t * heads + h) * head_dim + d]));
+    }
   }
   // Token 0 attends only to itself: its output is V row 0 of its KV head.
   for (int h = 0; h < heads; ++h) {
@@ -298,26 +326,50 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
   }
 }
 
-// Each ISA's attention (online softmax where it has one) against the scalar exact softmax.
+// Each ISA's attention (online softmax where it has one) against the scalar exact softmax, for
+// every cache type, through a block table with an odd block size.
 TEST(KernelsTest, AttendMatchesScalar) {
   const KernelTable& ref = *GetKernelTable(Isa::kScalar);
   for (Isa isa : SimdIsas()) {
     const KernelTable& simd = *GetKernelTable(isa);
-    for (int head_dim : {8, 32, 64, 80, 96, 128}) {
-      for (int64_t len : {1, 2, 15, 16, 17, 100}) {
-        const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
-        const auto q = test::RandomFloats(head_dim, head_dim + len, -2.0f, 2.0f);
-        const auto k = test::RandomFloats(len * kv_stride, len, -2.0f, 2.0f);
-        const auto v = test::RandomFloats(len * kv_stride, len + 1);
-        std::vector<float> want(head_dim), got(head_dim);
-        const float* qp = q.data();
-        float* wp = want.data();
-        float* gp = got.data();
-        ref.attend_many(&qp, &len, 1, k.data() + head_dim, v.data() + head_dim, kv_stride, head_dim, &wp);
-        simd.attend_many(&qp, &len, 1, k.data() + head_dim, v.data() + head_dim, kv_stride, head_dim, &gp);
-        // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
-        // differ by a few ulps of the weights.
-        for (int d = 0; d < head_dim; ++d) ASSERT_NEAR(got[d], want[d], 2e-6f) << IsaName(isa) << " hd " << head_dim << " len " << len;
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16}) {
+      const int64_t elem = KvTypeBytes(type);
+      for (int head_dim : {8, 32, 64, 80, 96, 128}) {
+        for (int64_t len : {1, 2, 15, 16, 17, 100}) {
+          const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
+          const int64_t block_size = 7, num_blocks = (len + block_size - 1) / block_size;
+          std::vector<int32_t> table(num_blocks);
+          for (int64_t i = 0; i < num_blocks; ++i) table[i] = static_cast<int32_t>((i * 5 + 3) % num_blocks);
+          const auto q = test::RandomFloats(head_dim, head_dim + len, -2.0f, 2.0f);
+          const auto kf = test::RandomFloats(num_blocks * block_size * kv_stride, len, -2.0f, 2.0f);
+          const auto vf = test::RandomFloats(num_blocks * block_size * kv_stride, len + 1);
+          std::vector<uint8_t> k(kf.size() * elem), v(vf.size() * elem);
+          for (size_t i = 0; i < kf.size(); ++i) {
+            if (type == KvType::kF32) {
+              std::memcpy(&k[i * 4], &kf[i], 4);
+              std::memcpy(&v[i * 4], &vf[i], 4);
+            } else {
+              const uint16_t kh = type == KvType::kF16 ? Fp32ToFp16(kf[i]) : Fp32ToBf16(kf[i]);
+              const uint16_t vh = type == KvType::kF16 ? Fp32ToFp16(vf[i]) : Fp32ToBf16(vf[i]);
+              std::memcpy(&k[i * 2], &kh, 2);
+              std::memcpy(&v[i * 2], &vh, 2);
+            }
+          }
+          const KvBlockView view{k.data() + head_dim * elem, v.data() + head_dim * elem, table.data(), block_size,
+                                 block_size * kv_stride * elem, kv_stride * elem, type};
+          std::vector<float> want(head_dim), got(head_dim);
+          const float* qp = q.data();
+          float* wp = want.data();
+          float* gp = got.data();
+          ref.attend_many(&qp, &len, 1, view, head_dim, &wp);
+          simd.attend_many(&qp, &len, 1, view, head_dim, &gp);
+          // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
+          // differ by a few ulps of the weights.
+          for (int d = 0; d < head_dim; ++d) {
+            ASSERT_NEAR(got[d], want[d], 2e-6f) << IsaName(isa) << " " << KvTypeName(type) << " hd " << head_dim
+                                                << " len " << len;
+          }
+        }
       }
     }
   }
@@ -333,6 +385,8 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
     const auto k = test::RandomFloats(70 * kv_stride, 1);
     const auto v = test::RandomFloats(70 * kv_stride, 2);
     const auto q = test::RandomFloats(nq * head_dim, 3);
+    const int32_t zero = 0;
+    const KvBlockView view = Contiguous(k.data(), v.data(), kv_stride, &zero);
     std::vector<const float*> qs;
     std::vector<int64_t> lens;
     std::vector<float> together(nq * head_dim), alone(nq * head_dim);
@@ -342,10 +396,10 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
       lens.push_back(1 + (i * 7) % 70);
       outs.push_back(together.data() + i * head_dim);
     }
-    kt->attend_many(qs.data(), lens.data(), nq, k.data(), v.data(), kv_stride, head_dim, outs.data());
+    kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data());
     for (int i = 0; i < nq; ++i) {
       float* o = alone.data() + i * head_dim;
-      kt->attend_many(&qs[i], &lens[i], 1, k.data(), v.data(), kv_stride, head_dim, &o);
+      kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o);
     }
     for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa);
   }

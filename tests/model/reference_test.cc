@@ -191,10 +191,7 @@ TEST_P(ReferenceTest, MultiSequenceBatchIsBitwiseInvariant) {
     ASSERT_TRUE(m_.model->Forward(b, kv, ws, pool).ok());
     alone.emplace_back(ws.logits.begin(), ws.logits.begin() + vocab);
   }
-  std::vector<KvCache> caches;
-  for (size_t s = 0; s < prompts.size(); ++s) caches.emplace_back(m_.model->hparams(), 64);
-  std::vector<KvCache*> ptrs;
-  for (auto& c : caches) ptrs.push_back(&c);
+  KvCache caches(m_.model->hparams(), 64, static_cast<int64_t>(prompts.size()));
   ForwardBatch b;
   for (size_t s = 0; s < prompts.size(); ++s) {
     for (size_t i = 0; i < prompts[s].size(); ++i) {
@@ -205,13 +202,13 @@ TEST_P(ReferenceTest, MultiSequenceBatchIsBitwiseInvariant) {
     b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
   }
   Workspace ws;
-  ASSERT_TRUE(m_.model->Forward(b, ptrs, ws, pool).ok());
+  ASSERT_TRUE(m_.model->Forward(b, caches, ws, pool).ok());
   for (size_t s = 0; s < prompts.size(); ++s) {
     for (int64_t i = 0; i < vocab; ++i) ASSERT_EQ(F32Bits(ws.logits[s * vocab + i]), F32Bits(alone[s][i])) << s;
   }
   ForwardBatch bad = b;
   bad.seq_idx[0] = 7;
-  EXPECT_FALSE(m_.model->Forward(bad, ptrs, ws, pool).ok());
+  EXPECT_FALSE(m_.model->Forward(bad, caches, ws, pool).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -131,14 +131,30 @@ void AxpyRef(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same).
-void AttendRef(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
-               float* out) {
+// Offset of position p's row in a paged view.
+int64_t RowOffset(const KvBlockView& kv, int64_t p) {
+  return kv.block_table[p / kv.block_size] * kv.block_bytes + (p % kv.block_size) * kv.row_bytes;
+}
+
+// One K or V row as f32: f32 rows are read in place, f16/bf16 rows converted into buf.
+const float* RowAsF32(const uint8_t* row, KvType type, int head_dim, float* buf) {
+  if (type == KvType::kF32) return reinterpret_cast<const float*>(row);
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+  for (int d = 0; d < head_dim; ++d) buf[d] = type == KvType::kF16 ? Fp16ToFp32(h[d]) : Bf16ToFp32(h[d]);
+  return buf;
+}
+
+// Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same for f32 K/V).
+void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out) {
   thread_local std::vector<float> scores;  // [len]
+  thread_local std::vector<float> row;     // [head_dim] converted K or V row
   scores.resize(len);
+  row.resize(head_dim);
   // Divide (not multiply by the reciprocal) as run.c does: it rounds differently.
   const float div = std::sqrt(static_cast<float>(head_dim));
-  for (int64_t p = 0; p < len; ++p) scores[p] = DotF32(k + p * kv_stride, q, head_dim) / div;
+  for (int64_t p = 0; p < len; ++p) {
+    scores[p] = DotF32(RowAsF32(kv.k + RowOffset(kv, p), kv.type, head_dim, row.data()), q, head_dim) / div;
+  }
   float max = scores[0];
   for (int64_t p = 1; p < len; ++p) max = scores[p] > max ? scores[p] : max;
   float sum = 0.0f;
@@ -148,19 +164,16 @@ void AttendRef(const float* q, const float* k, const float* v, int64_t len, int6
   }
   for (int64_t p = 0; p < len; ++p) scores[p] /= sum;
   for (int d = 0; d < head_dim; ++d) out[d] = 0.0f;
-  for (int64_t p = 0; p < len; ++p) AxpyRef(scores[p], v + p * kv_stride, out, head_dim);
+  for (int64_t p = 0; p < len; ++p) {
+    AxpyRef(scores[p], RowAsF32(kv.v + RowOffset(kv, p), kv.type, head_dim, row.data()), out, head_dim);
+  }
 }
 
 }  // namespace
 
-void AttendReference(const float* q, const float* k, const float* v, int64_t len, int64_t kv_stride, int head_dim,
-                     float* out) {
-  AttendRef(q, k, v, len, kv_stride, head_dim, out);
-}
-
-void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
-                         int64_t kv_stride, int head_dim, float* const* outs) {
-  for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], k, v, lens[i], kv_stride, head_dim, outs[i]);
+void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                         int head_dim, float* const* outs) {
+  for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i]);
 }
 
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {

@@ -578,20 +578,37 @@ inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim) {
   st.sum = 0.0f;
 }
 
-// Keys p0 .. p0+n-1 (n <= 16) into one query's state: scores, new running max, rescale of the
-// sum and output, then the weighted V rows. The same operations whatever other queries share
-// the block, so a query's result does not depend on how queries are grouped.
-template <int kVecs>
-inline void QueryBlock(QueryState<kVecs>& st, const float* k, const float* v, int64_t p0, int n, int64_t kv_stride) {
+// 16 K or V elements of the cache type as f32.
+template <KvType kType>
+inline __m512 LoadKv16(const uint8_t* p) {
+  if constexpr (kType == KvType::kF32) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (kType == KvType::kF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  } else {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+}
+template <KvType kType>
+inline constexpr int kKvElemBytes = kType == KvType::kF32 ? 4 : 2;
+
+// Keys of one block of n <= 16 positions into one query's state: scores, new running max,
+// rescale of the sum and output, then the weighted V rows. offs[j] is the byte offset of the
+// j-th position's row in K and in V. The same operations whatever other queries share the
+// block, so a query's result does not depend on how queries are grouped.
+template <int kVecs, KvType kType>
+inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* offs, int n) {
+  constexpr int kStep = 16 * kKvElemBytes<kType>;
   __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
   for (int j = 0; j < 16; ++j) {
     if (j >= n) {
       part[j] = _mm512_setzero_ps();
       continue;
     }
-    const float* kr = k + (p0 + j) * kv_stride;
-    __m512 d = _mm512_mul_ps(st.q[0], _mm512_loadu_ps(kr));
-    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], _mm512_loadu_ps(kr + 16 * i), d);
+    const uint8_t* kr = k + offs[j];
+    __m512 d = _mm512_mul_ps(st.q[0], LoadKv16<kType>(kr));
+    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv16<kType>(kr + kStep * i), d);
     part[j] = d;
   }
   alignas(64) float s[16];
@@ -608,8 +625,8 @@ inline void QueryBlock(QueryState<kVecs>& st, const float* k, const float* v, in
   for (int j = 0; j < n; ++j) {
     st.sum += wts[j];
     const __m512 wv = _mm512_set1_ps(wts[j]);
-    const float* vr = v + (p0 + j) * kv_stride;
-    for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vr + 16 * i), st.acc[i]);
+    const uint8_t* vr = v + offs[j];
+    for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, LoadKv16<kType>(vr + kStep * i), st.acc[i]);
   }
   st.max = new_max;
 }
@@ -620,37 +637,54 @@ inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
   for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(st.acc[i], inv));
 }
 
-// Several queries over the same K/V (one KV head of one sequence), key block by key block, so a
-// block of K and V rows is read from memory once and from L1 for the other queries.
-template <int kVecs>
-void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
-                      int64_t kv_stride, int head_dim, float* const* outs) {
+// Several queries over the same K/V (one KV head of one sequence), 16 positions at a time, so
+// those K and V rows are read from memory once and from L1 for the other queries. Positions are
+// grouped in 16s from 0 whatever the cache's block size: the row offsets are looked up per
+// position, so a paged cache gives bitwise what a contiguous one does.
+template <int kVecs, KvType kType>
+void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                      int head_dim, float* const* outs) {
   QueryState<kVecs> st[kMaxAttendQueries];
   int64_t max_len = 0;
   for (int i = 0; i < num_queries; ++i) {
     InitQuery(st[i], qs[i], head_dim);
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
+  int64_t offs[16];
   for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
+    const int64_t n_max = max_len - p0 < 16 ? max_len - p0 : 16;
+    for (int64_t j = 0; j < n_max; ++j) {
+      const int64_t p = p0 + j;
+      offs[j] = kv.block_table[p / kv.block_size] * kv.block_bytes + (p % kv.block_size) * kv.row_bytes;
+    }
     for (int i = 0; i < num_queries; ++i) {
       if (lens[i] <= p0) continue;
       const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
-      QueryBlock(st[i], k, v, p0, n, kv_stride);
+      QueryBlock<kVecs, kType>(st[i], kv.k, kv.v, offs, n);
     }
   }
   for (int i = 0; i < num_queries; ++i) FinishQuery(st[i], outs[i]);
 }
 
-void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const float* k, const float* v,
-                int64_t kv_stride, int head_dim, float* const* outs) {
+template <KvType kType>
+void AttendManyOfType(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                      int head_dim, float* const* outs) {
   switch (head_dim) {
-    case 32: return AttendManyOnline<2>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
-    case 64: return AttendManyOnline<4>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
-    case 80: return AttendManyOnline<5>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
-    case 96: return AttendManyOnline<6>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
-    case 128: return AttendManyOnline<8>(qs, lens, num_queries, k, v, kv_stride, head_dim, outs);
-    default:
-      for (int i = 0; i < num_queries; ++i) AttendReference(qs[i], k, v, lens[i], kv_stride, head_dim, outs[i]);
+    case 32: return AttendManyOnline<2, kType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 64: return AttendManyOnline<4, kType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 80: return AttendManyOnline<5, kType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 96: return AttendManyOnline<6, kType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 128: return AttendManyOnline<8, kType>(qs, lens, num_queries, kv, head_dim, outs);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs);
+  }
+}
+
+void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, int head_dim,
+                float* const* outs) {
+  switch (kv.type) {
+    case KvType::kF32: return AttendManyOfType<KvType::kF32>(qs, lens, num_queries, kv, head_dim, outs);
+    case KvType::kF16: return AttendManyOfType<KvType::kF16>(qs, lens, num_queries, kv, head_dim, outs);
+    case KvType::kBF16: return AttendManyOfType<KvType::kBF16>(qs, lens, num_queries, kv, head_dim, outs);
   }
 }
 

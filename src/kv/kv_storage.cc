@@ -1,0 +1,92 @@
+// KV storage: large zeroed allocations (calloc maps fresh pages, committed on first write) and
+// the f32 -> f16/bf16 conversion of rows as they are stored.
+#include "kv/kv_storage.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "base/check.h"
+#include "base/fp16.h"
+
+namespace gale {
+namespace {
+
+std::unique_ptr<uint8_t, void (*)(void*)> AllocZeroed(uint64_t bytes) {
+  void* p = std::calloc(bytes == 0 ? 1 : bytes, 1);
+  if (p == nullptr) throw std::bad_alloc();
+  return {static_cast<uint8_t*>(p), std::free};
+}
+
+}  // namespace
+
+KvStorage::KvStorage(int64_t num_layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size,
+                     kernels::KvType type)
+    : num_layers_(num_layers), kv_dim_(kv_dim), num_blocks_(num_blocks), block_size_(block_size), type_(type) {
+  CHECK(num_layers > 0 && kv_dim > 0 && num_blocks > 0 && block_size > 0);
+  row_bytes_ = kv_dim * kernels::KvTypeBytes(type);
+  layer_bytes_ = num_blocks * block_size * row_bytes_;
+  k_ = AllocZeroed(static_cast<uint64_t>(layer_bytes_) * num_layers);
+  v_ = AllocZeroed(static_cast<uint64_t>(layer_bytes_) * num_layers);
+}
+
+uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t kv_dim, int64_t block_size, kernels::KvType type) {
+  return 2ull * num_layers * block_size * kv_dim * kernels::KvTypeBytes(type);
+}
+
+kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
+  return {k_.get() + layer_idx * layer_bytes_, v_.get() + layer_idx * layer_bytes_, block_size_, type_};
+}
+
+uint8_t* KvStorage::Row(const std::unique_ptr<uint8_t, void (*)(void*)>& base, int64_t layer_idx, int32_t block_id,
+                        int64_t offset_in_block) const {
+  DCHECK(layer_idx >= 0 && layer_idx < num_layers_ && block_id >= 0 && block_id < num_blocks_);
+  DCHECK(offset_in_block >= 0 && offset_in_block < block_size_);
+  return base.get() + layer_idx * layer_bytes_ + (static_cast<int64_t>(block_id) * block_size_ + offset_in_block) * row_bytes_;
+}
+
+void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v) {
+  uint8_t* kd = Row(k_, layer_idx, block_id, offset_in_block);
+  uint8_t* vd = Row(v_, layer_idx, block_id, offset_in_block);
+  switch (type_) {
+    case kernels::KvType::kF32:
+      std::memcpy(kd, k, row_bytes_);
+      std::memcpy(vd, v, row_bytes_);
+      return;
+    case kernels::KvType::kF16:
+      for (int64_t i = 0; i < kv_dim_; ++i) {
+        reinterpret_cast<uint16_t*>(kd)[i] = Fp32ToFp16(k[i]);
+        reinterpret_cast<uint16_t*>(vd)[i] = Fp32ToFp16(v[i]);
+      }
+      return;
+    case kernels::KvType::kBF16:
+      for (int64_t i = 0; i < kv_dim_; ++i) {
+        reinterpret_cast<uint16_t*>(kd)[i] = Fp32ToBf16(k[i]);
+        reinterpret_cast<uint16_t*>(vd)[i] = Fp32ToBf16(v[i]);
+      }
+      return;
+  }
+}
+
+void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const {
+  const uint8_t* ks = Row(k_, layer_idx, block_id, offset_in_block);
+  const uint8_t* vs = Row(v_, layer_idx, block_id, offset_in_block);
+  for (int64_t i = 0; i < kv_dim_; ++i) {
+    switch (type_) {
+      case kernels::KvType::kF32:
+        k[i] = reinterpret_cast<const float*>(ks)[i];
+        v[i] = reinterpret_cast<const float*>(vs)[i];
+        break;
+      case kernels::KvType::kF16:
+        k[i] = Fp16ToFp32(reinterpret_cast<const uint16_t*>(ks)[i]);
+        v[i] = Fp16ToFp32(reinterpret_cast<const uint16_t*>(vs)[i]);
+        break;
+      case kernels::KvType::kBF16:
+        k[i] = Bf16ToFp32(reinterpret_cast<const uint16_t*>(ks)[i]);
+        v[i] = Bf16ToFp32(reinterpret_cast<const uint16_t*>(vs)[i]);
+        break;
+    }
+  }
+}
+
+}  // namespace gale
