@@ -1,0 +1,173 @@
+// Scheduler: one Schedule/Update pair per engine step.
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+
+namespace gale {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+Status SchedulerConfig::Validate() const {
+  if (max_num_batched_tokens < 1) return InvalidArgument("max_num_batched_tokens must be >= 1, got {}", max_num_batched_tokens);
+  if (max_batch_size < 1) return InvalidArgument("max_batch_size must be >= 1, got {}", max_batch_size);
+  if (prefill_chunk_size < 1) return InvalidArgument("prefill_chunk_size must be >= 1, got {}", prefill_chunk_size);
+  if (max_seq_len < 0) return InvalidArgument("max_seq_len must be >= 0, got {}", max_seq_len);
+  return Status::Ok();
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config_(config), kv_(kv) {
+  CHECK(config_.Validate().ok());
+  max_request_tokens_ = kv_->capacity_tokens();
+  if (config_.max_seq_len > 0) max_request_tokens_ = std::min(max_request_tokens_, config_.max_seq_len);
+}
+
+Status Scheduler::Add(std::unique_ptr<SeqRequest> req) {
+  if (req->tokens.empty()) return InvalidArgument("request {}: the prompt has no tokens", req->id);
+  if (req->max_new_tokens < 1) return InvalidArgument("request {}: max_tokens must be >= 1", req->id);
+  if (req->num_tokens() + req->max_new_tokens > max_request_tokens_) {
+    return InvalidArgument("request {}: prompt of {} tokens + max_tokens {} exceeds the limit of {} tokens per request",
+                           req->id, req->num_tokens(), req->max_new_tokens, max_request_tokens_);
+  }
+  req->num_prompt_tokens = req->num_tokens();
+  req->num_computed_tokens = 0;
+  waiting_.push_back(std::move(req));
+  return Status::Ok();
+}
+
+std::unique_ptr<SeqRequest> Scheduler::Abort(int64_t id, FinishReason reason) {
+  std::unique_ptr<SeqRequest> out;
+  auto match = [id](const std::unique_ptr<SeqRequest>& r) { return r->id == id; };
+  if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end()) {
+    out = std::move(*it);
+    running_.erase(it);
+  } else if (auto wt = std::find_if(waiting_.begin(), waiting_.end(), match); wt != waiting_.end()) {
+    out = std::move(*wt);
+    waiting_.erase(wt);
+  } else {
+    return nullptr;
+  }
+  kv_->Free(id);
+  out->finish_reason = reason;
+  return out;
+}
+
+void Scheduler::Preempt(std::unique_ptr<SeqRequest> req) {
+  kv_->Free(req->id);
+  req->num_computed_tokens = 0;  // recompute prompt + generated tokens when readmitted
+  ++req->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(std::move(req));
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  int64_t budget = config_.max_num_batched_tokens;
+  // Tokens of req to compute this step: the rest of its tokens, capped by the chunk size and budget.
+  auto num_new = [&](const SeqRequest& r) {
+    return std::min({r.num_tokens() - r.num_computed_tokens, config_.prefill_chunk_size, budget});
+  };
+
+  // 1. Running requests, oldest first. A request that cannot get its blocks preempts the newest
+  //    running request (possibly itself) until it can.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    SeqRequest& r = *running_[i];
+    const int64_t n = num_new(r);
+    if (kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
+      plan.seqs.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.num_tokens()});
+      plan.num_tokens += n;
+      budget -= n;
+      ++i;
+      continue;
+    }
+    std::unique_ptr<SeqRequest> victim = std::move(running_.back());
+    running_.pop_back();
+    plan.preempted.push_back(victim->id);
+    Preempt(std::move(victim));
+    // When the victim was r itself, i == running_.size() now and the loop ends.
+  }
+
+  // 2. Waiting requests, in order, while there is budget, room in the batch and free blocks.
+  //    Not in a step that preempted: the memory just freed goes to the running requests.
+  if (plan.preempted.empty()) {
+    while (budget > 0 && !waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_batch_size) {
+      SeqRequest& r = *waiting_.front();
+      const int64_t n = num_new(r);
+      if (!kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) break;
+      plan.seqs.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.num_tokens()});
+      plan.num_tokens += n;
+      budget -= n;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+  }
+  return plan;
+}
+
+std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan, const RunnerOutput& out) {
+  CHECK(out.sampled.size() == plan.seqs.size());
+  std::vector<int64_t> finished_ids;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    SeqRequest& r = *s.req;
+    r.num_computed_tokens = s.start + s.num_new_tokens;
+    if (!s.sample) continue;
+    const int32_t tok = out.sampled[i];
+    CHECK(tok >= 0);
+    r.tokens.push_back(tok);
+    if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end()) {
+      r.finish_reason = FinishReason::kEos;
+    } else if (r.num_generated() >= r.max_new_tokens) {
+      r.finish_reason = FinishReason::kLength;
+    }
+    if (r.finish_reason != FinishReason::kNone) finished_ids.push_back(r.id);
+  }
+  std::vector<std::unique_ptr<SeqRequest>> finished;
+  for (int64_t id : finished_ids) {
+    auto it = std::find_if(running_.begin(), running_.end(), [id](const auto& r) { return r->id == id; });
+    CHECK(it != running_.end());
+    kv_->Free(id);
+    finished.push_back(std::move(*it));
+    running_.erase(it);
+  }
+  return finished;
+}
+
+std::string Scheduler::CheckInvariants() const {
+  if (std::string s = kv_->CheckInvariants(); !s.empty()) return s;
+  if (static_cast<int64_t>(running_.size()) > config_.max_batch_size) {
+    return fmt::format("{} running > max_batch_size {}", running_.size(), config_.max_batch_size);
+  }
+  int64_t holders = 0;
+  for (const auto& r : running_) {
+    if (r->num_computed_tokens > r->num_tokens()) return fmt::format("request {} computed past its tokens", r->id);
+    const int64_t blocks = static_cast<int64_t>(kv_->BlockTable(r->id).size());
+    if (blocks < kv_->BlocksFor(r->num_computed_tokens)) {
+      return fmt::format("request {}: {} blocks for {} computed tokens", r->id, blocks, r->num_computed_tokens);
+    }
+    if (blocks > 0) ++holders;
+  }
+  for (const auto& r : waiting_) {
+    if (!kv_->BlockTable(r->id).empty()) return fmt::format("waiting request {} holds blocks", r->id);
+    if (r->num_computed_tokens != 0) return fmt::format("waiting request {} has computed tokens", r->id);
+  }
+  if (holders != kv_->num_requests()) {
+    return fmt::format("{} requests hold blocks, the cache manager knows {}", holders, kv_->num_requests());
+  }
+  return "";
+}
+
+}  // namespace gale

@@ -1,0 +1,105 @@
+// The token-budget scheduler (vLLM v1's rule): every step, running requests first (their decode
+// token, or the next chunk of an unfinished prefill), then new chunks of waiting requests, within
+// max_num_batched_tokens and max_batch_size. There are no prefill and decode phases: a request
+// has num_computed_tokens out of its tokens (prompt + generated), and each step computes the
+// next ones. When blocks run out, the newest running request is preempted (its blocks freed,
+// recomputed later). Pure logic over token ids and block ids: no tensors, no threads.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/kv_cache_manager.h"
+
+namespace gale {
+
+enum class FinishReason { kNone, kEos, kLength, kStop, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);  // "eos", "length", "stop", "cancelled", "error"
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 512;  // tokens computed per step, all requests together
+  int64_t max_batch_size = 32;           // requests running at once
+  int64_t prefill_chunk_size = 512;      // most tokens of one request per step
+  int64_t max_seq_len = 0;               // prompt + output of one request; 0: KV capacity
+  Status Validate() const;
+};
+
+// The scheduler's view of one request.
+struct SeqRequest {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt, then the generated tokens
+  int64_t num_prompt_tokens = 0;
+  int64_t num_computed_tokens = 0;  // tokens whose K/V are in the cache
+  int64_t max_new_tokens = 0;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (EOS, EOT)
+  FinishReason finish_reason = FinishReason::kNone;
+  int64_t num_preemptions = 0;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_generated() const { return num_tokens() - num_prompt_tokens; }
+};
+
+// One request's share of a step: tokens [start, start + num_new_tokens) of req->tokens. sample:
+// the chunk ends at the last token, so its logits give the next token.
+struct ScheduledSeq {
+  SeqRequest* req;
+  int64_t start;
+  int64_t num_new_tokens;
+  bool sample;
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  int64_t num_tokens = 0;
+  std::vector<int64_t> preempted;  // ids preempted while planning this step
+  bool empty() const { return seqs.empty(); }
+};
+
+// What the runner produced for a plan: one sampled token per ScheduledSeq, -1 where sample is false.
+struct RunnerOutput {
+  std::vector<int32_t> sampled;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, KvCacheManager* kv);
+
+  // Most tokens (prompt + output) one request may have: max_seq_len capped by all KV memory.
+  int64_t max_request_tokens() const { return max_request_tokens_; }
+
+  // Queues a request (FCFS). Errors when it can never fit: prompt + max_new_tokens over
+  // max_request_tokens(), an empty prompt, or max_new_tokens < 1.
+  Status Add(std::unique_ptr<SeqRequest> req);
+  // Removes a request wherever it is, freeing its blocks; nullptr when unknown. Not during a step.
+  std::unique_ptr<SeqRequest> Abort(int64_t id, FinishReason reason);
+
+  StepPlan Schedule();
+  // Advances the planned requests, appends sampled tokens, and returns those that finished
+  // (blocks freed) in plan order.
+  std::vector<std::unique_ptr<SeqRequest>> Update(const StepPlan& plan, const RunnerOutput& out);
+
+  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+  // "" when queues, block tables and the pool agree; else what is wrong (tests).
+  std::string CheckInvariants() const;
+
+ private:
+  void Preempt(std::unique_ptr<SeqRequest> req);
+
+  SchedulerConfig config_;
+  KvCacheManager* kv_;
+  int64_t max_request_tokens_;
+  std::deque<std::unique_ptr<SeqRequest>> waiting_;   // front: next to admit
+  std::vector<std::unique_ptr<SeqRequest>> running_;  // admission order: back is preempted first
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace gale

@@ -1,0 +1,254 @@
+// Scheduler with a fake runner (no model): the token budget, decode before prefill, chunking,
+// preemption of the newest request, admission errors, and long random workloads of
+// submit/cancel/finish under tiny KV memory with the invariants checked after every step.
+#include "sched/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+
+#include "base/rng.h"
+
+namespace gale {
+namespace {
+
+std::unique_ptr<SeqRequest> MakeRequest(int64_t id, int64_t prompt_len, int64_t max_new, std::vector<int32_t> stop = {}) {
+  auto r = std::make_unique<SeqRequest>();
+  r->id = id;
+  for (int64_t i = 0; i < prompt_len; ++i) r->tokens.push_back(static_cast<int32_t>((id * 31 + i) % 100));
+  r->max_new_tokens = max_new;
+  r->stop_ids = std::move(stop);
+  return r;
+}
+
+// The fake model: the next token is a hash of the whole sequence so far, so any lost or
+// repeated computation after preemption shows as a different output.
+int32_t FakeNext(const std::vector<int32_t>& tokens) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : tokens) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+  return static_cast<int32_t>(h % 97);
+}
+
+RunnerOutput FakeRun(const StepPlan& plan) {
+  RunnerOutput out;
+  for (const auto& s : plan.seqs) {
+    EXPECT_GE(s.num_new_tokens, 1);
+    EXPECT_EQ(s.start, s.req->num_computed_tokens);
+    out.sampled.push_back(s.sample ? FakeNext(s.req->tokens) : -1);
+  }
+  return out;
+}
+
+TEST(SchedulerTest, ChunksPrefillWithinTheBudgetAndRunsDecodesFirst) {
+  KvCacheManager kv(64, 4);
+  SchedulerConfig cfg;
+  cfg.max_num_batched_tokens = 8;
+  cfg.prefill_chunk_size = 5;
+  Scheduler s(cfg, &kv);
+  ASSERT_TRUE(s.Add(MakeRequest(1, 12, 3)).ok());
+  ASSERT_TRUE(s.Add(MakeRequest(2, 4, 3)).ok());
+  StepPlan p = s.Schedule();  // r1 5 tokens, r2 3 of its 4 (budget 8)
+  ASSERT_EQ(p.seqs.size(), 2u);
+  EXPECT_EQ(p.seqs[0].num_new_tokens, 5);
+  EXPECT_FALSE(p.seqs[0].sample);
+  EXPECT_EQ(p.seqs[1].num_new_tokens, 3);
+  EXPECT_EQ(p.num_tokens, 8);
+  s.Update(p, FakeRun(p));
+  p = s.Schedule();  // r1 next 5, r2 its last prompt token -> samples
+  ASSERT_EQ(p.seqs.size(), 2u);
+  EXPECT_EQ(p.seqs[0].start, 5);
+  EXPECT_EQ(p.seqs[0].num_new_tokens, 5);
+  EXPECT_EQ(p.seqs[1].num_new_tokens, 1);
+  EXPECT_TRUE(p.seqs[1].sample);
+  s.Update(p, FakeRun(p));
+  p = s.Schedule();  // r1's last 2 prompt tokens, r2 decodes 1
+  ASSERT_EQ(p.seqs.size(), 2u);
+  EXPECT_EQ(p.seqs[0].num_new_tokens, 2);
+  EXPECT_TRUE(p.seqs[0].sample);
+  EXPECT_EQ(p.seqs[1].num_new_tokens, 1);
+  EXPECT_EQ(s.CheckInvariants(), "");
+}
+
+TEST(SchedulerTest, DecodesComeBeforeNewPrefills) {
+  KvCacheManager kv(64, 4);
+  SchedulerConfig cfg;
+  cfg.max_num_batched_tokens = 4;
+  Scheduler s(cfg, &kv);
+  ASSERT_TRUE(s.Add(MakeRequest(1, 2, 10)).ok());
+  ASSERT_TRUE(s.Add(MakeRequest(2, 2, 10)).ok());
+  ASSERT_TRUE(s.Add(MakeRequest(3, 6, 10)).ok());
+  StepPlan p = s.Schedule();  // 2 + 2 = budget
+  EXPECT_EQ(p.seqs.size(), 2u);
+  s.Update(p, FakeRun(p));
+  p = s.Schedule();  // decodes 1 + 1, then 2 tokens of r3's prompt
+  ASSERT_EQ(p.seqs.size(), 3u);
+  EXPECT_EQ(p.seqs[0].req->id, 1);
+  EXPECT_EQ(p.seqs[1].req->id, 2);
+  EXPECT_EQ(p.seqs[2].req->id, 3);
+  EXPECT_EQ(p.seqs[2].num_new_tokens, 2);
+}
+
+TEST(SchedulerTest, RespectsMaxBatchSize) {
+  KvCacheManager kv(64, 4);
+  SchedulerConfig cfg;
+  cfg.max_batch_size = 2;
+  Scheduler s(cfg, &kv);
+  for (int id = 1; id <= 3; ++id) ASSERT_TRUE(s.Add(MakeRequest(id, 3, 2)).ok());
+  StepPlan p = s.Schedule();
+  EXPECT_EQ(p.seqs.size(), 2u);
+  EXPECT_EQ(s.num_waiting(), 1);
+}
+
+TEST(SchedulerTest, PreemptsTheNewestAndRecomputesIt) {
+  KvCacheManager kv(4, 2);  // 8 slots
+  SchedulerConfig cfg;
+  Scheduler s(cfg, &kv);
+  ASSERT_TRUE(s.Add(MakeRequest(1, 3, 4)).ok());  // needs up to 7 slots = 4 blocks
+  ASSERT_TRUE(s.Add(MakeRequest(2, 3, 4)).ok());
+  StepPlan p = s.Schedule();  // both prefill: 2 blocks each, pool full
+  ASSERT_EQ(p.seqs.size(), 2u);
+  s.Update(p, FakeRun(p));
+  p = s.Schedule();  // r1 decodes at position 3 (fits block 2); r2 too
+  s.Update(p, FakeRun(p));
+  p = s.Schedule();  // r1 needs a third block: r2 is preempted
+  ASSERT_EQ(p.preempted, std::vector<int64_t>{2});
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].req->id, 1);
+  EXPECT_EQ(s.num_waiting(), 1);
+  EXPECT_EQ(s.CheckInvariants(), "");
+  int steps = 0;
+  std::map<int64_t, std::vector<int32_t>> outputs;
+  auto finished = s.Update(p, FakeRun(p));
+  while (true) {
+    for (auto& f : finished) outputs[f->id] = f->tokens;
+    if (!s.HasWork()) break;
+    p = s.Schedule();
+    ASSERT_FALSE(p.empty());
+    ASSERT_EQ(s.CheckInvariants(), "");
+    finished = s.Update(p, FakeRun(p));
+    ASSERT_LT(++steps, 100);
+  }
+  EXPECT_GE(s.num_preemptions(), 1);
+  EXPECT_EQ(kv.num_free_blocks(), 4);
+  // Recomputation gives the same tokens as an uninterrupted run.
+  for (int64_t id : {1, 2}) {
+    std::vector<int32_t> want = MakeRequest(id, 3, 4)->tokens;
+    for (int i = 0; i < 4; ++i) want.push_back(FakeNext(want));
+    EXPECT_EQ(outputs[id], want) << id;
+  }
+}
+
+TEST(SchedulerTest, RejectsRequestsThatCanNeverFit) {
+  KvCacheManager kv(4, 4);  // 16 slots
+  SchedulerConfig cfg;
+  cfg.max_seq_len = 12;
+  Scheduler s(cfg, &kv);
+  EXPECT_EQ(s.max_request_tokens(), 12);
+  EXPECT_TRUE(s.Add(MakeRequest(1, 8, 4)).ok());
+  const Status st = s.Add(MakeRequest(2, 8, 5));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("exceeds the limit of 12"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(s.Add(MakeRequest(3, 0, 5)).ok());
+  EXPECT_FALSE(s.Add(MakeRequest(4, 3, 0)).ok());
+  KvCacheManager small(2, 4);  // all KV memory is 8 slots
+  Scheduler s2(SchedulerConfig{}, &small);
+  EXPECT_FALSE(s2.Add(MakeRequest(5, 6, 3)).ok());
+}
+
+TEST(SchedulerTest, StopsOnStopIdsAndAbortFreesBlocks) {
+  KvCacheManager kv(16, 4);
+  Scheduler s(SchedulerConfig{}, &kv);
+  auto r = MakeRequest(1, 3, 50);
+  std::vector<int32_t> t = r->tokens;
+  const int32_t first = FakeNext(t);
+  r->stop_ids = {first};
+  ASSERT_TRUE(s.Add(std::move(r)).ok());
+  ASSERT_TRUE(s.Add(MakeRequest(2, 3, 50)).ok());
+  StepPlan p = s.Schedule();
+  auto done = s.Update(p, FakeRun(p));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]->finish_reason, FinishReason::kEos);
+  EXPECT_EQ(done[0]->num_generated(), 1);
+  auto aborted = s.Abort(2, FinishReason::kCancelled);
+  ASSERT_NE(aborted, nullptr);
+  EXPECT_EQ(aborted->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(s.Abort(2, FinishReason::kCancelled), nullptr);
+  EXPECT_FALSE(s.HasWork());
+  EXPECT_EQ(kv.num_free_blocks(), 16);
+}
+
+// Random arrivals, cancels, chunk sizes, budgets and tiny memory. After every step: invariants,
+// budget and batch size respected. At the end: every request finished with the tokens an
+// uninterrupted run gives, every block free, and no request waited unboundedly.
+TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) {
+  int64_t total_preemptions = 0, total_cancels = 0, total_finished = 0;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    Rng rng(seed);
+    const int32_t num_blocks = 3 + static_cast<int32_t>(rng.NextU64() % 12);
+    const int64_t block_size = 1 + static_cast<int64_t>(rng.NextU64() % 5);
+    KvCacheManager kv(num_blocks, block_size);
+    SchedulerConfig cfg;
+    cfg.max_num_batched_tokens = 1 + static_cast<int64_t>(rng.NextU64() % 16);
+    cfg.prefill_chunk_size = 1 + static_cast<int64_t>(rng.NextU64() % 8);
+    cfg.max_batch_size = 1 + static_cast<int64_t>(rng.NextU64() % 6);
+    Scheduler s(cfg, &kv);
+    const int64_t limit = s.max_request_tokens();
+    std::map<int64_t, std::vector<int32_t>> expected;
+    std::map<int64_t, std::unique_ptr<SeqRequest>> done;
+    int64_t next_id = 1, num_submitted = 0, step = 0;
+    const int64_t num_requests = 30;
+    while (num_submitted < num_requests || s.HasWork()) {
+      // Arrivals: a few per step.
+      while (num_submitted < num_requests && rng.NextU64() % 3 == 0) {
+        const int64_t prompt = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, limit - 1));
+        const int64_t max_new = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, limit - prompt));
+        auto r = MakeRequest(next_id, prompt, max_new, {static_cast<int32_t>(rng.NextU64() % 97)});
+        std::vector<int32_t> want = r->tokens;
+        for (int64_t i = 0; i < max_new; ++i) {
+          want.push_back(FakeNext(want));
+          if (want.back() == r->stop_ids[0]) break;
+        }
+        expected[next_id] = want;
+        const bool fits = prompt + max_new <= limit;
+        ASSERT_EQ(s.Add(std::move(r)).ok(), fits);
+        if (!fits) expected.erase(next_id);
+        ++next_id;
+        ++num_submitted;
+      }
+      // Cancels: rarely, a random earlier id.
+      if (next_id > 1 && rng.NextU64() % 25 == 0) {
+        const int64_t id = 1 + static_cast<int64_t>(rng.NextU64() % (next_id - 1));
+        if (auto r = s.Abort(id, FinishReason::kCancelled)) {
+          expected.erase(id);
+          ASSERT_EQ(r->finish_reason, FinishReason::kCancelled);
+          ++total_cancels;
+        }
+      }
+      if (!s.HasWork()) continue;
+      StepPlan p = s.Schedule();
+      ASSERT_FALSE(p.empty()) << "seed " << seed << " step " << step << ": work but nothing scheduled";
+      ASSERT_LE(p.num_tokens, cfg.max_num_batched_tokens);
+      ASSERT_LE(s.num_running(), cfg.max_batch_size);
+      ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
+      for (auto& f : s.Update(p, FakeRun(p))) done[f->id] = std::move(f);
+      ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
+      ASSERT_LT(++step, 20000) << "seed " << seed << ": no progress";
+    }
+    EXPECT_EQ(kv.num_free_blocks(), num_blocks) << "seed " << seed;
+    total_preemptions += s.num_preemptions();
+    total_finished += static_cast<int64_t>(done.size());
+    for (const auto& [id, want] : expected) {
+      ASSERT_TRUE(done.count(id)) << "seed " << seed << " request " << id << " never finished";
+      EXPECT_EQ(done[id]->tokens, want) << "seed " << seed << " request " << id;
+    }
+  }
+  // The workloads must actually exercise preemption and cancellation.
+  std::printf("finished %lld, preemptions %lld, cancels %lld\n", static_cast<long long>(total_finished),
+              static_cast<long long>(total_preemptions), static_cast<long long>(total_cancels));
+  EXPECT_GT(total_preemptions, 100);
+  EXPECT_GT(total_cancels, 10);
+}
+
+}  // namespace
+}  // namespace gale
