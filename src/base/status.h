@@ -67,6 +67,15 @@ Status IoError(fmt::format_string<Args...> f, Args&&... args) {
   return Status(StatusCode::kIoError, fmt::format(f, std::forward<Args>(args)...));
 }
 
+template <typename... Args>
+Status Internal(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kInternal, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+Status ResourceExhausted(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kResourceExhausted, fmt::format(f, std::forward<Args>(args)...));
+}
+
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:

@@ -1,0 +1,306 @@
+// Engine: KV sizing at start-up, validation on the caller's thread, the step loop on its own.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <fstream>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "base/profiler.h"
+
+namespace gale {
+
+uint64_t MemAvailableBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+struct Engine::Live {
+  std::shared_ptr<RequestStream> stream;
+  std::optional<Detokenizer> detok;
+  std::vector<std::string> stop;
+  size_t max_stop_bytes = 0;
+  std::string text;        // generated text so far
+  size_t emitted = 0;      // bytes of text already pushed to the stream
+  int64_t num_prompt_tokens = 0;
+  int64_t num_truncated_tokens = 0;
+};
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const Tokenizer* tokenizer,
+                                                 const EngineConfig& config, ThreadPool& pool) {
+  RETURN_IF_ERROR(config.sched.Validate());
+  if (config.block_size < 1 || config.block_size > 4096) {
+    return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
+  }
+  if (config.kv_cache_ratio <= 0.0 || config.kv_cache_ratio > 1.0) {
+    return InvalidArgument("kv cache ratio must be in (0, 1], got {}", config.kv_cache_ratio);
+  }
+  const LlamaHParams& hp = model.hparams();
+  const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.kv_dim(), config.block_size, config.kv_type);
+  uint64_t budget = config.kv_cache_memory_bytes;
+  if (budget == 0) {
+    // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
+    const uint64_t workspace = static_cast<uint64_t>(config.sched.max_num_batched_tokens) *
+                                   (5 * hp.dim + 2 * hp.kv_dim() + 2 * hp.ffn_dim) * sizeof(float) +
+                               static_cast<uint64_t>(config.sched.max_batch_size) * hp.vocab_size * sizeof(float);
+    const uint64_t avail = MemAvailableBytes();
+    if (avail == 0) return InvalidArgument("cannot read MemAvailable from /proc/meminfo: set --kv-cache-memory");
+    budget = avail > workspace ? static_cast<uint64_t>(static_cast<double>(avail - workspace) * config.kv_cache_ratio) : 0;
+  }
+  int64_t num_blocks = static_cast<int64_t>(budget / block_bytes);
+  // More than every running request at its longest could use is never touched: do not reserve it.
+  const int64_t seq_cap = config.sched.max_seq_len > 0 ? config.sched.max_seq_len
+                                                       : (hp.context_length > 0 ? hp.context_length : 2048);
+  const int64_t useful = config.sched.max_batch_size * ((seq_cap + config.block_size - 1) / config.block_size);
+  num_blocks = std::min(num_blocks, useful);
+  if (num_blocks < 1) {
+    return ResourceExhausted("KV cache memory of {} bytes holds no block of {} bytes ({} tokens): give more memory",
+                             budget, block_bytes, config.block_size);
+  }
+  if (num_blocks > (int64_t{1} << 30)) num_blocks = int64_t{1} << 30;
+  EngineConfig cfg = config;
+  if (cfg.sched.max_seq_len == 0) cfg.sched.max_seq_len = seq_cap;
+  return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks));
+}
+
+Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
+               int64_t num_blocks)
+    : model_(model),
+      tokenizer_(tokenizer),
+      config_(config),
+      num_blocks_(num_blocks),
+      storage_(model.hparams().num_layers, model.hparams().kv_dim(), num_blocks, config.block_size, config.kv_type),
+      kv_(static_cast<int32_t>(num_blocks), config.block_size),
+      sched_(config.sched, &kv_),
+      runner_(model, storage_, pool) {
+  max_request_tokens_ = sched_.max_request_tokens();
+  kv_bytes_ = storage_.num_bytes();
+  stats_.num_free_blocks = num_blocks;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() {
+  queue_.Shutdown();
+  thread_.join();
+}
+
+std::string Engine::Describe() const {
+  return fmt::format("KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once",
+                     num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
+                     kernels::KvTypeName(config_.kv_type), max_request_tokens_, config_.sched.max_batch_size);
+}
+
+StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
+  if (req.prompt.empty()) return InvalidArgument("the prompt has no tokens");
+  const int64_t vocab = model_.hparams().vocab_size;
+  for (int32_t t : req.prompt) {
+    if (t < 0 || t >= vocab) return InvalidArgument("prompt token id {} outside the vocabulary [0, {})", t, vocab);
+  }
+  RETURN_IF_ERROR(req.sampling.Validate());
+  if (!req.stop.empty() && tokenizer_ == nullptr) return InvalidArgument("stop strings need a tokenizer");
+  for (const auto& s : req.stop) {
+    if (s.empty()) return InvalidArgument("a stop string is empty");
+  }
+  if (req.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0, got {}", req.max_tokens);
+  const int64_t limit = max_request_tokens_;
+  int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
+  if (req.max_tokens == 0) {
+    if (prompt_len >= limit) {
+      return InvalidArgument("prompt of {} tokens leaves no room for output within the limit of {} tokens per request",
+                             prompt_len, limit);
+    }
+    req.max_tokens = limit - prompt_len;
+  }
+  int64_t num_truncated = 0;
+  if (prompt_len + req.max_tokens > limit) {
+    if (!req.truncate) {
+      return InvalidArgument("prompt of {} tokens + max_tokens {} exceeds the limit of {} tokens per request "
+                             "(max_seq_len and KV memory); shorten it, lower max_tokens, or ask for truncation",
+                             prompt_len, req.max_tokens, limit);
+    }
+    const int64_t keep = limit - req.max_tokens;
+    if (keep < 2) {
+      return InvalidArgument("max_tokens {} leaves fewer than 2 prompt tokens within the limit of {}", req.max_tokens, limit);
+    }
+    // Keep the head (instructions, BOS) and the tail (the question), drop the middle.
+    const int64_t head = keep / 2, tail = keep - head;
+    num_truncated = prompt_len - keep;
+    req.prompt.erase(req.prompt.begin() + head, req.prompt.end() - tail);
+    prompt_len = keep;
+  }
+  const int64_t id = next_id_++;
+  auto stream = std::make_shared<RequestStream>(id);
+  queue_.Submit(PendingRequest{id, std::move(req), stream, num_truncated});
+  return stream;
+}
+
+void Engine::Cancel(int64_t request_id) { queue_.Cancel(request_id); }
+
+void Engine::Admit(PendingRequest& p) {
+  auto r = std::make_unique<SeqRequest>();
+  r->id = p.id;
+  r->tokens = std::move(p.request.prompt);
+  r->max_new_tokens = p.request.max_tokens;
+  r->stop_ids = p.request.stop_ids;
+  auto live = std::make_unique<Live>();
+  live->stream = p.stream;
+  live->num_prompt_tokens = r->num_tokens();
+  live->num_truncated_tokens = p.num_truncated_tokens;
+  live->stop = std::move(p.request.stop);
+  for (const auto& s : live->stop) live->max_stop_bytes = std::max(live->max_stop_bytes, s.size());
+  if (tokenizer_ != nullptr) live->detok.emplace(*tokenizer_, /*at_start=*/false);
+  if (Status s = sched_.Add(std::move(r)); !s.ok()) {
+    // Submit checked the same limits; this is a bug, but the request gets an answer.
+    StreamUpdate u;
+    u.finished = true;
+    u.finish_reason = FinishReason::kError;
+    u.status = s;
+    p.stream->Push(std::move(u));
+    return;
+  }
+  runner_.AddRequest(p.id, p.request.sampling);
+  live_[p.id] = std::move(live);
+}
+
+bool Engine::EmitToken(int64_t id, int32_t token) {
+  Live& l = *live_.at(id);
+  StreamUpdate u;
+  u.token_ids.push_back(token);
+  u.num_prompt_tokens = l.num_prompt_tokens;
+  u.num_truncated_tokens = l.num_truncated_tokens;
+  bool stopped = false;
+  if (l.detok) {
+    const size_t before = l.text.size();
+    l.text += l.detok->Push(token);
+    if (!l.stop.empty()) {
+      // A stop string can end in the new text and start up to max_stop_bytes - 1 before it.
+      const size_t from = before >= l.max_stop_bytes ? before - l.max_stop_bytes + 1 : 0;
+      size_t cut = std::string::npos;
+      for (const auto& s : l.stop) {
+        const size_t at = l.text.find(s, from);
+        if (at != std::string::npos) cut = std::min(cut, at);
+      }
+      if (cut != std::string::npos) {
+        l.text.resize(cut);
+        stopped = true;
+      }
+    }
+    // Hold back what could still be the start of a stop string, and never split a UTF-8 character.
+    size_t safe = l.text.size();
+    if (!stopped && l.max_stop_bytes > 1) safe = safe >= l.max_stop_bytes - 1 ? safe - (l.max_stop_bytes - 1) : 0;
+    while (safe > l.emitted && safe < l.text.size() && (static_cast<uint8_t>(l.text[safe]) & 0xC0) == 0x80) --safe;
+    if (safe > l.emitted) {
+      u.text = l.text.substr(l.emitted, safe - l.emitted);
+      l.emitted = safe;
+    }
+  }
+  l.stream->Push(std::move(u));
+  return stopped;
+}
+
+void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& status) {
+  auto it = live_.find(r.id);
+  if (it == live_.end()) return;
+  Live& l = *it->second;
+  StreamUpdate u;
+  u.finished = true;
+  u.finish_reason = reason;
+  u.status = status;
+  u.num_prompt_tokens = l.num_prompt_tokens;
+  u.num_truncated_tokens = l.num_truncated_tokens;
+  if (l.detok && reason != FinishReason::kStop) l.text += l.detok->Flush();
+  if (l.text.size() > l.emitted) u.text = l.text.substr(l.emitted);
+  l.stream->Push(std::move(u));
+  runner_.RemoveRequest(r.id);
+  live_.erase(it);
+}
+
+void Engine::Loop() {
+  std::vector<PendingRequest> submitted;
+  std::vector<int64_t> cancelled;
+  std::vector<RunnerSeq> seqs;
+  std::vector<int32_t> sampled;
+  while (true) {
+    submitted.clear();
+    cancelled.clear();
+    const bool open = queue_.Drain(/*wait=*/!sched_.HasWork(), &submitted, &cancelled);
+    for (auto& p : submitted) Admit(p);
+    for (int64_t id : cancelled) {
+      if (auto r = sched_.Abort(id, FinishReason::kCancelled)) {
+        PublishStats();
+        Finish(*r, FinishReason::kCancelled, Status::Ok());
+      }
+    }
+    if (!open) {
+      std::vector<int64_t> ids;
+      for (const auto& [id, l] : live_) ids.push_back(id);
+      for (int64_t id : ids) {
+        if (auto r = sched_.Abort(id, FinishReason::kCancelled)) Finish(*r, FinishReason::kCancelled, Status::Ok());
+      }
+      return;
+    }
+    if (!sched_.HasWork()) continue;
+
+    const StepPlan plan = sched_.Schedule();
+    stats_.num_preemptions += static_cast<int64_t>(plan.preempted.size());
+    if (plan.empty()) continue;
+    seqs.clear();
+    for (const ScheduledSeq& s : plan.seqs) {
+      seqs.push_back({s.req->id, s.req->tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample});
+    }
+    Status st;
+    {
+      ProfileSpan span("step", "step", plan.num_tokens);
+      st = runner_.Execute(seqs, &sampled);
+    }
+    if (!st.ok()) {
+      // The model refused the batch: fail its requests (never the engine).
+      for (const ScheduledSeq& s : plan.seqs) {
+        if (auto r = sched_.Abort(s.req->id, FinishReason::kError)) Finish(*r, FinishReason::kError, st);
+      }
+      PublishStats();
+      continue;
+    }
+    ++stats_.num_steps;
+    stats_.num_step_tokens += plan.num_tokens;
+    const RunnerOutput out{sampled};
+    auto finished = sched_.Update(plan, out);
+    // Stream the new tokens; a stop string ends its request here.
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      if (!plan.seqs[i].sample) continue;
+      ++stats_.num_generated_tokens;
+      const int64_t id = plan.seqs[i].req->id;
+      if (EmitToken(id, sampled[i])) {
+        auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& r) { return r->id == id; });
+        if (it != finished.end()) {
+          (*it)->finish_reason = FinishReason::kStop;
+        } else if (auto r = sched_.Abort(id, FinishReason::kStop)) {
+          finished.push_back(std::move(r));
+        }
+      }
+    }
+    // Counters first: a client that sees its request finish sees its blocks free.
+    PublishStats();
+    for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
+  }
+}
+
+void Engine::PublishStats() {
+  const int64_t used = num_blocks_ - kv_.num_free_blocks();
+  stats_.num_free_blocks = kv_.num_free_blocks();
+  stats_.num_running = sched_.num_running();
+  stats_.num_waiting = sched_.num_waiting();
+  stats_.wasted_slots = kv_.WastedSlots();
+  stats_.max_wasted_slots = std::max<int64_t>(stats_.max_wasted_slots, kv_.WastedSlots());
+  stats_.max_used_blocks = std::max<int64_t>(stats_.max_used_blocks, used);
+}
+
+}  // namespace gale

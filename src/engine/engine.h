@@ -1,0 +1,104 @@
+// The engine: one thread that owns the scheduler, the KV cache and the model runner, and steps
+// them as long as there is work: drain the request queue, Schedule, run the model once for every
+// scheduled chunk, Update, stream results. Any thread may Submit and Cancel; results arrive on
+// each request's RequestStream. `gale batch`, `gale run` and the server all go through it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "engine/request_queue.h"
+#include "kv/kv_cache_manager.h"
+#include "kv/kv_storage.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "runner/model_runner.h"
+#include "sched/scheduler.h"
+
+namespace gale {
+
+struct EngineConfig {
+  SchedulerConfig sched;
+  int64_t block_size = 16;              // tokens per KV block
+  uint64_t kv_cache_memory_bytes = 0;   // KV memory; 0: kv_cache_ratio of the memory available
+  double kv_cache_ratio = 0.5;          // share of MemAvailable (read at start-up, after weights load)
+  kernels::KvType kv_type = kernels::KvType::kF32;
+};
+
+// Counters for summaries and /metrics; read from any thread.
+struct EngineStats {
+  std::atomic<int64_t> num_steps{0};
+  std::atomic<int64_t> num_step_tokens{0};        // tokens computed, prefill + decode (incl. recompute)
+  std::atomic<int64_t> num_generated_tokens{0};
+  std::atomic<int64_t> num_preemptions{0};
+  std::atomic<int64_t> num_free_blocks{0};
+  std::atomic<int64_t> num_running{0};
+  std::atomic<int64_t> num_waiting{0};
+  std::atomic<int64_t> wasted_slots{0};           // unfilled tails of last blocks, now
+  std::atomic<int64_t> max_wasted_slots{0};
+  std::atomic<int64_t> max_used_blocks{0};
+};
+
+class Engine {
+ public:
+  // tokenizer may be null (then stop strings are refused and no text is produced).
+  static StatusOr<std::unique_ptr<Engine>> Create(const LlamaModel& model, const Tokenizer* tokenizer,
+                                                  const EngineConfig& config, ThreadPool& pool);
+  ~Engine();  // requests still in flight finish as cancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. Errors (nothing queued) for an empty prompt, ids outside the
+  // vocabulary, bad sampling parameters, or a request that can never fit (unless truncate).
+  StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
+  // The request ends at the next step (finish reason cancelled); its blocks are freed.
+  void Cancel(int64_t request_id);
+
+  const EngineConfig& config() const { return config_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t max_request_tokens() const { return max_request_tokens_; }
+  uint64_t kv_bytes() const { return kv_bytes_; }
+  const EngineStats& stats() const { return stats_; }
+  // One line on the KV cache: blocks, tokens, bytes, type.
+  std::string Describe() const;
+
+ private:
+  struct Live;  // engine-thread state of a request in flight
+  Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
+         int64_t num_blocks);
+  void Loop();
+  void Admit(PendingRequest& p);
+  // Appends a generated token's text to the stream; true when a stop string ended the request.
+  bool EmitToken(int64_t id, int32_t token);
+  void Finish(const SeqRequest& r, FinishReason reason, const Status& status);
+  void PublishStats();
+
+  const LlamaModel& model_;
+  const Tokenizer* tokenizer_;
+  EngineConfig config_;
+  int64_t num_blocks_;
+  int64_t max_request_tokens_;
+  uint64_t kv_bytes_;
+  // Engine thread only:
+  KvStorage storage_;
+  KvCacheManager kv_;
+  Scheduler sched_;
+  ModelRunner runner_;
+  std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
+  // Shared:
+  RequestQueue queue_;
+  EngineStats stats_;
+  std::atomic<int64_t> next_id_{1};
+  std::thread thread_;
+};
+
+// Bytes of MemAvailable in /proc/meminfo, 0 when unknown.
+uint64_t MemAvailableBytes();
+
+}  // namespace gale

@@ -1,0 +1,80 @@
+// Request queue and result streams: mutex + condition variable each.
+#include "engine/request_queue.h"
+
+namespace gale {
+
+void RequestStream::Push(StreamUpdate u) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_pending_) {
+      pending_ = std::move(u);
+      has_pending_ = true;
+    } else {
+      pending_.token_ids.insert(pending_.token_ids.end(), u.token_ids.begin(), u.token_ids.end());
+      pending_.text += u.text;
+      if (u.finished) {
+        pending_.finished = true;
+        pending_.finish_reason = u.finish_reason;
+        pending_.status = std::move(u.status);
+      }
+      pending_.num_prompt_tokens = u.num_prompt_tokens;
+      pending_.num_truncated_tokens = u.num_truncated_tokens;
+    }
+  }
+  cv_.notify_all();
+}
+
+bool RequestStream::Next(StreamUpdate* out) {
+  return NextUntil(std::chrono::steady_clock::time_point::max(), out);
+}
+
+bool RequestStream::NextUntil(std::chrono::steady_clock::time_point deadline, StreamUpdate* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (done_) return false;
+  if (deadline == std::chrono::steady_clock::time_point::max()) {
+    cv_.wait(lock, [&] { return has_pending_; });
+  } else if (!cv_.wait_until(lock, deadline, [&] { return has_pending_; })) {
+    return false;
+  }
+  *out = std::move(pending_);
+  pending_ = StreamUpdate();
+  has_pending_ = false;
+  if (out->finished) done_ = true;
+  return true;
+}
+
+void RequestQueue::Submit(PendingRequest req) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_.push_back(std::move(req));
+  }
+  cv_.notify_one();
+}
+
+void RequestQueue::Cancel(int64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+void RequestQueue::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool RequestQueue::Drain(bool wait, std::vector<PendingRequest>* submitted, std::vector<int64_t>* cancelled) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (wait) cv_.wait(lock, [&] { return shutdown_ || !submitted_.empty() || !cancelled_.empty(); });
+  for (auto& r : submitted_) submitted->push_back(std::move(r));
+  submitted_.clear();
+  cancelled->insert(cancelled->end(), cancelled_.begin(), cancelled_.end());
+  cancelled_.clear();
+  return !shutdown_;
+}
+
+}  // namespace gale

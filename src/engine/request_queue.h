@@ -1,0 +1,89 @@
+// Where the engine thread meets every other thread, and the only place with locks (DESIGN.md):
+// the queue of submitted and cancelled requests, and each request's stream of results. Client
+// threads (CLI, HTTP handlers) push requests and read streams; the engine thread drains the queue
+// between steps and pushes results. Nothing here knows about models or scheduling.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "runner/sampler.h"
+#include "sched/scheduler.h"
+
+namespace gale {
+
+// What a client asks for. Token ids are already validated against the vocabulary.
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;             // 0: as many as fit in the per-request limit
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;      // end-of-generation tokens (EOS, EOT); empty: none
+  std::vector<std::string> stop;      // stop strings (need the engine to have a tokenizer)
+  bool truncate = false;              // too long: drop the middle of the prompt instead of failing
+};
+
+// Results since the last read, merged. The last update has finished = true.
+struct StreamUpdate {
+  std::vector<int32_t> token_ids;  // newly generated
+  std::string text;                // their text; a stop string and what follows are cut
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Status status;                   // the error when finish_reason == kError
+  int64_t num_prompt_tokens = 0;   // after truncation
+  int64_t num_truncated_tokens = 0;
+};
+
+class RequestStream {
+ public:
+  explicit RequestStream(int64_t id) : id_(id) {}
+  int64_t id() const { return id_; }
+
+  // Client side: blocks until there is something new (or the deadline passes: returns false with
+  // nothing taken). Returns false once the final update has been taken.
+  bool Next(StreamUpdate* out);
+  bool NextUntil(std::chrono::steady_clock::time_point deadline, StreamUpdate* out);
+  // Engine side: appends to what the client has not read yet.
+  void Push(StreamUpdate update);
+
+ private:
+  const int64_t id_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool has_pending_ = false;
+  bool done_ = false;  // the final update was taken
+  StreamUpdate pending_;
+};
+
+struct PendingRequest {
+  int64_t id;
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  int64_t num_truncated_tokens = 0;  // dropped from the middle of the prompt at submission
+};
+
+class RequestQueue {
+ public:
+  void Submit(PendingRequest req);
+  void Cancel(int64_t id);
+  void Shutdown();
+
+  // Engine side: takes everything queued. With wait = true, blocks until something arrives or
+  // shutdown. Returns false once shut down (what was queued is still returned).
+  bool Drain(bool wait, std::vector<PendingRequest>* submitted, std::vector<int64_t>* cancelled);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<PendingRequest> submitted_;
+  std::vector<int64_t> cancelled_;
+  bool shutdown_ = false;
+};
+
+}  // namespace gale

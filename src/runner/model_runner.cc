@@ -1,0 +1,57 @@
+// Model runner: batch assembly, one forward, per-request sampling.
+#include "runner/model_runner.h"
+
+#include "base/profiler.h"
+
+namespace gale {
+
+void ModelRunner::AddRequest(int64_t request_id, const SamplingParams& params) {
+  samplers_.insert_or_assign(request_id, Sampler(params));
+}
+
+void ModelRunner::RemoveRequest(int64_t request_id) { samplers_.erase(request_id); }
+
+Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled) {
+  ForwardBatch& b = batch_;
+  b.tokens.clear();
+  b.positions.clear();
+  b.seq_idx.clear();
+  b.logit_rows.clear();
+  b.block_tables.clear();
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const RunnerSeq& q = seqs[s];
+    if (q.start < 0 || q.num_new < 1 || q.start + q.num_new > static_cast<int64_t>(q.tokens.size())) {
+      return InvalidArgument("request {}: chunk [{}, +{}) outside its {} tokens", q.request_id, q.start, q.num_new,
+                             q.tokens.size());
+    }
+    for (int64_t i = q.start; i < q.start + q.num_new; ++i) {
+      b.tokens.push_back(q.tokens[i]);
+      b.positions.push_back(static_cast<int32_t>(i));
+      b.seq_idx.push_back(static_cast<int32_t>(s));
+    }
+    if (q.sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    b.block_tables.push_back(q.block_table);
+  }
+  // A step of only partial prefills wants no logits, but Forward always computes at least one
+  // row: ask for the last token's and ignore it.
+  const bool any_sample = !b.logit_rows.empty();
+  if (!any_sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+  RETURN_IF_ERROR(model_.Forward(b, kv_, ws_, pool_));
+
+  sampled->assign(seqs.size(), -1);
+  if (!any_sample) return Status::Ok();
+  ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
+  const int64_t vocab = model_.hparams().vocab_size;
+  int64_t row = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    if (!seqs[s].sample) continue;
+    auto it = samplers_.find(seqs[s].request_id);
+    if (it == samplers_.end()) return Internal("request {} has no sampler", seqs[s].request_id);
+    std::span<float> logits(ws_.logits.data() + row * vocab, vocab);
+    (*sampled)[s] = it->second.Sample(logits, seqs[s].tokens);
+    ++row;
+  }
+  return Status::Ok();
+}
+
+}  // namespace gale

@@ -1,0 +1,53 @@
+// Model runner: turns one step's scheduled chunks into a ForwardBatch (tokens, positions, block
+// tables, which rows need logits), runs the model once for all of them, and samples the next
+// token of each request whose chunk reached its last token, with that request's own sampler
+// (seeded per request, so a request's samples do not depend on what it was batched with).
+// Knows nothing of queues or scheduling policy.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "kv/kv_storage.h"
+#include "model/llama_model.h"
+#include "runner/sampler.h"
+
+namespace gale {
+
+// One request's chunk in a step: tokens[start, start + num_new) are computed at positions
+// start.. (all of tokens is the sampler's penalty history).
+struct RunnerSeq {
+  int64_t request_id;
+  std::span<const int32_t> tokens;
+  int64_t start;
+  int64_t num_new;
+  std::span<const int32_t> block_table;
+  bool sample;
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(const LlamaModel& model, KvStorage& kv, ThreadPool& pool) : model_(model), kv_(kv), pool_(pool) {}
+
+  void AddRequest(int64_t request_id, const SamplingParams& params);
+  void RemoveRequest(int64_t request_id);
+
+  // One forward pass over all chunks. sampled[i] is seqs[i]'s next token, -1 where !sample.
+  Status Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled);
+
+  const Workspace& workspace() const { return ws_; }
+
+ private:
+  const LlamaModel& model_;
+  KvStorage& kv_;
+  ThreadPool& pool_;
+  Workspace ws_;
+  ForwardBatch batch_;  // reused across steps
+  std::unordered_map<int64_t, Sampler> samplers_;
+};
+
+}  // namespace gale
