@@ -13,28 +13,10 @@
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace gale {
-namespace {
-
-std::string DefaultModelPath() {
-  // Next to the binary first (installed layouts), then the source tree it was built from.
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n > 0) {
-    std::string dir(buf, n);
-    dir = dir.substr(0, dir.find_last_of('/'));
-    for (const char* rel : {"/models/stories260K.gguf", "/../models/stories260K.gguf"}) {
-      const std::string p = dir + rel;
-      if (access(p.c_str(), R_OK) == 0) return p;
-    }
-  }
-  return GALE_DEFAULT_MODEL;
-}
-
-}  // namespace
-
 CommandFn RegisterRun(CLI::App& app) {
   struct Opts {
     std::string model, prompt, isa;
@@ -74,28 +56,16 @@ CommandFn RegisterRun(CLI::App& app) {
       std::fprintf(stderr, "gale run: %s\n", s.ToString().c_str());
       return 1;
     };
-    if (!o->isa.empty()) {
-      const auto isa = kernels::ParseIsa(o->isa);
-      if (!isa) return fail(InvalidArgument("--isa '{}' is not one of scalar, avx2, avx512", o->isa));
-      if (kernels::GetKernelTable(*isa) == nullptr) return fail(InvalidArgument("this CPU cannot run --isa {}", o->isa));
-      kernels::SetActiveIsa(*isa);
-    }
+    if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
     if (o->n_predict < 0) return fail(InvalidArgument("-n must be >= 0"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-    const std::string path = o->model.empty() ? DefaultModelPath() : o->model;
-    const bool copy = o->load.CopyToMemory(path);
-    auto file = GgufFile::Open(path, copy);
-    if (!file.ok()) return fail(file.status());
-    auto model = LlamaModel::Load(**file);
-    if (!model.ok()) return fail(model.status().WithContext(path));
-    (*model)->PackWeights();
-    auto tok = Tokenizer::FromGguf(**file);
-    if (!tok.ok()) return fail(tok.status().WithContext(path));
-    const LlamaHParams& hp = (*model)->hparams();
-    if ((*tok)->vocab_size() != hp.vocab_size) {
-      return fail(InvalidArgument("{}: tokenizer has {} tokens but the embedding has {} rows", path,
-                                  (*tok)->vocab_size(), hp.vocab_size));
-    }
+    auto loaded = LoadModel(o->model, o->load);
+    if (!loaded.ok()) return fail(loaded.status());
+    const std::string& path = loaded->path;
+    const bool copy = loaded->copied;
+    auto& model = loaded->model;
+    auto& tok = loaded->tok;
+    const LlamaHParams& hp = model->hparams();
     const int64_t ctx = o->ctx > 0 ? o->ctx : hp.context_length;
     std::unique_ptr<Profiler> profiler;
     if (o->profile || !o->trace.empty()) {
@@ -105,9 +75,9 @@ CommandFn RegisterRun(CLI::App& app) {
     std::vector<int32_t> prompt;
     {
       ProfileSpan span("tokenize", "cpu");
-      prompt = (*tok)->Encode(o->prompt);
+      prompt = tok->Encode(o->prompt);
     }
-    if (prompt.empty()) prompt.push_back((*tok)->bos_id() >= 0 ? (*tok)->bos_id() : 0);
+    if (prompt.empty()) prompt.push_back(tok->bos_id() >= 0 ? tok->bos_id() : 0);
     int64_t n_predict = o->n_predict;
     if (static_cast<int64_t>(prompt.size()) >= ctx) {
       return fail(InvalidArgument("the prompt has {} tokens, the context only {}", prompt.size(), ctx));
@@ -124,7 +94,7 @@ CommandFn RegisterRun(CLI::App& app) {
                                     : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     if (!o->ignore_eos) {
       // End of sequence; llama2.c-style models also end a story by emitting BOS.
-      for (int32_t id : {(*tok)->eos_id(), (*tok)->bos_id()}) {
+      for (int32_t id : {tok->eos_id(), tok->bos_id()}) {
         if (id >= 0) go.stop_ids.push_back(id);
       }
     }
@@ -133,13 +103,13 @@ CommandFn RegisterRun(CLI::App& app) {
     Workspace ws;
     std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, vocab %lld, %.1f MiB weights, %s); kernels: %s; threads: %d\n",
                  path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim), static_cast<long long>(hp.num_layers),
-                 static_cast<long long>(hp.vocab_size), (*model)->weight_bytes() / 1048576.0,
+                 static_cast<long long>(hp.vocab_size), model->weight_bytes() / 1048576.0,
                  copy ? "read into memory" : "mapped", kernels::IsaName(kernels::Active().isa), o->threads);
     std::fputs(o->prompt.c_str(), stdout);
     std::fflush(stdout);
-    Detokenizer detok(**tok, /*at_start=*/o->prompt.empty());
+    Detokenizer detok(*tok, /*at_start=*/o->prompt.empty());
     const std::vector<int32_t>& stops = go.stop_ids;
-    auto stats = Generate(**model, prompt, go, kv, ws, pool, [&](int32_t id) {
+    auto stats = Generate(*model, prompt, go, kv, ws, pool, [&](int32_t id) {
       if (std::find(stops.begin(), stops.end(), id) != stops.end()) return true;
       const std::string text = detok.Push(id);
       std::fwrite(text.data(), 1, text.size(), stdout);
@@ -157,14 +127,14 @@ CommandFn RegisterRun(CLI::App& app) {
       std::fprintf(stderr, "trace: %s (%zu events)\n", o->trace.c_str(), profiler->events().size());
     }
     if (o->profile) {
-      uint64_t packed = (*model)->packed_bytes();
+      uint64_t packed = model->packed_bytes();
       uint64_t activations = 0;
       for (const auto* v : {&ws.x, &ws.xb, &ws.xb2, &ws.q, &ws.k, &ws.v, &ws.hb, &ws.hb2, &ws.logits}) {
         activations += v->capacity() * sizeof(float);
       }
       std::fprintf(stderr, "%s", profiler->Summary().c_str());
       std::fprintf(stderr, "memory: weights %.1f MiB (file, mapped) + %.1f MiB (packed for %s), KV cache %.2f MiB, activations %.2f MiB\n",
-                   (*model)->weight_bytes() / 1048576.0, packed / 1048576.0, kernels::IsaName(kernels::Active().isa),
+                   model->weight_bytes() / 1048576.0, packed / 1048576.0, kernels::IsaName(kernels::Active().isa),
                    kv.num_bytes() / 1048576.0, activations / 1048576.0);
     }
     const double pp = stats->prompt_seconds > 0 ? stats->num_prompt_tokens / stats->prompt_seconds : 0.0;

@@ -24,6 +24,7 @@ struct LoadOptions {
 CommandFn RegisterConvert(CLI::App& app);
 CommandFn RegisterSynth(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
+CommandFn RegisterBatch(CLI::App& app);
 CommandFn RegisterTokenize(CLI::App& app);
 
 }  // namespace gale

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
     entries.push_back({sub, reg(*sub)});
   };
   add("run", "generate text from a prompt", gale::RegisterRun);
+  add("batch", "generate for many prompts at once (JSONL in, JSONL out) with continuous batching",
+      gale::RegisterBatch);
   add("convert", "convert a llama2.c checkpoint to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
   add("tokenize", "print the token ids of a text", gale::RegisterTokenize);

@@ -50,6 +50,37 @@ expect_fail synth-bad-type "unknown type" -- "$GALE" synth --type q3_X -o "$tmp/
 expect_fail synth-bad-shape "unknown model shape" -- "$GALE" synth --shape 70b -o "$tmp/x.gguf"
 expect_fail convert-missing "cannot open" -- "$GALE" convert --llama2c "$tmp/none.bin" --tokenizer "$tmp/none.bin" -o "$tmp/x.gguf"
 expect_fail bench-bad-batch "--batch" -- "$GALE" bench -m "$tmp/trunc.gguf" --batch 1,x
+
+# gale batch: concurrent (tiny KV, small chunks: preemption) gives byte for byte what one at a time gives.
+{
+  for i in $(seq 1 24); do
+    words=$(printf 'Once upon a time %.0s' $(seq 1 $((i % 7 + 1))))
+    if [ $((i % 2)) -eq 0 ]; then
+      printf '{"id": %d, "prompt": "%s", "max_tokens": %d, "temperature": 0}\n' "$i" "$words" $((i * 3))
+    else
+      printf '{"id": "s%d", "prompt": "%s", "max_tokens": %d, "temperature": 0.9, "seed": %d, "stop": ["."]}\n' "$i" "$words" $((i * 3)) "$i"
+    fi
+  done
+  echo '{"prompt": 7}'
+} > "$tmp/in.jsonl"
+"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/one.jsonl" --max-batch-size 1 --no-progress 2>/dev/null
+rc1=$?
+"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/all.jsonl" --kv-cache-memory 300K --block-size 8 --prefill-chunk-size 5 \
+  --max-num-batched-tokens 32 --no-progress 2>"$tmp/all.err"
+rc2=$?
+if [ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && cmp -s "$tmp/one.jsonl" "$tmp/all.jsonl" && [ "$(wc -l < "$tmp/all.jsonl")" -eq 25 ] \
+   && grep -q 'a string) is required' "$tmp/all.jsonl" && grep -q '"finish_reason":"stop"' "$tmp/all.jsonl" \
+   && ! grep -q ' 0 preemptions' "$tmp/all.err"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL batch concurrent vs one at a time (rc $rc1 $rc2):"; cat "$tmp/all.err"; diff "$tmp/one.jsonl" "$tmp/all.jsonl" | head -5
+  fails=$((fails + 1))
+fi
+expect_fail batch-missing-input "cannot open" -- "$GALE" batch -i "$tmp/none.jsonl" -o "$tmp/o.jsonl"
+expect_fail batch-bad-kv-type "--kv-type" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-type q2
+expect_fail batch-bad-kv-memory "unknown unit" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-cache-memory 3X
+expect_fail batch-tiny-kv "holds no block" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-cache-memory 100
+expect_fail batch-zero-batch "max_batch_size" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --max-batch-size 0
 expect_fail bench-bad-output "-o must be" -- "$GALE" bench -m "$tmp/trunc.gguf" -o xml
 
 echo "$pass passed, $fails failed"

@@ -1,0 +1,106 @@
+// Shared CLI helpers: default model path, ISA selection, model loading, engine flags.
+#include "tools/cli_common.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "kernels/kernels.h"
+
+namespace gale {
+
+std::string DefaultModelPath() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    std::string dir(buf, n);
+    dir = dir.substr(0, dir.find_last_of('/'));
+    for (const char* rel : {"/models/stories260K.gguf", "/../models/stories260K.gguf"}) {
+      const std::string p = dir + rel;
+      if (access(p.c_str(), R_OK) == 0) return p;
+    }
+  }
+  return GALE_DEFAULT_MODEL;
+}
+
+Status SelectIsa(const std::string& name) {
+  if (name.empty()) return Status::Ok();
+  const auto isa = kernels::ParseIsa(name);
+  if (!isa) return InvalidArgument("--isa '{}' is not one of scalar, avx2, avx512", name);
+  if (kernels::GetKernelTable(*isa) == nullptr) return InvalidArgument("this CPU cannot run --isa {}", name);
+  kernels::SetActiveIsa(*isa);
+  return Status::Ok();
+}
+
+StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions& load) {
+  LoadedModel m;
+  m.path = path_flag.empty() ? DefaultModelPath() : path_flag;
+  m.copied = load.CopyToMemory(m.path);
+  auto file = GgufFile::Open(m.path, m.copied);
+  if (!file.ok()) return file.status();
+  m.file = std::move(file).value();
+  auto model = LlamaModel::Load(*m.file);
+  if (!model.ok()) return model.status().WithContext(m.path);
+  m.model = std::move(model).value();
+  m.model->PackWeights();
+  auto tok = Tokenizer::FromGguf(*m.file);
+  if (!tok.ok()) return tok.status().WithContext(m.path);
+  m.tok = std::move(tok).value();
+  if (m.tok->vocab_size() != m.model->hparams().vocab_size) {
+    return InvalidArgument("{}: tokenizer has {} tokens but the embedding has {} rows", m.path, m.tok->vocab_size(),
+                           m.model->hparams().vocab_size);
+  }
+  return m;
+}
+
+StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !(v >= 0) || !std::isfinite(v)) return InvalidArgument("'{}' is not a size in bytes", text);
+  std::string unit(end);
+  if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();
+  double mult = 1;
+  if (unit.empty()) mult = 1;
+  else if (unit == "K" || unit == "k") mult = 1024.0;
+  else if (unit == "M" || unit == "m") mult = 1048576.0;
+  else if (unit == "G" || unit == "g") mult = 1073741824.0;
+  else if (unit == "T" || unit == "t") mult = 1099511627776.0;
+  else return InvalidArgument("'{}': unknown unit (use K, M, G or T)", text);
+  return static_cast<uint64_t>(v * mult);
+}
+
+void EngineOptions::Register(CLI::App& app) {
+  SchedulerConfig& s = config.sched;
+  app.add_option("--block-size", config.block_size, "tokens per KV cache block")->capture_default_str();
+  app.add_option("--kv-cache-memory", kv_cache_memory, "KV cache size, e.g. 2G (default: --kv-cache-ratio)");
+  app.add_option("--kv-cache-ratio", config.kv_cache_ratio,
+                 "share of the memory available after loading the model that the KV cache may take")
+      ->capture_default_str();
+  app.add_option("--kv-type", kv_type, "KV cache element type: f32 | f16 | bf16")->capture_default_str();
+  app.add_option("--max-num-batched-tokens", s.max_num_batched_tokens, "token budget of one engine step")
+      ->capture_default_str();
+  app.add_option("--max-batch-size", s.max_batch_size, "most requests running at once")->capture_default_str();
+  app.add_option("--prefill-chunk-size", s.prefill_chunk_size, "most prompt tokens of one request per step")
+      ->capture_default_str();
+  app.add_option("--max-seq-len", s.max_seq_len, "most tokens (prompt + output) per request (0 = the model's context)")
+      ->capture_default_str();
+}
+
+StatusOr<EngineConfig> EngineOptions::Resolve() const {
+  EngineConfig c = config;
+  if (!kv_cache_memory.empty()) {
+    auto b = ParseBytes(kv_cache_memory);
+    if (!b.ok()) return b.status().WithContext("--kv-cache-memory");
+    if (*b == 0) return InvalidArgument("--kv-cache-memory must be more than 0");
+    c.kv_cache_memory_bytes = *b;
+  }
+  const auto t = kernels::ParseKvType(kv_type);
+  if (!t) return InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16", kv_type);
+  c.kv_type = *t;
+  RETURN_IF_ERROR(c.sched.Validate());
+  return c;
+}
+
+}  // namespace gale

@@ -1,0 +1,48 @@
+// Pieces every model-running subcommand shares: where the default model is, --isa, loading a
+// model with its tokenizer, and the engine's flags (KV cache and scheduler limits).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "gguf/gguf_file.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "tools/commands.h"
+
+namespace gale {
+
+// The bundled stories260K: next to the binary, else the source tree it was built from.
+std::string DefaultModelPath();
+
+// Activates the kernels named by --isa ("" = keep the best for this CPU).
+Status SelectIsa(const std::string& isa);
+
+struct LoadedModel {
+  std::string path;
+  bool copied = false;  // read into memory rather than mapped
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tok;
+};
+// Opens the file (path "" = the default model), loads the model with packed weights and its
+// tokenizer, and checks that the two agree on the vocabulary.
+StatusOr<LoadedModel> LoadModel(const std::string& path, const LoadOptions& load);
+
+// "1073741824", "512M", "2G", "1.5GiB" -> bytes.
+StatusOr<uint64_t> ParseBytes(const std::string& text);
+
+// Engine flags as vLLM names them: --block-size, --kv-cache-memory, --kv-cache-ratio, --kv-type,
+// --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len.
+struct EngineOptions {
+  EngineConfig config;
+  std::string kv_cache_memory, kv_type = "f32";
+  void Register(CLI::App& app);
+  StatusOr<EngineConfig> Resolve() const;
+};
+
+}  // namespace gale
