@@ -28,7 +28,7 @@ struct EngineConfig {
   int64_t block_size = 16;              // tokens per KV block
   uint64_t kv_cache_memory_bytes = 0;   // KV memory; 0: kv_cache_ratio of the memory available
   double kv_cache_ratio = 0.5;          // share of MemAvailable (read at start-up, after weights load)
-  kernels::KvType kv_type = kernels::KvType::kF32;
+  kernels::KvType kv_type = kernels::KvType::kF16;  // as llama.cpp: half the bytes of f32
 };
 
 // Counters for summaries and /metrics; read from any thread.

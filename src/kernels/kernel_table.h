@@ -96,6 +96,9 @@ struct KernelTable {
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   // y[i] += a * x[i]
   void (*axpy)(float a, const float* x, float* y, int64_t n);
+  // dst[i] = x[i] as f16 / bf16, round to nearest even (bitwise Fp32ToFp16 / Fp32ToBf16).
+  void (*to_f16)(const float* x, uint16_t* dst, int64_t n);
+  void (*to_bf16)(const float* x, uint16_t* dst, int64_t n);
   // Query heads that share one KV head's cache: out_i = softmax(q_i . k_p / sqrt(head_dim)) . v_p
   // over positions p < lens[i], K/V rows read through the block table of kv. Each query's
   // reduction order depends only on its own length, not on the other queries nor on the block

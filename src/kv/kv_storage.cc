@@ -54,16 +54,12 @@ void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_blo
       std::memcpy(vd, v, row_bytes_);
       return;
     case kernels::KvType::kF16:
-      for (int64_t i = 0; i < kv_dim_; ++i) {
-        reinterpret_cast<uint16_t*>(kd)[i] = Fp32ToFp16(k[i]);
-        reinterpret_cast<uint16_t*>(vd)[i] = Fp32ToFp16(v[i]);
-      }
+      kernels::Active().to_f16(k, reinterpret_cast<uint16_t*>(kd), kv_dim_);
+      kernels::Active().to_f16(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
       return;
     case kernels::KvType::kBF16:
-      for (int64_t i = 0; i < kv_dim_; ++i) {
-        reinterpret_cast<uint16_t*>(kd)[i] = Fp32ToBf16(k[i]);
-        reinterpret_cast<uint16_t*>(vd)[i] = Fp32ToBf16(v[i]);
-      }
+      kernels::Active().to_bf16(k, reinterpret_cast<uint16_t*>(kd), kv_dim_);
+      kernels::Active().to_bf16(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
       return;
   }
 }

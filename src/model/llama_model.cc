@@ -203,16 +203,19 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
       MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
     }
     ProfileSpan span("rope_kv_write", "op", n, 0, l);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = batch.positions[t];
-      const auto& table = batch.block_tables[seq_of(t)];
-      const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
-      kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
-                         static_cast<int>(hp_.rope_dims), cos_sin);
-      kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
-                         static_cast<int>(hp_.rope_dims), cos_sin);
-      kv.Write(l, table[pos / block_size], pos % block_size, ws.k.data() + t * kv_dim, ws.v.data() + t * kv_dim);
-    }
+    // One token per item: its rotation and cache write do not depend on the split.
+    pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t pos = batch.positions[t];
+        const auto& table = batch.block_tables[seq_of(t)];
+        const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
+        kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
+                           static_cast<int>(hp_.rope_dims), cos_sin);
+        kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads),
+                           static_cast<int>(hp_.head_dim), static_cast<int>(hp_.rope_dims), cos_sin);
+        kv.Write(l, table[pos / block_size], pos % block_size, ws.k.data() + t * kv_dim, ws.v.data() + t * kv_dim);
+      }
+    }, /*min_items_per_thread=*/4);
     span.Next("attention", n, kv_positions * kv_dim * 2 * kernels::KvTypeBytes(kv.type()), l);
     kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.tables.data(), kv.Layer(l),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),

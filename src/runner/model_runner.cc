@@ -42,15 +42,23 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t
   if (!any_sample) return Status::Ok();
   ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
   const int64_t vocab = model_.hparams().vocab_size;
-  int64_t row = 0;
+  // Row of the logits for each sampled seq; each request has its own sampler, so the rows can be
+  // sampled in parallel with the same results.
+  std::vector<std::pair<size_t, Sampler*>>& jobs = sample_jobs_;
+  jobs.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
     if (!seqs[s].sample) continue;
     auto it = samplers_.find(seqs[s].request_id);
     if (it == samplers_.end()) return Internal("request {} has no sampler", seqs[s].request_id);
-    std::span<float> logits(ws_.logits.data() + row * vocab, vocab);
-    (*sampled)[s] = it->second.Sample(logits, seqs[s].tokens);
-    ++row;
+    jobs.push_back({s, &it->second});
   }
+  pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const size_t s = jobs[row].first;
+      std::span<float> logits(ws_.logits.data() + row * vocab, vocab);
+      (*sampled)[s] = jobs[row].second->Sample(logits, seqs[s].tokens);
+    }
+  });
   return Status::Ok();
 }
 

@@ -48,6 +48,7 @@ class ModelRunner {
   Workspace ws_;
   ForwardBatch batch_;  // reused across steps
   std::unordered_map<int64_t, Sampler> samplers_;
+  std::vector<std::pair<size_t, Sampler*>> sample_jobs_;  // [rows sampled this step] (seq index, sampler)
 };
 
 }  // namespace gale

@@ -40,7 +40,7 @@ StatusOr<uint64_t> ParseBytes(const std::string& text);
 // --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len.
 struct EngineOptions {
   EngineConfig config;
-  std::string kv_cache_memory, kv_type = "f32";
+  std::string kv_cache_memory, kv_type = "f16";
   void Register(CLI::App& app);
   StatusOr<EngineConfig> Resolve() const;
 };

@@ -18,6 +18,7 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "model/llama_model.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/roofline.h"
 
@@ -63,7 +64,8 @@ std::string ModelType(const GgufFile& file, const LlamaModel& model) {
 
 CommandFn RegisterBench(CLI::App& app) {
   struct Opts {
-    std::string model, output = "md", batches, isa;
+    std::string model, output = "md", batches, concurrency, isa;
+    EngineOptions engine;
     int64_t n_prompt = 512, n_gen = 128;
     int reps = 5;
     int threads = ThreadPool::DefaultNumThreads();
@@ -79,6 +81,10 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("-r,--repetitions", o->reps, "repetitions after one warm-up")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
   app.add_option("--batch", o->batches, "decode batch sizes for the throughput curve, e.g. 1,2,4,8,16,32");
+  app.add_option("--concurrency", o->concurrency,
+                 "end-to-end through the engine: this many requests at once, each -p prompt and -n generated "
+                 "tokens, e.g. 1,16,32 (aggregate generated tokens/s)");
+  o->engine.Register(app);
   app.add_option("-o,--output", o->output, "md | json | csv")->capture_default_str();
   app.add_option("--bandwidth", o->bandwidth, "memory read bandwidth in GB/s (default: measure it)");
   o->load.Register(app);
@@ -99,16 +105,21 @@ CommandFn RegisterBench(CLI::App& app) {
       }
       kernels::SetActiveIsa(*isa);
     }
-    std::vector<int64_t> batches;
-    if (!o->batches.empty()) {
-      std::stringstream ss(o->batches);
+    auto parse_list = [](const std::string& text, const char* flag, std::vector<int64_t>* out) -> Status {
+      std::stringstream ss(text);
       for (std::string item; std::getline(ss, item, ',');) {
         char* end = nullptr;
         const long v = std::strtol(item.c_str(), &end, 10);
-        if (end == item.c_str() || *end != '\0' || v < 1 || v > 4096) return fail("bad --batch entry '" + item + "'");
-        batches.push_back(v);
+        if (end == item.c_str() || *end != '\0' || v < 1 || v > 4096) return InvalidArgument("bad {} entry '{}'", flag, item);
+        out->push_back(v);
       }
-    }
+      return Status::Ok();
+    };
+    std::vector<int64_t> batches, concurrency;
+    if (Status s = parse_list(o->batches, "--batch", &batches); !s.ok()) return fail(s.message());
+    if (Status s = parse_list(o->concurrency, "--concurrency", &concurrency); !s.ok()) return fail(s.message());
+    auto engine_cfg = o->engine.Resolve();
+    if (!engine_cfg.ok()) return fail(engine_cfg.status().ToString());
     const bool copy = o->load.CopyToMemory(o->model);
     auto file = GgufFile::Open(o->model, copy);
     if (!file.ok()) return fail(file.status().ToString());
@@ -154,7 +165,7 @@ CommandFn RegisterBench(CLI::App& app) {
     std::vector<Result> results;
     Workspace ws;
 
-    if (o->n_prompt > 0) {
+    if (o->n_prompt > 0 && concurrency.empty()) {
       KvCache kv(hp, o->n_prompt);
       ForwardBatch b;
       b.tokens = random_tokens(o->n_prompt);
@@ -209,10 +220,65 @@ CommandFn RegisterBench(CLI::App& app) {
       results.push_back(r);
       return Status::Ok();
     };
-    if (o->n_gen > 0) {
+    if (o->n_gen > 0 && concurrency.empty()) {
       if (batches.empty()) batches.push_back(1);
       for (int64_t b : batches) {
         if (Status s = decode(b); !s.ok()) return fail(s.ToString());
+      }
+    }
+    // End to end through the engine: c requests of random prompts at once, greedy, no early stop.
+    if (!concurrency.empty()) {
+      auto engine = Engine::Create(**model, nullptr, *engine_cfg, pool);
+      if (!engine.ok()) return fail(engine.status().ToString());
+      std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
+      const int64_t n_prompt = std::max<int64_t>(o->n_prompt, 1), n_gen = std::max<int64_t>(o->n_gen, 1);
+      auto run = [&](int64_t c) -> StatusOr<double> {
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        const auto t0 = Clock::now();
+        for (int64_t i = 0; i < c; ++i) {
+          GenerationRequest req;
+          req.prompt = random_tokens(n_prompt);
+          req.max_tokens = n_gen;
+          req.sampling.temperature = 0.0f;
+          auto st = (*engine)->Submit(std::move(req));
+          if (!st.ok()) return st.status();
+          streams.push_back(*st);
+        }
+        int64_t generated = 0;
+        for (auto& st : streams) {
+          StreamUpdate u;
+          while (st->Next(&u)) {
+            generated += static_cast<int64_t>(u.token_ids.size());
+            if (u.finished && u.finish_reason == FinishReason::kError) return u.status;
+          }
+        }
+        return static_cast<double>(generated) / std::chrono::duration<double>(Clock::now() - t0).count();
+      };
+      if (auto warm = run(1); !warm.ok()) return fail(warm.status().ToString());
+      for (int64_t c : concurrency) {
+        std::vector<double> tps;
+        for (int rep = 0; rep < o->reps; ++rep) {
+          auto t = run(c);
+          if (!t.ok()) return fail(t.status().ToString());
+          tps.push_back(*t);
+        }
+        Result r;
+        r.test = fmt::format("e2e p{}+n{}", n_prompt, n_gen);
+        r.batch = c;
+        MeanStd(tps, &r.tokens_per_second, &r.std);
+        results.push_back(r);
+      }
+      const Result* one = nullptr;
+      for (const auto& r : results) {
+        if (r.test[0] == 'e' && r.batch == 1) one = &r;
+      }
+      if (one != nullptr) {
+        for (const auto& r : results) {
+          if (r.test[0] == 'e' && r.batch > 1) {
+            std::fprintf(stderr, "concurrency %lld: %.2fx the single-request rate\n", static_cast<long long>(r.batch),
+                         r.tokens_per_second / one->tokens_per_second);
+          }
+        }
       }
     }
     SetProfiler(nullptr);

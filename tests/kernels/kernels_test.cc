@@ -534,3 +534,34 @@ TEST(KernelsTest, RopeRotatesAdjacentPairs) {
 
 }  // namespace
 }  // namespace gale::kernels
+
+namespace gale::kernels {
+namespace {
+
+// KV-cache conversions: every ISA bitwise equal to the scalar rounding, on random values across
+// all exponents plus the special cases (ties, subnormals, overflow, infinities, NaNs).
+TEST(KernelsTest, F16AndBf16ConversionsMatchScalar) {
+  Rng rng(9);
+  std::vector<float> x;
+  for (int i = 0; i < 5000; ++i) x.push_back(F32FromBits(static_cast<uint32_t>(rng.NextU64())));
+  for (float f : {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e-8f, 6e-8f, 3e-5f, INFINITY, -INFINITY, NAN}) x.push_back(f);
+  for (uint32_t bits : {0x3f801000u, 0x3f803000u, 0x3f808000u, 0x3f818000u, 0x33000000u, 0x33000001u, 0x387fe000u,
+                        0x7fc00001u, 0xff800001u}) {
+    x.push_back(F32FromBits(bits));
+  }
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  std::vector<uint16_t> want(x.size()), got(x.size());
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = GetKernelTable(isa);
+    if (kt == nullptr) continue;
+    ref.to_f16(x.data(), want.data(), static_cast<int64_t>(x.size()));
+    kt->to_f16(x.data(), got.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], want[i]) << IsaName(isa) << " f16 of bits " << F32Bits(x[i]);
+    ref.to_bf16(x.data(), want.data(), static_cast<int64_t>(x.size()));
+    kt->to_bf16(x.data(), got.data(), static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], want[i]) << IsaName(isa) << " bf16 of bits " << F32Bits(x[i]);
+  }
+}
+
+}  // namespace
+}  // namespace gale::kernels

@@ -176,6 +176,14 @@ void AttendManyReference(const float* const* qs, const int64_t* lens, int num_qu
   for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i]);
 }
 
+void ToF16Reference(const float* x, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Fp32ToFp16(x[i]);
+}
+
+void ToBf16Reference(const float* x, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Fp32ToBf16(x[i]);
+}
+
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
   for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;
   for (int64_t b = k / 32; b < k_stride / 32; ++b) {
@@ -218,6 +226,8 @@ const KernelTable& ScalarTable() {
       RmsNormRef,
       SiluMulRef,
       AxpyRef,
+      ToF16Reference,
+      ToBf16Reference,
       AttendManyReference,
   };
   return table;

@@ -278,6 +278,16 @@ void GemmQuant(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Quan
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, &x, x.k, y, ldy);
 }
 
+// F16C conversion: round to nearest even, NaNs quieted with their top payload bits, as
+// Fp32ToFp16 does.
+void ToF16(const float* x, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = Fp32ToFp16(x[i]);
+}
+
 }  // namespace
 
 const KernelTable& Avx2Table() {
@@ -291,6 +301,8 @@ const KernelTable& Avx2Table() {
       RmsNorm,
       SiluMul,
       Axpy,
+      ToF16,
+      ToBf16Reference,
       AttendManyReference,
   };
   return table;

@@ -651,11 +651,15 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
   int64_t offs[16];
+  int64_t blk = 0, in_blk = 0;  // the next position is in_blk of logical block blk (no divisions)
   for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
     const int64_t n_max = max_len - p0 < 16 ? max_len - p0 : 16;
     for (int64_t j = 0; j < n_max; ++j) {
-      const int64_t p = p0 + j;
-      offs[j] = kv.block_table[p / kv.block_size] * kv.block_bytes + (p % kv.block_size) * kv.row_bytes;
+      offs[j] = kv.block_table[blk] * kv.block_bytes + in_blk * kv.row_bytes;
+      if (++in_blk == kv.block_size) {
+        in_blk = 0;
+        ++blk;
+      }
     }
     for (int i = 0; i < num_queries; ++i) {
       if (lens[i] <= p0) continue;
@@ -688,6 +692,30 @@ void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, co
   }
 }
 
+void ToF16(const float* x, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = Fp32ToFp16(x[i]);
+}
+
+// Integer round-to-nearest-even on the bit pattern, NaNs quieted: exactly Fp32ToBf16 (the
+// AVX512-BF16 instruction would flush denormals).
+void ToBf16(const float* x, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(64));
+    const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan)));
+  }
+  for (; i < n; ++i) dst[i] = Fp32ToBf16(x[i]);
+}
+
 }  // namespace
 
 const KernelTable& Avx512Table() {
@@ -703,6 +731,8 @@ const KernelTable& Avx512Table() {
       RmsNorm,
       SiluMul,
       Axpy,
+      ToF16,
+      ToBf16,
       AttendMany,
   };
   return table;
