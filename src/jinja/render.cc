@@ -1,0 +1,600 @@
+// The renderer: walks the parsed template over a frame stack of variables with Jinja2's scoping
+// (a for loop's body has its own frame; a macro sees the template's top level and its own
+// arguments, not its caller's locals), and the sandbox limits of RenderOptions.
+#include <cmath>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "jinja/builtins.h"
+#include "jinja/template.h"
+
+namespace gale::jinja {
+namespace {
+
+Status WithLine(int line, const Status& s) {
+  if (s.ok() || s.message().rfind("line ", 0) == 0 || s.message().find("TemplateSyntaxError") == 0) return s;
+  return Status(s.code(), fmt::format("line {}: {}", line, s.message()));
+}
+
+Status Undefined(const Value& v) { return InvalidArgument("UndefinedError: '{}' is undefined", v.as_string()); }
+
+class Renderer {
+ public:
+  explicit Renderer(const RenderOptions& o) : opt_(o) {}
+
+  Status Run(const NodeList& nodes, const Value& context, std::string* out) {
+    frames_.emplace_back();
+    if (context.is_dict()) {
+      for (const auto& [k, v] : context.dict().items) frames_[0][k.Str()] = v;
+    }
+    AddGlobals();
+    auto flow = Exec(nodes, out);
+    return flow.status();
+  }
+
+ private:
+  enum class Flow { kNormal, kBreak, kContinue };
+  using Frame = std::unordered_map<std::string, Value>;
+
+  void AddGlobals() {
+    Frame& g = frames_[0];
+    g["raise_exception"] = Value::Callable("raise_exception", [](CallArgs& a) -> StatusOr<Value> {
+      return InvalidArgument("TemplateError: {}", a.Get(0, "message").Str());
+    });
+    g["strftime_now"] = Value::Callable("strftime_now", [this](CallArgs& a) -> StatusOr<Value> {
+      std::tm tm{};
+      if (opt_.now) {
+        tm = *opt_.now;
+      } else {
+        const std::time_t t = std::time(nullptr);
+        localtime_r(&t, &tm);
+      }
+      const std::string f = a.Get(0, "format").Str();
+      char buf[512];
+      const size_t n = f.empty() ? 0 : std::strftime(buf, sizeof(buf), f.c_str(), &tm);
+      return Value(std::string(buf, n));
+    });
+    g["range"] = Value::Callable("range", [](CallArgs& a) -> StatusOr<Value> {
+      int64_t start = 0, stop, step = 1;
+      if (a.args.size() == 1) {
+        stop = a.args[0].as_int();
+      } else if (a.args.size() >= 2) {
+        start = a.args[0].as_int();
+        stop = a.args[1].as_int();
+        if (a.args.size() >= 3) step = a.args[2].as_int();
+      } else {
+        return InvalidArgument("TypeError: range expected at least 1 argument");
+      }
+      if (step == 0) return InvalidArgument("ValueError: range() arg 3 must not be zero");
+      ValueList out;
+      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+        if (out.size() >= 1000000) return ResourceExhausted("range() longer than 1000000 items");
+        out.emplace_back(i);
+      }
+      return Value::List(std::move(out));
+    });
+    auto make_dict = [](bool ns) {
+      return [ns](CallArgs& a) -> StatusOr<Value> {
+        ValueDict d;
+        for (const auto& p : a.args) {
+          if (!p.is_dict()) return InvalidArgument("TypeError: {}() takes keyword arguments or a mapping", ns ? "namespace" : "dict");
+          for (const auto& [k, v] : p.dict().items) d.Set(k, v);
+        }
+        for (const auto& [k, v] : a.kwargs) d.Set(Value(k), v);
+        return ns ? Value::Namespace(std::move(d)) : Value::Dict(std::move(d));
+      };
+    };
+    g["namespace"] = Value::Callable("namespace", make_dict(true));
+    g["dict"] = Value::Callable("dict", make_dict(false));
+  }
+
+  Status Step() {
+    if (++steps_ > opt_.max_steps) return ResourceExhausted("template ran more than {} steps", opt_.max_steps);
+    return Status::Ok();
+  }
+
+  Status Append(std::string* out, const std::string& s) {
+    if (out->size() + s.size() > opt_.max_output_bytes) {
+      return ResourceExhausted("template output exceeds {} bytes", opt_.max_output_bytes);
+    }
+    *out += s;
+    return Status::Ok();
+  }
+
+  Value Lookup(const std::string& name) const {
+    for (size_t i = frames_.size(); i-- > floor_;) {
+      auto it = frames_[i].find(name);
+      if (it != frames_[i].end()) return it->second;
+    }
+    auto it = frames_[0].find(name);
+    if (it != frames_[0].end()) return it->second;
+    return Value::Undefined(name);
+  }
+
+  void Assign(const std::string& name, Value v) { frames_.back()[name] = std::move(v); }
+
+  Status AssignTargets(const std::vector<std::string>& targets, const Value& v) {
+    if (targets.size() == 1) {
+      Assign(targets[0], v);
+      return Status::Ok();
+    }
+    if (!v.is_list() || v.list().size() != targets.size()) {
+      return InvalidArgument("ValueError: cannot unpack {} into {} names", v.Repr(), targets.size());
+    }
+    for (size_t i = 0; i < targets.size(); ++i) Assign(targets[i], v.list()[i]);
+    return Status::Ok();
+  }
+
+  StatusOr<Flow> Exec(const NodeList& nodes, std::string* out) {
+    for (const auto& n : nodes) {
+      auto f = ExecNode(*n, out);
+      if (!f.ok()) return WithLine(n->line, f.status());
+      if (*f != Flow::kNormal) return *f;
+    }
+    return Flow::kNormal;
+  }
+
+  StatusOr<std::string> RenderBody(const NodeList& nodes) {
+    std::string s;
+    ASSIGN_OR_RETURN(Flow f, Exec(nodes, &s));
+    (void)f;
+    return s;
+  }
+
+  // Applies a filter chain parsed around a placeholder (set-block and filter-block bodies).
+  StatusOr<Value> ApplyChain(const Expr& chain, Value base) {
+    if (chain.kind != Expr::Kind::kFilter) return base;
+    ASSIGN_OR_RETURN(Value inner, ApplyChain(*chain.args[0], std::move(base)));
+    ASSIGN_OR_RETURN(CallArgs args, EvalArgs(chain, 1));
+    return ApplyFilter(chain.name, inner, args);
+  }
+
+  StatusOr<Flow> ExecNode(const Node& n, std::string* out) {
+    RETURN_IF_ERROR(Step());
+    switch (n.kind) {
+      case Node::Kind::kText:
+        RETURN_IF_ERROR(Append(out, n.text));
+        return Flow::kNormal;
+      case Node::Kind::kOutput: {
+        ASSIGN_OR_RETURN(Value v, Eval(*n.expr));
+        RETURN_IF_ERROR(Append(out, v.Str()));
+        return Flow::kNormal;
+      }
+      case Node::Kind::kIf:
+        for (const auto& [cond, body] : n.branches) {
+          bool take = true;
+          if (cond) {
+            ASSIGN_OR_RETURN(Value c, Eval(*cond));
+            take = c.Truthy();
+          }
+          if (take) return Exec(body, out);
+        }
+        return Flow::kNormal;
+      case Node::Kind::kFor: return ExecFor(n, out);
+      case Node::Kind::kSet: {
+        ASSIGN_OR_RETURN(Value v, Eval(*n.expr));
+        if (!n.attr_target.empty()) {
+          Value ns = Lookup(n.targets[0]);
+          if (!ns.is_namespace()) {
+            return InvalidArgument("TemplateRuntimeError: cannot assign attribute on non-namespace object '{}'",
+                                   n.targets[0]);
+          }
+          ns.dict().Set(Value(n.attr_target), std::move(v));
+          return Flow::kNormal;
+        }
+        RETURN_IF_ERROR(AssignTargets(n.targets, v));
+        return Flow::kNormal;
+      }
+      case Node::Kind::kSetBlock: {
+        ASSIGN_OR_RETURN(std::string s, RenderBody(n.body));
+        Value v(std::move(s));
+        if (n.expr) {
+          ASSIGN_OR_RETURN(v, ApplyChain(*n.expr, std::move(v)));
+        }
+        Assign(n.targets[0], std::move(v));
+        return Flow::kNormal;
+      }
+      case Node::Kind::kFilterBlock: {
+        ASSIGN_OR_RETURN(std::string s, RenderBody(n.body));
+        ASSIGN_OR_RETURN(Value v, ApplyChain(*n.expr, Value(std::move(s))));
+        RETURN_IF_ERROR(Append(out, v.Str()));
+        return Flow::kNormal;
+      }
+      case Node::Kind::kMacro:
+        Assign(n.text, MakeMacro(n, n.text, /*is_caller=*/false));
+        return Flow::kNormal;
+      case Node::Kind::kCallBlock: {
+        if (n.expr->kind != Expr::Kind::kCall) return InvalidArgument("TemplateSyntaxError: {{% call %}} needs a call");
+        ASSIGN_OR_RETURN(Value callee, Eval(*n.expr->args[0]));
+        ASSIGN_OR_RETURN(CallArgs args, EvalArgs(*n.expr, 1));
+        args.kwargs.emplace_back("caller", MakeMacro(n, "caller", /*is_caller=*/true));
+        ASSIGN_OR_RETURN(Value v, CallValue(callee, args));
+        RETURN_IF_ERROR(Append(out, v.Str()));
+        return Flow::kNormal;
+      }
+      case Node::Kind::kBreak: return Flow::kBreak;
+      case Node::Kind::kContinue: return Flow::kContinue;
+    }
+    return Flow::kNormal;
+  }
+
+  StatusOr<ValueList> Items(const Value& v) {
+    if (v.is_list()) return v.list();
+    if (v.is_dict()) {
+      ValueList keys;
+      for (const auto& kv : v.dict().items) keys.emplace_back(kv.first);
+      return keys;
+    }
+    if (v.is_string()) {
+      ValueList chars;
+      for (char32_t c : ToU32(v.as_string())) chars.emplace_back(FromU32(std::u32string(1, c)));
+      return chars;
+    }
+    if (v.is_undefined()) return ValueList{};
+    return InvalidArgument("TypeError: '{}' object is not iterable", v.Str());
+  }
+
+  StatusOr<Flow> ExecFor(const Node& n, std::string* out) {
+    ASSIGN_OR_RETURN(Value seq, Eval(*n.expr));
+    ASSIGN_OR_RETURN(ValueList items, Items(seq));
+    frames_.emplace_back();
+    struct Pop {
+      std::vector<Frame>& f;
+      ~Pop() { f.pop_back(); }
+    } pop{frames_};
+    if (n.filter_cond) {
+      ValueList kept;
+      for (const Value& item : items) {
+        RETURN_IF_ERROR(AssignTargets(n.targets, item));
+        ASSIGN_OR_RETURN(Value c, Eval(*n.filter_cond));
+        if (c.Truthy()) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    const int64_t len = static_cast<int64_t>(items.size());
+    for (int64_t i = 0; i < len; ++i) {
+      RETURN_IF_ERROR(AssignTargets(n.targets, items[i]));
+      ValueDict loop;
+      loop.Set("index", Value(i + 1));
+      loop.Set("index0", Value(i));
+      loop.Set("revindex", Value(len - i));
+      loop.Set("revindex0", Value(len - i - 1));
+      loop.Set("first", Value(i == 0));
+      loop.Set("last", Value(i == len - 1));
+      loop.Set("length", Value(len));
+      loop.Set("depth", Value(int64_t{1}));
+      loop.Set("depth0", Value(int64_t{0}));
+      loop.Set("previtem", i > 0 ? items[i - 1] : Value::Undefined("previtem"));
+      loop.Set("nextitem", i + 1 < len ? items[i + 1] : Value::Undefined("nextitem"));
+      loop.Set("cycle", Value::Callable("cycle", [i](CallArgs& a) -> StatusOr<Value> {
+        if (a.args.empty()) return InvalidArgument("TypeError: no items for cycling given");
+        return a.args[static_cast<size_t>(i) % a.args.size()];
+      }));
+      Assign("loop", Value::Dict(std::move(loop)));
+      ASSIGN_OR_RETURN(Flow f, Exec(n.body, out));
+      if (f == Flow::kBreak) break;
+    }
+    if (len == 0 && !n.else_body.empty()) {
+      ASSIGN_OR_RETURN(Flow f, Exec(n.else_body, out));
+      (void)f;
+    }
+    return Flow::kNormal;
+  }
+
+  Value MakeMacro(const Node& n, const std::string& name, bool is_caller) {
+    const Node* node = &n;
+    return Value::Callable(name, [this, node, is_caller](CallArgs& a) -> StatusOr<Value> {
+      if (++depth_ > opt_.max_call_depth) {
+        --depth_;
+        return ResourceExhausted("macro calls nested deeper than {}", opt_.max_call_depth);
+      }
+      const size_t saved_floor = floor_;
+      // A macro sees the top level and its arguments; a caller block also sees its call site.
+      if (!is_caller) floor_ = frames_.size();
+      frames_.emplace_back();
+      Frame& f = frames_.back();
+      for (size_t i = 0; i < node->params.size(); ++i) {
+        const auto& [pname, def] = node->params[i];
+        Value v = a.Get(i, pname.c_str());
+        if (v.is_undefined() && def) {
+          auto d = Eval(*def);
+          if (!d.ok()) {
+            frames_.pop_back();
+            floor_ = saved_floor;
+            --depth_;
+            return d.status();
+          }
+          v = *d;
+        }
+        if (v.is_undefined()) v = Value::Undefined(pname);
+        f[pname] = v;
+      }
+      for (const auto& [k, v] : a.kwargs) {
+        if (k == "caller") frames_.back()[k] = v;
+      }
+      auto s = RenderBody(is_caller ? node->body : node->body);
+      frames_.pop_back();
+      floor_ = saved_floor;
+      --depth_;
+      if (!s.ok()) return s.status();
+      return Value(*s);
+    });
+  }
+
+  StatusOr<Value> CallValue(const Value& callee, CallArgs& args) {
+    if (callee.is_undefined()) return Undefined(callee);
+    if (!callee.is_callable()) return InvalidArgument("TypeError: '{}' object is not callable", callee.Str());
+    return callee.fn()(args);
+  }
+
+  StatusOr<CallArgs> EvalArgs(const Expr& e, size_t first) {
+    CallArgs a;
+    for (size_t i = first; i < e.args.size(); ++i) {
+      ASSIGN_OR_RETURN(Value v, Eval(*e.args[i]));
+      a.args.push_back(std::move(v));
+    }
+    for (const auto& [k, x] : e.kwargs) {
+      ASSIGN_OR_RETURN(Value v, Eval(*x));
+      a.kwargs.emplace_back(k, std::move(v));
+    }
+    return a;
+  }
+
+  StatusOr<Value> Arith(const std::string& op, const Value& l, const Value& r) {
+    if (op == "~") return Value(l.Str() + r.Str());
+    if (l.is_undefined()) return Undefined(l);
+    if (r.is_undefined()) return Undefined(r);
+    const bool nums = l.is_number() && r.is_number();
+    const bool floats = nums && (l.is_float() || r.is_float());
+    if (op == "+") {
+      if (nums) return floats ? Value(l.as_float() + r.as_float()) : Value(l.as_int() + r.as_int());
+      if (l.is_string() && r.is_string()) return Value(l.as_string() + r.as_string());
+      if (l.is_list() && r.is_list()) {
+        ValueList v = l.list();
+        v.insert(v.end(), r.list().begin(), r.list().end());
+        return Value::List(std::move(v));
+      }
+    } else if (op == "-") {
+      if (nums) return floats ? Value(l.as_float() - r.as_float()) : Value(l.as_int() - r.as_int());
+    } else if (op == "*") {
+      if (nums) return floats ? Value(l.as_float() * r.as_float()) : Value(l.as_int() * r.as_int());
+      const Value* s = l.is_string() || l.is_list() ? &l : &r;
+      const Value* k = s == &l ? &r : &l;
+      if ((s->is_string() || s->is_list()) && k->is_int()) {
+        const int64_t times = std::max<int64_t>(0, k->as_int());
+        if (s->is_string()) {
+          if (static_cast<double>(s->as_string().size()) * times > static_cast<double>(opt_.max_output_bytes)) {
+            return ResourceExhausted("string repetition too large");
+          }
+          std::string out;
+          for (int64_t i = 0; i < times; ++i) out += s->as_string();
+          return Value(out);
+        }
+        ValueList out;
+        for (int64_t i = 0; i < times && out.size() < 1000000; ++i) out.insert(out.end(), s->list().begin(), s->list().end());
+        return Value::List(std::move(out));
+      }
+    } else if (op == "/") {
+      if (nums) {
+        if (r.as_float() == 0.0) return InvalidArgument("ZeroDivisionError: division by zero");
+        return Value(l.as_float() / r.as_float());
+      }
+    } else if (op == "//" || op == "%") {
+      if (l.is_string() && op == "%") {
+        ASSIGN_OR_RETURN(std::string s, PercentFormat(l.as_string(), r));
+        return Value(s);
+      }
+      if (nums) {
+        if (r.as_float() == 0.0) return InvalidArgument("ZeroDivisionError: integer division or modulo by zero");
+        if (floats) {
+          const double q = std::floor(l.as_float() / r.as_float());
+          return op == "//" ? Value(q) : Value(l.as_float() - q * r.as_float());
+        }
+        const int64_t a = l.as_int(), b = r.as_int();
+        int64_t q = a / b;
+        if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+        return op == "//" ? Value(q) : Value(a - q * b);
+      }
+    } else if (op == "**") {
+      if (nums) {
+        if (!floats && r.as_int() >= 0) {
+          int64_t v = 1;
+          for (int64_t i = 0; i < r.as_int() && i < 64; ++i) v *= l.as_int();
+          return Value(v);
+        }
+        return Value(std::pow(l.as_float(), r.as_float()));
+      }
+    }
+    return InvalidArgument("TypeError: unsupported operand type(s) for {}: {} and {}", op, l.Repr(), r.Repr());
+  }
+
+  StatusOr<bool> Compare(const std::string& op, const Value& l, const Value& r) {
+    if (op == "==") return l.Equals(r);
+    if (op == "!=") return !l.Equals(r);
+    if (op == "<") return l.Less(r);
+    if (op == ">") return r.Less(l);
+    if (op == "<=") {
+      ASSIGN_OR_RETURN(bool gt, r.Less(l));
+      return !gt;
+    }
+    if (op == ">=") {
+      ASSIGN_OR_RETURN(bool lt, l.Less(r));
+      return !lt;
+    }
+    CallArgs a;
+    a.args.push_back(r);
+    if (r.is_undefined()) return op == "notin";
+    if (!r.is_string() && !r.is_list() && !r.is_dict()) {
+      return InvalidArgument("TypeError: argument of type '{}' is not iterable", r.Str());
+    }
+    ASSIGN_OR_RETURN(bool in, ApplyTest("in", l, a));
+    return op == "in" ? in : !in;
+  }
+
+  StatusOr<Value> Eval(const Expr& e) {
+    RETURN_IF_ERROR(Step());
+    switch (e.kind) {
+      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kName: return Lookup(e.name);
+      case Expr::Kind::kList:
+      case Expr::Kind::kTuple: {
+        ValueList items;
+        for (const auto& x : e.args) {
+          ASSIGN_OR_RETURN(Value v, Eval(*x));
+          items.push_back(std::move(v));
+        }
+        return Value::List(std::move(items));
+      }
+      case Expr::Kind::kDict: {
+        ValueDict d;
+        for (const auto& [k, x] : e.dict_items) {
+          ASSIGN_OR_RETURN(Value key, Eval(*k));
+          ASSIGN_OR_RETURN(Value v, Eval(*x));
+          d.Set(std::move(key), std::move(v));
+        }
+        return Value::Dict(std::move(d));
+      }
+      case Expr::Kind::kGetAttr: {
+        ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
+        if (obj.is_undefined()) return Undefined(obj);
+        return GetAttribute(obj, e.name);
+      }
+      case Expr::Kind::kGetItem: {
+        ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
+        ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
+        if (obj.is_undefined()) return Undefined(obj);
+        return GetItem(obj, key);
+      }
+      case Expr::Kind::kSlice: {
+        ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
+        Value parts[3];
+        for (int k = 0; k < 3; ++k) {
+          if (e.args[k + 1]) {
+            ASSIGN_OR_RETURN(parts[k], Eval(*e.args[k + 1]));
+          } else {
+            parts[k] = Value::None();
+          }
+        }
+        if (obj.is_undefined()) return Undefined(obj);
+        return Slice(obj, parts[0], parts[1], parts[2]);
+      }
+      case Expr::Kind::kCall: {
+        ASSIGN_OR_RETURN(Value callee, Eval(*e.args[0]));
+        ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+        return CallValue(callee, args);
+      }
+      case Expr::Kind::kFilter: {
+        ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+        return ApplyFilter(e.name, v, args);
+      }
+      case Expr::Kind::kTest: {
+        ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+        ASSIGN_OR_RETURN(bool r, ApplyTest(e.name, v, args));
+        return Value(r != e.negated);
+      }
+      case Expr::Kind::kUnary: {
+        ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        if (e.name == "not") return Value(!v.Truthy());
+        if (v.is_undefined()) return Undefined(v);
+        if (!v.is_number()) return InvalidArgument("TypeError: bad operand type for unary {}: {}", e.name, v.Repr());
+        if (e.name == "+") return v;
+        return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
+      }
+      case Expr::Kind::kBinary: {
+        ASSIGN_OR_RETURN(Value l, Eval(*e.args[0]));
+        if (e.name == "and") {
+          if (!l.Truthy()) return l;
+          return Eval(*e.args[1]);
+        }
+        if (e.name == "or") {
+          if (l.Truthy()) return l;
+          return Eval(*e.args[1]);
+        }
+        ASSIGN_OR_RETURN(Value r, Eval(*e.args[1]));
+        return Arith(e.name, l, r);
+      }
+      case Expr::Kind::kCompare: {
+        ASSIGN_OR_RETURN(Value l, Eval(*e.args[0]));
+        for (size_t i = 0; i < e.ops.size(); ++i) {
+          ASSIGN_OR_RETURN(Value r, Eval(*e.args[i + 1]));
+          ASSIGN_OR_RETURN(bool ok, Compare(e.ops[i], l, r));
+          if (!ok) return Value(false);
+          l = std::move(r);
+        }
+        return Value(true);
+      }
+      case Expr::Kind::kCond: {
+        ASSIGN_OR_RETURN(Value c, Eval(*e.args[1]));
+        if (c.Truthy()) return Eval(*e.args[0]);
+        if (e.args[2]) return Eval(*e.args[2]);
+        return Value::Undefined("else");
+      }
+    }
+    return Value();
+  }
+
+  RenderOptions opt_;
+  std::vector<Frame> frames_;
+  size_t floor_ = 1;  // frames below this (except 0) are invisible: a macro's caller's locals
+  int64_t steps_ = 0;
+  int depth_ = 0;
+};
+
+// Jinja2 rejects unknown filters and tests when compiling; so do we.
+Status CheckNames(const Expr* e) {
+  if (e == nullptr) return Status::Ok();
+  if (e->kind == Expr::Kind::kFilter && !HasFilter(e->name)) {
+    return InvalidArgument("TemplateAssertionError: line {}: No filter named '{}'.", e->line, e->name);
+  }
+  if (e->kind == Expr::Kind::kTest && !HasTest(e->name)) {
+    return InvalidArgument("TemplateAssertionError: line {}: No test named '{}'.", e->line, e->name);
+  }
+  for (const auto& a : e->args) RETURN_IF_ERROR(CheckNames(a.get()));
+  for (const auto& [k, v] : e->kwargs) RETURN_IF_ERROR(CheckNames(v.get()));
+  for (const auto& [k, v] : e->dict_items) {
+    RETURN_IF_ERROR(CheckNames(k.get()));
+    RETURN_IF_ERROR(CheckNames(v.get()));
+  }
+  return Status::Ok();
+}
+
+// NOTE: like Jinja2 3.x, names used inside an {% if %} body are checked only when that body
+// runs (templates guard optional filters that way).
+Status CheckNames(const NodeList& nodes) {
+  for (const auto& n : nodes) {
+    RETURN_IF_ERROR(CheckNames(n->expr.get()));
+    RETURN_IF_ERROR(CheckNames(n->filter_cond.get()));
+    for (const auto& [c, body] : n->branches) RETURN_IF_ERROR(CheckNames(c.get()));
+    for (const auto& [p, d] : n->params) RETURN_IF_ERROR(CheckNames(d.get()));
+    RETURN_IF_ERROR(CheckNames(n->body));
+    RETURN_IF_ERROR(CheckNames(n->else_body));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<Template> Template::Parse(std::string_view source, const ParseOptions& options) {
+  ASSIGN_OR_RETURN(ParsedTemplate parsed, jinja::Parse(source, options));
+  RETURN_IF_ERROR(CheckNames(parsed.nodes));
+  Template t;
+  t.parsed_ = std::make_shared<const ParsedTemplate>(std::move(parsed));
+  return t;
+}
+
+StatusOr<std::string> Template::Render(const Value& context, const RenderOptions& options) const {
+  Renderer r(options);
+  std::string out;
+  RETURN_IF_ERROR(r.Run(parsed_->nodes, context, &out));
+  return out;
+}
+
+StatusOr<std::string> Template::Render(const nlohmann::ordered_json& context, const RenderOptions& options) const {
+  if (!context.is_object()) return InvalidArgument("the template context must be a JSON object");
+  return Render(Value::FromJson(context), options);
+}
+
+}  // namespace gale::jinja

@@ -1,0 +1,123 @@
+// Values of the Jinja template language as chat templates use them: Python semantics (None,
+// bool, int, float, str, list, dict in insertion order, callables) plus Jinja's Undefined. Lists
+// and dicts are shared references, as in Python (`ns.items.append(x)` mutates in place).
+// Conversion to text follows Python's str()/repr(), and tojson follows json.dumps, so renders
+// match the reference Jinja2 engine byte for byte.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace gale::jinja {
+
+class Value;
+using ValueList = std::vector<Value>;
+
+// Ordered map with Python dict semantics (keys compare by value: 1 == 1.0; "1" != 1).
+struct ValueDict {
+  std::vector<std::pair<Value, Value>> items;
+  const Value* Find(const Value& key) const;
+  Value* Find(const Value& key);
+  const Value* Find(const std::string& key) const;
+  void Set(Value key, Value v);
+};
+
+struct CallArgs;
+using NativeFn = std::function<StatusOr<Value>(CallArgs& args)>;
+
+class Value {
+ public:
+  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kCallable };
+
+  Value() = default;  // undefined
+  static Value Undefined(std::string name = "") {
+    Value v;
+    v.str_ = std::move(name);
+    return v;
+  }
+  static Value None() { return Value(Kind::kNone); }
+  Value(bool b) : kind_(Kind::kBool), int_(b) {}  // NOLINT
+  Value(int64_t i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
+  Value(int i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
+  Value(double d) : kind_(Kind::kFloat), float_(d) {}  // NOLINT
+  Value(std::string s) : kind_(Kind::kString), str_(std::move(s)) {}  // NOLINT
+  Value(const char* s) : kind_(Kind::kString), str_(s) {}  // NOLINT
+  static Value List(ValueList items = {});
+  static Value Dict(ValueDict d = {});
+  // A namespace() object: a dict whose entries templates may assign with `set ns.x = ...`.
+  static Value Namespace(ValueDict d = {});
+  static Value Callable(std::string name, NativeFn fn);
+
+  Kind kind() const { return kind_; }
+  bool is_undefined() const { return kind_ == Kind::kUndefined; }
+  bool is_none() const { return kind_ == Kind::kNone; }
+  bool is_bool() const { return kind_ == Kind::kBool; }
+  bool is_int() const { return kind_ == Kind::kInt; }
+  bool is_float() const { return kind_ == Kind::kFloat; }
+  bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool; }
+  bool is_string() const { return kind_ == Kind::kString; }
+  bool is_list() const { return kind_ == Kind::kList; }
+  bool is_dict() const { return kind_ == Kind::kDict; }
+  bool is_namespace() const { return kind_ == Kind::kDict && namespace_; }
+  bool is_callable() const { return kind_ == Kind::kCallable; }
+
+  bool as_bool() const { return int_ != 0; }
+  int64_t as_int() const { return kind_ == Kind::kFloat ? static_cast<int64_t>(float_) : int_; }
+  double as_float() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
+  const std::string& as_string() const { return str_; }  // also the name of an Undefined
+  ValueList& list() const { return *list_; }
+  ValueDict& dict() const { return *dict_; }
+  const NativeFn& fn() const { return *fn_; }
+  const std::string& callable_name() const { return str_; }
+
+  // Python truthiness (Undefined is false).
+  bool Truthy() const;
+  // Python str(): what {{ value }} prints.
+  std::string Str() const;
+  // Python repr(): how values appear inside a printed list or dict.
+  std::string Repr() const;
+  // Python ==.
+  bool Equals(const Value& other) const;
+  // Python <; error for types that do not order.
+  StatusOr<bool> Less(const Value& other) const;
+  // Identity for lists/dicts (Jinja's `sameas`), equality otherwise.
+  bool SameAs(const Value& other) const;
+
+  static Value FromJson(const nlohmann::ordered_json& j);
+  // json.dumps(value, ensure_ascii=False, indent, separators, sort_keys): indent < 0 is None.
+  StatusOr<std::string> ToJson(int indent, const std::string& item_sep, const std::string& key_sep,
+                               bool sort_keys) const;
+
+ private:
+  explicit Value(Kind k) : kind_(k) {}
+  Kind kind_ = Kind::kUndefined;
+  bool namespace_ = false;
+  int64_t int_ = 0;
+  double float_ = 0.0;
+  std::string str_;
+  std::shared_ptr<ValueList> list_;
+  std::shared_ptr<ValueDict> dict_;
+  std::shared_ptr<NativeFn> fn_;
+};
+
+// Arguments of a call: positional, then keyword (in call order).
+struct CallArgs {
+  std::vector<Value> args;
+  std::vector<std::pair<std::string, Value>> kwargs;
+  // The argument at position pos or named name; Undefined when absent.
+  Value Get(size_t pos, const char* name) const;
+  bool Has(size_t pos, const char* name) const;
+};
+
+// Python's float repr (shortest round trip, always with a '.' or exponent).
+std::string FloatRepr(double d);
+
+}  // namespace gale::jinja
