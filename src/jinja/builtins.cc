@@ -293,26 +293,6 @@ Value BoundMethod(const Value& obj, const std::string& name) {
       }
     } else if (obj.is_list()) {
       ValueList& l = obj.list();
-      if (name == "append") {
-        l.push_back(a.Get(0, "object"));
-        return Value::None();
-      }
-      if (name == "extend") {
-        const Value more = a.Get(0, "iterable");
-        if (!more.is_list()) return TypeError("extend() needs a list");
-        const ValueList copy = more.list();
-        l.insert(l.end(), copy.begin(), copy.end());
-        return Value::None();
-      }
-      if (name == "pop") {
-        if (l.empty()) return InvalidArgument("IndexError: pop from empty list");
-        int64_t i = a.Has(0, "index") ? a.Get(0, "index").as_int() : static_cast<int64_t>(l.size()) - 1;
-        if (i < 0) i += static_cast<int64_t>(l.size());
-        if (i < 0 || i >= static_cast<int64_t>(l.size())) return InvalidArgument("IndexError: pop index out of range");
-        Value v = l[i];
-        l.erase(l.begin() + i);
-        return v;
-      }
       if (name == "index" || name == "count") {
         const Value x = a.Get(0, "value");
         int64_t n = 0;
@@ -334,7 +314,11 @@ const std::unordered_set<std::string> kStrMethods = {
     "endswith", "replace", "find", "rfind", "index", "count", "join", "format", "isdigit", "isalpha", "isspace",
     "isupper", "islower"};
 const std::unordered_set<std::string> kDictMethods = {"get", "items", "keys", "values"};
-const std::unordered_set<std::string> kListMethods = {"append", "extend", "pop", "index", "count"};
+const std::unordered_set<std::string> kListMethods = {"index", "count"};
+// Hugging Face renders in Jinja2's ImmutableSandboxedEnvironment: methods that modify a list or
+// dict are refused (SecurityError), so a template cannot either.
+const std::unordered_set<std::string> kMutatingMethods = {"append", "extend", "pop", "insert", "remove", "clear",
+                                                          "update", "setdefault", "popitem", "sort", "reverse"};
 
 StatusOr<ValueList> Iterate(const Value& v) {
   if (v.is_list()) return v.list();
@@ -439,6 +423,12 @@ int64_t LengthOf(const Value& v) {
 }
 
 Value GetAttribute(const Value& obj, const std::string& name) {
+  if ((obj.is_list() || (obj.is_dict() && !obj.is_namespace())) && kMutatingMethods.count(name)) {
+    const std::string type = obj.is_list() ? "list" : "dict";
+    return Value::Callable(name, [name, type](CallArgs&) -> StatusOr<Value> {
+      return InvalidArgument("SecurityError: access to attribute '{}' of '{}' object is unsafe", name, type);
+    });
+  }
   if (obj.is_namespace()) {
     if (const Value* v = obj.dict().Find(name)) return *v;
     return Value::Undefined(name);

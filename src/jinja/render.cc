@@ -254,6 +254,10 @@ class Renderer {
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      RETURN_IF_ERROR(Step());
+      // Each iteration starts from a fresh frame: a `set` in the body does not carry over to the
+      // next iteration (Jinja2's scoping; templates use namespace() to carry values).
+      frames_.back().clear();
       RETURN_IF_ERROR(AssignTargets(n.targets, items[i]));
       ValueDict loop;
       loop.Set("index", Value(i + 1));

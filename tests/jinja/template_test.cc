@@ -83,3 +83,85 @@ TEST(TemplateTest, ConformsToJinja2OnRealChatTemplates) {
 
 }  // namespace
 }  // namespace gale::jinja
+
+namespace gale::jinja {
+namespace {
+
+// Language corners (arithmetic, repr, loops and scoping, macros and caller, whitespace control,
+// Python methods, slicing in code points, filters, tests, errors), each rendered by Jinja2 3.1.6
+// in the same environment as the conformance file (tests/jinja/language_cases.jsonl).
+TEST(TemplateTest, LanguageCornersMatchJinja2) {
+  std::ifstream in(test::SourceDir() + "/tests/jinja/language_cases.jsonl");
+  ASSERT_TRUE(in);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto c = nlohmann::ordered_json::parse(line);
+    const std::string src = c["template"];
+    ++n;
+    auto t = Template::Parse(src);
+    if (c.contains("compile_error")) {
+      EXPECT_FALSE(t.ok()) << src;
+      continue;
+    }
+    ASSERT_TRUE(t.ok()) << src << ": " << t.status().ToString();
+    auto out = t->Render(c["context"]);
+    if (c.contains("error")) {
+      EXPECT_FALSE(out.ok()) << src << " rendered " << *out;
+      continue;
+    }
+    ASSERT_TRUE(out.ok()) << src << ": " << out.status().ToString();
+    EXPECT_EQ(*out, c["expected"].get<std::string>()) << src;
+  }
+  EXPECT_GE(n, 30);
+}
+
+TEST(TemplateTest, ErrorsNameTheLine) {
+  auto t = Template::Parse("line one\n{% if x %}\n{{ 1 + }}\n{% endif %}");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("line 3"), std::string::npos) << t.status().ToString();
+  auto r = Template::Parse("a\nb\n{{ raise_exception('no system role allowed') }}");
+  ASSERT_TRUE(r.ok());
+  auto out = r->Render(nlohmann::ordered_json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("line 3"), std::string::npos) << out.status().ToString();
+  EXPECT_NE(out.status().message().find("no system role allowed"), std::string::npos);
+  EXPECT_FALSE(r->Render(nlohmann::ordered_json::array()).ok());  // context must be an object
+}
+
+// Templates come from downloaded files: output, recursion and work are bounded, and there is
+// nothing to reach outside the values passed in.
+TEST(TemplateTest, SandboxLimitsHold) {
+  RenderOptions small;
+  small.max_output_bytes = 1000;
+  auto big = Template::Parse("{% for i in range(100000) %}xxxxxxxxxx{% endfor %}");
+  ASSERT_TRUE(big.ok());
+  auto out = big->Render(nlohmann::ordered_json::object(), small);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kResourceExhausted);
+
+  auto rec = Template::Parse("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  ASSERT_TRUE(rec.ok());
+  out = rec->Render(nlohmann::ordered_json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("nested deeper"), std::string::npos) << out.status().ToString();
+
+  RenderOptions few;
+  few.max_steps = 10000;
+  auto spin = Template::Parse("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}");
+  ASSERT_TRUE(spin.ok());
+  EXPECT_FALSE(spin->Render(nlohmann::ordered_json::object(), few).ok());
+
+  auto rep = Template::Parse("{{ 'x' * 100000000000 }}");
+  ASSERT_TRUE(rep.ok());
+  EXPECT_FALSE(rep->Render(nlohmann::ordered_json::object()).ok());
+  // No way out: Python internals are not attributes here.
+  auto esc = Template::Parse("{{ ''.__class__ }}{{ messages.__init__ }}{{ range.__globals__ }}");
+  ASSERT_TRUE(esc.ok());
+  out = esc->Render(nlohmann::ordered_json{{"messages", nlohmann::ordered_json::array()}});
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out, "");
+}
+
+}  // namespace
+}  // namespace gale::jinja
