@@ -2,8 +2,9 @@
 # Set-up command 2: install what is missing, then build and run every test:
 #   1. release build, whole GoogleTest suite under ctest
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, same suite
-#   3. libFuzzer target for the GGUF reader (clang), bounded run on the seed corpus
-# GALE_FUZZ_SECONDS (default 60) bounds step 3; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
+#   3. libFuzzer targets (clang) for the GGUF reader and for chat templates, bounded runs on
+#      their seed corpora
+# GALE_FUZZ_SECONDS (default 60) bounds each fuzz run; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -22,12 +23,15 @@ if [ "${GALE_SKIP_SANITIZE:-0}" != 1 ]; then
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 fi
 
-echo "== fuzz: GGUF reader"
+echo "== fuzz: GGUF reader, chat templates"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DGALE_FUZZ=ON -DGALE_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target gguf_reader_fuzz -j "$jobs"
-mkdir -p build-fuzz/corpus fuzz/artifacts
+cmake --build build-fuzz --target gguf_reader_fuzz jinja_fuzz -j "$jobs"
+mkdir -p build-fuzz/corpus build-fuzz/corpus-jinja fuzz/artifacts
 build-fuzz/gguf_reader_fuzz -max_total_time="${GALE_FUZZ_SECONDS:-60}" -max_len=65536 -timeout=10 \
   -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
   build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 15
+build-fuzz/jinja_fuzz -max_total_time="${GALE_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
+  -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
+  build-fuzz/corpus-jinja fuzz/corpus-jinja 2>&1 | tail -n 15
 echo "fuzz: no crash"

@@ -430,12 +430,12 @@ Value GetAttribute(const Value& obj, const std::string& name) {
     });
   }
   if (obj.is_namespace()) {
-    if (const Value* v = obj.dict().Find(name)) return *v;
+    if (const Value* v = obj.dict().FindString(name)) return *v;
     return Value::Undefined(name);
   }
   if (obj.is_dict()) {
     if (kDictMethods.count(name)) return BoundMethod(obj, name);
-    if (const Value* v = obj.dict().Find(name)) return *v;
+    if (const Value* v = obj.dict().FindString(name)) return *v;
     return Value::Undefined(name);
   }
   if (obj.is_string() && kStrMethods.count(name)) return BoundMethod(obj, name);

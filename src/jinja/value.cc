@@ -22,7 +22,7 @@ Value* ValueDict::Find(const Value& key) {
   return nullptr;
 }
 
-const Value* ValueDict::Find(const std::string& key) const {
+const Value* ValueDict::FindString(const std::string& key) const {
   for (const auto& [k, v] : items) {
     if (k.is_string() && k.as_string() == key) return &v;
   }

@@ -26,7 +26,7 @@ struct ValueDict {
   std::vector<std::pair<Value, Value>> items;
   const Value* Find(const Value& key) const;
   Value* Find(const Value& key);
-  const Value* Find(const std::string& key) const;
+  const Value* FindString(const std::string& key) const;
   void Set(Value key, Value v);
 };
 

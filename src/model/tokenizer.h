@@ -55,6 +55,7 @@ class Tokenizer {
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
+  int32_t eot_id() const { return eot_id_; }
   bool add_bos() const { return add_bos_; }
   bool add_space_prefix() const { return add_space_prefix_; }
   bool IsEog(int32_t id) const { return id == eos_id_ || id == eot_id_; }

@@ -13,6 +13,7 @@
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
+#include "tools/chat.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 
@@ -29,6 +30,8 @@ CommandFn RegisterRun(CLI::App& app) {
     std::string trace;
     LoadOptions load;
     SamplingParams sp;
+    bool chat = false;
+    std::string chat_template, system;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
@@ -49,6 +52,9 @@ CommandFn RegisterRun(CLI::App& app) {
   app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
   app.add_option("--trace", o->trace, "write a Chrome trace-event JSON of every op (open in Perfetto)");
   app.add_flag("--profile", o->profile, "print time per op, prefill/decode share, CPU-side time and memory");
+  app.add_flag("--chat", o->chat, "interactive multi-turn chat with the model's chat template (stdin/stdout)");
+  app.add_option("--chat-template", o->chat_template, "with --chat: a Jinja chat template file instead of the model's");
+  app.add_option("--system", o->system, "with --chat: a system message");
   o->load.Register(app);
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
   return [o]() {
@@ -56,6 +62,22 @@ CommandFn RegisterRun(CLI::App& app) {
       std::fprintf(stderr, "gale run: %s\n", s.ToString().c_str());
       return 1;
     };
+    if (o->chat) {
+      if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
+      if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+      auto loaded = LoadModel(o->model, o->load);
+      if (!loaded.ok()) return fail(loaded.status());
+      ChatOptions co;
+      co.chat_template_file = o->chat_template;
+      co.system = o->system;
+      co.max_tokens = o->n_predict > 0 ? o->n_predict : 512;
+      co.sampling = o->sp;
+      co.sampling.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed)
+                                      : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      co.ignore_eos = o->ignore_eos;
+      co.threads = o->threads;
+      return RunChat(*loaded, co);
+    }
     if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
     if (o->n_predict < 0) return fail(InvalidArgument("-n must be >= 0"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));

@@ -25,6 +25,7 @@ CommandFn RegisterConvert(CLI::App& app);
 CommandFn RegisterSynth(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterBatch(CLI::App& app);
+CommandFn RegisterTemplate(CLI::App& app);
 CommandFn RegisterTokenize(CLI::App& app);
 
 }  // namespace gale

@@ -81,6 +81,32 @@ expect_fail batch-bad-kv-type "--kv-type" -- "$GALE" batch -i "$tmp/in.jsonl" -o
 expect_fail batch-bad-kv-memory "unknown unit" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-cache-memory 3X
 expect_fail batch-tiny-kv "holds no block" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-cache-memory 100
 expect_fail batch-zero-batch "max_batch_size" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --max-batch-size 0
+# gale template: one conformance entry (Qwen2.5, system_multi_turn) through the CLI, byte for byte;
+# errors name the line.
+shared="$(dirname "$0")/../../../shared/chat-templates"
+cat > "$tmp/ctx.json" <<'JSON'
+{"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3+3? Answer with \"six\" or 6."}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"}
+JSON
+printf '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4.<|im_end|>\n<|im_start|>user\nAnd 3+3? Answer with "six" or 6.<|im_end|>\n<|im_start|>assistant\n' > "$tmp/want.txt"
+if [ -f "$shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja" ]; then
+  "$GALE" template --file "$shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja" --context "$tmp/ctx.json" > "$tmp/got.txt"
+  if cmp -s "$tmp/got.txt" "$tmp/want.txt"; then pass=$((pass + 1)); else echo "FAIL template render:"; cat "$tmp/got.txt"; fails=$((fails + 1)); fi
+else
+  echo "note: $shared not found; skipping the template render check"
+fi
+printf 'a\n{%% if x %%}\n' > "$tmp/bad.jinja"
+expect_fail template-syntax "line" -- "$GALE" template --file "$tmp/bad.jinja" --context "$tmp/ctx.json"
+printf '{{ raise_exception("no tools here") }}' > "$tmp/raise.jinja"
+expect_fail template-raise "no tools here" -- "$GALE" template --file "$tmp/raise.jinja" --context "$tmp/ctx.json"
+printf '{"messages": [' > "$tmp/badctx.json"
+expect_fail template-bad-context "not valid JSON" -- "$GALE" template --file "$tmp/raise.jinja" --context "$tmp/badctx.json"
+expect_fail template-no-chat-template "no tokenizer.chat_template" -- "$GALE" template -m "$(dirname "$0")/../../models/stories260K.gguf" --context "$tmp/badctx.json"
+
+# gale run --chat: two turns from stdin with a template file; the model without one is refused.
+printf '{%% for m in messages %%}{%% if m.role == "user" %%}{{ bos_token }}{{ m.content }}{%% else %%} {{ m.content }}{%% endif %%}{%% endfor %%}' > "$tmp/chat.jinja"
+out="$(printf 'Once upon a time\nThe dog\n' | "$GALE" run --chat --chat-template "$tmp/chat.jinja" -n 12 --temp 0 2>/dev/null)"
+if [ "$(printf '%s\n' "$out" | wc -l)" -eq 2 ] && [[ "$out" == ", there was a little girl"* ]]; then pass=$((pass + 1)); else echo "FAIL chat: $out"; fails=$((fails + 1)); fi
+expect_fail chat-no-template "chat_template" -- "$GALE" run --chat -n 4
 expect_fail bench-bad-output "-o must be" -- "$GALE" bench -m "$tmp/trunc.gguf" -o xml
 
 echo "$pass passed, $fails failed"
