@@ -2,6 +2,8 @@
 // from utf8proc's Unicode categories, white space as Unicode's White_Space property.
 #include "model/bpe.h"
 
+#include <algorithm>
+
 #include <utf8proc.h>
 
 #include <array>
@@ -138,30 +140,41 @@ std::vector<std::string_view> SplitDigitTriples(std::string_view text) {
 
 bool IsUnicodeNumber(uint32_t code_point) { return IsNumber(code_point); }
 
-std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text) {
-  using Cps = std::vector<uint32_t>;
-  // \s?X+ : an optional white-space character, then a run of X.
-  auto optional_space_run = [](auto is_x) {
-    return [is_x](const Cps& cps, size_t i) -> size_t {
-      size_t j = i;
-      if (IsWhitespace(cps[j]) && j + 1 < cps.size() && is_x(cps[j + 1])) ++j;
-      if (!is_x(cps[j])) return 0;
-      while (j < cps.size() && is_x(cps[j])) ++j;
-      return j - i;
-    };
+namespace {
+
+using Cps = std::vector<uint32_t>;
+using Pass = std::function<size_t(const Cps&, size_t)>;
+
+// \s?X+ : an optional white-space character, then a run of X.
+template <typename IsX>
+Pass OptionalSpaceRun(IsX is_x) {
+  return [is_x](const Cps& cps, size_t i) -> size_t {
+    size_t j = i;
+    if (IsWhitespace(cps[j]) && j + 1 < cps.size() && is_x(cps[j + 1])) ++j;
+    if (!is_x(cps[j])) return 0;
+    while (j < cps.size() && is_x(cps[j])) ++j;
+    return j - i;
   };
-  const std::vector<std::function<size_t(const Cps&, size_t)>> passes = {
-      [](const Cps& cps, size_t i) -> size_t { return cps[i] == '\r' || cps[i] == '\n' ? 1 : 0; },
-      optional_space_run(IsLetter),
-      optional_space_run(IsPunctuation),
-      [](const Cps& cps, size_t i) -> size_t {
-        auto cjk = [](uint32_t c) { return (c >= 0x0800 && c <= 0x9fa5) || (c >= 0xac00 && c <= 0xd7ff); };
-        size_t j = i;
-        while (j < cps.size() && cjk(cps[j])) ++j;
-        return j - i;
-      },
-      [](const Cps& cps, size_t i) -> size_t { return IsNumber(cps[i]) ? 1 : 0; },
+}
+
+template <typename IsX>
+Pass Run(IsX is_x) {
+  return [is_x](const Cps& cps, size_t i) -> size_t {
+    size_t j = i;
+    while (j < cps.size() && is_x(cps[j])) ++j;
+    return j - i;
   };
+}
+
+Pass LineBreak() {
+  return [](const Cps& cps, size_t i) -> size_t { return cps[i] == '\r' || cps[i] == '\n' ? 1 : 0; };
+}
+
+bool IsCjk(uint32_t c) { return (c >= 0x0800 && c <= 0x9fa5) || (c >= 0xac00 && c <= 0xd7ff); }
+
+// llama.cpp applies a pre-tokenizer's expressions one after another: each splits every piece
+// the previous ones produced into its matches and the text between them.
+std::vector<std::string_view> ApplyPasses(std::string_view text, const std::vector<Pass>& passes) {
   std::vector<std::string_view> pieces = {text};
   for (const auto& pass : passes) {
     std::vector<std::string_view> next;
@@ -171,6 +184,64 @@ std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text) {
     pieces = std::move(next);
   }
   return pieces;
+}
+
+// A regex character class written as its characters and ranges ("A-Za-zµ..."), as sorted
+// code point ranges.
+std::vector<std::pair<uint32_t, uint32_t>> ParseClass(std::string_view cls) {
+  Cps cps;
+  std::vector<size_t> offsets;
+  DecodeAll(cls, &cps, &offsets);
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    if (i + 2 < cps.size() && cps[i + 1] == '-') {
+      ranges.emplace_back(cps[i], cps[i + 2]);
+      i += 2;
+    } else {
+      ranges.emplace_back(cps[i], cps[i]);
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
+}
+
+bool InRanges(const std::vector<std::pair<uint32_t, uint32_t>>& ranges, uint32_t c) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), std::make_pair(c, UINT32_MAX));
+  return it != ranges.begin() && std::prev(it)->second >= c;
+}
+
+}  // namespace
+
+std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text) {
+  static const std::vector<Pass> passes = {
+      LineBreak(), OptionalSpaceRun(IsLetter), OptionalSpaceRun(IsPunctuation), Run(IsCjk),
+      [](const Cps& cps, size_t i) -> size_t { return IsNumber(cps[i]) ? 1 : 0; },
+  };
+  return ApplyPasses(text, passes);
+}
+
+std::vector<std::string_view> PreTokenizeDeepseekLlm(std::string_view text) {
+  // DeepSeek LLM's letter and punctuation classes, as its tokenizer's expressions spell them.
+  static const auto letters = ParseClass(
+      "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄ"
+      "ῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻"
+      "𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃");
+  static const auto punct = ParseClass("!-/:-~！-／：-～‘-‟　-。");
+  static const std::vector<Pass> passes = {
+      LineBreak(),
+      OptionalSpaceRun([](uint32_t c) { return InRanges(letters, c); }),
+      OptionalSpaceRun([](uint32_t c) { return InRanges(punct, c); }),
+      // \s+$ : the white space that ends a piece.
+      [](const Cps& cps, size_t i) -> size_t {
+        for (size_t j = i; j < cps.size(); ++j) {
+          if (!IsWhitespace(cps[j])) return 0;
+        }
+        return cps.size() - i;
+      },
+      Run(IsCjk),
+      Run(IsNumber),
+  };
+  return ApplyPasses(text, passes);
 }
 
 std::vector<std::string> PreTokenizeBert(std::string_view text) {

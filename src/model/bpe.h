@@ -26,6 +26,9 @@ std::vector<std::string_view> SplitDigitTriples(std::string_view text);
 // deepseek-coder's passes, in order: [\r\n], \s?\p{L}+, \s?\p{P}+, [\u0800-\u9FA5\uAC00-\uD7FF]+,
 // \p{N} (each pass cuts every piece of the previous one into matches and the runs between).
 std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text);
+// DeepSeek LLM: line breaks, runs of its letter class and of ASCII/full-width punctuation (each
+// with one optional leading space), trailing white space, CJK runs, digit runs.
+std::vector<std::string_view> PreTokenizeDeepseekLlm(std::string_view text);
 
 // BERT's basic tokenizer as llama.cpp runs it before WordPiece: NFD, accents (Mn) dropped, lower
 // case, white space

@@ -88,9 +88,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->falcon_ = true;
     } else if (pre == "deepseek-coder") {
       t->deepseek_coder_ = true;
+    } else if (pre == "deepseek-llm") {
+      t->deepseek_llm_ = true;
     } else {
       return Unimplemented(
-          "pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, falcon, deepseek-coder)", pre);
+          "pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, falcon, deepseek-coder, deepseek-llm)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
@@ -361,6 +363,10 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
   };
   if (deepseek_coder_) {
     for (std::string_view word : PreTokenizeDeepseekCoder(text)) word_ids(word);
+    return;
+  }
+  if (deepseek_llm_) {
+    for (std::string_view word : PreTokenizeDeepseekLlm(text)) word_ids(word);
     return;
   }
   if (falcon_) {

@@ -83,6 +83,7 @@ class Tokenizer {
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
   bool deepseek_coder_ = false;
+  bool deepseek_llm_ = false;
   bool spm_chunkable_ = false;  // see EncodeSpm
   size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
   int32_t ByteToToken(uint8_t byte) const;
