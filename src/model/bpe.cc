@@ -307,6 +307,75 @@ int BpeCharToByte(uint32_t code_point) {
   return code_point < Tables().char_to_byte.size() ? Tables().char_to_byte[code_point] : -1;
 }
 
+std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_digits) {
+  std::vector<uint32_t> cps;
+  std::vector<size_t> offsets;
+  DecodeAll(text, &cps, &offsets);
+  const size_t n = cps.size();
+  auto at = [&](size_t i) -> uint32_t { return i < n ? cps[i] : 0xffffffffu; };
+  auto ws = [&](size_t i) { return i < n && IsWhitespace(cps[i]); };
+  auto letter = [&](size_t i) { return i < n && IsLetter(cps[i]); };
+  auto number = [&](size_t i) { return i < n && IsNumber(cps[i]); };
+  auto newline = [&](size_t i) { return i < n && (cps[i] == '\r' || cps[i] == '\n'); };
+  auto lower = [](uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; };
+
+  std::vector<std::string_view> words;
+  size_t pos = 0;
+  while (pos < n) {
+    size_t end = pos;
+    const uint32_t c = cps[pos];
+    // (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
+    if (c == '\'') {
+      const uint32_t c1 = lower(at(pos + 1)), c2 = lower(at(pos + 2));
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') end = pos + 2;
+      else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) end = pos + 3;
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (end == pos) {
+      const bool lead = !newline(pos) && !letter(pos) && !number(pos) && letter(pos + 1);
+      if (lead || letter(pos)) {
+        end = lead ? pos + 1 : pos;
+        while (letter(end)) ++end;
+      }
+    }
+    // \p{N}{1,3} (or one digit at a time)
+    if (end == pos && number(pos)) {
+      while (number(end) && end - pos < static_cast<size_t>(max_digits)) ++end;
+    }
+    // " ?[^\s\p{L}\p{N}]+[\r\n]*"
+    if (end == pos) {
+      const size_t start = c == ' ' ? pos + 1 : pos;
+      auto other = [&](size_t i) { return i < n && !ws(i) && !letter(i) && !number(i); };
+      if (other(start)) {
+        end = start;
+        while (other(end)) ++end;
+        while (newline(end)) ++end;
+      }
+    }
+    if (end == pos) {
+      size_t run = pos;
+      while (ws(run)) ++run;
+      // \s*[\r\n]+ : the white space up to and including its last line break.
+      size_t last_nl = n;
+      for (size_t i = pos; i < run; ++i) {
+        if (newline(i)) last_nl = i;
+      }
+      if (last_nl != n) {
+        end = last_nl + 1;
+      } else if (run > pos) {
+        // \s+(?!\S)|\s+ : the run, less its last character when a non-space follows.
+        end = run;
+        if (end < n && end - pos > 1) --end;
+      } else {
+        end = pos + 1;  // unreachable: every character is one of the classes above
+      }
+    }
+    words.push_back(text.substr(offsets[pos], offsets[end] - offsets[pos]));
+    pos = end;
+  }
+  return words;
+}
+
 std::vector<std::string_view> PreTokenizeGpt2(std::string_view text) {
   std::vector<uint32_t> cps;
   std::vector<size_t> offsets;

@@ -25,6 +25,11 @@ std::vector<std::string_view> SplitDigitTriples(std::string_view text);
 
 // deepseek-coder's passes, in order: [\r\n], \s?\p{L}+, \s?\p{P}+, [\u0800-\u9FA5\uAC00-\uD7FF]+,
 // \p{N} (each pass cuts every piece of the previous one into matches and the runs between).
+// Llama 3's expression (also Qwen2's with max_digits = 1): contractions in either case, letter runs
+// with one optional leading non-letter/digit/line-break, digits in groups of up to max_digits,
+// punctuation runs with one optional leading space and trailing line breaks, white space ending at
+// its last line break, and white space runs as GPT-2 splits them.
+std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_digits);
 std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text);
 // DeepSeek LLM: line breaks, runs of its letter class and of ASCII/full-width punctuation (each
 // with one optional leading space), trailing white space, CJK runs, digit runs.

@@ -82,7 +82,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "gpt-2";
     if (pre == "gpt-2" || pre == "default" || pre == "mpt") {
       t->split_digits_ = false;
-    } else if (pre == "starcoder" || pre == "refact") {
+    } else if (pre == "starcoder" || pre == "refact" || pre == "command-r") {
       t->split_digits_ = true;  // every digit its own piece before the GPT-2 split
     } else if (pre == "falcon") {
       t->falcon_ = true;
@@ -90,9 +90,16 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->deepseek_coder_ = true;
     } else if (pre == "deepseek-llm") {
       t->deepseek_llm_ = true;
+    } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "dbrx" || pre == "smaug-bpe" ||
+               pre == "falcon3" || pre == "pixtral") {
+      t->llama3_digits_ = 3;
+      t->ignore_merges_ = true;  // Llama 3's tokenizer.json: a word that is a token is not merged
+    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+      t->llama3_digits_ = 1;
     } else {
       return Unimplemented(
-          "pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, falcon, deepseek-coder, deepseek-llm)", pre);
+          "pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, command-r, falcon, "
+          "deepseek-coder, deepseek-llm, llama3/llama-bpe, qwen2)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
@@ -293,6 +300,14 @@ void Tokenizer::BpeWord(std::string_view word, std::vector<int32_t>* out) const 
   std::vector<std::string> sym;
   sym.reserve(word.size());
   for (char ch : word) sym.push_back(ByteToBpeChar(static_cast<uint8_t>(ch)));
+  if (ignore_merges_ && sym.size() > 1) {
+    std::string whole;
+    for (const std::string& s : sym) whole += s;
+    if (auto it = token_to_id_.find(whole); it != token_to_id_.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
   std::string key;
   while (sym.size() > 1) {
     int32_t best_rank = INT32_MAX;
@@ -367,6 +382,10 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
   }
   if (deepseek_llm_) {
     for (std::string_view word : PreTokenizeDeepseekLlm(text)) word_ids(word);
+    return;
+  }
+  if (llama3_digits_ > 0) {
+    for (std::string_view word : PreTokenizeLlama3(text, llama3_digits_)) word_ids(word);
     return;
   }
   if (falcon_) {

@@ -84,6 +84,8 @@ class Tokenizer {
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
   bool deepseek_coder_ = false;
   bool deepseek_llm_ = false;
+  int llama3_digits_ = 0;      // > 0: Llama 3's expression with digit groups of this size (Qwen2: 1)
+  bool ignore_merges_ = false;  // a word that is itself a token is emitted without merging
   bool spm_chunkable_ = false;  // see EncodeSpm
   size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
   int32_t ByteToToken(uint8_t byte) const;

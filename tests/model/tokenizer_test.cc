@@ -9,6 +9,8 @@
 
 #include "../test_util.h"
 #include "base/rng.h"
+#include "model/bpe.h"
+#include <nlohmann/json.hpp>
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 
@@ -202,6 +204,62 @@ TEST(TokenizerTest, LlamaCppVectors) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace gale
+
+namespace gale {
+namespace {
+
+// Llama 3's and Qwen2's pre-tokenizer expressions have no vocab .gguf in ../shared to check end to
+// end, so the split itself is checked: against the Python `regex` module running the expressions
+// llama.cpp uses, on llama.cpp's test inputs for those vocabs plus random mixes of contractions,
+// digits, line breaks, non-ASCII letters and numbers, and Unicode spaces
+// (tests/model/pretokenizer_splits.jsonl).
+TEST(TokenizerTest, Llama3AndQwen2SplitsMatchTheRegex) {
+  std::ifstream in(test::SourceDir() + "/tests/model/pretokenizer_splits.jsonl");
+  ASSERT_TRUE(in);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto c = nlohmann::json::parse(line);
+    const std::string text = c["text"];
+    const int digits = c["pre"] == "llama3" ? 3 : 1;
+    std::vector<std::string> got;
+    for (std::string_view p : PreTokenizeLlama3(text, digits)) got.emplace_back(p);
+    EXPECT_EQ(got, c["pieces"].get<std::vector<std::string>>()) << c["pre"] << ": '" << text << "'";
+    ++n;
+  }
+  EXPECT_GT(n, 600);
+}
+
+}  // namespace
+}  // namespace gale
+
+namespace gale {
+namespace {
+
+// Llama 3's BPE emits a word that is itself a token without merging it; GPT-2's merges.
+TEST(TokenizerTest, Llama3IgnoresMergesForWholeWordTokens) {
+  auto make = [](const std::string& pre) {
+    GgufWriter w;
+    w.SetString("tokenizer.ggml.model", "gpt2");
+    w.SetString("tokenizer.ggml.pre", pre);
+    w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray({"a", "b", "c", "ab", "abc"}));
+    w.SetValue("tokenizer.ggml.merges", GgufValue::StringArray({"a b"}));
+    return w.WriteToBytes();
+  };
+  const auto gpt2_bytes = make("gpt-2"), llama3_bytes = make("llama-bpe");
+  auto gpt2_file = GgufFile::FromBytes(gpt2_bytes);
+  auto llama3_file = GgufFile::FromBytes(llama3_bytes);
+  ASSERT_TRUE(gpt2_file.ok() && llama3_file.ok());
+  auto gpt2 = Tokenizer::FromGguf(**gpt2_file);
+  auto llama3 = Tokenizer::FromGguf(**llama3_file);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status().ToString();
+  ASSERT_TRUE(llama3.ok()) << llama3.status().ToString();
+  EXPECT_EQ((*gpt2)->Encode("abc", false), (std::vector<int32_t>{3, 2}));  // ab + c by the merges
+  EXPECT_EQ((*llama3)->Encode("abc", false), (std::vector<int32_t>{4}));   // the word's own token
+  EXPECT_EQ((*llama3)->Encode("abca", false), (std::vector<int32_t>{3, 2, 0}));  // not a token: merged
 }
 
 }  // namespace
