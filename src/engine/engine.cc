@@ -78,7 +78,7 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
       config_(config),
       num_blocks_(num_blocks),
       storage_(model.hparams().num_layers, model.hparams().kv_dim(), num_blocks, config.block_size, config.kv_type),
-      kv_(static_cast<int32_t>(num_blocks), config.block_size),
+      kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool) {
   max_request_tokens_ = sched_.max_request_tokens();
@@ -93,9 +93,12 @@ Engine::~Engine() {
 }
 
 std::string Engine::Describe() const {
-  return fmt::format("KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once",
-                     num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
-                     kernels::KvTypeName(config_.kv_type), max_request_tokens_, config_.sched.max_batch_size);
+  return fmt::format(
+      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once; "
+      "prefix caching {}",
+      num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
+      kernels::KvTypeName(config_.kv_type), max_request_tokens_, config_.sched.max_batch_size,
+      config_.enable_prefix_caching ? "on" : "off");
 }
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
@@ -150,6 +153,7 @@ void Engine::Admit(PendingRequest& p) {
   r->tokens = std::move(p.request.prompt);
   r->max_new_tokens = p.request.max_tokens;
   r->stop_ids = p.request.stop_ids;
+  r->cache_salt = p.request.cache_salt;
   auto live = std::make_unique<Live>();
   live->stream = p.stream;
   live->num_prompt_tokens = r->num_tokens();
@@ -216,6 +220,7 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   u.status = status;
   u.num_prompt_tokens = l.num_prompt_tokens;
   u.num_truncated_tokens = l.num_truncated_tokens;
+  u.num_cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
   if (l.detok && reason != FinishReason::kStop) l.text += l.detok->Flush();
   if (l.text.size() > l.emitted) u.text = l.text.substr(l.emitted);
   l.stream->Push(std::move(u));
@@ -301,6 +306,11 @@ void Engine::PublishStats() {
   stats_.wasted_slots = kv_.WastedSlots();
   stats_.max_wasted_slots = std::max<int64_t>(stats_.max_wasted_slots, kv_.WastedSlots());
   stats_.max_used_blocks = std::max<int64_t>(stats_.max_used_blocks, used);
+  stats_.prefix_cache_lookups = kv_.num_lookups();
+  stats_.prefix_cache_query_tokens = kv_.num_lookup_tokens();
+  stats_.prefix_cache_hit_tokens = kv_.num_hit_tokens();
+  stats_.prefix_cache_blocks = kv_.pool().num_cached();
+  stats_.prefix_cache_evictions = kv_.pool().num_evictions();
 }
 
 }  // namespace gale

@@ -29,6 +29,7 @@ struct EngineConfig {
   uint64_t kv_cache_memory_bytes = 0;   // KV memory; 0: kv_cache_ratio of the memory available
   double kv_cache_ratio = 0.5;          // share of MemAvailable (read at start-up, after weights load)
   kernels::KvType kv_type = kernels::KvType::kF16;  // as llama.cpp: half the bytes of f32
+  bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
 };
 
 // Counters for summaries and /metrics; read from any thread.
@@ -43,6 +44,11 @@ struct EngineStats {
   std::atomic<int64_t> wasted_slots{0};           // unfilled tails of last blocks, now
   std::atomic<int64_t> max_wasted_slots{0};
   std::atomic<int64_t> max_used_blocks{0};
+  std::atomic<int64_t> prefix_cache_lookups{0};      // requests admitted with the cache on
+  std::atomic<int64_t> prefix_cache_query_tokens{0}; // their prompt tokens
+  std::atomic<int64_t> prefix_cache_hit_tokens{0};   // of which found in the cache
+  std::atomic<int64_t> prefix_cache_blocks{0};       // blocks findable now
+  std::atomic<int64_t> prefix_cache_evictions{0};
 };
 
 class Engine {

@@ -3,9 +3,15 @@
 
 namespace gale {
 
+std::optional<std::chrono::steady_clock::time_point> RequestStream::first_token_at() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_token_at_;
+}
+
 void RequestStream::Push(StreamUpdate u) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!first_token_at_ && !u.token_ids.empty()) first_token_at_ = std::chrono::steady_clock::now();
     if (!has_pending_) {
       pending_ = std::move(u);
       has_pending_ = true;
@@ -19,6 +25,7 @@ void RequestStream::Push(StreamUpdate u) {
       }
       pending_.num_prompt_tokens = u.num_prompt_tokens;
       pending_.num_truncated_tokens = u.num_truncated_tokens;
+      pending_.num_cached_tokens = u.num_cached_tokens;
     }
   }
   cv_.notify_all();

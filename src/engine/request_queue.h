@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;      // end-of-generation tokens (EOS, EOT); empty: none
   std::vector<std::string> stop;      // stop strings (need the engine to have a tokenizer)
   bool truncate = false;              // too long: drop the middle of the prompt instead of failing
+  std::string cache_salt;             // only requests with the same salt share cached prefixes
 };
 
 // Results since the last read, merged. The last update has finished = true.
@@ -38,6 +40,7 @@ struct StreamUpdate {
   Status status;                   // the error when finish_reason == kError
   int64_t num_prompt_tokens = 0;   // after truncation
   int64_t num_truncated_tokens = 0;
+  int64_t num_cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache (final update)
 };
 
 class RequestStream {
@@ -52,8 +55,14 @@ class RequestStream {
   // Engine side: appends to what the client has not read yet.
   void Push(StreamUpdate update);
 
+  // When the stream was created, and when its first token was pushed (time to first token).
+  std::chrono::steady_clock::time_point created_at() const { return created_at_; }
+  std::optional<std::chrono::steady_clock::time_point> first_token_at();
+
  private:
   const int64_t id_;
+  const std::chrono::steady_clock::time_point created_at_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> first_token_at_;  // under mu_
   std::mutex mu_;
   std::condition_variable cv_;
   bool has_pending_ = false;

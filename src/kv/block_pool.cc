@@ -2,6 +2,8 @@
 // list from the middle (a prefix-cache hit on a freed block) in O(1).
 #include "kv/block_pool.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "base/check.h"
@@ -9,7 +11,11 @@
 namespace gale {
 
 BlockPool::BlockPool(int32_t num_blocks)
-    : ref_count_(num_blocks, 0), prev_(num_blocks, -1), next_(num_blocks, -1) {
+    : ref_count_(num_blocks, 0),
+      prev_(num_blocks, -1),
+      next_(num_blocks, -1),
+      hash_(num_blocks),
+      has_hash_(num_blocks, 0) {
   CHECK(num_blocks > 0);
   for (int32_t b = 0; b < num_blocks; ++b) PushBack(b);
 }
@@ -34,7 +40,32 @@ std::optional<int32_t> BlockPool::Allocate() {
   const int32_t b = head_;
   Unlink(b);
   ref_count_[b] = 1;
+  if (has_hash_[b]) {
+    cached_.erase(hash_[b]);
+    has_hash_[b] = 0;
+    ++num_evictions_;
+  }
   return b;
+}
+
+std::optional<int32_t> BlockPool::LookupCached(const BlockHash& h) const {
+  auto it = cached_.find(h);
+  if (it == cached_.end()) return std::nullopt;
+  return it->second;
+}
+
+void BlockPool::TakeCached(int32_t b) {
+  CHECK(b >= 0 && b < num_blocks() && has_hash_[b]);
+  if (ref_count_[b] == 0) Unlink(b);
+  ++ref_count_[b];
+}
+
+void BlockPool::SetHash(int32_t b, const BlockHash& h) {
+  CHECK(b >= 0 && b < num_blocks() && ref_count_[b] > 0);
+  if (has_hash_[b] || cached_.count(h)) return;
+  hash_[b] = h;
+  has_hash_[b] = 1;
+  cached_.emplace(h, b);
 }
 
 void BlockPool::Retain(int32_t b) {
@@ -66,6 +97,12 @@ std::string BlockPool::CheckInvariants() const {
   }
   if (prev != tail_) return "free list tail is wrong";
   if (count != num_free_) return fmt::format("free list has {} blocks, num_free says {}", count, num_free_);
+  if (static_cast<int64_t>(cached_.size()) != std::count(has_hash_.begin(), has_hash_.end(), 1)) {
+    return "cached-block map and block hashes disagree";
+  }
+  for (const auto& [h, b] : cached_) {
+    if (!has_hash_[b] || !(hash_[b] == h)) return fmt::format("cached block {} has another hash", b);
+  }
   for (int32_t b = 0; b < num_blocks(); ++b) {
     if (ref_count_[b] < 0) return fmt::format("block {} has ref count {}", b, ref_count_[b]);
     if ((ref_count_[b] == 0) != static_cast<bool>(on_list[b])) {

@@ -8,9 +8,20 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace gale {
+
+// Identity of a full block's contents: a 128-bit hash chained over its parent block's hash and
+// its token ids (and the request's cache salt for the first block).
+struct BlockHash {
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const BlockHash& o) const { return lo == o.lo && hi == o.hi; }
+};
+struct BlockHashHasher {
+  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ull)); }
+};
 
 class BlockPool {
  public:
@@ -21,7 +32,18 @@ class BlockPool {
   int32_t ref_count(int32_t block_id) const { return ref_count_[block_id]; }
 
   // Takes the block at the front of the free list (ref count 1), or nullopt when none is free.
+  // A cached block taken this way is evicted: its hash is forgotten.
   std::optional<int32_t> Allocate();
+
+  // Prefix cache. A full block's hash maps to the block holding those tokens' K/V, whether in use
+  // or free (a free cached block stays on the free list in LRU order until Allocate evicts it).
+  std::optional<int32_t> LookupCached(const BlockHash& h) const;
+  // Takes a reference to a cached block (off the free list if it was free).
+  void TakeCached(int32_t block_id);
+  // Records that block_id holds the tokens hashed to h; no-op if h already has a block.
+  void SetHash(int32_t block_id, const BlockHash& h);
+  int64_t num_cached() const { return static_cast<int64_t>(cached_.size()); }
+  int64_t num_evictions() const { return num_evictions_; }
   // Another holder of an allocated block (prefix sharing).
   void Retain(int32_t block_id);
   // Drops one reference; at zero the block goes to the back of the free list.
@@ -41,6 +63,10 @@ class BlockPool {
   std::vector<int32_t> next_;       // [num_blocks]
   int32_t head_ = -1, tail_ = -1;
   int32_t num_free_ = 0;
+  std::vector<BlockHash> hash_;     // [num_blocks] valid where has_hash_
+  std::vector<char> has_hash_;      // [num_blocks]
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;
+  int64_t num_evictions_ = 0;
 };
 
 }  // namespace gale

@@ -1,14 +1,73 @@
 // KV cache manager: block tables per request over the block pool.
 #include "kv/kv_cache_manager.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "base/check.h"
 
 namespace gale {
 
-KvCacheManager::KvCacheManager(int32_t num_blocks, int64_t block_size) : pool_(num_blocks), block_size_(block_size) {
+KvCacheManager::KvCacheManager(int32_t num_blocks, int64_t block_size, bool enable_prefix_caching)
+    : pool_(num_blocks), block_size_(block_size), prefix_caching_(enable_prefix_caching) {
   CHECK(block_size > 0);
+}
+
+BlockHash KvCacheManager::HashBlock(const BlockHash& parent, std::span<const int32_t> tokens,
+                                    const std::string& salt) const {
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(16 + tokens.size() * 4 + salt.size());
+  std::memcpy(buf.data(), &parent.lo, 8);
+  std::memcpy(buf.data() + 8, &parent.hi, 8);
+  std::memcpy(buf.data() + 16, tokens.data(), tokens.size() * 4);
+  if (!salt.empty()) std::memcpy(buf.data() + 16 + tokens.size() * 4, salt.data(), salt.size());
+  const XXH128_hash_t h = XXH3_128bits(buf.data(), buf.size());
+  return {h.low64, h.high64};
+}
+
+int64_t KvCacheManager::AllocateCachedPrefix(int64_t request_id, std::span<const int32_t> tokens,
+                                             const std::string& salt) {
+  if (!prefix_caching_ || tokens.empty()) return 0;
+  CHECK(BlockTable(request_id).empty());
+  ++num_lookups_;
+  num_lookup_tokens_ += static_cast<int64_t>(tokens.size());
+  const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
+  Entry e;
+  BlockHash parent;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    const BlockHash h = HashBlock(parent, tokens.subspan(i * block_size_, block_size_), i == 0 ? salt : std::string());
+    const auto b = pool_.LookupCached(h);
+    if (!b) break;
+    pool_.TakeCached(*b);
+    e.blocks.push_back(*b);
+    e.hashes.push_back(h);
+    parent = h;
+  }
+  if (e.blocks.empty()) return 0;
+  e.num_tokens = static_cast<int64_t>(e.blocks.size()) * block_size_;
+  num_hit_tokens_ += e.num_tokens;
+  const int64_t hit = e.num_tokens;
+  tables_[request_id] = std::move(e);
+  return hit;
+}
+
+void KvCacheManager::CacheFullBlocks(int64_t request_id, std::span<const int32_t> tokens, int64_t num_computed,
+                                     const std::string& salt) {
+  if (!prefix_caching_) return;
+  auto it = tables_.find(request_id);
+  if (it == tables_.end()) return;
+  Entry& e = it->second;
+  const int64_t full = std::min<int64_t>(num_computed / block_size_, static_cast<int64_t>(e.blocks.size()));
+  for (int64_t i = static_cast<int64_t>(e.hashes.size()); i < full; ++i) {
+    const BlockHash parent = i == 0 ? BlockHash{} : e.hashes[i - 1];
+    const BlockHash h = HashBlock(parent, tokens.subspan(i * block_size_, block_size_), i == 0 ? salt : std::string());
+    pool_.SetHash(e.blocks[i], h);
+    e.hashes.push_back(h);
+  }
 }
 
 std::optional<std::span<const int32_t>> KvCacheManager::AllocateSlots(int64_t request_id, int64_t num_tokens) {

@@ -17,7 +17,7 @@ namespace gale {
 
 class KvCacheManager {
  public:
-  KvCacheManager(int32_t num_blocks, int64_t block_size);
+  KvCacheManager(int32_t num_blocks, int64_t block_size, bool enable_prefix_caching = false);
 
   int64_t block_size() const { return block_size_; }
   const BlockPool& pool() const { return pool_; }
@@ -31,7 +31,20 @@ class KvCacheManager {
   // all or none. Returns the whole table, or nullopt (nothing changed) when too few are free.
   std::optional<std::span<const int32_t>> AllocateSlots(int64_t request_id, int64_t num_tokens);
   // Releases every block of the request (last block first, so the tail is reused before the head).
+  // Cached blocks stay findable until they are reused.
   void Free(int64_t request_id);
+
+  // Prefix cache (when enabled). For a request that holds no blocks: takes the longest chain of
+  // cached blocks that hold its first tokens, always leaving at least one token to compute, and
+  // returns how many tokens they cover (a multiple of block_size; 0 when disabled or no hit).
+  int64_t AllocateCachedPrefix(int64_t request_id, std::span<const int32_t> tokens, const std::string& salt);
+  // Makes the request's blocks that are now full (num_computed tokens in the cache) findable.
+  void CacheFullBlocks(int64_t request_id, std::span<const int32_t> tokens, int64_t num_computed,
+                       const std::string& salt);
+  bool prefix_caching() const { return prefix_caching_; }
+  int64_t num_lookups() const { return num_lookups_; }
+  int64_t num_lookup_tokens() const { return num_lookup_tokens_; }
+  int64_t num_hit_tokens() const { return num_hit_tokens_; }
 
   std::span<const int32_t> BlockTable(int64_t request_id) const;
   int64_t num_requests() const { return static_cast<int64_t>(tables_.size()); }
@@ -45,9 +58,14 @@ class KvCacheManager {
   struct Entry {
     std::vector<int32_t> blocks;
     int64_t num_tokens = 0;
+    std::vector<BlockHash> hashes;  // of the first hashes.size() blocks, all registered or cached
   };
+  BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens, const std::string& salt) const;
+
   BlockPool pool_;
   int64_t block_size_;
+  bool prefix_caching_;
+  int64_t num_lookups_ = 0, num_lookup_tokens_ = 0, num_hit_tokens_ = 0;
   std::unordered_map<int64_t, Entry> tables_;
 };
 

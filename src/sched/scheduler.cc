@@ -105,8 +105,16 @@ StepPlan Scheduler::Schedule() {
   if (plan.preempted.empty()) {
     while (budget > 0 && !waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_batch_size) {
       SeqRequest& r = *waiting_.front();
+      // Blocks whose K/V another request (or this one before preemption) already computed.
+      const int64_t cached = kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
+      r.num_computed_tokens = cached;
       const int64_t n = num_new(r);
-      if (!kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) break;
+      if (!kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
+        kv_->Free(r.id);
+        r.num_computed_tokens = 0;
+        break;
+      }
+      if (r.num_cached_tokens < 0) r.num_cached_tokens = cached;
       plan.seqs.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.num_tokens()});
       plan.num_tokens += n;
       budget -= n;
@@ -124,6 +132,7 @@ std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan,
     const ScheduledSeq& s = plan.seqs[i];
     SeqRequest& r = *s.req;
     r.num_computed_tokens = s.start + s.num_new_tokens;
+    kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
     if (!s.sample) continue;
     const int32_t tok = out.sampled[i];
     CHECK(tok >= 0);

@@ -38,6 +38,8 @@ struct SeqRequest {
   std::vector<int32_t> stop_ids;  // generation ends after one of these (EOS, EOT)
   FinishReason finish_reason = FinishReason::kNone;
   int64_t num_preemptions = 0;
+  std::string cache_salt;             // requests with different salts never share cached blocks
+  int64_t num_cached_tokens = -1;     // prompt tokens found in the prefix cache at first admission
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens; }

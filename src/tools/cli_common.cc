@@ -86,6 +86,7 @@ void EngineOptions::Register(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--max-seq-len", s.max_seq_len, "most tokens (prompt + output) per request (0 = the model's context)")
       ->capture_default_str();
+  app.add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of prompt prefixes seen before");
 }
 
 StatusOr<EngineConfig> EngineOptions::Resolve() const {
@@ -99,6 +100,7 @@ StatusOr<EngineConfig> EngineOptions::Resolve() const {
   const auto t = kernels::ParseKvType(kv_type);
   if (!t) return InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16", kv_type);
   c.kv_type = *t;
+  c.enable_prefix_caching = !no_prefix_cache;
   RETURN_IF_ERROR(c.sched.Validate());
   return c;
 }

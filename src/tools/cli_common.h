@@ -37,10 +37,11 @@ StatusOr<LoadedModel> LoadModel(const std::string& path, const LoadOptions& load
 StatusOr<uint64_t> ParseBytes(const std::string& text);
 
 // Engine flags as vLLM names them: --block-size, --kv-cache-memory, --kv-cache-ratio, --kv-type,
-// --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len.
+// --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len, --no-prefix-cache.
 struct EngineOptions {
   EngineConfig config;
   std::string kv_cache_memory, kv_type = "f16";
+  bool no_prefix_cache = false;
   void Register(CLI::App& app);
   StatusOr<EngineConfig> Resolve() const;
 };

@@ -268,6 +268,13 @@ CommandFn RegisterBatch(CLI::App& app) {
                  static_cast<long long>(peak_blocks), static_cast<long long>((*engine)->num_blocks()),
                  static_cast<long long>(st.max_wasted_slots.load()),
                  peak_blocks > 0 ? 100.0 * st.max_wasted_slots.load() / (peak_blocks * bs) : 0.0);
+    if ((*engine)->config().enable_prefix_caching) {
+      std::fprintf(stderr, "prefix cache: %lld of %lld prompt tokens found, %lld blocks cached, %lld evictions\n",
+                   static_cast<long long>(st.prefix_cache_hit_tokens.load()),
+                   static_cast<long long>(st.prefix_cache_query_tokens.load()),
+                   static_cast<long long>(st.prefix_cache_blocks.load()),
+                   static_cast<long long>(st.prefix_cache_evictions.load()));
+    }
     return num_failed > 0 ? 2 : 0;
   };
 }

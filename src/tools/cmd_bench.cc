@@ -37,6 +37,8 @@ struct Result {
   double bytes_per_token = 0.0;
   double roofline_tokens_per_second = 0.0;
   double roofline_fraction = 0.0;
+  double ttft_ms = 0.0;      // end-to-end tests: mean time to first token
+  double seconds = 0.0;      // end-to-end tests: mean wall time of one run
 };
 
 void MeanStd(const std::vector<double>& v, double* mean, double* std) {
@@ -66,6 +68,7 @@ CommandFn RegisterBench(CLI::App& app) {
   struct Opts {
     std::string model, output = "md", batches, concurrency, isa;
     EngineOptions engine;
+    int64_t shared_prefix = 0;
     int64_t n_prompt = 512, n_gen = 128;
     int reps = 5;
     int threads = ThreadPool::DefaultNumThreads();
@@ -84,6 +87,10 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("--concurrency", o->concurrency,
                  "end-to-end through the engine: this many requests at once, each -p prompt and -n generated "
                  "tokens, e.g. 1,16,32 (aggregate generated tokens/s)");
+  app.add_option("--shared-prefix", o->shared_prefix,
+                 "with --concurrency: this many tokens (one fixed random text, like a system prompt) in "
+                 "front of every request's -p tokens")
+      ->capture_default_str();
   o->engine.Register(app);
   app.add_option("-o,--output", o->output, "md | json | csv")->capture_default_str();
   app.add_option("--bandwidth", o->bandwidth, "memory read bandwidth in GB/s (default: measure it)");
@@ -232,12 +239,18 @@ CommandFn RegisterBench(CLI::App& app) {
       if (!engine.ok()) return fail(engine.status().ToString());
       std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
       const int64_t n_prompt = std::max<int64_t>(o->n_prompt, 1), n_gen = std::max<int64_t>(o->n_gen, 1);
-      auto run = [&](int64_t c) -> StatusOr<double> {
+      const std::vector<int32_t> prefix = random_tokens(o->shared_prefix);
+      struct Run {
+        double tokens_per_second, ttft_ms, seconds;
+      };
+      auto run = [&](int64_t c) -> StatusOr<Run> {
         std::vector<std::shared_ptr<RequestStream>> streams;
         const auto t0 = Clock::now();
         for (int64_t i = 0; i < c; ++i) {
           GenerationRequest req;
-          req.prompt = random_tokens(n_prompt);
+          req.prompt = prefix;
+          const auto own = random_tokens(n_prompt);
+          req.prompt.insert(req.prompt.end(), own.begin(), own.end());
           req.max_tokens = n_gen;
           req.sampling.temperature = 0.0f;
           auto st = (*engine)->Submit(std::move(req));
@@ -245,28 +258,50 @@ CommandFn RegisterBench(CLI::App& app) {
           streams.push_back(*st);
         }
         int64_t generated = 0;
+        double ttft_sum = 0.0;
         for (auto& st : streams) {
           StreamUpdate u;
           while (st->Next(&u)) {
             generated += static_cast<int64_t>(u.token_ids.size());
             if (u.finished && u.finish_reason == FinishReason::kError) return u.status;
           }
+          if (auto first = st->first_token_at()) ttft_sum += std::chrono::duration<double>(*first - st->created_at()).count();
         }
-        return static_cast<double>(generated) / std::chrono::duration<double>(Clock::now() - t0).count();
+        const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+        return Run{static_cast<double>(generated) / sec, 1e3 * ttft_sum / static_cast<double>(c), sec};
       };
       if (auto warm = run(1); !warm.ok()) return fail(warm.status().ToString());
       for (int64_t c : concurrency) {
-        std::vector<double> tps;
+        std::vector<double> tps, ttft, secs;
         for (int rep = 0; rep < o->reps; ++rep) {
           auto t = run(c);
           if (!t.ok()) return fail(t.status().ToString());
-          tps.push_back(*t);
+          tps.push_back(t->tokens_per_second);
+          ttft.push_back(t->ttft_ms);
+          secs.push_back(t->seconds);
         }
         Result r;
-        r.test = fmt::format("e2e p{}+n{}", n_prompt, n_gen);
+        r.test = o->shared_prefix > 0 ? fmt::format("e2e s{}+p{}+n{}", o->shared_prefix, n_prompt, n_gen)
+                                      : fmt::format("e2e p{}+n{}", n_prompt, n_gen);
         r.batch = c;
         MeanStd(tps, &r.tokens_per_second, &r.std);
+        double unused;
+        MeanStd(ttft, &r.ttft_ms, &unused);
+        MeanStd(secs, &r.seconds, &unused);
         results.push_back(r);
+        std::fprintf(stderr, "concurrency %lld: %.1f generated tok/s, mean TTFT %.1f ms, %.3f s per run\n",
+                     static_cast<long long>(c), r.tokens_per_second, r.ttft_ms, r.seconds);
+      }
+      const EngineStats& es = (*engine)->stats();
+      if ((*engine)->config().enable_prefix_caching) {
+        std::fprintf(stderr, "prefix cache: %lld of %lld prompt tokens found (%.1f%%), %lld blocks cached, %lld evictions\n",
+                     static_cast<long long>(es.prefix_cache_hit_tokens.load()),
+                     static_cast<long long>(es.prefix_cache_query_tokens.load()),
+                     es.prefix_cache_query_tokens.load() > 0
+                         ? 100.0 * es.prefix_cache_hit_tokens.load() / es.prefix_cache_query_tokens.load()
+                         : 0.0,
+                     static_cast<long long>(es.prefix_cache_blocks.load()),
+                     static_cast<long long>(es.prefix_cache_evictions.load()));
       }
       const Result* one = nullptr;
       for (const auto& r : results) {
@@ -308,7 +343,9 @@ CommandFn RegisterBench(CLI::App& app) {
                        {"roofline_tokens_per_second", r.roofline_tokens_per_second},
                        {"roofline_fraction", r.roofline_fraction},
                        {"read_bandwidth_gbs", roof.read_bandwidth_gbs},
-                       {"peak_gops", peak_ops / 1e9}});
+                       {"peak_gops", peak_ops / 1e9},
+                       {"ttft_ms", r.ttft_ms},
+                       {"seconds", r.seconds}});
       }
       std::printf("%s\n", arr.dump(2).c_str());
     } else if (o->output == "csv") {

@@ -87,11 +87,12 @@ std::vector<GenerationRequest> RandomRequests(const TestModel& m, int n, uint64_
   return reqs;
 }
 
-// Runs each request alone through an engine with max_batch_size 1.
+// Runs each request alone through an engine with max_batch_size 1 and no prefix cache.
 std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationRequest>& reqs, kernels::KvType type) {
   ThreadPool pool(2);
   EngineConfig cfg;
   cfg.sched.max_batch_size = 1;
+  cfg.enable_prefix_caching = false;
   cfg.kv_cache_memory_bytes = 64ull << 20;
   cfg.kv_type = type;
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
@@ -105,8 +106,23 @@ std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationReq
   return out;
 }
 
-void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type) {
-  const auto reqs = RandomRequests(m, 32, 42);
+void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool shared_prefixes = false) {
+  auto reqs = RandomRequests(m, 32, 42);
+  if (shared_prefixes) {
+    // System-prompt-like prefixes of 9 to 45 tokens in front of every prompt.
+    Rng rng(7);
+    std::vector<std::vector<int32_t>> prefixes(3);
+    const int32_t vocab = static_cast<int32_t>(m.model->hparams().vocab_size);
+    for (auto& p : prefixes) {
+      const int64_t len = 9 + static_cast<int64_t>(rng.NextU64() % 37);
+      for (int64_t i = 0; i < len; ++i) p.push_back(3 + static_cast<int32_t>(rng.NextU64() % (vocab - 3)));
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto& p = prefixes[i % prefixes.size()];
+      reqs[i].prompt.insert(reqs[i].prompt.begin() + 1, p.begin(), p.end());
+      reqs[i].prompt.resize(std::min<size_t>(reqs[i].prompt.size(), 100));
+    }
+  }
   const std::vector<Result> alone = RunAlone(m, reqs, type);
   ThreadPool pool(2);
   EngineConfig cfg;
@@ -118,6 +134,7 @@ void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type) {
   // 40 blocks = 160 tokens: the longest request (61 + 40) fits alone, 32 at once cannot.
   cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.kv_dim(), cfg.block_size, type);
   cfg.kv_type = type;
+  cfg.enable_prefix_caching = shared_prefixes;
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   ASSERT_EQ((*engine)->num_blocks(), 40);
@@ -140,9 +157,20 @@ void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type) {
   EXPECT_GT(st.num_preemptions.load(), 0) << "the KV budget should have forced preemption";
   EXPECT_EQ(st.num_free_blocks.load(), 40) << "every block is free after all requests finish";
   EXPECT_EQ(st.num_generated_tokens.load(), num_generated);
-  std::printf("%s: %lld steps, %lld preemptions, most blocks in use %lld of 40\n", kernels::KvTypeName(type),
-              static_cast<long long>(st.num_steps.load()), static_cast<long long>(st.num_preemptions.load()),
-              static_cast<long long>(st.max_used_blocks.load()));
+  std::printf("%s: %lld steps, %lld preemptions, most blocks in use %lld of 40, prefix-cache hit tokens %lld\n",
+              kernels::KvTypeName(type), static_cast<long long>(st.num_steps.load()),
+              static_cast<long long>(st.num_preemptions.load()), static_cast<long long>(st.max_used_blocks.load()),
+              static_cast<long long>(st.prefix_cache_hit_tokens.load()));
+  if (shared_prefixes) EXPECT_GT(st.prefix_cache_hit_tokens.load(), 200);
+}
+
+// Prompts sharing system-prompt prefixes, the prefix cache on, memory tight: each request still
+// gets exactly what it gets alone with no cache, and every block is free afterwards.
+TEST(EngineTest, PrefixCacheKeepsOutputsExact) {
+  const TestModel m = Stories();
+  ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true);
+  const TestModel s = Synthetic();
+  ExpectConcurrentEqualsAlone(s, kernels::KvType::kF16, /*shared_prefixes=*/true);
 }
 
 TEST(EngineTest, ConcurrentEqualsAloneOnStories260K) {

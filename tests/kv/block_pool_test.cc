@@ -83,3 +83,59 @@ TEST(KvCacheManagerTest, AllocatesAllOrNothingAndCountsWaste) {
 
 }  // namespace
 }  // namespace gale
+
+namespace gale {
+namespace {
+
+std::vector<int32_t> Seq(int n, int start = 0) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = start + i;
+  return v;
+}
+
+TEST(PrefixCacheTest, ReusesFullBlocksAndLeavesOneTokenToCompute) {
+  KvCacheManager kv(16, 4, /*enable_prefix_caching=*/true);
+  const auto a = Seq(10);
+  EXPECT_EQ(kv.AllocateCachedPrefix(1, a, ""), 0);  // cold
+  ASSERT_TRUE(kv.AllocateSlots(1, 10));
+  kv.CacheFullBlocks(1, a, 10, "");  // blocks 0 and 1 are full; block 2 holds 2 of 4
+  EXPECT_EQ(kv.pool().num_cached(), 2);
+  // Same first 9 tokens: both full blocks hit, shared with request 1.
+  auto b = Seq(9);
+  EXPECT_EQ(kv.AllocateCachedPrefix(2, b, ""), 8);
+  EXPECT_EQ(kv.BlockTable(2)[0], kv.BlockTable(1)[0]);
+  EXPECT_EQ(kv.pool().ref_count(kv.BlockTable(1)[0]), 2);
+  // Exactly 8 tokens: at most one block, so the last token is computed.
+  EXPECT_EQ(kv.AllocateCachedPrefix(3, Seq(8), ""), 4);
+  // Another salt, or another first block: no hit.
+  EXPECT_EQ(kv.AllocateCachedPrefix(4, a, "tenant-b"), 0);
+  auto c = a;
+  c[0] = 99;
+  EXPECT_EQ(kv.AllocateCachedPrefix(5, c, ""), 0);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  for (int64_t id : {1, 2, 3}) kv.Free(id);
+  EXPECT_EQ(kv.num_free_blocks(), 16);
+  // Freed, the blocks stay findable...
+  EXPECT_EQ(kv.AllocateCachedPrefix(6, a, ""), 8);
+  kv.Free(6);
+  // ...until allocation needs them: taking all 16 evicts both.
+  ASSERT_TRUE(kv.AllocateSlots(7, 64));
+  EXPECT_EQ(kv.pool().num_cached(), 0);
+  EXPECT_EQ(kv.pool().num_evictions(), 2);
+  kv.Free(7);
+  EXPECT_EQ(kv.AllocateCachedPrefix(8, a, ""), 0);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  EXPECT_EQ(kv.num_hit_tokens(), 8 + 4 + 8);
+}
+
+TEST(PrefixCacheTest, DisabledFindsNothing) {
+  KvCacheManager kv(8, 4);
+  const auto a = Seq(10);
+  ASSERT_TRUE(kv.AllocateSlots(1, 10));
+  kv.CacheFullBlocks(1, a, 10, "");
+  EXPECT_EQ(kv.AllocateCachedPrefix(2, a, ""), 0);
+  EXPECT_EQ(kv.pool().num_cached(), 0);
+}
+
+}  // namespace
+}  // namespace gale

@@ -181,13 +181,19 @@ TEST(SchedulerTest, StopsOnStopIdsAndAbortFreesBlocks) {
 // Random arrivals, cancels, chunk sizes, budgets and tiny memory. After every step: invariants,
 // budget and batch size respected. At the end: every request finished with the tokens an
 // uninterrupted run gives, every block free, and no request waited unboundedly.
-TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) {
-  int64_t total_preemptions = 0, total_cancels = 0, total_finished = 0;
+void RandomWorkloads(bool prefix_caching) {
+  int64_t total_preemptions = 0, total_cancels = 0, total_finished = 0, total_hits = 0;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     Rng rng(seed);
     const int32_t num_blocks = 3 + static_cast<int32_t>(rng.NextU64() % 12);
     const int64_t block_size = 1 + static_cast<int64_t>(rng.NextU64() % 5);
-    KvCacheManager kv(num_blocks, block_size);
+    KvCacheManager kv(num_blocks, block_size, prefix_caching);
+    // Prompts start with one of a few shared prefixes, so the cache has something to find.
+    std::vector<std::vector<int32_t>> prefixes(3);
+    for (auto& p : prefixes) {
+      const int64_t len = static_cast<int64_t>(rng.NextU64() % 12);
+      for (int64_t i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng.NextU64() % 100));
+    }
     SchedulerConfig cfg;
     cfg.max_num_batched_tokens = 1 + static_cast<int64_t>(rng.NextU64() % 16);
     cfg.prefill_chunk_size = 1 + static_cast<int64_t>(rng.NextU64() % 8);
@@ -204,6 +210,8 @@ TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) {
         const int64_t prompt = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, limit - 1));
         const int64_t max_new = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, limit - prompt));
         auto r = MakeRequest(next_id, prompt, max_new, {static_cast<int32_t>(rng.NextU64() % 97)});
+        const auto& prefix = prefixes[rng.NextU64() % prefixes.size()];
+        for (size_t i = 0; i < prefix.size() && i < r->tokens.size(); ++i) r->tokens[i] = prefix[i];
         std::vector<int32_t> want = r->tokens;
         for (int64_t i = 0; i < max_new; ++i) {
           want.push_back(FakeNext(want));
@@ -238,17 +246,27 @@ TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) {
     EXPECT_EQ(kv.num_free_blocks(), num_blocks) << "seed " << seed;
     total_preemptions += s.num_preemptions();
     total_finished += static_cast<int64_t>(done.size());
+    total_hits += kv.num_hit_tokens();
     for (const auto& [id, want] : expected) {
       ASSERT_TRUE(done.count(id)) << "seed " << seed << " request " << id << " never finished";
       EXPECT_EQ(done[id]->tokens, want) << "seed " << seed << " request " << id;
     }
   }
-  // The workloads must actually exercise preemption and cancellation.
-  std::printf("finished %lld, preemptions %lld, cancels %lld\n", static_cast<long long>(total_finished),
-              static_cast<long long>(total_preemptions), static_cast<long long>(total_cancels));
+  // The workloads must actually exercise preemption, cancellation and (when on) cache hits.
+  std::printf("prefix cache %s: finished %lld, preemptions %lld, cancels %lld, hit tokens %lld\n",
+              prefix_caching ? "on" : "off", static_cast<long long>(total_finished),
+              static_cast<long long>(total_preemptions), static_cast<long long>(total_cancels),
+              static_cast<long long>(total_hits));
   EXPECT_GT(total_preemptions, 100);
   EXPECT_GT(total_cancels, 10);
+  if (prefix_caching) EXPECT_GT(total_hits, 1000); else EXPECT_EQ(total_hits, 0);
 }
+
+TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) { RandomWorkloads(/*prefix_caching=*/false); }
+
+// The same workloads with the prefix cache: identical outputs, the cache gives way under memory
+// pressure (everything that fits without it finishes with it), and no block leaks.
+TEST(SchedulerTest, RandomWorkloadsWithPrefixCaching) { RandomWorkloads(/*prefix_caching=*/true); }
 
 }  // namespace
 }  // namespace gale

@@ -65,7 +65,7 @@ expect_fail bench-bad-batch "--batch" -- "$GALE" bench -m "$tmp/trunc.gguf" --ba
 } > "$tmp/in.jsonl"
 "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/one.jsonl" --max-batch-size 1 --no-progress 2>/dev/null
 rc1=$?
-"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/all.jsonl" --kv-cache-memory 300K --block-size 8 --prefill-chunk-size 5 \
+"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/all.jsonl" --kv-cache-memory 150K --block-size 8 --prefill-chunk-size 5 \
   --max-num-batched-tokens 32 --no-progress 2>"$tmp/all.err"
 rc2=$?
 if [ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && cmp -s "$tmp/one.jsonl" "$tmp/all.jsonl" && [ "$(wc -l < "$tmp/all.jsonl")" -eq 25 ] \
