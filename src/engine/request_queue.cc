@@ -8,9 +8,20 @@ std::optional<std::chrono::steady_clock::time_point> RequestStream::first_token_
   return first_token_at_;
 }
 
+void RequestStream::SetNotify(std::function<void()> notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notify_ = std::move(notify);
+}
+
+bool RequestStream::TryNext(StreamUpdate* out) {
+  return NextUntil(std::chrono::steady_clock::time_point::min(), out);
+}
+
 void RequestStream::Push(StreamUpdate u) {
+  std::function<void()> notify;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    notify = notify_;
     if (!first_token_at_ && !u.token_ids.empty()) first_token_at_ = std::chrono::steady_clock::now();
     if (!has_pending_) {
       pending_ = std::move(u);
@@ -29,6 +40,7 @@ void RequestStream::Push(StreamUpdate u) {
     }
   }
   cv_.notify_all();
+  if (notify) notify();
 }
 
 bool RequestStream::Next(StreamUpdate* out) {

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,12 @@ class RequestStream {
   // nothing taken). Returns false once the final update has been taken.
   bool Next(StreamUpdate* out);
   bool NextUntil(std::chrono::steady_clock::time_point deadline, StreamUpdate* out);
+  // Non-blocking: takes what is pending, if anything.
+  bool TryNext(StreamUpdate* out);
+  // For asynchronous clients (the HTTP server): called after every Push, on the engine thread and
+  // without the lock held; it must only schedule work (post to an executor), never block. Set it
+  // before the engine can push, or check TryNext once after setting it.
+  void SetNotify(std::function<void()> notify);
   // Engine side: appends to what the client has not read yet.
   void Push(StreamUpdate update);
 
@@ -65,6 +72,7 @@ class RequestStream {
   std::optional<std::chrono::steady_clock::time_point> first_token_at_;  // under mu_
   std::mutex mu_;
   std::condition_variable cv_;
+  std::function<void()> notify_;  // under mu_
   bool has_pending_ = false;
   bool done_ = false;  // the final update was taken
   StreamUpdate pending_;

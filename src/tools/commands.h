@@ -26,6 +26,7 @@ CommandFn RegisterSynth(CLI::App& app);
 CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterBatch(CLI::App& app);
 CommandFn RegisterTemplate(CLI::App& app);
+CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterTokenize(CLI::App& app);
 
 }  // namespace gale

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       gale::RegisterBatch);
   add("convert", "convert a llama2.c checkpoint to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
+  add("serve", "serve the model over an OpenAI-compatible HTTP API", gale::RegisterServe);
   add("template", "render a chat template for a context (or print its error)", gale::RegisterTemplate);
   add("tokenize", "print the token ids of a text", gale::RegisterTokenize);
   add("synth", "write a deterministic random-weight llama GGUF", gale::RegisterSynth);

@@ -1,0 +1,490 @@
+// Beast sessions: read a request, route it, write the response or stream SSE chunks as the engine
+// pushes tokens. Each connection runs on its own strand; the engine's stream notifications are
+// posted onto that strand, so nothing here blocks and nothing races.
+#include "server/http_server.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <variant>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+#include "server/openai_api.h"
+
+namespace gale::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
+  ServerOptions opt;
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
+  std::atomic<bool> accepting{true};
+  std::atomic<int64_t> in_flight{0};  // generation requests being served
+  std::atomic<int64_t> pending_submits{0};
+  Metrics metrics;
+  std::mutex state_mu;
+  std::shared_ptr<const ServingState> state;  // null until ready
+  std::atomic<uint64_t> next_id{1};
+
+  std::shared_ptr<const ServingState> Ready() {
+    std::lock_guard<std::mutex> lock(state_mu);
+    return state;
+  }
+  void Accept();
+};
+
+namespace {
+
+using Request = http::request<http::string_body>;
+
+std::string RandomHex() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("{:016x}", rng());
+}
+
+// One generation (all choices of one API request) in flight on a session.
+struct Generation {
+  CompletionRequest req;
+  std::string id;
+  int64_t created = 0;
+  std::vector<std::shared_ptr<RequestStream>> streams;  // [choices]
+  std::vector<Choice> choices;
+  std::vector<bool> done, started;
+  std::vector<int64_t> generated, prompt_tokens, cached_tokens;
+  std::vector<std::string> echo_prefix;  // completions with echo: the prompt text, sent first
+  bool final_sent = false;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, std::shared_ptr<HttpServer::Impl> server)
+      : stream_(std::move(socket)), server_(std::move(server)) {}
+
+  void Run() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
+  }
+
+ private:
+  void DoRead() {
+    parser_.emplace();
+    parser_->body_limit(server_->opt.max_body_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(server_->opt.idle_timeout);
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->OnRead(ec);
+    });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      return SendError(ApiError{413, fmt::format("request body over the limit of {} bytes",
+                                                 server_->opt.max_body_bytes), "invalid_request_error", ""},
+                       /*close=*/true);
+    }
+    if (ec == http::error::end_of_stream || ec) return Close();
+    Request req = parser_->release();
+    keep_alive_ = req.keep_alive();
+    Route(std::move(req));
+  }
+
+  void Close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.close();
+  }
+
+  void Send(http::status status, const std::string& content_type, std::string body, bool close = false,
+            const std::string& retry_after = "") {
+    server_->metrics.HttpResponse(static_cast<int>(status));
+    auto res = std::make_shared<http::response<http::string_body>>(status, 11);
+    res->set(http::field::server, "gale");
+    res->set(http::field::content_type, content_type);
+    if (!retry_after.empty()) res->set(http::field::retry_after, retry_after);
+    res->keep_alive(keep_alive_ && !close);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      if (ec || !res->keep_alive()) return self->Close();
+      self->DoRead();
+    });
+  }
+
+  void SendJson(const Json& j) { Send(http::status::ok, "application/json", j.dump(-1, ' ', false, Json::error_handler_t::replace)); }
+
+  void SendError(const ApiError& e, bool close = false, const std::string& retry_after = "") {
+    Send(static_cast<http::status>(e.status), "application/json", ErrorBody(e), close, retry_after);
+  }
+
+  void Route(Request req) {
+    const std::string target(req.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    auto state = server_->Ready();
+    if (path == "/health") {
+      if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
+      if (!state) return Send(http::status::service_unavailable, "application/json", R"({"status":"loading"})");
+      return Send(http::status::ok, "application/json", R"({"status":"ok"})");
+    }
+    if (path == "/metrics") {
+      if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
+      return Send(http::status::ok, "text/plain; version=0.0.4", server_->metrics.Render(state ? state->engine : nullptr));
+    }
+    if (path.rfind("/v1/", 0) != 0) return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    if (!server_->opt.api_key.empty()) {
+      const auto auth = req[http::field::authorization];
+      if (auth != "Bearer " + server_->opt.api_key) {
+        return SendError({401, "missing or wrong API key (Authorization: Bearer <key>)", "authentication_error", ""});
+      }
+    }
+    if (!state) return SendError({503, "the model is still loading", "service_unavailable", ""}, false, "5");
+    if (path == "/v1/models") {
+      if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
+      Json m = {{"id", state->model_name}, {"object", "model"}, {"created", state->created}, {"owned_by", "gale"}};
+      m["max_model_len"] = state->engine->max_request_tokens();
+      return SendJson(Json{{"object", "list"}, {"data", Json::array({m})}});
+    }
+    const bool chat = path == "/v1/chat/completions";
+    if (!chat && path != "/v1/completions") return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
+    auto parsed = ParseCompletionRequest(req.body(), chat);
+    if (auto* e = std::get_if<ApiError>(&parsed)) {
+      server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
+      return SendError(*e);
+    }
+    StartGeneration(std::move(std::get<CompletionRequest>(parsed)), *state);
+  }
+
+  void StartGeneration(CompletionRequest req, const ServingState& state) {
+    Engine& engine = *state.engine;
+    const Tokenizer& tok = *state.tokenizer;
+    if (!req.model.empty() && req.model != state.model_name) {
+      return SendError({404, fmt::format("model '{}' does not exist; this server has '{}'", req.model, state.model_name),
+                        "not_found_error", "model"});
+    }
+    req.model = state.model_name;
+    // Back-pressure: too many requests already waiting for the engine.
+    if (engine.stats().num_waiting.load() + server_->pending_submits.load() >= server_->opt.max_waiting) {
+      server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
+      return SendError({429, "the server is at capacity; retry later", "rate_limit_error", ""}, false, "1");
+    }
+    // Prompts as token ids (one per prompt; a chat is one prompt).
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> prompt_texts;
+    if (req.chat) {
+      if (state.chat_template == nullptr) {
+        return SendError({400, "this model has no chat template; start the server with --chat-template FILE", "invalid_request_error", ""});
+      }
+      Json extra = req.chat_template_kwargs.is_object() ? req.chat_template_kwargs : Json::object();
+      if (req.tools.is_array()) extra["tools"] = req.tools;
+      const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
+      const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
+      auto text = state.chat_template->Apply(req.messages, /*add_generation_prompt=*/true, bos, eos, extra);
+      if (!text.ok()) return SendError({400, text.status().message(), "invalid_request_error", "messages"});
+      prompts.push_back(TokenizeChatPrompt(tok, *text));
+      prompt_texts.push_back(*text);
+    } else {
+      for (const auto& p : req.prompts) {
+        prompts.push_back(tok.Encode(p, /*add_special=*/true));
+        prompt_texts.push_back(p);
+      }
+      for (const auto& ids : req.prompt_ids) {
+        prompts.push_back(ids);
+        prompt_texts.push_back(tok.Decode(ids));
+      }
+    }
+    auto gen = std::make_shared<Generation>();
+    gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    gen->created = static_cast<int64_t>(std::time(nullptr));
+    const uint64_t base_seed = req.has_seed ? req.sampling.seed : std::random_device{}();
+    std::vector<GenerationRequest> subs;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      for (int k = 0; k < req.n; ++k) {
+        GenerationRequest g;
+        g.prompt = prompts[p];
+        if (req.truncate_prompt_tokens > 0 && static_cast<int64_t>(g.prompt.size()) > req.truncate_prompt_tokens) {
+          // Keep the last tokens, as vLLM's truncate_prompt_tokens does.
+          g.prompt.erase(g.prompt.begin(), g.prompt.end() - req.truncate_prompt_tokens);
+        }
+        g.max_tokens = req.max_tokens > 0 ? req.max_tokens : (req.chat ? 0 : 16);
+        g.sampling = req.sampling;
+        g.sampling.seed = base_seed + static_cast<uint64_t>(subs.size());
+        g.stop = req.stop;
+        g.stop_ids = req.stop_token_ids;
+        if (!req.ignore_eos) {
+          for (int32_t id : {tok.eos_id(), tok.eot_id()}) {
+            if (id >= 0) g.stop_ids.push_back(id);
+          }
+        }
+        g.cache_salt = req.cache_salt;
+        subs.push_back(std::move(g));
+        gen->echo_prefix.push_back(req.echo ? prompt_texts[p] : "");
+      }
+    }
+    for (auto& g : subs) {
+      auto s = engine.Submit(std::move(g));
+      if (!s.ok()) {
+        for (auto& st : gen->streams) engine.Cancel(st->id());
+        server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
+        return SendError({400, s.status().message(), "invalid_request_error", "prompt"});
+      }
+      gen->streams.push_back(*s);
+    }
+    const size_t n = gen->streams.size();
+    gen->choices.resize(n);
+    gen->done.assign(n, false);
+    gen->started.assign(n, false);
+    gen->generated.assign(n, 0);
+    gen->prompt_tokens.assign(n, 0);
+    gen->cached_tokens.assign(n, 0);
+    gen->req = std::move(req);
+    gen_ = gen;
+    self_hold_ = shared_from_this();  // no I/O is pending while a non-streamed answer is computed
+    engine_ = state.engine;
+    ++server_->in_flight;
+    stream_.expires_never();
+    std::weak_ptr<Session> weak = weak_from_this();
+    auto executor = stream_.get_executor();
+    for (auto& st : gen->streams) {
+      st->SetNotify([weak, executor] {
+        net::post(executor, [weak] {
+          if (auto self = weak.lock()) self->Pump();
+        });
+      });
+    }
+    if (gen->req.stream) {
+      auto res = std::make_shared<http::response<http::empty_body>>(http::status::ok, 11);
+      res->set(http::field::server, "gale");
+      res->set(http::field::content_type, "text/event-stream");
+      res->set(http::field::cache_control, "no-cache");
+      res->keep_alive(false);
+      res->chunked(true);
+      auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
+      writing_ = true;
+      http::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
+        self->writing_ = false;
+        if (ec) return self->Abort();
+        self->WatchDisconnect();
+        self->Pump();
+      });
+    } else {
+      Pump();
+    }
+  }
+
+  // While streaming, a pending read notices the client going away (EOF or reset) at once.
+  void WatchDisconnect() {
+    stream_.socket().async_read_some(net::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec && self->gen_) self->Abort();
+      else if (!ec && self->gen_) self->WatchDisconnect();  // ignore bytes sent mid-stream
+    });
+  }
+
+  // The client is gone: cancel every choice (their blocks are freed at the next engine step).
+  void Abort() {
+    if (!gen_) return;
+    for (size_t i = 0; i < gen_->streams.size(); ++i) {
+      if (!gen_->done[i]) engine_->Cancel(gen_->streams[i]->id());
+    }
+    FinishGeneration("abort");
+    Close();
+  }
+
+  void FinishGeneration(const std::string& outcome) {
+    if (!gen_) return;
+    auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < gen_->streams.size(); ++i) {
+      auto& st = gen_->streams[i];
+      st->SetNotify(nullptr);
+      const auto first = st->first_token_at();
+      const double ttft = first ? std::chrono::duration<double>(*first - st->created_at()).count() : -1.0;
+      const double e2e = std::chrono::duration<double>(now - st->created_at()).count();
+      const std::string o = outcome == "ok" ? FinishReasonForApi(gen_->choices[i].finish_reason) : outcome;
+      server_->metrics.RequestDone(o, gen_->prompt_tokens[i], gen_->generated[i], ttft, e2e);
+    }
+    gen_.reset();
+    --server_->in_flight;
+    // Callers hold their own reference, so this cannot destroy the session under them.
+    self_hold_.reset();
+  }
+
+  Usage TotalUsage() const {
+    Usage u;
+    const int n = gen_->req.n;
+    for (size_t i = 0; i < gen_->streams.size(); ++i) {
+      u.completion_tokens += gen_->generated[i];
+      if (static_cast<int>(i) % n == 0) {
+        u.prompt_tokens += gen_->prompt_tokens[i];
+        u.cached_tokens += gen_->cached_tokens[i];
+      }
+    }
+    return u;
+  }
+
+  // Takes what the engine pushed; streams it (SSE) or, when everything is done, sends the whole
+  // response. Runs on the session's strand.
+  void Pump() {
+    if (!gen_ || writing_) return;
+    Generation& g = *gen_;
+    std::string sse;
+    Status error;
+    for (size_t i = 0; i < g.streams.size(); ++i) {
+      StreamUpdate u;
+      while (!g.done[i] && g.streams[i]->TryNext(&u)) {
+        g.generated[i] += static_cast<int64_t>(u.token_ids.size());
+        g.prompt_tokens[i] = u.num_prompt_tokens;
+        std::string delta = u.text;
+        if (!g.started[i] && !g.echo_prefix[i].empty()) delta = g.echo_prefix[i] + delta;
+        g.choices[i].text += delta;
+        if (u.finished) {
+          g.done[i] = true;
+          g.choices[i].finish_reason = u.finish_reason;
+          g.cached_tokens[i] = u.num_cached_tokens;
+          if (u.finish_reason == FinishReason::kError) error = u.status;
+        }
+        if (g.req.stream && (!delta.empty() || !g.started[i] || u.finished)) {
+          if (!delta.empty() || !g.started[i]) {
+            sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i])
+                                  .dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+            g.started[i] = true;
+          }
+          if (u.finished) {
+            sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)
+                                  .dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+          }
+        }
+        g.started[i] = true;
+      }
+    }
+    const bool all_done = std::all_of(g.done.begin(), g.done.end(), [](bool b) { return b; });
+    if (!g.req.stream) {
+      if (!all_done) return;
+      if (!error.ok()) {
+        FinishGeneration("error");
+        return SendError({500, error.message(), "server_error", ""});
+      }
+      const Json body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage());
+      FinishGeneration("ok");
+      return SendJson(body);
+    }
+    bool last = false;
+    if (all_done && !g.final_sent) {
+      if (!error.ok()) {
+        sse += "data: " + ErrorBody({500, error.message(), "server_error", ""}) + "\n\n";
+      }
+      if (g.req.include_usage) {
+        sse += "data: " + UsageChunk(g.req, g.id, g.created, TotalUsage()).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+      }
+      sse += "data: [DONE]\n\n";
+      g.final_sent = true;
+      last = true;
+    }
+    if (sse.empty()) return;
+    WriteChunk(std::move(sse), last);
+  }
+
+  void WriteChunk(std::string data, bool last) {
+    writing_ = true;
+    auto buf = std::make_shared<std::string>(std::move(data));
+    auto on_done = [self = shared_from_this(), buf, last](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      if (ec) return self->Abort();
+      if (last) {
+        self->WriteLast();
+        return;
+      }
+      self->Pump();
+    };
+    net::async_write(stream_, http::make_chunk(net::buffer(*buf)), std::move(on_done));
+  }
+
+  void WriteLast() {
+    writing_ = true;
+    net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code, size_t) {
+      self->writing_ = false;
+      self->FinishGeneration("ok");
+      self->Close();
+    });
+  }
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<HttpServer::Impl> server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  bool keep_alive_ = true;
+  bool writing_ = false;
+  std::shared_ptr<Generation> gen_;
+  std::shared_ptr<Session> self_hold_;  // set while a generation is in flight
+  Engine* engine_ = nullptr;
+  char watch_buf_[512];
+};
+
+}  // namespace
+
+void HttpServer::Impl::Accept() {
+  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+    if (!self->accepting.load()) return;
+    if (!ec) std::make_shared<Session>(std::move(socket), self)->Run();
+    self->Accept();
+  });
+}
+
+HttpServer::HttpServer(const ServerOptions& options) : impl_(std::make_shared<Impl>()) { impl_->opt = options; }
+
+HttpServer::~HttpServer() { Stop(); }
+
+Status HttpServer::Start() {
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(impl_->opt.host, ec);
+  if (ec) return InvalidArgument("--host '{}' is not an IP address", impl_->opt.host);
+  tcp::endpoint ep(addr, impl_->opt.port);
+  impl_->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl_->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl_->acceptor.bind(ep, ec);
+  if (!ec) impl_->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return IoError("cannot listen on {}:{}: {}", impl_->opt.host, impl_->opt.port, ec.message());
+  impl_->Accept();
+  for (int i = 0; i < std::max(1, impl_->opt.num_threads); ++i) {
+    impl_->threads.emplace_back([impl = impl_] { impl->ioc.run(); });
+  }
+  return Status::Ok();
+}
+
+uint16_t HttpServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void HttpServer::SetReady(const ServingState& state) {
+  std::lock_guard<std::mutex> lock(impl_->state_mu);
+  impl_->state = std::make_shared<const ServingState>(state);
+}
+
+int64_t HttpServer::Drain(std::chrono::milliseconds timeout) {
+  impl_->accepting = false;
+  net::post(impl_->ioc, [impl = impl_] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return impl_->in_flight.load();
+}
+
+void HttpServer::Stop() {
+  if (impl_->threads.empty()) return;
+  impl_->ioc.stop();
+  for (auto& t : impl_->threads) t.join();
+  impl_->threads.clear();
+}
+
+Metrics& HttpServer::metrics() { return impl_->metrics; }
+
+}  // namespace gale::server

@@ -1,0 +1,65 @@
+// `gale serve`'s HTTP side: Boost.Beast on Asio, asynchronous (a few threads serve any number of
+// idle or streaming connections). Routes the OpenAI endpoints to the engine, streams Server-Sent
+// Events, cancels a request whose client disconnects mid-stream, and answers /health, /v1/models
+// and /metrics. Tokenization and chat templates run here, never on the engine thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "server/metrics.h"
+
+namespace gale::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;              // 0: any free port (see HttpServer::port)
+  int num_threads = 2;               // I/O threads
+  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
+  std::string api_key;               // set: /v1/* needs "Authorization: Bearer <key>"
+  int64_t max_waiting = 512;         // more requests waiting in the engine: 429 with Retry-After
+  std::chrono::seconds idle_timeout{120};
+};
+
+// What is served, once the model is loaded and warmed up. Until then /health and /v1/* answer 503.
+struct ServingState {
+  Engine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
+  std::string model_name;
+  int64_t created = 0;  // unix seconds, for /v1/models
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(const ServerOptions& options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the I/O threads.
+  Status Start();
+  uint16_t port() const;
+  void SetReady(const ServingState& state);
+
+  // Graceful stop: no new connections; then waits for requests in flight (up to timeout) and
+  // returns how many were still running.
+  int64_t Drain(std::chrono::milliseconds timeout);
+  // Stops the I/O threads (in-flight connections are dropped).
+  void Stop();
+
+  Metrics& metrics();
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace gale::server

@@ -1,0 +1,328 @@
+// OpenAI request parsing and response formatting.
+#include "server/openai_api.h"
+
+#include <set>
+#include <variant>
+
+#include <fmt/format.h>
+
+namespace gale::server {
+namespace {
+
+ApiError Bad(const std::string& param, const std::string& msg) { return ApiError{400, msg, "invalid_request_error", param}; }
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& e) {
+  Json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) err["param"] = e.param;
+  if (e.status >= 400) err["code"] = e.status;
+  return Json{{"error", err}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+const char* FinishReasonForApi(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEos:
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kNone: return "";
+  }
+  return "";
+}
+
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
+  static const std::set<std::string> kCommon = {
+      "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
+      "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+      "top_logprobs", "user", "ignore_eos", "truncate_prompt_tokens", "cache_salt", "logit_bias"};
+  static const std::set<std::string> kCompletion = {"prompt", "echo", "suffix", "best_of"};
+  static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "tools", "tool_choice",
+                                              "parallel_tool_calls", "chat_template_kwargs", "response_format"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (!kCommon.count(k) && !(chat ? kChat.count(k) : kCompletion.count(k))) {
+      return Bad(k, fmt::format("unknown field '{}'", k));
+    }
+  }
+  CompletionRequest r;
+  r.chat = chat;
+  r.sampling.temperature = 1.0f;  // OpenAI's defaults, not the CLI's
+  r.sampling.top_k = 0;
+  r.sampling.top_p = 1.0f;
+  r.sampling.min_p = 0.0f;
+  auto num = [&](const char* key, double lo, double hi, double* out) -> std::optional<ApiError> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number()) return Bad(key, fmt::format("'{}' must be a number", key));
+    const double v = j[key].get<double>();
+    if (!(v >= lo && v <= hi)) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    *out = v;
+    return std::nullopt;
+  };
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t* out) -> std::optional<ApiError> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number_integer()) return Bad(key, fmt::format("'{}' must be an integer", key));
+    const int64_t v = j[key].get<int64_t>();
+    if (v < lo || v > hi) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    *out = v;
+    return std::nullopt;
+  };
+  auto boolean = [&](const char* key, bool* out) -> std::optional<ApiError> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_boolean()) return Bad(key, fmt::format("'{}' must be true or false", key));
+    *out = j[key].get<bool>();
+    return std::nullopt;
+  };
+  if (j.contains("model")) {
+    if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
+    r.model = j["model"].get<std::string>();
+  }
+  double d;
+  int64_t i;
+  d = r.sampling.temperature;
+  if (auto e = num("temperature", 0.0, 2.0, &d)) return *e;
+  r.sampling.temperature = static_cast<float>(d);
+  d = r.sampling.top_p;
+  if (auto e = num("top_p", 0.0, 1.0, &d)) return *e;
+  if (d <= 0.0) return Bad("top_p", "'top_p' must be in (0, 1]");
+  r.sampling.top_p = static_cast<float>(d);
+  i = 0;
+  if (auto e = integer("top_k", -1, 1 << 20, &i)) return *e;
+  r.sampling.top_k = i < 0 ? 0 : static_cast<int32_t>(i);
+  d = 0.0;
+  if (auto e = num("min_p", 0.0, 1.0, &d)) return *e;
+  r.sampling.min_p = static_cast<float>(d);
+  d = 0.0;
+  if (auto e = num("presence_penalty", -2.0, 2.0, &d)) return *e;
+  r.sampling.presence_penalty = static_cast<float>(d);
+  d = 0.0;
+  if (auto e = num("frequency_penalty", -2.0, 2.0, &d)) return *e;
+  r.sampling.frequency_penalty = static_cast<float>(d);
+  d = 1.0;
+  if (auto e = num("repetition_penalty", 0.01, 10.0, &d)) return *e;
+  r.sampling.repeat_penalty = static_cast<float>(d);
+  r.sampling.repeat_last_n = -1;
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) return Bad("seed", "'seed' must be an integer");
+    r.sampling.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+    r.has_seed = true;
+  }
+  i = 0;
+  if (auto e = integer("max_tokens", 1, int64_t{1} << 30, &i)) return *e;
+  if (chat) {
+    if (auto e = integer("max_completion_tokens", 1, int64_t{1} << 30, &i)) return *e;
+  }
+  r.max_tokens = i;
+  i = 1;
+  if (auto e = integer("n", 1, 16, &i)) return *e;
+  r.n = static_cast<int>(i);
+  if (auto e = boolean("stream", &r.stream)) return *e;
+  if (auto e = boolean("ignore_eos", &r.ignore_eos)) return *e;
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const Json& so = j["stream_options"];
+    if (!so.is_object()) return Bad("stream_options", "'stream_options' must be an object");
+    for (auto it = so.begin(); it != so.end(); ++it) {
+      if (it.key() != "include_usage" && it.key() != "continuous_usage_stats") {
+        return Bad("stream_options", fmt::format("unknown field 'stream_options.{}'", it.key()));
+      }
+    }
+    if (so.contains("include_usage")) {
+      if (!so["include_usage"].is_boolean()) return Bad("stream_options", "'include_usage' must be true or false");
+      r.include_usage = so["include_usage"].get<bool>();
+    }
+    if (!r.stream) return Bad("stream_options", "'stream_options' is only allowed with 'stream': true");
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const Json& s = j["stop"];
+    if (s.is_string()) {
+      r.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const auto& e : s) {
+        if (!e.is_string()) return Bad("stop", "'stop' must be a string or an array of strings");
+        r.stop.push_back(e.get<std::string>());
+      }
+    } else {
+      return Bad("stop", "'stop' must be a string or an array of strings");
+    }
+    if (r.stop.size() > 16) return Bad("stop", "at most 16 stop sequences");
+    for (const auto& s2 : r.stop) {
+      if (s2.empty()) return Bad("stop", "stop sequences must not be empty");
+    }
+  }
+  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
+    if (!j["stop_token_ids"].is_array()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+    for (const auto& e : j["stop_token_ids"]) {
+      if (!e.is_number_integer()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+      r.stop_token_ids.push_back(e.get<int32_t>());
+    }
+  }
+  if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+    const bool on = j["logprobs"].is_boolean() ? j["logprobs"].get<bool>() : (j["logprobs"].is_number() && j["logprobs"].get<double>() > 0);
+    if (on) return Bad("logprobs", "'logprobs' is not supported yet");
+  }
+  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && !(j["top_logprobs"].is_number() && j["top_logprobs"].get<double>() == 0)) {
+    return Bad("top_logprobs", "'top_logprobs' is not supported yet");
+  }
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
+    return Bad("logit_bias", "'logit_bias' is not supported yet");
+  }
+  if (j.contains("best_of") && !j["best_of"].is_null() && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1)) {
+    return Bad("best_of", "'best_of' other than 1 is not supported");
+  }
+  if (j.contains("suffix") && !j["suffix"].is_null()) return Bad("suffix", "'suffix' is not supported");
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    const Json& rf = j["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || rf["type"] != "text") {
+      return Bad("response_format", "only response_format {\"type\": \"text\"} is supported yet");
+    }
+  }
+  i = -1;
+  if (auto e = integer("truncate_prompt_tokens", 1, int64_t{1} << 30, &i)) return *e;
+  r.truncate_prompt_tokens = i;
+  if (j.contains("cache_salt") && !j["cache_salt"].is_null()) {
+    if (!j["cache_salt"].is_string()) return Bad("cache_salt", "'cache_salt' must be a string");
+    r.cache_salt = j["cache_salt"].get<std::string>();
+  }
+  if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return Bad("user", "'user' must be a string");
+
+  if (chat) {
+    if (!j.contains("messages")) return Bad("messages", "'messages' is required");
+    const Json& m = j["messages"];
+    if (!m.is_array() || m.empty()) return Bad("messages", "'messages' must be a non-empty array");
+    for (const auto& msg : m) {
+      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
+        return Bad("messages", "every message must be an object with a string 'role'");
+      }
+      const std::string role = msg["role"];
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer") {
+        return Bad("messages", fmt::format("unknown role '{}'", role));
+      }
+      if (msg.contains("content") && !msg["content"].is_null() && !msg["content"].is_string()) {
+        // Content parts: only text parts, which are joined.
+        if (!msg["content"].is_array()) return Bad("messages", "'content' must be a string or an array of text parts");
+        for (const auto& part : msg["content"]) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+            return Bad("messages", "only text content parts are supported");
+          }
+        }
+      }
+    }
+    // Text parts become one string: templates expect content to be a string.
+    r.messages = Json::array();
+    for (const auto& msg : m) {
+      Json copy = msg;
+      if (copy.contains("content") && copy["content"].is_array()) {
+        std::string text;
+        for (const auto& part : copy["content"]) text += part["text"].get<std::string>();
+        copy["content"] = text;
+      }
+      r.messages.push_back(std::move(copy));
+    }
+    if (j.contains("tools") && !j["tools"].is_null()) {
+      if (!j["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+      r.tools = j["tools"];
+    }
+    if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
+      if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      r.chat_template_kwargs = j["chat_template_kwargs"];
+    }
+  } else {
+    if (!j.contains("prompt")) return Bad("prompt", "'prompt' is required");
+    const Json& p = j["prompt"];
+    if (p.is_string()) {
+      r.prompts.push_back(p.get<std::string>());
+    } else if (p.is_array() && !p.empty() && p[0].is_string()) {
+      for (const auto& e : p) {
+        if (!e.is_string()) return Bad("prompt", "'prompt' must be a string, an array of strings or of token ids");
+        r.prompts.push_back(e.get<std::string>());
+      }
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      std::vector<int32_t> ids;
+      for (const auto& e : p) {
+        if (!e.is_number_integer()) return Bad("prompt", "token id prompts must be integers");
+        ids.push_back(e.get<int32_t>());
+      }
+      r.prompt_ids.push_back(std::move(ids));
+    } else if (p.is_array() && !p.empty() && p[0].is_array()) {
+      for (const auto& e : p) {
+        std::vector<int32_t> ids;
+        if (!e.is_array() || e.empty()) return Bad("prompt", "token id prompts must be non-empty arrays of integers");
+        for (const auto& x : e) {
+          if (!x.is_number_integer()) return Bad("prompt", "token id prompts must be integers");
+          ids.push_back(x.get<int32_t>());
+        }
+        r.prompt_ids.push_back(std::move(ids));
+      }
+    } else {
+      return Bad("prompt", "'prompt' must be a non-empty string, an array of strings or of token ids");
+    }
+    if (r.prompts.size() + r.prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
+    if (auto e = boolean("echo", &r.echo)) return *e;
+  }
+  return r;
+}
+
+Json UsageJson(const Usage& u) {
+  return Json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+Json CompletionResponse(const CompletionRequest& req, const std::string& id, int64_t created,
+                        const std::vector<Choice>& choices, const Usage& usage) {
+  Json out = {{"id", id},
+              {"object", req.chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", req.model}};
+  Json arr = Json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Json c = {{"index", i}};
+    if (req.chat) {
+      c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    } else {
+      c["text"] = choices[i].text;
+    }
+    c["logprobs"] = nullptr;
+    c["finish_reason"] = FinishReasonForApi(choices[i].finish_reason);
+    arr.push_back(std::move(c));
+  }
+  out["choices"] = std::move(arr);
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index,
+                 const std::string& delta, std::optional<FinishReason> finish, bool first) {
+  Json c = {{"index", index}};
+  if (req.chat) {
+    Json d = Json::object();
+    if (first) d["role"] = "assistant";
+    if (!delta.empty() || (first && !finish)) d["content"] = delta;
+    c["delta"] = std::move(d);
+  } else {
+    c["text"] = delta;
+  }
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = finish ? Json(FinishReasonForApi(*finish)) : Json(nullptr);
+  return Json{{"id", id},
+              {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", req.model},
+              {"choices", Json::array({c})}};
+}
+
+Json UsageChunk(const CompletionRequest& req, const std::string& id, int64_t created, const Usage& usage) {
+  return Json{{"id", id},
+              {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", req.model},
+              {"choices", Json::array()},
+              {"usage", UsageJson(usage)}};
+}
+
+}  // namespace gale::server

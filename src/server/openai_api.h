@@ -1,0 +1,77 @@
+// The OpenAI API's JSON, both ways: a request body -> what to generate (or a precise 400), and
+// engine results -> completion, chat completion, their streaming chunks, and error bodies.
+// Pure functions; no sockets and no engine here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runner/sampler.h"
+#include "sched/scheduler.h"
+
+namespace gale::server {
+
+using Json = nlohmann::ordered_json;
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, if any
+};
+
+// OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
+std::string ErrorBody(const ApiError& e);
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::vector<std::string> prompts;           // completions: one text per prompt
+  std::vector<std::vector<int32_t>> prompt_ids;  // completions given as token ids (instead of text)
+  Json messages;                               // chat
+  Json tools;                                  // chat: passed to the template when present
+  Json chat_template_kwargs;                   // chat: extra template variables
+  int64_t max_tokens = 0;                      // 0: the default (16 for completions, all that fits for chat)
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  SamplingParams sampling;
+  bool has_seed = false;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int64_t truncate_prompt_tokens = -1;         // > 0: keep at most this many prompt tokens (head + tail)
+  std::string cache_salt;
+};
+
+// Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions.
+// Unknown fields, wrong types and out-of-range values are 400 errors naming the field.
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat);
+
+const char* FinishReasonForApi(FinishReason r);  // "stop" (eos and stop strings), "length", ...
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+Json UsageJson(const Usage& u);
+
+struct Choice {
+  std::string text;
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// A whole (non-streamed) response.
+Json CompletionResponse(const CompletionRequest& req, const std::string& id, int64_t created,
+                        const std::vector<Choice>& choices, const Usage& usage);
+// One streamed chunk: a text delta for choice `index`, or (finish set) its end.
+Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index,
+                 const std::string& delta, std::optional<FinishReason> finish, bool first);
+// The usage chunk of stream_options.include_usage: no choices.
+Json UsageChunk(const CompletionRequest& req, const std::string& id, int64_t created, const Usage& usage);
+
+}  // namespace gale::server

@@ -1,0 +1,122 @@
+// `gale serve`: the OpenAI-compatible server. Listens first (so /health can say 503 while the
+// model loads), loads the model, warms the engine up, then serves until SIGTERM or SIGINT: stop
+// accepting, let requests in flight finish within --shutdown-timeout, cancel the rest, exit 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+#include "model/chat_template.h"
+#include "server/http_server.h"
+#include "tools/cli_common.h"
+#include "tools/commands.h"
+
+namespace gale {
+
+CommandFn RegisterServe(CLI::App& app) {
+  struct Opts {
+    std::string model, isa, chat_template, served_name;
+    int threads = ThreadPool::DefaultNumThreads();
+    bool no_warmup = false;
+    double shutdown_timeout = 10.0;
+    LoadOptions load;
+    EngineOptions engine;
+    server::ServerOptions http;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
+  app.add_option("--host", o->http.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", o->http.port, "port (0: any free port, printed at start)")->capture_default_str();
+  app.add_option("--api-key", o->http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  app.add_option("--served-model-name", o->served_name, "model name in the API (default: the file name)");
+  app.add_option("--chat-template", o->chat_template, "Jinja chat template file (default: the model's)");
+  app.add_option("--max-body-bytes", o->http.max_body_bytes, "largest request body; larger gets 413")->capture_default_str();
+  app.add_option("--max-waiting", o->http.max_waiting, "requests waiting in the engine before 429")->capture_default_str();
+  app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
+  app.add_flag("--no-warmup", o->no_warmup, "skip the warm-up request before /health says ready");
+  app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
+      ->capture_default_str();
+  o->engine.Register(app);
+  o->load.Register(app);
+  app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
+  return [o]() {
+    auto fail = [](const Status& s) {
+      std::fprintf(stderr, "gale serve: %s\n", s.ToString().c_str());
+      return 1;
+    };
+    if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
+    if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+    auto cfg = o->engine.Resolve();
+    if (!cfg.ok()) return fail(cfg.status());
+    // SIGTERM/SIGINT are taken by sigwait below; every thread started from here inherits the mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+    server::HttpServer http(o->http);
+    if (Status s = http.Start(); !s.ok()) return fail(s);
+    std::fprintf(stderr, "listening on http://%s:%u\n", o->http.host.c_str(), http.port());
+    std::fflush(stderr);
+
+    auto loaded = LoadModel(o->model, o->load);
+    if (!loaded.ok()) return fail(loaded.status());
+    std::unique_ptr<ChatTemplate> chat_template;
+    {
+      auto t = o->chat_template.empty() ? ChatTemplate::FromGguf(*loaded->file) : ChatTemplate::FromFile(o->chat_template);
+      if (t.ok()) {
+        chat_template = std::make_unique<ChatTemplate>(std::move(t).value());
+      } else if (!o->chat_template.empty() || t.status().code() != StatusCode::kNotFound) {
+        return fail(t.status());
+      } else {
+        std::fprintf(stderr, "note: the model has no chat template; /v1/chat/completions needs --chat-template\n");
+      }
+    }
+    ThreadPool pool(o->threads);
+    auto engine = Engine::Create(*loaded->model, loaded->tok.get(), *cfg, pool);
+    if (!engine.ok()) return fail(engine.status());
+    std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
+    if (!o->no_warmup) {
+      GenerationRequest warm;
+      warm.prompt = loaded->tok->Encode("Hello");
+      if (warm.prompt.empty()) warm.prompt.push_back(0);
+      warm.max_tokens = 2;
+      auto s = (*engine)->Submit(warm);
+      if (!s.ok()) return fail(s.status().WithContext("warm-up"));
+      StreamUpdate u;
+      while ((*s)->Next(&u)) {
+      }
+    }
+    std::string name = o->served_name;
+    if (name.empty()) {
+      name = loaded->path.substr(loaded->path.find_last_of('/') + 1);
+      if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
+    }
+    server::ServingState state;
+    state.engine = engine->get();
+    state.tokenizer = loaded->tok.get();
+    state.chat_template = chat_template.get();
+    state.model_name = name;
+    state.created = static_cast<int64_t>(std::time(nullptr));
+    http.SetReady(state);
+    std::fprintf(stderr, "ready: serving '%s'\n", name.c_str());
+    std::fflush(stderr);
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "%s: draining (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", o->shutdown_timeout);
+    const int64_t left = http.Drain(std::chrono::milliseconds(static_cast<int64_t>(o->shutdown_timeout * 1000)));
+    if (left > 0) std::fprintf(stderr, "cancelling %lld requests still running\n", static_cast<long long>(left));
+    engine->reset();  // cancels whatever is still in flight; their streams end
+    http.Drain(std::chrono::milliseconds(2000));
+    http.Stop();
+    std::fprintf(stderr, "stopped\n");
+    return 0;
+  };
+}
+
+}  // namespace gale
