@@ -32,6 +32,7 @@ struct Engine::Live {
   size_t emitted = 0;      // bytes of text already pushed to the stream
   int64_t num_prompt_tokens = 0;
   int64_t num_truncated_tokens = 0;
+  bool want_logprobs = false;
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const Tokenizer* tokenizer,
@@ -113,6 +114,9 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
     if (s.empty()) return InvalidArgument("a stop string is empty");
   }
   if (req.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0, got {}", req.max_tokens);
+  if (req.top_logprobs < -1 || req.top_logprobs > 20) {
+    return InvalidArgument("top_logprobs must be in [0, 20], got {}", req.top_logprobs);
+  }
   const int64_t limit = max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
   if (req.max_tokens == 0) {
@@ -170,14 +174,16 @@ void Engine::Admit(PendingRequest& p) {
     p.stream->Push(std::move(u));
     return;
   }
-  runner_.AddRequest(p.id, p.request.sampling);
+  runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs);
+  live->want_logprobs = p.request.top_logprobs >= 0;
   live_[p.id] = std::move(live);
 }
 
-bool Engine::EmitToken(int64_t id, int32_t token) {
+bool Engine::EmitToken(int64_t id, int32_t token, const TokenLogprobs* logprobs) {
   Live& l = *live_.at(id);
   StreamUpdate u;
   u.token_ids.push_back(token);
+  if (l.want_logprobs && logprobs != nullptr) u.logprobs.push_back(*logprobs);
   u.num_prompt_tokens = l.num_prompt_tokens;
   u.num_truncated_tokens = l.num_truncated_tokens;
   bool stopped = false;
@@ -233,6 +239,7 @@ void Engine::Loop() {
   std::vector<int64_t> cancelled;
   std::vector<RunnerSeq> seqs;
   std::vector<int32_t> sampled;
+  std::vector<TokenLogprobs> logprobs;
   while (true) {
     submitted.clear();
     cancelled.clear();
@@ -264,7 +271,7 @@ void Engine::Loop() {
     Status st;
     {
       ProfileSpan span("step", "step", plan.num_tokens);
-      st = runner_.Execute(seqs, &sampled);
+      st = runner_.Execute(seqs, &sampled, &logprobs);
     }
     if (!st.ok()) {
       // The model refused the batch: fail its requests (never the engine).
@@ -283,7 +290,7 @@ void Engine::Loop() {
       if (!plan.seqs[i].sample) continue;
       ++stats_.num_generated_tokens;
       const int64_t id = plan.seqs[i].req->id;
-      if (EmitToken(id, sampled[i])) {
+      if (EmitToken(id, sampled[i], &logprobs[i])) {
         auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& r) { return r->id == id; });
         if (it != finished.end()) {
           (*it)->finish_reason = FinishReason::kStop;

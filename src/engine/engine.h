@@ -81,7 +81,7 @@ class Engine {
   void Loop();
   void Admit(PendingRequest& p);
   // Appends a generated token's text to the stream; true when a stop string ended the request.
-  bool EmitToken(int64_t id, int32_t token);
+  bool EmitToken(int64_t id, int32_t token, const TokenLogprobs* logprobs);
   void Finish(const SeqRequest& r, FinishReason reason, const Status& status);
   void PublishStats();
 

@@ -28,6 +28,7 @@ void RequestStream::Push(StreamUpdate u) {
       has_pending_ = true;
     } else {
       pending_.token_ids.insert(pending_.token_ids.end(), u.token_ids.begin(), u.token_ids.end());
+      pending_.logprobs.insert(pending_.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
       pending_.text += u.text;
       if (u.finished) {
         pending_.finished = true;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "runner/model_runner.h"
 #include "runner/sampler.h"
 #include "sched/scheduler.h"
 
@@ -30,11 +31,13 @@ struct GenerationRequest {
   std::vector<std::string> stop;      // stop strings (need the engine to have a tokenizer)
   bool truncate = false;              // too long: drop the middle of the prompt instead of failing
   std::string cache_salt;             // only requests with the same salt share cached prefixes
+  int top_logprobs = -1;              // -1: none; k >= 0: each token's log-probability and k alternatives
 };
 
 // Results since the last read, merged. The last update has finished = true.
 struct StreamUpdate {
   std::vector<int32_t> token_ids;  // newly generated
+  std::vector<TokenLogprobs> logprobs;  // [token_ids] when the request asked for them
   std::string text;                // their text; a stop string and what follows are cut
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;

@@ -1,17 +1,44 @@
 // Model runner: batch assembly, one forward, per-request sampling.
 #include "runner/model_runner.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "base/profiler.h"
 
 namespace gale {
 
-void ModelRunner::AddRequest(int64_t request_id, const SamplingParams& params) {
-  samplers_.insert_or_assign(request_id, Sampler(params));
+void ModelRunner::AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs) {
+  requests_.insert_or_assign(request_id, PerRequest{Sampler(params), top_logprobs});
 }
 
-void ModelRunner::RemoveRequest(int64_t request_id) { samplers_.erase(request_id); }
+void ModelRunner::RemoveRequest(int64_t request_id) { requests_.erase(request_id); }
 
-Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled) {
+namespace {
+
+// Log-softmax statistics of a logits row taken before sampling changes it.
+void Logprobs(std::span<const float> logits, int32_t token, int k, TokenLogprobs* out) {
+  float max = logits[0];
+  for (float l : logits) max = l > max ? l : max;
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - max));
+  const float log_z = max + static_cast<float>(std::log(sum));
+  out->logprob = logits[token] - log_z;
+  out->top.clear();
+  if (k <= 0) return;
+  std::vector<int32_t> idx(logits.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  const size_t kk = std::min<size_t>(static_cast<size_t>(k), idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (size_t i = 0; i < kk; ++i) out->top.emplace_back(idx[i], logits[idx[i]] - log_z);
+}
+
+}  // namespace
+
+Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled,
+                            std::vector<TokenLogprobs>* logprobs) {
   ForwardBatch& b = batch_;
   b.tokens.clear();
   b.positions.clear();
@@ -39,24 +66,30 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t
   RETURN_IF_ERROR(model_.Forward(b, kv_, ws_, pool_));
 
   sampled->assign(seqs.size(), -1);
+  if (logprobs != nullptr) logprobs->assign(seqs.size(), TokenLogprobs());
   if (!any_sample) return Status::Ok();
   ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
   const int64_t vocab = model_.hparams().vocab_size;
   // Row of the logits for each sampled seq; each request has its own sampler, so the rows can be
   // sampled in parallel with the same results.
-  std::vector<std::pair<size_t, Sampler*>>& jobs = sample_jobs_;
+  std::vector<std::pair<size_t, PerRequest*>>& jobs = sample_jobs_;
   jobs.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
     if (!seqs[s].sample) continue;
-    auto it = samplers_.find(seqs[s].request_id);
-    if (it == samplers_.end()) return Internal("request {} has no sampler", seqs[s].request_id);
+    auto it = requests_.find(seqs[s].request_id);
+    if (it == requests_.end()) return Internal("request {} has no sampler", seqs[s].request_id);
     jobs.push_back({s, &it->second});
   }
   pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> raw;  // [vocab] the row before penalties touch it
     for (int64_t row = begin; row < end; ++row) {
       const size_t s = jobs[row].first;
+      PerRequest& r = *jobs[row].second;
       std::span<float> logits(ws_.logits.data() + row * vocab, vocab);
-      (*sampled)[s] = jobs[row].second->Sample(logits, seqs[s].tokens);
+      const bool want = r.top_logprobs >= 0 && logprobs != nullptr;
+      if (want) raw.assign(logits.begin(), logits.end());
+      (*sampled)[s] = r.sampler.Sample(logits, seqs[s].tokens);
+      if (want) Logprobs(raw, (*sampled)[s], r.top_logprobs, &(*logprobs)[s]);
     }
   });
   return Status::Ok();

@@ -29,15 +29,25 @@ struct RunnerSeq {
   bool sample;
 };
 
+// Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before
+// penalties and temperature, as vLLM reports them) and the k most likely alternatives.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // [k] (token, logprob), most likely first
+};
+
 class ModelRunner {
  public:
   ModelRunner(const LlamaModel& model, KvStorage& kv, ThreadPool& pool) : model_(model), kv_(kv), pool_(pool) {}
 
-  void AddRequest(int64_t request_id, const SamplingParams& params);
+  // top_logprobs: -1 no log-probabilities; k >= 0: the sampled token's and k alternatives.
+  void AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs = -1);
   void RemoveRequest(int64_t request_id);
 
-  // One forward pass over all chunks. sampled[i] is seqs[i]'s next token, -1 where !sample.
-  Status Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled);
+  // One forward pass over all chunks. sampled[i] is seqs[i]'s next token, -1 where !sample;
+  // logprobs[i] is filled where the request asked for log-probabilities.
+  Status Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled,
+                 std::vector<TokenLogprobs>* logprobs = nullptr);
 
   const Workspace& workspace() const { return ws_; }
 
@@ -47,8 +57,12 @@ class ModelRunner {
   ThreadPool& pool_;
   Workspace ws_;
   ForwardBatch batch_;  // reused across steps
-  std::unordered_map<int64_t, Sampler> samplers_;
-  std::vector<std::pair<size_t, Sampler*>> sample_jobs_;  // [rows sampled this step] (seq index, sampler)
+  struct PerRequest {
+    Sampler sampler;
+    int top_logprobs;
+  };
+  std::unordered_map<int64_t, PerRequest> requests_;
+  std::vector<std::pair<size_t, PerRequest*>> sample_jobs_;  // [rows sampled this step] (seq index, request)
 };
 
 }  // namespace gale

@@ -29,7 +29,6 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::vector<std::thread> threads;
   std::atomic<bool> accepting{true};
   std::atomic<int64_t> in_flight{0};  // generation requests being served
-  std::atomic<int64_t> pending_submits{0};
   Metrics metrics;
   std::mutex state_mu;
   std::shared_ptr<const ServingState> state;  // null until ready
@@ -62,6 +61,8 @@ struct Generation {
   std::vector<int64_t> generated, prompt_tokens, cached_tokens;
   std::vector<std::string> echo_prefix;  // completions with echo: the prompt text, sent first
   bool final_sent = false;
+  const Tokenizer* tok = nullptr;
+  std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -171,8 +172,9 @@ class Session : public std::enable_shared_from_this<Session> {
                         "not_found_error", "model"});
     }
     req.model = state.model_name;
-    // Back-pressure: too many requests already waiting for the engine.
-    if (engine.stats().num_waiting.load() + server_->pending_submits.load() >= server_->opt.max_waiting) {
+    // Back-pressure: requests beyond what the engine runs at once wait; past max_waiting, refuse.
+    // (Counted here, synchronously, so a burst cannot slip past the engine's lagging counters.)
+    if (server_->in_flight.load() - engine.config().sched.max_batch_size >= server_->opt.max_waiting) {
       server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
       return SendError({429, "the server is at capacity; retry later", "rate_limit_error", ""}, false, "1");
     }
@@ -203,6 +205,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     auto gen = std::make_shared<Generation>();
     gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    gen->tok = &tok;
     gen->created = static_cast<int64_t>(std::time(nullptr));
     const uint64_t base_seed = req.has_seed ? req.sampling.seed : std::random_device{}();
     std::vector<GenerationRequest> subs;
@@ -225,6 +228,7 @@ class Session : public std::enable_shared_from_this<Session> {
           }
         }
         g.cache_salt = req.cache_salt;
+        g.top_logprobs = req.top_logprobs;
         subs.push_back(std::move(g));
         gen->echo_prefix.push_back(req.echo ? prompt_texts[p] : "");
       }
@@ -343,16 +347,25 @@ class Session : public std::enable_shared_from_this<Session> {
         g.prompt_tokens[i] = u.num_prompt_tokens;
         std::string delta = u.text;
         if (!g.started[i] && !g.echo_prefix[i].empty()) delta = g.echo_prefix[i] + delta;
+        const size_t tok_begin = g.choices[i].tokens.size();
+        const int64_t text_begin = static_cast<int64_t>(g.choices[i].text.size());
         g.choices[i].text += delta;
+        Choice& ch = g.choices[i];
+        ch.tokens.insert(ch.tokens.end(), u.token_ids.begin(), u.token_ids.end());
+        ch.logprobs.insert(ch.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+        Json lp = nullptr;
+        if (g.req.top_logprobs >= 0 && ch.tokens.size() > tok_begin) {
+          lp = LogprobsJson(g.req.chat, ch, tok_begin, ch.tokens.size(), [&g](int32_t id) { return g.Piece(id); }, text_begin);
+        }
         if (u.finished) {
           g.done[i] = true;
           g.choices[i].finish_reason = u.finish_reason;
           g.cached_tokens[i] = u.num_cached_tokens;
           if (u.finish_reason == FinishReason::kError) error = u.status;
         }
-        if (g.req.stream && (!delta.empty() || !g.started[i] || u.finished)) {
-          if (!delta.empty() || !g.started[i]) {
-            sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i])
+        if (g.req.stream && (!delta.empty() || !g.started[i] || u.finished || !lp.is_null())) {
+          if (!delta.empty() || !g.started[i] || !lp.is_null()) {
+            sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)
                                   .dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
             g.started[i] = true;
           }
@@ -371,7 +384,8 @@ class Session : public std::enable_shared_from_this<Session> {
         FinishGeneration("error");
         return SendError({500, error.message(), "server_error", ""});
       }
-      const Json body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage());
+      const Json body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(),
+                                           [&g](int32_t id) { return g.Piece(id); });
       FinishGeneration("ok");
       return SendJson(body);
     }

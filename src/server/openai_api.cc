@@ -1,6 +1,7 @@
 // OpenAI request parsing and response formatting.
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <set>
 #include <variant>
 
@@ -160,12 +161,22 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
       r.stop_token_ids.push_back(e.get<int32_t>());
     }
   }
-  if (j.contains("logprobs") && !j["logprobs"].is_null()) {
-    const bool on = j["logprobs"].is_boolean() ? j["logprobs"].get<bool>() : (j["logprobs"].is_number() && j["logprobs"].get<double>() > 0);
-    if (on) return Bad("logprobs", "'logprobs' is not supported yet");
-  }
-  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && !(j["top_logprobs"].is_number() && j["top_logprobs"].get<double>() == 0)) {
-    return Bad("top_logprobs", "'top_logprobs' is not supported yet");
+  if (chat) {
+    bool on = false;
+    if (auto e = boolean("logprobs", &on)) return *e;
+    i = 0;
+    if (auto e = integer("top_logprobs", 0, 20, &i)) return *e;
+    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && !on) {
+      return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    r.top_logprobs = on ? static_cast<int>(i) : -1;
+  } else {
+    i = -1;
+    if (auto e = integer("logprobs", 0, 20, &i)) return *e;
+    r.top_logprobs = static_cast<int>(i);
+    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
+      return Bad("top_logprobs", "completions take 'logprobs': N (top_logprobs is for chat)");
+    }
   }
   if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
     return Bad("logit_bias", "'logit_bias' is not supported yet");
@@ -273,8 +284,46 @@ Json UsageJson(const Usage& u) {
               {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
+                  const std::function<std::string(int32_t)>& piece, int64_t text_offset) {
+  auto bytes = [](const std::string& s) {
+    Json b = Json::array();
+    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+    return b;
+  };
+  end = std::min(end, std::min(c.tokens.size(), c.logprobs.size()));
+  if (chat) {
+    Json content = Json::array();
+    for (size_t i = begin; i < end; ++i) {
+      const std::string tok = piece(c.tokens[i]);
+      Json top = Json::array();
+      for (const auto& [id, lp] : c.logprobs[i].top) {
+        const std::string t = piece(id);
+        top.push_back({{"token", t}, {"logprob", lp}, {"bytes", bytes(t)}});
+      }
+      content.push_back({{"token", tok}, {"logprob", c.logprobs[i].logprob}, {"bytes", bytes(tok)}, {"top_logprobs", top}});
+    }
+    return Json{{"content", content}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(), offsets = Json::array();
+  int64_t offset = text_offset;
+  for (size_t i = begin; i < end; ++i) {
+    const std::string tok = piece(c.tokens[i]);
+    tokens.push_back(tok);
+    token_logprobs.push_back(c.logprobs[i].logprob);
+    Json alts = Json::object();
+    for (const auto& [id, lp] : c.logprobs[i].top) alts[piece(id)] = lp;
+    alts[tok] = c.logprobs[i].logprob;
+    top.push_back(alts);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(tok.size());
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
 Json CompletionResponse(const CompletionRequest& req, const std::string& id, int64_t created,
-                        const std::vector<Choice>& choices, const Usage& usage) {
+                        const std::vector<Choice>& choices, const Usage& usage,
+                        const std::function<std::string(int32_t)>& piece) {
   Json out = {{"id", id},
               {"object", req.chat ? "chat.completion" : "text_completion"},
               {"created", created},
@@ -287,7 +336,8 @@ Json CompletionResponse(const CompletionRequest& req, const std::string& id, int
     } else {
       c["text"] = choices[i].text;
     }
-    c["logprobs"] = nullptr;
+    c["logprobs"] = req.top_logprobs >= 0 ? LogprobsJson(req.chat, choices[i], 0, choices[i].tokens.size(), piece, 0)
+                                          : Json(nullptr);
     c["finish_reason"] = FinishReasonForApi(choices[i].finish_reason);
     arr.push_back(std::move(c));
   }
@@ -297,7 +347,7 @@ Json CompletionResponse(const CompletionRequest& req, const std::string& id, int
 }
 
 Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index,
-                 const std::string& delta, std::optional<FinishReason> finish, bool first) {
+                 const std::string& delta, std::optional<FinishReason> finish, bool first, Json logprobs) {
   Json c = {{"index", index}};
   if (req.chat) {
     Json d = Json::object();
@@ -307,7 +357,7 @@ Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t cr
   } else {
     c["text"] = delta;
   }
-  c["logprobs"] = nullptr;
+  c["logprobs"] = std::move(logprobs);
   c["finish_reason"] = finish ? Json(FinishReasonForApi(*finish)) : Json(nullptr);
   return Json{{"id", id},
               {"object", req.chat ? "chat.completion.chunk" : "text_completion"},

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "runner/model_runner.h"
 #include "runner/sampler.h"
 #include "sched/scheduler.h"
 
@@ -47,6 +49,7 @@ struct CompletionRequest {
   bool ignore_eos = false;
   int64_t truncate_prompt_tokens = -1;         // > 0: keep at most this many prompt tokens (head + tail)
   std::string cache_salt;
+  int top_logprobs = -1;                       // -1: no logprobs; k >= 0: with k alternatives per token
 };
 
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions.
@@ -63,14 +66,24 @@ Json UsageJson(const Usage& u);
 struct Choice {
   std::string text;
   FinishReason finish_reason = FinishReason::kNone;
+  std::vector<int32_t> tokens;          // generated (for logprobs)
+  std::vector<TokenLogprobs> logprobs;  // [tokens] when asked for
 };
+
+// A choice's "logprobs" object for tokens [begin, end) of it: chat ({"content": [...]}) or
+// completions ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}) shape. piece gives a
+// token's text; text_offset is where token `begin` starts in the choice's text.
+Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
+                  const std::function<std::string(int32_t)>& piece, int64_t text_offset);
 
 // A whole (non-streamed) response.
 Json CompletionResponse(const CompletionRequest& req, const std::string& id, int64_t created,
-                        const std::vector<Choice>& choices, const Usage& usage);
+                        const std::vector<Choice>& choices, const Usage& usage,
+                        const std::function<std::string(int32_t)>& piece);
 // One streamed chunk: a text delta for choice `index`, or (finish set) its end.
 Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index,
-                 const std::string& delta, std::optional<FinishReason> finish, bool first);
+                 const std::string& delta, std::optional<FinishReason> finish, bool first,
+                 Json logprobs = nullptr);
 // The usage chunk of stream_options.include_usage: no choices.
 Json UsageChunk(const CompletionRequest& req, const std::string& id, int64_t created, const Usage& usage);
 

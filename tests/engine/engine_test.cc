@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 #include "../test_util.h"
@@ -207,6 +208,54 @@ TEST(EngineTest, MatchesTheGenerateLoop) {
   r.max_tokens = 50;
   r.sampling.temperature = 0.0f;
   EXPECT_EQ(Collect(**(*engine)->Submit(r)).tokens, want);
+}
+
+// Log-probabilities of the raw model distribution: greedy picks the most likely token, so its
+// logprob is the first alternative's; alternatives come most likely first; all are <= 0; and the
+// probabilities of all tokens sum to 1 (checked through the full top list).
+TEST(EngineTest, ReportsLogprobs) {
+  const TestModel m = Stories();
+  ThreadPool pool(1);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 16ull << 20;
+  auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
+  ASSERT_TRUE(engine.ok());
+  GenerationRequest r;
+  r.prompt = m.tok->Encode("Once upon a time");
+  r.max_tokens = 6;
+  r.sampling.temperature = 0.0f;
+  r.top_logprobs = static_cast<int>(m.model->hparams().vocab_size);
+  EXPECT_FALSE((*engine)->Submit(r).ok());  // more than 20 alternatives
+  r.top_logprobs = 20;
+  auto s = (*engine)->Submit(r);
+  ASSERT_TRUE(s.ok());
+  std::vector<int32_t> ids;
+  std::vector<TokenLogprobs> lps;
+  StreamUpdate u;
+  while ((*s)->Next(&u)) {
+    ids.insert(ids.end(), u.token_ids.begin(), u.token_ids.end());
+    lps.insert(lps.end(), u.logprobs.begin(), u.logprobs.end());
+  }
+  ASSERT_EQ(ids.size(), 6u);
+  ASSERT_EQ(lps.size(), 6u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_EQ(lps[i].top.size(), 20u);
+    EXPECT_EQ(lps[i].top[0].first, ids[i]);
+    EXPECT_FLOAT_EQ(lps[i].top[0].second, lps[i].logprob);
+    double mass = 0.0;
+    for (size_t k = 0; k < lps[i].top.size(); ++k) {
+      EXPECT_LE(lps[i].top[k].second, 0.0f);
+      if (k > 0) EXPECT_LE(lps[i].top[k].second, lps[i].top[k - 1].second);
+      mass += std::exp(lps[i].top[k].second);
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    EXPECT_GT(mass, 0.3);  // a small model is confident in its top 20
+  }
+  // Without asking, none are sent.
+  r.top_logprobs = -1;
+  auto plain = (*engine)->Submit(r);
+  ASSERT_TRUE(plain.ok());
+  while ((*plain)->Next(&u)) EXPECT_TRUE(u.logprobs.empty());
 }
 
 TEST(EngineTest, RejectsBadRequestsWithClearErrors) {

@@ -154,6 +154,28 @@ function rawStream(port, cutAfter) {
     assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
   });
 
+  await check('logprobs: chat (top_logprobs) and completions (legacy shape), streamed and not', async () => {
+    const chat = await client.chat.completions.create({ messages: [{ role: 'user', content: 'The dog' }], max_tokens: 6,
+                                                        temperature: 0, logprobs: true, top_logprobs: 3 });
+    const content = chat.choices[0].logprobs.content;
+    assert.strictEqual(content.length, chat.usage.completion_tokens);
+    for (const t of content) {
+      assert.ok(t.logprob <= 0 && t.top_logprobs.length === 3);
+      assert.strictEqual(t.top_logprobs[0].token, t.token);  // greedy: the most likely token
+    }
+    assert.strictEqual(content.map((t) => t.token).join(''), chat.choices[0].message.content);
+    const comp = await client.completions.create({ prompt: 'Once upon a time', max_tokens: 5, temperature: 0, logprobs: 2 });
+    const lp = comp.choices[0].logprobs;
+    assert.strictEqual(lp.tokens.length, 5);
+    assert.strictEqual(lp.tokens.join(''), comp.choices[0].text);
+    assert.deepStrictEqual(lp.text_offset, lp.tokens.map((_, i) => lp.tokens.slice(0, i).join('').length));
+    const s = await client.completions.create({ prompt: 'Once upon a time', max_tokens: 5, temperature: 0, logprobs: 2, stream: true });
+    const streamed = [];
+    for await (const c of s) if (c.choices[0] && c.choices[0].logprobs) streamed.push(...c.choices[0].logprobs.token_logprobs);
+    assert.deepStrictEqual(streamed, lp.token_logprobs);
+    await assert.rejects(client.chat.completions.create({ messages: [{ role: 'user', content: 'x' }], top_logprobs: 2 }), OpenAI.BadRequestError);
+  });
+
   await check('errors surface as the client\'s typed errors', async () => {
     await assert.rejects(client.completions.create({ prompt: 'x', max_tokens: 0 }), OpenAI.BadRequestError);
     await assert.rejects(client.completions.create({ prompt: 'x', temperature: 7 }), OpenAI.BadRequestError);
@@ -249,6 +271,21 @@ function rawStream(port, cutAfter) {
     assert.ok(r.choices[0].text.length > 0);
     const code = await Promise.race([exited, new Promise((r) => setTimeout(() => r('timeout'), 15000))]);
     assert.strictEqual(code, 0);
+  });
+
+  await check('a full waiting queue answers 429 with Retry-After', async () => {
+    const s3 = await startServer(['--max-batch-size', '1', '--max-waiting', '2', '--no-warmup']);
+    try {
+      const body = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 300, ignore_eos: true });
+      const all = await Promise.all(Array.from({ length: 12 }, () => request(s3.port, 'POST', '/v1/completions', body, { 'Content-Type': 'application/json' })));
+      const limited = all.filter((r) => r.status === 429);
+      assert.ok(limited.length > 0, 'no 429 among ' + all.map((r) => r.status).join(','));
+      assert.strictEqual(limited[0].headers['retry-after'], '1');
+      assert.strictEqual(JSON.parse(limited[0].body).error.type, 'rate_limit_error');
+      assert.ok(all.some((r) => r.status === 200));
+    } finally {
+      s3.proc.kill('SIGTERM');
+    }
   });
 
   await check('--api-key: 401 without it, typed AuthenticationError, works with it', async () => {
