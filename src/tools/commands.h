@@ -27,6 +27,7 @@ CommandFn RegisterBench(CLI::App& app);
 CommandFn RegisterBatch(CLI::App& app);
 CommandFn RegisterTemplate(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
+CommandFn RegisterLoadgen(CLI::App& app);
 CommandFn RegisterTokenize(CLI::App& app);
 
 }  // namespace gale

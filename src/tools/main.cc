@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   add("convert", "convert a llama2.c checkpoint to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
   add("serve", "serve the model over an OpenAI-compatible HTTP API", gale::RegisterServe);
+  add("loadgen", "load-test an OpenAI-compatible server and report latency and throughput", gale::RegisterLoadgen);
   add("template", "render a chat template for a context (or print its error)", gale::RegisterTemplate);
   add("tokenize", "print the token ids of a text", gale::RegisterTokenize);
   add("synth", "write a deterministic random-weight llama GGUF", gale::RegisterSynth);

@@ -1,0 +1,94 @@
+// gale loadgen against a fake OpenAI server in this process that streams with known delays:
+// first token after 150 ms, then 8 more 40 ms apart. Measured TTFT must be within [150, 190] ms
+// and inter-token gaps within [35, 70] ms: the lower bounds allow timer rounding (Node fires
+// setTimeout up to ~1 ms early relative to the client's clock), the upper ones loopback plus
+// scheduling on a busy 2-core machine. Also: errors by kind, timeouts, and the report files.
+const http = require('http');
+const { execFile } = require('child_process');
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+const assert = require('assert');
+
+const gale = process.argv[2];
+let mode = 'ok';
+const server = http.createServer((req, res) => {
+  let body = '';
+  req.on('data', (c) => (body += c));
+  req.on('end', () => {
+    if (mode === 'error' && Math.random() < 0.5) {
+      res.writeHead(500, { 'Content-Type': 'application/json' });
+      return res.end('{"error":{"message":"boom"}}');
+    }
+    res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+    const chunk = (t) => `data: ${JSON.stringify({ choices: [{ index: 0, text: t, finish_reason: null }] })}\n\n`;
+    let n = 0;
+    const send = () => {
+      if (n < 9) {
+        res.write(chunk('tok' + n));
+        n++;
+        setTimeout(send, mode === 'slow' ? 400 : 40);
+      } else {
+        res.write(`data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 5, completion_tokens: 9 } })}\n\n`);
+        res.end('data: [DONE]\n\n');
+      }
+    };
+    setTimeout(send, 150);
+  });
+});
+
+function run(args) {
+  return new Promise((resolve) => execFile(gale, args, { timeout: 60000 }, (err, stdout, stderr) => resolve({ err, stdout, stderr })));
+}
+
+server.listen(0, '127.0.0.1', async () => {
+  const port = server.address().port;
+  const out = fs.mkdtempSync(path.join(os.tmpdir(), 'lg-'));
+  let failures = 0;
+  const check = async (name, fn) => {
+    try { await fn(); console.log('ok   ' + name); } catch (e) { failures++; console.log('FAIL ' + name + ': ' + (e.stack || e)); }
+  };
+  await check('timings match the fake server', async () => {
+    const r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--concurrency', '3', '--requests', '12', '--out', out]);
+    assert.ifError(r.err);
+    const j = JSON.parse(fs.readFileSync(path.join(out, 'results.json'), 'utf8'));
+    assert.strictEqual(j.requests.length, 12);
+    for (const q of j.requests) {
+      assert.strictEqual(q.outcome, 'ok');
+      assert.ok(q.ttft_s >= 0.148 && q.ttft_s <= 0.19, `ttft ${q.ttft_s}`);
+      assert.strictEqual(q.output_tokens, 9);
+      assert.strictEqual(q.itl_s.length, 8);
+      for (const g of q.itl_s) assert.ok(g >= 0.035 && g <= 0.07, `itl ${g}`);
+    }
+    const s = j.summaries[0];
+    assert.ok(s.tpot_s.p50 > 0.035 && s.tpot_s.p50 < 0.07);
+    const html = fs.readFileSync(path.join(out, 'report.html'), 'utf8');
+    assert.ok((html.match(/<svg class="chart"/g) || []).length >= 3, 'charts missing');
+  });
+  await check('ramp reports a knee and ramp charts', async () => {
+    const r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--ramp-concurrency', '1,2,4', '--requests', '4', '--out', out]);
+    assert.ifError(r.err);
+    assert.ok(/knee: concurrency/.test(r.stdout), r.stdout);
+    const html = fs.readFileSync(path.join(out, 'report.html'), 'utf8');
+    assert.ok(html.includes('class="knee"'));
+  });
+  await check('errors by kind and timeouts are counted', async () => {
+    mode = 'error';
+    let r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--rate', '50', '--requests', '20', '--out', out]);
+    assert.ifError(r.err);
+    let s = JSON.parse(fs.readFileSync(path.join(out, 'results.json'), 'utf8')).summaries[0];
+    assert.ok(s.errors.http_error > 0 && s.errors.http_error < 20, JSON.stringify(s.errors));
+    mode = 'slow';
+    r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--burst', '3', '--timeout', '0.5', '--out', out]);
+    assert.ifError(r.err);
+    s = JSON.parse(fs.readFileSync(path.join(out, 'results.json'), 'utf8')).summaries[0];
+    assert.strictEqual(s.timeout_rate, 1);
+    r = await run(['loadgen', '--url', 'http://127.0.0.1:1/v1', '--requests', '2']);
+    assert.ok(/connect_error/.test(r.stdout), r.stdout);
+    r = await run(['loadgen', '--url', 'ftp://x', '--requests', '2']);
+    assert.ok(r.err && /--url/.test(r.stderr));
+  });
+  server.close();
+  console.log(failures ? `${failures} failed` : 'all passed');
+  process.exit(failures ? 1 : 0);
+});
