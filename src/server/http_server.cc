@@ -22,7 +22,9 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 
-struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
+// NOTE: handlers and sessions refer to the Impl by raw pointer: they live inside its io_context,
+// which the Impl destroys (and them with it) before it goes; a shared_ptr would be a cycle.
+struct HttpServer::Impl {
   ServerOptions opt;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
@@ -67,8 +69,7 @@ struct Generation {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<HttpServer::Impl> server)
-      : stream_(std::move(socket)), server_(std::move(server)) {}
+  Session(tcp::socket socket, HttpServer::Impl* server) : stream_(std::move(socket)), server_(server) {}
 
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
@@ -430,7 +431,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
-  std::shared_ptr<HttpServer::Impl> server_;
+  HttpServer::Impl* server_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool keep_alive_ = true;
@@ -444,14 +445,14 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 void HttpServer::Impl::Accept() {
-  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
-    if (!self->accepting.load()) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), self)->Run();
-    self->Accept();
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (!accepting.load()) return;
+    if (!ec) std::make_shared<Session>(std::move(socket), this)->Run();
+    Accept();
   });
 }
 
-HttpServer::HttpServer(const ServerOptions& options) : impl_(std::make_shared<Impl>()) { impl_->opt = options; }
+HttpServer::HttpServer(const ServerOptions& options) : impl_(std::make_unique<Impl>()) { impl_->opt = options; }
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -467,7 +468,7 @@ Status HttpServer::Start() {
   if (ec) return IoError("cannot listen on {}:{}: {}", impl_->opt.host, impl_->opt.port, ec.message());
   impl_->Accept();
   for (int i = 0; i < std::max(1, impl_->opt.num_threads); ++i) {
-    impl_->threads.emplace_back([impl = impl_] { impl->ioc.run(); });
+    impl_->threads.emplace_back([impl = impl_.get()] { impl->ioc.run(); });
   }
   return Status::Ok();
 }
@@ -481,7 +482,7 @@ void HttpServer::SetReady(const ServingState& state) {
 
 int64_t HttpServer::Drain(std::chrono::milliseconds timeout) {
   impl_->accepting = false;
-  net::post(impl_->ioc, [impl = impl_] {
+  net::post(impl_->ioc, [impl = impl_.get()] {
     beast::error_code ec;
     impl->acceptor.close(ec);
   });
@@ -494,9 +495,16 @@ int64_t HttpServer::Drain(std::chrono::milliseconds timeout) {
 
 void HttpServer::Stop() {
   if (impl_->threads.empty()) return;
+  impl_->accepting = false;
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  // Let what was queued (final stream writes, finished generations) run once more, so sessions
+  // release themselves; whatever is still pending is destroyed with the io_context.
+  impl_->ioc.restart();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < deadline && impl_->ioc.poll() > 0) {
+  }
 }
 
 Metrics& HttpServer::metrics() { return impl_->metrics; }

@@ -59,7 +59,7 @@ class HttpServer {
   struct Impl;
 
  private:
-  std::shared_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace gale::server

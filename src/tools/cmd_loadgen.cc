@@ -17,6 +17,7 @@
 
 #include "loadgen/client.h"
 #include "loadgen/report.h"
+#include "loadgen/runner.h"
 #include "loadgen/workload.h"
 #include "tools/commands.h"
 
@@ -26,13 +27,6 @@ using namespace loadgen;
 
 namespace {
 
-struct Plan {
-  std::string label;
-  double load = 0.0;
-  enum class Kind { kClosed, kOpen, kTrace } kind = Kind::kClosed;
-  int64_t concurrency = 1;
-  double rate = 0.0;  // open loop; <= 0 with kOpen: all at once (burst)
-};
 
 StatusOr<std::vector<double>> ParseList(const std::string& s, const char* flag) {
   std::vector<double> out;
@@ -155,137 +149,28 @@ CommandFn RegisterLoadgen(CLI::App& app) {
       plans.push_back({fmt::format("concurrency {}", c), static_cast<double>(c), Plan::Kind::kClosed, c, 0.0});
     }
 
-    const auto test_start = Clock::now();
-    const bool tty = isatty(STDERR_FILENO);
-    std::vector<Phase> phases;
-    std::vector<nlohmann::json> summaries;
-    Rng rng(o->seed);
-    std::mutex rng_mu;
-    for (const Plan& plan : plans) {
-      Phase phase;
-      phase.label = plan.label;
-      phase.load = plan.load;
-      std::mutex mu;
-      std::atomic<int64_t> issued{0}, in_flight{0}, done{0}, errors{0}, tokens{0};
-      const auto phase_start = Clock::now();
-      auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - phase_start).count(); };
-      // Builds request i of the phase: body, and the lengths asked for.
-      auto build = [&](int64_t i, int64_t* in_words, int64_t* out_tokens) {
-        std::lock_guard<std::mutex> lock(rng_mu);
-        std::string prompt;
-        if (!trace.empty()) {
-          const TraceEntry& e = trace[static_cast<size_t>(i)];
-          *in_words = e.input_length;
-          *out_tokens = e.output_length;
-          prompt = !e.prompt.empty() ? e.prompt : MakePrompt(rng, e.input_length, 0, -1);
-        } else {
-          *in_words = in_len->Sample(rng);
-          *out_tokens = out_len->Sample(rng);
-          const int group = prefix_groups > 0 ? static_cast<int>(rng.NextU64() % static_cast<uint64_t>(prefix_groups)) : -1;
-          prompt = MakePrompt(rng, *in_words + (group >= 0 ? prefix_words : 0), prefix_words, group);
-        }
-        nlohmann::json body = {{"max_tokens", *out_tokens}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
-        if (!o->model.empty()) body["model"] = o->model;
-        if (!o->no_ignore_eos) body["ignore_eos"] = true;
-        if (o->endpoint == "chat") body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", prompt}}});
-        else body["prompt"] = prompt;
-        return body.dump();
-      };
-      auto one = [&](int64_t i) {
-        int64_t in_words = 0, out_tokens = 0;
-        const std::string body = build(i, &in_words, &out_tokens);
-        ++in_flight;
-        RequestResult r = PostStreaming(target, o->endpoint == "chat" ? "/chat/completions" : "/completions", body,
-                                        o->timeout, test_start);
-        --in_flight;
-        r.input_len = in_words;
-        r.output_len = out_tokens;
-        ++done;
-        if (r.outcome != Outcome::kOk) ++errors;
-        tokens += r.output_tokens;
-        std::lock_guard<std::mutex> lock(mu);
-        phase.results.push_back(std::move(r));
-      };
-      std::atomic<bool> finished{false};
-      std::thread progress([&] {
-        auto last = Clock::now();
-        while (!finished.load()) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          if (Clock::now() - last < std::chrono::milliseconds(tty ? 250 : 5000)) continue;
-          last = Clock::now();
-          const double t = elapsed();
-          std::fprintf(stderr, "%s[%s] %.1f s: %lld done, %lld in flight, %.1f tok/s, %lld errors%s",
-                       tty ? "\r" : "", plan.label.c_str(), t, static_cast<long long>(done.load()),
-                       static_cast<long long>(in_flight.load()), t > 0 ? tokens.load() / t : 0.0,
-                       static_cast<long long>(errors.load()), tty ? "   " : "\n");
-        }
-      });
-      if (plan.kind == Plan::Kind::kClosed) {
-        std::vector<std::thread> workers;
-        for (int64_t w = 0; w < plan.concurrency; ++w) {
-          workers.emplace_back([&] {
-            while (true) {
-              const int64_t i = issued++;
-              if (i >= o->requests || elapsed() > o->duration) break;
-              one(i);
-            }
-          });
-        }
-        for (auto& t : workers) t.join();
-      } else {
-        std::vector<std::thread> workers;
-        Arrivals arrivals(plan.rate, o->burstiness, o->seed * 7919 + static_cast<uint64_t>(phases.size()));
-        double next_at = 0.0;
-        for (int64_t i = 0; i < o->requests; ++i) {
-          if (plan.kind == Plan::Kind::kTrace) next_at = trace[static_cast<size_t>(i)].at_s / o->speed;
-          else if (i > 0 && plan.rate > 0) next_at += arrivals.NextGapSeconds();
-          if (next_at > o->duration) break;
-          const double wait = next_at - elapsed();
-          if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-          while (in_flight.load() >= o->max_in_flight) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          ++in_flight;  // counted before the thread starts, so the cap holds
-          workers.emplace_back([&, i] {
-            --in_flight;
-            one(i);
-          });
-        }
-        for (auto& t : workers) t.join();
-      }
-      phase.wall_s = elapsed();
-      finished = true;
-      progress.join();
-      if (tty) std::fputc('\n', stderr);
-      summaries.push_back(Summarize(phase, slo));
-      std::fputs(SummaryText(summaries.back()).c_str(), stdout);
-      std::fflush(stdout);
-      phases.push_back(std::move(phase));
-    }
-    if (summaries.size() > 1) {
-      std::printf("knee: %s %g\n", plans.front().kind == Plan::Kind::kClosed ? "concurrency" : "rate", Knee(summaries));
-    }
+    LoadConfig cfg;
+    cfg.target = target;
+    cfg.model = o->model;
+    cfg.endpoint = o->endpoint;
+    cfg.plans = plans;
+    cfg.requests = o->requests;
+    cfg.duration = o->duration;
+    cfg.timeout = o->timeout;
+    cfg.speed = o->speed;
+    cfg.burstiness = o->burstiness;
+    cfg.max_in_flight = o->max_in_flight;
+    cfg.in_len = *in_len;
+    cfg.out_len = *out_len;
+    cfg.prefix_groups = prefix_groups;
+    cfg.prefix_words = prefix_words;
+    cfg.trace = std::move(trace);
+    cfg.slo = slo;
+    cfg.seed = o->seed;
+    cfg.ignore_eos = !o->no_ignore_eos;
+    const LoadResult result = RunLoad(cfg);
     if (!o->out.empty()) {
-      std::error_code ec;
-      std::filesystem::create_directories(o->out, ec);
-      if (ec) return fail(IoError("cannot create '{}': {}", o->out, ec.message()));
-      nlohmann::json j;
-      j["target"] = o->url;
-      j["endpoint"] = o->endpoint;
-      j["input_len"] = o->input_len;
-      j["output_len"] = o->output_len;
-      j["summaries"] = summaries;
-      if (summaries.size() > 1) j["knee"] = Knee(summaries);
-      nlohmann::json reqs = nlohmann::json::array();
-      for (const auto& p : phases) {
-        for (const auto& r : p.results) {
-          reqs.push_back({{"phase", p.label}, {"start_s", r.start_s}, {"ttft_s", r.ttft_s}, {"e2e_s", r.e2e_s},
-                          {"itl_s", r.itl_s}, {"prompt_tokens", r.prompt_tokens}, {"output_tokens", r.output_tokens},
-                          {"input_len", r.input_len}, {"output_len", r.output_len},
-                          {"outcome", OutcomeName(r.outcome)}, {"http_status", r.http_status}, {"error", r.error}});
-        }
-      }
-      j["requests"] = reqs;
-      std::ofstream(o->out + "/results.json") << j.dump(1) << '\n';
-      std::ofstream(o->out + "/report.html") << HtmlReport("gale loadgen: " + o->url, phases, summaries);
+      if (Status s = WriteReports(o->out, "gale loadgen: " + o->url, cfg, result); !s.ok()) return fail(s);
       std::fprintf(stderr, "wrote %s/results.json and %s/report.html\n", o->out.c_str(), o->out.c_str());
     }
     return 0;

@@ -270,7 +270,7 @@ function rawStream(port, cutAfter) {
     const r = await pending;  // finishes within the grace period
     assert.ok(r.choices[0].text.length > 0);
     const code = await Promise.race([exited, new Promise((r) => setTimeout(() => r('timeout'), 15000))]);
-    assert.strictEqual(code, 0);
+    assert.strictEqual(code, 0, 'server log:\n' + srv.log().slice(-3000));
   });
 
   await check('a full waiting queue answers 429 with Retry-After', async () => {
