@@ -78,7 +78,9 @@ CommandFn RegisterBench(CLI::App& app) {
     bool profile = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("-m,--model", o->model, "GGUF model")->required();
+  app.add_option("-m,--model", o->model, "GGUF model (required unless `serve`)");
+  auto serve = std::make_shared<std::function<int()>>();
+  RegisterBenchServe(app, serve.get());
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens for the ppN test (0 = skip)")->capture_default_str();
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens for the tgN test (0 = skip)")->capture_default_str();
   app.add_option("-r,--repetitions", o->reps, "repetitions after one warm-up")->capture_default_str();
@@ -98,11 +100,13 @@ CommandFn RegisterBench(CLI::App& app) {
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512");
   app.add_option("--trace", o->trace, "write a Chrome trace-event JSON of every op (open in Perfetto)");
   app.add_flag("--profile", o->profile, "print time per op kind and the prefill/decode split");
-  return [o]() {
+  return [o, serve]() {
+    if (const int rc = (*serve)(); rc >= 0) return rc;  // `gale bench serve ...`
     auto fail = [](const std::string& msg) {
       std::fprintf(stderr, "gale bench: %s\n", msg.c_str());
       return 1;
     };
+    if (o->model.empty()) return fail("-m MODEL is required");
     if (o->output != "md" && o->output != "json" && o->output != "csv") return fail("-o must be md, json or csv");
     if (o->reps < 1 || o->threads < 1 || o->n_prompt < 0 || o->n_gen < 0) return fail("-r, -t must be >= 1; -p, -n >= 0");
     if (!o->isa.empty()) {

@@ -28,6 +28,8 @@ CommandFn RegisterBatch(CLI::App& app);
 CommandFn RegisterTemplate(CLI::App& app);
 CommandFn RegisterServe(CLI::App& app);
 CommandFn RegisterLoadgen(CLI::App& app);
+// `gale bench serve`: registers the subcommand on bench; *run returns -1 when it was not chosen.
+void RegisterBenchServe(CLI::App& bench, std::function<int()>* run);
 CommandFn RegisterTokenize(CLI::App& app);
 
 }  // namespace gale
