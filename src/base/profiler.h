@@ -1,5 +1,5 @@
-// Profiler: records spans (name, category, start, duration, tokens, bytes) from the thread that
-// drives the model, for a Chrome trace-event file (opens in Perfetto) and a summary by op kind.
+// Profiler: records spans (name, category, start, duration, tokens, bytes) from the threads that
+// drive the model and the client, for a Chrome trace-event file (opens in Perfetto) and a summary by op kind.
 // Off unless a tool installs one with SetProfiler(); a disabled span costs one pointer test.
 // NOTE: one process-wide pointer rather than a parameter threaded through every call: spans sit
 // in kernels-adjacent code that should not grow an argument for a diagnostic.
@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,13 @@ struct TraceEvent {
 class Profiler {
  public:
   Profiler();
-  void Add(const TraceEvent& e) { events_.push_back(e); }
+  // Thread-safe: the engine thread and the client thread both record.
+  void Add(const TraceEvent& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+  }
   int64_t NowNs() const;
-  const std::vector<TraceEvent>& events() const { return events_; }
+  const std::vector<TraceEvent>& events() const { return events_; }  // once recording threads are done
 
   Status WriteChromeTrace(const std::string& path) const;
   // Time per op kind, step kinds (prefill/decode) and CPU-side work, as text.
@@ -37,6 +42,7 @@ class Profiler {
 
  private:
   std::chrono::steady_clock::time_point origin_;
+  std::mutex mu_;
   std::vector<TraceEvent> events_;
 };
 

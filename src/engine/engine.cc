@@ -93,6 +93,15 @@ Engine::~Engine() {
   thread_.join();
 }
 
+uint64_t Engine::activation_bytes() const {
+  const Workspace& ws = runner_.workspace();
+  uint64_t total = 0;
+  for (const auto* v : {&ws.x, &ws.xb, &ws.xb2, &ws.q, &ws.k, &ws.v, &ws.hb, &ws.hb2, &ws.logits}) {
+    total += v->capacity() * sizeof(float);
+  }
+  return total;
+}
+
 std::string Engine::Describe() const {
   return fmt::format(
       "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once; "
@@ -270,7 +279,10 @@ void Engine::Loop() {
     }
     Status st;
     {
-      ProfileSpan span("step", "step", plan.num_tokens);
+      // A step with any prompt chunk counts as prefill in the profile, one of decodes only as decode.
+      bool decode_only = true;
+      for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 && q.sample;
+      ProfileSpan span(decode_only ? "decode" : "prefill", "step", plan.num_tokens);
       st = runner_.Execute(seqs, &sampled, &logprobs);
     }
     if (!st.ok()) {

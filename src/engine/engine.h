@@ -71,6 +71,8 @@ class Engine {
   int64_t max_request_tokens() const { return max_request_tokens_; }
   uint64_t kv_bytes() const { return kv_bytes_; }
   const EngineStats& stats() const { return stats_; }
+  // Bytes of the model runner's activation buffers (read while the engine is idle).
+  uint64_t activation_bytes() const;
   // One line on the KV cache: blocks, tokens, bytes, type.
   std::string Describe() const;
 

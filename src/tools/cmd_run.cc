@@ -32,6 +32,7 @@ CommandFn RegisterRun(CLI::App& app) {
     SamplingParams sp;
     bool chat = false;
     std::string chat_template, system;
+    EngineOptions engine;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
@@ -55,6 +56,7 @@ CommandFn RegisterRun(CLI::App& app) {
   app.add_flag("--chat", o->chat, "interactive multi-turn chat with the model's chat template (stdin/stdout)");
   app.add_option("--chat-template", o->chat_template, "with --chat: a Jinja chat template file instead of the model's");
   app.add_option("--system", o->system, "with --chat: a system message");
+  o->engine.Register(app);
   o->load.Register(app);
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
   return [o]() {
@@ -109,62 +111,80 @@ CommandFn RegisterRun(CLI::App& app) {
       std::fprintf(stderr, "note: generating at most %lld tokens to stay within the context of %lld\n",
                    static_cast<long long>(n_predict), static_cast<long long>(ctx));
     }
-    GenerateOptions go;
-    go.max_new_tokens = n_predict;
-    go.sampling = o->sp;
-    go.sampling.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed)
+    GenerationRequest gr;
+    gr.prompt = prompt;
+    gr.max_tokens = std::max<int64_t>(n_predict, 1);
+    gr.sampling = o->sp;
+    gr.sampling.seed = o->seed >= 0 ? static_cast<uint64_t>(o->seed)
                                     : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     if (!o->ignore_eos) {
       // End of sequence; llama2.c-style models also end a story by emitting BOS.
       for (int32_t id : {tok->eos_id(), tok->bos_id()}) {
-        if (id >= 0) go.stop_ids.push_back(id);
+        if (id >= 0) gr.stop_ids.push_back(id);
       }
     }
     ThreadPool pool(o->threads);
-    KvCache kv(hp, static_cast<int64_t>(prompt.size()) + n_predict);
-    Workspace ws;
+    auto cfg = o->engine.Resolve();
+    if (!cfg.ok()) return fail(cfg.status());
+    cfg->sched.max_batch_size = 1;
+    cfg->sched.max_seq_len = ctx;
+    auto engine = Engine::Create(*model, tok.get(), *cfg, pool);
+    if (!engine.ok()) return fail(engine.status());
     std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, vocab %lld, %.1f MiB weights, %s); kernels: %s; threads: %d\n",
                  path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim), static_cast<long long>(hp.num_layers),
                  static_cast<long long>(hp.vocab_size), model->weight_bytes() / 1048576.0,
                  copy ? "read into memory" : "mapped", kernels::IsaName(kernels::Active().isa), o->threads);
     std::fputs(o->prompt.c_str(), stdout);
     std::fflush(stdout);
-    Detokenizer detok(*tok, /*at_start=*/o->prompt.empty());
-    const std::vector<int32_t>& stops = go.stop_ids;
-    auto stats = Generate(*model, prompt, go, kv, ws, pool, [&](int32_t id) {
-      if (std::find(stops.begin(), stops.end(), id) != stops.end()) return true;
-      const std::string text = detok.Push(id);
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
-      return true;
-    });
-    const std::string rest = detok.Flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    // The engine's detokenizer starts after the prompt; at the very start (empty prompt) the
+    // add-space-prefix space of the first word is dropped, as before.
+    const bool at_start = o->prompt.empty();
+    auto stream = (*engine)->Submit(std::move(gr));
+    if (!stream.ok()) return fail(stream.status());
+    StreamUpdate u;
+    int64_t generated = 0, prompt_tokens = 0;
+    bool first_text = true;
+    Status error;
+    while ((*stream)->Next(&u)) {
+      generated += static_cast<int64_t>(u.token_ids.size());
+      prompt_tokens = u.num_prompt_tokens;
+      std::string text = u.text;
+      if (at_start && first_text && !text.empty()) {
+        if (text[0] == ' ') text.erase(0, 1);
+        first_text = false;
+      }
+      {
+        ProfileSpan span("detokenize_emit", "cpu");
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (u.finished && u.finish_reason == FinishReason::kError) error = u.status;
+    }
+    const auto end = std::chrono::steady_clock::now();
     std::fputc('\n', stdout);
     std::fflush(stdout);  // before the stats on stderr, so the two do not interleave
+    if (!error.ok()) return fail(error);
+    const auto first = (*stream)->first_token_at();
+    const double prompt_s = first ? std::chrono::duration<double>(*first - (*stream)->created_at()).count() : 0.0;
+    const double gen_s = first ? std::chrono::duration<double>(end - *first).count() : 0.0;
+    const uint64_t kv_bytes = (*engine)->kv_bytes(), activations = (*engine)->activation_bytes();
+    engine->reset();  // the engine thread stops recording before the profile is read
     SetProfiler(nullptr);
-    if (!stats.ok()) return fail(stats.status());
     if (!o->trace.empty()) {
       if (Status s = profiler->WriteChromeTrace(o->trace); !s.ok()) return fail(s);
       std::fprintf(stderr, "trace: %s (%zu events)\n", o->trace.c_str(), profiler->events().size());
     }
     if (o->profile) {
-      uint64_t packed = model->packed_bytes();
-      uint64_t activations = 0;
-      for (const auto* v : {&ws.x, &ws.xb, &ws.xb2, &ws.q, &ws.k, &ws.v, &ws.hb, &ws.hb2, &ws.logits}) {
-        activations += v->capacity() * sizeof(float);
-      }
       std::fprintf(stderr, "%s", profiler->Summary().c_str());
       std::fprintf(stderr, "memory: weights %.1f MiB (file, mapped) + %.1f MiB (packed for %s), KV cache %.2f MiB, activations %.2f MiB\n",
-                   model->weight_bytes() / 1048576.0, packed / 1048576.0, kernels::IsaName(kernels::Active().isa),
-                   kv.num_bytes() / 1048576.0, activations / 1048576.0);
+                   model->weight_bytes() / 1048576.0, model->packed_bytes() / 1048576.0,
+                   kernels::IsaName(kernels::Active().isa), kv_bytes / 1048576.0, activations / 1048576.0);
     }
-    const double pp = stats->prompt_seconds > 0 ? stats->num_prompt_tokens / stats->prompt_seconds : 0.0;
-    const int64_t decoded = stats->num_generated - 1;  // the first token comes from the prefill
-    const double tg = decoded > 0 && stats->generate_seconds > 0 ? decoded / stats->generate_seconds : 0.0;
+    const double pp = prompt_s > 0 ? prompt_tokens / prompt_s : 0.0;
+    const int64_t decoded = generated - 1;  // the first token comes from the prefill
+    const double tg = decoded > 0 && gen_s > 0 ? decoded / gen_s : 0.0;
     std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s); generation: %lld tokens in %.3f s (%.1f tok/s)\n",
-                 static_cast<long long>(stats->num_prompt_tokens), stats->prompt_seconds, pp,
-                 static_cast<long long>(stats->num_generated), stats->generate_seconds, tg);
+                 static_cast<long long>(prompt_tokens), prompt_s, pp, static_cast<long long>(generated), gen_s, tg);
     return 0;
   };
 }
