@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gale builds and tests with. Runs apt only when one is missing.
+# --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
+# gale serve with the official openai npm client) and Chromium (renders the loadgen report);
+# each only when no such command is on PATH already.
 set -euo pipefail
 PACKAGES=(cmake ninja-build pkg-config g++ clang lld libclang-rt-14-dev
           libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libspdlog-dev
@@ -8,6 +11,11 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+if [ "${1:-}" = "--test" ]; then
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
+  command -v chromium >/dev/null || missing+=(chromium)
+fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -7,7 +7,7 @@
 # GALE_FUZZ_SECONDS (default 60) bounds each fuzz run; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --test
 jobs="$(nproc)"
 
 echo "== release build + tests"

@@ -65,6 +65,21 @@ server.listen(0, '127.0.0.1', async () => {
     const html = fs.readFileSync(path.join(out, 'report.html'), 'utf8');
     assert.ok((html.match(/<svg class="chart"/g) || []).length >= 3, 'charts missing');
   });
+  await check('the HTML report renders in headless Chromium with its charts', async () => {
+    const browser = ['chromium', 'chromium-browser', 'google-chrome'].find((b) => {
+      try { require('child_process').execFileSync('which', [b], { stdio: 'ignore' }); return true; } catch (e) { return false; }
+    });
+    assert.ok(browser, 'no Chromium on PATH (scripts/install-deps.sh --test installs it)');
+    const flags = ['--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'];
+    const url = 'file://' + path.join(out, 'report.html');
+    const dom = await new Promise((resolve) => execFile(browser, [...flags, '--dump-dom', url], { timeout: 60000, maxBuffer: 64 << 20 },
+                                                        (err, stdout) => resolve(stdout || '')));
+    assert.ok((dom.match(/<svg class="chart"/g) || []).length >= 3, 'rendered DOM lacks the charts');
+    assert.ok(/<polyline/.test(dom) && /<circle/.test(dom), 'charts have no lines or points');
+    const png = path.join(out, 'report.png');
+    await new Promise((resolve) => execFile(browser, [...flags, '--window-size=1200,1600', '--screenshot=' + png, url], { timeout: 60000 }, () => resolve()));
+    assert.ok(fs.existsSync(png) && fs.statSync(png).size > 20000, 'screenshot missing or blank');
+  });
   await check('ramp reports a knee and ramp charts', async () => {
     const r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--ramp-concurrency', '1,2,4', '--requests', '4', '--out', out]);
     assert.ifError(r.err);
