@@ -162,7 +162,9 @@ void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool 
               kernels::KvTypeName(type), static_cast<long long>(st.num_steps.load()),
               static_cast<long long>(st.num_preemptions.load()), static_cast<long long>(st.max_used_blocks.load()),
               static_cast<long long>(st.prefix_cache_hit_tokens.load()));
-  if (shared_prefixes) EXPECT_GT(st.prefix_cache_hit_tokens.load(), 200);
+  if (shared_prefixes) {
+    EXPECT_GT(st.prefix_cache_hit_tokens.load(), 200);
+  }
 }
 
 // Prompts sharing system-prompt prefixes, the prefix cache on, memory tight: each request still
@@ -245,7 +247,9 @@ TEST(EngineTest, ReportsLogprobs) {
     double mass = 0.0;
     for (size_t k = 0; k < lps[i].top.size(); ++k) {
       EXPECT_LE(lps[i].top[k].second, 0.0f);
-      if (k > 0) EXPECT_LE(lps[i].top[k].second, lps[i].top[k - 1].second);
+      if (k > 0) {
+        EXPECT_LE(lps[i].top[k].second, lps[i].top[k - 1].second);
+      }
       mass += std::exp(lps[i].top[k].second);
     }
     EXPECT_LE(mass, 1.0 + 1e-5);

@@ -259,7 +259,11 @@ void RandomWorkloads(bool prefix_caching) {
               static_cast<long long>(total_hits));
   EXPECT_GT(total_preemptions, 100);
   EXPECT_GT(total_cancels, 10);
-  if (prefix_caching) EXPECT_GT(total_hits, 1000); else EXPECT_EQ(total_hits, 0);
+  if (prefix_caching) {
+    EXPECT_GT(total_hits, 1000);
+  } else {
+    EXPECT_EQ(total_hits, 0);
+  }
 }
 
 TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) { RandomWorkloads(/*prefix_caching=*/false); }
