@@ -1,5 +1,5 @@
-// ThreadPool: workers sleep on a condition variable between jobs; the caller spins briefly for
-// completion, since jobs are short (one matmul) and a futex wake-up costs more than the spin.
+// ThreadPool: workers spin briefly, then sleep on a condition variable between jobs; chunks are
+// claimed through one packed atomic, so the caller never waits on a worker that has not started.
 #include "base/thread_pool.h"
 
 #include <immintrin.h>
@@ -10,6 +10,11 @@
 namespace gale {
 
 namespace {
+constexpr int kNextBits = 20, kChunkBits = 20;
+constexpr uint64_t kFieldMask = (uint64_t{1} << kNextBits) - 1;
+uint64_t NextOf(uint64_t c) { return c & kFieldMask; }
+uint64_t ChunksOf(uint64_t c) { return (c >> kNextBits) & kFieldMask; }
+
 void PartRange(int64_t num_items, int num_parts, int part_idx, int64_t* begin, int64_t* end) {
   const int64_t base = num_items / num_parts;
   const int64_t extra = num_items % num_parts;
@@ -38,6 +43,20 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+void ThreadPool::RunChunks() {
+  uint64_t c = claim_.load(std::memory_order_acquire);
+  while (NextOf(c) < ChunksOf(c)) {
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // Chunk NextOf(c) of the job is ours: the job cannot finish (and its fields cannot change)
+    // before we count it done.
+    int64_t begin, end;
+    PartRange(job_items_, static_cast<int>(ChunksOf(c)), static_cast<int>(NextOf(c)), &begin, &end);
+    if (begin < end) (*job_fn_)(begin, end);
+    done_.fetch_add(1, std::memory_order_release);
+    c = claim_.load(std::memory_order_acquire);
+  }
+}
+
 void ThreadPool::WorkerLoop(int worker_idx) {
   constexpr int kSpinIterations = 1 << 15;  // roughly 0.1-1 ms of pause instructions
   uint64_t seen = 0;
@@ -53,17 +72,7 @@ void ThreadPool::WorkerLoop(int worker_idx) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
-    const std::function<void(int64_t, int64_t)>* fn = job_fn_;
-    const int64_t items = job_items_;
-    const int parts = job_parts_;
-    if (worker_idx < parts) {
-      int64_t begin, end;
-      PartRange(items, parts, worker_idx, &begin, &end);
-      if (begin < end) (*fn)(begin, end);
-    }
-    // Every worker checks in, taking part or not, so the caller cannot publish the next job
-    // while a worker may still be reading this one's fields.
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    RunChunks();
   }
 }
 
@@ -76,22 +85,22 @@ void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t
     fn(0, num_items);
     return;
   }
-  // The job fields are published by the generation bump (release); workers read them after
-  // seeing it (acquire). A worker cannot still be reading the previous job: pending_ was 0.
+  // A few chunks per thread: small enough that the others can absorb a preempted worker's share.
+  const int64_t chunks = std::min<int64_t>({max_parts, int64_t{4} * parts, static_cast<int64_t>(kFieldMask)});
   job_fn_ = &fn;
   job_items_ = num_items;
-  job_parts_ = parts;
-  pending_.store(num_threads_ - 1, std::memory_order_release);
-  generation_.fetch_add(1);
+  done_.store(0, std::memory_order_relaxed);
+  job_id_ = (job_id_ + 1) & ((uint64_t{1} << (64 - kNextBits - kChunkBits)) - 1);
+  claim_.store((job_id_ << (kNextBits + kChunkBits)) | (static_cast<uint64_t>(chunks) << kNextBits),
+               std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   if (num_sleeping_.load() > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     cv_.notify_all();
   }
-  int64_t begin, end;
-  PartRange(num_items, parts, 0, &begin, &end);
-  fn(begin, end);
+  RunChunks();
   int spins = 0;
-  while (pending_.load(std::memory_order_acquire) != 0) {
+  while (done_.load(std::memory_order_acquire) != chunks) {
     if (++spins < 4096) {
       _mm_pause();
     } else {

@@ -1,7 +1,9 @@
 // One persistent pool of compute threads, created at start-up (`-t N`). ParallelFor splits a
-// range statically into one contiguous part per thread; the calling thread takes part 0. No
-// thread is created per call. Results never depend on how the range is split: callers give
-// each index independent work (see batch invariance in DESIGN.md).
+// range into a few contiguous chunks per thread, which the caller and the workers claim from one
+// atomic counter: a worker the OS has preempted holds up nobody, since whoever runs takes the
+// remaining chunks (the caller waits only for chunks already started). No thread is created per
+// call. Results never depend on how the range is split: callers give each index independent work
+// (see batch invariance in DESIGN.md).
 #pragma once
 
 #include <atomic>
@@ -34,6 +36,8 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int worker_idx);
+  // Claims and runs chunks of the current job until none is left.
+  void RunChunks();
 
   const int num_threads_;
   std::vector<std::thread> workers_;
@@ -44,11 +48,14 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> num_sleeping_{0};
   std::atomic<bool> stop_{false};
-  // The current job, valid while pending_ > 0.
+  // The current job. claim_ packs [job id: 24 bits][chunks: 20][next chunk: 20]; a claim is a
+  // compare-exchange on it, so it can only take a chunk of the job it read. job_fn_ and
+  // job_items_ are written before claim_ is published and stay valid until done_ == chunks.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};
+  uint64_t job_id_ = 0;  // caller side
   const std::function<void(int64_t, int64_t)>* job_fn_ = nullptr;
   int64_t job_items_ = 0;
-  int job_parts_ = 0;
-  std::atomic<int> pending_{0};
 };
 
 }  // namespace gale
