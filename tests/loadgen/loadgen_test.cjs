@@ -87,6 +87,17 @@ server.listen(0, '127.0.0.1', async () => {
     const html = fs.readFileSync(path.join(out, 'report.html'), 'utf8');
     assert.ok(html.includes('class="knee"'));
   });
+  await check('trace replay keeps the recorded arrival times, scaled by --speed', async () => {
+    const trace = path.join(out, 'trace.jsonl');
+    fs.writeFileSync(trace, [0, 0.4, 0.8].map((t, i) => JSON.stringify({ timestamp: 100 + t, input_length: 8, output_length: 4 + i })).join('\n') + '\n');
+    const r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--trace', trace, '--speed', '2', '--out', out]);
+    assert.ifError(r.err);
+    const reqs = JSON.parse(fs.readFileSync(path.join(out, 'results.json'), 'utf8')).requests;
+    assert.strictEqual(reqs.length, 3);
+    const starts = reqs.map((q) => q.start_s).sort((a, b) => a - b);
+    assert.ok(Math.abs(starts[1] - starts[0] - 0.2) < 0.03 && Math.abs(starts[2] - starts[0] - 0.4) < 0.03, `starts ${starts}`);
+    assert.deepStrictEqual(reqs.map((q) => q.output_len).sort(), [4, 5, 6]);
+  });
   await check('errors by kind and timeouts are counted', async () => {
     mode = 'error';
     let r = await run(['loadgen', '--url', `http://127.0.0.1:${port}/v1`, '--rate', '50', '--requests', '20', '--out', out]);
