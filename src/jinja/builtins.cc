@@ -320,6 +320,8 @@ const std::unordered_set<std::string> kListMethods = {"index", "count"};
 const std::unordered_set<std::string> kMutatingMethods = {"append", "extend", "pop", "insert", "remove", "clear",
                                                           "update", "setdefault", "popitem", "sort", "reverse"};
 
+}  // namespace
+
 StatusOr<ValueList> Iterate(const Value& v) {
   if (v.is_list()) return v.list();
   if (v.is_dict()) {
@@ -335,6 +337,8 @@ StatusOr<ValueList> Iterate(const Value& v) {
   if (v.is_undefined()) return ValueList{};
   return TypeError("'" + KindName(v) + "' object is not iterable");
 }
+
+namespace {
 
 // Attribute path "a.b" of a value (Jinja's make_attrgetter), Undefined where missing.
 StatusOr<Value> AttrPath(const Value& v, const std::string& path) {

@@ -28,6 +28,8 @@ StatusOr<Value> Slice(const Value& obj, const Value& start, const Value& stop, c
 std::u32string ToU32(const std::string& s);
 std::string FromU32(const std::u32string& s);
 int64_t LengthOf(const Value& v);  // len(); -1 for values without one
+// Python iteration: list items, dict keys, string characters; Undefined gives nothing.
+StatusOr<ValueList> Iterate(const Value& v);
 // Python `%` string formatting: "%s and %d" % (a, b).
 StatusOr<std::string> PercentFormat(const std::string& fmt, const Value& args);
 

@@ -219,25 +219,9 @@ class Renderer {
     return Flow::kNormal;
   }
 
-  StatusOr<ValueList> Items(const Value& v) {
-    if (v.is_list()) return v.list();
-    if (v.is_dict()) {
-      ValueList keys;
-      for (const auto& kv : v.dict().items) keys.emplace_back(kv.first);
-      return keys;
-    }
-    if (v.is_string()) {
-      ValueList chars;
-      for (char32_t c : ToU32(v.as_string())) chars.emplace_back(FromU32(std::u32string(1, c)));
-      return chars;
-    }
-    if (v.is_undefined()) return ValueList{};
-    return InvalidArgument("TypeError: '{}' object is not iterable", v.Str());
-  }
-
   StatusOr<Flow> ExecFor(const Node& n, std::string* out) {
     ASSIGN_OR_RETURN(Value seq, Eval(*n.expr));
-    ASSIGN_OR_RETURN(ValueList items, Items(seq));
+    ASSIGN_OR_RETURN(ValueList items, Iterate(seq));
     frames_.emplace_back();
     struct Pop {
       std::vector<Frame>& f;
