@@ -446,9 +446,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
 void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (!accepting.load()) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), this)->Run();
-    Accept();
+    if (!accepting.load() || ec == net::error::operation_aborted) return;
+    if (!ec) {
+      std::make_shared<Session>(std::move(socket), this)->Run();
+      return Accept();
+    }
+    // Out of file descriptors (or another transient failure): retry shortly instead of spinning.
+    auto timer = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(100));
+    timer->async_wait([this, timer](beast::error_code) {
+      if (accepting.load()) Accept();
+    });
   });
 }
 

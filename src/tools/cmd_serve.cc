@@ -3,6 +3,7 @@
 // accepting, let requests in flight finish within --shutdown-timeout, cancel the rest, exit 0.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -58,6 +59,12 @@ CommandFn RegisterServe(CLI::App& app) {
     sigaddset(&signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+    // Every connection is a file descriptor: allow as many as the hard limit permits.
+    rlimit fds{};
+    if (getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+      fds.rlim_cur = fds.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &fds);
+    }
     server::HttpServer http(o->http);
     if (Status s = http.Start(); !s.ok()) return fail(s);
     std::fprintf(stderr, "listening on http://%s:%u\n", o->http.host.c_str(), http.port());

@@ -251,6 +251,24 @@ function rawStream(port, cutAfter) {
     assert.ok(metricValue(m, 'gale:request_success_total{finished_reason="abort"}') > 0, 'no abort counted');
   });
 
+  await check('a thousand idle connections need no more threads, and the server keeps serving', async () => {
+    const threadsOf = (pid) => Number(fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/Threads:\s+(\d+)/)[1]);
+    const before = threadsOf(srv.proc.pid);
+    const socks = await Promise.all(Array.from({ length: 1000 }, () => new Promise((resolve) => {
+      const s = net.connect(srv.port, '127.0.0.1', () => resolve(s));
+      s.on('error', () => resolve(s));
+    })));
+    try {
+      const h = await request(srv.port, 'GET', '/health');
+      assert.strictEqual(h.status, 200);
+      const r = await client.completions.create({ prompt: 'Once upon a time', max_tokens: 4 });
+      assert.strictEqual(r.usage.completion_tokens, 4);
+      assert.strictEqual(threadsOf(srv.proc.pid), before, 'the server started threads for connections');
+    } finally {
+      for (const s of socks) s.destroy();
+    }
+  });
+
   await check('metrics add up', async () => {
     const m = (await request(srv.port, 'GET', '/metrics')).body;
     const finished = sumMetric(m, 'gale:request_success_total{finished_reason="stop"}') +

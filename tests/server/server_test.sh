@@ -15,4 +15,5 @@ if [ ! -d "$nm/node_modules/openai" ]; then
   mkdir -p "$nm"
   (cd "$nm" && npm install --no-audit --no-fund --silent openai@4.104.0 >/dev/null)
 fi
+ulimit -n 8192 2>/dev/null || true  # the test holds a thousand connections open
 exec node "$here/server_test.cjs" "$GALE" "$nm/node_modules" "$here/chat.jinja"
