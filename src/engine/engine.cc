@@ -322,8 +322,9 @@ void Engine::PublishStats() {
   stats_.num_free_blocks = kv_.num_free_blocks();
   stats_.num_running = sched_.num_running();
   stats_.num_waiting = sched_.num_waiting();
-  stats_.wasted_slots = kv_.WastedSlots();
-  stats_.max_wasted_slots = std::max<int64_t>(stats_.max_wasted_slots, kv_.WastedSlots());
+  const int64_t wasted = kv_.WastedSlots();  // walks every block table: once per step
+  stats_.wasted_slots = wasted;
+  stats_.max_wasted_slots = std::max<int64_t>(stats_.max_wasted_slots, wasted);
   stats_.max_used_blocks = std::max<int64_t>(stats_.max_used_blocks, used);
   stats_.prefix_cache_lookups = kv_.num_lookups();
   stats_.prefix_cache_query_tokens = kv_.num_lookup_tokens();

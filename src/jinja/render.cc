@@ -301,7 +301,7 @@ class Renderer {
       for (const auto& [k, v] : a.kwargs) {
         if (k == "caller") frames_.back()[k] = v;
       }
-      auto s = RenderBody(is_caller ? node->body : node->body);
+      auto s = RenderBody(node->body);
       frames_.pop_back();
       floor_ = saved_floor;
       --depth_;

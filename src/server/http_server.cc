@@ -364,11 +364,10 @@ class Session : public std::enable_shared_from_this<Session> {
           g.cached_tokens[i] = u.num_cached_tokens;
           if (u.finish_reason == FinishReason::kError) error = u.status;
         }
-        if (g.req.stream && (!delta.empty() || !g.started[i] || u.finished || !lp.is_null())) {
+        if (g.req.stream) {
           if (!delta.empty() || !g.started[i] || !lp.is_null()) {
             sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)
                                   .dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
-            g.started[i] = true;
           }
           if (u.finished) {
             sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)
