@@ -23,6 +23,33 @@ uint64_t MemAvailableBytes() {
   return 0;
 }
 
+const char* SpecMethodName(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::kOff: return "off";
+    case SpecMethod::kNgram: return "ngram";
+    case SpecMethod::kDraft: return "draft";
+  }
+  return "?";
+}
+
+StatusOr<SpecMethod> ParseSpecMethod(const std::string& name) {
+  if (name == "off") return SpecMethod::kOff;
+  if (name == "ngram") return SpecMethod::kNgram;
+  if (name == "draft") return SpecMethod::kDraft;
+  return InvalidArgument("speculative decoding method '{}' is not one of off, ngram, draft", name);
+}
+
+Status SpecConfig::Validate() const {
+  if (method == SpecMethod::kOff) return Status::Ok();
+  if (num_tokens < 1 || num_tokens > 64) return InvalidArgument("spec tokens must be in [1, 64], got {}", num_tokens);
+  if (max_step_tokens < 2) return InvalidArgument("spec max step tokens must be >= 2, got {}", max_step_tokens);
+  if (method == SpecMethod::kNgram && (ngram.ngram_min < 1 || ngram.ngram_max < ngram.ngram_min)) {
+    return InvalidArgument("n-gram sizes must satisfy 1 <= min <= max, got {}..{}", ngram.ngram_min, ngram.ngram_max);
+  }
+  if (method == SpecMethod::kDraft && draft == nullptr) return InvalidArgument("--spec draft needs --draft-model");
+  return Status::Ok();
+}
+
 struct Engine::Live {
   std::shared_ptr<RequestStream> stream;
   std::optional<Detokenizer> detok;
@@ -33,11 +60,14 @@ struct Engine::Live {
   int64_t num_prompt_tokens = 0;
   int64_t num_truncated_tokens = 0;
   bool want_logprobs = false;
+  int64_t num_emitted_tokens = 0;  // generated tokens already streamed
+  int64_t spec_k = 0;              // guesses to ask for next step
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const Tokenizer* tokenizer,
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
+  RETURN_IF_ERROR(config.spec.Validate());
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -69,11 +99,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
   if (num_blocks > (int64_t{1} << 30)) num_blocks = int64_t{1} << 30;
   EngineConfig cfg = config;
   if (cfg.sched.max_seq_len == 0) cfg.sched.max_seq_len = seq_cap;
-  return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks));
+  std::unique_ptr<DraftProposer> draft;
+  if (cfg.spec.method == SpecMethod::kDraft) {
+    // As many blocks as the target: the draft never holds more tokens of a request than it.
+    ASSIGN_OR_RETURN(draft, DraftProposer::Create(*cfg.spec.draft, model, num_blocks, cfg.block_size, cfg.kv_type, pool));
+  }
+  return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks, std::move(draft)));
 }
 
 Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
-               int64_t num_blocks)
+               int64_t num_blocks, std::unique_ptr<DraftProposer> draft)
     : model_(model),
       tokenizer_(tokenizer),
       config_(config),
@@ -81,7 +116,8 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
       storage_(model.hparams().num_layers, model.hparams().kv_dim(), num_blocks, config.block_size, config.kv_type),
       kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching),
       sched_(config.sched, &kv_),
-      runner_(model, storage_, pool) {
+      runner_(model, storage_, pool),
+      draft_(std::move(draft)) {
   max_request_tokens_ = sched_.max_request_tokens();
   kv_bytes_ = storage_.num_bytes();
   stats_.num_free_blocks = num_blocks;
@@ -105,10 +141,25 @@ uint64_t Engine::activation_bytes() const {
 std::string Engine::Describe() const {
   return fmt::format(
       "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once; "
-      "prefix caching {}",
+      "prefix caching {}; speculative decoding {}{}",
       num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
       kernels::KvTypeName(config_.kv_type), max_request_tokens_, config_.sched.max_batch_size,
-      config_.enable_prefix_caching ? "on" : "off");
+      config_.enable_prefix_caching ? "on" : "off", SpecMethodName(config_.spec.method),
+      config_.spec.method == SpecMethod::kOff
+          ? std::string()
+          : fmt::format(" (up to {} tokens per request, off above {} tokens per step{})", config_.spec.num_tokens,
+                        config_.spec.max_step_tokens,
+                        draft_ ? fmt::format(", draft KV {:.1f} MiB", draft_->kv_bytes() / 1048576.0) : ""));
+}
+
+std::string Engine::DescribeSpec() const {
+  if (config_.spec.method == SpecMethod::kOff) return "";
+  const int64_t drafts = stats_.spec_num_drafts, guesses = stats_.spec_num_draft_tokens;
+  const int64_t accepted = stats_.spec_num_accepted_tokens;
+  return fmt::format("speculative decoding ({}): {} of {} guessed tokens accepted ({:.1f}%), {:.2f} tokens per verifying step",
+                     SpecMethodName(config_.spec.method), accepted, guesses,
+                     guesses > 0 ? 100.0 * accepted / guesses : 0.0,
+                     drafts > 0 ? 1.0 + static_cast<double>(accepted) / drafts : 0.0);
 }
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
@@ -185,11 +236,12 @@ void Engine::Admit(PendingRequest& p) {
   }
   runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs);
   live->want_logprobs = p.request.top_logprobs >= 0;
+  live->spec_k = config_.spec.num_tokens;
   live_[p.id] = std::move(live);
 }
 
-bool Engine::EmitToken(int64_t id, int32_t token, const TokenLogprobs* logprobs) {
-  Live& l = *live_.at(id);
+bool Engine::EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs) {
+  ++l.num_emitted_tokens;
   StreamUpdate u;
   u.token_ids.push_back(token);
   if (l.want_logprobs && logprobs != nullptr) u.logprobs.push_back(*logprobs);
@@ -240,6 +292,7 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   if (l.text.size() > l.emitted) u.text = l.text.substr(l.emitted);
   l.stream->Push(std::move(u));
   runner_.RemoveRequest(r.id);
+  if (draft_) draft_->Release(r.id);
   live_.erase(it);
 }
 
@@ -247,8 +300,9 @@ void Engine::Loop() {
   std::vector<PendingRequest> submitted;
   std::vector<int64_t> cancelled;
   std::vector<RunnerSeq> seqs;
-  std::vector<int32_t> sampled;
-  std::vector<TokenLogprobs> logprobs;
+  std::vector<std::vector<int32_t>> spec_inputs;  // [seq] tokens followed by drafts
+  RunnerOutput out;
+  std::vector<std::vector<TokenLogprobs>> logprobs;
   while (true) {
     submitted.clear();
     cancelled.clear();
@@ -270,20 +324,36 @@ void Engine::Loop() {
     }
     if (!sched_.HasWork()) continue;
 
+    if (Status ps = Propose(); !ps.ok()) {
+      // The draft model failed: its guesses are dropped, target decoding carries on.
+      for (SeqRequest* r : sched_.running()) r->spec_tokens.clear();
+    }
     const StepPlan plan = sched_.Schedule();
     stats_.num_preemptions += static_cast<int64_t>(plan.preempted.size());
+    if (draft_) {
+      for (int64_t id : plan.preempted) draft_->Release(id);
+    }
     if (plan.empty()) continue;
     seqs.clear();
-    for (const ScheduledSeq& s : plan.seqs) {
-      seqs.push_back({s.req->id, s.req->tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample});
+    spec_inputs.resize(plan.seqs.size());
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      const ScheduledSeq& s = plan.seqs[i];
+      std::span<const int32_t> tokens = s.req->tokens;
+      if (s.num_spec > 0) {
+        // The chunk's drafts follow the request's tokens.
+        spec_inputs[i].assign(s.req->tokens.begin(), s.req->tokens.end());
+        spec_inputs[i].insert(spec_inputs[i].end(), s.req->spec_tokens.begin(), s.req->spec_tokens.begin() + s.num_spec);
+        tokens = spec_inputs[i];
+      }
+      seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
     }
     Status st;
     {
       // A step with any prompt chunk counts as prefill in the profile, one of decodes only as decode.
       bool decode_only = true;
-      for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 && q.sample;
+      for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 + q.num_spec && q.sample;
       ProfileSpan span(decode_only ? "decode" : "prefill", "step", plan.num_tokens);
-      st = runner_.Execute(seqs, &sampled, &logprobs);
+      st = runner_.Execute(seqs, &out.tokens, &logprobs);
     }
     if (!st.ok()) {
       // The model refused the batch: fail its requests (never the engine).
@@ -295,25 +365,80 @@ void Engine::Loop() {
     }
     ++stats_.num_steps;
     stats_.num_step_tokens += plan.num_tokens;
-    const RunnerOutput out{sampled};
     auto finished = sched_.Update(plan, out);
-    // Stream the new tokens; a stop string ends its request here.
+    AfterSpecStep(plan, out);
+    // Stream the new tokens (those Update kept: up to a stop token or the length limit); a stop
+    // string ends its request here.
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
       if (!plan.seqs[i].sample) continue;
-      ++stats_.num_generated_tokens;
-      const int64_t id = plan.seqs[i].req->id;
-      if (EmitToken(id, sampled[i], &logprobs[i])) {
-        auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& r) { return r->id == id; });
+      const SeqRequest& r = *plan.seqs[i].req;  // still alive: running, or owned by `finished`
+      Live& l = *live_.at(r.id);
+      const int64_t first = l.num_emitted_tokens;
+      for (int64_t g = first; g < r.num_generated(); ++g) {
+        ++stats_.num_generated_tokens;
+        const size_t j = static_cast<size_t>(g - first);
+        if (!EmitToken(l, r.tokens[r.num_prompt_tokens + g], j < logprobs[i].size() ? &logprobs[i][j] : nullptr)) continue;
+        const int64_t id = r.id;
+        auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& f) { return f->id == id; });
         if (it != finished.end()) {
           (*it)->finish_reason = FinishReason::kStop;
-        } else if (auto r = sched_.Abort(id, FinishReason::kStop)) {
-          finished.push_back(std::move(r));
+        } else if (auto a = sched_.Abort(id, FinishReason::kStop)) {
+          finished.push_back(std::move(a));
         }
+        break;
       }
     }
     // Counters first: a client that sees its request finish sees its blocks free.
     PublishStats();
     for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
+  }
+}
+
+Status Engine::Propose() {
+  if (config_.spec.method == SpecMethod::kOff) return Status::Ok();
+  const std::vector<SeqRequest*> running = sched_.running();
+  int64_t budget = config_.spec.max_step_tokens;
+  for (SeqRequest* r : running) {
+    r->spec_tokens.clear();
+    // The draft's K/V past what the target holds may be of rejected or never verified guesses.
+    if (draft_) draft_->Rollback(r->id, r->num_computed_tokens);
+    if (r->num_computed_tokens + 1 == r->num_tokens()) --budget;  // its decode token
+  }
+  draft_jobs_.clear();
+  draft_reqs_.clear();
+  for (SeqRequest* r : running) {
+    if (budget <= 0) break;
+    if (r->num_computed_tokens + 1 != r->num_tokens()) continue;  // still in prefill
+    // Room left before max_tokens: the step's own token plus the guesses must fit.
+    const int64_t k = std::min({live_.at(r->id)->spec_k, budget, r->max_new_tokens - r->num_generated() - 1});
+    if (k < 1) continue;
+    if (config_.spec.method == SpecMethod::kNgram) {
+      r->spec_tokens = ProposeNgram(r->tokens, k, config_.spec.ngram);
+      budget -= static_cast<int64_t>(r->spec_tokens.size());
+    } else {
+      draft_jobs_.push_back({r->id, r->tokens, k});
+      draft_reqs_.push_back(r);
+      budget -= k;
+    }
+  }
+  if (draft_jobs_.empty()) return Status::Ok();
+  RETURN_IF_ERROR(draft_->Propose(draft_jobs_, &draft_out_));
+  for (size_t i = 0; i < draft_reqs_.size(); ++i) draft_reqs_[i]->spec_tokens = std::move(draft_out_[i]);
+  return Status::Ok();
+}
+
+void Engine::AfterSpecStep(const StepPlan& plan, const RunnerOutput& out) {
+  if (config_.spec.method == SpecMethod::kOff) return;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    if (draft_) draft_->Rollback(s.req->id, s.req->num_computed_tokens);  // frees rejected guesses' blocks
+    if (s.num_spec == 0) continue;
+    const int64_t accepted = static_cast<int64_t>(out.tokens[i].size()) - 1;
+    ++stats_.spec_num_drafts;
+    stats_.spec_num_draft_tokens += s.num_spec;
+    stats_.spec_num_accepted_tokens += accepted;
+    Live& l = *live_.at(s.req->id);
+    l.spec_k = accepted == s.num_spec ? std::min(config_.spec.num_tokens, l.spec_k + 2) : std::max<int64_t>(1, l.spec_k - 1);
   }
 }
 

@@ -20,8 +20,30 @@
 #include "model/tokenizer.h"
 #include "runner/model_runner.h"
 #include "sched/scheduler.h"
+#include "spec/draft.h"
+#include "spec/ngram.h"
 
 namespace gale {
+
+enum class SpecMethod { kOff, kNgram, kDraft };
+const char* SpecMethodName(SpecMethod m);  // "off", "ngram", "draft"
+StatusOr<SpecMethod> ParseSpecMethod(const std::string& name);
+
+// Speculative decoding: each decoding request gets up to num_tokens guesses per step (from prompt
+// lookup or a draft model), verified in the step's one forward pass. Outputs are the same as
+// without it, token for token, greedy or seeded. Per request the number of guesses adapts: all
+// accepted -> 2 more next time (up to num_tokens), any rejected -> 1 fewer (down to 1).
+struct SpecConfig {
+  SpecMethod method = SpecMethod::kOff;
+  int64_t num_tokens = 5;            // most guesses per request per step
+  NgramParams ngram;
+  const LlamaModel* draft = nullptr;  // for kDraft; must outlive the engine
+  // Speculation pays while a step is bound by reading the weights, not by arithmetic: guesses are
+  // handed out (oldest request first) only while the step's decode tokens plus guesses stay
+  // within this many; with that many requests decoding it is off.
+  int64_t max_step_tokens = 16;
+  Status Validate() const;
+};
 
 struct EngineConfig {
   SchedulerConfig sched;
@@ -30,6 +52,7 @@ struct EngineConfig {
   double kv_cache_ratio = 0.5;          // share of MemAvailable (read at start-up, after weights load)
   kernels::KvType kv_type = kernels::KvType::kF16;  // as llama.cpp: half the bytes of f32
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
+  SpecConfig spec;
 };
 
 // Counters for summaries and /metrics; read from any thread.
@@ -49,6 +72,9 @@ struct EngineStats {
   std::atomic<int64_t> prefix_cache_hit_tokens{0};   // of which found in the cache
   std::atomic<int64_t> prefix_cache_blocks{0};       // blocks findable now
   std::atomic<int64_t> prefix_cache_evictions{0};
+  std::atomic<int64_t> spec_num_drafts{0};          // verifications of one request's guesses
+  std::atomic<int64_t> spec_num_draft_tokens{0};    // guesses verified
+  std::atomic<int64_t> spec_num_accepted_tokens{0}; // of which accepted
 };
 
 class Engine {
@@ -75,17 +101,23 @@ class Engine {
   uint64_t activation_bytes() const;
   // One line on the KV cache: blocks, tokens, bytes, type.
   std::string Describe() const;
+  // One line on speculative decoding so far: guesses accepted, tokens per verifying step; "" when off.
+  std::string DescribeSpec() const;
 
  private:
   struct Live;  // engine-thread state of a request in flight
   Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
-         int64_t num_blocks);
+         int64_t num_blocks, std::unique_ptr<DraftProposer> draft);
   void Loop();
   void Admit(PendingRequest& p);
   // Appends a generated token's text to the stream; true when a stop string ended the request.
-  bool EmitToken(int64_t id, int32_t token, const TokenLogprobs* logprobs);
+  bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
   void Finish(const SeqRequest& r, FinishReason reason, const Status& status);
   void PublishStats();
+  // Sets the spec_tokens of decoding requests for the next Schedule.
+  Status Propose();
+  // After a step: adapts each request's number of guesses and keeps the draft's K/V in step.
+  void AfterSpecStep(const StepPlan& plan, const RunnerOutput& out);
 
   const LlamaModel& model_;
   const Tokenizer* tokenizer_;
@@ -99,6 +131,10 @@ class Engine {
   Scheduler sched_;
   ModelRunner runner_;
   std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
+  std::unique_ptr<DraftProposer> draft_;
+  std::vector<DraftProposer::Job> draft_jobs_;
+  std::vector<SeqRequest*> draft_reqs_;
+  std::vector<std::vector<int32_t>> draft_out_;
   // Shared:
   RequestQueue queue_;
   EngineStats stats_;

@@ -82,6 +82,20 @@ std::optional<std::span<const int32_t>> KvCacheManager::AllocateSlots(int64_t re
   return std::span<const int32_t>(e.blocks);
 }
 
+void KvCacheManager::TrimSlots(int64_t request_id, int64_t num_tokens) {
+  auto it = tables_.find(request_id);
+  if (it == tables_.end() || num_tokens >= it->second.num_tokens) return;
+  Entry& e = it->second;
+  const size_t keep = static_cast<size_t>(BlocksFor(num_tokens));
+  while (e.blocks.size() > keep) {
+    pool_.Release(e.blocks.back());
+    e.blocks.pop_back();
+  }
+  if (e.hashes.size() > keep) e.hashes.resize(keep);
+  e.num_tokens = num_tokens;
+  if (e.blocks.empty()) tables_.erase(it);
+}
+
 void KvCacheManager::Free(int64_t request_id) {
   auto it = tables_.find(request_id);
   if (it == tables_.end()) return;

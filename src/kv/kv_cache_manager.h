@@ -30,6 +30,9 @@ class KvCacheManager {
   // Makes the request's table cover positions [0, num_tokens): allocates the missing blocks,
   // all or none. Returns the whole table, or nullopt (nothing changed) when too few are free.
   std::optional<std::span<const int32_t>> AllocateSlots(int64_t request_id, int64_t num_tokens);
+  // Shrinks the request's table to positions [0, num_tokens): releases the blocks past them
+  // (speculative slots whose tokens were rejected). No-op when it already holds no more.
+  void TrimSlots(int64_t request_id, int64_t num_tokens);
   // Releases every block of the request (last block first, so the tail is reused before the head).
   // Cached blocks stay findable until they are reused.
   void Free(int64_t request_id);

@@ -37,26 +37,37 @@ void Logprobs(std::span<const float> logits, int32_t token, int k, TokenLogprobs
 
 }  // namespace
 
-Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled,
-                            std::vector<TokenLogprobs>* logprobs) {
+Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
+                            std::vector<std::vector<TokenLogprobs>>* logprobs) {
   ForwardBatch& b = batch_;
   b.tokens.clear();
   b.positions.clear();
   b.seq_idx.clear();
   b.logit_rows.clear();
   b.block_tables.clear();
+  std::vector<SampleJob>& jobs = sample_jobs_;
+  jobs.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
     const RunnerSeq& q = seqs[s];
     if (q.start < 0 || q.num_new < 1 || q.start + q.num_new > static_cast<int64_t>(q.tokens.size())) {
       return InvalidArgument("request {}: chunk [{}, +{}) outside its {} tokens", q.request_id, q.start, q.num_new,
                              q.tokens.size());
     }
+    if (q.num_spec < 0 || q.num_spec >= q.num_new || (q.num_spec > 0 && !q.sample)) {
+      return InvalidArgument("request {}: {} drafts in a chunk of {} tokens", q.request_id, q.num_spec, q.num_new);
+    }
     for (int64_t i = q.start; i < q.start + q.num_new; ++i) {
       b.tokens.push_back(q.tokens[i]);
       b.positions.push_back(static_cast<int32_t>(i));
       b.seq_idx.push_back(static_cast<int32_t>(s));
     }
-    if (q.sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    if (q.sample) {
+      auto it = requests_.find(q.request_id);
+      if (it == requests_.end()) return Internal("request {} has no sampler", q.request_id);
+      jobs.push_back({s, static_cast<int64_t>(b.logit_rows.size()), &it->second});
+      const int64_t end = static_cast<int64_t>(b.tokens.size());
+      for (int64_t row = end - 1 - q.num_spec; row < end; ++row) b.logit_rows.push_back(static_cast<int32_t>(row));
+    }
     b.block_tables.push_back(q.block_table);
   }
   // A step of only partial prefills wants no logits, but Forward always computes at least one
@@ -65,31 +76,35 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t
   if (!any_sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
   RETURN_IF_ERROR(model_.Forward(b, kv_, ws_, pool_));
 
-  sampled->assign(seqs.size(), -1);
-  if (logprobs != nullptr) logprobs->assign(seqs.size(), TokenLogprobs());
+  sampled->resize(seqs.size());
+  for (auto& v : *sampled) v.clear();
+  if (logprobs != nullptr) {
+    logprobs->resize(seqs.size());
+    for (auto& v : *logprobs) v.clear();
+  }
   if (!any_sample) return Status::Ok();
   ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
   const int64_t vocab = model_.hparams().vocab_size;
-  // Row of the logits for each sampled seq; each request has its own sampler, so the rows can be
-  // sampled in parallel with the same results.
-  std::vector<std::pair<size_t, PerRequest*>>& jobs = sample_jobs_;
-  jobs.clear();
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    if (!seqs[s].sample) continue;
-    auto it = requests_.find(seqs[s].request_id);
-    if (it == requests_.end()) return Internal("request {} has no sampler", seqs[s].request_id);
-    jobs.push_back({s, &it->second});
-  }
+  // Each request has its own sampler, so requests can be sampled in parallel with the same
+  // results; a request's rows are sampled in order.
   pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> raw;  // [vocab] the row before penalties touch it
-    for (int64_t row = begin; row < end; ++row) {
-      const size_t s = jobs[row].first;
-      PerRequest& r = *jobs[row].second;
-      std::span<float> logits(ws_.logits.data() + row * vocab, vocab);
+    for (int64_t j = begin; j < end; ++j) {
+      const RunnerSeq& q = seqs[jobs[j].seq];
+      PerRequest& r = *jobs[j].req;
+      std::vector<int32_t>& out = (*sampled)[jobs[j].seq];
       const bool want = r.top_logprobs >= 0 && logprobs != nullptr;
-      if (want) raw.assign(logits.begin(), logits.end());
-      (*sampled)[s] = r.sampler.Sample(logits, seqs[s].tokens);
-      if (want) Logprobs(raw, (*sampled)[s], r.top_logprobs, &(*logprobs)[s]);
+      // Row i follows the input at position `input`; drafts are tokens[input + 1].
+      const int64_t first_input = q.start + q.num_new - 1 - q.num_spec;
+      for (int64_t i = 0; i <= q.num_spec; ++i) {
+        const int64_t input = first_input + i;
+        std::span<float> logits(ws_.logits.data() + (jobs[j].row + i) * vocab, vocab);
+        if (want) raw.assign(logits.begin(), logits.end());
+        const int32_t t = r.sampler.Sample(logits, q.tokens.first(input + 1));
+        out.push_back(t);
+        if (want) Logprobs(raw, t, r.top_logprobs, &(*logprobs)[jobs[j].seq].emplace_back());
+        if (i == q.num_spec || q.tokens[input + 1] != t) break;
+      }
     }
   });
   return Status::Ok();

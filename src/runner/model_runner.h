@@ -19,7 +19,9 @@
 namespace gale {
 
 // One request's chunk in a step: tokens[start, start + num_new) are computed at positions
-// start.. (all of tokens is the sampler's penalty history).
+// start.. (the tokens before a sampled row are the sampler's penalty history). The last num_spec
+// of them are drafts to verify (tokens ends with them): the last 1 + num_spec rows are sampled in
+// order, and each draft is accepted while it equals what was sampled before it.
 struct RunnerSeq {
   int64_t request_id;
   std::span<const int32_t> tokens;
@@ -27,6 +29,7 @@ struct RunnerSeq {
   int64_t num_new;
   std::span<const int32_t> block_table;
   bool sample;
+  int64_t num_spec = 0;
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before
@@ -44,10 +47,16 @@ class ModelRunner {
   void AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs = -1);
   void RemoveRequest(int64_t request_id);
 
-  // One forward pass over all chunks. sampled[i] is seqs[i]'s next token, -1 where !sample;
-  // logprobs[i] is filled where the request asked for log-probabilities.
-  Status Execute(std::span<const RunnerSeq> seqs, std::vector<int32_t>* sampled,
-                 std::vector<TokenLogprobs>* logprobs = nullptr);
+  // One forward pass over all chunks. sampled[i] is what seqs[i] produced: empty where !sample,
+  // else its accepted drafts and then one sampled token. Sampling row j draws exactly as decoding
+  // one token at a time would (same history, same next draw of the request's RNG), so output
+  // does not depend on whether drafts were verified: for a greedy request that is the usual
+  // longest-matching-prefix rule; for a sampled one it is the standard rejection rule for a
+  // deterministic draft (accept d with probability p(d), else draw from p without d), realised
+  // by drawing t ~ p and accepting when t == d. logprobs[i] has one entry per produced token
+  // where the request asked for log-probabilities.
+  Status Execute(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
+                 std::vector<std::vector<TokenLogprobs>>* logprobs = nullptr);
 
   const Workspace& workspace() const { return ws_; }
 
@@ -62,7 +71,12 @@ class ModelRunner {
     int top_logprobs;
   };
   std::unordered_map<int64_t, PerRequest> requests_;
-  std::vector<std::pair<size_t, PerRequest*>> sample_jobs_;  // [rows sampled this step] (seq index, request)
+  struct SampleJob {
+    size_t seq;        // index in seqs
+    int64_t row;       // its first logits row
+    PerRequest* req;
+  };
+  std::vector<SampleJob> sample_jobs_;  // [seqs sampled this step]
 };
 
 }  // namespace gale

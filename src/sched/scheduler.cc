@@ -68,6 +68,7 @@ std::unique_ptr<SeqRequest> Scheduler::Abort(int64_t id, FinishReason reason) {
 void Scheduler::Preempt(std::unique_ptr<SeqRequest> req) {
   kv_->Free(req->id);
   req->num_computed_tokens = 0;  // recompute prompt + generated tokens when readmitted
+  req->spec_tokens.clear();
   ++req->num_preemptions;
   ++num_preemptions_;
   waiting_.push_front(std::move(req));
@@ -83,13 +84,22 @@ StepPlan Scheduler::Schedule() {
 
   // 1. Running requests, oldest first. A request that cannot get its blocks preempts the newest
   //    running request (possibly itself) until it can.
+  //    A decoding request with drafts verifies as many as the budget and its length limit allow;
+  //    when their slots do not fit, it decodes without them before anything is preempted.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SeqRequest& r = *running_[i];
     const int64_t n = num_new(r);
-    if (kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
-      plan.seqs.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.num_tokens()});
-      plan.num_tokens += n;
-      budget -= n;
+    int64_t spec = 0;
+    if (n == 1 && r.num_computed_tokens + 1 == r.num_tokens()) {
+      spec = std::min({static_cast<int64_t>(r.spec_tokens.size()), budget - 1,
+                       r.max_new_tokens - r.num_generated() - 1});
+      spec = std::max<int64_t>(spec, 0);
+      if (spec > 0 && !kv_->AllocateSlots(r.id, r.num_computed_tokens + n + spec)) spec = 0;
+    }
+    if (spec > 0 || kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
+      plan.seqs.push_back({&r, r.num_computed_tokens, n + spec, r.num_computed_tokens + n == r.num_tokens(), spec});
+      plan.num_tokens += n + spec;
+      budget -= n + spec;
       ++i;
       continue;
     }
@@ -126,22 +136,40 @@ StepPlan Scheduler::Schedule() {
 }
 
 std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan, const RunnerOutput& out) {
-  CHECK(out.sampled.size() == plan.seqs.size());
+  CHECK(out.tokens.size() == plan.seqs.size());
   std::vector<int64_t> finished_ids;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     SeqRequest& r = *s.req;
-    r.num_computed_tokens = s.start + s.num_new_tokens;
-    kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
-    if (!s.sample) continue;
-    const int32_t tok = out.sampled[i];
-    CHECK(tok >= 0);
-    r.tokens.push_back(tok);
-    if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end()) {
-      r.finish_reason = FinishReason::kEos;
-    } else if (r.num_generated() >= r.max_new_tokens) {
-      r.finish_reason = FinishReason::kLength;
+    const std::vector<int32_t>& produced = out.tokens[i];
+    r.spec_tokens.clear();
+    if (!s.sample) {
+      CHECK(produced.empty());
+      r.num_computed_tokens = s.start + s.num_new_tokens;
+      kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
+      continue;
     }
+    CHECK(!produced.empty() && static_cast<int64_t>(produced.size()) <= 1 + s.num_spec);
+    // Output j came from the row of input start + num_new - num_spec - 1 + j: the K/V of the
+    // inputs up to the last accepted draft are valid, those of rejected drafts are not.
+    const int64_t first_row = s.start + s.num_new_tokens - s.num_spec - 1;
+    int64_t appended = 0;
+    for (int32_t tok : produced) {
+      CHECK(tok >= 0);
+      r.tokens.push_back(tok);
+      ++appended;
+      if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end()) {
+        r.finish_reason = FinishReason::kEos;
+      } else if (r.num_generated() >= r.max_new_tokens) {
+        r.finish_reason = FinishReason::kLength;
+      }
+      if (r.finish_reason != FinishReason::kNone) break;
+    }
+    num_spec_proposed_ += s.num_spec;
+    num_spec_accepted_ += static_cast<int64_t>(produced.size()) - 1;
+    r.num_computed_tokens = first_row + appended;
+    if (s.num_spec > 0) kv_->TrimSlots(r.id, r.num_computed_tokens);
+    kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
     if (r.finish_reason != FinishReason::kNone) finished_ids.push_back(r.id);
   }
   std::vector<std::unique_ptr<SeqRequest>> finished;
@@ -153,6 +181,13 @@ std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan,
     running_.erase(it);
   }
   return finished;
+}
+
+std::vector<SeqRequest*> Scheduler::running() const {
+  std::vector<SeqRequest*> out;
+  out.reserve(running_.size());
+  for (const auto& r : running_) out.push_back(r.get());
+  return out;
 }
 
 std::string Scheduler::CheckInvariants() const {

@@ -40,18 +40,24 @@ struct SeqRequest {
   int64_t num_preemptions = 0;
   std::string cache_salt;             // requests with different salts never share cached blocks
   int64_t num_cached_tokens = -1;     // prompt tokens found in the prefix cache at first admission
+  // Speculative decoding: tokens a proposer guessed follow `tokens`, set before Schedule. The
+  // step verifies them with the request's decode token (num_tokens_with_spec = num_tokens +
+  // spec_tokens.size() slots); Update and preemption clear them.
+  std::vector<int32_t> spec_tokens;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens; }
 };
 
-// One request's share of a step: tokens [start, start + num_new_tokens) of req->tokens. sample:
-// the chunk ends at the last token, so its logits give the next token.
+// One request's share of a step: tokens [start, start + num_new_tokens) of req->tokens followed
+// by req->spec_tokens[0, num_spec). sample: the chunk ends at the last token, so its logits give
+// the next token; with num_spec > 0 the last 1 + num_spec rows' logits verify the drafts.
 struct ScheduledSeq {
   SeqRequest* req;
   int64_t start;
-  int64_t num_new_tokens;
+  int64_t num_new_tokens;  // including the num_spec drafts
   bool sample;
+  int64_t num_spec = 0;
 };
 
 struct StepPlan {
@@ -61,9 +67,10 @@ struct StepPlan {
   bool empty() const { return seqs.empty(); }
 };
 
-// What the runner produced for a plan: one sampled token per ScheduledSeq, -1 where sample is false.
+// What the runner produced for a plan, per ScheduledSeq: nothing where sample is false, else
+// the accepted drafts followed by one sampled token (1 to 1 + num_spec tokens).
 struct RunnerOutput {
-  std::vector<int32_t> sampled;
+  std::vector<std::vector<int32_t>> tokens;
 };
 
 class Scheduler {
@@ -80,7 +87,8 @@ class Scheduler {
   std::unique_ptr<SeqRequest> Abort(int64_t id, FinishReason reason);
 
   StepPlan Schedule();
-  // Advances the planned requests, appends sampled tokens, and returns those that finished
+  // Advances the planned requests, appends their new tokens (up to a stop token or the length
+  // limit), releases the slots of rejected drafts, and returns the requests that finished
   // (blocks freed) in plan order.
   std::vector<std::unique_ptr<SeqRequest>> Update(const StepPlan& plan, const RunnerOutput& out);
 
@@ -88,6 +96,11 @@ class Scheduler {
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Running requests, oldest first (the engine sets their spec_tokens before Schedule).
+  std::vector<SeqRequest*> running() const;
+  // Drafts in the last plan and how many of them were accepted, since the start.
+  int64_t num_spec_proposed() const { return num_spec_proposed_; }
+  int64_t num_spec_accepted() const { return num_spec_accepted_; }
   const SchedulerConfig& config() const { return config_; }
 
   // "" when queues, block tables and the pool agree; else what is wrong (tests).
@@ -102,6 +115,7 @@ class Scheduler {
   std::deque<std::unique_ptr<SeqRequest>> waiting_;   // front: next to admit
   std::vector<std::unique_ptr<SeqRequest>> running_;  // admission order: back is preempted first
   int64_t num_preemptions_ = 0;
+  int64_t num_spec_proposed_ = 0, num_spec_accepted_ = 0;
 };
 
 }  // namespace gale

@@ -87,9 +87,20 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--max-seq-len", s.max_seq_len, "most tokens (prompt + output) per request (0 = the model's context)")
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of prompt prefixes seen before");
+  SpecConfig& sp = config.spec;
+  app.add_option("--spec", spec, "speculative decoding: off | ngram (prompt lookup) | draft (--draft-model)")
+      ->capture_default_str();
+  app.add_option("--spec-tokens", sp.num_tokens, "most guessed tokens per request per step (adapts below it)")
+      ->capture_default_str();
+  app.add_option("--draft-model", draft_model, "GGUF of a smaller model with the same vocabulary, for --spec draft");
+  app.add_option("--spec-ngram-min", sp.ngram.ngram_min, "shortest suffix prompt lookup matches")->capture_default_str();
+  app.add_option("--spec-ngram-max", sp.ngram.ngram_max, "longest suffix prompt lookup matches")->capture_default_str();
+  app.add_option("--spec-max-step-tokens", sp.max_step_tokens,
+                 "guesses only while a step's decode tokens plus guesses stay within this (off at large batch)")
+      ->capture_default_str();
 }
 
-StatusOr<EngineConfig> EngineOptions::Resolve() const {
+StatusOr<EngineConfig> EngineOptions::Resolve() {
   EngineConfig c = config;
   if (!kv_cache_memory.empty()) {
     auto b = ParseBytes(kv_cache_memory);
@@ -102,6 +113,20 @@ StatusOr<EngineConfig> EngineOptions::Resolve() const {
   c.kv_type = *t;
   c.enable_prefix_caching = !no_prefix_cache;
   RETURN_IF_ERROR(c.sched.Validate());
+  ASSIGN_OR_RETURN(c.spec.method, ParseSpecMethod(spec));
+  if (!draft_model.empty() && c.spec.method != SpecMethod::kDraft) {
+    return InvalidArgument("--draft-model is used only with --spec draft");
+  }
+  if (c.spec.method == SpecMethod::kDraft) {
+    if (draft_model.empty()) return InvalidArgument("--spec draft needs --draft-model FILE");
+    if (!draft) {
+      auto m = LoadModel(draft_model, LoadOptions{});
+      if (!m.ok()) return m.status().WithContext("--draft-model");
+      draft = std::make_unique<LoadedModel>(std::move(*m));
+    }
+    c.spec.draft = draft->model.get();
+  }
+  RETURN_IF_ERROR(c.spec.Validate());
   return c;
 }
 

@@ -168,6 +168,7 @@ CommandFn RegisterRun(CLI::App& app) {
     const double prompt_s = first ? std::chrono::duration<double>(*first - (*stream)->created_at()).count() : 0.0;
     const double gen_s = first ? std::chrono::duration<double>(end - *first).count() : 0.0;
     const uint64_t kv_bytes = (*engine)->kv_bytes(), activations = (*engine)->activation_bytes();
+    const std::string spec = (*engine)->DescribeSpec();
     engine->reset();  // the engine thread stops recording before the profile is read
     SetProfiler(nullptr);
     if (!o->trace.empty()) {
@@ -185,6 +186,7 @@ CommandFn RegisterRun(CLI::App& app) {
     const double tg = decoded > 0 && gen_s > 0 ? decoded / gen_s : 0.0;
     std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s); generation: %lld tokens in %.3f s (%.1f tok/s)\n",
                  static_cast<long long>(prompt_tokens), prompt_s, pp, static_cast<long long>(generated), gen_s, tg);
+    if (!spec.empty()) std::fprintf(stderr, "%s\n", spec.c_str());
     return 0;
   };
 }

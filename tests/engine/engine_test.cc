@@ -32,10 +32,10 @@ TestModel Stories() {
   return m;
 }
 
-TestModel Synthetic() {
+TestModel Synthetic(GgmlType type = GgmlType::kQ8_0) {
   TestModel m;
   auto shape = *NamedSynthShape("tiny");
-  const auto bytes = SynthesizeLlama(shape, GgmlType::kQ8_0, 11)->WriteToBytes();
+  const auto bytes = SynthesizeLlama(shape, type, 11)->WriteToBytes();
   m.file = GgufFile::FromBytes(bytes).value();
   m.model = LlamaModel::Load(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
@@ -107,7 +107,13 @@ std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationReq
   return out;
 }
 
-void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool shared_prefixes = false) {
+struct SpecCounts {
+  int64_t guessed = 0, accepted = 0;
+};
+
+// Returns the speculative decoding counters (zero when spec is off).
+SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool shared_prefixes = false,
+                                       const SpecConfig& spec = {}) {
   auto reqs = RandomRequests(m, 32, 42);
   if (shared_prefixes) {
     // System-prompt-like prefixes of 9 to 45 tokens in front of every prompt.
@@ -136,22 +142,25 @@ void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool 
   cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.kv_dim(), cfg.block_size, type);
   cfg.kv_type = type;
   cfg.enable_prefix_caching = shared_prefixes;
+  cfg.spec = spec;
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_EQ((*engine)->num_blocks(), 40);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  if (!engine.ok()) return {};
+  EXPECT_EQ((*engine)->num_blocks(), 40);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& r : reqs) {
     auto s = (*engine)->Submit(r);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return {};
     streams.push_back(*s);
   }
   int64_t num_generated = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Result got = Collect(*streams[i]);
-    ASSERT_EQ(got.tokens, alone[i].tokens) << "request " << i;
-    ASSERT_EQ(got.text, alone[i].text) << "request " << i;
-    ASSERT_EQ(got.reason, alone[i].reason) << "request " << i;
-    ASSERT_TRUE(got.reason == FinishReason::kLength || got.reason == FinishReason::kEos);
+    EXPECT_EQ(got.tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(got.text, alone[i].text) << "request " << i;
+    EXPECT_EQ(got.reason, alone[i].reason) << "request " << i;
+    EXPECT_TRUE(got.reason == FinishReason::kLength || got.reason == FinishReason::kEos);
     num_generated += static_cast<int64_t>(got.tokens.size());
   }
   const EngineStats& st = (*engine)->stats();
@@ -165,6 +174,8 @@ void ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool 
   if (shared_prefixes) {
     EXPECT_GT(st.prefix_cache_hit_tokens.load(), 200);
   }
+  if (spec.method != SpecMethod::kOff) std::printf("%s\n", (*engine)->DescribeSpec().c_str());
+  return {st.spec_num_draft_tokens.load(), st.spec_num_accepted_tokens.load()};
 }
 
 // Prompts sharing system-prompt prefixes, the prefix cache on, memory tight: each request still
@@ -184,6 +195,63 @@ TEST(EngineTest, ConcurrentEqualsAloneOnStories260K) {
 TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
   const TestModel m = Synthetic();
   ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16);
+}
+
+// Speculative decoding changes no output, greedy or seeded: every request of the exactness
+// workload (small chunks, preemption, prefix cache) gives what it gives alone without it.
+TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
+  const TestModel m = Stories();
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.num_tokens = 4;
+  SpecCounts a = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true, ngram);
+  SpecCounts b = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, ngram);
+  EXPECT_GT(a.accepted + b.accepted, 10);
+  EXPECT_GT(a.guessed + b.guessed - a.accepted - b.accepted, 100);
+  // The model as its own draft: greedy guesses all accepted, sampled ones often not.
+  SpecConfig d;
+  d.method = SpecMethod::kDraft;
+  d.num_tokens = 3;
+  d.draft = m.model.get();
+  a = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true, d);
+  EXPECT_GT(a.accepted, 200);
+  EXPECT_GT(a.guessed - a.accepted, 50);
+  // A draft that shares only the vocabulary: almost every guess rejected.
+  SynthShape small;
+  small.dim = 32;
+  small.num_layers = 1;
+  small.num_heads = 2;
+  small.num_kv_heads = 1;
+  small.ffn_dim = 64;
+  small.vocab_size = m.model->hparams().vocab_size;
+  const auto bytes = SynthesizeLlama(small, GgmlType::kF32, 5)->WriteToBytes();
+  auto file = GgufFile::FromBytes(bytes).value();
+  auto unrelated = LlamaModel::Load(*file).value();
+  d.draft = unrelated.get();
+  a = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, d);
+  EXPECT_GT(a.guessed - a.accepted, 200);
+  // A Q4_0 copy of a Q8_0 model (f16 KV, GQA) as its draft.
+  const TestModel target = Synthetic(GgmlType::kQ8_0), copy = Synthetic(GgmlType::kQ4_0);
+  d.draft = copy.model.get();
+  d.num_tokens = 5;
+  a = ExpectConcurrentEqualsAlone(target, kernels::KvType::kF16, /*shared_prefixes=*/false, d);
+  EXPECT_GT(a.accepted, 20);
+}
+
+TEST(EngineTest, SpeculativeDecodingRejectsBadSettings) {
+  const TestModel m = Stories();
+  ThreadPool pool(1);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 1 << 20;
+  cfg.spec.method = SpecMethod::kDraft;
+  EXPECT_NE(Engine::Create(*m.model, m.tok.get(), cfg, pool).status().message().find("--draft-model"), std::string::npos);
+  const TestModel other = Synthetic();  // vocabulary of 2048, not 512
+  cfg.spec.draft = other.model.get();
+  EXPECT_NE(Engine::Create(*m.model, m.tok.get(), cfg, pool).status().message().find("vocabulary"), std::string::npos);
+  cfg.spec.method = SpecMethod::kNgram;
+  cfg.spec.num_tokens = 0;
+  EXPECT_FALSE(Engine::Create(*m.model, m.tok.get(), cfg, pool).ok());
+  EXPECT_FALSE(ParseSpecMethod("eagle").ok());
 }
 
 // The engine gives what the single-sequence Generate loop gives (greedy, stories260K).

@@ -81,6 +81,29 @@ TEST(KvCacheManagerTest, AllocatesAllOrNothingAndCountsWaste) {
   EXPECT_EQ(kv.CheckInvariants(), "");
 }
 
+// Speculative slots: the table grows for the drafts, then shrinks to the accepted tokens; the
+// blocks past them return to the pool and the waste is again only the last block's tail.
+TEST(KvCacheManagerTest, TrimReleasesTheTailBlocks) {
+  KvCacheManager kv(6, 4);
+  ASSERT_TRUE(kv.AllocateSlots(1, 6).has_value());
+  ASSERT_TRUE(kv.AllocateSlots(1, 6 + 9).has_value());  // 4 blocks
+  EXPECT_EQ(kv.num_free_blocks(), 2);
+  const int32_t third = kv.BlockTable(1)[2];
+  kv.TrimSlots(1, 9);  // 3 blocks keep positions 0..8
+  EXPECT_EQ(kv.BlockTable(1).size(), 3u);
+  EXPECT_EQ(kv.BlockTable(1)[2], third);
+  EXPECT_EQ(kv.num_free_blocks(), 3);
+  EXPECT_EQ(kv.WastedSlots(), 3);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  kv.TrimSlots(1, 12);  // holds no more than that: no-op
+  EXPECT_EQ(kv.BlockTable(1).size(), 3u);
+  kv.TrimSlots(7, 1);   // unknown: no-op
+  kv.TrimSlots(1, 0);   // nothing left: the request holds no blocks
+  EXPECT_EQ(kv.num_requests(), 0);
+  EXPECT_EQ(kv.num_free_blocks(), 6);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
 }  // namespace
 }  // namespace gale
 

@@ -30,14 +30,44 @@ int32_t FakeNext(const std::vector<int32_t>& tokens) {
   return static_cast<int32_t>(h % 97);
 }
 
+// Verifies drafts as the model runner does: output i is the fake model's next token after the
+// tokens and the first i drafts; drafts are accepted while they equal it.
 RunnerOutput FakeRun(const StepPlan& plan) {
   RunnerOutput out;
   for (const auto& s : plan.seqs) {
-    EXPECT_GE(s.num_new_tokens, 1);
+    EXPECT_GE(s.num_new_tokens, 1 + s.num_spec);
     EXPECT_EQ(s.start, s.req->num_computed_tokens);
-    out.sampled.push_back(s.sample ? FakeNext(s.req->tokens) : -1);
+    EXPECT_LE(s.num_spec, static_cast<int64_t>(s.req->spec_tokens.size()));
+    std::vector<int32_t> produced;
+    if (s.sample) {
+      std::vector<int32_t> history = s.req->tokens;
+      for (int64_t i = 0; i <= s.num_spec; ++i) {
+        produced.push_back(FakeNext(history));
+        if (i == s.num_spec || s.req->spec_tokens[i] != produced.back()) break;
+        history.push_back(s.req->spec_tokens[i]);
+      }
+    }
+    out.tokens.push_back(std::move(produced));
   }
   return out;
+}
+
+// Guesses for every decoding request: 0 to 5 tokens, the true continuation with one wrong token
+// at a random place (or none).
+void Guess(Scheduler& s, Rng& rng) {
+  for (SeqRequest* r : s.running()) {
+    r->spec_tokens.clear();
+    if (r->num_computed_tokens + 1 != r->num_tokens()) continue;
+    const int64_t n = static_cast<int64_t>(rng.NextU64() % 6);
+    const int64_t wrong = static_cast<int64_t>(rng.NextU64() % 8);
+    std::vector<int32_t> seq = r->tokens;
+    for (int64_t i = 0; i < n; ++i) {
+      int32_t t = FakeNext(seq);
+      if (i == wrong) t = (t + 1) % 97;
+      r->spec_tokens.push_back(t);
+      seq.push_back(t);
+    }
+  }
 }
 
 TEST(SchedulerTest, ChunksPrefillWithinTheBudgetAndRunsDecodesFirst) {
@@ -181,8 +211,9 @@ TEST(SchedulerTest, StopsOnStopIdsAndAbortFreesBlocks) {
 // Random arrivals, cancels, chunk sizes, budgets and tiny memory. After every step: invariants,
 // budget and batch size respected. At the end: every request finished with the tokens an
 // uninterrupted run gives, every block free, and no request waited unboundedly.
-void RandomWorkloads(bool prefix_caching) {
+void RandomWorkloads(bool prefix_caching, bool spec = false) {
   int64_t total_preemptions = 0, total_cancels = 0, total_finished = 0, total_hits = 0;
+  int64_t total_proposed = 0, total_accepted = 0;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     Rng rng(seed);
     const int32_t num_blocks = 3 + static_cast<int32_t>(rng.NextU64() % 12);
@@ -234,6 +265,7 @@ void RandomWorkloads(bool prefix_caching) {
         }
       }
       if (!s.HasWork()) continue;
+      if (spec) Guess(s, rng);
       StepPlan p = s.Schedule();
       ASSERT_FALSE(p.empty()) << "seed " << seed << " step " << step << ": work but nothing scheduled";
       ASSERT_LE(p.num_tokens, cfg.max_num_batched_tokens);
@@ -247,16 +279,24 @@ void RandomWorkloads(bool prefix_caching) {
     total_preemptions += s.num_preemptions();
     total_finished += static_cast<int64_t>(done.size());
     total_hits += kv.num_hit_tokens();
+    total_proposed += s.num_spec_proposed();
+    total_accepted += s.num_spec_accepted();
     for (const auto& [id, want] : expected) {
       ASSERT_TRUE(done.count(id)) << "seed " << seed << " request " << id << " never finished";
       EXPECT_EQ(done[id]->tokens, want) << "seed " << seed << " request " << id;
     }
   }
   // The workloads must actually exercise preemption, cancellation and (when on) cache hits.
-  std::printf("prefix cache %s: finished %lld, preemptions %lld, cancels %lld, hit tokens %lld\n",
-              prefix_caching ? "on" : "off", static_cast<long long>(total_finished),
+  std::printf("prefix cache %s, spec %s: finished %lld, preemptions %lld, cancels %lld, hit tokens %lld, "
+              "guesses %lld, accepted %lld\n",
+              prefix_caching ? "on" : "off", spec ? "on" : "off", static_cast<long long>(total_finished),
               static_cast<long long>(total_preemptions), static_cast<long long>(total_cancels),
-              static_cast<long long>(total_hits));
+              static_cast<long long>(total_hits), static_cast<long long>(total_proposed),
+              static_cast<long long>(total_accepted));
+  if (spec) {
+    EXPECT_GT(total_accepted, 1000);
+    EXPECT_GT(total_proposed - total_accepted, 1000) << "rejections must be exercised too";
+  }
   EXPECT_GT(total_preemptions, 100);
   EXPECT_GT(total_cancels, 10);
   if (prefix_caching) {
@@ -271,6 +311,58 @@ TEST(SchedulerTest, RandomWorkloadsUnderTinyMemory) { RandomWorkloads(/*prefix_c
 // The same workloads with the prefix cache: identical outputs, the cache gives way under memory
 // pressure (everything that fits without it finishes with it), and no block leaks.
 TEST(SchedulerTest, RandomWorkloadsWithPrefixCaching) { RandomWorkloads(/*prefix_caching=*/true); }
+
+// Speculative guesses (right, wrong, cut short by the budget or the length limit) with preemption
+// and the prefix cache: outputs are still the fake model's, slots of rejected guesses go back to
+// the pool, and the invariants hold after every step.
+TEST(SchedulerTest, RandomWorkloadsWithSpeculativeGuesses) {
+  RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true);
+}
+
+TEST(SchedulerTest, VerifiesGuessesWithinTheBudgetAndReleasesRejectedSlots) {
+  KvCacheManager kv(16, 4);
+  SchedulerConfig cfg;
+  cfg.max_num_batched_tokens = 6;
+  Scheduler s(cfg, &kv);
+  ASSERT_TRUE(s.Add(MakeRequest(1, 3, 20)).ok());
+  StepPlan p = s.Schedule();
+  s.Update(p, FakeRun(p));  // prefill + first token: 4 tokens, 3 computed
+  SeqRequest* r = s.running()[0];
+  ASSERT_EQ(r->num_tokens(), 4);
+  // Three right guesses, then a wrong one, then one more: the budget of 6 takes the decode
+  // token and 5 guesses; 3 are accepted, the 4th is rejected and replaced.
+  std::vector<int32_t> seq = r->tokens;
+  for (int i = 0; i < 6; ++i) {
+    int32_t t = FakeNext(seq);
+    if (i == 3) t = (t + 1) % 97;
+    r->spec_tokens.push_back(t);
+    seq.push_back(t);
+  }
+  p = s.Schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].num_spec, 5);
+  EXPECT_EQ(p.seqs[0].num_new_tokens, 6);
+  EXPECT_EQ(kv.BlockTable(1).size(), 3u);  // positions 0..8
+  s.Update(p, FakeRun(p));
+  EXPECT_EQ(r->num_tokens(), 8);           // 4 + 3 accepted + 1 sampled
+  EXPECT_EQ(r->num_computed_tokens, 7);
+  EXPECT_TRUE(r->spec_tokens.empty());
+  EXPECT_EQ(kv.BlockTable(1).size(), 2u);  // the block of rejected positions went back
+  EXPECT_EQ(s.num_spec_proposed(), 5);
+  EXPECT_EQ(s.num_spec_accepted(), 3);
+  EXPECT_EQ(s.CheckInvariants(), "");
+  // Guesses never run past max_new_tokens: with 1 of 3 generated, one guess fits.
+  KvCacheManager kv2(16, 4);
+  Scheduler s2(cfg, &kv2);
+  ASSERT_TRUE(s2.Add(MakeRequest(2, 3, 3)).ok());
+  p = s2.Schedule();
+  s2.Update(p, FakeRun(p));
+  s2.running()[0]->spec_tokens.assign(5, 0);
+  p = s2.Schedule();
+  EXPECT_EQ(p.seqs[0].num_spec, 1);
+  s2.Update(p, FakeRun(p));
+  EXPECT_LE(kv2.BlockTable(2).size(), 2u);
+}
 
 }  // namespace
 }  // namespace gale
