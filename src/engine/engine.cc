@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <optional>
 
@@ -61,7 +62,8 @@ struct Engine::Live {
   int64_t num_truncated_tokens = 0;
   bool want_logprobs = false;
   int64_t num_emitted_tokens = 0;  // generated tokens already streamed
-  int64_t spec_k = 0;              // guesses to ask for next step
+  // Acceptance of this request's guesses: decayed counts with a prior of 1 in 2.
+  double spec_hits = 1.0, spec_trials = 2.0;
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const Tokenizer* tokenizer,
@@ -156,10 +158,17 @@ std::string Engine::DescribeSpec() const {
   if (config_.spec.method == SpecMethod::kOff) return "";
   const int64_t drafts = stats_.spec_num_drafts, guesses = stats_.spec_num_draft_tokens;
   const int64_t accepted = stats_.spec_num_accepted_tokens;
+  // Read on the caller's thread while the engine may step: the fit is only a summary.
   return fmt::format("speculative decoding ({}): {} of {} guessed tokens accepted ({:.1f}%), {:.2f} tokens per verifying step",
                      SpecMethodName(config_.spec.method), accepted, guesses,
                      guesses > 0 ? 100.0 * accepted / guesses : 0.0,
                      drafts > 0 ? 1.0 + static_cast<double>(accepted) / drafts : 0.0);
+}
+
+std::string Engine::DescribeSpecCosts() const {
+  return fmt::format("decode step cost fit: {:.0f} us + {:.1f} us per token{}", spec_cost_.fixed_seconds() * 1e6,
+                     spec_cost_.per_token_seconds() * 1e6,
+                     draft_ ? fmt::format(", draft {:.1f} us per guess", spec_cost_.draft_seconds_per_guess() * 1e6) : "");
 }
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
@@ -236,7 +245,6 @@ void Engine::Admit(PendingRequest& p) {
   }
   runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs);
   live->want_logprobs = p.request.top_logprobs >= 0;
-  live->spec_k = config_.spec.num_tokens;
   live_[p.id] = std::move(live);
 }
 
@@ -353,7 +361,12 @@ void Engine::Loop() {
       bool decode_only = true;
       for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 + q.num_spec && q.sample;
       ProfileSpan span(decode_only ? "decode" : "prefill", "step", plan.num_tokens);
+      const auto t0 = std::chrono::steady_clock::now();
       st = runner_.Execute(seqs, &out.tokens, &logprobs);
+      // The fit is of decode steps: a prompt chunk's tokens cost less each (one weight read for many).
+      if (decode_only) {
+        spec_cost_.AddStep(plan.num_tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
     }
     if (!st.ok()) {
       // The model refused the batch: fail its requests (never the engine).
@@ -397,33 +410,47 @@ void Engine::Loop() {
 Status Engine::Propose() {
   if (config_.spec.method == SpecMethod::kOff) return Status::Ok();
   const std::vector<SeqRequest*> running = sched_.running();
-  int64_t budget = config_.spec.max_step_tokens;
+  int64_t decoding = 0;
   for (SeqRequest* r : running) {
     r->spec_tokens.clear();
     // The draft's K/V past what the target holds may be of rejected or never verified guesses.
     if (draft_) draft_->Rollback(r->id, r->num_computed_tokens);
-    if (r->num_computed_tokens + 1 == r->num_tokens()) --budget;  // its decode token
+    if (r->num_computed_tokens + 1 == r->num_tokens()) ++decoding;  // its decode token
   }
+  int64_t step_tokens = decoding;
   draft_jobs_.clear();
   draft_reqs_.clear();
   for (SeqRequest* r : running) {
-    if (budget <= 0) break;
     if (r->num_computed_tokens + 1 != r->num_tokens()) continue;  // still in prefill
-    // Room left before max_tokens: the step's own token plus the guesses must fit.
-    const int64_t k = std::min({live_.at(r->id)->spec_k, budget, r->max_new_tokens - r->num_generated() - 1});
-    if (k < 1) continue;
+    Live& l = *live_.at(r->id);
+    // Room left before max_tokens and within the step cap; then what the cost model says pays.
+    const int64_t room = std::min({config_.spec.num_tokens, config_.spec.max_step_tokens - step_tokens,
+                                   r->max_new_tokens - r->num_generated() - 1});
+    const int64_t k = config_.spec.always ? room : spec_cost_.Guesses(l.spec_hits / l.spec_trials, step_tokens, room);
+    if (k < 1) {
+      // Not worth it now: drift back towards the prior, so the request is tried again later.
+      l.spec_hits = l.spec_hits * 0.98 + 0.02;
+      l.spec_trials = l.spec_trials * 0.98 + 0.04;
+      continue;
+    }
     if (config_.spec.method == SpecMethod::kNgram) {
       r->spec_tokens = ProposeNgram(r->tokens, k, config_.spec.ngram);
-      budget -= static_cast<int64_t>(r->spec_tokens.size());
+      step_tokens += static_cast<int64_t>(r->spec_tokens.size());
     } else {
       draft_jobs_.push_back({r->id, r->tokens, k});
       draft_reqs_.push_back(r);
-      budget -= k;
+      step_tokens += k;
     }
   }
   if (draft_jobs_.empty()) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(draft_->Propose(draft_jobs_, &draft_out_));
-  for (size_t i = 0; i < draft_reqs_.size(); ++i) draft_reqs_[i]->spec_tokens = std::move(draft_out_[i]);
+  int64_t guesses = 0;
+  for (size_t i = 0; i < draft_reqs_.size(); ++i) {
+    guesses += static_cast<int64_t>(draft_out_[i].size());
+    draft_reqs_[i]->spec_tokens = std::move(draft_out_[i]);
+  }
+  spec_cost_.AddDraft(guesses, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return Status::Ok();
 }
 
@@ -437,8 +464,10 @@ void Engine::AfterSpecStep(const StepPlan& plan, const RunnerOutput& out) {
     ++stats_.spec_num_drafts;
     stats_.spec_num_draft_tokens += s.num_spec;
     stats_.spec_num_accepted_tokens += accepted;
+    // Guesses are tried in order until one fails: `accepted` successes in min(accepted + 1, k) trials.
     Live& l = *live_.at(s.req->id);
-    l.spec_k = accepted == s.num_spec ? std::min(config_.spec.num_tokens, l.spec_k + 2) : std::max<int64_t>(1, l.spec_k - 1);
+    l.spec_hits = l.spec_hits * 0.9 + static_cast<double>(accepted);
+    l.spec_trials = l.spec_trials * 0.9 + static_cast<double>(std::min(accepted + 1, s.num_spec));
   }
 }
 

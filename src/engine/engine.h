@@ -20,6 +20,7 @@
 #include "model/tokenizer.h"
 #include "runner/model_runner.h"
 #include "sched/scheduler.h"
+#include "spec/cost_model.h"
 #include "spec/draft.h"
 #include "spec/ngram.h"
 
@@ -31,17 +32,20 @@ StatusOr<SpecMethod> ParseSpecMethod(const std::string& name);
 
 // Speculative decoding: each decoding request gets up to num_tokens guesses per step (from prompt
 // lookup or a draft model), verified in the step's one forward pass. Outputs are the same as
-// without it, token for token, greedy or seeded. Per request the number of guesses adapts: all
-// accepted -> 2 more next time (up to num_tokens), any rejected -> 1 fewer (down to 1).
+// without it, token for token, greedy or seeded. How many guesses a request gets each step
+// follows its own acceptance rate and the engine's measured step costs (SpecCostModel): none
+// where they would slow decoding down (large batches, or models too small to be bound by reading
+// their weights).
 struct SpecConfig {
   SpecMethod method = SpecMethod::kOff;
   int64_t num_tokens = 5;            // most guesses per request per step
   NgramParams ngram;
   const LlamaModel* draft = nullptr;  // for kDraft; must outlive the engine
-  // Speculation pays while a step is bound by reading the weights, not by arithmetic: guesses are
-  // handed out (oldest request first) only while the step's decode tokens plus guesses stay
-  // within this many; with that many requests decoding it is off.
-  int64_t max_step_tokens = 16;
+  // Hard cap: guesses are handed out (oldest request first) only while the step's decode tokens
+  // plus guesses stay within this many.
+  int64_t max_step_tokens = 64;
+  // Guess num_tokens every step whatever the cost model says (tests, measurements).
+  bool always = false;
   Status Validate() const;
 };
 
@@ -103,6 +107,8 @@ class Engine {
   std::string Describe() const;
   // One line on speculative decoding so far: guesses accepted, tokens per verifying step; "" when off.
   std::string DescribeSpec() const;
+  // The step-cost fit speculation decides by (read only while the engine is idle).
+  std::string DescribeSpecCosts() const;
 
  private:
   struct Live;  // engine-thread state of a request in flight
@@ -132,6 +138,7 @@ class Engine {
   ModelRunner runner_;
   std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
   std::unique_ptr<DraftProposer> draft_;
+  SpecCostModel spec_cost_;
   std::vector<DraftProposer::Job> draft_jobs_;
   std::vector<SeqRequest*> draft_reqs_;
   std::vector<std::vector<int32_t>> draft_out_;

@@ -180,4 +180,59 @@ RequestResult PostStreaming(const Target& target, const std::string& path, const
   return r;
 }
 
+bool GetText(const Target& target, const std::string& path, double timeout_s, std::string* body) {
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  beast::error_code ec;
+  tcp::resolver resolver(ioc);
+  auto endpoints = resolver.resolve(target.host, target.port, ec);
+  if (ec) return false;
+  stream.connect(endpoints, ec);
+  if (ec) return false;
+  const int64_t us = static_cast<int64_t>(timeout_s * 1e6);
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  const int fd = stream.socket().native_handle();
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  http::request<http::string_body> req{http::verb::get, path, 11};
+  req.set(http::field::host, target.host);
+  if (!target.api_key.empty()) req.set(http::field::authorization, "Bearer " + target.api_key);
+  http::write(stream, req, ec);
+  if (ec) return false;
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(16u << 20);
+  // Only a 200 with a text/plain body (Prometheus' format) is read on.
+  http::read_header(stream, buffer, parser, ec);
+  if (ec || parser.get().result_int() != 200) return false;
+  if (std::string(parser.get()[http::field::content_type]).rfind("text/plain", 0) != 0) return false;
+  http::read(stream, buffer, parser, ec);
+  if (ec) return false;
+  *body = parser.get().body();
+  return true;
+}
+
+std::map<std::string, double> ParsePrometheus(const std::string& text) {
+  std::map<std::string, double> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos || space == 0) continue;
+    try {
+      size_t used = 0;
+      const std::string num = line.substr(space + 1);
+      const double v = std::stod(num, &used);
+      if (used == num.size()) out[line.substr(0, space)] = v;
+    } catch (const std::exception&) {
+      // not a sample line
+    }
+  }
+  return out;
+}
+
 }  // namespace gale::loadgen

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,5 +42,11 @@ struct RequestResult {
 // POSTs body to base_path + path with stream: true and reads the event stream to the end.
 RequestResult PostStreaming(const Target& target, const std::string& path, const std::string& body,
                             double timeout_s, Clock::time_point test_start);
+
+// GETs path (absolute, e.g. "/metrics") and returns the body; false on any error or non-200.
+bool GetText(const Target& target, const std::string& path, double timeout_s, std::string* body);
+
+// Prometheus text format -> {"name" or "name{labels}": value}; comments and bad lines skipped.
+std::map<std::string, double> ParsePrometheus(const std::string& text);
 
 }  // namespace gale::loadgen

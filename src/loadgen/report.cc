@@ -84,6 +84,30 @@ nlohmann::json Summarize(const Phase& phase, const Slo& slo) {
   return j;
 }
 
+nlohmann::json ServerCounters(const std::map<std::string, double>& before, const std::map<std::string, double>& after) {
+  auto delta = [&](const std::string& name) -> double {
+    auto a = after.find(name);
+    if (a == after.end()) return -1.0;
+    auto b = before.find(name);
+    return a->second - (b == before.end() ? 0.0 : b->second);
+  };
+  nlohmann::json out = nlohmann::json::object();
+  const double drafts = delta("gale:spec_decode_num_drafts_total");
+  const double guessed = delta("gale:spec_decode_num_draft_tokens_total");
+  const double accepted = delta("gale:spec_decode_num_accepted_tokens_total");
+  if (drafts >= 0 && guessed >= 0 && accepted >= 0) {
+    out["spec_drafts"] = drafts;
+    out["spec_draft_tokens"] = guessed;
+    out["spec_accepted_tokens"] = accepted;
+    out["spec_acceptance_rate"] = guessed > 0 ? accepted / guessed : 0.0;
+    out["spec_mean_tokens_per_verify"] = drafts > 0 ? 1.0 + accepted / drafts : 0.0;
+  }
+  const double queries = delta("gale:prefix_cache_queries_total"), hits = delta("gale:prefix_cache_hits_total");
+  if (queries >= 0 && hits >= 0) out["prefix_cache_hit_rate"] = queries > 0 ? hits / queries : 0.0;
+  if (const double p = delta("gale:num_preemptions_total"); p >= 0) out["preemptions"] = p;
+  return out;
+}
+
 std::string SummaryText(const nlohmann::json& s) {
   auto ms = [](const nlohmann::json& v) { return v.is_null() ? std::string("-") : fmt::format("{:.1f}", v.get<double>() * 1e3); };
   std::string out = fmt::format(
@@ -100,6 +124,20 @@ std::string SummaryText(const nlohmann::json& s) {
     const auto& v = s[k];
     out += fmt::format("   {:<6} {:>7} {:>7} {:>7} {:>7} {:>7}\n", std::string(k).substr(0, std::string(k).size() - 2),
                        ms(v["mean"]), ms(v["p50"]), ms(v["p90"]), ms(v["p99"]), ms(v["p99.9"]));
+  }
+  if (s.contains("server") && !s["server"].empty()) {
+    const auto& c = s["server"];
+    out += "   server:";
+    if (c.contains("spec_draft_tokens")) {
+      out += fmt::format(" speculative {:.0f} of {:.0f} guesses accepted ({:.1f}%), {:.2f} tokens per verifying step;",
+                         c["spec_accepted_tokens"].get<double>(), c["spec_draft_tokens"].get<double>(),
+                         100.0 * c["spec_acceptance_rate"].get<double>(), c["spec_mean_tokens_per_verify"].get<double>());
+    }
+    if (c.contains("prefix_cache_hit_rate")) {
+      out += fmt::format(" prefix cache hits {:.1f}%;", 100.0 * c["prefix_cache_hit_rate"].get<double>());
+    }
+    if (c.contains("preemptions")) out += fmt::format(" {:.0f} preemptions", c["preemptions"].get<double>());
+    out += "\n";
   }
   return out;
 }

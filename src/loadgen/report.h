@@ -28,6 +28,10 @@ struct Phase {
 double Percentile(std::vector<double> v, double q);
 
 nlohmann::json Summarize(const Phase& phase, const Slo& slo);
+// What gale's counters say about a phase, from /metrics scraped before and after it: generated
+// tokens, speculative decoding (guesses, accepted, acceptance rate, mean tokens per verifying
+// step) and prefix cache hits. Empty object when the counters are absent.
+nlohmann::json ServerCounters(const std::map<std::string, double>& before, const std::map<std::string, double>& after);
 std::string SummaryText(const nlohmann::json& summary);
 // The load of the knee: the last phase before throughput gains under 10% for the next step, or
 // p99 TTFT more than doubles; -1 without at least two phases.

@@ -27,6 +27,9 @@ LoadResult RunLoad(const LoadConfig& cfg) {
     phase.load = plan.load;
     std::mutex mu;
     std::atomic<int64_t> issued{0}, in_flight{0}, done{0}, errors{0}, tokens{0};
+    // The server's own counters around the phase (gale's /metrics; absent from other servers).
+    std::map<std::string, double> before;
+    if (std::string text; GetText(cfg.target, "/metrics", 2.0, &text)) before = ParsePrometheus(text);
     const auto phase_start = Clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - phase_start).count(); };
     // Builds request i of the phase: body, and the lengths asked for.
@@ -116,6 +119,9 @@ LoadResult RunLoad(const LoadConfig& cfg) {
     progress.join();
     if (tty) std::fputc('\n', stderr);
     summaries.push_back(Summarize(phase, cfg.slo));
+    if (std::string text; !before.empty() && GetText(cfg.target, "/metrics", 2.0, &text)) {
+      summaries.back()["server"] = ServerCounters(before, ParsePrometheus(text));
+    }
     std::fputs(SummaryText(summaries.back()).c_str(), stdout);
     std::fflush(stdout);
     phases.push_back(std::move(phase));

@@ -73,6 +73,9 @@ std::string Metrics::Render(const Engine* engine) const {
     out += fmt::format("# HELP gale:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n# TYPE gale:prefix_cache_queries_total counter\ngale:prefix_cache_queries_total {}\n", s.prefix_cache_query_tokens.load());
     out += fmt::format("# HELP gale:prefix_cache_hits_total Prompt tokens found in the prefix cache.\n# TYPE gale:prefix_cache_hits_total counter\ngale:prefix_cache_hits_total {}\n", s.prefix_cache_hit_tokens.load());
     out += fmt::format("# HELP gale:prefix_cache_blocks Blocks findable in the prefix cache.\n# TYPE gale:prefix_cache_blocks gauge\ngale:prefix_cache_blocks {}\n", s.prefix_cache_blocks.load());
+    out += fmt::format("# HELP gale:spec_decode_num_drafts_total Verifications of one request's speculative guesses.\n# TYPE gale:spec_decode_num_drafts_total counter\ngale:spec_decode_num_drafts_total {}\n", s.spec_num_drafts.load());
+    out += fmt::format("# HELP gale:spec_decode_num_draft_tokens_total Speculative tokens guessed and verified.\n# TYPE gale:spec_decode_num_draft_tokens_total counter\ngale:spec_decode_num_draft_tokens_total {}\n", s.spec_num_draft_tokens.load());
+    out += fmt::format("# HELP gale:spec_decode_num_accepted_tokens_total Speculative tokens accepted.\n# TYPE gale:spec_decode_num_accepted_tokens_total counter\ngale:spec_decode_num_accepted_tokens_total {}\n", s.spec_num_accepted_tokens.load());
     out += fmt::format("# HELP gale:engine_steps_total Engine steps.\n# TYPE gale:engine_steps_total counter\ngale:engine_steps_total {}\n", s.num_steps.load());
   }
   return out;

@@ -14,8 +14,9 @@ struct NgramParams {
   int ngram_max = 4;  // longest suffix tried first
 };
 
-// Up to k tokens that followed the most recent earlier occurrence of the longest suffix of tokens
-// (between ngram_min and ngram_max tokens long) that occurred before; empty when none did.
+// k tokens guessed from the latest earlier occurrence of the longest suffix of tokens (between
+// ngram_min and ngram_max tokens long) that occurred before: what followed it, repeated as a loop
+// when that runs to the end; empty when no such suffix occurred before.
 std::vector<int32_t> ProposeNgram(std::span<const int32_t> tokens, int64_t k, const NgramParams& params);
 
 }  // namespace gale

@@ -98,6 +98,7 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--spec-max-step-tokens", sp.max_step_tokens,
                  "guesses only while a step's decode tokens plus guesses stay within this (off at large batch)")
       ->capture_default_str();
+  app.add_flag("--spec-always", sp.always, "guess --spec-tokens every step, even where the step-cost model says it slows decoding");
 }
 
 StatusOr<EngineConfig> EngineOptions::Resolve() {

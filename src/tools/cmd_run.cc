@@ -168,7 +168,8 @@ CommandFn RegisterRun(CLI::App& app) {
     const double prompt_s = first ? std::chrono::duration<double>(*first - (*stream)->created_at()).count() : 0.0;
     const double gen_s = first ? std::chrono::duration<double>(end - *first).count() : 0.0;
     const uint64_t kv_bytes = (*engine)->kv_bytes(), activations = (*engine)->activation_bytes();
-    const std::string spec = (*engine)->DescribeSpec();
+    std::string spec = (*engine)->DescribeSpec();
+    if (!spec.empty()) spec += "; " + (*engine)->DescribeSpecCosts();
     engine->reset();  // the engine thread stops recording before the profile is read
     SetProfiler(nullptr);
     if (!o->trace.empty()) {

@@ -204,6 +204,7 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   SpecConfig ngram;
   ngram.method = SpecMethod::kNgram;
   ngram.num_tokens = 4;
+  ngram.always = true;  // guess every step: the point is to verify many guesses
   SpecCounts a = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true, ngram);
   SpecCounts b = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, ngram);
   EXPECT_GT(a.accepted + b.accepted, 10);
@@ -212,6 +213,7 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   SpecConfig d;
   d.method = SpecMethod::kDraft;
   d.num_tokens = 3;
+  d.always = true;
   d.draft = m.model.get();
   a = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true, d);
   EXPECT_GT(a.accepted, 200);
@@ -415,6 +417,67 @@ TEST(EngineTest, StopStringsCutTheText) {
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
   EXPECT_LT(cut.tokens.size(), full.tokens.size());
   EXPECT_EQ(std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + cut.tokens.size()), cut.tokens);
+}
+
+// Several tokens per step (the model as its own draft: greedy guesses all accepted) stream the
+// same log-probabilities, and a stop string met inside an accepted run cuts text and tokens
+// where one-at-a-time decoding does.
+TEST(EngineTest, SpeculativeDecodingKeepsLogprobsAndStopStrings) {
+  const TestModel m = Stories();
+  ThreadPool pool(1);
+  auto run = [&](bool spec, GenerationRequest r, std::vector<TokenLogprobs>* lps, int64_t* accepted) {
+    EngineConfig cfg;
+    cfg.kv_cache_memory_bytes = 16ull << 20;
+    if (spec) {
+      cfg.spec.method = SpecMethod::kDraft;
+      cfg.spec.draft = m.model.get();
+      cfg.spec.num_tokens = 6;
+      cfg.spec.always = true;
+    }
+    auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
+    EXPECT_TRUE(engine.ok());
+    auto s = (*engine)->Submit(r);
+    EXPECT_TRUE(s.ok());
+    Result out;
+    StreamUpdate u;
+    while ((*s)->Next(&u)) {
+      out.tokens.insert(out.tokens.end(), u.token_ids.begin(), u.token_ids.end());
+      out.text += u.text;
+      if (lps != nullptr) lps->insert(lps->end(), u.logprobs.begin(), u.logprobs.end());
+      if (u.finished) out.reason = u.finish_reason;
+    }
+    *accepted = (*engine)->stats().spec_num_accepted_tokens.load();
+    return out;
+  };
+  GenerationRequest r;
+  r.prompt = m.tok->Encode("Once upon a time");
+  r.max_tokens = 60;
+  r.sampling.temperature = 0.0f;
+  r.top_logprobs = 3;
+  std::vector<TokenLogprobs> want_lp, got_lp;
+  int64_t accepted = 0;
+  const Result full = run(false, r, &want_lp, &accepted);
+  const Result fast = run(true, r, &got_lp, &accepted);
+  EXPECT_GT(accepted, 40);
+  EXPECT_EQ(fast.tokens, full.tokens);
+  EXPECT_EQ(fast.text, full.text);
+  ASSERT_EQ(got_lp.size(), want_lp.size());
+  for (size_t i = 0; i < got_lp.size(); ++i) {
+    EXPECT_EQ(got_lp[i].logprob, want_lp[i].logprob) << i;
+    EXPECT_EQ(got_lp[i].top, want_lp[i].top) << i;
+  }
+  // Stops at a few places in the text, each inside some accepted run.
+  r.top_logprobs = -1;
+  for (size_t from : {12, 40, 90}) {
+    const size_t at = full.text.find(' ', from);
+    ASSERT_NE(at, std::string::npos);
+    r.stop = {full.text.substr(at, 4)};
+    const Result one = run(false, r, nullptr, &accepted);
+    const Result many = run(true, r, nullptr, &accepted);
+    EXPECT_EQ(many.reason, FinishReason::kStop);
+    EXPECT_EQ(many.text, one.text);
+    EXPECT_EQ(many.tokens, one.tokens);
+  }
 }
 
 TEST(EngineTest, CancelAndShutdownFinishRequestsAndFreeBlocks) {

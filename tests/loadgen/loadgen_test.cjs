@@ -12,7 +12,20 @@ const assert = require('assert');
 
 const gale = process.argv[2];
 let mode = 'ok';
+// Counters as gale's /metrics has them: each completion "verifies" 4 guesses and accepts 2.
+let completions = 0;
 const server = http.createServer((req, res) => {
+  if (req.method === 'GET' && req.url === '/metrics') {
+    res.writeHead(200, { 'Content-Type': 'text/plain; version=0.0.4' });
+    return res.end(`# TYPE gale:spec_decode_num_drafts_total counter\ngale:spec_decode_num_drafts_total ${completions}\n` +
+                   `gale:spec_decode_num_draft_tokens_total ${4 * completions}\n` +
+                   `gale:spec_decode_num_accepted_tokens_total ${2 * completions}\n`);
+  }
+  if (req.method === 'GET') {
+    res.writeHead(404);
+    return res.end();
+  }
+  completions++;
   let body = '';
   req.on('data', (c) => (body += c));
   req.on('end', () => {
@@ -62,6 +75,11 @@ server.listen(0, '127.0.0.1', async () => {
     }
     const s = j.summaries[0];
     assert.ok(s.tpot_s.p50 > 0.035 && s.tpot_s.p50 < 0.07);
+    // The server's counters over the phase: 12 completions, 48 guesses, 24 accepted.
+    assert.strictEqual(s.server.spec_draft_tokens, 48);
+    assert.strictEqual(s.server.spec_acceptance_rate, 0.5);
+    assert.strictEqual(s.server.spec_mean_tokens_per_verify, 3);
+    assert.ok(r.stdout.includes('speculative 24 of 48 guesses accepted (50.0%)'), r.stdout);
     const html = fs.readFileSync(path.join(out, 'report.html'), 'utf8');
     assert.ok((html.match(/<svg class="chart"/g) || []).length >= 3, 'charts missing');
   });

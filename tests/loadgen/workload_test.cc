@@ -115,3 +115,34 @@ TEST(LoadgenTest, PromptsShareTheirPrefixGroup) {
 
 }  // namespace
 }  // namespace gale::loadgen
+
+namespace gale::loadgen {
+namespace {
+
+// The server's counters around a phase: parsed from Prometheus text, differenced, and turned into
+// the speculative decoding and prefix cache figures the report prints.
+TEST(LoadgenTest, ServerCountersFromMetrics) {
+  const std::string before_text =
+      "# HELP gale:spec_decode_num_drafts_total x\n# TYPE gale:spec_decode_num_drafts_total counter\n"
+      "gale:spec_decode_num_drafts_total 10\ngale:spec_decode_num_draft_tokens_total 40\n"
+      "gale:spec_decode_num_accepted_tokens_total 20\ngale:prefix_cache_queries_total 100\n"
+      "gale:prefix_cache_hits_total 50\ngale:request_success_total{finished_reason=\"stop\"} 3\nnot a sample\n";
+  const std::string after_text =
+      "gale:spec_decode_num_drafts_total 30\ngale:spec_decode_num_draft_tokens_total 140\n"
+      "gale:spec_decode_num_accepted_tokens_total 70\ngale:prefix_cache_queries_total 300\n"
+      "gale:prefix_cache_hits_total 200\ngale:num_preemptions_total 2\n";
+  const auto before = ParsePrometheus(before_text), after = ParsePrometheus(after_text);
+  EXPECT_EQ(before.at("gale:request_success_total{finished_reason=\"stop\"}"), 3.0);
+  EXPECT_EQ(before.count("not a"), 0u);
+  const nlohmann::json c = ServerCounters(before, after);
+  EXPECT_DOUBLE_EQ(c["spec_draft_tokens"].get<double>(), 100.0);
+  EXPECT_DOUBLE_EQ(c["spec_acceptance_rate"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(c["spec_mean_tokens_per_verify"].get<double>(), 1.0 + 50.0 / 20.0);
+  EXPECT_DOUBLE_EQ(c["prefix_cache_hit_rate"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(c["preemptions"].get<double>(), 2.0);
+  // Another server's metrics: nothing to say.
+  EXPECT_TRUE(ServerCounters({}, ParsePrometheus("http_requests_total 5\n")).empty());
+}
+
+}  // namespace
+}  // namespace gale::loadgen

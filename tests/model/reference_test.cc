@@ -3,10 +3,14 @@
 // one, one converted now by gale, and llama.cpp's conversion), on every kernel ISA this CPU has.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
@@ -31,12 +35,25 @@ const json& Reference() {
   return ref;
 }
 
+// Deletes the converted file when the test process exits.
+struct TempFile {
+  std::string path;
+  ~TempFile() {
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
+
 std::string ConvertedNow() {
+  static TempFile file;
   static const std::string path = [] {
-    const std::string out = (std::filesystem::temp_directory_path() / "gale_ref_stories260K.gguf").string();
+    // One file per process: ctest runs the tests of this suite in parallel processes, and one
+    // rewriting the file while another has it mapped fails both.
+    const std::string out =
+        (std::filesystem::temp_directory_path() / fmt::format("gale_ref_stories260K.{}.gguf", getpid())).string();
     auto w = ConvertLlama2c(test::SharedDir() + "/models/stories260K.bin", test::SharedDir() + "/models/tok512.bin");
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     EXPECT_TRUE(w->WriteFile(out).ok());
+    file.path = out;
     return out;
   }();
   return path;

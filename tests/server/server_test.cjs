@@ -279,6 +279,32 @@ function rawStream(port, cutAfter) {
     assert.ok(metricValue(m, 'gale:prefix_cache_hits_total') > 0);
   });
 
+  await check('--spec ngram: same greedy text (streamed and not), guesses counted in /metrics', async () => {
+    const s4 = await startServer(['--spec', 'ngram', '--no-warmup']);
+    try {
+      const spec = new OpenAI({ baseURL: `http://127.0.0.1:${s4.port}/v1`, apiKey: 'x', maxRetries: 0 });
+      for (const prompt of ['Once upon a time', 'Lily and Tom went to the park. Lily and Tom']) {
+        const params = { prompt, max_tokens: 120, temperature: 0, ignore_eos: true };
+        const want = (await client.completions.create(params)).choices[0].text;
+        const got = (await spec.completions.create(params)).choices[0].text;
+        assert.strictEqual(got, want);
+        let streamed = '';
+        for await (const c of await spec.completions.create({ ...params, stream: true })) streamed += c.choices[0].text;
+        assert.strictEqual(streamed, want);
+        // Seeded sampling gives the same text too.
+        const sampled = { prompt, max_tokens: 60, temperature: 0.8, seed: 7 };
+        assert.strictEqual((await spec.completions.create(sampled)).choices[0].text,
+                           (await client.completions.create(sampled)).choices[0].text);
+      }
+      const m = (await request(s4.port, 'GET', '/metrics')).body;
+      assert.ok(metricValue(m, 'gale:spec_decode_num_draft_tokens_total') > 0, 'no guesses verified');
+      assert.ok(metricValue(m, 'gale:spec_decode_num_accepted_tokens_total') > 0, 'no guess accepted');
+      assert.ok(metricValue(m, 'gale:spec_decode_num_drafts_total') > 0);
+    } finally {
+      s4.proc.kill('SIGTERM');
+    }
+  });
+
   await check('SIGTERM exits cleanly while a request is in flight', async () => {
     const pending = client.completions.create({ prompt: 'Once upon a time', max_tokens: 200, temperature: 0 });
     await new Promise((r) => setTimeout(r, 30));
