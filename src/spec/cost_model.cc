@@ -8,6 +8,7 @@ namespace gale {
 
 void SpecCostModel::AddStep(int64_t tokens, double seconds) {
   const double x = static_cast<double>(tokens);
+  ++num_steps_;
   w_ = w_ * kForget + 1.0;
   sx_ = sx_ * kForget + x;
   sy_ = sy_ * kForget + seconds;
@@ -38,7 +39,7 @@ double SpecCostModel::fixed_seconds() const {
 
 int64_t SpecCostModel::Guesses(double alpha, int64_t n, int64_t max_k) const {
   if (max_k <= 0) return 0;
-  if (!ready()) return max_k;
+  if (!ready()) return num_steps_ % 2 == 0 ? max_k : 0;
   const double b = per_token_seconds(), step = fixed_seconds() + b * static_cast<double>(n);
   if (step <= 0) return max_k;
   const double threshold = (b + draft_seconds_per_guess()) * static_cast<double>(n) / step;

@@ -21,7 +21,8 @@ class SpecCostModel {
   // The draft model spent `seconds` proposing `guesses` tokens.
   void AddDraft(int64_t guesses, double seconds);
 
-  // True once steps of different sizes have been seen (until then Guesses explores: max_k).
+  // True once steps of different sizes have been seen recently. Until then Guesses explores:
+  // max_k on every other step and none on the others, so the steps differ in size.
   bool ready() const;
   double fixed_seconds() const;
   double per_token_seconds() const;
@@ -34,6 +35,7 @@ class SpecCostModel {
  private:
   static constexpr double kForget = 0.98;  // weight of a step 35 steps ago: 0.5
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  int64_t num_steps_ = 0;
   double draft_seconds_ = 0, draft_guesses_ = 0;
 };
 

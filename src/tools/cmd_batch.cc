@@ -275,6 +275,7 @@ CommandFn RegisterBatch(CLI::App& app) {
                    static_cast<long long>(st.prefix_cache_blocks.load()),
                    static_cast<long long>(st.prefix_cache_evictions.load()));
     }
+    if (const std::string spec = (*engine)->DescribeSpec(); !spec.empty()) std::fprintf(stderr, "%s\n", spec.c_str());
     return num_failed > 0 ? 2 : 0;
   };
 }

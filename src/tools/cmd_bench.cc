@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "model/llama_model.h"
+#include "model/tokenizer.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/roofline.h"
@@ -39,6 +41,8 @@ struct Result {
   double roofline_fraction = 0.0;
   double ttft_ms = 0.0;      // end-to-end tests: mean time to first token
   double seconds = 0.0;      // end-to-end tests: mean wall time of one run
+  double spec_acceptance_rate = -1.0;    // end-to-end tests with --spec: accepted / guessed
+  double spec_tokens_per_verify = -1.0;  // 1 + accepted per verification
 };
 
 void MeanStd(const std::vector<double>& v, double* mean, double* std) {
@@ -73,7 +77,7 @@ CommandFn RegisterBench(CLI::App& app) {
     int reps = 5;
     int threads = ThreadPool::DefaultNumThreads();
     double bandwidth = 0.0;
-    std::string trace;
+    std::string trace, prompt_file;
     LoadOptions load;
     bool profile = false;
   };
@@ -93,6 +97,9 @@ CommandFn RegisterBench(CLI::App& app) {
                  "with --concurrency: this many tokens (one fixed random text, like a system prompt) in "
                  "front of every request's -p tokens")
       ->capture_default_str();
+  app.add_option("--prompt-file", o->prompt_file,
+                 "with --concurrency: every request's prompt is this file's text (e.g. a document to "
+                 "summarize or code to complete, for --spec ngram) instead of -p random tokens");
   o->engine.Register(app);
   app.add_option("-o,--output", o->output, "md | json | csv")->capture_default_str();
   app.add_option("--bandwidth", o->bandwidth, "memory read bandwidth in GB/s (default: measure it)");
@@ -242,8 +249,20 @@ CommandFn RegisterBench(CLI::App& app) {
       auto engine = Engine::Create(**model, nullptr, *engine_cfg, pool);
       if (!engine.ok()) return fail(engine.status().ToString());
       std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
-      const int64_t n_prompt = std::max<int64_t>(o->n_prompt, 1), n_gen = std::max<int64_t>(o->n_gen, 1);
-      const std::vector<int32_t> prefix = random_tokens(o->shared_prefix);
+      int64_t n_prompt = std::max<int64_t>(o->n_prompt, 1);
+      const int64_t n_gen = std::max<int64_t>(o->n_gen, 1);
+      std::vector<int32_t> prefix = random_tokens(o->shared_prefix);
+      if (!o->prompt_file.empty()) {
+        std::ifstream f(o->prompt_file, std::ios::binary);
+        if (!f) return fail("cannot read --prompt-file " + o->prompt_file);
+        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        auto tok = Tokenizer::FromGguf(**file);
+        if (!tok.ok()) return fail(tok.status().WithContext("--prompt-file needs the model's tokenizer").ToString());
+        std::vector<int32_t> ids = (*tok)->Encode(text);
+        if ((*tok)->bos_id() >= 0) ids.insert(ids.begin(), (*tok)->bos_id());
+        prefix.insert(prefix.end(), ids.begin(), ids.end());
+        n_prompt = 0;
+      }
       struct Run {
         double tokens_per_second, ttft_ms, seconds;
       };
@@ -253,7 +272,7 @@ CommandFn RegisterBench(CLI::App& app) {
         for (int64_t i = 0; i < c; ++i) {
           GenerationRequest req;
           req.prompt = prefix;
-          const auto own = random_tokens(n_prompt);
+          const auto own = random_tokens(n_prompt);  // none with --prompt-file
           req.prompt.insert(req.prompt.end(), own.begin(), own.end());
           req.max_tokens = n_gen;
           req.sampling.temperature = 0.0f;
@@ -275,8 +294,11 @@ CommandFn RegisterBench(CLI::App& app) {
         return Run{static_cast<double>(generated) / sec, 1e3 * ttft_sum / static_cast<double>(c), sec};
       };
       if (auto warm = run(1); !warm.ok()) return fail(warm.status().ToString());
+      const EngineStats& es = (*engine)->stats();
       for (int64_t c : concurrency) {
         std::vector<double> tps, ttft, secs;
+        const int64_t drafts0 = es.spec_num_drafts, guessed0 = es.spec_num_draft_tokens,
+                      accepted0 = es.spec_num_accepted_tokens;
         for (int rep = 0; rep < o->reps; ++rep) {
           auto t = run(c);
           if (!t.ok()) return fail(t.status().ToString());
@@ -285,18 +307,34 @@ CommandFn RegisterBench(CLI::App& app) {
           secs.push_back(t->seconds);
         }
         Result r;
-        r.test = o->shared_prefix > 0 ? fmt::format("e2e s{}+p{}+n{}", o->shared_prefix, n_prompt, n_gen)
-                                      : fmt::format("e2e p{}+n{}", n_prompt, n_gen);
+        r.test = !o->prompt_file.empty() ? fmt::format("e2e file{}+n{}", prefix.size(), n_gen)
+                 : o->shared_prefix > 0  ? fmt::format("e2e s{}+p{}+n{}", o->shared_prefix, n_prompt, n_gen)
+                                         : fmt::format("e2e p{}+n{}", n_prompt, n_gen);
+        if ((*engine)->config().spec.method != SpecMethod::kOff) {
+          const double drafts = static_cast<double>(es.spec_num_drafts - drafts0);
+          const double guessed = static_cast<double>(es.spec_num_draft_tokens - guessed0);
+          const double accepted = static_cast<double>(es.spec_num_accepted_tokens - accepted0);
+          r.spec_acceptance_rate = guessed > 0 ? accepted / guessed : 0.0;
+          r.spec_tokens_per_verify = drafts > 0 ? 1.0 + accepted / drafts : 0.0;
+          r.test += " spec-" + std::string(SpecMethodName((*engine)->config().spec.method));
+        }
         r.batch = c;
         MeanStd(tps, &r.tokens_per_second, &r.std);
         double unused;
         MeanStd(ttft, &r.ttft_ms, &unused);
         MeanStd(secs, &r.seconds, &unused);
         results.push_back(r);
-        std::fprintf(stderr, "concurrency %lld: %.1f generated tok/s, mean TTFT %.1f ms, %.3f s per run\n",
-                     static_cast<long long>(c), r.tokens_per_second, r.ttft_ms, r.seconds);
+        std::fprintf(stderr, "concurrency %lld: %.1f generated tok/s, mean TTFT %.1f ms, %.3f s per run%s\n",
+                     static_cast<long long>(c), r.tokens_per_second, r.ttft_ms, r.seconds,
+                     r.spec_acceptance_rate < 0
+                         ? ""
+                         : fmt::format("; speculative: {:.1f}% of guesses accepted, {:.2f} tokens per verifying step",
+                                       100.0 * r.spec_acceptance_rate, r.spec_tokens_per_verify)
+                               .c_str());
       }
-      const EngineStats& es = (*engine)->stats();
+      if (const std::string spec = (*engine)->DescribeSpec(); !spec.empty()) {
+        std::fprintf(stderr, "%s; %s\n", spec.c_str(), (*engine)->DescribeSpecCosts().c_str());
+      }
       if ((*engine)->config().enable_prefix_caching) {
         std::fprintf(stderr, "prefix cache: %lld of %lld prompt tokens found (%.1f%%), %lld blocks cached, %lld evictions\n",
                      static_cast<long long>(es.prefix_cache_hit_tokens.load()),
@@ -350,6 +388,10 @@ CommandFn RegisterBench(CLI::App& app) {
                        {"peak_gops", peak_ops / 1e9},
                        {"ttft_ms", r.ttft_ms},
                        {"seconds", r.seconds}});
+        if (r.spec_acceptance_rate >= 0) {
+          arr.back()["spec_acceptance_rate"] = r.spec_acceptance_rate;
+          arr.back()["spec_mean_accepted_length"] = r.spec_tokens_per_verify;
+        }
       }
       std::printf("%s\n", arr.dump(2).c_str());
     } else if (o->output == "csv") {

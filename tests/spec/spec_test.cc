@@ -50,7 +50,13 @@ TEST(NgramTest, ProposesWhatFollowedTheLatestLongestMatch) {
 TEST(SpecCostModelTest, GuessesWhereStepsAreBoundByReadingWeights) {
   SpecCostModel cost;
   EXPECT_FALSE(cost.ready());
-  EXPECT_EQ(cost.Guesses(0.1, 1, 6), 6);  // explores until it has a fit
+  // Until it has a fit it explores: all guesses on every other step, none on the others.
+  {
+    SpecCostModel fresh;
+    const int64_t first = fresh.Guesses(0.1, 1, 6);
+    fresh.AddStep(1, 1e-3);
+    EXPECT_EQ(first + fresh.Guesses(0.1, 1, 6), 6);
+  }
   // Weight-bound steps: 2 ms each plus 20 us per token.
   for (int i = 0; i < 40; ++i) cost.AddStep(1 + i % 5, 2e-3 + 20e-6 * (1 + i % 5));
   ASSERT_TRUE(cost.ready());
@@ -72,6 +78,9 @@ TEST(SpecCostModelTest, GuessesWhereStepsAreBoundByReadingWeights) {
   // After a long run of equal steps the fit is forgotten and guessing is explored again.
   for (int i = 0; i < 2000; ++i) small.AddStep(1, 110e-6);
   EXPECT_FALSE(small.ready());
+  const int64_t first = small.Guesses(0.1, 1, 6);
+  small.AddStep(1, 110e-6);
+  EXPECT_EQ(first + small.Guesses(0.1, 1, 6), 6);
 }
 
 // Upper 0.1% point of chi-square with df degrees of freedom (Wilson-Hilferty above 2).

@@ -76,6 +76,21 @@ else
   echo "FAIL batch concurrent vs one at a time (rc $rc1 $rc2):"; cat "$tmp/all.err"; diff "$tmp/one.jsonl" "$tmp/all.jsonl" | head -5
   fails=$((fails + 1))
 fi
+# Speculative decoding (prompt lookup, and the model as its own draft) changes nothing in the output.
+for spec in "--spec ngram --spec-always" "--spec draft --draft-model $(dirname "$0")/../../models/stories260K.gguf --spec-always"; do
+  # shellcheck disable=SC2086
+  "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/spec.jsonl" --kv-cache-memory 150K --block-size 8 --prefill-chunk-size 5 \
+    --max-num-batched-tokens 32 --no-progress $spec 2>"$tmp/spec.err"
+  if cmp -s "$tmp/one.jsonl" "$tmp/spec.jsonl" && grep -q 'speculative decoding .* guessed tokens accepted' "$tmp/spec.err"; then
+    pass=$((pass + 1))
+  else
+    echo "FAIL batch $spec vs without:"; cat "$tmp/spec.err"; diff "$tmp/one.jsonl" "$tmp/spec.jsonl" | head -5
+    fails=$((fails + 1))
+  fi
+done
+expect_fail batch-spec-no-draft "needs --draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft
+expect_fail batch-spec-bad "not one of off, ngram, draft" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec medusa
+expect_fail batch-spec-draft-missing "--draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft --draft-model "$tmp/none.gguf"
 expect_fail batch-missing-input "cannot open" -- "$GALE" batch -i "$tmp/none.jsonl" -o "$tmp/o.jsonl"
 expect_fail batch-bad-kv-type "--kv-type" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-type q2
 expect_fail batch-bad-kv-memory "unknown unit" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-cache-memory 3X
