@@ -334,7 +334,7 @@ TEST(KernelsTest, AttendMatchesScalar) {
     const KernelTable& simd = *GetKernelTable(isa);
     for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16}) {
       const int64_t elem = KvTypeBytes(type);
-      for (int head_dim : {8, 32, 64, 80, 96, 128}) {
+      for (int head_dim : {8, 16, 32, 64, 80, 96, 128}) {
         for (int64_t len : {1, 2, 15, 16, 17, 100}) {
           const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
           const int64_t block_size = 7, num_blocks = (len + block_size - 1) / block_size;

@@ -567,11 +567,13 @@ struct QueryState {
   float sum;
 };
 
-template <int kVecs>
+// kHalf: head_dim 8 (kVecs 1): the upper 8 lanes of the query, K and V are zero.
+template <int kVecs, bool kHalf = false>
 inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int i = 0; i < kVecs; ++i) {
-    st.q[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
+    const __m512 x = kHalf ? _mm512_maskz_loadu_ps(0xFF, q) : _mm512_loadu_ps(q + 16 * i);
+    st.q[i] = _mm512_mul_ps(x, _mm512_set1_ps(scale));
     st.acc[i] = _mm512_setzero_ps();
   }
   st.max = -INFINITY;
@@ -593,11 +595,33 @@ inline __m512 LoadKv16(const uint8_t* p) {
 template <KvType kType>
 inline constexpr int kKvElemBytes = kType == KvType::kF32 ? 4 : 2;
 
+// 8 K or V elements as f32 in the low lanes, zeros above.
+template <KvType kType>
+inline __m512 LoadKv8(const uint8_t* p) {
+  if constexpr (kType == KvType::kF32) {
+    return _mm512_maskz_loadu_ps(0xFF, p);
+  } else if constexpr (kType == KvType::kF16) {
+    return _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+}
+
+template <KvType kType, bool kHalf>
+inline __m512 LoadKv(const uint8_t* p) {
+  if constexpr (kHalf) {
+    return LoadKv8<kType>(p);
+  } else {
+    return LoadKv16<kType>(p);
+  }
+}
+
 // Keys of one block of n <= 16 positions into one query's state: scores, new running max,
 // rescale of the sum and output, then the weighted V rows. offs[j] is the byte offset of the
 // j-th position's row in K and in V. The same operations whatever other queries share the
 // block, so a query's result does not depend on how queries are grouped.
-template <int kVecs, KvType kType>
+template <int kVecs, KvType kType, bool kHalf = false>
 inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* offs, int n) {
   constexpr int kStep = 16 * kKvElemBytes<kType>;
   __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
@@ -607,7 +631,7 @@ inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v
       continue;
     }
     const uint8_t* kr = k + offs[j];
-    __m512 d = _mm512_mul_ps(st.q[0], LoadKv16<kType>(kr));
+    __m512 d = _mm512_mul_ps(st.q[0], LoadKv<kType, kHalf>(kr));
     for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv16<kType>(kr + kStep * i), d);
     part[j] = d;
   }
@@ -626,28 +650,35 @@ inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v
     st.sum += wts[j];
     const __m512 wv = _mm512_set1_ps(wts[j]);
     const uint8_t* vr = v + offs[j];
-    for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, LoadKv16<kType>(vr + kStep * i), st.acc[i]);
+    for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, LoadKv<kType, kHalf>(vr + kStep * i), st.acc[i]);
   }
   st.max = new_max;
 }
 
-template <int kVecs>
+template <int kVecs, bool kHalf = false>
 inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
   const __m512 inv = _mm512_set1_ps(1.0f / st.sum);
-  for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(st.acc[i], inv));
+  for (int i = 0; i < kVecs; ++i) {
+    if constexpr (kHalf) {
+      _mm512_mask_storeu_ps(out, 0xFF, _mm512_mul_ps(st.acc[i], inv));
+    } else {
+      _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(st.acc[i], inv));
+    }
+  }
 }
 
 // Several queries over the same K/V (one KV head of one sequence), 16 positions at a time, so
 // those K and V rows are read from memory once and from L1 for the other queries. Positions are
 // grouped in 16s from 0 whatever the cache's block size: the row offsets are looked up per
 // position, so a paged cache gives bitwise what a contiguous one does.
-template <int kVecs, KvType kType>
+template <int kVecs, KvType kType, bool kHalf = false>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                       int head_dim, float* const* outs) {
+  static_assert(!kHalf || kVecs == 1);
   QueryState<kVecs> st[kMaxAttendQueries];
   int64_t max_len = 0;
   for (int i = 0; i < num_queries; ++i) {
-    InitQuery(st[i], qs[i], head_dim);
+    InitQuery<kVecs, kHalf>(st[i], qs[i], head_dim);
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
   int64_t offs[16];
@@ -664,16 +695,18 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
     for (int i = 0; i < num_queries; ++i) {
       if (lens[i] <= p0) continue;
       const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
-      QueryBlock<kVecs, kType>(st[i], kv.k, kv.v, offs, n);
+      QueryBlock<kVecs, kType, kHalf>(st[i], kv.k, kv.v, offs, n);
     }
   }
-  for (int i = 0; i < num_queries; ++i) FinishQuery(st[i], outs[i]);
+  for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs, kHalf>(st[i], outs[i]);
 }
 
 template <KvType kType>
 void AttendManyOfType(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                       int head_dim, float* const* outs) {
   switch (head_dim) {
+    case 8: return AttendManyOnline<1, kType, true>(qs, lens, num_queries, kv, head_dim, outs);
+    case 16: return AttendManyOnline<1, kType>(qs, lens, num_queries, kv, head_dim, outs);
     case 32: return AttendManyOnline<2, kType>(qs, lens, num_queries, kv, head_dim, outs);
     case 64: return AttendManyOnline<4, kType>(qs, lens, num_queries, kv, head_dim, outs);
     case 80: return AttendManyOnline<5, kType>(qs, lens, num_queries, kv, head_dim, outs);
