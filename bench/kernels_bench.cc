@@ -56,14 +56,14 @@ void BM_MatMul(benchmark::State& state) {
 }
 BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 64}, {1, 2}})->UseRealTime();
 
-// args: context length, KV type (0 f32, 1 f16, 2 bf16). 12 heads of 64 over one token's paged
+// args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4). 12 heads of 64 over one token's paged
 // cache (blocks of 16 in reverse order), one thread.
 void BM_Attention(benchmark::State& state) {
   const int64_t len = state.range(0), block_size = 16;
   const auto type = static_cast<kernels::KvType>(state.range(1));
   const int heads = 12, head_dim = 64;
   const int64_t num_blocks = (len + block_size - 1) / block_size;
-  KvStorage kv(1, heads * head_dim, num_blocks, block_size, type);
+  KvStorage kv(1, heads, head_dim, num_blocks, block_size, type);
   std::vector<int32_t> table(num_blocks);
   for (int64_t i = 0; i < num_blocks; ++i) table[i] = static_cast<int32_t>(num_blocks - 1 - i);
   Rng rng(2);
@@ -82,10 +82,10 @@ void BM_Attention(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetLabel(kernels::KvTypeName(type));
-  state.counters["GB/s"] = benchmark::Counter(2.0 * len * heads * head_dim * kernels::KvTypeBytes(type),
+  state.counters["GB/s"] = benchmark::Counter(2.0 * len * kv.row_bytes(),
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Attention)->ArgsProduct({{128, 1024, 4096}, {0, 1, 2}});
+BENCHMARK(BM_Attention)->ArgsProduct({{128, 1024, 4096}, {0, 1, 2, 3, 4}});
 
 void BM_QuantizeActivations(benchmark::State& state) {
   const int64_t k = 4096;

@@ -77,7 +77,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
     return InvalidArgument("kv cache ratio must be in (0, 1], got {}", config.kv_cache_ratio);
   }
   const LlamaHParams& hp = model.hparams();
-  const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.kv_dim(), config.block_size, config.kv_type);
+  if (config.kv_type == kernels::KvType::kInt4 && hp.head_dim % 2 != 0) {
+    return InvalidArgument("int4 KV cache needs an even head size, the model's is {}", hp.head_dim);
+  }
+  const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, config.block_size, config.kv_type);
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
     // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
@@ -115,7 +118,8 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
       tokenizer_(tokenizer),
       config_(config),
       num_blocks_(num_blocks),
-      storage_(model.hparams().num_layers, model.hparams().kv_dim(), num_blocks, config.block_size, config.kv_type),
+      storage_(model.hparams().num_layers, model.hparams().num_kv_heads, model.hparams().head_dim, num_blocks,
+               config.block_size, config.kv_type),
       kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool),

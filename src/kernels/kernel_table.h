@@ -34,15 +34,17 @@ struct QuantizedActs {
   int64_t k_stride;     // k rounded up to kActPad
 };
 
-// Element type of the KV cache.
-enum class KvType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element type of the KV cache. int8/int4: each KV head's row segment is an f16 scale followed
+// by head_dim symmetric integers (int8: -127..127; int4: -7..7 stored + 8 in nibbles, element 2i
+// in the low and 2i+1 in the high nibble of byte i); value = scale * integer.
+enum class KvType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kInt8 = 3, kInt4 = 4 };
 
 // The K and V rows of one KV head of one sequence in a paged cache. Position p is at byte offset
 //   block_table[p / block_size] * block_bytes + (p % block_size) * row_bytes
 // from k and from v (the two caches share one layout). A contiguous cache is one block:
 // block_table = {0}, block_size >= the length.
 struct KvBlockView {
-  const uint8_t* k;            // K storage of one layer, offset to the KV head
+  const uint8_t* k;            // K storage of one layer, offset to the KV head's row segment
   const uint8_t* v;            // V storage, same layout
   const int32_t* block_table;  // [num_logical_blocks] physical block ids
   int64_t block_size;          // positions per block

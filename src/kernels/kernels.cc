@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/fp16.h"
 #include "base/cpu.h"
 #include "kernels/isa_tables.h"
 
@@ -221,14 +222,84 @@ const char* KvTypeName(KvType type) {
     case KvType::kF32: return "f32";
     case KvType::kF16: return "f16";
     case KvType::kBF16: return "bf16";
+    case KvType::kInt8: return "int8";
+    case KvType::kInt4: return "int4";
   }
   return "?";
+}
+
+void StoreKvHead(const float* x, int64_t head_dim, KvType type, uint8_t* dst) {
+  switch (type) {
+    case KvType::kF32:
+      std::memcpy(dst, x, static_cast<size_t>(head_dim) * sizeof(float));
+      return;
+    case KvType::kF16:
+      Active().to_f16(x, reinterpret_cast<uint16_t*>(dst), head_dim);
+      return;
+    case KvType::kBF16:
+      Active().to_bf16(x, reinterpret_cast<uint16_t*>(dst), head_dim);
+      return;
+    case KvType::kInt8:
+    case KvType::kInt4: {
+      const int qmax = type == KvType::kInt8 ? 127 : 7;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < head_dim; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
+      // The scale as stored (f16, capped at its largest finite value) is the one quantized with.
+      const uint16_t s16 = Fp32ToFp16(std::min(amax / static_cast<float>(qmax), 65504.0f));
+      std::memcpy(dst, &s16, 2);
+      const float scale = Fp16ToFp32(s16);
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      auto q = [&](float v) {
+        const int r = static_cast<int>(std::nearbyint(v * inv));
+        return r < -qmax ? -qmax : r > qmax ? qmax : r;
+      };
+      uint8_t* d = dst + 2;
+      if (type == KvType::kInt8) {
+        for (int64_t i = 0; i < head_dim; ++i) d[i] = static_cast<uint8_t>(static_cast<int8_t>(q(x[i])));
+      } else {
+        for (int64_t i = 0; i < head_dim; i += 2) {
+          d[i / 2] = static_cast<uint8_t>((q(x[i]) + 8) | ((q(x[i + 1]) + 8) << 4));
+        }
+      }
+      return;
+    }
+  }
+}
+
+void LoadKvHead(const uint8_t* src, int64_t head_dim, KvType type, float* out) {
+  switch (type) {
+    case KvType::kF32:
+      std::memcpy(out, src, static_cast<size_t>(head_dim) * sizeof(float));
+      return;
+    case KvType::kF16:
+    case KvType::kBF16:
+      for (int64_t i = 0; i < head_dim; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = type == KvType::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
+      }
+      return;
+    case KvType::kInt8:
+    case KvType::kInt4: {
+      uint16_t s16;
+      std::memcpy(&s16, src, 2);
+      const float scale = Fp16ToFp32(s16);
+      const uint8_t* d = src + 2;
+      for (int64_t i = 0; i < head_dim; ++i) {
+        const int v = type == KvType::kInt8 ? static_cast<int8_t>(d[i]) : ((d[i / 2] >> (4 * (i & 1))) & 0xF) - 8;
+        out[i] = scale * static_cast<float>(v);
+      }
+      return;
+    }
+  }
 }
 
 std::optional<KvType> ParseKvType(std::string_view name) {
   if (name == "f32") return KvType::kF32;
   if (name == "f16") return KvType::kF16;
   if (name == "bf16") return KvType::kBF16;
+  if (name == "int8") return KvType::kInt8;
+  if (name == "int4") return KvType::kInt4;
   return std::nullopt;
 }
 
@@ -236,8 +307,8 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool) {
   const KernelTable& kt = Active();
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
-  const int64_t elem_bytes = KvTypeBytes(kv.type);
-  const int64_t row_bytes = static_cast<int64_t>(num_kv_heads) * head_dim * elem_bytes;
+  const int64_t head_bytes = KvHeadBytes(kv.type, head_dim);
+  const int64_t row_bytes = num_kv_heads * head_bytes;
   const int group = num_heads / num_kv_heads;
   // A task is a run of consecutive tokens of one sequence and one KV head: its query heads share
   // the K/V rows, which attend_many then reads once per 16 positions for all of them.
@@ -272,7 +343,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
           ++nq;
         }
       }
-      const int64_t head_off = static_cast<int64_t>(task.kv_head) * head_dim * elem_bytes;
+      const int64_t head_off = task.kv_head * head_bytes;
       const KvBlockView view{kv.k + head_off, kv.v + head_off, block_tables[task.t_begin], kv.block_size,
                              kv.block_size * row_bytes, row_bytes, kv.type};
       kt.attend_many(qs, lens, nq, view, head_dim, outs);

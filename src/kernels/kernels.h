@@ -61,13 +61,29 @@ void SiluMul(float* gate, const float* up, int64_t n);
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 
-// Bytes of one KV cache element.
-inline int64_t KvTypeBytes(KvType type) { return type == KvType::kF32 ? 4 : 2; }
+// Bytes of one KV head's row segment (one position): head_dim elements, plus the f16 scale for
+// int8/int4 (int4 needs an even head_dim).
+inline int64_t KvHeadBytes(KvType type, int64_t head_dim) {
+  switch (type) {
+    case KvType::kF32: return 4 * head_dim;
+    case KvType::kF16:
+    case KvType::kBF16: return 2 * head_dim;
+    case KvType::kInt8: return 2 + head_dim;
+    case KvType::kInt4: return 2 + head_dim / 2;
+  }
+  return 0;
+}
+inline bool KvTypeQuantized(KvType type) { return type == KvType::kInt8 || type == KvType::kInt4; }
 const char* KvTypeName(KvType type);
-std::optional<KvType> ParseKvType(std::string_view name);  // "f32", "f16", "bf16"
+std::optional<KvType> ParseKvType(std::string_view name);  // "f32", "f16", "bf16", "int8", "int4"
+
+// One KV head's row segment to and from f32 (scalar; the quantized types round to nearest with
+// the f16-rounded scale amax / 127 or amax / 7).
+void StoreKvHead(const float* x, int64_t head_dim, KvType type, uint8_t* dst);
+void LoadKvHead(const uint8_t* src, int64_t head_dim, KvType type, float* out);
 
 // One layer of a paged KV cache as attention reads it: K and V are each
-// [num_blocks, block_size, num_kv_heads * head_dim] elements of type.
+// [num_blocks, block_size, num_kv_heads] row segments of KvHeadBytes(type, head_dim) bytes.
 struct KvLayer {
   const uint8_t* k;
   const uint8_t* v;

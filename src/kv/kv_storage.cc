@@ -1,5 +1,5 @@
-// KV storage: large zeroed allocations (calloc maps fresh pages, committed on first write) and
-// the f32 -> f16/bf16 conversion of rows as they are stored.
+// KV storage: large zeroed allocations (anonymous pages, committed on first write) and the
+// conversion of rows as they are stored.
 #include "kv/kv_storage.h"
 
 #include <sys/mman.h>
@@ -37,18 +37,25 @@ std::unique_ptr<uint8_t, void (*)(void*)> AllocZeroed(uint64_t bytes) {
 
 }  // namespace
 
-KvStorage::KvStorage(int64_t num_layers, int64_t kv_dim, int64_t num_blocks, int64_t block_size,
-                     kernels::KvType type)
-    : num_layers_(num_layers), kv_dim_(kv_dim), num_blocks_(num_blocks), block_size_(block_size), type_(type) {
-  CHECK(num_layers > 0 && kv_dim > 0 && num_blocks > 0 && block_size > 0);
-  row_bytes_ = kv_dim * kernels::KvTypeBytes(type);
+KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+                     int64_t block_size, kernels::KvType type)
+    : num_layers_(num_layers),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      type_(type) {
+  CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
+  CHECK(type != kernels::KvType::kInt4 || head_dim % 2 == 0);
+  row_bytes_ = num_kv_heads * kernels::KvHeadBytes(type, head_dim);
   layer_bytes_ = num_blocks * block_size * row_bytes_;
   k_ = AllocZeroed(static_cast<uint64_t>(layer_bytes_) * num_layers);
   v_ = AllocZeroed(static_cast<uint64_t>(layer_bytes_) * num_layers);
 }
 
-uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t kv_dim, int64_t block_size, kernels::KvType type) {
-  return 2ull * num_layers * block_size * kv_dim * kernels::KvTypeBytes(type);
+uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                  kernels::KvType type) {
+  return 2ull * num_layers * block_size * num_kv_heads * kernels::KvHeadBytes(type, head_dim);
 }
 
 kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
@@ -65,40 +72,39 @@ uint8_t* KvStorage::Row(const std::unique_ptr<uint8_t, void (*)(void*)>& base, i
 void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v) {
   uint8_t* kd = Row(k_, layer_idx, block_id, offset_in_block);
   uint8_t* vd = Row(v_, layer_idx, block_id, offset_in_block);
+  const int64_t kv_dim = num_kv_heads_ * head_dim_;
   switch (type_) {
     case kernels::KvType::kF32:
       std::memcpy(kd, k, row_bytes_);
       std::memcpy(vd, v, row_bytes_);
       return;
-    case kernels::KvType::kF16:
-      kernels::Active().to_f16(k, reinterpret_cast<uint16_t*>(kd), kv_dim_);
-      kernels::Active().to_f16(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
+    case kernels::KvType::kF16:  // no per-head scales: the row converts in one go
+      kernels::Active().to_f16(k, reinterpret_cast<uint16_t*>(kd), kv_dim);
+      kernels::Active().to_f16(v, reinterpret_cast<uint16_t*>(vd), kv_dim);
       return;
     case kernels::KvType::kBF16:
-      kernels::Active().to_bf16(k, reinterpret_cast<uint16_t*>(kd), kv_dim_);
-      kernels::Active().to_bf16(v, reinterpret_cast<uint16_t*>(vd), kv_dim_);
+      kernels::Active().to_bf16(k, reinterpret_cast<uint16_t*>(kd), kv_dim);
+      kernels::Active().to_bf16(v, reinterpret_cast<uint16_t*>(vd), kv_dim);
       return;
+    case kernels::KvType::kInt8:
+    case kernels::KvType::kInt4: {
+      const int64_t seg = kernels::KvHeadBytes(type_, head_dim_);
+      for (int64_t h = 0; h < num_kv_heads_; ++h) {
+        kernels::StoreKvHead(k + h * head_dim_, head_dim_, type_, kd + h * seg);
+        kernels::StoreKvHead(v + h * head_dim_, head_dim_, type_, vd + h * seg);
+      }
+      return;
+    }
   }
 }
 
 void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const {
   const uint8_t* ks = Row(k_, layer_idx, block_id, offset_in_block);
   const uint8_t* vs = Row(v_, layer_idx, block_id, offset_in_block);
-  for (int64_t i = 0; i < kv_dim_; ++i) {
-    switch (type_) {
-      case kernels::KvType::kF32:
-        k[i] = reinterpret_cast<const float*>(ks)[i];
-        v[i] = reinterpret_cast<const float*>(vs)[i];
-        break;
-      case kernels::KvType::kF16:
-        k[i] = Fp16ToFp32(reinterpret_cast<const uint16_t*>(ks)[i]);
-        v[i] = Fp16ToFp32(reinterpret_cast<const uint16_t*>(vs)[i]);
-        break;
-      case kernels::KvType::kBF16:
-        k[i] = Bf16ToFp32(reinterpret_cast<const uint16_t*>(ks)[i]);
-        v[i] = Bf16ToFp32(reinterpret_cast<const uint16_t*>(vs)[i]);
-        break;
-    }
+  const int64_t seg = kernels::KvHeadBytes(type_, head_dim_);
+  for (int64_t h = 0; h < num_kv_heads_; ++h) {
+    kernels::LoadKvHead(ks + h * seg, head_dim_, type_, k + h * head_dim_);
+    kernels::LoadKvHead(vs + h * seg, head_dim_, type_, v + h * head_dim_);
   }
 }
 

@@ -41,8 +41,8 @@ void Grow(std::vector<float>& v, size_t n) {
 KvCache::KvCache(const LlamaHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
                  int64_t block_size)
     : capacity_tokens_(capacity_tokens),
-      storage_(hp.num_layers, hp.kv_dim(), num_seqs * ((capacity_tokens + block_size - 1) / block_size), block_size,
-               type) {
+      storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim, num_seqs * ((capacity_tokens + block_size - 1) / block_size),
+               block_size, type) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
   tables_.resize(num_seqs);
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -216,7 +216,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
         kv.Write(l, table[pos / block_size], pos % block_size, ws.k.data() + t * kv_dim, ws.v.data() + t * kv_dim);
       }
     }, /*min_items_per_thread=*/4);
-    span.Next("attention", n, kv_positions * kv_dim * 2 * kernels::KvTypeBytes(kv.type()), l);
+    span.Next("attention", n, kv_positions * 2 * kv.row_bytes(), l);
     kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.tables.data(), kv.Layer(l),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
                        static_cast<int>(hp_.head_dim), ws.xb.data(), pool);

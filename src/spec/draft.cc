@@ -21,7 +21,8 @@ StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const LlamaModel&
 DraftProposer::DraftProposer(const LlamaModel& draft, int64_t num_blocks, int64_t block_size,
                              kernels::KvType kv_type, ThreadPool& pool)
     : model_(draft),
-      storage_(draft.hparams().num_layers, draft.hparams().kv_dim(), num_blocks, block_size, kv_type),
+      storage_(draft.hparams().num_layers, draft.hparams().num_kv_heads, draft.hparams().head_dim, num_blocks, block_size,
+               kv_type),
       kv_(static_cast<int32_t>(num_blocks), block_size, /*enable_prefix_caching=*/false),
       runner_(draft, storage_, pool) {}
 

@@ -78,7 +78,9 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--kv-cache-ratio", config.kv_cache_ratio,
                  "share of the memory available after loading the model that the KV cache may take")
       ->capture_default_str();
-  app.add_option("--kv-type", kv_type, "KV cache element type: f32 | f16 | bf16")->capture_default_str();
+  app.add_option("--kv-type,--kv-cache-dtype", kv_type,
+                 "KV cache element type: f32 | f16 | bf16 | int8 | int4 (int8/int4: an f16 scale per position and head)")
+      ->capture_default_str();
   app.add_option("--max-num-batched-tokens", s.max_num_batched_tokens, "token budget of one engine step")
       ->capture_default_str();
   app.add_option("--max-batch-size", s.max_batch_size, "most requests running at once")->capture_default_str();
@@ -110,7 +112,7 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
     c.kv_cache_memory_bytes = *b;
   }
   const auto t = kernels::ParseKvType(kv_type);
-  if (!t) return InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16", kv_type);
+  if (!t) return InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16, int8, int4", kv_type);
   c.kv_type = *t;
   c.enable_prefix_caching = !no_prefix_cache;
   RETURN_IF_ERROR(c.sched.Validate());

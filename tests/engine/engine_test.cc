@@ -139,7 +139,7 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   cfg.block_size = 4;
   const auto& hp = m.model->hparams();
   // 40 blocks = 160 tokens: the longest request (61 + 40) fits alone, 32 at once cannot.
-  cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.kv_dim(), cfg.block_size, type);
+  cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, type);
   cfg.kv_type = type;
   cfg.enable_prefix_caching = shared_prefixes;
   cfg.spec = spec;
@@ -238,6 +238,21 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   d.num_tokens = 5;
   a = ExpectConcurrentEqualsAlone(target, kernels::KvType::kF16, /*shared_prefixes=*/false, d);
   EXPECT_GT(a.accepted, 20);
+}
+
+// Quantized KV (int8, int4) under the exactness workload: preemption, prefix sharing and
+// speculative decoding change no output (every write of a position quantizes the same values the
+// same way), and every block is free afterwards.
+TEST(EngineTest, QuantizedKvKeepsOutputsExact) {
+  const TestModel m = Stories();
+  ExpectConcurrentEqualsAlone(m, kernels::KvType::kInt8, /*shared_prefixes=*/true);
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.always = true;
+  ExpectConcurrentEqualsAlone(m, kernels::KvType::kInt4, /*shared_prefixes=*/false, ngram);
+  const TestModel s = Synthetic();
+  ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/false);
+  ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt4, /*shared_prefixes=*/true);
 }
 
 TEST(EngineTest, SpeculativeDecodingRejectsBadSettings) {

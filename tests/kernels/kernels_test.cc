@@ -332,9 +332,9 @@ TEST(KernelsTest, AttendMatchesScalar) {
   const KernelTable& ref = *GetKernelTable(Isa::kScalar);
   for (Isa isa : SimdIsas()) {
     const KernelTable& simd = *GetKernelTable(isa);
-    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16}) {
-      const int64_t elem = KvTypeBytes(type);
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4}) {
       for (int head_dim : {8, 16, 32, 64, 80, 96, 128}) {
+        const int64_t seg = KvHeadBytes(type, head_dim);
         for (int64_t len : {1, 2, 15, 16, 17, 100}) {
           const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
           const int64_t block_size = 7, num_blocks = (len + block_size - 1) / block_size;
@@ -343,20 +343,15 @@ TEST(KernelsTest, AttendMatchesScalar) {
           const auto q = test::RandomFloats(head_dim, head_dim + len, -2.0f, 2.0f);
           const auto kf = test::RandomFloats(num_blocks * block_size * kv_stride, len, -2.0f, 2.0f);
           const auto vf = test::RandomFloats(num_blocks * block_size * kv_stride, len + 1);
-          std::vector<uint8_t> k(kf.size() * elem), v(vf.size() * elem);
-          for (size_t i = 0; i < kf.size(); ++i) {
-            if (type == KvType::kF32) {
-              std::memcpy(&k[i * 4], &kf[i], 4);
-              std::memcpy(&v[i * 4], &vf[i], 4);
-            } else {
-              const uint16_t kh = type == KvType::kF16 ? Fp32ToFp16(kf[i]) : Fp32ToBf16(kf[i]);
-              const uint16_t vh = type == KvType::kF16 ? Fp32ToFp16(vf[i]) : Fp32ToBf16(vf[i]);
-              std::memcpy(&k[i * 2], &kh, 2);
-              std::memcpy(&v[i * 2], &vh, 2);
-            }
+          // Rows of three head segments, each stored as the KV cache stores it.
+          const int64_t rows = num_blocks * block_size;
+          std::vector<uint8_t> k(rows * 3 * seg), v(rows * 3 * seg);
+          for (int64_t r = 0; r < rows * 3; ++r) {
+            StoreKvHead(kf.data() + r * head_dim, head_dim, type, k.data() + r * seg);
+            StoreKvHead(vf.data() + r * head_dim, head_dim, type, v.data() + r * seg);
           }
-          const KvBlockView view{k.data() + head_dim * elem, v.data() + head_dim * elem, table.data(), block_size,
-                                 block_size * kv_stride * elem, kv_stride * elem, type};
+          const KvBlockView view{k.data() + seg, v.data() + seg, table.data(), block_size, block_size * 3 * seg,
+                                 3 * seg, type};
           std::vector<float> want(head_dim), got(head_dim);
           const float* qp = q.data();
           float* wp = want.data();
@@ -366,13 +361,49 @@ TEST(KernelsTest, AttendMatchesScalar) {
           // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
           // differ by a few ulps of the weights.
           for (int d = 0; d < head_dim; ++d) {
-            ASSERT_NEAR(got[d], want[d], 2e-6f) << IsaName(isa) << " " << KvTypeName(type) << " hd " << head_dim
+            ASSERT_NEAR(got[d], want[d], 3e-6f) << IsaName(isa) << " " << KvTypeName(type) << " hd " << head_dim
                                                 << " len " << len;
           }
         }
       }
     }
   }
+}
+
+// int8/int4 row segments: the f16 scale is amax / 127 (or / 7) and every element comes back within
+// half a step of it; zero rows stay zero; int4 packs element pairs into bytes.
+TEST(KernelsTest, QuantizedKvSegmentsRoundTrip) {
+  for (KvType type : {KvType::kInt8, KvType::kInt4}) {
+    const int qmax = type == KvType::kInt8 ? 127 : 7;
+    for (int head_dim : {8, 64, 128}) {
+      ASSERT_EQ(KvHeadBytes(type, head_dim), 2 + (type == KvType::kInt8 ? head_dim : head_dim / 2));
+      for (uint64_t seed = 1; seed <= 20; ++seed) {
+        const auto x = test::RandomFloats(head_dim, seed, -3.0f, 3.0f);
+        std::vector<uint8_t> seg(KvHeadBytes(type, head_dim));
+        StoreKvHead(x.data(), head_dim, type, seg.data());
+        std::vector<float> y(head_dim);
+        LoadKvHead(seg.data(), head_dim, type, y.data());
+        float amax = 0.0f;
+        for (float f : x) amax = std::max(amax, std::fabs(f));
+        uint16_t s16;
+        std::memcpy(&s16, seg.data(), 2);
+        const float scale = Fp16ToFp32(s16);
+        ASSERT_NEAR(scale, amax / qmax, amax / qmax * 1e-3f);
+        for (int d = 0; d < head_dim; ++d) ASSERT_LE(std::fabs(y[d] - x[d]), 0.5f * scale * 1.01f + 1e-6f) << d;
+      }
+      std::vector<float> zeros(head_dim, 0.0f), y(head_dim, 1.0f);
+      std::vector<uint8_t> seg(KvHeadBytes(type, head_dim));
+      StoreKvHead(zeros.data(), head_dim, type, seg.data());
+      LoadKvHead(seg.data(), head_dim, type, y.data());
+      for (float f : y) ASSERT_EQ(f, 0.0f);
+    }
+  }
+  // Element 2i in the low nibble, 2i+1 in the high one, stored + 8.
+  const float x[4] = {7.0f, -7.0f, 0.0f, 3.0f};
+  uint8_t seg[4];
+  StoreKvHead(x, 4, KvType::kInt4, seg);
+  EXPECT_EQ(seg[2], (7 + 8) | ((-7 + 8) << 4));
+  EXPECT_EQ(seg[3], (0 + 8) | ((3 + 8) << 4));
 }
 
 // Queries attended together get bitwise what each gets alone, whatever their lengths.

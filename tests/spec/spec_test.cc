@@ -124,7 +124,7 @@ TEST(SpecVerifyTest, KeepsTheTargetDistributionOnTheDefaultModel) {
   auto tok = Tokenizer::FromGguf(*file).value();
   ThreadPool pool(1);
   const auto& hp = model->hparams();
-  KvStorage storage(hp.num_layers, hp.kv_dim(), 8, 16, kernels::KvType::kF32);
+  KvStorage storage(hp.num_layers, hp.num_kv_heads, hp.head_dim, 8, 16, kernels::KvType::kF32);
   KvCacheManager kv(8, 16);
   ModelRunner runner(*model, storage, pool);
   std::vector<int32_t> prompt = tok->Encode("Once upon a time, there was a little");

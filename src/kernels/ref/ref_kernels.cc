@@ -6,6 +6,7 @@
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
+#include "kernels/kernels.h"
 
 namespace gale::kernels {
 namespace {
@@ -136,11 +137,10 @@ int64_t RowOffset(const KvBlockView& kv, int64_t p) {
   return kv.block_table[p / kv.block_size] * kv.block_bytes + (p % kv.block_size) * kv.row_bytes;
 }
 
-// One K or V row as f32: f32 rows are read in place, f16/bf16 rows converted into buf.
+// One K or V row segment as f32: f32 rows are read in place, the others converted into buf.
 const float* RowAsF32(const uint8_t* row, KvType type, int head_dim, float* buf) {
   if (type == KvType::kF32) return reinterpret_cast<const float*>(row);
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
-  for (int d = 0; d < head_dim; ++d) buf[d] = type == KvType::kF16 ? Fp16ToFp32(h[d]) : Bf16ToFp32(h[d]);
+  LoadKvHead(row, head_dim, type, buf);
   return buf;
 }
 

@@ -592,8 +592,45 @@ inline __m512 LoadKv16(const uint8_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 }
+// Bytes of 16 elements of the type, and where a row segment's elements start (after the f16
+// scale of the quantized types).
 template <KvType kType>
-inline constexpr int kKvElemBytes = kType == KvType::kF32 ? 4 : 2;
+inline constexpr int kKvGroupBytes = kType == KvType::kF32 ? 64 : kType == KvType::kInt8 ? 16 : kType == KvType::kInt4 ? 8 : 32;
+template <KvType kType>
+inline constexpr bool kKvQuantized = kType == KvType::kInt8 || kType == KvType::kInt4;
+template <KvType kType>
+inline constexpr int kKvDataOffset = kKvQuantized<kType> ? 2 : 0;
+
+// The f16 scale of a quantized row segment.
+inline float KvScale(const uint8_t* seg) {
+  uint16_t h;
+  std::memcpy(&h, seg, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+// 16 int8 or int4 (nibble pairs) integers as f32, unscaled.
+template <KvType kType>
+inline __m512 LoadKvInt16(const uint8_t* p) {
+  if constexpr (kType == KvType::kInt8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i x = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b, 4), 8));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8)));
+  }
+}
+template <KvType kType>
+inline __m512 LoadKvInt8Lanes(const uint8_t* p) {
+  if constexpr (kType == KvType::kInt8) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    int32_t w;
+    std::memcpy(&w, p, 4);
+    const __m128i b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(w));
+    const __m128i x = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b, 4), 8));
+    return _mm512_cvtepi32_ps(_mm512_maskz_sub_epi32(0xFF, _mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8)));
+  }
+}
 
 // 8 K or V elements as f32 in the low lanes, zeros above.
 template <KvType kType>
@@ -610,7 +647,13 @@ inline __m512 LoadKv8(const uint8_t* p) {
 
 template <KvType kType, bool kHalf>
 inline __m512 LoadKv(const uint8_t* p) {
-  if constexpr (kHalf) {
+  if constexpr (kKvQuantized<kType>) {
+    if constexpr (kHalf) {
+      return LoadKvInt8Lanes<kType>(p);
+    } else {
+      return LoadKvInt16<kType>(p);
+    }
+  } else if constexpr (kHalf) {
     return LoadKv8<kType>(p);
   } else {
     return LoadKv16<kType>(p);
@@ -623,16 +666,18 @@ inline __m512 LoadKv(const uint8_t* p) {
 // block, so a query's result does not depend on how queries are grouped.
 template <int kVecs, KvType kType, bool kHalf = false>
 inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* offs, int n) {
-  constexpr int kStep = 16 * kKvElemBytes<kType>;
+  constexpr int kStep = kKvGroupBytes<kType>;
+  constexpr int kData = kKvDataOffset<kType>;
   __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
   for (int j = 0; j < 16; ++j) {
     if (j >= n) {
       part[j] = _mm512_setzero_ps();
       continue;
     }
-    const uint8_t* kr = k + offs[j];
+    const uint8_t* kr = k + offs[j] + kData;
     __m512 d = _mm512_mul_ps(st.q[0], LoadKv<kType, kHalf>(kr));
-    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv16<kType>(kr + kStep * i), d);
+    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv<kType, false>(kr + kStep * i), d);
+    if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + offs[j])));
     part[j] = d;
   }
   alignas(64) float s[16];
@@ -648,8 +693,9 @@ inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v
   _mm512_store_ps(wts, Exp16(_mm512_sub_ps(_mm512_load_ps(s), _mm512_set1_ps(new_max))));
   for (int j = 0; j < n; ++j) {
     st.sum += wts[j];
-    const __m512 wv = _mm512_set1_ps(wts[j]);
-    const uint8_t* vr = v + offs[j];
+    const float w = kKvQuantized<kType> ? wts[j] * KvScale(v + offs[j]) : wts[j];
+    const __m512 wv = _mm512_set1_ps(w);
+    const uint8_t* vr = v + offs[j] + kData;
     for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, LoadKv<kType, kHalf>(vr + kStep * i), st.acc[i]);
   }
   st.max = new_max;
@@ -722,6 +768,8 @@ void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, co
     case KvType::kF32: return AttendManyOfType<KvType::kF32>(qs, lens, num_queries, kv, head_dim, outs);
     case KvType::kF16: return AttendManyOfType<KvType::kF16>(qs, lens, num_queries, kv, head_dim, outs);
     case KvType::kBF16: return AttendManyOfType<KvType::kBF16>(qs, lens, num_queries, kv, head_dim, outs);
+    case KvType::kInt8: return AttendManyOfType<KvType::kInt8>(qs, lens, num_queries, kv, head_dim, outs);
+    case KvType::kInt4: return AttendManyOfType<KvType::kInt4>(qs, lens, num_queries, kv, head_dim, outs);
   }
 }
 
