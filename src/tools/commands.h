@@ -31,5 +31,6 @@ CommandFn RegisterLoadgen(CLI::App& app);
 // `gale bench serve`: registers the subcommand on bench; *run returns -1 when it was not chosen.
 void RegisterBenchServe(CLI::App& bench, std::function<int()>* run);
 CommandFn RegisterTokenize(CLI::App& app);
+CommandFn RegisterEval(CLI::App& app);
 
 }  // namespace gale

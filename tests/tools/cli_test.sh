@@ -91,6 +91,32 @@ done
 expect_fail batch-spec-no-draft "needs --draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft
 expect_fail batch-spec-bad "not one of off, ngram, draft" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec medusa
 expect_fail batch-spec-draft-missing "--draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft --draft-model "$tmp/none.gguf"
+# gale eval ppl: the shipped eval text, a base's log-probabilities, int8 KV against it; bad inputs.
+evaltext="$(dirname "$0")/../../eval/stories260K-sampled.txt"
+"$GALE" eval ppl -f "$evaltext" --save-logits "$tmp/base.lp" -o json > "$tmp/base.json" 2>"$tmp/eval.err"
+"$GALE" eval ppl -f "$evaltext" --kv-type int8 --kl-base "$tmp/base.lp" -o json > "$tmp/int8.json" 2>>"$tmp/eval.err"
+if python3 - "$tmp/base.json" "$tmp/int8.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1])); q = json.load(open(sys.argv[2]))
+assert 4.0 < b["perplexity"] < 5.0 and b["scored"] == b["tokens"] - 1, b
+assert abs(q["perplexity"] / b["perplexity"] - 1) < 0.005 and 0 < q["kl_mean"] < 0.01 and q["top1_agreement"] > 0.95, q
+assert q["kl_median"] <= q["kl_p99"] <= q["kl_max"], q
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL eval ppl:"; cat "$tmp/eval.err" "$tmp/base.json" "$tmp/int8.json"
+  fails=$((fails + 1))
+fi
+printf '' > "$tmp/empty.txt"
+printf 'a\0b' > "$tmp/binary.txt"
+expect_fail eval-empty "perplexity needs at least 2" -- "$GALE" eval ppl -f "$tmp/empty.txt"
+expect_fail eval-binary "binary" -- "$GALE" eval ppl -f "$tmp/binary.txt"
+expect_fail eval-missing "cannot open" -- "$GALE" eval ppl -f "$tmp/none.txt"
+expect_fail eval-bad-base "not a gale log-probabilities file" -- "$GALE" eval ppl -f "$evaltext" --kl-base "$evaltext"
+printf "Once upon a time there was a dog." > "$tmp/other.txt"
+expect_fail eval-other-text "different text" -- "$GALE" eval ppl -f "$tmp/other.txt" --kl-base "$tmp/base.lp"
+expect_fail eval-bad-stride "exceeds --ctx" -- "$GALE" eval ppl -f "$evaltext" --ctx 16 --stride 17
 expect_fail batch-missing-input "cannot open" -- "$GALE" batch -i "$tmp/none.jsonl" -o "$tmp/o.jsonl"
 expect_fail batch-bad-kv-type "--kv-type" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-type q2
 expect_fail batch-bad-kv-memory "unknown unit" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --kv-cache-memory 3X

@@ -1,0 +1,53 @@
+// Accuracy measurement: perplexity of a text under a model (sliding windows of ctx tokens moved by
+// stride, every token scored once with as much context as the window gives, as Hugging Face's
+// perplexity recipe), optionally keeping each scored position's log-probabilities so that a
+// second model (a quantized one, or the same with a quantized KV cache) can be compared with it:
+// KL divergence per token (mean, median, 99th percentile, max, as llama.cpp's perplexity tool
+// reports) and top-1 agreement.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "kernels/kernels.h"
+#include "model/llama_model.h"
+
+namespace gale {
+
+struct PplOptions {
+  int64_t ctx = 0;     // window length; 0: the model's context (capped at the text)
+  int64_t stride = 0;  // window step; 0: ctx / 2; at most ctx - 1 (windows overlap by a token)
+  kernels::KvType kv_type = kernels::KvType::kF32;
+};
+
+struct PplResult {
+  int64_t num_scored = 0;  // tokens whose log-probability was summed (all but the first)
+  double nll = 0.0;        // mean negative log-likelihood per scored token (nats)
+  double ppl() const;
+  int64_t vocab = 0;
+  std::vector<int32_t> tokens;  // the text's tokens
+  std::vector<float> logprobs;  // [num_scored, vocab] when asked for, else empty
+};
+
+// tokens: the whole text (with BOS if the model wants one). Errors for fewer than 2 tokens, bad
+// ctx/stride, or ids outside the vocabulary.
+StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vector<int32_t>& tokens,
+                                       const PplOptions& options, bool keep_logprobs, ThreadPool& pool);
+
+// The log-probabilities file: "GALEPPL1", u32 vocab, u64 num_scored, u64 num_tokens, the token
+// ids (i32), then [num_scored, vocab] f32.
+Status SaveLogprobs(const std::string& path, const PplResult& r);
+StatusOr<PplResult> LoadLogprobs(const std::string& path);
+
+struct KlResult {
+  double mean = 0, median = 0, p99 = 0, max = 0;  // KL(base || this) per token, nats
+  double top1_agreement = 0;                     // share of tokens with the same most likely token
+  double base_ppl = 0;
+};
+// Errors unless both scored the same tokens with the same vocabulary.
+StatusOr<KlResult> CompareLogprobs(const PplResult& base, const PplResult& r);
+
+}  // namespace gale
