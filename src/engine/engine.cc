@@ -77,10 +77,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
     return InvalidArgument("kv cache ratio must be in (0, 1], got {}", config.kv_cache_ratio);
   }
   const LlamaHParams& hp = model.hparams();
-  if (config.kv_type == kernels::KvType::kInt4 && hp.head_dim % 2 != 0) {
+  if ((config.kv_type == kernels::KvType::kInt4 || config.v_type() == kernels::KvType::kInt4) && hp.head_dim % 2 != 0) {
     return InvalidArgument("int4 KV cache needs an even head size, the model's is {}", hp.head_dim);
   }
-  const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, config.block_size, config.kv_type);
+  const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, config.block_size,
+                                                         config.kv_type, config.v_type());
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
     // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
@@ -107,7 +108,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
   std::unique_ptr<DraftProposer> draft;
   if (cfg.spec.method == SpecMethod::kDraft) {
     // As many blocks as the target: the draft never holds more tokens of a request than it.
-    ASSIGN_OR_RETURN(draft, DraftProposer::Create(*cfg.spec.draft, model, num_blocks, cfg.block_size, cfg.kv_type, pool));
+    ASSIGN_OR_RETURN(draft, DraftProposer::Create(*cfg.spec.draft, model, num_blocks, cfg.block_size, cfg.kv_type,
+                                                    cfg.v_type(), pool));
   }
   return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks, std::move(draft)));
 }
@@ -119,7 +121,7 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
       config_(config),
       num_blocks_(num_blocks),
       storage_(model.hparams().num_layers, model.hparams().num_kv_heads, model.hparams().head_dim, num_blocks,
-               config.block_size, config.kv_type),
+               config.block_size, config.kv_type, config.v_type()),
       kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool),
@@ -149,7 +151,10 @@ std::string Engine::Describe() const {
       "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once; "
       "prefix caching {}; speculative decoding {}{}",
       num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
-      kernels::KvTypeName(config_.kv_type), max_request_tokens_, config_.sched.max_batch_size,
+      config_.v_type() == config_.kv_type
+          ? std::string(kernels::KvTypeName(config_.kv_type))
+          : fmt::format("K {} / V {}", kernels::KvTypeName(config_.kv_type), kernels::KvTypeName(config_.v_type())),
+      max_request_tokens_, config_.sched.max_batch_size,
       config_.enable_prefix_caching ? "on" : "off", SpecMethodName(config_.spec.method),
       config_.spec.method == SpecMethod::kOff
           ? std::string()

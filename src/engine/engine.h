@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -54,7 +55,9 @@ struct EngineConfig {
   int64_t block_size = 16;              // tokens per KV block
   uint64_t kv_cache_memory_bytes = 0;   // KV memory; 0: kv_cache_ratio of the memory available
   double kv_cache_ratio = 0.5;          // share of MemAvailable (read at start-up, after weights load)
-  kernels::KvType kv_type = kernels::KvType::kF16;  // as llama.cpp: half the bytes of f32
+  kernels::KvType kv_type = kernels::KvType::kF16;  // K's (and V's) type; as llama.cpp: half of f32
+  std::optional<kernels::KvType> v_kv_type;          // V's when it differs (e.g. K int8, V int4)
+  kernels::KvType v_type() const { return v_kv_type.value_or(kv_type); }
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
   SpecConfig spec;
 };

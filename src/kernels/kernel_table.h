@@ -39,18 +39,19 @@ struct QuantizedActs {
 // in the low and 2i+1 in the high nibble of byte i); value = scale * integer.
 enum class KvType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kInt8 = 3, kInt4 = 4 };
 
-// The K and V rows of one KV head of one sequence in a paged cache. Position p is at byte offset
-//   block_table[p / block_size] * block_bytes + (p % block_size) * row_bytes
-// from k and from v (the two caches share one layout). A contiguous cache is one block:
-// block_table = {0}, block_size >= the length.
+// The K and V rows of one KV head of one sequence in a paged cache. Position p is in slot
+//   block_table[p / block_size] * block_size + p % block_size
+// at byte offset slot * k_row_bytes from k and slot * v_row_bytes from v (K and V may be of
+// different types). A contiguous cache is one block: block_table = {0}, block_size >= the length.
 struct KvBlockView {
   const uint8_t* k;            // K storage of one layer, offset to the KV head's row segment
-  const uint8_t* v;            // V storage, same layout
+  const uint8_t* v;            // V storage, same
   const int32_t* block_table;  // [num_logical_blocks] physical block ids
   int64_t block_size;          // positions per block
-  int64_t block_bytes;         // bytes from one physical block to the next
-  int64_t row_bytes;           // bytes from one position to the next inside a block
-  KvType type;
+  int64_t k_row_bytes;         // bytes from one slot to the next in K
+  int64_t v_row_bytes;         // in V
+  KvType k_type;
+  KvType v_type;
 };
 
 // Most queries one attend_many call takes.

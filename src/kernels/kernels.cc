@@ -307,8 +307,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool) {
   const KernelTable& kt = Active();
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
-  const int64_t head_bytes = KvHeadBytes(kv.type, head_dim);
-  const int64_t row_bytes = num_kv_heads * head_bytes;
+  const int64_t k_head_bytes = KvHeadBytes(kv.k_type, head_dim), v_head_bytes = KvHeadBytes(kv.v_type, head_dim);
   const int group = num_heads / num_kv_heads;
   // A task is a run of consecutive tokens of one sequence and one KV head: its query heads share
   // the K/V rows, which attend_many then reads once per 16 positions for all of them.
@@ -343,9 +342,9 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
           ++nq;
         }
       }
-      const int64_t head_off = task.kv_head * head_bytes;
-      const KvBlockView view{kv.k + head_off, kv.v + head_off, block_tables[task.t_begin], kv.block_size,
-                             kv.block_size * row_bytes, row_bytes, kv.type};
+      const KvBlockView view{kv.k + task.kv_head * k_head_bytes, kv.v + task.kv_head * v_head_bytes,
+                             block_tables[task.t_begin], kv.block_size, num_kv_heads * k_head_bytes,
+                             num_kv_heads * v_head_bytes, kv.k_type, kv.v_type};
       kt.attend_many(qs, lens, nq, view, head_dim, outs);
     }
   });

@@ -83,12 +83,14 @@ void StoreKvHead(const float* x, int64_t head_dim, KvType type, uint8_t* dst);
 void LoadKvHead(const uint8_t* src, int64_t head_dim, KvType type, float* out);
 
 // One layer of a paged KV cache as attention reads it: K and V are each
-// [num_blocks, block_size, num_kv_heads] row segments of KvHeadBytes(type, head_dim) bytes.
+// [num_blocks, block_size, num_kv_heads] row segments of KvHeadBytes(type, head_dim) bytes, each
+// of its own type.
 struct KvLayer {
   const uint8_t* k;
   const uint8_t* v;
   int64_t block_size;
-  KvType type;
+  KvType k_type;
+  KvType v_type;
 };
 
 // Causal attention through block tables. q: [num_tokens, num_heads * head_dim]; token t reads

@@ -38,73 +38,70 @@ std::unique_ptr<uint8_t, void (*)(void*)> AllocZeroed(uint64_t bytes) {
 }  // namespace
 
 KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
-                     int64_t block_size, kernels::KvType type)
+                     int64_t block_size, kernels::KvType k_type, kernels::KvType v_type)
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       num_blocks_(num_blocks),
       block_size_(block_size),
-      type_(type) {
+      k_type_(k_type),
+      v_type_(v_type) {
   CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
-  CHECK(type != kernels::KvType::kInt4 || head_dim % 2 == 0);
-  row_bytes_ = num_kv_heads * kernels::KvHeadBytes(type, head_dim);
-  layer_bytes_ = num_blocks * block_size * row_bytes_;
-  k_ = AllocZeroed(static_cast<uint64_t>(layer_bytes_) * num_layers);
-  v_ = AllocZeroed(static_cast<uint64_t>(layer_bytes_) * num_layers);
+  CHECK((k_type != kernels::KvType::kInt4 && v_type != kernels::KvType::kInt4) || head_dim % 2 == 0);
+  k_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(k_type, head_dim);
+  v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type, head_dim);
+  k_layer_bytes_ = num_blocks * block_size * k_row_bytes_;
+  v_layer_bytes_ = num_blocks * block_size * v_row_bytes_;
+  k_ = AllocZeroed(static_cast<uint64_t>(k_layer_bytes_) * num_layers);
+  v_ = AllocZeroed(static_cast<uint64_t>(v_layer_bytes_) * num_layers);
 }
 
 uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                  kernels::KvType type) {
-  return 2ull * num_layers * block_size * num_kv_heads * kernels::KvHeadBytes(type, head_dim);
+                                  kernels::KvType k_type, kernels::KvType v_type) {
+  return static_cast<uint64_t>(num_layers * block_size * num_kv_heads) *
+         static_cast<uint64_t>(kernels::KvHeadBytes(k_type, head_dim) + kernels::KvHeadBytes(v_type, head_dim));
 }
 
 kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
-  return {k_.get() + layer_idx * layer_bytes_, v_.get() + layer_idx * layer_bytes_, block_size_, type_};
+  return {k_.get() + layer_idx * k_layer_bytes_, v_.get() + layer_idx * v_layer_bytes_, block_size_, k_type_, v_type_};
 }
 
-uint8_t* KvStorage::Row(const std::unique_ptr<uint8_t, void (*)(void*)>& base, int64_t layer_idx, int32_t block_id,
-                        int64_t offset_in_block) const {
-  DCHECK(layer_idx >= 0 && layer_idx < num_layers_ && block_id >= 0 && block_id < num_blocks_);
-  DCHECK(offset_in_block >= 0 && offset_in_block < block_size_);
-  return base.get() + layer_idx * layer_bytes_ + (static_cast<int64_t>(block_id) * block_size_ + offset_in_block) * row_bytes_;
-}
-
-void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v) {
-  uint8_t* kd = Row(k_, layer_idx, block_id, offset_in_block);
-  uint8_t* vd = Row(v_, layer_idx, block_id, offset_in_block);
-  const int64_t kv_dim = num_kv_heads_ * head_dim_;
-  switch (type_) {
+void KvStorage::WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst) {
+  switch (type) {
     case kernels::KvType::kF32:
-      std::memcpy(kd, k, row_bytes_);
-      std::memcpy(vd, v, row_bytes_);
+      std::memcpy(dst, x, static_cast<size_t>(num_kv_heads * head_dim) * sizeof(float));
       return;
     case kernels::KvType::kF16:  // no per-head scales: the row converts in one go
-      kernels::Active().to_f16(k, reinterpret_cast<uint16_t*>(kd), kv_dim);
-      kernels::Active().to_f16(v, reinterpret_cast<uint16_t*>(vd), kv_dim);
+      kernels::Active().to_f16(x, reinterpret_cast<uint16_t*>(dst), num_kv_heads * head_dim);
       return;
     case kernels::KvType::kBF16:
-      kernels::Active().to_bf16(k, reinterpret_cast<uint16_t*>(kd), kv_dim);
-      kernels::Active().to_bf16(v, reinterpret_cast<uint16_t*>(vd), kv_dim);
+      kernels::Active().to_bf16(x, reinterpret_cast<uint16_t*>(dst), num_kv_heads * head_dim);
       return;
     case kernels::KvType::kInt8:
     case kernels::KvType::kInt4: {
-      const int64_t seg = kernels::KvHeadBytes(type_, head_dim_);
-      for (int64_t h = 0; h < num_kv_heads_; ++h) {
-        kernels::StoreKvHead(k + h * head_dim_, head_dim_, type_, kd + h * seg);
-        kernels::StoreKvHead(v + h * head_dim_, head_dim_, type_, vd + h * seg);
-      }
+      const int64_t seg = kernels::KvHeadBytes(type, head_dim);
+      for (int64_t h = 0; h < num_kv_heads; ++h) kernels::StoreKvHead(x + h * head_dim, head_dim, type, dst + h * seg);
       return;
     }
   }
 }
 
+void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v) {
+  DCHECK(layer_idx >= 0 && layer_idx < num_layers_ && block_id >= 0 && block_id < num_blocks_);
+  DCHECK(offset_in_block >= 0 && offset_in_block < block_size_);
+  const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
+  WriteRow(k, num_kv_heads_, head_dim_, k_type_, k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_);
+  WriteRow(v, num_kv_heads_, head_dim_, v_type_, v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_);
+}
+
 void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const {
-  const uint8_t* ks = Row(k_, layer_idx, block_id, offset_in_block);
-  const uint8_t* vs = Row(v_, layer_idx, block_id, offset_in_block);
-  const int64_t seg = kernels::KvHeadBytes(type_, head_dim_);
+  const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
+  const uint8_t* ks = k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_;
+  const uint8_t* vs = v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_;
+  const int64_t kseg = kernels::KvHeadBytes(k_type_, head_dim_), vseg = kernels::KvHeadBytes(v_type_, head_dim_);
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
-    kernels::LoadKvHead(ks + h * seg, head_dim_, type_, k + h * head_dim_);
-    kernels::LoadKvHead(vs + h * seg, head_dim_, type_, v + h * head_dim_);
+    kernels::LoadKvHead(ks + h * kseg, head_dim_, k_type_, k + h * head_dim_);
+    kernels::LoadKvHead(vs + h * vseg, head_dim_, v_type_, v + h * head_dim_);
   }
 }
 

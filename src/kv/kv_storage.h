@@ -16,21 +16,30 @@ class KvStorage {
  public:
   // Memory is reserved, not touched: pages are committed as blocks are first written.
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-            kernels::KvType type);
+            kernels::KvType k_type, kernels::KvType v_type);
+  KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
+            kernels::KvType type)
+      : KvStorage(num_layers, num_kv_heads, head_dim, num_blocks, block_size, type, type) {}
 
   // Bytes one block takes over all layers, K and V.
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                kernels::KvType type);
+                                kernels::KvType k_type, kernels::KvType v_type);
+  static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                kernels::KvType type) {
+    return BytesPerBlock(num_layers, num_kv_heads, head_dim, block_size, type, type);
+  }
 
   int64_t num_layers() const { return num_layers_; }
   int64_t kv_dim() const { return num_kv_heads_ * head_dim_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
-  int64_t row_bytes() const { return row_bytes_; }
+  // Bytes of one position's K and V rows together (all KV heads).
+  int64_t row_bytes() const { return k_row_bytes_ + v_row_bytes_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
-  kernels::KvType type() const { return type_; }
-  uint64_t num_bytes() const { return 2 * static_cast<uint64_t>(layer_bytes_) * num_layers_; }
+  kernels::KvType k_type() const { return k_type_; }
+  kernels::KvType v_type() const { return v_type_; }
+  uint64_t num_bytes() const { return static_cast<uint64_t>(k_layer_bytes_ + v_layer_bytes_) * num_layers_; }
 
   // The layer as the attention kernel reads it.
   kernels::KvLayer Layer(int64_t layer_idx) const;
@@ -40,13 +49,12 @@ class KvStorage {
   void Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const;
 
  private:
-  uint8_t* Row(const std::unique_ptr<uint8_t, void (*)(void*)>& base, int64_t layer_idx, int32_t block_id,
-               int64_t offset_in_block) const;
+  static void WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst);
 
   int64_t num_layers_, num_kv_heads_, head_dim_, num_blocks_, block_size_;
-  kernels::KvType type_;
-  int64_t row_bytes_;    // num_kv_heads * KvHeadBytes(type, head_dim)
-  int64_t layer_bytes_;  // num_blocks * block_size * row_bytes
+  kernels::KvType k_type_, v_type_;
+  int64_t k_row_bytes_, v_row_bytes_;      // num_kv_heads * KvHeadBytes(type, head_dim)
+  int64_t k_layer_bytes_, v_layer_bytes_;  // num_blocks * block_size * row bytes
   std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};  // [num_layers, num_blocks, block_size, row_bytes]
   std::unique_ptr<uint8_t, void (*)(void*)> v_{nullptr, nullptr};  // same
 };

@@ -39,10 +39,10 @@ void Grow(std::vector<float>& v, size_t n) {
 }  // namespace
 
 KvCache::KvCache(const LlamaHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
-                 int64_t block_size)
+                 int64_t block_size, std::optional<kernels::KvType> v_type)
     : capacity_tokens_(capacity_tokens),
       storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim, num_seqs * ((capacity_tokens + block_size - 1) / block_size),
-               block_size, type) {
+               block_size, type, v_type.value_or(type)) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
   tables_.resize(num_seqs);
   for (int64_t s = 0; s < num_seqs; ++s) {

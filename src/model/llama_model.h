@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -33,8 +34,10 @@ struct ForwardBatch {
 // KvStorage among requests through a KvCacheManager.
 class KvCache {
  public:
+  // v_type: V's type when it differs from type (K's).
   KvCache(const LlamaHParams& hp, int64_t capacity_tokens, int64_t num_seqs = 1,
-          kernels::KvType type = kernels::KvType::kF32, int64_t block_size = 16);
+          kernels::KvType type = kernels::KvType::kF32, int64_t block_size = 16,
+          std::optional<kernels::KvType> v_type = std::nullopt);
   int64_t capacity_tokens() const { return capacity_tokens_; }
   uint64_t num_bytes() const { return storage_.num_bytes(); }
   KvStorage& storage() { return storage_; }

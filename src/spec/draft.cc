@@ -9,20 +9,21 @@ namespace gale {
 
 StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const LlamaModel& draft, const LlamaModel& target,
                                                                int64_t num_blocks, int64_t block_size,
-                                                               kernels::KvType kv_type, ThreadPool& pool) {
+                                                               kernels::KvType kv_type, kernels::KvType v_type,
+                                                               ThreadPool& pool) {
   if (draft.hparams().vocab_size != target.hparams().vocab_size) {
     return InvalidArgument("the draft model's vocabulary has {} tokens, the target's {}: they must share one",
                            draft.hparams().vocab_size, target.hparams().vocab_size);
   }
   if (num_blocks < 1 || block_size < 1) return InvalidArgument("draft KV cache needs blocks, got {}", num_blocks);
-  return std::unique_ptr<DraftProposer>(new DraftProposer(draft, num_blocks, block_size, kv_type, pool));
+  return std::unique_ptr<DraftProposer>(new DraftProposer(draft, num_blocks, block_size, kv_type, v_type, pool));
 }
 
 DraftProposer::DraftProposer(const LlamaModel& draft, int64_t num_blocks, int64_t block_size,
-                             kernels::KvType kv_type, ThreadPool& pool)
+                             kernels::KvType kv_type, kernels::KvType v_type, ThreadPool& pool)
     : model_(draft),
       storage_(draft.hparams().num_layers, draft.hparams().num_kv_heads, draft.hparams().head_dim, num_blocks, block_size,
-               kv_type),
+               kv_type, v_type),
       kv_(static_cast<int32_t>(num_blocks), block_size, /*enable_prefix_caching=*/false),
       runner_(draft, storage_, pool) {}
 

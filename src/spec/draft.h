@@ -25,7 +25,8 @@ class DraftProposer {
   // Errors when the draft's vocabulary differs from the target's.
   static StatusOr<std::unique_ptr<DraftProposer>> Create(const LlamaModel& draft, const LlamaModel& target,
                                                          int64_t num_blocks, int64_t block_size,
-                                                         kernels::KvType kv_type, ThreadPool& pool);
+                                                         kernels::KvType kv_type, kernels::KvType v_type,
+                                                         ThreadPool& pool);
 
   struct Job {
     int64_t request_id;
@@ -48,7 +49,7 @@ class DraftProposer {
 
  private:
   DraftProposer(const LlamaModel& draft, int64_t num_blocks, int64_t block_size, kernels::KvType kv_type,
-                ThreadPool& pool);
+                kernels::KvType v_type, ThreadPool& pool);
 
   const LlamaModel& model_;
   KvStorage storage_;

@@ -81,6 +81,8 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--kv-type,--kv-cache-dtype", kv_type,
                  "KV cache element type: f32 | f16 | bf16 | int8 | int4 (int8/int4: an f16 scale per position and head)")
       ->capture_default_str();
+  app.add_option("--k-cache-dtype", k_type, "K's type when it differs from --kv-type");
+  app.add_option("--v-cache-dtype", v_type, "V's type when it differs from --kv-type (e.g. --kv-type int8 --v-cache-dtype int4)");
   app.add_option("--max-num-batched-tokens", s.max_num_batched_tokens, "token budget of one engine step")
       ->capture_default_str();
   app.add_option("--max-batch-size", s.max_batch_size, "most requests running at once")->capture_default_str();
@@ -111,9 +113,20 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
     if (*b == 0) return InvalidArgument("--kv-cache-memory must be more than 0");
     c.kv_cache_memory_bytes = *b;
   }
-  const auto t = kernels::ParseKvType(kv_type);
-  if (!t) return InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16, int8, int4", kv_type);
-  c.kv_type = *t;
+  auto parse = [](const char* flag, const std::string& name) -> StatusOr<kernels::KvType> {
+    const auto t = kernels::ParseKvType(name);
+    if (!t) return InvalidArgument("{} '{}' is not one of f32, f16, bf16, int8, int4", flag, name);
+    return *t;
+  };
+  ASSIGN_OR_RETURN(c.kv_type, parse("--kv-type", kv_type));
+  kernels::KvType v = c.kv_type;
+  if (!v_type.empty()) {
+    ASSIGN_OR_RETURN(v, parse("--v-cache-dtype", v_type));
+  }
+  if (!k_type.empty()) {
+    ASSIGN_OR_RETURN(c.kv_type, parse("--k-cache-dtype", k_type));
+  }
+  if (v != c.kv_type) c.v_kv_type = v;
   c.enable_prefix_caching = !no_prefix_cache;
   RETURN_IF_ERROR(c.sched.Validate());
   ASSIGN_OR_RETURN(c.spec.method, ParseSpecMethod(spec));

@@ -42,7 +42,7 @@ StatusOr<uint64_t> ParseBytes(const std::string& text);
 // --spec-max-step-tokens.
 struct EngineOptions {
   EngineConfig config;
-  std::string kv_cache_memory, kv_type = "f16";
+  std::string kv_cache_memory, kv_type = "f16", k_type, v_type;
   bool no_prefix_cache = false;
   std::string spec = "off", draft_model;
   std::unique_ptr<LoadedModel> draft;  // loaded by Resolve for --spec draft

@@ -15,7 +15,7 @@ namespace gale {
 
 CommandFn RegisterEval(CLI::App& app) {
   struct Opts {
-    std::string model, file, save_logits, kl_base, kv_type = "f32", output = "text";
+    std::string model, file, save_logits, kl_base, kv_type = "f32", v_type, output = "text";
     int64_t ctx = 0, stride = 0;
     int threads = ThreadPool::DefaultNumThreads();
     LoadOptions load;
@@ -29,6 +29,7 @@ CommandFn RegisterEval(CLI::App& app) {
   ppl->add_option("--stride", o->stride, "window step (default: half the window)");
   ppl->add_option("--kv-type", o->kv_type, "KV cache type during the evaluation: f32 | f16 | bf16 | int8 | int4")
       ->capture_default_str();
+  ppl->add_option("--v-cache-dtype", o->v_type, "V's type when it differs from --kv-type");
   ppl->add_option("--save-logits", o->save_logits, "write every scored position's log-probabilities (the base for --kl-base)");
   ppl->add_option("--kl-base", o->kl_base, "compare with a base's --save-logits file: KL divergence, top-1 agreement");
   ppl->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
@@ -43,6 +44,11 @@ CommandFn RegisterEval(CLI::App& app) {
     const auto kv = kernels::ParseKvType(o->kv_type);
     if (!kv) return fail(InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16, int8, int4", o->kv_type));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+    std::optional<kernels::KvType> v;
+    if (!o->v_type.empty()) {
+      v = kernels::ParseKvType(o->v_type);
+      if (!v) return fail(InvalidArgument("--v-cache-dtype '{}' is not one of f32, f16, bf16, int8, int4", o->v_type));
+    }
     std::ifstream in(o->file, std::ios::binary);
     if (!in) return fail(IoError("cannot open '{}'", o->file));
     std::stringstream ss;
@@ -57,11 +63,13 @@ CommandFn RegisterEval(CLI::App& app) {
     opt.ctx = o->ctx;
     opt.stride = o->stride;
     opt.kv_type = *kv;
+    opt.v_kv_type = v;
     auto r = EvaluatePerplexity(*m->model, tokens, opt, !o->save_logits.empty() || !o->kl_base.empty(), pool);
     if (!r.ok()) return fail(r.status().WithContext(o->file));
     nlohmann::json j = {{"model", m->path},
                         {"file", o->file},
                         {"kv_type", o->kv_type},
+                        {"v_cache_dtype", o->v_type.empty() ? o->kv_type : o->v_type},
                         {"tokens", tokens.size()},
                         {"scored", r->num_scored},
                         {"nll", r->nll},
@@ -85,8 +93,9 @@ CommandFn RegisterEval(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
-    std::printf("perplexity %.4f over %lld tokens (mean NLL %.5f nats), KV %s\n", r->ppl(),
-                static_cast<long long>(r->num_scored), r->nll, o->kv_type.c_str());
+    std::printf("perplexity %.4f over %lld tokens (mean NLL %.5f nats), KV %s%s\n", r->ppl(),
+                static_cast<long long>(r->num_scored), r->nll, o->kv_type.c_str(),
+                o->v_type.empty() ? "" : (" / V " + o->v_type).c_str());
     if (j.contains("kl_mean")) {
       std::printf("vs base (perplexity %.4f): KL mean %.6f, median %.6f, p99 %.6f, max %.6f; top-1 agreement %.2f%%\n",
                   j["base_perplexity"].get<double>(), j["kl_mean"].get<double>(), j["kl_median"].get<double>(),

@@ -29,7 +29,7 @@ StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vecto
   // A window's first token has nothing before it to be predicted from, so windows overlap by at
   // least one token (stride ctx means ctx - 1) and every token after the first is scored once.
   const int64_t stride = std::min(options.stride > 0 ? options.stride : std::max<int64_t>(1, ctx / 2), ctx - 1);
-  if (kernels::KvTypeQuantized(options.kv_type) && options.kv_type == kernels::KvType::kInt4 && hp.head_dim % 2) {
+  if ((options.kv_type == kernels::KvType::kInt4 || options.v_kv_type == kernels::KvType::kInt4) && hp.head_dim % 2) {
     return InvalidArgument("int4 KV needs an even head size");
   }
 
@@ -43,7 +43,7 @@ StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vecto
   std::vector<double> lp(static_cast<size_t>(vocab));
   for (int64_t start = 0; scored_until < n; start += stride) {
     const int64_t end = std::min(start + ctx, n);
-    KvCache kv(hp, end - start, 1, options.kv_type);
+    KvCache kv(hp, end - start, 1, options.kv_type, 16, options.v_kv_type);
     ForwardBatch b;
     b.tokens.assign(tokens.begin() + start, tokens.begin() + end - 1);
     for (int64_t i = 0; i < end - 1 - start; ++i) b.positions.push_back(static_cast<int32_t>(i));

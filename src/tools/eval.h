@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,8 @@ namespace gale {
 struct PplOptions {
   int64_t ctx = 0;     // window length; 0: the model's context (capped at the text)
   int64_t stride = 0;  // window step; 0: ctx / 2; at most ctx - 1 (windows overlap by a token)
-  kernels::KvType kv_type = kernels::KvType::kF32;
+  kernels::KvType kv_type = kernels::KvType::kF32;  // K's (and V's) type
+  std::optional<kernels::KvType> v_kv_type;         // V's when it differs
 };
 
 struct PplResult {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "../test_util.h"
 #include "gguf/gguf_file.h"
@@ -89,13 +90,15 @@ std::vector<GenerationRequest> RandomRequests(const TestModel& m, int n, uint64_
 }
 
 // Runs each request alone through an engine with max_batch_size 1 and no prefix cache.
-std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationRequest>& reqs, kernels::KvType type) {
+std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationRequest>& reqs, kernels::KvType type,
+                             std::optional<kernels::KvType> v_type = std::nullopt) {
   ThreadPool pool(2);
   EngineConfig cfg;
   cfg.sched.max_batch_size = 1;
   cfg.enable_prefix_caching = false;
   cfg.kv_cache_memory_bytes = 64ull << 20;
   cfg.kv_type = type;
+  cfg.v_kv_type = v_type;
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   std::vector<Result> out;
@@ -113,7 +116,8 @@ struct SpecCounts {
 
 // Returns the speculative decoding counters (zero when spec is off).
 SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool shared_prefixes = false,
-                                       const SpecConfig& spec = {}) {
+                                       const SpecConfig& spec = {},
+                                       std::optional<kernels::KvType> v_type = std::nullopt) {
   auto reqs = RandomRequests(m, 32, 42);
   if (shared_prefixes) {
     // System-prompt-like prefixes of 9 to 45 tokens in front of every prompt.
@@ -130,7 +134,7 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
       reqs[i].prompt.resize(std::min<size_t>(reqs[i].prompt.size(), 100));
     }
   }
-  const std::vector<Result> alone = RunAlone(m, reqs, type);
+  const std::vector<Result> alone = RunAlone(m, reqs, type, v_type);
   ThreadPool pool(2);
   EngineConfig cfg;
   cfg.sched.max_batch_size = 32;
@@ -139,8 +143,10 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   cfg.block_size = 4;
   const auto& hp = m.model->hparams();
   // 40 blocks = 160 tokens: the longest request (61 + 40) fits alone, 32 at once cannot.
-  cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, type);
+  cfg.kv_cache_memory_bytes =
+      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, type, v_type.value_or(type));
   cfg.kv_type = type;
+  cfg.v_kv_type = v_type;
   cfg.enable_prefix_caching = shared_prefixes;
   cfg.spec = spec;
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
@@ -253,6 +259,7 @@ TEST(EngineTest, QuantizedKvKeepsOutputsExact) {
   const TestModel s = Synthetic();
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/false);
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt4, /*shared_prefixes=*/true);
+  ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/true, {}, kernels::KvType::kInt4);
 }
 
 TEST(EngineTest, SpeculativeDecodingRejectsBadSettings) {

@@ -277,8 +277,9 @@ TEST(KernelsTest, MatMulIsBatchInvariant) {
 
 // A contiguous f32 cache of rows kv_stride floats apart, as one block.
 KvBlockView Contiguous(const float* k, const float* v, int64_t kv_stride, const int32_t* zero) {
-  return {reinterpret_cast<const uint8_t*>(k), reinterpret_cast<const uint8_t*>(v), zero, int64_t{1} << 40, 0,
-          kv_stride * static_cast<int64_t>(sizeof(float)), KvType::kF32};
+  const int64_t row_bytes = kv_stride * static_cast<int64_t>(sizeof(float));
+  return {reinterpret_cast<const uint8_t*>(k), reinterpret_cast<const uint8_t*>(v), zero, int64_t{1} << 40,
+          row_bytes, row_bytes, KvType::kF32, KvType::kF32};
 }
 
 TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
@@ -296,7 +297,7 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
     std::copy(v.begin() + p * row, v.begin() + (p + 1) * row, vc.begin() + at);
   }
   const KvLayer layer{reinterpret_cast<const uint8_t*>(kc.data()), reinterpret_cast<const uint8_t*>(vc.data()),
-                      block_size, KvType::kF32};
+                      block_size, KvType::kF32, KvType::kF32};
   std::vector<int32_t> pos(len);
   for (int i = 0; i < len; ++i) pos[i] = i;
   ThreadPool pool(2), one(1);
@@ -332,9 +333,11 @@ TEST(KernelsTest, AttendMatchesScalar) {
   const KernelTable& ref = *GetKernelTable(Isa::kScalar);
   for (Isa isa : SimdIsas()) {
     const KernelTable& simd = *GetKernelTable(isa);
-    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4}) {
+    const std::vector<KvType> types = {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4};
+    for (size_t pair = 0; pair < types.size() * types.size(); ++pair) {
+      const KvType ktype = types[pair / types.size()], vtype = types[pair % types.size()];
       for (int head_dim : {8, 16, 32, 64, 80, 96, 128}) {
-        const int64_t seg = KvHeadBytes(type, head_dim);
+        const int64_t kseg = KvHeadBytes(ktype, head_dim), vseg = KvHeadBytes(vtype, head_dim);
         for (int64_t len : {1, 2, 15, 16, 17, 100}) {
           const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
           const int64_t block_size = 7, num_blocks = (len + block_size - 1) / block_size;
@@ -345,13 +348,13 @@ TEST(KernelsTest, AttendMatchesScalar) {
           const auto vf = test::RandomFloats(num_blocks * block_size * kv_stride, len + 1);
           // Rows of three head segments, each stored as the KV cache stores it.
           const int64_t rows = num_blocks * block_size;
-          std::vector<uint8_t> k(rows * 3 * seg), v(rows * 3 * seg);
+          std::vector<uint8_t> k(rows * 3 * kseg), v(rows * 3 * vseg);
           for (int64_t r = 0; r < rows * 3; ++r) {
-            StoreKvHead(kf.data() + r * head_dim, head_dim, type, k.data() + r * seg);
-            StoreKvHead(vf.data() + r * head_dim, head_dim, type, v.data() + r * seg);
+            StoreKvHead(kf.data() + r * head_dim, head_dim, ktype, k.data() + r * kseg);
+            StoreKvHead(vf.data() + r * head_dim, head_dim, vtype, v.data() + r * vseg);
           }
-          const KvBlockView view{k.data() + seg, v.data() + seg, table.data(), block_size, block_size * 3 * seg,
-                                 3 * seg, type};
+          const KvBlockView view{k.data() + kseg, v.data() + vseg, table.data(), block_size, 3 * kseg, 3 * vseg,
+                                 ktype, vtype};
           std::vector<float> want(head_dim), got(head_dim);
           const float* qp = q.data();
           float* wp = want.data();
@@ -361,8 +364,8 @@ TEST(KernelsTest, AttendMatchesScalar) {
           // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
           // differ by a few ulps of the weights.
           for (int d = 0; d < head_dim; ++d) {
-            ASSERT_NEAR(got[d], want[d], 3e-6f) << IsaName(isa) << " " << KvTypeName(type) << " hd " << head_dim
-                                                << " len " << len;
+            ASSERT_NEAR(got[d], want[d], 3e-6f) << IsaName(isa) << " K " << KvTypeName(ktype) << " V "
+                                                << KvTypeName(vtype) << " hd " << head_dim << " len " << len;
           }
         }
       }

@@ -133,8 +133,8 @@ void AxpyRef(float a, const float* x, float* y, int64_t n) {
 }
 
 // Offset of position p's row in a paged view.
-int64_t RowOffset(const KvBlockView& kv, int64_t p) {
-  return kv.block_table[p / kv.block_size] * kv.block_bytes + (p % kv.block_size) * kv.row_bytes;
+int64_t Slot(const KvBlockView& kv, int64_t p) {
+  return kv.block_table[p / kv.block_size] * kv.block_size + p % kv.block_size;
 }
 
 // One K or V row segment as f32: f32 rows are read in place, the others converted into buf.
@@ -153,7 +153,7 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
   // Divide (not multiply by the reciprocal) as run.c does: it rounds differently.
   const float div = std::sqrt(static_cast<float>(head_dim));
   for (int64_t p = 0; p < len; ++p) {
-    scores[p] = DotF32(RowAsF32(kv.k + RowOffset(kv, p), kv.type, head_dim, row.data()), q, head_dim) / div;
+    scores[p] = DotF32(RowAsF32(kv.k + Slot(kv, p) * kv.k_row_bytes, kv.k_type, head_dim, row.data()), q, head_dim) / div;
   }
   float max = scores[0];
   for (int64_t p = 1; p < len; ++p) max = scores[p] > max ? scores[p] : max;
@@ -165,7 +165,7 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
   for (int64_t p = 0; p < len; ++p) scores[p] /= sum;
   for (int d = 0; d < head_dim; ++d) out[d] = 0.0f;
   for (int64_t p = 0; p < len; ++p) {
-    AxpyRef(scores[p], RowAsF32(kv.v + RowOffset(kv, p), kv.type, head_dim, row.data()), out, head_dim);
+    AxpyRef(scores[p], RowAsF32(kv.v + Slot(kv, p) * kv.v_row_bytes, kv.v_type, head_dim, row.data()), out, head_dim);
   }
 }
 

@@ -664,20 +664,19 @@ inline __m512 LoadKv(const uint8_t* p) {
 // rescale of the sum and output, then the weighted V rows. offs[j] is the byte offset of the
 // j-th position's row in K and in V. The same operations whatever other queries share the
 // block, so a query's result does not depend on how queries are grouped.
-template <int kVecs, KvType kType, bool kHalf = false>
-inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* offs, int n) {
-  constexpr int kStep = kKvGroupBytes<kType>;
-  constexpr int kData = kKvDataOffset<kType>;
+template <int kVecs, KvType kType, KvType vType, bool kHalf = false>
+inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* koffs,
+                       const int64_t* voffs, int n) {
   __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
   for (int j = 0; j < 16; ++j) {
     if (j >= n) {
       part[j] = _mm512_setzero_ps();
       continue;
     }
-    const uint8_t* kr = k + offs[j] + kData;
+    const uint8_t* kr = k + koffs[j] + kKvDataOffset<kType>;
     __m512 d = _mm512_mul_ps(st.q[0], LoadKv<kType, kHalf>(kr));
-    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv<kType, false>(kr + kStep * i), d);
-    if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + offs[j])));
+    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv<kType, false>(kr + kKvGroupBytes<kType> * i), d);
+    if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + koffs[j])));
     part[j] = d;
   }
   alignas(64) float s[16];
@@ -693,10 +692,12 @@ inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v
   _mm512_store_ps(wts, Exp16(_mm512_sub_ps(_mm512_load_ps(s), _mm512_set1_ps(new_max))));
   for (int j = 0; j < n; ++j) {
     st.sum += wts[j];
-    const float w = kKvQuantized<kType> ? wts[j] * KvScale(v + offs[j]) : wts[j];
+    const float w = kKvQuantized<vType> ? wts[j] * KvScale(v + voffs[j]) : wts[j];
     const __m512 wv = _mm512_set1_ps(w);
-    const uint8_t* vr = v + offs[j] + kData;
-    for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_fmadd_ps(wv, LoadKv<kType, kHalf>(vr + kStep * i), st.acc[i]);
+    const uint8_t* vr = v + voffs[j] + kKvDataOffset<vType>;
+    for (int i = 0; i < kVecs; ++i) {
+      st.acc[i] = _mm512_fmadd_ps(wv, LoadKv<vType, kHalf>(vr + kKvGroupBytes<vType> * i), st.acc[i]);
+    }
   }
   st.max = new_max;
 }
@@ -717,7 +718,7 @@ inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
 // those K and V rows are read from memory once and from L1 for the other queries. Positions are
 // grouped in 16s from 0 whatever the cache's block size: the row offsets are looked up per
 // position, so a paged cache gives bitwise what a contiguous one does.
-template <int kVecs, KvType kType, bool kHalf = false>
+template <int kVecs, KvType kType, KvType vType, bool kHalf = false>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                       int head_dim, float* const* outs) {
   static_assert(!kHalf || kVecs == 1);
@@ -727,12 +728,14 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
     InitQuery<kVecs, kHalf>(st[i], qs[i], head_dim);
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
-  int64_t offs[16];
+  int64_t koffs[16], voffs[16];
   int64_t blk = 0, in_blk = 0;  // the next position is in_blk of logical block blk (no divisions)
   for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
     const int64_t n_max = max_len - p0 < 16 ? max_len - p0 : 16;
     for (int64_t j = 0; j < n_max; ++j) {
-      offs[j] = kv.block_table[blk] * kv.block_bytes + in_blk * kv.row_bytes;
+      const int64_t slot = kv.block_table[blk] * kv.block_size + in_blk;
+      koffs[j] = slot * kv.k_row_bytes;
+      voffs[j] = slot * kv.v_row_bytes;
       if (++in_blk == kv.block_size) {
         in_blk = 0;
         ++blk;
@@ -741,35 +744,45 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
     for (int i = 0; i < num_queries; ++i) {
       if (lens[i] <= p0) continue;
       const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
-      QueryBlock<kVecs, kType, kHalf>(st[i], kv.k, kv.v, offs, n);
+      QueryBlock<kVecs, kType, vType, kHalf>(st[i], kv.k, kv.v, koffs, voffs, n);
     }
   }
   for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs, kHalf>(st[i], outs[i]);
 }
 
-template <KvType kType>
-void AttendManyOfType(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs) {
+template <KvType kType, KvType vType>
+void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                       int head_dim, float* const* outs) {
   switch (head_dim) {
-    case 8: return AttendManyOnline<1, kType, true>(qs, lens, num_queries, kv, head_dim, outs);
-    case 16: return AttendManyOnline<1, kType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 32: return AttendManyOnline<2, kType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 64: return AttendManyOnline<4, kType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 80: return AttendManyOnline<5, kType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 96: return AttendManyOnline<6, kType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 128: return AttendManyOnline<8, kType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 8: return AttendManyOnline<1, kType, vType, true>(qs, lens, num_queries, kv, head_dim, outs);
+    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
+    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
     default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs);
   }
 }
 
+// K and V of one type, or K at higher precision than V (the useful mixes: V tolerates fewer bits
+// than K); other pairs take the scalar path.
 void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, int head_dim,
                 float* const* outs) {
-  switch (kv.type) {
-    case KvType::kF32: return AttendManyOfType<KvType::kF32>(qs, lens, num_queries, kv, head_dim, outs);
-    case KvType::kF16: return AttendManyOfType<KvType::kF16>(qs, lens, num_queries, kv, head_dim, outs);
-    case KvType::kBF16: return AttendManyOfType<KvType::kBF16>(qs, lens, num_queries, kv, head_dim, outs);
-    case KvType::kInt8: return AttendManyOfType<KvType::kInt8>(qs, lens, num_queries, kv, head_dim, outs);
-    case KvType::kInt4: return AttendManyOfType<KvType::kInt4>(qs, lens, num_queries, kv, head_dim, outs);
+  using enum KvType;
+  constexpr auto pair = [](KvType k, KvType v) { return static_cast<int>(k) * 8 + static_cast<int>(v); };
+  switch (pair(kv.k_type, kv.v_type)) {
+    case pair(kF32, kF32): return AttendManyOfTypes<kF32, kF32>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kF16, kF16): return AttendManyOfTypes<kF16, kF16>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kBF16, kBF16): return AttendManyOfTypes<kBF16, kBF16>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kInt8, kInt8): return AttendManyOfTypes<kInt8, kInt8>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kInt4, kInt4): return AttendManyOfTypes<kInt4, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kF16, kInt8): return AttendManyOfTypes<kF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kF16, kInt4): return AttendManyOfTypes<kF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kBF16, kInt8): return AttendManyOfTypes<kBF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kBF16, kInt4): return AttendManyOfTypes<kBF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kInt8, kInt4): return AttendManyOfTypes<kInt8, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs);
   }
 }
 
