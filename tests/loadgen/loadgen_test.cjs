@@ -1,8 +1,11 @@
 // gale loadgen against a fake OpenAI server in this process that streams with known delays:
-// first token after 150 ms, then 8 more 40 ms apart. Measured TTFT must be within [150, 190] ms
-// and inter-token gaps within [35, 70] ms: the lower bounds allow timer rounding (Node fires
-// setTimeout up to ~1 ms early relative to the client's clock), the upper ones loopback plus
-// scheduling on a busy 2-core machine. Also: errors by kind, timeouts, and the report files.
+// first token after 150 ms, then 8 more 40 ms apart. Measured TTFT must be within [148, 190] ms
+// and each request's mean inter-token gap within [34, 70] ms: the lower bounds allow timer
+// rounding (Node fires setTimeout up to ~1 ms early relative to the client's clock) and, for the
+// mean, one event delayed by up to 40 ms (which shortens the gap after it: single gaps of 29 ms
+// were seen with ctest running two suites on two cores), the upper ones loopback plus scheduling
+// on a busy 2-core machine. Every single gap must still be within [5, 120] ms. Also: errors by
+// kind, timeouts, and the report files.
 const http = require('http');
 const { execFile } = require('child_process');
 const fs = require('fs');
@@ -71,7 +74,9 @@ server.listen(0, '127.0.0.1', async () => {
       assert.ok(q.ttft_s >= 0.148 && q.ttft_s <= 0.19, `ttft ${q.ttft_s}`);
       assert.strictEqual(q.output_tokens, 9);
       assert.strictEqual(q.itl_s.length, 8);
-      for (const g of q.itl_s) assert.ok(g >= 0.035 && g <= 0.07, `itl ${g}`);
+      for (const g of q.itl_s) assert.ok(g >= 0.005 && g <= 0.12, `itl ${g}`);
+      const mean = q.itl_s.reduce((a, b) => a + b, 0) / q.itl_s.length;
+      assert.ok(mean >= 0.034 && mean <= 0.07, `mean itl ${mean}`);
     }
     const s = j.summaries[0];
     assert.ok(s.tpot_s.p50 > 0.035 && s.tpot_s.p50 < 0.07);
