@@ -1,8 +1,7 @@
 // KV cache quantization (int8 / int4 with an f16 scale per position and head): what it holds and
-// what it costs. Capacity at the same KV memory against f16 (from the engine's own sizing),
-// perplexity, KL divergence and top-1 agreement on the default model against f16 KV (teacher
-// forcing over a text sampled from the model), and the engine's exactness workloads (preemption,
-// prefix sharing, speculative decoding) with quantized KV.
+// what it costs. Capacity at the same KV memory against f16 (from the engine's own sizing), and
+// perplexity, KL divergence and top-1 agreement on the default model against f16 KV (gale eval's
+// teacher forcing over a text sampled from the model).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +12,7 @@
 #include "gguf/gguf_file.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
+#include "tools/eval.h"
 #include "tools/synth.h"
 
 namespace gale {
@@ -54,38 +54,6 @@ TEST(KvQuantTest, HoldsMoreTokensInTheSameMemory) {
   EXPECT_GE(int4 / f16, 3.5);
 }
 
-struct Scores {
-  double nll = 0.0;     // mean negative log-likelihood per token
-  std::vector<std::vector<double>> logprobs;  // [token][vocab]
-};
-
-Scores TeacherForce(const LlamaModel& model, const std::vector<int32_t>& tokens, KvType type,
-                    std::optional<KvType> v_type = std::nullopt) {
-  ThreadPool pool(2);
-  KvCache kv(model.hparams(), static_cast<int64_t>(tokens.size()), 1, type, 16, v_type);
-  Workspace ws;
-  ForwardBatch b;
-  b.tokens.assign(tokens.begin(), tokens.end() - 1);
-  for (size_t i = 0; i + 1 < tokens.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
-  b.all_logits = true;
-  EXPECT_TRUE(model.Forward(b, kv, ws, pool).ok());
-  const int64_t vocab = model.hparams().vocab_size;
-  Scores s;
-  for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-    const float* l = ws.logits.data() + i * vocab;
-    double max = l[0];
-    for (int64_t j = 1; j < vocab; ++j) max = std::max<double>(max, l[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(l[j] - max);
-    std::vector<double> lp(vocab);
-    for (int64_t j = 0; j < vocab; ++j) lp[j] = l[j] - max - std::log(sum);
-    s.nll -= lp[tokens[i + 1]];
-    s.logprobs.push_back(std::move(lp));
-  }
-  s.nll /= static_cast<double>(tokens.size() - 1);
-  return s;
-}
-
 // Perplexity within 0.5% of f16 for int8 (the bar) and a bound for int4 measured here;
 // KL divergence and top-1 agreement of the next-token distributions against f16.
 TEST(KvQuantTest, PerplexityAndKlOnTheDefaultModel) {
@@ -112,40 +80,32 @@ TEST(KvQuantTest, PerplexityAndKlOnTheDefaultModel) {
   while (stream->Next(&u)) text.insert(text.end(), u.token_ids.begin(), u.token_ids.end());
   ASSERT_EQ(text.size(), 501u);
 
-  const Scores base = TeacherForce(*model, text, KvType::kF16);
+  ThreadPool eval_pool(2);
+  auto score = [&](KvType type, std::optional<KvType> v) {
+    PplOptions o;
+    o.kv_type = type;
+    o.v_kv_type = v;
+    return EvaluatePerplexity(*model, text, o, /*keep_logprobs=*/true, eval_pool).value();
+  };
+  const PplResult base = score(KvType::kF16, std::nullopt);
   // K int8 with V int4 is the last row (index 4): values tolerate 4 bits, keys do not.
   const std::vector<KvType> ks = {KvType::kF32, KvType::kBF16, KvType::kInt8, KvType::kInt4, KvType::kInt8};
   for (size_t row = 0; row < ks.size(); ++row) {
     const KvType type = ks[row];
     const bool mixed = row == 4;
-    const Scores s = TeacherForce(*model, text, type, mixed ? std::optional<KvType>(KvType::kInt4) : std::nullopt);
-    double kl = 0.0, max_kl = 0.0;
-    int64_t agree = 0;
-    for (size_t i = 0; i < s.logprobs.size(); ++i) {
-      double k = 0.0;
-      size_t top_a = 0, top_b = 0;
-      for (size_t j = 0; j < s.logprobs[i].size(); ++j) {
-        k += std::exp(base.logprobs[i][j]) * (base.logprobs[i][j] - s.logprobs[i][j]);
-        if (base.logprobs[i][j] > base.logprobs[i][top_a]) top_a = j;
-        if (s.logprobs[i][j] > s.logprobs[i][top_b]) top_b = j;
-      }
-      kl += k;
-      max_kl = std::max(max_kl, k);
-      agree += top_a == top_b;
-    }
-    kl /= static_cast<double>(s.logprobs.size());
-    const double ppl = std::exp(s.nll), base_ppl = std::exp(base.nll);
-    const double rel = ppl / base_ppl - 1.0;
+    const PplResult s = score(type, mixed ? std::optional<KvType>(KvType::kInt4) : std::nullopt);
+    const KlResult kl = CompareLogprobs(base, s).value();
+    const double rel = s.ppl() / base.ppl() - 1.0;
     std::printf("%s%s KV vs f16: perplexity %.4f vs %.4f (%+.3f%%), mean KL %.2e, max KL %.2e, top-1 agreement %.1f%%\n",
-                kernels::KvTypeName(type), mixed ? " / V int4" : "", ppl, base_ppl, 100.0 * rel, kl, max_kl,
-                100.0 * static_cast<double>(agree) / static_cast<double>(s.logprobs.size()));
+                kernels::KvTypeName(type), mixed ? " / V int4" : "", s.ppl(), base.ppl(), 100.0 * rel, kl.mean, kl.max,
+                100.0 * kl.top1_agreement);
     if (mixed) {  // measured: -0.27%, KL 5.6e-3, 96.4% top-1
       EXPECT_LT(std::fabs(rel), 0.01);
-      EXPECT_LT(kl, 0.01);
+      EXPECT_LT(kl.mean, 0.01);
     } else if (type == KvType::kInt8) {  // measured: +0.21%, KL 2.5e-3, 97.6% top-1
       EXPECT_LT(std::fabs(rel), 0.005);
-      EXPECT_LT(kl, 5e-3);
-      EXPECT_GT(agree, static_cast<int64_t>(0.95 * s.logprobs.size()));
+      EXPECT_LT(kl.mean, 5e-3);
+      EXPECT_GT(kl.top1_agreement, 0.95);
     }
     // int4 with one scale per 8-wide head and position is not usable on this model (measured:
     // perplexity 2.5x, top-1 agreement 58%); this bound only guards against it getting worse.
