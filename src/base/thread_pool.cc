@@ -87,6 +87,7 @@ void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t
   }
   // A few chunks per thread: small enough that the others can absorb a preempted worker's share.
   const int64_t chunks = std::min<int64_t>({max_parts, int64_t{4} * parts, static_cast<int64_t>(kFieldMask)});
+  std::lock_guard<std::mutex> turn(call_mu_);
   job_fn_ = &fn;
   job_items_ = num_items;
   done_.store(0, std::memory_order_relaxed);

@@ -28,6 +28,8 @@ class ThreadPool {
 
   // Calls fn(begin, end) on disjoint subranges covering [0, num_items). Returns when all are done.
   // min_items_per_thread keeps tiny ranges on fewer threads (waking a thread costs microseconds).
+  // Callers on different threads (two engines sharing a pool) take turns; fn must not call
+  // ParallelFor on the same pool.
   void ParallelFor(int64_t num_items, const std::function<void(int64_t, int64_t)>& fn,
                    int64_t min_items_per_thread = 1);
 
@@ -42,6 +44,7 @@ class ThreadPool {
   const int num_threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
+  std::mutex call_mu_;  // one job at a time
   std::condition_variable cv_;
   // Bumped once per job. Workers spin on it for a while before sleeping on cv_, because a
   // futex wake-up per matmul costs more than a decode step's matmul on a small model.

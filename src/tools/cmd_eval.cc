@@ -1,17 +1,206 @@
 // `gale eval ppl`: perplexity of a text, and KL divergence against a base model's saved
-// log-probabilities.
+// log-probabilities. `gale eval tasks`: greedy outputs against a base model's, per category.
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/engine.h"
+#include "model/chat_template.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/eval.h"
 
 namespace gale {
+namespace {
+
+int RunTasks(const std::string& model_path, const std::string& base_path, const std::string& file,
+             const std::string& kv_type, const std::string& v_type, const std::string& base_kv_type,
+             const std::string& output, int threads) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "gale eval tasks: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  if (output != "text" && output != "json") return fail(InvalidArgument("-o must be text or json"));
+  if (threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+  auto parse_kv = [](const char* flag, const std::string& name) -> StatusOr<kernels::KvType> {
+    const auto k = kernels::ParseKvType(name);
+    if (!k) return InvalidArgument("{} '{}' is not one of f32, f16, bf16, int8, int4", flag, name);
+    return *k;
+  };
+  auto kv = parse_kv("--kv-type", kv_type);
+  if (!kv.ok()) return fail(kv.status());
+  auto base_kv = parse_kv("--base-kv-type", base_kv_type);
+  if (!base_kv.ok()) return fail(base_kv.status());
+  std::optional<kernels::KvType> v;
+  if (!v_type.empty()) {
+    auto vv = parse_kv("--v-cache-dtype", v_type);
+    if (!vv.ok()) return fail(vv.status());
+    v = *vv;
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return fail(IoError("cannot open '{}'", file));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto parsed = ParseTasks(ss.str());
+  if (!parsed.ok()) return fail(parsed.status().WithContext(file));
+  const std::vector<EvalTask>& list = *parsed;
+
+  auto m = LoadModel(model_path, LoadOptions{});
+  if (!m.ok()) return fail(m.status());
+  std::optional<LoadedModel> b;
+  const LoadedModel* base = &*m;
+  if (!base_path.empty() && base_path != m->path) {
+    auto bl = LoadModel(base_path, LoadOptions{});
+    if (!bl.ok()) return fail(bl.status().WithContext("--base"));
+    if (bl->model->hparams().vocab_size != m->model->hparams().vocab_size) {
+      return fail(InvalidArgument("the base's vocabulary ({}) differs from the model's ({})", bl->model->hparams().vocab_size,
+                                  m->model->hparams().vocab_size));
+    }
+    b.emplace(std::move(*bl));
+    base = &*b;
+  }
+  ThreadPool pool(threads);
+  auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt) {
+    EngineConfig cfg;
+    cfg.kv_type = k;
+    cfg.v_kv_type = vt;
+    cfg.kv_cache_memory_bytes = 256ull << 20;
+    return Engine::Create(*lm.model, lm.tok.get(), cfg, pool);
+  };
+  auto base_engine = make_engine(*base, *base_kv, std::nullopt);
+  if (!base_engine.ok()) return fail(base_engine.status());
+  auto engine = make_engine(*m, *kv, v);
+  if (!engine.ok()) return fail(engine.status());
+  auto chat = ChatTemplate::FromGguf(*m->file);
+  const Tokenizer& tok = *m->tok;
+
+  // Prompt of turn r of a task: the user turns so far with the base's replies between them.
+  std::vector<std::vector<std::string>> replies(list.size());
+  auto prompt_of = [&](size_t i, size_t r) -> StatusOr<std::vector<int32_t>> {
+    const EvalTask& task = list[i];
+    if (task.turns.size() == 1) return tok.Encode(task.turns[0]);
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    std::string plain;
+    for (size_t k = 0; k <= r; ++k) {
+      messages.push_back({{"role", "user"}, {"content", task.turns[k]}});
+      plain += "User: " + task.turns[k] + "\nAssistant:";
+      if (k < r) {
+        messages.push_back({{"role", "assistant"}, {"content", replies[i][k]}});
+        plain += replies[i][k] + "\n";
+      }
+    }
+    if (!chat.ok()) return tok.Encode(plain);
+    const std::string bos = tok.bos_id() >= 0 ? tok.TokenToPiece(tok.bos_id()) : "";
+    const std::string eos = tok.eos_id() >= 0 ? tok.TokenToPiece(tok.eos_id()) : "";
+    ASSIGN_OR_RETURN(std::string text, chat->Apply(messages, true, bos, eos));
+    return TokenizeChatPrompt(tok, text);
+  };
+  std::vector<TaskOutcome> outcomes(list.size());
+  size_t max_turns = 0;
+  for (const auto& task : list) max_turns = std::max(max_turns, task.turns.size());
+  for (size_t r = 0; r < max_turns; ++r) {
+    struct Pending {
+      size_t task;
+      std::shared_ptr<RequestStream> base, got;
+    };
+    std::vector<Pending> pending;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (r >= list[i].turns.size()) continue;
+      auto prompt = prompt_of(i, r);
+      if (!prompt.ok()) return fail(prompt.status().WithContext("task " + list[i].id));
+      GenerationRequest req;
+      req.prompt = *prompt;
+      req.max_tokens = list[i].max_tokens;
+      req.sampling.temperature = 0.0f;
+      for (int32_t id : {tok.eos_id(), tok.bos_id(), tok.eot_id()}) {
+        if (id >= 0) req.stop_ids.push_back(id);
+      }
+      auto bs = (*base_engine)->Submit(req);
+      if (!bs.ok()) return fail(bs.status().WithContext("task " + list[i].id));
+      auto gs = (*engine)->Submit(req);
+      if (!gs.ok()) return fail(gs.status().WithContext("task " + list[i].id));
+      pending.push_back({i, *bs, *gs});
+    }
+    for (auto& p : pending) {
+      auto collect = [](RequestStream& s, std::vector<int32_t>* ids, std::string* text) -> Status {
+        StreamUpdate u;
+        while (s.Next(&u)) {
+          ids->insert(ids->end(), u.token_ids.begin(), u.token_ids.end());
+          *text += u.text;
+          if (u.finished && u.finish_reason == FinishReason::kError) return u.status;
+        }
+        return Status::Ok();
+      };
+      std::vector<int32_t> bt, gt;
+      std::string btext, gtext;
+      if (Status s = collect(*p.base, &bt, &btext); !s.ok()) return fail(s);
+      if (Status s = collect(*p.got, &gt, &gtext); !s.ok()) return fail(s);
+      TaskOutcome& o = outcomes[p.task];
+      o.base.insert(o.base.end(), bt.begin(), bt.end());
+      o.got.insert(o.got.end(), gt.begin(), gt.end());
+      o.base_text += (r > 0 ? "\n" : "") + btext;
+      o.got_text += (r > 0 ? "\n" : "") + gtext;
+      replies[p.task].push_back(btext);
+    }
+  }
+  nlohmann::json per_task = nlohmann::json::array();
+  for (size_t i = 0; i < list.size(); ++i) {
+    TaskOutcome& o = outcomes[i];
+    o.exact = o.base == o.got;
+    size_t d = 0;
+    while (d < o.base.size() && d < o.got.size() && o.base[d] == o.got[d]) ++d;
+    o.first_divergence = static_cast<int64_t>(d);
+    if (list[i].structured()) {
+      o.base_parses = nlohmann::json::accept(list[i].json_prefix + o.base_text);
+      o.got_parses = nlohmann::json::accept(list[i].json_prefix + o.got_text);
+    }
+    per_task.push_back({{"id", list[i].id},
+                        {"category", list[i].category},
+                        {"exact", o.exact},
+                        {"first_divergence", o.first_divergence},
+                        {"base_tokens", o.base.size()},
+                        {"tokens", o.got.size()},
+                        {"base_text", o.base_text},
+                        {"text", o.got_text}});
+    if (list[i].structured()) {
+      per_task.back()["base_parses"] = o.base_parses;
+      per_task.back()["parses"] = o.got_parses;
+    }
+  }
+  const std::vector<CategoryScore> scores = ScoreTasks(list, outcomes);
+  if (output == "json") {
+    nlohmann::json cats = nlohmann::json::array();
+    for (const auto& c : scores) {
+      cats.push_back({{"category", c.category},
+                      {"tasks", c.tasks},
+                      {"exact_match_rate", static_cast<double>(c.exact) / static_cast<double>(c.tasks)},
+                      {"mean_first_divergence", c.mean_first_divergence},
+                      {"token_agreement", c.token_agreement},
+                      {"base_parses", c.base_parses},
+                      {"no_longer_parse", c.no_longer_parse}});
+    }
+    std::printf("%s\n", nlohmann::json({{"model", m->path}, {"base", base->path}, {"kv_type", kv_type},
+                                        {"base_kv_type", base_kv_type}, {"categories", cats}, {"tasks", per_task}})
+                            .dump(2)
+                            .c_str());
+    return 0;
+  }
+  std::printf("| category | tasks | exact match | mean first divergence (tokens) | tokens agreeing before it | structured: no longer parse |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const auto& c : scores) {
+    std::printf("| %s | %lld | %.1f%% | %.1f | %.1f%% | %s |\n", c.category.c_str(), static_cast<long long>(c.tasks),
+                100.0 * static_cast<double>(c.exact) / static_cast<double>(c.tasks), c.mean_first_divergence,
+                100.0 * c.token_agreement,
+                c.base_parses > 0 ? fmt::format("{} of {}", c.no_longer_parse, c.base_parses).c_str() : "-");
+  }
+  return 0;
+}
+
+}  // namespace
 
 CommandFn RegisterEval(CLI::App& app) {
   struct Opts {
@@ -35,7 +224,25 @@ CommandFn RegisterEval(CLI::App& app) {
   ppl->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
   ppl->add_option("-o,--output", o->output, "text | json")->capture_default_str();
   o->load.Register(*ppl);
-  return [o]() {
+
+  struct TaskOpts {
+    std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text";
+    int threads = ThreadPool::DefaultNumThreads();
+  };
+  auto t = std::make_shared<TaskOpts>();
+  CLI::App* tasks = app.add_subcommand("tasks", "greedy outputs against a base model's: exact match, first divergence, "
+                                                "structured outputs that no longer parse, per category");
+  tasks->add_option("-m,--model", t->model, "GGUF model to evaluate (default: the bundled one)");
+  tasks->add_option("--base", t->base, "GGUF base model (default: the same file, e.g. to evaluate a KV type)");
+  tasks->add_option("-f,--file", t->file, "tasks JSONL")->required();
+  tasks->add_option("--kv-type", t->kv_type, "the evaluated model's KV type")->capture_default_str();
+  tasks->add_option("--v-cache-dtype", t->v_type, "its V type when it differs");
+  tasks->add_option("--base-kv-type", t->base_kv_type, "the base's KV type")->capture_default_str();
+  tasks->add_option("-t,--threads", t->threads, "threads")->capture_default_str();
+  tasks->add_option("-o,--output", t->output, "text | json")->capture_default_str();
+  return [o, t, ppl, tasks]() {
+    if (tasks->parsed()) return RunTasks(t->model, t->base, t->file, t->kv_type, t->v_type, t->base_kv_type, t->output,
+                                         t->threads);
     auto fail = [](const Status& s) {
       std::fprintf(stderr, "gale eval: %s\n", s.ToString().c_str());
       return 1;

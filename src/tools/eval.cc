@@ -6,6 +6,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 namespace gale {
 
 double PplResult::ppl() const { return std::exp(nll); }
@@ -159,6 +161,82 @@ StatusOr<KlResult> CompareLogprobs(const PplResult& base, const PplResult& r) {
   k.top1_agreement = static_cast<double>(agree) / static_cast<double>(n);
   k.base_ppl = base.ppl();
   return k;
+}
+
+}  // namespace gale
+
+namespace gale {
+
+StatusOr<std::vector<EvalTask>> ParseTasks(const std::string& text) {
+  std::vector<EvalTask> tasks;
+  size_t pos = 0;
+  int line_no = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return InvalidArgument("tasks line {}: not a JSON object", line_no);
+    EvalTask t;
+    t.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()) : std::to_string(line_no);
+    if (!j.contains("category") || !j["category"].is_string()) return InvalidArgument("tasks line {}: 'category' (a string) is required", line_no);
+    t.category = j["category"].get<std::string>();
+    if (j.contains("turns")) {
+      if (!j["turns"].is_array() || j["turns"].empty()) return InvalidArgument("tasks line {}: 'turns' must be a non-empty array", line_no);
+      for (const auto& turn : j["turns"]) {
+        if (!turn.is_string()) return InvalidArgument("tasks line {}: every turn must be a string", line_no);
+        t.turns.push_back(turn.get<std::string>());
+      }
+    } else if (j.contains("prompt") && j["prompt"].is_string()) {
+      t.turns.push_back(j["prompt"].get<std::string>());
+    } else {
+      return InvalidArgument("tasks line {}: 'prompt' (a string) or 'turns' is required", line_no);
+    }
+    if (j.contains("max_tokens")) {
+      if (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() < 1 || j["max_tokens"].get<int64_t>() > 100000) {
+        return InvalidArgument("tasks line {}: 'max_tokens' must be an integer in [1, 100000]", line_no);
+      }
+      t.max_tokens = j["max_tokens"].get<int64_t>();
+    }
+    if (j.contains("json_prefix")) {
+      if (!j["json_prefix"].is_string()) return InvalidArgument("tasks line {}: 'json_prefix' must be a string", line_no);
+      t.json_prefix = j["json_prefix"].get<std::string>();
+    }
+    tasks.push_back(std::move(t));
+  }
+  if (tasks.empty()) return InvalidArgument("the task file has no tasks");
+  return tasks;
+}
+
+std::vector<CategoryScore> ScoreTasks(const std::vector<EvalTask>& tasks, const std::vector<TaskOutcome>& outcomes) {
+  std::vector<CategoryScore> out;
+  auto find = [&](const std::string& c) -> CategoryScore& {
+    for (auto& s : out) {
+      if (s.category == c) return s;
+    }
+    out.push_back(CategoryScore{c});
+    return out.back();
+  };
+  for (size_t i = 0; i < tasks.size() && i < outcomes.size(); ++i) {
+    CategoryScore& s = find(tasks[i].category);
+    const TaskOutcome& o = outcomes[i];
+    ++s.tasks;
+    s.exact += o.exact;
+    s.mean_first_divergence += static_cast<double>(o.first_divergence);
+    s.token_agreement += o.base.empty() ? 1.0 : static_cast<double>(o.first_divergence) / static_cast<double>(o.base.size());
+    if (tasks[i].structured() && o.base_parses) {
+      ++s.base_parses;
+      s.no_longer_parse += !o.got_parses;
+    }
+  }
+  for (auto& s : out) {
+    s.mean_first_divergence /= static_cast<double>(s.tasks);
+    s.token_agreement /= static_cast<double>(s.tasks);
+  }
+  return out;
 }
 
 }  // namespace gale

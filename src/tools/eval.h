@@ -53,3 +53,42 @@ struct KlResult {
 StatusOr<KlResult> CompareLogprobs(const PplResult& base, const PplResult& r);
 
 }  // namespace gale
+
+namespace gale {
+
+// End-to-end task comparison: greedy outputs of a model against a base model's on the same
+// prompts. A task file is JSONL, one task per line:
+//   {"id": ..., "category": "short" | "long" | "structured" | "multi-turn" | any,
+//    "prompt": "...", "max_tokens": N, "json_prefix": "..."}            (single turn)
+//   {"id": ..., "category": "multi-turn", "turns": ["...", "..."], "max_tokens": N}
+// Structured tasks check that json_prefix + output parses as JSON. Multi-turn tasks replay the
+// conversation with the base's replies as history (both models see the same context each turn),
+// rendered by the model's chat template, or as "User: ...\nAssistant:" lines when it has none.
+struct EvalTask {
+  std::string id, category;
+  std::vector<std::string> turns;  // one for single-turn tasks
+  int64_t max_tokens = 64;
+  std::string json_prefix;
+  bool structured() const { return category == "structured"; }
+};
+// Parses the file; errors name the line. An empty file or one without tasks is an error.
+StatusOr<std::vector<EvalTask>> ParseTasks(const std::string& text);
+
+struct TaskOutcome {
+  std::vector<int32_t> base, got;  // generated tokens (all turns, concatenated)
+  std::string base_text, got_text;
+  bool exact = false;
+  int64_t first_divergence = 0;  // index of the first differing token (= length when equal)
+  bool base_parses = false, got_parses = false;
+};
+
+struct CategoryScore {
+  std::string category;
+  int64_t tasks = 0, exact = 0;
+  double mean_first_divergence = 0;  // tokens
+  double token_agreement = 0;        // share of base tokens matched before the first divergence
+  int64_t base_parses = 0, no_longer_parse = 0;  // structured tasks
+};
+std::vector<CategoryScore> ScoreTasks(const std::vector<EvalTask>& tasks, const std::vector<TaskOutcome>& outcomes);
+
+}  // namespace gale

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 namespace gale {
@@ -35,6 +36,23 @@ TEST(ThreadPoolTest, MinItemsKeepsSmallJobsInline) {
   int parts = 0;  // no atomics needed if it really runs inline
   pool.ParallelFor(10, [&](int64_t, int64_t) { ++parts; }, /*min_items_per_thread=*/16);
   EXPECT_EQ(parts, 1);
+}
+
+// Two threads (two engines sharing a pool) calling at once take turns instead of livelocking,
+// and every job still runs each index exactly once.
+TEST(ThreadPoolTest, CallersOnTwoThreadsTakeTurns) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> sums[2] = {0, 0};
+  auto caller = [&](int c) {
+    for (int job = 0; job < 500; ++job) {
+      pool.ParallelFor(100, [&](int64_t b, int64_t e) { sums[c] += e - b; });
+    }
+  };
+  std::thread a(caller, 0), b(caller, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(sums[0].load(), 500 * 100);
+  EXPECT_EQ(sums[1].load(), 500 * 100);
 }
 
 }  // namespace

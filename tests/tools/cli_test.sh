@@ -91,6 +91,7 @@ done
 expect_fail batch-spec-no-draft "needs --draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft
 expect_fail batch-spec-bad "not one of off, ngram, draft" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec medusa
 expect_fail batch-spec-draft-missing "--draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft --draft-model "$tmp/none.gguf"
+"$GALE" synth --shape tiny --type f32 -o "$tmp/tiny-synth.gguf" >/dev/null 2>&1
 # gale eval ppl: the shipped eval text, a base's log-probabilities, int8 KV against it; bad inputs.
 evaltext="$(dirname "$0")/../../eval/stories260K-sampled.txt"
 "$GALE" eval ppl -f "$evaltext" --save-logits "$tmp/base.lp" -o json > "$tmp/base.json" 2>"$tmp/eval.err"
@@ -108,6 +109,29 @@ else
   echo "FAIL eval ppl:"; cat "$tmp/eval.err" "$tmp/base.json" "$tmp/int8.json"
   fails=$((fails + 1))
 fi
+# gale eval tasks: the shipped task file against itself (all exact), against int4 KV (diverges), bad files.
+tasks="$(dirname "$0")/../../eval/stories260K-tasks.jsonl"
+"$GALE" eval tasks -f "$tasks" -o json > "$tmp/same.json" 2>"$tmp/tasks.err"
+"$GALE" eval tasks -f "$tasks" --kv-type int4 -o json > "$tmp/int4.json" 2>>"$tmp/tasks.err"
+if python3 - "$tmp/same.json" "$tmp/int4.json" <<'PY'
+import json, sys
+same = json.load(open(sys.argv[1])); q = json.load(open(sys.argv[2]))
+cats = {c["category"] for c in same["categories"]}
+assert cats == {"short", "long", "structured", "multi-turn"}, cats
+assert all(c["exact_match_rate"] == 1.0 and c["token_agreement"] == 1.0 for c in same["categories"]), same["categories"]
+assert all(c["exact_match_rate"] < 0.5 for c in q["categories"]), q["categories"]
+assert len(q["tasks"]) == 24 and all(t["first_divergence"] <= t["base_tokens"] for t in q["tasks"])
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL eval tasks:"; cat "$tmp/tasks.err"; head -c 2000 "$tmp/same.json"
+  fails=$((fails + 1))
+fi
+printf '{"category": "short"}\n' > "$tmp/badtasks.jsonl"
+expect_fail eval-tasks-bad "line 1" -- "$GALE" eval tasks -f "$tmp/badtasks.jsonl"
+expect_fail eval-tasks-missing "cannot open" -- "$GALE" eval tasks -f "$tmp/none.jsonl"
+expect_fail eval-tasks-vocab "vocabulary" -- "$GALE" eval tasks -f "$tasks" --base "$tmp/tiny-synth.gguf"
 printf '' > "$tmp/empty.txt"
 printf 'a\0b' > "$tmp/binary.txt"
 expect_fail eval-empty "perplexity needs at least 2" -- "$GALE" eval ppl -f "$tmp/empty.txt"

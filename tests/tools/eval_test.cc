@@ -119,5 +119,49 @@ TEST(EvalTest, LogprobsFileAndKlDivergence) {
   EXPECT_FALSE(LoadLogprobs(path).ok());
 }
 
+TEST(EvalTest, TaskFilesParseAndScore) {
+  auto t = ParseTasks(
+      "{\"id\": \"a\", \"category\": \"short\", \"prompt\": \"Once\", \"max_tokens\": 8}\n"
+      "\n"
+      "{\"category\": \"multi-turn\", \"turns\": [\"Hi\", \"And?\"]}\n"
+      "{\"id\": 7, \"category\": \"structured\", \"prompt\": \"{\\\"a\\\": \", \"json_prefix\": \"{\\\"a\\\": \"}\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->size(), 3u);
+  EXPECT_EQ((*t)[0].max_tokens, 8);
+  EXPECT_EQ((*t)[1].id, "3");  // the line number when there is no id
+  EXPECT_EQ((*t)[1].turns.size(), 2u);
+  EXPECT_EQ((*t)[1].max_tokens, 64);
+  EXPECT_EQ((*t)[2].id, "7");
+  EXPECT_TRUE((*t)[2].structured());
+  EXPECT_EQ((*t)[2].json_prefix, "{\"a\": ");
+  // Errors name the line.
+  EXPECT_NE(ParseTasks("\n{\"prompt\": \"x\"}").status().message().find("line 2"), std::string::npos);
+  EXPECT_FALSE(ParseTasks("").ok());
+  EXPECT_FALSE(ParseTasks("not json").ok());
+  EXPECT_FALSE(ParseTasks("{\"category\": \"c\", \"turns\": []}").ok());
+  EXPECT_FALSE(ParseTasks("{\"category\": \"c\", \"prompt\": \"x\", \"max_tokens\": 0}").ok());
+
+  std::vector<TaskOutcome> o(3);
+  o[0].base = {1, 2, 3, 4};
+  o[0].got = {1, 2, 9, 9};
+  o[0].first_divergence = 2;
+  o[1].base = o[1].got = {5, 6};
+  o[1].exact = true;
+  o[1].first_divergence = 2;
+  o[2].base = {1};
+  o[2].got = {2};
+  o[2].base_parses = true;
+  o[2].got_parses = false;
+  const auto scores = ScoreTasks(*t, o);
+  ASSERT_EQ(scores.size(), 3u);
+  EXPECT_EQ(scores[0].category, "short");
+  EXPECT_EQ(scores[0].exact, 0);
+  EXPECT_DOUBLE_EQ(scores[0].token_agreement, 0.5);
+  EXPECT_EQ(scores[1].exact, 1);
+  EXPECT_DOUBLE_EQ(scores[1].mean_first_divergence, 2.0);
+  EXPECT_EQ(scores[2].base_parses, 1);
+  EXPECT_EQ(scores[2].no_longer_parse, 1);
+}
+
 }  // namespace
 }  // namespace gale
