@@ -32,5 +32,6 @@ CommandFn RegisterLoadgen(CLI::App& app);
 void RegisterBenchServe(CLI::App& bench, std::function<int()>* run);
 CommandFn RegisterTokenize(CLI::App& app);
 CommandFn RegisterEval(CLI::App& app);
+CommandFn RegisterQuantize(CLI::App& app);
 
 }  // namespace gale

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add("loadgen", "load-test an OpenAI-compatible server and report latency and throughput", gale::RegisterLoadgen);
   add("template", "render a chat template for a context (or print its error)", gale::RegisterTemplate);
   add("tokenize", "print the token ids of a text", gale::RegisterTokenize);
+  add("quantize", "quantize an F32/F16/BF16 model's weights to q8_0 or q4_0", gale::RegisterQuantize);
   add("eval", "accuracy: perplexity, KL divergence against a base model", gale::RegisterEval);
   add("synth", "write a deterministic random-weight llama GGUF", gale::RegisterSynth);
   CLI11_PARSE(app, argc, argv);

@@ -132,6 +132,27 @@ printf '{"category": "short"}\n' > "$tmp/badtasks.jsonl"
 expect_fail eval-tasks-bad "line 1" -- "$GALE" eval tasks -f "$tmp/badtasks.jsonl"
 expect_fail eval-tasks-missing "cannot open" -- "$GALE" eval tasks -f "$tmp/none.jsonl"
 expect_fail eval-tasks-vocab "vocabulary" -- "$GALE" eval tasks -f "$tasks" --base "$tmp/tiny-synth.gguf"
+# gale quantize: q8_0 of the default model runs, keeps its perplexity close (KL against the f32
+# base above), and reports the tensors it left in f16; bad inputs are clear errors.
+"$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/q8.gguf" --type q8_0 2>"$tmp/quant.err"
+"$GALE" eval ppl -m "$tmp/q8.gguf" -f "$evaltext" --kl-base "$tmp/base.lp" -o json > "$tmp/q8.json" 2>>"$tmp/quant.err"
+out="$("$GALE" run -m "$tmp/q8.gguf" -p "Once upon a time" -n 8 --temp 0 2>>"$tmp/quant.err")"
+if grep -q 'ffn_down.weight (rows of 172)' "$tmp/quant.err" && [[ "$out" == "Once upon a time,"* ]] && python3 - "$tmp/q8.json" <<'PY'
+import json, sys
+q = json.load(open(sys.argv[1]))
+assert q["kl_mean"] < 0.01 and q["top1_agreement"] > 0.98, q
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL quantize:"; cat "$tmp/quant.err" "$tmp/q8.json"
+  fails=$((fails + 1))
+fi
+expect_fail quantize-requantize "needs an F32, F16 or BF16 model" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/q8q.gguf"
+expect_fail quantize-bad-type "not one of q8_0, q4_0" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/x.gguf" --type q2_k
+expect_fail quantize-bad-keep "regular expression" -- "$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/x.gguf" --keep "("
+expect_fail quantize-missing "" -- "$GALE" quantize -i "$tmp/none.gguf" -o "$tmp/x.gguf"
+expect_fail quantize-truncated "" -- "$GALE" quantize -i "$tmp/trunc.gguf" -o "$tmp/x.gguf"
 printf '' > "$tmp/empty.txt"
 printf 'a\0b' > "$tmp/binary.txt"
 expect_fail eval-empty "perplexity needs at least 2" -- "$GALE" eval ppl -f "$tmp/empty.txt"
