@@ -167,7 +167,6 @@ std::string Engine::DescribeSpec() const {
   if (config_.spec.method == SpecMethod::kOff) return "";
   const int64_t drafts = stats_.spec_num_drafts, guesses = stats_.spec_num_draft_tokens;
   const int64_t accepted = stats_.spec_num_accepted_tokens;
-  // Read on the caller's thread while the engine may step: the fit is only a summary.
   return fmt::format("speculative decoding ({}): {} of {} guessed tokens accepted ({:.1f}%), {:.2f} tokens per verifying step",
                      SpecMethodName(config_.spec.method), accepted, guesses,
                      guesses > 0 ? 100.0 * accepted / guesses : 0.0,
@@ -175,6 +174,7 @@ std::string Engine::DescribeSpec() const {
 }
 
 std::string Engine::DescribeSpecCosts() const {
+  // The fit is engine-thread state: read it while the engine is idle (the header says so).
   return fmt::format("decode step cost fit: {:.0f} us + {:.1f} us per token{}", spec_cost_.fixed_seconds() * 1e6,
                      spec_cost_.per_token_seconds() * 1e6,
                      draft_ ? fmt::format(", draft {:.1f} us per guess", spec_cost_.draft_seconds_per_guess() * 1e6) : "");
@@ -373,7 +373,7 @@ void Engine::Loop() {
       const auto t0 = std::chrono::steady_clock::now();
       st = runner_.Execute(seqs, &out.tokens, &logprobs);
       // The fit is of decode steps: a prompt chunk's tokens cost less each (one weight read for many).
-      if (decode_only) {
+      if (decode_only && config_.spec.method != SpecMethod::kOff) {
         spec_cost_.AddStep(plan.num_tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     }
@@ -467,12 +467,8 @@ void Engine::AfterSpecStep(const StepPlan& plan, const RunnerOutput& out) {
   if (config_.spec.method == SpecMethod::kOff) return;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
-    if (draft_) draft_->Rollback(s.req->id, s.req->num_computed_tokens);  // frees rejected guesses' blocks
     if (s.num_spec == 0) continue;
     const int64_t accepted = static_cast<int64_t>(out.tokens[i].size()) - 1;
-    ++stats_.spec_num_drafts;
-    stats_.spec_num_draft_tokens += s.num_spec;
-    stats_.spec_num_accepted_tokens += accepted;
     // Guesses are tried in order until one fails: `accepted` successes in min(accepted + 1, k) trials.
     Live& l = *live_.at(s.req->id);
     l.spec_hits = l.spec_hits * 0.9 + static_cast<double>(accepted);
@@ -494,6 +490,9 @@ void Engine::PublishStats() {
   stats_.prefix_cache_hit_tokens = kv_.num_hit_tokens();
   stats_.prefix_cache_blocks = kv_.pool().num_cached();
   stats_.prefix_cache_evictions = kv_.pool().num_evictions();
+  stats_.spec_num_drafts = sched_.num_spec_verifications();
+  stats_.spec_num_draft_tokens = sched_.num_spec_proposed();
+  stats_.spec_num_accepted_tokens = sched_.num_spec_accepted();
 }
 
 }  // namespace gale

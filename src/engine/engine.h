@@ -125,7 +125,7 @@ class Engine {
   void PublishStats();
   // Sets the spec_tokens of decoding requests for the next Schedule.
   Status Propose();
-  // After a step: adapts each request's number of guesses and keeps the draft's K/V in step.
+  // After a step: updates each verifying request's acceptance rate.
   void AfterSpecStep(const StepPlan& plan, const RunnerOutput& out);
 
   const LlamaModel& model_;

@@ -5,11 +5,9 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <new>
 
 #include "base/check.h"
-#include "base/fp16.h"
 
 namespace gale {
 namespace {
@@ -67,23 +65,12 @@ kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
 }
 
 void KvStorage::WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst) {
-  switch (type) {
-    case kernels::KvType::kF32:
-      std::memcpy(dst, x, static_cast<size_t>(num_kv_heads * head_dim) * sizeof(float));
-      return;
-    case kernels::KvType::kF16:  // no per-head scales: the row converts in one go
-      kernels::Active().to_f16(x, reinterpret_cast<uint16_t*>(dst), num_kv_heads * head_dim);
-      return;
-    case kernels::KvType::kBF16:
-      kernels::Active().to_bf16(x, reinterpret_cast<uint16_t*>(dst), num_kv_heads * head_dim);
-      return;
-    case kernels::KvType::kInt8:
-    case kernels::KvType::kInt4: {
-      const int64_t seg = kernels::KvHeadBytes(type, head_dim);
-      for (int64_t h = 0; h < num_kv_heads; ++h) kernels::StoreKvHead(x + h * head_dim, head_dim, type, dst + h * seg);
-      return;
-    }
+  if (!kernels::KvTypeQuantized(type)) {  // no per-head scales: the row converts in one go
+    kernels::StoreKvHead(x, num_kv_heads * head_dim, type, dst);
+    return;
   }
+  const int64_t seg = kernels::KvHeadBytes(type, head_dim);
+  for (int64_t h = 0; h < num_kv_heads; ++h) kernels::StoreKvHead(x + h * head_dim, head_dim, type, dst + h * seg);
 }
 
 void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v) {

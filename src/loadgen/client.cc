@@ -49,6 +49,18 @@ const char* OutcomeName(Outcome o) {
   return "?";
 }
 
+namespace {
+
+// Bounds each blocking call on the socket (synchronous Beast calls ignore tcp_stream's expiry).
+void SetSocketTimeouts(beast::tcp_stream& stream, int64_t us) {
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  const int fd = stream.socket().native_handle();
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace
+
 RequestResult PostStreaming(const Target& target, const std::string& path, const std::string& body,
                             double timeout_s, Clock::time_point test_start) {
   RequestResult r;
@@ -64,10 +76,7 @@ RequestResult PostStreaming(const Target& target, const std::string& path, const
   auto arm = [&]() -> bool {
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
-    timeval tv{static_cast<time_t>(left / 1000000), static_cast<suseconds_t>(left % 1000000)};
-    const int fd = stream.socket().native_handle();
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    SetSocketTimeouts(stream, left);
     return true;
   };
   auto fail = [&](Outcome o, const std::string& what) {
@@ -189,11 +198,7 @@ bool GetText(const Target& target, const std::string& path, double timeout_s, st
   if (ec) return false;
   stream.connect(endpoints, ec);
   if (ec) return false;
-  const int64_t us = static_cast<int64_t>(timeout_s * 1e6);
-  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-  const int fd = stream.socket().native_handle();
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  SetSocketTimeouts(stream, static_cast<int64_t>(timeout_s * 1e6));
   http::request<http::string_body> req{http::verb::get, path, 11};
   req.set(http::field::host, target.host);
   if (!target.api_key.empty()) req.set(http::field::authorization, "Bearer " + target.api_key);

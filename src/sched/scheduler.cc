@@ -165,6 +165,7 @@ std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan,
       }
       if (r.finish_reason != FinishReason::kNone) break;
     }
+    num_spec_verifications_ += s.num_spec > 0;
     num_spec_proposed_ += s.num_spec;
     num_spec_accepted_ += static_cast<int64_t>(produced.size()) - 1;
     r.num_computed_tokens = first_row + appended;

@@ -98,7 +98,8 @@ class Scheduler {
   int64_t num_preemptions() const { return num_preemptions_; }
   // Running requests, oldest first (the engine sets their spec_tokens before Schedule).
   std::vector<SeqRequest*> running() const;
-  // Drafts in the last plan and how many of them were accepted, since the start.
+  // Since the start: verifications of a request's drafts, drafts verified, drafts accepted.
+  int64_t num_spec_verifications() const { return num_spec_verifications_; }
   int64_t num_spec_proposed() const { return num_spec_proposed_; }
   int64_t num_spec_accepted() const { return num_spec_accepted_; }
   const SchedulerConfig& config() const { return config_; }
@@ -115,7 +116,7 @@ class Scheduler {
   std::deque<std::unique_ptr<SeqRequest>> waiting_;   // front: next to admit
   std::vector<std::unique_ptr<SeqRequest>> running_;  // admission order: back is preempted first
   int64_t num_preemptions_ = 0;
-  int64_t num_spec_proposed_ = 0, num_spec_accepted_ = 0;
+  int64_t num_spec_verifications_ = 0, num_spec_proposed_ = 0, num_spec_accepted_ = 0;
 };
 
 }  // namespace gale

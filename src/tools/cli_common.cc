@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "kernels/kernels.h"
 
@@ -105,6 +107,21 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_flag("--spec-always", sp.always, "guess --spec-tokens every step, even where the step-cost model says it slows decoding");
 }
 
+StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError("cannot open '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return IoError("reading '{}' failed", path);
+  return ss.str();
+}
+
+StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& name) {
+  const auto t = kernels::ParseKvType(name);
+  if (!t) return InvalidArgument("{} '{}' is not one of f32, f16, bf16, int8, int4", flag, name);
+  return *t;
+}
+
 StatusOr<EngineConfig> EngineOptions::Resolve() {
   EngineConfig c = config;
   if (!kv_cache_memory.empty()) {
@@ -113,18 +130,13 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
     if (*b == 0) return InvalidArgument("--kv-cache-memory must be more than 0");
     c.kv_cache_memory_bytes = *b;
   }
-  auto parse = [](const char* flag, const std::string& name) -> StatusOr<kernels::KvType> {
-    const auto t = kernels::ParseKvType(name);
-    if (!t) return InvalidArgument("{} '{}' is not one of f32, f16, bf16, int8, int4", flag, name);
-    return *t;
-  };
-  ASSIGN_OR_RETURN(c.kv_type, parse("--kv-type", kv_type));
+  ASSIGN_OR_RETURN(c.kv_type, ParseKvTypeFlag("--kv-type", kv_type));
   kernels::KvType v = c.kv_type;
   if (!v_type.empty()) {
-    ASSIGN_OR_RETURN(v, parse("--v-cache-dtype", v_type));
+    ASSIGN_OR_RETURN(v, ParseKvTypeFlag("--v-cache-dtype", v_type));
   }
   if (!k_type.empty()) {
-    ASSIGN_OR_RETURN(c.kv_type, parse("--k-cache-dtype", k_type));
+    ASSIGN_OR_RETURN(c.kv_type, ParseKvTypeFlag("--k-cache-dtype", k_type));
   }
   if (v != c.kv_type) c.v_kv_type = v;
   c.enable_prefix_caching = !no_prefix_cache;

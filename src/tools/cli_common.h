@@ -33,6 +33,12 @@ struct LoadedModel {
 // tokenizer, and checks that the two agree on the vocabulary.
 StatusOr<LoadedModel> LoadModel(const std::string& path, const LoadOptions& load);
 
+// The whole file; IoError "cannot open 'PATH'" when it cannot be read.
+StatusOr<std::string> ReadTextFile(const std::string& path);
+
+// A KV cache type flag's value ("f32" ... "int4"); the error names the flag.
+StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& name);
+
 // "1073741824", "512M", "2G", "1.5GiB" -> bytes.
 StatusOr<uint64_t> ParseBytes(const std::string& text);
 

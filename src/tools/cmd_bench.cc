@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -253,12 +252,11 @@ CommandFn RegisterBench(CLI::App& app) {
       const int64_t n_gen = std::max<int64_t>(o->n_gen, 1);
       std::vector<int32_t> prefix = random_tokens(o->shared_prefix);
       if (!o->prompt_file.empty()) {
-        std::ifstream f(o->prompt_file, std::ios::binary);
-        if (!f) return fail("cannot read --prompt-file " + o->prompt_file);
-        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        auto text = ReadTextFile(o->prompt_file);
+        if (!text.ok()) return fail(text.status().WithContext("--prompt-file").ToString());
         auto tok = Tokenizer::FromGguf(**file);
         if (!tok.ok()) return fail(tok.status().WithContext("--prompt-file needs the model's tokenizer").ToString());
-        std::vector<int32_t> ids = (*tok)->Encode(text);
+        std::vector<int32_t> ids = (*tok)->Encode(*text);
         if ((*tok)->bos_id() >= 0) ids.insert(ids.begin(), (*tok)->bos_id());
         prefix.insert(prefix.end(), ids.begin(), ids.end());
         n_prompt = 0;

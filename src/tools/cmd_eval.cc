@@ -1,10 +1,8 @@
 // `gale eval ppl`: perplexity of a text, and KL divergence against a base model's saved
 // log-probabilities. `gale eval tasks`: greedy outputs against a base model's, per category.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -17,44 +15,40 @@
 namespace gale {
 namespace {
 
-int RunTasks(const std::string& model_path, const std::string& base_path, const std::string& file,
-             const std::string& kv_type, const std::string& v_type, const std::string& base_kv_type,
-             const std::string& output, int threads) {
+struct TaskOpts {
+  std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text";
+  int threads = ThreadPool::DefaultNumThreads();
+};
+
+int RunTasks(const TaskOpts& t) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "gale eval tasks: %s\n", s.ToString().c_str());
     return 1;
   };
-  if (output != "text" && output != "json") return fail(InvalidArgument("-o must be text or json"));
-  if (threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-  auto parse_kv = [](const char* flag, const std::string& name) -> StatusOr<kernels::KvType> {
-    const auto k = kernels::ParseKvType(name);
-    if (!k) return InvalidArgument("{} '{}' is not one of f32, f16, bf16, int8, int4", flag, name);
-    return *k;
-  };
-  auto kv = parse_kv("--kv-type", kv_type);
+  if (t.output != "text" && t.output != "json") return fail(InvalidArgument("-o must be text or json"));
+  if (t.threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+  auto kv = ParseKvTypeFlag("--kv-type", t.kv_type);
   if (!kv.ok()) return fail(kv.status());
-  auto base_kv = parse_kv("--base-kv-type", base_kv_type);
+  auto base_kv = ParseKvTypeFlag("--base-kv-type", t.base_kv_type);
   if (!base_kv.ok()) return fail(base_kv.status());
   std::optional<kernels::KvType> v;
-  if (!v_type.empty()) {
-    auto vv = parse_kv("--v-cache-dtype", v_type);
+  if (!t.v_type.empty()) {
+    auto vv = ParseKvTypeFlag("--v-cache-dtype", t.v_type);
     if (!vv.ok()) return fail(vv.status());
     v = *vv;
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return fail(IoError("cannot open '{}'", file));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto parsed = ParseTasks(ss.str());
-  if (!parsed.ok()) return fail(parsed.status().WithContext(file));
+  auto text = ReadTextFile(t.file);
+  if (!text.ok()) return fail(text.status());
+  auto parsed = ParseTasks(*text);
+  if (!parsed.ok()) return fail(parsed.status().WithContext(t.file));
   const std::vector<EvalTask>& list = *parsed;
 
-  auto m = LoadModel(model_path, LoadOptions{});
+  auto m = LoadModel(t.model, LoadOptions{});
   if (!m.ok()) return fail(m.status());
   std::optional<LoadedModel> b;
   const LoadedModel* base = &*m;
-  if (!base_path.empty() && base_path != m->path) {
-    auto bl = LoadModel(base_path, LoadOptions{});
+  if (!t.base.empty() && t.base != m->path) {
+    auto bl = LoadModel(t.base, LoadOptions{});
     if (!bl.ok()) return fail(bl.status().WithContext("--base"));
     if (bl->model->hparams().vocab_size != m->model->hparams().vocab_size) {
       return fail(InvalidArgument("the base's vocabulary ({}) differs from the model's ({})", bl->model->hparams().vocab_size,
@@ -63,7 +57,7 @@ int RunTasks(const std::string& model_path, const std::string& base_path, const 
     b.emplace(std::move(*bl));
     base = &*b;
   }
-  ThreadPool pool(threads);
+  ThreadPool pool(t.threads);
   auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt) {
     EngineConfig cfg;
     cfg.kv_type = k;
@@ -172,7 +166,7 @@ int RunTasks(const std::string& model_path, const std::string& base_path, const 
     }
   }
   const std::vector<CategoryScore> scores = ScoreTasks(list, outcomes);
-  if (output == "json") {
+  if (t.output == "json") {
     nlohmann::json cats = nlohmann::json::array();
     for (const auto& c : scores) {
       cats.push_back({{"category", c.category},
@@ -183,8 +177,8 @@ int RunTasks(const std::string& model_path, const std::string& base_path, const 
                       {"base_parses", c.base_parses},
                       {"no_longer_parse", c.no_longer_parse}});
     }
-    std::printf("%s\n", nlohmann::json({{"model", m->path}, {"base", base->path}, {"kv_type", kv_type},
-                                        {"base_kv_type", base_kv_type}, {"categories", cats}, {"tasks", per_task}})
+    std::printf("%s\n", nlohmann::json({{"model", m->path}, {"base", base->path}, {"kv_type", t.kv_type},
+                                        {"base_kv_type", t.base_kv_type}, {"categories", cats}, {"tasks", per_task}})
                             .dump(2)
                             .c_str());
     return 0;
@@ -225,10 +219,6 @@ CommandFn RegisterEval(CLI::App& app) {
   ppl->add_option("-o,--output", o->output, "text | json")->capture_default_str();
   o->load.Register(*ppl);
 
-  struct TaskOpts {
-    std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text";
-    int threads = ThreadPool::DefaultNumThreads();
-  };
   auto t = std::make_shared<TaskOpts>();
   CLI::App* tasks = app.add_subcommand("tasks", "greedy outputs against a base model's: exact match, first divergence, "
                                                 "structured outputs that no longer parse, per category");
@@ -241,26 +231,24 @@ CommandFn RegisterEval(CLI::App& app) {
   tasks->add_option("-t,--threads", t->threads, "threads")->capture_default_str();
   tasks->add_option("-o,--output", t->output, "text | json")->capture_default_str();
   return [o, t, ppl, tasks]() {
-    if (tasks->parsed()) return RunTasks(t->model, t->base, t->file, t->kv_type, t->v_type, t->base_kv_type, t->output,
-                                         t->threads);
+    if (tasks->parsed()) return RunTasks(*t);
     auto fail = [](const Status& s) {
       std::fprintf(stderr, "gale eval: %s\n", s.ToString().c_str());
       return 1;
     };
     if (o->output != "text" && o->output != "json") return fail(InvalidArgument("-o must be text or json"));
-    const auto kv = kernels::ParseKvType(o->kv_type);
-    if (!kv) return fail(InvalidArgument("--kv-type '{}' is not one of f32, f16, bf16, int8, int4", o->kv_type));
+    const auto kv = ParseKvTypeFlag("--kv-type", o->kv_type);
+    if (!kv.ok()) return fail(kv.status());
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
     std::optional<kernels::KvType> v;
     if (!o->v_type.empty()) {
-      v = kernels::ParseKvType(o->v_type);
-      if (!v) return fail(InvalidArgument("--v-cache-dtype '{}' is not one of f32, f16, bf16, int8, int4", o->v_type));
+      auto vv = ParseKvTypeFlag("--v-cache-dtype", o->v_type);
+      if (!vv.ok()) return fail(vv.status());
+      v = *vv;
     }
-    std::ifstream in(o->file, std::ios::binary);
-    if (!in) return fail(IoError("cannot open '{}'", o->file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    auto read = ReadTextFile(o->file);
+    if (!read.ok()) return fail(read.status());
+    const std::string& text = *read;
     if (text.find('\0') != std::string::npos) return fail(InvalidArgument("'{}' is binary, not text", o->file));
     auto m = LoadModel(o->model, o->load);
     if (!m.ok()) return fail(m.status());

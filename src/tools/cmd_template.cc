@@ -3,14 +3,13 @@
 // the error (with its template line). The template comes from --file or a model's metadata.
 #include <cstdio>
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "jinja/template.h"
 #include "model/chat_template.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace gale {
@@ -39,19 +38,15 @@ CommandFn RegisterTemplate(CLI::App& app) {
       if (!src.ok()) return fail(NotFound("{} has no tokenizer.chat_template", o->model));
       source = *src;
     } else if (!o->file.empty()) {
-      std::ifstream in(o->file, std::ios::binary);
-      if (!in) return fail(IoError("cannot open '{}'", o->file));
-      std::stringstream ss;
-      ss << in.rdbuf();
-      source = ss.str();
+      auto read = ReadTextFile(o->file);
+      if (!read.ok()) return fail(read.status());
+      source = std::move(*read);
     } else {
       return fail(InvalidArgument("give the template with --file or -m"));
     }
-    std::ifstream cin(o->context, std::ios::binary);
-    if (!cin) return fail(IoError("cannot open '{}'", o->context));
-    std::stringstream cs;
-    cs << cin.rdbuf();
-    const auto ctx = nlohmann::ordered_json::parse(cs.str(), nullptr, /*allow_exceptions=*/false);
+    auto context = ReadTextFile(o->context);
+    if (!context.ok()) return fail(context.status());
+    const auto ctx = nlohmann::ordered_json::parse(*context, nullptr, /*allow_exceptions=*/false);
     if (ctx.is_discarded()) return fail(InvalidArgument("{}: not valid JSON", o->context));
     if (!ctx.is_object()) return fail(InvalidArgument("{}: the context must be a JSON object", o->context));
     jinja::RenderOptions ro;

@@ -1,12 +1,11 @@
 // `gale tokenize`: the ids (and pieces) a model's tokenizer gives a text, like llama.cpp's
 // llama-tokenize. Reads only the tokenizer metadata; the model's tensors are not loaded.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "model/tokenizer.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace gale {
@@ -30,11 +29,9 @@ CommandFn RegisterTokenize(CLI::App& app) {
     };
     std::string text = o->prompt;
     if (!o->file.empty()) {
-      std::ifstream in(o->file, std::ios::binary);
-      if (!in) return fail(IoError("cannot open '{}'", o->file));
-      std::stringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
+      auto read = ReadTextFile(o->file);
+      if (!read.ok()) return fail(read.status());
+      text = std::move(*read);
     }
     auto file = GgufFile::Open(o->model);
     if (!file.ok()) return fail(file.status());

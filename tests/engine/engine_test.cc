@@ -49,6 +49,7 @@ struct Result {
   FinishReason reason = FinishReason::kNone;
   Status status;
   int64_t num_prompt_tokens = 0, num_truncated_tokens = 0;
+  std::vector<TokenLogprobs> logprobs;  // when the request asked for them
 };
 
 Result Collect(RequestStream& s) {
@@ -56,6 +57,7 @@ Result Collect(RequestStream& s) {
   StreamUpdate u;
   while (s.Next(&u)) {
     r.tokens.insert(r.tokens.end(), u.token_ids.begin(), u.token_ids.end());
+    r.logprobs.insert(r.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
     r.text += u.text;
     r.num_prompt_tokens = u.num_prompt_tokens;
     r.num_truncated_tokens = u.num_truncated_tokens;
@@ -323,13 +325,9 @@ TEST(EngineTest, ReportsLogprobs) {
   r.top_logprobs = 20;
   auto s = (*engine)->Submit(r);
   ASSERT_TRUE(s.ok());
-  std::vector<int32_t> ids;
-  std::vector<TokenLogprobs> lps;
-  StreamUpdate u;
-  while ((*s)->Next(&u)) {
-    ids.insert(ids.end(), u.token_ids.begin(), u.token_ids.end());
-    lps.insert(lps.end(), u.logprobs.begin(), u.logprobs.end());
-  }
+  const Result got = Collect(**s);
+  const std::vector<int32_t>& ids = got.tokens;
+  const std::vector<TokenLogprobs>& lps = got.logprobs;
   ASSERT_EQ(ids.size(), 6u);
   ASSERT_EQ(lps.size(), 6u);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -351,7 +349,7 @@ TEST(EngineTest, ReportsLogprobs) {
   r.top_logprobs = -1;
   auto plain = (*engine)->Submit(r);
   ASSERT_TRUE(plain.ok());
-  while ((*plain)->Next(&u)) EXPECT_TRUE(u.logprobs.empty());
+  EXPECT_TRUE(Collect(**plain).logprobs.empty());
 }
 
 TEST(EngineTest, RejectsBadRequestsWithClearErrors) {
@@ -447,7 +445,7 @@ TEST(EngineTest, StopStringsCutTheText) {
 TEST(EngineTest, SpeculativeDecodingKeepsLogprobsAndStopStrings) {
   const TestModel m = Stories();
   ThreadPool pool(1);
-  auto run = [&](bool spec, GenerationRequest r, std::vector<TokenLogprobs>* lps, int64_t* accepted) {
+  auto run = [&](bool spec, const GenerationRequest& r, int64_t* accepted) {
     EngineConfig cfg;
     cfg.kv_cache_memory_bytes = 16ull << 20;
     if (spec) {
@@ -460,14 +458,7 @@ TEST(EngineTest, SpeculativeDecodingKeepsLogprobsAndStopStrings) {
     EXPECT_TRUE(engine.ok());
     auto s = (*engine)->Submit(r);
     EXPECT_TRUE(s.ok());
-    Result out;
-    StreamUpdate u;
-    while ((*s)->Next(&u)) {
-      out.tokens.insert(out.tokens.end(), u.token_ids.begin(), u.token_ids.end());
-      out.text += u.text;
-      if (lps != nullptr) lps->insert(lps->end(), u.logprobs.begin(), u.logprobs.end());
-      if (u.finished) out.reason = u.finish_reason;
-    }
+    const Result out = Collect(**s);
     *accepted = (*engine)->stats().spec_num_accepted_tokens.load();
     return out;
   };
@@ -476,10 +467,11 @@ TEST(EngineTest, SpeculativeDecodingKeepsLogprobsAndStopStrings) {
   r.max_tokens = 60;
   r.sampling.temperature = 0.0f;
   r.top_logprobs = 3;
-  std::vector<TokenLogprobs> want_lp, got_lp;
   int64_t accepted = 0;
-  const Result full = run(false, r, &want_lp, &accepted);
-  const Result fast = run(true, r, &got_lp, &accepted);
+  const Result full = run(false, r, &accepted);
+  const Result fast = run(true, r, &accepted);
+  const std::vector<TokenLogprobs>& want_lp = full.logprobs;
+  const std::vector<TokenLogprobs>& got_lp = fast.logprobs;
   EXPECT_GT(accepted, 40);
   EXPECT_EQ(fast.tokens, full.tokens);
   EXPECT_EQ(fast.text, full.text);
@@ -494,8 +486,8 @@ TEST(EngineTest, SpeculativeDecodingKeepsLogprobsAndStopStrings) {
     const size_t at = full.text.find(' ', from);
     ASSERT_NE(at, std::string::npos);
     r.stop = {full.text.substr(at, 4)};
-    const Result one = run(false, r, nullptr, &accepted);
-    const Result many = run(true, r, nullptr, &accepted);
+    const Result one = run(false, r, &accepted);
+    const Result many = run(true, r, &accepted);
     EXPECT_EQ(many.reason, FinishReason::kStop);
     EXPECT_EQ(many.text, one.text);
     EXPECT_EQ(many.tokens, one.tokens);

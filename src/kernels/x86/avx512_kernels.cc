@@ -608,14 +608,19 @@ inline float KvScale(const uint8_t* seg) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
+// Bytes of nibble pairs (zero-extended to 16 bits each) to one byte per nibble, low nibble
+// first: element order 0, 1, 2, ...
+inline __m128i SplitNibblePairs(__m128i b16) {
+  return _mm_or_si128(_mm_and_si128(b16, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
+}
+
 // 16 int8 or int4 (nibble pairs) integers as f32, unscaled.
 template <KvType kType>
 inline __m512 LoadKvInt16(const uint8_t* p) {
   if constexpr (kType == KvType::kInt8) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   } else {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i x = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b, 4), 8));
+    const __m128i x = SplitNibblePairs(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8)));
   }
 }
@@ -626,8 +631,7 @@ inline __m512 LoadKvInt8Lanes(const uint8_t* p) {
   } else {
     int32_t w;
     std::memcpy(&w, p, 4);
-    const __m128i b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(w));
-    const __m128i x = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b, 4), 8));
+    const __m128i x = SplitNibblePairs(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w)));
     return _mm512_cvtepi32_ps(_mm512_maskz_sub_epi32(0xFF, _mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8)));
   }
 }
