@@ -64,12 +64,19 @@ struct Engine::Live {
   int64_t num_emitted_tokens = 0;  // generated tokens already streamed
   // Acceptance of this request's guesses: decayed counts with a prior of 1 in 2.
   double spec_hits = 1.0, spec_trials = 2.0;
+  // KV retention; reset (pinned prefix, accumulator) at each admission, fresh until then.
+  std::optional<SeqRetention> retention;
+  bool retention_fresh = true;
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const Tokenizer* tokenizer,
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
+  RETURN_IF_ERROR(config.retention.Validate());
+  if (config.retention.active() && config.spec.method == SpecMethod::kDraft) {
+    return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
+  }
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -149,7 +156,7 @@ uint64_t Engine::activation_bytes() const {
 std::string Engine::Describe() const {
   return fmt::format(
       "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}; up to {} tokens per request, {} at once; "
-      "prefix caching {}; speculative decoding {}{}",
+      "prefix caching {}; speculative decoding {}{}{}",
       num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
       config_.v_type() == config_.kv_type
           ? std::string(kernels::KvTypeName(config_.kv_type))
@@ -160,7 +167,14 @@ std::string Engine::Describe() const {
           ? std::string()
           : fmt::format(" (up to {} tokens per request, off above {} tokens per step{})", config_.spec.num_tokens,
                         config_.spec.max_step_tokens,
-                        draft_ ? fmt::format(", draft KV {:.1f} MiB", draft_->kv_bytes() / 1048576.0) : ""));
+                        draft_ ? fmt::format(", draft KV {:.1f} MiB", draft_->kv_bytes() / 1048576.0) : ""),
+      !config_.retention.active()
+          ? std::string()
+          : fmt::format("; KV retention {} ({}{})", RetentionPolicyName(config_.retention.policy),
+                        config_.retention.budget > 0 ? fmt::format("{} tokens", config_.retention.budget)
+                                                     : fmt::format("{:g} of each request", config_.retention.budget_ratio),
+                        config_.retention.policy == RetentionPolicy::kSinkWindow
+                            ? fmt::format(", {} sinks", config_.retention.sink_tokens) : ""));
 }
 
 std::string Engine::DescribeSpec() const {
@@ -195,7 +209,14 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   if (req.top_logprobs < -1 || req.top_logprobs > 20) {
     return InvalidArgument("top_logprobs must be in [0, 20], got {}", req.top_logprobs);
   }
-  const int64_t limit = max_request_tokens_;
+  if (!req.retention) req.retention = config_.retention;
+  RetentionConfig& ret = *req.retention;
+  RETURN_IF_ERROR(ret.Validate());
+  if (ret.active() && config_.spec.method == SpecMethod::kDraft) {
+    return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
+  }
+  // With retention a request is bounded by max_seq_len, not by KV memory.
+  const int64_t limit = ret.active() ? config_.sched.max_seq_len : max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
   if (req.max_tokens == 0) {
     if (prompt_len >= limit) {
@@ -221,6 +242,14 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
     req.prompt.erase(req.prompt.begin() + head, req.prompt.end() - tail);
     prompt_len = keep;
   }
+  if (ret.active()) {
+    ret.budget = ret.BudgetFor(prompt_len + req.max_tokens);
+    ret.budget_ratio = 0.0;
+    if (ret.budget + config_.block_size > num_blocks_ * config_.block_size) {
+      return InvalidArgument("a KV budget of {} tokens (+ one block) exceeds all KV memory ({} tokens)", ret.budget,
+                             num_blocks_ * config_.block_size);
+    }
+  }
   const int64_t id = next_id_++;
   auto stream = std::make_shared<RequestStream>(id);
   queue_.Submit(PendingRequest{id, std::move(req), stream, num_truncated});
@@ -237,6 +266,10 @@ void Engine::Admit(PendingRequest& p) {
   r->stop_ids = p.request.stop_ids;
   r->cache_salt = p.request.cache_salt;
   auto live = std::make_unique<Live>();
+  if (p.request.retention && p.request.retention->active()) {
+    r->kv_budget = p.request.retention->budget;
+    live->retention.emplace(*p.request.retention, r->kv_budget, model_.hparams().num_layers, config_.block_size);
+  }
   live->stream = p.stream;
   live->num_prompt_tokens = r->num_tokens();
   live->num_truncated_tokens = p.num_truncated_tokens;
@@ -305,6 +338,8 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   u.num_prompt_tokens = l.num_prompt_tokens;
   u.num_truncated_tokens = l.num_truncated_tokens;
   u.num_cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
+  u.num_evicted_tokens = r.num_evicted;
+  u.kv_budget = r.kv_budget;
   if (l.detok && reason != FinishReason::kStop) l.text += l.detok->Flush();
   if (l.text.size() > l.emitted) u.text = l.text.substr(l.emitted);
   l.stream->Push(std::move(u));
@@ -350,6 +385,7 @@ void Engine::Loop() {
     if (draft_) {
       for (int64_t id : plan.preempted) draft_->Release(id);
     }
+    for (int64_t id : plan.preempted) live_.at(id)->retention_fresh = true;
     if (plan.empty()) continue;
     seqs.clear();
     spec_inputs.resize(plan.seqs.size());
@@ -363,6 +399,17 @@ void Engine::Loop() {
         tokens = spec_inputs[i];
       }
       seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
+      Live& l = *live_.at(s.req->id);
+      if (l.retention) {
+        if (l.retention_fresh) {
+          l.retention->Reset(s.req->num_pinned_slots);
+          l.retention_fresh = false;
+        }
+        RunnerSeq& q = seqs.back();
+        q.slot_start = s.start - s.req->num_evicted;
+        q.attn_acc = l.retention->Accumulator(q.slot_start + q.num_new);
+        q.attn_acc_stride = l.retention->stride();
+      }
     }
     Status st;
     {
@@ -387,6 +434,8 @@ void Engine::Loop() {
     }
     ++stats_.num_steps;
     stats_.num_step_tokens += plan.num_tokens;
+    stats_.running_step_sum += static_cast<int64_t>(plan.seqs.size());
+    stats_.max_running = std::max<int64_t>(stats_.max_running, static_cast<int64_t>(plan.seqs.size()));
     auto finished = sched_.Update(plan, out);
     AfterSpecStep(plan, out);
     // Stream the new tokens (those Update kept: up to a stop token or the length limit); a stop
@@ -410,6 +459,7 @@ void Engine::Loop() {
         break;
       }
     }
+    Evict();
     // Counters first: a client that sees its request finish sees its blocks free.
     PublishStats();
     for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
@@ -473,6 +523,20 @@ void Engine::AfterSpecStep(const StepPlan& plan, const RunnerOutput& out) {
     Live& l = *live_.at(s.req->id);
     l.spec_hits = l.spec_hits * 0.9 + static_cast<double>(accepted);
     l.spec_trials = l.spec_trials * 0.9 + static_cast<double>(std::min(accepted + 1, s.num_spec));
+  }
+}
+
+void Engine::Evict() {
+  for (SeqRequest* r : sched_.running()) {
+    Live& l = *live_.at(r->id);
+    if (!l.retention || l.retention_fresh) continue;
+    const int64_t slots = r->num_slots();
+    const int64_t kept = l.retention->MaybeEvict(storage_, kv_.BlockTable(r->id), slots);
+    if (kept == slots) continue;
+    kv_.TrimSlots(r->id, kept);
+    r->num_evicted += slots - kept;
+    stats_.kv_evicted_tokens += slots - kept;
+    ++stats_.kv_evictions;
   }
 }
 

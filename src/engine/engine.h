@@ -17,6 +17,7 @@
 #include "engine/request_queue.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_storage.h"
+#include "kv/retention.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "runner/model_runner.h"
@@ -60,6 +61,9 @@ struct EngineConfig {
   kernels::KvType v_type() const { return v_kv_type.value_or(kv_type); }
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
   SpecConfig spec;
+  // KV retention for requests that do not choose their own (off by default). A request with a
+  // budget may be longer than KV memory (up to max_seq_len); not with a draft model.
+  RetentionConfig retention;
 };
 
 // Counters for summaries and /metrics; read from any thread.
@@ -82,6 +86,10 @@ struct EngineStats {
   std::atomic<int64_t> spec_num_drafts{0};          // verifications of one request's guesses
   std::atomic<int64_t> spec_num_draft_tokens{0};    // guesses verified
   std::atomic<int64_t> spec_num_accepted_tokens{0}; // of which accepted
+  std::atomic<int64_t> kv_evicted_tokens{0};        // positions KV retention dropped from the cache
+  std::atomic<int64_t> kv_evictions{0};             // compactions that dropped them
+  std::atomic<int64_t> max_running{0};              // most requests running in one step
+  std::atomic<int64_t> running_step_sum{0};         // requests running, summed over steps
 };
 
 class Engine {
@@ -94,7 +102,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Validates and queues a request. Errors (nothing queued) for an empty prompt, ids outside the
-  // vocabulary, bad sampling parameters, or a request that can never fit (unless truncate).
+  // vocabulary, bad sampling parameters, a bad KV retention setting, or a request that can never
+  // fit (unless truncate).
   StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
   // The request ends at the next step (finish reason cancelled); its blocks are freed.
   void Cancel(int64_t request_id);
@@ -123,6 +132,8 @@ class Engine {
   bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
   void Finish(const SeqRequest& r, FinishReason reason, const Status& status);
   void PublishStats();
+  // After a step: KV retention compacts the requests that reached their budget plus a block.
+  void Evict();
   // Sets the spec_tokens of decoding requests for the next Schedule.
   Status Propose();
   // After a step: updates each verifying request's acceptance rate.

@@ -38,6 +38,8 @@ void RequestStream::Push(StreamUpdate u) {
       pending_.num_prompt_tokens = u.num_prompt_tokens;
       pending_.num_truncated_tokens = u.num_truncated_tokens;
       pending_.num_cached_tokens = u.num_cached_tokens;
+      pending_.num_evicted_tokens = u.num_evicted_tokens;
+      pending_.kv_budget = u.kv_budget;
     }
   }
   cv_.notify_all();

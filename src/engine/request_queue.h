@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kv/retention.h"
 #include "runner/model_runner.h"
 #include "runner/sampler.h"
 #include "sched/scheduler.h"
@@ -32,6 +33,7 @@ struct GenerationRequest {
   bool truncate = false;              // too long: drop the middle of the prompt instead of failing
   std::string cache_salt;             // only requests with the same salt share cached prefixes
   int top_logprobs = -1;              // -1: none; k >= 0: each token's log-probability and k alternatives
+  std::optional<RetentionConfig> retention;  // KV retention for this request; unset: the engine's
 };
 
 // Results since the last read, merged. The last update has finished = true.
@@ -45,6 +47,8 @@ struct StreamUpdate {
   int64_t num_prompt_tokens = 0;   // after truncation
   int64_t num_truncated_tokens = 0;
   int64_t num_cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache (final update)
+  int64_t num_evicted_tokens = 0;  // positions KV retention dropped from the cache (final update)
+  int64_t kv_budget = 0;           // the request's KV budget in tokens, 0 without retention (final update)
 };
 
 class RequestStream {

@@ -106,8 +106,10 @@ struct KernelTable {
   // over positions p < lens[i], K/V rows read through the block table of kv. Each query's
   // reduction order depends only on its own length, not on the other queries nor on the block
   // size (batch invariance; a paged cache gives bitwise what a contiguous one gives).
+  // scores: null, or per query null or [lens[i]] floats that receive its scaled scores
+  // q_i . k_p / sqrt(head_dim) before the softmax (KV retention's attention tracking).
   void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs);
+                      int head_dim, float* const* outs, float* const* scores);
 };
 
 }  // namespace gale::kernels

@@ -304,7 +304,8 @@ std::optional<KvType> ParseKvType(std::string_view name) {
 }
 
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
-               const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool) {
+               const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
+               float* const* scores) {
   const KernelTable& kt = Active();
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t k_head_bytes = KvHeadBytes(kv.k_type, head_dim), v_head_bytes = KvHeadBytes(kv.v_type, head_dim);
@@ -330,6 +331,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
     const float* qs[kMaxAttendQueries];
     float* outs[kMaxAttendQueries];
+    float* score_outs[kMaxAttendQueries];
     int64_t lens[kMaxAttendQueries];
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = tasks[i];
@@ -339,13 +341,14 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
           qs[nq] = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
           outs[nq] = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
           lens[nq] = static_cast<int64_t>(positions[t]) + 1;
+          score_outs[nq] = scores != nullptr && scores[t] != nullptr ? scores[t] + h * lens[nq] : nullptr;
           ++nq;
         }
       }
       const KvBlockView view{kv.k + task.kv_head * k_head_bytes, kv.v + task.kv_head * v_head_bytes,
                              block_tables[task.t_begin], kv.block_size, num_kv_heads * k_head_bytes,
                              num_kv_heads * v_head_bytes, kv.k_type, kv.v_type};
-      kt.attend_many(qs, lens, nq, view, head_dim, outs);
+      kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr);
     }
   });
 }

@@ -97,7 +97,11 @@ struct KvLayer {
 // positions [0, positions[t]] of its sequence, whose logical block i is physical block
 // block_tables[t][i] (tokens of one sequence share one table pointer and come in position
 // order). out: [num_tokens, num_heads * head_dim].
+// positions here are cache slots: with KV retention a sequence's slots are fewer than its
+// positions (RoPE used the real ones when K was written). scores: null, or per token null or
+// [num_heads, positions[t] + 1] floats receiving each head's scaled scores before the softmax.
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
-               const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool);
+               const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
+               float* const* scores = nullptr);
 
 }  // namespace gale::kernels

@@ -2,6 +2,8 @@
 // conversion of rows as they are stored.
 #include "kv/kv_storage.h"
 
+#include <cstring>
+
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -79,6 +81,18 @@ void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_blo
   const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
   WriteRow(k, num_kv_heads_, head_dim_, k_type_, k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_);
   WriteRow(v, num_kv_heads_, head_dim_, v_type_, v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_);
+}
+
+void KvStorage::CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset, int32_t dst_block,
+                        int64_t dst_offset) {
+  DCHECK(layer_idx >= 0 && layer_idx < num_layers_);
+  DCHECK(src_block >= 0 && src_block < num_blocks_ && dst_block >= 0 && dst_block < num_blocks_);
+  const int64_t src = static_cast<int64_t>(src_block) * block_size_ + src_offset;
+  const int64_t dst = static_cast<int64_t>(dst_block) * block_size_ + dst_offset;
+  uint8_t* k = k_.get() + layer_idx * k_layer_bytes_;
+  uint8_t* v = v_.get() + layer_idx * v_layer_bytes_;
+  std::memmove(k + dst * k_row_bytes_, k + src * k_row_bytes_, static_cast<size_t>(k_row_bytes_));
+  std::memmove(v + dst * v_row_bytes_, v + src * v_row_bytes_, static_cast<size_t>(v_row_bytes_));
 }
 
 void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const {

@@ -45,6 +45,9 @@ class KvStorage {
   kernels::KvLayer Layer(int64_t layer_idx) const;
   // Stores one position's K and V rows ([kv_dim] f32 each), converted to the storage type.
   void Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v);
+  // Copies one position's K and V rows (as stored, scales included) to another slot of the layer
+  // (KV retention's compaction).
+  void CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset, int32_t dst_block, int64_t dst_offset);
   // Reads one position's K and V rows back as f32 (tests, debugging).
   void Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const;
 

@@ -3,6 +3,7 @@
 #include "model/llama_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "base/profiler.h"
@@ -34,6 +35,65 @@ void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y,
 
 void Grow(std::vector<float>& v, size_t n) {
   if (v.size() < n) v.resize(n);
+}
+
+
+// KV retention's tracking, after one layer's attention: each tracked token's scores become
+// probabilities (a softmax per head), then each sequence's accumulator row for the layer adds
+// them up. Every slot sums its tokens and heads in batch order: the result does not depend on
+// the thread split.
+void AccumulateAttention(const ForwardBatch& batch, Workspace& ws, int64_t layer, int64_t num_heads, ThreadPool& pool) {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  auto seq_of = [&](int64_t i) { return batch.seq_idx.empty() ? 0 : batch.seq_idx[i]; };
+  pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* row = ws.score_rows[t];
+      if (row == nullptr) continue;
+      const int64_t len = ws.kv_slots[t] + 1;
+      for (int64_t h = 0; h < num_heads; ++h, row += len) {
+        float max = row[0];
+        for (int64_t p = 1; p < len; ++p) max = row[p] > max ? row[p] : max;
+        float sum = 0.0f;
+        for (int64_t p = 0; p < len; ++p) {
+          row[p] = std::exp(row[p] - max);
+          sum += row[p];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t p = 0; p < len; ++p) row[p] *= inv;
+      }
+    }
+  });
+  // Work items: slot ranges of tracked sequences.
+  constexpr int64_t kChunk = 256;
+  struct Item {
+    int32_t seq;
+    int64_t begin, end;
+  };
+  std::vector<Item> items;
+  for (size_t s = 0; s < batch.attn_acc.size(); ++s) {
+    if (batch.attn_acc[s].data == nullptr) continue;
+    int64_t max_len = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      if (seq_of(t) == static_cast<int32_t>(s)) max_len = std::max<int64_t>(max_len, ws.kv_slots[t] + 1);
+    }
+    for (int64_t b = 0; b < max_len; b += kChunk) items.push_back({static_cast<int32_t>(s), b, std::min(b + kChunk, max_len)});
+  }
+  pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Item& it = items[i];
+      const ForwardBatch::AttentionAccumulator& a = batch.attn_acc[it.seq];
+      float* acc = a.data + layer * a.stride;
+      for (int64_t t = 0; t < n; ++t) {
+        if (seq_of(t) != it.seq) continue;
+        const int64_t len = ws.kv_slots[t] + 1;
+        const int64_t stop = std::min(it.end, len);
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const float* row = ws.score_rows[t] + h * len;
+          for (int64_t p = it.begin; p < stop; ++p) acc[p] += row[p];
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -135,6 +195,13 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     return InvalidArgument("KV storage is for {} layers x {}, the model has {} x {}", kv.num_layers(), kv.kv_dim(),
                            hp_.num_layers, hp_.kv_dim());
   }
+  if (!batch.slots.empty() && batch.slots.size() != batch.tokens.size()) {
+    return InvalidArgument("batch: tokens and slots differ in length");
+  }
+  if (!batch.attn_acc.empty() && batch.attn_acc.size() != batch.block_tables.size()) {
+    return InvalidArgument("batch: {} attention accumulators for {} sequences", batch.attn_acc.size(),
+                           batch.block_tables.size());
+  }
   auto seq_of = [&](int64_t i) { return batch.seq_idx.empty() ? 0 : batch.seq_idx[i]; };
   const int64_t block_size = kv.block_size();
   for (int64_t i = 0; i < n; ++i) {
@@ -146,10 +213,15 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
       return InvalidArgument("seq_idx {} has no block table", s);
     }
     const auto& table = batch.block_tables[s];
-    const int64_t pos = batch.positions[i];
-    if (pos < 0 || pos / block_size >= static_cast<int64_t>(table.size())) {
-      return InvalidArgument("position {} outside the {} tokens of sequence {}'s blocks", pos,
+    if (batch.positions[i] < 0) return InvalidArgument("negative position {}", batch.positions[i]);
+    const int64_t slot = batch.slot(i);
+    if (slot < 0 || slot / block_size >= static_cast<int64_t>(table.size())) {
+      return InvalidArgument("slot {} outside the {} tokens of sequence {}'s blocks", slot,
                              static_cast<int64_t>(table.size()) * block_size, s);
+    }
+    if (!batch.attn_acc.empty() && batch.attn_acc[s].data != nullptr && slot >= batch.attn_acc[s].stride) {
+      return InvalidArgument("slot {} outside sequence {}'s attention accumulator of {}", slot, s,
+                             batch.attn_acc[s].stride);
     }
   }
   for (const auto& table : batch.block_tables) {
@@ -181,8 +253,28 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
   }
   ws.tables.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[seq_of(t)].data();
+  ws.kv_slots.resize(n);
+  for (int64_t t = 0; t < n; ++t) ws.kv_slots[t] = batch.slot(t);
   int64_t kv_positions = 0;  // cache rows attention reads per layer, for the profile's bytes
-  for (int64_t t = 0; t < n; ++t) kv_positions += batch.positions[t] + 1;
+  for (int64_t t = 0; t < n; ++t) kv_positions += ws.kv_slots[t] + 1;
+  // Tokens whose attention is tracked get rows for their scores.
+  const int64_t num_heads = hp_.num_heads;
+  bool tracking = false;
+  ws.score_rows.assign(n, nullptr);
+  if (!batch.attn_acc.empty()) {
+    size_t total = 0;
+    std::vector<size_t> offset(n, 0);
+    for (int64_t t = 0; t < n; ++t) {
+      if (batch.attn_acc[seq_of(t)].data == nullptr) continue;
+      offset[t] = total;
+      total += static_cast<size_t>(num_heads) * (ws.kv_slots[t] + 1);
+      tracking = true;
+    }
+    Grow(ws.scores, total);
+    for (int64_t t = 0; t < n; ++t) {
+      if (batch.attn_acc[seq_of(t)].data != nullptr) ws.score_rows[t] = ws.scores.data() + offset[t];
+    }
+  }
   auto bytes = [](const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); };
 
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
@@ -206,7 +298,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     // One token per item: its rotation and cache write do not depend on the split.
     pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t pos = batch.positions[t];
+        const int64_t pos = ws.kv_slots[t];
         const auto& table = batch.block_tables[seq_of(t)];
         const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
         kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
@@ -217,9 +309,13 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
       }
     }, /*min_items_per_thread=*/4);
     span.Next("attention", n, kv_positions * 2 * kv.row_bytes(), l);
-    kernels::Attention(ws.q.data(), n, batch.positions.data(), ws.tables.data(), kv.Layer(l),
+    kernels::Attention(ws.q.data(), n, ws.kv_slots.data(), ws.tables.data(), kv.Layer(l),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
-                       static_cast<int>(hp_.head_dim), ws.xb.data(), pool);
+                       static_cast<int>(hp_.head_dim), ws.xb.data(), pool, tracking ? ws.score_rows.data() : nullptr);
+    if (tracking) {
+      span.Next("attention_track", n, 0, l);
+      AccumulateAttention(batch, ws, l, num_heads, pool);
+    }
     span.Next("matmul_o", n, bytes(w.wo), l);
     MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];

@@ -25,8 +25,21 @@ struct ForwardBatch {
   std::vector<int32_t> seq_idx;     // [num_tokens] index into block_tables; empty: all 0
   std::vector<int32_t> logit_rows;  // tokens whose logits are wanted, in output order; empty: see below
   bool all_logits = false;          // with logit_rows empty: every token (perplexity), else the last
-  // [num_seqs] logical -> physical block ids of each sequence; must cover every position in the batch.
+  // [num_seqs] logical -> physical block ids of each sequence; must cover every slot in the batch.
   std::vector<std::span<const int32_t>> block_tables;
+  // [num_tokens] cache slot of each token in its sequence: its K/V are written there and it
+  // attends to slots [0, slot]. Empty: the positions. With KV retention a sequence's slots run
+  // behind its positions (evicted tokens' rows were compacted away); RoPE still uses positions.
+  std::vector<int32_t> slots;
+  // KV retention's attention tracking, [num_seqs] or empty: for a sequence with an accumulator,
+  // each layer l adds the attention probabilities of all its query heads, over its tokens in the
+  // batch, to data[l * stride + slot] for every slot they attend to (stride > its last slot).
+  struct AttentionAccumulator {
+    float* data = nullptr;
+    int64_t stride = 0;
+  };
+  std::vector<AttentionAccumulator> attn_acc;
+  int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
 };
 
 // A KV cache for a fixed set of sequences (`gale run`, `gale bench`, tests): num_seqs sequences of
@@ -63,6 +76,9 @@ struct Workspace {
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
   std::vector<const int32_t*> tables;  // [num_tokens] block table of each token's sequence
   std::vector<float> rope;    // [num_tokens, rope_dims] cos/sin pairs per token
+  std::vector<int32_t> kv_slots;  // [num_tokens] each token's cache slot
+  std::vector<float> scores;  // attention scores of tracked tokens, [num_heads, slot + 1] each
+  std::vector<float*> score_rows;  // [num_tokens] a tracked token's scores, else null
 };
 
 // A weight matrix: its view into the file, and optionally a copy packed for the active ISA.
@@ -90,8 +106,9 @@ class LlamaModel {
   void PackWeights();
   uint64_t packed_bytes() const;
 
-  // Runs one batch: each token's K/V are written to its sequence's blocks at its position, then
-  // attention reads them back through the block tables. On return ws.logits holds the rows named
+  // Runs one batch: each token's K/V are written to its sequence's blocks at its slot (its
+  // position unless batch.slots says otherwise), then attention reads them back through the
+  // block tables. On return ws.logits holds the rows named
   // by logit_rows ([num_logit_rows, vocab_size]). Errors on out-of-range ids, positions or blocks.
   Status Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const;
   // The same over a fixed-sequence cache (copies the batch to attach the cache's block tables).

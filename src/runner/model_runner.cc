@@ -45,6 +45,13 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
   b.seq_idx.clear();
   b.logit_rows.clear();
   b.block_tables.clear();
+  b.slots.clear();
+  b.attn_acc.clear();
+  bool any_slots = false, any_acc = false;
+  for (const RunnerSeq& q : seqs) {
+    any_slots = any_slots || (q.slot_start >= 0 && q.slot_start != q.start);
+    any_acc = any_acc || q.attn_acc != nullptr;
+  }
   std::vector<SampleJob>& jobs = sample_jobs_;
   jobs.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -56,11 +63,15 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
     if (q.num_spec < 0 || q.num_spec >= q.num_new || (q.num_spec > 0 && !q.sample)) {
       return InvalidArgument("request {}: {} drafts in a chunk of {} tokens", q.request_id, q.num_spec, q.num_new);
     }
+    if (q.slot_start > q.start) return InvalidArgument("request {}: slot {} past position {}", q.request_id, q.slot_start, q.start);
+    const int64_t slot0 = q.slot_start >= 0 ? q.slot_start : q.start;
     for (int64_t i = q.start; i < q.start + q.num_new; ++i) {
       b.tokens.push_back(q.tokens[i]);
       b.positions.push_back(static_cast<int32_t>(i));
       b.seq_idx.push_back(static_cast<int32_t>(s));
+      if (any_slots) b.slots.push_back(static_cast<int32_t>(slot0 + i - q.start));
     }
+    if (any_acc) b.attn_acc.push_back({q.attn_acc, q.attn_acc_stride});
     if (q.sample) {
       auto it = requests_.find(q.request_id);
       if (it == requests_.end()) return Internal("request {} has no sampler", q.request_id);

@@ -30,6 +30,11 @@ struct RunnerSeq {
   std::span<const int32_t> block_table;
   bool sample;
   int64_t num_spec = 0;
+  // KV retention: the chunk's first cache slot (-1: start; evicted positions make it smaller)
+  // and the sequence's attention accumulator (ForwardBatch::attn_acc), if it tracks one.
+  int64_t slot_start = -1;
+  float* attn_acc = nullptr;
+  int64_t attn_acc_stride = 0;
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before

@@ -2,6 +2,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -38,7 +39,17 @@ Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config
 Status Scheduler::Add(std::unique_ptr<SeqRequest> req) {
   if (req->tokens.empty()) return InvalidArgument("request {}: the prompt has no tokens", req->id);
   if (req->max_new_tokens < 1) return InvalidArgument("request {}: max_tokens must be >= 1", req->id);
-  if (req->num_tokens() + req->max_new_tokens > max_request_tokens_) {
+  if (req->retains()) {
+    const int64_t limit = config_.max_seq_len > 0 ? config_.max_seq_len : std::numeric_limits<int64_t>::max();
+    if (req->num_tokens() + req->max_new_tokens > limit) {
+      return InvalidArgument("request {}: prompt of {} tokens + max_tokens {} exceeds max_seq_len {}", req->id,
+                             req->num_tokens(), req->max_new_tokens, limit);
+    }
+    if (req->kv_budget + kv_->block_size() > kv_->capacity_tokens()) {
+      return InvalidArgument("request {}: a KV budget of {} tokens (+ one block) exceeds all KV memory ({} tokens)",
+                             req->id, req->kv_budget, kv_->capacity_tokens());
+    }
+  } else if (req->num_tokens() + req->max_new_tokens > max_request_tokens_) {
     return InvalidArgument("request {}: prompt of {} tokens + max_tokens {} exceeds the limit of {} tokens per request",
                            req->id, req->num_tokens(), req->max_new_tokens, max_request_tokens_);
   }
@@ -68,6 +79,8 @@ std::unique_ptr<SeqRequest> Scheduler::Abort(int64_t id, FinishReason reason) {
 void Scheduler::Preempt(std::unique_ptr<SeqRequest> req) {
   kv_->Free(req->id);
   req->num_computed_tokens = 0;  // recompute prompt + generated tokens when readmitted
+  req->num_evicted = 0;
+  req->num_pinned_slots = 0;
   req->spec_tokens.clear();
   ++req->num_preemptions;
   ++num_preemptions_;
@@ -78,8 +91,10 @@ StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int64_t budget = config_.max_num_batched_tokens;
   // Tokens of req to compute this step: the rest of its tokens, capped by the chunk size and budget.
+  // A request with a KV budget also stays within all KV memory (it evicts after the step).
   auto num_new = [&](const SeqRequest& r) {
-    return std::min({r.num_tokens() - r.num_computed_tokens, config_.prefill_chunk_size, budget});
+    const int64_t n = std::min({r.num_tokens() - r.num_computed_tokens, config_.prefill_chunk_size, budget});
+    return r.retains() ? std::max<int64_t>(1, std::min(n, kv_->capacity_tokens() - r.num_slots())) : n;
   };
 
   // 1. Running requests, oldest first. A request that cannot get its blocks preempts the newest
@@ -94,9 +109,9 @@ StepPlan Scheduler::Schedule() {
       spec = std::min({static_cast<int64_t>(r.spec_tokens.size()), budget - 1,
                        r.max_new_tokens - r.num_generated() - 1});
       spec = std::max<int64_t>(spec, 0);
-      if (spec > 0 && !kv_->AllocateSlots(r.id, r.num_computed_tokens + n + spec)) spec = 0;
+      if (spec > 0 && !kv_->AllocateSlots(r.id, r.num_slots() + n + spec)) spec = 0;
     }
-    if (spec > 0 || kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
+    if (spec > 0 || kv_->AllocateSlots(r.id, r.num_slots() + n)) {
       plan.seqs.push_back({&r, r.num_computed_tokens, n + spec, r.num_computed_tokens + n == r.num_tokens(), spec});
       plan.num_tokens += n + spec;
       budget -= n + spec;
@@ -116,12 +131,24 @@ StepPlan Scheduler::Schedule() {
     while (budget > 0 && !waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_batch_size) {
       SeqRequest& r = *waiting_.front();
       // Blocks whose K/V another request (or this one before preemption) already computed.
-      const int64_t cached = kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
+      int64_t cached = kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
+      if (r.retains() && cached > r.kv_budget) {
+        // The shared prefix is never evicted: take no more of it than the budget holds.
+        cached = r.kv_budget / kv_->block_size() * kv_->block_size();
+        if (cached == 0) {
+          kv_->Free(r.id);
+        } else {
+          kv_->TrimSlots(r.id, cached);
+        }
+      }
       r.num_computed_tokens = cached;
+      r.num_evicted = 0;
+      r.num_pinned_slots = cached;
       const int64_t n = num_new(r);
       if (!kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
         kv_->Free(r.id);
         r.num_computed_tokens = 0;
+        r.num_pinned_slots = 0;
         break;
       }
       if (r.num_cached_tokens < 0) r.num_cached_tokens = cached;
@@ -146,7 +173,7 @@ std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan,
     if (!s.sample) {
       CHECK(produced.empty());
       r.num_computed_tokens = s.start + s.num_new_tokens;
-      kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
+      if (!r.retains()) kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
       continue;
     }
     CHECK(!produced.empty() && static_cast<int64_t>(produced.size()) <= 1 + s.num_spec);
@@ -169,8 +196,8 @@ std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan,
     num_spec_proposed_ += s.num_spec;
     num_spec_accepted_ += static_cast<int64_t>(produced.size()) - 1;
     r.num_computed_tokens = first_row + appended;
-    if (s.num_spec > 0) kv_->TrimSlots(r.id, r.num_computed_tokens);
-    kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
+    if (s.num_spec > 0) kv_->TrimSlots(r.id, r.num_slots());
+    if (!r.retains()) kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
     if (r.finish_reason != FinishReason::kNone) finished_ids.push_back(r.id);
   }
   std::vector<std::unique_ptr<SeqRequest>> finished;
@@ -200,8 +227,12 @@ std::string Scheduler::CheckInvariants() const {
   for (const auto& r : running_) {
     if (r->num_computed_tokens > r->num_tokens()) return fmt::format("request {} computed past its tokens", r->id);
     const int64_t blocks = static_cast<int64_t>(kv_->BlockTable(r->id).size());
-    if (blocks < kv_->BlocksFor(r->num_computed_tokens)) {
-      return fmt::format("request {}: {} blocks for {} computed tokens", r->id, blocks, r->num_computed_tokens);
+    if (r->num_evicted < 0 || r->num_evicted > r->num_computed_tokens) {
+      return fmt::format("request {}: {} evicted of {} computed tokens", r->id, r->num_evicted, r->num_computed_tokens);
+    }
+    if (!r->retains() && r->num_evicted != 0) return fmt::format("request {} evicted without a KV budget", r->id);
+    if (blocks < kv_->BlocksFor(r->num_slots())) {
+      return fmt::format("request {}: {} blocks for {} slots", r->id, blocks, r->num_slots());
     }
     if (blocks > 0) ++holders;
   }

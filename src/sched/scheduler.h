@@ -44,6 +44,15 @@ struct SeqRequest {
   // step verifies them with the request's decode token (num_tokens_with_spec = num_tokens +
   // spec_tokens.size() slots); Update and preemption clear them.
   std::vector<int32_t> spec_tokens;
+  // KV retention (lossy; the engine evicts, the scheduler only counts): with kv_budget > 0 the
+  // cache holds num_slots() = num_computed_tokens - num_evicted of the request's positions, the
+  // request may be longer than KV memory (max_seq_len still applies), its blocks are never
+  // offered to the prefix cache, and slots [0, num_pinned_slots) came from it at admission.
+  int64_t kv_budget = 0;
+  int64_t num_evicted = 0;
+  int64_t num_pinned_slots = 0;
+  int64_t num_slots() const { return num_computed_tokens - num_evicted; }
+  bool retains() const { return kv_budget > 0; }
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens; }
@@ -81,7 +90,8 @@ class Scheduler {
   int64_t max_request_tokens() const { return max_request_tokens_; }
 
   // Queues a request (FCFS). Errors when it can never fit: prompt + max_new_tokens over
-  // max_request_tokens(), an empty prompt, or max_new_tokens < 1.
+  // max_request_tokens() (for a request with a KV budget: over max_seq_len, or a budget plus a
+  // block over all KV memory), an empty prompt, or max_new_tokens < 1.
   Status Add(std::unique_ptr<SeqRequest> req);
   // Removes a request wherever it is, freeing its blocks; nullptr when unknown. Not during a step.
   std::unique_ptr<SeqRequest> Abort(int64_t id, FinishReason reason);

@@ -60,7 +60,8 @@ struct Generation {
   std::vector<std::shared_ptr<RequestStream>> streams;  // [choices]
   std::vector<Choice> choices;
   std::vector<bool> done, started;
-  std::vector<int64_t> generated, prompt_tokens, cached_tokens;
+  std::vector<int64_t> generated, prompt_tokens, cached_tokens, evicted_tokens;
+  bool retained = false;  // a request used KV retention
   std::vector<std::string> echo_prefix;  // completions with echo: the prompt text, sent first
   bool final_sent = false;
   const Tokenizer* tok = nullptr;
@@ -230,6 +231,7 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         g.cache_salt = req.cache_salt;
         g.top_logprobs = req.top_logprobs;
+        g.retention = req.retention;
         subs.push_back(std::move(g));
         gen->echo_prefix.push_back(req.echo ? prompt_texts[p] : "");
       }
@@ -250,6 +252,7 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->generated.assign(n, 0);
     gen->prompt_tokens.assign(n, 0);
     gen->cached_tokens.assign(n, 0);
+    gen->evicted_tokens.assign(n, 0);
     gen->req = std::move(req);
     gen_ = gen;
     self_hold_ = shared_from_this();  // no I/O is pending while a non-streamed answer is computed
@@ -331,6 +334,10 @@ class Session : public std::enable_shared_from_this<Session> {
         u.cached_tokens += gen_->cached_tokens[i];
       }
     }
+    if (gen_->retained) {
+      u.kv_evicted_tokens = 0;
+      for (int64_t e : gen_->evicted_tokens) *u.kv_evicted_tokens += e;
+    }
     return u;
   }
 
@@ -362,6 +369,8 @@ class Session : public std::enable_shared_from_this<Session> {
           g.done[i] = true;
           g.choices[i].finish_reason = u.finish_reason;
           g.cached_tokens[i] = u.num_cached_tokens;
+          g.evicted_tokens[i] = u.num_evicted_tokens;
+          g.retained = g.retained || u.kv_budget > 0;
           if (u.finish_reason == FinishReason::kError) error = u.status;
         }
         if (g.req.stream) {

@@ -76,6 +76,8 @@ std::string Metrics::Render(const Engine* engine) const {
     out += fmt::format("# HELP gale:spec_decode_num_drafts_total Verifications of one request's speculative guesses.\n# TYPE gale:spec_decode_num_drafts_total counter\ngale:spec_decode_num_drafts_total {}\n", s.spec_num_drafts.load());
     out += fmt::format("# HELP gale:spec_decode_num_draft_tokens_total Speculative tokens guessed and verified.\n# TYPE gale:spec_decode_num_draft_tokens_total counter\ngale:spec_decode_num_draft_tokens_total {}\n", s.spec_num_draft_tokens.load());
     out += fmt::format("# HELP gale:spec_decode_num_accepted_tokens_total Speculative tokens accepted.\n# TYPE gale:spec_decode_num_accepted_tokens_total counter\ngale:spec_decode_num_accepted_tokens_total {}\n", s.spec_num_accepted_tokens.load());
+    out += fmt::format("# HELP gale:kv_evicted_tokens_total Positions KV retention dropped from sequences' caches.\n# TYPE gale:kv_evicted_tokens_total counter\ngale:kv_evicted_tokens_total {}\n", s.kv_evicted_tokens.load());
+    out += fmt::format("# HELP gale:kv_evictions_total KV retention compactions.\n# TYPE gale:kv_evictions_total counter\ngale:kv_evictions_total {}\n", s.kv_evictions.load());
     out += fmt::format("# HELP gale:engine_steps_total Engine steps.\n# TYPE gale:engine_steps_total counter\ngale:engine_steps_total {}\n", s.num_steps.load());
   }
   return out;

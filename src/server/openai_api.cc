@@ -40,7 +40,8 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
   static const std::set<std::string> kCommon = {
       "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
       "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-      "top_logprobs", "user", "ignore_eos", "truncate_prompt_tokens", "cache_salt", "logit_bias"};
+      "top_logprobs", "user", "ignore_eos", "truncate_prompt_tokens", "cache_salt", "logit_bias",
+      "kv_retention", "kv_budget", "kv_budget_ratio", "kv_sink_tokens"};
   static const std::set<std::string> kCompletion = {"prompt", "echo", "suffix", "best_of"};
   static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "tools", "tool_choice",
                                               "parallel_tool_calls", "chat_template_kwargs", "response_format"};
@@ -199,6 +200,28 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
     r.cache_salt = j["cache_salt"].get<std::string>();
   }
   if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return Bad("user", "'user' must be a string");
+  if (j.contains("kv_retention") && !j["kv_retention"].is_null()) {
+    if (!j["kv_retention"].is_string()) return Bad("kv_retention", "'kv_retention' must be a string");
+    auto policy = ParseRetentionPolicy(j["kv_retention"].get<std::string>());
+    if (!policy.ok()) return Bad("kv_retention", policy.status().message());
+    RetentionConfig rc;
+    rc.policy = *policy;
+    i = 0;
+    if (auto e = integer("kv_budget", 1, int64_t{1} << 30, &i)) return *e;
+    rc.budget = i;
+    d = 0.0;
+    if (auto e = num("kv_budget_ratio", 0.0, 1.0, &d)) return *e;
+    rc.budget_ratio = d;
+    i = rc.sink_tokens;
+    if (auto e = integer("kv_sink_tokens", 0, int64_t{1} << 20, &i)) return *e;
+    rc.sink_tokens = i;
+    if (Status st = rc.Validate(); !st.ok()) return Bad("kv_retention", st.message());
+    r.retention = rc;
+  } else {
+    for (const char* k : {"kv_budget", "kv_budget_ratio", "kv_sink_tokens"}) {
+      if (j.contains(k) && !j[k].is_null()) return Bad(k, fmt::format("'{}' needs 'kv_retention'", k));
+    }
+  }
 
   if (chat) {
     if (!j.contains("messages")) return Bad("messages", "'messages' is required");
@@ -278,10 +301,12 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
 }
 
 Json UsageJson(const Usage& u) {
-  return Json{{"prompt_tokens", u.prompt_tokens},
+  Json j{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
               {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  if (u.kv_evicted_tokens) j["kv_evicted_tokens"] = *u.kv_evicted_tokens;
+  return j;
 }
 
 Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kv/retention.h"
 #include "runner/model_runner.h"
 #include "runner/sampler.h"
 #include "sched/scheduler.h"
@@ -50,6 +51,9 @@ struct CompletionRequest {
   int64_t truncate_prompt_tokens = -1;         // > 0: keep at most this many prompt tokens (head + tail)
   std::string cache_salt;
   int top_logprobs = -1;                       // -1: no logprobs; k >= 0: with k alternatives per token
+  // gale's extension: "kv_retention" (policy), "kv_budget" (tokens) or "kv_budget_ratio",
+  // "kv_sink_tokens"; unset: the server's --kv-retention.
+  std::optional<RetentionConfig> retention;
 };
 
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions.
@@ -60,6 +64,7 @@ const char* FinishReasonForApi(FinishReason r);  // "stop" (eos and stop strings
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  std::optional<int64_t> kv_evicted_tokens;  // set when a request used KV retention
 };
 Json UsageJson(const Usage& u);
 

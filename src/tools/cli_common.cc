@@ -105,6 +105,16 @@ void EngineOptions::Register(CLI::App& app) {
                  "guesses only while a step's decode tokens plus guesses stay within this (off at large batch)")
       ->capture_default_str();
   app.add_flag("--spec-always", sp.always, "guess --spec-tokens every step, even where the step-cost model says it slows decoding");
+  RetentionConfig& rc = config.retention;
+  app.add_option("--kv-retention", kv_retention,
+                 "lossy KV retention per sequence: none | window | sink-window | heavy-hitter (needs --kv-budget or "
+                 "--kv-budget-ratio)")
+      ->capture_default_str();
+  app.add_option("--kv-budget", rc.budget, "KV retention: positions each sequence keeps in the cache (tokens)");
+  app.add_option("--kv-budget-ratio", rc.budget_ratio,
+                 "KV retention: positions kept as a share of each request's length (prompt + max_tokens)");
+  app.add_option("--kv-sink-tokens", rc.sink_tokens, "KV retention sink-window: first positions always kept")
+      ->capture_default_str();
 }
 
 StatusOr<std::string> ReadTextFile(const std::string& path) {
@@ -155,6 +165,11 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
     c.spec.draft = draft->model.get();
   }
   RETURN_IF_ERROR(c.spec.Validate());
+  ASSIGN_OR_RETURN(c.retention.policy, ParseRetentionPolicy(kv_retention));
+  if (!c.retention.active() && (c.retention.budget != 0 || c.retention.budget_ratio != 0.0)) {
+    return InvalidArgument("--kv-budget and --kv-budget-ratio need --kv-retention window|sink-window|heavy-hitter");
+  }
+  if (Status st = c.retention.Validate(); !st.ok()) return st.WithContext("--kv-retention");
   return c;
 }
 

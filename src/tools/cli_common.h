@@ -45,12 +45,14 @@ StatusOr<uint64_t> ParseBytes(const std::string& text);
 // Engine flags as vLLM names them: --block-size, --kv-cache-memory, --kv-cache-ratio, --kv-type,
 // --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len, --no-prefix-cache.
 // Speculative decoding: --spec off|ngram|draft, --spec-tokens, --draft-model, --spec-ngram-min/max,
-// --spec-max-step-tokens.
+// --spec-max-step-tokens. KV retention: --kv-retention, --kv-budget or --kv-budget-ratio,
+// --kv-sink-tokens.
 struct EngineOptions {
   EngineConfig config;
   std::string kv_cache_memory, kv_type = "f16", k_type, v_type;
   bool no_prefix_cache = false;
   std::string spec = "off", draft_model;
+  std::string kv_retention = "none";
   std::unique_ptr<LoadedModel> draft;  // loaded by Resolve for --spec draft
   void Register(CLI::App& app);
   // Checks the flags and loads the draft model (once); the config points at it.

@@ -34,6 +34,7 @@ struct Item {
   FinishReason reason = FinishReason::kNone;
   Status status;
   int64_t num_prompt_tokens = 0, num_truncated_tokens = 0;
+  int64_t kv_budget = 0, num_evicted_tokens = 0;
   bool done = false;
 };
 
@@ -211,6 +212,8 @@ CommandFn RegisterBatch(CLI::App& app) {
           it.num_prompt_tokens = u.num_prompt_tokens;
           it.num_truncated_tokens = u.num_truncated_tokens;
           if (u.finished) {
+            it.kv_budget = u.kv_budget;
+            it.num_evicted_tokens = u.num_evicted_tokens;
             it.reason = u.finish_reason;
             it.status = u.status;
             it.done = true;
@@ -233,6 +236,7 @@ CommandFn RegisterBatch(CLI::App& app) {
           j["finish_reason"] = OpenAiFinishReason(it.reason);
           j["prompt_tokens"] = it.num_prompt_tokens;
           if (it.num_truncated_tokens > 0) j["truncated_tokens"] = it.num_truncated_tokens;
+          if (it.kv_budget > 0) j["kv_evicted_tokens"] = it.num_evicted_tokens;
         }
         out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << '\n';
         it.text.clear();

@@ -145,6 +145,7 @@ CommandFn RegisterRun(CLI::App& app) {
     int64_t generated = 0, prompt_tokens = 0;
     bool first_text = true;
     Status error;
+    std::string retention;
     while ((*stream)->Next(&u)) {
       generated += static_cast<int64_t>(u.token_ids.size());
       prompt_tokens = u.num_prompt_tokens;
@@ -159,6 +160,10 @@ CommandFn RegisterRun(CLI::App& app) {
         std::fflush(stdout);
       }
       if (u.finished && u.finish_reason == FinishReason::kError) error = u.status;
+      if (u.finished && u.kv_budget > 0) {
+        retention = fmt::format("KV retention: {} of {} positions evicted (budget {} tokens)", u.num_evicted_tokens,
+                                prompt_tokens + generated, u.kv_budget);
+      }
     }
     const auto end = std::chrono::steady_clock::now();
     std::fputc('\n', stdout);
@@ -188,6 +193,7 @@ CommandFn RegisterRun(CLI::App& app) {
     std::fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s); generation: %lld tokens in %.3f s (%.1f tok/s)\n",
                  static_cast<long long>(prompt_tokens), prompt_s, pp, static_cast<long long>(generated), gen_s, tg);
     if (!spec.empty()) std::fprintf(stderr, "%s\n", spec.c_str());
+    if (!retention.empty()) std::fprintf(stderr, "%s\n", retention.c_str());
     return 0;
   };
 }

@@ -317,7 +317,7 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
       float out[64];
       float* op = out;
       const KvBlockView view = Contiguous(k.data() + (h / 2) * head_dim, v.data() + (h / 2) * head_dim, row, &zero);
-      Active().attend_many(&qp, &n, 1, view, head_dim, &op);
+      Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr);
       for (int d = 0; d < head_dim; ++d) ASSERT_EQ(F32Bits(out[d]), F32Bits(all[(t * heads + h) * head_dim + d]));
     }
   }
@@ -359,8 +359,8 @@ TEST(KernelsTest, AttendMatchesScalar) {
           const float* qp = q.data();
           float* wp = want.data();
           float* gp = got.data();
-          ref.attend_many(&qp, &len, 1, view, head_dim, &wp);
-          simd.attend_many(&qp, &len, 1, view, head_dim, &gp);
+          ref.attend_many(&qp, &len, 1, view, head_dim, &wp, nullptr);
+          simd.attend_many(&qp, &len, 1, view, head_dim, &gp, nullptr);
           // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
           // differ by a few ulps of the weights.
           for (int d = 0; d < head_dim; ++d) {
@@ -430,12 +430,66 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
       lens.push_back(1 + (i * 7) % 70);
       outs.push_back(together.data() + i * head_dim);
     }
-    kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data());
+    kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr);
     for (int i = 0; i < nq; ++i) {
       float* o = alone.data() + i * head_dim;
-      kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o);
+      kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr);
     }
     for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa);
+  }
+}
+
+// Asking for the scores (KV retention's tracking) changes no output bit, and every ISA's scores
+// are q . k / sqrt(head_dim) as the scalar kernel computes them, for each KV type.
+TEST(KernelsTest, AttendManyReportsScores) {
+  const KernelTable* ref = GetKernelTable(Isa::kScalar);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = GetKernelTable(isa);
+    if (kt == nullptr) continue;
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kInt8}) {
+      for (int head_dim : {8, 64}) {
+        const int nq = 5, len = 37;
+        const int64_t head_bytes = KvHeadBytes(type, head_dim);
+        const auto kf = test::RandomFloats(len * head_dim, 11);
+        const auto vf = test::RandomFloats(len * head_dim, 12);
+        std::vector<uint8_t> k(len * head_bytes), v(len * head_bytes);
+        for (int p = 0; p < len; ++p) {
+          StoreKvHead(kf.data() + p * head_dim, head_dim, type, k.data() + p * head_bytes);
+          StoreKvHead(vf.data() + p * head_dim, head_dim, type, v.data() + p * head_bytes);
+        }
+        const int32_t zero = 0;
+        const KvBlockView view{k.data(), v.data(), &zero, len, head_bytes, head_bytes, type, type};
+        const auto q = test::RandomFloats(nq * head_dim, 13);
+        std::vector<const float*> qs;
+        std::vector<int64_t> lens;
+        std::vector<float> plain(nq * head_dim), tracked(nq * head_dim), want_out(nq * head_dim);
+        std::vector<float> got(nq * len, -1.0f), want(nq * len, -1.0f);
+        std::vector<float*> po, to, wo, gs, ws;
+        for (int i = 0; i < nq; ++i) {
+          qs.push_back(q.data() + i * head_dim);
+          lens.push_back(len - 7 * i);
+          po.push_back(plain.data() + i * head_dim);
+          to.push_back(tracked.data() + i * head_dim);
+          wo.push_back(want_out.data() + i * head_dim);
+          gs.push_back(i == 2 ? nullptr : got.data() + i * len);  // a query may opt out
+          ws.push_back(want.data() + i * len);
+        }
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, po.data(), nullptr);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, to.data(), gs.data());
+        ref->attend_many(qs.data(), lens.data(), nq, view, head_dim, wo.data(), ws.data());
+        for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(plain[i]), F32Bits(tracked[i])) << IsaName(isa);
+        for (int i = 0; i < nq; ++i) {
+          for (int p = 0; p < len; ++p) {
+            if (i == 2 || p >= lens[i]) {
+              ASSERT_EQ(got[i * len + p], -1.0f) << "written outside the query's scores";
+            } else {
+              ASSERT_NEAR(got[i * len + p], want[i * len + p], 1e-4f * (1.0f + std::fabs(want[i * len + p])))
+                  << IsaName(isa) << " " << KvTypeName(type) << " head_dim " << head_dim;
+            }
+          }
+        }
+      }
+    }
   }
 }
 

@@ -211,7 +211,22 @@ TEST(SchedulerTest, StopsOnStopIdsAndAbortFreesBlocks) {
 // Random arrivals, cancels, chunk sizes, budgets and tiny memory. After every step: invariants,
 // budget and batch size respected. At the end: every request finished with the tokens an
 // uninterrupted run gives, every block free, and no request waited unboundedly.
-void RandomWorkloads(bool prefix_caching, bool spec = false) {
+// What the engine does after a step for requests with a KV budget (the scheduler only counts):
+// at budget + one block, drop slots down to the budget (never the pinned prefix).
+int64_t EmulateEvictions(Scheduler& s, KvCacheManager& kv) {
+  int64_t evicted = 0;
+  for (SeqRequest* r : s.running()) {
+    if (!r->retains() || r->num_slots() < std::max(r->kv_budget, r->num_pinned_slots + 1) + kv.block_size()) continue;
+    const int64_t keep = std::max(r->kv_budget, r->num_pinned_slots + 1);
+    evicted += r->num_slots() - keep;
+    r->num_evicted += r->num_slots() - keep;
+    kv.TrimSlots(r->id, keep);
+  }
+  return evicted;
+}
+
+void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = false) {
+  int64_t total_evicted = 0;
   int64_t total_preemptions = 0, total_cancels = 0, total_finished = 0, total_hits = 0;
   int64_t total_proposed = 0, total_accepted = 0;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
@@ -239,8 +254,11 @@ void RandomWorkloads(bool prefix_caching, bool spec = false) {
       // Arrivals: a few per step.
       while (num_submitted < num_requests && rng.NextU64() % 3 == 0) {
         const int64_t prompt = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, limit - 1));
-        const int64_t max_new = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, limit - prompt));
+        // With a KV budget a request may be longer than all KV memory.
+        const bool retains = retention && rng.NextU64() % 2 == 0;
+        const int64_t max_new = 1 + static_cast<int64_t>(rng.NextU64() % std::max<int64_t>(1, (retains ? 3 * limit : limit) - prompt));
         auto r = MakeRequest(next_id, prompt, max_new, {static_cast<int32_t>(rng.NextU64() % 97)});
+        if (retains) r->kv_budget = 1 + static_cast<int64_t>(rng.NextU64() % static_cast<uint64_t>(limit));
         const auto& prefix = prefixes[rng.NextU64() % prefixes.size()];
         for (size_t i = 0; i < prefix.size() && i < r->tokens.size(); ++i) r->tokens[i] = prefix[i];
         std::vector<int32_t> want = r->tokens;
@@ -249,7 +267,7 @@ void RandomWorkloads(bool prefix_caching, bool spec = false) {
           if (want.back() == r->stop_ids[0]) break;
         }
         expected[next_id] = want;
-        const bool fits = prompt + max_new <= limit;
+        const bool fits = retains ? r->kv_budget + block_size <= limit : prompt + max_new <= limit;
         ASSERT_EQ(s.Add(std::move(r)).ok(), fits);
         if (!fits) expected.erase(next_id);
         ++next_id;
@@ -273,6 +291,10 @@ void RandomWorkloads(bool prefix_caching, bool spec = false) {
       ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
       for (auto& f : s.Update(p, FakeRun(p))) done[f->id] = std::move(f);
       ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
+      if (retention) {
+        total_evicted += EmulateEvictions(s, kv);
+        ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
+      }
       ASSERT_LT(++step, 20000) << "seed " << seed << ": no progress";
     }
     EXPECT_EQ(kv.num_free_blocks(), num_blocks) << "seed " << seed;
@@ -293,6 +315,10 @@ void RandomWorkloads(bool prefix_caching, bool spec = false) {
               static_cast<long long>(total_preemptions), static_cast<long long>(total_cancels),
               static_cast<long long>(total_hits), static_cast<long long>(total_proposed),
               static_cast<long long>(total_accepted));
+  if (retention) {
+    std::printf("evicted %lld\n", static_cast<long long>(total_evicted));
+    EXPECT_GT(total_evicted, 10000);
+  }
   if (spec) {
     EXPECT_GT(total_accepted, 1000);
     EXPECT_GT(total_proposed - total_accepted, 1000) << "rejections must be exercised too";
@@ -317,6 +343,14 @@ TEST(SchedulerTest, RandomWorkloadsWithPrefixCaching) { RandomWorkloads(/*prefix
 // the pool, and the invariants hold after every step.
 TEST(SchedulerTest, RandomWorkloadsWithSpeculativeGuesses) {
   RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true);
+}
+
+// Requests with a KV budget among the others, some longer than all KV memory, with evictions after
+// every step (as the engine does), guesses, the prefix cache and preemption: outputs are still
+// the fake model's (it reads tokens, not the cache), slot counts and blocks agree after every
+// step, and every block is free at the end.
+TEST(SchedulerTest, RandomWorkloadsWithKvRetention) {
+  RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true, /*retention=*/true);
 }
 
 TEST(SchedulerTest, VerifiesGuessesWithinTheBudgetAndReleasesRejectedSlots) {

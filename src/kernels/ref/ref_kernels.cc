@@ -145,7 +145,7 @@ const float* RowAsF32(const uint8_t* row, KvType type, int head_dim, float* buf)
 }
 
 // Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same for f32 K/V).
-void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out) {
+void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out, float* raw_scores) {
   thread_local std::vector<float> scores;  // [len]
   thread_local std::vector<float> row;     // [head_dim] converted K or V row
   scores.resize(len);
@@ -155,6 +155,7 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
   for (int64_t p = 0; p < len; ++p) {
     scores[p] = DotF32(RowAsF32(kv.k + Slot(kv, p) * kv.k_row_bytes, kv.k_type, head_dim, row.data()), q, head_dim) / div;
   }
+  if (raw_scores != nullptr) std::copy(scores.begin(), scores.begin() + len, raw_scores);
   float max = scores[0];
   for (int64_t p = 1; p < len; ++p) max = scores[p] > max ? scores[p] : max;
   float sum = 0.0f;
@@ -172,8 +173,8 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
 }  // namespace
 
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                         int head_dim, float* const* outs) {
-  for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i]);
+                         int head_dim, float* const* outs, float* const* scores) {
+  for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i], scores ? scores[i] : nullptr);
 }
 
 void ToF16Reference(const float* x, uint16_t* dst, int64_t n) {

@@ -670,7 +670,7 @@ inline __m512 LoadKv(const uint8_t* p) {
 // block, so a query's result does not depend on how queries are grouped.
 template <int kVecs, KvType kType, KvType vType, bool kHalf = false>
 inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* koffs,
-                       const int64_t* voffs, int n) {
+                       const int64_t* voffs, int n, float* raw_scores) {
   __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
   for (int j = 0; j < 16; ++j) {
     if (j >= n) {
@@ -685,6 +685,7 @@ inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v
   }
   alignas(64) float s[16];
   _mm512_store_ps(s, SumEach16(part));
+  if (raw_scores != nullptr) std::memcpy(raw_scores, s, static_cast<size_t>(n) * sizeof(float));
   float block_max = -INFINITY;
   for (int j = 0; j < n; ++j) block_max = s[j] > block_max ? s[j] : block_max;
   const float new_max = block_max > st.max ? block_max : st.max;
@@ -724,7 +725,7 @@ inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
 // position, so a paged cache gives bitwise what a contiguous one does.
 template <int kVecs, KvType kType, KvType vType, bool kHalf = false>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs) {
+                      int head_dim, float* const* outs, float* const* scores) {
   static_assert(!kHalf || kVecs == 1);
   QueryState<kVecs> st[kMaxAttendQueries];
   int64_t max_len = 0;
@@ -748,7 +749,8 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
     for (int i = 0; i < num_queries; ++i) {
       if (lens[i] <= p0) continue;
       const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
-      QueryBlock<kVecs, kType, vType, kHalf>(st[i], kv.k, kv.v, koffs, voffs, n);
+      float* raw = scores != nullptr && scores[i] != nullptr ? scores[i] + p0 : nullptr;
+      QueryBlock<kVecs, kType, vType, kHalf>(st[i], kv.k, kv.v, koffs, voffs, n, raw);
     }
   }
   for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs, kHalf>(st[i], outs[i]);
@@ -756,37 +758,37 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
 
 template <KvType kType, KvType vType>
 void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                       int head_dim, float* const* outs) {
+                       int head_dim, float* const* outs, float* const* scores) {
   switch (head_dim) {
-    case 8: return AttendManyOnline<1, kType, vType, true>(qs, lens, num_queries, kv, head_dim, outs);
-    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
-    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs);
+    case 8: return AttendManyOnline<1, kType, vType, true>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
   }
 }
 
 // K and V of one type, or K at higher precision than V (the useful mixes: V tolerates fewer bits
 // than K); other pairs take the scalar path.
 void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, int head_dim,
-                float* const* outs) {
+                float* const* outs, float* const* scores) {
   using enum KvType;
   constexpr auto pair = [](KvType k, KvType v) { return static_cast<int>(k) * 8 + static_cast<int>(v); };
   switch (pair(kv.k_type, kv.v_type)) {
-    case pair(kF32, kF32): return AttendManyOfTypes<kF32, kF32>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kF16, kF16): return AttendManyOfTypes<kF16, kF16>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kBF16, kBF16): return AttendManyOfTypes<kBF16, kBF16>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kInt8, kInt8): return AttendManyOfTypes<kInt8, kInt8>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kInt4, kInt4): return AttendManyOfTypes<kInt4, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kF16, kInt8): return AttendManyOfTypes<kF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kF16, kInt4): return AttendManyOfTypes<kF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kBF16, kInt8): return AttendManyOfTypes<kBF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kBF16, kInt4): return AttendManyOfTypes<kBF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
-    case pair(kInt8, kInt4): return AttendManyOfTypes<kInt8, kInt4>(qs, lens, num_queries, kv, head_dim, outs);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs);
+    case pair(kF32, kF32): return AttendManyOfTypes<kF32, kF32>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kF16, kF16): return AttendManyOfTypes<kF16, kF16>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kBF16, kBF16): return AttendManyOfTypes<kBF16, kBF16>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kInt8, kInt8): return AttendManyOfTypes<kInt8, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kInt4, kInt4): return AttendManyOfTypes<kInt4, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kF16, kInt8): return AttendManyOfTypes<kF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kF16, kInt4): return AttendManyOfTypes<kF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kBF16, kInt8): return AttendManyOfTypes<kBF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kBF16, kInt4): return AttendManyOfTypes<kBF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case pair(kInt8, kInt4): return AttendManyOfTypes<kInt8, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
   }
 }
 
