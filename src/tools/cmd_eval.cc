@@ -15,7 +15,36 @@
 namespace gale {
 namespace {
 
+// --kv-retention, --kv-budget / --kv-budget-ratio, --kv-sink-tokens for the evaluated model.
+struct RetentionFlags {
+  std::string policy = "none";
+  RetentionConfig config;
+  void Register(CLI::App& app) {
+    app.add_option("--kv-retention", policy, "KV retention: none | window | sink-window | heavy-hitter")->capture_default_str();
+    app.add_option("--kv-budget", config.budget, "KV retention: positions kept (tokens)");
+    app.add_option("--kv-budget-ratio", config.budget_ratio,
+                   "KV retention: positions kept as a share of the window (ppl) or of each request (tasks)");
+    app.add_option("--kv-sink-tokens", config.sink_tokens, "KV retention sink-window: first positions kept")
+        ->capture_default_str();
+  }
+  StatusOr<RetentionConfig> Resolve() const {
+    RetentionConfig c = config;
+    ASSIGN_OR_RETURN(c.policy, ParseRetentionPolicy(policy));
+    if (!c.active() && (c.budget != 0 || c.budget_ratio != 0.0)) {
+      return InvalidArgument("--kv-budget and --kv-budget-ratio need --kv-retention window|sink-window|heavy-hitter");
+    }
+    RETURN_IF_ERROR(c.Validate());
+    return c;
+  }
+  // "none", or e.g. "heavy-hitter 0.25" / "window 64".
+  std::string Describe() const {
+    if (policy == "none") return policy;
+    return config.budget > 0 ? fmt::format("{} {}", policy, config.budget) : fmt::format("{} {:g}", policy, config.budget_ratio);
+  }
+};
+
 struct TaskOpts {
+  RetentionFlags retention;
   std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text";
   int threads = ThreadPool::DefaultNumThreads();
 };
@@ -37,6 +66,8 @@ int RunTasks(const TaskOpts& t) {
     if (!vv.ok()) return fail(vv.status());
     v = *vv;
   }
+  auto retention = t.retention.Resolve();
+  if (!retention.ok()) return fail(retention.status());
   auto text = ReadTextFile(t.file);
   if (!text.ok()) return fail(text.status());
   auto parsed = ParseTasks(*text);
@@ -58,8 +89,10 @@ int RunTasks(const TaskOpts& t) {
     base = &*b;
   }
   ThreadPool pool(t.threads);
-  auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt) {
+  auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt,
+                         const RetentionConfig& rc = {}) {
     EngineConfig cfg;
+    cfg.retention = rc;
     cfg.kv_type = k;
     cfg.v_kv_type = vt;
     cfg.kv_cache_memory_bytes = 256ull << 20;
@@ -67,7 +100,7 @@ int RunTasks(const TaskOpts& t) {
   };
   auto base_engine = make_engine(*base, *base_kv, std::nullopt);
   if (!base_engine.ok()) return fail(base_engine.status());
-  auto engine = make_engine(*m, *kv, v);
+  auto engine = make_engine(*m, *kv, v, *retention);
   if (!engine.ok()) return fail(engine.status());
   auto chat = ChatTemplate::FromGguf(*m->file);
   const Tokenizer& tok = *m->tok;
@@ -178,7 +211,8 @@ int RunTasks(const TaskOpts& t) {
                       {"no_longer_parse", c.no_longer_parse}});
     }
     std::printf("%s\n", nlohmann::json({{"model", m->path}, {"base", base->path}, {"kv_type", t.kv_type},
-                                        {"base_kv_type", t.base_kv_type}, {"categories", cats}, {"tasks", per_task}})
+                                        {"base_kv_type", t.base_kv_type},
+                                        {"kv_retention", t.retention.Describe()}, {"categories", cats}, {"tasks", per_task}})
                             .dump(2)
                             .c_str());
     return 0;
@@ -202,6 +236,7 @@ CommandFn RegisterEval(CLI::App& app) {
     int64_t ctx = 0, stride = 0;
     int threads = ThreadPool::DefaultNumThreads();
     LoadOptions load;
+    RetentionFlags retention;
   };
   auto o = std::make_shared<Opts>();
   app.require_subcommand(1);
@@ -218,6 +253,7 @@ CommandFn RegisterEval(CLI::App& app) {
   ppl->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
   ppl->add_option("-o,--output", o->output, "text | json")->capture_default_str();
   o->load.Register(*ppl);
+  o->retention.Register(*ppl);
 
   auto t = std::make_shared<TaskOpts>();
   CLI::App* tasks = app.add_subcommand("tasks", "greedy outputs against a base model's: exact match, first divergence, "
@@ -230,6 +266,7 @@ CommandFn RegisterEval(CLI::App& app) {
   tasks->add_option("--base-kv-type", t->base_kv_type, "the base's KV type")->capture_default_str();
   tasks->add_option("-t,--threads", t->threads, "threads")->capture_default_str();
   tasks->add_option("-o,--output", t->output, "text | json")->capture_default_str();
+  t->retention.Register(*tasks);
   return [o, t, ppl, tasks]() {
     if (tasks->parsed()) return RunTasks(*t);
     auto fail = [](const Status& s) {
@@ -246,6 +283,8 @@ CommandFn RegisterEval(CLI::App& app) {
       if (!vv.ok()) return fail(vv.status());
       v = *vv;
     }
+    auto retention = o->retention.Resolve();
+    if (!retention.ok()) return fail(retention.status());
     auto read = ReadTextFile(o->file);
     if (!read.ok()) return fail(read.status());
     const std::string& text = *read;
@@ -259,6 +298,7 @@ CommandFn RegisterEval(CLI::App& app) {
     opt.stride = o->stride;
     opt.kv_type = *kv;
     opt.v_kv_type = v;
+    opt.retention = *retention;
     auto r = EvaluatePerplexity(*m->model, tokens, opt, !o->save_logits.empty() || !o->kl_base.empty(), pool);
     if (!r.ok()) return fail(r.status().WithContext(o->file));
     nlohmann::json j = {{"model", m->path},
@@ -269,6 +309,11 @@ CommandFn RegisterEval(CLI::App& app) {
                         {"scored", r->num_scored},
                         {"nll", r->nll},
                         {"perplexity", r->ppl()}};
+    if (retention->active()) {
+      j["kv_retention"] = o->retention.Describe();
+      j["kv_budget"] = r->kv_budget;
+      j["kv_evicted_tokens"] = r->num_evicted;
+    }
     if (!o->save_logits.empty()) {
       if (Status s = SaveLogprobs(o->save_logits, *r); !s.ok()) return fail(s);
     }
@@ -288,9 +333,12 @@ CommandFn RegisterEval(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
-    std::printf("perplexity %.4f over %lld tokens (mean NLL %.5f nats), KV %s%s\n", r->ppl(),
+    std::printf("perplexity %.4f over %lld tokens (mean NLL %.5f nats), KV %s%s%s\n", r->ppl(),
                 static_cast<long long>(r->num_scored), r->nll, o->kv_type.c_str(),
-                o->v_type.empty() ? "" : (" / V " + o->v_type).c_str());
+                o->v_type.empty() ? "" : (" / V " + o->v_type).c_str(),
+                retention->active() ? fmt::format("; KV retention {} (budget {} tokens, {} positions evicted)",
+                                                  o->retention.Describe(), r->kv_budget, r->num_evicted).c_str()
+                                    : "");
     if (j.contains("kl_mean")) {
       std::printf("vs base (perplexity %.4f): KL mean %.6f, median %.6f, p99 %.6f, max %.6f; top-1 agreement %.2f%%\n",
                   j["base_perplexity"].get<double>(), j["kl_mean"].get<double>(), j["kl_median"].get<double>(),

@@ -35,8 +35,14 @@ StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vecto
     return InvalidArgument("int4 KV needs an even head size");
   }
 
+  RETURN_IF_ERROR(options.retention.Validate());
+  if (options.chunk < 1) return InvalidArgument("the streaming chunk must be >= 1 token, got {}", options.chunk);
+  const bool retain = options.retention.active();
+  const int64_t budget = retain ? options.retention.BudgetFor(ctx) : 0;
+
   PplResult r;
   r.vocab = hp.vocab_size;
+  r.kv_budget = budget;
   r.tokens = tokens;
   const int64_t vocab = hp.vocab_size;
   Workspace ws;
@@ -46,14 +52,40 @@ StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vecto
   for (int64_t start = 0; scored_until < n; start += stride) {
     const int64_t end = std::min(start + ctx, n);
     KvCache kv(hp, end - start, 1, options.kv_type, 16, options.v_kv_type);
-    ForwardBatch b;
-    b.tokens.assign(tokens.begin() + start, tokens.begin() + end - 1);
-    for (int64_t i = 0; i < end - 1 - start; ++i) b.positions.push_back(static_cast<int32_t>(i));
-    b.all_logits = true;
-    RETURN_IF_ERROR(model.Forward(b, kv, ws, pool));
+    const int64_t len = end - 1 - start;  // inputs of the window
+    std::vector<float> logits;            // [len, vocab] with retention (gathered chunk by chunk)
+    if (!retain) {
+      ForwardBatch b;
+      b.tokens.assign(tokens.begin() + start, tokens.begin() + end - 1);
+      for (int64_t i = 0; i < len; ++i) b.positions.push_back(static_cast<int32_t>(i));
+      b.all_logits = true;
+      RETURN_IF_ERROR(model.Forward(b, kv, ws, pool));
+    } else {
+      SeqRetention keep(options.retention, budget, hp.num_layers, options.chunk);
+      keep.Reset(0);
+      logits.resize(static_cast<size_t>(len * vocab));
+      int64_t slots = 0;
+      for (int64_t c = 0; c < len; c += options.chunk) {
+        const int64_t n_chunk = std::min(options.chunk, len - c);
+        ForwardBatch b;
+        kv.Attach(b);
+        for (int64_t i = c; i < c + n_chunk; ++i) {
+          b.tokens.push_back(tokens[start + i]);
+          b.positions.push_back(static_cast<int32_t>(i));
+          b.slots.push_back(static_cast<int32_t>(slots + i - c));
+        }
+        if (float* acc = keep.Accumulator(slots + n_chunk)) b.attn_acc = {{acc, keep.stride()}};
+        b.all_logits = true;
+        RETURN_IF_ERROR(model.Forward(b, kv.storage(), ws, pool));
+        std::copy_n(ws.logits.begin(), n_chunk * vocab, logits.begin() + c * vocab);
+        slots = keep.MaybeEvict(kv.storage(), b.block_tables[0], slots + n_chunk);
+      }
+      r.num_evicted += keep.num_evicted();
+    }
+    const float* window_logits = retain ? logits.data() : ws.logits.data();
     // Row i predicts token start + i + 1; score the ones not scored by an earlier window.
     for (int64_t target = std::max(scored_until, start + 1); target < end; ++target) {
-      const float* l = ws.logits.data() + (target - start - 1) * vocab;
+      const float* l = window_logits + (target - start - 1) * vocab;
       double max = l[0];
       for (int64_t j = 1; j < vocab; ++j) max = std::max<double>(max, l[j]);
       double sum = 0.0;

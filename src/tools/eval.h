@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kv/retention.h"
 #include "model/llama_model.h"
 
 namespace gale {
@@ -23,6 +24,11 @@ struct PplOptions {
   int64_t stride = 0;  // window step; 0: ctx / 2; at most ctx - 1 (windows overlap by a token)
   kernels::KvType kv_type = kernels::KvType::kF32;  // K's (and V's) type
   std::optional<kernels::KvType> v_kv_type;         // V's when it differs
+  // KV retention: each window streams through the cache `chunk` tokens at a time (as decoding
+  // with a prefill chunk would), evicting down to the budget (a ratio is of ctx) whenever it
+  // reaches budget + chunk. Without it each window is one forward pass.
+  RetentionConfig retention;
+  int64_t chunk = 16;
 };
 
 struct PplResult {
@@ -32,6 +38,8 @@ struct PplResult {
   int64_t vocab = 0;
   std::vector<int32_t> tokens;  // the text's tokens
   std::vector<float> logprobs;  // [num_scored, vocab] when asked for, else empty
+  int64_t kv_budget = 0;        // with retention: the budget used, and positions evicted
+  int64_t num_evicted = 0;
 };
 
 // tokens: the whole text (with BOS if the model wants one). Errors for fewer than 2 tokens, bad

@@ -154,6 +154,24 @@ function rawStream(port, cutAfter) {
     assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
   });
 
+  await check('per-request KV retention: same text under a large budget, evictions in usage and /metrics, bad settings 400', async () => {
+    const prompt = 'Once upon a time';
+    const plain = await client.completions.create({ prompt, max_tokens: 200, temperature: 0 });
+    assert.strictEqual(plain.usage.kv_evicted_tokens, undefined);
+    const big = await client.completions.create({ prompt, max_tokens: 200, temperature: 0, kv_retention: 'window', kv_budget: 256 });
+    assert.strictEqual(big.choices[0].text, plain.choices[0].text);
+    assert.strictEqual(big.usage.kv_evicted_tokens, 0);
+    const small = await client.completions.create({ prompt, max_tokens: 200, temperature: 0, kv_retention: 'heavy-hitter', kv_budget_ratio: 0.25 });
+    assert.ok(small.usage.kv_evicted_tokens > 100, JSON.stringify(small.usage));
+    assert.strictEqual(small.usage.completion_tokens, 200);
+    const m = (await request(srv.port, 'GET', '/metrics')).body;
+    assert.ok(metricValue(m, 'gale:kv_evicted_tokens_total') >= small.usage.kv_evicted_tokens, m);
+    assert.ok(metricValue(m, 'gale:kv_evictions_total') > 0);
+    await assert.rejects(client.completions.create({ prompt, kv_budget: 64 }), (e) => e instanceof OpenAI.BadRequestError && /needs 'kv_retention'/.test(e.message));
+    await assert.rejects(client.completions.create({ prompt, kv_retention: 'h2o', kv_budget: 64 }), OpenAI.BadRequestError);
+    await assert.rejects(client.completions.create({ prompt, kv_retention: 'window' }), (e) => e instanceof OpenAI.BadRequestError && /exactly one/.test(e.message));
+  });
+
   await check('logprobs: chat (top_logprobs) and completions (legacy shape), streamed and not', async () => {
     const chat = await client.chat.completions.create({ messages: [{ role: 'user', content: 'The dog' }], max_tokens: 6,
                                                         temperature: 0, logprobs: true, top_logprobs: 3 });

@@ -88,6 +88,41 @@ for spec in "--spec ngram --spec-always" "--spec draft --draft-model $(dirname "
     fails=$((fails + 1))
   fi
 done
+# KV retention: a budget above every request's length changes no output; a small one evicts and
+# says so in each line; bad settings are refused.
+"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/keep.jsonl" --kv-cache-memory 150K --block-size 8 --prefill-chunk-size 5 \
+  --max-num-batched-tokens 32 --no-progress --kv-retention heavy-hitter --kv-budget 200 2>"$tmp/keep.err"
+"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/evict.jsonl" --no-progress --kv-retention sink-window --kv-budget 24 2>"$tmp/evict.err"
+if python3 - "$tmp/one.jsonl" "$tmp/keep.jsonl" "$tmp/evict.jsonl" <<'PY'
+import json, sys
+one, keep, evict = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+for a, b in zip(one, keep):
+    assert b.pop("kv_evicted_tokens", 0) == 0, b
+    assert a == b, (a, b)
+ev = [l.get("kv_evicted_tokens") for l in evict if "error" not in l]
+assert all(e is not None for e in ev) and sum(ev) > 0, ev
+for a, b in zip(one, evict):
+    if "error" not in a and a["prompt_tokens"] + len(a["tokens"]) < 24:
+        assert a["tokens"] == b["tokens"], (a, b)  # never reached the budget
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL batch with KV retention:"; cat "$tmp/keep.err" "$tmp/evict.err"
+  fails=$((fails + 1))
+fi
+expect_fail retention-no-budget "needs exactly one of a budget" -- "$GALE" run -p hi --kv-retention window
+expect_fail retention-budget-alone "need --kv-retention" -- "$GALE" run -p hi --kv-budget 64
+expect_fail retention-bad-policy "not one of none, window" -- "$GALE" run -p hi --kv-retention h2o --kv-budget 64
+expect_fail retention-with-draft "draft model" -- "$GALE" run -p hi --kv-retention window --kv-budget 64 --spec draft \
+  --draft-model "$(dirname "$0")/../../models/stories260K.gguf"
+"$GALE" run -p "Once upon a time" -n 300 --temp 0 --kv-retention heavy-hitter --kv-budget 64 >/dev/null 2>"$tmp/run-ret.err"
+if grep -q 'KV retention: [1-9][0-9]* of 30[0-9] positions evicted (budget 64 tokens)' "$tmp/run-ret.err"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL run with KV retention:"; cat "$tmp/run-ret.err"
+  fails=$((fails + 1))
+fi
 expect_fail batch-spec-no-draft "needs --draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft
 expect_fail batch-spec-bad "not one of off, ngram, draft" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec medusa
 expect_fail batch-spec-draft-missing "--draft-model" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --spec draft --draft-model "$tmp/none.gguf"
@@ -109,6 +144,24 @@ else
   echo "FAIL eval ppl:"; cat "$tmp/eval.err" "$tmp/base.json" "$tmp/int8.json"
   fails=$((fails + 1))
 fi
+# gale eval ppl with KV retention: a budget of the whole window streams chunk by chunk and gives
+# exactly the one-pass result; a quarter of it costs a little.
+"$GALE" eval ppl -f "$evaltext" --kv-retention heavy-hitter --kv-budget-ratio 1 --kl-base "$tmp/base.lp" -o json > "$tmp/ret1.json" 2>"$tmp/ret.err"
+"$GALE" eval ppl -f "$evaltext" --kv-retention sink-window --kv-budget-ratio 0.25 --kl-base "$tmp/base.lp" -o json > "$tmp/ret25.json" 2>>"$tmp/ret.err"
+if python3 - "$tmp/base.json" "$tmp/ret1.json" "$tmp/ret25.json" <<'PY'
+import json, sys
+b, full, q = (json.load(open(f)) for f in sys.argv[1:])
+assert full["perplexity"] == b["perplexity"] and full["kl_max"] == 0 and full["kv_evicted_tokens"] == 0, full
+assert q["kv_budget"] == 128 and q["kv_evicted_tokens"] > 1000, q
+assert 0 < q["kl_mean"] < 0.05 and 1.0 < q["perplexity"] / b["perplexity"] < 1.03, q
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL eval ppl with KV retention:"; cat "$tmp/ret.err" "$tmp/ret1.json" "$tmp/ret25.json"
+  fails=$((fails + 1))
+fi
+expect_fail eval-retention-ratio "budget ratio" -- "$GALE" eval ppl -f "$evaltext" --kv-retention window --kv-budget-ratio 2
 # gale eval tasks: the shipped task file against itself (all exact), against int4 KV (diverges), bad files.
 tasks="$(dirname "$0")/../../eval/stories260K-tasks.jsonl"
 "$GALE" eval tasks -f "$tasks" -o json > "$tmp/same.json" 2>"$tmp/tasks.err"
