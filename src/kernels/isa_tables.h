@@ -10,6 +10,7 @@ const KernelTable& Avx512Table();
 // The scalar attention, for ISAs whose own kernel does not cover a head size.
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                          int head_dim, float* const* outs, float* const* scores);
+void SoftmaxReference(float* x, int64_t n);
 // Scalar conversions, for ISAs without their own.
 void ToF16Reference(const float* x, uint16_t* dst, int64_t n);
 void ToBf16Reference(const float* x, uint16_t* dst, int64_t n);

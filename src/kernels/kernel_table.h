@@ -110,6 +110,8 @@ struct KernelTable {
   // q_i . k_p / sqrt(head_dim) before the softmax (KV retention's attention tracking).
   void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                       int head_dim, float* const* outs, float* const* scores);
+  // x = softmax(x) in place, n >= 1 (KV retention's attention tracking; not batch-critical).
+  void (*softmax)(float* x, int64_t n);
 };
 
 }  // namespace gale::kernels

@@ -191,6 +191,8 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
 }
 
 void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, up, n); }
+void Softmax(float* x, int64_t n) { Active().softmax(x, n); }
+void Axpy(float a, const float* x, float* y, int64_t n) { Active().axpy(a, x, y, n); }
 
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin) {
   const float p = static_cast<float>(pos) * freq_scale;

@@ -52,6 +52,9 @@ void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* ou
 
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 void SiluMul(float* gate, const float* up, int64_t n);
+// x = softmax(x) in place (n >= 1); y += a * x.
+void Softmax(float* x, int64_t n);
+void Axpy(float a, const float* x, float* y, int64_t n);
 
 // Rotary embedding in llama's "normal" mode (adjacent pairs (2i, 2i+1) rotate together), applied
 // to the first rope_dims of each head of x ([num_heads, head_dim]) at position pos, in two steps

@@ -50,17 +50,7 @@ void AccumulateAttention(const ForwardBatch& batch, Workspace& ws, int64_t layer
       float* row = ws.score_rows[t];
       if (row == nullptr) continue;
       const int64_t len = ws.kv_slots[t] + 1;
-      for (int64_t h = 0; h < num_heads; ++h, row += len) {
-        float max = row[0];
-        for (int64_t p = 1; p < len; ++p) max = row[p] > max ? row[p] : max;
-        float sum = 0.0f;
-        for (int64_t p = 0; p < len; ++p) {
-          row[p] = std::exp(row[p] - max);
-          sum += row[p];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t p = 0; p < len; ++p) row[p] *= inv;
-      }
+      for (int64_t h = 0; h < num_heads; ++h, row += len) kernels::Softmax(row, len);
     }
   });
   // Work items: slot ranges of tracked sequences.
@@ -87,9 +77,9 @@ void AccumulateAttention(const ForwardBatch& batch, Workspace& ws, int64_t layer
         if (seq_of(t) != it.seq) continue;
         const int64_t len = ws.kv_slots[t] + 1;
         const int64_t stop = std::min(it.end, len);
+        if (stop <= it.begin) continue;
         for (int64_t h = 0; h < num_heads; ++h) {
-          const float* row = ws.score_rows[t] + h * len;
-          for (int64_t p = it.begin; p < stop; ++p) acc[p] += row[p];
+          kernels::Axpy(1.0f, ws.score_rows[t] + h * len + it.begin, acc + it.begin, stop - it.begin);
         }
       }
     }

@@ -493,6 +493,28 @@ TEST(KernelsTest, AttendManyReportsScores) {
   }
 }
 
+// Each ISA's in-place softmax against the scalar one, across tail lengths.
+TEST(KernelsTest, SoftmaxMatchesReference) {
+  const KernelTable* ref = GetKernelTable(Isa::kScalar);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = GetKernelTable(isa);
+    if (kt == nullptr) continue;
+    for (int64_t n : {1, 7, 16, 17, 100, 513}) {
+      auto x = test::RandomFloats(n, static_cast<uint64_t>(n));
+      for (float& v : x) v *= 8.0f;
+      auto want = x;
+      ref->softmax(want.data(), n);
+      kt->softmax(x.data(), n);
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(x[i], want[i], 2e-6f + 1e-5f * want[i]) << IsaName(isa) << " n " << n << " i " << i;
+        sum += x[i];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+}
+
 TEST(KernelsTest, ActivationQuantizationRoundsHalfToEvenAndPads) {
   std::vector<float> x(32, 0.0f);
   x[0] = 127.0f;  // scale 1

@@ -177,6 +177,18 @@ void AttendManyReference(const float* const* qs, const int64_t* lens, int num_qu
   for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i], scores ? scores[i] : nullptr);
 }
 
+void SoftmaxReference(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
 void ToF16Reference(const float* x, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = Fp32ToFp16(x[i]);
 }
@@ -230,6 +242,7 @@ const KernelTable& ScalarTable() {
       ToF16Reference,
       ToBf16Reference,
       AttendManyReference,
+      SoftmaxReference,
   };
   return table;
 }

@@ -304,6 +304,7 @@ const KernelTable& Avx2Table() {
       ToF16,
       ToBf16Reference,
       AttendManyReference,
+      SoftmaxReference,
   };
   return table;
 }

@@ -792,6 +792,29 @@ void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, co
   }
 }
 
+void Softmax(float* x, int64_t n) {
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+  mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, x + i));
+  const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 sv = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), max));
+    _mm512_storeu_ps(x + i, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  if (tail != 0) {
+    const __m512 e = _mm512_maskz_mov_ps(tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), max)));
+    _mm512_mask_storeu_ps(x + i, tail, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+  for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  if (tail != 0) _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+}
+
 void ToF16(const float* x, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -834,6 +857,7 @@ const KernelTable& Avx512Table() {
       ToF16,
       ToBf16,
       AttendMany,
+      Softmax,
   };
   return table;
 }
