@@ -314,6 +314,31 @@ TEST(RetentionTest, EvictionHeavyWorkloadsLeakNoBlock) {
   EXPECT_EQ(st.num_free_blocks.load(), e->num_blocks());
 }
 
+// A request with a small budget that shares a cached prefix with others evicts around it, never
+// in it: a later request with the same prefix, served from the cache, gives what the first gave.
+TEST(RetentionTest, SharedPrefixBlocksAreNeverModified) {
+  Stories m;
+  ThreadPool pool(2);
+  EngineConfig cfg;
+  cfg.block_size = 8;
+  cfg.kv_cache_memory_bytes = 8 << 20;
+  auto e = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
+  GenerationRequest base;
+  base.prompt.push_back(m.tok->bos_id());
+  for (int i = 0; i < 40; ++i) base.prompt.push_back(3 + (i * 53) % 500);
+  base.max_tokens = 60;
+  const std::vector<int32_t> first = Generate(*e, base);
+  GenerationRequest evicting = base;
+  evicting.max_tokens = 300;
+  evicting.retention = Policy(RetentionPolicy::kHeavyHitter, 48);  // the 40 cached prompt tokens are 32 pinned
+  int64_t evicted = 0;
+  Generate(*e, evicting, &evicted);
+  EXPECT_GT(evicted, 200);
+  EXPECT_EQ(Generate(*e, base), first);
+  EXPECT_GE(e->stats().prefix_cache_hit_tokens.load(), 2 * 32);
+  EXPECT_EQ(e->stats().num_free_blocks.load(), e->num_blocks());
+}
+
 // At a fixed KV memory, long sequences (prompt 32 + 400 generated) run at once in proportion to
 // how few blocks each holds: budget + one block.
 TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
