@@ -91,7 +91,8 @@ if (withSynth) {
   const text = path.join(tmp, 'long.txt');
   const sampled = fs.readFileSync(path.join(root, 'eval', 'stories260K-sampled.txt'), 'utf8');
   fs.writeFileSync(text, sampled + sampled);
-  results.push(evaluate('synthetic 4-layer random-weight model (ctx 4096)', model, text, 4096, null));
+  results.push(evaluate('synthetic 4-layer random-weight model (ctx 4096)', model, text, 4096,
+    path.join(root, 'eval', 'stories260K-tasks.jsonl')));
 }
 for (const res of results) process.stdout.write(table(res) + '\n```\n' + chart(res) + '```\n\n');
 fs.rmSync(tmp, { recursive: true, force: true });
