@@ -2,6 +2,7 @@
 // quantize_row_q8_0_ref / quantize_row_q4_0_ref exactly so our files match theirs byte for byte.
 #include "gguf/ggml_types.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -20,6 +21,12 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kQ5_K, "q5_K", kQK_K, sizeof(BlockQ5_K)},
     {GgmlType::kQ6_K, "q6_K", kQK_K, sizeof(BlockQ6_K)},
     {GgmlType::kBF16, "bf16", 1, 2},
+    {GgmlType::kW4A16G64, "w4a16_g64", 64, sizeof(BlockW4<64, false>)},
+    {GgmlType::kW4A16G128, "w4a16_g128", 128, sizeof(BlockW4<128, false>)},
+    {GgmlType::kW4A16ZG64, "w4a16z_g64", 64, sizeof(BlockW4<64, true>)},
+    {GgmlType::kW4A16ZG128, "w4a16z_g128", 128, sizeof(BlockW4<128, true>)},
+    {GgmlType::kW4A8G64, "w4a8_g64", 64, sizeof(BlockW4<64, false>)},
+    {GgmlType::kW4A8G128, "w4a8_g128", 128, sizeof(BlockW4<128, false>)},
 };
 
 // Names of all ggml type ids, for error messages about types gale does not support yet.
@@ -68,6 +75,68 @@ void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t n) {
       const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>(x0 + 8.5f)));
       const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>(x1 + 8.5f)));
       y[b].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+// Nibbles of one group in runs of 32 (Q4_0's order within each).
+template <int G, typename Q>
+void W4Pack(const float* xb, const Q& q, uint8_t* qs) {
+  for (int s = 0; s < G / 32; ++s) {
+    for (int j = 0; j < 16; ++j) qs[s * 16 + j] = static_cast<uint8_t>(q(xb[s * 32 + j]) | (q(xb[s * 32 + j + 16]) << 4));
+  }
+}
+
+template <int G, bool kZ>
+void QuantizeW4(const float* x, BlockW4<G, kZ>* y, int64_t n, float clip) {
+  for (int64_t b = 0; b < n / G; ++b) {
+    const float* xb = x + b * G;
+    if constexpr (kZ) {
+      float lo = xb[0], hi = xb[0];
+      for (int j = 1; j < G; ++j) {
+        lo = std::fmin(lo, xb[j]);
+        hi = std::fmax(hi, xb[j]);
+      }
+      lo *= clip;
+      hi *= clip;
+      const uint16_t d16 = Fp32ToFp16((hi - lo) / 15.0f), m16 = Fp32ToFp16(lo);
+      y[b].d = d16;
+      y[b].m = m16;
+      // Round against the stored (f16) scale and offset, so what is dequantized is what was meant.
+      const float d = Fp16ToFp32(d16), m = Fp16ToFp32(m16);
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      auto q = [&](float v) { return std::clamp(static_cast<int>(std::nearbyint((v - m) * id)), 0, 15); };
+      W4Pack<G>(xb, q, y[b].qs);
+    } else {
+      // As Q4_0: the value of largest magnitude maps to -8, so its sign gets the extra level.
+      float amax = 0.0f, max = 0.0f;
+      for (int j = 0; j < G; ++j) {
+        if (amax < std::fabs(xb[j])) {
+          amax = std::fabs(xb[j]);
+          max = xb[j];
+        }
+      }
+      const uint16_t d16 = Fp32ToFp16(max * clip / -8.0f);
+      y[b].d = d16;
+      const float d = Fp16ToFp32(d16);
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      auto q = [&](float v) { return std::clamp(static_cast<int>(std::nearbyint(v * id)) + 8, 0, 15); };
+      W4Pack<G>(xb, q, y[b].qs);
+    }
+  }
+}
+
+template <int G, bool kZ>
+void DequantizeW4(const BlockW4<G, kZ>* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n / G; ++i) {
+    const float d = Fp16ToFp32(b[i].d);
+    float m = -8.0f * d;
+    if constexpr (kZ) m = Fp16ToFp32(b[i].m);
+    for (int s = 0; s < G / 32; ++s) {
+      for (int j = 0; j < 16; ++j) {
+        y[i * G + s * 32 + j] = d * static_cast<float>(b[i].qs[s * 16 + j] & 0x0f) + m;
+        y[i * G + s * 32 + j + 16] = d * static_cast<float>(b[i].qs[s * 16 + j] >> 4) + m;
+      }
     }
   }
 }
@@ -134,10 +203,32 @@ void DequantizeQ6_K(const BlockQ6_K* b, float* y, int64_t n) {
 
 bool CanQuantize(GgmlType type) {
   return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
-         type == GgmlType::kQ4_0;
+         type == GgmlType::kQ4_0 || W4FormatOf(type).group > 0;
+}
+
+W4Format W4FormatOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kW4A16G64:
+    case GgmlType::kW4A8G64: return {64, false};
+    case GgmlType::kW4A16G128:
+    case GgmlType::kW4A8G128: return {128, false};
+    case GgmlType::kW4A16ZG64: return {64, true};
+    case GgmlType::kW4A16ZG128: return {128, true};
+    default: return {};
+  }
+}
+
+void QuantizeW4Row(GgmlType type, const float* src, void* dst, int64_t n, float clip) {
+  const W4Format f = W4FormatOf(type);
+  CHECK(f.group > 0 && n % f.group == 0 && clip > 0.0f && clip <= 1.0f);
+  if (f.group == 64 && !f.zero_point) return QuantizeW4(src, static_cast<BlockW4<64, false>*>(dst), n, clip);
+  if (f.group == 128 && !f.zero_point) return QuantizeW4(src, static_cast<BlockW4<128, false>*>(dst), n, clip);
+  if (f.group == 64) return QuantizeW4(src, static_cast<BlockW4<64, true>*>(dst), n, clip);
+  return QuantizeW4(src, static_cast<BlockW4<128, true>*>(dst), n, clip);
 }
 
 std::optional<GgmlBlockLayout> BlockLayout(uint32_t type_id) {
+  if (const auto t = GetTypeTraits(type_id)) return GgmlBlockLayout{t->block_size, t->block_bytes};
   if (type_id >= std::size(kLayouts) || kLayouts[type_id].block_size == 0) return std::nullopt;
   return kLayouts[type_id];
 }
@@ -159,6 +250,7 @@ const GgmlTypeTraits& TypeTraits(GgmlType type) {
 
 std::string_view TypeName(uint32_t type_id) {
   if (type_id < std::size(kAllNames)) return kAllNames[type_id];
+  if (const auto t = GetTypeTraits(type_id)) return t->name;
   return "?";
 }
 
@@ -201,6 +293,14 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
       break;
+    case GgmlType::kW4A16G64:
+    case GgmlType::kW4A16G128:
+    case GgmlType::kW4A16ZG64:
+    case GgmlType::kW4A16ZG128:
+    case GgmlType::kW4A8G64:
+    case GgmlType::kW4A8G128:
+      QuantizeW4Row(type, src, dst, n, 1.0f);
+      return;
   }
   CHECK(false && "QuantizeRowRef: unsupported type");
 }
@@ -247,6 +347,20 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
       return;
     case GgmlType::kQ6_K:
       DequantizeQ6_K(static_cast<const BlockQ6_K*>(src), dst, n);
+      return;
+    case GgmlType::kW4A16G64:
+    case GgmlType::kW4A8G64:
+      DequantizeW4(static_cast<const BlockW4<64, false>*>(src), dst, n);
+      return;
+    case GgmlType::kW4A16G128:
+    case GgmlType::kW4A8G128:
+      DequantizeW4(static_cast<const BlockW4<128, false>*>(src), dst, n);
+      return;
+    case GgmlType::kW4A16ZG64:
+      DequantizeW4(static_cast<const BlockW4<64, true>*>(src), dst, n);
+      return;
+    case GgmlType::kW4A16ZG128:
+      DequantizeW4(static_cast<const BlockW4<128, true>*>(src), dst, n);
       return;
   }
   CHECK(false && "DequantizeRowRef: unsupported type");

@@ -20,6 +20,16 @@ enum class GgmlType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kBF16 = 30,
+  // gale's own 4-bit weight types (ids far above ggml's, which other tools will not know): int4
+  // weights in groups of 64 or 128 with an f16 scale, symmetric (x = d * (q - 8)) or with an f16
+  // offset as zero point (Z: x = d * q + m, q in [0, 15]). W4A16 types multiply with f32
+  // activations (each row dequantized), W4A8 ones with int8 activations quantized per 32.
+  kW4A16G64 = 1024,
+  kW4A16G128 = 1025,
+  kW4A16ZG64 = 1026,
+  kW4A16ZG128 = 1027,
+  kW4A8G64 = 1028,
+  kW4A8G128 = 1029,
 };
 
 inline constexpr int kQK8_0 = 32;  // elements per Q8_0 block
@@ -39,6 +49,30 @@ struct BlockQ4_0 {
   uint8_t qs[kQK4_0 / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18);
+
+// A group of the W4 types: G/32 runs of 16 bytes, each holding 32 elements in Q4_0's order
+// (element j < 16 of run s is the low nibble of qs[16 s + j], element j + 16 its high nibble),
+// so int8-activation kernels read a run as they read a Q4_0 block.
+template <int G, bool kZeroPoint>
+struct BlockW4 {
+  uint16_t d;  // f16 scale
+  uint16_t m;  // f16 offset (zero-point types only; unused bytes otherwise are not stored)
+  uint8_t qs[G / 2];
+};
+template <int G>
+struct BlockW4<G, false> {
+  uint16_t d;
+  uint8_t qs[G / 2];
+};
+static_assert(sizeof(BlockW4<64, false>) == 34 && sizeof(BlockW4<128, false>) == 66);
+static_assert(sizeof(BlockW4<64, true>) == 36 && sizeof(BlockW4<128, true>) == 68);
+
+// Group size and zero point of a W4 type; group 0 for other types.
+struct W4Format {
+  int group = 0;
+  bool zero_point = false;
+};
+W4Format W4FormatOf(GgmlType type);
 
 // K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16).
 inline constexpr int kQK_K = 256;
@@ -127,5 +161,8 @@ int64_t RowBytes(GgmlType type, int64_t num_elements);
 bool CanQuantize(GgmlType type);
 void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n);
 void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n);
+// W4 types with clipping: each group's range is shrunk to clip (0, 1] of its extremes before
+// rounding (an AWQ-style search picks clip per group or per matrix). clip 1 is QuantizeRowRef.
+void QuantizeW4Row(GgmlType type, const float* src, void* dst, int64_t n, float clip);
 
 }  // namespace gale

@@ -11,6 +11,21 @@ const KernelTable& Avx512Table();
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                          int head_dim, float* const* outs, float* const* scores);
 void SoftmaxReference(float* x, int64_t n);
+// The scalar W4A8 products and the W4 dequantizers (row by row through DequantizeRowRef), for
+// ISAs without their own.
+void GemmQuantW4A8G64Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                               int64_t num_tokens, float* y, int64_t ldy);
+void GemmQuantW4A8G128Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                                int64_t num_tokens, float* y, int64_t ldy);
+void DequantW4A16G64Reference(const void* src, float* dst, int64_t n);
+void DequantW4A16G128Reference(const void* src, float* dst, int64_t n);
+void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n);
+void DequantW4A16ZG128Reference(const void* src, float* dst, int64_t n);
+// The W4 dequantizers of every ISA in slot order from kSlotW4A16G64 (W4A8 ones dequantize as the
+// W4A16 of their group: embeddings, tests).
+#define GALE_W4_DEQUANT_REFERENCE                                                                          \
+  DequantW4A16G64Reference, DequantW4A16G128Reference, DequantW4A16ZG64Reference, DequantW4A16ZG128Reference, \
+      DequantW4A16G64Reference, DequantW4A16G128Reference
 // Scalar conversions, for ISAs without their own.
 void ToF16Reference(const float* x, uint16_t* dst, int64_t n);
 void ToBf16Reference(const float* x, uint16_t* dst, int64_t n);

@@ -15,7 +15,11 @@ enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* IsaName(Isa isa);
 
 // Weight types with kernels, as a dense index into the table.
-enum TypeSlot { kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kSlotQ4_K, kSlotQ5_K, kSlotQ6_K, kNumTypeSlots };
+enum TypeSlot {
+  kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kSlotQ4_K, kSlotQ5_K, kSlotQ6_K,
+  kSlotW4A16G64, kSlotW4A16G128, kSlotW4A16ZG64, kSlotW4A16ZG128, kSlotW4A8G64, kSlotW4A8G128,
+  kNumTypeSlots
+};
 TypeSlot SlotOf(GgmlType type);
 
 using VecDotFn = float (*)(const void* w_row, const float* x, int64_t n);

@@ -43,6 +43,12 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kQ4_K: return kSlotQ4_K;
     case GgmlType::kQ5_K: return kSlotQ5_K;
     case GgmlType::kQ6_K: return kSlotQ6_K;
+    case GgmlType::kW4A16G64: return kSlotW4A16G64;
+    case GgmlType::kW4A16G128: return kSlotW4A16G128;
+    case GgmlType::kW4A16ZG64: return kSlotW4A16ZG64;
+    case GgmlType::kW4A16ZG128: return kSlotW4A16ZG128;
+    case GgmlType::kW4A8G64: return kSlotW4A8G64;
+    case GgmlType::kW4A8G128: return kSlotW4A8G128;
   }
   CHECK(false && "no kernels for this type");
   return kSlotF32;

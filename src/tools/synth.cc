@@ -91,6 +91,7 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
     case GgmlType::kQ4_0: ftype = 2; break;
     case GgmlType::kQ8_0: ftype = 7; break;
     case GgmlType::kBF16: ftype = 32; break;
+    default: ftype = 1024; break;  // llama.cpp's "guessed": no llama_ftype names gale's own types
   }
   w.SetU32("general.file_type", ftype);
   w.SetU32("llama.context_length", static_cast<uint32_t>(s.context_length));

@@ -26,6 +26,9 @@ const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, Ggml
 
 const GgmlType kKTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
+const GgmlType kW4Types[] = {GgmlType::kW4A16G64, GgmlType::kW4A16G128, GgmlType::kW4A16ZG64,
+                             GgmlType::kW4A16ZG128, GgmlType::kW4A8G64, GgmlType::kW4A8G128};
+
 // Random K-quant super-blocks: random bits everywhere, with small finite f16 super-scales.
 std::vector<uint8_t> RandomKBlocks(GgmlType t, int64_t n, uint64_t seed) {
   Rng rng(seed);
@@ -95,6 +98,7 @@ TEST(KernelsTest, VecDotMatchesScalar) {
 TEST(KernelsTest, DequantizeRowIsBitExact) {
   std::vector<GgmlType> all(std::begin(kTypes), std::end(kTypes));
   all.insert(all.end(), std::begin(kKTypes), std::end(kKTypes));
+  all.insert(all.end(), std::begin(kW4Types), std::end(kW4Types));
   for (Isa isa : SimdIsas()) {
     const KernelTable& simd = *GetKernelTable(isa);
     for (GgmlType t : all) {
@@ -208,7 +212,7 @@ TEST(KernelsTest, GemmMatchesScalarOnEdgeShapes) {
 // weights and the unquantized activations, within the activation quantization error.
 TEST(KernelsTest, QuantGemmApproximatesTheExactProduct) {
   const int64_t k = 256, rows = 6, tokens = 3;
-  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kW4A8G64, GgmlType::kW4A8G128}) {
     const auto wf = test::RandomFloats(k * rows, 1);
     std::vector<uint8_t> w(RowBytes(t, k) * rows);
     for (int64_t r = 0; r < rows; ++r) QuantizeRowRef(t, wf.data() + r * k, w.data() + r * RowBytes(t, k), k);
@@ -248,6 +252,116 @@ TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8
   v.data = storage->data();
   v.num_bytes = storage->size();
   return v;
+}
+
+// W4 round trip: every element within half a quantization step of its group (zero point), or a
+// whole step for the symmetric types, whose extreme maps to -8 and whose other sign reaches only
+// +7 steps (as Q4_0); a clip below 1 saturates the extremes instead.
+TEST(KernelsTest, W4QuantizeRoundTrips) {
+  for (GgmlType t : kW4Types) {
+    const W4Format f = W4FormatOf(t);
+    const int64_t n = f.group * 5;
+    auto x = test::RandomFloats(n, 21);
+    x[3] = 0.0f;
+    for (int64_t i = f.group; i < 2 * f.group; ++i) x[i] = 0.25f;  // a constant group
+    const auto q = Quantized(t, x);
+    std::vector<float> y(n);
+    DequantizeRowRef(t, q.data(), y.data(), n);
+    for (int64_t g = 0; g < n / f.group; ++g) {
+      float lo = x[g * f.group], hi = lo;
+      for (int64_t i = g * f.group; i < (g + 1) * f.group; ++i) {
+        lo = std::min(lo, x[i]);
+        hi = std::max(hi, x[i]);
+      }
+      const float step = f.zero_point ? (hi - lo) / 15.0f : std::max(std::fabs(lo), std::fabs(hi)) / 8.0f;
+      for (int64_t i = g * f.group; i < (g + 1) * f.group; ++i) {
+        ASSERT_NEAR(y[i], x[i], step * (f.zero_point ? 0.5f : 1.0f) + 2e-3f * std::fabs(x[i]) + 1e-6f)
+            << TypeTraits(t).name << " " << i;
+      }
+    }
+    // Clipping shrinks the range: the largest element saturates at clip * its value (about).
+    std::vector<uint8_t> c(RowBytes(t, n));
+    QuantizeW4Row(t, x.data(), c.data(), n, 0.8f);
+    DequantizeRowRef(t, c.data(), y.data(), n);
+    float xmax = 0.0f, ymax = 0.0f;
+    for (int64_t i = 0; i < f.group; ++i) {
+      xmax = std::max(xmax, std::fabs(x[i]));
+      ymax = std::max(ymax, std::fabs(y[i]));
+    }
+    EXPECT_LT(ymax, 0.85f * xmax) << TypeTraits(t).name;
+  }
+}
+
+// W4A8 products on every ISA against the scalar one (the packed layout bitwise), W4A16 ones
+// against the dequantized f32 product, and both batch invariant.
+TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  for (GgmlType t : kW4Types) {
+    const TypeSlot slot = SlotOf(t);
+    const bool a8 = ref.gemm_quant[slot] != nullptr;
+    EXPECT_EQ(a8, t == GgmlType::kW4A8G64 || t == GgmlType::kW4A8G128);
+    for (int64_t k : {128, 384}) {
+      for (int64_t rows : {1, 5, 16, 33}) {
+        for (int64_t tokens : {1, 4, 9}) {
+          std::vector<uint8_t> w;
+          const TensorView v = MakeWeights(t, k, rows, &w, static_cast<uint64_t>(k + rows));
+          const auto x = test::RandomFloats(k * tokens, static_cast<uint64_t>(k * tokens));
+          const int64_t rb = RowBytes(t, k);
+          std::vector<float> want(rows * tokens);
+          if (a8) {
+            const int64_t ks = (k + kActPad - 1) / kActPad * kActPad;
+            std::vector<int8_t> qs(ks * tokens);
+            std::vector<float> d(ks / 32 * tokens);
+            std::vector<int32_t> qsum(ks / 32 * tokens);
+            for (int64_t i = 0; i < tokens; ++i) {
+              QuantizeActivations(x.data() + i * k, k, ks, qs.data() + i * ks, d.data() + i * ks / 32, qsum.data() + i * ks / 32);
+            }
+            const QuantizedActs qa{qs.data(), d.data(), qsum.data(), k, ks};
+            ref.gemm_quant[slot](w.data(), rb, rows, qa, tokens, want.data(), rows);
+            for (Isa isa : SimdIsas()) {
+              const KernelTable& simd = *GetKernelTable(isa);
+              std::vector<float> got(rows * tokens);
+              simd.gemm_quant[slot](w.data(), rb, rows, qa, tokens, got.data(), rows);
+              for (int64_t i = 0; i < rows * tokens; ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * k) << IsaName(isa);
+              if (simd.pack[slot] == nullptr) continue;
+              const int64_t gb = simd.packed_group_bytes[slot](k);
+              std::vector<uint8_t> packed(gb * ((rows + kPackedRowGroup - 1) / kPackedRowGroup));
+              simd.pack[slot](w.data(), rb, rows, k, packed.data());
+              simd.gemm_packed[slot](packed.data(), gb, rows, qa, tokens, got.data(), rows);
+              for (int64_t i = 0; i < rows * tokens; ++i) {
+                ASSERT_EQ(F32Bits(got[i]), F32Bits(want[i])) << "packed " << IsaName(isa) << " " << TypeTraits(t).name;
+              }
+            }
+          } else {
+            for (int64_t tok = 0; tok < tokens; ++tok) {
+              for (int64_t r = 0; r < rows; ++r) {
+                std::vector<float> deq(k);
+                DequantizeRowRef(t, w.data() + r * rb, deq.data(), k);
+                double sum = 0.0;
+                for (int64_t i = 0; i < k; ++i) sum += static_cast<double>(deq[i]) * x[tok * k + i];
+                want[tok * rows + r] = static_cast<float>(sum);
+              }
+            }
+          }
+          for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+            if (GetKernelTable(isa) == nullptr) continue;
+            SetActiveIsa(isa);
+            ThreadPool two(2), one(1);
+            std::vector<float> got(rows * tokens), single(rows);
+            MatMul(v, x.data(), tokens, got.data(), two);
+            for (int64_t i = 0; i < rows * tokens; ++i) {
+              ASSERT_NEAR(got[i], want[i], (a8 ? 1e-4 : 1e-5) * k) << IsaName(isa) << " " << TypeTraits(t).name;
+            }
+            MatMul(v, x.data() + (tokens - 1) * k, 1, single.data(), one);
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(F32Bits(single[r]), F32Bits(got[(tokens - 1) * rows + r])) << IsaName(isa) << " batch invariance";
+            }
+          }
+          SetActiveIsa(BestIsa());
+        }
+      }
+    }
+  }
 }
 
 // Each output row of MatMul is bitwise the same for any batch size and thread count.

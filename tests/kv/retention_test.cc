@@ -300,7 +300,9 @@ TEST(RetentionTest, EvictionHeavyWorkloadsLeakNoBlock) {
       if (!u.finished) continue;
       EXPECT_TRUE(u.finish_reason == FinishReason::kLength || u.finish_reason == FinishReason::kCancelled)
           << u.status.ToString();
-      if (u.finish_reason == FinishReason::kLength) EXPECT_EQ(n, reqs[i].max_tokens);
+      if (u.finish_reason == FinishReason::kLength) {
+        EXPECT_EQ(n, reqs[i].max_tokens);
+      }
       evicted += u.num_evicted_tokens;
     }
   }

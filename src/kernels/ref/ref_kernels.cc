@@ -75,7 +75,17 @@ void GemmFloatRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const f
 // Signed int8 weights of block b of a row, for either quantized type, plus the block scale.
 template <GgmlType kType>
 float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
-  if constexpr (kType == GgmlType::kQ8_0) {
+  if constexpr (kType == GgmlType::kW4A8G64 || kType == GgmlType::kW4A8G128) {
+    // Run b % (G / 32) of group b / (G / 32): a Q4_0 block's nibbles with the group's scale.
+    constexpr int G = kType == GgmlType::kW4A8G64 ? 64 : 128;
+    const BlockW4<G, false>* blk = reinterpret_cast<const BlockW4<G, false>*>(row) + b / (G / 32);
+    const uint8_t* qs = blk->qs + (b % (G / 32)) * 16;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = static_cast<int8_t>((qs[j] & 0x0f) - 8);
+      out[j + 16] = static_cast<int8_t>((qs[j] >> 4) - 8);
+    }
+    return Fp16ToFp32(blk->d);
+  } else if constexpr (kType == GgmlType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
     for (int j = 0; j < kQK8_0; ++j) out[j] = blk->qs[j];
     return Fp16ToFp32(blk->d);
@@ -110,6 +120,23 @@ void GemmQuantRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Q
     }
   }
 }
+
+}  // namespace
+
+void GemmQuantW4A8G64Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                               int64_t num_tokens, float* y, int64_t ldy) {
+  GemmQuantRef<GgmlType::kW4A8G64>(w, row_bytes, num_rows, x, num_tokens, y, ldy);
+}
+void GemmQuantW4A8G128Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                                int64_t num_tokens, float* y, int64_t ldy) {
+  GemmQuantRef<GgmlType::kW4A8G128>(w, row_bytes, num_rows, x, num_tokens, y, ldy);
+}
+void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
+void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
+void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }
+void DequantW4A16ZG128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG128, src, dst, n); }
+
+namespace {
 
 void RmsNormRef(const float* x, const float* w, int64_t n, float eps, float* out) {
   float ss = 0.0f;
@@ -232,9 +259,10 @@ const KernelTable& ScalarTable() {
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {Dequantize<GgmlType::kF32>, Dequantize<GgmlType::kF16>, Dequantize<GgmlType::kBF16>,
        Dequantize<GgmlType::kQ8_0>, Dequantize<GgmlType::kQ4_0>, Dequantize<GgmlType::kQ4_K>,
-       Dequantize<GgmlType::kQ5_K>, Dequantize<GgmlType::kQ6_K>},
+       Dequantize<GgmlType::kQ5_K>, Dequantize<GgmlType::kQ6_K>, GALE_W4_DEQUANT_REFERENCE},
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
-      {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>},
+      {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference},
       {}, {}, {},
       RmsNormRef,
       SiluMulRef,

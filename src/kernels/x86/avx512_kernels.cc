@@ -331,6 +331,19 @@ inline __m512i Correction(const int32_t* qsum, bool two, int32_t offset) {
 template <GgmlType kType>
 constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
 
+// W4A8 types: 32-element run b of a row is run b % (G / 32) of group b / (G / 32), laid out as a
+// Q4_0 block's nibbles under the group's f16 scale.
+template <GgmlType kType>
+constexpr int kW4Group = kType == GgmlType::kW4A8G64 ? 64 : kType == GgmlType::kW4A8G128 ? 128 : 0;
+template <GgmlType kType>
+inline const uint8_t* W4Group(const uint8_t* row, int64_t b) {
+  return row + (b / (kW4Group<kType> / 32)) * (2 + kW4Group<kType> / 2);
+}
+template <GgmlType kType>
+inline const uint8_t* W4Run(const uint8_t* row, int64_t b) {
+  return W4Group<kType>(row, b) + 2 + (b % (kW4Group<kType> / 32)) * 16;
+}
+
 // Unsigned weights of blocks b and b+1 (b+1 only when two) and their scales.
 template <GgmlType kType>
 inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m512* dw) {
@@ -340,6 +353,18 @@ inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m5
     const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)) : _mm256_setzero_si256();
     *u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(static_cast<char>(0x80)));
     *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ8_0), two);
+  } else if constexpr (kW4Group<kType> > 0) {
+    // Runs b and b + 1 share a group (b is even, groups hold 2 or 4 runs): one scale for both.
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    auto nibbles = [&](const uint8_t* qs) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+      return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                     _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+    };
+    const __m256i lo = nibbles(W4Run<kType>(row, b));
+    const __m256i hi = two ? nibbles(W4Run<kType>(row, b + 1)) : _mm256_setzero_si256();
+    *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    *dw = LoadPairF16(W4Group<kType>(row, b), 0, two);
   } else {
     const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
     const __m128i mask = _mm_set1_epi8(0x0f);
@@ -442,6 +467,13 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
           const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(rp)[b];
           for (int e = 0; e < 32; ++e) codes[r][e] = static_cast<uint8_t>(blk.qs[e]) ^ 0x80;
           scales[r] = blk.d;
+        } else if constexpr (kW4Group<kType> > 0) {
+          const uint8_t* qs = W4Run<kType>(rp, b);
+          for (int e = 0; e < 16; ++e) {
+            codes[r][e] = qs[e] & 0x0f;
+            codes[r][e + 16] = qs[e] >> 4;
+          }
+          std::memcpy(&scales[r], W4Group<kType>(rp, b), 2);
         } else {
           const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(rp)[b];
           for (int e = 0; e < 16; ++e) {
@@ -845,12 +877,20 @@ const KernelTable& Avx512Table() {
   static const KernelTable table = {
       Isa::kAvx512,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
-      {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K},
+      {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K,
+       GALE_W4_DEQUANT_REFERENCE},
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
-      {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>},
-      {nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ8_0>, PackedGroupBytes<GgmlType::kQ4_0>},
-      {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>},
-      {nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ8_0>, GemmPacked<GgmlType::kQ4_0>},
+      {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},
+      // W4A8 matrices pack into Q4_0's packed layout (each run with its group's scale) and run
+      // through its kernel.
+      {nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ8_0>, PackedGroupBytes<GgmlType::kQ4_0>, nullptr,
+       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ4_0>,
+       PackedGroupBytes<GgmlType::kQ4_0>},
+      {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>, nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>},
+      {nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ8_0>, GemmPacked<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ4_0>, GemmPacked<GgmlType::kQ4_0>},
       RmsNorm,
       SiluMul,
       Axpy,
