@@ -110,6 +110,30 @@ inline void StoreKGroup(float* y, __m256i lo, __m256i hi, const KGroupScales& sc
   _mm512_storeu_ps(y + 48, _mm512_sub_ps(_mm512_mul_ps(d2, U8x16ToF32(_mm256_extracti128_si256(hi, 1))), m2));
 }
 
+// W4 groups: per 16-byte run, low nibbles are elements 0-15, high nibbles 16-31; x = d * q + m
+// (symmetric types: m = -8 d). The same two roundings as the scalar d * q + m (fmadd rounds
+// once, so use mul then add).
+template <int G, bool kZ>
+void DequantW4(const void* src, float* dst, int64_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  constexpr int64_t kBytes = sizeof(BlockW4<G, kZ>);
+  for (int64_t g = 0; g < n / G; ++g, p += kBytes) {
+    const auto* blk = reinterpret_cast<const BlockW4<G, kZ>*>(p);
+    const float d = Fp16ToFp32(blk->d);
+    float m = -8.0f * d;
+    if constexpr (kZ) m = Fp16ToFp32(blk->m);
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+    for (int s = 0; s < G / 32; ++s) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs + 16 * s));
+      const __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f));
+      float* out = dst + g * G + 32 * s;
+      _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo))), mv));
+      _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi))), mv));
+    }
+  }
+}
+
 void DequantQ4_K(const void* src, float* dst, int64_t n) {
   const BlockQ4_K* b = static_cast<const BlockQ4_K*>(src);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
@@ -246,6 +270,14 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 
 // ---- GEMM, float weights: 4 rows x 4 tokens per tile, 16 elements per step --------------------
 
+// W4A16 types in the float GEMM: 16 elements (i a multiple of 16, rows a multiple of the group,
+// so never masked) are the low or high nibbles of a 16-byte run, as d * q + m.
+template <GgmlType kType>
+constexpr int kW4A16Group = kType == GgmlType::kW4A16G64 || kType == GgmlType::kW4A16ZG64 ? 64
+                            : kType == GgmlType::kW4A16G128 || kType == GgmlType::kW4A16ZG128 ? 128 : 0;
+template <GgmlType kType>
+constexpr bool kW4A16Zero = kType == GgmlType::kW4A16ZG64 || kType == GgmlType::kW4A16ZG128;
+
 template <GgmlType kType, bool kMasked>
 inline __m512 LoadW16(const uint8_t* row, int64_t i, __mmask16 m) {
   if constexpr (kType == GgmlType::kF32) {
@@ -287,6 +319,63 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
 }
 
 using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+
+// W4A16: per group, each row's scale and offset once; per 32-element run, one 16-byte load gives
+// both halves as w = q * d + m (one fmadd), each multiplied into every token's accumulators.
+template <GgmlType kType, int R, int T>
+void TileW4(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+            int64_t ldy) {
+  constexpr int G = kW4A16Group<kType>;
+  constexpr bool kZ = kW4A16Zero<kType>;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint8_t* rows = w + r0 * row_bytes;
+  const float* xs = x + t0 * k;
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  for (int64_t g = 0; g < k / G; ++g) {
+    const BlockW4<G, kZ>* blk[R];
+    __m512 dv[R], mv[R];
+    for (int r = 0; r < R; ++r) {
+      blk[r] = reinterpret_cast<const BlockW4<G, kZ>*>(rows + r * row_bytes) + g;
+      uint32_t dm = blk[r]->d;
+      if constexpr (kZ) dm |= static_cast<uint32_t>(blk[r]->m) << 16;
+      const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+      dv[r] = _mm512_broadcastss_ps(f);
+      mv[r] = kZ ? _mm512_broadcastss_ps(_mm_movehdup_ps(f)) : _mm512_mul_ps(dv[r], _mm512_set1_ps(-8.0f));
+    }
+    for (int s = 0; s < G / 32; ++s) {
+      __m512 lo[R], hi[R];
+      for (int r = 0; r < R; ++r) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r]->qs + 16 * s));
+        lo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask))), dv[r], mv[r]);
+        hi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask))),
+                                dv[r], mv[r]);
+      }
+      const int64_t i = g * G + 32 * s;
+      for (int t = 0; t < T; ++t) {
+        const __m512 x0 = _mm512_loadu_ps(xs + t * k + i), x1 = _mm512_loadu_ps(xs + t * k + i + 16);
+        for (int r = 0; r < R; ++r) {
+          acc[r][t] = _mm512_fmadd_ps(lo[r], x0, acc[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(hi[r], x1, acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <GgmlType kType>
+void GemmW4A16(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
+               float* y, int64_t ldy) {
+  static constexpr TileFloatFn kTiles[4][4] = {
+      {TileW4<kType, 1, 1>, TileW4<kType, 1, 2>, TileW4<kType, 1, 3>, TileW4<kType, 1, 4>},
+      {TileW4<kType, 2, 1>, TileW4<kType, 2, 2>, TileW4<kType, 2, 3>, TileW4<kType, 2, 4>},
+      {TileW4<kType, 3, 1>, TileW4<kType, 3, 2>, TileW4<kType, 3, 3>, TileW4<kType, 3, 4>},
+      {TileW4<kType, 4, 1>, TileW4<kType, 4, 2>, TileW4<kType, 4, 3>, TileW4<kType, 4, 4>}};
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+}
 
 template <GgmlType kType>
 void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
@@ -878,8 +967,11 @@ const KernelTable& Avx512Table() {
       Isa::kAvx512,
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K,
-       GALE_W4_DEQUANT_REFERENCE},
-      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
+       DequantW4<64, false>, DequantW4<128, false>, DequantW4<64, true>, DequantW4<128, true>, DequantW4<64, false>,
+       DequantW4<128, false>},
+      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr, nullptr,
+       nullptr, nullptr, GemmW4A16<GgmlType::kW4A16G64>, GemmW4A16<GgmlType::kW4A16G128>,
+       GemmW4A16<GgmlType::kW4A16ZG64>, GemmW4A16<GgmlType::kW4A16ZG128>},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},
       // W4A8 matrices pack into Q4_0's packed layout (each run with its group's scale) and run
