@@ -278,6 +278,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
         }
       }, /*min_items_per_thread=*/8);
     }
+    if (batch.observer) batch.observer->Observe(l, LinearInput::kAttnIn, ws.xb.data(), n, dim);
     {
       ProfileSpan span("matmul_qkv", "op", n, bytes(w.wq) + bytes(w.wk) + bytes(w.wv), l);
       MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
@@ -306,6 +307,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
       span.Next("attention_track", n, 0, l);
       AccumulateAttention(batch, ws, l, num_heads, pool);
     }
+    if (batch.observer) batch.observer->Observe(l, LinearInput::kAttnOut, ws.xb.data(), n, dim);
     span.Next("matmul_o", n, bytes(w.wo), l);
     MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
@@ -317,6 +319,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
         kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
       }
     }, /*min_items_per_thread=*/8);
+    if (batch.observer) batch.observer->Observe(l, LinearInput::kFfnIn, ws.xb.data(), n, dim);
     span.Next("matmul_gate_up", n, bytes(w.w_gate) + bytes(w.w_up), l);
     MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
     MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
@@ -325,6 +328,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
       kernels::SiluMul(ws.hb.data() + begin * ffn, ws.hb2.data() + begin * ffn, (end - begin) * ffn);
     });
+    if (batch.observer) batch.observer->Observe(l, LinearInput::kFfnMid, ws.hb.data(), n, ffn);
     span.Next("matmul_down", n, bytes(w.w_down), l);
     MatMul(w.w_down, ws.hb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];

@@ -39,7 +39,20 @@ struct ForwardBatch {
     int64_t stride = 0;
   };
   std::vector<AttentionAccumulator> attn_acc;
+  // Calibration (gale quantize): when set, sees the input of every linear layer, [num_tokens, dim].
+  class ActivationObserver* observer = nullptr;
   int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
+};
+
+// The inputs of a layer's linear maps, for calibration: what wq/wk/wv read (the attention norm's
+// output), what wo reads (attention's output), what w_gate/w_up read (the FFN norm's output),
+// what w_down reads (silu(gate) * up).
+enum class LinearInput { kAttnIn = 0, kAttnOut = 1, kFfnIn = 2, kFfnMid = 3 };
+inline constexpr int kNumLinearInputs = 4;
+class ActivationObserver {
+ public:
+  virtual ~ActivationObserver() = default;
+  virtual void Observe(int64_t layer, LinearInput which, const float* x, int64_t num_tokens, int64_t dim) = 0;
 };
 
 // A KV cache for a fixed set of sequences (`gale run`, `gale bench`, tests): num_seqs sequences of

@@ -1,7 +1,10 @@
-// `gale quantize`: an F32/F16/BF16 GGUF to Q8_0 or Q4_0 (see tools/quantize.h).
+// `gale quantize`: an F32/F16/BF16 GGUF to Q8_0, Q4_0, W8A8, W4A16 or W4A8 (see tools/quantize.h),
+// calibrated on real samples with --calib.
 #include <cstdio>
 #include <memory>
 
+#include "tools/calibration.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/quantize.h"
 
@@ -9,42 +12,100 @@ namespace gale {
 
 CommandFn RegisterQuantize(CLI::App& app) {
   struct Opts {
-    std::string in, out, type = "q8_0";
+    std::string in, out, type = "q8_0", calib;
     std::vector<std::string> keep;
-    bool embeddings = false, output = false;
+    bool embeddings = false, output = false, zero_point = false;
+    int group_size = 128;
+    double smooth_alpha = 0.5;
+    int64_t calib_samples = 512, calib_seq_len = 512, calib_rows = 256;
+    int threads = ThreadPool::DefaultNumThreads();
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-i,--input", o->in, "F32/F16/BF16 GGUF")->required();
   app.add_option("-o,--output", o->out, "output GGUF")->required();
-  app.add_option("--type", o->type, "q8_0 | q4_0")->capture_default_str();
+  app.add_option("--type", o->type, "q8_0 | q4_0 | w8a8 | w4a16 | w4a8")->capture_default_str();
+  app.add_option("--group-size", o->group_size, "w4a16 / w4a8: weights per scale, 64 or 128")->capture_default_str();
+  app.add_flag("--zero-point", o->zero_point, "w4a16: an f16 offset per group (asymmetric)");
+  app.add_option("--calib", o->calib,
+                 "calibration samples: text, or JSONL with a \"prompt\" or \"text\" per line (SmoothQuant for w8a8, "
+                 "AWQ-style scale and clip search for w4a16 / w4a8)");
+  app.add_option("--calib-samples", o->calib_samples, "most calibration samples")->capture_default_str();
+  app.add_option("--calib-seq-len", o->calib_seq_len, "most tokens per sample (capped at the model's context)")
+      ->capture_default_str();
+  app.add_option("--calib-rows", o->calib_rows, "token rows per layer input the AWQ search measures errors on")
+      ->capture_default_str();
+  app.add_option("--smooth-alpha", o->smooth_alpha, "w8a8: SmoothQuant migration strength in [0, 1]")
+      ->capture_default_str();
   app.add_option("--keep", o->keep, "keep tensors whose name matches this regex unquantized (repeatable), e.g. 'blk\\.0\\.'");
   app.add_flag("--quantize-embeddings", o->embeddings, "quantize token_embd.weight too");
   app.add_flag("--quantize-output", o->output, "quantize output.weight too");
+  app.add_option("-t,--threads", o->threads, "threads (calibration)")->capture_default_str();
   return [o]() {
     auto fail = [](const Status& s) {
       std::fprintf(stderr, "gale quantize: %s\n", s.ToString().c_str());
       return 1;
     };
-    const auto type = ParseTypeName(o->type);
-    if (!type || (*type != GgmlType::kQ8_0 && *type != GgmlType::kQ4_0)) {
-      return fail(InvalidArgument("--type '{}' is not one of q8_0, q4_0", o->type));
-    }
-    if (o->in == o->out) return fail(InvalidArgument("the output would overwrite the input"));
-    auto in = GgufFile::Open(o->in);
-    if (!in.ok()) return fail(in.status());
+    auto scheme = ParseQuantScheme(o->type);
+    if (!scheme.ok()) return fail(scheme.status());
     QuantizeOptions opt;
-    opt.type = *type;
+    opt.scheme = *scheme;
+    opt.group_size = o->group_size;
+    opt.zero_point = o->zero_point;
+    opt.smooth_alpha = o->smooth_alpha;
     opt.keep = o->keep;
     opt.quantize_embeddings = o->embeddings;
     opt.quantize_output = o->output;
+    if (auto t = SchemeType(opt); !t.ok()) return fail(t.status());
+    if (o->in == o->out) return fail(InvalidArgument("the output would overwrite the input"));
+    if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+    if (o->calib_rows < 1) return fail(InvalidArgument("--calib-rows must be >= 1"));
+    auto in = GgufFile::Open(o->in);
+    if (!in.ok()) return fail(in.status());
+    ThreadPool pool(o->threads);
+    opt.pool = &pool;
+    ActivationStats stats;
+    std::unique_ptr<LoadedModel> model;
+    if (!o->calib.empty()) {
+      auto m = LoadModel(o->in, LoadOptions{});
+      if (!m.ok()) return fail(m.status());
+      model = std::make_unique<LoadedModel>(std::move(*m));
+      CalibrationOptions co;
+      co.samples = o->calib_samples;
+      co.seq_len = o->calib_seq_len;
+      const int64_t ctx = model->model->hparams().context_length;
+      if (ctx > 0 && co.seq_len > ctx) co.seq_len = ctx;
+      auto samples = LoadCalibration(o->calib, *model->tok, co);
+      if (!samples.ok()) return fail(samples.status().WithContext("--calib"));
+      const bool tty = isatty(STDERR_FILENO);
+      auto st = CollectActivationStats(*model->model, *samples, o->calib_rows, pool, [&](int64_t done, int64_t total) {
+        if (tty || done == total) {
+          const int width = 30, filled = static_cast<int>(width * done / total);
+          std::fprintf(stderr, "\rcalibration [%s%s] %lld/%lld samples", std::string(filled, '#').c_str(),
+                       std::string(width - filled, '.').c_str(), static_cast<long long>(done),
+                       static_cast<long long>(total));
+          if (done == total) std::fputc('\n', stderr);
+        }
+      });
+      if (!st.ok()) return fail(st.status());
+      stats = std::move(*st);
+      std::fprintf(stderr, "calibration: %lld samples, %lld tokens\n", static_cast<long long>(samples->size()),
+                   static_cast<long long>(stats.num_tokens));
+      opt.calibration = &stats;
+      opt.progress = [tty](const std::string& line) {
+        std::fprintf(stderr, tty ? "\r%s" : "%s\n", line.c_str());
+      };
+    }
     GgufWriter w;
     auto report = QuantizeModel(**in, opt, &w);
     if (!report.ok()) return fail(report.status().WithContext(o->in));
+    if (opt.calibration != nullptr && isatty(STDERR_FILENO)) std::fputc('\n', stderr);
     if (Status s = w.WriteFile(o->out); !s.ok()) return fail(s);
     for (const auto& k : report->kept) std::fprintf(stderr, "kept: %s\n", k.c_str());
-    for (const auto& f : report->to_f16) std::fprintf(stderr, "f16 (does not fit blocks of 32): %s\n", f.c_str());
-    std::fprintf(stderr, "wrote %s: %lld tensors %s, %.2f MiB -> %.2f MiB\n", o->out.c_str(),
-                 static_cast<long long>(report->quantized), o->type.c_str(), report->bytes_in / 1048576.0,
+    for (const auto& f : report->to_f16) std::fprintf(stderr, "f16 (does not fit the block or group): %s\n", f.c_str());
+    for (const auto& t : report->transforms) std::fprintf(stderr, "%s\n", t.c_str());
+    std::fprintf(stderr, "wrote %s: %lld tensors %s (%s), %.2f MiB -> %.2f MiB\n", o->out.c_str(),
+                 static_cast<long long>(report->quantized), o->type.c_str(),
+                 std::string(TypeTraits(*SchemeType(opt)).name).c_str(), report->bytes_in / 1048576.0,
                  report->bytes_out / 1048576.0);
     return 0;
   };

@@ -1,16 +1,310 @@
-// Weight quantization to Q8_0 / Q4_0 through the bit-exact reference quantizers.
+// Weight quantization: llama.cpp's Q8_0 / Q4_0 through the bit-exact reference quantizers, and
+// gale's W8A8 / W4A16 / W4A8 with calibrated per-channel scales (SmoothQuant, AWQ-style search).
 #include "tools/quantize.h"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <regex>
 
 #include <fmt/format.h>
 
+#include "kernels/kernels.h"
+#include "model/hparams.h"
+
 namespace gale {
 
-StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions& options, GgufWriter* out) {
-  if (options.type != GgmlType::kQ8_0 && options.type != GgmlType::kQ4_0) {
-    return InvalidArgument("quantize supports q8_0 and q4_0, not {}", TypeTraits(options.type).name);
+StatusOr<QuantScheme> ParseQuantScheme(const std::string& name) {
+  if (name == "q8_0") return QuantScheme::kQ8_0;
+  if (name == "q4_0") return QuantScheme::kQ4_0;
+  if (name == "w8a8") return QuantScheme::kW8A8;
+  if (name == "w4a16") return QuantScheme::kW4A16;
+  if (name == "w4a8") return QuantScheme::kW4A8;
+  return InvalidArgument("--type '{}' is not one of q8_0, q4_0, w8a8, w4a16, w4a8", name);
+}
+
+StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
+  const bool w4 = o.scheme == QuantScheme::kW4A16 || o.scheme == QuantScheme::kW4A8;
+  if (w4 && o.group_size != 64 && o.group_size != 128) {
+    return InvalidArgument("--group-size must be 64 or 128, got {}", o.group_size);
   }
+  if (o.zero_point && o.scheme != QuantScheme::kW4A16) return InvalidArgument("--zero-point is for w4a16 only");
+  if (!(o.smooth_alpha >= 0.0 && o.smooth_alpha <= 1.0)) {
+    return InvalidArgument("--smooth-alpha must be in [0, 1], got {}", o.smooth_alpha);
+  }
+  switch (o.scheme) {
+    case QuantScheme::kQ8_0:
+    case QuantScheme::kW8A8: return GgmlType::kQ8_0;
+    case QuantScheme::kQ4_0: return GgmlType::kQ4_0;
+    case QuantScheme::kW4A16:
+      if (o.group_size == 64) return o.zero_point ? GgmlType::kW4A16ZG64 : GgmlType::kW4A16G64;
+      return o.zero_point ? GgmlType::kW4A16ZG128 : GgmlType::kW4A16G128;
+    case QuantScheme::kW4A8: return o.group_size == 64 ? GgmlType::kW4A8G64 : GgmlType::kW4A8G128;
+  }
+  return InvalidArgument("unknown scheme");
+}
+
+namespace {
+
+// Per-channel scales applied to one tensor before it is quantized: columns multiplied by
+// col_scale (the consumer side), rows divided by row_div (a producer before wo or w_down), and
+// for 1-D norm weights, elements divided by row_div. clip: W4 clipping ratio.
+struct Edit {
+  std::vector<float> col_scale;
+  std::vector<float> row_div;
+  float clip = 1.0f;
+};
+
+std::vector<float> FloatRows(const GgufTensorInfo& t) {
+  const GgmlType type = GetTypeTraits(t.type_id)->type;
+  const int64_t cols = t.shape[0], rows = t.NumElements() / cols;
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeRowRef(type, t.data + r * RowBytes(type, cols), out.data() + r * cols, cols);
+  }
+  return out;
+}
+
+void QuantizeRow(GgmlType type, const float* src, uint8_t* dst, int64_t n, float clip) {
+  if (W4FormatOf(type).group > 0) {
+    QuantizeW4Row(type, src, dst, n, clip);
+  } else {
+    QuantizeRowRef(type, src, dst, n);
+  }
+}
+
+// What the scheme's quantization makes of W (rows x cols, already column-scaled) with the
+// given clip, dequantized back to floats.
+std::vector<float> RoundTrip(const std::vector<float>& w, int64_t rows, int64_t cols, GgmlType type, float clip) {
+  std::vector<float> out(w.size());
+  std::vector<uint8_t> buf(static_cast<size_t>(RowBytes(type, cols)));
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeRow(type, w.data() + r * cols, buf.data(), cols, clip);
+    DequantizeRowRef(type, buf.data(), out.data() + r * cols, cols);
+  }
+  return out;
+}
+
+// X [n, cols] times W^T [cols, rows] -> [n, rows], through the f32 GEMM.
+std::vector<float> Product(const std::vector<float>& w, int64_t rows, int64_t cols, const std::vector<float>& x,
+                           int64_t n, ThreadPool& pool) {
+  TensorView v;
+  v.type = GgmlType::kF32;
+  v.shape = {cols, rows};
+  v.data = reinterpret_cast<const uint8_t*>(w.data());
+  v.num_bytes = w.size() * sizeof(float);
+  std::vector<float> y(static_cast<size_t>(n * rows));
+  kernels::MatMul(v, x.data(), n, y.data(), pool);
+  return y;
+}
+
+double SquaredError(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) e += static_cast<double>(a[i] - b[i]) * (a[i] - b[i]);
+  return e;
+}
+
+// One group of matrices reading the same input, and where its scales fold.
+struct Group {
+  LinearInput input;
+  std::vector<std::string> consumers;
+  std::string producer;  // a norm (elementwise) or a matrix whose rows make the input's channels
+  bool producer_is_norm;
+};
+
+class Transformer {
+ public:
+  Transformer(const GgufFile& in, const QuantizeOptions& o, GgmlType type, const LlamaHParams& hp,
+              const std::function<bool(const std::string&)>& quantized)
+      : in_(in), o_(o), type_(type), hp_(hp), quantized_(quantized) {}
+
+  Status Run(std::map<std::string, Edit>* edits, std::vector<std::string>* report) {
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const std::string b = fmt::format("blk.{}.", l);
+      const Group groups[] = {
+          {LinearInput::kAttnIn, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"}, b + "attn_norm.weight", true},
+          {LinearInput::kAttnOut, {b + "attn_output.weight"}, b + "attn_v.weight", false},
+          {LinearInput::kFfnIn, {b + "ffn_gate.weight", b + "ffn_up.weight"}, b + "ffn_norm.weight", true},
+          {LinearInput::kFfnMid, {b + "ffn_down.weight"}, b + "ffn_up.weight", false},
+      };
+      for (const Group& g : groups) {
+        std::string line;
+        RETURN_IF_ERROR(DoGroup(l, g, edits, &line));
+        if (!line.empty()) report->push_back(line);
+      }
+      if (o_.progress) o_.progress(fmt::format("calibrated scales: layer {}/{}", l + 1, hp_.num_layers));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // Input channel j of wo reads attention output channel j = head h, element d, made from V's
+  // channel (h / group) * head_dim + d: scales are per KV channel there.
+  int64_t ProducerChannel(LinearInput in, int64_t j) const {
+    if (in != LinearInput::kAttnOut) return j;
+    const int64_t group = hp_.num_heads / hp_.num_kv_heads;
+    return (j / hp_.head_dim) / group * hp_.head_dim + j % hp_.head_dim;
+  }
+
+  Status DoGroup(int64_t layer, const Group& g, std::map<std::string, Edit>* edits, std::string* line) {
+    bool any = false;
+    for (const auto& c : g.consumers) any = any || quantized_(c);
+    if (!any) return Status::Ok();
+    const ChannelStats& st = o_.calibration->Get(layer, g.input);
+    std::vector<const GgufTensorInfo*> cons;
+    for (const auto& c : g.consumers) {
+      const GgufTensorInfo* t = in_.FindTensor(c);
+      if (t == nullptr) return InvalidArgument("tensor '{}' is missing", c);
+      if (t->shape[0] != st.dim) {
+        return InvalidArgument("tensor '{}' has {} columns, calibration saw {} channels", c, t->shape[0], st.dim);
+      }
+      cons.push_back(t);
+    }
+    const GgufTensorInfo* prod = in_.FindTensor(g.producer);
+    if (prod == nullptr) return InvalidArgument("tensor '{}' is missing", g.producer);
+    const int64_t dim = st.dim;
+    const int64_t pdim = g.producer_is_norm ? prod->shape[0] : prod->shape[1];
+    // Channel statistics folded to the producer's channels (max over the heads sharing one).
+    std::vector<float> amax(pdim, 0.0f), amean(pdim, 0.0f);
+    for (int64_t j = 0; j < dim; ++j) {
+      const int64_t p = ProducerChannel(g.input, j);
+      amax[p] = std::max(amax[p], st.absmax[j]);
+      amean[p] = std::max(amean[p], st.absmean[j]);
+    }
+    std::vector<std::vector<float>> w;
+    for (const auto* t : cons) w.push_back(FloatRows(*t));
+    std::vector<float> s(pdim, 1.0f);
+    if (o_.scheme == QuantScheme::kW8A8) {
+      // SmoothQuant: s = max|x|^a / max|W|^(1-a), weights' max over every consumer's column.
+      std::vector<float> wmax(pdim, 0.0f);
+      for (size_t c = 0; c < cons.size(); ++c) {
+        const int64_t rows = cons[c]->shape[1];
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < dim; ++j) {
+            const int64_t p = ProducerChannel(g.input, j);
+            wmax[p] = std::max(wmax[p], std::fabs(w[c][r * dim + j]));
+          }
+        }
+      }
+      const double a = o_.smooth_alpha;
+      for (int64_t p = 0; p < pdim; ++p) {
+        if (amax[p] <= 0.0f || wmax[p] <= 0.0f) continue;
+        s[p] = static_cast<float>(std::clamp(std::pow(amax[p], a) / std::pow(wmax[p], 1.0 - a), 1e-3, 1e3));
+      }
+      *line = fmt::format("blk.{} {}: smoothquant alpha {:g}, scales {:.3g}..{:.3g}", layer, InputName(g.input),
+                          a, *std::min_element(s.begin(), s.end()), *std::max_element(s.begin(), s.end()));
+    } else {
+      // AWQ: s = mean|x|^a (normalized), a from a grid, by the output error on calibration rows.
+      double best_err = -1.0, best_a = 0.0;
+      std::vector<float> best_s(pdim, 1.0f);
+      std::vector<std::vector<float>> ref(cons.size());
+      for (size_t c = 0; c < cons.size(); ++c) {
+        if (quantized_(g.consumers[c])) ref[c] = Product(w[c], cons[c]->shape[1], dim, st.rows, st.num_rows, *o_.pool);
+      }
+      for (int step = 0; step <= 10; ++step) {
+        const double a = step / 10.0;
+        std::vector<float> cand(pdim, 1.0f);
+        if (step > 0) {
+          float lo = INFINITY, hi = 0.0f;
+          for (int64_t p = 0; p < pdim; ++p) {
+            cand[p] = static_cast<float>(std::pow(std::max(amean[p], 1e-8f), a));
+            lo = std::min(lo, cand[p]);
+            hi = std::max(hi, cand[p]);
+          }
+          const float norm = std::sqrt(lo * hi);
+          for (float& v : cand) v /= norm;
+        }
+        const double err = GroupError(g, cons, w, ref, st, cand, nullptr);
+        if (best_err < 0.0 || err < best_err) {
+          best_err = err;
+          best_a = a;
+          best_s = cand;
+        }
+      }
+      s = best_s;
+      // Then a clipping ratio per quantized consumer, with the scales chosen.
+      std::vector<float> clips(cons.size(), 1.0f);
+      const double rtn = GroupError(g, cons, w, ref, st, std::vector<float>(pdim, 1.0f), nullptr);
+      (void)GroupError(g, cons, w, ref, st, s, &clips);
+      const double final_err = GroupError(g, cons, w, ref, st, s, nullptr, &clips);
+      std::string clip_text;
+      for (size_t c = 0; c < cons.size(); ++c) clip_text += fmt::format("{}{:g}", c ? "/" : "", clips[c]);
+      *line = fmt::format("blk.{} {}: awq alpha {:g}, clip {}; output error {:.3g} of round-to-nearest", layer,
+                          InputName(g.input), best_a, clip_text, rtn > 0 ? final_err / rtn : 1.0);
+      for (size_t c = 0; c < cons.size(); ++c) (*edits)[g.consumers[c]].clip = clips[c];
+    }
+    // Fold: consumers' columns times s, the producer's channels divided by s.
+    for (const auto& c : g.consumers) {
+      Edit& e = (*edits)[c];
+      e.col_scale.resize(static_cast<size_t>(dim));
+      for (int64_t j = 0; j < dim; ++j) e.col_scale[j] = s[ProducerChannel(g.input, j)];
+    }
+    Edit& pe = (*edits)[g.producer];
+    if (pe.row_div.empty()) pe.row_div.assign(static_cast<size_t>(pdim), 1.0f);
+    for (int64_t p = 0; p < pdim; ++p) pe.row_div[p] *= s[p];
+    return Status::Ok();
+  }
+
+  // Output error over the calibration rows of quantizing the group's consumers with scales s (and
+  // clips). With choose_clips, picks each consumer's clip from a grid first (and fills it in).
+  double GroupError(const Group& g, const std::vector<const GgufTensorInfo*>& cons,
+                    const std::vector<std::vector<float>>& w, const std::vector<std::vector<float>>& ref,
+                    const ChannelStats& st, const std::vector<float>& s, std::vector<float>* choose_clips,
+                    const std::vector<float>* clips = nullptr) {
+    const int64_t dim = st.dim;
+    std::vector<float> xs(st.rows.size());  // the input as the scaled model sees it: x / s
+    for (int64_t t = 0; t < st.num_rows; ++t) {
+      for (int64_t j = 0; j < dim; ++j) xs[t * dim + j] = st.rows[t * dim + j] / s[ProducerChannel(g.input, j)];
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < cons.size(); ++c) {
+      if (!quantized_(g.consumers[c])) continue;
+      const int64_t rows = cons[c]->shape[1];
+      std::vector<float> ws(w[c].size());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < dim; ++j) ws[r * dim + j] = w[c][r * dim + j] * s[ProducerChannel(g.input, j)];
+      }
+      auto err_at = [&](float clip) {
+        return SquaredError(Product(RoundTrip(ws, rows, dim, type_, clip), rows, dim, xs, st.num_rows, *o_.pool), ref[c]);
+      };
+      if (choose_clips != nullptr && W4FormatOf(type_).group > 0) {
+        double best = -1.0;
+        for (float clip : {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f}) {
+          const double e = err_at(clip);
+          if (best < 0.0 || e < best) {
+            best = e;
+            (*choose_clips)[c] = clip;
+          }
+        }
+        total += best;
+      } else {
+        total += err_at(clips != nullptr ? (*clips)[c] : 1.0f);
+      }
+    }
+    return total;
+  }
+
+  static const char* InputName(LinearInput in) {
+    switch (in) {
+      case LinearInput::kAttnIn: return "attn_in";
+      case LinearInput::kAttnOut: return "attn_out";
+      case LinearInput::kFfnIn: return "ffn_in";
+      case LinearInput::kFfnMid: return "ffn_mid";
+    }
+    return "?";
+  }
+
+  const GgufFile& in_;
+  const QuantizeOptions& o_;
+  GgmlType type_;
+  const LlamaHParams& hp_;
+  std::function<bool(const std::string&)> quantized_;
+};
+
+}  // namespace
+
+StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions& options, GgufWriter* out) {
+  ASSIGN_OR_RETURN(const GgmlType type, SchemeType(options));
   std::vector<std::regex> keep;
   for (const auto& k : options.keep) {
     try {
@@ -19,60 +313,100 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
       return InvalidArgument("--keep '{}' is not a valid regular expression: {}", k, e.what());
     }
   }
+  const bool calibrated = options.calibration != nullptr;
+  if (calibrated && (options.scheme == QuantScheme::kQ8_0 || options.scheme == QuantScheme::kQ4_0)) {
+    return InvalidArgument("calibration (--calib) is for w8a8, w4a16 and w4a8; q8_0 and q4_0 are round to nearest");
+  }
+  if (calibrated && options.pool == nullptr) return InvalidArgument("calibration needs a thread pool");
   for (const auto& [key, value] : in.metadata()) out->SetValue(key, value);
-  // llama.cpp's file types: 7 mostly Q8_0, 2 mostly Q4_0.
-  out->SetU32("general.file_type", options.type == GgmlType::kQ8_0 ? 7 : 2);
+  // llama.cpp's file types: 7 mostly Q8_0, 2 mostly Q4_0; 1024 ("guessed") for gale's own types.
+  out->SetU32("general.file_type", type == GgmlType::kQ8_0 ? 7 : type == GgmlType::kQ4_0 ? 2 : 1024);
   out->SetU32("general.quantization_version", 2);
+  out->SetString("gale.quantization.scheme", std::vector<std::string>{"q8_0", "q4_0", "w8a8", "w4a16", "w4a8"}
+                                                 [static_cast<int>(options.scheme)]);
+  const int64_t block = TypeTraits(type).block_size;
 
-  QuantizeReport report;
-  const int64_t block = TypeTraits(options.type).block_size;
+  // Why a tensor is not quantized ("" when it is); F16 fallback when its rows do not fit.
+  auto reason = [&](const GgufTensorInfo& t) -> std::string {
+    if (t.shape.size() != 2) return "not a matrix";
+    if (t.name == "token_embd.weight" && !options.quantize_embeddings) return "token embedding";
+    if (t.name == "output.weight" && !options.quantize_output) return "output layer";
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (std::regex_search(t.name, keep[i])) return "--keep " + options.keep[i];
+    }
+    return "";
+  };
+  auto is_quantized = [&](const std::string& name) {
+    const GgufTensorInfo* t = in.FindTensor(name);
+    return t != nullptr && reason(*t).empty() && t->shape[0] % block == 0;
+  };
   for (const GgufTensorInfo& t : in.tensors()) {
-    report.bytes_in += t.num_bytes;
     const auto traits = GetTypeTraits(t.type_id);
     const bool is_float = traits && (traits->type == GgmlType::kF32 || traits->type == GgmlType::kF16 ||
                                      traits->type == GgmlType::kBF16);
-    const bool matrix = t.shape.size() == 2;
-    if (matrix && !is_float) {
+    if (t.shape.size() == 2 && !is_float) {
       return InvalidArgument("tensor '{}' is {}: quantize needs an F32, F16 or BF16 model (requantizing compounds "
                              "the error)", t.name, TypeName(t.type_id));
     }
-    std::string why;
-    if (!matrix) {
-      why = "not a matrix";
-    } else if (t.name == "token_embd.weight" && !options.quantize_embeddings) {
-      why = "token embedding";
-    } else if (t.name == "output.weight" && !options.quantize_output) {
-      why = "output layer";
-    } else {
-      for (size_t i = 0; i < keep.size(); ++i) {
-        if (std::regex_search(t.name, keep[i])) why = "--keep " + options.keep[i];
-      }
+  }
+
+  QuantizeReport report;
+  std::map<std::string, Edit> edits;
+  if (calibrated && options.scheme != QuantScheme::kQ8_0 && options.scheme != QuantScheme::kQ4_0) {
+    ASSIGN_OR_RETURN(const LlamaHParams hp, ReadLlamaHParams(in));
+    if (options.calibration->num_layers != hp.num_layers) {
+      return InvalidArgument("calibration statistics are for {} layers, the model has {}",
+                             options.calibration->num_layers, hp.num_layers);
     }
-    GgmlType target = options.type;
+    Transformer tr(in, options, type, hp, is_quantized);
+    RETURN_IF_ERROR(tr.Run(&edits, &report.transforms));
+  }
+
+  for (const GgufTensorInfo& t : in.tensors()) {
+    report.bytes_in += t.num_bytes;
+    const auto traits = GetTypeTraits(t.type_id);
+    const std::string why = reason(t);
+    const auto edit_it = edits.find(t.name);
+    const Edit* edit = edit_it != edits.end() ? &edit_it->second : nullptr;
+    GgmlType target = options.transform_only ? GgmlType::kF32 : type;
     if (why.empty() && t.shape[0] % block != 0) {
       target = GgmlType::kF16;
       report.to_f16.push_back(fmt::format("{} (rows of {})", t.name, t.shape[0]));
     }
     if (!why.empty()) {
-      if (matrix) report.kept.push_back(fmt::format("{} ({})", t.name, why));
-      RETURN_IF_ERROR(out->AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)));
-      report.bytes_out += t.num_bytes;
-      continue;
+      if (t.shape.size() == 2) report.kept.push_back(fmt::format("{} ({})", t.name, why));
+      if (edit == nullptr) {
+        RETURN_IF_ERROR(out->AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)));
+        report.bytes_out += t.num_bytes;
+        continue;
+      }
+      target = traits->type;  // a kept tensor (or a norm) with folded scales: same type, scaled
     }
     const GgmlType src = traits->type;
     const int64_t cols = t.shape[0], rows = t.NumElements() / cols;
     const int64_t src_row = RowBytes(src, cols), dst_row = RowBytes(target, cols);
     const uint8_t* data = t.data;
+    const Edit e = edit != nullptr ? *edit : Edit{};
+    const bool is_1d = t.shape.size() == 1;
     RETURN_IF_ERROR(out->AddTensor(t.name, static_cast<uint32_t>(target), t.shape,
                                    [=](uint8_t* dst, uint64_t) {
                                      std::vector<float> row(static_cast<size_t>(cols));
                                      for (int64_t r = 0; r < rows; ++r) {
                                        DequantizeRowRef(src, data + r * src_row, row.data(), cols);
-                                       QuantizeRowRef(target, row.data(), dst + r * dst_row, cols);
+                                       if (is_1d && !e.row_div.empty()) {
+                                         for (int64_t j = 0; j < cols; ++j) row[j] /= e.row_div[j];
+                                       }
+                                       if (!is_1d && !e.row_div.empty()) {
+                                         for (int64_t j = 0; j < cols; ++j) row[j] /= e.row_div[r];
+                                       }
+                                       if (!e.col_scale.empty()) {
+                                         for (int64_t j = 0; j < cols; ++j) row[j] *= e.col_scale[j];
+                                       }
+                                       QuantizeRow(target, row.data(), dst + r * dst_row, cols, e.clip);
                                      }
                                    }));
     report.bytes_out += static_cast<uint64_t>(rows * dst_row);
-    if (target == options.type) ++report.quantized;
+    if (why.empty() && target == type) ++report.quantized;
   }
   return report;
 }

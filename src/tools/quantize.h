@@ -1,31 +1,62 @@
-// `gale quantize` for llama.cpp's Q8_0 and Q4_0 (round-to-nearest, block scales; no calibration):
-// every 2-D weight of an F32/F16/BF16 GGUF becomes the target type, except the token embedding
-// and the output layer (unless asked), tensors named by a --keep regular expression, and tensors
-// whose rows do not fit the type's block of 32 (those become F16 and are reported). Norms and
-// other 1-D tensors are copied. Metadata is copied, with general.file_type set as llama.cpp sets
-// it.
+// `gale quantize`: every 2-D weight of an F32/F16/BF16 GGUF becomes the scheme's type, except the
+// token embedding and the output layer (unless asked), tensors named by a --keep regular
+// expression, and tensors whose rows do not fit the type's block or group (those become F16 and
+// are reported). Norms and other 1-D tensors are copied. Metadata is copied, with
+// general.file_type set as llama.cpp sets it (1024, "guessed", for gale's own types).
+//
+// Schemes:
+//   q8_0, q4_0  llama.cpp's types, round to nearest (bit-exact with its quantizer)
+//   w8a8        int8 weights in groups of 32 with an f16 scale (stored as Q8_0) and int8
+//               activations (gale quantizes them per 32 at run time); with calibration,
+//               SmoothQuant migrates activation outliers into the weights (--smooth-alpha)
+//   w4a16       int4 weights, groups of 64 or 128, symmetric or with a zero point, f32
+//               activations; with calibration, an AWQ-style search for per-channel scales and a
+//               clipping ratio per matrix
+//   w4a8        the same int4 weights (symmetric) with int8 activations
+// Per-channel scales are folded where they cost nothing at run time: into the RMSNorm weights
+// before wq/wk/wv and w_gate/w_up, into wv's rows before wo (shared per KV channel under GQA), and
+// into w_up's rows before w_down; the consumers' columns take the inverse.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
+#include "tools/calibration.h"
 
 namespace gale {
 
+enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8 };
+StatusOr<QuantScheme> ParseQuantScheme(const std::string& name);  // "q8_0", "q4_0", "w8a8", "w4a16", "w4a8"
+
 struct QuantizeOptions {
-  GgmlType type = GgmlType::kQ8_0;   // kQ8_0 or kQ4_0
+  QuantScheme scheme = QuantScheme::kQ8_0;
+  int group_size = 128;     // w4a16, w4a8: 64 or 128
+  bool zero_point = false;  // w4a16: asymmetric groups
+  double smooth_alpha = 0.5;  // w8a8 with calibration: migration strength in [0, 1]
+  const ActivationStats* calibration = nullptr;  // SmoothQuant (w8a8) or AWQ search (w4)
   std::vector<std::string> keep;     // ECMAScript regexes searched in tensor names
   bool quantize_embeddings = false;  // token_embd.weight
   bool quantize_output = false;      // output.weight
+  ThreadPool* pool = nullptr;        // for the AWQ search's products (required with calibration)
+  std::function<void(const std::string&)> progress;  // one line per step of the search
+  // Tests: apply the calibrated scales but write every matrix as F32 (the transform alone must
+  // leave the model's outputs unchanged).
+  bool transform_only = false;
 };
+
+// The storage type of a scheme's quantized matrices.
+StatusOr<GgmlType> SchemeType(const QuantizeOptions& options);
 
 struct QuantizeReport {
   int64_t quantized = 0;
   std::vector<std::string> kept;       // "name (why)"
   std::vector<std::string> to_f16;     // rows not a multiple of the block
+  std::vector<std::string> transforms;  // per layer and input: the scales chosen
   uint64_t bytes_in = 0, bytes_out = 0;
 };
 
