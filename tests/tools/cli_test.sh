@@ -203,6 +203,30 @@ else
 fi
 expect_fail quantize-requantize "needs an F32, F16 or BF16 model" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/q8q.gguf"
 expect_fail quantize-bad-type "not one of q8_0, q4_0" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/x.gguf" --type q2_k
+# Calibrated schemes: w4a16 g64 with the AWQ search runs and reports its choices; bad calibration
+# files (missing, empty, binary, too short, bad JSONL) are clear errors.
+model260k="$(dirname "$0")/../../models/stories260K.gguf"
+"$GALE" quantize -i "$model260k" -o "$tmp/w4.gguf" --type w4a16 --group-size 64 --zero-point \
+  --calib "$(dirname "$0")/../../bench/story-prompt.txt" 2>"$tmp/w4.err"
+out="$("$GALE" run -m "$tmp/w4.gguf" -p "Once upon a time" -n 8 --temp 0 2>>"$tmp/w4.err")"
+if grep -q 'calibration: 1 samples, 306 tokens' "$tmp/w4.err" && grep -q 'blk.4 ffn_in: awq alpha' "$tmp/w4.err" \
+   && grep -q 'w4a16 (w4a16z_g64)' "$tmp/w4.err" && [[ "$out" == "Once upon a time"* ]]; then
+  pass=$((pass + 1))
+else
+  echo "FAIL quantize w4a16 --calib:"; cat "$tmp/w4.err"
+  fails=$((fails + 1))
+fi
+: > "$tmp/empty.txt"
+printf 'GGUF\0\0\0\3' > "$tmp/binary.txt"
+echo "Once upon a time." > "$tmp/short.txt"
+printf '{"prompt": "a"}\n{"prompt": 3}\n' > "$tmp/bad.jsonl"
+expect_fail quantize-calib-missing "cannot open calibration file" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w8a8 --calib "$tmp/none.txt"
+expect_fail quantize-calib-empty "is empty" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w8a8 --calib "$tmp/empty.txt"
+expect_fail quantize-calib-binary "binary" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w4a8 --group-size 64 --calib "$tmp/binary.txt"
+expect_fail quantize-calib-short "too short" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w4a16 --calib "$tmp/short.txt"
+expect_fail quantize-calib-jsonl "line 2" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w8a8 --calib "$tmp/bad.jsonl"
+expect_fail quantize-calib-q8 "calibration" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type q8_0 --calib "$(dirname "$0")/../../bench/story-prompt.txt"
+expect_fail quantize-bad-group "--group-size" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w4a16 --group-size 32
 expect_fail quantize-bad-keep "regular expression" -- "$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/x.gguf" --keep "("
 expect_fail quantize-missing "" -- "$GALE" quantize -i "$tmp/none.gguf" -o "$tmp/x.gguf"
 expect_fail quantize-truncated "" -- "$GALE" quantize -i "$tmp/trunc.gguf" -o "$tmp/x.gguf"

@@ -194,7 +194,8 @@ TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
     w4.zero_point = zero;
     const KlResult rtn = kl_of(w4, false), awq = kl_of(w4, true);
     EXPECT_LT(awq.mean, rtn.mean);
-    EXPECT_LT(awq.mean, 0.12);
+    EXPECT_LT(awq.mean, 0.12);  // the limit README justifies for this model
+    EXPECT_GT(awq.top1_agreement, 0.80);
   }
   QuantizeOptions a8;
   a8.scheme = QuantScheme::kW4A8;
