@@ -141,6 +141,98 @@ void DequantizeW4(const BlockW4<G, kZ>* b, float* y, int64_t n) {
   }
 }
 
+// K-quant writers: llama.cpp's block layouts (read back by the bit-exact dequantizers below), with
+// plain round-to-nearest scales rather than llama.cpp's iterative scale search, so the bytes differ
+// from llama-quantize's and the error is somewhat larger.
+//
+// Q4_K: per sub-block of 32, the range [min(0, lo), hi] in 15 steps; the sub-block scales and
+// (negated) mins as 6-bit multiples of the super-block's d and dmin.
+void QuantizeQ4_K(const float* x, BlockQ4_K* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    float scale[8], mins[8];
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0.0f, hi = x[32 * j];
+      for (int l = 0; l < 32; ++l) {
+        lo = std::min(lo, x[32 * j + l]);
+        hi = std::max(hi, x[32 * j + l]);
+      }
+      scale[j] = std::max(0.0f, hi - lo) / 15.0f;
+      mins[j] = -lo;
+    }
+    const float max_scale = *std::max_element(scale, scale + 8), max_min = *std::max_element(mins, mins + 8);
+    y[i].d = Fp32ToFp16(max_scale / 63.0f);
+    y[i].dmin = Fp32ToFp16(max_min / 63.0f);
+    const float d = Fp16ToFp32(y[i].d), dmin = Fp16ToFp32(y[i].dmin);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = d > 0.0f ? static_cast<uint8_t>(std::clamp(static_cast<int>(std::nearbyint(scale[j] / d)), 0, 63)) : 0;
+      m[j] = dmin > 0.0f ? static_cast<uint8_t>(std::clamp(static_cast<int>(std::nearbyint(mins[j] / dmin)), 0, 63)) : 0;
+    }
+    for (int j = 0; j < 4; ++j) {
+      y[i].scales[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+      y[i].scales[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+      y[i].scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
+    }
+    // Elements against the stored scales: w = (d sc) q - (dmin m).
+    uint8_t q[kQK_K];
+    for (int j = 0; j < 8; ++j) {
+      const float step = d * sc[j], off = dmin * m[j];
+      for (int l = 0; l < 32; ++l) {
+        q[32 * j + l] = step > 0.0f
+            ? static_cast<uint8_t>(std::clamp(static_cast<int>(std::nearbyint((x[32 * j + l] + off) / step)), 0, 15))
+            : 0;
+      }
+    }
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; ++l) y[i].qs[32 * g + l] = static_cast<uint8_t>(q[64 * g + l] | (q[64 * g + 32 + l] << 4));
+    }
+  }
+}
+
+// Q6_K: per sub-block of 16, the value of largest magnitude maps to -32; the sub-block scales as
+// int8 multiples of the super-block's d.
+void QuantizeQ6_K(const float* x, BlockQ6_K* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    float scale[16];
+    float max_abs_scale = 0.0f;
+    for (int j = 0; j < 16; ++j) {
+      float amax = 0.0f, max = 0.0f;
+      for (int l = 0; l < 16; ++l) {
+        if (std::fabs(x[16 * j + l]) > amax) {
+          amax = std::fabs(x[16 * j + l]);
+          max = x[16 * j + l];
+        }
+      }
+      scale[j] = max / -32.0f;
+      max_abs_scale = std::max(max_abs_scale, std::fabs(scale[j]));
+    }
+    y[i].d = Fp32ToFp16(max_abs_scale / 127.0f);
+    const float d = Fp16ToFp32(y[i].d);
+    uint8_t q[kQK_K];
+    for (int j = 0; j < 16; ++j) {
+      const int s = d > 0.0f ? std::clamp(static_cast<int>(std::nearbyint(scale[j] / d)), -128, 127) : 0;
+      y[i].scales[j] = static_cast<int8_t>(s);
+      const float step = d * static_cast<float>(s);
+      for (int l = 0; l < 16; ++l) {
+        q[16 * j + l] = step != 0.0f
+            ? static_cast<uint8_t>(std::clamp(static_cast<int>(std::nearbyint(x[16 * j + l] / step)) + 32, 0, 63))
+            : 32;
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      uint8_t* ql = y[i].ql + 64 * h;
+      uint8_t* qh = y[i].qh + 32 * h;
+      const uint8_t* qq = q + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        ql[l] = static_cast<uint8_t>((qq[l] & 0x0f) | ((qq[l + 64] & 0x0f) << 4));
+        ql[l + 32] = static_cast<uint8_t>((qq[l + 32] & 0x0f) | ((qq[l + 96] & 0x0f) << 4));
+        qh[l] = static_cast<uint8_t>((qq[l] >> 4) | ((qq[l + 32] >> 4) << 2) | ((qq[l + 64] >> 4) << 4) |
+                                     ((qq[l + 96] >> 4) << 6));
+      }
+    }
+  }
+}
+
 void DequantizeQ4_K(const BlockQ4_K* b, float* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float d = Fp16ToFp32(b[i].d);
@@ -203,7 +295,7 @@ void DequantizeQ6_K(const BlockQ6_K* b, float* y, int64_t n) {
 
 bool CanQuantize(GgmlType type) {
   return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
-         type == GgmlType::kQ4_0 || W4FormatOf(type).group > 0;
+         type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || W4FormatOf(type).group > 0;
 }
 
 W4Format W4FormatOf(GgmlType type) {
@@ -290,8 +382,14 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
       QuantizeQ4_0(src, static_cast<BlockQ4_0*>(dst), n);
       return;
     case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
+      CHECK(n % kQK_K == 0);
+      QuantizeQ4_K(src, static_cast<BlockQ4_K*>(dst), n);
+      return;
     case GgmlType::kQ6_K:
+      CHECK(n % kQK_K == 0);
+      QuantizeQ6_K(src, static_cast<BlockQ6_K*>(dst), n);
+      return;
+    case GgmlType::kQ5_K:
       break;
     case GgmlType::kW4A16G64:
     case GgmlType::kW4A16G128:

@@ -156,8 +156,10 @@ std::optional<GgmlType> ParseTypeName(std::string_view name);  // "f16", "q8_0",
 // Bytes of a row of num_elements; num_elements must be a multiple of the block size.
 int64_t RowBytes(GgmlType type, int64_t num_elements);
 
-// Reference conversions, bit-exact with llama.cpp's *_ref functions. n is a multiple of the
-// type's block size. QuantizeRowRef does not support the K-quants yet (CanQuantize says which).
+// Reference conversions, bit-exact with llama.cpp's *_ref functions for F16, BF16, Q8_0 and Q4_0.
+// n is a multiple of the type's block size. Q4_K and Q6_K are written in llama.cpp's layouts with
+// round-to-nearest scales (not its search: valid blocks, different bytes); Q5_K is read only
+// (CanQuantize says which).
 bool CanQuantize(GgmlType type);
 void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n);
 void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n);

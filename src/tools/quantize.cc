@@ -20,7 +20,22 @@ StatusOr<QuantScheme> ParseQuantScheme(const std::string& name) {
   if (name == "w8a8") return QuantScheme::kW8A8;
   if (name == "w4a16") return QuantScheme::kW4A16;
   if (name == "w4a8") return QuantScheme::kW4A8;
-  return InvalidArgument("--type '{}' is not one of q8_0, q4_0, w8a8, w4a16, w4a8", name);
+  if (name == "q4_k") return QuantScheme::kQ4_K;
+  if (name == "q6_k") return QuantScheme::kQ6_K;
+  return InvalidArgument("--type '{}' is not one of q8_0, q4_0, q4_k, q6_k, w8a8, w4a16, w4a8", name);
+}
+
+const char* QuantSchemeName(QuantScheme s) {
+  switch (s) {
+    case QuantScheme::kQ8_0: return "q8_0";
+    case QuantScheme::kQ4_0: return "q4_0";
+    case QuantScheme::kW8A8: return "w8a8";
+    case QuantScheme::kW4A16: return "w4a16";
+    case QuantScheme::kW4A8: return "w4a8";
+    case QuantScheme::kQ4_K: return "q4_k";
+    case QuantScheme::kQ6_K: return "q6_k";
+  }
+  return "?";
 }
 
 StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
@@ -36,6 +51,8 @@ StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
     case QuantScheme::kQ8_0:
     case QuantScheme::kW8A8: return GgmlType::kQ8_0;
     case QuantScheme::kQ4_0: return GgmlType::kQ4_0;
+    case QuantScheme::kQ4_K: return GgmlType::kQ4_K;
+    case QuantScheme::kQ6_K: return GgmlType::kQ6_K;
     case QuantScheme::kW4A16:
       if (o.group_size == 64) return o.zero_point ? GgmlType::kW4A16ZG64 : GgmlType::kW4A16G64;
       return o.zero_point ? GgmlType::kW4A16ZG128 : GgmlType::kW4A16G128;
@@ -314,16 +331,20 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     }
   }
   const bool calibrated = options.calibration != nullptr;
-  if (calibrated && (options.scheme == QuantScheme::kQ8_0 || options.scheme == QuantScheme::kQ4_0)) {
-    return InvalidArgument("calibration (--calib) is for w8a8, w4a16 and w4a8; q8_0 and q4_0 are round to nearest");
+  const bool rtn_only = options.scheme == QuantScheme::kQ8_0 || options.scheme == QuantScheme::kQ4_0 ||
+                        options.scheme == QuantScheme::kQ4_K || options.scheme == QuantScheme::kQ6_K;
+  if (calibrated && rtn_only) {
+    return InvalidArgument("calibration (--calib) is for w8a8, w4a16 and w4a8; llama.cpp's types are round to nearest");
   }
   if (calibrated && options.pool == nullptr) return InvalidArgument("calibration needs a thread pool");
   for (const auto& [key, value] : in.metadata()) out->SetValue(key, value);
-  // llama.cpp's file types: 7 mostly Q8_0, 2 mostly Q4_0; 1024 ("guessed") for gale's own types.
-  out->SetU32("general.file_type", type == GgmlType::kQ8_0 ? 7 : type == GgmlType::kQ4_0 ? 2 : 1024);
+  // llama.cpp's file types: 7 mostly Q8_0, 2 mostly Q4_0, 14 Q4_K_S, 18 Q6_K; 1024 ("guessed")
+  // for gale's own types.
+  const uint32_t ftype = type == GgmlType::kQ8_0 ? 7 : type == GgmlType::kQ4_0 ? 2 : type == GgmlType::kQ4_K ? 14
+                         : type == GgmlType::kQ6_K ? 18 : 1024;
+  out->SetU32("general.file_type", ftype);
   out->SetU32("general.quantization_version", 2);
-  out->SetString("gale.quantization.scheme", std::vector<std::string>{"q8_0", "q4_0", "w8a8", "w4a16", "w4a8"}
-                                                 [static_cast<int>(options.scheme)]);
+  out->SetString("gale.quantization.scheme", QuantSchemeName(options.scheme));
   const int64_t block = TypeTraits(type).block_size;
 
   // Why a tensor is not quantized ("" when it is); F16 fallback when its rows do not fit.
@@ -352,7 +373,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
 
   QuantizeReport report;
   std::map<std::string, Edit> edits;
-  if (calibrated && options.scheme != QuantScheme::kQ8_0 && options.scheme != QuantScheme::kQ4_0) {
+  if (calibrated && !rtn_only) {
     ASSIGN_OR_RETURN(const LlamaHParams hp, ReadLlamaHParams(in));
     if (options.calibration->num_layers != hp.num_layers) {
       return InvalidArgument("calibration statistics are for {} layers, the model has {}",

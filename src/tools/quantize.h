@@ -6,6 +6,7 @@
 //
 // Schemes:
 //   q8_0, q4_0  llama.cpp's types, round to nearest (bit-exact with its quantizer)
+//   q4_k, q6_k  llama.cpp's K-quant layouts (super-blocks of 256), round-to-nearest scales
 //   w8a8        int8 weights in groups of 32 with an f16 scale (stored as Q8_0) and int8
 //               activations (gale quantizes them per 32 at run time); with calibration,
 //               SmoothQuant migrates activation outliers into the weights (--smooth-alpha)
@@ -30,8 +31,10 @@
 
 namespace gale {
 
-enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8 };
-StatusOr<QuantScheme> ParseQuantScheme(const std::string& name);  // "q8_0", "q4_0", "w8a8", "w4a16", "w4a8"
+enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8, kQ4_K, kQ6_K };
+// "q8_0", "q4_0", "w8a8", "w4a16", "w4a8", "q4_k", "q6_k"
+StatusOr<QuantScheme> ParseQuantScheme(const std::string& name);
+const char* QuantSchemeName(QuantScheme s);
 
 struct QuantizeOptions {
   QuantScheme scheme = QuantScheme::kQ8_0;

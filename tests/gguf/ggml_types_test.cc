@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "base/cpu.h"
@@ -110,6 +111,39 @@ TEST(GgmlTypesTest, QuantizeDequantizeErrorBounded) {
     const float bound = t == GgmlType::kF16 ? 2e-3f : t == GgmlType::kBF16 ? 1.6e-2f : t == GgmlType::kQ8_0 ? 2.0f / 127.0f : 2.0f / 8.0f * 1.01f;
     for (size_t i = 0; i < x.size(); ++i) ASSERT_LE(std::fabs(x[i] - y[i]), bound) << TypeTraits(t).name << " " << i;
   }
+}
+
+// gale's K-quant writers produce blocks that llama.cpp's layout reads back (through the bit-exact
+// dequantizers) with errors in the expected order: Q4_K (asymmetric 32-element sub-blocks, 6-bit
+// scales) below Q4_0, Q6_K well below that, Q8_0 below Q6_K. Also the constant and zero cases.
+TEST(GgmlTypesTest, KQuantWritersRoundTrip) {
+  Rng rng(9);
+  std::vector<float> x(256 * 12);
+  for (float& v : x) v = rng.Uniform(-1.0f, 1.0f) * rng.Uniform(0.1f, 2.0f) + 0.3f;  // offset, uneven spread
+  for (int i = 0; i < 256; ++i) x[256 * 3 + i] = 0.0f;   // an all-zero super-block
+  for (int i = 0; i < 256; ++i) x[256 * 5 + i] = -0.7f;  // a constant one
+  auto rmse = [&](GgmlType t) {
+    std::vector<uint8_t> q(RowBytes(t, x.size()));
+    std::vector<float> y(x.size());
+    QuantizeRowRef(t, x.data(), q.data(), x.size());
+    DequantizeRowRef(t, q.data(), y.data(), x.size());
+    double e = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(y[i])) << TypeTraits(t).name;
+      e += (x[i] - y[i]) * (x[i] - y[i]);
+    }
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(y[256 * 3 + i], 0.0f) << TypeTraits(t).name;
+    for (int i = 0; i < 256; ++i) EXPECT_NEAR(y[256 * 5 + i], -0.7f, 0.02f) << TypeTraits(t).name;
+    return std::sqrt(e / static_cast<double>(x.size()));
+  };
+  const double q4_0 = rmse(GgmlType::kQ4_0), q4_k = rmse(GgmlType::kQ4_K), q6_k = rmse(GgmlType::kQ6_K),
+               q8_0 = rmse(GgmlType::kQ8_0);
+  std::printf("RMSE q4_0 %.5f q4_K %.5f q6_K %.5f q8_0 %.5f\n", q4_0, q4_k, q6_k, q8_0);
+  EXPECT_LT(q4_k, q4_0);
+  EXPECT_LT(q6_k, q4_k / 3.0);
+  EXPECT_LT(q8_0, q6_k);
+  EXPECT_TRUE(CanQuantize(GgmlType::kQ4_K) && CanQuantize(GgmlType::kQ6_K));
+  EXPECT_FALSE(CanQuantize(GgmlType::kQ5_K));
 }
 
 }  // namespace

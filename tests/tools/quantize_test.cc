@@ -14,6 +14,7 @@
 #include "model/tokenizer.h"
 #include "tools/calibration.h"
 #include "tools/eval.h"
+#include "tools/synth.h"
 
 namespace gale {
 namespace {
@@ -103,7 +104,52 @@ TEST(QuantizeTest, KeepAndErrors) {
   o.scheme = QuantScheme::kW4A8;
   o.zero_point = true;
   EXPECT_NE(QuantizeModel(*in, o, &w).status().message().find("--zero-point"), std::string::npos);
-  EXPECT_FALSE(ParseQuantScheme("q4_k").ok());
+  EXPECT_FALSE(ParseQuantScheme("q5_k").ok());
+}
+
+// llama.cpp's K-quant layouts on a model whose rows fit super-blocks of 256: every matrix but the
+// embedding is written as Q4_K or Q6_K (llama.cpp's file types 14 and 18), loads, and runs with
+// logits close to the F32 model's (Q6_K closer than Q4_K).
+TEST(QuantizeTest, KQuantsOfASyntheticModel) {
+  SynthShape shape;
+  shape.dim = 256;
+  shape.ffn_dim = 512;
+  shape.num_heads = 4;
+  shape.num_kv_heads = 2;
+  const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 5)->WriteToBytes();
+  auto in = GgufFile::FromBytes(bytes).value();
+  ThreadPool pool(2);
+  auto logits = [&](const GgufFile& f) {
+    auto m = LlamaModel::Load(f).value();
+    KvCache kv(m->hparams(), 8);
+    Workspace ws;
+    ForwardBatch b;
+    b.tokens = {1, 100, 200, 300};
+    b.positions = {0, 1, 2, 3};
+    EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
+    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
+  };
+  const auto want = logits(*in);
+  double prev = -1.0;
+  for (QuantScheme sc : {QuantScheme::kQ6_K, QuantScheme::kQ4_K}) {
+    QuantizeOptions o;
+    o.scheme = sc;
+    QuantizeReport report;
+    auto out = Quantized(*in, o, &report);
+    EXPECT_EQ(report.quantized, 2 * 7);  // 7 per layer; embedding and output kept
+    EXPECT_EQ(out->GetInt("general.file_type").value(), sc == QuantScheme::kQ4_K ? 14 : 18);
+    const auto got = logits(*out);
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    const double rel = std::sqrt(err / norm);
+    std::printf("%s: relative logit error %.4f\n", QuantSchemeName(sc), rel);
+    EXPECT_LT(rel, sc == QuantScheme::kQ6_K ? 0.06 : 0.3);
+    EXPECT_GT(rel, prev);
+    prev = rel;
+  }
 }
 
 // Bad calibration input gets a clear error; text and JSONL give samples of at most seq_len.
