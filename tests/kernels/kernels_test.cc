@@ -293,7 +293,8 @@ TEST(KernelsTest, W4QuantizeRoundTrips) {
 }
 
 // W4A8 products on every ISA against the scalar one (the packed layout bitwise), W4A16 ones
-// against the dequantized f32 product, and both batch invariant.
+// against the dequantized f32 product (within the bf16 rounding of activations on AVX-512), and
+// both batch invariant.
 TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
   const KernelTable& ref = *GetKernelTable(Isa::kScalar);
   for (GgmlType t : kW4Types) {
@@ -308,6 +309,7 @@ TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
           const auto x = test::RandomFloats(k * tokens, static_cast<uint64_t>(k * tokens));
           const int64_t rb = RowBytes(t, k);
           std::vector<float> want(rows * tokens);
+          double max_abs = 0.0;  // largest sum |w x| of an output (bounds the bf16 activation rounding)
           if (a8) {
             const int64_t ks = (k + kActPad - 1) / kActPad * kActPad;
             std::vector<int8_t> qs(ks * tokens);
@@ -337,9 +339,13 @@ TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
               for (int64_t r = 0; r < rows; ++r) {
                 std::vector<float> deq(k);
                 DequantizeRowRef(t, w.data() + r * rb, deq.data(), k);
-                double sum = 0.0;
-                for (int64_t i = 0; i < k; ++i) sum += static_cast<double>(deq[i]) * x[tok * k + i];
+                double sum = 0.0, abs = 0.0;
+                for (int64_t i = 0; i < k; ++i) {
+                  sum += static_cast<double>(deq[i]) * x[tok * k + i];
+                  abs += std::fabs(static_cast<double>(deq[i]) * x[tok * k + i]);
+                }
                 want[tok * rows + r] = static_cast<float>(sum);
+                max_abs = std::max(max_abs, abs);
               }
             }
           }
@@ -350,7 +356,9 @@ TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
             std::vector<float> got(rows * tokens), single(rows);
             MatMul(v, x.data(), tokens, got.data(), two);
             for (int64_t i = 0; i < rows * tokens; ++i) {
-              ASSERT_NEAR(got[i], want[i], (a8 ? 1e-4 : 1e-5) * k) << IsaName(isa) << " " << TypeTraits(t).name;
+              // AVX-512 W4A16 rounds activations to bf16 (relative 2^-9 each).
+              ASSERT_NEAR(got[i], want[i], a8 ? 1e-4 * k : 1e-5 * k + 2.5e-3 * max_abs)
+                  << IsaName(isa) << " " << TypeTraits(t).name;
             }
             MatMul(v, x.data() + (tokens - 1) * k, 1, single.data(), one);
             for (int64_t r = 0; r < rows; ++r) {

@@ -10,6 +10,8 @@
 #include "kernels/isa_tables.h"
 #include "kernels/x86/gemm_tiles.h"
 
+#include <vector>
+
 namespace gale::kernels {
 namespace {
 
@@ -320,61 +322,98 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
 
 using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
 
-// W4A16: per group, each row's scale and offset once; per 32-element run, one 16-byte load gives
-// both halves as w = q * d + m (one fmadd), each multiplied into every token's accumulators.
+// W4A16 with bf16 activations (AVX512-BF16): each token's activations are rounded to bf16 once
+// per call, with each group's f32 sum (for the zero-point offset); a 32-weight run becomes 32 bf16
+// integers by one table lookup (symmetric types: q - 8, so no offset term), and vdpbf16ps sums
+// weight x activation pairs in f32. Per group: acc += d * run sums, and the offset's m * sum(x).
+// Weights are exact in bf16; activations carry bf16 rounding (the A16 allows bf16).
+struct W4Acts {
+  const uint16_t* bf16;  // [num_tokens, k]
+  const float* group_sums;  // [num_tokens, k / G]
+};
+
 template <GgmlType kType, int R, int T>
-void TileW4(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+void TileW4(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* xa, int64_t k, float* y,
             int64_t ldy) {
   constexpr int G = kW4A16Group<kType>;
   constexpr bool kZ = kW4A16Zero<kType>;
+  const W4Acts& acts = *reinterpret_cast<const W4Acts*>(xa);
+  const int64_t ng = k / G;
   __m512 acc[R][T];
+  float off[R][T] = {};
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const uint8_t* rows = w + r0 * row_bytes;
-  const float* xs = x + t0 * k;
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  for (int64_t g = 0; g < k / G; ++g) {
+  // bf16 of 0..15 (zero point) or -8..7 (symmetric), indexed by the nibble.
+  alignas(64) static const uint16_t kTable[2][32] = {
+      {0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0,
+       0x40C0, 0x40E0},
+      {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150,
+       0x4160, 0x4170}};
+  const __m512i table = _mm512_load_si512(kTable[kZ ? 1 : 0]);
+  for (int64_t g = 0; g < ng; ++g) {
     const BlockW4<G, kZ>* blk[R];
-    __m512 dv[R], mv[R];
+    __m512 part[R][T];
     for (int r = 0; r < R; ++r) {
       blk[r] = reinterpret_cast<const BlockW4<G, kZ>*>(rows + r * row_bytes) + g;
-      uint32_t dm = blk[r]->d;
-      if constexpr (kZ) dm |= static_cast<uint32_t>(blk[r]->m) << 16;
-      const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
-      dv[r] = _mm512_broadcastss_ps(f);
-      mv[r] = kZ ? _mm512_broadcastss_ps(_mm_movehdup_ps(f)) : _mm512_mul_ps(dv[r], _mm512_set1_ps(-8.0f));
+      for (int t = 0; t < T; ++t) part[r][t] = _mm512_setzero_ps();
     }
     for (int s = 0; s < G / 32; ++s) {
-      __m512 lo[R], hi[R];
+      __m512bh wv[R];
       for (int r = 0; r < R; ++r) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r]->qs + 16 * s));
-        lo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask))), dv[r], mv[r]);
-        hi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask))),
-                                dv[r], mv[r]);
+        const __m256i b16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r]->qs + 16 * s)));
+        const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b16, _mm256_set1_epi16(0x0f))),
+                                               _mm256_srli_epi16(b16, 4), 1);
+        wv[r] = (__m512bh)_mm512_permutexvar_epi16(nib, table);
       }
       const int64_t i = g * G + 32 * s;
       for (int t = 0; t < T; ++t) {
-        const __m512 x0 = _mm512_loadu_ps(xs + t * k + i), x1 = _mm512_loadu_ps(xs + t * k + i + 16);
-        for (int r = 0; r < R; ++r) {
-          acc[r][t] = _mm512_fmadd_ps(lo[r], x0, acc[r][t]);
-          acc[r][t] = _mm512_fmadd_ps(hi[r], x1, acc[r][t]);
-        }
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(acts.bf16 + (t0 + t) * k + i);
+        for (int r = 0; r < R; ++r) part[r][t] = _mm512_dpbf16_ps(part[r][t], wv[r], xv);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 dv = _mm512_set1_ps(_cvtsh_ss(blk[r]->d));
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(dv, part[r][t], acc[r][t]);
+      if constexpr (kZ) {
+        const float m = _cvtsh_ss(blk[r]->m);
+        for (int t = 0; t < T; ++t) off[r][t] += m * acts.group_sums[(t0 + t) * ng + g];
       }
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]) + off[r][t];
 }
 
 template <GgmlType kType>
 void GemmW4A16(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
                float* y, int64_t ldy) {
+  constexpr int G = kW4A16Group<kType>;
+  // NOTE: thread_local: each pool thread converts the activations for its own rows (the same
+  // values on every thread, so a row's result does not depend on the split).
+  thread_local std::vector<uint16_t> bf16;
+  thread_local std::vector<float> sums;
+  bf16.resize(static_cast<size_t>(num_tokens * k));
+  sums.resize(static_cast<size_t>(num_tokens * (k / G)));
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* xt = x + t * k;
+    for (int64_t i = 0; i < k; i += 32) {
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xt + i + 16), _mm512_loadu_ps(xt + i));
+      _mm512_storeu_si512(bf16.data() + t * k + i, (__m512i)v);
+    }
+    for (int64_t g = 0; g < k / G; ++g) {
+      __m512 s = _mm512_setzero_ps();
+      for (int64_t i = g * G; i < (g + 1) * G; i += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(xt + i));
+      sums[t * (k / G) + g] = _mm512_reduce_add_ps(s);
+    }
+  }
+  const W4Acts acts{bf16.data(), sums.data()};
   static constexpr TileFloatFn kTiles[4][4] = {
       {TileW4<kType, 1, 1>, TileW4<kType, 1, 2>, TileW4<kType, 1, 3>, TileW4<kType, 1, 4>},
       {TileW4<kType, 2, 1>, TileW4<kType, 2, 2>, TileW4<kType, 2, 3>, TileW4<kType, 2, 4>},
       {TileW4<kType, 3, 1>, TileW4<kType, 3, 2>, TileW4<kType, 3, 3>, TileW4<kType, 3, 4>},
       {TileW4<kType, 4, 1>, TileW4<kType, 4, 2>, TileW4<kType, 4, 3>, TileW4<kType, 4, 4>}};
-  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, reinterpret_cast<const float*>(&acts), k, y, ldy);
 }
 
 template <GgmlType kType>
