@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tools/commands.h"
+#include "tools/hf_convert.h"
 #include "tools/llama2c_convert.h"
 #include "tools/synth.h"
 
@@ -35,23 +36,38 @@ bool LoadOptions::CopyToMemory(const std::string& path) const {
 
 CommandFn RegisterConvert(CLI::App& app) {
   struct Opts {
-    std::string llama2c, tokenizer, out;
+    std::string llama2c, tokenizer, hf, outtype = "f16", out;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--llama2c", o->llama2c, "llama2.c checkpoint (.bin)")->required();
-  app.add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer (.bin)")->required();
+  app.add_option("--llama2c", o->llama2c, "llama2.c checkpoint (.bin), with --tokenizer");
+  app.add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer (.bin)");
+  app.add_option("--hf", o->hf, "Hugging Face llama checkpoint folder (config.json, *.safetensors, tokenizer.json)");
+  app.add_option("--outtype", o->outtype, "--hf: matrix type f32 | f16 | bf16")->capture_default_str();
   app.add_option("-o,--output", o->out, "output GGUF path")->required();
   return [o]() {
-    Llama2cConfig c;
-    auto w = ConvertLlama2c(o->llama2c, o->tokenizer, &c);
-    if (!w.ok()) {
-      std::fprintf(stderr, "gale convert: %s\n", w.status().ToString().c_str());
-      return 1;
-    }
-    if (Status s = w->WriteFile(o->out); !s.ok()) {
+    auto fail = [](const Status& s) {
       std::fprintf(stderr, "gale convert: %s\n", s.ToString().c_str());
       return 1;
+    };
+    if (o->hf.empty() == o->llama2c.empty()) return fail(InvalidArgument("give one of --hf DIR or --llama2c FILE"));
+    if (!o->hf.empty()) {
+      const auto type = ParseTypeName(o->outtype);
+      if (!type) return fail(InvalidArgument("--outtype '{}' is not one of f32, f16, bf16", o->outtype));
+      GgufWriter w;
+      auto r = ConvertHf(o->hf, *type, &w);
+      if (!r.ok()) return fail(r.status().WithContext(o->hf));
+      if (Status s = w.WriteFile(o->out); !s.ok()) return fail(s);
+      for (const auto& n : r->skipped) std::fprintf(stderr, "skipped: %s\n", n.c_str());
+      std::fprintf(stderr, "wrote %s: %lld tensors, %lld layers, vocab %lld, pre-tokenizer %s, %s\n", o->out.c_str(),
+                   static_cast<long long>(r->num_tensors), static_cast<long long>(r->layers),
+                   static_cast<long long>(r->vocab), r->pre.c_str(), o->outtype.c_str());
+      return 0;
     }
+    if (o->tokenizer.empty()) return fail(InvalidArgument("--llama2c needs --tokenizer"));
+    Llama2cConfig c;
+    auto w = ConvertLlama2c(o->llama2c, o->tokenizer, &c);
+    if (!w.ok()) return fail(w.status());
+    if (Status s = w->WriteFile(o->out); !s.ok()) return fail(s);
     std::fprintf(stderr, "wrote %s: dim %d, layers %d, heads %d/%d, ffn %d, vocab %d, %s classifier\n",
                  o->out.c_str(), c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
                  c.shared_classifier ? "shared" : "separate");

@@ -49,6 +49,9 @@ expect_fail both-load-flags "excludes" -- "$GALE" run --mmap --no-mmap -p hi
 expect_fail synth-bad-type "unknown type" -- "$GALE" synth --type q3_X -o "$tmp/x.gguf"
 expect_fail synth-bad-shape "unknown model shape" -- "$GALE" synth --shape 70b -o "$tmp/x.gguf"
 expect_fail convert-missing "cannot open" -- "$GALE" convert --llama2c "$tmp/none.bin" --tokenizer "$tmp/none.bin" -o "$tmp/x.gguf"
+expect_fail convert-hf-missing "config.json" -- "$GALE" convert --hf "$tmp/no-such-dir" -o "$tmp/x.gguf"
+expect_fail convert-neither "one of --hf DIR or --llama2c" -- "$GALE" convert -o "$tmp/x.gguf"
+expect_fail convert-hf-outtype "--outtype" -- "$GALE" convert --hf "$tmp" --outtype q4_0 -o "$tmp/x.gguf"
 expect_fail bench-bad-batch "--batch" -- "$GALE" bench -m "$tmp/trunc.gguf" --batch 1,x
 
 # gale batch: concurrent (tiny KV, small chunks: preemption) gives byte for byte what one at a time gives.

@@ -1,0 +1,28 @@
+// `gale convert --hf DIR`: a Hugging Face llama-family checkpoint (config.json, *.safetensors,
+// tokenizer.json, optionally tokenizer_config.json) to a GGUF with llama.cpp's names and layout:
+// weights renamed (model.layers.N.self_attn.q_proj.weight -> blk.N.attn_q.weight, ...), q/k rows
+// permuted from Hugging Face's rotate-half order to the interleaved pairs GGUF's RoPE expects,
+// matrices as F32, F16 or BF16 (norms stay F32), hyperparameters under llama.*. Tokenizers:
+// byte-level BPE (GPT-2's pre-tokenizer, or Llama 3's split regex) with merges and added tokens;
+// SentencePiece-style ones (byte fallback, tokenizer.model) are refused with a clear error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "gguf/ggml_types.h"
+#include "gguf/gguf_writer.h"
+
+namespace gale {
+
+struct HfConvertReport {
+  int64_t num_tensors = 0, vocab = 0, layers = 0;
+  std::vector<std::string> skipped;  // checkpoint tensors with no GGUF counterpart
+  std::string pre;                   // the tokenizer's pre-tokenizer type
+};
+
+// type: F32, F16 or BF16 for the matrices.
+StatusOr<HfConvertReport> ConvertHf(const std::string& dir, GgmlType type, GgufWriter* out);
+
+}  // namespace gale

@@ -1,0 +1,251 @@
+// gale convert --hf: a synthetic GQA model exported to a Hugging Face folder (two safetensors
+// shards in HF names and rotate-half q/k order, config.json, a tokenizer.json made from llama.cpp's
+// GPT-2 vocab, tokenizer_config.json) converts back to the same weights bit for bit and the same
+// logits, its tokenizer passes llama.cpp's GPT-2 test vectors, and bad folders (missing files,
+// another architecture, truncated or mis-shaped tensors, SentencePiece tokenizers) are clear errors.
+#include "tools/hf_convert.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "../test_util.h"
+#include "gguf/safetensors.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "tools/synth.h"
+
+namespace gale {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+std::vector<std::string> Strings(const GgufValue* v) {
+  std::vector<std::string> out;
+  for (const auto& e : v->array) out.push_back(e.str);
+  return out;
+}
+
+void WriteText(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+}
+
+void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+class HfConvertTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("gale-hf-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    vocab_file_ = GgufFile::Open(test::SharedDir() + "/vocab/ggml-vocab-gpt-2.gguf").value();
+    auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
+    shape_.dim = 64;
+    shape_.num_layers = 2;
+    shape_.num_heads = 4;
+    shape_.num_kv_heads = 2;
+    shape_.ffn_dim = 96;
+    shape_.vocab_size = static_cast<int64_t>(tokens.size());
+    shape_.context_length = 1024;
+    synth_bytes_ = SynthesizeLlama(shape_, GgmlType::kF32, 17)->WriteToBytes();
+    synth_ = GgufFile::FromBytes(synth_bytes_).value();
+    ExportHf();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The synthetic GGUF as a Hugging Face folder.
+  void ExportHf() {
+    const int64_t hd = shape_.dim / shape_.num_heads;
+    std::vector<SafetensorsFile::Entry> shard[2];
+    auto put = [&](int s, const std::string& hf, const std::string& gguf, int64_t permute_heads) {
+      const GgufTensorInfo* t = synth_->FindTensor(gguf);
+      ASSERT_NE(t, nullptr) << gguf;
+      SafetensorsFile::Entry e;
+      e.name = hf;
+      e.dtype = "F32";
+      if (t->shape.size() == 2) {
+        e.shape = {t->shape[1], t->shape[0]};
+      } else {
+        e.shape = {t->shape[0]};
+      }
+      e.data.assign(t->data, t->data + t->num_bytes);
+      if (permute_heads > 0) {
+        // GGUF row h*hd + 2i + j was HF row h*hd + j*hd/2 + i.
+        const int64_t cols = t->shape[0], rows = t->shape[1];
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t h = r / hd, i = (r % hd) / 2, j = r % 2;
+          std::memcpy(e.data.data() + (h * hd + j * (hd / 2) + i) * cols * 4, t->data + r * cols * 4, cols * 4);
+        }
+      }
+      shard[s].push_back(std::move(e));
+    };
+    put(0, "model.embed_tokens.weight", "token_embd.weight", 0);
+    for (int64_t l = 0; l < shape_.num_layers; ++l) {
+      const int s = static_cast<int>(l);  // one layer per shard
+      const std::string h = "model.layers." + std::to_string(l) + ".", g = "blk." + std::to_string(l) + ".";
+      put(s, h + "input_layernorm.weight", g + "attn_norm.weight", 0);
+      put(s, h + "self_attn.q_proj.weight", g + "attn_q.weight", shape_.num_heads);
+      put(s, h + "self_attn.k_proj.weight", g + "attn_k.weight", shape_.num_kv_heads);
+      put(s, h + "self_attn.v_proj.weight", g + "attn_v.weight", 0);
+      put(s, h + "self_attn.o_proj.weight", g + "attn_output.weight", 0);
+      put(s, h + "post_attention_layernorm.weight", g + "ffn_norm.weight", 0);
+      put(s, h + "mlp.gate_proj.weight", g + "ffn_gate.weight", 0);
+      put(s, h + "mlp.up_proj.weight", g + "ffn_up.weight", 0);
+      put(s, h + "mlp.down_proj.weight", g + "ffn_down.weight", 0);
+    }
+    put(1, "model.norm.weight", "output_norm.weight", 0);
+    put(1, "lm_head.weight", "output.weight", 0);
+    SafetensorsFile::Entry extra{"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, std::vector<uint8_t>(8, 0)};
+    shard[0].push_back(extra);
+    WriteBytes(dir_ / "model-00001-of-00002.safetensors", SafetensorsFile::Write(shard[0]));
+    WriteBytes(dir_ / "model-00002-of-00002.safetensors", SafetensorsFile::Write(shard[1]));
+    Json config = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", shape_.dim},
+                   {"intermediate_size", shape_.ffn_dim}, {"num_hidden_layers", shape_.num_layers},
+                   {"num_attention_heads", shape_.num_heads}, {"num_key_value_heads", shape_.num_kv_heads},
+                   {"vocab_size", shape_.vocab_size}, {"max_position_embeddings", shape_.context_length},
+                   {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false}};
+    WriteText(dir_ / "config.json", config.dump(2));
+    // tokenizer.json from llama.cpp's GPT-2 vocab: BPE vocab and merges, its control token added.
+    auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
+    auto merges = Strings(vocab_file_->Find("tokenizer.ggml.merges"));
+    Json vocab = Json::object();
+    Json added = Json::array();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] == "<|endoftext|>") {
+        added.push_back(Json{{"id", i}, {"content", tokens[i]}, {"special", true}});
+      } else {
+        vocab[tokens[i]] = i;
+      }
+    }
+    Json model = Json::object();
+    model["type"] = "BPE";
+    model["vocab"] = vocab;
+    model["merges"] = merges;
+    Json tok = Json::object();
+    tok["version"] = "1.0";
+    tok["added_tokens"] = added;
+    tok["pre_tokenizer"] = Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+    tok["post_processor"] = nullptr;
+    tok["model"] = model;
+    WriteText(dir_ / "tokenizer.json", tok.dump());
+    WriteText(dir_ / "tokenizer_config.json",
+              Json{{"bos_token", "<|endoftext|>"}, {"eos_token", {{"content", "<|endoftext|>"}}},
+                   {"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
+  }
+
+  StatusOr<std::unique_ptr<GgufFile>> Convert(GgmlType type = GgmlType::kF32) {
+    GgufWriter w;
+    ASSIGN_OR_RETURN(HfConvertReport r, ConvertHf(dir_.string(), type, &w));
+    report_ = r;
+    return GgufFile::FromBytes(w.WriteToBytes());
+  }
+
+  fs::path dir_;
+  SynthShape shape_;
+  std::unique_ptr<GgufFile> vocab_file_;
+  std::vector<uint8_t> synth_bytes_;
+  std::unique_ptr<GgufFile> synth_;
+  HfConvertReport report_;
+};
+
+TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
+  auto out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(report_.pre, "gpt-2");
+  EXPECT_EQ(report_.skipped, std::vector<std::string>{"model.layers.0.self_attn.rotary_emb.inv_freq"});
+  for (const GgufTensorInfo& t : synth_->tensors()) {
+    const GgufTensorInfo* c = (*out)->FindTensor(t.name);
+    ASSERT_NE(c, nullptr) << t.name;
+    EXPECT_EQ(c->shape, t.shape) << t.name;
+    ASSERT_EQ(c->num_bytes, t.num_bytes) << t.name;
+    EXPECT_EQ(0, std::memcmp(c->data, t.data, t.num_bytes)) << t.name;
+  }
+  auto logits = [](const GgufFile& f) {
+    auto m = LlamaModel::Load(f).value();
+    ThreadPool pool(1);
+    KvCache kv(m->hparams(), 8);
+    Workspace ws;
+    ForwardBatch b;
+    b.tokens = {15496, 995, 11};
+    b.positions = {0, 1, 2};
+    EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
+    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
+  };
+  EXPECT_EQ(logits(**out), logits(*synth_));
+  // The tokenizer passes llama.cpp's GPT-2 vectors.
+  auto tok = Tokenizer::FromGguf(**out).value();
+  const std::string base = test::SharedDir() + "/vocab/ggml-vocab-gpt-2.gguf";
+  const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::istringstream lines(outv);
+  size_t at = 0, checked = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const size_t next = inp.find(sep, at);
+    ASSERT_NE(next, std::string::npos);
+    std::istringstream ids(line);
+    std::vector<int32_t> want;
+    for (int32_t id; ids >> id;) want.push_back(id);
+    EXPECT_EQ(tok->Encode(inp.substr(at, next - at), false, false), want) << inp.substr(at, next - at);
+    at = next + sep.size();
+    ++checked;
+  }
+  EXPECT_GT(checked, 20u);
+  EXPECT_EQ(tok->bos_id(), 50256);
+  EXPECT_EQ(tok->eos_id(), 50256);
+  EXPECT_TRUE((*out)->GetString("tokenizer.chat_template").ok());
+  // F16 output: matrices in F16, norms in F32.
+  auto half = Convert(GgmlType::kF16);
+  ASSERT_TRUE(half.ok());
+  EXPECT_EQ((*half)->FindTensor("blk.0.attn_q.weight")->type_id, static_cast<uint32_t>(GgmlType::kF16));
+  EXPECT_EQ((*half)->FindTensor("blk.0.attn_norm.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
+}
+
+TEST_F(HfConvertTest, BadFoldersAreClearErrors) {
+  auto message = [&]() {
+    auto r = Convert();
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? std::string() : r.status().message();
+  };
+  const std::string config = test::ReadFile((dir_ / "config.json").string());
+  const std::string tokenizer = test::ReadFile((dir_ / "tokenizer.json").string());
+  WriteText(dir_ / "config.json", Json{{"architectures", {"GPT2LMHeadModel"}}}.dump());
+  EXPECT_NE(message().find("not a llama-family model"), std::string::npos);
+  WriteText(dir_ / "config.json", "{not json");
+  EXPECT_NE(message().find("not a JSON object"), std::string::npos);
+  WriteText(dir_ / "config.json", config);
+  // A tokenizer with byte fallback (SentencePiece-style) is refused.
+  auto tj = Json::parse(tokenizer);
+  tj["model"]["byte_fallback"] = true;
+  WriteText(dir_ / "tokenizer.json", tj.dump());
+  EXPECT_NE(message().find("tokenizer.model"), std::string::npos);
+  WriteText(dir_ / "tokenizer.json", tokenizer);
+  // A truncated shard.
+  const fs::path shard = dir_ / "model-00002-of-00002.safetensors";
+  const std::string bytes = test::ReadFile(shard.string());
+  WriteText(shard, bytes.substr(0, bytes.size() / 2));
+  EXPECT_NE(message().find("runs past"), std::string::npos);
+  WriteText(shard, bytes.substr(0, 4));
+  EXPECT_NE(message().find("too short"), std::string::npos);
+  // A tensor of the wrong shape.
+  // (layer 1, the second shard's first tensor, comes first)
+  auto wrong = SafetensorsFile::Write({{"model.layers.1.input_layernorm.weight", "F32", {3}, std::vector<uint8_t>(12, 0)}});
+  WriteBytes(shard, wrong);
+  EXPECT_NE(message().find("shape"), std::string::npos);
+  fs::remove(shard);
+  EXPECT_NE(message().find("missing"), std::string::npos);
+  fs::remove(dir_ / "config.json");
+  EXPECT_NE(message().find("cannot open"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gale
