@@ -52,7 +52,9 @@ CommandFn RegisterConvert(CLI::App& app) {
     if (o->hf.empty() == o->llama2c.empty()) return fail(InvalidArgument("give one of --hf DIR or --llama2c FILE"));
     if (!o->hf.empty()) {
       const auto type = ParseTypeName(o->outtype);
-      if (!type) return fail(InvalidArgument("--outtype '{}' is not one of f32, f16, bf16", o->outtype));
+      if (!type || (*type != GgmlType::kF32 && *type != GgmlType::kF16 && *type != GgmlType::kBF16)) {
+        return fail(InvalidArgument("--outtype '{}' is not one of f32, f16, bf16 (quantize afterwards)", o->outtype));
+      }
       GgufWriter w;
       auto r = ConvertHf(o->hf, *type, &w);
       if (!r.ok()) return fail(r.status().WithContext(o->hf));
