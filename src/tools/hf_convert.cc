@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -124,15 +125,16 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
     return InvalidArgument("tokenizer.json: only BPE tokenizers are supported");
   }
   const Json& tm = tj["model"];
-  if (tm.value("byte_fallback", false)) {
-    return InvalidArgument("tokenizer.json: a SentencePiece-style BPE (byte_fallback) needs tokenizer.model, which "
-                           "convert does not read yet");
-  }
+  // SentencePiece-style (Llama 2, Mistral, TinyLlama): byte fallback, "▁" for spaces. GGUF's
+  // "llama" tokenizer merges by token score; a merge's rank gives its result's score.
+  const bool spm = tm.value("byte_fallback", false);
   HfConvertReport report;
   // Pre-tokenizer: GPT-2's byte-level regex, or Llama 3's split regex then byte level.
   const Json& pt = tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : Json();
   auto is_byte_level = [](const Json& p) { return p.is_object() && p.value("type", "") == "ByteLevel"; };
-  if (is_byte_level(pt) && pt.value("use_regex", true)) {
+  if (spm) {
+    report.pre = "sentencepiece";
+  } else if (is_byte_level(pt) && pt.value("use_regex", true)) {
     report.pre = "gpt-2";
   } else if (pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
              pt["pretokenizers"].is_array()) {
@@ -162,14 +164,19 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
     types[id] = ty;
     return Status::Ok();
   };
+  const std::string unk = tm.contains("unk_token") ? TokenContent(tm["unk_token"]) : "";
   for (auto it = tm["vocab"].begin(); it != tm["vocab"].end(); ++it) {
     if (!it.value().is_number_integer()) return InvalidArgument("tokenizer.json: vocab entry '{}' has no id", it.key());
-    RETURN_IF_ERROR(place(it.value().get<int64_t>(), it.key(), 1));
+    const std::string& k = it.key();
+    const bool byte = spm && k.size() == 6 && k.rfind("<0x", 0) == 0 && k.back() == '>';
+    RETURN_IF_ERROR(place(it.value().get<int64_t>(), k, k == unk && spm ? 2 : byte ? 6 : 1));
   }
   if (tj.contains("added_tokens") && tj["added_tokens"].is_array()) {
     for (const auto& a : tj["added_tokens"]) {
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) continue;
-      RETURN_IF_ERROR(place(a["id"].get<int64_t>(), TokenContent(a), a.value("special", false) ? 3 : 4));
+      const std::string content = TokenContent(a);
+      const int32_t ty = spm && content == unk ? 2 : a.value("special", false) ? 3 : 4;
+      RETURN_IF_ERROR(place(a["id"].get<int64_t>(), content, ty));
     }
   }
   if (static_cast<int64_t>(tokens.size()) > vocab) {
@@ -193,6 +200,23 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
       merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
     } else {
       return InvalidArgument("tokenizer.json: merge {} is not a pair", merges.size());
+    }
+  }
+  // SentencePiece scores: a merge of rank r makes a token of score -r (the first merge that makes
+  // it); tokens no merge makes are never merged to (lowest score).
+  std::vector<float> scores;
+  if (spm) {
+    std::unordered_map<std::string, int64_t> ids;
+    for (size_t i = 0; i < tokens.size(); ++i) ids.emplace(tokens[i], static_cast<int64_t>(i));
+    scores.assign(tokens.size(), -1e9f);
+    for (size_t r = 0; r < merges.size(); ++r) {
+      const size_t sp = merges[r].find(' ');
+      if (sp == std::string::npos) return InvalidArgument("tokenizer.json: merge {} is not a pair", r);
+      auto it = ids.find(merges[r].substr(0, sp) + merges[r].substr(sp + 1));
+      if (it != ids.end() && scores[it->second] == -1e9f) scores[it->second] = -static_cast<float>(r);
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (types[i] != 1) scores[i] = 0.0f;
     }
   }
   auto id_of = [&](const std::string& content) -> int64_t {
@@ -242,11 +266,22 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
     out->SetF32("llama.rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
   }
   out->SetU32("llama.vocab_size", static_cast<uint32_t>(vocab));
-  out->SetString("tokenizer.ggml.model", "gpt2");
-  out->SetString("tokenizer.ggml.pre", report.pre);
   out->SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
   out->SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
-  out->SetValue("tokenizer.ggml.merges", GgufValue::StringArray(merges));
+  if (spm) {
+    out->SetString("tokenizer.ggml.model", "llama");
+    out->SetValue("tokenizer.ggml.scores", GgufValue::F32Array(scores));
+    // A space prefix when the normalizer prepends "▁" (or a Metaspace pre-tokenizer does).
+    const std::string norm = tj.contains("normalizer") ? tj["normalizer"].dump() : "";
+    const bool prefix = norm.find("\"Prepend\"") != std::string::npos ||
+                        (pt.is_object() && pt.value("type", "") == "Metaspace" && pt.value("prepend_scheme", "always") != "never");
+    out->SetBool("tokenizer.ggml.add_space_prefix", prefix);
+    if (const int64_t u = id_of(unk); u >= 0) out->SetU32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(u));
+  } else {
+    out->SetString("tokenizer.ggml.model", "gpt2");
+    out->SetString("tokenizer.ggml.pre", report.pre);
+    out->SetValue("tokenizer.ggml.merges", GgufValue::StringArray(merges));
+  }
   if (bos >= 0) out->SetU32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos));
   if (eos >= 0) out->SetU32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(eos));
   out->SetBool("tokenizer.ggml.add_bos_token", add_bos);

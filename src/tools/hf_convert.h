@@ -2,9 +2,10 @@
 // tokenizer.json, optionally tokenizer_config.json) to a GGUF with llama.cpp's names and layout:
 // weights renamed (model.layers.N.self_attn.q_proj.weight -> blk.N.attn_q.weight, ...), q/k rows
 // permuted from Hugging Face's rotate-half order to the interleaved pairs GGUF's RoPE expects,
-// matrices as F32, F16 or BF16 (norms stay F32), hyperparameters under llama.*. Tokenizers:
-// byte-level BPE (GPT-2's pre-tokenizer, or Llama 3's split regex) with merges and added tokens;
-// SentencePiece-style ones (byte fallback, tokenizer.model) are refused with a clear error.
+// matrices as F32, F16 or BF16 (norms stay F32), hyperparameters under llama.*. Tokenizers from
+// tokenizer.json: byte-level BPE (GPT-2's pre-tokenizer, or Llama 3's split regex) with merges,
+// or SentencePiece-style BPE with byte fallback (Llama 2, Mistral, TinyLlama) as GGUF's "llama"
+// tokenizer with scores from merge ranks; added tokens become control or user-defined tokens.
 #pragma once
 
 #include <string>

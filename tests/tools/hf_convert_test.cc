@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -24,7 +25,7 @@ namespace gale {
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;
 
 std::vector<std::string> Strings(const GgufValue* v) {
   std::vector<std::string> out;
@@ -44,11 +45,14 @@ void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
 
 class HfConvertTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // A folder for the synthetic model with llama.cpp's vocab `vocab` ("gpt-2": byte-level BPE,
+  // "llama-spm": SentencePiece-style with byte fallback).
+  void Build(const std::string& vocab) {
+    vocab_name_ = vocab;
     dir_ = fs::temp_directory_path() / ("gale-hf-" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    vocab_file_ = GgufFile::Open(test::SharedDir() + "/vocab/ggml-vocab-gpt-2.gguf").value();
+    vocab_file_ = GgufFile::Open(test::SharedDir() + "/vocab/ggml-vocab-" + vocab + ".gguf").value();
     auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
     shape_.dim = 64;
     shape_.num_layers = 2;
@@ -115,32 +119,88 @@ class HfConvertTest : public ::testing::Test {
                    {"vocab_size", shape_.vocab_size}, {"max_position_embeddings", shape_.context_length},
                    {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false}};
     WriteText(dir_ / "config.json", config.dump(2));
-    // tokenizer.json from llama.cpp's GPT-2 vocab: BPE vocab and merges, its control token added.
     auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
-    auto merges = Strings(vocab_file_->Find("tokenizer.ggml.merges"));
     Json vocab = Json::object();
     Json added = Json::array();
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] == "<|endoftext|>") {
-        added.push_back(Json{{"id", i}, {"content", tokens[i]}, {"special", true}});
-      } else {
-        vocab[tokens[i]] = i;
-      }
-    }
     Json model = Json::object();
     model["type"] = "BPE";
-    model["vocab"] = vocab;
-    model["merges"] = merges;
     Json tok = Json::object();
     tok["version"] = "1.0";
+    if (vocab_name_ == "gpt-2") {
+      // llama.cpp's GPT-2 vocab: BPE vocab and merges, its control token added.
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] == "<|endoftext|>") {
+          added.push_back(Json{{"id", i}, {"content", tokens[i]}, {"special", true}});
+        } else {
+          vocab[tokens[i]] = i;
+        }
+      }
+      model["merges"] = Strings(vocab_file_->Find("tokenizer.ggml.merges"));
+      tok["pre_tokenizer"] = Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+      WriteText(dir_ / "tokenizer_config.json",
+                Json{{"bos_token", "<|endoftext|>"}, {"eos_token", {{"content", "<|endoftext|>"}}},
+                     {"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
+    } else {
+      // SentencePiece as Hugging Face's converter writes it: the pieces, and for every piece (best
+      // score first) each split into two pieces as a merge; byte fallback; "▁" for spaces.
+      const GgufValue* sv = vocab_file_->Find("tokenizer.ggml.scores");
+      const GgufValue* tv = vocab_file_->Find("tokenizer.ggml.token_type");
+      std::vector<size_t> order;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        vocab[tokens[i]] = i;
+        const int64_t ty = *tv->array[i].AsInt();
+        if (ty == 2 || ty == 3) added.push_back(Json{{"id", i}, {"content", tokens[i]}, {"special", true}});
+        if (ty == 1) order.push_back(i);
+      }
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return *sv->array[a].AsDouble() > *sv->array[b].AsDouble();
+      });
+      const std::unordered_set<std::string> pieces(tokens.begin(), tokens.end());
+      std::vector<std::string> merges;
+      for (size_t i : order) {
+        const std::string& t = tokens[i];
+        for (size_t cut = 1; cut < t.size(); ++cut) {
+          if ((static_cast<unsigned char>(t[cut]) & 0xC0) == 0x80) continue;  // inside a character
+          const std::string a = t.substr(0, cut), b = t.substr(cut);
+          if (pieces.count(a) && pieces.count(b)) merges.push_back(a + " " + b);
+        }
+      }
+      model["merges"] = merges;
+      model["byte_fallback"] = true;
+      model["unk_token"] = "<unk>";
+      tok["normalizer"] = Json{{"type", "Sequence"},
+                               {"normalizers", Json::array({Json{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                                            Json{{"type", "Replace"}, {"pattern", {{"String", " "}}},
+                                                                 {"content", "\u2581"}}})}};
+      tok["pre_tokenizer"] = nullptr;
+      WriteText(dir_ / "tokenizer_config.json",
+                Json{{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"add_bos_token", true}}.dump());
+    }
+    model["vocab"] = vocab;
     tok["added_tokens"] = added;
-    tok["pre_tokenizer"] = Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
     tok["post_processor"] = nullptr;
     tok["model"] = model;
     WriteText(dir_ / "tokenizer.json", tok.dump());
-    WriteText(dir_ / "tokenizer_config.json",
-              Json{{"bos_token", "<|endoftext|>"}, {"eos_token", {{"content", "<|endoftext|>"}}},
-                   {"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
+  }
+
+  // Encodes llama.cpp's test vectors for the vocab with tok; returns how many were checked.
+  size_t CheckVectors(const Tokenizer& tok) {
+    const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + vocab_name_ + ".gguf";
+    const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
+    const std::string sep = "\n__ggml_vocab_test__\n";
+    std::istringstream lines(outv);
+    size_t at = 0, checked = 0;
+    for (std::string line; std::getline(lines, line);) {
+      const size_t next = inp.find(sep, at);
+      if (next == std::string::npos) break;
+      std::istringstream ids(line);
+      std::vector<int32_t> want;
+      for (int32_t id; ids >> id;) want.push_back(id);
+      EXPECT_EQ(tok.Encode(inp.substr(at, next - at), false, false), want) << vocab_name_ << ": " << inp.substr(at, next - at);
+      at = next + sep.size();
+      ++checked;
+    }
+    return checked;
   }
 
   StatusOr<std::unique_ptr<GgufFile>> Convert(GgmlType type = GgmlType::kF32) {
@@ -156,9 +216,11 @@ class HfConvertTest : public ::testing::Test {
   std::vector<uint8_t> synth_bytes_;
   std::unique_ptr<GgufFile> synth_;
   HfConvertReport report_;
+  std::string vocab_name_;
 };
 
 TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
+  Build("gpt-2");
   auto out = Convert();
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ(report_.pre, "gpt-2");
@@ -184,22 +246,7 @@ TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
   EXPECT_EQ(logits(**out), logits(*synth_));
   // The tokenizer passes llama.cpp's GPT-2 vectors.
   auto tok = Tokenizer::FromGguf(**out).value();
-  const std::string base = test::SharedDir() + "/vocab/ggml-vocab-gpt-2.gguf";
-  const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::istringstream lines(outv);
-  size_t at = 0, checked = 0;
-  for (std::string line; std::getline(lines, line);) {
-    const size_t next = inp.find(sep, at);
-    ASSERT_NE(next, std::string::npos);
-    std::istringstream ids(line);
-    std::vector<int32_t> want;
-    for (int32_t id; ids >> id;) want.push_back(id);
-    EXPECT_EQ(tok->Encode(inp.substr(at, next - at), false, false), want) << inp.substr(at, next - at);
-    at = next + sep.size();
-    ++checked;
-  }
-  EXPECT_GT(checked, 20u);
+  EXPECT_GT(CheckVectors(*tok), 20u);
   EXPECT_EQ(tok->bos_id(), 50256);
   EXPECT_EQ(tok->eos_id(), 50256);
   EXPECT_TRUE((*out)->GetString("tokenizer.chat_template").ok());
@@ -210,7 +257,23 @@ TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
   EXPECT_EQ((*half)->FindTensor("blk.0.attn_norm.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
 }
 
+// A SentencePiece-style tokenizer.json (Llama 2's kind) becomes GGUF's "llama" tokenizer that
+// passes llama.cpp's llama-spm vectors.
+TEST_F(HfConvertTest, SentencePieceTokenizer) {
+  Build("llama-spm");
+  auto out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(report_.pre, "sentencepiece");
+  EXPECT_EQ(*(*out)->GetString("tokenizer.ggml.model"), "llama");
+  auto tok = Tokenizer::FromGguf(**out).value();
+  EXPECT_GT(CheckVectors(*tok), 20u);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_TRUE(tok->add_bos());
+}
+
 TEST_F(HfConvertTest, BadFoldersAreClearErrors) {
+  Build("gpt-2");
   auto message = [&]() {
     auto r = Convert();
     EXPECT_FALSE(r.ok());
@@ -223,11 +286,11 @@ TEST_F(HfConvertTest, BadFoldersAreClearErrors) {
   WriteText(dir_ / "config.json", "{not json");
   EXPECT_NE(message().find("not a JSON object"), std::string::npos);
   WriteText(dir_ / "config.json", config);
-  // A tokenizer with byte fallback (SentencePiece-style) is refused.
+  // A pre-tokenizer it does not know.
   auto tj = Json::parse(tokenizer);
-  tj["model"]["byte_fallback"] = true;
+  tj["pre_tokenizer"] = Json{{"type", "Whitespace"}};
   WriteText(dir_ / "tokenizer.json", tj.dump());
-  EXPECT_NE(message().find("tokenizer.model"), std::string::npos);
+  EXPECT_NE(message().find("pre-tokenizer not recognized"), std::string::npos);
   WriteText(dir_ / "tokenizer.json", tokenizer);
   // A truncated shard.
   const fs::path shard = dir_ / "model-00002-of-00002.safetensors";
