@@ -171,6 +171,22 @@ const float* RowAsF32(const uint8_t* row, KvType type, int head_dim, float* buf)
   return buf;
 }
 
+}  // namespace
+
+// max, exp, sum, then divide (not multiply by the reciprocal) as run.c does: it rounds differently.
+void SoftmaxReference(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+namespace {
+
 // Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same for f32 K/V).
 void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out, float* raw_scores) {
   thread_local std::vector<float> scores;  // [len]
@@ -183,14 +199,7 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
     scores[p] = DotF32(RowAsF32(kv.k + Slot(kv, p) * kv.k_row_bytes, kv.k_type, head_dim, row.data()), q, head_dim) / div;
   }
   if (raw_scores != nullptr) std::copy(scores.begin(), scores.begin() + len, raw_scores);
-  float max = scores[0];
-  for (int64_t p = 1; p < len; ++p) max = scores[p] > max ? scores[p] : max;
-  float sum = 0.0f;
-  for (int64_t p = 0; p < len; ++p) {
-    scores[p] = std::exp(scores[p] - max);
-    sum += scores[p];
-  }
-  for (int64_t p = 0; p < len; ++p) scores[p] /= sum;
+  SoftmaxReference(scores.data(), len);
   for (int d = 0; d < head_dim; ++d) out[d] = 0.0f;
   for (int64_t p = 0; p < len; ++p) {
     AxpyRef(scores[p], RowAsF32(kv.v + Slot(kv, p) * kv.v_row_bytes, kv.v_type, head_dim, row.data()), out, head_dim);
@@ -204,17 +213,7 @@ void AttendManyReference(const float* const* qs, const int64_t* lens, int num_qu
   for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i], scores ? scores[i] : nullptr);
 }
 
-void SoftmaxReference(float* x, int64_t n) {
-  float max = x[0];
-  for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
+
 
 void ToF16Reference(const float* x, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = Fp32ToFp16(x[i]);
