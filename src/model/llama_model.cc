@@ -44,7 +44,6 @@ void Grow(std::vector<float>& v, size_t n) {
 // the thread split.
 void AccumulateAttention(const ForwardBatch& batch, Workspace& ws, int64_t layer, int64_t num_heads, ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
-  auto seq_of = [&](int64_t i) { return batch.seq_idx.empty() ? 0 : batch.seq_idx[i]; };
   pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* row = ws.score_rows[t];
@@ -64,7 +63,7 @@ void AccumulateAttention(const ForwardBatch& batch, Workspace& ws, int64_t layer
     if (batch.attn_acc[s].data == nullptr) continue;
     int64_t max_len = 0;
     for (int64_t t = 0; t < n; ++t) {
-      if (seq_of(t) == static_cast<int32_t>(s)) max_len = std::max<int64_t>(max_len, ws.kv_slots[t] + 1);
+      if (batch.seq(t) == static_cast<int32_t>(s)) max_len = std::max<int64_t>(max_len, ws.kv_slots[t] + 1);
     }
     for (int64_t b = 0; b < max_len; b += kChunk) items.push_back({static_cast<int32_t>(s), b, std::min(b + kChunk, max_len)});
   }
@@ -74,7 +73,7 @@ void AccumulateAttention(const ForwardBatch& batch, Workspace& ws, int64_t layer
       const ForwardBatch::AttentionAccumulator& a = batch.attn_acc[it.seq];
       float* acc = a.data + layer * a.stride;
       for (int64_t t = 0; t < n; ++t) {
-        if (seq_of(t) != it.seq) continue;
+        if (batch.seq(t) != it.seq) continue;
         const int64_t len = ws.kv_slots[t] + 1;
         const int64_t stop = std::min(it.end, len);
         if (stop <= it.begin) continue;
@@ -192,13 +191,12 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     return InvalidArgument("batch: {} attention accumulators for {} sequences", batch.attn_acc.size(),
                            batch.block_tables.size());
   }
-  auto seq_of = [&](int64_t i) { return batch.seq_idx.empty() ? 0 : batch.seq_idx[i]; };
   const int64_t block_size = kv.block_size();
   for (int64_t i = 0; i < n; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= hp_.vocab_size) {
       return InvalidArgument("token id {} out of range [0, {})", batch.tokens[i], hp_.vocab_size);
     }
-    const int32_t s = seq_of(i);
+    const int32_t s = batch.seq(i);
     if (s < 0 || static_cast<size_t>(s) >= batch.block_tables.size()) {
       return InvalidArgument("seq_idx {} has no block table", s);
     }
@@ -242,7 +240,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
                         ws.rope.data() + t * hp_.rope_dims);
   }
   ws.tables.resize(n);
-  for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[seq_of(t)].data();
+  for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[batch.seq(t)].data();
   ws.kv_slots.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.kv_slots[t] = batch.slot(t);
   int64_t kv_positions = 0;  // cache rows attention reads per layer, for the profile's bytes
@@ -255,14 +253,14 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     size_t total = 0;
     std::vector<size_t> offset(n, 0);
     for (int64_t t = 0; t < n; ++t) {
-      if (batch.attn_acc[seq_of(t)].data == nullptr) continue;
+      if (batch.attn_acc[batch.seq(t)].data == nullptr) continue;
       offset[t] = total;
       total += static_cast<size_t>(num_heads) * (ws.kv_slots[t] + 1);
       tracking = true;
     }
     Grow(ws.scores, total);
     for (int64_t t = 0; t < n; ++t) {
-      if (batch.attn_acc[seq_of(t)].data != nullptr) ws.score_rows[t] = ws.scores.data() + offset[t];
+      if (batch.attn_acc[batch.seq(t)].data != nullptr) ws.score_rows[t] = ws.scores.data() + offset[t];
     }
   }
   auto bytes = [](const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); };
@@ -290,7 +288,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t pos = ws.kv_slots[t];
-        const auto& table = batch.block_tables[seq_of(t)];
+        const auto& table = batch.block_tables[batch.seq(t)];
         const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
         kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
                            static_cast<int>(hp_.rope_dims), cos_sin);

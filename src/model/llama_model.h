@@ -42,6 +42,7 @@ struct ForwardBatch {
   // Calibration (gale quantize): when set, sees the input of every linear layer, [num_tokens, dim].
   class ActivationObserver* observer = nullptr;
   int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
+  int32_t seq(size_t i) const { return seq_idx.empty() ? 0 : seq_idx[i]; }
 };
 
 // The inputs of a layer's linear maps, for calibration: what wq/wk/wv read (the attention norm's

@@ -73,17 +73,22 @@ void GemmFloatRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const f
 }
 
 // Signed int8 weights of block b of a row, for either quantized type, plus the block scale.
+// The 32 signed weights of a Q4_0-ordered run of 16 nibble pairs (element j < 16 in the low nibble
+// of byte j, j + 16 in its high nibble), stored + 8.
+void UnpackNibbleRun(const uint8_t* qs, int8_t* out) {
+  for (int j = 0; j < 16; ++j) {
+    out[j] = static_cast<int8_t>((qs[j] & 0x0f) - 8);
+    out[j + 16] = static_cast<int8_t>((qs[j] >> 4) - 8);
+  }
+}
+
 template <GgmlType kType>
 float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
   if constexpr (kType == GgmlType::kW4A8G64 || kType == GgmlType::kW4A8G128) {
     // Run b % (G / 32) of group b / (G / 32): a Q4_0 block's nibbles with the group's scale.
     constexpr int G = kType == GgmlType::kW4A8G64 ? 64 : 128;
     const BlockW4<G, false>* blk = reinterpret_cast<const BlockW4<G, false>*>(row) + b / (G / 32);
-    const uint8_t* qs = blk->qs + (b % (G / 32)) * 16;
-    for (int j = 0; j < 16; ++j) {
-      out[j] = static_cast<int8_t>((qs[j] & 0x0f) - 8);
-      out[j + 16] = static_cast<int8_t>((qs[j] >> 4) - 8);
-    }
+    UnpackNibbleRun(blk->qs + (b % (G / 32)) * 16, out);
     return Fp16ToFp32(blk->d);
   } else if constexpr (kType == GgmlType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
@@ -91,10 +96,7 @@ float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
     return Fp16ToFp32(blk->d);
   } else {
     const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
-    for (int j = 0; j < kQK4_0 / 2; ++j) {
-      out[j] = static_cast<int8_t>((blk->qs[j] & 0x0f) - 8);
-      out[j + kQK4_0 / 2] = static_cast<int8_t>((blk->qs[j] >> 4) - 8);
-    }
+    UnpackNibbleRun(blk->qs, out);
     return Fp16ToFp32(blk->d);
   }
 }

@@ -481,30 +481,30 @@ inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m5
     const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)) : _mm256_setzero_si256();
     *u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(static_cast<char>(0x80)));
     *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ8_0), two);
-  } else if constexpr (kW4Group<kType> > 0) {
-    // Runs b and b + 1 share a group (b is even, groups hold 2 or 4 runs): one scale for both.
+  } else {
+    // Q4_0 blocks b and b + 1, or W4 runs b and b + 1, which share a group (b is even and a group
+    // holds 2 or 4 runs): one scale for both.
+    const uint8_t* q0;
+    const uint8_t* q1;
+    if constexpr (kW4Group<kType> > 0) {
+      q0 = W4Run<kType>(row, b);
+      q1 = W4Run<kType>(row, b + 1);
+      *dw = LoadPairF16(W4Group<kType>(row, b), 0, two);
+    } else {
+      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+      q0 = blk[0].qs;
+      q1 = blk[1].qs;
+      *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ4_0), two);
+    }
     const __m128i mask = _mm_set1_epi8(0x0f);
     auto nibbles = [&](const uint8_t* qs) {
       const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
       return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
                                      _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
     };
-    const __m256i lo = nibbles(W4Run<kType>(row, b));
-    const __m256i hi = two ? nibbles(W4Run<kType>(row, b + 1)) : _mm256_setzero_si256();
+    const __m256i lo = nibbles(q0);
+    const __m256i hi = two ? nibbles(q1) : _mm256_setzero_si256();
     *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    *dw = LoadPairF16(W4Group<kType>(row, b), 0, two);
-  } else {
-    const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    auto nibbles = [&](const BlockQ4_0& q) {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q.qs));
-      return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
-                                     _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
-    };
-    const __m256i lo = nibbles(blk[0]);
-    const __m256i hi = two ? nibbles(blk[1]) : _mm256_setzero_si256();
-    *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ4_0), two);
   }
 }
 
@@ -595,20 +595,21 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
           const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(rp)[b];
           for (int e = 0; e < 32; ++e) codes[r][e] = static_cast<uint8_t>(blk.qs[e]) ^ 0x80;
           scales[r] = blk.d;
-        } else if constexpr (kW4Group<kType> > 0) {
-          const uint8_t* qs = W4Run<kType>(rp, b);
+        } else {
+          // Q4_0 block b, or W4 run b under its group's scale: the same nibble order.
+          const uint8_t* qs;
+          if constexpr (kW4Group<kType> > 0) {
+            qs = W4Run<kType>(rp, b);
+            std::memcpy(&scales[r], W4Group<kType>(rp, b), 2);
+          } else {
+            const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(rp)[b];
+            qs = blk.qs;
+            scales[r] = blk.d;
+          }
           for (int e = 0; e < 16; ++e) {
             codes[r][e] = qs[e] & 0x0f;
             codes[r][e + 16] = qs[e] >> 4;
           }
-          std::memcpy(&scales[r], W4Group<kType>(rp, b), 2);
-        } else {
-          const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(rp)[b];
-          for (int e = 0; e < 16; ++e) {
-            codes[r][e] = blk.qs[e] & 0x0f;
-            codes[r][e + 16] = blk.qs[e] >> 4;
-          }
-          scales[r] = blk.d;
         }
       }
       std::memcpy(out, scales, 32);
