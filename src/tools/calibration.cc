@@ -3,25 +3,21 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "tools/cli_common.h"
+
 namespace gale {
 namespace {
 
-// Byte offset of the first invalid UTF-8 sequence, or npos.
+// Byte offset of the first invalid or incomplete UTF-8 character, or npos.
 size_t InvalidUtf8At(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return i;
-    for (int k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return i;
-    }
-    i += len;
+  for (size_t i = 0; i < s.size();) {
+    const int len = Utf8CharLength(std::string_view(s).substr(i));
+    if (len <= 0) return i;
+    i += static_cast<size_t>(len);
   }
   return std::string::npos;
 }
@@ -109,11 +105,9 @@ StatusOr<std::vector<std::vector<int32_t>>> ParseCalibration(const std::string& 
 
 StatusOr<std::vector<std::vector<int32_t>>> LoadCalibration(const std::string& path, const Tokenizer& tok,
                                                             const CalibrationOptions& options) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError("cannot open calibration file '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string content = ss.str();
+  auto read = ReadTextFile(path);
+  if (!read.ok()) return IoError("cannot open calibration file '{}'", path);
+  const std::string& content = *read;
   const size_t first = content.find_first_not_of(" \t\r\n");
   const bool jsonl = (path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) ||
                      (first != std::string::npos && content[first] == '{');

@@ -1,6 +1,7 @@
 // Shared CLI helpers: default model path, ISA selection, model loading, engine flags.
 #include "tools/cli_common.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -71,6 +72,27 @@ StatusOr<uint64_t> ParseBytes(const std::string& text) {
   else if (unit == "T" || unit == "t") mult = 1099511627776.0;
   else return InvalidArgument("'{}': unknown unit (use K, M, G or T)", text);
   return static_cast<uint64_t>(v * mult);
+}
+
+void LoadOptions::Register(CLI::App& app) {
+  auto* m = app.add_flag("--mmap", force_mmap, "map the model file (no copy; slower streaming of float weights)");
+  auto* c = app.add_flag("--no-mmap", force_copy, "read the model into huge-page memory");
+  m->excludes(c);
+}
+
+bool LoadOptions::CopyToMemory(const std::string& path) const {
+  if (force_mmap) return false;
+  if (force_copy) return true;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return false;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  long long kb = 0;
+  while (meminfo >> key >> kb) {
+    if (key == "MemAvailable:") return static_cast<double>(st.st_size) < 0.4 * static_cast<double>(kb) * 1024.0;
+    meminfo.ignore(256, '\n');
+  }
+  return false;
 }
 
 void EngineOptions::Register(CLI::App& app) {

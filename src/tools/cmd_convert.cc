@@ -1,8 +1,5 @@
 // `gale convert` and `gale synth`: the two ways to make a GGUF file.
-#include <sys/stat.h>
-
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -12,27 +9,6 @@
 #include "tools/synth.h"
 
 namespace gale {
-
-void LoadOptions::Register(CLI::App& app) {
-  auto* m = app.add_flag("--mmap", force_mmap, "map the model file (no copy; slower streaming of float weights)");
-  auto* c = app.add_flag("--no-mmap", force_copy, "read the model into huge-page memory");
-  m->excludes(c);
-}
-
-bool LoadOptions::CopyToMemory(const std::string& path) const {
-  if (force_mmap) return false;
-  if (force_copy) return true;
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return false;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  long long kb = 0;
-  while (meminfo >> key >> kb) {
-    if (key == "MemAvailable:") return static_cast<double>(st.st_size) < 0.4 * static_cast<double>(kb) * 1024.0;
-    meminfo.ignore(256, '\n');
-  }
-  return false;
-}
 
 CommandFn RegisterConvert(CLI::App& app) {
   struct Opts {

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -14,8 +13,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "base/fp16.h"
 #include "gguf/safetensors.h"
+#include "tools/cli_common.h"
 
 namespace gale {
 namespace {
@@ -23,14 +22,9 @@ namespace {
 using Json = nlohmann::json;
 
 StatusOr<Json> ReadJson(const std::filesystem::path& p, bool required) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) {
-    if (required) return IoError("cannot open '{}'", p.string());
-    return Json();
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  Json j = Json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (!required && !std::filesystem::exists(p)) return Json();
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(p.string()));
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return InvalidArgument("'{}' is not a JSON object", p.string());
   return j;
 }
@@ -48,18 +42,6 @@ StatusOr<int64_t> IntField(const Json& j, const char* key, int64_t fallback = -1
 
 double NumField(const Json& j, const char* key, double fallback) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
-}
-
-// One element of a safetensors float tensor as f32.
-float ElementAt(const SafetensorsTensor& t, int64_t i) {
-  if (t.dtype == "F32") {
-    float v;
-    std::memcpy(&v, t.data + 4 * i, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, t.data + 2 * i, 2);
-  return t.dtype == "F16" ? Fp16ToFp32(h) : Bf16ToFp32(h);
 }
 
 // The token string of an added token or special-token field ("<s>" or {"content": "<s>"}).
@@ -304,6 +286,8 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
     if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16") {
       return InvalidArgument("tensor '{}' is {}; convert reads F32, F16 and BF16", hf, t.dtype);
     }
+    // Safetensors rows are ggml rows of the same element type.
+    const GgmlType src_type = t.dtype == "F32" ? GgmlType::kF32 : t.dtype == "F16" ? GgmlType::kF16 : GgmlType::kBF16;
     if (t.shape != want) {
       return InvalidArgument("tensor '{}' has shape [{}], expected [{}]", hf, fmt::join(t.shape, ", "), fmt::join(want, ", "));
     }
@@ -311,8 +295,8 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
     const GgmlType target = matrix ? type : GgmlType::kF32;
     const int64_t rows = matrix ? want[0] : 1, cols = matrix ? want[1] : want[0];
     const int64_t hd = matrix && permute_heads > 0 ? rows / permute_heads : 0;
-    const SafetensorsTensor* src = &t;
-    const int64_t dst_row = RowBytes(target, cols);
+    const uint8_t* src = t.data;
+    const int64_t src_row = RowBytes(src_type, cols), dst_row = RowBytes(target, cols);
     std::vector<int64_t> shape = matrix ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{cols};
     ++report.num_tensors;
     return out->AddTensor(gguf, static_cast<uint32_t>(target), std::move(shape), [=, file = file](uint8_t* dst, uint64_t) {
@@ -325,7 +309,7 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
           const int64_t h = r / hd, i = (r % hd) / 2, j = r % 2;
           from = h * hd + j * (hd / 2) + i;
         }
-        for (int64_t c = 0; c < cols; ++c) row[c] = ElementAt(*src, from * cols + c);
+        DequantizeRowRef(src_type, src + from * src_row, row.data(), cols);
         QuantizeRowRef(target, row.data(), dst + r * dst_row, cols);
       }
     });

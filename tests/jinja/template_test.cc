@@ -13,12 +13,7 @@
 namespace gale::jinja {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::ReadFile;
 
 std::tm FixedClock() {
   std::tm tm{};

@@ -26,12 +26,7 @@ std::unique_ptr<Tokenizer> LoadTok(const std::string& path, std::unique_ptr<Gguf
   return std::move(*t);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::ReadFile;
 
 class StoriesTokenizerTest : public ::testing::Test {
  protected:
