@@ -51,6 +51,19 @@ Status SpecConfig::Validate() const {
   return Status::Ok();
 }
 
+namespace {
+
+// A retention setting, the engine's or a request's: valid, and not with a draft model.
+Status CheckRetention(const RetentionConfig& r, const SpecConfig& spec) {
+  RETURN_IF_ERROR(r.Validate());
+  if (r.active() && spec.method == SpecMethod::kDraft) {
+    return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 struct Engine::Live {
   std::shared_ptr<RequestStream> stream;
   std::optional<Detokenizer> detok;
@@ -73,10 +86,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
-  RETURN_IF_ERROR(config.retention.Validate());
-  if (config.retention.active() && config.spec.method == SpecMethod::kDraft) {
-    return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
-  }
+  RETURN_IF_ERROR(CheckRetention(config.retention, config.spec));
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -211,10 +221,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   }
   if (!req.retention) req.retention = config_.retention;
   RetentionConfig& ret = *req.retention;
-  RETURN_IF_ERROR(ret.Validate());
-  if (ret.active() && config_.spec.method == SpecMethod::kDraft) {
-    return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
-  }
+  RETURN_IF_ERROR(CheckRetention(ret, config_.spec));
   // With retention a request is bounded by max_seq_len, not by KV memory.
   const int64_t limit = ret.active() ? config_.sched.max_seq_len : max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());

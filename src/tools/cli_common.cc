@@ -127,16 +127,33 @@ void EngineOptions::Register(CLI::App& app) {
                  "guesses only while a step's decode tokens plus guesses stay within this (off at large batch)")
       ->capture_default_str();
   app.add_flag("--spec-always", sp.always, "guess --spec-tokens every step, even where the step-cost model says it slows decoding");
-  RetentionConfig& rc = config.retention;
-  app.add_option("--kv-retention", kv_retention,
+  retention.Register(app, "KV retention: positions kept as a share of each request's length (prompt + max_tokens)");
+}
+
+void RetentionFlags::Register(CLI::App& app, const char* ratio_help) {
+  app.add_option("--kv-retention", policy,
                  "lossy KV retention per sequence: none | window | sink-window | heavy-hitter (needs --kv-budget or "
                  "--kv-budget-ratio)")
       ->capture_default_str();
-  app.add_option("--kv-budget", rc.budget, "KV retention: positions each sequence keeps in the cache (tokens)");
-  app.add_option("--kv-budget-ratio", rc.budget_ratio,
-                 "KV retention: positions kept as a share of each request's length (prompt + max_tokens)");
-  app.add_option("--kv-sink-tokens", rc.sink_tokens, "KV retention sink-window: first positions always kept")
+  app.add_option("--kv-budget", config.budget, "KV retention: positions each sequence keeps in the cache (tokens)");
+  app.add_option("--kv-budget-ratio", config.budget_ratio, ratio_help);
+  app.add_option("--kv-sink-tokens", config.sink_tokens, "KV retention sink-window: first positions always kept")
       ->capture_default_str();
+}
+
+StatusOr<RetentionConfig> RetentionFlags::Resolve() const {
+  RetentionConfig c = config;
+  ASSIGN_OR_RETURN(c.policy, ParseRetentionPolicy(policy));
+  if (!c.active() && (c.budget != 0 || c.budget_ratio != 0.0)) {
+    return InvalidArgument("--kv-budget and --kv-budget-ratio need --kv-retention window|sink-window|heavy-hitter");
+  }
+  if (Status st = c.Validate(); !st.ok()) return st.WithContext("--kv-retention");
+  return c;
+}
+
+std::string RetentionFlags::Describe() const {
+  if (policy == "none") return policy;
+  return config.budget > 0 ? fmt::format("{} {}", policy, config.budget) : fmt::format("{} {:g}", policy, config.budget_ratio);
 }
 
 StatusOr<std::string> ReadTextFile(const std::string& path) {
@@ -187,11 +204,7 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
     c.spec.draft = draft->model.get();
   }
   RETURN_IF_ERROR(c.spec.Validate());
-  ASSIGN_OR_RETURN(c.retention.policy, ParseRetentionPolicy(kv_retention));
-  if (!c.retention.active() && (c.retention.budget != 0 || c.retention.budget_ratio != 0.0)) {
-    return InvalidArgument("--kv-budget and --kv-budget-ratio need --kv-retention window|sink-window|heavy-hitter");
-  }
-  if (Status st = c.retention.Validate(); !st.ok()) return st.WithContext("--kv-retention");
+  ASSIGN_OR_RETURN(c.retention, retention.Resolve());
   return c;
 }
 

@@ -42,6 +42,19 @@ StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& n
 // "1073741824", "512M", "2G", "1.5GiB" -> bytes.
 StatusOr<uint64_t> ParseBytes(const std::string& text);
 
+// KV retention flags: --kv-retention none|window|sink-window|heavy-hitter, --kv-budget TOKENS or
+// --kv-budget-ratio R (ratio_help says of what), --kv-sink-tokens N. Shared by the engine's
+// commands and gale eval.
+struct RetentionFlags {
+  std::string policy = "none";
+  RetentionConfig config;
+  void Register(CLI::App& app, const char* ratio_help);
+  // Errors for an unknown policy, a budget without a policy, or what RetentionConfig::Validate refuses.
+  StatusOr<RetentionConfig> Resolve() const;
+  // "none", or e.g. "heavy-hitter 0.25" / "window 64".
+  std::string Describe() const;
+};
+
 // Engine flags as vLLM names them: --block-size, --kv-cache-memory, --kv-cache-ratio, --kv-type,
 // --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len, --no-prefix-cache.
 // Speculative decoding: --spec off|ngram|draft, --spec-tokens, --draft-model, --spec-ngram-min/max,
@@ -52,7 +65,7 @@ struct EngineOptions {
   std::string kv_cache_memory, kv_type = "f16", k_type, v_type;
   bool no_prefix_cache = false;
   std::string spec = "off", draft_model;
-  std::string kv_retention = "none";
+  RetentionFlags retention;
   std::unique_ptr<LoadedModel> draft;  // loaded by Resolve for --spec draft
   void Register(CLI::App& app);
   // Checks the flags and loads the draft model (once); the config points at it.

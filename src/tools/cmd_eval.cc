@@ -15,34 +15,6 @@
 namespace gale {
 namespace {
 
-// --kv-retention, --kv-budget / --kv-budget-ratio, --kv-sink-tokens for the evaluated model.
-struct RetentionFlags {
-  std::string policy = "none";
-  RetentionConfig config;
-  void Register(CLI::App& app) {
-    app.add_option("--kv-retention", policy, "KV retention: none | window | sink-window | heavy-hitter")->capture_default_str();
-    app.add_option("--kv-budget", config.budget, "KV retention: positions kept (tokens)");
-    app.add_option("--kv-budget-ratio", config.budget_ratio,
-                   "KV retention: positions kept as a share of the window (ppl) or of each request (tasks)");
-    app.add_option("--kv-sink-tokens", config.sink_tokens, "KV retention sink-window: first positions kept")
-        ->capture_default_str();
-  }
-  StatusOr<RetentionConfig> Resolve() const {
-    RetentionConfig c = config;
-    ASSIGN_OR_RETURN(c.policy, ParseRetentionPolicy(policy));
-    if (!c.active() && (c.budget != 0 || c.budget_ratio != 0.0)) {
-      return InvalidArgument("--kv-budget and --kv-budget-ratio need --kv-retention window|sink-window|heavy-hitter");
-    }
-    RETURN_IF_ERROR(c.Validate());
-    return c;
-  }
-  // "none", or e.g. "heavy-hitter 0.25" / "window 64".
-  std::string Describe() const {
-    if (policy == "none") return policy;
-    return config.budget > 0 ? fmt::format("{} {}", policy, config.budget) : fmt::format("{} {:g}", policy, config.budget_ratio);
-  }
-};
-
 struct TaskOpts {
   RetentionFlags retention;
   std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text";
@@ -253,7 +225,7 @@ CommandFn RegisterEval(CLI::App& app) {
   ppl->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
   ppl->add_option("-o,--output", o->output, "text | json")->capture_default_str();
   o->load.Register(*ppl);
-  o->retention.Register(*ppl);
+  o->retention.Register(*ppl, "KV retention: positions kept as a share of the window");
 
   auto t = std::make_shared<TaskOpts>();
   CLI::App* tasks = app.add_subcommand("tasks", "greedy outputs against a base model's: exact match, first divergence, "
@@ -266,7 +238,7 @@ CommandFn RegisterEval(CLI::App& app) {
   tasks->add_option("--base-kv-type", t->base_kv_type, "the base's KV type")->capture_default_str();
   tasks->add_option("-t,--threads", t->threads, "threads")->capture_default_str();
   tasks->add_option("-o,--output", t->output, "text | json")->capture_default_str();
-  t->retention.Register(*tasks);
+  t->retention.Register(*tasks, "KV retention: positions kept as a share of each request (prompt + max_tokens)");
   return [o, t, ppl, tasks]() {
     if (tasks->parsed()) return RunTasks(*t);
     auto fail = [](const Status& s) {
