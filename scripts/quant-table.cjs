@@ -7,24 +7,15 @@
 // a random-weight model of the 110m shape (F32, about 0.5 GB in a temporary folder; several
 // minutes). Speeds are medians of the bench's repetitions on a noisy machine.
 'use strict';
-const { execFileSync } = require('child_process');
 const fs = require('fs');
-const os = require('os');
 const path = require('path');
+const { root, args, tempDir, run, json } = require('./gale-cli.cjs');
 
-const root = path.resolve(__dirname, '..');
-const args = process.argv.slice(2);
-const gale = args.find((a) => !a.startsWith('--')) || path.join(root, 'build', 'gale');
 const withSynth = args.includes('--synth');
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'gale-quant-'));
+const tmp = tempDir('gale-quant-');
 const evalText = path.join(root, 'eval', 'stories260K-sampled.txt');
 const tasks = path.join(root, 'eval', 'stories260K-tasks.jsonl');
 const calib = path.join(root, 'bench', 'story-prompt.txt');
-
-function run(argv) {
-  return execFileSync(gale, argv, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], maxBuffer: 1 << 26 });
-}
-const json = (argv) => JSON.parse(run([...argv, '-o', 'json']));
 
 const schemes = [
   { name: 'f32', args: null },

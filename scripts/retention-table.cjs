@@ -6,34 +6,26 @@
 // --synth adds a random-weight 4096-context model (written to a temporary file) on a text of
 // twice the bundled eval text. Takes about a minute on two cores.
 'use strict';
-const { execFileSync } = require('child_process');
 const fs = require('fs');
-const os = require('os');
 const path = require('path');
+const { root, args, tempDir, run, json } = require('./gale-cli.cjs');
 
-const root = path.resolve(__dirname, '..');
-const args = process.argv.slice(2);
-const gale = args.find((a) => !a.startsWith('--')) || path.join(root, 'build', 'gale');
 const withSynth = args.includes('--synth');
 const policies = ['window', 'sink-window', 'heavy-hitter'];
 const ratios = [0.5, 0.25, 0.125];
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'gale-retention-'));
-
-function run(argv) {
-  return JSON.parse(execFileSync(gale, [...argv, '-o', 'json'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] }));
-}
+const tmp = tempDir('gale-retention-');
 
 function evaluate(name, model, text, ctx, tasks) {
   const base = path.join(tmp, `${name}.logprobs`);
   const common = ['eval', 'ppl', '-f', text, ...(model ? ['-m', model] : []), ...(ctx ? ['--ctx', String(ctx)] : [])];
-  const none = run([...common, '--save-logits', base]);
+  const none = json([...common, '--save-logits', base]);
   const rows = [];
   for (const policy of policies) {
     for (const ratio of ratios) {
-      const r = run([...common, '--kv-retention', policy, '--kv-budget-ratio', String(ratio), '--kl-base', base]);
+      const r = json([...common, '--kv-retention', policy, '--kv-budget-ratio', String(ratio), '--kl-base', base]);
       const row = { policy, ratio, budget: r.kv_budget, ppl: r.perplexity, kl: r.kl_mean, top1: r.top1_agreement };
       if (tasks) {
-        const t = run(['eval', 'tasks', '-f', tasks, ...(model ? ['-m', model] : []), '--kv-retention', policy,
+        const t = json(['eval', 'tasks', '-f', tasks, ...(model ? ['-m', model] : []), '--kv-retention', policy,
           '--kv-budget-ratio', String(ratio)]);
         let agree = 0, exact = 0, n = 0;
         for (const c of t.categories) {
@@ -86,8 +78,8 @@ const results = [evaluate('stories260K (ctx 512)', null, path.join(root, 'eval',
   path.join(root, 'eval', 'stories260K-tasks.jsonl'))];
 if (withSynth) {
   const model = path.join(tmp, 'synth-long.gguf');
-  execFileSync(gale, ['synth', '--shape', 'custom', '--dim', '256', '--layers', '4', '--heads', '4', '--kv-heads', '4',
-    '--ffn', '768', '--vocab', '2048', '--ctx', '4096', '--type', 'f16', '-o', model], { stdio: 'ignore' });
+  run(['synth', '--shape', 'custom', '--dim', '256', '--layers', '4', '--heads', '4', '--kv-heads', '4',
+    '--ffn', '768', '--vocab', '2048', '--ctx', '4096', '--type', 'f16', '-o', model]);
   const text = path.join(tmp, 'long.txt');
   const sampled = fs.readFileSync(path.join(root, 'eval', 'stories260K-sampled.txt'), 'utf8');
   fs.writeFileSync(text, sampled + sampled);
