@@ -212,7 +212,7 @@ class Transformer {
                           a, *std::min_element(s.begin(), s.end()), *std::max_element(s.begin(), s.end()));
     } else {
       // AWQ: s = mean|x|^a (normalized), a from a grid, by the output error on calibration rows.
-      double best_err = -1.0, best_a = 0.0;
+      double best_err = -1.0, best_a = 0.0, rtn = 0.0;  // rtn: a = 0 (s = 1) is round to nearest
       std::vector<float> best_s(pdim, 1.0f);
       std::vector<std::vector<float>> ref(cons.size());
       for (size_t c = 0; c < cons.size(); ++c) {
@@ -232,6 +232,7 @@ class Transformer {
           for (float& v : cand) v /= norm;
         }
         const double err = GroupError(g, cons, w, ref, st, cand, nullptr);
+        if (step == 0) rtn = err;
         if (best_err < 0.0 || err < best_err) {
           best_err = err;
           best_a = a;
@@ -239,11 +240,10 @@ class Transformer {
         }
       }
       s = best_s;
-      // Then a clipping ratio per quantized consumer, with the scales chosen.
+      // Then a clipping ratio per quantized consumer, with the scales chosen; the error returned is
+      // that of the clips chosen.
       std::vector<float> clips(cons.size(), 1.0f);
-      const double rtn = GroupError(g, cons, w, ref, st, std::vector<float>(pdim, 1.0f), nullptr);
-      (void)GroupError(g, cons, w, ref, st, s, &clips);
-      const double final_err = GroupError(g, cons, w, ref, st, s, nullptr, &clips);
+      const double final_err = GroupError(g, cons, w, ref, st, s, &clips);
       std::string clip_text;
       for (size_t c = 0; c < cons.size(); ++c) clip_text += fmt::format("{}{:g}", c ? "/" : "", clips[c]);
       *line = fmt::format("blk.{} {}: awq alpha {:g}, clip {}; output error {:.3g} of round-to-nearest", layer,
@@ -262,12 +262,11 @@ class Transformer {
     return Status::Ok();
   }
 
-  // Output error over the calibration rows of quantizing the group's consumers with scales s (and
-  // clips). With choose_clips, picks each consumer's clip from a grid first (and fills it in).
+  // Output error over the calibration rows of quantizing the group's consumers with scales s, at
+  // clip 1; with choose_clips, at each consumer's best clip from a grid (filled in).
   double GroupError(const Group& g, const std::vector<const GgufTensorInfo*>& cons,
                     const std::vector<std::vector<float>>& w, const std::vector<std::vector<float>>& ref,
-                    const ChannelStats& st, const std::vector<float>& s, std::vector<float>* choose_clips,
-                    const std::vector<float>* clips = nullptr) {
+                    const ChannelStats& st, const std::vector<float>& s, std::vector<float>* choose_clips) {
     const int64_t dim = st.dim;
     std::vector<float> xs(st.rows.size());  // the input as the scaled model sees it: x / s
     for (int64_t t = 0; t < st.num_rows; ++t) {
@@ -295,7 +294,7 @@ class Transformer {
         }
         total += best;
       } else {
-        total += err_at(clips != nullptr ? (*clips)[c] : 1.0f);
+        total += err_at(1.0f);
       }
     }
     return total;
