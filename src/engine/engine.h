@@ -59,6 +59,9 @@ struct EngineConfig {
   kernels::KvType kv_type = kernels::KvType::kF16;  // K's (and V's) type; as llama.cpp: half of f32
   std::optional<kernels::KvType> v_kv_type;          // V's when it differs (e.g. K int8, V int4)
   kernels::KvType v_type() const { return v_kv_type.value_or(kv_type); }
+  // The model's calibrated per-channel key transform (LlamaModel::key_channels): nullopt uses it
+  // for int8/int4 keys when the model has it; true/false force it on/off.
+  std::optional<bool> key_channels;
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
   SpecConfig spec;
   // KV retention for requests that do not choose their own (off by default). A request with a
@@ -117,6 +120,8 @@ class Engine {
   uint64_t activation_bytes() const;
   // One line on the KV cache: blocks, tokens, bytes, type.
   std::string Describe() const;
+  // Whether the cache stores keys in the model's calibrated per-channel form.
+  bool key_channels_active() const { return storage_.key_channels() && !model_.key_channels().empty(); }
   // One line on speculative decoding so far: guesses accepted, tokens per verifying step; "" when off.
   std::string DescribeSpec() const;
   // The step-cost fit speculation decides by (read only while the engine is idle).

@@ -41,6 +41,13 @@ class KvStorage {
   kernels::KvType v_type() const { return v_type_; }
   uint64_t num_bytes() const { return static_cast<uint64_t>(k_layer_bytes_ + v_layer_bytes_) * num_layers_; }
 
+  // Whether keys are stored in the model's calibrated per-channel form ((k - shift) / scale, with
+  // queries times scale: attention's softmax is unchanged) when the model has the statistics
+  // (LlamaModel::key_channels). Default: for int8/int4 keys, whose per-token scales suffer most
+  // from a few large channels. Set before the first write; every row of a cache must agree.
+  bool key_channels() const { return key_channels_; }
+  void set_key_channels(bool on) { key_channels_ = on; }
+
   // The layer as the attention kernel reads it.
   kernels::KvLayer Layer(int64_t layer_idx) const;
   // Stores one position's K and V rows ([kv_dim] f32 each), converted to the storage type.
@@ -56,6 +63,7 @@ class KvStorage {
 
   int64_t num_layers_, num_kv_heads_, head_dim_, num_blocks_, block_size_;
   kernels::KvType k_type_, v_type_;
+  bool key_channels_;
   int64_t k_row_bytes_, v_row_bytes_;      // num_kv_heads * KvHeadBytes(type, head_dim)
   int64_t k_layer_bytes_, v_layer_bytes_;  // num_blocks * block_size * row bytes
   std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};  // [num_layers, num_blocks, block_size, row_bytes]

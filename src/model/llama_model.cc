@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "base/profiler.h"
 #include "kernels/kernels.h"
@@ -104,6 +105,30 @@ void KvCache::Attach(ForwardBatch& batch) const {
   for (const auto& t : tables_) batch.block_tables.emplace_back(t);
 }
 
+// The calibrated key statistics, if the file has them: both arrays or neither, [num_layers *
+// kv_dim] finite f32 each, scales > 0.
+static StatusOr<KeyChannels> ReadKeyChannels(const GgufFile& file, const LlamaHParams& hp) {
+  const GgufValue* shift = file.Find(kKeyShiftKey);
+  const GgufValue* scale = file.Find(kKeyScaleKey);
+  KeyChannels kc;
+  if (shift == nullptr && scale == nullptr) return kc;
+  const size_t n = static_cast<size_t>(hp.num_layers * hp.kv_dim());
+  for (auto [key, v, out] : {std::tuple{kKeyShiftKey, shift, &kc.shift}, std::tuple{kKeyScaleKey, scale, &kc.scale}}) {
+    if (v == nullptr) return InvalidArgument("metadata has {} without {}", shift ? kKeyShiftKey : kKeyScaleKey, key);
+    if (!v->IsArrayOf(GgufValueType::kFloat32) || v->array.size() != n) {
+      return InvalidArgument("metadata {}: expected an array of {} float32 (layers x KV channels)", key, n);
+    }
+    for (const GgufValue& e : v->array) {
+      const float f = static_cast<float>(e.AsDouble().value_or(0.0));
+      if (!std::isfinite(f) || (out == &kc.scale && !(f > 0.0f))) {
+        return InvalidArgument("metadata {}: value {} is not {}", key, f, out == &kc.scale ? "a positive number" : "finite");
+      }
+      out->push_back(f);
+    }
+  }
+  return kc;
+}
+
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   ASSIGN_OR_RETURN(m->hp_, ReadLlamaHParams(file));
@@ -141,6 +166,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
     RETURN_IF_ERROR(ExpectShape(file, b + "ffn_down.weight", {hp.ffn_dim, hp.dim}, &w.w_down.view));
   }
   for (const auto& t : file.tensors()) m->weight_bytes_ += t.num_bytes;
+  ASSIGN_OR_RETURN(m->key_channels_, ReadKeyChannels(file, hp));
   return m;
 }
 
@@ -264,6 +290,8 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     }
   }
   auto bytes = [](const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); };
+  const bool key_channels = kv.key_channels() && !key_channels_.empty();
+  const int64_t group = hp_.num_heads / hp_.num_kv_heads;
 
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const LlamaLayerWeights& w = layers_[l];
@@ -284,19 +312,42 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
       MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
     }
     ProfileSpan span("rope_kv_write", "op", n, 0, l);
-    // One token per item: its rotation and cache write do not depend on the split.
-    pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t pos = ws.kv_slots[t];
-        const auto& table = batch.block_tables[batch.seq(t)];
-        const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
-        kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
-                           static_cast<int>(hp_.rope_dims), cos_sin);
-        kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads),
-                           static_cast<int>(hp_.head_dim), static_cast<int>(hp_.rope_dims), cos_sin);
-        kv.Write(l, table[pos / block_size], pos % block_size, ws.k.data() + t * kv_dim, ws.v.data() + t * kv_dim);
+    // One token per item: its rotation, key transform and cache write do not depend on the split.
+    const float* shift = key_channels ? key_channels_.shift.data() + l * kv_dim : nullptr;
+    const float* kscale = key_channels ? key_channels_.scale.data() + l * kv_dim : nullptr;
+    auto rope = [&](int64_t t) {
+      const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
+      kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
+                         static_cast<int>(hp_.rope_dims), cos_sin);
+      kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
+                         static_cast<int>(hp_.rope_dims), cos_sin);
+    };
+    auto store = [&](int64_t t) {
+      float* k = ws.k.data() + t * kv_dim;
+      if (shift != nullptr) {
+        float* q = ws.q.data() + t * dim;
+        for (int64_t c = 0; c < kv_dim; ++c) k[c] = (k[c] - shift[c]) / kscale[c];
+        for (int64_t h = 0; h < hp_.num_heads; ++h) {
+          const float* s = kscale + (h / group) * hp_.head_dim;
+          for (int64_t d = 0; d < hp_.head_dim; ++d) q[h * hp_.head_dim + d] *= s[d];
+        }
       }
-    }, /*min_items_per_thread=*/4);
+      const int64_t pos = ws.kv_slots[t];
+      const auto& table = batch.block_tables[batch.seq(t)];
+      kv.Write(l, table[pos / block_size], pos % block_size, k, ws.v.data() + t * kv_dim);
+    };
+    if (batch.observer != nullptr) {  // calibration sees the keys between the two
+      for (int64_t t = 0; t < n; ++t) rope(t);
+      batch.observer->ObserveKeys(l, ws.k.data(), n, kv_dim);
+      for (int64_t t = 0; t < n; ++t) store(t);
+    } else {
+      pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          rope(t);
+          store(t);
+        }
+      }, /*min_items_per_thread=*/4);
+    }
     span.Next("attention", n, kv_positions * 2 * kv.row_bytes(), l);
     kernels::Attention(ws.q.data(), n, ws.kv_slots.data(), ws.tables.data(), kv.Layer(l),
                        static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),

@@ -54,6 +54,24 @@ class ActivationObserver {
  public:
   virtual ~ActivationObserver() = default;
   virtual void Observe(int64_t layer, LinearInput which, const float* x, int64_t num_tokens, int64_t dim) = 0;
+  // The keys as they go into the cache (after RoPE, before any per-channel transform),
+  // [num_tokens, kv_dim].
+  virtual void ObserveKeys(int64_t /*layer*/, const float* /*k*/, int64_t /*num_tokens*/, int64_t /*kv_dim*/) {}
+};
+
+// Calibrated per-channel key statistics (gale calibrate-kv, gale quantize --calib), stored in the
+// GGUF's metadata so llama.cpp still loads the file: for every layer and KV channel a shift (the
+// keys' mean) and a scale. With them a cache stores (k - shift) / scale and attention reads it
+// with q * scale: q.k changes by q.shift, the same for every key a query sees, so the softmax is
+// unchanged, while the stored keys lose the large, nearly constant channels that make per-token
+// int8/int4 scales coarse for all the others (SmoothAttention / KVQuant-style pre-scaling;
+// static, so batching, prefix sharing and compaction need nothing new).
+inline constexpr char kKeyShiftKey[] = "gale.attention.key_channel_shift";
+inline constexpr char kKeyScaleKey[] = "gale.attention.key_channel_scale";
+struct KeyChannels {
+  std::vector<float> shift;  // [num_layers * kv_dim]
+  std::vector<float> scale;  // [num_layers * kv_dim], > 0
+  bool empty() const { return shift.empty(); }
 };
 
 // A KV cache for a fixed set of sequences (`gale run`, `gale bench`, tests): num_seqs sequences of
@@ -114,6 +132,8 @@ class LlamaModel {
   const LlamaHParams& hparams() const { return hp_; }
   bool tied_output() const { return tied_output_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Empty unless the file carries calibrated key statistics.
+  const KeyChannels& key_channels() const { return key_channels_; }
 
   // Lays the matrices out again for the active kernel ISA where it has a faster layout (costs a
   // copy of those weights in memory). Forward uses the packed copy only while that ISA is active.
@@ -138,6 +158,7 @@ class LlamaModel {
   bool tied_output_ = false;
   std::vector<LlamaLayerWeights> layers_;
   uint64_t weight_bytes_ = 0;
+  KeyChannels key_channels_;
 };
 
 }  // namespace gale

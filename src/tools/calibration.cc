@@ -47,8 +47,35 @@ class StatsObserver : public ActivationObserver {
     }
   }
 
+  void ObserveKeys(int64_t layer, const float* k, int64_t num_tokens, int64_t kv_dim) override {
+    if (key_sum_.empty()) {
+      key_sum_.assign(static_cast<size_t>(stats_->num_layers * kv_dim), 0.0);
+      key_sq_.assign(key_sum_.size(), 0.0);
+    }
+    double* sum = key_sum_.data() + layer * kv_dim;
+    double* sq = key_sq_.data() + layer * kv_dim;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t c = 0; c < kv_dim; ++c) {
+        const double x = k[t * kv_dim + c];
+        sum[c] += x;
+        sq[c] += x * x;
+      }
+    }
+  }
+  // Fills stats' key mean and RMS over num_tokens tokens.
+  void FinishKeys(int64_t num_tokens) {
+    stats_->key_mean.resize(key_sum_.size());
+    stats_->key_rms.resize(key_sum_.size());
+    const double n = static_cast<double>(std::max<int64_t>(1, num_tokens));
+    for (size_t i = 0; i < key_sum_.size(); ++i) {
+      stats_->key_mean[i] = key_sum_[i] / n;
+      stats_->key_rms[i] = std::sqrt(key_sq_[i] / n);
+    }
+  }
+
  private:
   ActivationStats* stats_;
+  std::vector<double> key_sum_, key_sq_;
   int64_t stride_;
   int64_t first_token_ = 0;
 };
@@ -142,10 +169,43 @@ StatusOr<ActivationStats> CollectActivationStats(const LlamaModel& model,
     if (progress) progress(static_cast<int64_t>(i + 1), static_cast<int64_t>(samples.size()));
   }
   stats.num_tokens = seen;
+  observer.FinishKeys(seen);
   for (ChannelStats& c : stats.at) {
     for (float& m : c.absmean) m /= static_cast<float>(std::max<int64_t>(1, seen));
   }
   return stats;
+}
+
+KeyChannels KeyChannelsFromStats(const ActivationStats& stats, const LlamaHParams& hp) {
+  KeyChannels kc;
+  const int64_t hd = hp.head_dim, n = hp.num_layers * hp.kv_dim();
+  if (static_cast<int64_t>(stats.key_mean.size()) != n || static_cast<int64_t>(stats.key_rms.size()) != n) return kc;
+  kc.shift.resize(static_cast<size_t>(n));
+  kc.scale.resize(static_cast<size_t>(n));
+  std::vector<double> sd(static_cast<size_t>(hd));
+  for (int64_t h0 = 0; h0 < n; h0 += hd) {  // one layer's KV head at a time
+    double top = 0.0;
+    for (int64_t d = 0; d < hd; ++d) {
+      const double m = stats.key_mean[h0 + d], r = stats.key_rms[h0 + d];
+      sd[d] = std::sqrt(std::max(0.0, r * r - m * m));
+      top = std::max(top, sd[d]);
+      kc.shift[h0 + d] = static_cast<float>(m);
+    }
+    if (top <= 0.0) top = 1.0;  // a head whose keys never vary: scales of 1
+    double log_sum = 0.0;
+    for (int64_t d = 0; d < hd; ++d) {
+      sd[d] = std::sqrt(std::max(sd[d], 0.01 * top));
+      log_sum += std::log(sd[d]);
+    }
+    const double norm = std::exp(log_sum / static_cast<double>(hd));
+    for (int64_t d = 0; d < hd; ++d) kc.scale[h0 + d] = static_cast<float>(sd[d] / norm);
+  }
+  return kc;
+}
+
+void SetKeyChannelMetadata(const KeyChannels& kc, GgufWriter* out) {
+  out->SetValue(kKeyShiftKey, GgufValue::F32Array(kc.shift));
+  out->SetValue(kKeyScaleKey, GgufValue::F32Array(kc.scale));
 }
 
 }  // namespace gale

@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "gguf/gguf_writer.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 
@@ -46,6 +47,9 @@ struct ActivationStats {
   int64_t num_layers = 0;
   int64_t num_tokens = 0;
   std::vector<ChannelStats> at;  // [num_layers * kNumLinearInputs]
+  // The keys going into the cache (after RoPE): per layer and KV channel, mean and root mean
+  // square over all tokens, [num_layers * kv_dim].
+  std::vector<double> key_mean, key_rms;
   const ChannelStats& Get(int64_t layer, LinearInput which) const {
     return at[static_cast<size_t>(layer * kNumLinearInputs + static_cast<int>(which))];
   }
@@ -57,5 +61,15 @@ StatusOr<ActivationStats> CollectActivationStats(const LlamaModel& model,
                                                  const std::vector<std::vector<int32_t>>& samples, int64_t max_rows,
                                                  ThreadPool& pool,
                                                  const std::function<void(int64_t, int64_t)>& progress = {});
+
+// The per-channel key transform (model/llama_model.h KeyChannels) from calibration statistics:
+// shift = the keys' mean; scale = sqrt of each channel's standard deviation (floored at 1% of
+// its head's largest), normalized to a geometric mean of 1 per head, so the channels' spread
+// is evened out by half (alpha 0.5, as SmoothQuant's default) and the rest left to the per-token
+// quantization scales.
+KeyChannels KeyChannelsFromStats(const ActivationStats& stats, const LlamaHParams& hp);
+
+// Puts the key transform into a GGUF's metadata (kKeyShiftKey, kKeyScaleKey).
+void SetKeyChannelMetadata(const KeyChannels& kc, GgufWriter* out);
 
 }  // namespace gale

@@ -107,6 +107,7 @@ void EngineOptions::Register(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--k-cache-dtype", k_type, "K's type when it differs from --kv-type");
   app.add_option("--v-cache-dtype", v_type, "V's type when it differs from --kv-type (e.g. --kv-type int8 --v-cache-dtype int4)");
+  app.add_option("--kv-key-channels", key_channels, kKeyChannelsHelp)->capture_default_str();
   app.add_option("--max-num-batched-tokens", s.max_num_batched_tokens, "token budget of one engine step")
       ->capture_default_str();
   app.add_option("--max-batch-size", s.max_batch_size, "most requests running at once")->capture_default_str();
@@ -171,6 +172,13 @@ StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& n
   return *t;
 }
 
+StatusOr<std::optional<bool>> ParseKeyChannelsFlag(const std::string& value) {
+  if (value == "auto") return std::optional<bool>();
+  if (value == "on") return std::optional<bool>(true);
+  if (value == "off") return std::optional<bool>(false);
+  return InvalidArgument("--kv-key-channels '{}' is not one of auto, on, off", value);
+}
+
 StatusOr<EngineConfig> EngineOptions::Resolve() {
   EngineConfig c = config;
   if (!kv_cache_memory.empty()) {
@@ -188,6 +196,7 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
     ASSIGN_OR_RETURN(c.kv_type, ParseKvTypeFlag("--k-cache-dtype", k_type));
   }
   if (v != c.kv_type) c.v_kv_type = v;
+  ASSIGN_OR_RETURN(c.key_channels, ParseKeyChannelsFlag(key_channels));
   c.enable_prefix_caching = !no_prefix_cache;
   RETURN_IF_ERROR(c.sched.Validate());
   ASSIGN_OR_RETURN(c.spec.method, ParseSpecMethod(spec));

@@ -39,6 +39,11 @@ StatusOr<std::string> ReadTextFile(const std::string& path);
 // A KV cache type flag's value ("f32" ... "int4"); the error names the flag.
 StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& name);
 
+// --kv-key-channels: "auto" (nullopt), "on", "off".
+StatusOr<std::optional<bool>> ParseKeyChannelsFlag(const std::string& value);
+inline constexpr char kKeyChannelsHelp[] =
+    "the model's calibrated per-channel key transform (gale calibrate-kv): auto (for int8/int4 keys) | on | off";
+
 // "1073741824", "512M", "2G", "1.5GiB" -> bytes.
 StatusOr<uint64_t> ParseBytes(const std::string& text);
 
@@ -62,7 +67,7 @@ struct RetentionFlags {
 // --kv-sink-tokens.
 struct EngineOptions {
   EngineConfig config;
-  std::string kv_cache_memory, kv_type = "f16", k_type, v_type;
+  std::string kv_cache_memory, kv_type = "f16", k_type, v_type, key_channels = "auto";
   bool no_prefix_cache = false;
   std::string spec = "off", draft_model;
   RetentionFlags retention;

@@ -17,7 +17,7 @@ namespace {
 
 struct TaskOpts {
   RetentionFlags retention;
-  std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text";
+  std::string model, base, file, kv_type = "f32", v_type, base_kv_type = "f32", output = "text", key_channels = "auto";
   int threads = ThreadPool::DefaultNumThreads();
 };
 
@@ -40,6 +40,8 @@ int RunTasks(const TaskOpts& t) {
   }
   auto retention = t.retention.Resolve();
   if (!retention.ok()) return fail(retention.status());
+  auto key_channels = ParseKeyChannelsFlag(t.key_channels);
+  if (!key_channels.ok()) return fail(key_channels.status());
   auto text = ReadTextFile(t.file);
   if (!text.ok()) return fail(text.status());
   auto parsed = ParseTasks(*text);
@@ -62,9 +64,10 @@ int RunTasks(const TaskOpts& t) {
   }
   ThreadPool pool(t.threads);
   auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt,
-                         const RetentionConfig& rc = {}) {
+                         const RetentionConfig& rc = {}, std::optional<bool> kc = std::nullopt) {
     EngineConfig cfg;
     cfg.retention = rc;
+    cfg.key_channels = kc;
     cfg.kv_type = k;
     cfg.v_kv_type = vt;
     cfg.kv_cache_memory_bytes = 256ull << 20;
@@ -72,7 +75,7 @@ int RunTasks(const TaskOpts& t) {
   };
   auto base_engine = make_engine(*base, *base_kv, std::nullopt);
   if (!base_engine.ok()) return fail(base_engine.status());
-  auto engine = make_engine(*m, *kv, v, *retention);
+  auto engine = make_engine(*m, *kv, v, *retention, *key_channels);
   if (!engine.ok()) return fail(engine.status());
   auto chat = ChatTemplate::FromGguf(*m->file);
   const Tokenizer& tok = *m->tok;
@@ -204,7 +207,7 @@ int RunTasks(const TaskOpts& t) {
 
 CommandFn RegisterEval(CLI::App& app) {
   struct Opts {
-    std::string model, file, save_logits, kl_base, kv_type = "f32", v_type, output = "text";
+    std::string model, file, save_logits, kl_base, kv_type = "f32", v_type, output = "text", key_channels = "auto";
     int64_t ctx = 0, stride = 0;
     int threads = ThreadPool::DefaultNumThreads();
     LoadOptions load;
@@ -220,6 +223,7 @@ CommandFn RegisterEval(CLI::App& app) {
   ppl->add_option("--kv-type", o->kv_type, "KV cache type during the evaluation: f32 | f16 | bf16 | int8 | int4")
       ->capture_default_str();
   ppl->add_option("--v-cache-dtype", o->v_type, "V's type when it differs from --kv-type");
+  ppl->add_option("--kv-key-channels", o->key_channels, kKeyChannelsHelp)->capture_default_str();
   ppl->add_option("--save-logits", o->save_logits, "write every scored position's log-probabilities (the base for --kl-base)");
   ppl->add_option("--kl-base", o->kl_base, "compare with a base's --save-logits file: KL divergence, top-1 agreement");
   ppl->add_option("-t,--threads", o->threads, "threads")->capture_default_str();
@@ -235,6 +239,7 @@ CommandFn RegisterEval(CLI::App& app) {
   tasks->add_option("-f,--file", t->file, "tasks JSONL")->required();
   tasks->add_option("--kv-type", t->kv_type, "the evaluated model's KV type")->capture_default_str();
   tasks->add_option("--v-cache-dtype", t->v_type, "its V type when it differs");
+  tasks->add_option("--kv-key-channels", t->key_channels, kKeyChannelsHelp)->capture_default_str();
   tasks->add_option("--base-kv-type", t->base_kv_type, "the base's KV type")->capture_default_str();
   tasks->add_option("-t,--threads", t->threads, "threads")->capture_default_str();
   tasks->add_option("-o,--output", t->output, "text | json")->capture_default_str();
@@ -257,6 +262,8 @@ CommandFn RegisterEval(CLI::App& app) {
     }
     auto retention = o->retention.Resolve();
     if (!retention.ok()) return fail(retention.status());
+    auto key_channels = ParseKeyChannelsFlag(o->key_channels);
+    if (!key_channels.ok()) return fail(key_channels.status());
     auto read = ReadTextFile(o->file);
     if (!read.ok()) return fail(read.status());
     const std::string& text = *read;
@@ -271,12 +278,16 @@ CommandFn RegisterEval(CLI::App& app) {
     opt.kv_type = *kv;
     opt.v_kv_type = v;
     opt.retention = *retention;
+    opt.key_channels = *key_channels;
     auto r = EvaluatePerplexity(*m->model, tokens, opt, !o->save_logits.empty() || !o->kl_base.empty(), pool);
     if (!r.ok()) return fail(r.status().WithContext(o->file));
+    const bool key_channels_used =
+        !m->model->key_channels().empty() && key_channels->value_or(kernels::KvTypeQuantized(*kv));
     nlohmann::json j = {{"model", m->path},
                         {"file", o->file},
                         {"kv_type", o->kv_type},
                         {"v_cache_dtype", o->v_type.empty() ? o->kv_type : o->v_type},
+                        {"key_channels", key_channels_used},
                         {"tokens", tokens.size()},
                         {"scored", r->num_scored},
                         {"nll", r->nll},
@@ -305,9 +316,10 @@ CommandFn RegisterEval(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
-    std::printf("perplexity %.4f over %lld tokens (mean NLL %.5f nats), KV %s%s%s\n", r->ppl(),
+    std::printf("perplexity %.4f over %lld tokens (mean NLL %.5f nats), KV %s%s%s%s\n", r->ppl(),
                 static_cast<long long>(r->num_scored), r->nll, o->kv_type.c_str(),
                 o->v_type.empty() ? "" : (" / V " + o->v_type).c_str(),
+                key_channels_used ? " (keys per channel, calibrated)" : "",
                 retention->active() ? fmt::format("; KV retention {} (budget {} tokens, {} positions evicted)",
                                                   o->retention.Describe(), r->kv_budget, r->num_evicted).c_str()
                                     : "");

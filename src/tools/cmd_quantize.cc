@@ -1,14 +1,49 @@
 // `gale quantize`: an F32/F16/BF16 GGUF to Q8_0, Q4_0, W8A8, W4A16 or W4A8 (see tools/quantize.h),
 // calibrated on real samples with --calib.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include "tools/calibration.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
+#include "model/hparams.h"
 #include "tools/quantize.h"
 
 namespace gale {
+
+namespace {
+
+// Runs the calibration samples through the model at path, with a progress bar.
+StatusOr<ActivationStats> Calibrate(const std::string& path, const std::string& calib, int64_t samples_max,
+                                    int64_t seq_len, int64_t rows, ThreadPool& pool) {
+  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(path, LoadOptions{}));
+  CalibrationOptions co;
+  co.samples = samples_max;
+  co.seq_len = seq_len;
+  const int64_t ctx = model.model->hparams().context_length;
+  if (ctx > 0 && co.seq_len > ctx) co.seq_len = ctx;
+  auto samples = LoadCalibration(calib, *model.tok, co);
+  if (!samples.ok()) return samples.status().WithContext("--calib");
+  const bool tty = isatty(STDERR_FILENO);
+  ASSIGN_OR_RETURN(ActivationStats stats,
+                   CollectActivationStats(*model.model, *samples, rows, pool, [&](int64_t done, int64_t total) {
+                     if (tty || done == total) {
+                       const int width = 30, filled = static_cast<int>(width * done / total);
+                       std::fprintf(stderr, "\rcalibration [%s%s] %lld/%lld samples",
+                                    std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                                    static_cast<long long>(done), static_cast<long long>(total));
+                       if (done == total) std::fputc('\n', stderr);
+                     }
+                   }));
+  std::fprintf(stderr, "calibration: %lld samples, %lld tokens\n", static_cast<long long>(samples->size()),
+               static_cast<long long>(stats.num_tokens));
+  return stats;
+}
+
+}  // namespace
 
 CommandFn RegisterQuantize(CLI::App& app) {
   struct Opts {
@@ -64,35 +99,13 @@ CommandFn RegisterQuantize(CLI::App& app) {
     ThreadPool pool(o->threads);
     opt.pool = &pool;
     ActivationStats stats;
-    std::unique_ptr<LoadedModel> model;
     if (!o->calib.empty()) {
-      auto m = LoadModel(o->in, LoadOptions{});
-      if (!m.ok()) return fail(m.status());
-      model = std::make_unique<LoadedModel>(std::move(*m));
-      CalibrationOptions co;
-      co.samples = o->calib_samples;
-      co.seq_len = o->calib_seq_len;
-      const int64_t ctx = model->model->hparams().context_length;
-      if (ctx > 0 && co.seq_len > ctx) co.seq_len = ctx;
-      auto samples = LoadCalibration(o->calib, *model->tok, co);
-      if (!samples.ok()) return fail(samples.status().WithContext("--calib"));
-      const bool tty = isatty(STDERR_FILENO);
-      auto st = CollectActivationStats(*model->model, *samples, o->calib_rows, pool, [&](int64_t done, int64_t total) {
-        if (tty || done == total) {
-          const int width = 30, filled = static_cast<int>(width * done / total);
-          std::fprintf(stderr, "\rcalibration [%s%s] %lld/%lld samples", std::string(filled, '#').c_str(),
-                       std::string(width - filled, '.').c_str(), static_cast<long long>(done),
-                       static_cast<long long>(total));
-          if (done == total) std::fputc('\n', stderr);
-        }
-      });
+      auto st = Calibrate(o->in, o->calib, o->calib_samples, o->calib_seq_len, o->calib_rows, pool);
       if (!st.ok()) return fail(st.status());
       stats = std::move(*st);
-      std::fprintf(stderr, "calibration: %lld samples, %lld tokens\n", static_cast<long long>(samples->size()),
-                   static_cast<long long>(stats.num_tokens));
       opt.calibration = &stats;
-      opt.progress = [tty](const std::string& line) {
-        std::fprintf(stderr, tty ? "\r%s" : "%s\n", line.c_str());
+      opt.progress = [](const std::string& line) {
+        std::fprintf(stderr, isatty(STDERR_FILENO) ? "\r%s" : "%s\n", line.c_str());
       };
     }
     GgufWriter w;
@@ -107,6 +120,67 @@ CommandFn RegisterQuantize(CLI::App& app) {
                  static_cast<long long>(report->quantized), o->type.c_str(),
                  std::string(TypeTraits(*SchemeType(opt)).name).c_str(), report->bytes_in / 1048576.0,
                  report->bytes_out / 1048576.0);
+    return 0;
+  };
+}
+
+}  // namespace gale
+
+namespace gale {
+
+CommandFn RegisterCalibrateKv(CLI::App& app) {
+  struct Opts {
+    std::string in, out, calib;
+    int64_t calib_samples = 512, calib_seq_len = 512;
+    int threads = ThreadPool::DefaultNumThreads();
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("-i,--input", o->in, "any GGUF gale loads (quantized or not)")->required();
+  app.add_option("-o,--output", o->out, "output GGUF: the input's tensors unchanged, plus the key statistics")
+      ->required();
+  app.add_option("--calib", o->calib, "calibration samples: text, or JSONL with a \"prompt\" or \"text\" per line")
+      ->required();
+  app.add_option("--calib-samples", o->calib_samples, "most calibration samples")->capture_default_str();
+  app.add_option("--calib-seq-len", o->calib_seq_len, "most tokens per sample (capped at the model's context)")
+      ->capture_default_str();
+  app.add_option("-t,--threads", o->threads, "threads")->capture_default_str();
+  return [o]() {
+    auto fail = [](const Status& s) {
+      std::fprintf(stderr, "gale calibrate-kv: %s\n", s.ToString().c_str());
+      return 1;
+    };
+    if (o->in == o->out) return fail(InvalidArgument("the output would overwrite the input"));
+    if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
+    auto in = GgufFile::Open(o->in);
+    if (!in.ok()) return fail(in.status());
+    ThreadPool pool(o->threads);
+    auto stats = Calibrate(o->in, o->calib, o->calib_samples, o->calib_seq_len, /*rows=*/1, pool);
+    if (!stats.ok()) return fail(stats.status());
+    auto hp = ReadLlamaHParams(**in);
+    if (!hp.ok()) return fail(hp.status());
+    const KeyChannels kc = KeyChannelsFromStats(*stats, *hp);
+    GgufWriter w;
+    for (const auto& [key, value] : (*in)->metadata()) w.SetValue(key, value);
+    SetKeyChannelMetadata(kc, &w);
+    for (const GgufTensorInfo& t : (*in)->tensors()) {
+      const uint8_t* data = t.data;
+      const uint64_t size = t.num_bytes;
+      if (Status s = w.AddTensor(t.name, t.type_id, t.shape, [data, size](uint8_t* dst, uint64_t) {
+            std::memcpy(dst, data, size);
+          });
+          !s.ok()) {
+        return fail(s);
+      }
+    }
+    if (Status s = w.WriteFile(o->out); !s.ok()) return fail(s);
+    float lo = INFINITY, hi = 0.0f;
+    for (float v : kc.scale) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    std::fprintf(stderr, "wrote %s: key shift and scale for %lld layers x %lld KV channels (scales %.3g..%.3g); "
+                 "int8/int4 key caches use them (--kv-key-channels)\n", o->out.c_str(),
+                 static_cast<long long>(hp->num_layers), static_cast<long long>(hp->kv_dim()), lo, hi);
     return 0;
   };
 }

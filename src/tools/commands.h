@@ -33,5 +33,6 @@ void RegisterBenchServe(CLI::App& bench, std::function<int()>* run);
 CommandFn RegisterTokenize(CLI::App& app);
 CommandFn RegisterEval(CLI::App& app);
 CommandFn RegisterQuantize(CLI::App& app);
+CommandFn RegisterCalibrateKv(CLI::App& app);
 
 }  // namespace gale

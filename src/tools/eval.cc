@@ -52,6 +52,7 @@ StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vecto
   for (int64_t start = 0; scored_until < n; start += stride) {
     const int64_t end = std::min(start + ctx, n);
     KvCache kv(hp, end - start, 1, options.kv_type, 16, options.v_kv_type);
+    if (options.key_channels) kv.storage().set_key_channels(*options.key_channels);
     const int64_t len = end - 1 - start;  // inputs of the window
     std::vector<float> logits;            // [len, vocab] with retention (gathered chunk by chunk)
     if (!retain) {

@@ -24,6 +24,7 @@ struct PplOptions {
   int64_t stride = 0;  // window step; 0: ctx / 2; at most ctx - 1 (windows overlap by a token)
   kernels::KvType kv_type = kernels::KvType::kF32;  // K's (and V's) type
   std::optional<kernels::KvType> v_kv_type;         // V's when it differs
+  std::optional<bool> key_channels;                 // KvStorage::key_channels; nullopt: its default
   // KV retention: each window streams through the cache `chunk` tokens at a time (as decoding
   // with a prefill chunk would), evicting down to the budget (a ratio is of ctx) whenever it
   // reaches budget + chunk. Without it each window is one forward pass.

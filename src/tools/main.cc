@@ -19,13 +19,16 @@ int main(int argc, char** argv) {
   add("run", "generate text from a prompt", gale::RegisterRun);
   add("batch", "generate for many prompts at once (JSONL in, JSONL out) with continuous batching",
       gale::RegisterBatch);
-  add("convert", "convert a llama2.c checkpoint to GGUF", gale::RegisterConvert);
+  add("convert", "convert a llama2.c checkpoint or a Hugging Face llama model to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
   add("serve", "serve the model over an OpenAI-compatible HTTP API", gale::RegisterServe);
   add("loadgen", "load-test an OpenAI-compatible server and report latency and throughput", gale::RegisterLoadgen);
   add("template", "render a chat template for a context (or print its error)", gale::RegisterTemplate);
   add("tokenize", "print the token ids of a text", gale::RegisterTokenize);
-  add("quantize", "quantize an F32/F16/BF16 model's weights to q8_0 or q4_0", gale::RegisterQuantize);
+  add("quantize", "quantize an F32/F16/BF16 model's weights (llama.cpp's types, W8A8, W4A16, W4A8)",
+      gale::RegisterQuantize);
+  add("calibrate-kv", "add calibrated per-channel key statistics for int8/int4 KV caches to a model",
+      gale::RegisterCalibrateKv);
   add("eval", "accuracy: perplexity, KL divergence against a base model", gale::RegisterEval);
   add("synth", "write a deterministic random-weight llama GGUF", gale::RegisterSynth);
   CLI11_PARSE(app, argc, argv);

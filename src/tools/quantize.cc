@@ -380,6 +380,12 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     }
     Transformer tr(in, options, type, hp, is_quantized);
     RETURN_IF_ERROR(tr.Run(&edits, &report.transforms));
+    // The transforms leave the keys as they were (wk's columns and the norm before it scale
+    // inversely), so the calibration's key statistics hold for the output.
+    if (const KeyChannels kc = KeyChannelsFromStats(*options.calibration, hp); !kc.empty()) {
+      SetKeyChannelMetadata(kc, out);
+      report.transforms.push_back("key channels: calibrated shift and scale for quantized KV caches");
+    }
   }
 
   for (const GgufTensorInfo& t : in.tensors()) {

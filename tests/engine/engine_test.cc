@@ -12,7 +12,9 @@
 #include <optional>
 
 #include "../test_util.h"
+#include "base/rng.h"
 #include "gguf/gguf_file.h"
+#include "gguf/gguf_writer.h"
 #include "runner/generate.h"
 #include "tools/synth.h"
 
@@ -38,6 +40,30 @@ TestModel Synthetic(GgmlType type = GgmlType::kQ8_0) {
   auto shape = *NamedSynthShape("tiny");
   const auto bytes = SynthesizeLlama(shape, type, 11)->WriteToBytes();
   m.file = GgufFile::FromBytes(bytes).value();
+  m.model = LlamaModel::Load(*m.file).value();
+  m.tok = Tokenizer::FromGguf(*m.file).value();
+  return m;
+}
+
+// The default model with a per-channel key transform in its metadata (random: attention's
+// output does not depend on it, only how well int8/int4 keys keep it).
+TestModel StoriesWithKeyChannels() {
+  const TestModel s = Stories();
+  GgufWriter w;
+  for (const auto& [key, value] : s.file->metadata()) w.SetValue(key, value);
+  KeyChannels kc;
+  Rng rng(5);
+  for (int64_t i = 0; i < s.model->hparams().num_layers * s.model->hparams().kv_dim(); ++i) {
+    kc.shift.push_back(rng.Uniform(-3.0f, 3.0f));
+    kc.scale.push_back(rng.Uniform(0.5f, 2.0f));
+  }
+  w.SetValue(kKeyShiftKey, GgufValue::F32Array(kc.shift));
+  w.SetValue(kKeyScaleKey, GgufValue::F32Array(kc.scale));
+  for (const GgufTensorInfo& t : s.file->tensors()) {
+    EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+  }
+  TestModel m;
+  m.file = GgufFile::FromBytes(w.WriteToBytes()).value();
   m.model = LlamaModel::Load(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
   return m;
@@ -262,6 +288,30 @@ TEST(EngineTest, QuantizedKvKeepsOutputsExact) {
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/false);
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt4, /*shared_prefixes=*/true);
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/true, {}, kernels::KvType::kInt4);
+}
+
+// Keys stored in the model's per-channel form: the same workload stays exact (the transform is
+// per token, fixed), and the engine says it uses it only for quantized keys unless told.
+TEST(EngineTest, KeyChannelsKeepOutputsExact) {
+  const TestModel m = StoriesWithKeyChannels();
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.always = true;
+  ExpectConcurrentEqualsAlone(m, kernels::KvType::kInt4, /*shared_prefixes=*/true, ngram);
+  ThreadPool pool(1);
+  auto active = [&](kernels::KvType k, std::optional<bool> on) {
+    EngineConfig cfg;
+    cfg.kv_type = k;
+    cfg.key_channels = on;
+    cfg.kv_cache_memory_bytes = 1 << 20;
+    auto e = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
+    EXPECT_EQ(e->Describe().find("keys per channel") != std::string::npos, e->key_channels_active());
+    return e->key_channels_active();
+  };
+  EXPECT_TRUE(active(kernels::KvType::kInt8, std::nullopt));
+  EXPECT_FALSE(active(kernels::KvType::kF16, std::nullopt));
+  EXPECT_TRUE(active(kernels::KvType::kF16, true));
+  EXPECT_FALSE(active(kernels::KvType::kInt4, false));
 }
 
 TEST(EngineTest, SpeculativeDecodingRejectsBadSettings) {

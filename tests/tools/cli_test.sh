@@ -147,6 +147,35 @@ else
   echo "FAIL eval ppl:"; cat "$tmp/eval.err" "$tmp/base.json" "$tmp/int8.json"
   fails=$((fails + 1))
 fi
+# gale calibrate-kv: the default model with calibrated key statistics; int4 keys use them by
+# default (KL far below plain int4's), --kv-key-channels off gives plain int4 back; the engine's
+# start-up line says so; bad input is a clear error.
+"$GALE" calibrate-kv -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/kv.gguf" \
+  --calib "$(dirname "$0")/../../eval/stories260K-calib.jsonl" 2>"$tmp/kvcal.err"
+"$GALE" eval ppl -m "$tmp/kv.gguf" -f "$evaltext" --kv-type int4 --kl-base "$tmp/base.lp" -o json > "$tmp/kc4.json" 2>>"$tmp/kvcal.err"
+"$GALE" eval ppl -m "$tmp/kv.gguf" -f "$evaltext" --kv-type int4 --kv-key-channels off --kl-base "$tmp/base.lp" -o json \
+  > "$tmp/kc4off.json" 2>>"$tmp/kvcal.err"
+echo '{"prompt": "Once upon a time", "max_tokens": 4}' > "$tmp/kc.jsonl"
+"$GALE" batch -m "$tmp/kv.gguf" -i "$tmp/kc.jsonl" -o "$tmp/kc.out" --kv-type int8 --no-progress 2>"$tmp/kcbatch.err"
+if grep -q 'calibration: 16 samples' "$tmp/kvcal.err" && grep -q 'keys per channel, calibrated' "$tmp/kcbatch.err" \
+   && python3 - "$tmp/kc4.json" "$tmp/kc4off.json" <<'PY'
+import json, sys
+on = json.load(open(sys.argv[1])); off = json.load(open(sys.argv[2]))
+assert on["key_channels"] and not off["key_channels"], (on, off)
+assert on["kl_mean"] < 0.3 * off["kl_mean"], (on["kl_mean"], off["kl_mean"])
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL calibrate-kv:"; cat "$tmp/kvcal.err" "$tmp/kcbatch.err" "$tmp/kc4.json" "$tmp/kc4off.json"
+  fails=$((fails + 1))
+fi
+expect_fail calibrate-kv-no-calib "--calib is required" -- "$GALE" calibrate-kv -i "$tmp/kv.gguf" -o "$tmp/x.gguf"
+echo "Once upon a time." > "$tmp/kcshort.txt"
+expect_fail calibrate-kv-short "too short" -- "$GALE" calibrate-kv -i "$tmp/kv.gguf" -o "$tmp/x.gguf" --calib "$tmp/kcshort.txt"
+expect_fail calibrate-kv-same "overwrite" -- "$GALE" calibrate-kv -i "$tmp/kv.gguf" -o "$tmp/kv.gguf" --calib "$evaltext"
+expect_fail kv-key-channels-bad "not one of auto, on, off" -- "$GALE" eval ppl -f "$evaltext" --kv-key-channels maybe
+expect_fail kv-key-channels-run "not one of auto, on, off" -- "$GALE" run -p hi --kv-key-channels yes
 # gale eval ppl with KV retention: a budget of the whole window streams chunk by chunk and gives
 # exactly the one-pass result; a quarter of it costs a little.
 "$GALE" eval ppl -f "$evaltext" --kv-retention heavy-hitter --kv-budget-ratio 1 --kl-base "$tmp/base.lp" -o json > "$tmp/ret1.json" 2>"$tmp/ret.err"

@@ -211,7 +211,10 @@ TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
     o.calibration = calibrated ? &stats : nullptr;
     QuantizeReport report;
     auto out = Quantized(*in, o, &report);
-    if (calibrated) EXPECT_FALSE(report.transforms.empty());
+    if (calibrated) {
+      EXPECT_FALSE(report.transforms.empty());
+      EXPECT_NE(out->Find(kKeyShiftKey), nullptr);  // the key statistics come along
+    }
     const PplResult r = Evaluate(*out, text, pool);
     const KlResult kl = CompareLogprobs(base, r).value();
     std::printf("scheme %d g%d z%d%s%s: ppl %.4f, KL %.5f, top-1 %.2f%%\n", static_cast<int>(o.scheme), o.group_size,
