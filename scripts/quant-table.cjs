@@ -3,7 +3,8 @@
 // perplexity, KL divergence and top-1 agreement (gale eval ppl --kl-base) and greedy task
 // agreement (gale eval tasks --base), as a markdown table.
 //   node scripts/quant-table.cjs [path/to/gale] [--synth]
-// Calibration for w8a8 / w4a16 / w4a8 is bench/story-prompt.txt (not the eval text). --synth adds
+// Calibration for w8a8 / w4a16 / w4a8 is bench/story-prompt.txt, for the key statistics
+// eval/stories260K-calib.jsonl (neither is the eval text); the default model only. --synth adds
 // a random-weight model of the 110m shape (F32, about 0.5 GB in a temporary folder; several
 // minutes). Speeds are medians of the bench's repetitions on a noisy machine.
 'use strict';
@@ -16,6 +17,7 @@ const tmp = tempDir('gale-quant-');
 const evalText = path.join(root, 'eval', 'stories260K-sampled.txt');
 const tasks = path.join(root, 'eval', 'stories260K-tasks.jsonl');
 const calib = path.join(root, 'bench', 'story-prompt.txt');
+const kvCalib = path.join(root, 'eval', 'stories260K-calib.jsonl');
 
 const schemes = [
   { name: 'f32', args: null },
@@ -34,9 +36,13 @@ const kvTypes = [
   { name: 'f32 + KV int8', kv: ['--kv-type', 'int8'] },
   { name: 'f32 + KV K int8 / V int4', kv: ['--kv-type', 'int8', '--v-cache-dtype', 'int4'] },
   { name: 'f32 + KV int4', kv: ['--kv-type', 'int4'] },
+  // The same model with calibrated key statistics (gale calibrate-kv on kvCalib): keys per channel.
+  { name: 'f32 + KV int8, keys per channel', kv: ['--kv-type', 'int8'], channels: true },
+  { name: 'f32 + KV K int8 / V int4, keys per channel', kv: ['--kv-type', 'int8', '--v-cache-dtype', 'int4'], channels: true },
+  { name: 'f32 + KV int4, keys per channel', kv: ['--kv-type', 'int4'], channels: true },
 ];
 
-function measure(label, base, pp, tg, reps) {
+function measure(label, base, pp, tg, reps, keyChannels) {
   const basePath = path.join(tmp, `${label}-base.lp`);
   const ctx = ['--ctx', '512'];
   const baseEval = json(['eval', 'ppl', '-m', base, '-f', evalText, ...ctx, '--save-logits', basePath]);
@@ -67,7 +73,18 @@ function measure(label, base, pp, tg, reps) {
     one(s.name, model, null);
     if (model !== base) fs.rmSync(model);
   }
-  for (const k of kvTypes) one(k.name, base, k.kv);
+  let kvModel = null;
+  if (keyChannels) {
+    kvModel = path.join(tmp, `${label}-kv.gguf`);
+    run(['calibrate-kv', '-i', base, '-o', kvModel, '--calib', kvCalib]);
+  }
+  for (const k of kvTypes) {
+    if (!k.channels) {
+      one(k.name, base, k.kv);
+    } else if (kvModel) {
+      one(k.name, kvModel, k.kv);
+    }
+  }
   let out = `**${label}** (bench pp${pp} / tg${tg}, ${reps} repetitions; eval: ${baseEval.scored} tokens of ` +
     '`eval/stories260K-sampled.txt`; tasks: `eval/stories260K-tasks.jsonl` against the F32 model)\n\n';
   out += '| weights / KV | size MiB | prefill tok/s | decode tok/s | perplexity | KL mean | top-1 | tasks exact | task tokens agreeing |\n';
@@ -80,7 +97,7 @@ function measure(label, base, pp, tg, reps) {
   return out;
 }
 
-let out = measure('stories260K', path.join(root, 'models', 'stories260K.gguf'), 128, 128, 5);
+let out = measure('stories260K', path.join(root, 'models', 'stories260K.gguf'), 128, 128, 5, true);
 if (withSynth) {
   const synth = path.join(tmp, 'synth-110m-f32.gguf');
   run(['synth', '--shape', '110m', '--type', 'f32', '-o', synth]);
