@@ -36,6 +36,10 @@ struct QuantizedActs {
   const int32_t* qsum;  // [num_tokens, k_stride / 32]
   int64_t k;            // elements per token, a multiple of 32
   int64_t k_stride;     // k rounded up to kActPad
+  // 16-bit activations (QuantizeActivations16, the W4A16 packed path): q in [-32767, 32767] with
+  // d = max|x| / 32767, split into qs = q >> 8 (signed high bytes) and lo = q & 255 (unsigned low
+  // bytes); qsum is the sum of q. nullptr for the int8 activations above.
+  const uint8_t* lo = nullptr;  // [num_tokens, k_stride]
 };
 
 // Element type of the KV cache. int8/int4: each KV head's row segment is an f16 scale followed
@@ -64,6 +68,10 @@ inline constexpr int kMaxAttendQueries = 16;
 // Quantizes one token's activations (k a multiple of 32) into the QuantizedActs layout, zeroing
 // the padding up to k_stride.
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum);
+// The same at 16 bits (QuantizedActs::lo): relative error 2^-16 of the block's largest value,
+// finer than bf16's 2^-9 per value, and exact integer dots on the int8 dot instructions.
+void QuantizeActivations16(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d,
+                           int32_t* qsum);
 
 // Weight repacking: an ISA may lay a weight matrix out again at load time in a form its GEMM
 // reads faster. Packed matrices are stored in groups of kPackedRowGroup rows (the last group
@@ -93,10 +101,12 @@ struct KernelTable {
   // neither (the K-quants, for now) are dequantized row by row and multiplied as f32.
   GemmFloatFn gemm_float[kNumTypeSlots];
   GemmQuantFn gemm_quant[kNumTypeSlots];
-  // Optional repacked layout per slot (all three set, or all nullptr).
+  // Optional repacked layout per slot: pack and packed_group_bytes set with one of gemm_packed
+  // (int8 activations) or gemm_packed_a16 (16-bit activations), or all nullptr.
   PackedGroupBytesFn packed_group_bytes[kNumTypeSlots];
   PackFn pack[kNumTypeSlots];
   GemmQuantFn gemm_packed[kNumTypeSlots];
+  GemmQuantFn gemm_packed_a16[kNumTypeSlots];
   // out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps)
   void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* out);
   // gate[i] = silu(gate[i]) * up[i]

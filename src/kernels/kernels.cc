@@ -111,6 +111,58 @@ std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
   return p;
 }
 
+namespace {
+
+// Quantizes the activations once per call (every row of W reuses them): int8 per 32, or 16-bit
+// for the W4A16 packed path.
+// NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
+QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, ThreadPool& pool) {
+  static thread_local std::vector<int8_t> qs;     // [num_tokens, k_stride]
+  static thread_local std::vector<uint8_t> lo;    // [num_tokens, k_stride] (a16)
+  static thread_local std::vector<float> d;       // [num_tokens, k_stride / 32]
+  static thread_local std::vector<int32_t> qsum;  // [num_tokens, k_stride / 32]
+  const int64_t k_stride = (cols + kActPad - 1) / kActPad * kActPad;
+  const int64_t nb = k_stride / 32;
+  const size_t n = static_cast<size_t>(num_tokens * k_stride);
+  if (qs.size() < n) qs.resize(n);
+  if (a16 && lo.size() < n) lo.resize(n);
+  if (d.size() < static_cast<size_t>(num_tokens * nb)) {
+    d.resize(num_tokens * nb);
+    qsum.resize(num_tokens * nb);
+  }
+  int8_t* qs_data = qs.data();
+  uint8_t* lo_data = a16 ? lo.data() : nullptr;
+  float* d_data = d.data();
+  int32_t* qsum_data = qsum.data();
+  pool.ParallelFor(
+      num_tokens,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          if (a16) {
+            QuantizeActivations16(x + t * cols, cols, k_stride, qs_data + t * k_stride, lo_data + t * k_stride,
+                                  d_data + t * nb, qsum_data + t * nb);
+          } else {
+            QuantizeActivations(x + t * cols, cols, k_stride, qs_data + t * k_stride, d_data + t * nb,
+                                qsum_data + t * nb);
+          }
+        }
+      },
+      /*min_items_per_thread=*/16);
+  return QuantizedActs{qs_data, d_data, qsum_data, cols, k_stride, lo_data};
+}
+
+// A packed GEMM over groups of kPackedRowGroup rows, split among the pool's threads.
+void GemmPackedGroups(GemmQuantFn gemm, const PackedWeights& packed, int64_t rows, const QuantizedActs& qa,
+                      int64_t num_tokens, float* y, ThreadPool& pool) {
+  const int64_t num_groups = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
+  pool.ParallelFor(num_groups, [&](int64_t begin, int64_t end) {
+    const int64_t r0 = begin * kPackedRowGroup, r1 = std::min(rows, end * kPackedRowGroup);
+    gemm(packed.data.get() + begin * packed.group_bytes, packed.group_bytes, r1 - r0, qa, num_tokens, y + r0, rows);
+  });
+}
+
+}  // namespace
+
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
   MatMul(w, nullptr, x, num_tokens, y, pool);
 }
@@ -125,39 +177,16 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
   // Threads split the rows in multiples of 4 (the widest row tile); each thread walks all tokens.
   constexpr int64_t kRowQuantum = 4;
   const int64_t num_quanta = (rows + kRowQuantum - 1) / kRowQuantum;
+  const bool packed_here = packed != nullptr && packed->isa == kt.isa;
+  if (packed_here && kt.gemm_packed_a16[slot] != nullptr) {
+    const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/true, pool);
+    GemmPackedGroups(kt.gemm_packed_a16[slot], *packed, rows, qa, num_tokens, y, pool);
+    return;
+  }
   if (kt.gemm_quant[slot] != nullptr) {
-    // Quantize the activations once per call; every row of W reuses them.
-    // NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
-    static thread_local std::vector<int8_t> qs;     // [num_tokens, cols]
-    static thread_local std::vector<float> d;       // [num_tokens, cols / 32]
-    static thread_local std::vector<int32_t> qsum;  // [num_tokens, cols / 32]
-    const int64_t k_stride = (cols + kActPad - 1) / kActPad * kActPad;
-    const int64_t nb = k_stride / 32;
-    if (qs.size() < static_cast<size_t>(num_tokens * k_stride)) qs.resize(num_tokens * k_stride);
-    if (d.size() < static_cast<size_t>(num_tokens * nb)) {
-      d.resize(num_tokens * nb);
-      qsum.resize(num_tokens * nb);
-    }
-    int8_t* qs_data = qs.data();
-    float* d_data = d.data();
-    int32_t* qsum_data = qsum.data();
-    pool.ParallelFor(
-        num_tokens,
-        [&](int64_t begin, int64_t end) {
-          for (int64_t t = begin; t < end; ++t) {
-            QuantizeActivations(x + t * cols, cols, k_stride, qs_data + t * k_stride, d_data + t * nb,
-                                qsum_data + t * nb);
-          }
-        },
-        /*min_items_per_thread=*/16);
-    const QuantizedActs qa{qs_data, d_data, qsum_data, cols, k_stride};
-    if (packed != nullptr && packed->isa == kt.isa && kt.gemm_packed[slot] != nullptr) {
-      const int64_t num_groups = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
-      pool.ParallelFor(num_groups, [&](int64_t begin, int64_t end) {
-        const int64_t r0 = begin * kPackedRowGroup, r1 = std::min(rows, end * kPackedRowGroup);
-        kt.gemm_packed[slot](packed->data.get() + begin * packed->group_bytes, packed->group_bytes, r1 - r0, qa,
-                             num_tokens, y + r0, rows);
-      });
+    const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/false, pool);
+    if (packed_here && kt.gemm_packed[slot] != nullptr) {
+      GemmPackedGroups(kt.gemm_packed[slot], *packed, rows, qa, num_tokens, y, pool);
       return;
     }
     pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {

@@ -293,8 +293,8 @@ TEST(KernelsTest, W4QuantizeRoundTrips) {
 }
 
 // W4A8 products on every ISA against the scalar one (the packed layout bitwise), W4A16 ones
-// against the dequantized f32 product (within the bf16 rounding of activations on AVX-512), and
-// both batch invariant.
+// against the dequantized f32 product (within the bf16 rounding of activations on AVX-512's
+// unpacked path, the 16-bit rounding on its packed one), and all batch invariant.
 TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
   const KernelTable& ref = *GetKernelTable(Isa::kScalar);
   for (GgmlType t : kW4Types) {
@@ -363,6 +363,19 @@ TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
             MatMul(v, x.data() + (tokens - 1) * k, 1, single.data(), one);
             for (int64_t r = 0; r < rows; ++r) {
               ASSERT_EQ(F32Bits(single[r]), F32Bits(got[(tokens - 1) * rows + r])) << IsaName(isa) << " batch invariance";
+            }
+            // Symmetric W4A16 packed for AVX-512 runs with 16-bit activations: within their
+            // rounding (2^-16 of each block's largest value), and batch invariant.
+            if (a8 || GetKernelTable(isa)->gemm_packed_a16[slot] == nullptr) continue;
+            const auto packed = PackForActiveIsa(v);
+            ASSERT_NE(packed, nullptr);
+            MatMul(v, packed.get(), x.data(), tokens, got.data(), two);
+            for (int64_t i = 0; i < rows * tokens; ++i) {
+              ASSERT_NEAR(got[i], want[i], 1e-5 * k + 5e-5 * max_abs) << "packed a16 " << TypeTraits(t).name;
+            }
+            MatMul(v, packed.get(), x.data() + (tokens - 1) * k, 1, single.data(), one);
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(F32Bits(single[r]), F32Bits(got[(tokens - 1) * rows + r])) << "packed a16 batch invariance";
             }
           }
           SetActiveIsa(BestIsa());
@@ -656,6 +669,30 @@ TEST(KernelsTest, ActivationQuantizationRoundsHalfToEvenAndPads) {
   EXPECT_EQ(qs[4], -127);
   EXPECT_EQ(qsum[0], 127 + 2 + 4 - 2 - 127);
   for (int i = 32; i < 128; ++i) ASSERT_EQ(qs[i], 0);
+  for (int b = 1; b < 4; ++b) EXPECT_TRUE(d[b] == 0.0f && qsum[b] == 0);
+}
+
+// 16-bit activations: q = 256 * hi + lo with hi signed and lo unsigned, halves to even, the sum,
+// and zeroed padding.
+TEST(KernelsTest, Activation16QuantizationSplitsIntoBytes) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 32767.0f;  // scale 1
+  x[1] = 2.5f;
+  x[2] = -300.5f;
+  x[3] = -1.0f;
+  x[4] = 1000.25f;
+  std::vector<int8_t> hi(128, 99);
+  std::vector<uint8_t> lo(128, 99);
+  std::vector<float> d(4, 9.0f);
+  std::vector<int32_t> qsum(4, 9);
+  QuantizeActivations16(x.data(), 32, 128, hi.data(), lo.data(), d.data(), qsum.data());
+  EXPECT_EQ(d[0], 1.0f);
+  const int want[5] = {32767, 2, -300, -1, 1000};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(256 * hi[i] + lo[i], want[i]) << i;
+  EXPECT_EQ(hi[3], -1);
+  EXPECT_EQ(lo[3], 255);
+  EXPECT_EQ(qsum[0], 32767 + 2 - 300 - 1 + 1000);
+  for (int i = 32; i < 128; ++i) ASSERT_TRUE(hi[i] == 0 && lo[i] == 0);
   for (int b = 1; b < 4; ++b) EXPECT_TRUE(d[b] == 0.0f && qsum[b] == 0);
 }
 

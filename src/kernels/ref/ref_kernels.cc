@@ -254,6 +254,39 @@ void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs
   }
 }
 
+void QuantizeActivations16(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d,
+                           int32_t* qsum) {
+  for (int64_t i = k; i < k_stride; ++i) {
+    hi[i] = 0;
+    lo[i] = 0;
+  }
+  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
+    d[b] = 0.0f;
+    qsum[b] = 0;
+  }
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = a > amax ? a : amax;
+    }
+    const float scale = amax / 32767.0f;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float v = xb[j] * inv;  // |v| <= 32767 (+ rounding): the 1.5 * 2^23 trick rounds half to even
+      int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
+      q = q < -32767 ? -32767 : q > 32767 ? 32767 : q;
+      hi[b * 32 + j] = static_cast<int8_t>(q >> 8);  // arithmetic shift: q = 256 * hi + lo
+      lo[b * 32 + j] = static_cast<uint8_t>(q & 0xff);
+      sum += q;
+    }
+    d[b] = scale;
+    qsum[b] = sum;
+  }
+}
+
 const KernelTable& ScalarTable() {
   static const KernelTable table = {
       Isa::kScalar,
@@ -264,7 +297,7 @@ const KernelTable& ScalarTable() {
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference},
-      {}, {}, {},
+      {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,
       AxpyRef,

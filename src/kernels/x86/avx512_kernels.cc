@@ -698,6 +698,73 @@ void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const Q
   }
 }
 
+// W4A16 (symmetric types, whose rows are W4A8's layout) in the same packed layout, with 16-bit
+// activations (QuantizedActs::lo): per block and token the exact integer dot
+//   sum (u - 8) q = 256 * sum u * hi + sum u * lo - 8 * qsum,   q = 256 hi + lo,
+// u * hi on vpdpbusd as unsigned weights x signed high bytes, u * lo as unsigned low bytes x the
+// weights read as signed (0..15). |256 sum u hi| < 2^24 and |the dot| <= 32 * 8 * 32767 < 2^24, so
+// int32 holds every step and the f32 conversion is exact. Then lane += (d_w * d_x) * dot as in
+// the int8 path: two dpbusd per 4 weights instead of one, no bf16 unpacking.
+template <int T>
+inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int64_t t0, float* y, int64_t ldy,
+                               int valid_rows) {
+  constexpr int64_t kBlockBytes = kPackedBlockBytes<GgmlType::kQ4_0>;
+  const int64_t nb = x.k / 32;
+  const int64_t nb_stride = x.k_stride / 32;
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * kBlockBytes;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    __m512i w[8];
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(blk + 32 + 64 * j);
+      w[j] = _mm512_and_si512(raw, low4);
+      w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    }
+    for (int t = 0; t < T; ++t) {
+      const int64_t tok = t0 + t;
+      const int8_t* hi = x.qs + tok * x.k_stride + b * 32;
+      const uint8_t* lo = x.lo + tok * x.k_stride + b * 32;
+      __m512i sh = _mm512_setzero_si512(), sh2 = _mm512_setzero_si512();
+      __m512i sl = _mm512_set1_epi32(-8 * x.qsum[tok * nb_stride + b]), sl2 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        int32_t h0, h1, l0, l1;
+        std::memcpy(&h0, hi + 4 * j, 4);
+        std::memcpy(&h1, hi + 4 * j + 4, 4);
+        std::memcpy(&l0, lo + 4 * j, 4);
+        std::memcpy(&l1, lo + 4 * j + 4, 4);
+        sh = _mm512_dpbusd_epi32(sh, w[j], _mm512_set1_epi32(h0));
+        sh2 = _mm512_dpbusd_epi32(sh2, w[j + 1], _mm512_set1_epi32(h1));
+        sl = _mm512_dpbusd_epi32(sl, _mm512_set1_epi32(l0), w[j]);
+        sl2 = _mm512_dpbusd_epi32(sl2, _mm512_set1_epi32(l1), w[j + 1]);
+      }
+      const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(sh, sh2), 8), _mm512_add_epi32(sl, sl2));
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[tok * nb_stride + b]));
+      acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)));
+    }
+  }
+  const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
+}
+
+void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
+                   float* y, int64_t ldy) {
+  using TileFn = void (*)(const uint8_t*, const QuantizedActs&, int64_t, float*, int64_t, int);
+  static constexpr TileFn kTiles[8] = {PackedGroupTileA16<1>, PackedGroupTileA16<2>, PackedGroupTileA16<3>,
+                                       PackedGroupTileA16<4>, PackedGroupTileA16<5>, PackedGroupTileA16<6>,
+                                       PackedGroupTileA16<7>, PackedGroupTileA16<8>};
+  const int64_t groups = (num_rows + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
+    for (int64_t t = 0; t < num_tokens; t += 8) {
+      const int tt = static_cast<int>(num_tokens - t < 8 ? num_tokens - t : 8);
+      kTiles[tt - 1](w + g * group_bytes, x, t, y + 16 * g, ldy, valid);
+    }
+  }
+}
+
 // Online softmax over blocks of 16 positions (no score matrix): per block, the scores, the new
 // running max, rescale of the running sum and output, then the block's weighted V rows. q and the
 // output stay in registers (head_dim / 16 vectors). The order depends only on len.
@@ -1015,14 +1082,17 @@ const KernelTable& Avx512Table() {
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},
       // W4A8 matrices pack into Q4_0's packed layout (each run with its group's scale) and run
-      // through its kernel.
+      // through its kernel; symmetric W4A16 ones (the same row layout) pack the same way and run
+      // with 16-bit activations. Zero-point W4A16 stays on the bf16 tile above.
       {nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ8_0>, PackedGroupBytes<GgmlType::kQ4_0>, nullptr,
-       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ4_0>,
-       PackedGroupBytes<GgmlType::kQ4_0>},
-      {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>, nullptr, nullptr, nullptr, nullptr,
-       nullptr, nullptr, nullptr, Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>},
+       nullptr, nullptr, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>, nullptr, nullptr,
+       PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>},
+      {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
+       Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>, nullptr, nullptr, Pack<GgmlType::kW4A8G64>,
+       Pack<GgmlType::kW4A8G128>},
       {nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ8_0>, GemmPacked<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ4_0>, GemmPacked<GgmlType::kQ4_0>},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmPackedA16, GemmPackedA16},
       RmsNorm,
       SiluMul,
       Axpy,
