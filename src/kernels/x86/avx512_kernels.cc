@@ -698,17 +698,60 @@ void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const Q
   }
 }
 
-// W4A16 (symmetric types, whose rows are W4A8's layout) in the same packed layout, with 16-bit
-// activations (QuantizedActs::lo): per block and token the exact integer dot
-//   sum (u - 8) q = 256 * sum u * hi + sum u * lo - 8 * qsum,   q = 256 hi + lo,
-// u * hi on vpdpbusd as unsigned weights x signed high bytes, u * lo as unsigned low bytes x the
-// weights read as signed (0..15). |256 sum u hi| < 2^24 and |the dot| <= 32 * 8 * 32767 < 2^24, so
-// int32 holds every step and the f32 conversion is exact. Then lane += (d_w * d_x) * dot as in
-// the int8 path: two dpbusd per 4 weights instead of one, no bf16 unpacking.
-template <int T>
+// W4A16 in Q4_0's packed layout with 16-bit activations (QuantizedActs::lo). Symmetric types
+// (W4A8's row layout) pack exactly as W4A8; zero-point ones (x = d q + m, q = the nibble) carry
+// the 16 rows' offsets after their scales (kPackedBlockBytesZ). Per block and token the exact
+// integer dot of the nibbles u with q = 256 hi + lo:
+//   sum u q = 256 * sum u * hi + sum u * lo
+// (u * hi on vpdpbusd as unsigned weights x signed high bytes, u * lo as unsigned low bytes x the
+// weights read as signed 0..15); symmetric: minus 8 * qsum (u = w + 8). |256 sum u hi| < 2^24 and
+// the dot's magnitude <= 32 * 15 * 32767 < 2^24, so int32 holds every step and the f32 conversion
+// is exact. Then lane += (d_w * d_x) * dot (+ m_w * d_x * qsum for the offset): two dpbusd per 4
+// weights instead of the int8 path's one, and no bf16 unpacking.
+constexpr int64_t kPackedBlockBytesZ = 64 + kSliceBytes<GgmlType::kQ4_0>;
+
+template <int G>
+int64_t PackedGroupBytesW4Z(int64_t k) {
+  return k / 32 * kPackedBlockBytesZ;
+}
+
+template <int G>
+void PackW4Z(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst) {
+  const int64_t nb = k / 32;
+  const int64_t groups = (num_rows + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* out = dst + g * PackedGroupBytesW4Z<G>(k) + b * kPackedBlockBytesZ;
+      uint16_t scales[16] = {}, offsets[16] = {};
+      uint8_t codes[16][32] = {};  // padded rows: d = m = 0
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = g * 16 + r;
+        if (row >= num_rows) continue;
+        const auto& blk = reinterpret_cast<const BlockW4<G, true>*>(src + row * src_row_bytes)[b / (G / 32)];
+        scales[r] = blk.d;
+        offsets[r] = blk.m;
+        const uint8_t* qs = blk.qs + (b % (G / 32)) * 16;
+        for (int e = 0; e < 16; ++e) {
+          codes[r][e] = qs[e] & 0x0f;
+          codes[r][e + 16] = qs[e] >> 4;
+        }
+      }
+      std::memcpy(out, scales, 32);
+      std::memcpy(out + 32, offsets, 32);
+      uint8_t* w = out + 64;
+      for (int j = 0; j < 4; ++j)
+        for (int r = 0; r < 16; ++r)
+          for (int e = 0; e < 4; ++e)
+            w[(j * 16 + r) * 4 + e] = static_cast<uint8_t>(codes[r][4 * j + e] | (codes[r][16 + 4 * j + e] << 4));
+    }
+  }
+}
+
+template <bool kZ, int T>
 inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int64_t t0, float* y, int64_t ldy,
                                int valid_rows) {
-  constexpr int64_t kBlockBytes = kPackedBlockBytes<GgmlType::kQ4_0>;
+  constexpr int64_t kBlockBytes = kZ ? kPackedBlockBytesZ : kPackedBlockBytes<GgmlType::kQ4_0>;
+  constexpr int64_t kHeader = kZ ? 64 : 32;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -717,9 +760,11 @@ inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    __m512 mw = _mm512_setzero_ps();
+    if constexpr (kZ) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     __m512i w[8];
     for (int j = 0; j < 4; ++j) {
-      const __m512i raw = _mm512_loadu_si512(blk + 32 + 64 * j);
+      const __m512i raw = _mm512_loadu_si512(blk + kHeader + 64 * j);
       w[j] = _mm512_and_si512(raw, low4);
       w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     }
@@ -727,8 +772,9 @@ inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int
       const int64_t tok = t0 + t;
       const int8_t* hi = x.qs + tok * x.k_stride + b * 32;
       const uint8_t* lo = x.lo + tok * x.k_stride + b * 32;
+      const int32_t qsum = x.qsum[tok * nb_stride + b];
       __m512i sh = _mm512_setzero_si512(), sh2 = _mm512_setzero_si512();
-      __m512i sl = _mm512_set1_epi32(-8 * x.qsum[tok * nb_stride + b]), sl2 = _mm512_setzero_si512();
+      __m512i sl = _mm512_set1_epi32(kZ ? 0 : -8 * qsum), sl2 = _mm512_setzero_si512();
       for (int j = 0; j < 8; j += 2) {
         int32_t h0, h1, l0, l1;
         std::memcpy(&h0, hi + 4 * j, 4);
@@ -741,20 +787,23 @@ inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int
         sl2 = _mm512_dpbusd_epi32(sl2, _mm512_set1_epi32(l1), w[j + 1]);
       }
       const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(sh, sh2), 8), _mm512_add_epi32(sl, sl2));
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[tok * nb_stride + b]));
-      acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)));
+      const float dx = x.d[tok * nb_stride + b];
+      __m512 part = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum));
+      if constexpr (kZ) part = _mm512_add_ps(part, _mm512_mul_ps(mw, _mm512_set1_ps(dx * static_cast<float>(qsum))));
+      acc[t] = _mm512_add_ps(acc[t], part);
     }
   }
   const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
   for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
 }
 
+template <bool kZ>
 void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
                    float* y, int64_t ldy) {
   using TileFn = void (*)(const uint8_t*, const QuantizedActs&, int64_t, float*, int64_t, int);
-  static constexpr TileFn kTiles[8] = {PackedGroupTileA16<1>, PackedGroupTileA16<2>, PackedGroupTileA16<3>,
-                                       PackedGroupTileA16<4>, PackedGroupTileA16<5>, PackedGroupTileA16<6>,
-                                       PackedGroupTileA16<7>, PackedGroupTileA16<8>};
+  static constexpr TileFn kTiles[8] = {PackedGroupTileA16<kZ, 1>, PackedGroupTileA16<kZ, 2>, PackedGroupTileA16<kZ, 3>,
+                                       PackedGroupTileA16<kZ, 4>, PackedGroupTileA16<kZ, 5>, PackedGroupTileA16<kZ, 6>,
+                                       PackedGroupTileA16<kZ, 7>, PackedGroupTileA16<kZ, 8>};
   const int64_t groups = (num_rows + 15) / 16;
   for (int64_t g = 0; g < groups; ++g) {
     const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
@@ -1082,17 +1131,19 @@ const KernelTable& Avx512Table() {
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},
       // W4A8 matrices pack into Q4_0's packed layout (each run with its group's scale) and run
-      // through its kernel; symmetric W4A16 ones (the same row layout) pack the same way and run
-      // with 16-bit activations. Zero-point W4A16 stays on the bf16 tile above.
+      // through its kernel; W4A16 ones pack the same way (symmetric: W4A8's row layout; zero
+      // point: with the offsets) and run with 16-bit activations. The bf16 tile above is for
+      // W4A16 matrices that are not packed.
       {nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ8_0>, PackedGroupBytes<GgmlType::kQ4_0>, nullptr,
-       nullptr, nullptr, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>, nullptr, nullptr,
-       PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>},
+       nullptr, nullptr, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytesW4Z<64>,
+       PackedGroupBytesW4Z<128>, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>},
       {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
-       Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>, nullptr, nullptr, Pack<GgmlType::kW4A8G64>,
+       Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>, PackW4Z<64>, PackW4Z<128>, Pack<GgmlType::kW4A8G64>,
        Pack<GgmlType::kW4A8G128>},
       {nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ8_0>, GemmPacked<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ4_0>, GemmPacked<GgmlType::kQ4_0>},
-      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmPackedA16, GemmPackedA16},
+      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmPackedA16<false>,
+       GemmPackedA16<false>, GemmPackedA16<true>, GemmPackedA16<true>},
       RmsNorm,
       SiluMul,
       Axpy,
