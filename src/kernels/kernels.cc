@@ -183,12 +183,13 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
     GemmPackedGroups(kt.gemm_packed_a16[slot], *packed, rows, qa, num_tokens, y, pool);
     return;
   }
+  if (packed_here && kt.gemm_packed[slot] != nullptr) {
+    const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/false, pool);
+    GemmPackedGroups(kt.gemm_packed[slot], *packed, rows, qa, num_tokens, y, pool);
+    return;
+  }
   if (kt.gemm_quant[slot] != nullptr) {
     const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/false, pool);
-    if (packed_here && kt.gemm_packed[slot] != nullptr) {
-      GemmPackedGroups(kt.gemm_packed[slot], *packed, rows, qa, num_tokens, y, pool);
-      return;
-    }
     pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
       const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
       kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, qa, num_tokens, y + r0, rows);

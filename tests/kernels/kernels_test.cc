@@ -789,6 +789,57 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// The packed K-quant GEMMs (AVX-512 VNNI, int8 activations per 32): close to the exact product of
+// the dequantized weights and the unquantized activations (within the activations' rounding,
+// half a step of each block's scale per value), rows not a multiple of 16, and batch invariant
+// for any token count (tiles of 1-8 tokens) and thread split.
+TEST(KernelsTest, PackedKQuantsMatchTheExactProduct) {
+  const KernelTable* avx512 = GetKernelTable(Isa::kAvx512);
+  if (avx512 == nullptr) GTEST_SKIP() << "no AVX-512 here";
+  SetActiveIsa(Isa::kAvx512);
+  const int64_t k = 768, tokens = 11;
+  for (GgmlType t : kKTypes) {
+    for (int64_t rows : {1, 16, 37}) {
+      std::vector<uint8_t> w;
+      for (int64_t r = 0; r < rows; ++r) {
+        auto row = RandomKBlocks(t, k, 300 + r + static_cast<uint64_t>(t));
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      TensorView v;
+      v.type = t;
+      v.shape = {k, rows};
+      v.data = w.data();
+      v.num_bytes = w.size();
+      const auto packed = PackForActiveIsa(v);
+      ASSERT_NE(packed, nullptr) << TypeTraits(t).name;
+      const auto x = test::RandomFloats(k * tokens, 17 + rows);
+      ThreadPool three(3), one(1);
+      std::vector<float> y(rows * tokens), y1(rows);
+      MatMul(v, packed.get(), x.data(), tokens, y.data(), three);
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        MatMul(v, packed.get(), x.data() + tok * k, 1, y1.data(), one);
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(F32Bits(y1[r]), F32Bits(y[tok * rows + r])) << TypeTraits(t).name << " batch invariance";
+          std::vector<float> deq(k);
+          DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data(), k);
+          double exact = 0.0, bound = 0.0;
+          for (int64_t b = 0; b < k / 32; ++b) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[tok * k + b * 32 + i]));
+            for (int i = 0; i < 32; ++i) {
+              const int64_t e = b * 32 + i;
+              exact += static_cast<double>(deq[e]) * x[tok * k + e];
+              bound += std::fabs(static_cast<double>(deq[e])) * (0.5 * amax / 127.0);
+            }
+          }
+          ASSERT_NEAR(y[tok * rows + r], exact, 1.01 * bound + 1e-4) << TypeTraits(t).name << " row " << r;
+        }
+      }
+    }
+  }
+  SetActiveIsa(BestIsa());
+}
+
 TEST(KernelsTest, RopeRotatesAdjacentPairs) {
   std::vector<float> x = {1.0f, 0.0f, 0.0f, 1.0f};  // one head of 4: pairs (0,1), (2,3)
   float cos_sin[4];

@@ -814,6 +814,258 @@ void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, cons
   }
 }
 
+// ---- Packed K-quants (Q4_K, Q5_K, Q6_K) x int8 activations (VNNI) ------------------------------
+// A super-block of 256 weights is 8 runs of 32 (each run one activation block). For a group of
+// 16 rows, per super-block: a header (Q4_K/Q5_K: the rows' d then dmin, f16; Q6_K: d), then per
+// run: its scales (Q4_K/Q5_K: the 6-bit sub-block scale and min, u8 x 16 each; Q6_K: the int8
+// scales of its two 16-weight halves, x 16 each), its low 4 bits in Q4_0's 4 slices, and the higher
+// bits as byte masks over those slices' unpacked vectors (Q5_K: bit 4; Q6_K: bits 4 and 5; one
+// 64-bit mask per 64-byte vector), added with one masked byte add each. The weights are then
+// unsigned (0..15, 0..31, 0..63) for vpdpbusd against the token's activation bytes:
+//   Q4_K/Q5_K: lane += d_x * (d sc * dot - dmin m * qsum)         (w = d sc q - dmin m)
+//   Q6_K:      lane += d d_x * (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))   (w = d sc (q - 32))
+// with s_a, s_b the activation sums of the run's two halves. Integer dots are exact; the float
+// steps are fixed per lane, so results do not depend on the batch or the thread split.
+template <GgmlType kType>
+constexpr int kKHighBits = kType == GgmlType::kQ4_K ? 0 : kType == GgmlType::kQ5_K ? 1 : 2;
+template <GgmlType kType>
+constexpr int64_t kKRunBytes = 32 + 256 + 64 * kKHighBits<kType>;
+template <GgmlType kType>
+constexpr int64_t kKHeaderBytes = kType == GgmlType::kQ6_K ? 32 : 64;
+template <GgmlType kType>
+constexpr int64_t kKSuperBytes = kKHeaderBytes<kType> + 8 * kKRunBytes<kType>;
+
+template <GgmlType kType>
+int64_t PackedGroupBytesK(int64_t k) {
+  return k / kQK_K * kKSuperBytes<kType>;
+}
+
+// One row's super-block as integers: q[256] (unsigned, before Q6_K's -32), and per run r:
+// Q4_K/Q5_K s0[r] = scale, s1[r] = min; Q6_K s0[r], s1[r] = the halves' int8 scales; d, dmin f16.
+template <GgmlType kType>
+void UnpackKSuper(const uint8_t* src, uint8_t* q, int16_t* s0, int16_t* s1, uint16_t* d, uint16_t* dmin) {
+  if constexpr (kType == GgmlType::kQ6_K) {
+    const auto& b = *reinterpret_cast<const BlockQ6_K*>(src);
+    *d = b.d;
+    *dmin = 0;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b.ql + 64 * h;
+      const uint8_t* qh = b.qh + 32 * h;
+      for (int l = 0; l < 32; ++l) {
+        q[128 * h + l] = static_cast<uint8_t>((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
+        q[128 * h + l + 32] = static_cast<uint8_t>((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4));
+        q[128 * h + l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        q[128 * h + l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+      }
+    }
+    for (int r = 0; r < 8; ++r) {
+      s0[r] = b.scales[2 * r];
+      s1[r] = b.scales[2 * r + 1];
+    }
+  } else {
+    const uint8_t* scales;
+    const uint8_t* qs;
+    const uint8_t* qh = nullptr;
+    if constexpr (kType == GgmlType::kQ4_K) {
+      const auto& b = *reinterpret_cast<const BlockQ4_K*>(src);
+      *d = b.d;
+      *dmin = b.dmin;
+      scales = b.scales;
+      qs = b.qs;
+    } else {
+      const auto& b = *reinterpret_cast<const BlockQ5_K*>(src);
+      *d = b.d;
+      *dmin = b.dmin;
+      scales = b.scales;
+      qs = b.qs;
+      qh = b.qh;
+    }
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; ++l) {
+        q[64 * g + l] = qs[32 * g + l] & 0x0f;
+        q[64 * g + 32 + l] = qs[32 * g + l] >> 4;
+        if (qh != nullptr) {
+          q[64 * g + l] = static_cast<uint8_t>(q[64 * g + l] | (((qh[l] >> (2 * g)) & 1) << 4));
+          q[64 * g + 32 + l] = static_cast<uint8_t>(q[64 * g + 32 + l] | (((qh[l] >> (2 * g + 1)) & 1) << 4));
+        }
+      }
+    }
+    for (int r = 0; r < 8; ++r) {
+      uint8_t sc, m;
+      KQuantScaleMin(r, scales, &sc, &m);
+      s0[r] = sc;
+      s1[r] = m;
+    }
+  }
+}
+
+template <GgmlType kType>
+void PackK(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst) {
+  const int64_t nsb = k / kQK_K;
+  const int64_t groups = (num_rows + 15) / 16;
+  const int64_t block_bytes = TypeTraits(kType).block_bytes;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      uint8_t* out = dst + g * PackedGroupBytesK<kType>(k) + sb * kKSuperBytes<kType>;
+      uint8_t q[16][256] = {};  // padded rows: all zero (d = 0)
+      int16_t s0[16][8] = {}, s1[16][8] = {};
+      uint16_t d[16] = {}, dmin[16] = {};
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = g * 16 + r;
+        if (row < num_rows) {
+          UnpackKSuper<kType>(src + row * src_row_bytes + sb * block_bytes, q[r], s0[r], s1[r], &d[r], &dmin[r]);
+        }
+      }
+      std::memcpy(out, d, 32);
+      if constexpr (kType != GgmlType::kQ6_K) std::memcpy(out + 32, dmin, 32);
+      for (int run = 0; run < 8; ++run) {
+        uint8_t* o = out + kKHeaderBytes<kType> + run * kKRunBytes<kType>;
+        for (int r = 0; r < 16; ++r) {
+          o[r] = static_cast<uint8_t>(s0[r][run]);  // u8 scale, or the int8 scale's bits
+          o[16 + r] = static_cast<uint8_t>(s1[r][run]);
+        }
+        const uint8_t* base[16];
+        for (int r = 0; r < 16; ++r) base[r] = q[r] + 32 * run;
+        for (int j = 0; j < 4; ++j)
+          for (int r = 0; r < 16; ++r)
+            for (int e = 0; e < 4; ++e)
+              o[32 + (j * 16 + r) * 4 + e] =
+                  static_cast<uint8_t>((base[r][4 * j + e] & 0x0f) | ((base[r][16 + 4 * j + e] & 0x0f) << 4));
+        // Masks: vector j (0-7) holds element 4j + e (j < 4) or 16 + 4(j - 4) + e of row r in
+        // byte 4r + e; bit (4r + e) of mask j is the weight's bit 4 (and, Q6_K, bit 5).
+        for (int bit = 0; bit < kKHighBits<kType>; ++bit) {
+          for (int j = 0; j < 8; ++j) {
+            uint64_t mask = 0;
+            for (int r = 0; r < 16; ++r)
+              for (int e = 0; e < 4; ++e) {
+                const int elem = j < 4 ? 4 * j + e : 16 + 4 * (j - 4) + e;
+                if ((base[r][elem] >> (4 + bit)) & 1) mask |= uint64_t{1} << (4 * r + e);
+              }
+            std::memcpy(o + 288 + 64 * bit + 8 * j, &mask, 8);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <GgmlType kType, int T>
+inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const int32_t* half_sums, int64_t t0,
+                             float* y, int64_t ldy, int valid_rows) {
+  const int64_t nsb = x.k / kQK_K;
+  const int64_t nb_stride = x.k_stride / 32;
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* super = group + sb * kKSuperBytes<kType>;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
+    __m512 dmin = _mm512_setzero_ps();
+    if constexpr (kType != GgmlType::kQ6_K) {
+      dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
+    }
+    for (int run = 0; run < 8; ++run) {
+      const uint8_t* o = super + kKHeaderBytes<kType> + run * kKRunBytes<kType>;
+      const int64_t b = sb * 8 + run;  // activation block
+      const __m128i s0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(o));
+      const __m128i s1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16));
+      __m512i w[8];
+      for (int j = 0; j < 4; ++j) {
+        const __m512i raw = _mm512_loadu_si512(o + 32 + 64 * j);
+        w[j] = _mm512_and_si512(raw, low4);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+      for (int bit = 0; bit < kKHighBits<kType>; ++bit) {
+        const __m512i add = _mm512_set1_epi8(static_cast<char>(16 << bit));
+        for (int j = 0; j < 8; ++j) {
+          uint64_t mbits;
+          std::memcpy(&mbits, o + 288 + 64 * bit + 8 * j, 8);
+          w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(mbits), w[j], add);
+        }
+      }
+      if constexpr (kType == GgmlType::kQ6_K) {
+        const __m512i sca = _mm512_cvtepi8_epi32(s0), scb = _mm512_cvtepi8_epi32(s1);
+        for (int t = 0; t < T; ++t) {
+          const int64_t tok = t0 + t;
+          const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
+          const int32_t* hs = half_sums + (tok * nb_stride + b) * 2;
+          __m512i ia = _mm512_set1_epi32(-32 * hs[0]), ib = _mm512_set1_epi32(-32 * hs[1]);
+          for (int j = 0; j < 4; ++j) {
+            int32_t fa, fb;
+            std::memcpy(&fa, qx + 4 * j, 4);
+            std::memcpy(&fb, qx + 16 + 4 * j, 4);
+            ia = _mm512_dpbusd_epi32(ia, w[j], _mm512_set1_epi32(fa));
+            ib = _mm512_dpbusd_epi32(ib, w[j + 4], _mm512_set1_epi32(fb));
+          }
+          const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(sca, ia), _mm512_mullo_epi32(scb, ib));
+          const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(x.d[tok * nb_stride + b]));
+          acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)));
+        }
+      } else {
+        const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s0)));
+        const __m512 mmin = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s1)));
+        for (int t = 0; t < T; ++t) {
+          const int64_t tok = t0 + t;
+          const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
+          __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+          for (int j = 0; j < 8; j += 2) {
+            int32_t f0, f1;
+            std::memcpy(&f0, qx + 4 * j, 4);
+            std::memcpy(&f1, qx + 4 * j + 4, 4);
+            i0 = _mm512_dpbusd_epi32(i0, w[j], _mm512_set1_epi32(f0));
+            i1 = _mm512_dpbusd_epi32(i1, w[j + 1], _mm512_set1_epi32(f1));
+          }
+          // Vector j holds elements 4j.. (j < 4) or 16 + 4(j - 4).. of the run: the order of the
+          // broadcasts above follows w's, since w[j] for j >= 4 takes bytes 16 + 4(j - 4).
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+          const __m512 part = _mm512_sub_ps(_mm512_mul_ps(dsc, dot),
+                                            _mm512_mul_ps(mmin, _mm512_set1_ps(static_cast<float>(x.qsum[tok * nb_stride + b]))));
+          acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(x.d[tok * nb_stride + b]), part));
+        }
+      }
+    }
+  }
+  const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
+}
+
+template <GgmlType kType>
+void GemmPackedK(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
+                 float* y, int64_t ldy) {
+  using TileFn = void (*)(const uint8_t*, const QuantizedActs&, const int32_t*, int64_t, float*, int64_t, int);
+  static constexpr TileFn kTiles[8] = {PackedGroupTileK<kType, 1>, PackedGroupTileK<kType, 2>,
+                                       PackedGroupTileK<kType, 3>, PackedGroupTileK<kType, 4>,
+                                       PackedGroupTileK<kType, 5>, PackedGroupTileK<kType, 6>,
+                                       PackedGroupTileK<kType, 7>, PackedGroupTileK<kType, 8>};
+  // Q6_K: the activation sums of each block's halves, once per call.
+  // NOTE: thread_local: each pool thread computes them for its own rows (the same values).
+  thread_local std::vector<int32_t> half_sums;
+  const int64_t nb_stride = x.k_stride / 32;
+  if constexpr (kType == GgmlType::kQ6_K) {
+    half_sums.resize(static_cast<size_t>(num_tokens * nb_stride * 2));
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t b = 0; b < x.k / 32; ++b) {
+        const int8_t* q = x.qs + t * x.k_stride + b * 32;
+        int32_t a = 0, c = 0;
+        for (int i = 0; i < 16; ++i) {
+          a += q[i];
+          c += q[16 + i];
+        }
+        half_sums[(t * nb_stride + b) * 2] = a;
+        half_sums[(t * nb_stride + b) * 2 + 1] = c;
+      }
+    }
+  }
+  const int64_t groups = (num_rows + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
+    for (int64_t t = 0; t < num_tokens; t += 8) {
+      const int tt = static_cast<int>(num_tokens - t < 8 ? num_tokens - t : 8);
+      kTiles[tt - 1](w + g * group_bytes, x, half_sums.data(), t, y + 16 * g, ldy, valid);
+    }
+  }
+}
+
 // Online softmax over blocks of 16 positions (no score matrix): per block, the scores, the new
 // running max, rescale of the running sum and output, then the block's weighted V rows. q and the
 // output stay in registers (head_dim / 16 vectors). The order depends only on len.
@@ -1134,14 +1386,16 @@ const KernelTable& Avx512Table() {
       // through its kernel; W4A16 ones pack the same way (symmetric: W4A8's row layout; zero
       // point: with the offsets) and run with 16-bit activations. The bf16 tile above is for
       // W4A16 matrices that are not packed.
-      {nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ8_0>, PackedGroupBytes<GgmlType::kQ4_0>, nullptr,
-       nullptr, nullptr, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytesW4Z<64>,
+      {nullptr, nullptr, nullptr, PackedGroupBytes<GgmlType::kQ8_0>, PackedGroupBytes<GgmlType::kQ4_0>,
+       PackedGroupBytesK<GgmlType::kQ4_K>, PackedGroupBytesK<GgmlType::kQ5_K>, PackedGroupBytesK<GgmlType::kQ6_K>,
+       PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytesW4Z<64>,
        PackedGroupBytesW4Z<128>, PackedGroupBytes<GgmlType::kQ4_0>, PackedGroupBytes<GgmlType::kQ4_0>},
-      {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
-       Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>, PackW4Z<64>, PackW4Z<128>, Pack<GgmlType::kW4A8G64>,
+      {nullptr, nullptr, nullptr, Pack<GgmlType::kQ8_0>, Pack<GgmlType::kQ4_0>, PackK<GgmlType::kQ4_K>,
+       PackK<GgmlType::kQ5_K>, PackK<GgmlType::kQ6_K>, Pack<GgmlType::kW4A8G64>, Pack<GgmlType::kW4A8G128>, PackW4Z<64>, PackW4Z<128>, Pack<GgmlType::kW4A8G64>,
        Pack<GgmlType::kW4A8G128>},
-      {nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ8_0>, GemmPacked<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
-       nullptr, nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ4_0>, GemmPacked<GgmlType::kQ4_0>},
+      {nullptr, nullptr, nullptr, GemmPacked<GgmlType::kQ8_0>, GemmPacked<GgmlType::kQ4_0>, GemmPackedK<GgmlType::kQ4_K>,
+       GemmPackedK<GgmlType::kQ5_K>, GemmPackedK<GgmlType::kQ6_K>, nullptr, nullptr, nullptr, nullptr,
+       GemmPacked<GgmlType::kQ4_0>, GemmPacked<GgmlType::kQ4_0>},
       {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmPackedA16<false>,
        GemmPackedA16<false>, GemmPackedA16<true>, GemmPackedA16<true>},
       RmsNorm,
