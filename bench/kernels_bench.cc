@@ -1,5 +1,5 @@
 // Google Benchmark microbenchmarks of the kernels on the active ISA (GALE_ISA caps it): the
-// matmul per weight type at decode (1 token) and prefill (64 tokens) shapes, attention and the
+// matmul per weight type at decode (1 token), batched decode (16) and prefill (64 tokens) shapes, attention and the
 // activation quantizer. Counters report GB/s of weights read and GFLOP/s.
 //   build/kernels_bench --benchmark_filter=MatMul
 #include <benchmark/benchmark.h>
@@ -13,7 +13,9 @@
 namespace gale {
 namespace {
 
-constexpr GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
+constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,      GgmlType::kQ8_0,
+                               GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kW4A16G64,
+                               GgmlType::kW4A16ZG64, GgmlType::kW4A8G64};
 
 struct Matrix {
   std::vector<uint8_t> bytes;
@@ -54,7 +56,7 @@ void BM_MatMul(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(m.bytes.size()), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * cols * rows * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 // args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4). 12 heads of 64 over one token's paged
 // cache (blocks of 16 in reverse order), one thread.

@@ -191,7 +191,13 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   const uint8_t* rows = w + r0 * row_bytes;
   const float* xs = x + t0 * k;
   int64_t i = 0;
+  constexpr int64_t kEl = kType == GgmlType::kF32 ? 4 : 2;
   for (; i + 8 <= k; i += 8) {
+    if ((i & (64 / kEl - 1)) == 0) {  // the next tile's rows, a line at a time (see the AVX-512 tile)
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + i * kEl), _MM_HINT_T0);
+      }
+    }
     __m256 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = LoadW8<kType>(rows + r * row_bytes, i);
     for (int t = 0; t < T; ++t) {
