@@ -225,6 +225,18 @@ void ToBf16Reference(const float* x, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = Fp32ToBf16(x[i]);
 }
 
+namespace {
+// Largest |x| of a block of 32 activations.
+float BlockAbsMax(const float* xb) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    const float a = std::fabs(xb[j]);
+    amax = a > amax ? a : amax;  // not std::fmax: that is a libm call here, and x is never NaN
+  }
+  return amax;
+}
+}  // namespace
+
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
   for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;
   for (int64_t b = k / 32; b < k_stride / 32; ++b) {
@@ -233,11 +245,7 @@ void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs
   }
   for (int64_t b = 0; b < k / 32; ++b) {
     const float* xb = x + b * 32;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float a = std::fabs(xb[j]);
-      amax = a > amax ? a : amax;  // not std::fmax: that is a libm call here, and x is never NaN
-    }
+    const float amax = BlockAbsMax(xb);
     const float scale = amax / 127.0f;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     int32_t sum = 0;
@@ -266,11 +274,7 @@ void QuantizeActivations16(const float* x, int64_t k, int64_t k_stride, int8_t* 
   }
   for (int64_t b = 0; b < k / 32; ++b) {
     const float* xb = x + b * 32;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float a = std::fabs(xb[j]);
-      amax = a > amax ? a : amax;
-    }
+    const float amax = BlockAbsMax(xb);
     const float scale = amax / 32767.0f;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     int32_t sum = 0;

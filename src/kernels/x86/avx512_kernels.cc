@@ -589,6 +589,49 @@ int64_t PackedGroupBytes(int64_t k) {
   return k / 32 * kPackedBlockBytes<kType>;
 }
 
+// Writes 16 rows' 32 nibble values of a run (codes[r][e], low 4 bits used) as Q4_0's 4 packed
+// slices: slice j byte 4r + e = element 4j + e (low nibble) and 16 + 4j + e (high nibble) of row r.
+inline void WriteNibbleSlices(const uint8_t* const (&codes)[16], uint8_t* w) {
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 16; ++r)
+      for (int e = 0; e < 4; ++e)
+        w[(j * 16 + r) * 4 + e] =
+            static_cast<uint8_t>((codes[r][4 * j + e] & 0x0f) | ((codes[r][16 + 4 * j + e] & 0x0f) << 4));
+}
+
+// The 4 slices at p unpacked: w[j] = elements 4j.. (j < 4) or 16 + 4(j - 4).. (j >= 4) of the
+// 16 rows, one nibble value per byte.
+inline void UnpackNibbleSlices(const uint8_t* p, __m512i (&w)[8]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i raw = _mm512_loadu_si512(p + 64 * j);
+    w[j] = _mm512_and_si512(raw, low4);
+    w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+  }
+}
+
+// Stores T tokens' outputs of a packed group's 16 rows (the valid ones).
+template <int T>
+inline void StoreGroupRows(const __m512 (&acc)[T], float* y, int64_t t0, int64_t ldy, int valid_rows) {
+  const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
+}
+
+// Runs a packed GEMM's tiles (tiles[n - 1] takes n <= 8 tokens) over groups of 16 rows, groups
+// outer: a group's weights stay in L1 while every token passes. extra... go to every tile.
+template <typename TileFn, typename... Extra>
+inline void ForEachPackedGroup(const TileFn (&tiles)[8], const uint8_t* w, int64_t group_bytes, int64_t num_rows,
+                               const QuantizedActs& x, int64_t num_tokens, float* y, int64_t ldy, Extra... extra) {
+  const int64_t groups = (num_rows + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
+    for (int64_t t = 0; t < num_tokens; t += 8) {
+      const int tt = static_cast<int>(num_tokens - t < 8 ? num_tokens - t : 8);
+      tiles[tt - 1](w + g * group_bytes, x, extra..., t, y + 16 * g, ldy, valid);
+    }
+  }
+}
+
 template <GgmlType kType>
 void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst) {
   const int64_t nb = k / 32;
@@ -631,10 +674,9 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
           for (int r = 0; r < 16; ++r)
             for (int e = 0; e < 4; ++e) w[(j * 16 + r) * 4 + e] = codes[r][4 * j + e];
       } else {
-        for (int j = 0; j < 4; ++j)
-          for (int r = 0; r < 16; ++r)
-            for (int e = 0; e < 4; ++e)
-              w[(j * 16 + r) * 4 + e] = static_cast<uint8_t>(codes[r][4 * j + e] | (codes[r][16 + 4 * j + e] << 4));
+        const uint8_t* rows[16];
+        for (int r = 0; r < 16; ++r) rows[r] = codes[r];
+        WriteNibbleSlices(rows, w);
       }
     }
   }
@@ -647,7 +689,6 @@ inline void PackedGroupTile(const uint8_t* group, const QuantizedActs& x, int64_
   constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -657,11 +698,7 @@ inline void PackedGroupTile(const uint8_t* group, const QuantizedActs& x, int64_
     if constexpr (kType == GgmlType::kQ8_0) {
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 32 + 64 * j);
     } else {
-      for (int j = 0; j < 4; ++j) {
-        const __m512i raw = _mm512_loadu_si512(blk + 32 + 64 * j);
-        w[j] = _mm512_and_si512(raw, low4);
-        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-      }
+      UnpackNibbleSlices(blk + 32, w);
     }
     for (int t = 0; t < T; ++t) {
       const int64_t tok = t0 + t;
@@ -682,14 +719,7 @@ inline void PackedGroupTile(const uint8_t* group, const QuantizedActs& x, int64_
       acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)));
     }
   }
-  const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
-  for (int t = 0; t < T; ++t) {
-    if (valid_rows >= 16) {
-      _mm512_storeu_ps(y + (t0 + t) * ldy, acc[t]);
-    } else {
-      _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
-    }
-  }
+  StoreGroupRows(acc, y, t0, ldy, valid_rows);
 }
 
 template <GgmlType kType>
@@ -699,15 +729,7 @@ void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const Q
   static constexpr TileFn kTiles[8] = {PackedGroupTile<kType, 1>, PackedGroupTile<kType, 2>, PackedGroupTile<kType, 3>,
                                        PackedGroupTile<kType, 4>, PackedGroupTile<kType, 5>, PackedGroupTile<kType, 6>,
                                        PackedGroupTile<kType, 7>, PackedGroupTile<kType, 8>};
-  const int64_t groups = (num_rows + 15) / 16;
-  // Groups outer: a group's weights (16 rows) stay in L1 while every token passes.
-  for (int64_t g = 0; g < groups; ++g) {
-    const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
-    for (int64_t t = 0; t < num_tokens; t += 8) {
-      const int tt = static_cast<int>(num_tokens - t < 8 ? num_tokens - t : 8);
-      kTiles[tt - 1](w + g * group_bytes, x, t, y + 16 * g, ldy, valid);
-    }
-  }
+  ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy);
 }
 
 // W4A16 in Q4_0's packed layout with 16-bit activations (QuantizedActs::lo). Symmetric types
@@ -750,11 +772,9 @@ void PackW4Z(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_
       }
       std::memcpy(out, scales, 32);
       std::memcpy(out + 32, offsets, 32);
-      uint8_t* w = out + 64;
-      for (int j = 0; j < 4; ++j)
-        for (int r = 0; r < 16; ++r)
-          for (int e = 0; e < 4; ++e)
-            w[(j * 16 + r) * 4 + e] = static_cast<uint8_t>(codes[r][4 * j + e] | (codes[r][16 + 4 * j + e] << 4));
+      const uint8_t* rows[16];
+      for (int r = 0; r < 16; ++r) rows[r] = codes[r];
+      WriteNibbleSlices(rows, out + 64);
     }
   }
 }
@@ -766,7 +786,6 @@ inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int
   constexpr int64_t kHeader = kZ ? 64 : 32;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -775,11 +794,7 @@ inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int
     __m512 mw = _mm512_setzero_ps();
     if constexpr (kZ) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     __m512i w[8];
-    for (int j = 0; j < 4; ++j) {
-      const __m512i raw = _mm512_loadu_si512(blk + kHeader + 64 * j);
-      w[j] = _mm512_and_si512(raw, low4);
-      w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    }
+    UnpackNibbleSlices(blk + kHeader, w);
     for (int t = 0; t < T; ++t) {
       const int64_t tok = t0 + t;
       const int8_t* hi = x.qs + tok * x.k_stride + b * 32;
@@ -805,8 +820,7 @@ inline void PackedGroupTileA16(const uint8_t* group, const QuantizedActs& x, int
       acc[t] = _mm512_add_ps(acc[t], part);
     }
   }
-  const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
-  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
+  StoreGroupRows(acc, y, t0, ldy, valid_rows);
 }
 
 template <bool kZ>
@@ -816,14 +830,7 @@ void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, cons
   static constexpr TileFn kTiles[8] = {PackedGroupTileA16<kZ, 1>, PackedGroupTileA16<kZ, 2>, PackedGroupTileA16<kZ, 3>,
                                        PackedGroupTileA16<kZ, 4>, PackedGroupTileA16<kZ, 5>, PackedGroupTileA16<kZ, 6>,
                                        PackedGroupTileA16<kZ, 7>, PackedGroupTileA16<kZ, 8>};
-  const int64_t groups = (num_rows + 15) / 16;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
-    for (int64_t t = 0; t < num_tokens; t += 8) {
-      const int tt = static_cast<int>(num_tokens - t < 8 ? num_tokens - t : 8);
-      kTiles[tt - 1](w + g * group_bytes, x, t, y + 16 * g, ldy, valid);
-    }
-  }
+  ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy);
 }
 
 // ---- Packed K-quants (Q4_K, Q5_K, Q6_K) x int8 activations (VNNI) ------------------------------
@@ -938,11 +945,7 @@ void PackK(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t 
         }
         const uint8_t* base[16];
         for (int r = 0; r < 16; ++r) base[r] = q[r] + 32 * run;
-        for (int j = 0; j < 4; ++j)
-          for (int r = 0; r < 16; ++r)
-            for (int e = 0; e < 4; ++e)
-              o[32 + (j * 16 + r) * 4 + e] =
-                  static_cast<uint8_t>((base[r][4 * j + e] & 0x0f) | ((base[r][16 + 4 * j + e] & 0x0f) << 4));
+        WriteNibbleSlices(base, o + 32);
         // Masks: vector j (0-7) holds element 4j + e (j < 4) or 16 + 4(j - 4) + e of row r in
         // byte 4r + e; bit (4r + e) of mask j is the weight's bit 4 (and, Q6_K, bit 5).
         for (int bit = 0; bit < kKHighBits<kType>; ++bit) {
@@ -966,7 +969,6 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const
                              float* y, int64_t ldy, int valid_rows) {
   const int64_t nsb = x.k / kQK_K;
   const int64_t nb_stride = x.k_stride / 32;
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
@@ -982,11 +984,7 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const
       const __m128i s0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(o));
       const __m128i s1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(o + 16));
       __m512i w[8];
-      for (int j = 0; j < 4; ++j) {
-        const __m512i raw = _mm512_loadu_si512(o + 32 + 64 * j);
-        w[j] = _mm512_and_si512(raw, low4);
-        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-      }
+      UnpackNibbleSlices(o + 32, w);
       for (int bit = 0; bit < kKHighBits<kType>; ++bit) {
         const __m512i add = _mm512_set1_epi8(static_cast<char>(16 << bit));
         for (int j = 0; j < 8; ++j) {
@@ -1037,8 +1035,7 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const
       }
     }
   }
-  const __mmask16 m = valid_rows >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid_rows) - 1);
-  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, m, acc[t]);
+  StoreGroupRows(acc, y, t0, ldy, valid_rows);
 }
 
 template <GgmlType kType>
@@ -1068,14 +1065,8 @@ void GemmPackedK(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const 
       }
     }
   }
-  const int64_t groups = (num_rows + 15) / 16;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int valid = static_cast<int>(num_rows - 16 * g < 16 ? num_rows - 16 * g : 16);
-    for (int64_t t = 0; t < num_tokens; t += 8) {
-      const int tt = static_cast<int>(num_tokens - t < 8 ? num_tokens - t : 8);
-      kTiles[tt - 1](w + g * group_bytes, x, half_sums.data(), t, y + 16 * g, ldy, valid);
-    }
-  }
+  ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy,
+                     static_cast<const int32_t*>(half_sums.data()));
 }
 
 // Online softmax over blocks of 16 positions (no score matrix): per block, the scores, the new
