@@ -149,7 +149,13 @@ CommandFn RegisterBench(CLI::App& app) {
     if (o->bandwidth > 0) roof.read_bandwidth_gbs = o->bandwidth;
     const std::string model_type = ModelType(**file, **model);
     const GgufTensorInfo* ffn = (*file)->FindTensor("blk.0.ffn_gate.weight");
-    const bool int8_path = ffn && (ffn->type_id == 2 || ffn->type_id == 8);
+    // Matrices multiplied on the int8 dot instructions (Q8_0, Q4_0, the K-quants and gale's W4
+    // types, packed) are bound by the int8 peak, the others by the f32 FMA peak.
+    const auto ffn_traits = ffn ? GetTypeTraits(ffn->type_id) : std::nullopt;
+    const kernels::KernelTable& kt = kernels::Active();
+    const kernels::TypeSlot ffn_slot = ffn_traits ? kernels::SlotOf(ffn_traits->type) : kernels::kSlotF32;
+    const bool int8_path = ffn_traits && (kt.gemm_quant[ffn_slot] != nullptr || kt.gemm_packed[ffn_slot] != nullptr ||
+                                          kt.gemm_packed_a16[ffn_slot] != nullptr);
     const double peak_ops = (int8_path ? roof.int8_dot_gops : roof.f32_fma_gflops) * 1e9;
     // Bytes of weights a forward pass reads: everything but the embedding table, of which it
     // reads one row per token (unless the output layer is tied to it, then all of it).
