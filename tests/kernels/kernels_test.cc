@@ -137,6 +137,33 @@ TEST(KernelsTest, RmsNormSiluAxpyMatchScalar) {
   }
 }
 
+// SiluMul on every ISA is bitwise the scalar path (its vector exp rounds like libm's expf), over
+// a few million inputs from tiny to overflowing magnitudes.
+TEST(KernelsTest, SiluMulIsBitwiseTheScalarPath) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  Rng rng(11);
+  const int64_t n = 1 << 16;
+  std::vector<float> g(n), up(n, 1.0f);
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    int64_t mismatches = 0;
+    for (int round = 0; round < 48; ++round) {
+      const float scale = std::ldexp(1.0f, round % 16 - 8);  // 2^-8 .. 2^7, then 16x larger
+      for (auto& v : g) v = rng.Uniform(-1.0f, 1.0f) * scale * (round >= 32 ? 16.0f : 1.0f);
+      for (auto& u : up) u = rng.Uniform(-2.0f, 2.0f);
+      if (round == 0) {  // the edges: NaN, infinities, signed zeros, the underflow and overflow ends
+        const float edges[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 88.72f, -88.73f, 103.97f, -103.97f, 1e-30f};
+        for (size_t i = 0; i < std::size(edges); ++i) g[i] = edges[i];
+      }
+      std::vector<float> a = g, b = g;
+      ref.silu_mul(a.data(), up.data(), n - round);  // odd lengths: the scalar tail too
+      simd.silu_mul(b.data(), up.data(), n - round);
+      for (int64_t i = 0; i < n; ++i) mismatches += F32Bits(a[i]) != F32Bits(b[i]) && !(std::isnan(a[i]) && std::isnan(b[i]));
+    }
+    EXPECT_EQ(mismatches, 0) << IsaName(isa);
+  }
+}
+
 TEST(KernelsTest, SiluMulIsSiluTimesUp) {
   std::vector<float> g = {-2.0f, 0.0f, 1.5f}, up = {1.0f, 3.0f, -2.0f};
   GetKernelTable(Isa::kScalar)->silu_mul(g.data(), up.data(), 3);

@@ -250,10 +250,61 @@ inline __m512 Exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// expf of 8 floats the way glibc's expf computes it on x86-64 CPUs with FMA (the ARM
+// optimized-routines algorithm: x * 32 / ln 2 = k + r, 2^(k/32) from a 32-entry table of
+// 2^(i/32) with k / 32 added to the exponent, a degree-3 polynomial in r, all in double, one
+// rounding to float), so SiluMul stays bitwise the scalar path, whose std::exp is that glibc
+// function (tested on millions of inputs; Exp16's extra ulp here moved stories260K's logits past
+// the 1e-5 reference tolerance). Inputs are clamped to [-104, 89] (where the result is 0 or inf
+// anyway); NaN passes through.
+inline __m256 ExpfLikeLibm(__m256 xf) {
+  struct Table {
+    alignas(64) uint64_t v[32];  // bits of 2^(i/32) minus i << 47
+    Table() {
+      for (int i = 0; i < 32; ++i) {
+        const double d = static_cast<double>(exp2l(static_cast<long double>(i) / 32));
+        std::memcpy(&v[i], &d, 8);
+        v[i] -= static_cast<uint64_t>(i) << 47;
+      }
+    }
+  };
+  static const Table table;
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(xf, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
+  const __m512d x = _mm512_cvtps_pd(xc);
+  const __m512d shift = _mm512_set1_pd(0x1.8p+52);
+  const __m512d z = _mm512_mul_pd(_mm512_set1_pd(0x1.71547652b82fep+0 * 32), x);
+  __m512d kd = _mm512_add_pd(z, shift);  // k in the low bits of kd's mantissa
+  const __m512i ki = _mm512_castpd_si512(kd);
+  kd = _mm512_sub_pd(kd, shift);
+  const __m512d r = _mm512_sub_pd(z, kd);
+  const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+  const __m512i lo = _mm512_permutex2var_epi64(_mm512_load_si512(table.v), idx, _mm512_load_si512(table.v + 8));
+  const __m512i hi = _mm512_permutex2var_epi64(_mm512_load_si512(table.v + 16), idx, _mm512_load_si512(table.v + 24));
+  __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
+  t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));  // 2^(k/32): k's high bits into the exponent
+  const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32);
+  const __m512d c1 = _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32);
+  const __m512d c2 = _mm512_set1_pd(0x1.62e42ff0c52d6p-1 / 32);
+  const __m512d p = _mm512_fmadd_pd(c0, r, c1);
+  __m512d y = _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0));
+  y = _mm512_fmadd_pd(p, _mm512_mul_pd(r, r), y);
+  y = _mm512_mul_pd(y, _mm512_castsi512_pd(t));
+  return _mm256_blendv_ps(_mm512_cvtpd_ps(y), xf, _mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
+}
+
 void SiluMul(float* gate, const float* up, int64_t n) {
-  // NOTE: libm's expf, not Exp16: Exp16's extra ulp here moves stories260K's logits past the
-  // 1e-5 reference tolerance. A correctly rounded vector exp would make this SIMD too.
-  for (int64_t i = 0; i < n; ++i) {
+  // Per element exactly the scalar path's float operations: v * (1 / (1 + exp(-v))) * up.
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(gate + i);
+    const __m512 neg = _mm512_xor_ps(v, _mm512_set1_ps(-0.0f));
+    const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(ExpfLikeLibm(_mm512_castps512_ps256(neg))),
+                                        ExpfLikeLibm(_mm512_extractf32x8_ps(neg, 1)), 1);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(v, s), _mm512_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
     float v = gate[i];
     v *= 1.0f / (1.0f + std::exp(-v));
     gate[i] = v * up[i];
