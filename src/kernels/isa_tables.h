@@ -26,6 +26,9 @@ void DequantW4A16ZG128Reference(const void* src, float* dst, int64_t n);
 #define GALE_W4_DEQUANT_REFERENCE                                                                          \
   DequantW4A16G64Reference, DequantW4A16G128Reference, DequantW4A16ZG64Reference, DequantW4A16ZG128Reference, \
       DequantW4A16G64Reference, DequantW4A16G128Reference
+// The vector expf's table (SiluMul on AVX2 and AVX-512, computed as glibc's expf): bits of
+// 2^(i/32) minus i << 47, i < 32, 64-byte aligned. Built once, in the baseline translation unit.
+const uint64_t* ExpfTable32();
 // Scalar conversions, for ISAs without their own.
 void ToF16Reference(const float* x, uint16_t* dst, int64_t n);
 void ToBf16Reference(const float* x, uint16_t* dst, int64_t n);

@@ -1,6 +1,7 @@
 // Scalar reference kernels: the definition every SIMD path is tested against. Plain loops in
 // element order, no tricks; the rms_norm and silu follow llama2.c's run.c expression for expression.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "base/fp16.h"
@@ -236,6 +237,21 @@ float BlockAbsMax(const float* xb) {
   return amax;
 }
 }  // namespace
+
+const uint64_t* ExpfTable32() {
+  struct Table {
+    alignas(64) uint64_t v[32];
+    Table() {
+      for (int i = 0; i < 32; ++i) {
+        const double d = static_cast<double>(exp2l(static_cast<long double>(i) / 32));  // 2^(i/32), rounded once
+        std::memcpy(&v[i], &d, 8);
+        v[i] -= static_cast<uint64_t>(i) << 47;
+      }
+    }
+  };
+  static const Table table;
+  return table.v;
+}
 
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
   for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;

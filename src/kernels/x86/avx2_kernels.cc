@@ -142,10 +142,40 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   for (; i < n; ++i) out[i] = w[i] * (ss * x[i]);
 }
 
+// expf of 4 floats as glibc computes it (see ExpfLikeLibm in the AVX-512 kernels): 4 doubles,
+// the table entry by a gather.
+inline __m128 ExpfLikeLibm4(__m128 xf) {
+  const __m128 xc = _mm_min_ps(_mm_max_ps(xf, _mm_set1_ps(-104.0f)), _mm_set1_ps(89.0f));
+  const __m256d x = _mm256_cvtps_pd(xc);
+  const __m256d shift = _mm256_set1_pd(0x1.8p+52);
+  const __m256d z = _mm256_mul_pd(_mm256_set1_pd(0x1.71547652b82fep+0 * 32), x);
+  __m256d kd = _mm256_add_pd(z, shift);
+  const __m256i ki = _mm256_castpd_si256(kd);
+  kd = _mm256_sub_pd(kd, shift);
+  const __m256d r = _mm256_sub_pd(z, kd);
+  const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+  __m256i t = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(ExpfTable32()), idx, 8);
+  t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+  const __m256d p = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
+                                    _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
+  __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm256_set1_pd(1.0));
+  y = _mm256_fmadd_pd(p, _mm256_mul_pd(r, r), y);
+  y = _mm256_mul_pd(y, _mm256_castsi256_pd(t));
+  return _mm_blendv_ps(_mm256_cvtpd_ps(y), xf, _mm_cmpunord_ps(xf, xf));
+}
+
 void SiluMul(float* gate, const float* up, int64_t n) {
-  // exp() has no AVX2 instruction; the scalar libm call keeps results identical to the
-  // reference. A vector exp comes with the kernels issue.
-  for (int64_t i = 0; i < n; ++i) {
+  // Per element exactly the scalar path's float operations: v * (1 / (1 + exp(-v))) * up.
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(gate + i);
+    const __m256 neg = _mm256_xor_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 e = _mm256_set_m128(ExpfLikeLibm4(_mm256_extractf128_ps(neg, 1)), ExpfLikeLibm4(_mm256_castps256_ps128(neg)));
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
     float v = gate[i];
     v *= 1.0f / (1.0f + std::exp(-v));
     gate[i] = v * up[i];

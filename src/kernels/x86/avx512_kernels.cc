@@ -258,17 +258,7 @@ inline __m512 Exp16(__m512 x) {
 // the 1e-5 reference tolerance). Inputs are clamped to [-104, 89] (where the result is 0 or inf
 // anyway); NaN passes through.
 inline __m256 ExpfLikeLibm(__m256 xf) {
-  struct Table {
-    alignas(64) uint64_t v[32];  // bits of 2^(i/32) minus i << 47
-    Table() {
-      for (int i = 0; i < 32; ++i) {
-        const double d = static_cast<double>(exp2l(static_cast<long double>(i) / 32));
-        std::memcpy(&v[i], &d, 8);
-        v[i] -= static_cast<uint64_t>(i) << 47;
-      }
-    }
-  };
-  static const Table table;
+  const uint64_t* table = ExpfTable32();
   const __m256 xc = _mm256_min_ps(_mm256_max_ps(xf, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
   const __m512d x = _mm512_cvtps_pd(xc);
   const __m512d shift = _mm512_set1_pd(0x1.8p+52);
@@ -278,8 +268,8 @@ inline __m256 ExpfLikeLibm(__m256 xf) {
   kd = _mm512_sub_pd(kd, shift);
   const __m512d r = _mm512_sub_pd(z, kd);
   const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
-  const __m512i lo = _mm512_permutex2var_epi64(_mm512_load_si512(table.v), idx, _mm512_load_si512(table.v + 8));
-  const __m512i hi = _mm512_permutex2var_epi64(_mm512_load_si512(table.v + 16), idx, _mm512_load_si512(table.v + 24));
+  const __m512i lo = _mm512_permutex2var_epi64(_mm512_load_si512(table), idx, _mm512_load_si512(table + 8));
+  const __m512i hi = _mm512_permutex2var_epi64(_mm512_load_si512(table + 16), idx, _mm512_load_si512(table + 24));
   __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
   t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));  // 2^(k/32): k's high bits into the exponent
   const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32);
