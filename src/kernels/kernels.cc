@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sys/mman.h>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,27 +114,31 @@ std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
 
 namespace {
 
-// Quantizes the activations once per call (every row of W reuses them): int8 per 32, or 16-bit
-// for the W4A16 packed path.
+// Quantizes activations for the int8 paths (int8 per 32) or the W4A16 packed path (16-bit): into
+// the calling thread's scratch for that kind, so one of each can be live at once.
 // NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
 QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, ThreadPool& pool) {
-  static thread_local std::vector<int8_t> qs;     // [num_tokens, k_stride]
-  static thread_local std::vector<uint8_t> lo;    // [num_tokens, k_stride] (a16)
-  static thread_local std::vector<float> d;       // [num_tokens, k_stride / 32]
-  static thread_local std::vector<int32_t> qsum;  // [num_tokens, k_stride / 32]
+  struct Scratch {
+    std::vector<int8_t> qs;     // [num_tokens, k_stride]
+    std::vector<uint8_t> lo;    // [num_tokens, k_stride] (a16)
+    std::vector<float> d;       // [num_tokens, k_stride / 32]
+    std::vector<int32_t> qsum;  // [num_tokens, k_stride / 32]
+  };
+  static thread_local Scratch scratch[2];
+  Scratch& sc = scratch[a16 ? 1 : 0];
   const int64_t k_stride = (cols + kActPad - 1) / kActPad * kActPad;
   const int64_t nb = k_stride / 32;
   const size_t n = static_cast<size_t>(num_tokens * k_stride);
-  if (qs.size() < n) qs.resize(n);
-  if (a16 && lo.size() < n) lo.resize(n);
-  if (d.size() < static_cast<size_t>(num_tokens * nb)) {
-    d.resize(num_tokens * nb);
-    qsum.resize(num_tokens * nb);
+  if (sc.qs.size() < n) sc.qs.resize(n);
+  if (a16 && sc.lo.size() < n) sc.lo.resize(n);
+  if (sc.d.size() < static_cast<size_t>(num_tokens * nb)) {
+    sc.d.resize(num_tokens * nb);
+    sc.qsum.resize(num_tokens * nb);
   }
-  int8_t* qs_data = qs.data();
-  uint8_t* lo_data = a16 ? lo.data() : nullptr;
-  float* d_data = d.data();
-  int32_t* qsum_data = qsum.data();
+  int8_t* qs_data = sc.qs.data();
+  uint8_t* lo_data = a16 ? sc.lo.data() : nullptr;
+  float* d_data = sc.d.data();
+  int32_t* qsum_data = sc.qsum.data();
   pool.ParallelFor(
       num_tokens,
       [&](int64_t begin, int64_t end) {
@@ -161,40 +166,43 @@ void GemmPackedGroups(GemmQuantFn gemm, const PackedWeights& packed, int64_t row
   });
 }
 
-}  // namespace
-
-void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
-  MatMul(w, nullptr, x, num_tokens, y, pool);
+// Which activations a product reads.
+enum class ActKind { kFloat, kInt8, kA16 };
+ActKind KindOf(const KernelTable& kt, TypeSlot slot, bool packed_here) {
+  if (packed_here && kt.gemm_packed_a16[slot] != nullptr) return ActKind::kA16;
+  if ((packed_here && kt.gemm_packed[slot] != nullptr) || kt.gemm_quant[slot] != nullptr) return ActKind::kInt8;
+  return ActKind::kFloat;
 }
 
-void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, int64_t num_tokens, float* y,
-            ThreadPool& pool) {
-  const KernelTable& kt = Active();
+// One product, with the activations already quantized for its kind (qa; unused for kFloat).
+void MatMulOne(const KernelTable& kt, const MatMulOutput& o, const float* x, const QuantizedActs* qa,
+               int64_t num_tokens, ThreadPool& pool) {
+  const TensorView& w = *o.w;
   const TypeSlot slot = SlotOf(w.type);
   const int64_t cols = w.shape[0];
   const int64_t rows = w.NumRows();
   const int64_t row_bytes = w.RowBytes();
+  float* y = o.y;
   // Threads split the rows in multiples of 4 (the widest row tile); each thread walks all tokens.
   constexpr int64_t kRowQuantum = 4;
   const int64_t num_quanta = (rows + kRowQuantum - 1) / kRowQuantum;
-  const bool packed_here = packed != nullptr && packed->isa == kt.isa;
-  if (packed_here && kt.gemm_packed_a16[slot] != nullptr) {
-    const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/true, pool);
-    GemmPackedGroups(kt.gemm_packed_a16[slot], *packed, rows, qa, num_tokens, y, pool);
-    return;
-  }
-  if (packed_here && kt.gemm_packed[slot] != nullptr) {
-    const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/false, pool);
-    GemmPackedGroups(kt.gemm_packed[slot], *packed, rows, qa, num_tokens, y, pool);
-    return;
-  }
-  if (kt.gemm_quant[slot] != nullptr) {
-    const QuantizedActs qa = QuantizeForGemm(x, num_tokens, cols, /*a16=*/false, pool);
-    pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
-      const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
-      kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, qa, num_tokens, y + r0, rows);
-    });
-    return;
+  const bool packed_here = o.packed != nullptr && o.packed->isa == kt.isa;
+  switch (KindOf(kt, slot, packed_here)) {
+    case ActKind::kA16:
+      GemmPackedGroups(kt.gemm_packed_a16[slot], *o.packed, rows, *qa, num_tokens, y, pool);
+      return;
+    case ActKind::kInt8:
+      if (packed_here && kt.gemm_packed[slot] != nullptr) {
+        GemmPackedGroups(kt.gemm_packed[slot], *o.packed, rows, *qa, num_tokens, y, pool);
+        return;
+      }
+      pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
+        const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
+        kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, *qa, num_tokens, y + r0, rows);
+      });
+      return;
+    case ActKind::kFloat:
+      break;
   }
   if (kt.gemm_float[slot] == nullptr) {
     // No kernel reads this type directly: dequantize each row once per call (SIMD where the ISA
@@ -214,6 +222,33 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
     const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
     kt.gemm_float[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, x, cols, num_tokens, y + r0, rows);
   });
+}
+
+}  // namespace
+
+void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
+  MatMul(w, nullptr, x, num_tokens, y, pool);
+}
+
+void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, int64_t num_tokens, float* y,
+            ThreadPool& pool) {
+  const MatMulOutput o{&w, packed, y};
+  MatMulSameInput(std::span<const MatMulOutput>(&o, 1), x, num_tokens, pool);
+}
+
+void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
+  const KernelTable& kt = Active();
+  std::optional<QuantizedActs> acts[3];  // by ActKind, quantized on first need
+  for (const MatMulOutput& o : outs) {
+    const TypeSlot slot = SlotOf(o.w->type);
+    const ActKind kind = KindOf(kt, slot, o.packed != nullptr && o.packed->isa == kt.isa);
+    std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
+    if (kind != ActKind::kFloat && !qa) {
+      qa = QuantizeForGemm(x, num_tokens, o.w->shape[0], kind == ActKind::kA16, pool);
+    }
+    CHECK(!qa || qa->k == o.w->shape[0]);
+    MatMulOne(kt, o, x, qa ? &*qa : nullptr, num_tokens, pool);
+  }
 }
 
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "base/thread_pool.h"
@@ -46,6 +47,16 @@ void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, T
 // The same product reading packed weights when they were packed for the active ISA (else w).
 void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, int64_t num_tokens, float* y,
             ThreadPool& pool);
+
+// Several products of the same activations (wq/wk/wv, w_gate/w_up): each as MatMul computes it,
+// bitwise, with the activations quantized once per kind (int8, 16-bit) for all of them. The
+// matrices must have the same number of columns.
+struct MatMulOutput {
+  const TensorView* w;
+  const PackedWeights* packed;  // may be nullptr
+  float* y;                     // [num_tokens, rows of w]
+};
+void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool);
 
 // out[i, :] = dequantized row ids[i] of W ([rows, cols]); ids must be in range.
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out);

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <tuple>
 
+#include "base/check.h"
 #include "base/profiler.h"
 #include "kernels/kernels.h"
 
@@ -32,6 +34,16 @@ Status ExpectShape(const GgufFile& file, const std::string& name, std::vector<in
 
 void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
   kernels::MatMul(w.view, w.packed.get(), x, num_tokens, y, pool);
+}
+
+// Products of one input (its activations quantized once for all of them).
+void MatMulSameInput(std::initializer_list<std::pair<const MatrixWeight*, float*>> outs, const float* x,
+                     int64_t num_tokens, ThreadPool& pool) {
+  kernels::MatMulOutput o[3];
+  CHECK(outs.size() <= std::size(o));
+  size_t n = 0;
+  for (const auto& [w, y] : outs) o[n++] = {&w->view, w->packed.get(), y};
+  kernels::MatMulSameInput(std::span<const kernels::MatMulOutput>(o, n), x, num_tokens, pool);
 }
 
 void Grow(std::vector<float>& v, size_t n) {
@@ -307,9 +319,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     if (batch.observer) batch.observer->Observe(l, LinearInput::kAttnIn, ws.xb.data(), n, dim);
     {
       ProfileSpan span("matmul_qkv", "op", n, bytes(w.wq) + bytes(w.wk) + bytes(w.wv), l);
-      MatMul(w.wq, ws.xb.data(), n, ws.q.data(), pool);
-      MatMul(w.wk, ws.xb.data(), n, ws.k.data(), pool);
-      MatMul(w.wv, ws.xb.data(), n, ws.v.data(), pool);
+      MatMulSameInput({{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}}, ws.xb.data(), n, pool);
     }
     ProfileSpan span("rope_kv_write", "op", n, 0, l);
     // One token per item: its rotation, key transform and cache write do not depend on the split.
@@ -370,8 +380,7 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     }, /*min_items_per_thread=*/8);
     if (batch.observer) batch.observer->Observe(l, LinearInput::kFfnIn, ws.xb.data(), n, dim);
     span.Next("matmul_gate_up", n, bytes(w.w_gate) + bytes(w.w_up), l);
-    MatMul(w.w_gate, ws.xb.data(), n, ws.hb.data(), pool);
-    MatMul(w.w_up, ws.xb.data(), n, ws.hb2.data(), pool);
+    MatMulSameInput({{&w.w_gate, ws.hb.data()}, {&w.w_up, ws.hb2.data()}}, ws.xb.data(), n, pool);
     span.Next("silu_mul", n, 0, l);
     // One token row per item: an element's arithmetic does not depend on the split.
     pool.ParallelFor(n, [&](int64_t begin, int64_t end) {

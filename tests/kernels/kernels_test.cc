@@ -412,6 +412,41 @@ TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
   }
 }
 
+// Products sharing an input (quantized once per kind) are bitwise each product alone, for a mix
+// of types and activation kinds (int8, 16-bit, float), packed or not.
+TEST(KernelsTest, MatMulSameInputEqualsSeparateProducts) {
+  const int64_t cols = 256, tokens = 5;
+  const GgmlType types[] = {GgmlType::kQ4_K, GgmlType::kW4A16G64, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kW4A16ZG128};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (GetKernelTable(isa) == nullptr) continue;
+    SetActiveIsa(isa);
+    std::vector<std::vector<uint8_t>> storage(std::size(types));
+    std::vector<TensorView> views;
+    std::vector<std::unique_ptr<PackedWeights>> packed;
+    for (size_t i = 0; i < std::size(types); ++i) {
+      views.push_back(MakeWeights(types[i], cols, 16 + 3 * static_cast<int64_t>(i), &storage[i], 40 + i));
+      packed.push_back(PackForActiveIsa(views.back()));
+    }
+    const auto x = test::RandomFloats(cols * tokens, 41);
+    ThreadPool pool(2);
+    std::vector<std::vector<float>> together(views.size()), alone(views.size());
+    std::vector<MatMulOutput> outs;
+    for (size_t i = 0; i < views.size(); ++i) {
+      together[i].resize(views[i].NumRows() * tokens);
+      alone[i].resize(views[i].NumRows() * tokens);
+      outs.push_back({&views[i], packed[i].get(), together[i].data()});
+    }
+    MatMulSameInput(outs, x.data(), tokens, pool);
+    for (size_t i = 0; i < views.size(); ++i) {
+      MatMul(views[i], packed[i].get(), x.data(), tokens, alone[i].data(), pool);
+      for (size_t j = 0; j < alone[i].size(); ++j) {
+        ASSERT_EQ(F32Bits(together[i][j]), F32Bits(alone[i][j])) << IsaName(isa) << " " << TypeTraits(types[i]).name;
+      }
+    }
+  }
+  SetActiveIsa(BestIsa());
+}
+
 // Each output row of MatMul is bitwise the same for any batch size and thread count.
 TEST(KernelsTest, MatMulIsBatchInvariant) {
   const int64_t cols = 96, rows = 37, num_tokens = 9;
