@@ -40,6 +40,9 @@ struct QuantizedActs {
   // d = max|x| / 32767, split into qs = q >> 8 (signed high bytes) and lo = q & 255 (unsigned low
   // bytes); qsum is the sum of q. nullptr for the int8 activations above.
   const uint8_t* lo = nullptr;  // [num_tokens, k_stride]
+  // int8 activations through kernels::MatMul: each block's two 16-value halves' sums of q (Q6_K's
+  // sub-blocks), [num_tokens, k_stride / 16]; nullptr where the caller did not compute them.
+  const int32_t* half_sums = nullptr;
 };
 
 // Element type of the KV cache. int8/int4: each KV head's row segment is an f16 scale followed

@@ -123,6 +123,7 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
     std::vector<uint8_t> lo;    // [num_tokens, k_stride] (a16)
     std::vector<float> d;       // [num_tokens, k_stride / 32]
     std::vector<int32_t> qsum;  // [num_tokens, k_stride / 32]
+    std::vector<int32_t> half;  // [num_tokens, k_stride / 16] (int8)
   };
   static thread_local Scratch scratch[2];
   Scratch& sc = scratch[a16 ? 1 : 0];
@@ -135,10 +136,12 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
     sc.d.resize(num_tokens * nb);
     sc.qsum.resize(num_tokens * nb);
   }
+  if (!a16 && sc.half.size() < static_cast<size_t>(num_tokens * nb * 2)) sc.half.resize(num_tokens * nb * 2);
   int8_t* qs_data = sc.qs.data();
   uint8_t* lo_data = a16 ? sc.lo.data() : nullptr;
   float* d_data = sc.d.data();
   int32_t* qsum_data = sc.qsum.data();
+  int32_t* half_data = a16 ? nullptr : sc.half.data();
   pool.ParallelFor(
       num_tokens,
       [&](int64_t begin, int64_t end) {
@@ -149,11 +152,17 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
           } else {
             QuantizeActivations(x + t * cols, cols, k_stride, qs_data + t * k_stride, d_data + t * nb,
                                 qsum_data + t * nb);
+            const int8_t* q = qs_data + t * k_stride;
+            for (int64_t h = 0; h < 2 * nb; ++h) {
+              int32_t sum = 0;
+              for (int i = 0; i < 16; ++i) sum += q[16 * h + i];
+              half_data[t * 2 * nb + h] = sum;
+            }
           }
         }
       },
       /*min_items_per_thread=*/16);
-  return QuantizedActs{qs_data, d_data, qsum_data, cols, k_stride, lo_data};
+  return QuantizedActs{qs_data, d_data, qsum_data, cols, k_stride, lo_data, half_data};
 }
 
 // A packed GEMM over groups of kPackedRowGroup rows, split among the pool's threads.

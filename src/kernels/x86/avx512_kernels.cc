@@ -884,7 +884,7 @@ void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, cons
 // unsigned (0..15, 0..31, 0..63) for vpdpbusd against the token's activation bytes:
 //   Q4_K/Q5_K: lane += d_x * (d sc * dot - dmin m * qsum)         (w = d sc q - dmin m)
 //   Q6_K:      lane += d d_x * (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))   (w = d sc (q - 32))
-// with s_a, s_b the activation sums of the run's two halves. Integer dots are exact; the float
+// with s_a, s_b the activation sums of the run's two halves (QuantizedActs::half_sums). Integer dots are exact; the float
 // steps are fixed per lane, so results do not depend on the batch or the thread split.
 template <GgmlType kType>
 constexpr int kKHighBits = kType == GgmlType::kQ4_K ? 0 : kType == GgmlType::kQ5_K ? 1 : 2;
@@ -1006,7 +1006,7 @@ void PackK(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t 
 }
 
 template <GgmlType kType, int T>
-inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const int32_t* half_sums, int64_t t0,
+inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, int64_t t0,
                              float* y, int64_t ldy, int valid_rows) {
   const int64_t nsb = x.k / kQK_K;
   const int64_t nb_stride = x.k_stride / 32;
@@ -1039,7 +1039,7 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const
         for (int t = 0; t < T; ++t) {
           const int64_t tok = t0 + t;
           const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
-          const int32_t* hs = half_sums + (tok * nb_stride + b) * 2;
+          const int32_t* hs = x.half_sums + (tok * nb_stride + b) * 2;
           __m512i ia = _mm512_set1_epi32(-32 * hs[0]), ib = _mm512_set1_epi32(-32 * hs[1]);
           for (int j = 0; j < 4; ++j) {
             int32_t fa, fb;
@@ -1082,32 +1082,12 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, const
 template <GgmlType kType>
 void GemmPackedK(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
                  float* y, int64_t ldy) {
-  using TileFn = void (*)(const uint8_t*, const QuantizedActs&, const int32_t*, int64_t, float*, int64_t, int);
+  using TileFn = void (*)(const uint8_t*, const QuantizedActs&, int64_t, float*, int64_t, int);
   static constexpr TileFn kTiles[8] = {PackedGroupTileK<kType, 1>, PackedGroupTileK<kType, 2>,
                                        PackedGroupTileK<kType, 3>, PackedGroupTileK<kType, 4>,
                                        PackedGroupTileK<kType, 5>, PackedGroupTileK<kType, 6>,
                                        PackedGroupTileK<kType, 7>, PackedGroupTileK<kType, 8>};
-  // Q6_K: the activation sums of each block's halves, once per call.
-  // NOTE: thread_local: each pool thread computes them for its own rows (the same values).
-  thread_local std::vector<int32_t> half_sums;
-  const int64_t nb_stride = x.k_stride / 32;
-  if constexpr (kType == GgmlType::kQ6_K) {
-    half_sums.resize(static_cast<size_t>(num_tokens * nb_stride * 2));
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      for (int64_t b = 0; b < x.k / 32; ++b) {
-        const int8_t* q = x.qs + t * x.k_stride + b * 32;
-        int32_t a = 0, c = 0;
-        for (int i = 0; i < 16; ++i) {
-          a += q[i];
-          c += q[16 + i];
-        }
-        half_sums[(t * nb_stride + b) * 2] = a;
-        half_sums[(t * nb_stride + b) * 2 + 1] = c;
-      }
-    }
-  }
-  ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy,
-                     static_cast<const int32_t*>(half_sums.data()));
+  ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy);
 }
 
 // Online softmax over blocks of 16 positions (no score matrix): per block, the scores, the new
