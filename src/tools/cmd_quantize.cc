@@ -9,17 +9,15 @@
 #include "tools/calibration.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
-#include "model/hparams.h"
 #include "tools/quantize.h"
 
 namespace gale {
 
 namespace {
 
-// Runs the calibration samples through the model at path, with a progress bar.
-StatusOr<ActivationStats> Calibrate(const std::string& path, const std::string& calib, int64_t samples_max,
+// Runs the calibration samples through the model, with a progress bar.
+StatusOr<ActivationStats> Calibrate(const LoadedModel& model, const std::string& calib, int64_t samples_max,
                                     int64_t seq_len, int64_t rows, ThreadPool& pool) {
-  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(path, LoadOptions{}));
   CalibrationOptions co;
   co.samples = samples_max;
   co.seq_len = seq_len;
@@ -94,13 +92,25 @@ CommandFn RegisterQuantize(CLI::App& app) {
     if (o->in == o->out) return fail(InvalidArgument("the output would overwrite the input"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
     if (o->calib_rows < 1) return fail(InvalidArgument("--calib-rows must be >= 1"));
-    auto in = GgufFile::Open(o->in);
-    if (!in.ok()) return fail(in.status());
+    // With calibration the model is loaded to run it, and its file is the input; else the file
+    // alone is opened.
+    std::unique_ptr<LoadedModel> model;
+    std::unique_ptr<GgufFile> opened;
+    if (!o->calib.empty()) {
+      auto m = LoadModel(o->in, LoadOptions{});
+      if (!m.ok()) return fail(m.status());
+      model = std::make_unique<LoadedModel>(std::move(*m));
+    } else {
+      auto f = GgufFile::Open(o->in);
+      if (!f.ok()) return fail(f.status());
+      opened = std::move(*f);
+    }
+    const GgufFile& in = model ? *model->file : *opened;
     ThreadPool pool(o->threads);
     opt.pool = &pool;
     ActivationStats stats;
-    if (!o->calib.empty()) {
-      auto st = Calibrate(o->in, o->calib, o->calib_samples, o->calib_seq_len, o->calib_rows, pool);
+    if (model) {
+      auto st = Calibrate(*model, o->calib, o->calib_samples, o->calib_seq_len, o->calib_rows, pool);
       if (!st.ok()) return fail(st.status());
       stats = std::move(*st);
       opt.calibration = &stats;
@@ -109,7 +119,7 @@ CommandFn RegisterQuantize(CLI::App& app) {
       };
     }
     GgufWriter w;
-    auto report = QuantizeModel(**in, opt, &w);
+    auto report = QuantizeModel(in, opt, &w);
     if (!report.ok()) return fail(report.status().WithContext(o->in));
     if (opt.calibration != nullptr && isatty(STDERR_FILENO)) std::fputc('\n', stderr);
     if (Status s = w.WriteFile(o->out); !s.ok()) return fail(s);
@@ -151,18 +161,18 @@ CommandFn RegisterCalibrateKv(CLI::App& app) {
     };
     if (o->in == o->out) return fail(InvalidArgument("the output would overwrite the input"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-    auto in = GgufFile::Open(o->in);
-    if (!in.ok()) return fail(in.status());
+    auto model = LoadModel(o->in, LoadOptions{});
+    if (!model.ok()) return fail(model.status());
     ThreadPool pool(o->threads);
-    auto stats = Calibrate(o->in, o->calib, o->calib_samples, o->calib_seq_len, /*rows=*/1, pool);
+    auto stats = Calibrate(*model, o->calib, o->calib_samples, o->calib_seq_len, /*rows=*/1, pool);
     if (!stats.ok()) return fail(stats.status());
-    auto hp = ReadLlamaHParams(**in);
-    if (!hp.ok()) return fail(hp.status());
-    const KeyChannels kc = KeyChannelsFromStats(*stats, *hp);
+    const LlamaHParams& hp = model->model->hparams();
+    const KeyChannels kc = KeyChannelsFromStats(*stats, hp);
+    const GgufFile& in = *model->file;
     GgufWriter w;
-    for (const auto& [key, value] : (*in)->metadata()) w.SetValue(key, value);
+    for (const auto& [key, value] : in.metadata()) w.SetValue(key, value);
     SetKeyChannelMetadata(kc, &w);
-    for (const GgufTensorInfo& t : (*in)->tensors()) {
+    for (const GgufTensorInfo& t : in.tensors()) {
       const uint8_t* data = t.data;
       const uint64_t size = t.num_bytes;
       if (Status s = w.AddTensor(t.name, t.type_id, t.shape, [data, size](uint8_t* dst, uint64_t) {
@@ -180,7 +190,7 @@ CommandFn RegisterCalibrateKv(CLI::App& app) {
     }
     std::fprintf(stderr, "wrote %s: key shift and scale for %lld layers x %lld KV channels (scales %.3g..%.3g); "
                  "int8/int4 key caches use them (--kv-key-channels)\n", o->out.c_str(),
-                 static_cast<long long>(hp->num_layers), static_cast<long long>(hp->kv_dim()), lo, hi);
+                 static_cast<long long>(hp.num_layers), static_cast<long long>(hp.kv_dim()), lo, hi);
     return 0;
   };
 }

@@ -270,15 +270,29 @@ TEST(KernelsTest, QuantGemmApproximatesTheExactProduct) {
   }
 }
 
-TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8_t>* storage, uint64_t seed) {
-  const auto w = test::RandomFloats(cols * rows, seed);
-  *storage = Quantized(t, w);
+// A view of rows x cols weights of type t held in storage.
+TensorView ViewOf(GgmlType t, int64_t cols, int64_t rows, const std::vector<uint8_t>& storage) {
   TensorView v;
   v.type = t;
   v.shape = {cols, rows};
-  v.data = storage->data();
-  v.num_bytes = storage->size();
+  v.data = storage.data();
+  v.num_bytes = storage.size();
   return v;
+}
+
+TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8_t>* storage, uint64_t seed) {
+  *storage = Quantized(t, test::RandomFloats(cols * rows, seed));
+  return ViewOf(t, cols, rows, *storage);
+}
+
+// A K-quant matrix of random blocks (RandomKBlocks), row r from seed first_seed + r.
+TensorView RandomKMatrix(GgmlType t, int64_t cols, int64_t rows, uint64_t first_seed, std::vector<uint8_t>* storage) {
+  storage->clear();
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = RandomKBlocks(t, cols, first_seed + static_cast<uint64_t>(r));
+    storage->insert(storage->end(), row.begin(), row.end());
+  }
+  return ViewOf(t, cols, rows, *storage);
 }
 
 // W4 round trip: every element within half a quantization step of its group (zero point), or a
@@ -815,15 +829,7 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
   const int64_t k = 512, rows = 7, tokens = 5;
   for (GgmlType t : kKTypes) {
     std::vector<uint8_t> w;
-    for (int64_t r = 0; r < rows; ++r) {
-      auto row = RandomKBlocks(t, k, 100 + r);
-      w.insert(w.end(), row.begin(), row.end());
-    }
-    TensorView v;
-    v.type = t;
-    v.shape = {k, rows};
-    v.data = w.data();
-    v.num_bytes = w.size();
+    const TensorView v = RandomKMatrix(t, k, rows, 100, &w);
     const auto x = test::RandomFloats(k * tokens, 3);
     for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
       if (GetKernelTable(isa) == nullptr) continue;
@@ -863,15 +869,7 @@ TEST(KernelsTest, PackedKQuantsMatchTheExactProduct) {
   for (GgmlType t : kKTypes) {
     for (int64_t rows : {1, 16, 37}) {
       std::vector<uint8_t> w;
-      for (int64_t r = 0; r < rows; ++r) {
-        auto row = RandomKBlocks(t, k, 300 + r + static_cast<uint64_t>(t));
-        w.insert(w.end(), row.begin(), row.end());
-      }
-      TensorView v;
-      v.type = t;
-      v.shape = {k, rows};
-      v.data = w.data();
-      v.num_bytes = w.size();
+      const TensorView v = RandomKMatrix(t, k, rows, 300 + static_cast<uint64_t>(t), &w);
       const auto packed = PackForActiveIsa(v);
       ASSERT_NE(packed, nullptr) << TypeTraits(t).name;
       const auto x = test::RandomFloats(k * tokens, 17 + rows);

@@ -227,14 +227,38 @@ void ToBf16Reference(const float* x, uint16_t* dst, int64_t n) {
 }
 
 namespace {
-// Largest |x| of a block of 32 activations.
-float BlockAbsMax(const float* xb) {
-  float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) {
-    const float a = std::fabs(xb[j]);
-    amax = a > amax ? a : amax;  // not std::fmax: that is a libm call here, and x is never NaN
+// Quantizes one token's activations per block of 32 to integers in [-qmax, qmax] (scale = the
+// block's largest |x| / qmax, rounded half to even), calling store(i, q) for element i (and with
+// q = 0 for the padding up to k_stride), and writes each block's scale and sum of q.
+template <typename Store>
+void QuantizeBlocks(const float* x, int64_t k, int64_t k_stride, int qmax, float* d, int32_t* qsum, Store store) {
+  for (int64_t i = k; i < k_stride; ++i) store(i, 0);
+  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
+    d[b] = 0.0f;
+    qsum[b] = 0;
   }
-  return amax;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float a = std::fabs(xb[j]);
+      amax = a > amax ? a : amax;  // not std::fmax: that is a libm call here, and x is never NaN
+    }
+    const float scale = amax / static_cast<float>(qmax);
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      // Round half to even, like the SIMD conversions: adding 1.5 * 2^23 leaves the integer part
+      // in the mantissa under the default rounding mode (|v| <= qmax here, plus rounding).
+      const float v = xb[j] * inv;
+      int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
+      q = q < -qmax ? -qmax : q > qmax ? qmax : q;
+      store(b * 32 + j, q);
+      sum += q;
+    }
+    d[b] = scale;
+    qsum[b] = sum;
+  }
 }
 }  // namespace
 
@@ -254,57 +278,15 @@ const uint64_t* ExpfTable32() {
 }
 
 void QuantizeActivations(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
-  for (int64_t i = k; i < k_stride; ++i) qs[i] = 0;
-  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
-    d[b] = 0.0f;
-    qsum[b] = 0;
-  }
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float* xb = x + b * 32;
-    const float amax = BlockAbsMax(xb);
-    const float scale = amax / 127.0f;
-    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-    int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      // Round half to even, like the SIMD conversions: adding 1.5 * 2^23 leaves the integer part
-      // in the mantissa under the default rounding mode (|v| <= 127 here).
-      const float v = xb[j] * inv;
-      const int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
-      qs[b * 32 + j] = static_cast<int8_t>(q < -127 ? -127 : q > 127 ? 127 : q);
-      sum += qs[b * 32 + j];
-    }
-    d[b] = scale;
-    qsum[b] = sum;
-  }
+  QuantizeBlocks(x, k, k_stride, 127, d, qsum, [qs](int64_t i, int q) { qs[i] = static_cast<int8_t>(q); });
 }
 
 void QuantizeActivations16(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d,
                            int32_t* qsum) {
-  for (int64_t i = k; i < k_stride; ++i) {
-    hi[i] = 0;
-    lo[i] = 0;
-  }
-  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
-    d[b] = 0.0f;
-    qsum[b] = 0;
-  }
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float* xb = x + b * 32;
-    const float amax = BlockAbsMax(xb);
-    const float scale = amax / 32767.0f;
-    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-    int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      const float v = xb[j] * inv;  // |v| <= 32767 (+ rounding): the 1.5 * 2^23 trick rounds half to even
-      int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
-      q = q < -32767 ? -32767 : q > 32767 ? 32767 : q;
-      hi[b * 32 + j] = static_cast<int8_t>(q >> 8);  // arithmetic shift: q = 256 * hi + lo
-      lo[b * 32 + j] = static_cast<uint8_t>(q & 0xff);
-      sum += q;
-    }
-    d[b] = scale;
-    qsum[b] = sum;
-  }
+  QuantizeBlocks(x, k, k_stride, 32767, d, qsum, [hi, lo](int64_t i, int q) {
+    hi[i] = static_cast<int8_t>(q >> 8);  // arithmetic shift: q = 256 * hi + lo
+    lo[i] = static_cast<uint8_t>(q & 0xff);
+  });
 }
 
 const KernelTable& ScalarTable() {
