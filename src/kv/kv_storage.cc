@@ -46,7 +46,7 @@ KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
       block_size_(block_size),
       k_type_(k_type),
       v_type_(v_type),
-      key_channels_(kernels::KvTypeQuantized(k_type)) {
+      key_channels_(KeyChannelsByDefault(k_type)) {
   CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
   CHECK((k_type != kernels::KvType::kInt4 && v_type != kernels::KvType::kInt4) || head_dim % 2 == 0);
   k_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(k_type, head_dim);

@@ -46,6 +46,7 @@ class KvStorage {
   // (LlamaModel::key_channels). Default: for int8/int4 keys, whose per-token scales suffer most
   // from a few large channels. Set before the first write; every row of a cache must agree.
   bool key_channels() const { return key_channels_; }
+  static bool KeyChannelsByDefault(kernels::KvType k_type) { return kernels::KvTypeQuantized(k_type); }
   void set_key_channels(bool on) { key_channels_ = on; }
 
   // The layer as the attention kernel reads it.

@@ -282,7 +282,7 @@ CommandFn RegisterEval(CLI::App& app) {
     auto r = EvaluatePerplexity(*m->model, tokens, opt, !o->save_logits.empty() || !o->kl_base.empty(), pool);
     if (!r.ok()) return fail(r.status().WithContext(o->file));
     const bool key_channels_used =
-        !m->model->key_channels().empty() && key_channels->value_or(kernels::KvTypeQuantized(*kv));
+        !m->model->key_channels().empty() && key_channels->value_or(KvStorage::KeyChannelsByDefault(*kv));
     nlohmann::json j = {{"model", m->path},
                         {"file", o->file},
                         {"kv_type", o->kv_type},
