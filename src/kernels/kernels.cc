@@ -165,16 +165,6 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
   return QuantizedActs{qs_data, d_data, qsum_data, cols, k_stride, lo_data, half_data};
 }
 
-// A packed GEMM over groups of kPackedRowGroup rows, split among the pool's threads.
-void GemmPackedGroups(GemmQuantFn gemm, const PackedWeights& packed, int64_t rows, const QuantizedActs& qa,
-                      int64_t num_tokens, float* y, ThreadPool& pool) {
-  const int64_t num_groups = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
-  pool.ParallelFor(num_groups, [&](int64_t begin, int64_t end) {
-    const int64_t r0 = begin * kPackedRowGroup, r1 = std::min(rows, end * kPackedRowGroup);
-    gemm(packed.data.get() + begin * packed.group_bytes, packed.group_bytes, r1 - r0, qa, num_tokens, y + r0, rows);
-  });
-}
-
 // Which activations a product reads.
 enum class ActKind { kFloat, kInt8, kA16 };
 ActKind KindOf(const KernelTable& kt, TypeSlot slot, bool packed_here) {
@@ -183,57 +173,129 @@ ActKind KindOf(const KernelTable& kt, TypeSlot slot, bool packed_here) {
   return ActKind::kFloat;
 }
 
-// One product, with the activations already quantized for its kind (qa; unused for kFloat).
-void MatMulOne(const KernelTable& kt, const MatMulOutput& o, const float* x, const QuantizedActs* qa,
-               int64_t num_tokens, ThreadPool& pool) {
-  const TensorView& w = *o.w;
-  const TypeSlot slot = SlotOf(w.type);
-  const int64_t cols = w.shape[0];
-  const int64_t rows = w.NumRows();
-  const int64_t row_bytes = w.RowBytes();
-  float* y = o.y;
-  // Threads split the rows in multiples of 4 (the widest row tile); each thread walks all tokens.
-  constexpr int64_t kRowQuantum = 4;
-  const int64_t num_quanta = (rows + kRowQuantum - 1) / kRowQuantum;
-  const bool packed_here = o.packed != nullptr && o.packed->isa == kt.isa;
-  switch (KindOf(kt, slot, packed_here)) {
-    case ActKind::kA16:
-      GemmPackedGroups(kt.gemm_packed_a16[slot], *o.packed, rows, *qa, num_tokens, y, pool);
-      return;
-    case ActKind::kInt8:
-      if (packed_here && kt.gemm_packed[slot] != nullptr) {
-        GemmPackedGroups(kt.gemm_packed[slot], *o.packed, rows, *qa, num_tokens, y, pool);
+// One product's work as items (row groups of a packed matrix, or quanta of 4 rows: the widest
+// row tile) that Run(begin, end) computes for every token; any split of the items gives the same
+// rows, bit for bit.
+struct ProductWork {
+  enum class Path { kPacked, kQuant, kFloat, kDequantRows } path;
+  const TensorView* w;
+  const PackedWeights* packed;
+  GemmQuantFn gemm_q = nullptr;
+  GemmFloatFn gemm_f = nullptr;
+  DequantizeRowFn deq = nullptr;
+  const float* x;
+  const QuantizedActs* qa;  // int8 / 16-bit activations, or null (float paths)
+  int64_t num_tokens;
+  float* y;
+  int64_t items = 0;
+
+  static constexpr int64_t kRowQuantum = 4;
+
+  void Run(int64_t begin, int64_t end) const {
+    const int64_t rows = w->NumRows(), row_bytes = w->RowBytes(), cols = w->shape[0];
+    switch (path) {
+      case Path::kPacked: {
+        const int64_t r0 = begin * kPackedRowGroup, r1 = std::min(rows, end * kPackedRowGroup);
+        gemm_q(packed->data.get() + begin * packed->group_bytes, packed->group_bytes, r1 - r0, *qa, num_tokens, y + r0,
+               rows);
         return;
       }
-      pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
+      case Path::kQuant: {
         const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
-        kt.gemm_quant[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, *qa, num_tokens, y + r0, rows);
-      });
-      return;
+        gemm_q(w->data + r0 * row_bytes, row_bytes, r1 - r0, *qa, num_tokens, y + r0, rows);
+        return;
+      }
+      case Path::kFloat: {
+        const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
+        gemm_f(w->data + r0 * row_bytes, row_bytes, r1 - r0, x, cols, num_tokens, y + r0, rows);
+        return;
+      }
+      case Path::kDequantRows: {
+        // No kernel reads this type directly: dequantize each row once per call (SIMD where the
+        // ISA has a dequantizer) and multiply it as an f32 row with every token.
+        thread_local std::vector<float> row;  // [cols]
+        row.resize(cols);
+        for (int64_t r = begin; r < end; ++r) {
+          deq(w->data + r * row_bytes, row.data(), cols);
+          gemm_f(reinterpret_cast<const uint8_t*>(row.data()), cols * 4, 1, x, cols, num_tokens, y + r, rows);
+        }
+        return;
+      }
+    }
+  }
+};
+
+// One product, with the activations already quantized for its kind (qa; unused for kFloat).
+ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x, const QuantizedActs* qa,
+                   int64_t num_tokens) {
+  const TypeSlot slot = SlotOf(o.w->type);
+  const int64_t rows = o.w->NumRows();
+  const bool packed_here = o.packed != nullptr && o.packed->isa == kt.isa;
+  ProductWork pw{ProductWork::Path::kFloat, o.w, o.packed, nullptr, nullptr, nullptr, x, qa, num_tokens, o.y};
+  const int64_t num_quanta = (rows + ProductWork::kRowQuantum - 1) / ProductWork::kRowQuantum;
+  switch (KindOf(kt, slot, packed_here)) {
+    case ActKind::kA16:
+      pw.path = ProductWork::Path::kPacked;
+      pw.gemm_q = kt.gemm_packed_a16[slot];
+      pw.items = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
+      return pw;
+    case ActKind::kInt8:
+      if (packed_here && kt.gemm_packed[slot] != nullptr) {
+        pw.path = ProductWork::Path::kPacked;
+        pw.gemm_q = kt.gemm_packed[slot];
+        pw.items = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
+      } else {
+        pw.path = ProductWork::Path::kQuant;
+        pw.gemm_q = kt.gemm_quant[slot];
+        pw.items = num_quanta;
+      }
+      return pw;
     case ActKind::kFloat:
       break;
   }
   if (kt.gemm_float[slot] == nullptr) {
-    // No kernel reads this type directly: dequantize each row once per call (SIMD where the ISA
-    // has a dequantizer) and multiply it as an f32 row with every token.
-    pool.ParallelFor(rows, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> row;  // [cols]
-      row.resize(cols);
-      for (int64_t r = begin; r < end; ++r) {
-        kt.dequantize_row[slot](w.data + r * row_bytes, row.data(), cols);
-        kt.gemm_float[kSlotF32](reinterpret_cast<const uint8_t*>(row.data()), cols * 4, 1, x, cols, num_tokens,
-                                y + r, rows);
-      }
-    }, /*min_items_per_thread=*/4);
-    return;
+    pw.path = ProductWork::Path::kDequantRows;
+    pw.deq = kt.dequantize_row[slot];
+    pw.gemm_f = kt.gemm_float[kSlotF32];
+    pw.items = rows;
+  } else {
+    pw.gemm_f = kt.gemm_float[slot];
+    pw.items = num_quanta;
   }
-  pool.ParallelFor(num_quanta, [&](int64_t begin, int64_t end) {
-    const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
-    kt.gemm_float[slot](w.data + r0 * row_bytes, row_bytes, r1 - r0, x, cols, num_tokens, y + r0, rows);
-  });
+  return pw;
 }
 
 }  // namespace
+
+void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
+  const KernelTable& kt = Active();
+  std::optional<QuantizedActs> acts[3];  // by ActKind, quantized on first need
+  std::vector<ProductWork> work;
+  work.reserve(outs.size());
+  int64_t total = 0;
+  for (const MatMulOutput& o : outs) {
+    const TypeSlot slot = SlotOf(o.w->type);
+    const ActKind kind = KindOf(kt, slot, o.packed != nullptr && o.packed->isa == kt.isa);
+    std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
+    if (kind != ActKind::kFloat && !qa) {
+      qa = QuantizeForGemm(x, num_tokens, o.w->shape[0], kind == ActKind::kA16, pool);
+    }
+    CHECK(!qa || qa->k == o.w->shape[0]);
+    work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, num_tokens));
+    total += work.back().items;
+  }
+  // All products in one parallel pass over their concatenated items: one hand-off to the pool
+  // instead of one per product (small K/V projections alone leave the threads waiting).
+  pool.ParallelFor(total, [&](int64_t begin, int64_t end) {
+    int64_t base = 0;
+    for (const ProductWork& pw : work) {
+      const int64_t b = std::max(begin, base), e = std::min(end, base + pw.items);
+      if (b < e) pw.Run(b - base, e - base);
+      base += pw.items;
+      if (base >= end) break;
+    }
+  });
+}
 
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
   MatMul(w, nullptr, x, num_tokens, y, pool);
@@ -243,21 +305,6 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
             ThreadPool& pool) {
   const MatMulOutput o{&w, packed, y};
   MatMulSameInput(std::span<const MatMulOutput>(&o, 1), x, num_tokens, pool);
-}
-
-void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
-  const KernelTable& kt = Active();
-  std::optional<QuantizedActs> acts[3];  // by ActKind, quantized on first need
-  for (const MatMulOutput& o : outs) {
-    const TypeSlot slot = SlotOf(o.w->type);
-    const ActKind kind = KindOf(kt, slot, o.packed != nullptr && o.packed->isa == kt.isa);
-    std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
-    if (kind != ActKind::kFloat && !qa) {
-      qa = QuantizeForGemm(x, num_tokens, o.w->shape[0], kind == ActKind::kA16, pool);
-    }
-    CHECK(!qa || qa->k == o.w->shape[0]);
-    MatMulOne(kt, o, x, qa ? &*qa : nullptr, num_tokens, pool);
-  }
 }
 
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out) {

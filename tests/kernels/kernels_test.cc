@@ -442,19 +442,25 @@ TEST(KernelsTest, MatMulSameInputEqualsSeparateProducts) {
       packed.push_back(PackForActiveIsa(views.back()));
     }
     const auto x = test::RandomFloats(cols * tokens, 41);
-    ThreadPool pool(2);
-    std::vector<std::vector<float>> together(views.size()), alone(views.size());
-    std::vector<MatMulOutput> outs;
-    for (size_t i = 0; i < views.size(); ++i) {
-      together[i].resize(views[i].NumRows() * tokens);
-      alone[i].resize(views[i].NumRows() * tokens);
-      outs.push_back({&views[i], packed[i].get(), together[i].data()});
-    }
-    MatMulSameInput(outs, x.data(), tokens, pool);
-    for (size_t i = 0; i < views.size(); ++i) {
-      MatMul(views[i], packed[i].get(), x.data(), tokens, alone[i].data(), pool);
-      for (size_t j = 0; j < alone[i].size(); ++j) {
-        ASSERT_EQ(F32Bits(together[i][j]), F32Bits(alone[i][j])) << IsaName(isa) << " " << TypeTraits(types[i]).name;
+    ThreadPool one(1);
+    // The products run as one parallel pass whose chunks straddle product boundaries; 2 and 3
+    // threads place those boundaries differently.
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<std::vector<float>> together(views.size()), alone(views.size());
+      std::vector<MatMulOutput> outs;
+      for (size_t i = 0; i < views.size(); ++i) {
+        together[i].resize(views[i].NumRows() * tokens);
+        alone[i].resize(views[i].NumRows() * tokens);
+        outs.push_back({&views[i], packed[i].get(), together[i].data()});
+      }
+      MatMulSameInput(outs, x.data(), tokens, pool);
+      for (size_t i = 0; i < views.size(); ++i) {
+        MatMul(views[i], packed[i].get(), x.data(), tokens, alone[i].data(), one);
+        for (size_t j = 0; j < alone[i].size(); ++j) {
+          ASSERT_EQ(F32Bits(together[i][j]), F32Bits(alone[i][j]))
+              << IsaName(isa) << " " << TypeTraits(types[i]).name << " threads " << threads;
+        }
       }
     }
   }
