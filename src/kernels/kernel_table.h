@@ -92,6 +92,11 @@ using GemmFloatFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t num_ro
 using GemmQuantFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
                              int64_t num_tokens, float* y, int64_t ldy);
 using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
+// The same with activations rounded to bf16 (to_bf16: round to nearest even), x[t * k_stride + i]
+// with k_stride = k rounded up to kBf16ActPad and zeros after k.
+inline constexpr int64_t kBf16ActPad = 32;
+using GemmBf16Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const uint16_t* x, int64_t k,
+                            int64_t num_tokens, float* y, int64_t ldy);
 
 struct KernelTable {
   Isa isa;
@@ -110,6 +115,10 @@ struct KernelTable {
   PackFn pack[kNumTypeSlots];
   GemmQuantFn gemm_packed[kNumTypeSlots];
   GemmQuantFn gemm_packed_a16[kNumTypeSlots];
+  // BF16 weights times bf16 activations where the ISA has a bf16 dot product (AVX512-BF16's
+  // vdpbf16ps: twice the multiply-adds of an f32 FMA), as llama.cpp does for BF16 matrices; when
+  // set it replaces gemm_float for the slot at every batch size. nullptr elsewhere.
+  GemmBf16Fn gemm_bf16[kNumTypeSlots];
   // out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps)
   void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* out);
   // gate[i] = silu(gate[i]) * up[i]

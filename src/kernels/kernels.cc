@@ -165,11 +165,32 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
   return QuantizedActs{qs_data, d_data, qsum_data, cols, k_stride, lo_data, half_data};
 }
 
+// Activations rounded to bf16 for gemm_bf16, [num_tokens, k rounded up to kBf16ActPad] with zero
+// padding, in the calling thread's scratch.
+const uint16_t* ActivationsBf16(const KernelTable& kt, const float* x, int64_t num_tokens, int64_t cols,
+                                ThreadPool& pool) {
+  static thread_local std::vector<uint16_t> scratch;
+  const int64_t k_stride = (cols + kBf16ActPad - 1) / kBf16ActPad * kBf16ActPad;
+  if (scratch.size() < static_cast<size_t>(num_tokens * k_stride)) scratch.resize(num_tokens * k_stride);
+  uint16_t* out = scratch.data();
+  pool.ParallelFor(
+      num_tokens,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          kt.to_bf16(x + t * cols, out + t * k_stride, cols);
+          std::fill(out + t * k_stride + cols, out + (t + 1) * k_stride, uint16_t{0});
+        }
+      },
+      /*min_items_per_thread=*/16);
+  return out;
+}
+
 // Which activations a product reads.
-enum class ActKind { kFloat, kInt8, kA16 };
+enum class ActKind { kFloat, kInt8, kA16, kBf16 };
 ActKind KindOf(const KernelTable& kt, TypeSlot slot, bool packed_here) {
   if (packed_here && kt.gemm_packed_a16[slot] != nullptr) return ActKind::kA16;
   if ((packed_here && kt.gemm_packed[slot] != nullptr) || kt.gemm_quant[slot] != nullptr) return ActKind::kInt8;
+  if (kt.gemm_bf16[slot] != nullptr) return ActKind::kBf16;
   return ActKind::kFloat;
 }
 
@@ -177,14 +198,16 @@ ActKind KindOf(const KernelTable& kt, TypeSlot slot, bool packed_here) {
 // row tile) that Run(begin, end) computes for every token; any split of the items gives the same
 // rows, bit for bit.
 struct ProductWork {
-  enum class Path { kPacked, kQuant, kFloat, kDequantRows } path;
+  enum class Path { kPacked, kQuant, kFloat, kBf16, kDequantRows } path;
   const TensorView* w;
   const PackedWeights* packed;
   GemmQuantFn gemm_q = nullptr;
   GemmFloatFn gemm_f = nullptr;
+  GemmBf16Fn gemm_b = nullptr;
   DequantizeRowFn deq = nullptr;
   const float* x;
   const QuantizedActs* qa;  // int8 / 16-bit activations, or null (float paths)
+  const uint16_t* xb;       // bf16 activations (kBf16), or null
   int64_t num_tokens;
   float* y;
   int64_t items = 0;
@@ -210,6 +233,11 @@ struct ProductWork {
         gemm_f(w->data + r0 * row_bytes, row_bytes, r1 - r0, x, cols, num_tokens, y + r0, rows);
         return;
       }
+      case Path::kBf16: {
+        const int64_t r0 = begin * kRowQuantum, r1 = std::min(rows, end * kRowQuantum);
+        gemm_b(w->data + r0 * row_bytes, row_bytes, r1 - r0, xb, cols, num_tokens, y + r0, rows);
+        return;
+      }
       case Path::kDequantRows: {
         // No kernel reads this type directly: dequantize each row once per call (SIMD where the
         // ISA has a dequantizer) and multiply it as an f32 row with every token.
@@ -225,13 +253,15 @@ struct ProductWork {
   }
 };
 
-// One product, with the activations already quantized for its kind (qa; unused for kFloat).
+// One product, with the activations already converted for its kind (qa for the int8 and 16-bit
+// kinds, xb for bf16).
 ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x, const QuantizedActs* qa,
-                   int64_t num_tokens) {
+                   const uint16_t* xb, int64_t num_tokens) {
   const TypeSlot slot = SlotOf(o.w->type);
   const int64_t rows = o.w->NumRows();
   const bool packed_here = o.packed != nullptr && o.packed->isa == kt.isa;
-  ProductWork pw{ProductWork::Path::kFloat, o.w, o.packed, nullptr, nullptr, nullptr, x, qa, num_tokens, o.y};
+  ProductWork pw{ProductWork::Path::kFloat, o.w, o.packed, nullptr, nullptr, nullptr, nullptr, x, qa, xb,
+                 num_tokens, o.y};
   const int64_t num_quanta = (rows + ProductWork::kRowQuantum - 1) / ProductWork::kRowQuantum;
   switch (KindOf(kt, slot, packed_here)) {
     case ActKind::kA16:
@@ -249,6 +279,11 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
         pw.gemm_q = kt.gemm_quant[slot];
         pw.items = num_quanta;
       }
+      return pw;
+    case ActKind::kBf16:
+      pw.path = ProductWork::Path::kBf16;
+      pw.gemm_b = kt.gemm_bf16[slot];
+      pw.items = num_quanta;
       return pw;
     case ActKind::kFloat:
       break;
@@ -269,19 +304,24 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
 
 void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
   const KernelTable& kt = Active();
-  std::optional<QuantizedActs> acts[3];  // by ActKind, quantized on first need
+  std::optional<QuantizedActs> acts[3];  // by ActKind (int8, 16-bit), quantized on first need
+  const uint16_t* acts_bf16 = nullptr;
   std::vector<ProductWork> work;
   work.reserve(outs.size());
   int64_t total = 0;
   for (const MatMulOutput& o : outs) {
     const TypeSlot slot = SlotOf(o.w->type);
     const ActKind kind = KindOf(kt, slot, o.packed != nullptr && o.packed->isa == kt.isa);
-    std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
-    if (kind != ActKind::kFloat && !qa) {
-      qa = QuantizeForGemm(x, num_tokens, o.w->shape[0], kind == ActKind::kA16, pool);
+    const int64_t cols = o.w->shape[0];
+    if (kind == ActKind::kBf16) {
+      if (acts_bf16 == nullptr) acts_bf16 = ActivationsBf16(kt, x, num_tokens, cols, pool);
+      work.push_back(WorkOf(kt, o, x, nullptr, acts_bf16, num_tokens));
+    } else {
+      std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
+      if (kind != ActKind::kFloat && !qa) qa = QuantizeForGemm(x, num_tokens, cols, kind == ActKind::kA16, pool);
+      CHECK(!qa || qa->k == cols);
+      work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, nullptr, num_tokens));
     }
-    CHECK(!qa || qa->k == o.w->shape[0]);
-    work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, num_tokens));
     total += work.back().items;
   }
   // All products in one parallel pass over their concatenated items: one hand-off to the pool

@@ -150,13 +150,16 @@ CommandFn RegisterBench(CLI::App& app) {
     const std::string model_type = ModelType(**file, **model);
     const GgufTensorInfo* ffn = (*file)->FindTensor("blk.0.ffn_gate.weight");
     // Matrices multiplied on the int8 dot instructions (Q8_0, Q4_0, the K-quants and gale's W4
-    // types, packed) are bound by the int8 peak, the others by the f32 FMA peak.
+    // types, packed) are bound by the int8 peak, BF16 ones on vdpbf16ps by the bf16 dot peak,
+    // the others by the f32 FMA peak.
     const auto ffn_traits = ffn ? GetTypeTraits(ffn->type_id) : std::nullopt;
     const kernels::KernelTable& kt = kernels::Active();
     const kernels::TypeSlot ffn_slot = ffn_traits ? kernels::SlotOf(ffn_traits->type) : kernels::kSlotF32;
     const bool int8_path = ffn_traits && (kt.gemm_quant[ffn_slot] != nullptr || kt.gemm_packed[ffn_slot] != nullptr ||
                                           kt.gemm_packed_a16[ffn_slot] != nullptr);
-    const double peak_ops = (int8_path ? roof.int8_dot_gops : roof.f32_fma_gflops) * 1e9;
+    const bool bf16_path = !int8_path && ffn_traits && kt.gemm_bf16[ffn_slot] != nullptr;
+    const double peak_ops =
+        (int8_path ? roof.int8_dot_gops : bf16_path ? roof.bf16_dot_gflops : roof.f32_fma_gflops) * 1e9;
     // Bytes of weights a forward pass reads: everything but the embedding table, of which it
     // reads one row per token (unless the output layer is tied to it, then all of it).
     double weight_bytes = static_cast<double>((*model)->weight_bytes());
@@ -170,9 +173,11 @@ CommandFn RegisterBench(CLI::App& app) {
     }
     if ((*model)->tied_output()) matmul_params += static_cast<double>(hp.dim * hp.vocab_size);
     const double kv_bytes_per_pos = 2.0 * hp.num_layers * hp.kv_dim() * sizeof(float);
-    std::fprintf(stderr, "model: %s (%s), threads %d, kernels %s; roofline: %.1f GB/s read, %.0f GFLOP/s f32, %.0f GOP/s int8\n",
+    std::fprintf(stderr,
+                 "model: %s (%s), threads %d, kernels %s; roofline: %.1f GB/s read, %.0f GFLOP/s f32, %.0f GFLOP/s "
+                 "bf16, %.0f GOP/s int8\n",
                  o->model.c_str(), model_type.c_str(), o->threads, kernels::IsaName(kernels::Active().isa),
-                 roof.read_bandwidth_gbs, roof.f32_fma_gflops, roof.int8_dot_gops);
+                 roof.read_bandwidth_gbs, roof.f32_fma_gflops, roof.bf16_dot_gflops, roof.int8_dot_gops);
 
     std::unique_ptr<Profiler> profiler;
     if (o->profile || !o->trace.empty()) {

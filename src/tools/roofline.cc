@@ -77,6 +77,18 @@ __attribute__((target("avx512f,avx512vnni"))) int32_t DpbusdLoop(int64_t iters) 
   return _mm512_reduce_add_epi32(t);
 }
 
+__attribute__((target("avx512f,avx512bf16"))) float Dpbf16Loop(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh u = (__m512bh)_mm512_set1_epi16(0x3f80), s = (__m512bh)_mm512_set1_epi16(0x3a80);  // 1, 2^-10
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], u, s);
+  }
+  __m512 t = a[0];
+  for (int i = 1; i < 12; ++i) t = _mm512_add_ps(t, a[i]);
+  return _mm512_reduce_add_ps(t);
+}
+
 __attribute__((target("avx2"))) int32_t MaddubsLoop(int64_t iters) {
   __m256i a[8];
   for (int i = 0; i < 8; ++i) a[i] = _mm256_set1_epi32(i);
@@ -143,6 +155,7 @@ Roofline MeasureRoofline(ThreadPool& pool) {
   if (isa == kernels::Isa::kAvx512) {
     r.f32_fma_gflops = Peak(pool, 12 * 16 * 2, FmaLoopAvx512) / 1e9;
     r.int8_dot_gops = Peak(pool, 12 * 64 * 2, DpbusdLoop) / 1e9;
+    r.bf16_dot_gflops = Peak(pool, 12 * 32 * 2, Dpbf16Loop) / 1e9;
   } else if (isa == kernels::Isa::kAvx2) {
     r.f32_fma_gflops = Peak(pool, 8 * 8 * 2, FmaLoopAvx2) / 1e9;
     r.int8_dot_gops = Peak(pool, 8 * 32 * 2, MaddubsLoop) / 1e9;
@@ -154,6 +167,7 @@ Roofline MeasureRoofline(ThreadPool& pool) {
     }) / 1e9;
     r.int8_dot_gops = r.f32_fma_gflops;
   }
+  if (r.bf16_dot_gflops == 0.0) r.bf16_dot_gflops = r.f32_fma_gflops;
   return r;
 }
 

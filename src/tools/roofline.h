@@ -10,6 +10,7 @@ struct Roofline {
   double read_bandwidth_gbs = 0.0;   // GB/s reading a buffer much larger than the caches
   double f32_fma_gflops = 0.0;       // f32 FMA peak of the active ISA, all threads
   double int8_dot_gops = 0.0;        // int8 multiply-add peak (VNNI where present), all threads
+  double bf16_dot_gflops = 0.0;      // bf16 pair dot peak (AVX512-BF16), all threads; else the f32 FMA peak
 };
 
 // Bandwidth: best of a few passes over a 512 MiB buffer with every pool thread; ~1 s.

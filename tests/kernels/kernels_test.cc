@@ -217,6 +217,19 @@ TEST(KernelsTest, GemmMatchesScalarOnEdgeShapes) {
                       << " tokens=" << tokens << " i=" << i;
                 }
               }
+            } else if (simd.gemm_bf16[slot] != nullptr) {
+              // bf16 activations: the scalar product of the weights and the bf16-rounded x.
+              const int64_t ks = (kk + kBf16ActPad - 1) / kBf16ActPad * kBf16ActPad;
+              std::vector<uint16_t> xb(ks * tokens, 0);
+              std::vector<float> xr(kk * tokens);
+              for (int64_t i = 0; i < tokens; ++i) {
+                for (int64_t j = 0; j < kk; ++j) {
+                  xb[i * ks + j] = Fp32ToBf16(x[i * kk + j]);
+                  xr[i * kk + j] = Bf16ToFp32(xb[i * ks + j]);
+                }
+              }
+              ref.gemm_float[slot](w.data(), rb, rows, xr.data(), kk, tokens, want.data(), rows);
+              simd.gemm_bf16[slot](w.data(), rb, rows, xb.data(), kk, tokens, got.data(), rows);
             } else {
               ref.gemm_float[slot](w.data(), rb, rows, x.data(), kk, tokens, want.data(), rows);
               simd.gemm_float[slot](w.data(), rb, rows, x.data(), kk, tokens, got.data(), rows);
@@ -233,6 +246,41 @@ TEST(KernelsTest, GemmMatchesScalarOnEdgeShapes) {
       }
     }
   }
+}
+
+// BF16 weights with bf16 activations: the activations really are rounded (the product differs
+// from the f32-activation one by about bf16's rounding, not more), and a row whose length is not
+// a multiple of 32 never reads the next row's elements (an Inf there must not leak in as Inf * 0).
+TEST(KernelsTest, Bf16ActivationGemmRoundsXAndMasksTheRowTail) {
+  const KernelTable& kt = Active();
+  if (kt.gemm_bf16[kSlotBF16] == nullptr) GTEST_SKIP() << "no bf16 dot product on this CPU";
+  const int64_t k = 45, rows = 6, ks = 64;
+  const auto wf = test::RandomFloats(k * rows, 3);
+  std::vector<uint16_t> w(k * rows + 32);
+  for (int64_t i = 0; i < k * rows; ++i) w[i] = Fp32ToBf16(wf[i]);
+  for (int64_t i = k * rows; i < static_cast<int64_t>(w.size()); ++i) w[i] = 0x7f80;  // +Inf past the last row
+  for (int64_t r = 1; r < rows; ++r) w[r * k] = 0x7f80;                                // and opening each later row
+  const auto x = test::RandomFloats(k, 4);
+  std::vector<uint16_t> xb(ks, 0);
+  for (int64_t j = 0; j < k; ++j) xb[j] = Fp32ToBf16(x[j]);
+  std::vector<float> y(rows);
+  kt.gemm_bf16[kSlotBF16](reinterpret_cast<const uint8_t*>(w.data()), k * 2, 1, xb.data(), k, 1, y.data(), 1);
+  double exact_rounded = 0.0, exact_f32 = 0.0;
+  for (int64_t j = 0; j < k; ++j) {
+    exact_rounded += static_cast<double>(Bf16ToFp32(w[j])) * Bf16ToFp32(xb[j]);
+    exact_f32 += static_cast<double>(Bf16ToFp32(w[j])) * x[j];
+  }
+  ASSERT_TRUE(std::isfinite(y[0]));
+  EXPECT_NEAR(y[0], exact_rounded, 1e-5);
+  EXPECT_NE(y[0], static_cast<float>(exact_f32));  // the activations were rounded
+  // The last row, with only +Inf beyond it.
+  kt.gemm_bf16[kSlotBF16](reinterpret_cast<const uint8_t*>(w.data()) + (rows - 1) * k * 2, k * 2, 1, xb.data(), k, 1,
+                          y.data(), 1);
+  EXPECT_TRUE(std::isinf(y[0]));  // its own first element is +Inf
+  w[(rows - 1) * k] = Fp32ToBf16(wf[(rows - 1) * k]);
+  kt.gemm_bf16[kSlotBF16](reinterpret_cast<const uint8_t*>(w.data()) + (rows - 1) * k * 2, k * 2, 1, xb.data(), k, 1,
+                          y.data(), 1);
+  EXPECT_TRUE(std::isfinite(y[0]));
 }
 
 // The int8 path is a real product: close to the double-precision product of the dequantized

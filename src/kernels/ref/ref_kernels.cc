@@ -299,7 +299,7 @@ const KernelTable& ScalarTable() {
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference},
-      {}, {}, {}, {},
+      {}, {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,
       AxpyRef,

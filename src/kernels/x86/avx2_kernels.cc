@@ -335,7 +335,7 @@ const KernelTable& Avx2Table() {
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference},
-      {}, {}, {}, {},
+      {}, {}, {}, {}, {},
       RmsNorm,
       SiluMul,
       Axpy,

@@ -480,6 +480,56 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
 }
 
+// ---- BF16 weights x bf16 activations (AVX512-BF16) -------------------------------------------
+// vdpbf16ps multiplies 32 bf16 pairs into 16 f32 lanes per instruction, twice an f32 FMA's work.
+// A tile of R rows x T tokens keeps R x T such accumulators; every output is reduced the same
+// way whatever the tile, and rows prefetch the next tile's lines as the float tile does.
+
+template <int R, int T, bool kMasked>
+inline void StepBf16(const uint8_t* rows, int64_t row_bytes, const uint16_t* xs, int64_t k_stride, int64_t i,
+                     __mmask32 m, __m512 (&acc)[R][T]) {
+  __m512bh wv[R];
+  for (int r = 0; r < R; ++r) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(rows + r * row_bytes) + i;
+    wv[r] = (__m512bh)(kMasked ? _mm512_maskz_loadu_epi16(m, p) : _mm512_loadu_si512(p));
+  }
+  for (int t = 0; t < T; ++t) {
+    // Activations are zero-padded to k_stride: no mask needed.
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs + t * k_stride + i);
+    for (int r = 0; r < R; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+  }
+}
+
+template <int R, int T>
+void TileBf16(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const uint16_t* x, int64_t k, float* y,
+              int64_t ldy) {
+  const int64_t k_stride = (k + kBf16ActPad - 1) / kBf16ActPad * kBf16ActPad;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const uint8_t* rows = w + r0 * row_bytes;
+  const uint16_t* xs = x + t0 * k_stride;
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + i * 2), _MM_HINT_T0);
+    StepBf16<R, T, false>(rows, row_bytes, xs, k_stride, i, 0, acc);
+  }
+  if (i < k) StepBf16<R, T, true>(rows, row_bytes, xs, k_stride, i, static_cast<__mmask32>((1ull << (k - i)) - 1), acc);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+void GemmBf16(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const uint16_t* x, int64_t k, int64_t num_tokens,
+              float* y, int64_t ldy) {
+  using TileFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+  static constexpr TileFn kTiles[4][6] = {
+      {TileBf16<1, 1>, TileBf16<1, 2>, TileBf16<1, 3>, TileBf16<1, 4>, TileBf16<1, 5>, TileBf16<1, 6>},
+      {TileBf16<2, 1>, TileBf16<2, 2>, TileBf16<2, 3>, TileBf16<2, 4>, TileBf16<2, 5>, TileBf16<2, 6>},
+      {TileBf16<3, 1>, TileBf16<3, 2>, TileBf16<3, 3>, TileBf16<3, 4>, TileBf16<3, 5>, TileBf16<3, 6>},
+      {TileBf16<4, 1>, TileBf16<4, 2>, TileBf16<4, 3>, TileBf16<4, 4>, TileBf16<4, 5>, TileBf16<4, 6>}};
+  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+}
+
 // ---- GEMM, Q8_0/Q4_0 weights x int8 activations (VNNI) ------------------------------------------
 // Two 32-element blocks per 512-bit step. Weights become unsigned u = w + offset (Q8_0: w ^ 0x80,
 // offset 128; Q4_0: the raw nibble, offset 8), vpdpbusd sums u * q into 16 int32 lanes (8 per
@@ -1401,7 +1451,8 @@ const KernelTable& Avx512Table() {
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K,
        DequantW4<64, false>, DequantW4<128, false>, DequantW4<64, true>, DequantW4<128, true>, DequantW4<64, false>,
        DequantW4<128, false>},
-      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr, nullptr,
+      // BF16: gemm_bf16 below.
+      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, GemmW4A16<GgmlType::kW4A16G64>, GemmW4A16<GgmlType::kW4A16G128>,
        GemmW4A16<GgmlType::kW4A16ZG64>, GemmW4A16<GgmlType::kW4A16ZG128>},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
@@ -1422,6 +1473,7 @@ const KernelTable& Avx512Table() {
        GemmPacked<GgmlType::kQ4_0>, GemmPacked<GgmlType::kQ4_0>},
       {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmPackedA16<false>,
        GemmPackedA16<false>, GemmPackedA16<true>, GemmPackedA16<true>},
+      {nullptr, nullptr, GemmBf16},
       RmsNorm,
       SiluMul,
       Axpy,
