@@ -117,7 +117,10 @@ namespace {
 // Quantizes activations for the int8 paths (int8 per 32) or the W4A16 packed path (16-bit): into
 // the calling thread's scratch for that kind, so one of each can be live at once.
 // NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
-QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, ThreadPool& pool) {
+// norm: when set, each token is first normalized (RmsNorm) into per-thread scratch and x is the
+// input before the norm.
+QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, ThreadPool& pool,
+                              const RmsNormInput* norm = nullptr) {
   struct Scratch {
     std::vector<int8_t> qs;     // [num_tokens, k_stride]
     std::vector<uint8_t> lo;    // [num_tokens, k_stride] (a16)
@@ -145,13 +148,19 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
   pool.ParallelFor(
       num_tokens,
       [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> normed;  // one token's normalized row (norm only)
+        if (norm != nullptr && normed.size() < static_cast<size_t>(cols)) normed.resize(cols);
         for (int64_t t = begin; t < end; ++t) {
+          const float* xt = x + t * cols;
+          if (norm != nullptr) {
+            Active().rms_norm(xt, norm->w, cols, norm->eps, normed.data());
+            xt = normed.data();
+          }
           if (a16) {
-            QuantizeActivations16(x + t * cols, cols, k_stride, qs_data + t * k_stride, lo_data + t * k_stride,
+            QuantizeActivations16(xt, cols, k_stride, qs_data + t * k_stride, lo_data + t * k_stride,
                                   d_data + t * nb, qsum_data + t * nb);
           } else {
-            QuantizeActivations(x + t * cols, cols, k_stride, qs_data + t * k_stride, d_data + t * nb,
-                                qsum_data + t * nb);
+            QuantizeActivations(xt, cols, k_stride, qs_data + t * k_stride, d_data + t * nb, qsum_data + t * nb);
             const int8_t* q = qs_data + t * k_stride;
             for (int64_t h = 0; h < 2 * nb; ++h) {
               int32_t sum = 0;
@@ -302,7 +311,11 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
 
 }  // namespace
 
-void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
+namespace {
+
+// MatMulSameInput, with x the input before an RmsNorm when norm is set (quantized kinds only).
+void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool,
+                         const RmsNormInput* norm) {
   const KernelTable& kt = Active();
   std::optional<QuantizedActs> acts[3];  // by ActKind (int8, 16-bit), quantized on first need
   const uint16_t* acts_bf16 = nullptr;
@@ -314,11 +327,13 @@ void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t
     const ActKind kind = KindOf(kt, slot, o.packed != nullptr && o.packed->isa == kt.isa);
     const int64_t cols = o.w->shape[0];
     if (kind == ActKind::kBf16) {
+      CHECK(norm == nullptr);
       if (acts_bf16 == nullptr) acts_bf16 = ActivationsBf16(kt, x, num_tokens, cols, pool);
       work.push_back(WorkOf(kt, o, x, nullptr, acts_bf16, num_tokens));
     } else {
       std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
-      if (kind != ActKind::kFloat && !qa) qa = QuantizeForGemm(x, num_tokens, cols, kind == ActKind::kA16, pool);
+      CHECK(norm == nullptr || kind != ActKind::kFloat);
+      if (kind != ActKind::kFloat && !qa) qa = QuantizeForGemm(x, num_tokens, cols, kind == ActKind::kA16, pool, norm);
       CHECK(!qa || qa->k == cols);
       work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, nullptr, num_tokens));
     }
@@ -337,6 +352,12 @@ void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t
   });
 }
 
+}  // namespace
+
+void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
+  MatMulSameInputImpl(outs, x, num_tokens, pool, nullptr);
+}
+
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
   MatMul(w, nullptr, x, num_tokens, y, pool);
 }
@@ -345,6 +366,21 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
             ThreadPool& pool) {
   const MatMulOutput o{&w, packed, y};
   MatMulSameInput(std::span<const MatMulOutput>(&o, 1), x, num_tokens, pool);
+}
+
+bool ReadQuantizedActivations(std::span<const MatMulOutput> outs) {
+  const KernelTable& kt = Active();
+  for (const MatMulOutput& o : outs) {
+    const ActKind kind = KindOf(kt, SlotOf(o.w->type), o.packed != nullptr && o.packed->isa == kt.isa);
+    if (kind != ActKind::kInt8 && kind != ActKind::kA16) return false;
+  }
+  return !outs.empty();
+}
+
+void MatMulSameInputNormed(std::span<const MatMulOutput> outs, const RmsNormInput& in, int64_t num_tokens,
+                           ThreadPool& pool) {
+  CHECK(ReadQuantizedActivations(outs));
+  MatMulSameInputImpl(outs, in.x, num_tokens, pool, &in);
 }
 
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out) {

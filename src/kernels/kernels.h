@@ -58,6 +58,21 @@ struct MatMulOutput {
 };
 void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool);
 
+// Whether every product reads quantized activations (int8 or 16-bit), so that
+// MatMulSameInputNormed can fuse the norm into their quantization.
+bool ReadQuantizedActivations(std::span<const MatMulOutput> outs);
+
+// MatMulSameInput of RmsNorm(x[t], w, eps) for each token t, where ReadQuantizedActivations(outs):
+// each token is normalized into per-thread scratch and quantized at once, so the normalized rows
+// never make a pass through memory. Bitwise RmsNorm of every token, then MatMulSameInput.
+struct RmsNormInput {
+  const float* x;  // [num_tokens, cols], before the norm
+  const float* w;  // [cols]
+  float eps;
+};
+void MatMulSameInputNormed(std::span<const MatMulOutput> outs, const RmsNormInput& in, int64_t num_tokens,
+                           ThreadPool& pool);
+
 // out[i, :] = dequantized row ids[i] of W ([rows, cols]); ids must be in range.
 void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* out);
 

@@ -36,15 +36,16 @@ void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y,
   kernels::MatMul(w.view, w.packed.get(), x, num_tokens, y, pool);
 }
 
-// Products of one input (its activations quantized once for all of them).
-void MatMulSameInput(std::initializer_list<std::pair<const MatrixWeight*, float*>> outs, const float* x,
-                     int64_t num_tokens, ThreadPool& pool) {
+// Products of one input given as the matrices and their outputs.
+struct SameInput {
   kernels::MatMulOutput o[3];
-  CHECK(outs.size() <= std::size(o));
   size_t n = 0;
-  for (const auto& [w, y] : outs) o[n++] = {&w->view, w->packed.get(), y};
-  kernels::MatMulSameInput(std::span<const kernels::MatMulOutput>(o, n), x, num_tokens, pool);
-}
+  SameInput(std::initializer_list<std::pair<const MatrixWeight*, float*>> outs) {
+    CHECK(outs.size() <= std::size(o));
+    for (const auto& [w, y] : outs) o[n++] = {&w->view, w->packed.get(), y};
+  }
+  std::span<const kernels::MatMulOutput> span() const { return {o, n}; }
+};
 
 void Grow(std::vector<float>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -308,19 +309,29 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const LlamaLayerWeights& w = layers_[l];
     const float* attn_norm = reinterpret_cast<const float*>(w.attn_norm.data);
-    {
+    // RmsNorm then products of the normalized rows; fused into the activations' quantization
+    // where all products read quantized activations (then the span of the products includes
+    // the norm), except under calibration, which observes the normalized rows.
+    auto normed_products = [&](const float* norm_w, const SameInput& outs, LinearInput which, const char* name,
+                               int64_t weight_bytes) {
+      if (batch.observer == nullptr && kernels::ReadQuantizedActivations(outs.span())) {
+        ProfileSpan span(name, "op", n, weight_bytes, l);
+        kernels::MatMulSameInputNormed(outs.span(), {ws.x.data(), norm_w, hp_.rms_eps}, n, pool);
+        return;
+      }
       ProfileSpan span("rms_norm", "op", n, 0, l);
       pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-          kernels::RmsNorm(ws.x.data() + t * dim, attn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
+          kernels::RmsNorm(ws.x.data() + t * dim, norm_w, dim, hp_.rms_eps, ws.xb.data() + t * dim);
         }
       }, /*min_items_per_thread=*/8);
-    }
-    if (batch.observer) batch.observer->Observe(l, LinearInput::kAttnIn, ws.xb.data(), n, dim);
+      if (batch.observer) batch.observer->Observe(l, which, ws.xb.data(), n, dim);
+      span.Next(name, n, weight_bytes, l);
+      kernels::MatMulSameInput(outs.span(), ws.xb.data(), n, pool);
+    };
+    normed_products(attn_norm, {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                    LinearInput::kAttnIn, "matmul_qkv", bytes(w.wq) + bytes(w.wk) + bytes(w.wv));
     {
-      ProfileSpan span("matmul_qkv", "op", n, bytes(w.wq) + bytes(w.wk) + bytes(w.wv), l);
-      MatMulSameInput({{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}}, ws.xb.data(), n, pool);
-    }
     ProfileSpan span("rope_kv_write", "op", n, 0, l);
     // One token per item: its rotation, key transform and cache write do not depend on the split.
     const float* shift = key_channels ? key_channels_.shift.data() + l * kv_dim : nullptr;
@@ -370,18 +381,12 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     span.Next("matmul_o", n, bytes(w.wo), l);
     MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
     for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
+    }
 
     const float* ffn_norm = reinterpret_cast<const float*>(w.ffn_norm.data);
-    span.Next("rms_norm", n, 0, l);
-    pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        kernels::RmsNorm(ws.x.data() + t * dim, ffn_norm, dim, hp_.rms_eps, ws.xb.data() + t * dim);
-      }
-    }, /*min_items_per_thread=*/8);
-    if (batch.observer) batch.observer->Observe(l, LinearInput::kFfnIn, ws.xb.data(), n, dim);
-    span.Next("matmul_gate_up", n, bytes(w.w_gate) + bytes(w.w_up), l);
-    MatMulSameInput({{&w.w_gate, ws.hb.data()}, {&w.w_up, ws.hb2.data()}}, ws.xb.data(), n, pool);
-    span.Next("silu_mul", n, 0, l);
+    normed_products(ffn_norm, {{&w.w_gate, ws.hb.data()}, {&w.w_up, ws.hb2.data()}}, LinearInput::kFfnIn,
+                    "matmul_gate_up", bytes(w.w_gate) + bytes(w.w_up));
+    ProfileSpan span("silu_mul", "op", n, 0, l);
     // One token row per item: an element's arithmetic does not depend on the split.
     pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
       kernels::SiluMul(ws.hb.data() + begin * ffn, ws.hb2.data() + begin * ffn, (end - begin) * ffn);

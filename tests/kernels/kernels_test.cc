@@ -515,6 +515,59 @@ TEST(KernelsTest, MatMulSameInputEqualsSeparateProducts) {
   SetActiveIsa(BestIsa());
 }
 
+// RmsNorm fused into the activations' quantization gives bitwise the norm written out, then the
+// products; it applies only where every product reads quantized activations.
+TEST(KernelsTest, RmsNormFusedIntoQuantizationEqualsNormThenProducts) {
+  const int64_t cols = 256, tokens = 7;
+  const GgmlType types[] = {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kW4A16G64};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (GetKernelTable(isa) == nullptr) continue;
+    SetActiveIsa(isa);
+    std::vector<std::vector<uint8_t>> storage(std::size(types));
+    std::vector<TensorView> views;
+    std::vector<std::unique_ptr<PackedWeights>> packed;
+    for (size_t i = 0; i < std::size(types); ++i) {
+      views.push_back(MakeWeights(types[i], cols, 20 + static_cast<int64_t>(i), &storage[i], 60 + i));
+      packed.push_back(PackForActiveIsa(views.back()));
+    }
+    auto x = test::RandomFloats(cols * tokens, 61);
+    for (int64_t i = 0; i < cols; ++i) x[i] *= 30.0f;  // one token far from unit scale
+    const auto norm_w = test::RandomFloats(cols, 62);
+    ThreadPool pool(2);
+    // Products of one kind alone and of mixed int8 / 16-bit kinds.
+    for (size_t first : {size_t{0}, size_t{2}}) {
+      std::vector<std::vector<float>> fused(views.size()), plain(views.size());
+      std::vector<MatMulOutput> fused_outs, plain_outs;
+      for (size_t i = first; i < views.size(); ++i) {
+        fused[i].resize(views[i].NumRows() * tokens);
+        plain[i].resize(views[i].NumRows() * tokens);
+        fused_outs.push_back({&views[i], packed[i].get(), fused[i].data()});
+        plain_outs.push_back({&views[i], packed[i].get(), plain[i].data()});
+      }
+      // Without packed K-quant / W4A16 kernels (scalar, AVX2) some of these read f32 rows.
+      const bool quantized = ReadQuantizedActivations(fused_outs);
+      if (isa == Isa::kAvx512) ASSERT_TRUE(quantized);
+      if (!quantized) continue;
+      MatMulSameInputNormed(fused_outs, {x.data(), norm_w.data(), 1e-5f}, tokens, pool);
+      std::vector<float> normed(cols * tokens);
+      for (int64_t t = 0; t < tokens; ++t) RmsNorm(x.data() + t * cols, norm_w.data(), cols, 1e-5f, normed.data() + t * cols);
+      MatMulSameInput(plain_outs, normed.data(), tokens, pool);
+      for (size_t i = first; i < views.size(); ++i) {
+        for (size_t j = 0; j < plain[i].size(); ++j) {
+          ASSERT_EQ(F32Bits(fused[i][j]), F32Bits(plain[i][j])) << IsaName(isa) << " " << TypeTraits(types[i]).name;
+        }
+      }
+    }
+    // A float product among them: no fusion.
+    std::vector<uint8_t> f16_storage;
+    const TensorView f16 = MakeWeights(GgmlType::kF16, cols, 8, &f16_storage, 63);
+    std::vector<float> y(8 * tokens);
+    const MatMulOutput mixed[] = {{&views[0], packed[0].get(), nullptr}, {&f16, nullptr, y.data()}};
+    EXPECT_FALSE(ReadQuantizedActivations(mixed)) << IsaName(isa);
+  }
+  SetActiveIsa(BestIsa());
+}
+
 // Each output row of MatMul is bitwise the same for any batch size and thread count.
 TEST(KernelsTest, MatMulIsBatchInvariant) {
   const int64_t cols = 96, rows = 37, num_tokens = 9;
