@@ -138,6 +138,10 @@ struct KernelTable {
                       int head_dim, float* const* outs, float* const* scores);
   // x = softmax(x) in place, n >= 1 (KV retention's attention tracking; not batch-critical).
   void (*softmax)(float* x, int64_t n);
+  // Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dims of each head of x
+  // ([num_heads, head_dim]) by the angle whose cos, sin are cos_sin[2i], cos_sin[2i+1]:
+  // (x0 c - x1 s, x0 s + x1 c), each product rounded then summed (bitwise the scalar path).
+  void (*rope_apply)(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 };
 
 }  // namespace gale::kernels

@@ -409,18 +409,8 @@ void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, f
 }
 
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
-  for (int h = 0; h < num_heads; ++h) {
-    float* v = x + h * head_dim;
-    for (int i = 0; i < rope_dims; i += 2) {
-      const float c = cos_sin[i], s = cos_sin[i + 1];
-      const float v0 = v[i];
-      const float v1 = v[i + 1];
-      v[i] = v0 * c - v1 * s;
-      v[i + 1] = v0 * s + v1 * c;
-    }
-  }
+  Active().rope_apply(x, num_heads, head_dim, rope_dims, cos_sin);
 }
-
 
 const char* KvTypeName(KvType type) {
   switch (type) {

@@ -1019,6 +1019,30 @@ TEST(KernelsTest, RopeRotatesAdjacentPairs) {
   EXPECT_NEAR(x[3], std::cos(theta), 1e-6f);
 }
 
+// Every ISA's rotation is bitwise the scalar one, for head sizes with and without a vector tail
+// and partial rotary dims.
+TEST(KernelsTest, RopeApplyIsBitwiseTheScalarPath) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  for (Isa isa : SimdIsas()) {
+    const KernelTable& kt = *GetKernelTable(isa);
+    for (int head_dim : {8, 20, 64, 128}) {
+      for (int rope_dims : {head_dim, head_dim / 2 / 2 * 2}) {
+        const int heads = 3;
+        std::vector<float> cos_sin(rope_dims);
+        RopeAngles(rope_dims, 1234, 10000.0f, 1.0f, cos_sin.data());
+        auto a = test::RandomFloats(heads * head_dim, static_cast<uint64_t>(head_dim + rope_dims));
+        auto b = a;
+        ref.rope_apply(a.data(), heads, head_dim, rope_dims, cos_sin.data());
+        kt.rope_apply(b.data(), heads, head_dim, rope_dims, cos_sin.data());
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_EQ(F32Bits(a[i]), F32Bits(b[i])) << IsaName(isa) << " head_dim " << head_dim << " rope " << rope_dims
+                                                  << " i " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gale::kernels
 

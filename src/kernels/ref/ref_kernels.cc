@@ -177,6 +177,19 @@ const float* RowAsF32(const uint8_t* row, KvType type, int head_dim, float* buf)
 }  // namespace
 
 // max, exp, sum, then divide (not multiply by the reciprocal) as run.c does: it rounds differently.
+void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
+  for (int h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int i = 0; i < rope_dims; i += 2) {
+      const float c = cos_sin[i], s = cos_sin[i + 1];
+      const float v0 = v[i];
+      const float v1 = v[i + 1];
+      v[i] = v0 * c - v1 * s;
+      v[i + 1] = v0 * s + v1 * c;
+    }
+  }
+}
+
 void SoftmaxReference(float* x, int64_t n) {
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
@@ -307,6 +320,7 @@ const KernelTable& ScalarTable() {
       ToBf16Reference,
       AttendManyReference,
       SoftmaxReference,
+      RopeApplyReference,
   };
   return table;
 }

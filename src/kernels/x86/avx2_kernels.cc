@@ -192,6 +192,22 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 
+// Pairs rotated 4 at a time: x * (c, c) + swap(x) * (s, s) with the even lanes' second term
+// negated (an exact sign flip), so each lane is the scalar path's two rounded products summed.
+void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
+  const __m256 even_sign = _mm256_castsi256_ps(_mm256_set1_epi64x(0x0000000080000000LL));
+  const int vec_dims = rope_dims / 8 * 8;
+  for (int h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int i = 0; i < vec_dims; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(v + i), cs = _mm256_loadu_ps(cos_sin + i);
+      const __m256 t = _mm256_xor_ps(_mm256_mul_ps(_mm256_permute_ps(xv, 0xB1), _mm256_movehdup_ps(cs)), even_sign);
+      _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_mul_ps(xv, _mm256_moveldup_ps(cs)), t));
+    }
+    if (vec_dims < rope_dims) RopeApplyReference(v + vec_dims, 1, head_dim, rope_dims - vec_dims, cos_sin + vec_dims);
+  }
+}
+
 // ---- GEMM: 2 rows x 2 tokens per tile (16 ymm registers bound the tile) -------------------------
 
 template <GgmlType kType>
@@ -343,6 +359,7 @@ const KernelTable& Avx2Table() {
       ToBf16Reference,
       AttendManyReference,
       SoftmaxReference,
+      RopeApply,
   };
   return table;
 }

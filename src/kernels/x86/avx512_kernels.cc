@@ -301,6 +301,22 @@ void SiluMul(float* gate, const float* up, int64_t n) {
   }
 }
 
+// Pairs rotated 8 at a time: x * (c, c) + swap(x) * (s, s) with the even lanes' second term
+// negated (an exact sign flip), so each lane is the scalar path's two rounded products summed.
+void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
+  const __m512 even_sign = _mm512_castsi512_ps(_mm512_set1_epi64(0x0000000080000000LL));
+  const int vec_dims = rope_dims / 16 * 16;
+  for (int h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int i = 0; i < vec_dims; i += 16) {
+      const __m512 xv = _mm512_loadu_ps(v + i), cs = _mm512_loadu_ps(cos_sin + i);
+      const __m512 t = _mm512_xor_ps(_mm512_mul_ps(_mm512_permute_ps(xv, 0xB1), _mm512_movehdup_ps(cs)), even_sign);
+      _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_mul_ps(xv, _mm512_moveldup_ps(cs)), t));
+    }
+    if (vec_dims < rope_dims) RopeApplyReference(v + vec_dims, 1, head_dim, rope_dims - vec_dims, cos_sin + vec_dims);
+  }
+}
+
 void Axpy(float a, const float* x, float* y, int64_t n) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t i = 0;
@@ -1481,6 +1497,7 @@ const KernelTable& Avx512Table() {
       ToBf16,
       AttendMany,
       Softmax,
+      RopeApply,
   };
   return table;
 }
