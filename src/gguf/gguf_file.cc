@@ -8,9 +8,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+
+#include "base/check.h"
 
 namespace gale {
 namespace {
@@ -243,7 +246,30 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, bool
   }
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->size_ = static_cast<uint64_t>(st.st_size);
-  if (file->size_ > 0) {
+  if (file->size_ > 0 && copy_to_memory) {
+    // read() rather than a mapping copied out: the file's pages are never mapped here, so the
+    // resident set holds one copy of the weights, also while loading.
+    void* a = mmap(nullptr, file->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED) {
+      ::close(fd);
+      return IoError("cannot allocate {} bytes to load '{}' into memory", file->size_, path);
+    }
+    file->mapping_ = a;  // unmapped by the destructor, also on the errors below
+    file->base_ = static_cast<const uint8_t*>(a);
+    madvise(a, file->size_, MADV_HUGEPAGE);
+    uint64_t done = 0;
+    while (done < file->size_) {
+      const uint64_t want = std::min<uint64_t>(file->size_ - done, uint64_t{64} << 20);
+      const ssize_t got = ::pread(fd, static_cast<uint8_t*>(a) + done, want, static_cast<off_t>(done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        const int err = got < 0 ? errno : 0;
+        ::close(fd);
+        return IoError("cannot read '{}' at byte {}: {}", path, done, got < 0 ? std::strerror(err) : "unexpected end of file");
+      }
+      done += static_cast<uint64_t>(got);
+    }
+  } else if (file->size_ > 0) {
     void* m = mmap(nullptr, file->size_, PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
       const int err = errno;
@@ -252,23 +278,22 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, bool
     }
     file->mapping_ = m;
     file->base_ = static_cast<const uint8_t*>(m);
-    if (copy_to_memory) {
-      void* a = mmap(nullptr, file->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (a == MAP_FAILED) {
-        ::close(fd);
-        return IoError("cannot allocate {} bytes to load '{}' into memory", file->size_, path);
-      }
-      madvise(a, file->size_, MADV_HUGEPAGE);
-      std::memcpy(a, m, file->size_);
-      munmap(m, file->size_);
-      file->mapping_ = a;
-      file->base_ = static_cast<const uint8_t*>(a);
-    }
   }
   ::close(fd);
   Status s = file->Parse();
   if (!s.ok()) return s.WithContext(path);
   return file;
+}
+
+uint64_t GgufFile::ReleasePages(const uint8_t* data, uint64_t bytes) {
+  if (mapping_ == nullptr || bytes == 0) return 0;
+  CHECK(data >= base_ && data + bytes <= base_ + size_);
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end <= begin) return 0;
+  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) != 0) return 0;
+  return end - begin;
 }
 
 StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::span<const uint8_t> bytes) {

@@ -133,6 +133,12 @@ class GgufFile {
   // A view of a tensor whose type gale can compute with; clear errors otherwise.
   StatusOr<TensorView> Tensor(std::string_view name) const;
 
+  // Gives the pages wholly inside [data, data + bytes) back to the OS, for tensor data no one
+  // reads again (a matrix repacked elsewhere). A mapped file would re-read them from disk if
+  // touched; a copy in memory would read zeros, so the caller must drop its pointers. No-op for
+  // FromBytes. Returns the bytes released.
+  uint64_t ReleasePages(const uint8_t* data, uint64_t bytes);
+
   // Typed metadata lookups with errors that name the key.
   StatusOr<int64_t> GetInt(std::string_view key) const;
   int64_t GetInt(std::string_view key, int64_t default_value) const;  // default when absent

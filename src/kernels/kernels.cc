@@ -91,7 +91,15 @@ void SetActiveIsa(Isa isa) {
   g_active = t;
 }
 
-std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
+int64_t PackedBytesForActiveIsa(const TensorView& w) {
+  const KernelTable& kt = Active();
+  const TypeSlot slot = SlotOf(w.type);
+  if (kt.pack[slot] == nullptr) return 0;
+  const int64_t num_groups = (w.NumRows() + kPackedRowGroup - 1) / kPackedRowGroup;
+  return kt.packed_group_bytes[slot](w.shape[0]) * num_groups;
+}
+
+std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w, uint8_t* dst) {
   const KernelTable& kt = Active();
   const TypeSlot slot = SlotOf(w.type);
   if (kt.pack[slot] == nullptr) return nullptr;
@@ -101,14 +109,19 @@ std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
   p->num_rows = w.NumRows();
   p->cols = w.shape[0];
   p->group_bytes = kt.packed_group_bytes[slot](p->cols);
-  const int64_t num_groups = (p->num_rows + kPackedRowGroup - 1) / kPackedRowGroup;
-  const size_t bytes = static_cast<size_t>(p->group_bytes * num_groups);
-  const size_t alloc = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
-  void* mem = std::aligned_alloc(2u << 20, alloc);  // 2 MiB aligned: transparent huge pages can back it
+  p->data = std::unique_ptr<uint8_t, void (*)(void*)>(dst, [](void*) {});
+  kt.pack[slot](w.data, w.RowBytes(), p->num_rows, p->cols, dst);
+  return p;
+}
+
+std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w) {
+  const int64_t bytes = PackedBytesForActiveIsa(w);
+  if (bytes == 0) return nullptr;
+  const size_t alloc = static_cast<size_t>((bytes + 63) / 64 * 64);
+  void* mem = std::aligned_alloc(64, alloc);
   CHECK(mem != nullptr);
-  madvise(mem, alloc, MADV_HUGEPAGE);
+  auto p = PackForActiveIsa(w, static_cast<uint8_t*>(mem));
   p->data = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(mem), std::free);
-  kt.pack[slot](w.data, w.RowBytes(), p->num_rows, p->cols, p->data.get());
   return p;
 }
 
@@ -269,6 +282,9 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
   const TypeSlot slot = SlotOf(o.w->type);
   const int64_t rows = o.w->NumRows();
   const bool packed_here = o.packed != nullptr && o.packed->isa == kt.isa;
+  // A matrix whose original was released after packing (LlamaModel::ReleasePackedSources) has
+  // only its packed copy.
+  CHECK((packed_here || o.w->data != nullptr) && "matrix released after packing for another ISA");
   ProductWork pw{ProductWork::Path::kFloat, o.w, o.packed, nullptr, nullptr, nullptr, nullptr, x, qa, xb,
                  num_tokens, o.y};
   const int64_t num_quanta = (rows + ProductWork::kRowQuantum - 1) / ProductWork::kRowQuantum;

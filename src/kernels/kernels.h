@@ -29,7 +29,8 @@ void SetActiveIsa(Isa isa);  // CHECKs that the CPU supports it
 
 // ---- Drivers over the active table ---------------------------------------------------------
 
-// A weight matrix laid out again for one ISA's GEMM (see KernelTable::pack). Owns its bytes.
+// A weight matrix laid out again for one ISA's GEMM (see KernelTable::pack). Owns its bytes,
+// unless they are in a caller's buffer (then data's deleter does nothing).
 struct PackedWeights {
   Isa isa;
   GgmlType type;
@@ -40,6 +41,11 @@ struct PackedWeights {
 };
 // Packs w for the active ISA, or returns nullptr when that ISA reads the GGUF layout directly.
 std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w);
+// Bytes w takes packed for the active ISA (0 where it is not packed), and the packing into dst
+// (that many bytes, 64-byte aligned, owned by the caller): one buffer can then hold every matrix
+// of a model without rounding each up to huge pages.
+int64_t PackedBytesForActiveIsa(const TensorView& w);
+std::unique_ptr<PackedWeights> PackForActiveIsa(const TensorView& w, uint8_t* dst);
 
 // y[t, r] = dot(W[r, :], x[t, :]): W is [rows, cols] (ggml shape {cols, rows}), x is
 // [num_tokens, cols], y is [num_tokens, rows]. Rows are split across the pool.

@@ -2,6 +2,8 @@
 // output projection -> residual, RMSNorm -> SwiGLU MLP -> residual; final norm and lm_head.
 #include "model/llama_model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -198,12 +200,38 @@ uint64_t LlamaModel::packed_bytes() const {
   return total;
 }
 
-void LlamaModel::PackWeights() {
-  auto pack = [](MatrixWeight& w) { w.packed = kernels::PackForActiveIsa(w.view); };
+void LlamaModel::PackWeights(GgufFile* release_sources) {
+  if (released_bytes_ > 0) return;  // the originals are gone: keep the packed copies
+  std::vector<MatrixWeight*> all;
   for (auto& l : layers_) {
-    for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) pack(*w);
+    for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
   }
-  pack(output_);
+  all.push_back(&output_);
+  // One buffer for all, each matrix 64-byte aligned in it.
+  std::vector<int64_t> offset(all.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    offset[i] = total;
+    total += (kernels::PackedBytesForActiveIsa(all[i]->view) + 63) / 64 * 64;
+  }
+  for (MatrixWeight* w : all) w->packed.reset();
+  packed_buffer_.reset();
+  if (total == 0) return;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t alloc = (static_cast<size_t>(total) + kHuge - 1) / kHuge * kHuge;
+  void* mem = std::aligned_alloc(kHuge, alloc);  // 2 MiB aligned: transparent huge pages can back it
+  CHECK(mem != nullptr);
+  madvise(mem, alloc, MADV_HUGEPAGE);
+  packed_buffer_ = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(mem), std::free);
+  for (size_t i = 0; i < all.size(); ++i) {
+    MatrixWeight& w = *all[i];
+    w.packed = kernels::PackForActiveIsa(w.view, packed_buffer_.get() + offset[i]);
+    const bool shared_with_embedding = &w == &output_ && tied_output_;  // the embedding lookup reads it
+    if (w.packed && release_sources != nullptr && !shared_with_embedding) {
+      released_bytes_ += release_sources->ReleasePages(w.view.data, w.view.num_bytes);
+      w.view.data = nullptr;  // nothing may read it again
+    }
+  }
 }
 
 Status LlamaModel::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {

@@ -137,8 +137,15 @@ class LlamaModel {
 
   // Lays the matrices out again for the active kernel ISA where it has a faster layout (costs a
   // copy of those weights in memory). Forward uses the packed copy only while that ISA is active.
-  void PackWeights();
+  // All packed matrices share one buffer (huge-page backed where the OS allows). With
+  // release_sources (the file the model was loaded from), each packed matrix's pages in the
+  // file are given back to the OS as soon as it is packed, so those weights are resident once
+  // instead of twice, also at the peak. They then run only while the packing ISA is active
+  // (another ISA fails loudly, and PackWeights does nothing more); the embedding table, and the
+  // output layer when tied to it, stay.
+  void PackWeights(GgufFile* release_sources = nullptr);
   uint64_t packed_bytes() const;
+  uint64_t released_bytes() const { return released_bytes_; }
 
   // Runs one batch: each token's K/V are written to its sequence's blocks at its slot (its
   // position unless batch.slots says otherwise), then attention reads them back through the
@@ -158,6 +165,8 @@ class LlamaModel {
   bool tied_output_ = false;
   std::vector<LlamaLayerWeights> layers_;
   uint64_t weight_bytes_ = 0;
+  uint64_t released_bytes_ = 0;
+  std::unique_ptr<uint8_t, void (*)(void*)> packed_buffer_{nullptr, nullptr};
   KeyChannels key_channels_;
 };
 

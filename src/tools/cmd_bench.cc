@@ -142,7 +142,7 @@ CommandFn RegisterBench(CLI::App& app) {
     if (!file.ok()) return fail(file.status().ToString());
     auto model = LlamaModel::Load(**file);
     if (!model.ok()) return fail(model.status().ToString());
-    (*model)->PackWeights();
+    (*model)->PackWeights(file->get());
     const LlamaHParams& hp = (*model)->hparams();
     ThreadPool pool(o->threads);
     Roofline roof = MeasureRoofline(pool);

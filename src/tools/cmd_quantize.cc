@@ -97,7 +97,7 @@ CommandFn RegisterQuantize(CLI::App& app) {
     std::unique_ptr<LoadedModel> model;
     std::unique_ptr<GgufFile> opened;
     if (!o->calib.empty()) {
-      auto m = LoadModel(o->in, LoadOptions{});
+      auto m = LoadModel(o->in, LoadOptions{.keep_packed_sources = true});  // its tensors are the input
       if (!m.ok()) return fail(m.status());
       model = std::make_unique<LoadedModel>(std::move(*m));
     } else {
@@ -161,7 +161,7 @@ CommandFn RegisterCalibrateKv(CLI::App& app) {
     };
     if (o->in == o->out) return fail(InvalidArgument("the output would overwrite the input"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-    auto model = LoadModel(o->in, LoadOptions{});
+    auto model = LoadModel(o->in, LoadOptions{.keep_packed_sources = true});  // its tensors are copied out
     if (!model.ok()) return fail(model.status());
     ThreadPool pool(o->threads);
     auto stats = Calibrate(*model, o->calib, o->calib_samples, o->calib_seq_len, /*rows=*/1, pool);

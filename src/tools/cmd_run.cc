@@ -183,9 +183,12 @@ CommandFn RegisterRun(CLI::App& app) {
     }
     if (o->profile) {
       std::fprintf(stderr, "%s", profiler->Summary().c_str());
-      std::fprintf(stderr, "memory: weights %.1f MiB (file, mapped) + %.1f MiB (packed for %s), KV cache %.2f MiB, activations %.2f MiB\n",
-                   model->weight_bytes() / 1048576.0, model->packed_bytes() / 1048576.0,
-                   kernels::IsaName(kernels::Active().isa), kv_bytes / 1048576.0, activations / 1048576.0);
+      std::fprintf(stderr,
+                   "memory: weights %.1f MiB (file; %.1f MiB of it given back once packed) + %.1f MiB (packed for "
+                   "%s), KV cache %.2f MiB, activations %.2f MiB\n",
+                   model->weight_bytes() / 1048576.0, model->released_bytes() / 1048576.0,
+                   model->packed_bytes() / 1048576.0, kernels::IsaName(kernels::Active().isa), kv_bytes / 1048576.0,
+                   activations / 1048576.0);
     }
     const double pp = prompt_s > 0 ? prompt_tokens / prompt_s : 0.0;
     const int64_t decoded = generated - 1;  // the first token comes from the prefill

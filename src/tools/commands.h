@@ -18,6 +18,9 @@ CommandFn RegisterRun(CLI::App& app);
 struct LoadOptions {
   bool force_mmap = false;
   bool force_copy = false;
+  // Keep the file's copy of matrices that were packed for the kernels resident (commands that
+  // read the file's tensors again, e.g. quantize); otherwise it is given back to the OS.
+  bool keep_packed_sources = false;
   void Register(CLI::App& app);
   bool CopyToMemory(const std::string& path) const;
 };

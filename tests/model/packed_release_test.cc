@@ -1,0 +1,74 @@
+// LlamaModel::PackWeights(file): after the file's copy of the packed matrices goes back to the
+// OS, forward passes are unchanged, and running those matrices on another ISA fails loudly
+// instead of reading released pages.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "../test_util.h"
+#include "kernels/kernels.h"
+#include "model/llama_model.h"
+#include "tools/synth.h"
+
+namespace gale {
+namespace {
+
+std::vector<float> LastLogits(const LlamaModel& m, ThreadPool& pool) {
+  KvCache kv(m.hparams(), 16);
+  Workspace ws;
+  ForwardBatch b;
+  b.tokens = {1, 7, 42, 9};
+  b.positions = {0, 1, 2, 3};
+  EXPECT_TRUE(m.Forward(b, kv, ws, pool).ok());
+  return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m.hparams().vocab_size);
+}
+
+TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
+  if (kernels::Active().pack[kernels::kSlotQ4_0] == nullptr) GTEST_SKIP() << "no packed Q4_0 layout on this CPU";
+  SynthShape shape;
+  shape.dim = 256;
+  shape.num_layers = 2;
+  shape.num_heads = 4;
+  shape.num_kv_heads = 2;
+  shape.ffn_dim = 512;
+  shape.vocab_size = 1024;
+  const auto path = (std::filesystem::temp_directory_path() / "gale_packed_release_test.gguf").string();
+  ASSERT_TRUE(SynthesizeLlama(shape, GgmlType::kQ4_0, 5)->WriteFile(path).ok());
+  for (bool copy : {true, false}) {
+    auto file = GgufFile::Open(path, copy).value();
+    ThreadPool pool(2);
+    auto kept = LlamaModel::Load(*file).value();
+    kept->PackWeights();
+    const auto before = LastLogits(*kept, pool);
+    EXPECT_EQ(kept->released_bytes(), 0u);
+    auto model = LlamaModel::Load(*file).value();
+    model->PackWeights(file.get());
+    const uint64_t released = model->released_bytes();
+    // Every layer matrix and the untied output layer: all but the embedding, norms and header,
+    // less at most a partial page at each end of each matrix.
+    uint64_t matrices = 0;
+    for (const auto& t : file->tensors()) {
+      if (t.shape.size() == 2 && t.name != "token_embd.weight") matrices += t.num_bytes;
+    }
+    EXPECT_GT(released, matrices * 9 / 10) << "copy " << copy;
+    model->PackWeights(file.get());  // again: keeps the packed copies it cannot rebuild
+    EXPECT_EQ(model->released_bytes(), released);
+    const auto after = LastLogits(*model, pool);
+    ASSERT_EQ(before.size(), after.size());
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0) << "copy " << copy;
+    // Another ISA would need the released originals.
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_DEATH(
+        {
+          kernels::SetActiveIsa(kernels::Isa::kScalar);
+          LastLogits(*model, pool);
+        },
+        "released after packing");
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace gale
