@@ -789,54 +789,105 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
   }
 }
 
-// One group of 16 rows x T tokens starting at token t0.
-template <GgmlType kType, int T>
-inline void PackedGroupTile(const uint8_t* group, const QuantizedActs& x, int64_t t0, float* y, int64_t ldy,
-                            int valid_rows) {
+// G (1 or 2) consecutive groups of 16 rows x T tokens starting at token t0; the second group
+// (group_bytes after the first) has valid_rows rows, the first all 16. Slice by slice, each
+// token's 4 activation bytes are broadcast once for both groups (a broadcast costs about as much
+// as the dot itself), and every weight slice is used by all T tokens as soon as it is unpacked.
+template <GgmlType kType, int T, int G>
+inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const QuantizedActs& x, int64_t t0, float* y,
+                            int64_t ldy, int valid_rows) {
   constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
-  __m512 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[G][T];
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < T; ++t) acc[g][t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = group + b * kPackedBlockBytes<kType>;
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    __m512i w[8];
-    if constexpr (kType == GgmlType::kQ8_0) {
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 32 + 64 * j);
-    } else {
-      UnpackNibbleSlices(blk + 32, w);
-    }
+    const uint8_t* blk[G];
+    for (int g = 0; g < G; ++g) blk[g] = group + g * group_bytes + b * kPackedBlockBytes<kType>;
+    const int8_t* q[T];
+    // With few tokens, two dpbusd chains per output (odd and even slices; integer sums are exact
+    // in any order), so the latency of one chain of 8 does not bound the loop.
+    constexpr int kChains = T <= 2 ? 2 : 1;
+    __m512i isum[G][T][kChains];
     for (int t = 0; t < T; ++t) {
-      const int64_t tok = t0 + t;
-      const int8_t* q = x.qs + tok * x.k_stride + b * 32;
-      // Two independent dpbusd chains (integer sums: exact in any order), so the latency of
-      // one chain of 8 does not bound the loop.
-      __m512i isum = _mm512_set1_epi32(-kOffset * x.qsum[tok * nb_stride + b]);
-      __m512i isum2 = _mm512_setzero_si512();
-      for (int j = 0; j < 8; j += 2) {
-        int32_t four, four2;
-        std::memcpy(&four, q + 4 * j, 4);
-        std::memcpy(&four2, q + 4 * j + 4, 4);
-        isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(four));
-        isum2 = _mm512_dpbusd_epi32(isum2, w[j + 1], _mm512_set1_epi32(four2));
+      q[t] = x.qs + (t0 + t) * x.k_stride + b * 32;
+      const __m512i start = _mm512_set1_epi32(-kOffset * x.qsum[(t0 + t) * nb_stride + b]);
+      for (int g = 0; g < G; ++g) {
+        isum[g][t][0] = start;
+        if constexpr (kChains == 2) isum[g][t][1] = _mm512_setzero_si512();
       }
-      isum = _mm512_add_epi32(isum, isum2);
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[tok * nb_stride + b]));
-      acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)));
+    }
+    // Weight slice j (elements 4j..4j+3 of the 16 rows) against every token's bytes 4j..4j+3.
+    auto dot_slice = [&](const __m512i (&wv)[G], int j) {
+      for (int t = 0; t < T; ++t) {
+        int32_t four;
+        std::memcpy(&four, q[t] + 4 * j, 4);
+        const __m512i a = _mm512_set1_epi32(four);
+        for (int g = 0; g < G; ++g) {
+          __m512i& chain = isum[g][t][j % kChains];
+          chain = _mm512_dpbusd_epi32(chain, wv[g], a);
+        }
+      }
+    };
+    if constexpr (kType == GgmlType::kQ8_0) {
+      for (int j = 0; j < 8; ++j) {
+        __m512i wv[G];
+        for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(blk[g] + 32 + 64 * j);
+        dot_slice(wv, j);
+      }
+    } else {
+      // Q4_0: slice s holds elements 4s.. (low nibbles) and 16+4s.. (high nibbles).
+      for (int s = 0; s < 4; ++s) {
+        __m512i raw[G], wv[G];
+        for (int g = 0; g < G; ++g) {
+          raw[g] = _mm512_loadu_si512(blk[g] + 32 + 64 * s);
+          wv[g] = _mm512_and_si512(raw[g], low4);
+        }
+        dot_slice(wv, s);
+        for (int g = 0; g < G; ++g) wv[g] = _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), low4);
+        dot_slice(wv, s + 4);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[g])));
+      for (int t = 0; t < T; ++t) {
+        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(t0 + t) * nb_stride + b]));
+        const __m512i sum = kChains == 2 ? _mm512_add_epi32(isum[g][t][0], isum[g][t][kChains - 1]) : isum[g][t][0];
+        acc[g][t] = _mm512_add_ps(acc[g][t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sum)));
+      }
     }
   }
-  StoreGroupRows(acc, y, t0, ldy, valid_rows);
+  if constexpr (G == 2) StoreGroupRows(acc[0], y, t0, ldy, 16);
+  StoreGroupRows(acc[G - 1], y + 16 * (G - 1), t0, ldy, valid_rows);
 }
 
 template <GgmlType kType>
 void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
                 float* y, int64_t ldy) {
-  using TileFn = void (*)(const uint8_t*, const QuantizedActs&, int64_t, float*, int64_t, int);
-  static constexpr TileFn kTiles[8] = {PackedGroupTile<kType, 1>, PackedGroupTile<kType, 2>, PackedGroupTile<kType, 3>,
-                                       PackedGroupTile<kType, 4>, PackedGroupTile<kType, 5>, PackedGroupTile<kType, 6>,
-                                       PackedGroupTile<kType, 7>, PackedGroupTile<kType, 8>};
-  ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy);
+  using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*, int64_t, int);
+  constexpr int kT = 6;
+  static constexpr TileFn kTiles[2][kT] = {
+      {PackedGroupTile<kType, 1, 1>, PackedGroupTile<kType, 2, 1>, PackedGroupTile<kType, 3, 1>,
+       PackedGroupTile<kType, 4, 1>, PackedGroupTile<kType, 5, 1>, PackedGroupTile<kType, 6, 1>},
+      {PackedGroupTile<kType, 1, 2>, PackedGroupTile<kType, 2, 2>, PackedGroupTile<kType, 3, 2>,
+       PackedGroupTile<kType, 4, 2>, PackedGroupTile<kType, 5, 2>, PackedGroupTile<kType, 6, 2>}};
+  // Groups in pairs (a single one at an odd end), groups outer: their weights stay in L1 while
+  // every token passes. One or two tokens (decode) are bound by memory, not the broadcasts, and
+  // stream one group at a time: two streams per thread measured ~25% slower there. Rows come
+  // out bitwise the same either way (exact integer block sums, the same scaling).
+  const int64_t groups = (num_rows + 15) / 16;
+  const int64_t stride = num_tokens > 2 ? 2 : 1;
+  for (int64_t g = 0; g < groups; g += stride) {
+    const int pair = g + 1 < groups && stride == 2 ? 2 : 1;
+    const int64_t last = g + pair - 1;
+    const int valid = static_cast<int>(num_rows - 16 * last < 16 ? num_rows - 16 * last : 16);
+    for (int64_t t = 0; t < num_tokens; t += kT) {
+      const int tt = static_cast<int>(num_tokens - t < kT ? num_tokens - t : kT);
+      kTiles[pair - 1][tt - 1](w + g * group_bytes, group_bytes, x, t, y + 16 * g, ldy, valid);
+    }
+  }
 }
 
 // W4A16 in Q4_0's packed layout with 16-bit activations (QuantizedActs::lo). Symmetric types
