@@ -568,6 +568,33 @@ TEST(KernelsTest, RmsNormFusedIntoQuantizationEqualsNormThenProducts) {
   SetActiveIsa(BestIsa());
 }
 
+// Long float rows take the k-blocked tile path with several token tiles (accumulators kept
+// between ranges of elements): bitwise the single-token path, close to the scalar product.
+TEST(KernelsTest, KBlockedFloatGemmIsBatchInvariant) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  const int64_t k = 2100, rows = 9, tokens = 13;  // ranges 1024, 1024, 52 (a masked tail)
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16}) {
+    const TypeSlot slot = SlotOf(t);
+    const auto wf = test::RandomFloats(k * rows, 71);
+    std::vector<uint8_t> w(RowBytes(t, k) * rows);
+    for (int64_t r = 0; r < rows; ++r) QuantizeRowRef(t, wf.data() + r * k, w.data() + r * RowBytes(t, k), k);
+    const auto x = test::RandomFloats(k * tokens, 72);
+    for (Isa isa : SimdIsas()) {
+      const KernelTable& kt = *GetKernelTable(isa);
+      std::vector<float> all(rows * tokens), one(rows), want(rows * tokens);
+      kt.gemm_float[slot](w.data(), RowBytes(t, k), rows, x.data(), k, tokens, all.data(), rows);
+      ref.gemm_float[slot](w.data(), RowBytes(t, k), rows, x.data(), k, tokens, want.data(), rows);
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        kt.gemm_float[slot](w.data(), RowBytes(t, k), rows, x.data() + tok * k, k, 1, one.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(F32Bits(one[r]), F32Bits(all[tok * rows + r])) << IsaName(isa) << " " << TypeTraits(t).name;
+          ASSERT_NEAR(all[tok * rows + r], want[tok * rows + r], 1e-3) << IsaName(isa) << " " << TypeTraits(t).name;
+        }
+      }
+    }
+  }
+}
+
 // Each output row of MatMul is bitwise the same for any batch size and thread count.
 TEST(KernelsTest, MatMulIsBatchInvariant) {
   const int64_t cols = 96, rows = 37, num_tokens = 9;

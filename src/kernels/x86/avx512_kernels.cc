@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/fp16.h"
@@ -485,15 +486,95 @@ void GemmW4A16(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, reinterpret_cast<const float*>(&acts), k, y, ldy);
 }
 
+// A float tile over elements [k0, k1) only: its R x T lane accumulators start from part (or zero
+// when first) and go back there, except after the last range (k1 == k), which reduces them into y.
+// Chained over ascending ranges, every lane sees the FMAs of TileFloat in the same order, so the
+// result is bitwise TileFloat's.
+template <GgmlType kType, int R, int T>
+void TileFloatRange(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, int64_t k0,
+                    int64_t k1, __m512* part, float* y, int64_t ldy) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + r * T + t);
+  const uint8_t* rows = w + r0 * row_bytes;
+  const float* xs = x + t0 * k;
+  int64_t i = k0;
+  for (; i + 16 <= k1; i += 16) StepFloat<kType, R, T, false>(rows, row_bytes, xs, k, i, 0, acc);
+  if (i < k1) StepFloat<kType, R, T, true>(rows, row_bytes, xs, k, i, static_cast<__mmask16>((1u << (k1 - i)) - 1), acc);
+  if (k1 < k) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) _mm512_store_ps(part + r * T + t, acc[r][t]);
+    return;
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// Per-thread 64-byte aligned scratch of at least n floats (C allocation: no std:: template is
+// instantiated in this translation unit).
+float* TileScratch(int64_t n) {
+  struct Scratch {
+    float* p = nullptr;
+    int64_t n = 0;
+    ~Scratch() { std::free(p); }
+  };
+  static thread_local Scratch s;
+  if (s.n < n) {
+    std::free(s.p);
+    s.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)));
+    s.n = n;
+  }
+  return s.p;
+}
+
 template <GgmlType kType>
 void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
                float* y, int64_t ldy) {
-  static constexpr TileFloatFn kTiles[4][4] = {
-      {TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>, TileFloat<kType, 1, 3>, TileFloat<kType, 1, 4>},
-      {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>, TileFloat<kType, 2, 3>, TileFloat<kType, 2, 4>},
-      {TileFloat<kType, 3, 1>, TileFloat<kType, 3, 2>, TileFloat<kType, 3, 3>, TileFloat<kType, 3, 4>},
-      {TileFloat<kType, 4, 1>, TileFloat<kType, 4, 2>, TileFloat<kType, 4, 3>, TileFloat<kType, 4, 4>}};
-  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+  constexpr int kR = 4, kT = 4;
+  // Up to kKc elements, a single token tile (decode): one pass per tile, the next tile's rows
+  // prefetched.
+  constexpr int64_t kKc = 1024;
+  if (num_tokens <= kT || k <= kKc) {
+    static constexpr TileFloatFn kTiles[kR][kT] = {
+        {TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>, TileFloat<kType, 1, 3>, TileFloat<kType, 1, 4>},
+        {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>, TileFloat<kType, 2, 3>, TileFloat<kType, 2, 4>},
+        {TileFloat<kType, 3, 1>, TileFloat<kType, 3, 2>, TileFloat<kType, 3, 3>, TileFloat<kType, 3, 4>},
+        {TileFloat<kType, 4, 1>, TileFloat<kType, 4, 2>, TileFloat<kType, 4, 3>, TileFloat<kType, 4, 4>}};
+    ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+    return;
+  }
+  // Several token tiles over long rows: a 4x4 tile's rows and activations no longer fit L1
+  // together (single-thread F16 fell from ~180 GFLOP/s at k = 768 to ~110 at k = 5632). Blocked
+  // as GEMMs are: per token block, row block of kMc rows and range of kKc elements, each token
+  // tile's activations stay in L1 while the block's row tiles stream from L2, and the lane
+  // accumulators wait in scratch between ranges (~147 GFLOP/s at k = 5632; kKc 256 or 512 and
+  // row tiles outer measured slower).
+  using RangeFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, int64_t, int64_t, __m512*,
+                           float*, int64_t);
+  static constexpr RangeFn kRange[kR][kT] = {
+      {TileFloatRange<kType, 1, 1>, TileFloatRange<kType, 1, 2>, TileFloatRange<kType, 1, 3>, TileFloatRange<kType, 1, 4>},
+      {TileFloatRange<kType, 2, 1>, TileFloatRange<kType, 2, 2>, TileFloatRange<kType, 2, 3>, TileFloatRange<kType, 2, 4>},
+      {TileFloatRange<kType, 3, 1>, TileFloatRange<kType, 3, 2>, TileFloatRange<kType, 3, 3>, TileFloatRange<kType, 3, 4>},
+      {TileFloatRange<kType, 4, 1>, TileFloatRange<kType, 4, 2>, TileFloatRange<kType, 4, 3>, TileFloatRange<kType, 4, 4>}};
+  constexpr int64_t kTokenBlock = 64, kMc = 64;
+  __m512* parts = reinterpret_cast<__m512*>(TileScratch(kMc * kTokenBlock * 16));  // [row tile][token tile][R*T]
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokenBlock) {
+    const int64_t t1 = t0 + kTokenBlock < num_tokens ? t0 + kTokenBlock : num_tokens;
+    for (int64_t m0 = 0; m0 < num_rows; m0 += kMc) {
+      const int64_t m1 = m0 + kMc < num_rows ? m0 + kMc : num_rows;
+      for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+        const int64_t k1 = k0 + kKc < k ? k0 + kKc : k;
+        for (int64_t t = t0; t < t1; t += kT) {
+          const int tt = static_cast<int>(t1 - t < kT ? t1 - t : kT);
+          for (int64_t r = m0; r < m1; r += kR) {
+            const int rr = static_cast<int>(m1 - r < kR ? m1 - r : kR);
+            __m512* part = parts + (((r - m0) / kR) * (kTokenBlock / kT) + (t - t0) / kT) * (kR * kT);
+            kRange[rr - 1][tt - 1](r, t, w, row_bytes, x, k, k0, k1, part, y, ldy);
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---- BF16 weights x bf16 activations (AVX512-BF16) -------------------------------------------
