@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "tools/synth.h"
 
 namespace gale::test {
 
@@ -18,6 +19,19 @@ inline std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f
   std::vector<float> v(n);
   for (float& f : v) f = rng.Uniform(lo, hi);
   return v;
+}
+
+// A small grouped-query llama shape for model tests: dim 256, 2 layers, 4 query heads over 2 KV
+// heads, ffn 512.
+inline SynthShape SmallGqaShape(int64_t vocab_size) {
+  SynthShape shape;
+  shape.dim = 256;
+  shape.num_layers = 2;
+  shape.num_heads = 4;
+  shape.num_kv_heads = 2;
+  shape.ffn_dim = 512;
+  shape.vocab_size = vocab_size;
+  return shape;
 }
 
 // A whole file's bytes ("" when it cannot be read; tests check what they expect in it).

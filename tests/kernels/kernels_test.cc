@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "../test_util.h"
@@ -333,6 +334,22 @@ TensorView MakeWeights(GgmlType t, int64_t cols, int64_t rows, std::vector<uint8
   return ViewOf(t, cols, rows, *storage);
 }
 
+// Random matrices of the given types (matrix i: first_rows + i * row_step rows, seed seed + i),
+// each with its packed copy for the active ISA (or none).
+struct PackedSet {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<TensorView> views;
+  std::vector<std::unique_ptr<PackedWeights>> packed;
+  PackedSet(std::span<const GgmlType> types, int64_t cols, int64_t first_rows, int64_t row_step, uint64_t seed)
+      : storage(types.size()) {
+    for (size_t i = 0; i < types.size(); ++i) {
+      const int64_t rows = first_rows + row_step * static_cast<int64_t>(i);
+      views.push_back(MakeWeights(types[i], cols, rows, &storage[i], seed + i));
+      packed.push_back(PackForActiveIsa(views.back()));
+    }
+  }
+};
+
 // A K-quant matrix of random blocks (RandomKBlocks), row r from seed first_seed + r.
 TensorView RandomKMatrix(GgmlType t, int64_t cols, int64_t rows, uint64_t first_seed, std::vector<uint8_t>* storage) {
   storage->clear();
@@ -482,13 +499,9 @@ TEST(KernelsTest, MatMulSameInputEqualsSeparateProducts) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (GetKernelTable(isa) == nullptr) continue;
     SetActiveIsa(isa);
-    std::vector<std::vector<uint8_t>> storage(std::size(types));
-    std::vector<TensorView> views;
-    std::vector<std::unique_ptr<PackedWeights>> packed;
-    for (size_t i = 0; i < std::size(types); ++i) {
-      views.push_back(MakeWeights(types[i], cols, 16 + 3 * static_cast<int64_t>(i), &storage[i], 40 + i));
-      packed.push_back(PackForActiveIsa(views.back()));
-    }
+    const PackedSet set(types, cols, 16, 3, 40);
+    const auto& views = set.views;
+    const auto& packed = set.packed;
     const auto x = test::RandomFloats(cols * tokens, 41);
     ThreadPool one(1);
     // The products run as one parallel pass whose chunks straddle product boundaries; 2 and 3
@@ -523,13 +536,9 @@ TEST(KernelsTest, RmsNormFusedIntoQuantizationEqualsNormThenProducts) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (GetKernelTable(isa) == nullptr) continue;
     SetActiveIsa(isa);
-    std::vector<std::vector<uint8_t>> storage(std::size(types));
-    std::vector<TensorView> views;
-    std::vector<std::unique_ptr<PackedWeights>> packed;
-    for (size_t i = 0; i < std::size(types); ++i) {
-      views.push_back(MakeWeights(types[i], cols, 20 + static_cast<int64_t>(i), &storage[i], 60 + i));
-      packed.push_back(PackForActiveIsa(views.back()));
-    }
+    const PackedSet set(types, cols, 20, 1, 60);
+    const auto& views = set.views;
+    const auto& packed = set.packed;
     auto x = test::RandomFloats(cols * tokens, 61);
     for (int64_t i = 0; i < cols; ++i) x[i] *= 30.0f;  // one token far from unit scale
     const auto norm_w = test::RandomFloats(cols, 62);

@@ -27,13 +27,7 @@ std::vector<float> LastLogits(const LlamaModel& m, ThreadPool& pool) {
 
 TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
   if (kernels::Active().pack[kernels::kSlotQ4_0] == nullptr) GTEST_SKIP() << "no packed Q4_0 layout on this CPU";
-  SynthShape shape;
-  shape.dim = 256;
-  shape.num_layers = 2;
-  shape.num_heads = 4;
-  shape.num_kv_heads = 2;
-  shape.ffn_dim = 512;
-  shape.vocab_size = 1024;
+  const SynthShape shape = test::SmallGqaShape(1024);
   const auto path = (std::filesystem::temp_directory_path() / "gale_packed_release_test.gguf").string();
   ASSERT_TRUE(SynthesizeLlama(shape, GgmlType::kQ4_0, 5)->WriteFile(path).ok());
   for (bool copy : {true, false}) {

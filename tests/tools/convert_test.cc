@@ -132,13 +132,7 @@ TEST(SynthTest, DeterministicAndShapesAreValidated) {
 // A model whose matrices are K-quants (a Q4_K_M-style mix of Q4_K, Q5_K and Q6_K) gives bitwise
 // the logits of the same model with those matrices dequantized to F32 by the reference decoder.
 TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
-  SynthShape shape;
-  shape.dim = 256;
-  shape.num_layers = 2;
-  shape.num_heads = 4;
-  shape.num_kv_heads = 2;
-  shape.ffn_dim = 512;
-  shape.vocab_size = 300;
+  const SynthShape shape = test::SmallGqaShape(300);
   auto base = SynthesizeLlama(shape, GgmlType::kF32, 5);
   ASSERT_TRUE(base.ok());
   const auto base_bytes = base->WriteToBytes();
