@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <sys/mman.h>
 #include <cstring>
 #include <optional>
 #include <string>
