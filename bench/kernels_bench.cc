@@ -40,14 +40,26 @@ Matrix MakeMatrix(GgmlType t, int64_t cols, int64_t rows) {
   return m;
 }
 
+// A rows x cols product of `tokens` tokens on `threads` threads, with GB/s and GFLOP/s counters.
+void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, int64_t tokens, int threads);
+
 // args: type index, tokens, threads. Shape: a 2048 x 768 projection (110m's ffn_gate).
 void BM_MatMul(benchmark::State& state) {
-  const GgmlType t = kTypes[state.range(0)];
-  const int64_t tokens = state.range(1);
-  const int64_t cols = 768, rows = 2048;
+  RunMatMul(state, kTypes[state.range(0)], 768, 2048, state.range(1), static_cast<int>(state.range(2)));
+}
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 16, 64}, {1, 2}})->UseRealTime();
+
+// args: type index (float types), columns, threads; 64 tokens, 2048 rows: long rows, where the
+// float GEMM is k-blocked (tinyllama's k is 2048 for most products, 5632 for ffn_down).
+void BM_MatMulLongRows(benchmark::State& state) {
+  RunMatMul(state, kTypes[state.range(0)], state.range(1), 2048, 64, static_cast<int>(state.range(2)));
+}
+BENCHMARK(BM_MatMulLongRows)->ArgsProduct({{0, 1, 2}, {768, 2048, 5632}, {1, 2}})->UseRealTime();
+
+void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, int64_t tokens, int threads) {
   Matrix m = MakeMatrix(t, cols, rows);
   std::vector<float> x(cols * tokens, 0.5f), y(rows * tokens);
-  ThreadPool pool(static_cast<int>(state.range(2)));
+  ThreadPool pool(threads);
   for (auto _ : state) {
     kernels::MatMul(m.view, m.packed.get(), x.data(), tokens, y.data(), pool);
     benchmark::DoNotOptimize(y.data());
@@ -56,7 +68,6 @@ void BM_MatMul(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(m.bytes.size()), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * cols * rows * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 // args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4). 12 heads of 64 over one token's paged
 // cache (blocks of 16 in reverse order), one thread.
