@@ -129,10 +129,11 @@ namespace {
 // Quantizes activations for the int8 paths (int8 per 32) or the W4A16 packed path (16-bit): into
 // the calling thread's scratch for that kind, so one of each can be live at once.
 // NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
-// norm: when set, each token is first normalized (RmsNorm) into per-thread scratch and x is the
-// input before the norm.
-QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, ThreadPool& pool,
-                              const RmsNormInput* norm = nullptr) {
+// half_sums: also each int8 block's two 16-value halves' sums (QuantizedActs::half_sums, for
+// packed Q6_K). norm: when set, each token is first normalized (RmsNorm) into per-thread scratch
+// and x is the input before the norm.
+QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, bool half_sums,
+                              ThreadPool& pool, const RmsNormInput* norm) {
   struct Scratch {
     std::vector<int8_t> qs;     // [num_tokens, k_stride]
     std::vector<uint8_t> lo;    // [num_tokens, k_stride] (a16)
@@ -151,12 +152,13 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
     sc.d.resize(num_tokens * nb);
     sc.qsum.resize(num_tokens * nb);
   }
-  if (!a16 && sc.half.size() < static_cast<size_t>(num_tokens * nb * 2)) sc.half.resize(num_tokens * nb * 2);
+  half_sums = half_sums && !a16;
+  if (half_sums && sc.half.size() < static_cast<size_t>(num_tokens * nb * 2)) sc.half.resize(num_tokens * nb * 2);
   int8_t* qs_data = sc.qs.data();
   uint8_t* lo_data = a16 ? sc.lo.data() : nullptr;
   float* d_data = sc.d.data();
   int32_t* qsum_data = sc.qsum.data();
-  int32_t* half_data = a16 ? nullptr : sc.half.data();
+  int32_t* half_data = half_sums ? sc.half.data() : nullptr;
   pool.ParallelFor(
       num_tokens,
       [&](int64_t begin, int64_t end) {
@@ -174,7 +176,7 @@ QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, 
           } else {
             QuantizeActivations(xt, cols, k_stride, qs_data + t * k_stride, d_data + t * nb, qsum_data + t * nb);
             const int8_t* q = qs_data + t * k_stride;
-            for (int64_t h = 0; h < 2 * nb; ++h) {
+            for (int64_t h = 0; half_sums && h < 2 * nb; ++h) {
               int32_t sum = 0;
               for (int i = 0; i < 16; ++i) sum += q[16 * h + i];
               half_data[t * 2 * nb + h] = sum;
@@ -213,6 +215,11 @@ ActKind KindOf(const KernelTable& kt, TypeSlot slot, bool packed_here) {
   if ((packed_here && kt.gemm_packed[slot] != nullptr) || kt.gemm_quant[slot] != nullptr) return ActKind::kInt8;
   if (kt.gemm_bf16[slot] != nullptr) return ActKind::kBf16;
   return ActKind::kFloat;
+}
+// Whether o's packed copy is the active ISA's layout.
+bool PackedHere(const KernelTable& kt, const MatMulOutput& o) { return o.packed != nullptr && o.packed->isa == kt.isa; }
+ActKind KindOf(const KernelTable& kt, const MatMulOutput& o) {
+  return KindOf(kt, SlotOf(o.w->type), PackedHere(kt, o));
 }
 
 // One product's work as items (row groups of a packed matrix, or quanta of 4 rows: the widest
@@ -280,24 +287,25 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
                    const uint16_t* xb, int64_t num_tokens) {
   const TypeSlot slot = SlotOf(o.w->type);
   const int64_t rows = o.w->NumRows();
-  const bool packed_here = o.packed != nullptr && o.packed->isa == kt.isa;
-  // A matrix whose original was released after packing (LlamaModel::ReleasePackedSources) has
-  // only its packed copy.
+  const bool packed_here = PackedHere(kt, o);
+  // A matrix whose original was released after packing (LlamaModel::PackWeights with the file)
+  // has only its packed copy.
   CHECK((packed_here || o.w->data != nullptr) && "matrix released after packing for another ISA");
   ProductWork pw{ProductWork::Path::kFloat, o.w, o.packed, nullptr, nullptr, nullptr, nullptr, x, qa, xb,
                  num_tokens, o.y};
   const int64_t num_quanta = (rows + ProductWork::kRowQuantum - 1) / ProductWork::kRowQuantum;
+  const int64_t num_groups = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
   switch (KindOf(kt, slot, packed_here)) {
     case ActKind::kA16:
       pw.path = ProductWork::Path::kPacked;
       pw.gemm_q = kt.gemm_packed_a16[slot];
-      pw.items = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
+      pw.items = num_groups;
       return pw;
     case ActKind::kInt8:
       if (packed_here && kt.gemm_packed[slot] != nullptr) {
         pw.path = ProductWork::Path::kPacked;
         pw.gemm_q = kt.gemm_packed[slot];
-        pw.items = (rows + kPackedRowGroup - 1) / kPackedRowGroup;
+        pw.items = num_groups;
       } else {
         pw.path = ProductWork::Path::kQuant;
         pw.gemm_q = kt.gemm_quant[slot];
@@ -324,10 +332,6 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
   return pw;
 }
 
-}  // namespace
-
-namespace {
-
 // MatMulSameInput, with x the input before an RmsNorm when norm is set (quantized kinds only).
 void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool,
                          const RmsNormInput* norm) {
@@ -337,9 +341,13 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
   std::vector<ProductWork> work;
   work.reserve(outs.size());
   int64_t total = 0;
+  // Q6_K's packed kernel also reads each activation block's half sums; only it.
+  bool half_sums = false;
   for (const MatMulOutput& o : outs) {
-    const TypeSlot slot = SlotOf(o.w->type);
-    const ActKind kind = KindOf(kt, slot, o.packed != nullptr && o.packed->isa == kt.isa);
+    half_sums = half_sums || (o.w->type == GgmlType::kQ6_K && KindOf(kt, o) == ActKind::kInt8 && PackedHere(kt, o));
+  }
+  for (const MatMulOutput& o : outs) {
+    const ActKind kind = KindOf(kt, o);
     const int64_t cols = o.w->shape[0];
     if (kind == ActKind::kBf16) {
       CHECK(norm == nullptr);
@@ -348,7 +356,9 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
     } else {
       std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
       CHECK(norm == nullptr || kind != ActKind::kFloat);
-      if (kind != ActKind::kFloat && !qa) qa = QuantizeForGemm(x, num_tokens, cols, kind == ActKind::kA16, pool, norm);
+      if (kind != ActKind::kFloat && !qa) {
+        qa = QuantizeForGemm(x, num_tokens, cols, kind == ActKind::kA16, half_sums, pool, norm);
+      }
       CHECK(!qa || qa->k == cols);
       work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, nullptr, num_tokens));
     }
@@ -386,7 +396,7 @@ void MatMul(const TensorView& w, const PackedWeights* packed, const float* x, in
 bool ReadQuantizedActivations(std::span<const MatMulOutput> outs) {
   const KernelTable& kt = Active();
   for (const MatMulOutput& o : outs) {
-    const ActKind kind = KindOf(kt, SlotOf(o.w->type), o.packed != nullptr && o.packed->isa == kt.isa);
+    const ActKind kind = KindOf(kt, o);
     if (kind != ActKind::kInt8 && kind != ActKind::kA16) return false;
   }
   return !outs.empty();

@@ -495,7 +495,9 @@ TEST(KernelsTest, W4MatMulsMatchTheirReferences) {
 // of types and activation kinds (int8, 16-bit, float), packed or not.
 TEST(KernelsTest, MatMulSameInputEqualsSeparateProducts) {
   const int64_t cols = 256, tokens = 5;
-  const GgmlType types[] = {GgmlType::kQ4_K, GgmlType::kW4A16G64, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kW4A16ZG128};
+  // Q6_K last: the int8 activations, quantized for Q4_K before it, must carry its half sums.
+  const GgmlType types[] = {GgmlType::kQ4_K,       GgmlType::kW4A16G64, GgmlType::kF16,
+                            GgmlType::kQ8_0,       GgmlType::kW4A16ZG128, GgmlType::kQ6_K};
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (GetKernelTable(isa) == nullptr) continue;
     SetActiveIsa(isa);
