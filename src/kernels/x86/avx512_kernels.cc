@@ -363,31 +363,47 @@ inline void StepFloat(const uint8_t* rows, int64_t row_bytes, const float* xs, i
   }
 }
 
-template <GgmlType kType, int R, int T>
-void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-               int64_t ldy) {
+// A float tile over elements [k0, k1) only: its R x T lane accumulators start from part (or zero
+// when k0 == 0) and go back there, except after the last range (k1 == k), which reduces them into
+// y. Chained over ascending ranges, every lane sees the FMAs of one pass over [0, k) in the same
+// order, so the result is bitwise the same.
+// kPrefetch: each cache line of this tile's rows comes with a prefetch of the same line of the
+// next tile's rows (the rows just below): decode reads every weight once, and the hardware
+// prefetcher alone left F16/BF16 decode at ~50% of the bandwidth roofline (~90% with this).
+// Prefetches never fault, so the last tile's reach past the matrix is harmless.
+template <GgmlType kType, int R, int T, bool kPrefetch>
+void TileFloatRange(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, int64_t k0,
+                    int64_t k1, __m512* part, float* y, int64_t ldy) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[r][t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + r * T + t);
   const uint8_t* rows = w + r0 * row_bytes;
   const float* xs = x + t0 * k;
-  int64_t i = 0;
-  // Each cache line of this tile's rows comes with a prefetch of the same line of the next
-  // tile's rows (the rows just below): decode reads every weight once, and the hardware
-  // prefetcher alone left F16/BF16 decode at ~50% of the bandwidth roofline (~90% with this).
-  // Prefetches never fault, so the last tile's reach past the matrix is harmless.
   constexpr int64_t kEl = kType == GgmlType::kF32 ? 4 : 2;
-  for (; i + 16 <= k; i += 16) {
-    if ((i & (64 / kEl - 1)) == 0) {
+  int64_t i = k0;
+  for (; i + 16 <= k1; i += 16) {
+    if (kPrefetch && (i & (64 / kEl - 1)) == 0) {
       for (int r = 0; r < R; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + i * kEl), _MM_HINT_T0);
       }
     }
     StepFloat<kType, R, T, false>(rows, row_bytes, xs, k, i, 0, acc);
   }
-  if (i < k) StepFloat<kType, R, T, true>(rows, row_bytes, xs, k, i, static_cast<__mmask16>((1u << (k - i)) - 1), acc);
+  if (i < k1) StepFloat<kType, R, T, true>(rows, row_bytes, xs, k, i, static_cast<__mmask16>((1u << (k1 - i)) - 1), acc);
+  if (k1 < k) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) _mm512_store_ps(part + r * T + t, acc[r][t]);
+    return;
+  }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// A whole row tile in one pass, prefetching the next tile's rows.
+template <GgmlType kType, int R, int T>
+void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+               int64_t ldy) {
+  TileFloatRange<kType, R, T, true>(r0, t0, w, row_bytes, x, k, 0, k, nullptr, y, ldy);
 }
 
 using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
@@ -486,30 +502,6 @@ void GemmW4A16(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, reinterpret_cast<const float*>(&acts), k, y, ldy);
 }
 
-// A float tile over elements [k0, k1) only: its R x T lane accumulators start from part (or zero
-// when first) and go back there, except after the last range (k1 == k), which reduces them into y.
-// Chained over ascending ranges, every lane sees the FMAs of TileFloat in the same order, so the
-// result is bitwise TileFloat's.
-template <GgmlType kType, int R, int T>
-void TileFloatRange(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, int64_t k0,
-                    int64_t k1, __m512* part, float* y, int64_t ldy) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + r * T + t);
-  const uint8_t* rows = w + r0 * row_bytes;
-  const float* xs = x + t0 * k;
-  int64_t i = k0;
-  for (; i + 16 <= k1; i += 16) StepFloat<kType, R, T, false>(rows, row_bytes, xs, k, i, 0, acc);
-  if (i < k1) StepFloat<kType, R, T, true>(rows, row_bytes, xs, k, i, static_cast<__mmask16>((1u << (k1 - i)) - 1), acc);
-  if (k1 < k) {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) _mm512_store_ps(part + r * T + t, acc[r][t]);
-    return;
-  }
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
 // Per-thread 64-byte aligned scratch of at least n floats (C allocation: no std:: template is
 // instantiated in this translation unit).
 float* TileScratch(int64_t n) {
@@ -552,10 +544,14 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
   using RangeFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, int64_t, int64_t, __m512*,
                            float*, int64_t);
   static constexpr RangeFn kRange[kR][kT] = {
-      {TileFloatRange<kType, 1, 1>, TileFloatRange<kType, 1, 2>, TileFloatRange<kType, 1, 3>, TileFloatRange<kType, 1, 4>},
-      {TileFloatRange<kType, 2, 1>, TileFloatRange<kType, 2, 2>, TileFloatRange<kType, 2, 3>, TileFloatRange<kType, 2, 4>},
-      {TileFloatRange<kType, 3, 1>, TileFloatRange<kType, 3, 2>, TileFloatRange<kType, 3, 3>, TileFloatRange<kType, 3, 4>},
-      {TileFloatRange<kType, 4, 1>, TileFloatRange<kType, 4, 2>, TileFloatRange<kType, 4, 3>, TileFloatRange<kType, 4, 4>}};
+      {TileFloatRange<kType, 1, 1, false>, TileFloatRange<kType, 1, 2, false>, TileFloatRange<kType, 1, 3, false>,
+       TileFloatRange<kType, 1, 4, false>},
+      {TileFloatRange<kType, 2, 1, false>, TileFloatRange<kType, 2, 2, false>, TileFloatRange<kType, 2, 3, false>,
+       TileFloatRange<kType, 2, 4, false>},
+      {TileFloatRange<kType, 3, 1, false>, TileFloatRange<kType, 3, 2, false>, TileFloatRange<kType, 3, 3, false>,
+       TileFloatRange<kType, 3, 4, false>},
+      {TileFloatRange<kType, 4, 1, false>, TileFloatRange<kType, 4, 2, false>, TileFloatRange<kType, 4, 3, false>,
+       TileFloatRange<kType, 4, 4, false>}};
   constexpr int64_t kTokenBlock = 64, kMc = 64;
   __m512* parts = reinterpret_cast<__m512*>(TileScratch(kMc * kTokenBlock * 16));  // [row tile][token tile][R*T]
   for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokenBlock) {
