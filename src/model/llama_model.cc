@@ -185,28 +185,32 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
   return m;
 }
 
+template <typename Self>
+auto LlamaModel::MatricesOf(Self& self) -> std::vector<decltype(&self.output_)> {
+  std::vector<decltype(&self.output_)> all;
+  for (auto& l : self.layers_) {
+    for (auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
+  }
+  all.push_back(&self.output_);
+  return all;
+}
+
 uint64_t LlamaModel::packed_bytes() const {
   uint64_t total = 0;
-  auto add = [&](const MatrixWeight& w) {
-    if (w.packed) {
-      const int64_t groups = (w.packed->num_rows + kernels::kPackedRowGroup - 1) / kernels::kPackedRowGroup;
-      total += static_cast<uint64_t>(w.packed->group_bytes * groups);
+  for (const MatrixWeight* w : MatricesOf(*this)) {
+    if (w->packed) {
+      const int64_t groups = (w->packed->num_rows + kernels::kPackedRowGroup - 1) / kernels::kPackedRowGroup;
+      total += static_cast<uint64_t>(w->packed->group_bytes * groups);
     }
-  };
-  for (const auto& l : layers_) {
-    for (const MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*w);
   }
-  add(output_);
   return total;
 }
 
 void LlamaModel::PackWeights(GgufFile* release_sources) {
-  if (released_bytes_ > 0) return;  // the originals are gone: keep the packed copies
-  std::vector<MatrixWeight*> all;
-  for (auto& l : layers_) {
-    for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
+  const std::vector<MatrixWeight*> all = MatricesOf(*this);
+  for (const MatrixWeight* w : all) {
+    if (w->view.data == nullptr) return;  // released by an earlier call: keep the packed copies
   }
-  all.push_back(&output_);
   // One buffer for all, each matrix 64-byte aligned in it.
   std::vector<int64_t> offset(all.size());
   int64_t total = 0;
@@ -359,56 +363,56 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
     };
     normed_products(attn_norm, {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
                     LinearInput::kAttnIn, "matmul_qkv", bytes(w.wq) + bytes(w.wk) + bytes(w.wv));
-    {
-    ProfileSpan span("rope_kv_write", "op", n, 0, l);
-    // One token per item: its rotation, key transform and cache write do not depend on the split.
-    const float* shift = key_channels ? key_channels_.shift.data() + l * kv_dim : nullptr;
-    const float* kscale = key_channels ? key_channels_.scale.data() + l * kv_dim : nullptr;
-    auto rope = [&](int64_t t) {
-      const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
-      kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
-                         static_cast<int>(hp_.rope_dims), cos_sin);
-      kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
-                         static_cast<int>(hp_.rope_dims), cos_sin);
-    };
-    auto store = [&](int64_t t) {
-      float* k = ws.k.data() + t * kv_dim;
-      if (shift != nullptr) {
-        float* q = ws.q.data() + t * dim;
-        for (int64_t c = 0; c < kv_dim; ++c) k[c] = (k[c] - shift[c]) / kscale[c];
-        for (int64_t h = 0; h < hp_.num_heads; ++h) {
-          const float* s = kscale + (h / group) * hp_.head_dim;
-          for (int64_t d = 0; d < hp_.head_dim; ++d) q[h * hp_.head_dim + d] *= s[d];
+    {  // the span chain rope_kv_write .. matmul_o ends before the next norm's own spans
+      ProfileSpan span("rope_kv_write", "op", n, 0, l);
+      // One token per item: its rotation, key transform and cache write do not depend on the split.
+      const float* shift = key_channels ? key_channels_.shift.data() + l * kv_dim : nullptr;
+      const float* kscale = key_channels ? key_channels_.scale.data() + l * kv_dim : nullptr;
+      auto rope = [&](int64_t t) {
+        const float* cos_sin = ws.rope.data() + t * hp_.rope_dims;
+        kernels::RopeApply(ws.q.data() + t * dim, static_cast<int>(hp_.num_heads), static_cast<int>(hp_.head_dim),
+                           static_cast<int>(hp_.rope_dims), cos_sin);
+        kernels::RopeApply(ws.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(hp_.head_dim),
+                           static_cast<int>(hp_.rope_dims), cos_sin);
+      };
+      auto store = [&](int64_t t) {
+        float* k = ws.k.data() + t * kv_dim;
+        if (shift != nullptr) {
+          float* q = ws.q.data() + t * dim;
+          for (int64_t c = 0; c < kv_dim; ++c) k[c] = (k[c] - shift[c]) / kscale[c];
+          for (int64_t h = 0; h < hp_.num_heads; ++h) {
+            const float* s = kscale + (h / group) * hp_.head_dim;
+            for (int64_t d = 0; d < hp_.head_dim; ++d) q[h * hp_.head_dim + d] *= s[d];
+          }
         }
+        const int64_t pos = ws.kv_slots[t];
+        const auto& table = batch.block_tables[batch.seq(t)];
+        kv.Write(l, table[pos / block_size], pos % block_size, k, ws.v.data() + t * kv_dim);
+      };
+      if (batch.observer != nullptr) {  // calibration sees the keys between the two
+        for (int64_t t = 0; t < n; ++t) rope(t);
+        batch.observer->ObserveKeys(l, ws.k.data(), n, kv_dim);
+        for (int64_t t = 0; t < n; ++t) store(t);
+      } else {
+        pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            rope(t);
+            store(t);
+          }
+        }, /*min_items_per_thread=*/4);
       }
-      const int64_t pos = ws.kv_slots[t];
-      const auto& table = batch.block_tables[batch.seq(t)];
-      kv.Write(l, table[pos / block_size], pos % block_size, k, ws.v.data() + t * kv_dim);
-    };
-    if (batch.observer != nullptr) {  // calibration sees the keys between the two
-      for (int64_t t = 0; t < n; ++t) rope(t);
-      batch.observer->ObserveKeys(l, ws.k.data(), n, kv_dim);
-      for (int64_t t = 0; t < n; ++t) store(t);
-    } else {
-      pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          rope(t);
-          store(t);
-        }
-      }, /*min_items_per_thread=*/4);
-    }
-    span.Next("attention", n, kv_positions * 2 * kv.row_bytes(), l);
-    kernels::Attention(ws.q.data(), n, ws.kv_slots.data(), ws.tables.data(), kv.Layer(l),
-                       static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
-                       static_cast<int>(hp_.head_dim), ws.xb.data(), pool, tracking ? ws.score_rows.data() : nullptr);
-    if (tracking) {
-      span.Next("attention_track", n, 0, l);
-      AccumulateAttention(batch, ws, l, num_heads, pool);
-    }
-    if (batch.observer) batch.observer->Observe(l, LinearInput::kAttnOut, ws.xb.data(), n, dim);
-    span.Next("matmul_o", n, bytes(w.wo), l);
-    MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
-    for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
+      span.Next("attention", n, kv_positions * 2 * kv.row_bytes(), l);
+      kernels::Attention(ws.q.data(), n, ws.kv_slots.data(), ws.tables.data(), kv.Layer(l),
+                         static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads),
+                         static_cast<int>(hp_.head_dim), ws.xb.data(), pool, tracking ? ws.score_rows.data() : nullptr);
+      if (tracking) {
+        span.Next("attention_track", n, 0, l);
+        AccumulateAttention(batch, ws, l, num_heads, pool);
+      }
+      if (batch.observer) batch.observer->Observe(l, LinearInput::kAttnOut, ws.xb.data(), n, dim);
+      span.Next("matmul_o", n, bytes(w.wo), l);
+      MatMul(w.wo, ws.xb.data(), n, ws.xb2.data(), pool);
+      for (int64_t i = 0; i < n * dim; ++i) ws.x[i] += ws.xb2[i];
     }
 
     const float* ffn_norm = reinterpret_cast<const float*>(w.ffn_norm.data);

@@ -157,6 +157,9 @@ class LlamaModel {
 
  private:
   LlamaModel() = default;
+  // The layer matrices and the output layer (const or not as self is).
+  template <typename Self>
+  static auto MatricesOf(Self& self) -> std::vector<decltype(&self.output_)>;
 
   LlamaHParams hp_;
   TensorView token_embd_;

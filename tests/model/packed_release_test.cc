@@ -64,5 +64,21 @@ TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
   std::filesystem::remove(path);
 }
 
+// A file held in memory (FromBytes) gives no pages back, yet its packed matrices are still cut
+// off from their originals, and packing again keeps the packed copies rather than reading them.
+TEST(PackedReleaseTest, PackingAgainAfterAReleaseOfNoBytesKeepsThePackedCopies) {
+  if (kernels::Active().pack[kernels::kSlotQ4_0] == nullptr) GTEST_SKIP() << "no packed Q4_0 layout on this CPU";
+  const auto bytes = SynthesizeLlama(test::SmallGqaShape(1024), GgmlType::kQ4_0, 5)->WriteToBytes();
+  auto file = GgufFile::FromBytes(bytes).value();
+  ThreadPool pool(2);
+  auto model = LlamaModel::Load(*file).value();
+  model->PackWeights(file.get());
+  EXPECT_EQ(model->released_bytes(), 0u);
+  const auto before = LastLogits(*model, pool);
+  model->PackWeights(file.get());
+  const auto after = LastLogits(*model, pool);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+}
+
 }  // namespace
 }  // namespace gale
