@@ -100,6 +100,41 @@ void BM_Attention(benchmark::State& state) {
 }
 BENCHMARK(BM_Attention)->ArgsProduct({{128, 1024, 4096}, {0, 1, 2, 3, 4}});
 
+// args: prompt length, KV type, KV heads (12 query heads of 64). Prefill: every position of one
+// sequence attends to its prefix in one call, one thread; GFLOP/s counts q.k and weights.v of the
+// causal half.
+void BM_AttentionPrefill(benchmark::State& state) {
+  const int64_t len = state.range(0), block_size = 16;
+  const auto type = static_cast<kernels::KvType>(state.range(1));
+  const int heads = 12, kv_heads = static_cast<int>(state.range(2)), head_dim = 64;
+  const int64_t num_blocks = (len + block_size - 1) / block_size;
+  KvStorage kv(1, kv_heads, head_dim, num_blocks, block_size, type);
+  std::vector<int32_t> table(num_blocks);
+  for (int64_t i = 0; i < num_blocks; ++i) table[i] = static_cast<int32_t>(i);
+  Rng rng(3);
+  std::vector<float> q(len * heads * head_dim), k(kv_heads * head_dim), v(kv_heads * head_dim);
+  std::vector<float> out(len * heads * head_dim);
+  for (float& f : q) f = rng.Uniform(-1, 1);
+  for (int64_t p = 0; p < len; ++p) {
+    for (float& f : k) f = rng.Uniform(-1, 1);
+    for (float& f : v) f = rng.Uniform(-1, 1);
+    kv.Write(0, table[p / block_size], p % block_size, k.data(), v.data());
+  }
+  std::vector<int32_t> pos(len);
+  for (int64_t p = 0; p < len; ++p) pos[p] = static_cast<int32_t>(p);
+  const std::vector<const int32_t*> tables(len, table.data());
+  ThreadPool pool(1);
+  for (auto _ : state) {
+    kernels::Attention(q.data(), len, pos.data(), tables.data(), kv.Layer(0), heads, kv_heads, head_dim, out.data(),
+                       pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(kernels::KvTypeName(type));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * heads * head_dim * (len * (len + 1) / 2) / 1e9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionPrefill)->ArgsProduct({{512}, {0, 1}, {12, 4}});
+
 void BM_QuantizeActivations(benchmark::State& state) {
   const int64_t k = 4096;
   std::vector<float> x(k, 0.3f);

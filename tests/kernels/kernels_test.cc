@@ -765,33 +765,47 @@ TEST(KernelsTest, QuantizedKvSegmentsRoundTrip) {
   EXPECT_EQ(seg[3], (0 + 8) | ((3 + 8) << 4));
 }
 
-// Queries attended together get bitwise what each gets alone, whatever their lengths.
+// Queries attended together get bitwise what each gets alone, whatever their lengths and however
+// the kernel groups them (11 queries: groups of four, then two, then one), for each cache type
+// and for head_dim 8 (half-width vectors) and 64.
 TEST(KernelsTest, AttendManyEqualsOneAtATime) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     const KernelTable* kt = GetKernelTable(isa);
     if (kt == nullptr) continue;
-    const int head_dim = 64, nq = 11;
-    const int64_t kv_stride = 2 * head_dim;
-    const auto k = test::RandomFloats(70 * kv_stride, 1);
-    const auto v = test::RandomFloats(70 * kv_stride, 2);
-    const auto q = test::RandomFloats(nq * head_dim, 3);
-    const int32_t zero = 0;
-    const KvBlockView view = Contiguous(k.data(), v.data(), kv_stride, &zero);
-    std::vector<const float*> qs;
-    std::vector<int64_t> lens;
-    std::vector<float> together(nq * head_dim), alone(nq * head_dim);
-    std::vector<float*> outs;
-    for (int i = 0; i < nq; ++i) {
-      qs.push_back(q.data() + i * head_dim);
-      lens.push_back(1 + (i * 7) % 70);
-      outs.push_back(together.data() + i * head_dim);
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4}) {
+      for (int head_dim : {8, 64}) {
+        const int nq = 11, positions = 70;
+        const int64_t seg = KvHeadBytes(type, head_dim), kv_stride = 2 * seg;
+        const auto kf = test::RandomFloats(positions * 2 * head_dim, 1);
+        const auto vf = test::RandomFloats(positions * 2 * head_dim, 2);
+        std::vector<uint8_t> k(positions * kv_stride), v(positions * kv_stride);
+        for (int64_t r = 0; r < positions * 2; ++r) {
+          StoreKvHead(kf.data() + r * head_dim, head_dim, type, k.data() + r * seg);
+          StoreKvHead(vf.data() + r * head_dim, head_dim, type, v.data() + r * seg);
+        }
+        const auto q = test::RandomFloats(nq * head_dim, 3);
+        const int32_t zero = 0;
+        const KvBlockView view{k.data(), v.data(), &zero, int64_t{1} << 40, kv_stride, kv_stride, type, type};
+        std::vector<const float*> qs;
+        std::vector<int64_t> lens;
+        std::vector<float> together(nq * head_dim), alone(nq * head_dim);
+        std::vector<float*> outs;
+        for (int i = 0; i < nq; ++i) {
+          qs.push_back(q.data() + i * head_dim);
+          lens.push_back(1 + (i * 7) % positions);
+          outs.push_back(together.data() + i * head_dim);
+        }
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr);
+        for (int i = 0; i < nq; ++i) {
+          float* o = alone.data() + i * head_dim;
+          kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr);
+        }
+        for (int i = 0; i < nq * head_dim; ++i) {
+          ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa) << " " << KvTypeName(type) << " hd "
+                                                               << head_dim << " at " << i;
+        }
+      }
     }
-    kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr);
-    for (int i = 0; i < nq; ++i) {
-      float* o = alone.data() + i * head_dim;
-      kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr);
-    }
-    for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
@@ -258,8 +259,9 @@ inline __m512 Exp16(__m512 x) {
 // function (tested on millions of inputs; Exp16's extra ulp here moved stories260K's logits past
 // the 1e-5 reference tolerance). Inputs are clamped to [-104, 89] (where the result is 0 or inf
 // anyway); NaN passes through.
-inline __m256 ExpfLikeLibm(__m256 xf) {
-  const uint64_t* table = ExpfTable32();
+// table: ExpfTable32(), fetched by the caller outside its loops (a call there makes the compiler
+// spill every live vector register around it).
+inline __m256 ExpfLikeLibm(__m256 xf, const uint64_t* table) {
   const __m256 xc = _mm256_min_ps(_mm256_max_ps(xf, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
   const __m512d x = _mm512_cvtps_pd(xc);
   const __m512d shift = _mm512_set1_pd(0x1.8p+52);
@@ -286,12 +288,13 @@ inline __m256 ExpfLikeLibm(__m256 xf) {
 void SiluMul(float* gate, const float* up, int64_t n) {
   // Per element exactly the scalar path's float operations: v * (1 / (1 + exp(-v))) * up.
   const __m512 one = _mm512_set1_ps(1.0f);
+  const uint64_t* table = ExpfTable32();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(gate + i);
     const __m512 neg = _mm512_xor_ps(v, _mm512_set1_ps(-0.0f));
-    const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(ExpfLikeLibm(_mm512_castps512_ps256(neg))),
-                                        ExpfLikeLibm(_mm512_extractf32x8_ps(neg, 1)), 1);
+    const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(ExpfLikeLibm(_mm512_castps512_ps256(neg), table)),
+                                        ExpfLikeLibm(_mm512_extractf32x8_ps(neg, 1), table), 1);
     const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
     _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(v, s), _mm512_loadu_ps(up + i)));
   }
@@ -519,20 +522,53 @@ float* TileScratch(int64_t n) {
   return s.p;
 }
 
+// Tile tables R x T of a tile template, built at compile time: TileTable<Tile, kR, kT>::kFns.f[r-1][t-1]
+// is Tile::template Fn<r, t>.
+template <typename Tile, int kR, int kT>
+struct TileTable {
+  using Fn = decltype(&Tile::template Fn<1, 1>);
+  struct Fns {
+    Fn f[kR][kT];
+  };
+  template <int R, int... Ts>
+  static constexpr void FillRow(Fn (&row)[kT], std::integer_sequence<int, Ts...>) {
+    ((row[Ts] = &Tile::template Fn<R, Ts + 1>), ...);
+  }
+  template <int... Rs>
+  static constexpr Fns Make(std::integer_sequence<int, Rs...>) {
+    Fns t{};
+    (FillRow<Rs + 1>(t.f[Rs], std::make_integer_sequence<int, kT>()), ...);
+    return t;
+  }
+  static constexpr Fns kFns = Make(std::make_integer_sequence<int, kR>());
+};
+
+template <GgmlType kType>
+struct FloatTiles {
+  template <int R, int T>
+  static void Fn(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+                 int64_t ldy) {
+    TileFloat<kType, R, T>(r0, t0, w, row_bytes, x, k, y, ldy);
+  }
+};
+template <GgmlType kType>
+struct FloatRangeTiles {
+  template <int R, int T>
+  static void Fn(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, int64_t k0,
+                 int64_t k1, __m512* part, float* y, int64_t ldy) {
+    TileFloatRange<kType, R, T, false>(r0, t0, w, row_bytes, x, k, k0, k1, part, y, ldy);
+  }
+};
+
 template <GgmlType kType>
 void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
                float* y, int64_t ldy) {
-  constexpr int kR = 4, kT = 4;
+  constexpr int kR = 4, kT = 6;
   // Up to kKc elements, a single token tile (decode): one pass per tile, the next tile's rows
   // prefetched.
   constexpr int64_t kKc = 1024;
   if (num_tokens <= kT || k <= kKc) {
-    static constexpr TileFloatFn kTiles[kR][kT] = {
-        {TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>, TileFloat<kType, 1, 3>, TileFloat<kType, 1, 4>},
-        {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>, TileFloat<kType, 2, 3>, TileFloat<kType, 2, 4>},
-        {TileFloat<kType, 3, 1>, TileFloat<kType, 3, 2>, TileFloat<kType, 3, 3>, TileFloat<kType, 3, 4>},
-        {TileFloat<kType, 4, 1>, TileFloat<kType, 4, 2>, TileFloat<kType, 4, 3>, TileFloat<kType, 4, 4>}};
-    ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+    ForEachTile(num_rows, num_tokens, TileTable<FloatTiles<kType>, kR, kT>::kFns.f, w, row_bytes, x, k, y, ldy);
     return;
   }
   // Several token tiles over long rows: a 4x4 tile's rows and activations no longer fit L1
@@ -541,19 +577,11 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
   // tile's activations stay in L1 while the block's row tiles stream from L2, and the lane
   // accumulators wait in scratch between ranges (~147 GFLOP/s at k = 5632; kKc 256 or 512 and
   // row tiles outer measured slower).
-  using RangeFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, int64_t, int64_t, __m512*,
-                           float*, int64_t);
-  static constexpr RangeFn kRange[kR][kT] = {
-      {TileFloatRange<kType, 1, 1, false>, TileFloatRange<kType, 1, 2, false>, TileFloatRange<kType, 1, 3, false>,
-       TileFloatRange<kType, 1, 4, false>},
-      {TileFloatRange<kType, 2, 1, false>, TileFloatRange<kType, 2, 2, false>, TileFloatRange<kType, 2, 3, false>,
-       TileFloatRange<kType, 2, 4, false>},
-      {TileFloatRange<kType, 3, 1, false>, TileFloatRange<kType, 3, 2, false>, TileFloatRange<kType, 3, 3, false>,
-       TileFloatRange<kType, 3, 4, false>},
-      {TileFloatRange<kType, 4, 1, false>, TileFloatRange<kType, 4, 2, false>, TileFloatRange<kType, 4, 3, false>,
-       TileFloatRange<kType, 4, 4, false>}};
+  const auto& kRange = TileTable<FloatRangeTiles<kType>, kR, kT>::kFns.f;
   constexpr int64_t kTokenBlock = 64, kMc = 64;
-  __m512* parts = reinterpret_cast<__m512*>(TileScratch(kMc * kTokenBlock * 16));  // [row tile][token tile][R*T]
+  constexpr int64_t kTokenTiles = (kTokenBlock + kT - 1) / kT, kRowTiles = (kMc + kR - 1) / kR;
+  // [row tile][token tile][R*T]
+  __m512* parts = reinterpret_cast<__m512*>(TileScratch(kRowTiles * kTokenTiles * kR * kT * 16));
   for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokenBlock) {
     const int64_t t1 = t0 + kTokenBlock < num_tokens ? t0 + kTokenBlock : num_tokens;
     for (int64_t m0 = 0; m0 < num_rows; m0 += kMc) {
@@ -564,7 +592,7 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
           const int tt = static_cast<int>(t1 - t < kT ? t1 - t : kT);
           for (int64_t r = m0; r < m1; r += kR) {
             const int rr = static_cast<int>(m1 - r < kR ? m1 - r : kR);
-            __m512* part = parts + (((r - m0) / kR) * (kTokenBlock / kT) + (t - t0) / kT) * (kR * kT);
+            __m512* part = parts + (((r - m0) / kR) * kTokenTiles + (t - t0) / kT) * (kR * kT);
             kRange[rr - 1][tt - 1](r, t, w, row_bytes, x, k, k0, k1, part, y, ldy);
           }
         }
@@ -1411,47 +1439,71 @@ inline __m512 LoadKv(const uint8_t* p) {
   }
 }
 
-// Keys of one block of n <= 16 positions into one query's state: scores, new running max,
-// rescale of the sum and output, then the weighted V rows. offs[j] is the byte offset of the
-// j-th position's row in K and in V. The same operations whatever other queries share the
-// block, so a query's result does not depend on how queries are grouped.
-template <int kVecs, KvType kType, KvType vType, bool kHalf = false>
-inline void QueryBlock(QueryState<kVecs>& st, const uint8_t* k, const uint8_t* v, const int64_t* koffs,
-                       const int64_t* voffs, int n, float* raw_scores) {
-  __m512 part[16];  // per key, lane-wise partial products; keys past n stay zero
-  for (int j = 0; j < 16; ++j) {
-    if (j >= n) {
-      part[j] = _mm512_setzero_ps();
-      continue;
+// Keys of one block of up to 16 positions into the states of kQ queries (query q sees the first
+// n[q]): scores, new running max, rescale of the sum and output, then the weighted V rows.
+// offs[j] is the byte offset of the j-th position's row in K and in V. Each K and V row is loaded
+// once for the kQ queries, and their FMA chains interleave (one query alone waits on the latency
+// of its V accumulation chains); every query sees the same operations in the same order whatever
+// other queries share the block, so a query's result does not depend on how queries are grouped.
+template <int kQ, int kVecs, KvType kType, KvType vType, bool kHalf = false>
+inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uint8_t* v, const int64_t* koffs,
+                       const int64_t* voffs, const int* n, float* const* raw_scores, const uint64_t* exp_table) {
+  // The states in locals: through the pointers, every update went to memory and back.
+  QueryState<kVecs> cur[kQ];
+  for (int q = 0; q < kQ; ++q) cur[q] = *st[q];
+  int n_max = 0;
+  for (int q = 0; q < kQ; ++q) n_max = n[q] > n_max ? n[q] : n_max;
+  alignas(64) float s[kQ][16];
+  {
+    __m512 part[kQ][16];  // per query and key, lane-wise partial products; keys past n[q] stay zero
+    for (int j = 0; j < 16; ++j) {
+      if (j >= n_max) {
+        for (int q = 0; q < kQ; ++q) part[q][j] = _mm512_setzero_ps();
+        continue;
+      }
+      const uint8_t* kr = k + koffs[j] + kKvDataOffset<kType>;
+      __m512 kv[kVecs];
+      kv[0] = LoadKv<kType, kHalf>(kr);
+      for (int i = 1; i < kVecs; ++i) kv[i] = LoadKv<kType, false>(kr + kKvGroupBytes<kType> * i);
+      for (int q = 0; q < kQ; ++q) {
+        __m512 d = _mm512_mul_ps(cur[q].q[0], kv[0]);
+        for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(cur[q].q[i], kv[i], d);
+        if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + koffs[j])));
+        part[q][j] = j < n[q] ? d : _mm512_setzero_ps();
+      }
     }
-    const uint8_t* kr = k + koffs[j] + kKvDataOffset<kType>;
-    __m512 d = _mm512_mul_ps(st.q[0], LoadKv<kType, kHalf>(kr));
-    for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(st.q[i], LoadKv<kType, false>(kr + kKvGroupBytes<kType> * i), d);
-    if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + koffs[j])));
-    part[j] = d;
+    for (int q = 0; q < kQ; ++q) _mm512_store_ps(s[q], SumEach16(part[q]));
   }
-  alignas(64) float s[16];
-  _mm512_store_ps(s, SumEach16(part));
-  if (raw_scores != nullptr) std::memcpy(raw_scores, s, static_cast<size_t>(n) * sizeof(float));
-  float block_max = -INFINITY;
-  for (int j = 0; j < n; ++j) block_max = s[j] > block_max ? s[j] : block_max;
-  const float new_max = block_max > st.max ? block_max : st.max;
-  const float correction = std::exp(st.max - new_max);  // exp(-inf) = 0 on the first block
-  st.sum *= correction;
-  const __m512 cv = _mm512_set1_ps(correction);
-  for (int i = 0; i < kVecs; ++i) st.acc[i] = _mm512_mul_ps(st.acc[i], cv);
-  alignas(64) float wts[16];  // lanes past n are never used
-  _mm512_store_ps(wts, Exp16(_mm512_sub_ps(_mm512_load_ps(s), _mm512_set1_ps(new_max))));
-  for (int j = 0; j < n; ++j) {
-    st.sum += wts[j];
-    const float w = kKvQuantized<vType> ? wts[j] * KvScale(v + voffs[j]) : wts[j];
-    const __m512 wv = _mm512_set1_ps(w);
+  alignas(64) float wts[kQ][16];  // lanes past n[q] are never used
+  for (int q = 0; q < kQ; ++q) {
+    if (raw_scores[q] != nullptr) std::memcpy(raw_scores[q], s[q], static_cast<size_t>(n[q]) * sizeof(float));
+    // The block's max: the exact maximum, whatever the order.
+    const __mmask16 valid = static_cast<__mmask16>((1u << n[q]) - 1);
+    const float block_max = _mm512_mask_reduce_max_ps(valid, _mm512_load_ps(s[q]));
+    const float new_max = block_max > cur[q].max ? block_max : cur[q].max;
+    // exp(-inf) = 0 on the first block. ExpfLikeLibm is bitwise std::exp, inline: a call to libm
+    // here made the compiler spill every live vector register around it, once per query and block.
+    const float correction = _mm256_cvtss_f32(ExpfLikeLibm(_mm256_set1_ps(cur[q].max - new_max), exp_table));
+    cur[q].sum *= correction;
+    const __m512 cv = _mm512_set1_ps(correction);
+    for (int i = 0; i < kVecs; ++i) cur[q].acc[i] = _mm512_mul_ps(cur[q].acc[i], cv);
+    _mm512_store_ps(wts[q], Exp16(_mm512_sub_ps(_mm512_load_ps(s[q]), _mm512_set1_ps(new_max))));
+    cur[q].max = new_max;
+  }
+  for (int j = 0; j < n_max; ++j) {
     const uint8_t* vr = v + voffs[j] + kKvDataOffset<vType>;
-    for (int i = 0; i < kVecs; ++i) {
-      st.acc[i] = _mm512_fmadd_ps(wv, LoadKv<vType, kHalf>(vr + kKvGroupBytes<vType> * i), st.acc[i]);
+    __m512 vv[kVecs];
+    vv[0] = LoadKv<vType, kHalf>(vr);
+    for (int i = 1; i < kVecs; ++i) vv[i] = LoadKv<vType, false>(vr + kKvGroupBytes<vType> * i);
+    for (int q = 0; q < kQ; ++q) {
+      if (j >= n[q]) continue;
+      cur[q].sum += wts[q][j];
+      const float w = kKvQuantized<vType> ? wts[q][j] * KvScale(v + voffs[j]) : wts[q][j];
+      const __m512 wv = _mm512_set1_ps(w);
+      for (int i = 0; i < kVecs; ++i) cur[q].acc[i] = _mm512_fmadd_ps(wv, vv[i], cur[q].acc[i]);
     }
   }
-  st.max = new_max;
+  for (int q = 0; q < kQ; ++q) *st[q] = cur[q];
 }
 
 template <int kVecs, bool kHalf = false>
@@ -1466,6 +1518,42 @@ inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
   }
 }
 
+// The block of positions [p0, p0 + 16) into every query that reaches it, kGroup at a time (then
+// two, then one).
+template <int kVecs, KvType kType, KvType vType, bool kHalf>
+inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_queries, int64_t p0, const uint8_t* k,
+                        const uint8_t* v, const int64_t* koffs, const int64_t* voffs, float* const* scores,
+                        const uint64_t* exp_table) {
+  // Four: one query's block is a chain (scores -> max -> weights -> V accumulation) that leaves
+  // the FMA units idle; four interleaved ran the 110m prefill attention at ~1.4x (f32 cache) to
+  // ~1.7x (f16) the one-at-a-time speed, two at ~1.2x.
+  constexpr int kGroup = 4;
+  QueryState<kVecs>* pending[kGroup];
+  int n[kGroup];
+  float* raw[kGroup];
+  int np = 0;
+  for (int i = 0; i < num_queries; ++i) {
+    if (lens[i] <= p0) continue;
+    pending[np] = &st[i];
+    n[np] = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
+    raw[np] = scores != nullptr && scores[i] != nullptr ? scores[i] + p0 : nullptr;
+    if (++np == kGroup) {
+      QueryBlock<kGroup, kVecs, kType, vType, kHalf>(pending, k, v, koffs, voffs, n, raw, exp_table);
+      np = 0;
+    }
+  }
+  if constexpr (kGroup > 2) {
+    if (np >= 2) {
+      QueryBlock<2, kVecs, kType, vType, kHalf>(pending, k, v, koffs, voffs, n, raw, exp_table);
+      np -= 2;
+      pending[0] = pending[2];
+      n[0] = n[2];
+      raw[0] = raw[2];
+    }
+  }
+  if (np == 1) QueryBlock<1, kVecs, kType, vType, kHalf>(pending, k, v, koffs, voffs, n, raw, exp_table);
+}
+
 // Several queries over the same K/V (one KV head of one sequence), 16 positions at a time, so
 // those K and V rows are read from memory once and from L1 for the other queries. Positions are
 // grouped in 16s from 0 whatever the cache's block size: the row offsets are looked up per
@@ -1475,6 +1563,7 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
                       int head_dim, float* const* outs, float* const* scores) {
   static_assert(!kHalf || kVecs == 1);
   QueryState<kVecs> st[kMaxAttendQueries];
+  const uint64_t* exp_table = ExpfTable32();
   int64_t max_len = 0;
   for (int i = 0; i < num_queries; ++i) {
     InitQuery<kVecs, kHalf>(st[i], qs[i], head_dim);
@@ -1493,12 +1582,7 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
         ++blk;
       }
     }
-    for (int i = 0; i < num_queries; ++i) {
-      if (lens[i] <= p0) continue;
-      const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
-      float* raw = scores != nullptr && scores[i] != nullptr ? scores[i] + p0 : nullptr;
-      QueryBlock<kVecs, kType, vType, kHalf>(st[i], kv.k, kv.v, koffs, voffs, n, raw);
-    }
+    AttendBlock<kVecs, kType, vType, kHalf>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, scores, exp_table);
   }
   for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs, kHalf>(st[i], outs[i]);
 }
