@@ -7,6 +7,10 @@ namespace gale::kernels {
 const KernelTable& ScalarTable();
 const KernelTable& Avx2Table();
 const KernelTable& Avx512Table();
+// Parts of the AVX-512 table defined in their own files (avx512_packed.cc, avx512_attention.cc).
+void Avx512FillPacked(KernelTable& t);
+void Avx512AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                      int head_dim, float* const* outs, float* const* scores);
 // The scalar attention, for ISAs whose own kernel does not cover a head size.
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                          int head_dim, float* const* outs, float* const* scores);
