@@ -1,5 +1,6 @@
-// AVX-512 kernels: attention over the paged KV cache (online softmax). Built with the AVX-512 flags of avx512_kernels.cc, whose table takes
-// attend_many from here; only called when CPUID agrees.
+// AVX-512 kernels: attention over the paged KV cache (online softmax). Built with the AVX-512
+// flags of avx512_kernels.cc, whose table takes attend_many from here; only called when CPUID
+// agrees.
 #include <immintrin.h>
 
 #include <cmath>
