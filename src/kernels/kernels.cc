@@ -341,10 +341,10 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
   std::vector<ProductWork> work;
   work.reserve(outs.size());
   int64_t total = 0;
-  // Q6_K's packed kernel also reads each activation block's half sums; only it.
+  // Q6_K's int8 kernels (packed or not) also read each activation block's half sums; only they.
   bool half_sums = false;
   for (const MatMulOutput& o : outs) {
-    half_sums = half_sums || (o.w->type == GgmlType::kQ6_K && KindOf(kt, o) == ActKind::kInt8 && PackedHere(kt, o));
+    half_sums = half_sums || (o.w->type == GgmlType::kQ6_K && KindOf(kt, o) == ActKind::kInt8);
   }
   for (const MatMulOutput& o : outs) {
     const ActKind kind = KindOf(kt, o);

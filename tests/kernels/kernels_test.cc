@@ -982,8 +982,10 @@ TEST(KernelsTest, KQuantLayoutsFromTheirDefinition) {
   }
 }
 
-// K-quant matmuls (dequantize, then f32 products) on every ISA: close to the exact product of the
-// reference dequantization, and batch invariant.
+// K-quant matmuls on every ISA without packing (scalar: dequantize, then f32 products; AVX2:
+// int8 activations per 32 straight from the super-blocks): close to the exact product of the
+// reference dequantization (within f32 rounding, or within the activations' rounding, half a step
+// of each block's scale per value, where the ISA quantizes them), and batch invariant.
 TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
   const int64_t k = 512, rows = 7, tokens = 5;
   for (GgmlType t : kKTypes) {
@@ -993,6 +995,7 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
     for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
       if (GetKernelTable(isa) == nullptr) continue;
       SetActiveIsa(isa);
+      const bool int8_acts = Active().gemm_quant[SlotOf(t)] != nullptr;
       ThreadPool pool(2), one(1);
       std::vector<float> y(rows * tokens), y1(rows);
       MatMul(v, x.data(), tokens, y.data(), pool);
@@ -1002,18 +1005,52 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
           ASSERT_EQ(F32Bits(y1[r]), F32Bits(y[tok * rows + r])) << IsaName(isa);
           std::vector<float> deq(k);
           DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data(), k);
-          double exact = 0.0, sum_abs = 0.0;
-          for (int64_t i = 0; i < k; ++i) {
-            exact += static_cast<double>(deq[i]) * x[tok * k + i];
-            sum_abs += std::fabs(static_cast<double>(deq[i]) * x[tok * k + i]);
+          double exact = 0.0, sum_abs = 0.0, act_bound = 0.0;
+          for (int64_t b = 0; b < k / 32; ++b) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[tok * k + b * 32 + i]));
+            for (int i = 0; i < 32; ++i) {
+              const int64_t e = b * 32 + i;
+              exact += static_cast<double>(deq[e]) * x[tok * k + e];
+              sum_abs += std::fabs(static_cast<double>(deq[e]) * x[tok * k + e]);
+              act_bound += std::fabs(static_cast<double>(deq[e])) * (0.5 * amax / 127.0);
+            }
           }
-          ASSERT_NEAR(y[tok * rows + r], exact, 8.0 * std::sqrt(static_cast<double>(k)) * 6e-8 * sum_abs + 1e-6)
-              << IsaName(isa) << " " << TypeTraits(t).name;
+          const double bound = int8_acts ? 1.01 * act_bound + 1e-4
+                                         : 8.0 * std::sqrt(static_cast<double>(k)) * 6e-8 * sum_abs + 1e-6;
+          ASSERT_NEAR(y[tok * rows + r], exact, bound) << IsaName(isa) << " " << TypeTraits(t).name;
         }
       }
     }
     SetActiveIsa(BestIsa());
   }
+}
+
+// AVX2's K-quant products (int8 activations, straight from the super-blocks) are bitwise the
+// AVX-512 packed kernel's: the same integer dots and the same float steps per run, in order.
+TEST(KernelsTest, Avx2KQuantsEqualTheAvx512PackedKernel) {
+  if (GetKernelTable(Isa::kAvx512) == nullptr || GetKernelTable(Isa::kAvx2) == nullptr) {
+    GTEST_SKIP() << "needs AVX-512 and AVX2";
+  }
+  const int64_t k = 768, rows = 19, tokens = 7;
+  for (GgmlType t : kKTypes) {
+    std::vector<uint8_t> w;
+    const TensorView v = RandomKMatrix(t, k, rows, 500 + static_cast<uint64_t>(t), &w);
+    const auto x = test::RandomFloats(k * tokens, 23, -3.0f, 3.0f);
+    ThreadPool two(2);
+    SetActiveIsa(Isa::kAvx512);
+    const auto packed = PackForActiveIsa(v);
+    ASSERT_NE(packed, nullptr);
+    std::vector<float> want(rows * tokens), got(rows * tokens);
+    MatMul(v, packed.get(), x.data(), tokens, want.data(), two);
+    SetActiveIsa(Isa::kAvx2);
+    ASSERT_NE(Active().gemm_quant[SlotOf(t)], nullptr) << TypeTraits(t).name;
+    MatMul(v, x.data(), tokens, got.data(), two);
+    for (int64_t i = 0; i < rows * tokens; ++i) {
+      ASSERT_EQ(F32Bits(got[i]), F32Bits(want[i])) << TypeTraits(t).name << " at " << i;
+    }
+  }
+  SetActiveIsa(BestIsa());
 }
 
 // The packed K-quant GEMMs (AVX-512 VNNI, int8 activations per 32): close to the exact product of
