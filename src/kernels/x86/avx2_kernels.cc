@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
@@ -278,10 +279,20 @@ inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
     *d = _cvtsh_ss(blk->d);
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
   } else {
-    const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
-    *d = _cvtsh_ss(blk->d);
+    // Q4_0, or a W4A8 run (Q4_0's nibble order under its group's scale).
+    const uint8_t* qs;
+    if constexpr (kType == GgmlType::kQ4_0) {
+      const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+      *d = _cvtsh_ss(blk->d);
+      qs = blk->qs;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, W4Group<kType>(row, b), 2);
+      *d = _cvtsh_ss(h);
+      qs = W4Run<kType>(row, b);
+    }
     const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     const __m256i n = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
                                               _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
     return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
@@ -513,7 +524,7 @@ const KernelTable& Avx2Table() {
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, GemmQuantK<GgmlType::kQ4_K>,
        GemmQuantK<GgmlType::kQ5_K>, GemmQuantK<GgmlType::kQ6_K>, nullptr, nullptr, nullptr, nullptr,
-       GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference},
+       GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},
       {}, {}, {}, {}, {},
       RmsNorm,
       SiluMul,

@@ -66,18 +66,5 @@ inline __m256 ExpfLikeLibm(__m256 xf, const uint64_t* table) {
   return _mm256_blendv_ps(_mm512_cvtpd_ps(y), xf, _mm256_cmp_ps(xf, xf, _CMP_UNORD_Q));
 }
 
-// W4A8 types: 32-element run b of a row is run b % (G / 32) of group b / (G / 32), laid out as a
-// Q4_0 block's nibbles under the group's f16 scale.
-template <GgmlType kType>
-constexpr int kW4Group = kType == GgmlType::kW4A8G64 ? 64 : kType == GgmlType::kW4A8G128 ? 128 : 0;
-template <GgmlType kType>
-inline const uint8_t* W4Group(const uint8_t* row, int64_t b) {
-  return row + (b / (kW4Group<kType> / 32)) * (2 + kW4Group<kType> / 2);
-}
-template <GgmlType kType>
-inline const uint8_t* W4Run(const uint8_t* row, int64_t b) {
-  return W4Group<kType>(row, b) + 2 + (b % (kW4Group<kType> / 32)) * 16;
-}
-
 }  // namespace
 }  // namespace gale::kernels

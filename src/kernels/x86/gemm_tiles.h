@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "gguf/ggml_types.h"
+
 namespace gale::kernels {
 namespace {
 
@@ -27,6 +29,19 @@ inline void ForEachTile(int64_t num_rows, int64_t num_tokens, const TileFn (&til
       }
     }
   }
+}
+
+// W4A8 types: 32-element run b of a row is run b % (G / 32) of group b / (G / 32), laid out as a
+// Q4_0 block's nibbles under the group's f16 scale.
+template <GgmlType kType>
+constexpr int kW4Group = kType == GgmlType::kW4A8G64 ? 64 : kType == GgmlType::kW4A8G128 ? 128 : 0;
+template <GgmlType kType>
+inline const uint8_t* W4Group(const uint8_t* row, int64_t b) {
+  return row + (b / (kW4Group<kType> / 32)) * (2 + kW4Group<kType> / 2);
+}
+template <GgmlType kType>
+inline const uint8_t* W4Run(const uint8_t* row, int64_t b) {
+  return W4Group<kType>(row, b) + 2 + (b % (kW4Group<kType> / 32)) * 16;
 }
 
 }  // namespace
