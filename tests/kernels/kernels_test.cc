@@ -1026,6 +1026,31 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// AVX2's W4A16 products (each weight d * q + m as the dequantizer rounds it, inside the f32 tile)
+// are bitwise the f32 products of the dequantized rows.
+TEST(KernelsTest, Avx2W4A16EqualsDequantizedF32) {
+  if (GetKernelTable(Isa::kAvx2) == nullptr) GTEST_SKIP() << "no AVX2 here";
+  SetActiveIsa(Isa::kAvx2);
+  const int64_t k = 384, rows = 9, tokens = 5;
+  for (GgmlType t : kW4Types) {
+    if (W4FormatOf(t).group == 0 || Active().gemm_float[SlotOf(t)] == nullptr) continue;
+    std::vector<uint8_t> w;
+    const TensorView v = MakeWeights(t, k, rows, &w, 77);
+    std::vector<float> deq(k * rows);
+    for (int64_t r = 0; r < rows; ++r) DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data() + r * k, k);
+    std::vector<uint8_t> f32(deq.size() * 4);
+    std::memcpy(f32.data(), deq.data(), f32.size());
+    const TensorView vf = ViewOf(GgmlType::kF32, k, rows, f32);
+    const auto x = test::RandomFloats(k * tokens, 8);
+    ThreadPool two(2);
+    std::vector<float> got(rows * tokens), want(rows * tokens);
+    MatMul(v, x.data(), tokens, got.data(), two);
+    MatMul(vf, x.data(), tokens, want.data(), two);
+    for (int64_t i = 0; i < rows * tokens; ++i) ASSERT_EQ(F32Bits(got[i]), F32Bits(want[i])) << TypeTraits(t).name;
+  }
+  SetActiveIsa(BestIsa());
+}
+
 // AVX2's K-quant products (int8 activations, straight from the super-blocks) are bitwise the
 // AVX-512 packed kernel's: the same integer dots and the same float steps per run, in order.
 TEST(KernelsTest, Avx2KQuantsEqualTheAvx512PackedKernel) {

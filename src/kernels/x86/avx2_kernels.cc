@@ -211,9 +211,29 @@ void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float
 
 // ---- GEMM: 2 rows x 2 tokens per tile (16 ymm registers bound the tile) -------------------------
 
+// W4A16 rows: element i of group i / G is d * q + m (symmetric types: m = -8 d), q the low
+// (elements 0-15 of a 32-element run) or high (16-31) nibble of the run's 16 bytes: the same two
+// roundings as the dequantizers (mul, then add), so a product equals dequantize-then-f32 bitwise.
+template <GgmlType kType>
+inline __m256 LoadW4A16x8(const uint8_t* row, int64_t i) {
+  constexpr int G = kW4A16Group<kType>;
+  constexpr bool kZ = kW4A16Zero<kType>;
+  const auto* blk = reinterpret_cast<const BlockW4<G, kZ>*>(row) + i / G;
+  const float d = _cvtsh_ss(blk->d);
+  float m = -8.0f * d;
+  if constexpr (kZ) m = _cvtsh_ss(blk->m);
+  const int64_t j = i % 32;  // within the run; i is a multiple of 8
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->qs + 16 * ((i % G) / 32) + (j & 15)));
+  if (j >= 16) b = _mm_srli_epi16(b, 4);
+  const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0f))));
+  return _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(d), q), _mm256_set1_ps(m));
+}
+
 template <GgmlType kType>
 inline __m256 LoadW8(const uint8_t* row, int64_t i) {
-  if constexpr (kType == GgmlType::kF32) {
+  if constexpr (kW4A16Group<kType> > 0) {
+    return LoadW4A16x8<kType>(row, i);
+  } else if constexpr (kType == GgmlType::kF32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
   } else if constexpr (kType == GgmlType::kF16) {
     return LoadF16x8(reinterpret_cast<const uint16_t*>(row) + i);
@@ -224,6 +244,7 @@ inline __m256 LoadW8(const uint8_t* row, int64_t i) {
 
 template <GgmlType kType>
 inline float ScalarW(const uint8_t* row, int64_t i) {
+  static_assert(kW4A16Group<kType> == 0, "W4 rows are whole groups: no tail");
   if constexpr (kType == GgmlType::kF32) return reinterpret_cast<const float*>(row)[i];
   else if constexpr (kType == GgmlType::kF16) return Fp16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
   else return Bf16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
@@ -238,11 +259,13 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   const uint8_t* rows = w + r0 * row_bytes;
   const float* xs = x + t0 * k;
   int64_t i = 0;
-  constexpr int64_t kEl = kType == GgmlType::kF32 ? 4 : 2;
+  // Elements per 64-byte line (W4A16: about two per byte) and a line's byte offset in a row.
+  constexpr int64_t kPerLine = kType == GgmlType::kF32 ? 16 : kW4A16Group<kType> > 0 ? 128 : 32;
   for (; i + 8 <= k; i += 8) {
-    if ((i & (64 / kEl - 1)) == 0) {  // the next tile's rows, a line at a time (see the AVX-512 tile)
+    if ((i & (kPerLine - 1)) == 0) {  // the next tile's rows, a line at a time (see the AVX-512 tile)
+      const int64_t at = i / kPerLine * 64;
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + i * kEl), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + at), _MM_HINT_T0);
       }
     }
     __m256 wv[R];
@@ -255,7 +278,9 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
       float sum = HSum(acc[r][t]);
-      for (int64_t j = i; j < k; ++j) sum += ScalarW<kType>(rows + r * row_bytes, j) * xs[t * k + j];
+      if constexpr (kW4A16Group<kType> == 0) {
+        for (int64_t j = i; j < k; ++j) sum += ScalarW<kType>(rows + r * row_bytes, j) * xs[t * k + j];
+      }
       y[(t0 + t) * ldy + r0 + r] = sum;
     }
   }
@@ -268,6 +293,24 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
                float* y, int64_t ldy) {
   static constexpr TileFloatFn kTiles[2][2] = {{TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>},
                                                {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>}};
+  if constexpr (kW4A16Group<kType> > 0) {
+    // More than one token tile: each row would be decoded once per tile, so decode blocks of rows
+    // to f32 once (the same values) and run the f32 tiles over them; bitwise the same sums.
+    if (num_tokens > 2) {
+      constexpr int64_t kRowBlock = 16;
+      float* rows = TileScratch(kRowBlock * k);
+      for (int64_t r0 = 0; r0 < num_rows; r0 += kRowBlock) {
+        const int64_t n = num_rows - r0 < kRowBlock ? num_rows - r0 : kRowBlock;
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t i = 0; i < k; i += 8) {
+            _mm256_storeu_ps(rows + r * k + i, LoadW4A16x8<kType>(w + (r0 + r) * row_bytes, i));
+          }
+        }
+        GemmFloat<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(rows), k * 4, n, x, k, num_tokens, y + r0, ldy);
+      }
+      return;
+    }
+  }
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
 }
 
@@ -521,7 +564,9 @@ const KernelTable& Avx2Table() {
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K,
        GALE_W4_DEQUANT_REFERENCE},
-      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr},
+      {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr, nullptr,
+       nullptr, nullptr, GemmFloat<GgmlType::kW4A16G64>, GemmFloat<GgmlType::kW4A16G128>,
+       GemmFloat<GgmlType::kW4A16ZG64>, GemmFloat<GgmlType::kW4A16ZG128>},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, GemmQuantK<GgmlType::kQ4_K>,
        GemmQuantK<GgmlType::kQ5_K>, GemmQuantK<GgmlType::kQ6_K>, nullptr, nullptr, nullptr, nullptr,
        GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},

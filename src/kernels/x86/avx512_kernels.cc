@@ -279,14 +279,6 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 
 // ---- GEMM, float weights: 4 rows x 4 tokens per tile, 16 elements per step --------------------
 
-// W4A16 types in the float GEMM: 16 elements (i a multiple of 16, rows a multiple of the group,
-// so never masked) are the low or high nibbles of a 16-byte run, as d * q + m.
-template <GgmlType kType>
-constexpr int kW4A16Group = kType == GgmlType::kW4A16G64 || kType == GgmlType::kW4A16ZG64 ? 64
-                            : kType == GgmlType::kW4A16G128 || kType == GgmlType::kW4A16ZG128 ? 128 : 0;
-template <GgmlType kType>
-constexpr bool kW4A16Zero = kType == GgmlType::kW4A16ZG64 || kType == GgmlType::kW4A16ZG128;
-
 template <GgmlType kType, bool kMasked>
 inline __m512 LoadW16(const uint8_t* row, int64_t i, __mmask16 m) {
   if constexpr (kType == GgmlType::kF32) {
@@ -455,23 +447,6 @@ void TileW4(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const f
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][t]) + off[r][t];
-}
-
-// Per-thread 64-byte aligned scratch of at least n floats (C allocation: no std:: template is
-// instantiated in this translation unit).
-float* TileScratch(int64_t n) {
-  struct Scratch {
-    float* p = nullptr;
-    int64_t n = 0;
-    ~Scratch() { std::free(p); }
-  };
-  static thread_local Scratch s;
-  if (s.n < n) {
-    std::free(s.p);
-    s.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)));
-    s.n = n;
-  }
-  return s.p;
 }
 
 template <GgmlType kType>

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "gguf/ggml_types.h"
 
@@ -42,6 +43,31 @@ inline const uint8_t* W4Group(const uint8_t* row, int64_t b) {
 template <GgmlType kType>
 inline const uint8_t* W4Run(const uint8_t* row, int64_t b) {
   return W4Group<kType>(row, b) + 2 + (b % (kW4Group<kType> / 32)) * 16;
+}
+
+// W4A16 types: group size (0 for other types) and whether they carry a zero point.
+template <GgmlType kType>
+constexpr int kW4A16Group = kType == GgmlType::kW4A16G64 || kType == GgmlType::kW4A16ZG64 ? 64
+                            : kType == GgmlType::kW4A16G128 || kType == GgmlType::kW4A16ZG128 ? 128 : 0;
+template <GgmlType kType>
+constexpr bool kW4A16Zero = kType == GgmlType::kW4A16ZG64 || kType == GgmlType::kW4A16ZG128;
+
+// Per-thread 64-byte aligned scratch of at least n floats (C allocation: no std:: template is
+// instantiated in the ISA translation units). One per translation unit and thread; callers
+// must not hold it across a call that may use it too.
+inline float* TileScratch(int64_t n) {
+  struct Scratch {
+    float* p = nullptr;
+    int64_t n = 0;
+    ~Scratch() { std::free(p); }
+  };
+  static thread_local Scratch s;
+  if (s.n < n) {
+    std::free(s.p);
+    s.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)));
+    s.n = n;
+  }
+  return s.p;
 }
 
 }  // namespace
