@@ -314,7 +314,8 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
 }
 
-// Signed int8 weights of one 32-element block and its scale.
+// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, or Q4_0's (and a W4A8
+// run's) unsigned nibbles 0..15, whose offset of 8 the tile takes off after the dot.
 template <GgmlType kType>
 inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
   if constexpr (kType == GgmlType::kQ8_0) {
@@ -336,14 +337,15 @@ inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
     }
     const __m128i mask = _mm_set1_epi8(0x0f);
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m256i n = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
-                                              _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
-    return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                   _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
   }
 }
 
-// Per block: |w| times sign-adjusted q (maddubs cannot overflow: 2 * 127 * 127 < 32768), pairs
-// to int32, to f32, times d_w * d_x, accumulated.
+// Per block, into 8 int32 lanes of 4 elements each: Q8_0 |w| times sign-adjusted q (maddubs cannot
+// overflow: 2 * 127 * 127 < 32768); Q4_0 the unsigned nibbles times q, minus 8 times the lane's
+// sum of q (computed once per token and block for all rows: two instructions fewer per row and
+// token than the sign trick, and the same integers). Then to f32, times d_w * d_x, accumulated.
 template <GgmlType kType, int R, int T>
 void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const QuantizedActs* xa, int64_t,
                float* y, int64_t ldy) {
@@ -363,10 +365,17 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       const int64_t tok = t0 + t;
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + tok * x.k_stride + b * 32));
       const float dx = x.d[tok * nb_stride + b];
+      constexpr bool kNibbles = kType != GgmlType::kQ8_0;
+      __m256i offset = _mm256_setzero_si256();
+      if constexpr (kNibbles) offset = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), q), ones);
       for (int r = 0; r < R; ++r) {
-        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(q, wv[r]));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
-        acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[r] * dx), acc[r][t]);
+        __m256i lanes;
+        if constexpr (kNibbles) {
+          lanes = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], q), ones), offset);
+        } else {
+          lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(q, wv[r])), ones);
+        }
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(dw[r] * dx), acc[r][t]);
       }
     }
   }
