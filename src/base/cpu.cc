@@ -36,6 +36,7 @@ CpuFeatures Detect() {
     f.avx512vnni = ecx & (1u << 11);
     __cpuid_count(7, 1, eax, ebx, ecx, edx);
     f.avx512bf16 = eax & (1u << 5);
+    f.avx_vnni = eax & (1u << 4);
   }
   return f;
 }
@@ -56,6 +57,7 @@ std::string CpuFeatures::ToString() const {
   add(avx512dq, "avx512dq");
   add(avx512vnni, "avx512vnni");
   add(avx512bf16, "avx512bf16");
+  add(avx_vnni, "avx_vnni");
   return s;
 }
 

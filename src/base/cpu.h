@@ -16,10 +16,12 @@ struct CpuFeatures {
   bool avx512dq = false;
   bool avx512vnni = false;
   bool avx512bf16 = false;
+  bool avx_vnni = false;   // vpdpbusd on 256-bit vectors (VEX), without AVX-512
   bool os_avx = false;     // the OS saves YMM state
   bool os_avx512 = false;  // the OS saves ZMM/opmask state
 
   bool HasAvx2() const { return os_avx && avx2 && fma && f16c; }
+  bool HasAvxVnni() const { return HasAvx2() && avx_vnni; }
   bool HasAvx512() const {
     return HasAvx2() && os_avx512 && avx512f && avx512bw && avx512vl && avx512dq && avx512vnni &&
            avx512bf16;

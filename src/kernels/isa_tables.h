@@ -5,7 +5,10 @@
 
 namespace gale::kernels {
 const KernelTable& ScalarTable();
-const KernelTable& Avx2Table();
+const KernelTable& Avx2Table();  // with the AVX-VNNI int8 kernels where the CPU has them
+const KernelTable& Avx2TableWithoutVnni();
+// avx2_vnni.cc: the int8-activation slots with vpdpbusd (bitwise the maddubs ones).
+void Avx2FillVnni(KernelTable& t);
 const KernelTable& Avx512Table();
 // Parts of the AVX-512 table defined in their own files (avx512_packed.cc, avx512_attention.cc).
 void Avx512FillPacked(KernelTable& t);

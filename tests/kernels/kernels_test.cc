@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "base/cpu.h"
 #include "base/fp16.h"
+#include "kernels/isa_tables.h"
 
 namespace gale::kernels {
 namespace {
@@ -1023,6 +1025,46 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
       }
     }
     SetActiveIsa(BestIsa());
+  }
+}
+
+// With AVX-VNNI, AVX2's int8-activation products (vpdpbusd) are bitwise those without it
+// (maddubs + madd): the same integers, the same float steps.
+TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
+  if (!GetCpuFeatures().HasAvxVnni()) GTEST_SKIP() << "no AVX-VNNI here";
+  const KernelTable& vnni = Avx2Table();
+  const KernelTable& plain = Avx2TableWithoutVnni();
+  const int64_t k = 512, rows = 11, tokens = 6;
+  const int64_t ks = (k + kActPad - 1) / kActPad * kActPad;
+  const auto x = test::RandomFloats(k * tokens, 31, -4.0f, 4.0f);
+  std::vector<int8_t> qs(ks * tokens);
+  std::vector<float> d(ks / 32 * tokens);
+  std::vector<int32_t> qsum(ks / 32 * tokens), half(ks / 16 * tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    QuantizeActivations(x.data() + t * k, k, ks, qs.data() + t * ks, d.data() + t * ks / 32, qsum.data() + t * ks / 32);
+    for (int64_t h = 0; h < ks / 16; ++h) {  // the halves' sums (Q6_K)
+      int32_t sum = 0;
+      for (int i = 0; i < 16; ++i) sum += qs[t * ks + h * 16 + i];
+      half[t * ks / 16 + h] = sum;
+    }
+  }
+  QuantizedActs qa{qs.data(), d.data(), qsum.data(), k, ks};
+  qa.half_sums = half.data();
+  std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kW4A8G64, GgmlType::kW4A8G128};
+  types.insert(types.end(), std::begin(kKTypes), std::end(kKTypes));
+  for (GgmlType t : types) {
+    const TypeSlot slot = SlotOf(t);
+    ASSERT_NE(vnni.gemm_quant[slot], plain.gemm_quant[slot]) << TypeTraits(t).name << ": not the VNNI kernel";
+    std::vector<uint8_t> w;
+    if (W4FormatOf(t).group > 0 || t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0) {
+      MakeWeights(t, k, rows, &w, 41);
+    } else {
+      RandomKMatrix(t, k, rows, 43, &w);
+    }
+    std::vector<float> a(rows * tokens), b(rows * tokens);
+    vnni.gemm_quant[slot](w.data(), RowBytes(t, k), rows, qa, tokens, a.data(), rows);
+    plain.gemm_quant[slot](w.data(), RowBytes(t, k), rows, qa, tokens, b.data(), rows);
+    for (int64_t i = 0; i < rows * tokens; ++i) ASSERT_EQ(F32Bits(a[i]), F32Bits(b[i])) << TypeTraits(t).name;
   }
 }
 
