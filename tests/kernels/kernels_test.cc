@@ -984,6 +984,27 @@ TEST(KernelsTest, KQuantLayoutsFromTheirDefinition) {
   }
 }
 
+// The double-precision product of a dequantized row and one token's activations, with the bounds
+// its f32 sum (sum of |w x|) and its int8 activations (half a step of each block's scale per
+// value, summed over |w|) may be off by.
+struct ExactProduct {
+  double exact = 0.0, sum_abs = 0.0, act_bound = 0.0;
+};
+ExactProduct ExactRowProduct(const std::vector<float>& deq, const float* x, int64_t k) {
+  ExactProduct p;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    for (int i = 0; i < 32; ++i) {
+      const int64_t e = b * 32 + i;
+      p.exact += static_cast<double>(deq[e]) * x[e];
+      p.sum_abs += std::fabs(static_cast<double>(deq[e]) * x[e]);
+      p.act_bound += std::fabs(static_cast<double>(deq[e])) * (0.5 * amax / 127.0);
+    }
+  }
+  return p;
+}
+
 // K-quant matmuls on every ISA without packing (scalar: dequantize, then f32 products; AVX2:
 // int8 activations per 32 straight from the super-blocks): close to the exact product of the
 // reference dequantization (within f32 rounding, or within the activations' rounding, half a step
@@ -1007,20 +1028,10 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
           ASSERT_EQ(F32Bits(y1[r]), F32Bits(y[tok * rows + r])) << IsaName(isa);
           std::vector<float> deq(k);
           DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data(), k);
-          double exact = 0.0, sum_abs = 0.0, act_bound = 0.0;
-          for (int64_t b = 0; b < k / 32; ++b) {
-            float amax = 0.0f;
-            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[tok * k + b * 32 + i]));
-            for (int i = 0; i < 32; ++i) {
-              const int64_t e = b * 32 + i;
-              exact += static_cast<double>(deq[e]) * x[tok * k + e];
-              sum_abs += std::fabs(static_cast<double>(deq[e]) * x[tok * k + e]);
-              act_bound += std::fabs(static_cast<double>(deq[e])) * (0.5 * amax / 127.0);
-            }
-          }
-          const double bound = int8_acts ? 1.01 * act_bound + 1e-4
-                                         : 8.0 * std::sqrt(static_cast<double>(k)) * 6e-8 * sum_abs + 1e-6;
-          ASSERT_NEAR(y[tok * rows + r], exact, bound) << IsaName(isa) << " " << TypeTraits(t).name;
+          const ExactProduct p = ExactRowProduct(deq, x.data() + tok * k, k);
+          const double bound = int8_acts ? 1.01 * p.act_bound + 1e-4
+                                         : 8.0 * std::sqrt(static_cast<double>(k)) * 6e-8 * p.sum_abs + 1e-6;
+          ASSERT_NEAR(y[tok * rows + r], p.exact, bound) << IsaName(isa) << " " << TypeTraits(t).name;
         }
       }
     }
@@ -1145,17 +1156,8 @@ TEST(KernelsTest, PackedKQuantsMatchTheExactProduct) {
           ASSERT_EQ(F32Bits(y1[r]), F32Bits(y[tok * rows + r])) << TypeTraits(t).name << " batch invariance";
           std::vector<float> deq(k);
           DequantizeRowRef(t, w.data() + r * RowBytes(t, k), deq.data(), k);
-          double exact = 0.0, bound = 0.0;
-          for (int64_t b = 0; b < k / 32; ++b) {
-            float amax = 0.0f;
-            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[tok * k + b * 32 + i]));
-            for (int i = 0; i < 32; ++i) {
-              const int64_t e = b * 32 + i;
-              exact += static_cast<double>(deq[e]) * x[tok * k + e];
-              bound += std::fabs(static_cast<double>(deq[e])) * (0.5 * amax / 127.0);
-            }
-          }
-          ASSERT_NEAR(y[tok * rows + r], exact, 1.01 * bound + 1e-4) << TypeTraits(t).name << " row " << r;
+          const ExactProduct p = ExactRowProduct(deq, x.data() + tok * k, k);
+          ASSERT_NEAR(y[tok * rows + r], p.exact, 1.01 * p.act_bound + 1e-4) << TypeTraits(t).name << " row " << r;
         }
       }
     }
