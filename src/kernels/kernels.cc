@@ -26,6 +26,13 @@ const char* IsaName(Isa isa) {
   return "?";
 }
 
+std::string ActiveKernelsName() {
+  const KernelTable& kt = Active();
+  std::string name = IsaName(kt.isa);
+  if (kt.variant != nullptr) name += std::string(" (") + kt.variant + ")";
+  return name;
+}
+
 std::optional<Isa> ParseIsa(std::string_view name) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (name == IsaName(isa)) return isa;

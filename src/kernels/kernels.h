@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "base/thread_pool.h"
@@ -26,6 +27,8 @@ const KernelTable* GetKernelTable(Isa isa);
 Isa BestIsa();
 const KernelTable& Active();
 void SetActiveIsa(Isa isa);  // CHECKs that the CPU supports it
+// The active table for people: its ISA's name, with its variant if any ("avx2 (avx-vnni)").
+std::string ActiveKernelsName();
 
 // ---- Drivers over the active table ---------------------------------------------------------
 

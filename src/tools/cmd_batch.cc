@@ -174,7 +174,7 @@ CommandFn RegisterBatch(CLI::App& app) {
     std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, %.1f MiB weights); kernels: %s; threads: %d\n",
                  loaded->path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim),
                  static_cast<long long>(hp.num_layers), loaded->model->weight_bytes() / 1048576.0,
-                 kernels::IsaName(kernels::Active().isa), o->threads);
+                 kernels::ActiveKernelsName().c_str(), o->threads);
     std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
 
     const auto t0 = Clock::now();

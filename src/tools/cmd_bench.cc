@@ -176,7 +176,7 @@ CommandFn RegisterBench(CLI::App& app) {
     std::fprintf(stderr,
                  "model: %s (%s), threads %d, kernels %s; roofline: %.1f GB/s read, %.0f GFLOP/s f32, %.0f GFLOP/s "
                  "bf16, %.0f GOP/s int8\n",
-                 o->model.c_str(), model_type.c_str(), o->threads, kernels::IsaName(kernels::Active().isa),
+                 o->model.c_str(), model_type.c_str(), o->threads, kernels::ActiveKernelsName().c_str(),
                  roof.read_bandwidth_gbs, roof.f32_fma_gflops, roof.bf16_dot_gflops, roof.int8_dot_gops);
 
     std::unique_ptr<Profiler> profiler;

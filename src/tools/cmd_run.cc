@@ -133,7 +133,7 @@ CommandFn RegisterRun(CLI::App& app) {
     std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, vocab %lld, %.1f MiB weights, %s); kernels: %s; threads: %d\n",
                  path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim), static_cast<long long>(hp.num_layers),
                  static_cast<long long>(hp.vocab_size), model->weight_bytes() / 1048576.0,
-                 copy ? "read into memory" : "mapped", kernels::IsaName(kernels::Active().isa), o->threads);
+                 copy ? "read into memory" : "mapped", kernels::ActiveKernelsName().c_str(), o->threads);
     std::fputs(o->prompt.c_str(), stdout);
     std::fflush(stdout);
     // The engine's detokenizer starts after the prompt; at the very start (empty prompt) the
@@ -187,7 +187,7 @@ CommandFn RegisterRun(CLI::App& app) {
                    "memory: weights %.1f MiB (file; %.1f MiB of it given back once packed) + %.1f MiB (packed for "
                    "%s), KV cache %.2f MiB, activations %.2f MiB\n",
                    model->weight_bytes() / 1048576.0, model->released_bytes() / 1048576.0,
-                   model->packed_bytes() / 1048576.0, kernels::IsaName(kernels::Active().isa), kv_bytes / 1048576.0,
+                   model->packed_bytes() / 1048576.0, kernels::ActiveKernelsName().c_str(), kv_bytes / 1048576.0,
                    activations / 1048576.0);
     }
     const double pp = prompt_s > 0 ? prompt_tokens / prompt_s : 0.0;
