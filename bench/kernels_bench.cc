@@ -69,6 +69,17 @@ void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, 
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * cols * rows * tokens / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Positions [0, len) of layer 0 of kv through its block table, K and V uniform in [-1, 1).
+void WriteRandomKv(KvStorage& kv, const std::vector<int32_t>& table, int64_t len, int64_t block_size, int64_t row,
+                   Rng& rng) {
+  std::vector<float> k(row), v(row);
+  for (int64_t p = 0; p < len; ++p) {
+    for (float& f : k) f = rng.Uniform(-1, 1);
+    for (float& f : v) f = rng.Uniform(-1, 1);
+    kv.Write(0, table[p / block_size], p % block_size, k.data(), v.data());
+  }
+}
+
 // args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4). 12 heads of 64 over one token's paged
 // cache (blocks of 16 in reverse order), one thread.
 void BM_Attention(benchmark::State& state) {
@@ -80,13 +91,9 @@ void BM_Attention(benchmark::State& state) {
   std::vector<int32_t> table(num_blocks);
   for (int64_t i = 0; i < num_blocks; ++i) table[i] = static_cast<int32_t>(num_blocks - 1 - i);
   Rng rng(2);
-  std::vector<float> q(heads * head_dim), k(heads * head_dim), v(heads * head_dim), out(heads * head_dim);
+  std::vector<float> q(heads * head_dim), out(heads * head_dim);
   for (float& f : q) f = rng.Uniform(-1, 1);
-  for (int64_t p = 0; p < len; ++p) {
-    for (float& f : k) f = rng.Uniform(-1, 1);
-    for (float& f : v) f = rng.Uniform(-1, 1);
-    kv.Write(0, table[p / block_size], p % block_size, k.data(), v.data());
-  }
+  WriteRandomKv(kv, table, len, block_size, heads * head_dim, rng);
   const int32_t pos = static_cast<int32_t>(len - 1);
   const int32_t* tp = table.data();
   ThreadPool pool(1);
@@ -112,14 +119,9 @@ void BM_AttentionPrefill(benchmark::State& state) {
   std::vector<int32_t> table(num_blocks);
   for (int64_t i = 0; i < num_blocks; ++i) table[i] = static_cast<int32_t>(i);
   Rng rng(3);
-  std::vector<float> q(len * heads * head_dim), k(kv_heads * head_dim), v(kv_heads * head_dim);
-  std::vector<float> out(len * heads * head_dim);
+  std::vector<float> q(len * heads * head_dim), out(len * heads * head_dim);
   for (float& f : q) f = rng.Uniform(-1, 1);
-  for (int64_t p = 0; p < len; ++p) {
-    for (float& f : k) f = rng.Uniform(-1, 1);
-    for (float& f : v) f = rng.Uniform(-1, 1);
-    kv.Write(0, table[p / block_size], p % block_size, k.data(), v.data());
-  }
+  WriteRandomKv(kv, table, len, block_size, kv_heads * head_dim, rng);
   std::vector<int32_t> pos(len);
   for (int64_t p = 0; p < len; ++p) pos[p] = static_cast<int32_t>(p);
   const std::vector<const int32_t*> tables(len, table.data());

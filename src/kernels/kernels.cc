@@ -137,7 +137,7 @@ namespace {
 // the calling thread's scratch for that kind, so one of each can be live at once.
 // NOTE: scratch is thread_local to the calling (engine) thread, grown to the largest batch.
 // half_sums: also each int8 block's two 16-value halves' sums (QuantizedActs::half_sums, for
-// packed Q6_K). norm: when set, each token is first normalized (RmsNorm) into per-thread scratch
+// the Q6_K kernels). norm: when set, each token is first normalized (RmsNorm) into per-thread scratch
 // and x is the input before the norm.
 QuantizedActs QuantizeForGemm(const float* x, int64_t num_tokens, int64_t cols, bool a16, bool half_sums,
                               ThreadPool& pool, const RmsNormInput* norm) {

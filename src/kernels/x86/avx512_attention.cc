@@ -246,16 +246,11 @@ inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_quer
       np = 0;
     }
   }
-  if constexpr (kGroup > 2) {
-    if (np >= 2) {
-      QueryBlock<2, kVecs, kType, vType, kHalf>(pending, k, v, koffs, voffs, n, raw, exp_table);
-      np -= 2;
-      pending[0] = pending[2];
-      n[0] = n[2];
-      raw[0] = raw[2];
-    }
+  int i = 0;  // the last np pending: two at a time, then one
+  for (; i + 2 <= np; i += 2) {
+    QueryBlock<2, kVecs, kType, vType, kHalf>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
   }
-  if (np == 1) QueryBlock<1, kVecs, kType, vType, kHalf>(pending, k, v, koffs, voffs, n, raw, exp_table);
+  if (i < np) QueryBlock<1, kVecs, kType, vType, kHalf>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
 }
 
 // Several queries over the same K/V (one KV head of one sequence), 16 positions at a time, so

@@ -277,7 +277,7 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 
-// ---- GEMM, float weights: 4 rows x 4 tokens per tile, 16 elements per step --------------------
+// ---- GEMM, float weights: 4 rows x 6 tokens per tile, 16 elements per step --------------------
 
 template <GgmlType kType, bool kMasked>
 inline __m512 LoadW16(const uint8_t* row, int64_t i, __mmask16 m) {
@@ -528,8 +528,8 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
     ForEachTile(num_rows, num_tokens, TileTable<FloatTiles<kType>, kR, kT>::kFns.f, w, row_bytes, x, k, y, ldy);
     return;
   }
-  // Several token tiles over long rows: a 4x4 tile's rows and activations no longer fit L1
-  // together (single-thread F16 fell from ~180 GFLOP/s at k = 768 to ~110 at k = 5632). Blocked
+  // Several token tiles over long rows: a tile's rows and activations no longer fit L1 together
+  // (single-thread F16 with 4x4 tiles fell from ~180 GFLOP/s at k = 768 to ~110 at k = 5632). Blocked
   // as GEMMs are: per token block, row block of kMc rows and range of kKc elements, each token
   // tile's activations stay in L1 while the block's row tiles stream from L2, and the lane
   // accumulators wait in scratch between ranges (~147 GFLOP/s at k = 5632; kKc 256 or 512 and
