@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace gale {
 
@@ -74,6 +75,11 @@ void ThreadPool::WorkerLoop(int worker_idx) {
     if (stop_.load()) return;
     RunChunks();
   }
+}
+
+int64_t ThreadPool::MinItemsForWork(int64_t num_items, double total_ns) {
+  if (num_items <= 0 || total_ns <= kMinPartNs) return std::max<int64_t>(1, num_items);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(num_items) * kMinPartNs / total_ns)));
 }
 
 void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t, int64_t)>& fn,

@@ -249,6 +249,30 @@ struct ProductWork {
 
   static constexpr int64_t kRowQuantum = 4;
 
+  // Rough single-thread time of the whole product, for deciding how many threads it is worth:
+  // reading the weights (~20 GB/s from memory on one core) plus the multiply-adds at a rate
+  // typical of the path's tile on this machine class.
+  double EstimatedNs() const {
+    double macs_per_ns = 60;  // f32 FMA tile
+    switch (path) {
+      case Path::kPacked:
+      case Path::kQuant:
+        macs_per_ns = 150;
+        break;
+      case Path::kBf16:
+        macs_per_ns = 120;
+        break;
+      case Path::kDequantRows:
+        macs_per_ns = 10;
+        break;
+      case Path::kFloat:
+        break;
+    }
+    const double rows = static_cast<double>(w->NumRows());
+    return rows * static_cast<double>(w->RowBytes()) / 20.0 +
+           rows * static_cast<double>(w->shape[0]) * static_cast<double>(num_tokens) / macs_per_ns;
+  }
+
   void Run(int64_t begin, int64_t end) const {
     const int64_t rows = w->NumRows(), row_bytes = w->RowBytes(), cols = w->shape[0];
     switch (path) {
@@ -348,6 +372,7 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
   std::vector<ProductWork> work;
   work.reserve(outs.size());
   int64_t total = 0;
+  double total_ns = 0;
   // Q6_K's int8 kernels (packed or not) also read each activation block's half sums; only they.
   bool half_sums = false;
   for (const MatMulOutput& o : outs) {
@@ -370,18 +395,23 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
       work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, nullptr, num_tokens));
     }
     total += work.back().items;
+    total_ns += work.back().EstimatedNs();
   }
   // All products in one parallel pass over their concatenated items: one hand-off to the pool
-  // instead of one per product (small K/V projections alone leave the threads waiting).
-  pool.ParallelFor(total, [&](int64_t begin, int64_t end) {
-    int64_t base = 0;
-    for (const ProductWork& pw : work) {
-      const int64_t b = std::max(begin, base), e = std::min(end, base + pw.items);
-      if (b < e) pw.Run(b - base, e - base);
-      base += pw.items;
-      if (base >= end) break;
-    }
-  });
+  // instead of one per product (small K/V projections alone leave the threads waiting), and on
+  // as many threads as the work is worth.
+  pool.ParallelFor(
+      total,
+      [&](int64_t begin, int64_t end) {
+        int64_t base = 0;
+        for (const ProductWork& pw : work) {
+          const int64_t b = std::max(begin, base), e = std::min(end, base + pw.items);
+          if (b < e) pw.Run(b - base, e - base);
+          base += pw.items;
+          if (base >= end) break;
+        }
+      },
+      ThreadPool::MinItemsForWork(total, total_ns));
 }
 
 }  // namespace
@@ -549,13 +579,19 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   thread_local std::vector<Task> caller_tasks;
   std::vector<Task>& tasks = caller_tasks;
   tasks.clear();
+  double positions_seen = 0;  // query heads times the positions each attends to
   for (int64_t t = 0; t < num_tokens;) {
     int64_t t_end = t + 1;
     while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
     for (int kvh = 0; kvh < num_kv_heads; ++kvh) tasks.push_back({t, t_end, kvh});
+    for (int64_t u = t; u < t_end; ++u) positions_seen += static_cast<double>(num_heads) * (positions[u] + 1);
     t = t_end;
   }
-  pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+  // Single-thread cost per query and position, roughly as measured for head_dim 8 and 64
+  // (kernels_bench BM_Attention).
+  const double total_ns = positions_seen * (1.0 + head_dim / 8.0);
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
+  pool.ParallelFor(num_tasks, [&](int64_t begin, int64_t end) {
     const float* qs[kMaxAttendQueries];
     float* outs[kMaxAttendQueries];
     float* score_outs[kMaxAttendQueries];
@@ -577,7 +613,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
                              num_kv_heads * v_head_bytes, kv.k_type, kv.v_type};
       kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr);
     }
-  });
+  }, ThreadPool::MinItemsForWork(num_tasks, total_ns));
 }
 
 }  // namespace gale::kernels

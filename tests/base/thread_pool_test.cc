@@ -38,6 +38,21 @@ TEST(ThreadPoolTest, MinItemsKeepsSmallJobsInline) {
   EXPECT_EQ(parts, 1);
 }
 
+// Work sized by its estimated time: under kMinPartNs stays on the caller; more is split into parts
+// of at least kMinPartNs each.
+TEST(ThreadPoolTest, MinItemsForWorkSizesPartsByTime) {
+  constexpr double kPart = ThreadPool::kMinPartNs;
+  EXPECT_EQ(ThreadPool::MinItemsForWork(100, kPart / 2), 100);
+  EXPECT_EQ(ThreadPool::MinItemsForWork(100, kPart), 100);
+  EXPECT_EQ(ThreadPool::MinItemsForWork(100, 10 * kPart), 10);
+  EXPECT_EQ(ThreadPool::MinItemsForWork(100, 1000 * kPart), 1);
+  EXPECT_EQ(ThreadPool::MinItemsForWork(0, 10 * kPart), 1);
+  ThreadPool pool(4);
+  std::atomic<int> parts = 0;
+  pool.ParallelFor(100, [&](int64_t, int64_t) { ++parts; }, ThreadPool::MinItemsForWork(100, kPart / 2));
+  EXPECT_EQ(parts.load(), 1);
+}
+
 // Two threads (two engines sharing a pool) calling at once take turns instead of livelocking,
 // and every job still runs each index exactly once.
 TEST(ThreadPoolTest, CallersOnTwoThreadsTakeTurns) {
