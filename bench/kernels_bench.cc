@@ -80,40 +80,49 @@ void WriteRandomKv(KvStorage& kv, const std::vector<int32_t>& table, int64_t len
   }
 }
 
-// args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4). 12 heads of 64 over one token's paged
-// cache (blocks of 16 in reverse order), one thread.
+// Attention shapes: query heads, KV heads, head_dim.
+struct AttnShape {
+  int heads, kv_heads, head_dim;
+};
+// arg 0: 110m (12 heads of 64); 1: stories260K (8 heads of 8 over 4 KV heads).
+AttnShape AttnShapeOf(int64_t arg) { return arg == 0 ? AttnShape{12, 12, 64} : AttnShape{8, 4, 8}; }
+
+// args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4), shape (AttnShapeOf). One
+// token's query heads over its paged cache (blocks of 16 in reverse order), one thread.
 void BM_Attention(benchmark::State& state) {
   const int64_t len = state.range(0), block_size = 16;
   const auto type = static_cast<kernels::KvType>(state.range(1));
-  const int heads = 12, head_dim = 64;
+  const auto [heads, kv_heads, head_dim] = AttnShapeOf(state.range(2));
   const int64_t num_blocks = (len + block_size - 1) / block_size;
-  KvStorage kv(1, heads, head_dim, num_blocks, block_size, type);
+  KvStorage kv(1, kv_heads, head_dim, num_blocks, block_size, type);
   std::vector<int32_t> table(num_blocks);
   for (int64_t i = 0; i < num_blocks; ++i) table[i] = static_cast<int32_t>(num_blocks - 1 - i);
   Rng rng(2);
   std::vector<float> q(heads * head_dim), out(heads * head_dim);
   for (float& f : q) f = rng.Uniform(-1, 1);
-  WriteRandomKv(kv, table, len, block_size, heads * head_dim, rng);
+  WriteRandomKv(kv, table, len, block_size, kv_heads * head_dim, rng);
   const int32_t pos = static_cast<int32_t>(len - 1);
   const int32_t* tp = table.data();
   ThreadPool pool(1);
   for (auto _ : state) {
-    kernels::Attention(q.data(), 1, &pos, &tp, kv.Layer(0), heads, heads, head_dim, out.data(), pool);
+    kernels::Attention(q.data(), 1, &pos, &tp, kv.Layer(0), heads, kv_heads, head_dim, out.data(), pool);
     benchmark::DoNotOptimize(out.data());
   }
   state.SetLabel(kernels::KvTypeName(type));
   state.counters["GB/s"] = benchmark::Counter(2.0 * len * kv.row_bytes(),
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Attention)->ArgsProduct({{128, 1024, 4096}, {0, 1, 2, 3, 4}});
+BENCHMARK(BM_Attention)->ArgsProduct({{128, 1024, 4096}, {0, 1, 2, 3, 4}, {0}});
+BENCHMARK(BM_Attention)->ArgsProduct({{128, 512}, {0, 1, 3}, {1}});
 
-// args: prompt length, KV type, KV heads (12 query heads of 64). Prefill: every position of one
-// sequence attends to its prefix in one call, one thread; GFLOP/s counts q.k and weights.v of the
-// causal half.
+// args: prompt length, KV type, shape (AttnShapeOf; 2: 110m's heads over 4 KV heads). Prefill:
+// every position of one sequence attends to its prefix in one call, one thread; GFLOP/s counts
+// q.k and weights.v of the causal half.
 void BM_AttentionPrefill(benchmark::State& state) {
   const int64_t len = state.range(0), block_size = 16;
   const auto type = static_cast<kernels::KvType>(state.range(1));
-  const int heads = 12, kv_heads = static_cast<int>(state.range(2)), head_dim = 64;
+  auto [heads, kv_heads, head_dim] = AttnShapeOf(state.range(2) == 2 ? 0 : state.range(2));
+  if (state.range(2) == 2) kv_heads = 4;
   const int64_t num_blocks = (len + block_size - 1) / block_size;
   KvStorage kv(1, kv_heads, head_dim, num_blocks, block_size, type);
   std::vector<int32_t> table(num_blocks);
@@ -135,7 +144,7 @@ void BM_AttentionPrefill(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * heads * head_dim * (len * (len + 1) / 2) / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AttentionPrefill)->ArgsProduct({{512}, {0, 1}, {12, 4}});
+BENCHMARK(BM_AttentionPrefill)->ArgsProduct({{512}, {0, 1}, {0, 2, 1}});
 
 void BM_QuantizeActivations(benchmark::State& state) {
   const int64_t k = 4096;

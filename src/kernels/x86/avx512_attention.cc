@@ -119,7 +119,7 @@ inline __m512 LoadKvInt8Lanes(const uint8_t* p) {
 template <KvType kType>
 inline __m512 LoadKv8(const uint8_t* p) {
   if constexpr (kType == KvType::kF32) {
-    return _mm512_maskz_loadu_ps(0xFF, p);
+    return _mm512_zextps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(p)));
   } else if constexpr (kType == KvType::kF16) {
     return _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   } else {
@@ -185,12 +185,16 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
     const __mmask16 valid = static_cast<__mmask16>((1u << n[q]) - 1);
     const float block_max = _mm512_mask_reduce_max_ps(valid, _mm512_load_ps(s[q]));
     const float new_max = block_max > cur[q].max ? block_max : cur[q].max;
-    // exp(-inf) = 0 on the first block. ExpfLikeLibm is bitwise std::exp, inline: a call to libm
-    // here made the compiler spill every live vector register around it, once per query and block.
-    const float correction = _mm256_cvtss_f32(ExpfLikeLibm(_mm256_set1_ps(cur[q].max - new_max), exp_table));
-    cur[q].sum *= correction;
-    const __m512 cv = _mm512_set1_ps(correction);
-    for (int i = 0; i < kVecs; ++i) cur[q].acc[i] = _mm512_mul_ps(cur[q].acc[i], cv);
+    // A block that raises the max rescales what came before (exp(-inf) = 0 on the first block);
+    // otherwise the correction would be exp(0) = 1 exactly, a no-op, and is skipped. ExpfLikeLibm
+    // is bitwise std::exp, inline: a call to libm here made the compiler spill every live vector
+    // register around it, once per query and block.
+    if (new_max != cur[q].max) {
+      const float correction = _mm256_cvtss_f32(ExpfLikeLibm(_mm256_set1_ps(cur[q].max - new_max), exp_table));
+      cur[q].sum *= correction;
+      const __m512 cv = _mm512_set1_ps(correction);
+      for (int i = 0; i < kVecs; ++i) cur[q].acc[i] = _mm512_mul_ps(cur[q].acc[i], cv);
+    }
     _mm512_store_ps(wts[q], Exp16(_mm512_sub_ps(_mm512_load_ps(s[q]), _mm512_set1_ps(new_max))));
     cur[q].max = new_max;
   }
