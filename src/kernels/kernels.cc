@@ -250,8 +250,9 @@ struct ProductWork {
   static constexpr int64_t kRowQuantum = 4;
 
   // Rough single-thread time of the whole product, for deciding how many threads it is worth:
-  // reading the weights (~20 GB/s from memory on one core) plus the multiply-adds at a rate
-  // typical of the path's tile on this machine class.
+  // reading the weights (~50 GB/s: the products near the threshold are small enough to stay in
+  // cache between steps) plus the multiply-adds at a rate typical of the path's tile on this
+  // machine class.
   double EstimatedNs() const {
     double macs_per_ns = 60;  // f32 FMA tile
     switch (path) {
@@ -269,7 +270,7 @@ struct ProductWork {
         break;
     }
     const double rows = static_cast<double>(w->NumRows());
-    return rows * static_cast<double>(w->RowBytes()) / 20.0 +
+    return rows * static_cast<double>(w->RowBytes()) / 50.0 +
            rows * static_cast<double>(w->shape[0]) * static_cast<double>(num_tokens) / macs_per_ns;
   }
 

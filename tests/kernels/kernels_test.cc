@@ -698,7 +698,7 @@ TEST(KernelsTest, AttendMatchesScalar) {
       const KvType ktype = types[pair / types.size()], vtype = types[pair % types.size()];
       for (int head_dim : {8, 16, 32, 64, 80, 96, 128}) {
         const int64_t kseg = KvHeadBytes(ktype, head_dim), vseg = KvHeadBytes(vtype, head_dim);
-        for (int64_t len : {1, 2, 15, 16, 17, 100}) {
+        for (int64_t len : {1, 2, 6, 10, 15, 16, 17, 100}) {
           const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
           const int64_t block_size = 7, num_blocks = (len + block_size - 1) / block_size;
           std::vector<int32_t> table(num_blocks);
@@ -771,7 +771,7 @@ TEST(KernelsTest, QuantizedKvSegmentsRoundTrip) {
 
 // Queries attended together get bitwise what each gets alone, whatever their lengths and however
 // the kernel groups them (11 queries: groups of four, then two, then one), for each cache type
-// and for head_dim 8 (half-width vectors) and 64.
+// and for head_dim 8 (its own transposed path) and 64.
 TEST(KernelsTest, AttendManyEqualsOneAtATime) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     const KernelTable* kt = GetKernelTable(isa);

@@ -46,13 +46,11 @@ struct QueryState {
   float sum;
 };
 
-// kHalf: head_dim 8 (kVecs 1): the upper 8 lanes of the query, K and V are zero.
-template <int kVecs, bool kHalf = false>
+template <int kVecs>
 inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int i = 0; i < kVecs; ++i) {
-    const __m512 x = kHalf ? _mm512_maskz_loadu_ps(0xFF, q) : _mm512_loadu_ps(q + 16 * i);
-    st.q[i] = _mm512_mul_ps(x, _mm512_set1_ps(scale));
+    st.q[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
     st.acc[i] = _mm512_setzero_ps();
   }
   st.max = -INFINITY;
@@ -104,40 +102,9 @@ inline __m512 LoadKvInt16(const uint8_t* p) {
   }
 }
 template <KvType kType>
-inline __m512 LoadKvInt8Lanes(const uint8_t* p) {
-  if constexpr (kType == KvType::kInt8) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  } else {
-    int32_t w;
-    std::memcpy(&w, p, 4);
-    const __m128i x = SplitNibblePairs(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w)));
-    return _mm512_cvtepi32_ps(_mm512_maskz_sub_epi32(0xFF, _mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8)));
-  }
-}
-
-// 8 K or V elements as f32 in the low lanes, zeros above.
-template <KvType kType>
-inline __m512 LoadKv8(const uint8_t* p) {
-  if constexpr (kType == KvType::kF32) {
-    return _mm512_zextps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(p)));
-  } else if constexpr (kType == KvType::kF16) {
-    return _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  } else {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  }
-}
-
-template <KvType kType, bool kHalf>
 inline __m512 LoadKv(const uint8_t* p) {
   if constexpr (kKvQuantized<kType>) {
-    if constexpr (kHalf) {
-      return LoadKvInt8Lanes<kType>(p);
-    } else {
-      return LoadKvInt16<kType>(p);
-    }
-  } else if constexpr (kHalf) {
-    return LoadKv8<kType>(p);
+    return LoadKvInt16<kType>(p);
   } else {
     return LoadKv16<kType>(p);
   }
@@ -149,7 +116,7 @@ inline __m512 LoadKv(const uint8_t* p) {
 // once for the kQ queries, and their FMA chains interleave (one query alone waits on the latency
 // of its V accumulation chains); every query sees the same operations in the same order whatever
 // other queries share the block, so a query's result does not depend on how queries are grouped.
-template <int kQ, int kVecs, KvType kType, KvType vType, bool kHalf = false>
+template <int kQ, int kVecs, KvType kType, KvType vType>
 inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uint8_t* v, const int64_t* koffs,
                        const int64_t* voffs, const int* n, float* const* raw_scores, const uint64_t* exp_table) {
   // The states in locals: through the pointers, every update went to memory and back.
@@ -167,8 +134,7 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
       }
       const uint8_t* kr = k + koffs[j] + kKvDataOffset<kType>;
       __m512 kv[kVecs];
-      kv[0] = LoadKv<kType, kHalf>(kr);
-      for (int i = 1; i < kVecs; ++i) kv[i] = LoadKv<kType, false>(kr + kKvGroupBytes<kType> * i);
+      for (int i = 0; i < kVecs; ++i) kv[i] = LoadKv<kType>(kr + kKvGroupBytes<kType> * i);
       for (int q = 0; q < kQ; ++q) {
         __m512 d = _mm512_mul_ps(cur[q].q[0], kv[0]);
         for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(cur[q].q[i], kv[i], d);
@@ -201,8 +167,7 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
   for (int j = 0; j < n_max; ++j) {
     const uint8_t* vr = v + voffs[j] + kKvDataOffset<vType>;
     __m512 vv[kVecs];
-    vv[0] = LoadKv<vType, kHalf>(vr);
-    for (int i = 1; i < kVecs; ++i) vv[i] = LoadKv<vType, false>(vr + kKvGroupBytes<vType> * i);
+    for (int i = 0; i < kVecs; ++i) vv[i] = LoadKv<vType>(vr + kKvGroupBytes<vType> * i);
     for (int q = 0; q < kQ; ++q) {
       if (j >= n[q]) continue;
       cur[q].sum += wts[q][j];
@@ -214,21 +179,15 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
   for (int q = 0; q < kQ; ++q) *st[q] = cur[q];
 }
 
-template <int kVecs, bool kHalf = false>
+template <int kVecs>
 inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
   const __m512 inv = _mm512_set1_ps(1.0f / st.sum);
-  for (int i = 0; i < kVecs; ++i) {
-    if constexpr (kHalf) {
-      _mm512_mask_storeu_ps(out, 0xFF, _mm512_mul_ps(st.acc[i], inv));
-    } else {
-      _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(st.acc[i], inv));
-    }
-  }
+  for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(st.acc[i], inv));
 }
 
 // The block of positions [p0, p0 + 16) into every query that reaches it, kGroup at a time (then
 // two, then one).
-template <int kVecs, KvType kType, KvType vType, bool kHalf>
+template <int kVecs, KvType kType, KvType vType>
 inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_queries, int64_t p0, const uint8_t* k,
                         const uint8_t* v, const int64_t* koffs, const int64_t* voffs, float* const* scores,
                         const uint64_t* exp_table) {
@@ -246,30 +205,29 @@ inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_quer
     n[np] = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
     raw[np] = scores != nullptr && scores[i] != nullptr ? scores[i] + p0 : nullptr;
     if (++np == kGroup) {
-      QueryBlock<kGroup, kVecs, kType, vType, kHalf>(pending, k, v, koffs, voffs, n, raw, exp_table);
+      QueryBlock<kGroup, kVecs, kType, vType>(pending, k, v, koffs, voffs, n, raw, exp_table);
       np = 0;
     }
   }
   int i = 0;  // the last np pending: two at a time, then one
   for (; i + 2 <= np; i += 2) {
-    QueryBlock<2, kVecs, kType, vType, kHalf>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
+    QueryBlock<2, kVecs, kType, vType>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
   }
-  if (i < np) QueryBlock<1, kVecs, kType, vType, kHalf>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
+  if (i < np) QueryBlock<1, kVecs, kType, vType>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
 }
 
 // Several queries over the same K/V (one KV head of one sequence), 16 positions at a time, so
 // those K and V rows are read from memory once and from L1 for the other queries. Positions are
 // grouped in 16s from 0 whatever the cache's block size: the row offsets are looked up per
 // position, so a paged cache gives bitwise what a contiguous one does.
-template <int kVecs, KvType kType, KvType vType, bool kHalf = false>
+template <int kVecs, KvType kType, KvType vType>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                       int head_dim, float* const* outs, float* const* scores) {
-  static_assert(!kHalf || kVecs == 1);
   QueryState<kVecs> st[kMaxAttendQueries];
   const uint64_t* exp_table = ExpfTable32();
   int64_t max_len = 0;
   for (int i = 0; i < num_queries; ++i) {
-    InitQuery<kVecs, kHalf>(st[i], qs[i], head_dim);
+    InitQuery<kVecs>(st[i], qs[i], head_dim);
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
   int64_t koffs[16], voffs[16];
@@ -285,16 +243,175 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
         ++blk;
       }
     }
-    AttendBlock<kVecs, kType, vType, kHalf>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, scores, exp_table);
+    AttendBlock<kVecs, kType, vType>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, scores, exp_table);
   }
-  for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs, kHalf>(st[i], outs[i]);
+  for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs>(st[i], outs[i]);
+}
+
+// head_dim 8: a row is half a vector, so instead of a horizontal sum per key, a block's 16 K and V
+// rows are transposed once for every query that reads them: t[d] holds element d of the 16 rows.
+// A query's 16 scores are then 8 FMAs and its weighted V rows 8 more, and each output lane sums
+// the keys of one lane, added across lanes once at the end. Per query the operations and their
+// order depend only on its length, as in the wider heads' path.
+
+// The transpose leaves keys 4-7 and 8-11 swapped: lane l of a transposed block holds key
+// Hd8Key(l) (the same swap maps keys back to lanes).
+constexpr int Hd8Key(int l) { return (l & 12) == 4 ? l + 4 : (l & 12) == 8 ? l - 4 : l; }
+inline __mmask16 Hd8Lanes(uint32_t key_mask) {
+  return static_cast<__mmask16>((key_mask & 0xF00F) | ((key_mask & 0x0F00) >> 4) | ((key_mask & 0x00F0) << 4));
+}
+inline __m512 Hd8ToKeyOrder(__m512 x) { return _mm512_shuffle_f32x4(x, x, 0xD8); }
+
+// Rows a (lanes 0-7) and b (lanes 8-15), 8 elements each, as f32 (quantized types: the integers,
+// unscaled).
+template <KvType kType>
+inline __m512 LoadRowPair8(const uint8_t* a, const uint8_t* b) {
+  if constexpr (kType == KvType::kF32) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(a))),
+                              _mm256_loadu_ps(reinterpret_cast<const float*>(b)), 1);
+  } else if constexpr (kType == KvType::kF16 || kType == KvType::kBF16) {
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+    if constexpr (kType == KvType::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (kType == KvType::kInt8) {
+    const __m128i x = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+  } else {  // int4: 4 bytes of nibble pairs per row
+    int32_t wa, wb;
+    std::memcpy(&wa, a, 4);
+    std::memcpy(&wb, b, 4);
+    const __m128i x = SplitNibblePairs(_mm_cvtepu8_epi16(_mm_unpacklo_epi32(_mm_cvtsi32_si128(wa), _mm_cvtsi32_si128(wb))));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8)));
+  }
+}
+
+// The block's rows (offs[j] for j < n_max; zeros past it) transposed into t; for the quantized
+// types also each lane's row scale (zero past n_max), else ones.
+template <KvType kType>
+inline void TransposeBlock8(const uint8_t* base, const int64_t* offs, int n_max, __m512 (&t)[8], __m512& scales) {
+  alignas(64) static constexpr uint8_t kZeroRow[64] = {};
+  auto row = [&](int j) { return j < n_max ? base + offs[j] + kKvDataOffset<kType> : kZeroRow; };
+  __m512 z[8], u[8];
+  for (int i = 0; i < 8; ++i) z[i] = LoadRowPair8<kType>(row(i), row(i + 8));
+  // Per 128-bit lane, the classic 8x8 transpose of each 256-bit half (rows i and i + 8).
+  for (int h = 0; h < 8; h += 4) {
+    const __m512 a0 = _mm512_unpacklo_ps(z[h], z[h + 1]), a1 = _mm512_unpackhi_ps(z[h], z[h + 1]);
+    const __m512 a2 = _mm512_unpacklo_ps(z[h + 2], z[h + 3]), a3 = _mm512_unpackhi_ps(z[h + 2], z[h + 3]);
+    u[h] = _mm512_shuffle_ps(a0, a2, 0x44);
+    u[h + 1] = _mm512_shuffle_ps(a0, a2, 0xEE);
+    u[h + 2] = _mm512_shuffle_ps(a1, a3, 0x44);
+    u[h + 3] = _mm512_shuffle_ps(a1, a3, 0xEE);
+  }
+  // u[e] (rows 0-3, 8-11) and u[e + 4] (rows 4-7, 12-15) hold elements e and e + 4 in alternate
+  // 128-bit lanes.
+  for (int e = 0; e < 4; ++e) {
+    t[e] = _mm512_shuffle_f32x4(u[e], u[e + 4], 0x88);
+    t[e + 4] = _mm512_shuffle_f32x4(u[e], u[e + 4], 0xDD);
+  }
+  if constexpr (kKvQuantized<kType>) {
+    alignas(32) uint16_t sc[16];  // f16 scales, converted together
+    for (int l = 0; l < 16; ++l) {
+      sc[l] = 0;
+      if (Hd8Key(l) < n_max) std::memcpy(&sc[l], base + offs[Hd8Key(l)], 2);
+    }
+    scales = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)));
+  } else {
+    scales = _mm512_set1_ps(1.0f);
+  }
+}
+
+struct QueryState8 {
+  __m512 acc[8];  // per element, per lane: the weighted V values of the lane's keys so far
+  __m512 sum;     // per lane: the weights so far
+  float q[8];     // the query, pre-scaled by 1 / sqrt(8)
+  float max;
+};
+
+// One block (up to 16 positions from p0) into every query that reaches it.
+template <KvType kType, KvType vType>
+inline void AttendBlock8(QueryState8* st, const int64_t* lens, int num_queries, int64_t p0, int n_max,
+                         const uint8_t* k, const uint8_t* v, const int64_t* koffs, const int64_t* voffs,
+                         float* const* scores, const uint64_t* exp_table) {
+  __m512 kt[8], vt[8], kscale, vscale;
+  TransposeBlock8<kType>(k, koffs, n_max, kt, kscale);
+  TransposeBlock8<vType>(v, voffs, n_max, vt, vscale);
+  for (int i = 0; i < num_queries; ++i) {
+    if (lens[i] <= p0) continue;
+    QueryState8& q = st[i];
+    const int n = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
+    const __mmask16 valid = Hd8Lanes((1u << n) - 1);
+    __m512 s0 = _mm512_mul_ps(_mm512_set1_ps(q.q[0]), kt[0]), s1 = _mm512_mul_ps(_mm512_set1_ps(q.q[4]), kt[4]);
+    for (int d = 1; d < 4; ++d) {
+      s0 = _mm512_fmadd_ps(_mm512_set1_ps(q.q[d]), kt[d], s0);
+      s1 = _mm512_fmadd_ps(_mm512_set1_ps(q.q[d + 4]), kt[d + 4], s1);
+    }
+    __m512 s = _mm512_add_ps(s0, s1);
+    if constexpr (kKvQuantized<kType>) s = _mm512_mul_ps(s, kscale);
+    if (scores != nullptr && scores[i] != nullptr) {
+      alignas(64) float raw[16];
+      _mm512_store_ps(raw, Hd8ToKeyOrder(s));
+      std::memcpy(scores[i] + p0, raw, static_cast<size_t>(n) * sizeof(float));
+    }
+    const float block_max = _mm512_mask_reduce_max_ps(valid, s);
+    const float new_max = block_max > q.max ? block_max : q.max;
+    if (new_max != q.max) {  // exp(0) = 1 would leave everything as it is
+      const float correction = _mm256_cvtss_f32(ExpfLikeLibm(_mm256_set1_ps(q.max - new_max), exp_table));
+      const __m512 cv = _mm512_set1_ps(correction);
+      q.sum = _mm512_mul_ps(q.sum, cv);
+      for (int d = 0; d < 8; ++d) q.acc[d] = _mm512_mul_ps(q.acc[d], cv);
+      q.max = new_max;
+    }
+    __m512 w = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
+    q.sum = _mm512_add_ps(q.sum, w);
+    if constexpr (kKvQuantized<vType>) w = _mm512_mul_ps(w, vscale);
+    for (int d = 0; d < 8; ++d) q.acc[d] = _mm512_fmadd_ps(w, vt[d], q.acc[d]);
+  }
+}
+
+template <KvType kType, KvType vType>
+void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                   float* const* outs, float* const* scores) {
+  QueryState8 st[kMaxAttendQueries];
+  const uint64_t* exp_table = ExpfTable32();
+  const float scale = 1.0f / std::sqrt(8.0f);
+  int64_t max_len = 0;
+  for (int i = 0; i < num_queries; ++i) {
+    for (int d = 0; d < 8; ++d) {
+      st[i].q[d] = qs[i][d] * scale;
+      st[i].acc[d] = _mm512_setzero_ps();
+    }
+    st[i].sum = _mm512_setzero_ps();
+    st[i].max = -INFINITY;
+    max_len = lens[i] > max_len ? lens[i] : max_len;
+  }
+  int64_t koffs[16], voffs[16];
+  int64_t blk = 0, in_blk = 0;
+  for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
+    const int n_max = max_len - p0 < 16 ? static_cast<int>(max_len - p0) : 16;
+    for (int j = 0; j < n_max; ++j) {
+      const int64_t slot = kv.block_table[blk] * kv.block_size + in_blk;
+      koffs[j] = slot * kv.k_row_bytes;
+      voffs[j] = slot * kv.v_row_bytes;
+      if (++in_blk == kv.block_size) {
+        in_blk = 0;
+        ++blk;
+      }
+    }
+    AttendBlock8<kType, vType>(st, lens, num_queries, p0, n_max, kv.k, kv.v, koffs, voffs, scores, exp_table);
+  }
+  for (int i = 0; i < num_queries; ++i) {
+    const float inv = 1.0f / _mm512_reduce_add_ps(st[i].sum);
+    for (int d = 0; d < 8; ++d) outs[i][d] = _mm512_reduce_add_ps(st[i].acc[d]) * inv;
+  }
 }
 
 template <KvType kType, KvType vType>
 void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                        int head_dim, float* const* outs, float* const* scores) {
   switch (head_dim) {
-    case 8: return AttendManyOnline<1, kType, vType, true>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 8: return AttendManyHd8<kType, vType>(qs, lens, num_queries, kv, outs, scores);
     case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
