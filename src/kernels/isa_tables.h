@@ -9,6 +9,9 @@ const KernelTable& Avx2Table();  // with the AVX-VNNI int8 kernels where the CPU
 const KernelTable& Avx2TableWithoutVnni();
 // avx2_vnni.cc: the int8-activation slots with vpdpbusd (bitwise the maddubs ones).
 void Avx2FillVnni(KernelTable& t);
+// avx2_attention.cc: attend_many of the AVX2 tables.
+void Avx2AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                    int head_dim, float* const* outs, float* const* scores);
 const KernelTable& Avx512Table();
 // Parts of the AVX-512 table defined in their own files (avx512_packed.cc, avx512_attention.cc).
 void Avx512FillPacked(KernelTable& t);

@@ -336,7 +336,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       Axpy,
       ToF16,
       ToBf16Reference,
-      AttendManyReference,
+      Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
   };
