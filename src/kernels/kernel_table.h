@@ -63,6 +63,23 @@ struct KvBlockView {
   int64_t v_row_bytes;         // in V
   KvType k_type;
   KvType v_type;
+  // Null: every query reads the KV head at k / v. Else, per query, which KV head it reads, counted
+  // from that one (its row segments are that many k_head_bytes / v_head_bytes further): queries of
+  // different heads of one sequence in one call, so a kernel can interleave their work.
+  const int32_t* query_heads = nullptr;
+  int64_t k_head_bytes = 0;
+  int64_t v_head_bytes = 0;
+
+  // The view of the head that query i reads, with query_heads null.
+  KvBlockView ForQuery(int i) const {
+    KvBlockView one = *this;
+    if (query_heads != nullptr) {
+      one.k += query_heads[i] * k_head_bytes;
+      one.v += query_heads[i] * v_head_bytes;
+      one.query_heads = nullptr;
+    }
+    return one;
+  }
 };
 
 // Most queries one attend_many call takes.
@@ -128,8 +145,9 @@ struct KernelTable {
   // dst[i] = x[i] as f16 / bf16, round to nearest even (bitwise Fp32ToFp16 / Fp32ToBf16).
   void (*to_f16)(const float* x, uint16_t* dst, int64_t n);
   void (*to_bf16)(const float* x, uint16_t* dst, int64_t n);
-  // Query heads that share one KV head's cache: out_i = softmax(q_i . k_p / sqrt(head_dim)) . v_p
-  // over positions p < lens[i], K/V rows read through the block table of kv. Each query's
+  // Query heads that share one KV head's cache (or, with kv.query_heads, each its own KV head of
+  // one sequence): out_i = softmax(q_i . k_p / sqrt(head_dim)) . v_p over positions p < lens[i],
+  // K/V rows read through the block table of kv. Each query's
   // reduction order depends only on its own length, not on the other queries nor on the block
   // size (batch invariance; a paged cache gives bitwise what a contiguous one gives).
   // scores: null, or per query null or [lens[i]] floats that receive its scaled scores

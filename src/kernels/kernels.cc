@@ -569,22 +569,38 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   const int64_t k_head_bytes = KvHeadBytes(kv.k_type, head_dim), v_head_bytes = KvHeadBytes(kv.v_type, head_dim);
   const int group = num_heads / num_kv_heads;
   // A task is a run of consecutive tokens of one sequence and one KV head: its query heads share
-  // the K/V rows, which attend_many then reads once per 16 positions for all of them.
+  // the K/V rows, which attend_many then reads once per 16 positions for all of them. Where that
+  // gives fewer than four queries (decode without grouped-query heads), a task takes a few KV
+  // heads of the sequence instead, whose queries the kernel interleaves (kv.query_heads), as long
+  // as that leaves at least two tasks per thread (one sequence's 12 heads on two threads: four
+  // tasks of three; three tasks of four ran slower than twelve of one).
   const int64_t tokens_per_task = std::max<int64_t>(1, kMaxAttendQueries / group);
+  constexpr int kMinTaskQueries = 4;
   struct Task {
     int64_t t_begin, t_end;
-    int kv_head;
+    int kv_head, num_kv_heads;
   };
   // NOTE: the lambda below runs on pool threads; it must see the caller's list, not its own
   // thread_local instance, hence the reference.
   thread_local std::vector<Task> caller_tasks;
   std::vector<Task>& tasks = caller_tasks;
   tasks.clear();
+  int64_t num_runs = 0;
+  for (int64_t t = 0; t < num_tokens; ++num_runs) {
+    int64_t t_end = t + 1;
+    while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
+    t = t_end;
+  }
+  const int64_t max_heads = std::max<int64_t>(1, num_runs * num_kv_heads / (2 * pool.num_threads()));
   double positions_seen = 0;  // query heads times the positions each attends to
   for (int64_t t = 0; t < num_tokens;) {
     int64_t t_end = t + 1;
     while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
-    for (int kvh = 0; kvh < num_kv_heads; ++kvh) tasks.push_back({t, t_end, kvh});
+    const int64_t run_queries = (t_end - t) * group;
+    const int heads = run_queries >= kMinTaskQueries
+                          ? 1
+                          : static_cast<int>(std::min(max_heads, (kMinTaskQueries + run_queries - 1) / run_queries));
+    for (int kvh = 0; kvh < num_kv_heads; kvh += heads) tasks.push_back({t, t_end, kvh, std::min(heads, num_kv_heads - kvh)});
     for (int64_t u = t; u < t_end; ++u) positions_seen += static_cast<double>(num_heads) * (positions[u] + 1);
     t = t_end;
   }
@@ -597,21 +613,31 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
     float* outs[kMaxAttendQueries];
     float* score_outs[kMaxAttendQueries];
     int64_t lens[kMaxAttendQueries];
+    int32_t heads[kMaxAttendQueries];
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = tasks[i];
       int nq = 0;
       for (int64_t t = task.t_begin; t < task.t_end; ++t) {
-        for (int h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
+        for (int h = task.kv_head * group; h < (task.kv_head + task.num_kv_heads) * group; ++h) {
           qs[nq] = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
           outs[nq] = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
           lens[nq] = static_cast<int64_t>(positions[t]) + 1;
           score_outs[nq] = scores != nullptr && scores[t] != nullptr ? scores[t] + h * lens[nq] : nullptr;
+          heads[nq] = h / group - task.kv_head;
           ++nq;
         }
       }
-      const KvBlockView view{kv.k + task.kv_head * k_head_bytes, kv.v + task.kv_head * v_head_bytes,
-                             block_tables[task.t_begin], kv.block_size, num_kv_heads * k_head_bytes,
-                             num_kv_heads * v_head_bytes, kv.k_type, kv.v_type};
+      const KvBlockView view{kv.k + task.kv_head * k_head_bytes,
+                             kv.v + task.kv_head * v_head_bytes,
+                             block_tables[task.t_begin],
+                             kv.block_size,
+                             num_kv_heads * k_head_bytes,
+                             num_kv_heads * v_head_bytes,
+                             kv.k_type,
+                             kv.v_type,
+                             task.num_kv_heads > 1 ? heads : nullptr,
+                             k_head_bytes,
+                             v_head_bytes};
       kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr);
     }
   }, ThreadPool::MinItemsForWork(num_tasks, total_ns));

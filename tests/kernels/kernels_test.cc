@@ -813,6 +813,55 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
   }
 }
 
+// Queries of different KV heads in one call (kv.query_heads, decode without grouped-query heads)
+// get bitwise what each gets alone from its own head's view, scores included, on every ISA, for
+// each cache type and for head_dim 8 and 64.
+TEST(KernelsTest, AttendManyAcrossHeadsEqualsEachHead) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = GetKernelTable(isa);
+    if (kt == nullptr) continue;
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4}) {
+      for (int head_dim : {8, 64}) {
+        const int nq = 7, positions = 45, slots = 48, kv_heads = 3;  // 45 positions in three blocks of 16
+        const int32_t heads[nq] = {0, 2, 1, 1, 0, 2, 2};
+        const int64_t seg = KvHeadBytes(type, head_dim), row = kv_heads * seg;
+        const auto kf = test::RandomFloats(slots * kv_heads * head_dim, 21);
+        const auto vf = test::RandomFloats(slots * kv_heads * head_dim, 22);
+        std::vector<uint8_t> k(slots * row), v(slots * row);
+        for (int64_t r = 0; r < slots * kv_heads; ++r) {
+          StoreKvHead(kf.data() + r * head_dim, head_dim, type, k.data() + r * seg);
+          StoreKvHead(vf.data() + r * head_dim, head_dim, type, v.data() + r * seg);
+        }
+        const int32_t table[3] = {2, 0, 1};  // out of order
+        const KvBlockView view{k.data(), v.data(), table, 16, row, row, type, type, heads, seg, seg};
+        const auto q = test::RandomFloats(nq * head_dim, 23);
+        std::vector<const float*> qs;
+        std::vector<int64_t> lens;
+        std::vector<float> together(nq * head_dim), alone(nq * head_dim);
+        std::vector<float> st(nq * positions, -1.0f), sa(nq * positions, -1.0f);
+        std::vector<float*> outs, scores;
+        for (int i = 0; i < nq; ++i) {
+          qs.push_back(q.data() + i * head_dim);
+          lens.push_back(1 + (i * 13) % positions);
+          outs.push_back(together.data() + i * head_dim);
+          scores.push_back(st.data() + i * positions);
+        }
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), scores.data());
+        for (int i = 0; i < nq; ++i) {
+          float* o = alone.data() + i * head_dim;
+          float* sc = sa.data() + i * positions;
+          kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, &sc);
+        }
+        for (int i = 0; i < nq * head_dim; ++i) {
+          ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa) << " " << KvTypeName(type) << " hd "
+                                                               << head_dim << " at " << i;
+        }
+        for (int i = 0; i < nq * positions; ++i) ASSERT_EQ(F32Bits(st[i]), F32Bits(sa[i])) << IsaName(isa) << " score " << i;
+      }
+    }
+  }
+}
+
 // Asking for the scores (KV retention's tracking) changes no output bit, and every ISA's scores
 // are q . k / sqrt(head_dim) as the scalar kernel computes them, for each KV type.
 TEST(KernelsTest, AttendManyReportsScores) {

@@ -226,7 +226,9 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
 
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                          int head_dim, float* const* outs, float* const* scores) {
-  for (int i = 0; i < num_queries; ++i) AttendRef(qs[i], kv, lens[i], head_dim, outs[i], scores ? scores[i] : nullptr);
+  for (int i = 0; i < num_queries; ++i) {
+    AttendRef(qs[i], kv.ForQuery(i), lens[i], head_dim, outs[i], scores ? scores[i] : nullptr);
+  }
 }
 
 

@@ -198,7 +198,7 @@ template <int kVecs, KvType kType, KvType vType>
 void AttendEach(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, float* const* outs,
                 float* const* scores) {
   for (int i = 0; i < num_queries; ++i) {
-    AttendOne<kVecs, kType, vType>(qs[i], lens[i], kv, outs[i], scores != nullptr ? scores[i] : nullptr);
+    AttendOne<kVecs, kType, vType>(qs[i], lens[i], kv.ForQuery(i), outs[i], scores != nullptr ? scores[i] : nullptr);
   }
 }
 

@@ -113,12 +113,14 @@ inline __m512 LoadKv(const uint8_t* p) {
 // Keys of one block of up to 16 positions into the states of kQ queries (query q sees the first
 // n[q]): scores, new running max, rescale of the sum and output, then the weighted V rows.
 // offs[j] is the byte offset of the j-th position's row in K and in V. Each K and V row is loaded
-// once for the kQ queries, and their FMA chains interleave (one query alone waits on the latency
+// once for the kQ queries (kOwnRows: queries of different KV heads, each reading its rows at its
+// byte offset ko[q] / vo[q] from them), and their FMA chains interleave (one query alone waits on the latency
 // of its V accumulation chains); every query sees the same operations in the same order whatever
 // other queries share the block, so a query's result does not depend on how queries are grouped.
-template <int kQ, int kVecs, KvType kType, KvType vType>
+template <int kQ, int kVecs, KvType kType, KvType vType, bool kOwnRows>
 inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uint8_t* v, const int64_t* koffs,
-                       const int64_t* voffs, const int* n, float* const* raw_scores, const uint64_t* exp_table) {
+                       const int64_t* voffs, const int64_t* ko, const int64_t* vo, const int* n,
+                       float* const* raw_scores, const uint64_t* exp_table) {
   // The states in locals: through the pointers, every update went to memory and back.
   QueryState<kVecs> cur[kQ];
   for (int q = 0; q < kQ; ++q) cur[q] = *st[q];
@@ -134,11 +136,16 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
       }
       const uint8_t* kr = k + koffs[j] + kKvDataOffset<kType>;
       __m512 kv[kVecs];
-      for (int i = 0; i < kVecs; ++i) kv[i] = LoadKv<kType>(kr + kKvGroupBytes<kType> * i);
+      if constexpr (!kOwnRows) {
+        for (int i = 0; i < kVecs; ++i) kv[i] = LoadKv<kType>(kr + kKvGroupBytes<kType> * i);
+      }
       for (int q = 0; q < kQ; ++q) {
+        if constexpr (kOwnRows) {
+          for (int i = 0; i < kVecs; ++i) kv[i] = LoadKv<kType>(kr + ko[q] + kKvGroupBytes<kType> * i);
+        }
         __m512 d = _mm512_mul_ps(cur[q].q[0], kv[0]);
         for (int i = 1; i < kVecs; ++i) d = _mm512_fmadd_ps(cur[q].q[i], kv[i], d);
-        if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + koffs[j])));
+        if constexpr (kKvQuantized<kType>) d = _mm512_mul_ps(d, _mm512_set1_ps(KvScale(k + koffs[j] + ko[q])));
         part[q][j] = j < n[q] ? d : _mm512_setzero_ps();
       }
     }
@@ -167,11 +174,16 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
   for (int j = 0; j < n_max; ++j) {
     const uint8_t* vr = v + voffs[j] + kKvDataOffset<vType>;
     __m512 vv[kVecs];
-    for (int i = 0; i < kVecs; ++i) vv[i] = LoadKv<vType>(vr + kKvGroupBytes<vType> * i);
+    if constexpr (!kOwnRows) {
+      for (int i = 0; i < kVecs; ++i) vv[i] = LoadKv<vType>(vr + kKvGroupBytes<vType> * i);
+    }
     for (int q = 0; q < kQ; ++q) {
       if (j >= n[q]) continue;
+      if constexpr (kOwnRows) {
+        for (int i = 0; i < kVecs; ++i) vv[i] = LoadKv<vType>(vr + vo[q] + kKvGroupBytes<vType> * i);
+      }
       cur[q].sum += wts[q][j];
-      const float w = kKvQuantized<vType> ? wts[q][j] * KvScale(v + voffs[j]) : wts[q][j];
+      const float w = kKvQuantized<vType> ? wts[q][j] * KvScale(v + voffs[j] + vo[q]) : wts[q][j];
       const __m512 wv = _mm512_set1_ps(w);
       for (int i = 0; i < kVecs; ++i) cur[q].acc[i] = _mm512_fmadd_ps(wv, vv[i], cur[q].acc[i]);
     }
@@ -186,11 +198,11 @@ inline void FinishQuery(const QueryState<kVecs>& st, float* out) {
 }
 
 // The block of positions [p0, p0 + 16) into every query that reaches it, kGroup at a time (then
-// two, then one).
-template <int kVecs, KvType kType, KvType vType>
+// two, then one). qk / qv: each query's byte offset to its KV head (kOwnRows).
+template <int kVecs, KvType kType, KvType vType, bool kOwnRows>
 inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_queries, int64_t p0, const uint8_t* k,
-                        const uint8_t* v, const int64_t* koffs, const int64_t* voffs, float* const* scores,
-                        const uint64_t* exp_table) {
+                        const uint8_t* v, const int64_t* koffs, const int64_t* voffs, const int64_t* qk,
+                        const int64_t* qv, float* const* scores, const uint64_t* exp_table) {
   // Four: one query's block is a chain (scores -> max -> weights -> V accumulation) that leaves
   // the FMA units idle; four interleaved ran the 110m prefill attention at ~1.4x (f32 cache) to
   // ~1.7x (f16) the one-at-a-time speed, two at ~1.2x.
@@ -198,37 +210,50 @@ inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_quer
   QueryState<kVecs>* pending[kGroup];
   int n[kGroup];
   float* raw[kGroup];
+  int64_t ko[kGroup], vo[kGroup];
   int np = 0;
   for (int i = 0; i < num_queries; ++i) {
     if (lens[i] <= p0) continue;
     pending[np] = &st[i];
+    ko[np] = qk[i];
+    vo[np] = qv[i];
     n[np] = lens[i] - p0 < 16 ? static_cast<int>(lens[i] - p0) : 16;
     raw[np] = scores != nullptr && scores[i] != nullptr ? scores[i] + p0 : nullptr;
     if (++np == kGroup) {
-      QueryBlock<kGroup, kVecs, kType, vType>(pending, k, v, koffs, voffs, n, raw, exp_table);
+      QueryBlock<kGroup, kVecs, kType, vType, kOwnRows>(pending, k, v, koffs, voffs, ko, vo, n, raw, exp_table);
       np = 0;
     }
   }
   int i = 0;  // the last np pending: two at a time, then one
   for (; i + 2 <= np; i += 2) {
-    QueryBlock<2, kVecs, kType, vType>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
+    QueryBlock<2, kVecs, kType, vType, kOwnRows>(pending + i, k, v, koffs, voffs, ko + i, vo + i, n + i, raw + i,
+                                                 exp_table);
   }
-  if (i < np) QueryBlock<1, kVecs, kType, vType>(pending + i, k, v, koffs, voffs, n + i, raw + i, exp_table);
+  if (i < np) {
+    QueryBlock<1, kVecs, kType, vType, kOwnRows>(pending + i, k, v, koffs, voffs, ko + i, vo + i, n + i, raw + i,
+                                                 exp_table);
+  }
 }
 
 // Several queries over the same K/V (one KV head of one sequence), 16 positions at a time, so
 // those K and V rows are read from memory once and from L1 for the other queries. Positions are
 // grouped in 16s from 0 whatever the cache's block size: the row offsets are looked up per
-// position, so a paged cache gives bitwise what a contiguous one does.
+// position, so a paged cache gives bitwise what a contiguous one does. With kv.query_heads the
+// queries read different KV heads of one sequence (the same block table): their rows are loaded
+// per query, and their chains interleave all the same (decode with one query per KV head).
 template <int kVecs, KvType kType, KvType vType>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                       int head_dim, float* const* outs, float* const* scores) {
   QueryState<kVecs> st[kMaxAttendQueries];
   const uint64_t* exp_table = ExpfTable32();
   int64_t max_len = 0;
+  int64_t qk[kMaxAttendQueries], qv[kMaxAttendQueries];  // byte offsets to each query's KV head
   for (int i = 0; i < num_queries; ++i) {
     InitQuery<kVecs>(st[i], qs[i], head_dim);
     max_len = lens[i] > max_len ? lens[i] : max_len;
+    const int64_t h = kv.query_heads != nullptr ? kv.query_heads[i] : 0;
+    qk[i] = h * kv.k_head_bytes;
+    qv[i] = h * kv.v_head_bytes;
   }
   int64_t koffs[16], voffs[16];
   int64_t blk = 0, in_blk = 0;  // the next position is in_blk of logical block blk (no divisions)
@@ -243,9 +268,41 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
         ++blk;
       }
     }
-    AttendBlock<kVecs, kType, vType>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, scores, exp_table);
+    if (kv.query_heads != nullptr) {
+      AttendBlock<kVecs, kType, vType, true>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, qk, qv, scores,
+                                             exp_table);
+    } else {
+      AttendBlock<kVecs, kType, vType, false>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, qk, qv, scores,
+                                              exp_table);
+    }
   }
   for (int i = 0; i < num_queries; ++i) FinishQuery<kVecs>(st[i], outs[i]);
+}
+
+// Queries of several KV heads (kv.query_heads) through fn, which takes one head per call: each
+// head's queries together, in their order.
+template <typename Fn>
+void EachHead(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, float* const* outs,
+              float* const* scores, Fn fn) {
+  bool done[kMaxAttendQueries] = {};
+  for (int i = 0; i < num_queries; ++i) {
+    if (done[i]) continue;
+    const float* hq[kMaxAttendQueries];
+    int64_t hl[kMaxAttendQueries];
+    float* ho[kMaxAttendQueries];
+    float* hs[kMaxAttendQueries];
+    int n = 0;
+    for (int j = i; j < num_queries; ++j) {
+      if (done[j] || kv.query_heads[j] != kv.query_heads[i]) continue;
+      hq[n] = qs[j];
+      hl[n] = lens[j];
+      ho[n] = outs[j];
+      hs[n] = scores != nullptr ? scores[j] : nullptr;
+      done[j] = true;
+      ++n;
+    }
+    fn(hq, hl, n, kv.ForQuery(i), ho, scores != nullptr ? hs : nullptr);
+  }
 }
 
 // head_dim 8: a row is half a vector, so instead of a horizontal sum per key, a block's 16 K and V
@@ -373,6 +430,10 @@ inline void AttendBlock8(QueryState8* st, const int64_t* lens, int num_queries, 
 template <KvType kType, KvType vType>
 void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                    float* const* outs, float* const* scores) {
+  if (kv.query_heads != nullptr) {  // the transposed block is one head's: each head's queries together
+    EachHead(qs, lens, num_queries, kv, outs, scores, AttendManyHd8<kType, vType>);
+    return;
+  }
   QueryState8 st[kMaxAttendQueries];
   const uint64_t* exp_table = ExpfTable32();
   const float scale = 1.0f / std::sqrt(8.0f);
