@@ -17,6 +17,7 @@
 
 #include "kernels/isa_tables.h"
 #include "kernels/kernels.h"
+#include "kernels/x86/attention_common.h"
 
 namespace gale::kernels {
 namespace {
@@ -119,20 +120,16 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
   __m256 sum = _mm256_setzero_ps();  // per lane: the weights of the lane's keys so far
   const uint8_t* krow[8];
   const uint8_t* vrow[8];
-  int64_t blk = 0, in_blk = 0;  // the next position is in_blk of logical block blk
+  SlotCursor cursor(kv);
   for (int64_t p0 = 0; p0 < len; p0 += 8) {
     const int n = len - p0 < 8 ? static_cast<int>(len - p0) : 8;
     const uint8_t* klast = kv.k;
     const uint8_t* vlast = kv.v;
     for (int j = 0; j < 8; ++j) {
       if (j < n) {  // past the end the last row repeats (finite values, masked below)
-        const int64_t slot = kv.block_table[blk] * kv.block_size + in_blk;
+        const int64_t slot = cursor.Next();
         klast = kv.k + slot * kv.k_row_bytes;
         vlast = kv.v + slot * kv.v_row_bytes;
-        if (++in_blk == kv.block_size) {
-          in_blk = 0;
-          ++blk;
-        }
       }
       krow[j] = klast;
       vrow[j] = vlast;
@@ -219,25 +216,12 @@ void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_quer
 
 }  // namespace
 
-// The same type pairs as the AVX-512 kernel (one type, or K at higher precision than V); others
-// take the scalar path.
 void Avx2AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                     int head_dim, float* const* outs, float* const* scores) {
-  using enum KvType;
-  constexpr auto pair = [](KvType k, KvType v) { return static_cast<int>(k) * 8 + static_cast<int>(v); };
-  switch (pair(kv.k_type, kv.v_type)) {
-    case pair(kF32, kF32): return AttendManyOfTypes<kF32, kF32>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kF16, kF16): return AttendManyOfTypes<kF16, kF16>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kBF16, kBF16): return AttendManyOfTypes<kBF16, kBF16>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kInt8, kInt8): return AttendManyOfTypes<kInt8, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kInt4, kInt4): return AttendManyOfTypes<kInt4, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kF16, kInt8): return AttendManyOfTypes<kF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kF16, kInt4): return AttendManyOfTypes<kF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kBF16, kInt8): return AttendManyOfTypes<kBF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kBF16, kInt4): return AttendManyOfTypes<kBF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kInt8, kInt4): return AttendManyOfTypes<kInt8, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
-  }
+  const bool done = ForKvTypePair(kv.k_type, kv.v_type, [&](auto k, auto v) {
+    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores);
+  });
+  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
 }
 
 }  // namespace gale::kernels

@@ -10,6 +10,7 @@
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
+#include "kernels/x86/attention_common.h"
 #include "kernels/x86/avx512_common.h"
 #include "kernels/x86/gemm_tiles.h"
 
@@ -256,17 +257,13 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
     qv[i] = h * kv.v_head_bytes;
   }
   int64_t koffs[16], voffs[16];
-  int64_t blk = 0, in_blk = 0;  // the next position is in_blk of logical block blk (no divisions)
+  SlotCursor cursor(kv);
   for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
     const int64_t n_max = max_len - p0 < 16 ? max_len - p0 : 16;
     for (int64_t j = 0; j < n_max; ++j) {
-      const int64_t slot = kv.block_table[blk] * kv.block_size + in_blk;
+      const int64_t slot = cursor.Next();
       koffs[j] = slot * kv.k_row_bytes;
       voffs[j] = slot * kv.v_row_bytes;
-      if (++in_blk == kv.block_size) {
-        in_blk = 0;
-        ++blk;
-      }
     }
     if (kv.query_heads != nullptr) {
       AttendBlock<kVecs, kType, vType, true>(st, lens, num_queries, p0, kv.k, kv.v, koffs, voffs, qk, qv, scores,
@@ -448,17 +445,13 @@ void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries,
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
   int64_t koffs[16], voffs[16];
-  int64_t blk = 0, in_blk = 0;
+  SlotCursor cursor(kv);
   for (int64_t p0 = 0; p0 < max_len; p0 += 16) {
     const int n_max = max_len - p0 < 16 ? static_cast<int>(max_len - p0) : 16;
     for (int j = 0; j < n_max; ++j) {
-      const int64_t slot = kv.block_table[blk] * kv.block_size + in_blk;
+      const int64_t slot = cursor.Next();
       koffs[j] = slot * kv.k_row_bytes;
       voffs[j] = slot * kv.v_row_bytes;
-      if (++in_blk == kv.block_size) {
-        in_blk = 0;
-        ++blk;
-      }
     }
     AttendBlock8<kType, vType>(st, lens, num_queries, p0, n_max, kv.k, kv.v, koffs, voffs, scores, exp_table);
   }
@@ -483,25 +476,12 @@ void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_quer
   }
 }
 
-// K and V of one type, or K at higher precision than V (the useful mixes: V tolerates fewer bits
-// than K); other pairs take the scalar path.
 void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, int head_dim,
                 float* const* outs, float* const* scores) {
-  using enum KvType;
-  constexpr auto pair = [](KvType k, KvType v) { return static_cast<int>(k) * 8 + static_cast<int>(v); };
-  switch (pair(kv.k_type, kv.v_type)) {
-    case pair(kF32, kF32): return AttendManyOfTypes<kF32, kF32>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kF16, kF16): return AttendManyOfTypes<kF16, kF16>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kBF16, kBF16): return AttendManyOfTypes<kBF16, kBF16>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kInt8, kInt8): return AttendManyOfTypes<kInt8, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kInt4, kInt4): return AttendManyOfTypes<kInt4, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kF16, kInt8): return AttendManyOfTypes<kF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kF16, kInt4): return AttendManyOfTypes<kF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kBF16, kInt8): return AttendManyOfTypes<kBF16, kInt8>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kBF16, kInt4): return AttendManyOfTypes<kBF16, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case pair(kInt8, kInt4): return AttendManyOfTypes<kInt8, kInt4>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
-  }
+  const bool done = ForKvTypePair(kv.k_type, kv.v_type, [&](auto k, auto v) {
+    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores);
+  });
+  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
 }
 
 }  // namespace
