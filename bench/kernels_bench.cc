@@ -84,8 +84,11 @@ void WriteRandomKv(KvStorage& kv, const std::vector<int32_t>& table, int64_t len
 struct AttnShape {
   int heads, kv_heads, head_dim;
 };
-// arg 0: 110m (12 heads of 64); 1: stories260K (8 heads of 8 over 4 KV heads).
-AttnShape AttnShapeOf(int64_t arg) { return arg == 0 ? AttnShape{12, 12, 64} : AttnShape{8, 4, 8}; }
+// arg 0: 110m (12 heads of 64); 1: stories260K (8 heads of 8 over 4 KV heads); 2: 110m's heads
+// over 4 KV heads (grouped-query attention).
+AttnShape AttnShapeOf(int64_t arg) {
+  return arg == 0 ? AttnShape{12, 12, 64} : arg == 1 ? AttnShape{8, 4, 8} : AttnShape{12, 4, 64};
+}
 
 // args: context length, KV type (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4), shape (AttnShapeOf). One
 // token's query heads over its paged cache (blocks of 16 in reverse order), one thread.
@@ -115,14 +118,13 @@ void BM_Attention(benchmark::State& state) {
 BENCHMARK(BM_Attention)->ArgsProduct({{128, 1024, 4096}, {0, 1, 2, 3, 4}, {0}});
 BENCHMARK(BM_Attention)->ArgsProduct({{128, 512}, {0, 1, 3}, {1}});
 
-// args: prompt length, KV type, shape (AttnShapeOf; 2: 110m's heads over 4 KV heads). Prefill:
+// args: prompt length, KV type, shape (AttnShapeOf). Prefill:
 // every position of one sequence attends to its prefix in one call, one thread; GFLOP/s counts
 // q.k and weights.v of the causal half.
 void BM_AttentionPrefill(benchmark::State& state) {
   const int64_t len = state.range(0), block_size = 16;
   const auto type = static_cast<kernels::KvType>(state.range(1));
-  auto [heads, kv_heads, head_dim] = AttnShapeOf(state.range(2) == 2 ? 0 : state.range(2));
-  if (state.range(2) == 2) kv_heads = 4;
+  const auto [heads, kv_heads, head_dim] = AttnShapeOf(state.range(2));
   const int64_t num_blocks = (len + block_size - 1) / block_size;
   KvStorage kv(1, kv_heads, head_dim, num_blocks, block_size, type);
   std::vector<int32_t> table(num_blocks);

@@ -37,7 +37,8 @@ class ThreadPool {
   static int DefaultNumThreads();
 
   // The least estimated work (nanoseconds on one thread) worth a part of its own: handing a part
-  // to another thread and joining it costs a few microseconds on this kind of machine, which is
+  // to another thread and joining it costs one to a few microseconds on this kind of machine
+  // (its data moving between cores included), which is
   // more than a small model's whole product at decode (stories260K decoded 2.4x faster on one
   // thread than on two before calls were sized by their work).
   static constexpr double kMinPartNs = 2000;

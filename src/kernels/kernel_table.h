@@ -147,9 +147,9 @@ struct KernelTable {
   void (*to_bf16)(const float* x, uint16_t* dst, int64_t n);
   // Query heads that share one KV head's cache (or, with kv.query_heads, each its own KV head of
   // one sequence): out_i = softmax(q_i . k_p / sqrt(head_dim)) . v_p over positions p < lens[i],
-  // K/V rows read through the block table of kv. Each query's
-  // reduction order depends only on its own length, not on the other queries nor on the block
-  // size (batch invariance; a paged cache gives bitwise what a contiguous one gives).
+  // K/V rows read through the block table of kv. Each query's reduction order depends only on its
+  // own length, not on the other queries nor on the block size (batch invariance; a paged cache
+  // gives bitwise what a contiguous one gives).
   // scores: null, or per query null or [lens[i]] floats that receive its scaled scores
   // q_i . k_p / sqrt(head_dim) before the softmax (KV retention's attention tracking).
   void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,

@@ -585,25 +585,28 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   thread_local std::vector<Task> caller_tasks;
   std::vector<Task>& tasks = caller_tasks;
   tasks.clear();
-  int64_t num_runs = 0;
-  for (int64_t t = 0; t < num_tokens; ++num_runs) {
-    int64_t t_end = t + 1;
-    while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
-    t = t_end;
-  }
-  const int64_t max_heads = std::max<int64_t>(1, num_runs * num_kv_heads / (2 * pool.num_threads()));
+  // The runs first, each as a task of one KV head.
   double positions_seen = 0;  // query heads times the positions each attends to
   for (int64_t t = 0; t < num_tokens;) {
     int64_t t_end = t + 1;
     while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
-    const int64_t run_queries = (t_end - t) * group;
-    const int heads = run_queries >= kMinTaskQueries
-                          ? 1
-                          : static_cast<int>(std::min(max_heads, (kMinTaskQueries + run_queries - 1) / run_queries));
-    for (int kvh = 0; kvh < num_kv_heads; kvh += heads) tasks.push_back({t, t_end, kvh, std::min(heads, num_kv_heads - kvh)});
+    tasks.push_back({t, t_end, 0, 1});
     for (int64_t u = t; u < t_end; ++u) positions_seen += static_cast<double>(num_heads) * (positions[u] + 1);
     t = t_end;
   }
+  const int64_t num_runs = static_cast<int64_t>(tasks.size());
+  const int64_t max_heads = std::max<int64_t>(1, num_runs * num_kv_heads / (2 * pool.num_threads()));
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const Task run = tasks[r];
+    const int64_t run_queries = (run.t_end - run.t_begin) * group;
+    const int heads = run_queries >= kMinTaskQueries
+                          ? 1
+                          : static_cast<int>(std::min(max_heads, (kMinTaskQueries + run_queries - 1) / run_queries));
+    for (int kvh = 0; kvh < num_kv_heads; kvh += heads) {
+      tasks.push_back({run.t_begin, run.t_end, kvh, std::min(heads, num_kv_heads - kvh)});
+    }
+  }
+  tasks.erase(tasks.begin(), tasks.begin() + num_runs);
   // Single-thread cost per query and position, roughly as measured for head_dim 8 and 64
   // (kernels_bench BM_Attention).
   const double total_ns = positions_seen * (1.0 + head_dim / 8.0);

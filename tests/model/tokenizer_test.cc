@@ -97,7 +97,7 @@ TEST_F(StoriesTokenizerTest, SpecialTokensParsedOnlyWhenAsked) {
 // SPM chunking at runs of '▁' gives exactly the whole-text merge, on random texts with runs of
 // spaces, newlines, punctuation and non-ASCII characters.
 TEST(TokenizerTest, SpmChunkingIsExact) {
-  for (const std::string path : {test::SharedDir() + "/vocab/ggml-vocab-llama-spm.gguf",
+  for (const std::string& path : {test::SharedDir() + "/vocab/ggml-vocab-llama-spm.gguf",
                                  test::SourceDir() + "/models/stories260K.gguf"}) {
     std::unique_ptr<GgufFile> k1, k2;
     auto chunked = LoadTok(path, &k1);
