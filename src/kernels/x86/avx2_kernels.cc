@@ -316,6 +316,25 @@ void ToF16(const float* x, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = Fp32ToFp16(x[i]);
 }
 
+// Integer round-to-nearest-even on the bit pattern, NaNs quieted: exactly Fp32ToBf16 (bf16 KV
+// writes).
+void ToBf16(const float* x, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
+    // |u| < 2^31, so the signed compare is the unsigned one.
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i r = _mm256_blendv_epi8(rounded, nan, is_nan);  // every lane < 2^16
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+  }
+  for (; i < n; ++i) dst[i] = Fp32ToBf16(x[i]);
+}
+
 }  // namespace
 
 const KernelTable& Avx2TableWithoutVnni() {
@@ -335,7 +354,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       SiluMul,
       Axpy,
       ToF16,
-      ToBf16Reference,
+      ToBf16,
       Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
