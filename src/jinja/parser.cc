@@ -513,7 +513,7 @@ class Parser {
   }
 
   StatusOr<ExprPtr> ParseExpression(bool allow_cond = true) {
-    if (++depth_ > 200) return SyntaxError(Peek().line, "expression nested too deeply");
+    if (++depth_ > kMaxDepth) return SyntaxError(Peek().line, "expression nested too deeply");
     ASSIGN_OR_RETURN(ExprPtr e, ParseOr());
     if (allow_cond) {
       while (IsName("if")) {
@@ -559,7 +559,9 @@ class Parser {
   StatusOr<ExprPtr> ParseNot() {
     if (IsName("not")) {
       const int line = Next().line;
+      if (++depth_ > kMaxDepth) return SyntaxError(line, "expression nested too deeply");
       ASSIGN_OR_RETURN(ExprPtr operand, ParseNot());
+      --depth_;
       auto u = Make(Expr::Kind::kUnary, line);
       u->name = "not";
       u->args.push_back(std::move(operand));
@@ -604,9 +606,11 @@ class Parser {
     ExprPtr e;
     if (IsOp("-") || IsOp("+")) {
       const Token& t = Next();
+      if (++depth_ > kMaxDepth) return SyntaxError(t.line, "expression nested too deeply");
       auto u = Make(Expr::Kind::kUnary, t.line);
       u->name = t.text;
       ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
+      --depth_;
       u->args.push_back(std::move(operand));
       e = std::move(u);
     } else {
@@ -838,6 +842,9 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  // Nesting of expressions and unary operators (each level is a recursive call here and in the
+  // renderer: a fuzzer's 610 nested minus signs overflowed the renderer's stack under ASan).
+  static constexpr int kMaxDepth = 200;
   int depth_ = 0;
 };
 

@@ -420,7 +420,18 @@ class Renderer {
     return op == "in" ? in : !in;
   }
 
+  // Every expression node is a recursive call; chains the parser builds without nesting (a + a +
+  // ..., x | f | f ..., a.b.c ...) are bounded here, before they can exhaust the stack.
   StatusOr<Value> Eval(const Expr& e) {
+    constexpr int kMaxEvalDepth = 256;
+    if (eval_depth_ >= kMaxEvalDepth) return ResourceExhausted("expression nested deeper than {}", kMaxEvalDepth);
+    ++eval_depth_;
+    StatusOr<Value> v = EvalNode(e);
+    --eval_depth_;
+    return v;
+  }
+
+  StatusOr<Value> EvalNode(const Expr& e) {
     RETURN_IF_ERROR(Step());
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.literal;
@@ -529,6 +540,7 @@ class Renderer {
   size_t floor_ = 1;  // frames below this (except 0) are invisible: a macro's caller's locals
   int64_t steps_ = 0;
   int depth_ = 0;
+  int eval_depth_ = 0;
 };
 
 // Jinja2 rejects unknown filters and tests when compiling; so do we.

@@ -150,6 +150,28 @@ TEST(TemplateTest, SandboxLimitsHold) {
   auto rep = Template::Parse("{{ 'x' * 100000000000 }}");
   ASSERT_TRUE(rep.ok());
   EXPECT_FALSE(rep->Render(nlohmann::ordered_json::object()).ok());
+  // Deep expressions end in a clear error, not a stack overflow (a fuzzer found 610 nested minus
+  // signs): unary chains at parse time, long operator chains when rendered.
+  for (const char* op : {"-", "not "}) {
+    std::string deep = "{{ ";
+    for (int i = 0; i < 610; ++i) deep += op;
+    auto d = Template::Parse(deep + "1 }}");
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find("nested too deeply"), std::string::npos) << d.status().ToString();
+  }
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 1000; ++i) chain += " + 1";
+  auto ch = Template::Parse(chain + " }}");
+  ASSERT_TRUE(ch.ok());
+  out = ch->Render(nlohmann::ordered_json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("nested deeper"), std::string::npos) << out.status().ToString();
+  auto fine = Template::Parse("{{ -1 + 2 + 3 }}{{ not not true }}");
+  ASSERT_TRUE(fine.ok());
+  out = fine->Render(nlohmann::ordered_json::object());
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, "4True");
+
   // No way out: Python internals are not attributes here.
   auto esc = Template::Parse("{{ ''.__class__ }}{{ messages.__init__ }}{{ range.__globals__ }}");
   ASSERT_TRUE(esc.ok());
