@@ -1,15 +1,44 @@
-// Internal to the SIMD attention translation units (avx2_attention.cc, avx512_attention.cc): plain
-// C++ both use. Everything is in an anonymous namespace, as in gemm_tiles.h, so each ISA's unit
-// keeps its own copy and none leaks to another ISA through the linker.
+// Internal to the SIMD attention translation units (avx2_attention.cc, avx512_attention.cc): what
+// both use (plain C++, and SSE/F16C, which both units' flags include). Everything is in an
+// anonymous namespace, as in gemm_tiles.h, so each ISA's unit keeps its own copy and none leaks to
+// another ISA through the linker.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/kernel_table.h"
 
 namespace gale::kernels {
 namespace {
+
+template <KvType kType>
+inline constexpr bool kKvQuantized = kType == KvType::kInt8 || kType == KvType::kInt4;
+// Where a row segment's elements start (after the f16 scale of the quantized types), and the bytes
+// of kElems of its elements.
+template <KvType kType>
+inline constexpr int kKvDataOffset = kKvQuantized<kType> ? 2 : 0;
+template <KvType kType, int kElems>
+inline constexpr int kKvBytes = kType == KvType::kF32    ? 4 * kElems
+                                : kType == KvType::kInt8 ? kElems
+                                : kType == KvType::kInt4 ? kElems / 2
+                                                         : 2 * kElems;
+
+// The f16 scale of a quantized row segment.
+inline float KvScale(const uint8_t* seg) {
+  uint16_t h;
+  std::memcpy(&h, seg, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+// Bytes of nibble pairs (zero-extended to 16 bits each) to one byte per nibble, low nibble
+// first: element order 0, 1, 2, ...
+inline __m128i SplitNibblePairs(__m128i b16) {
+  return _mm_or_si128(_mm_and_si128(b16, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
+}
 
 // Positions 0, 1, 2, ... of a paged cache as slots, in order and without divisions.
 class SlotCursor {

@@ -18,6 +18,7 @@
 #include "kernels/isa_tables.h"
 #include "kernels/kernels.h"
 #include "kernels/x86/attention_common.h"
+#include "kernels/x86/avx2_int8.h"
 
 namespace gale::kernels {
 namespace {
@@ -59,21 +60,9 @@ inline float MaxOf8(__m256 x) {
   return _mm_cvtss_f32(m);
 }
 
-inline float SumOf8(__m256 x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
+// Bytes of 8 elements of the type.
 template <KvType kType>
-inline constexpr bool kQuantized = kType == KvType::kInt8 || kType == KvType::kInt4;
-// Bytes of 8 elements of the type, and where a row segment's elements start (after the f16
-// scale of the quantized types).
-template <KvType kType>
-inline constexpr int kGroupBytes = kType == KvType::kF32 ? 32 : kType == KvType::kInt8 ? 8 : kType == KvType::kInt4 ? 4 : 16;
-template <KvType kType>
-inline constexpr int kDataOffset = kQuantized<kType> ? 2 : 0;
+inline constexpr int kGroupBytes = kKvBytes<kType, 8>;
 
 // 8 elements of the cache type as f32 (quantized types: the integers, unscaled).
 template <KvType kType>
@@ -90,16 +79,9 @@ inline __m256 Load8(const uint8_t* p) {
   } else {  // int4: 4 bytes, element 2i in the low nibble of byte i, stored + 8
     int32_t w;
     std::memcpy(&w, p, 4);
-    const __m128i b16 = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(w));
-    const __m128i x = _mm_or_si128(_mm_and_si128(b16, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
+    const __m128i x = SplitNibblePairs(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w)));
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(x), _mm256_set1_epi32(8)));
   }
-}
-
-inline float SegmentScale(const uint8_t* seg) {
-  uint16_t h;
-  std::memcpy(&h, seg, 2);
-  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
 constexpr int kMaxVecs = 16;  // head_dim 128
@@ -140,14 +122,14 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
       __m256 qc[kQChunk];
       for (int i = 0; i < kQChunk; ++i) qc[i] = _mm256_load_ps(q + 8 * (c + i));
       for (int j = 0; j < 8; ++j) {
-        const uint8_t* kr = krow[j] + kDataOffset<kType>;
+        const uint8_t* kr = krow[j] + kKvDataOffset<kType>;
         for (int i = 0; i < kQChunk; ++i) part[j] = _mm256_fmadd_ps(qc[i], Load8<kType>(kr + kGroupBytes<kType> * (c + i)), part[j]);
       }
     }
     __m256 s = SumEach8(part);
-    if constexpr (kQuantized<kType>) {
+    if constexpr (kKvQuantized<kType>) {
       alignas(32) float ks[8];
-      for (int j = 0; j < 8; ++j) ks[j] = SegmentScale(krow[j]);
+      for (int j = 0; j < 8; ++j) ks[j] = KvScale(krow[j]);
       s = _mm256_mul_ps(s, _mm256_load_ps(ks));
     }
     const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
@@ -166,9 +148,9 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
     }
     __m256 w = _mm256_and_ps(Exp8(_mm256_sub_ps(s, _mm256_set1_ps(max))), valid);
     sum = _mm256_add_ps(sum, w);
-    if constexpr (kQuantized<vType>) {
+    if constexpr (kKvQuantized<vType>) {
       alignas(32) float vs[8];
-      for (int j = 0; j < 8; ++j) vs[j] = SegmentScale(vrow[j]);
+      for (int j = 0; j < 8; ++j) vs[j] = KvScale(vrow[j]);
       w = _mm256_mul_ps(w, _mm256_load_ps(vs));
     }
     alignas(32) float wts[8];
@@ -181,13 +163,13 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
       }
       for (int j = 0; j < 8; ++j) {
         const __m256 wj = _mm256_broadcast_ss(&wts[j]);
-        const uint8_t* vr = vrow[j] + kDataOffset<vType>;
+        const uint8_t* vr = vrow[j] + kKvDataOffset<vType>;
         for (int i = 0; i < kOChunk; ++i) o[i] = _mm256_fmadd_ps(wj, Load8<vType>(vr + kGroupBytes<vType> * (c + i)), o[i]);
       }
       for (int i = 0; i < kOChunk; ++i) _mm256_store_ps(acc + 8 * (c + i), o[i]);
     }
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / SumOf8(sum));
+  const __m256 inv = _mm256_set1_ps(1.0f / HSum(sum));
   for (int i = 0; i < kVecs; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_load_ps(acc + 8 * i), inv));
 }
 

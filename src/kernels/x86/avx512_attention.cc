@@ -70,27 +70,9 @@ inline __m512 LoadKv16(const uint8_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 }
-// Bytes of 16 elements of the type, and where a row segment's elements start (after the f16
-// scale of the quantized types).
+// Bytes of 16 elements of the type.
 template <KvType kType>
-inline constexpr int kKvGroupBytes = kType == KvType::kF32 ? 64 : kType == KvType::kInt8 ? 16 : kType == KvType::kInt4 ? 8 : 32;
-template <KvType kType>
-inline constexpr bool kKvQuantized = kType == KvType::kInt8 || kType == KvType::kInt4;
-template <KvType kType>
-inline constexpr int kKvDataOffset = kKvQuantized<kType> ? 2 : 0;
-
-// The f16 scale of a quantized row segment.
-inline float KvScale(const uint8_t* seg) {
-  uint16_t h;
-  std::memcpy(&h, seg, 2);
-  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-}
-
-// Bytes of nibble pairs (zero-extended to 16 bits each) to one byte per nibble, low nibble
-// first: element order 0, 1, 2, ...
-inline __m128i SplitNibblePairs(__m128i b16) {
-  return _mm_or_si128(_mm_and_si128(b16, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
-}
+inline constexpr int kKvGroupBytes = kKvBytes<kType, 16>;
 
 // 16 int8 or int4 (nibble pairs) integers as f32, unscaled.
 template <KvType kType>
