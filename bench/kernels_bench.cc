@@ -155,7 +155,7 @@ void BM_QuantizeActivations(benchmark::State& state) {
   std::vector<float> d(k / 32);
   std::vector<int32_t> qsum(k / 32);
   for (auto _ : state) {
-    kernels::QuantizeActivations(x.data(), k, k, qs.data(), d.data(), qsum.data());
+    kernels::Active().quantize_acts(x.data(), k, k, qs.data(), d.data(), qsum.data());
     benchmark::DoNotOptimize(qs.data());
   }
   state.counters["GB/s"] = benchmark::Counter(k * 4.0, benchmark::Counter::kIsIterationInvariantRate);

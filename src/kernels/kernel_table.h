@@ -160,6 +160,10 @@ struct KernelTable {
   // ([num_heads, head_dim]) by the angle whose cos, sin are cos_sin[2i], cos_sin[2i+1]:
   // (x0 c - x1 s, x0 s + x1 c), each product rounded then summed (bitwise the scalar path).
   void (*rope_apply)(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+  // QuantizeActivations / QuantizeActivations16 (above), bitwise the scalar ones.
+  void (*quantize_acts)(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum);
+  void (*quantize_acts16)(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d,
+                          int32_t* qsum);
   // What this table adds to its ISA's baseline where the CPU allows (shown beside the ISA's name),
   // or nullptr: "avx-vnni" for AVX2 with 256-bit vpdpbusd.
   const char* variant = nullptr;

@@ -984,6 +984,52 @@ TEST(KernelsTest, Activation16QuantizationSplitsIntoBytes) {
   for (int b = 1; b < 4; ++b) EXPECT_TRUE(d[b] == 0.0f && qsum[b] == 0);
 }
 
+// Every ISA's activation quantizers give the scalar ones' bytes, scales and sums: random rows of
+// several magnitudes, exact ties (x.5 at scale 1), blocks of zeros, values at qmax, a row length
+// short of k_stride (padding), and non-finite values (a NaN never wins the block's max).
+TEST(KernelsTest, ActivationQuantizersMatchScalar) {
+  Rng rng(11);
+  for (const int64_t k : {32, 96, 768, 2080}) {
+    const int64_t ks = (k + kActPad - 1) / kActPad * kActPad;
+    std::vector<float> x(k);
+    for (int64_t i = 0; i < k; ++i) x[i] = rng.Uniform(-1, 1) * (i % 96 < 32 ? 1e-3f : i % 96 < 64 ? 3.0f : 4e4f);
+    if (k >= 96) {
+      for (int i = 0; i < 32; ++i) x[32 + i] = 0.0f;                     // block 1: all zero
+      x[64] = 127.0f;                                                    // block 2: scale 1 (int8),
+      for (int i = 1; i < 32; ++i) x[64 + i] = static_cast<float>(i) - 16.5f;  // ties to even
+    }
+    if (k >= 768) {
+      x[200] = NAN;  // first and second half of a block (the AVX-512 max takes halves apart)
+      x[250] = NAN;
+      x[300] = -INFINITY;
+      x[301] = 5.0f;
+    }
+    std::vector<int8_t> want_q(ks, 77), got_q(ks, 66);
+    std::vector<uint8_t> want_lo(ks, 77), got_lo(ks, 66);
+    std::vector<float> want_d(ks / 32, 7.0f), got_d(ks / 32, 6.0f);
+    std::vector<int32_t> want_s(ks / 32, 7), got_s(ks / 32, 6);
+    for (Isa isa : SimdIsas()) {
+      const KernelTable& kt = *GetKernelTable(isa);
+      QuantizeActivations(x.data(), k, ks, want_q.data(), want_d.data(), want_s.data());
+      kt.quantize_acts(x.data(), k, ks, got_q.data(), got_d.data(), got_s.data());
+      for (int64_t i = 0; i < ks; ++i) ASSERT_EQ(got_q[i], want_q[i]) << IsaName(isa) << " k " << k << " i " << i;
+      for (int64_t b = 0; b < ks / 32; ++b) {
+        ASSERT_EQ(F32Bits(got_d[b]), F32Bits(want_d[b])) << IsaName(isa) << " k " << k << " block " << b;
+        ASSERT_EQ(got_s[b], want_s[b]) << IsaName(isa) << " k " << k << " block " << b;
+      }
+      QuantizeActivations16(x.data(), k, ks, want_q.data(), want_lo.data(), want_d.data(), want_s.data());
+      kt.quantize_acts16(x.data(), k, ks, got_q.data(), got_lo.data(), got_d.data(), got_s.data());
+      for (int64_t i = 0; i < ks; ++i) {
+        ASSERT_TRUE(got_q[i] == want_q[i] && got_lo[i] == want_lo[i]) << IsaName(isa) << " 16-bit k " << k << " i " << i;
+      }
+      for (int64_t b = 0; b < ks / 32; ++b) {
+        ASSERT_EQ(F32Bits(got_d[b]), F32Bits(want_d[b])) << IsaName(isa) << " 16-bit k " << k << " block " << b;
+        ASSERT_EQ(got_s[b], want_s[b]) << IsaName(isa) << " 16-bit k " << k << " block " << b;
+      }
+    }
+  }
+}
+
 // The K-quant layouts, element by element from the format's definition (not from our decoder).
 TEST(KernelsTest, KQuantLayoutsFromTheirDefinition) {
   {

@@ -323,6 +323,8 @@ const KernelTable& ScalarTable() {
       AttendManyReference,
       SoftmaxReference,
       RopeApplyReference,
+      QuantizeActivations,
+      QuantizeActivations16,
   };
   return table;
 }

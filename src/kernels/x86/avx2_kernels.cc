@@ -185,6 +185,73 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 
+// Activation quantizers, bitwise the scalar QuantizeBlocks (see avx512_kernels.cc's): running
+// max of |x| (vmaxps(a, acc) keeps acc for a NaN, as the scalar a > amax ? a : amax), scalar
+// scale and inverse, x * inv rounded half to even by the conversion, clamped to [-qmax, qmax].
+// Bytes go through two saturating packs (no-ops after the clamp) and one lane permutation.
+inline __m256i PackBytes(const __m256i (&q)[4], bool is_unsigned) {
+  const __m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
+  // 32-bit unit u: 4 values of q[u % 4], elements 0-3 (u < 4) or 4-7.
+  const __m256i b = is_unsigned ? _mm256_packus_epi16(p01, p23) : _mm256_packs_epi16(p01, p23);
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+template <bool kWide>
+inline void QuantizeActsImpl(const float* x, int64_t k, int64_t k_stride, int8_t* qs, uint8_t* lo, float* d,
+                             int32_t* qsum) {
+  constexpr int kQmax = kWide ? 32767 : 127;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i hi_q = _mm256_set1_epi32(kQmax), lo_q = _mm256_set1_epi32(-kQmax);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    __m256 xv[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      xv[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
+      m = _mm256_max_ps(_mm256_and_ps(xv[j], abs_mask), m);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));  // no NaN left: any order
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float scale = _mm_cvtss_f32(h) / static_cast<float>(kQmax);
+    const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    __m256i q[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      q[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(xv[j], inv)), lo_q), hi_q);
+      sum = _mm256_add_epi32(sum, q[j]);
+    }
+    if constexpr (kWide) {
+      const __m256i byte = _mm256_set1_epi32(0xff);
+      const __m256i hi[4] = {_mm256_srai_epi32(q[0], 8), _mm256_srai_epi32(q[1], 8), _mm256_srai_epi32(q[2], 8),
+                             _mm256_srai_epi32(q[3], 8)};
+      const __m256i low[4] = {_mm256_and_si256(q[0], byte), _mm256_and_si256(q[1], byte),
+                              _mm256_and_si256(q[2], byte), _mm256_and_si256(q[3], byte)};
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * b), PackBytes(hi, false));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + 32 * b), PackBytes(low, true));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * b), PackBytes(q, false));
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    d[b] = scale;
+    qsum[b] = _mm_cvtsi128_si32(t);
+  }
+  std::memset(qs + k, 0, static_cast<size_t>(k_stride - k));
+  if constexpr (kWide) std::memset(lo + k, 0, static_cast<size_t>(k_stride - k));
+  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
+    d[b] = 0.0f;
+    qsum[b] = 0;
+  }
+}
+
+void QuantizeActs(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
+  QuantizeActsImpl<false>(x, k, k_stride, qs, nullptr, d, qsum);
+}
+void QuantizeActs16(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d, int32_t* qsum) {
+  QuantizeActsImpl<true>(x, k, k_stride, hi, lo, d, qsum);
+}
+
 // Pairs rotated 4 at a time: x * (c, c) + swap(x) * (s, s) with the even lanes' second term
 // negated (an exact sign flip), so each lane is the scalar path's two rounded products summed.
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
@@ -358,6 +425,8 @@ const KernelTable& Avx2TableWithoutVnni() {
       Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
+      QuantizeActs,
+      QuantizeActs16,
   };
   return table;
 }

@@ -267,6 +267,53 @@ void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float
   }
 }
 
+// Activation quantizers, bitwise the scalar QuantizeBlocks (ref_kernels.cc): the block's largest
+// |x| as its running max (vmaxps(a, acc) keeps acc when a is NaN, like the scalar a > amax ? a :
+// amax), scale and inverse in scalar float as there, x * inv rounded half to even by the
+// conversion (the scalar path's 1.5 * 2^23 trick), clamped to [-qmax, qmax]. kWide: 16-bit
+// (q = 256 * hi + lo), else int8.
+template <bool kWide>
+inline void QuantizeActsImpl(const float* x, int64_t k, int64_t k_stride, int8_t* qs, uint8_t* lo, float* d,
+                             int32_t* qsum) {
+  constexpr int kQmax = kWide ? 32767 : 127;
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512i hi_q = _mm512_set1_epi32(kQmax), lo_q = _mm512_set1_epi32(-kQmax);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const __m512 m =
+        _mm512_max_ps(_mm512_and_ps(x1, abs_mask), _mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_setzero_ps()));
+    const float amax = _mm512_reduce_max_ps(m);  // no NaN left: any order
+    const float scale = amax / static_cast<float>(kQmax);
+    const __m512 inv = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), lo_q), hi_q);
+    const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, inv)), lo_q), hi_q);
+    if constexpr (kWide) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 32 * b), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q0, 8)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 32 * b + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q1, 8)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 32 * b), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 32 * b), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+    }
+    d[b] = scale;
+    qsum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  }
+  std::memset(qs + k, 0, static_cast<size_t>(k_stride - k));
+  if constexpr (kWide) std::memset(lo + k, 0, static_cast<size_t>(k_stride - k));
+  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
+    d[b] = 0.0f;
+    qsum[b] = 0;
+  }
+}
+
+void QuantizeActs(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {
+  QuantizeActsImpl<false>(x, k, k_stride, qs, nullptr, d, qsum);
+}
+void QuantizeActs16(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d, int32_t* qsum) {
+  QuantizeActsImpl<true>(x, k, k_stride, hi, lo, d, qsum);
+}
+
 void Axpy(float a, const float* x, float* y, int64_t n) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t i = 0;
@@ -796,6 +843,8 @@ const KernelTable& Avx512Table() {
       Avx512AttendMany,
       Softmax,
       RopeApply,
+      QuantizeActs,
+      QuantizeActs16,
     };
     Avx512FillPacked(t);
     return t;
