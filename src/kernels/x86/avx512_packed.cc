@@ -137,7 +137,7 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
 // as the dot itself), and every weight slice is used by all T tokens as soon as it is unpacked.
 template <GgmlType kType, int T, int G>
 inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const QuantizedActs& x, int64_t t0, float* y,
-                            int64_t ldy, int valid_rows) {
+                            int64_t ldy, int valid_rows, const uint8_t* prefetch) {
   constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
@@ -148,6 +148,13 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk[G];
     for (int g = 0; g < G; ++g) blk[g] = group + g * group_bytes + b * kPackedBlockBytes<kType>;
+    if (prefetch != nullptr) {
+      for (int g = 0; g < G; ++g)
+        for (int64_t line = 0; line < kPackedBlockBytes<kType>; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + g * group_bytes + b * kPackedBlockBytes<kType> + line),
+                       _MM_HINT_T0);
+        }
+    }
     const int8_t* q[T];
     // With few tokens, two dpbusd chains per output (odd and even slices; integer sums are exact
     // in any order), so the latency of one chain of 8 does not bound the loop.
@@ -208,7 +215,7 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
 template <GgmlType kType>
 void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
                 float* y, int64_t ldy) {
-  using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*, int64_t, int);
+  using TileFn = void (*)(const uint8_t*, int64_t, const QuantizedActs&, int64_t, float*, int64_t, int, const uint8_t*);
   constexpr int kT = 6;
   static constexpr TileFn kTiles[2][kT] = {
       {PackedGroupTile<kType, 1, 1>, PackedGroupTile<kType, 2, 1>, PackedGroupTile<kType, 3, 1>,
@@ -227,7 +234,8 @@ void GemmPacked(const uint8_t* w, int64_t group_bytes, int64_t num_rows, const Q
     const int valid = static_cast<int>(num_rows - 16 * last < 16 ? num_rows - 16 * last : 16);
     for (int64_t t = 0; t < num_tokens; t += kT) {
       const int tt = static_cast<int>(num_tokens - t < kT ? num_tokens - t : kT);
-      kTiles[pair - 1][tt - 1](w + g * group_bytes, group_bytes, x, t, y + 16 * g, ldy, valid);
+      const uint8_t* next = t == 0 && stride == 2 && g + 2 < groups ? w + (g + 2) * group_bytes : nullptr;
+      kTiles[pair - 1][tt - 1](w + g * group_bytes, group_bytes, x, t, y + 16 * g, ldy, valid, next);
     }
   }
 }
