@@ -146,6 +146,7 @@ Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const Engine
   if (config.key_channels) storage_.set_key_channels(*config.key_channels);
   max_request_tokens_ = sched_.max_request_tokens();
   kv_bytes_ = storage_.num_bytes();
+  if (config.kv_prefault) prefault_seconds_ = storage_.Prefault();
   stats_.num_free_blocks = num_blocks;
   thread_ = std::thread([this] { Loop(); });
 }
@@ -166,13 +167,14 @@ uint64_t Engine::activation_bytes() const {
 
 std::string Engine::Describe() const {
   return fmt::format(
-      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}{}; up to {} tokens per request, {} at once; "
+      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}{}{}; up to {} tokens per request, {} at once; "
       "prefix caching {}; speculative decoding {}{}{}",
       num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
       config_.v_type() == config_.kv_type
           ? std::string(kernels::KvTypeName(config_.kv_type))
           : fmt::format("K {} / V {}", kernels::KvTypeName(config_.kv_type), kernels::KvTypeName(config_.v_type())),
       key_channels_active() ? " (keys per channel, calibrated)" : "",
+      prefault_seconds_ >= 0 ? fmt::format(" (committed at start in {:.2f} s)", prefault_seconds_) : "",
       max_request_tokens_, config_.sched.max_batch_size,
       config_.enable_prefix_caching ? "on" : "off", SpecMethodName(config_.spec.method),
       config_.spec.method == SpecMethod::kOff

@@ -63,6 +63,9 @@ struct EngineConfig {
   // for int8/int4 keys when the model has it; true/false force it on/off.
   std::optional<bool> key_channels;
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
+  // Commit the KV cache's memory at start-up (KvStorage::Prefault), as llama.cpp and vLLM hold
+  // theirs, instead of page by page as blocks are first written.
+  bool kv_prefault = false;
   SpecConfig spec;
   // KV retention for requests that do not choose their own (off by default). A request with a
   // budget may be longer than KV memory (up to max_seq_len); not with a draft model.
@@ -150,6 +153,7 @@ class Engine {
   int64_t num_blocks_;
   int64_t max_request_tokens_;
   uint64_t kv_bytes_;
+  double prefault_seconds_ = -1;  // KvStorage::Prefault's time; < 0 when not prefaulted
   // Engine thread only:
   KvStorage storage_;
   KvCacheManager kv_;

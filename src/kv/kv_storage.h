@@ -49,6 +49,11 @@ class KvStorage {
   static bool KeyChannelsByDefault(kernels::KvType k_type) { return kernels::KvTypeQuantized(k_type); }
   void set_key_channels(bool on) { key_channels_ = on; }
 
+  // Commits every page of the cache now (it is reserved, and otherwise committed as blocks are
+  // first written): the whole budget becomes resident at once and no step pays a page fault
+  // later. Call before the first write (the contents stay zero). Returns the seconds it took.
+  double Prefault();
+
   // The layer as the attention kernel reads it.
   kernels::KvLayer Layer(int64_t layer_idx) const;
   // Stores one position's K and V rows ([kv_dim] f32 each), converted to the storage type.

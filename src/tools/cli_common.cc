@@ -116,6 +116,9 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--max-seq-len", s.max_seq_len, "most tokens (prompt + output) per request (0 = the model's context)")
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of prompt prefixes seen before");
+  app.add_flag("--kv-prefault", config.kv_prefault,
+               "commit the whole KV cache's memory at start-up (slower start, all of it resident at once) instead of "
+               "as blocks are first written, so no step waits on page faults");
   SpecConfig& sp = config.spec;
   app.add_option("--spec", spec, "speculative decoding: off | ngram (prompt lookup) | draft (--draft-model)")
       ->capture_default_str();

@@ -79,6 +79,15 @@ else
   echo "FAIL batch concurrent vs one at a time (rc $rc1 $rc2):"; cat "$tmp/all.err"; diff "$tmp/one.jsonl" "$tmp/all.jsonl" | head -5
   fails=$((fails + 1))
 fi
+# --kv-prefault commits the cache at start (and says so), and changes nothing in the output.
+"$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/prefault.jsonl" --kv-cache-memory 150K --block-size 8 --prefill-chunk-size 5 \
+  --max-num-batched-tokens 32 --no-progress --kv-prefault 2>"$tmp/prefault.err"
+if cmp -s "$tmp/one.jsonl" "$tmp/prefault.jsonl" && grep -q 'committed at start' "$tmp/prefault.err"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL batch --kv-prefault:"; cat "$tmp/prefault.err"; diff "$tmp/one.jsonl" "$tmp/prefault.jsonl" | head -5
+  fails=$((fails + 1))
+fi
 # Speculative decoding (prompt lookup, and the model as its own draft) changes nothing in the output.
 for spec in "--spec ngram --spec-always" "--spec draft --draft-model $(dirname "$0")/../../models/stories260K.gguf --spec-always"; do
   # shellcheck disable=SC2086
