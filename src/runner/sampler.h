@@ -35,15 +35,22 @@ class Sampler {
   // history: the tokens the penalties look at (prompt + generated). logits is modified.
   int32_t Sample(std::span<float> logits, std::span<const int32_t> history);
 
-  // The candidates (token, probability) the last Sample drew from, after all truncations.
+  // The candidates (token, probability) the last Sample drew from, after all truncations (in no
+  // particular order); empty when nothing was truncated (every token of the vocabulary).
   const std::vector<std::pair<int32_t, float>>& last_candidates() const { return candidates_; }
 
  private:
   void ApplyPenalties(std::span<float> logits, std::span<const int32_t> history);
+  // After top-k: applies top-p and min-p to candidates_ (sorted, most likely first) whose
+  // probabilities are in probs_, and draws one of the survivors.
+  int32_t DrawSorted();
 
   SamplingParams params_;
   Rng rng_;
   std::vector<std::pair<int32_t, float>> candidates_;  // scratch: [vocab] (id, logit or prob)
+  std::vector<double> probs_;                          // scratch: candidates_' probabilities
+  std::vector<float> weights_;                         // scratch: [vocab] exp(logit - max)
+  std::vector<uint16_t> bucket_;                       // scratch: [vocab] top-p bucket
   std::unordered_map<int32_t, int32_t> counts_;        // scratch: token -> occurrences
 };
 

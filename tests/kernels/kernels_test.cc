@@ -1310,6 +1310,29 @@ namespace {
 
 // KV-cache conversions: every ISA bitwise equal to the scalar rounding, on random values across
 // all exponents plus the special cases (ties, subnormals, overflow, infinities, NaNs).
+// The sampler's softmax weights: every ISA's exp(x - m) is bitwise glibc's expf of the float
+// difference, over the whole range a logit row can take (and the tails of odd lengths).
+TEST(KernelsTest, ExpShiftedMatchesScalar) {
+  Rng rng(12);
+  std::vector<float> x(4099);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = rng.Uniform(-120.0f, 30.0f);
+  x[0] = 30.0f;  // the row's max: exp(0) = 1
+  x[1] = -INFINITY;
+  x[2] = NAN;
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  std::vector<float> want(x.size()), got(x.size());
+  for (Isa isa : SimdIsas()) {
+    for (const int64_t n : {int64_t{4099}, int64_t{7}, int64_t{16}}) {
+      ref.exp_shifted(x.data(), 30.0f, want.data(), n);
+      GetKernelTable(isa)->exp_shifted(x.data(), 30.0f, got.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(F32Bits(got[i]), F32Bits(want[i])) << IsaName(isa) << " x " << x[i] << " n " << n;
+      }
+    }
+    EXPECT_EQ(want[0], 1.0f);
+  }
+}
+
 TEST(KernelsTest, F16AndBf16ConversionsMatchScalar) {
   Rng rng(9);
   std::vector<float> x;

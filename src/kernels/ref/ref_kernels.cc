@@ -158,6 +158,10 @@ void SiluMulRef(float* gate, const float* up, int64_t n) {
   }
 }
 
+void ExpShiftedRef(const float* x, float m, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i] - m);
+}
+
 void AxpyRef(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -323,6 +327,7 @@ const KernelTable& ScalarTable() {
       AttendManyReference,
       SoftmaxReference,
       RopeApplyReference,
+      ExpShiftedRef,
       QuantizeActivations,
       QuantizeActivations16,
   };

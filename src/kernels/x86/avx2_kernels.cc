@@ -185,6 +185,17 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 
+void ExpShifted(const float* x, float m, float* out, int64_t n) {
+  const __m256 mv = _mm256_set1_ps(m);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), mv);
+    _mm256_storeu_ps(out + i, _mm256_set_m128(ExpfLikeLibm4(_mm256_extractf128_ps(v, 1)),
+                                              ExpfLikeLibm4(_mm256_castps256_ps128(v))));
+  }
+  for (; i < n; ++i) out[i] = std::exp(x[i] - m);
+}
+
 // Activation quantizers, bitwise the scalar QuantizeBlocks (see avx512_kernels.cc's): running
 // max of |x| (vmaxps(a, acc) keeps acc for a NaN, as the scalar a > amax ? a : amax), scalar
 // scale and inverse, x * inv rounded half to even by the conversion, clamped to [-qmax, qmax].
@@ -425,6 +436,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
+      ExpShifted,
       QuantizeActs,
       QuantizeActs16,
   };

@@ -267,6 +267,18 @@ void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float
   }
 }
 
+void ExpShifted(const float* x, float m, float* out, int64_t n) {
+  const uint64_t* table = ExpfTable32();
+  const __m512 mv = _mm512_set1_ps(m);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + i), mv);
+    _mm512_storeu_ps(out + i, _mm512_insertf32x8(_mm512_castps256_ps512(ExpfLikeLibm(_mm512_castps512_ps256(v), table)),
+                                                 ExpfLikeLibm(_mm512_extractf32x8_ps(v, 1), table), 1));
+  }
+  for (; i < n; ++i) out[i] = std::exp(x[i] - m);
+}
+
 // Activation quantizers, bitwise the scalar QuantizeBlocks (ref_kernels.cc): the block's largest
 // |x| as its running max (vmaxps(a, acc) keeps acc when a is NaN, like the scalar a > amax ? a :
 // amax), scale and inverse in scalar float as there, x * inv rounded half to even by the
@@ -843,6 +855,7 @@ const KernelTable& Avx512Table() {
       Avx512AttendMany,
       Softmax,
       RopeApply,
+      ExpShifted,
       QuantizeActs,
       QuantizeActs16,
     };
