@@ -21,16 +21,7 @@ Status SamplingParams::Validate() const {
 }
 
 int32_t ArgMax(std::span<const float> logits) {
-  // The first index of the largest value; the running best stays in a register.
-  int32_t best = 0;
-  float best_value = logits[0];
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > best_value) {
-      best_value = logits[i];
-      best = static_cast<int32_t>(i);
-    }
-  }
-  return best;
+  return static_cast<int32_t>(kernels::Active().argmax(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}

@@ -1333,6 +1333,38 @@ TEST(KernelsTest, ExpShiftedMatchesScalar) {
   }
 }
 
+// Greedy sampling's argmax: every ISA returns the scalar loop's index (first of equal maxima, NaNs
+// ignored unless first, +0 and -0 equal) for rows with the maximum in the vector body and in the
+// tail, repeated, and with NaNs and infinities about.
+TEST(KernelsTest, ArgMaxMatchesScalar) {
+  Rng rng(13);
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  auto check = [&](const std::vector<float>& x, const char* what) {
+    const int64_t want = ref.argmax(x.data(), static_cast<int64_t>(x.size()));
+    for (Isa isa : SimdIsas()) {
+      ASSERT_EQ(GetKernelTable(isa)->argmax(x.data(), static_cast<int64_t>(x.size())), want) << IsaName(isa) << " " << what;
+    }
+  };
+  for (const int n : {1, 7, 16, 17, 100, 32000}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = rng.Uniform(-5.0f, 5.0f);
+    check(x, "random");
+    x[n - 1] = 9.0f;  // in the tail
+    check(x, "max last");
+    x[n / 2] = 9.0f;  // an earlier equal maximum
+    check(x, "two maxima");
+    x[0] = NAN;
+    check(x, "NaN first");
+    x[0] = 1.0f;
+    x[n / 3] = NAN;
+    check(x, "NaN inside");
+    x[n / 4] = INFINITY;
+    check(x, "inf");
+  }
+  check({-1.0f, -0.0f, 0.0f}, "signed zeros");
+  check({-INFINITY, -INFINITY}, "all -inf");
+}
+
 TEST(KernelsTest, F16AndBf16ConversionsMatchScalar) {
   Rng rng(9);
   std::vector<float> x;

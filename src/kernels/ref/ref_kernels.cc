@@ -158,6 +158,18 @@ void SiluMulRef(float* gate, const float* up, int64_t n) {
   }
 }
 
+int64_t ArgMaxRef(const float* x, int64_t n) {
+  int64_t best = 0;
+  float best_value = x[0];
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > best_value) {
+      best_value = x[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
 void ExpShiftedRef(const float* x, float m, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i] - m);
 }
@@ -327,6 +339,7 @@ const KernelTable& ScalarTable() {
       AttendManyReference,
       SoftmaxReference,
       RopeApplyReference,
+      ArgMaxRef,
       ExpShiftedRef,
       QuantizeActivations,
       QuantizeActivations16,

@@ -185,6 +185,27 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 
+// The scalar ArgMax's answer in two passes (see the AVX-512 one).
+int64_t ArgMax(const float* x, int64_t n) {
+  if (std::isnan(x[0])) return 0;
+  __m256 acc = _mm256_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + i), acc);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // no NaN in acc
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  float best = _mm_cvtss_f32(h);
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  const __m256 bv = _mm256_set1_ps(best);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), bv, _CMP_EQ_OQ));
+    if (eq != 0) return i + __builtin_ctz(static_cast<unsigned>(eq));
+  }
+  for (; x[i] != best; ++i) {
+  }
+  return i;
+}
+
 void ExpShifted(const float* x, float m, float* out, int64_t n) {
   const __m256 mv = _mm256_set1_ps(m);
   int64_t i = 0;
@@ -436,6 +457,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
+      ArgMax,
       ExpShifted,
       QuantizeActs,
       QuantizeActs16,

@@ -267,6 +267,25 @@ void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float
   }
 }
 
+// The scalar ArgMax's answer in two passes: the largest value (vmaxps(x, acc) keeps acc for a
+// NaN x, as the scalar x > best does), then its first index.
+int64_t ArgMax(const float* x, int64_t n) {
+  if (std::isnan(x[0])) return 0;  // nothing compares greater than the scalar's first best
+  __m512 acc = _mm512_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(_mm512_loadu_ps(x + i), acc);
+  float best = _mm512_reduce_max_ps(acc);  // no NaN in acc
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  const __m512 bv = _mm512_set1_ps(best);
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), bv, _CMP_EQ_OQ);
+    if (eq != 0) return i + __builtin_ctz(eq);
+  }
+  for (; x[i] != best; ++i) {
+  }
+  return i;
+}
+
 void ExpShifted(const float* x, float m, float* out, int64_t n) {
   const uint64_t* table = ExpfTable32();
   const __m512 mv = _mm512_set1_ps(m);
@@ -855,6 +874,7 @@ const KernelTable& Avx512Table() {
       Avx512AttendMany,
       Softmax,
       RopeApply,
+      ArgMax,
       ExpShifted,
       QuantizeActs,
       QuantizeActs16,
