@@ -116,8 +116,10 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
 template <GgmlType kType, bool kVnni>
 void GemmQuant(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x, int64_t num_tokens,
                float* y, int64_t ldy) {
-  static constexpr TileQuantFn kTiles[2][2] = {{TileQuant<kType, 1, 1, kVnni>, TileQuant<kType, 1, 2, kVnni>},
-                                               {TileQuant<kType, 2, 1, kVnni>, TileQuant<kType, 2, 2, kVnni>}};
+  static constexpr TileQuantFn kTiles[3][3] = {
+      {TileQuant<kType, 1, 1, kVnni>, TileQuant<kType, 1, 2, kVnni>, TileQuant<kType, 1, 3, kVnni>},
+      {TileQuant<kType, 2, 1, kVnni>, TileQuant<kType, 2, 2, kVnni>, TileQuant<kType, 2, 3, kVnni>},
+      {TileQuant<kType, 3, 1, kVnni>, TileQuant<kType, 3, 2, kVnni>, TileQuant<kType, 3, 3, kVnni>}};
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, &x, x.k, y, ldy);
 }
 
