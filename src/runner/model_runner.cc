@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/profiler.h"
+#include "kernels/kernels.h"
 
 namespace gale {
 
@@ -20,8 +21,11 @@ namespace {
 void Logprobs(std::span<const float> logits, int32_t token, int k, TokenLogprobs* out) {
   float max = logits[0];
   for (float l : logits) max = l > max ? l : max;
+  thread_local std::vector<float> w;  // exp(l - max) by the kernel table's vector expf
+  w.resize(logits.size());
+  kernels::Active().exp_shifted(logits.data(), max, w.data(), static_cast<int64_t>(logits.size()));
   double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l - max));
+  for (float v : w) sum += v;
   const float log_z = max + static_cast<float>(std::log(sum));
   out->logprob = logits[token] - log_z;
   out->top.clear();
