@@ -269,12 +269,7 @@ inline void QuantizeActsImpl(const float* x, int64_t k, int64_t k_stride, int8_t
     d[b] = scale;
     qsum[b] = _mm_cvtsi128_si32(t);
   }
-  std::memset(qs + k, 0, static_cast<size_t>(k_stride - k));
-  if constexpr (kWide) std::memset(lo + k, 0, static_cast<size_t>(k_stride - k));
-  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
-    d[b] = 0.0f;
-    qsum[b] = 0;
-  }
+  ZeroActPadding(k, k_stride, qs, lo, d, qsum);
 }
 
 void QuantizeActs(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "gguf/ggml_types.h"
 
@@ -51,6 +52,17 @@ constexpr int kW4A16Group = kType == GgmlType::kW4A16G64 || kType == GgmlType::k
                             : kType == GgmlType::kW4A16G128 || kType == GgmlType::kW4A16ZG128 ? 128 : 0;
 template <GgmlType kType>
 constexpr bool kW4A16Zero = kType == GgmlType::kW4A16ZG64 || kType == GgmlType::kW4A16ZG128;
+
+// The activation quantizers' padding (QuantizedActs): bytes k..k_stride zero (and their 16-bit low
+// bytes when lo is set), blocks k / 32.. with scale and sum 0.
+inline void ZeroActPadding(int64_t k, int64_t k_stride, int8_t* qs, uint8_t* lo, float* d, int32_t* qsum) {
+  std::memset(qs + k, 0, static_cast<size_t>(k_stride - k));
+  if (lo != nullptr) std::memset(lo + k, 0, static_cast<size_t>(k_stride - k));
+  for (int64_t b = k / 32; b < k_stride / 32; ++b) {
+    d[b] = 0.0f;
+    qsum[b] = 0;
+  }
+}
 
 // Per-thread 64-byte aligned scratch of at least n floats (C allocation: no std:: template is
 // instantiated in the ISA translation units). One per translation unit and thread; callers
