@@ -62,7 +62,7 @@ BENCHMARK(BM_MatMulLongRows)->ArgsProduct({{0, 1, 2}, {768, 2048, 5632}, {1, 2}}
 void BM_MatMulStreaming(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 131072, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, int64_t tokens, int threads) {
   Matrix m = MakeMatrix(t, cols, rows);
