@@ -54,6 +54,18 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
     return id;
   }
   const int32_t vocab = static_cast<int32_t>(logits.size());
+  // A broken row (NaN, or no finite largest logit) must not break the sorts and sums below: NaN
+  // counts as -inf, and a row whose largest logit is not finite gets its argmax.
+  float max = -INFINITY;
+  for (float& l : logits) {
+    if (std::isnan(l)) l = -INFINITY;
+    max = l > max ? l : max;
+  }
+  if (!std::isfinite(max)) {
+    const int32_t id = ArgMax(logits);
+    candidates_.push_back({id, 1.0f});
+    return id;
+  }
   auto by_logit = [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); };
   if (params_.top_k > 0 && params_.top_k < vocab) {
     // top-k: partial sort keeps it O(V log k); the softmax is over the k survivors.
@@ -76,9 +88,8 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
   // of 32,000 candidates took ~2.7 ms per token, more than a small model's decode step).
   if (params_.temperature != 1.0f) {
     for (float& l : logits) l /= params_.temperature;
+    max /= params_.temperature;  // the same division of the same value: still the largest
   }
-  float max = -INFINITY;
-  for (float l : logits) max = l > max ? l : max;
   // Weights exp(l - max) in float (the vector expf of the kernel table; at most 1, the largest),
   // summed in double over four chains.
   weights_.resize(vocab);
@@ -98,9 +109,10 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
       cum += weights_[i];
       if (r < cum) return i;
     }
-    for (int32_t i = vocab - 1;; --i) {  // r at the very top (rounding): the last token with weight
-      if (weights_[i] > 0.0) return i;
+    for (int32_t i = vocab - 1; i > 0; --i) {  // r at the very top (rounding): the last token with weight
+      if (weights_[i] > 0.0f) return i;
     }
+    return 0;
   }
   // top-p / min-p keep a prefix of the tokens sorted by probability (largest first, ties by id),
   // found without sorting the vocabulary: tokens go into buckets by how far their logit is below

@@ -169,6 +169,35 @@ TEST(SamplerTest, NucleusOverALargeVocabularyMatchesTheSortedDefinition) {
   }
 }
 
+// Rows a broken model could produce never crash a sampler nor yield a NaN token: NaN logits count
+// as -inf, and a row without a finite largest logit (all NaN or -inf, or a +inf) gets its argmax.
+TEST(SamplerTest, NonFiniteLogitsAreSafe) {
+  std::vector<float> base = test::RandomFloats(3000, 5, -3.0f, 3.0f);
+  for (int i = 0; i < 3000; i += 7) base[i] = NAN;
+  base[11] = -INFINITY;
+  struct Case {
+    int top_k;
+    float top_p, min_p;
+  };
+  for (const Case c : {Case{0, 1.0f, 0.0f}, Case{0, 0.9f, 0.0f}, Case{0, 1.0f, 0.05f}, Case{40, 0.95f, 0.05f}}) {
+    SamplingParams p = Plain(1.3f, 3);
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    Sampler s(p);
+    for (int i = 0; i < 200; ++i) {
+      std::vector<float> l = base;
+      const int id = s.Sample(l, {});
+      ASSERT_TRUE(id >= 0 && id < 3000 && id % 7 != 0 && id != 11) << id;
+    }
+    std::vector<float> all_nan(100, NAN), all_neg(100, -INFINITY), pos_inf = test::RandomFloats(100, 6);
+    pos_inf[42] = INFINITY;
+    EXPECT_EQ(s.Sample(all_nan, {}), 0);
+    EXPECT_EQ(s.Sample(all_neg, {}), 0);
+    EXPECT_EQ(s.Sample(pos_inf, {}), 42);
+  }
+}
+
 TEST(SamplerTest, MinPDropsUnlikelyTokens) {
   std::vector<float> logits = {5.0f, 4.0f, 1.0f, 0.0f};  // p ratios to max: 1, .37, .018, .0067
   SamplingParams p = Plain(1.0f, 8);
