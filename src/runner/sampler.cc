@@ -1,5 +1,6 @@
-// Sampling arithmetic. Probabilities are computed in double for the truncation sums, so top-p
-// boundaries do not move with float rounding.
+// Sampling arithmetic. Softmax weights are float (the kernel table's vector expf, at most 1) and
+// every sum over them is in double, so top-p boundaries do not move with float rounding; after
+// top-k the k survivors' weights are double exps.
 #include "runner/sampler.h"
 
 #include <algorithm>
