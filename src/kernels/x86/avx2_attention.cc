@@ -53,13 +53,6 @@ inline __m256 SumEach8(const __m256 (&v)[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
 }
 
-inline float MaxOf8(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
 // Bytes of 8 elements of the type.
 template <KvType kType>
 inline constexpr int kGroupBytes = kKvBytes<kType, 8>;

@@ -39,6 +39,14 @@ inline float HSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Largest of 8 floats (vmaxps pairwise: with a NaN lane the result depends on its place).
+inline float MaxOf8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const QuantizedActs*, int64_t, float*, int64_t);
 
 // Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, or Q4_0's (and a W4A8

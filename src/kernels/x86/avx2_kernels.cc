@@ -191,10 +191,7 @@ int64_t ArgMax(const float* x, int64_t n) {
   __m256 acc = _mm256_set1_ps(x[0]);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + i), acc);
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // no NaN in acc
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  float best = _mm_cvtss_f32(h);
+  float best = MaxOf8(acc);  // no NaN in acc
   for (; i < n; ++i) best = x[i] > best ? x[i] : best;
   const __m256 bv = _mm256_set1_ps(best);
   for (i = 0; i + 8 <= n; i += 8) {
@@ -241,10 +238,7 @@ inline void QuantizeActsImpl(const float* x, int64_t k, int64_t k_stride, int8_t
       xv[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
       m = _mm256_max_ps(_mm256_and_ps(xv[j], abs_mask), m);
     }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));  // no NaN left: any order
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float scale = _mm_cvtss_f32(h) / static_cast<float>(kQmax);
+    const float scale = MaxOf8(m) / static_cast<float>(kQmax);  // no NaN left in m
     const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
     __m256i q[4];
     __m256i sum = _mm256_setzero_si256();
