@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "base/check.h"
 #include "base/fp16.h"
@@ -16,6 +17,9 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kF32, "f32", 1, 4},
     {GgmlType::kF16, "f16", 1, 2},
     {GgmlType::kQ4_0, "q4_0", kQK4_0, sizeof(BlockQ4_0)},
+    {GgmlType::kQ4_1, "q4_1", 32, sizeof(BlockQ4_1)},
+    {GgmlType::kQ5_0, "q5_0", 32, sizeof(BlockQ5_0)},
+    {GgmlType::kQ5_1, "q5_1", 32, sizeof(BlockQ5_1)},
     {GgmlType::kQ8_0, "q8_0", kQK8_0, sizeof(BlockQ8_0)},
     {GgmlType::kQ4_K, "q4_K", kQK_K, sizeof(BlockQ4_K)},
     {GgmlType::kQ5_K, "q5_K", kQK_K, sizeof(BlockQ5_K)},
@@ -52,6 +56,76 @@ void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
     for (int j = 0; j < kQK8_0; ++j) {
       y[b].qs[j] = static_cast<int8_t>(std::roundf(x[b * kQK8_0 + j] * id));
     }
+  }
+}
+
+// llama.cpp's quantize_row_q4_1_ref / q5_0 / q5_1 (round half up by truncating x + 0.5, q5_1
+// unclamped as theirs: its largest value lands on 31 exactly or just below).
+void QuantizeQ4_1(const float* x, BlockQ4_1* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+    for (int j = 0; j < 32; ++j) {
+      if (xb[j] < lo) lo = xb[j];
+      if (xb[j] > hi) hi = xb[j];
+    }
+    const float d = (hi - lo) / 15.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = Fp32ToFp16(d);
+    y[b].m = Fp32ToFp16(lo);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>((xb[j] - lo) * id + 0.5f)));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>((xb[j + 16] - lo) * id + 0.5f)));
+      y[b].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+// Stores 32 values 0..31 as Q5's nibbles and fifth bits.
+void PackQ5(const int (&q)[32], uint8_t* qh, uint8_t* qs) {
+  uint32_t h = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+    h |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    h |= static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  for (int i = 0; i < 4; ++i) qh[i] = static_cast<uint8_t>(h >> (8 * i));
+}
+
+void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f, max = 0.0f;  // largest magnitude, and that value with its sign
+    for (int j = 0; j < 32; ++j) {
+      if (amax < std::fabs(xb[j])) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = Fp32ToFp16(d);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = std::min(31, static_cast<int>(static_cast<int8_t>(xb[j] * id + 16.5f)));
+    PackQ5(q, y[b].qh, y[b].qs);
+  }
+}
+
+void QuantizeQ5_1(const float* x, BlockQ5_1* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+    for (int j = 0; j < 32; ++j) {
+      if (xb[j] < lo) lo = xb[j];
+      if (xb[j] > hi) hi = xb[j];
+    }
+    const float d = (hi - lo) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = Fp32ToFp16(d);
+    y[b].m = Fp32ToFp16(lo);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>((xb[j] - lo) * id + 0.5f);
+    PackQ5(q, y[b].qh, y[b].qs);
   }
 }
 
@@ -295,7 +369,25 @@ void DequantizeQ6_K(const BlockQ6_K* b, float* y, int64_t n) {
 
 bool CanQuantize(GgmlType type) {
   return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
-         type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || W4FormatOf(type).group > 0;
+         type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ||
+         type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || W4FormatOf(type).group > 0;
+}
+
+uint32_t LlamaFileType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32: return 0;
+    case GgmlType::kF16: return 1;
+    case GgmlType::kQ4_0: return 2;
+    case GgmlType::kQ4_1: return 3;
+    case GgmlType::kQ8_0: return 7;
+    case GgmlType::kQ5_0: return 8;
+    case GgmlType::kQ5_1: return 9;
+    case GgmlType::kQ4_K: return 14;  // Q4_K_S
+    case GgmlType::kQ5_K: return 16;  // Q5_K_S
+    case GgmlType::kQ6_K: return 18;
+    case GgmlType::kBF16: return 32;
+    default: return 1024;
+  }
 }
 
 W4Format W4FormatOf(GgmlType type) {
@@ -381,6 +473,18 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
       CHECK(n % kQK4_0 == 0);
       QuantizeQ4_0(src, static_cast<BlockQ4_0*>(dst), n);
       return;
+    case GgmlType::kQ4_1:
+      CHECK(n % 32 == 0);
+      QuantizeQ4_1(src, static_cast<BlockQ4_1*>(dst), n);
+      return;
+    case GgmlType::kQ5_0:
+      CHECK(n % 32 == 0);
+      QuantizeQ5_0(src, static_cast<BlockQ5_0*>(dst), n);
+      return;
+    case GgmlType::kQ5_1:
+      CHECK(n % 32 == 0);
+      QuantizeQ5_1(src, static_cast<BlockQ5_1*>(dst), n);
+      return;
     case GgmlType::kQ4_K:
       CHECK(n % kQK_K == 0);
       QuantizeQ4_K(src, static_cast<BlockQ4_K*>(dst), n);
@@ -434,6 +538,37 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
           dst[i * kQK4_0 + j] = d * ((b[i].qs[j] & 0x0f) - 8);
           dst[i * kQK4_0 + j + kQK4_0 / 2] = d * ((b[i].qs[j] >> 4) - 8);
         }
+      }
+      return;
+    }
+    case GgmlType::kQ4_1: {
+      const auto* b = static_cast<const BlockQ4_1*>(src);
+      for (int64_t i = 0; i < n / 32; ++i) {
+        const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
+        for (int j = 0; j < 16; ++j) {
+          dst[i * 32 + j] = d * static_cast<float>(b[i].qs[j] & 0x0f) + m;
+          dst[i * 32 + j + 16] = d * static_cast<float>(b[i].qs[j] >> 4) + m;
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ5_0: {
+      const auto* b = static_cast<const BlockQ5_0*>(src);
+      uint8_t q[32];
+      for (int64_t i = 0; i < n / 32; ++i) {
+        const float d = Fp16ToFp32(b[i].d);
+        UnpackQ5(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j] - 16);
+      }
+      return;
+    }
+    case GgmlType::kQ5_1: {
+      const auto* b = static_cast<const BlockQ5_1*>(src);
+      uint8_t q[32];
+      for (int64_t i = 0; i < n / 32; ++i) {
+        const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
+        UnpackQ5(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j]) + m;
       }
       return;
     }

@@ -15,6 +15,9 @@ enum class GgmlType : uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ5_K = 13,
@@ -50,6 +53,51 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
+// Q4_1: Q4_0's nibble order with an f16 offset; x = d * nibble + m.
+struct BlockQ4_1 {
+  uint16_t d;  // f16 scale
+  uint16_t m;  // f16 offset (the block's minimum)
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_1) == 20);
+
+// Q5_0 / Q5_1: Q4_0's nibbles plus a fifth bit per element in qh (a little-endian 32-bit word:
+// bit j for element j); q = nibble | bit << 4 in [0, 31]. Q5_0: x = d * (q - 16); Q5_1:
+// x = d * q + m.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+
+// The 32 5-bit values of a Q5_0/Q5_1 block, in element order.
+static inline void UnpackQ5(const uint8_t* qh, const uint8_t* qs, uint8_t* q) {
+  const uint32_t h = static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+                     static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<uint8_t>((qs[j] & 0x0f) | ((h >> j) & 1) << 4);
+    q[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
+  }
+}
+
+// Q5_0 blocks as Q8_0 ones, exactly: the same scale, q - 16 in a byte.
+static inline void Q5_0ToQ8_0(const BlockQ5_0* src, BlockQ8_0* dst, int64_t num_blocks) {
+  uint8_t q[32];
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    UnpackQ5(src[b].qh, src[b].qs, q);
+    dst[b].d = src[b].d;
+    for (int j = 0; j < 32; ++j) dst[b].qs[j] = static_cast<int8_t>(q[j] - 16);
+  }
+}
+
 // A group of the W4 types: G/32 runs of 16 bytes, each holding 32 elements in Q4_0's order
 // (element j < 16 of run s is the low nibble of qs[16 s + j], element j + 16 its high nibble),
 // so int8-activation kernels read a run as they read a Q4_0 block.
@@ -73,6 +121,10 @@ struct W4Format {
   bool zero_point = false;
 };
 W4Format W4FormatOf(GgmlType type);
+
+// llama.cpp's llama_ftype ("general.file_type") of a file mostly of this type; 1024 ("guessed")
+// for types no llama_ftype names (gale's own).
+uint32_t LlamaFileType(GgmlType type);
 
 // K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16).
 inline constexpr int kQK_K = 256;

@@ -47,6 +47,9 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kBF16: return kSlotBF16;
     case GgmlType::kQ8_0: return kSlotQ8_0;
     case GgmlType::kQ4_0: return kSlotQ4_0;
+    case GgmlType::kQ4_1: return kSlotQ4_1;
+    case GgmlType::kQ5_0: return kSlotQ5_0;
+    case GgmlType::kQ5_1: return kSlotQ5_1;
     case GgmlType::kQ4_K: return kSlotQ4_K;
     case GgmlType::kQ5_K: return kSlotQ5_K;
     case GgmlType::kQ6_K: return kSlotQ6_K;

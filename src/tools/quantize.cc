@@ -22,7 +22,10 @@ StatusOr<QuantScheme> ParseQuantScheme(const std::string& name) {
   if (name == "w4a8") return QuantScheme::kW4A8;
   if (name == "q4_k") return QuantScheme::kQ4_K;
   if (name == "q6_k") return QuantScheme::kQ6_K;
-  return InvalidArgument("--type '{}' is not one of q8_0, q4_0, q4_k, q6_k, w8a8, w4a16, w4a8", name);
+  if (name == "q4_1") return QuantScheme::kQ4_1;
+  if (name == "q5_0") return QuantScheme::kQ5_0;
+  if (name == "q5_1") return QuantScheme::kQ5_1;
+  return InvalidArgument("--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, w8a8, w4a16, w4a8", name);
 }
 
 const char* QuantSchemeName(QuantScheme s) {
@@ -34,6 +37,9 @@ const char* QuantSchemeName(QuantScheme s) {
     case QuantScheme::kW4A8: return "w4a8";
     case QuantScheme::kQ4_K: return "q4_k";
     case QuantScheme::kQ6_K: return "q6_k";
+    case QuantScheme::kQ4_1: return "q4_1";
+    case QuantScheme::kQ5_0: return "q5_0";
+    case QuantScheme::kQ5_1: return "q5_1";
   }
   return "?";
 }
@@ -53,6 +59,9 @@ StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
     case QuantScheme::kQ4_0: return GgmlType::kQ4_0;
     case QuantScheme::kQ4_K: return GgmlType::kQ4_K;
     case QuantScheme::kQ6_K: return GgmlType::kQ6_K;
+    case QuantScheme::kQ4_1: return GgmlType::kQ4_1;
+    case QuantScheme::kQ5_0: return GgmlType::kQ5_0;
+    case QuantScheme::kQ5_1: return GgmlType::kQ5_1;
     case QuantScheme::kW4A16:
       if (o.group_size == 64) return o.zero_point ? GgmlType::kW4A16ZG64 : GgmlType::kW4A16G64;
       return o.zero_point ? GgmlType::kW4A16ZG128 : GgmlType::kW4A16G128;
@@ -330,18 +339,14 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     }
   }
   const bool calibrated = options.calibration != nullptr;
-  const bool rtn_only = options.scheme == QuantScheme::kQ8_0 || options.scheme == QuantScheme::kQ4_0 ||
-                        options.scheme == QuantScheme::kQ4_K || options.scheme == QuantScheme::kQ6_K;
+  const bool rtn_only = options.scheme != QuantScheme::kW8A8 && options.scheme != QuantScheme::kW4A16 &&
+                        options.scheme != QuantScheme::kW4A8;
   if (calibrated && rtn_only) {
     return InvalidArgument("calibration (--calib) is for w8a8, w4a16 and w4a8; llama.cpp's types are round to nearest");
   }
   if (calibrated && options.pool == nullptr) return InvalidArgument("calibration needs a thread pool");
   for (const auto& [key, value] : in.metadata()) out->SetValue(key, value);
-  // llama.cpp's file types: 7 mostly Q8_0, 2 mostly Q4_0, 14 Q4_K_S, 18 Q6_K; 1024 ("guessed")
-  // for gale's own types.
-  const uint32_t ftype = type == GgmlType::kQ8_0 ? 7 : type == GgmlType::kQ4_0 ? 2 : type == GgmlType::kQ4_K ? 14
-                         : type == GgmlType::kQ6_K ? 18 : 1024;
-  out->SetU32("general.file_type", ftype);
+  out->SetU32("general.file_type", LlamaFileType(type));
   out->SetU32("general.quantization_version", 2);
   out->SetString("gale.quantization.scheme", QuantSchemeName(options.scheme));
   const int64_t block = TypeTraits(type).block_size;
@@ -396,8 +401,10 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     const Edit* edit = edit_it != edits.end() ? &edit_it->second : nullptr;
     GgmlType target = options.transform_only ? GgmlType::kF32 : type;
     if (why.empty() && t.shape[0] % block != 0) {
-      target = GgmlType::kF16;
-      report.to_f16.push_back(fmt::format("{} (rows of {})", t.name, t.shape[0]));
+      // As llama.cpp: a K-quant's 32-element counterpart where the rows allow, else F16.
+      const GgmlType alt = type == GgmlType::kQ4_K ? GgmlType::kQ5_0 : type == GgmlType::kQ6_K ? GgmlType::kQ8_0 : type;
+      target = alt != type && t.shape[0] % 32 == 0 ? alt : GgmlType::kF16;
+      report.fallbacks.push_back(fmt::format("{} (rows of {}): {}", t.name, t.shape[0], TypeTraits(target).name));
     }
     if (!why.empty()) {
       if (t.shape.size() == 2) report.kept.push_back(fmt::format("{} ({})", t.name, why));

@@ -71,7 +71,7 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
                            s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
   }
   if (!CanQuantize(type)) {
-    return InvalidArgument("synth: cannot write {} yet (f32, f16, bf16, q8_0, q4_0)", TypeTraits(type).name);
+    return InvalidArgument("synth: cannot write {} yet (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, gale's w4 types)", TypeTraits(type).name);
   }
   const int64_t block = TypeTraits(type).block_size;
   if (s.dim % block != 0 || s.ffn_dim % block != 0) {
@@ -83,17 +83,7 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
   GgufWriter w;
   w.SetString("general.architecture", "llama");
   w.SetString("general.name", "gale-synth-" + s.name + "-" + std::string(TypeTraits(type).name));
-  // llama.cpp's llama_ftype for the file's dominant type.
-  uint32_t ftype = 0;
-  switch (type) {
-    case GgmlType::kF32: ftype = 0; break;
-    case GgmlType::kF16: ftype = 1; break;
-    case GgmlType::kQ4_0: ftype = 2; break;
-    case GgmlType::kQ8_0: ftype = 7; break;
-    case GgmlType::kBF16: ftype = 32; break;
-    default: ftype = 1024; break;  // llama.cpp's "guessed": no llama_ftype names gale's own types
-  }
-  w.SetU32("general.file_type", ftype);
+  w.SetU32("general.file_type", LlamaFileType(type));
   w.SetU32("llama.context_length", static_cast<uint32_t>(s.context_length));
   w.SetU32("llama.embedding_length", static_cast<uint32_t>(s.dim));
   w.SetU32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));

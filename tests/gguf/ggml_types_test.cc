@@ -56,6 +56,10 @@ TEST(Bf16Test, RoundsToNearestEven) {
 TEST(GgmlTypesTest, LayoutsMatchLlamaCpp) {
   EXPECT_EQ(RowBytes(GgmlType::kQ8_0, 64), 68);
   EXPECT_EQ(RowBytes(GgmlType::kQ4_0, 64), 36);
+  EXPECT_EQ(RowBytes(GgmlType::kQ4_1, 64), 40);
+  EXPECT_EQ(RowBytes(GgmlType::kQ5_0, 64), 44);
+  EXPECT_EQ(RowBytes(GgmlType::kQ5_1, 64), 48);
+  EXPECT_EQ(TypeName(6), "q5_0");
   EXPECT_EQ(RowBytes(GgmlType::kF16, 10), 20);
   EXPECT_EQ(BlockLayout(12)->block_bytes, 144);  // q4_K
   EXPECT_EQ(BlockLayout(13)->block_bytes, 176);  // q5_K
@@ -98,17 +102,78 @@ TEST(GgmlTypesTest, Q4_0KnownBlockAndNibbleOrder) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], x[i]) << i;
 }
 
+// Q5_0: d = -(the largest magnitude, signed) / 16; q = trunc(x / d + 16.5) capped at 31; element j's
+// low 4 bits in byte j % 16 (high nibble from element 16 on) and its fifth bit in bit j of qh.
+TEST(GgmlTypesTest, Q5_0KnownBlockAndBitOrder) {
+  float x[32] = {};
+  x[0] = -16.0f;  // d = 1; q = 0
+  x[1] = 15.0f;   // q = 31
+  x[16] = 3.0f;   // q = 19 = 0b10011
+  x[17] = -5.0f;  // q = 11 = 0b01011
+  BlockQ5_0 b;
+  QuantizeRowRef(GgmlType::kQ5_0, x, &b, 32);
+  EXPECT_EQ(Fp16ToFp32(b.d), 1.0f);
+  EXPECT_EQ(b.qs[0], 0x30);  // element 0 (0) low, element 16 (19 & 15) high
+  EXPECT_EQ(b.qs[1], 0xbf);  // element 1 (31 & 15) low, element 17 (11) high
+  EXPECT_EQ(b.qs[2], 0x00);  // zeros are q = 16: nibbles 0, fifth bit set
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  EXPECT_EQ(qh, 0xfffdfffeu);  // all set but element 0 (q = 0) and 17 (q = 11)
+  float y[32];
+  DequantizeRowRef(GgmlType::kQ5_0, &b, y, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], x[i]) << i;
+}
+
+// Q4_1 / Q5_1: d = (max - min) / 15 or 31, m = min, q = trunc((x - min) / d + 0.5).
+TEST(GgmlTypesTest, Q4_1AndQ5_1KnownBlocks) {
+  float x[32];
+  for (float& v : x) v = 0.0f;  // q = 1 in both
+  x[0] = -1.0f;
+  x[16] = 14.0f;
+  BlockQ4_1 b4;
+  QuantizeRowRef(GgmlType::kQ4_1, x, &b4, 32);
+  EXPECT_EQ(Fp16ToFp32(b4.d), 1.0f);
+  EXPECT_EQ(Fp16ToFp32(b4.m), -1.0f);
+  EXPECT_EQ(b4.qs[0], 0xf0);  // element 0: 0, element 16: 15
+  EXPECT_EQ(b4.qs[1], 0x11);
+  float y[32];
+  DequantizeRowRef(GgmlType::kQ4_1, &b4, y, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], x[i]) << i;
+
+  x[16] = 30.0f;  // q = 31
+  x[5] = 15.0f;   // q = 16: nibble 0, fifth bit
+  BlockQ5_1 b5;
+  QuantizeRowRef(GgmlType::kQ5_1, x, &b5, 32);
+  EXPECT_EQ(Fp16ToFp32(b5.d), 1.0f);
+  EXPECT_EQ(Fp16ToFp32(b5.m), -1.0f);
+  EXPECT_EQ(b5.qs[0], 0xf0);
+  EXPECT_EQ(b5.qs[5], 0x10);  // element 5 low nibble 0, element 21 (q = 1) high
+  uint32_t qh;
+  std::memcpy(&qh, b5.qh, 4);
+  EXPECT_EQ(qh, (1u << 5) | (1u << 16));
+  DequantizeRowRef(GgmlType::kQ5_1, &b5, y, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], x[i]) << i;
+}
+
 TEST(GgmlTypesTest, QuantizeDequantizeErrorBounded) {
   Rng rng(3);
   std::vector<float> x(32 * 33);
   for (float& v : x) v = rng.Uniform(-2.0f, 2.0f);
-  for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+  for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                     GgmlType::kQ5_0, GgmlType::kQ5_1}) {
     std::vector<uint8_t> q(RowBytes(t, x.size()));
     std::vector<float> y(x.size());
     QuantizeRowRef(t, x.data(), q.data(), x.size());
     DequantizeRowRef(t, q.data(), y.data(), x.size());
-    // Per-block step: f16 ~ 2^-11 relative, bf16 2^-8, q8 amax/127, q4 amax/8 (half a step each).
-    const float bound = t == GgmlType::kF16 ? 2e-3f : t == GgmlType::kBF16 ? 1.6e-2f : t == GgmlType::kQ8_0 ? 2.0f / 127.0f : 2.0f / 8.0f * 1.01f;
+    // Per-block step: f16 ~ 2^-11 relative, bf16 2^-8, q8 amax/127, q4 amax/8, q5 amax/16, q4_1
+    // range/15 <= 4/15, q5_1 range/31 (half a step each; the symmetric ones' far side a whole one).
+    const float bound = t == GgmlType::kF16    ? 2e-3f
+                        : t == GgmlType::kBF16 ? 1.6e-2f
+                        : t == GgmlType::kQ8_0 ? 2.0f / 127.0f
+                        : t == GgmlType::kQ4_0 ? 2.0f / 8.0f * 1.01f
+                        : t == GgmlType::kQ5_0 ? 2.0f / 16.0f * 1.01f
+                        : t == GgmlType::kQ4_1 ? 0.5f * 4.0f / 15.0f + 0.01f  // + f16 rounding of d, m
+                                               : 0.5f * 4.0f / 31.0f + 0.01f;
     for (size_t i = 0; i < x.size(); ++i) ASSERT_LE(std::fabs(x[i] - y[i]), bound) << TypeTraits(t).name << " " << i;
   }
 }

@@ -102,6 +102,7 @@ TEST(KernelsTest, DequantizeRowIsBitExact) {
   std::vector<GgmlType> all(std::begin(kTypes), std::end(kTypes));
   all.insert(all.end(), std::begin(kKTypes), std::end(kKTypes));
   all.insert(all.end(), std::begin(kW4Types), std::end(kW4Types));
+  all.insert(all.end(), {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1});
   for (Isa isa : SimdIsas()) {
     const KernelTable& simd = *GetKernelTable(isa);
     for (GgmlType t : all) {
@@ -1136,6 +1137,63 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// llama.cpp's legacy 32-element types (its Q4_K_M / Q5_K_M mixes fall back to Q5_0 / Q5_1 for
+// matrices whose rows are not a multiple of 256). Q5_0 takes int8 activations on every ISA (AVX-512
+// packs it as Q8_0): its products are bitwise the scalar reference's wherever the arithmetic is the
+// reference's (scalar, AVX-512 packed), and on every ISA bitwise those of the same weights
+// converted to Q8_0 (the conversion is exact). Q4_1 / Q5_1: dequantized rows times f32 tokens.
+// All batch and thread-count invariant and close to the exact product.
+TEST(KernelsTest, LegacyTypesMatchTheirReferencesAndAreBatchInvariant) {
+  const int64_t k = 800, rows = 37, tokens = 9;
+  const auto x = test::RandomFloats(k * tokens, 22);
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    std::vector<uint8_t> storage;
+    const TensorView v = MakeWeights(t, k, rows, &storage, 21);
+    std::vector<uint8_t> as_q8;  // Q5_0 only: the same weights as Q8_0 blocks
+    TensorView v8;
+    if (t == GgmlType::kQ5_0) {
+      as_q8.resize(RowBytes(GgmlType::kQ8_0, k) * rows);
+      Q5_0ToQ8_0(reinterpret_cast<const BlockQ5_0*>(storage.data()), reinterpret_cast<BlockQ8_0*>(as_q8.data()),
+                 k / 32 * rows);
+      v8 = ViewOf(GgmlType::kQ8_0, k, rows, as_q8);
+    }
+    std::vector<float> scalar(rows * tokens);
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (GetKernelTable(isa) == nullptr) continue;
+      SetActiveIsa(isa);
+      const std::unique_ptr<PackedWeights> packed = PackForActiveIsa(v);
+      const std::unique_ptr<PackedWeights> packed8 = t == GgmlType::kQ5_0 ? PackForActiveIsa(v8) : nullptr;
+      ThreadPool pool(3), one(1);
+      std::vector<float> y(rows * tokens), y1(rows), y8(rows * tokens);
+      MatMul(v, packed.get(), x.data(), tokens, y.data(), pool);
+      if (isa == Isa::kScalar) scalar = y;
+      const bool reference_arithmetic = isa == Isa::kScalar || packed != nullptr;
+      if (t == GgmlType::kQ5_0) {
+        MatMul(v8, packed8.get(), x.data(), tokens, y8.data(), pool);
+        EXPECT_EQ(packed != nullptr, packed8 != nullptr) << IsaName(isa);
+      }
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        MatMul(v, packed.get(), x.data() + tok * k, 1, y1.data(), one);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = tok * rows + r;
+          ASSERT_EQ(F32Bits(y1[r]), F32Bits(y[i])) << IsaName(isa) << " " << TypeTraits(t).name;
+          if (t == GgmlType::kQ5_0) {
+            ASSERT_EQ(F32Bits(y8[i]), F32Bits(y[i])) << IsaName(isa) << " as Q8_0";
+            if (reference_arithmetic) ASSERT_EQ(F32Bits(scalar[i]), F32Bits(y[i])) << IsaName(isa);
+          }
+          std::vector<float> deq(k);
+          DequantizeRowRef(t, storage.data() + r * RowBytes(t, k), deq.data(), k);
+          const ExactProduct p = ExactRowProduct(deq, x.data() + tok * k, k);
+          const double bound = t == GgmlType::kQ5_0 ? 1.01 * p.act_bound + 1e-4
+                                                    : 8.0 * std::sqrt(static_cast<double>(k)) * 6e-8 * p.sum_abs + 1e-6;
+          ASSERT_NEAR(y[i], p.exact, bound) << IsaName(isa) << " " << TypeTraits(t).name;
+        }
+      }
+    }
+    SetActiveIsa(BestIsa());
+  }
+}
+
 // With AVX-VNNI, AVX2's int8-activation products (vpdpbusd) are bitwise those without it
 // (maddubs + madd): the same integers, the same float steps.
 TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
@@ -1158,7 +1216,8 @@ TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
   }
   QuantizedActs qa{qs.data(), d.data(), qsum.data(), k, ks};
   qa.half_sums = half.data();
-  std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kW4A8G64, GgmlType::kW4A8G128};
+  std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kW4A8G64,
+                                 GgmlType::kW4A8G128};
   types.insert(types.end(), std::begin(kKTypes), std::end(kKTypes));
   SetActiveIsa(Isa::kAvx2);
   EXPECT_EQ(ActiveKernelsName(), "avx2 (avx-vnni)");
@@ -1168,7 +1227,7 @@ TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
     const TypeSlot slot = SlotOf(t);
     ASSERT_NE(vnni.gemm_quant[slot], plain.gemm_quant[slot]) << TypeTraits(t).name << ": not the VNNI kernel";
     std::vector<uint8_t> w;
-    if (W4FormatOf(t).group > 0 || t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0) {
+    if (W4FormatOf(t).group > 0 || t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0) {
       MakeWeights(t, k, rows, &w, 41);
     } else {
       RandomKMatrix(t, k, rows, 43, &w);

@@ -35,7 +35,7 @@ TEST(QuantizeTest, DefaultModelToQ8_0AndQ4_0) {
     QuantizeReport report;
     auto out = Quantized(*in, o, &report);
     EXPECT_EQ(out->GetInt("general.file_type").value(), type == GgmlType::kQ8_0 ? 7 : 2);
-    EXPECT_EQ(report.to_f16.size(), 5u);  // ffn_down: rows of 172
+    EXPECT_EQ(report.fallbacks.size(), 5u);  // ffn_down: rows of 172
     EXPECT_EQ(report.quantized, 30);
     EXPECT_LT(report.bytes_out, report.bytes_in / 2);
     for (const GgufTensorInfo& t : out->tensors()) {
@@ -152,6 +152,78 @@ TEST(QuantizeTest, KQuantsOfASyntheticModel) {
   }
 }
 
+// Rows that do not fit a K-quant's 256-element super-blocks take llama.cpp's fallbacks (Q4_K ->
+// Q5_0, Q6_K -> Q8_0: the types its Q4_K_M files carry for such models), reported; the 32-element
+// types also quantize whole models themselves. Every result loads and runs close to the F32
+// model, the 5-bit types closer than the 4-bit ones.
+TEST(QuantizeTest, KQuantFallbacksAndTheLegacyTypes) {
+  SynthShape shape;
+  shape.dim = 96;       // wq/wk/wv/wo, gate and up: rows of 96
+  shape.ffn_dim = 256;  // ffn_down: rows of 256
+  shape.num_heads = 4;
+  shape.num_kv_heads = 2;
+  const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 7)->WriteToBytes();
+  auto in = GgufFile::FromBytes(bytes).value();
+  ThreadPool pool(2);
+  auto logits = [&](const GgufFile& f) {
+    auto m = LlamaModel::Load(f).value();
+    KvCache kv(m->hparams(), 8);
+    Workspace ws;
+    ForwardBatch b;
+    b.tokens = {1, 100, 200, 300};
+    b.positions = {0, 1, 2, 3};
+    EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
+    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
+  };
+  const auto want = logits(*in);
+  auto rel_error = [&](const GgufFile& f) {
+    const auto got = logits(f);
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    return std::sqrt(err / norm);
+  };
+  for (QuantScheme sc : {QuantScheme::kQ4_K, QuantScheme::kQ6_K}) {
+    QuantizeOptions o;
+    o.scheme = sc;
+    QuantizeReport report;
+    auto out = Quantized(*in, o, &report);
+    const GgmlType k_type = sc == QuantScheme::kQ4_K ? GgmlType::kQ4_K : GgmlType::kQ6_K;
+    const GgmlType fallback = sc == QuantScheme::kQ4_K ? GgmlType::kQ5_0 : GgmlType::kQ8_0;
+    EXPECT_EQ(report.quantized, 2);            // the two ffn_down matrices
+    EXPECT_EQ(report.fallbacks.size(), 12u);  // 6 per layer
+    ASSERT_FALSE(report.fallbacks.empty());
+    EXPECT_NE(report.fallbacks[0].find(std::string("(rows of 96): ") + std::string(TypeTraits(fallback).name)),
+              std::string::npos)
+        << report.fallbacks[0];
+    for (const GgufTensorInfo& t : out->tensors()) {
+      if (t.shape.size() != 2 || t.name == "token_embd.weight" || t.name == "output.weight") continue;
+      EXPECT_EQ(t.type_id, static_cast<uint32_t>(t.shape[0] == 256 ? k_type : fallback)) << t.name;
+    }
+    const double rel = rel_error(*out);
+    std::printf("%s (with fallbacks): relative logit error %.4f\n", QuantSchemeName(sc), rel);
+    EXPECT_LT(rel, sc == QuantScheme::kQ4_K ? 0.2 : 0.05);
+  }
+  double err[3];
+  const QuantScheme legacy[] = {QuantScheme::kQ4_1, QuantScheme::kQ5_0, QuantScheme::kQ5_1};
+  for (int i = 0; i < 3; ++i) {
+    QuantizeOptions o;
+    o.scheme = legacy[i];
+    QuantizeReport report;
+    auto out = Quantized(*in, o, &report);
+    EXPECT_EQ(report.quantized, 14);
+    EXPECT_TRUE(report.fallbacks.empty());
+    EXPECT_EQ(out->GetInt("general.file_type").value(), i == 0 ? 3 : i == 1 ? 8 : 9);
+    err[i] = rel_error(*out);
+    std::printf("%s: relative logit error %.4f\n", QuantSchemeName(legacy[i]), err[i]);
+    EXPECT_LT(err[i], 0.2);
+  }
+  EXPECT_LT(err[1], err[0]);  // 5 bits beat 4
+  EXPECT_LT(err[2], err[0]);
+}
+
 // Bad calibration input gets a clear error; text and JSONL give samples of at most seq_len.
 TEST(QuantizeTest, CalibrationInputs) {
   auto file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
@@ -256,7 +328,7 @@ TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
   QuantizeReport report;
   Quantized(*in, g128, &report);
   EXPECT_EQ(report.quantized, 0);
-  EXPECT_EQ(report.to_f16.size(), 35u);
+  EXPECT_EQ(report.fallbacks.size(), 35u);
   // Calibration is refused for the round-to-nearest llama.cpp types.
   QuantizeOptions q8;
   q8.calibration = &stats;

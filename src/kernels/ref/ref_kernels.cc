@@ -91,6 +91,12 @@ float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
     const BlockW4<G, false>* blk = reinterpret_cast<const BlockW4<G, false>*>(row) + b / (G / 32);
     UnpackNibbleRun(blk->qs + (b % (G / 32)) * 16, out);
     return Fp16ToFp32(blk->d);
+  } else if constexpr (kType == GgmlType::kQ5_0) {
+    const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(row) + b;
+    uint8_t q[32];
+    UnpackQ5(blk->qh, blk->qs, q);
+    for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(q[j] - 16);
+    return Fp16ToFp32(blk->d);
   } else if constexpr (kType == GgmlType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
     for (int j = 0; j < kQK8_0; ++j) out[j] = blk->qs[j];
@@ -134,6 +140,9 @@ void GemmQuantW4A8G128Reference(const uint8_t* w, int64_t row_bytes, int64_t num
                                 int64_t num_tokens, float* y, int64_t ldy) {
   GemmQuantRef<GgmlType::kW4A8G128>(w, row_bytes, num_rows, x, num_tokens, y, ldy);
 }
+void DequantQ4_1Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ4_1, src, dst, n); }
+void DequantQ5_0Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_0, src, dst, n); }
+void DequantQ5_1Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_1, src, dst, n); }
 void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
 void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
 void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }
@@ -326,10 +335,13 @@ const KernelTable& ScalarTable() {
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {Dequantize<GgmlType::kF32>, Dequantize<GgmlType::kF16>, Dequantize<GgmlType::kBF16>,
        Dequantize<GgmlType::kQ8_0>, Dequantize<GgmlType::kQ4_0>, Dequantize<GgmlType::kQ4_K>,
-       Dequantize<GgmlType::kQ5_K>, Dequantize<GgmlType::kQ6_K>, GALE_W4_DEQUANT_REFERENCE},
+       Dequantize<GgmlType::kQ5_K>, Dequantize<GgmlType::kQ6_K>, GALE_W4_DEQUANT_REFERENCE,
+       GALE_LEGACY_DEQUANT_REFERENCE},
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
+      // Q4_1 and Q5_1 go through dequantize_row (no int8 kernel yet on any ISA).
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
-       nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference},
+       nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference, nullptr,
+       GemmQuantRef<GgmlType::kQ5_0>, nullptr},
       {}, {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,

@@ -49,11 +49,32 @@ inline float MaxOf8(__m256 v) {
 
 using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const QuantizedActs*, int64_t, float*, int64_t);
 
-// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, or Q4_0's (and a W4A8
-// run's) unsigned nibbles 0..15, whose offset of 8 the tile takes off after the dot.
+// What the tile takes off each unsigned weight (times the token's block sum) after the dot.
+template <GgmlType kType>
+constexpr int kWeightOffset = kType == GgmlType::kQ8_0 ? 0 : kType == GgmlType::kQ5_0 ? 16 : 8;
+
+// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, Q4_0's (and a W4A8
+// run's) unsigned nibbles 0..15, or Q5_0's 5-bit values 0..31 (kWeightOffset: 8 or 16).
 template <GgmlType kType>
 inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
-  if constexpr (kType == GgmlType::kQ8_0) {
+  if constexpr (kType == GgmlType::kQ5_0) {
+    const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(row) + b;
+    *d = _cvtsh_ss(blk->d);
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
+    const __m256i low = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+    // Fifth bits: byte j of the vector takes byte j / 8 of qh (each 128-bit half holds all four),
+    // keeps bit j % 8, and becomes 0x10 where it was set.
+    int32_t h;
+    std::memcpy(&h, blk->qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(h), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                               3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+    return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+  } else if constexpr (kType == GgmlType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
     *d = _cvtsh_ss(blk->d);
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
@@ -115,9 +136,10 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       const float dx = x.d[tok * nb_stride + b];
       constexpr bool kNibbles = kType != GgmlType::kQ8_0;
       __m256i offset = _mm256_setzero_si256();
-      // Q4_0: the lanes start from -8 times their sum of q.
+      // Q4_0: the lanes start from -8 times their sum of q (Q5_0: -16).
       if constexpr (kNibbles) {
-        offset = _mm256_sub_epi32(_mm256_setzero_si256(), DotU8S8<kVnni>(_mm256_setzero_si256(), _mm256_set1_epi8(8), q));
+        offset = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                  DotU8S8<kVnni>(_mm256_setzero_si256(), _mm256_set1_epi8(kWeightOffset<kType>), q));
       }
       for (int r = 0; r < R; ++r) {
         __m256i lanes;

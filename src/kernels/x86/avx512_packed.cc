@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/check.h"
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
@@ -129,6 +130,24 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
       }
     }
   }
+}
+
+// Q5_0 packs into Q8_0's layout (its values minus 16 fit a byte under the same scale, exactly) and
+// runs through Q8_0's kernel: bitwise the scalar Q5_0 product, at Q8_0's bytes per weight.
+void PackQ5_0(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst) {
+  const int64_t nb = k / 32;
+  const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
+  auto* rows = static_cast<BlockQ8_0*>(std::malloc(static_cast<size_t>(16 * row_bytes)));  // one group
+  CHECK(rows != nullptr);
+  for (int64_t g = 0; g * 16 < num_rows; ++g) {
+    const int64_t n = num_rows - g * 16 < 16 ? num_rows - g * 16 : 16;
+    for (int64_t r = 0; r < n; ++r) {
+      Q5_0ToQ8_0(reinterpret_cast<const BlockQ5_0*>(src + (g * 16 + r) * src_row_bytes), rows + r * nb, nb);
+    }
+    Pack<GgmlType::kQ8_0>(reinterpret_cast<const uint8_t*>(rows), row_bytes, n, k,
+                          dst + g * PackedGroupBytes<GgmlType::kQ8_0>(k));
+  }
+  std::free(rows);
 }
 
 // G (1 or 2) consecutive groups of 16 rows x T tokens starting at token t0; the second group
@@ -577,6 +596,7 @@ void Avx512FillPacked(KernelTable& t) {
   } kSlots[] = {
       {kQ8_0, PackedGroupBytes<kQ8_0>, Pack<kQ8_0>, GemmPacked<kQ8_0>, nullptr},
       {kQ4_0, PackedGroupBytes<kQ4_0>, Pack<kQ4_0>, GemmPacked<kQ4_0>, nullptr},
+      {kQ5_0, PackedGroupBytes<kQ8_0>, PackQ5_0, GemmPacked<kQ8_0>, nullptr},
       {kQ4_K, PackedGroupBytesK<kQ4_K>, PackK<kQ4_K>, GemmPackedK<kQ4_K>, nullptr},
       {kQ5_K, PackedGroupBytesK<kQ5_K>, PackK<kQ5_K>, GemmPackedK<kQ5_K>, nullptr},
       {kQ6_K, PackedGroupBytesK<kQ6_K>, PackK<kQ6_K>, GemmPackedK<kQ6_K>, nullptr},
