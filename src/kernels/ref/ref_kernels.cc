@@ -130,6 +130,47 @@ void GemmQuantRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Q
   }
 }
 
+// Q4_1 / Q5_1 with int8 activations (as llama.cpp multiplies them, with q8_1 activations): per
+// block the exact integer dot of the unsigned weights q (x = d q + m) with the activations, then
+// sum += (d_w * d_x) * isum, then sum += (m_w * d_x) * qsum (the block's sum of activations),
+// blocks in order.
+template <GgmlType kType>
+void GemmQuantZeroPointRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
+                           int64_t num_tokens, float* y, int64_t ldy) {
+  const int64_t nb = x.k / 32;
+  const int64_t nb_stride = x.k_stride / 32;
+  uint8_t wq[32];
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      float sum = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        float dw, mw;
+        if constexpr (kType == GgmlType::kQ4_1) {
+          const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(w + r * row_bytes) + b;
+          for (int j = 0; j < 16; ++j) {
+            wq[j] = blk->qs[j] & 0x0f;
+            wq[j + 16] = blk->qs[j] >> 4;
+          }
+          dw = Fp16ToFp32(blk->d);
+          mw = Fp16ToFp32(blk->m);
+        } else {
+          const BlockQ5_1* blk = reinterpret_cast<const BlockQ5_1*>(w + r * row_bytes) + b;
+          UnpackQ5(blk->qh, blk->qs, wq);
+          dw = Fp16ToFp32(blk->d);
+          mw = Fp16ToFp32(blk->m);
+        }
+        const int8_t* q = x.qs + t * x.k_stride + b * 32;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; ++j) isum += wq[j] * q[j];
+        const float dx = x.d[t * nb_stride + b];
+        sum += (dw * dx) * static_cast<float>(isum);
+        sum += (mw * dx) * static_cast<float>(x.qsum[t * nb_stride + b]);
+      }
+      y[t * ldy + r] = sum;
+    }
+  }
+}
+
 }  // namespace
 
 void GemmQuantW4A8G64Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
@@ -338,10 +379,9 @@ const KernelTable& ScalarTable() {
        Dequantize<GgmlType::kQ5_K>, Dequantize<GgmlType::kQ6_K>, GALE_W4_DEQUANT_REFERENCE,
        GALE_LEGACY_DEQUANT_REFERENCE},
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
-      // Q4_1 and Q5_1 go through dequantize_row (no int8 kernel yet on any ISA).
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
-       nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference, nullptr,
-       GemmQuantRef<GgmlType::kQ5_0>, nullptr},
+       nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference,
+       GemmQuantZeroPointRef<GgmlType::kQ4_1>, GemmQuantRef<GgmlType::kQ5_0>, GemmQuantZeroPointRef<GgmlType::kQ5_1>},
       {}, {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,

@@ -49,31 +49,55 @@ inline float MaxOf8(__m256 v) {
 
 using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const QuantizedActs*, int64_t, float*, int64_t);
 
-// What the tile takes off each unsigned weight (times the token's block sum) after the dot.
+// What the tile takes off each unsigned weight (times the token's block sum) after the dot; the
+// zero-point types (Q4_1, Q5_1: x = d q + m) add m times that sum instead.
 template <GgmlType kType>
-constexpr int kWeightOffset = kType == GgmlType::kQ8_0 ? 0 : kType == GgmlType::kQ5_0 ? 16 : 8;
+constexpr int kWeightOffset = kType == GgmlType::kQ8_0 || kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1 ? 0
+                              : kType == GgmlType::kQ5_0                                                      ? 16
+                                                                                                               : 8;
+template <GgmlType kType>
+constexpr bool kZeroPoint = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+
+// Q4_0-ordered nibbles (element j < 16 low in byte j, j + 16 high) in element order.
+inline __m256i Nibbles32(const uint8_t* qs) {
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                 _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+}
+
+// Q5_0/Q5_1's fifth bits as 0x10 in byte j: byte j takes byte j / 8 of qh (each 128-bit half
+// holds all four) and keeps bit j % 8.
+inline __m256i FifthBits(const uint8_t* qh) {
+  int32_t h;
+  std::memcpy(&h, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(h), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                             3, 3, 3, 3, 3, 3, 3));
+  const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
 
 // Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, Q4_0's (and a W4A8
-// run's) unsigned nibbles 0..15, or Q5_0's 5-bit values 0..31 (kWeightOffset: 8 or 16).
+// run's) or Q4_1's unsigned nibbles 0..15, or Q5_0/Q5_1's 5-bit values 0..31 (kWeightOffset: 8
+// or 16); m: the zero-point types' offset.
 template <GgmlType kType>
-inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
+inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d, float* m = nullptr) {
   if constexpr (kType == GgmlType::kQ5_0) {
     const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(row) + b;
     *d = _cvtsh_ss(blk->d);
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs));
-    const __m256i low = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
-                                                _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
-    // Fifth bits: byte j of the vector takes byte j / 8 of qh (each 128-bit half holds all four),
-    // keeps bit j % 8, and becomes 0x10 where it was set.
-    int32_t h;
-    std::memcpy(&h, blk->qh, 4);
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(h), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
-                                               3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bits = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
-    return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    return _mm256_or_si256(Nibbles32(blk->qs), FifthBits(blk->qh));
+  } else if constexpr (kType == GgmlType::kQ5_1) {
+    const BlockQ5_1* blk = reinterpret_cast<const BlockQ5_1*>(row) + b;
+    *d = _cvtsh_ss(blk->d);
+    *m = _cvtsh_ss(blk->m);
+    return _mm256_or_si256(Nibbles32(blk->qs), FifthBits(blk->qh));
+  } else if constexpr (kType == GgmlType::kQ4_1) {
+    const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(row) + b;
+    *d = _cvtsh_ss(blk->d);
+    *m = _cvtsh_ss(blk->m);
+    return Nibbles32(blk->qs);
   } else if constexpr (kType == GgmlType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
     *d = _cvtsh_ss(blk->d);
@@ -91,10 +115,7 @@ inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d) {
       *d = _cvtsh_ss(h);
       qs = W4Run<kType>(row, b);
     }
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
-                                   _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+    return Nibbles32(qs);
   }
 }
 
@@ -109,6 +130,7 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
   __m256 acc[R][T];
+  float zp[R][T] = {};  // zero-point types: the sum over blocks of (m_w d_x) qsum
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   const uint8_t* rows = w + r0 * row_bytes;
@@ -128,8 +150,8 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       }
     }
     __m256i wv[R];
-    float dw[R];
-    for (int r = 0; r < R; ++r) wv[r] = UnpackBlock<kType>(rows + r * row_bytes, b, &dw[r]);
+    float dw[R], mw[R];
+    for (int r = 0; r < R; ++r) wv[r] = UnpackBlock<kType>(rows + r * row_bytes, b, &dw[r], &mw[r]);
     for (int t = 0; t < T; ++t) {
       const int64_t tok = t0 + t;
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + tok * x.k_stride + b * 32));
@@ -137,7 +159,7 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       constexpr bool kNibbles = kType != GgmlType::kQ8_0;
       __m256i offset = _mm256_setzero_si256();
       // Q4_0: the lanes start from -8 times their sum of q (Q5_0: -16).
-      if constexpr (kNibbles) {
+      if constexpr (kWeightOffset<kType> != 0) {
         offset = _mm256_sub_epi32(_mm256_setzero_si256(),
                                   DotU8S8<kVnni>(_mm256_setzero_si256(), _mm256_set1_epi8(kWeightOffset<kType>), q));
       }
@@ -149,11 +171,12 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
           lanes = DotU8S8<kVnni>(_mm256_setzero_si256(), _mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(q, wv[r]));
         }
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(dw[r] * dx), acc[r][t]);
+        if constexpr (kZeroPoint<kType>) zp[r][t] += (mw[r] * dx) * static_cast<float>(x.qsum[tok * nb_stride + b]);
       }
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = HSum(acc[r][t]);
+    for (int r = 0; r < R; ++r) y[(t0 + t) * ldy + r0 + r] = HSum(acc[r][t]) + zp[r][t];
 }
 
 

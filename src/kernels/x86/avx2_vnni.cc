@@ -11,7 +11,9 @@ void Avx2FillVnni(KernelTable& t) {
   using enum GgmlType;
   t.gemm_quant[kSlotQ8_0] = GemmQuant<kQ8_0, true>;
   t.gemm_quant[kSlotQ4_0] = GemmQuant<kQ4_0, true>;
+  t.gemm_quant[kSlotQ4_1] = GemmQuant<kQ4_1, true>;
   t.gemm_quant[kSlotQ5_0] = GemmQuant<kQ5_0, true>;
+  t.gemm_quant[kSlotQ5_1] = GemmQuant<kQ5_1, true>;
   t.gemm_quant[kSlotW4A8G64] = GemmQuant<kW4A8G64, true>;
   t.gemm_quant[kSlotW4A8G128] = GemmQuant<kW4A8G128, true>;
   t.gemm_quant[kSlotQ4_K] = GemmQuantK<kQ4_K, true>;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "base/fp16.h"
@@ -701,22 +702,62 @@ inline __m512 LoadPairF16(const uint8_t* p, int64_t stride, bool two) {
   if (two) std::memcpy(&b, p + stride, 2);
   return HalvesPs(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(a | (static_cast<uint32_t>(b) << 16)))));
 }
-// -offset * qsum of each block in lane 0 of its half, zeros elsewhere.
-inline __m512i Correction(const int32_t* qsum, bool two, int32_t offset) {
+// The qsum of each block in lane 0 of its half, zeros elsewhere.
+inline __m512i SpreadPair(const int32_t* qsum, bool two) {
   const __m128i v = two ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qsum)) : _mm_cvtsi32_si128(qsum[0]);
   const __m512i idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i spread = _mm512_maskz_permutexvar_epi32(0x0101, idx, _mm512_castsi128_si512(v));
-  return _mm512_mullo_epi32(spread, _mm512_set1_epi32(-offset));
+  return _mm512_maskz_permutexvar_epi32(0x0101, idx, _mm512_castsi128_si512(v));
+}
+// -offset * qsum of each block in lane 0 of its half, zeros elsewhere.
+inline __m512i Correction(const int32_t* qsum, bool two, int32_t offset) {
+  return _mm512_mullo_epi32(SpreadPair(qsum, two), _mm512_set1_epi32(-offset));
 }
 
+// What the tile takes off each unsigned weight (times the block's qsum) after the dot; the
+// zero-point types (Q4_1, Q5_1: x = d q + m) add m * d_x * qsum instead.
 template <GgmlType kType>
-constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
+constexpr int32_t kOffset = kType == GgmlType::kQ8_0                                 ? 128
+                            : kType == GgmlType::kQ5_0                               ? 16
+                            : kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1 ? 0
+                                                                                     : 8;
+template <GgmlType kType>
+constexpr bool kZeroPoint = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+
+// The 32 nibble values of a Q4_0-ordered block in element order, plus 16 for each bit of qh set
+// (Q5_0/Q5_1's fifth bits; qh null: none).
+inline __m256i Unsigned32(const uint8_t* qs, const uint8_t* qh) {
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i low = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                              _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+  if (qh == nullptr) return low;
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  return _mm256_or_si256(low, _mm256_and_si256(_mm256_movm_epi8(h), _mm256_set1_epi8(0x10)));
+}
 
 
-// Unsigned weights of blocks b and b+1 (b+1 only when two) and their scales.
+// Unsigned weights of blocks b and b+1 (b+1 only when two) and their scales (and offsets, mw,
+// for the zero-point types).
 template <GgmlType kType>
-inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m512* dw) {
-  if constexpr (kType == GgmlType::kQ8_0) {
+inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m512* dw, __m512* mw) {
+  if constexpr (kType == GgmlType::kQ5_0 || kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1) {
+    using Block = std::conditional_t<kType == GgmlType::kQ5_0, BlockQ5_0,
+                                     std::conditional_t<kType == GgmlType::kQ4_1, BlockQ4_1, BlockQ5_1>>;
+    const Block* blk = reinterpret_cast<const Block*>(row) + b;
+    auto values = [](const Block& x) {
+      if constexpr (kType == GgmlType::kQ4_1) {
+        return Unsigned32(x.qs, nullptr);
+      } else {
+        return Unsigned32(x.qs, x.qh);
+      }
+    };
+    const __m256i lo = values(blk[0]);
+    const __m256i hi = two ? values(blk[1]) : _mm256_setzero_si256();
+    *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(Block), two);
+    if constexpr (kZeroPoint<kType>) *mw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk) + 2, sizeof(Block), two);
+  } else if constexpr (kType == GgmlType::kQ8_0) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
     const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)) : _mm256_setzero_si256();
@@ -763,18 +804,23 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   for (int64_t b = 0; b < nb; b += 2) {
     const bool two = b + 1 < nb;
     __m512i u[R];
-    __m512 dw[R];
-    for (int r = 0; r < R; ++r) UnpackPair<kType>(rows + r * row_bytes, b, two, &u[r], &dw[r]);
+    __m512 dw[R], mw[R];
+    for (int r = 0; r < R; ++r) UnpackPair<kType>(rows + r * row_bytes, b, two, &u[r], &dw[r], &mw[r]);
     for (int t = 0; t < T; ++t) {
       const int64_t tok = t0 + t;
       const int8_t* q = x.qs + tok * k + b * 32;
       // NOTE: masked loads are slow on AMD Zen; only the odd last block uses one.
       const __m512i qv = two ? _mm512_loadu_si512(q) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
       const __m512 dx = LoadPairPs(x.d + tok * nb_stride + b, two);
-      const __m512i corr = Correction(x.qsum + tok * nb_stride + b, two, kOffset<kType>);
+      const __m512i corr = kOffset<kType> != 0 ? Correction(x.qsum + tok * nb_stride + b, two, kOffset<kType>)
+                                                : _mm512_setzero_si512();
       for (int r = 0; r < R; ++r) {
         const __m512i p = _mm512_dpbusd_epi32(corr, u[r], qv);
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+        if constexpr (kZeroPoint<kType>) {
+          const __m512 qsum = _mm512_cvtepi32_ps(SpreadPair(x.qsum + tok * nb_stride + b, two));
+          acc[r][t] = _mm512_fmadd_ps(qsum, _mm512_mul_ps(mw[r], dx), acc[r][t]);
+        }
       }
     }
   }
@@ -856,8 +902,10 @@ const KernelTable& Avx512Table() {
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, GemmW4A16<GgmlType::kW4A16G64>, GemmW4A16<GgmlType::kW4A16G128>,
        GemmW4A16<GgmlType::kW4A16ZG64>, GemmW4A16<GgmlType::kW4A16ZG128>},
+      // Q5_0 matrices are packed (avx512_packed.cc); this one is for views without a packed copy.
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
-       nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>},
+       nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>,
+       GemmQuant<GgmlType::kQ4_1>, GemmQuant<GgmlType::kQ5_0>, GemmQuant<GgmlType::kQ5_1>},
       // Packed slots: Avx512FillPacked (avx512_packed.cc).
       {}, {}, {}, {},
       {nullptr, nullptr, GemmBf16},

@@ -28,11 +28,20 @@ namespace {
 // at once: 8 dpbusd per 512 multiply-adds, and the block's integer dot is exact in each lane.
 // Per block and token: lane += (d_w * d_x) * float(isum), in block order, exactly the scalar
 // reference's arithmetic, so results are bitwise those of the scalar path.
+// The zero-point types (x = d q + m) store their 16 rows' f16 offsets after the scales, and their
+// q unsigned as they are (Q4_1 in Q4_0's nibble slices, Q5_1 one byte each as Q8_0's); per block
+// and token then also lane += (m_w * d_x) * float(qsum), as their scalar reference.
 
 template <GgmlType kType>
-constexpr int64_t kSliceBytes = kType == GgmlType::kQ8_0 ? 512 : 256;
+constexpr bool kPackedZ = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
 template <GgmlType kType>
-constexpr int64_t kPackedBlockBytes = 32 + kSliceBytes<kType>;
+constexpr bool kByteCodes = kType == GgmlType::kQ8_0 || kType == GgmlType::kQ5_1;
+template <GgmlType kType>
+constexpr int64_t kSliceBytes = kByteCodes<kType> ? 512 : 256;
+template <GgmlType kType>
+constexpr int64_t kHeaderBytes = kPackedZ<kType> ? 64 : 32;
+template <GgmlType kType>
+constexpr int64_t kPackedBlockBytes = kHeaderBytes<kType> + kSliceBytes<kType>;
 
 template <GgmlType kType>
 int64_t PackedGroupBytes(int64_t k) {
@@ -89,14 +98,27 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* out = dst + g * PackedGroupBytes<kType>(k) + b * kPackedBlockBytes<kType>;
-      uint16_t scales[16] = {};
-      uint8_t codes[16][32];  // Q8_0: w ^ 0x80; Q4_0: the nibble; padded rows: w = 0
+      uint16_t scales[16] = {}, offsets[16] = {};
+      uint8_t codes[16][32];  // Q8_0: w ^ 0x80; Q4_0: the nibble; Q4_1/Q5_1: q; padded rows: w = 0
       for (int r = 0; r < 16; ++r) {
         const int64_t row = g * 16 + r;
-        for (int e = 0; e < 32; ++e) codes[r][e] = kType == GgmlType::kQ8_0 ? 0x80 : 8;
+        for (int e = 0; e < 32; ++e) codes[r][e] = kType == GgmlType::kQ8_0 ? 0x80 : kPackedZ<kType> ? 0 : 8;
         if (row >= num_rows) continue;
         const uint8_t* rp = src + row * src_row_bytes;
-        if constexpr (kType == GgmlType::kQ8_0) {
+        if constexpr (kType == GgmlType::kQ4_1) {
+          const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(rp)[b];
+          for (int e = 0; e < 16; ++e) {
+            codes[r][e] = blk.qs[e] & 0x0f;
+            codes[r][e + 16] = blk.qs[e] >> 4;
+          }
+          scales[r] = blk.d;
+          offsets[r] = blk.m;
+        } else if constexpr (kType == GgmlType::kQ5_1) {
+          const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(rp)[b];
+          UnpackQ5(blk.qh, blk.qs, codes[r]);
+          scales[r] = blk.d;
+          offsets[r] = blk.m;
+        } else if constexpr (kType == GgmlType::kQ8_0) {
           const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(rp)[b];
           for (int e = 0; e < 32; ++e) codes[r][e] = static_cast<uint8_t>(blk.qs[e]) ^ 0x80;
           scales[r] = blk.d;
@@ -118,8 +140,9 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
         }
       }
       std::memcpy(out, scales, 32);
-      uint8_t* w = out + 32;
-      if constexpr (kType == GgmlType::kQ8_0) {
+      if constexpr (kPackedZ<kType>) std::memcpy(out + 32, offsets, 32);
+      uint8_t* w = out + kHeaderBytes<kType>;
+      if constexpr (kByteCodes<kType>) {
         for (int j = 0; j < 8; ++j)
           for (int r = 0; r < 16; ++r)
             for (int e = 0; e < 4; ++e) w[(j * 16 + r) * 4 + e] = codes[r][4 * j + e];
@@ -157,7 +180,7 @@ void PackQ5_0(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64
 template <GgmlType kType, int T, int G>
 inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const QuantizedActs& x, int64_t t0, float* y,
                             int64_t ldy, int valid_rows, const uint8_t* prefetch) {
-  constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : 8;
+  constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : kPackedZ<kType> ? 0 : 8;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -181,7 +204,8 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
     __m512i isum[G][T][kChains];
     for (int t = 0; t < T; ++t) {
       q[t] = x.qs + (t0 + t) * x.k_stride + b * 32;
-      const __m512i start = _mm512_set1_epi32(-kOffset * x.qsum[(t0 + t) * nb_stride + b]);
+      const __m512i start =
+          kOffset != 0 ? _mm512_set1_epi32(-kOffset * x.qsum[(t0 + t) * nb_stride + b]) : _mm512_setzero_si512();
       for (int g = 0; g < G; ++g) {
         isum[g][t][0] = start;
         if constexpr (kChains == 2) isum[g][t][1] = _mm512_setzero_si512();
@@ -199,10 +223,11 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
         }
       }
     };
-    if constexpr (kType == GgmlType::kQ8_0) {
+    constexpr int64_t kW = kHeaderBytes<kType>;
+    if constexpr (kByteCodes<kType>) {
       for (int j = 0; j < 8; ++j) {
         __m512i wv[G];
-        for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(blk[g] + 32 + 64 * j);
+        for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(blk[g] + kW + 64 * j);
         dot_slice(wv, j);
       }
     } else {
@@ -210,7 +235,7 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
       for (int s = 0; s < 4; ++s) {
         __m512i raw[G], wv[G];
         for (int g = 0; g < G; ++g) {
-          raw[g] = _mm512_loadu_si512(blk[g] + 32 + 64 * s);
+          raw[g] = _mm512_loadu_si512(blk[g] + kW + 64 * s);
           wv[g] = _mm512_and_si512(raw[g], low4);
         }
         dot_slice(wv, s);
@@ -224,6 +249,14 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(t0 + t) * nb_stride + b]));
         const __m512i sum = kChains == 2 ? _mm512_add_epi32(isum[g][t][0], isum[g][t][kChains - 1]) : isum[g][t][0];
         acc[g][t] = _mm512_add_ps(acc[g][t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sum)));
+      }
+      if constexpr (kPackedZ<kType>) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[g] + 32)));
+        for (int t = 0; t < T; ++t) {
+          const int64_t i = (t0 + t) * nb_stride + b;
+          const __m512 mscale = _mm512_mul_ps(mw, _mm512_set1_ps(x.d[i]));
+          acc[g][t] = _mm512_add_ps(acc[g][t], _mm512_mul_ps(mscale, _mm512_set1_ps(static_cast<float>(x.qsum[i]))));
+        }
       }
     }
   }
@@ -597,6 +630,8 @@ void Avx512FillPacked(KernelTable& t) {
       {kQ8_0, PackedGroupBytes<kQ8_0>, Pack<kQ8_0>, GemmPacked<kQ8_0>, nullptr},
       {kQ4_0, PackedGroupBytes<kQ4_0>, Pack<kQ4_0>, GemmPacked<kQ4_0>, nullptr},
       {kQ5_0, PackedGroupBytes<kQ8_0>, PackQ5_0, GemmPacked<kQ8_0>, nullptr},
+      {kQ4_1, PackedGroupBytes<kQ4_1>, Pack<kQ4_1>, GemmPacked<kQ4_1>, nullptr},
+      {kQ5_1, PackedGroupBytes<kQ5_1>, Pack<kQ5_1>, GemmPacked<kQ5_1>, nullptr},
       {kQ4_K, PackedGroupBytesK<kQ4_K>, PackK<kQ4_K>, GemmPackedK<kQ4_K>, nullptr},
       {kQ5_K, PackedGroupBytesK<kQ5_K>, PackK<kQ5_K>, GemmPackedK<kQ5_K>, nullptr},
       {kQ6_K, PackedGroupBytesK<kQ6_K>, PackK<kQ6_K>, GemmPackedK<kQ6_K>, nullptr},
