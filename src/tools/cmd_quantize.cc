@@ -126,10 +126,10 @@ CommandFn RegisterQuantize(CLI::App& app) {
     for (const auto& k : report->kept) std::fprintf(stderr, "kept: %s\n", k.c_str());
     for (const auto& f : report->fallbacks) std::fprintf(stderr, "fallback (rows do not fit the block or group): %s\n", f.c_str());
     for (const auto& t : report->transforms) std::fprintf(stderr, "%s\n", t.c_str());
-    std::fprintf(stderr, "wrote %s: %lld tensors %s (%s), %.2f MiB -> %.2f MiB\n", o->out.c_str(),
+    std::fprintf(stderr, "wrote %s: %lld tensors %s (%s), %zu by fallback, %.2f MiB -> %.2f MiB\n", o->out.c_str(),
                  static_cast<long long>(report->quantized), o->type.c_str(),
-                 std::string(TypeTraits(*SchemeType(opt)).name).c_str(), report->bytes_in / 1048576.0,
-                 report->bytes_out / 1048576.0);
+                 std::string(TypeTraits(*SchemeType(opt)).name).c_str(), report->fallbacks.size(),
+                 report->bytes_in / 1048576.0, report->bytes_out / 1048576.0);
     return 0;
   };
 }

@@ -242,6 +242,25 @@ else
   echo "FAIL quantize:"; cat "$tmp/quant.err" "$tmp/q8.json"
   fails=$((fails + 1))
 fi
+# q4_k of the default model: its 64-wide rows take llama.cpp's fallback, q5_0 (the 172-wide ones
+# f16); the file runs on the scalar kernels and the best ones here, close to the f32 model.
+"$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/q4k.gguf" --type q4_k 2>"$tmp/q4k.err"
+"$GALE" eval ppl -m "$tmp/q4k.gguf" -f "$evaltext" --kl-base "$tmp/base.lp" -o json > "$tmp/q4k.json" 2>>"$tmp/q4k.err"
+best="$("$GALE" run -m "$tmp/q4k.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$tmp/q4k.err")"
+scalar="$(GALE_ISA=scalar "$GALE" run -m "$tmp/q4k.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$tmp/q4k.err")"
+if grep -q 'attn_q.weight (rows of 64): q5_0' "$tmp/q4k.err" &&
+   grep -q '(rows of 172): f16' "$tmp/q4k.err" && grep -q '35 by fallback' "$tmp/q4k.err" &&
+   [[ "$best" == "Once upon a time,"* && "$scalar" == "Once upon a time,"* ]] && python3 - "$tmp/q4k.json" <<'PY'
+import json, sys
+q = json.load(open(sys.argv[1]))
+assert q["kl_mean"] < 0.05 and q["top1_agreement"] > 0.9, q
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL quantize q4_k fallback:"; cat "$tmp/q4k.err" "$tmp/q4k.json"; echo "$best / $scalar"
+  fails=$((fails + 1))
+fi
 expect_fail quantize-requantize "needs an F32, F16 or BF16 model" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/q8q.gguf"
 expect_fail quantize-bad-type "not one of q8_0, q4_0" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/x.gguf" --type q2_k
 # Calibrated schemes: w4a16 g64 with the AWQ search runs and reports its choices; bad calibration
