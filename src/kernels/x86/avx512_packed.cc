@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "base/check.h"
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
@@ -31,13 +30,20 @@ namespace {
 // The zero-point types (x = d q + m) store their 16 rows' f16 offsets after the scales, and their
 // q unsigned as they are (Q4_1 in Q4_0's nibble slices, Q5_1 one byte each as Q8_0's); per block
 // and token then also lane += (m_w * d_x) * float(qsum), as their scalar reference.
+// The 5-bit types (Q5_0, Q5_1: q in 0..31) store their low 4 bits as Q4_0's nibble slices and the
+// fifth bits in one more 64-byte vector: byte 4r + e holds, in bit 2j, the fifth bit of element
+// 4j + e of row r and, in bit 2j + 1, that of element 16 + 4j + e (j < 4), so that one shift and
+// one select per slice put them in place: 352 bytes per block and 16 rows, as 22 per row in the
+// file.
 
 template <GgmlType kType>
 constexpr bool kPackedZ = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
 template <GgmlType kType>
-constexpr bool kByteCodes = kType == GgmlType::kQ8_0 || kType == GgmlType::kQ5_1;
+constexpr bool kByteCodes = kType == GgmlType::kQ8_0;
 template <GgmlType kType>
-constexpr int64_t kSliceBytes = kByteCodes<kType> ? 512 : 256;
+constexpr bool kFiveBits = kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1;
+template <GgmlType kType>
+constexpr int64_t kSliceBytes = kByteCodes<kType> ? 512 : kFiveBits<kType> ? 256 + 64 : 256;
 template <GgmlType kType>
 constexpr int64_t kHeaderBytes = kPackedZ<kType> ? 64 : 32;
 template <GgmlType kType>
@@ -102,7 +108,9 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
       uint8_t codes[16][32];  // Q8_0: w ^ 0x80; Q4_0: the nibble; Q4_1/Q5_1: q; padded rows: w = 0
       for (int r = 0; r < 16; ++r) {
         const int64_t row = g * 16 + r;
-        for (int e = 0; e < 32; ++e) codes[r][e] = kType == GgmlType::kQ8_0 ? 0x80 : kPackedZ<kType> ? 0 : 8;
+        for (int e = 0; e < 32; ++e) {
+          codes[r][e] = kType == GgmlType::kQ8_0 ? 0x80 : kPackedZ<kType> ? 0 : kType == GgmlType::kQ5_0 ? 16 : 8;
+        }
         if (row >= num_rows) continue;
         const uint8_t* rp = src + row * src_row_bytes;
         if constexpr (kType == GgmlType::kQ4_1) {
@@ -118,6 +126,10 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
           UnpackQ5(blk.qh, blk.qs, codes[r]);
           scales[r] = blk.d;
           offsets[r] = blk.m;
+        } else if constexpr (kType == GgmlType::kQ5_0) {
+          const BlockQ5_0& blk = reinterpret_cast<const BlockQ5_0*>(rp)[b];
+          UnpackQ5(blk.qh, blk.qs, codes[r]);
+          scales[r] = blk.d;
         } else if constexpr (kType == GgmlType::kQ8_0) {
           const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(rp)[b];
           for (int e = 0; e < 32; ++e) codes[r][e] = static_cast<uint8_t>(blk.qs[e]) ^ 0x80;
@@ -150,27 +162,22 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
         const uint8_t* rows[16];
         for (int r = 0; r < 16; ++r) rows[r] = codes[r];
         WriteNibbleSlices(rows, w);
+        if constexpr (kFiveBits<kType>) {
+          uint8_t* fifth = w + 256;
+          for (int r = 0; r < 16; ++r) {
+            for (int e = 0; e < 4; ++e) {
+              uint8_t bits = 0;
+              for (int j = 0; j < 4; ++j) {
+                bits |= static_cast<uint8_t>(((codes[r][4 * j + e] >> 4) & 1) << (2 * j));
+                bits |= static_cast<uint8_t>(((codes[r][16 + 4 * j + e] >> 4) & 1) << (2 * j + 1));
+              }
+              fifth[4 * r + e] = bits;
+            }
+          }
+        }
       }
     }
   }
-}
-
-// Q5_0 packs into Q8_0's layout (its values minus 16 fit a byte under the same scale, exactly) and
-// runs through Q8_0's kernel: bitwise the scalar Q5_0 product, at Q8_0's bytes per weight.
-void PackQ5_0(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k, uint8_t* dst) {
-  const int64_t nb = k / 32;
-  const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
-  auto* rows = static_cast<BlockQ8_0*>(std::malloc(static_cast<size_t>(16 * row_bytes)));  // one group
-  CHECK(rows != nullptr);
-  for (int64_t g = 0; g * 16 < num_rows; ++g) {
-    const int64_t n = num_rows - g * 16 < 16 ? num_rows - g * 16 : 16;
-    for (int64_t r = 0; r < n; ++r) {
-      Q5_0ToQ8_0(reinterpret_cast<const BlockQ5_0*>(src + (g * 16 + r) * src_row_bytes), rows + r * nb, nb);
-    }
-    Pack<GgmlType::kQ8_0>(reinterpret_cast<const uint8_t*>(rows), row_bytes, n, k,
-                          dst + g * PackedGroupBytes<GgmlType::kQ8_0>(k));
-  }
-  std::free(rows);
 }
 
 // G (1 or 2) consecutive groups of 16 rows x T tokens starting at token t0; the second group
@@ -180,7 +187,7 @@ void PackQ5_0(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64
 template <GgmlType kType, int T, int G>
 inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const QuantizedActs& x, int64_t t0, float* y,
                             int64_t ldy, int valid_rows, const uint8_t* prefetch) {
-  constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : kPackedZ<kType> ? 0 : 8;
+  constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : kPackedZ<kType> ? 0 : kType == GgmlType::kQ5_0 ? 16 : 8;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -231,15 +238,31 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
         dot_slice(wv, j);
       }
     } else {
-      // Q4_0: slice s holds elements 4s.. (low nibbles) and 16+4s.. (high nibbles).
+      // Q4_0: slice s holds elements 4s.. (low nibbles) and 16+4s.. (high nibbles); the 5-bit
+      // types add 16 where their fifth bit (bit 2s or 2s + 1 of the fifth-bit vector) is set.
+      __m512i fifth[G];
+      if constexpr (kFiveBits<kType>) {
+        for (int g = 0; g < G; ++g) fifth[g] = _mm512_loadu_si512(blk[g] + kW + 256);
+      }
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      auto add_fifth = [&](__m512i (&wv)[G], int bit) {
+        if constexpr (kFiveBits<kType>) {
+          const __m512i sel = _mm512_set1_epi8(static_cast<char>(1 << bit));
+          for (int g = 0; g < G; ++g) {
+            wv[g] = _mm512_mask_add_epi8(wv[g], _mm512_test_epi8_mask(fifth[g], sel), wv[g], sixteen);
+          }
+        }
+      };
       for (int s = 0; s < 4; ++s) {
         __m512i raw[G], wv[G];
         for (int g = 0; g < G; ++g) {
           raw[g] = _mm512_loadu_si512(blk[g] + kW + 64 * s);
           wv[g] = _mm512_and_si512(raw[g], low4);
         }
+        add_fifth(wv, 2 * s);
         dot_slice(wv, s);
         for (int g = 0; g < G; ++g) wv[g] = _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), low4);
+        add_fifth(wv, 2 * s + 1);
         dot_slice(wv, s + 4);
       }
     }
@@ -629,7 +652,7 @@ void Avx512FillPacked(KernelTable& t) {
   } kSlots[] = {
       {kQ8_0, PackedGroupBytes<kQ8_0>, Pack<kQ8_0>, GemmPacked<kQ8_0>, nullptr},
       {kQ4_0, PackedGroupBytes<kQ4_0>, Pack<kQ4_0>, GemmPacked<kQ4_0>, nullptr},
-      {kQ5_0, PackedGroupBytes<kQ8_0>, PackQ5_0, GemmPacked<kQ8_0>, nullptr},
+      {kQ5_0, PackedGroupBytes<kQ5_0>, Pack<kQ5_0>, GemmPacked<kQ5_0>, nullptr},
       {kQ4_1, PackedGroupBytes<kQ4_1>, Pack<kQ4_1>, GemmPacked<kQ4_1>, nullptr},
       {kQ5_1, PackedGroupBytes<kQ5_1>, Pack<kQ5_1>, GemmPacked<kQ5_1>, nullptr},
       {kQ4_K, PackedGroupBytesK<kQ4_K>, PackK<kQ4_K>, GemmPackedK<kQ4_K>, nullptr},
