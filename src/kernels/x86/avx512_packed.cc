@@ -28,13 +28,13 @@ namespace {
 // Per block and token: lane += (d_w * d_x) * float(isum), in block order, exactly the scalar
 // reference's arithmetic, so results are bitwise those of the scalar path.
 // The zero-point types (x = d q + m) store their 16 rows' f16 offsets after the scales, and their
-// q unsigned as they are (Q4_1 in Q4_0's nibble slices, Q5_1 one byte each as Q8_0's); per block
-// and token then also lane += (m_w * d_x) * float(qsum), as their scalar reference.
+// q unsigned as they are; per block and token then also lane += (m_w * d_x) * float(qsum), as
+// their scalar reference. Q5_0 takes 16 times qsum off, as Q4_0 takes 8.
 // The 5-bit types (Q5_0, Q5_1: q in 0..31) store their low 4 bits as Q4_0's nibble slices and the
 // fifth bits in one more 64-byte vector: byte 4r + e holds, in bit 2j, the fifth bit of element
-// 4j + e of row r and, in bit 2j + 1, that of element 16 + 4j + e (j < 4), so that one shift and
-// one select per slice put them in place: 352 bytes per block and 16 rows, as 22 per row in the
-// file.
+// 4j + e of row r and, in bit 2j + 1, that of element 16 + 4j + e (j < 4); a bit test and a masked
+// add of 16 per half-slice put them in place: 352 bytes per block and 16 rows (Q5_1: 384), as
+// the file's 22 (24) per row.
 
 template <GgmlType kType>
 constexpr bool kPackedZ = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
