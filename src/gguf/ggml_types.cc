@@ -59,25 +59,28 @@ void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
   }
 }
 
-// llama.cpp's quantize_row_q4_1_ref / q5_0 / q5_1 (round half up by truncating x + 0.5, q5_1
-// unclamped as theirs: its largest value lands on 31 exactly or just below).
+// llama.cpp's quantize_row_q4_1_ref / q5_0 / q5_1, which round half up by truncating x + 0.5.
+// Q4_1 / Q5_1's block: d = (max - min) / levels, m = min, q = trunc((x - min) / d + 0.5), which
+// lands on levels exactly or just below for the largest x (llama.cpp caps Q4_1's at 15 anyway
+// and leaves Q5_1's as it is).
+void ZeroPointBlock(const float* xb, int levels, int (&q)[32], uint16_t* d16, uint16_t* m16) {
+  float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+  for (int j = 0; j < 32; ++j) {
+    if (xb[j] < lo) lo = xb[j];
+    if (xb[j] > hi) hi = xb[j];
+  }
+  const float d = (hi - lo) / static_cast<float>(levels);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  *d16 = Fp32ToFp16(d);
+  *m16 = Fp32ToFp16(lo);
+  for (int j = 0; j < 32; ++j) q[j] = static_cast<int>((xb[j] - lo) * id + 0.5f);
+}
+
 void QuantizeQ4_1(const float* x, BlockQ4_1* y, int64_t n) {
+  int q[32];
   for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
-    for (int j = 0; j < 32; ++j) {
-      if (xb[j] < lo) lo = xb[j];
-      if (xb[j] > hi) hi = xb[j];
-    }
-    const float d = (hi - lo) / 15.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = Fp32ToFp16(d);
-    y[b].m = Fp32ToFp16(lo);
-    for (int j = 0; j < 16; ++j) {
-      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>((xb[j] - lo) * id + 0.5f)));
-      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>((xb[j + 16] - lo) * id + 0.5f)));
-      y[b].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-    }
+    ZeroPointBlock(x + b * 32, 15, q, &y[b].d, &y[b].m);
+    for (int j = 0; j < 16; ++j) y[b].qs[j] = static_cast<uint8_t>(std::min(15, q[j]) | (std::min(15, q[j + 16]) << 4));
   }
 }
 
@@ -92,17 +95,23 @@ void PackQ5(const int (&q)[32], uint8_t* qh, uint8_t* qs) {
   for (int i = 0; i < 4; ++i) qh[i] = static_cast<uint8_t>(h >> (8 * i));
 }
 
+// The first of x[0, n) with the largest magnitude, its sign kept (0 for all zeros): the symmetric
+// types map it to their most negative level, so its sign gets the extra level.
+float SignedMax(const float* x, int64_t n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
 void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* xb = x + b * 32;
-    float amax = 0.0f, max = 0.0f;  // largest magnitude, and that value with its sign
-    for (int j = 0; j < 32; ++j) {
-      if (amax < std::fabs(xb[j])) {
-        amax = std::fabs(xb[j]);
-        max = xb[j];
-      }
-    }
-    const float d = max / -16.0f;
+    const float d = SignedMax(xb, 32) / -16.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = Fp32ToFp16(d);
     int q[32];
@@ -112,19 +121,9 @@ void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t n) {
 }
 
 void QuantizeQ5_1(const float* x, BlockQ5_1* y, int64_t n) {
+  int q[32];
   for (int64_t b = 0; b < n / 32; ++b) {
-    const float* xb = x + b * 32;
-    float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
-    for (int j = 0; j < 32; ++j) {
-      if (xb[j] < lo) lo = xb[j];
-      if (xb[j] > hi) hi = xb[j];
-    }
-    const float d = (hi - lo) / 31.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = Fp32ToFp16(d);
-    y[b].m = Fp32ToFp16(lo);
-    int q[32];
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>((xb[j] - lo) * id + 0.5f);
+    ZeroPointBlock(x + b * 32, 31, q, &y[b].d, &y[b].m);
     PackQ5(q, y[b].qh, y[b].qs);
   }
 }
@@ -132,15 +131,7 @@ void QuantizeQ5_1(const float* x, BlockQ5_1* y, int64_t n) {
 void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t n) {
   for (int64_t b = 0; b < n / kQK4_0; ++b) {
     const float* xb = x + b * kQK4_0;
-    float amax = 0.0f;  // largest magnitude
-    float max = 0.0f;   // the value with that magnitude, sign kept
-    for (int j = 0; j < kQK4_0; ++j) {
-      if (amax < std::fabs(xb[j])) {
-        amax = std::fabs(xb[j]);
-        max = xb[j];
-      }
-    }
-    const float d = max / -8.0f;
+    const float d = SignedMax(xb, kQK4_0) / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y[b].d = Fp32ToFp16(d);
     for (int j = 0; j < kQK4_0 / 2; ++j) {
@@ -183,14 +174,7 @@ void QuantizeW4(const float* x, BlockW4<G, kZ>* y, int64_t n, float clip) {
       W4Pack<G>(xb, q, y[b].qs);
     } else {
       // As Q4_0: the value of largest magnitude maps to -8, so its sign gets the extra level.
-      float amax = 0.0f, max = 0.0f;
-      for (int j = 0; j < G; ++j) {
-        if (amax < std::fabs(xb[j])) {
-          amax = std::fabs(xb[j]);
-          max = xb[j];
-        }
-      }
-      const uint16_t d16 = Fp32ToFp16(max * clip / -8.0f);
+      const uint16_t d16 = Fp32ToFp16(SignedMax(xb, G) * clip / -8.0f);
       y[b].d = d16;
       const float d = Fp16ToFp32(d16);
       const float id = d != 0.0f ? 1.0f / d : 0.0f;

@@ -27,6 +27,26 @@ std::unique_ptr<GgufFile> Quantized(const GgufFile& in, const QuantizeOptions& o
   return GgufFile::FromBytes(w.WriteToBytes()).value();
 }
 
+// The logits of a short forward pass, and their relative RMS distance from want.
+std::vector<float> FourTokenLogits(const GgufFile& f, ThreadPool& pool) {
+  auto m = LlamaModel::Load(f).value();
+  KvCache kv(m->hparams(), 8);
+  Workspace ws;
+  ForwardBatch b;
+  b.tokens = {1, 100, 200, 300};
+  b.positions = {0, 1, 2, 3};
+  EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
+  return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
+}
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return std::sqrt(err / norm);
+}
+
 TEST(QuantizeTest, DefaultModelToQ8_0AndQ4_0) {
   auto in = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
@@ -119,17 +139,7 @@ TEST(QuantizeTest, KQuantsOfASyntheticModel) {
   const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 5)->WriteToBytes();
   auto in = GgufFile::FromBytes(bytes).value();
   ThreadPool pool(2);
-  auto logits = [&](const GgufFile& f) {
-    auto m = LlamaModel::Load(f).value();
-    KvCache kv(m->hparams(), 8);
-    Workspace ws;
-    ForwardBatch b;
-    b.tokens = {1, 100, 200, 300};
-    b.positions = {0, 1, 2, 3};
-    EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
-    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
-  };
-  const auto want = logits(*in);
+  const auto want = FourTokenLogits(*in, pool);
   double prev = -1.0;
   for (QuantScheme sc : {QuantScheme::kQ6_K, QuantScheme::kQ4_K}) {
     QuantizeOptions o;
@@ -138,13 +148,7 @@ TEST(QuantizeTest, KQuantsOfASyntheticModel) {
     auto out = Quantized(*in, o, &report);
     EXPECT_EQ(report.quantized, 2 * 7);  // 7 per layer; embedding and output kept
     EXPECT_EQ(out->GetInt("general.file_type").value(), sc == QuantScheme::kQ4_K ? 14 : 18);
-    const auto got = logits(*out);
-    double err = 0.0, norm = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err += (got[i] - want[i]) * (got[i] - want[i]);
-      norm += want[i] * want[i];
-    }
-    const double rel = std::sqrt(err / norm);
+    const double rel = RelativeError(FourTokenLogits(*out, pool), want);
     std::printf("%s: relative logit error %.4f\n", QuantSchemeName(sc), rel);
     EXPECT_LT(rel, sc == QuantScheme::kQ6_K ? 0.06 : 0.3);
     EXPECT_GT(rel, prev);
@@ -165,26 +169,8 @@ TEST(QuantizeTest, KQuantFallbacksAndTheLegacyTypes) {
   const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 7)->WriteToBytes();
   auto in = GgufFile::FromBytes(bytes).value();
   ThreadPool pool(2);
-  auto logits = [&](const GgufFile& f) {
-    auto m = LlamaModel::Load(f).value();
-    KvCache kv(m->hparams(), 8);
-    Workspace ws;
-    ForwardBatch b;
-    b.tokens = {1, 100, 200, 300};
-    b.positions = {0, 1, 2, 3};
-    EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
-    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
-  };
-  const auto want = logits(*in);
-  auto rel_error = [&](const GgufFile& f) {
-    const auto got = logits(f);
-    double err = 0.0, norm = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err += (got[i] - want[i]) * (got[i] - want[i]);
-      norm += want[i] * want[i];
-    }
-    return std::sqrt(err / norm);
-  };
+  const auto want = FourTokenLogits(*in, pool);
+  auto rel_error = [&](const GgufFile& f) { return RelativeError(FourTokenLogits(f, pool), want); };
   for (QuantScheme sc : {QuantScheme::kQ4_K, QuantScheme::kQ6_K}) {
     QuantizeOptions o;
     o.scheme = sc;

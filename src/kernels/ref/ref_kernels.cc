@@ -84,8 +84,25 @@ void UnpackNibbleRun(const uint8_t* qs, int8_t* out) {
 }
 
 template <GgmlType kType>
-float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
-  if constexpr (kType == GgmlType::kW4A8G64 || kType == GgmlType::kW4A8G128) {
+constexpr bool kZeroPoint = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+
+// m: the zero-point types' (Q4_1, Q5_1: x = d q + m) offset; their q come out unsigned, 0..31.
+template <GgmlType kType>
+float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out, float* m) {
+  if constexpr (kType == GgmlType::kQ4_1) {
+    const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(row) + b;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = static_cast<int8_t>(blk->qs[j] & 0x0f);
+      out[j + 16] = static_cast<int8_t>(blk->qs[j] >> 4);
+    }
+    *m = Fp16ToFp32(blk->m);
+    return Fp16ToFp32(blk->d);
+  } else if constexpr (kType == GgmlType::kQ5_1) {
+    const BlockQ5_1* blk = reinterpret_cast<const BlockQ5_1*>(row) + b;
+    UnpackQ5(blk->qh, blk->qs, reinterpret_cast<uint8_t*>(out));
+    *m = Fp16ToFp32(blk->m);
+    return Fp16ToFp32(blk->d);
+  } else if constexpr (kType == GgmlType::kW4A8G64 || kType == GgmlType::kW4A8G128) {
     // Run b % (G / 32) of group b / (G / 32): a Q4_0 block's nibbles with the group's scale.
     constexpr int G = kType == GgmlType::kW4A8G64 ? 64 : 128;
     const BlockW4<G, false>* blk = reinterpret_cast<const BlockW4<G, false>*>(row) + b / (G / 32);
@@ -108,7 +125,9 @@ float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out) {
   }
 }
 
-// Per block: exact integer dot, then sum += (d_w * d_x) * isum, blocks in order.
+// Per block: exact integer dot, then sum += (d_w * d_x) * isum, blocks in order. The zero-point
+// types (as llama.cpp multiplies them, with q8_1 activations) then also add (m_w * d_x) * qsum, the
+// block's sum of activations.
 template <GgmlType kType>
 void GemmQuantRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
                   int64_t num_tokens, float* y, int64_t ldy) {
@@ -119,52 +138,13 @@ void GemmQuantRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Q
     for (int64_t r = 0; r < num_rows; ++r) {
       float sum = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
-        const float dw = UnpackBlock<kType>(w + r * row_bytes, b, wq);
+        float mw = 0.0f;
+        const float dw = UnpackBlock<kType>(w + r * row_bytes, b, wq, &mw);
         const int8_t* q = x.qs + t * x.k_stride + b * 32;
         int32_t isum = 0;
         for (int j = 0; j < 32; ++j) isum += wq[j] * q[j];
         sum += (dw * x.d[t * nb_stride + b]) * static_cast<float>(isum);
-      }
-      y[t * ldy + r] = sum;
-    }
-  }
-}
-
-// Q4_1 / Q5_1 with int8 activations (as llama.cpp multiplies them, with q8_1 activations): per
-// block the exact integer dot of the unsigned weights q (x = d q + m) with the activations, then
-// sum += (d_w * d_x) * isum, then sum += (m_w * d_x) * qsum (the block's sum of activations),
-// blocks in order.
-template <GgmlType kType>
-void GemmQuantZeroPointRef(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,
-                           int64_t num_tokens, float* y, int64_t ldy) {
-  const int64_t nb = x.k / 32;
-  const int64_t nb_stride = x.k_stride / 32;
-  uint8_t wq[32];
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int64_t r = 0; r < num_rows; ++r) {
-      float sum = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        float dw, mw;
-        if constexpr (kType == GgmlType::kQ4_1) {
-          const BlockQ4_1* blk = reinterpret_cast<const BlockQ4_1*>(w + r * row_bytes) + b;
-          for (int j = 0; j < 16; ++j) {
-            wq[j] = blk->qs[j] & 0x0f;
-            wq[j + 16] = blk->qs[j] >> 4;
-          }
-          dw = Fp16ToFp32(blk->d);
-          mw = Fp16ToFp32(blk->m);
-        } else {
-          const BlockQ5_1* blk = reinterpret_cast<const BlockQ5_1*>(w + r * row_bytes) + b;
-          UnpackQ5(blk->qh, blk->qs, wq);
-          dw = Fp16ToFp32(blk->d);
-          mw = Fp16ToFp32(blk->m);
-        }
-        const int8_t* q = x.qs + t * x.k_stride + b * 32;
-        int32_t isum = 0;
-        for (int j = 0; j < 32; ++j) isum += wq[j] * q[j];
-        const float dx = x.d[t * nb_stride + b];
-        sum += (dw * dx) * static_cast<float>(isum);
-        sum += (mw * dx) * static_cast<float>(x.qsum[t * nb_stride + b]);
+        if constexpr (kZeroPoint<kType>) sum += (mw * x.d[t * nb_stride + b]) * static_cast<float>(x.qsum[t * nb_stride + b]);
       }
       y[t * ldy + r] = sum;
     }
@@ -381,7 +361,7 @@ const KernelTable& ScalarTable() {
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference,
-       GemmQuantZeroPointRef<GgmlType::kQ4_1>, GemmQuantRef<GgmlType::kQ5_0>, GemmQuantZeroPointRef<GgmlType::kQ5_1>},
+       GemmQuantRef<GgmlType::kQ4_1>, GemmQuantRef<GgmlType::kQ5_0>, GemmQuantRef<GgmlType::kQ5_1>},
       {}, {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,
