@@ -4,8 +4,10 @@
 //   build/kernels_bench --benchmark_filter=MatMul
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <vector>
 
+#include "base/fp16.h"
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "kv/kv_storage.h"
@@ -15,7 +17,8 @@ namespace {
 
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,      GgmlType::kQ8_0,
                                GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kW4A16G64,
-                               GgmlType::kW4A16ZG64, GgmlType::kW4A8G64};
+                               GgmlType::kW4A16ZG64, GgmlType::kW4A8G64, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                               GgmlType::kQ3_K};
 
 struct Matrix {
   std::vector<uint8_t> bytes;
@@ -28,9 +31,17 @@ Matrix MakeMatrix(GgmlType t, int64_t cols, int64_t rows) {
   Rng rng(1);
   std::vector<float> row(cols);
   m.bytes.resize(RowBytes(t, cols) * rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (float& v : row) v = rng.Uniform(-1, 1);
-    QuantizeRowRef(t, row.data(), m.bytes.data() + r * RowBytes(t, cols), cols);
+  if (t == GgmlType::kQ3_K) {
+    // No Q3_K writer: random super-blocks under a small scale (the speed does not depend on the
+    // values).
+    for (uint8_t& b : m.bytes) b = static_cast<uint8_t>(rng.NextU64());
+    const uint16_t d = Fp32ToFp16(0.01f);
+    for (size_t i = 0; i < m.bytes.size(); i += sizeof(BlockQ3_K)) std::memcpy(&m.bytes[i + 108], &d, 2);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (float& v : row) v = rng.Uniform(-1, 1);
+      QuantizeRowRef(t, row.data(), m.bytes.data() + r * RowBytes(t, cols), cols);
+    }
   }
   m.view.type = t;
   m.view.shape = {cols, rows};
@@ -47,7 +58,7 @@ void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, 
 void BM_MatMul(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 2048, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 // args: type index (float types), columns, threads; 64 tokens, 2048 rows: long rows, where the
 // float GEMM is k-blocked (tinyllama's k is 2048 for most products, 5632 for ffn_down).
@@ -62,7 +73,7 @@ BENCHMARK(BM_MatMulLongRows)->ArgsProduct({{0, 1, 2}, {768, 2048, 5632}, {1, 2}}
 void BM_MatMulStreaming(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 131072, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6, 10, 11, 12}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, int64_t tokens, int threads) {
   Matrix m = MakeMatrix(t, cols, rows);

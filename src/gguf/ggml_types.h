@@ -19,6 +19,7 @@ enum class GgmlType : uint32_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
@@ -128,6 +129,35 @@ uint32_t LlamaFileType(GgmlType type);
 
 // K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16).
 inline constexpr int kQK_K = 256;
+
+// Q3_K: w = d * (sc_j - 32) * (q - 4) for the 16-weight sub-block j, q in [0, 7]: its low 2 bits
+// in qs (element 128 h + 32 s + l at bits 2s of qs[32 h + l]), its third in hmask (bit 4 h + s of
+// hmask[l]), and the sixteen 6-bit scales packed in 12 bytes (Q3KScales).
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+// The 16 sub-block scales of a Q3_K super-block, minus 32: scale i has its low 4 bits in byte i
+// (i < 8) or the high nibble of byte i - 8, and its top 2 bits at bits 2 (i / 4) of byte 8 + i % 4.
+static inline void Q3KScales(const uint8_t* s, int8_t* out) {
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? s[i] & 0x0f : s[i - 8] >> 4;
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    out[i] = static_cast<int8_t>((low | high << 4) - 32);
+  }
+}
+
+// The 256 values q (0..7) of a Q3_K super-block, in element order.
+static inline void Q3KValues(const BlockQ3_K& b, uint8_t* q) {
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    q[e] = static_cast<uint8_t>(((b.qs[32 * h + l] >> (2 * s)) & 3) | ((b.hmask[l] >> (4 * h + s)) & 1) << 2);
+  }
+}
 
 // Q4_K: w = d * sc_j * q - dmin * m_j for sub-block j, q in [0, 15]; the eight 6-bit (sc, m)
 // pairs are packed in scales[12]; qs holds 4 groups of 64 weights, 32 bytes each, low nibbles

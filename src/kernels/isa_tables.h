@@ -37,13 +37,14 @@ void DequantW4A16ZG128Reference(const void* src, float* dst, int64_t n);
 #define GALE_W4_DEQUANT_REFERENCE                                                                          \
   DequantW4A16G64Reference, DequantW4A16G128Reference, DequantW4A16ZG64Reference, DequantW4A16ZG128Reference, \
       DequantW4A16G64Reference, DequantW4A16G128Reference
-// The legacy ggml types' reference dequantizers (Q4_1, Q5_0, Q5_1), in slot order from
-// kSlotQ4_1, for every ISA's table (a SIMD one replaces them where it has its own), and the scalar
-// int8 product of Q5_0 (the reference the ISAs' Q5_0 kernels match).
+// The reference dequantizers of the slots from kSlotQ4_1 on (Q4_1, Q5_0, Q5_1, Q3_K), in slot
+// order, for every ISA's table (a SIMD one replaces them where it has its own).
 void DequantQ4_1Reference(const void* src, float* dst, int64_t n);
 void DequantQ5_0Reference(const void* src, float* dst, int64_t n);
 void DequantQ5_1Reference(const void* src, float* dst, int64_t n);
-#define GALE_LEGACY_DEQUANT_REFERENCE DequantQ4_1Reference, DequantQ5_0Reference, DequantQ5_1Reference
+void DequantQ3_KReference(const void* src, float* dst, int64_t n);
+#define GALE_LATER_DEQUANT_REFERENCE \
+  DequantQ4_1Reference, DequantQ5_0Reference, DequantQ5_1Reference, DequantQ3_KReference
 // The vector expf's table (SiluMul on AVX2 and AVX-512, computed as glibc's expf): bits of
 // 2^(i/32) minus i << 47, i < 32, 64-byte aligned. Built once, in the baseline translation unit.
 const uint64_t* ExpfTable32();

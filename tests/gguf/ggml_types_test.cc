@@ -60,6 +60,8 @@ TEST(GgmlTypesTest, LayoutsMatchLlamaCpp) {
   EXPECT_EQ(RowBytes(GgmlType::kQ5_0, 64), 44);
   EXPECT_EQ(RowBytes(GgmlType::kQ5_1, 64), 48);
   EXPECT_EQ(TypeName(6), "q5_0");
+  EXPECT_EQ(TypeTraits(GgmlType::kQ3_K).block_bytes, 110);
+  EXPECT_EQ(TypeName(11), "q3_K");
   EXPECT_EQ(RowBytes(GgmlType::kF16, 10), 20);
   EXPECT_EQ(BlockLayout(12)->block_bytes, 144);  // q4_K
   EXPECT_EQ(BlockLayout(13)->block_bytes, 176);  // q5_K

@@ -27,7 +27,7 @@ std::vector<Isa> SimdIsas() {
 
 const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
 
-const GgmlType kKTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+const GgmlType kKTypes[] = {GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 const GgmlType kW4Types[] = {GgmlType::kW4A16G64, GgmlType::kW4A16G128, GgmlType::kW4A16ZG64,
                              GgmlType::kW4A16ZG128, GgmlType::kW4A8G64, GgmlType::kW4A8G128};
@@ -44,6 +44,8 @@ std::vector<uint8_t> RandomKBlocks(GgmlType t, int64_t n, uint64_t seed) {
     const uint16_t dmin = Fp32ToFp16(rng.Uniform(0.001f, 0.01f));
     if (t == GgmlType::kQ6_K) {
       std::memcpy(blk + 208, &d, 2);
+    } else if (t == GgmlType::kQ3_K) {
+      std::memcpy(blk + 108, &d, 2);
     } else {
       std::memcpy(blk, &d, 2);
       std::memcpy(blk + 2, &dmin, 2);
@@ -1079,6 +1081,25 @@ TEST(KernelsTest, KQuantLayoutsFromTheirDefinition) {
     EXPECT_EQ(y[64], 0.5f * 5 * ((2 | 3 << 4) - 32));  // scales[4]
     EXPECT_EQ(y[16], 0.5f * 2 * (0 - 32));             // scales[1], q = 0
     EXPECT_EQ(y[128], 0.5f * 9 * (5 - 32));            // second half: scales[8]
+  }
+  {
+    // As ggml's dequantize_row_q3_K walks it: 16 values at a time, each with the next scale;
+    // the 2-bit fields of qs[l] serve elements l, l + 32, l + 64, l + 96 of a 128-half (shift 0,
+    // 2, 4, 6), hmask bit 4 h + s their third bit, and a clear third bit means minus 4.
+    BlockQ3_K b{};
+    b.d = Fp32ToFp16(0.5f);
+    b.scales[0] = 0x31;  // scale 0 low 4 bits 1, scale 8 low 4 bits 3
+    b.scales[8] = 0x22;  // scale 0 bits 4-5: 2 (33 - 32 = 1); scale 8 bits 4-5: 2 (35 - 32 = 3)
+    b.qs[0] = 0x03 | (0x1 << 2);  // element 0: 3; element 32: 1
+    b.hmask[0] = 0x01 | 0x10;     // element 0 and element 128 have their third bit
+    b.qs[32] = 0x02;              // element 128: 2
+    float y[256];
+    DequantizeRowRef(GgmlType::kQ3_K, &b, y, 256);
+    EXPECT_EQ(y[0], 0.5f * 1 * 3);        // q = 7, scale 0
+    EXPECT_EQ(y[16], 0.5f * -32 * -4);   // scale 1 = 0 - 32, q = 0
+    EXPECT_EQ(y[32], 0.5f * -32 * -3);   // scale 2, q = 1
+    EXPECT_EQ(y[128], 0.5f * 3 * 2);     // scale 8, q = 6
+    EXPECT_EQ(y[255], 0.5f * -32 * -4);  // scale 15
   }
 }
 

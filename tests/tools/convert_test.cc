@@ -129,7 +129,7 @@ TEST(SynthTest, DeterministicAndShapesAreValidated) {
   EXPECT_EQ(big->num_kv_heads, 4);
 }
 
-// A model whose matrices are K-quants (a Q4_K_M-style mix of Q4_K, Q5_K and Q6_K) gives bitwise
+// A model whose matrices are K-quants (a Q4_K_M-style mix of Q3_K, Q4_K, Q5_K and Q6_K) gives bitwise
 // the logits of the same model with those matrices dequantized to F32 by the reference decoder.
 TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
   const SynthShape shape = test::SmallGqaShape(300);
@@ -152,8 +152,8 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
       ASSERT_TRUE(deq.AddTensor(t.name, t.type_id, t.shape, data).ok());
       continue;
     }
-    const GgmlType types[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
-    const GgmlType kt = types[n++ % 3];
+    const GgmlType types[] = {GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+    const GgmlType kt = types[n++ % 4];
     const int64_t elems = t.shape[0] * t.shape[1];
     std::vector<uint8_t> blocks(RowBytes(kt, t.shape[0]) * t.shape[1]);
     for (auto& b : blocks) b = static_cast<uint8_t>(rng.NextU64());
@@ -163,6 +163,8 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
       uint8_t* blk = blocks.data() + i * bb;
       if (kt == GgmlType::kQ6_K) {
         std::memcpy(blk + 208, &d, 2);
+      } else if (kt == GgmlType::kQ3_K) {
+        std::memcpy(blk + 108, &d, 2);
       } else {
         std::memcpy(blk, &d, 2);
         std::memcpy(blk + 2, &dmin, 2);

@@ -164,6 +164,7 @@ void GemmQuantW4A8G128Reference(const uint8_t* w, int64_t row_bytes, int64_t num
 void DequantQ4_1Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ4_1, src, dst, n); }
 void DequantQ5_0Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_0, src, dst, n); }
 void DequantQ5_1Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_1, src, dst, n); }
+void DequantQ3_KReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ3_K, src, dst, n); }
 void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
 void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
 void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }
@@ -357,7 +358,7 @@ const KernelTable& ScalarTable() {
       {Dequantize<GgmlType::kF32>, Dequantize<GgmlType::kF16>, Dequantize<GgmlType::kBF16>,
        Dequantize<GgmlType::kQ8_0>, Dequantize<GgmlType::kQ4_0>, Dequantize<GgmlType::kQ4_K>,
        Dequantize<GgmlType::kQ5_K>, Dequantize<GgmlType::kQ6_K>, GALE_W4_DEQUANT_REFERENCE,
-       GALE_LEGACY_DEQUANT_REFERENCE},
+       GALE_LATER_DEQUANT_REFERENCE},
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference,

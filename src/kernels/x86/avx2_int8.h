@@ -202,6 +202,12 @@ void GemmQuant(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Quan
 // with s_a, s_b the activation sums of the run's two 16-element halves (QuantizedActs::half_sums).
 // Before this path, AVX2 dequantized every row to f32 for every product (Q6_K decode ran at a
 // twentieth of Q4_0's speed).
+// The symmetric K-quants (per-16 int8 scales, w = d sc (q - offset)): Q6_K (offset 32), Q3_K (4).
+template <GgmlType kType>
+constexpr bool kSymK = kType == GgmlType::kQ6_K || kType == GgmlType::kQ3_K;
+template <GgmlType kType>
+constexpr int kSymKShift = kType == GgmlType::kQ6_K ? 5 : 2;  // log2 of the offset
+
 template <GgmlType kType>
 struct KSuperRow {
   __m256i w[8];     // the runs, unsigned bytes
@@ -214,7 +220,31 @@ struct KSuperRow {
 template <GgmlType kType>
 inline void UnpackKSuperRow(const uint8_t* src, KSuperRow<kType>& s) {
   const __m256i low4 = _mm256_set1_epi8(0x0f);
-  if constexpr (kType == GgmlType::kQ6_K) {
+  if constexpr (kType == GgmlType::kQ3_K) {
+    // Run r = 4 h + s: bits 2s of qs[32 h + l] and bit r of hmask[l], as q = low2 + 4 high.
+    const auto& b = *reinterpret_cast<const BlockQ3_K*>(src);
+    s.d = _cvtsh_ss(b.d);
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hmask));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        const int r = 4 * h + j;
+        const __m256i low2 = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), three);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hm, r), one);
+        s.w[r] = _mm256_or_si256(low2, _mm256_slli_epi16(high, 2));
+      }
+    }
+    alignas(16) int8_t sc[16];
+    Q3KScales(b.scales, sc);
+    const __m128i scv = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+    s.sc16[0] = _mm256_cvtepi8_epi32(scv);
+    s.sc16[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(scv, 8));
+    for (int r = 0; r < 8; ++r) {
+      s.sc[r] = _mm256_setr_epi32(sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r], sc[2 * r + 1], sc[2 * r + 1],
+                                  sc[2 * r + 1], sc[2 * r + 1]);
+    }
+  } else if constexpr (kType == GgmlType::kQ6_K) {
     const auto& b = *reinterpret_cast<const BlockQ6_K*>(src);
     s.d = _cvtsh_ss(b.d);
     const __m256i three = _mm256_set1_epi8(3);
@@ -301,18 +331,18 @@ inline void KSuperDot(const KSuperRow<kType>& s, const QuantizedActs& x, int64_t
   for (int r = 0; r < 8; ++r) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 32 * r));
     dots[r] = DotU8S8<kVnni>(_mm256_setzero_si256(), s.w[r], q);
-    if constexpr (kType == GgmlType::kQ6_K) dots[r] = _mm256_mullo_epi32(dots[r], s.sc[r]);
+    if constexpr (kSymK<kType>) dots[r] = _mm256_mullo_epi32(dots[r], s.sc[r]);
   }
   const __m256i isum = SumEach8(dots);
   const __m256 dx = _mm256_loadu_ps(x.d + tok * nb_stride + sb * 8);
   __m256 v;
-  if constexpr (kType == GgmlType::kQ6_K) {
+  if constexpr (kSymK<kType>) {
     // sc_a s_a + sc_b s_b per run: products of the interleaved (a, b) pairs, pairs added.
     const int32_t* hs = x.half_sums + (tok * nb_stride + sb * 8) * 2;
     const __m256i p0 = _mm256_mullo_epi32(s.sc16[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs)));
     const __m256i p1 = _mm256_mullo_epi32(s.sc16[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 8)));
     const __m256i corr = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p0, p1), 0xD8);
-    const __m256i total = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));
+    const __m256i total = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, kSymKShift<kType>));
     v = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(s.d), dx), _mm256_cvtepi32_ps(total));
   } else {
     const __m256 qsum = _mm256_cvtepi32_ps(
@@ -332,6 +362,7 @@ void TileQuantK(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, con
   const QuantizedActs& x = *xa;
   constexpr int64_t kSuperBytes = static_cast<int64_t>(kType == GgmlType::kQ4_K   ? sizeof(BlockQ4_K)
                                                        : kType == GgmlType::kQ5_K ? sizeof(BlockQ5_K)
+                                                       : kType == GgmlType::kQ3_K ? sizeof(BlockQ3_K)
                                                                                   : sizeof(BlockQ6_K));
   float acc[T] = {};
   const uint8_t* row = w + r0 * row_bytes;

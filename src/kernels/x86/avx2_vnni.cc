@@ -19,6 +19,7 @@ void Avx2FillVnni(KernelTable& t) {
   t.gemm_quant[kSlotQ4_K] = GemmQuantK<kQ4_K, true>;
   t.gemm_quant[kSlotQ5_K] = GemmQuantK<kQ5_K, true>;
   t.gemm_quant[kSlotQ6_K] = GemmQuantK<kQ6_K, true>;
+  t.gemm_quant[kSlotQ3_K] = GemmQuantK<kQ3_K, true>;
   t.variant = "avx-vnni";
 }
 

@@ -897,7 +897,7 @@ const KernelTable& Avx512Table() {
       {DotF32, DotF16, DotBF16, DotQ8_0, DotQ4_0},
       {DequantF32, DequantF16, DequantBF16, DequantQ8_0, DequantQ4_0, DequantQ4_K, DequantQ5_K, DequantQ6_K,
        DequantW4<64, false>, DequantW4<128, false>, DequantW4<64, true>, DequantW4<128, true>, DequantW4<64, false>,
-       DequantW4<128, false>, GALE_LEGACY_DEQUANT_REFERENCE},
+       DequantW4<128, false>, GALE_LATER_DEQUANT_REFERENCE},
       // BF16: gemm_bf16 below.
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, GemmW4A16<GgmlType::kW4A16G64>, GemmW4A16<GgmlType::kW4A16G128>,

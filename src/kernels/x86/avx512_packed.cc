@@ -431,12 +431,17 @@ void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, cons
 //   Q6_K:      lane += d d_x * (sc_a (dot_a - 32 s_a) + sc_b (dot_b - 32 s_b))   (w = d sc (q - 32))
 // with s_a, s_b the activation sums of the run's two halves (QuantizedActs::half_sums). Integer dots are exact; the float
 // steps are fixed per lane, so results do not depend on the batch or the thread split.
+// Q3_K runs as Q6_K does, with q in 0..7 (no high bits) and an offset of 4 for 32.
 template <GgmlType kType>
-constexpr int kKHighBits = kType == GgmlType::kQ4_K ? 0 : kType == GgmlType::kQ5_K ? 1 : 2;
+constexpr bool kSymK = kType == GgmlType::kQ6_K || kType == GgmlType::kQ3_K;
+template <GgmlType kType>
+constexpr int32_t kSymKOffset = kType == GgmlType::kQ6_K ? 32 : 4;
+template <GgmlType kType>
+constexpr int kKHighBits = kType == GgmlType::kQ5_K ? 1 : kType == GgmlType::kQ6_K ? 2 : 0;
 template <GgmlType kType>
 constexpr int64_t kKRunBytes = 32 + 256 + 64 * kKHighBits<kType>;
 template <GgmlType kType>
-constexpr int64_t kKHeaderBytes = kType == GgmlType::kQ6_K ? 32 : 64;
+constexpr int64_t kKHeaderBytes = kSymK<kType> ? 32 : 64;
 template <GgmlType kType>
 constexpr int64_t kKSuperBytes = kKHeaderBytes<kType> + 8 * kKRunBytes<kType>;
 
@@ -449,7 +454,18 @@ int64_t PackedGroupBytesK(int64_t k) {
 // Q4_K/Q5_K s0[r] = scale, s1[r] = min; Q6_K s0[r], s1[r] = the halves' int8 scales; d, dmin f16.
 template <GgmlType kType>
 void UnpackKSuper(const uint8_t* src, uint8_t* q, int16_t* s0, int16_t* s1, uint16_t* d, uint16_t* dmin) {
-  if constexpr (kType == GgmlType::kQ6_K) {
+  if constexpr (kType == GgmlType::kQ3_K) {
+    const auto& b = *reinterpret_cast<const BlockQ3_K*>(src);
+    *d = b.d;
+    *dmin = 0;
+    Q3KValues(b, q);
+    int8_t sc[16];
+    Q3KScales(b.scales, sc);
+    for (int r = 0; r < 8; ++r) {
+      s0[r] = sc[2 * r];
+      s1[r] = sc[2 * r + 1];
+    }
+  } else if constexpr (kType == GgmlType::kQ6_K) {
     const auto& b = *reinterpret_cast<const BlockQ6_K*>(src);
     *d = b.d;
     *dmin = 0;
@@ -522,7 +538,7 @@ void PackK(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t 
         }
       }
       std::memcpy(out, d, 32);
-      if constexpr (kType != GgmlType::kQ6_K) std::memcpy(out + 32, dmin, 32);
+      if constexpr (!kSymK<kType>) std::memcpy(out + 32, dmin, 32);
       for (int run = 0; run < 8; ++run) {
         uint8_t* o = out + kKHeaderBytes<kType> + run * kKRunBytes<kType>;
         for (int r = 0; r < 16; ++r) {
@@ -561,7 +577,7 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, int64
     const uint8_t* super = group + sb * kKSuperBytes<kType>;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
     __m512 dmin = _mm512_setzero_ps();
-    if constexpr (kType != GgmlType::kQ6_K) {
+    if constexpr (!kSymK<kType>) {
       dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32)));
     }
     for (int run = 0; run < 8; ++run) {
@@ -579,13 +595,14 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, int64
           w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(mbits), w[j], add);
         }
       }
-      if constexpr (kType == GgmlType::kQ6_K) {
+      if constexpr (kSymK<kType>) {
         const __m512i sca = _mm512_cvtepi8_epi32(s0), scb = _mm512_cvtepi8_epi32(s1);
         for (int t = 0; t < T; ++t) {
           const int64_t tok = t0 + t;
           const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
           const int32_t* hs = x.half_sums + (tok * nb_stride + b) * 2;
-          __m512i ia = _mm512_set1_epi32(-32 * hs[0]), ib = _mm512_set1_epi32(-32 * hs[1]);
+          __m512i ia = _mm512_set1_epi32(-kSymKOffset<kType> * hs[0]);
+          __m512i ib = _mm512_set1_epi32(-kSymKOffset<kType> * hs[1]);
           for (int j = 0; j < 4; ++j) {
             int32_t fa, fb;
             std::memcpy(&fa, qx + 4 * j, 4);
@@ -658,6 +675,7 @@ void Avx512FillPacked(KernelTable& t) {
       {kQ4_K, PackedGroupBytesK<kQ4_K>, PackK<kQ4_K>, GemmPackedK<kQ4_K>, nullptr},
       {kQ5_K, PackedGroupBytesK<kQ5_K>, PackK<kQ5_K>, GemmPackedK<kQ5_K>, nullptr},
       {kQ6_K, PackedGroupBytesK<kQ6_K>, PackK<kQ6_K>, GemmPackedK<kQ6_K>, nullptr},
+      {kQ3_K, PackedGroupBytesK<kQ3_K>, PackK<kQ3_K>, GemmPackedK<kQ3_K>, nullptr},
       {kW4A16G64, PackedGroupBytes<kQ4_0>, Pack<kW4A8G64>, nullptr, GemmPackedA16<false>},
       {kW4A16G128, PackedGroupBytes<kQ4_0>, Pack<kW4A8G128>, nullptr, GemmPackedA16<false>},
       {kW4A16ZG64, PackedGroupBytesW4Z<64>, PackW4Z<64>, nullptr, GemmPackedA16<true>},
