@@ -21,6 +21,7 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kQ5_0, "q5_0", 32, sizeof(BlockQ5_0)},
     {GgmlType::kQ5_1, "q5_1", 32, sizeof(BlockQ5_1)},
     {GgmlType::kQ8_0, "q8_0", kQK8_0, sizeof(BlockQ8_0)},
+    {GgmlType::kQ2_K, "q2_K", kQK_K, sizeof(BlockQ2_K)},
     {GgmlType::kQ3_K, "q3_K", kQK_K, sizeof(BlockQ3_K)},
     {GgmlType::kQ4_K, "q4_K", kQK_K, sizeof(BlockQ4_K)},
     {GgmlType::kQ5_K, "q5_K", kQK_K, sizeof(BlockQ5_K)},
@@ -367,6 +368,7 @@ uint32_t LlamaFileType(GgmlType type) {
     case GgmlType::kQ8_0: return 7;
     case GgmlType::kQ5_0: return 8;
     case GgmlType::kQ5_1: return 9;
+    case GgmlType::kQ2_K: return 10;
     case GgmlType::kQ3_K: return 11;  // Q3_K_S
     case GgmlType::kQ4_K: return 14;  // Q4_K_S
     case GgmlType::kQ5_K: return 16;  // Q5_K_S
@@ -479,6 +481,7 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
       CHECK(n % kQK_K == 0);
       QuantizeQ6_K(src, static_cast<BlockQ6_K*>(dst), n);
       return;
+    case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
     case GgmlType::kQ5_K:
       break;
@@ -556,6 +559,18 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
         const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
         UnpackQ5(b[i].qh, b[i].qs, q);
         for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j]) + m;
+      }
+      return;
+    }
+    case GgmlType::kQ2_K: {
+      const auto* b = static_cast<const BlockQ2_K*>(src);
+      for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d = Fp16ToFp32(b[i].d), dmin = Fp16ToFp32(b[i].dmin);
+        for (int e = 0; e < 256; ++e) {
+          const uint8_t sc = b[i].scales[e / 16];
+          dst[i * 256 + e] = (d * static_cast<float>(sc & 15)) * static_cast<float>(KLow2(b[i].qs, e)) -
+                             dmin * static_cast<float>(sc >> 4);
+        }
       }
       return;
     }

@@ -19,6 +19,7 @@ enum class GgmlType : uint32_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
   kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
@@ -130,6 +131,21 @@ uint32_t LlamaFileType(GgmlType type);
 // K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16).
 inline constexpr int kQK_K = 256;
 
+// Q2_K: w = d * (sc_j & 15) * q - dmin * (sc_j >> 4) for the 16-weight sub-block j, q in [0, 3]
+// (element 128 h + 32 s + l at bits 2s of qs[32 h + l], as Q3_K's low bits).
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// The 2-bit fields of Q2_K / Q3_K in element order.
+static inline uint8_t KLow2(const uint8_t* qs, int e) {
+  return static_cast<uint8_t>((qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+}
+
 // Q3_K: w = d * (sc_j - 32) * (q - 4) for the 16-weight sub-block j, q in [0, 7]: its low 2 bits
 // in qs (element 128 h + 32 s + l at bits 2s of qs[32 h + l]), its third in hmask (bit 4 h + s of
 // hmask[l]), and the sixteen 6-bit scales packed in 12 bytes (Q3KScales).
@@ -155,7 +171,7 @@ static inline void Q3KScales(const uint8_t* s, int8_t* out) {
 static inline void Q3KValues(const BlockQ3_K& b, uint8_t* q) {
   for (int e = 0; e < 256; ++e) {
     const int h = e / 128, s = (e % 128) / 32, l = e % 32;
-    q[e] = static_cast<uint8_t>(((b.qs[32 * h + l] >> (2 * s)) & 3) | ((b.hmask[l] >> (4 * h + s)) & 1) << 2);
+    q[e] = static_cast<uint8_t>(KLow2(b.qs, e) | ((b.hmask[l] >> (4 * h + s)) & 1) << 2);
   }
 }
 

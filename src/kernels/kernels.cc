@@ -50,6 +50,7 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kQ4_1: return kSlotQ4_1;
     case GgmlType::kQ5_0: return kSlotQ5_0;
     case GgmlType::kQ5_1: return kSlotQ5_1;
+    case GgmlType::kQ2_K: return kSlotQ2_K;
     case GgmlType::kQ3_K: return kSlotQ3_K;
     case GgmlType::kQ4_K: return kSlotQ4_K;
     case GgmlType::kQ5_K: return kSlotQ5_K;
@@ -388,7 +389,8 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
   // Q6_K's int8 kernels (packed or not) also read each activation block's half sums; only they.
   bool half_sums = false;
   for (const MatMulOutput& o : outs) {
-    half_sums = half_sums || ((o.w->type == GgmlType::kQ6_K || o.w->type == GgmlType::kQ3_K) &&
+    half_sums = half_sums || ((o.w->type == GgmlType::kQ6_K || o.w->type == GgmlType::kQ3_K ||
+                               o.w->type == GgmlType::kQ2_K) &&
                               KindOf(kt, o) == ActKind::kInt8);
   }
   for (const MatMulOutput& o : outs) {

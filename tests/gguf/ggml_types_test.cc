@@ -66,10 +66,12 @@ TEST(GgmlTypesTest, LayoutsMatchLlamaCpp) {
   EXPECT_EQ(BlockLayout(12)->block_bytes, 144);  // q4_K
   EXPECT_EQ(BlockLayout(13)->block_bytes, 176);  // q5_K
   EXPECT_EQ(BlockLayout(14)->block_bytes, 210);  // q6_K
-  EXPECT_EQ(BlockLayout(10)->block_bytes, 84);   // q2_K, readable though not computable yet
+  EXPECT_EQ(BlockLayout(10)->block_bytes, 84);   // q2_K
+  EXPECT_EQ(BlockLayout(20)->block_bytes, 18);   // iq4_nl, readable though not computable yet
   EXPECT_FALSE(BlockLayout(4).has_value());      // removed q4_2
   EXPECT_TRUE(GetTypeTraits(12).has_value());
-  EXPECT_FALSE(GetTypeTraits(10).has_value());
+  EXPECT_TRUE(GetTypeTraits(10).has_value());
+  EXPECT_FALSE(GetTypeTraits(20).has_value());
   EXPECT_EQ(TypeName(14), "q6_K");
 }
 

@@ -27,7 +27,7 @@ std::vector<Isa> SimdIsas() {
 
 const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
 
-const GgmlType kKTypes[] = {GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+const GgmlType kKTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 const GgmlType kW4Types[] = {GgmlType::kW4A16G64, GgmlType::kW4A16G128, GgmlType::kW4A16ZG64,
                              GgmlType::kW4A16ZG128, GgmlType::kW4A8G64, GgmlType::kW4A8G128};
@@ -46,6 +46,9 @@ std::vector<uint8_t> RandomKBlocks(GgmlType t, int64_t n, uint64_t seed) {
       std::memcpy(blk + 208, &d, 2);
     } else if (t == GgmlType::kQ3_K) {
       std::memcpy(blk + 108, &d, 2);
+    } else if (t == GgmlType::kQ2_K) {
+      std::memcpy(blk + 80, &d, 2);
+      std::memcpy(blk + 82, &dmin, 2);
     } else {
       std::memcpy(blk, &d, 2);
       std::memcpy(blk + 2, &dmin, 2);
@@ -1100,6 +1103,24 @@ TEST(KernelsTest, KQuantLayoutsFromTheirDefinition) {
     EXPECT_EQ(y[32], 0.5f * -32 * -3);   // scale 2, q = 1
     EXPECT_EQ(y[128], 0.5f * 3 * 2);     // scale 8, q = 6
     EXPECT_EQ(y[255], 0.5f * -32 * -4);  // scale 15
+  }
+  {
+    // As ggml's dequantize_row_q2_K: scales[i] holds sub-block i's scale (low nibble) and min
+    // (high nibble); the 2-bit fields as Q3_K's.
+    BlockQ2_K b{};
+    b.d = Fp32ToFp16(0.5f);
+    b.dmin = Fp32ToFp16(0.25f);
+    b.scales[0] = 0x23;  // sub-block 0: scale 3, min 2
+    b.scales[2] = 0x10;  // sub-block 2 (elements 32-47): scale 0, min 1
+    b.scales[8] = 0x05;  // sub-block 8 (elements 128-143): scale 5, min 0
+    b.qs[0] = 0x02 | (0x3 << 2);  // element 0: 2; element 32: 3
+    b.qs[32] = 0x01;              // element 128: 1
+    float y[256];
+    DequantizeRowRef(GgmlType::kQ2_K, &b, y, 256);
+    EXPECT_EQ(y[0], 0.5f * 3 * 2 - 0.25f * 2);
+    EXPECT_EQ(y[32], 0.5f * 0 * 3 - 0.25f * 1);
+    EXPECT_EQ(y[128], 0.5f * 5 * 1);
+    EXPECT_EQ(y[16], 0.0f);  // sub-block 1: scale 0, min 0
   }
 }
 

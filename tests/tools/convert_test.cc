@@ -129,7 +129,7 @@ TEST(SynthTest, DeterministicAndShapesAreValidated) {
   EXPECT_EQ(big->num_kv_heads, 4);
 }
 
-// A model whose matrices are K-quants (a Q4_K_M-style mix of Q3_K, Q4_K, Q5_K and Q6_K) gives bitwise
+// A model whose matrices are K-quants (a mix of Q2_K, Q3_K, Q4_K, Q5_K and Q6_K) gives bitwise
 // the logits of the same model with those matrices dequantized to F32 by the reference decoder.
 TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
   const SynthShape shape = test::SmallGqaShape(300);
@@ -152,8 +152,9 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
       ASSERT_TRUE(deq.AddTensor(t.name, t.type_id, t.shape, data).ok());
       continue;
     }
-    const GgmlType types[] = {GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
-    const GgmlType kt = types[n++ % 4];
+    const GgmlType types[] = {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                              GgmlType::kQ6_K};
+    const GgmlType kt = types[n++ % 5];
     const int64_t elems = t.shape[0] * t.shape[1];
     std::vector<uint8_t> blocks(RowBytes(kt, t.shape[0]) * t.shape[1]);
     for (auto& b : blocks) b = static_cast<uint8_t>(rng.NextU64());
@@ -165,6 +166,9 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
         std::memcpy(blk + 208, &d, 2);
       } else if (kt == GgmlType::kQ3_K) {
         std::memcpy(blk + 108, &d, 2);
+      } else if (kt == GgmlType::kQ2_K) {
+        std::memcpy(blk + 80, &d, 2);
+        std::memcpy(blk + 82, &dmin, 2);
       } else {
         std::memcpy(blk, &d, 2);
         std::memcpy(blk + 2, &dmin, 2);

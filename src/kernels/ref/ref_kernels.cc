@@ -165,6 +165,7 @@ void DequantQ4_1Reference(const void* src, float* dst, int64_t n) { DequantizeRo
 void DequantQ5_0Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_0, src, dst, n); }
 void DequantQ5_1Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_1, src, dst, n); }
 void DequantQ3_KReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ3_K, src, dst, n); }
+void DequantQ2_KReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ2_K, src, dst, n); }
 void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
 void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
 void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }

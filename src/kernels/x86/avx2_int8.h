@@ -207,6 +207,9 @@ template <GgmlType kType>
 constexpr bool kSymK = kType == GgmlType::kQ6_K || kType == GgmlType::kQ3_K;
 template <GgmlType kType>
 constexpr int kSymKShift = kType == GgmlType::kQ6_K ? 5 : 2;  // log2 of the offset
+// Scales per 16-weight half: the symmetric ones and Q2_K (w = d sc q - dmin m per half).
+template <GgmlType kType>
+constexpr bool kHalfScales = kSymK<kType> || kType == GgmlType::kQ2_K;
 
 template <GgmlType kType>
 struct KSuperRow {
@@ -214,13 +217,32 @@ struct KSuperRow {
   __m256i sc[8];    // Q6_K: per run, int32 lanes 0-3 the first half's scale, 4-7 the second's
   __m256 dsc, mmin;  // Q4_K/Q5_K: d * sc and dmin * m per run
   __m256i sc16[2];  // Q6_K: the 16 half scales as int32 (runs 0-3, 4-7), for the qsum terms
-  float d;          // Q6_K
+  __m256i m16[2];   // Q2_K: the 16 half mins as int32, the same way
+  float d, dmin;    // Q6_K, Q3_K, Q2_K
 };
 
 template <GgmlType kType>
 inline void UnpackKSuperRow(const uint8_t* src, KSuperRow<kType>& s) {
   const __m256i low4 = _mm256_set1_epi8(0x0f);
-  if constexpr (kType == GgmlType::kQ3_K) {
+  if constexpr (kType == GgmlType::kQ2_K) {
+    // Run r = 4 h + j: bits 2j of qs[32 h + l]; half scales sc & 15, mins sc >> 4.
+    const auto& b = *reinterpret_cast<const BlockQ2_K*>(src);
+    s.d = _cvtsh_ss(b.d);
+    s.dmin = _cvtsh_ss(b.dmin);
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) s.w[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), three);
+    }
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f));
+    s.m16[0] = _mm256_cvtepu8_epi32(m);
+    s.m16[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(m, 8));
+    for (int r = 0; r < 8; ++r) {
+      const int a = b.scales[2 * r] & 15, c = b.scales[2 * r + 1] & 15;
+      s.sc[r] = _mm256_setr_epi32(a, a, a, a, c, c, c, c);
+    }
+  } else if constexpr (kType == GgmlType::kQ3_K) {
     // Run r = 4 h + s: bits 2s of qs[32 h + l] and bit r of hmask[l], as q = low2 + 4 high.
     const auto& b = *reinterpret_cast<const BlockQ3_K*>(src);
     s.d = _cvtsh_ss(b.d);
@@ -331,12 +353,21 @@ inline void KSuperDot(const KSuperRow<kType>& s, const QuantizedActs& x, int64_t
   for (int r = 0; r < 8; ++r) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + 32 * r));
     dots[r] = DotU8S8<kVnni>(_mm256_setzero_si256(), s.w[r], q);
-    if constexpr (kSymK<kType>) dots[r] = _mm256_mullo_epi32(dots[r], s.sc[r]);
+    if constexpr (kHalfScales<kType>) dots[r] = _mm256_mullo_epi32(dots[r], s.sc[r]);
   }
   const __m256i isum = SumEach8(dots);
   const __m256 dx = _mm256_loadu_ps(x.d + tok * nb_stride + sb * 8);
   __m256 v;
-  if constexpr (kSymK<kType>) {
+  if constexpr (kType == GgmlType::kQ2_K) {
+    // m_a s_a + m_b s_b per run, as the symmetric types' correction below.
+    const int32_t* hs = x.half_sums + (tok * nb_stride + sb * 8) * 2;
+    const __m256i p0 = _mm256_mullo_epi32(s.m16[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs)));
+    const __m256i p1 = _mm256_mullo_epi32(s.m16[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 8)));
+    const __m256i msum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p0, p1), 0xD8);
+    const __m256 part = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(s.d), _mm256_cvtepi32_ps(isum)),
+                                      _mm256_mul_ps(_mm256_set1_ps(s.dmin), _mm256_cvtepi32_ps(msum)));
+    v = _mm256_mul_ps(dx, part);
+  } else if constexpr (kSymK<kType>) {
     // sc_a s_a + sc_b s_b per run: products of the interleaved (a, b) pairs, pairs added.
     const int32_t* hs = x.half_sums + (tok * nb_stride + sb * 8) * 2;
     const __m256i p0 = _mm256_mullo_epi32(s.sc16[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs)));
@@ -363,6 +394,7 @@ void TileQuantK(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, con
   constexpr int64_t kSuperBytes = static_cast<int64_t>(kType == GgmlType::kQ4_K   ? sizeof(BlockQ4_K)
                                                        : kType == GgmlType::kQ5_K ? sizeof(BlockQ5_K)
                                                        : kType == GgmlType::kQ3_K ? sizeof(BlockQ3_K)
+                                                       : kType == GgmlType::kQ2_K ? sizeof(BlockQ2_K)
                                                                                   : sizeof(BlockQ6_K));
   float acc[T] = {};
   const uint8_t* row = w + r0 * row_bytes;

@@ -438,7 +438,7 @@ const KernelTable& Avx2TableWithoutVnni() {
        GemmQuantK<GgmlType::kQ5_K, false>, GemmQuantK<GgmlType::kQ6_K, false>, nullptr, nullptr, nullptr, nullptr,
        GemmQuant<GgmlType::kW4A8G64, false>, GemmQuant<GgmlType::kW4A8G128, false>,
        GemmQuant<GgmlType::kQ4_1, false>, GemmQuant<GgmlType::kQ5_0, false>, GemmQuant<GgmlType::kQ5_1, false>,
-       GemmQuantK<GgmlType::kQ3_K, false>},
+       GemmQuantK<GgmlType::kQ3_K, false>, GemmQuantK<GgmlType::kQ2_K, false>},
       {}, {}, {}, {}, {},
       RmsNorm,
       SiluMul,

@@ -20,6 +20,7 @@ void Avx2FillVnni(KernelTable& t) {
   t.gemm_quant[kSlotQ5_K] = GemmQuantK<kQ5_K, true>;
   t.gemm_quant[kSlotQ6_K] = GemmQuantK<kQ6_K, true>;
   t.gemm_quant[kSlotQ3_K] = GemmQuantK<kQ3_K, true>;
+  t.gemm_quant[kSlotQ2_K] = GemmQuantK<kQ2_K, true>;
   t.variant = "avx-vnni";
 }
 

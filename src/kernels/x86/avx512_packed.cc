@@ -454,7 +454,16 @@ int64_t PackedGroupBytesK(int64_t k) {
 // Q4_K/Q5_K s0[r] = scale, s1[r] = min; Q6_K s0[r], s1[r] = the halves' int8 scales; d, dmin f16.
 template <GgmlType kType>
 void UnpackKSuper(const uint8_t* src, uint8_t* q, int16_t* s0, int16_t* s1, uint16_t* d, uint16_t* dmin) {
-  if constexpr (kType == GgmlType::kQ3_K) {
+  if constexpr (kType == GgmlType::kQ2_K) {
+    const auto& b = *reinterpret_cast<const BlockQ2_K*>(src);
+    *d = b.d;
+    *dmin = b.dmin;
+    for (int e = 0; e < 256; ++e) q[e] = KLow2(b.qs, e);
+    for (int r = 0; r < 8; ++r) {
+      s0[r] = b.scales[2 * r];  // the halves' bytes: scale in the low nibble, min in the high
+      s1[r] = b.scales[2 * r + 1];
+    }
+  } else if constexpr (kType == GgmlType::kQ3_K) {
     const auto& b = *reinterpret_cast<const BlockQ3_K*>(src);
     *d = b.d;
     *dmin = 0;
@@ -595,7 +604,31 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, int64
           w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(mbits), w[j], add);
         }
       }
-      if constexpr (kSymK<kType>) {
+      if constexpr (kType == GgmlType::kQ2_K) {
+        const __m512i r0 = _mm512_cvtepu8_epi32(s0), r1 = _mm512_cvtepu8_epi32(s1);
+        const __m512i fifteen = _mm512_set1_epi32(15);
+        const __m512i sca = _mm512_and_si512(r0, fifteen), scb = _mm512_and_si512(r1, fifteen);
+        const __m512i ma = _mm512_srli_epi32(r0, 4), mb = _mm512_srli_epi32(r1, 4);
+        for (int t = 0; t < T; ++t) {
+          const int64_t tok = t0 + t;
+          const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
+          const int32_t* hs = x.half_sums + (tok * nb_stride + b) * 2;
+          __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
+          for (int j = 0; j < 4; ++j) {
+            int32_t fa, fb;
+            std::memcpy(&fa, qx + 4 * j, 4);
+            std::memcpy(&fb, qx + 16 + 4 * j, 4);
+            ia = _mm512_dpbusd_epi32(ia, w[j], _mm512_set1_epi32(fa));
+            ib = _mm512_dpbusd_epi32(ib, w[j + 4], _mm512_set1_epi32(fb));
+          }
+          const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(sca, ia), _mm512_mullo_epi32(scb, ib));
+          const __m512i msum = _mm512_add_epi32(_mm512_mullo_epi32(ma, _mm512_set1_epi32(hs[0])),
+                                                _mm512_mullo_epi32(mb, _mm512_set1_epi32(hs[1])));
+          const __m512 part = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)),
+                                            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
+          acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(x.d[tok * nb_stride + b]), part));
+        }
+      } else if constexpr (kSymK<kType>) {
         const __m512i sca = _mm512_cvtepi8_epi32(s0), scb = _mm512_cvtepi8_epi32(s1);
         for (int t = 0; t < T; ++t) {
           const int64_t tok = t0 + t;
@@ -676,6 +709,7 @@ void Avx512FillPacked(KernelTable& t) {
       {kQ5_K, PackedGroupBytesK<kQ5_K>, PackK<kQ5_K>, GemmPackedK<kQ5_K>, nullptr},
       {kQ6_K, PackedGroupBytesK<kQ6_K>, PackK<kQ6_K>, GemmPackedK<kQ6_K>, nullptr},
       {kQ3_K, PackedGroupBytesK<kQ3_K>, PackK<kQ3_K>, GemmPackedK<kQ3_K>, nullptr},
+      {kQ2_K, PackedGroupBytesK<kQ2_K>, PackK<kQ2_K>, GemmPackedK<kQ2_K>, nullptr},
       {kW4A16G64, PackedGroupBytes<kQ4_0>, Pack<kW4A8G64>, nullptr, GemmPackedA16<false>},
       {kW4A16G128, PackedGroupBytes<kQ4_0>, Pack<kW4A8G128>, nullptr, GemmPackedA16<false>},
       {kW4A16ZG64, PackedGroupBytesW4Z<64>, PackW4Z<64>, nullptr, GemmPackedA16<true>},
