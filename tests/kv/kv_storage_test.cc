@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <vector>
 
 namespace gale {
@@ -23,22 +24,26 @@ int64_t ResidentPages(const uint8_t* p, uint64_t bytes) {
 }
 
 TEST(KvStorageTest, PrefaultCommitsEveryPageAndKeepsZeros) {
-  // 4 layers x 64 blocks x 16 positions x 2 heads x 64 f16 = 1 MiB for K, the same for V.
-  KvStorage kv(4, 2, 64, 64, 16, kernels::KvType::kF16);
-  const uint64_t k_bytes = 4ull * 64 * 16 * 2 * 64 * 2;
+  // 4 layers x 1024 blocks x 16 positions x 2 heads x 64 f16 = 16 MiB for K, the same for V.
+  KvStorage kv(4, 2, 64, 1024, 16, kernels::KvType::kF16);
+  const uint64_t k_bytes = 4ull * 1024 * 16 * 2 * 64 * 2;
   ASSERT_EQ(kv.num_bytes(), 2 * k_bytes);
   const uint8_t* k = kv.Layer(0).k;
   const uint8_t* v = kv.Layer(0).v;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   ASSERT_EQ(reinterpret_cast<uintptr_t>(k) % page, 0u);
-  // Reserved only: (almost) nothing resident before the first write (a huge page may back a
-  // neighbour, so no exact zero is asserted).
+  // Reserved only: (almost) nothing resident before the first write. Not exactly nothing: the
+  // mapping's header is written at construction, and where the mapping happens to start on a
+  // 2 MiB boundary a transparent huge page backs the first 2 MiB with it (seen under ASan).
   const int64_t pages = static_cast<int64_t>(k_bytes / page);
-  EXPECT_LT(ResidentPages(k, k_bytes), pages);
+  EXPECT_LE(ResidentPages(k, k_bytes), static_cast<int64_t>((2u << 20) / page));
   EXPECT_GE(kv.Prefault(), 0.0);
   EXPECT_EQ(ResidentPages(k, k_bytes), pages);
   EXPECT_EQ(ResidentPages(v, k_bytes), pages);
-  for (uint64_t i = 0; i < k_bytes; ++i) ASSERT_TRUE(k[i] == 0 && v[i] == 0) << i;
+  const std::vector<uint8_t> zeros(page, 0);
+  for (uint64_t i = 0; i < k_bytes; i += page) {
+    ASSERT_TRUE(std::memcmp(k + i, zeros.data(), page) == 0 && std::memcmp(v + i, zeros.data(), page) == 0) << i;
+  }
   // Writes and reads as before.
   std::vector<float> row(128), kr(128), vr(128);
   for (int i = 0; i < 128; ++i) row[i] = 0.5f * static_cast<float>(i);
