@@ -18,7 +18,7 @@ namespace {
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,      GgmlType::kQ8_0,
                                GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kW4A16G64,
                                GgmlType::kW4A16ZG64, GgmlType::kW4A8G64, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                               GgmlType::kQ3_K};
+                               GgmlType::kQ3_K, GgmlType::kQ2_K};
 
 struct Matrix {
   std::vector<uint8_t> bytes;
@@ -31,12 +31,16 @@ Matrix MakeMatrix(GgmlType t, int64_t cols, int64_t rows) {
   Rng rng(1);
   std::vector<float> row(cols);
   m.bytes.resize(RowBytes(t, cols) * rows);
-  if (t == GgmlType::kQ3_K) {
-    // No Q3_K writer: random super-blocks under a small scale (the speed does not depend on the
-    // values).
+  if (t == GgmlType::kQ3_K || t == GgmlType::kQ2_K) {
+    // No writer for these: random super-blocks under small scales (the speed does not depend on
+    // the values). Q3_K's d is at byte 108; Q2_K's d and dmin at 80 and 82.
     for (uint8_t& b : m.bytes) b = static_cast<uint8_t>(rng.NextU64());
     const uint16_t d = Fp32ToFp16(0.01f);
-    for (size_t i = 0; i < m.bytes.size(); i += sizeof(BlockQ3_K)) std::memcpy(&m.bytes[i + 108], &d, 2);
+    const size_t bytes = TypeTraits(t).block_bytes, at = t == GgmlType::kQ3_K ? 108 : 80;
+    for (size_t i = 0; i < m.bytes.size(); i += bytes) {
+      std::memcpy(&m.bytes[i + at], &d, 2);
+      if (t == GgmlType::kQ2_K) std::memcpy(&m.bytes[i + 82], &d, 2);
+    }
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       for (float& v : row) v = rng.Uniform(-1, 1);
@@ -58,7 +62,7 @@ void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, 
 void BM_MatMul(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 2048, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 // args: type index (float types), columns, threads; 64 tokens, 2048 rows: long rows, where the
 // float GEMM is k-blocked (tinyllama's k is 2048 for most products, 5632 for ffn_down).
@@ -73,7 +77,7 @@ BENCHMARK(BM_MatMulLongRows)->ArgsProduct({{0, 1, 2}, {768, 2048, 5632}, {1, 2}}
 void BM_MatMulStreaming(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 131072, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6, 10, 11, 12}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6, 10, 11, 12, 13}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, int64_t tokens, int threads) {
   Matrix m = MakeMatrix(t, cols, rows);
