@@ -190,7 +190,8 @@ void GemmQuant(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const Quan
   ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, &x, x.k, y, ldy);
 }
 
-// ---- K-quants (Q4_K, Q5_K, Q6_K) x int8 activations -------------------------------------------
+// ---- K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) x int8 activations -------------------------------
+// (Q3_K and Q2_K as the AVX-512 packed kernel runs them, see avx512_packed.cc.)
 // Straight from the GGUF super-blocks, no repacking. Per row and super-block: the 8 runs of 32
 // weights as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63; run r multiplies activation
 // block r of the super-block), each run's integer dot with the token's int8 activations by

@@ -419,7 +419,9 @@ void GemmPackedA16(const uint8_t* w, int64_t group_bytes, int64_t num_rows, cons
   ForEachPackedGroup(kTiles, w, group_bytes, num_rows, x, num_tokens, y, ldy);
 }
 
-// ---- Packed K-quants (Q4_K, Q5_K, Q6_K) x int8 activations (VNNI) ------------------------------
+// ---- Packed K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) x int8 activations (VNNI) ------------------
+// (Q3_K as Q6_K with values 0..7 and 4 for 32; Q2_K with per-half scale and min bytes:
+//  lane += d_x * (d * (sc_a dot_a + sc_b dot_b) - dmin * (m_a s_a + m_b s_b)).)
 // A super-block of 256 weights is 8 runs of 32 (each run one activation block). For a group of
 // 16 rows, per super-block: a header (Q4_K/Q5_K: the rows' d then dmin, f16; Q6_K: d), then per
 // run: its scales (Q4_K/Q5_K: the 6-bit sub-block scale and min, u8 x 16 each; Q6_K: the int8
@@ -604,38 +606,27 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, int64
           w[j] = _mm512_mask_add_epi8(w[j], _cvtu64_mask64(mbits), w[j], add);
         }
       }
-      if constexpr (kType == GgmlType::kQ2_K) {
-        const __m512i r0 = _mm512_cvtepu8_epi32(s0), r1 = _mm512_cvtepu8_epi32(s1);
-        const __m512i fifteen = _mm512_set1_epi32(15);
-        const __m512i sca = _mm512_and_si512(r0, fifteen), scb = _mm512_and_si512(r1, fifteen);
-        const __m512i ma = _mm512_srli_epi32(r0, 4), mb = _mm512_srli_epi32(r1, 4);
-        for (int t = 0; t < T; ++t) {
-          const int64_t tok = t0 + t;
-          const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
-          const int32_t* hs = x.half_sums + (tok * nb_stride + b) * 2;
-          __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
-          for (int j = 0; j < 4; ++j) {
-            int32_t fa, fb;
-            std::memcpy(&fa, qx + 4 * j, 4);
-            std::memcpy(&fb, qx + 16 + 4 * j, 4);
-            ia = _mm512_dpbusd_epi32(ia, w[j], _mm512_set1_epi32(fa));
-            ib = _mm512_dpbusd_epi32(ib, w[j + 4], _mm512_set1_epi32(fb));
-          }
-          const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(sca, ia), _mm512_mullo_epi32(scb, ib));
-          const __m512i msum = _mm512_add_epi32(_mm512_mullo_epi32(ma, _mm512_set1_epi32(hs[0])),
-                                                _mm512_mullo_epi32(mb, _mm512_set1_epi32(hs[1])));
-          const __m512 part = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)),
-                                            _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
-          acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(x.d[tok * nb_stride + b]), part));
+      if constexpr (kSymK<kType> || kType == GgmlType::kQ2_K) {
+        // Per 16-weight half: Q6_K/Q3_K an int8 scale, Q2_K a byte of scale (low) and min (high).
+        __m512i sca, scb, ma, mb;
+        if constexpr (kType == GgmlType::kQ2_K) {
+          const __m512i r0 = _mm512_cvtepu8_epi32(s0), r1 = _mm512_cvtepu8_epi32(s1);
+          const __m512i fifteen = _mm512_set1_epi32(15);
+          sca = _mm512_and_si512(r0, fifteen);
+          scb = _mm512_and_si512(r1, fifteen);
+          ma = _mm512_srli_epi32(r0, 4);
+          mb = _mm512_srli_epi32(r1, 4);
+        } else {
+          sca = _mm512_cvtepi8_epi32(s0);
+          scb = _mm512_cvtepi8_epi32(s1);
         }
-      } else if constexpr (kSymK<kType>) {
-        const __m512i sca = _mm512_cvtepi8_epi32(s0), scb = _mm512_cvtepi8_epi32(s1);
+        constexpr int32_t kOffset = kSymK<kType> ? kSymKOffset<kType> : 0;
         for (int t = 0; t < T; ++t) {
           const int64_t tok = t0 + t;
           const int8_t* qx = x.qs + tok * x.k_stride + b * 32;
           const int32_t* hs = x.half_sums + (tok * nb_stride + b) * 2;
-          __m512i ia = _mm512_set1_epi32(-kSymKOffset<kType> * hs[0]);
-          __m512i ib = _mm512_set1_epi32(-kSymKOffset<kType> * hs[1]);
+          __m512i ia = _mm512_set1_epi32(-kOffset * hs[0]);
+          __m512i ib = _mm512_set1_epi32(-kOffset * hs[1]);
           for (int j = 0; j < 4; ++j) {
             int32_t fa, fb;
             std::memcpy(&fa, qx + 4 * j, 4);
@@ -644,8 +635,16 @@ inline void PackedGroupTileK(const uint8_t* group, const QuantizedActs& x, int64
             ib = _mm512_dpbusd_epi32(ib, w[j + 4], _mm512_set1_epi32(fb));
           }
           const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(sca, ia), _mm512_mullo_epi32(scb, ib));
-          const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(x.d[tok * nb_stride + b]));
-          acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum)));
+          const __m512 dx = _mm512_set1_ps(x.d[tok * nb_stride + b]);
+          if constexpr (kType == GgmlType::kQ2_K) {
+            const __m512i msum = _mm512_add_epi32(_mm512_mullo_epi32(ma, _mm512_set1_epi32(hs[0])),
+                                                  _mm512_mullo_epi32(mb, _mm512_set1_epi32(hs[1])));
+            const __m512 part = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)),
+                                              _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(dx, part));
+          } else {
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum)));
+          }
         }
       } else {
         const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s0)));
