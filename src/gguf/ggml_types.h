@@ -90,16 +90,6 @@ static inline void UnpackQ5(const uint8_t* qh, const uint8_t* qs, uint8_t* q) {
   }
 }
 
-// Q5_0 blocks as Q8_0 ones, exactly: the same scale, q - 16 in a byte.
-static inline void Q5_0ToQ8_0(const BlockQ5_0* src, BlockQ8_0* dst, int64_t num_blocks) {
-  uint8_t q[32];
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    UnpackQ5(src[b].qh, src[b].qs, q);
-    dst[b].d = src[b].d;
-    for (int j = 0; j < 32; ++j) dst[b].qs[j] = static_cast<int8_t>(q[j] - 16);
-  }
-}
-
 // A group of the W4 types: G/32 runs of 16 bytes, each holding 32 elements in Q4_0's order
 // (element j < 16 of run s is the low nibble of qs[16 s + j], element j + 16 its high nibble),
 // so int8-activation kernels read a run as they read a Q4_0 block.

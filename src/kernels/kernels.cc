@@ -386,7 +386,8 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
   work.reserve(outs.size());
   int64_t total = 0;
   double total_ns = 0;
-  // Q6_K's int8 kernels (packed or not) also read each activation block's half sums; only they.
+  // The int8 kernels of the K-quants with 16-weight sub-blocks (Q6_K, Q3_K, Q2_K; packed or not)
+  // also read each activation block's half sums; only they.
   bool half_sums = false;
   for (const MatMulOutput& o : outs) {
     half_sums = half_sums || ((o.w->type == GgmlType::kQ6_K || o.w->type == GgmlType::kQ3_K ||

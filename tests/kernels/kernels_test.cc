@@ -1179,6 +1179,16 @@ TEST(KernelsTest, KQuantMatMulMatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// Q5_0 blocks as Q8_0 ones, exactly: the same scale, q - 16 in a byte.
+void Q5_0ToQ8_0(const BlockQ5_0* src, BlockQ8_0* dst, int64_t num_blocks) {
+  uint8_t q[32];
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    UnpackQ5(src[b].qh, src[b].qs, q);
+    dst[b].d = src[b].d;
+    for (int j = 0; j < 32; ++j) dst[b].qs[j] = static_cast<int8_t>(q[j] - 16);
+  }
+}
+
 // llama.cpp's legacy 32-element types (its Q4_K_M / Q5_K_M mixes fall back to Q5_0 / Q5_1 for
 // matrices whose rows are not a multiple of 256), all on int8 activations. Products are bitwise
 // the scalar reference's wherever the arithmetic is the reference's (AVX-512's packed layouts),

@@ -345,6 +345,14 @@ inline __m256i SumEach8(const __m256i (&v)[8]) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
+// Per run r of a super-block, c_a s_a + c_b s_b: the 16 per-half integers c (runs 0-3 in c[0],
+// 4-7 in c[1], two per run) times the token's half sums s, exact.
+inline __m256i HalfSumTerms(const __m256i (&c)[2], const int32_t* hs) {
+  const __m256i p0 = _mm256_mullo_epi32(c[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs)));
+  const __m256i p1 = _mm256_mullo_epi32(c[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 8)));
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(p0, p1), 0xD8);
+}
+
 // One row's super-block into one token's accumulator.
 template <GgmlType kType, bool kVnni>
 inline void KSuperDot(const KSuperRow<kType>& s, const QuantizedActs& x, int64_t tok, int64_t sb, float& acc) {
@@ -360,20 +368,14 @@ inline void KSuperDot(const KSuperRow<kType>& s, const QuantizedActs& x, int64_t
   const __m256 dx = _mm256_loadu_ps(x.d + tok * nb_stride + sb * 8);
   __m256 v;
   if constexpr (kType == GgmlType::kQ2_K) {
-    // m_a s_a + m_b s_b per run, as the symmetric types' correction below.
-    const int32_t* hs = x.half_sums + (tok * nb_stride + sb * 8) * 2;
-    const __m256i p0 = _mm256_mullo_epi32(s.m16[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs)));
-    const __m256i p1 = _mm256_mullo_epi32(s.m16[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 8)));
-    const __m256i msum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p0, p1), 0xD8);
+    // m_a s_a + m_b s_b per run.
+    const __m256i msum = HalfSumTerms(s.m16, x.half_sums + (tok * nb_stride + sb * 8) * 2);
     const __m256 part = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(s.d), _mm256_cvtepi32_ps(isum)),
                                       _mm256_mul_ps(_mm256_set1_ps(s.dmin), _mm256_cvtepi32_ps(msum)));
     v = _mm256_mul_ps(dx, part);
   } else if constexpr (kSymK<kType>) {
-    // sc_a s_a + sc_b s_b per run: products of the interleaved (a, b) pairs, pairs added.
-    const int32_t* hs = x.half_sums + (tok * nb_stride + sb * 8) * 2;
-    const __m256i p0 = _mm256_mullo_epi32(s.sc16[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs)));
-    const __m256i p1 = _mm256_mullo_epi32(s.sc16[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + 8)));
-    const __m256i corr = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p0, p1), 0xD8);
+    // sc_a s_a + sc_b s_b per run.
+    const __m256i corr = HalfSumTerms(s.sc16, x.half_sums + (tok * nb_stride + sb * 8) * 2);
     const __m256i total = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, kSymKShift<kType>));
     v = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(s.d), dx), _mm256_cvtepi32_ps(total));
   } else {

@@ -778,14 +778,8 @@ inline void UnpackPair(const uint8_t* row, int64_t b, bool two, __m512i* u, __m5
       q1 = blk[1].qs;
       *dw = LoadPairF16(reinterpret_cast<const uint8_t*>(blk), sizeof(BlockQ4_0), two);
     }
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    auto nibbles = [&](const uint8_t* qs) {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-      return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
-                                     _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
-    };
-    const __m256i lo = nibbles(q0);
-    const __m256i hi = two ? nibbles(q1) : _mm256_setzero_si256();
+    const __m256i lo = Unsigned32(q0, nullptr);
+    const __m256i hi = two ? Unsigned32(q1, nullptr) : _mm256_setzero_si256();
     *u = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   }
 }
@@ -814,13 +808,12 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       const __m512 dx = LoadPairPs(x.d + tok * nb_stride + b, two);
       const __m512i corr = kOffset<kType> != 0 ? Correction(x.qsum + tok * nb_stride + b, two, kOffset<kType>)
                                                 : _mm512_setzero_si512();
+      __m512 qsum = _mm512_setzero_ps();  // zero-point types: each block's qsum in lane 0 of its half
+      if constexpr (kZeroPoint<kType>) qsum = _mm512_cvtepi32_ps(SpreadPair(x.qsum + tok * nb_stride + b, two));
       for (int r = 0; r < R; ++r) {
         const __m512i p = _mm512_dpbusd_epi32(corr, u[r], qv);
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-        if constexpr (kZeroPoint<kType>) {
-          const __m512 qsum = _mm512_cvtepi32_ps(SpreadPair(x.qsum + tok * nb_stride + b, two));
-          acc[r][t] = _mm512_fmadd_ps(qsum, _mm512_mul_ps(mw[r], dx), acc[r][t]);
-        }
+        if constexpr (kZeroPoint<kType>) acc[r][t] = _mm512_fmadd_ps(qsum, _mm512_mul_ps(mw[r], dx), acc[r][t]);
       }
     }
   }
