@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Regenerates tests/data/llamacpp from a real llama.cpp: the prebuilt CPU libraries in the npm
+# package @node-llama-cpp/linux-x64 (fetched with `npm pack`, nothing is installed). Not part of the
+# build or the tests; run by hand when the reference should change (see tools/ggml_reference.cc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version="${NODE_LLAMA_CPP_VERSION:-3.22.1}"
+build="${BUILD_DIR:-build}"
+cmake --build "$build" -j"$(nproc)" --target gale ggml_reference
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+(cd "$tmp" && npm pack --silent "@node-llama-cpp/linux-x64@$version" > /dev/null && tar xzf ./*.tgz)
+lib="$tmp/package/bins/linux-x64"
+jq -r .buildOptions.llamaCpp "$lib/_nlcBuildMetadata.json" 2>/dev/null || cat "$lib/_nlcBuildMetadata.json"
+ln -sf "$lib"/libggml.v*.so "$lib/libggml.so"
+ln -sf "$lib"/libllama.v*.so "$lib/libllama.so"
+# A small llama whose every row length is a multiple of 256, so llama-quantize's mixes keep their
+# K and IQ4 types (grouped-query attention, two layers: use_more_bits picks layer 0 only).
+"$build/gale" synth --shape custom --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 \
+  --ctx 256 --type f32 --seed 7 -o "$tmp/f32.gguf"
+mkdir -p tests/data/llamacpp
+LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" 2> "$tmp/log" ||
+  { tail -20 "$tmp/log"; exit 1; }
+cat > tests/data/llamacpp/README.md <<END
+Written by \`scripts/make-ggml-reference.sh\` (tools/ggml_reference.cc) with llama.cpp's CPU
+libraries as prebuilt in the npm package @node-llama-cpp/linux-x64@$version
+($(tr -d '\n ' < "$lib/_nlcBuildMetadata.json" | grep -o '"llamaCpp":{[^}]*}')). llama.cpp and ggml are
+MIT-licensed (ggml-org); the weights are gale's own random synth model (seed 7), no one's data.
+Read by tests/gguf/llamacpp_reference_test.cc.
+END
+ls -la tests/data/llamacpp

@@ -1,0 +1,304 @@
+// Writes gale's test references from a real llama.cpp build (libggml-base, libggml, libllama as
+// shared libraries, e.g. the prebuilt ones in the npm package @node-llama-cpp/linux-x64; see
+// scripts/make-ggml-reference.sh). Run by hand when the reference should change; its outputs are
+// committed under tests/data/llamacpp and read by tests/gguf/llamacpp_reference_test.cc.
+//
+//   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR
+//
+// OUTDIR/blocks.gguf: for each ggml type, rows of test values ("<type>.src", f32), ggml's
+//   quantization of them ("<type>.q": ggml_quantize_chunk, the quantizer llama-quantize runs without
+//   an imatrix), its reference quantizer's ("<type>.ref": quantize_row_<type>_ref) and ggml's
+//   dequantization of "<type>.q" ("<type>.deq", f32).
+// OUTDIR/<ftype>.gguf: F32_MODEL quantized by llama_model_quantize (llama-quantize's mixes).
+// OUTDIR/logits.gguf: llama.cpp's logits (CPU, default context: f16 KV cache) for the tokens in
+//   metadata "tokens", fed one at a time; tensor "<ftype>" is [vocab, tokens], "f32" for F32_MODEL,
+//   and "<ftype>.deq" for an F32 copy of <ftype>.gguf dequantized by ggml (the same weights without
+//   llama.cpp's int8 rounding of activations).
+//
+// Only the C ABI is used (no llama.h): the few structs passed by value are opaque buffers filled by
+// the library's own *_default_params(), and only the documented leading fields are written.
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/rng.h"
+#include "gguf/gguf_file.h"
+#include "gguf/ggml_types.h"
+#include "gguf/gguf_writer.h"
+
+namespace {
+
+struct alignas(16) Opaque {
+  unsigned char bytes[1024];  // larger than any of the structs it stands for
+};
+
+void* Open(const std::string& path) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (h == nullptr) {
+    std::fprintf(stderr, "ggml_reference: %s\n", dlerror());
+    std::exit(1);
+  }
+  return h;
+}
+
+template <typename F>
+F Sym(void* lib, const char* name) {
+  void* p = dlsym(lib, name);
+  if (p == nullptr) {
+    std::fprintf(stderr, "ggml_reference: missing symbol %s\n", name);
+    std::exit(1);
+  }
+  return reinterpret_cast<F>(p);
+}
+
+void Check(const gale::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "ggml_reference: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+std::vector<uint8_t> Bytes(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return std::vector<uint8_t>(b, b + n);
+}
+
+// Rows that exercise scales, offsets and edge cases: gaussian, uniform, outliers, one-signed
+// rows (the zero-point and min types), values small enough for f16 subnormal scales, sparse rows
+// and a zero row.
+std::vector<float> TestRows(int rows, int n) {
+  gale::Rng rng(20261204);
+  std::vector<float> x(static_cast<size_t>(rows) * n);
+  for (int r = 0; r < rows; ++r) {
+    float* row = x.data() + static_cast<size_t>(r) * n;
+    for (int i = 0; i < n; ++i) {
+      const float g = rng.Normal();
+      switch (r % 8) {
+        case 0: row[i] = g; break;
+        case 1: row[i] = rng.Uniform(-1.0f, 1.0f); break;
+        case 2: row[i] = (i % 37 == 5) ? 12.0f * g : 0.5f * g; break;
+        case 3: row[i] = std::exp(g); break;
+        case 4: row[i] = -0.25f - std::fabs(g); break;
+        case 5: row[i] = 3e-6f * g; break;
+        case 6: row[i] = (i % 11 == 0) ? g : 0.0f; break;
+        default: row[i] = 0.0f; break;
+      }
+    }
+  }
+  return x;
+}
+
+struct TypeCase {
+  int id;
+  const char* name;      // ggml's type name, also the tensor name prefix
+  const char* ref_fn;    // quantize_row_<name>_ref
+  const char* deq_fn;    // dequantize_row_<name>
+};
+
+constexpr TypeCase kTypes[] = {
+    {2, "q4_0", "quantize_row_q4_0_ref", "dequantize_row_q4_0"},
+    {3, "q4_1", "quantize_row_q4_1_ref", "dequantize_row_q4_1"},
+    {6, "q5_0", "quantize_row_q5_0_ref", "dequantize_row_q5_0"},
+    {7, "q5_1", "quantize_row_q5_1_ref", "dequantize_row_q5_1"},
+    {8, "q8_0", "quantize_row_q8_0_ref", "dequantize_row_q8_0"},
+    {10, "q2_K", "quantize_row_q2_K_ref", "dequantize_row_q2_K"},
+    {11, "q3_K", "quantize_row_q3_K_ref", "dequantize_row_q3_K"},
+    {12, "q4_K", "quantize_row_q4_K_ref", "dequantize_row_q4_K"},
+    {13, "q5_K", "quantize_row_q5_K_ref", "dequantize_row_q5_K"},
+    {14, "q6_K", "quantize_row_q6_K_ref", "dequantize_row_q6_K"},
+    {20, "iq4_nl", "quantize_row_iq4_nl_ref", "dequantize_row_iq4_nl"},
+    {23, "iq4_xs", "quantize_row_iq4_xs_ref", "dequantize_row_iq4_xs"},
+};
+
+void WriteBlocks(void* base, const std::string& out) {
+  using QuantizeChunk = size_t (*)(int, const float*, void*, int64_t, int64_t, int64_t, const float*);
+  using RowFn = void (*)(const void*, void*, int64_t);
+  using TypeSize = size_t (*)(int);
+  using BlockSize = int64_t (*)(int);
+  using Init = void (*)(int);
+  auto quantize_chunk = Sym<QuantizeChunk>(base, "ggml_quantize_chunk");
+  auto type_size = Sym<TypeSize>(base, "ggml_type_size");
+  auto blck_size = Sym<BlockSize>(base, "ggml_blck_size");
+  auto init = Sym<Init>(base, "ggml_quantize_init");
+
+  constexpr int kRows = 8, kN = 512;
+  const std::vector<float> src = TestRows(kRows, kN);
+  gale::GgufWriter w;
+  w.SetString("general.description", "ggml quantizer and dequantizer outputs (tools/ggml_reference.cc)");
+  for (const TypeCase& t : kTypes) {
+    init(t.id);
+    const size_t row_bytes = type_size(t.id) * (kN / blck_size(t.id));
+    const size_t bytes = row_bytes * kRows;
+    std::vector<uint8_t> q(bytes), ref(bytes);
+    if (quantize_chunk(t.id, src.data(), q.data(), 0, kRows, kN, nullptr) != bytes) {
+      std::fprintf(stderr, "ggml_reference: ggml_quantize_chunk(%s) wrote an unexpected size\n", t.name);
+      std::exit(1);
+    }
+    auto ref_fn = Sym<RowFn>(base, t.ref_fn);
+    auto deq_fn = Sym<RowFn>(base, t.deq_fn);
+    std::vector<float> deq(src.size());
+    for (int r = 0; r < kRows; ++r) {
+      ref_fn(src.data() + static_cast<size_t>(r) * kN, ref.data() + r * row_bytes, kN);
+      deq_fn(q.data() + r * row_bytes, deq.data() + static_cast<size_t>(r) * kN, kN);
+    }
+    const std::string n = t.name;
+    Check(w.AddTensor(n + ".src", 0, {kN, kRows}, Bytes(src.data(), src.size() * 4)));
+    Check(w.AddTensor(n + ".q", static_cast<uint32_t>(t.id), {kN, kRows}, q));
+    Check(w.AddTensor(n + ".ref", static_cast<uint32_t>(t.id), {kN, kRows}, ref));
+    Check(w.AddTensor(n + ".deq", 0, {kN, kRows}, Bytes(deq.data(), deq.size() * 4)));
+  }
+  Check(w.WriteFile(out + "/blocks.gguf"));
+  std::fprintf(stderr, "wrote %s/blocks.gguf\n", out.c_str());
+}
+
+struct FileType {
+  int ftype;  // llama_ftype
+  const char* name;
+};
+
+// llama-quantize's mixes whose main types are K-quants and IQ4 (the legacy types are covered
+// block by block in blocks.gguf).
+constexpr FileType kFileTypes[] = {
+    {10, "q2_k"}, {12, "q3_k_m"}, {15, "q4_k_m"}, {17, "q5_k_m"}, {18, "q6_k"}, {25, "iq4_nl"}, {30, "iq4_xs"},
+};
+
+// An F32 copy of a quantized model file, every tensor dequantized by ggml (gale only splits the
+// file into tensors and writes them back).
+void WriteDequantized(void* base, const std::string& in, const std::string& out) {
+  using TypeName = const char* (*)(int);
+  using RowFn = void (*)(const void*, float*, int64_t);
+  auto type_name = Sym<TypeName>(base, "ggml_type_name");
+  auto file = gale::GgufFile::Open(in);
+  if (!file.ok()) Check(file.status());
+  gale::GgufWriter w;
+  for (const auto& [key, value] : (*file)->metadata()) w.SetValue(key, value);
+  w.SetU32("general.file_type", 0);
+  for (const gale::GgufTensorInfo& t : (*file)->tensors()) {
+    const int64_t n = t.NumElements();
+    std::vector<float> v(static_cast<size_t>(n));
+    if (t.type_id == 0) {
+      std::memcpy(v.data(), t.data, n * sizeof(float));
+    } else if (t.type_id == 1) {
+      Sym<RowFn>(base, "ggml_fp16_to_fp32_row")(t.data, v.data(), n);
+    } else {
+      Sym<RowFn>(base, (std::string("dequantize_row_") + type_name(static_cast<int>(t.type_id))).c_str())(
+          t.data, v.data(), n);
+    }
+    Check(w.AddTensor(t.name, 0, t.shape, Bytes(v.data(), v.size() * sizeof(float))));
+  }
+  Check(w.WriteFile(out));
+}
+
+constexpr int32_t kTokens[] = {1, 300, 72, 401, 299, 66, 5, 510, 257, 400, 88, 1, 123, 456, 311, 259};
+
+void WriteModels(void* base, void* llama, const std::string& f32_model, const std::string& out,
+                 const std::string& tmp) {
+  using DefaultParams = Opaque (*)();
+  using Quantize = uint32_t (*)(const char*, const char*, const void*);
+  using LoadModel = void* (*)(const char*, Opaque);
+  using InitContext = void* (*)(void*, Opaque);
+  using BatchGetOne = Opaque (*)(int32_t*, int32_t);
+  using Decode = int32_t (*)(void*, Opaque);
+  using GetLogitsIth = float* (*)(void*, int32_t);
+  using Free = void (*)(void*);
+  using VocabOf = const void* (*)(const void*);
+  using NTokens = int32_t (*)(const void*);
+  using BackendInit = void (*)();
+
+  Sym<BackendInit>(llama, "llama_backend_init")();
+  auto quantize_defaults = Sym<DefaultParams>(llama, "llama_model_quantize_default_params");
+  auto quantize = Sym<Quantize>(llama, "llama_model_quantize");
+  auto model_defaults = Sym<DefaultParams>(llama, "llama_model_default_params");
+  auto context_defaults = Sym<DefaultParams>(llama, "llama_context_default_params");
+  auto load = Sym<LoadModel>(llama, "llama_model_load_from_file");
+  auto init_context = Sym<InitContext>(llama, "llama_init_from_model");
+  auto batch_one = Sym<BatchGetOne>(llama, "llama_batch_get_one");
+  auto decode = Sym<Decode>(llama, "llama_decode");
+  auto logits_ith = Sym<GetLogitsIth>(llama, "llama_get_logits_ith");
+  auto free_context = Sym<Free>(llama, "llama_free");
+  auto free_model = Sym<Free>(llama, "llama_model_free");
+  auto vocab_of = Sym<VocabOf>(llama, "llama_model_get_vocab");
+  auto n_tokens = Sym<NTokens>(llama, "llama_vocab_n_tokens");
+
+  // llama_model_quantize_params starts { int32_t nthread; enum llama_ftype ftype; ... } and its
+  // default ftype is LLAMA_FTYPE_MOSTLY_Q8_0 (7; Q5_1, 9, in older releases): a check that the
+  // layout is the one assumed.
+  Opaque qp = quantize_defaults();
+  int32_t fields[2];
+  std::memcpy(fields, qp.bytes, sizeof(fields));
+  if (fields[1] != 7 && fields[1] != 9) {
+    std::fprintf(stderr, "ggml_reference: unexpected llama_model_quantize_params layout\n");
+    std::exit(1);
+  }
+
+  std::vector<std::pair<std::string, std::string>> models = {{"f32", f32_model}};
+  for (const FileType& f : kFileTypes) {
+    const std::string path = out + "/" + f.name + ".gguf";
+    fields[0] = 2;
+    fields[1] = f.ftype;
+    std::memcpy(qp.bytes, fields, sizeof(fields));
+    if (quantize(f32_model.c_str(), path.c_str(), qp.bytes) != 0) {
+      std::fprintf(stderr, "ggml_reference: llama_model_quantize(%s) failed\n", f.name);
+      std::exit(1);
+    }
+    models.emplace_back(f.name, path);
+    const std::string deq = tmp + "/" + f.name + ".deq.gguf";
+    WriteDequantized(base, path, deq);
+    models.emplace_back(std::string(f.name) + ".deq", deq);
+  }
+
+  gale::GgufWriter w;
+  w.SetString("general.description", "llama.cpp logits, one token at a time (tools/ggml_reference.cc)");
+  w.SetValue("tokens", gale::GgufValue::I32Array(std::vector<int32_t>(std::begin(kTokens), std::end(kTokens))));
+  constexpr int kNumTokens = static_cast<int>(std::size(kTokens));
+  for (const auto& [name, path] : models) {
+    void* model = load(path.c_str(), model_defaults());
+    if (model == nullptr) {
+      std::fprintf(stderr, "ggml_reference: llama.cpp could not load %s\n", path.c_str());
+      std::exit(1);
+    }
+    void* ctx = init_context(model, context_defaults());
+    if (ctx == nullptr) {
+      std::fprintf(stderr, "ggml_reference: no context for %s\n", path.c_str());
+      std::exit(1);
+    }
+    const int32_t vocab = n_tokens(vocab_of(model));
+    std::vector<float> logits(static_cast<size_t>(vocab) * kNumTokens);
+    for (int i = 0; i < kNumTokens; ++i) {
+      int32_t token = kTokens[i];
+      if (decode(ctx, batch_one(&token, 1)) != 0) {
+        std::fprintf(stderr, "ggml_reference: llama_decode failed on %s\n", path.c_str());
+        std::exit(1);
+      }
+      std::memcpy(logits.data() + static_cast<size_t>(i) * vocab, logits_ith(ctx, -1), vocab * sizeof(float));
+    }
+    Check(w.AddTensor(name, 0, {vocab, kNumTokens}, Bytes(logits.data(), logits.size() * 4)));
+    free_context(ctx);
+    free_model(model);
+  }
+  Check(w.WriteFile(out + "/logits.gguf"));
+  std::fprintf(stderr, "wrote %s/logits.gguf\n", out.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  void* base = Open(dir + "/libggml-base.so");
+  void* ggml = Open(dir + "/libggml.so");
+  void* llama = Open(dir + "/libllama.so");
+  using LoadAll = void (*)(const char*);
+  Sym<LoadAll>(ggml, "ggml_backend_load_all_from_path")(dir.c_str());
+  WriteBlocks(base, argv[3]);
+  WriteModels(base, llama, argv[2], argv[3], argv[4]);
+  return 0;
+}
