@@ -26,6 +26,8 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kQ4_K, "q4_K", kQK_K, sizeof(BlockQ4_K)},
     {GgmlType::kQ5_K, "q5_K", kQK_K, sizeof(BlockQ5_K)},
     {GgmlType::kQ6_K, "q6_K", kQK_K, sizeof(BlockQ6_K)},
+    {GgmlType::kIQ4_NL, "iq4_nl", 32, sizeof(BlockIQ4_NL)},
+    {GgmlType::kIQ4_XS, "iq4_xs", kQK_K, sizeof(BlockIQ4_XS)},
     {GgmlType::kBF16, "bf16", 1, 2},
     {GgmlType::kW4A16G64, "w4a16_g64", 64, sizeof(BlockW4<64, false>)},
     {GgmlType::kW4A16G128, "w4a16_g128", 128, sizeof(BlockW4<128, false>)},
@@ -207,6 +209,108 @@ void DequantizeW4(const BlockW4<G, kZ>* b, float* y, int64_t n) {
 //
 // Q4_K: per sub-block of 32, the range [min(0, lo), hi] in 15 steps; the sub-block scales and
 // (negated) mins as 6-bit multiples of the super-block's d and dmin.
+// ---- IQ4_NL / IQ4_XS: llama.cpp's search (its quantize_row_iq4_nl_ref / _xs_ref without an
+// importance matrix; the same float steps, so the same bytes) ----
+
+// The table index nearest v; between two entries the upper one unless v is strictly closer to
+// the lower.
+int IQ4NearestIndex(float v) {
+  if (v <= kIQ4Values[0]) return 0;
+  if (v >= kIQ4Values[15]) return 15;
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (v < kIQ4Values[mid] ? hi : lo) = mid;
+  }
+  return v - kIQ4Values[hi - 1] < kIQ4Values[hi] - v ? hi - 1 : hi;
+}
+
+// The weighted least-squares fit of the run's values to the table at the indices that scale s
+// picks: sum w q x and sum w q^2, weights x^2.
+void IQ4Fit(const float* x, float inv_scale, float* sum_qx, float* sum_q2) {
+  float qx = 0.0f, q2 = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    const float w = x[j] * x[j];
+    const float q = kIQ4Values[IQ4NearestIndex(inv_scale * x[j])];
+    qx += w * q * x[j];
+    q2 += w * q * q;
+  }
+  *sum_qx = qx;
+  *sum_q2 = q2;
+}
+
+// A run's scale: start from the extreme at the table's end (-127), fit, then try the 15
+// reciprocal scales (t - 127) / max, t = -7..7, keeping the fit with the least weighted error.
+// 0 for a run whose largest magnitude is below 1e-15.
+float IQ4RunScale(const float* x) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  if (amax < 1e-15f) return 0.0f;
+  constexpr int kTries = 7;
+  float qx, q2;
+  IQ4Fit(x, 1.0f / (-max / static_cast<float>(kIQ4Values[0])), &qx, &q2);
+  float d = qx / q2, best = d * qx;
+  for (int t = -kTries; t <= kTries; ++t) {
+    IQ4Fit(x, static_cast<float>(t + kIQ4Values[0]) / max, &qx, &q2);
+    if (q2 > 0.0f && qx * qx > best * q2) {
+      d = qx / q2;
+      best = d * qx;
+    }
+  }
+  return d;
+}
+
+// 32 values' indices under inverse scale id, in Q4_0's nibble order.
+void IQ4PackRun(const float* x, float id, uint8_t* qs) {
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>(IQ4NearestIndex(id * x[j]) | IQ4NearestIndex(id * x[j + 16]) << 4);
+  }
+}
+
+void QuantizeIQ4_NL(const float* x, BlockIQ4_NL* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float d = IQ4RunScale(x + 32 * b);
+    y[b].d = Fp32ToFp16(d);
+    IQ4PackRun(x + 32 * b, d != 0.0f ? 1.0f / d : 0.0f, y[b].qs);
+  }
+}
+
+// Each run's scale as above, then the super-block's d = -(the scale of largest magnitude) / 32,
+// each run's scale rounded to an integer multiple of d in [-32, 31] and its indices chosen again
+// under that scale.
+void QuantizeIQ4_XS(const float* x, BlockIQ4_XS* y, int64_t n) {
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    const float* xs = x + i * kQK_K;
+    float scales[8], max_scale = 0.0f, amax_scale = 0.0f;
+    for (int r = 0; r < 8; ++r) {
+      scales[r] = IQ4RunScale(xs + 32 * r);
+      if (std::fabs(scales[r]) > amax_scale) {
+        amax_scale = std::fabs(scales[r]);
+        max_scale = scales[r];
+      }
+    }
+    const float d = -max_scale / 32.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    BlockIQ4_XS& blk = y[i];
+    blk.d = Fp32ToFp16(d);
+    blk.scales_h = 0;
+    std::memset(blk.scales_l, 0, sizeof(blk.scales_l));
+    for (int r = 0; r < 8; ++r) {
+      const int l = std::clamp(static_cast<int>(std::nearbyint(id * scales[r])), -32, 31);
+      const float dl = d * static_cast<float>(l);
+      IQ4PackRun(xs + 32 * r, dl != 0.0f ? 1.0f / dl : 0.0f, blk.qs + 16 * r);
+      const int ls = l + 32;
+      blk.scales_l[r / 2] |= static_cast<uint8_t>((ls & 0x0f) << (4 * (r % 2)));
+      blk.scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * r));
+    }
+  }
+}
+
 void QuantizeQ4_K(const float* x, BlockQ4_K* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
     float scale[8], mins[8];
@@ -353,10 +457,15 @@ void DequantizeQ6_K(const BlockQ6_K* b, float* y, int64_t n) {
 
 }  // namespace
 
+float IQ4XSRunScale(const BlockIQ4_XS& b, int j) {
+  return Fp16ToFp32(b.d) * static_cast<float>(IQ4XSRunFactor(b, j));
+}
+
 bool CanQuantize(GgmlType type) {
   return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
          type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ||
-         type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || W4FormatOf(type).group > 0;
+         type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || type == GgmlType::kIQ4_NL ||
+         type == GgmlType::kIQ4_XS || W4FormatOf(type).group > 0;
 }
 
 uint32_t LlamaFileType(GgmlType type) {
@@ -373,6 +482,8 @@ uint32_t LlamaFileType(GgmlType type) {
     case GgmlType::kQ4_K: return 14;  // Q4_K_S
     case GgmlType::kQ5_K: return 16;  // Q5_K_S
     case GgmlType::kQ6_K: return 18;
+    case GgmlType::kIQ4_NL: return 25;
+    case GgmlType::kIQ4_XS: return 30;
     case GgmlType::kBF16: return 32;
     default: return 1024;
   }
@@ -485,6 +596,14 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::kQ3_K:
     case GgmlType::kQ5_K:
       break;
+    case GgmlType::kIQ4_NL:
+      CHECK(n % 32 == 0);
+      QuantizeIQ4_NL(src, static_cast<BlockIQ4_NL*>(dst), n);
+      return;
+    case GgmlType::kIQ4_XS:
+      CHECK(n % kQK_K == 0);
+      QuantizeIQ4_XS(src, static_cast<BlockIQ4_XS*>(dst), n);
+      return;
     case GgmlType::kW4A16G64:
     case GgmlType::kW4A16G128:
     case GgmlType::kW4A16ZG64:
@@ -583,6 +702,32 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
         Q3KScales(b[i].scales, sc);
         Q3KValues(b[i], q);
         for (int e = 0; e < 256; ++e) dst[i * 256 + e] = (d * static_cast<float>(sc[e / 16])) * static_cast<float>(q[e] - 4);
+      }
+      return;
+    }
+    case GgmlType::kIQ4_NL: {
+      const auto* b = static_cast<const BlockIQ4_NL*>(src);
+      for (int64_t i = 0; i < n / 32; ++i) {
+        const float d = Fp16ToFp32(b[i].d);
+        for (int j = 0; j < 16; ++j) {
+          dst[i * 32 + j] = d * static_cast<float>(kIQ4Values[b[i].qs[j] & 0x0f]);
+          dst[i * 32 + j + 16] = d * static_cast<float>(kIQ4Values[b[i].qs[j] >> 4]);
+        }
+      }
+      return;
+    }
+    case GgmlType::kIQ4_XS: {
+      const auto* b = static_cast<const BlockIQ4_XS*>(src);
+      for (int64_t i = 0; i < n / kQK_K; ++i) {
+        for (int r = 0; r < 8; ++r) {
+          const float dl = IQ4XSRunScale(b[i], r);
+          const uint8_t* qs = b[i].qs + 16 * r;
+          float* y = dst + i * kQK_K + 32 * r;
+          for (int j = 0; j < 16; ++j) {
+            y[j] = dl * static_cast<float>(kIQ4Values[qs[j] & 0x0f]);
+            y[j + 16] = dl * static_cast<float>(kIQ4Values[qs[j] >> 4]);
+          }
+        }
       }
       return;
     }

@@ -24,6 +24,8 @@ enum class GgmlType : uint32_t {
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
   // gale's own 4-bit weight types (ids far above ggml's, which other tools will not know): int4
   // weights in groups of 64 or 128 with an f16 scale, symmetric (x = d * (q - 8)) or with an f16
@@ -219,6 +221,35 @@ static inline KGroupScales KQuantGroupScales(float d, float dmin, const uint8_t*
   KQuantScaleMin(2 * g + 1, scales, &sc2, &m2);
   return {d * sc1, dmin * m1, d * sc2, dmin * m2};
 }
+
+// IQ4_NL / IQ4_XS: 4-bit indices into a fixed non-uniform table of int8 values (llama.cpp's
+// kvalues_iq4nl), w = scale * kIQ4Values[index]; the indices of a run of 32 in Q4_0's nibble order.
+inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// IQ4_NL: a block of 32 with an f16 scale.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+
+// IQ4_XS: a super-block of 256 with an f16 scale d and a 6-bit scale per run of 32: run j scales
+// by d * (ls_j - 32), ls_j = its low 4 bits (nibble j % 2 of scales_l[j / 2]) | its high 2 bits
+// (bits 2j of scales_h) << 4; run j's indices in qs[16 j .. 16 j + 15].
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQK_K / 64];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// The integer factor ls_j - 32 (-32..31) of run j (0-7) of an IQ4_XS super-block; its float scale
+// is float(d) * float(ls_j - 32), as llama.cpp computes it (IQ4XSRunScale).
+static inline int IQ4XSRunFactor(const BlockIQ4_XS& b, int j) {
+  return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+float IQ4XSRunScale(const BlockIQ4_XS& b, int j);
 
 struct GgmlTypeTraits {
   GgmlType type;

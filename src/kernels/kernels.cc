@@ -55,6 +55,8 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kQ4_K: return kSlotQ4_K;
     case GgmlType::kQ5_K: return kSlotQ5_K;
     case GgmlType::kQ6_K: return kSlotQ6_K;
+    case GgmlType::kIQ4_NL: return kSlotIQ4_NL;
+    case GgmlType::kIQ4_XS: return kSlotIQ4_XS;
     case GgmlType::kW4A16G64: return kSlotW4A16G64;
     case GgmlType::kW4A16G128: return kSlotW4A16G128;
     case GgmlType::kW4A16ZG64: return kSlotW4A16ZG64;

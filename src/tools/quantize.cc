@@ -25,7 +25,10 @@ StatusOr<QuantScheme> ParseQuantScheme(const std::string& name) {
   if (name == "q4_1") return QuantScheme::kQ4_1;
   if (name == "q5_0") return QuantScheme::kQ5_0;
   if (name == "q5_1") return QuantScheme::kQ5_1;
-  return InvalidArgument("--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, w8a8, w4a16, w4a8", name);
+  if (name == "iq4_nl") return QuantScheme::kIQ4_NL;
+  if (name == "iq4_xs") return QuantScheme::kIQ4_XS;
+  return InvalidArgument(
+      "--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, iq4_nl, iq4_xs, w8a8, w4a16, w4a8", name);
 }
 
 const char* QuantSchemeName(QuantScheme s) {
@@ -40,6 +43,8 @@ const char* QuantSchemeName(QuantScheme s) {
     case QuantScheme::kQ4_1: return "q4_1";
     case QuantScheme::kQ5_0: return "q5_0";
     case QuantScheme::kQ5_1: return "q5_1";
+    case QuantScheme::kIQ4_NL: return "iq4_nl";
+    case QuantScheme::kIQ4_XS: return "iq4_xs";
   }
   return "?";
 }
@@ -62,6 +67,8 @@ StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
     case QuantScheme::kQ4_1: return GgmlType::kQ4_1;
     case QuantScheme::kQ5_0: return GgmlType::kQ5_0;
     case QuantScheme::kQ5_1: return GgmlType::kQ5_1;
+    case QuantScheme::kIQ4_NL: return GgmlType::kIQ4_NL;
+    case QuantScheme::kIQ4_XS: return GgmlType::kIQ4_XS;
     case QuantScheme::kW4A16:
       if (o.group_size == 64) return o.zero_point ? GgmlType::kW4A16ZG64 : GgmlType::kW4A16G64;
       return o.zero_point ? GgmlType::kW4A16ZG128 : GgmlType::kW4A16G128;
@@ -401,8 +408,11 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     const Edit* edit = edit_it != edits.end() ? &edit_it->second : nullptr;
     GgmlType target = options.transform_only ? GgmlType::kF32 : type;
     if (why.empty() && t.shape[0] % block != 0) {
-      // As llama.cpp: a K-quant's 32-element counterpart where the rows allow, else F16.
-      const GgmlType alt = type == GgmlType::kQ4_K ? GgmlType::kQ5_0 : type == GgmlType::kQ6_K ? GgmlType::kQ8_0 : type;
+      // As llama.cpp: a 256-element type's 32-element counterpart where the rows allow, else F16.
+      const GgmlType alt = type == GgmlType::kQ4_K    ? GgmlType::kQ5_0
+                           : type == GgmlType::kQ6_K  ? GgmlType::kQ8_0
+                           : type == GgmlType::kIQ4_XS ? GgmlType::kIQ4_NL
+                                                       : type;
       target = alt != type && t.shape[0] % 32 == 0 ? alt : GgmlType::kF16;
       report.fallbacks.push_back(fmt::format("{} (rows of {}): {}", t.name, t.shape[0], TypeTraits(target).name));
     }

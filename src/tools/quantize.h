@@ -31,7 +31,7 @@
 
 namespace gale {
 
-enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8, kQ4_K, kQ6_K, kQ4_1, kQ5_0, kQ5_1 };
+enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8, kQ4_K, kQ6_K, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kIQ4_XS };
 // "q8_0", "q4_0", "w8a8", "w4a16", "w4a8", "q4_k", "q6_k"
 StatusOr<QuantScheme> ParseQuantScheme(const std::string& name);
 const char* QuantSchemeName(QuantScheme s);
@@ -59,7 +59,7 @@ struct QuantizeReport {
   int64_t quantized = 0;
   std::vector<std::string> kept;       // "name (why)"
   // "name (rows of N): type" for matrices whose rows do not fit the scheme's block: llama.cpp's
-  // fallbacks for the K-quants (Q4_K -> Q5_0, Q6_K -> Q8_0), else F16.
+  // fallbacks for the K-quants (Q4_K -> Q5_0, Q6_K -> Q8_0) and IQ4_XS (-> IQ4_NL), else F16.
   std::vector<std::string> fallbacks;
   std::vector<std::string> transforms;  // per layer and input: the scales chosen
   uint64_t bytes_in = 0, bytes_out = 0;

@@ -71,7 +71,7 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
                            s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
   }
   if (!CanQuantize(type)) {
-    return InvalidArgument("synth: cannot write {} yet (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, gale's w4 types)", TypeTraits(type).name);
+    return InvalidArgument("synth: cannot write {} yet (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K, iq4_nl, iq4_xs, gale's w4 types)", TypeTraits(type).name);
   }
   const int64_t block = TypeTraits(type).block_size;
   if (s.dim % block != 0 || s.ffn_dim % block != 0) {

@@ -67,11 +67,15 @@ TEST(GgmlTypesTest, LayoutsMatchLlamaCpp) {
   EXPECT_EQ(BlockLayout(13)->block_bytes, 176);  // q5_K
   EXPECT_EQ(BlockLayout(14)->block_bytes, 210);  // q6_K
   EXPECT_EQ(BlockLayout(10)->block_bytes, 84);   // q2_K
-  EXPECT_EQ(BlockLayout(20)->block_bytes, 18);   // iq4_nl, readable though not computable yet
+  EXPECT_EQ(BlockLayout(20)->block_bytes, 18);   // iq4_nl
+  EXPECT_EQ(BlockLayout(23)->block_bytes, 136);  // iq4_xs
+  EXPECT_EQ(BlockLayout(16)->block_bytes, 66);   // iq2_xxs, readable though not computable yet
   EXPECT_FALSE(BlockLayout(4).has_value());      // removed q4_2
   EXPECT_TRUE(GetTypeTraits(12).has_value());
   EXPECT_TRUE(GetTypeTraits(10).has_value());
-  EXPECT_FALSE(GetTypeTraits(20).has_value());
+  EXPECT_TRUE(GetTypeTraits(20).has_value());
+  EXPECT_TRUE(GetTypeTraits(23).has_value());
+  EXPECT_FALSE(GetTypeTraits(16).has_value());
   EXPECT_EQ(TypeName(14), "q6_K");
 }
 

@@ -36,8 +36,8 @@ GgufWriter SampleWriter() {
   std::vector<uint8_t> b(2 * 34);
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
   EXPECT_TRUE(w.AddTensor("b.q8", static_cast<uint32_t>(GgmlType::kQ8_0), {64}, b).ok());
-  std::vector<uint8_t> c(18);  // an iq4_nl block: readable, not computable
-  EXPECT_TRUE(w.AddTensor("c.iq4nl", 20, {32}, c).ok());
+  std::vector<uint8_t> c(66);  // an iq2_xxs super-block: readable, not computable
+  EXPECT_TRUE(w.AddTensor("c.iq2xxs", 16, {256}, c).ok());
   return w;
 }
 
@@ -76,9 +76,9 @@ TEST(GgufTest, RoundTripPreservesEveryKeyAndTensorByte) {
   EXPECT_EQ(a->shape, (std::vector<int64_t>{6, 4}));
   for (uint64_t i = 0; i < a->num_bytes; ++i) ASSERT_EQ(a->data[i], static_cast<uint8_t>(i * 7));
   EXPECT_EQ((*f)->data_offset() % 32, 0u);
-  auto iq4 = (*f)->Tensor("c.iq4nl");
-  EXPECT_EQ(iq4.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(iq4.status().message().find("iq4_nl"), std::string::npos);
+  auto iq2 = (*f)->Tensor("c.iq2xxs");
+  EXPECT_EQ(iq2.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(iq2.status().message().find("iq2_xxs"), std::string::npos);
 }
 
 TEST(GgufTest, OpenMapsFileAndHonorsAlignment) {

@@ -38,7 +38,7 @@ std::vector<uint8_t> RandomKBlocks(GgmlType t, int64_t n, uint64_t seed) {
   std::vector<uint8_t> b(RowBytes(t, n));
   for (auto& v : b) v = static_cast<uint8_t>(rng.NextU64());
   const int64_t bytes = TypeTraits(t).block_bytes;
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
+  for (int64_t i = 0; i < n / TypeTraits(t).block_size; ++i) {
     uint8_t* blk = b.data() + i * bytes;
     const uint16_t d = Fp32ToFp16(rng.Uniform(0.001f, 0.01f));
     const uint16_t dmin = Fp32ToFp16(rng.Uniform(0.001f, 0.01f));
@@ -49,6 +49,8 @@ std::vector<uint8_t> RandomKBlocks(GgmlType t, int64_t n, uint64_t seed) {
     } else if (t == GgmlType::kQ2_K) {
       std::memcpy(blk + 80, &d, 2);
       std::memcpy(blk + 82, &dmin, 2);
+    } else if (t == GgmlType::kIQ4_NL || t == GgmlType::kIQ4_XS) {
+      std::memcpy(blk, &d, 2);
     } else {
       std::memcpy(blk, &d, 2);
       std::memcpy(blk + 2, &dmin, 2);
@@ -1196,9 +1198,11 @@ void Q5_0ToQ8_0(const BlockQ5_0* src, BlockQ8_0* dst, int64_t num_blocks) {
 // exact). All batch and thread-count invariant and within the activations' rounding of the exact
 // product.
 TEST(KernelsTest, LegacyTypesMatchTheirReferencesAndAreBatchInvariant) {
-  const int64_t k = 800, rows = 37, tokens = 9;
-  const auto x = test::RandomFloats(k * tokens, 22);
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+  const int64_t rows = 37, tokens = 9;
+  const auto x = test::RandomFloats(800 * tokens, 22);
+  // The IQ4 types (random blocks: gale has no quantizer for them) run on the same int8 machinery.
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
+    const int64_t k = t == GgmlType::kIQ4_XS ? 768 : 800;
     std::vector<uint8_t> storage;
     const TensorView v = MakeWeights(t, k, rows, &storage, 21);
     std::vector<uint8_t> as_q8;  // Q5_0 only: the same weights as Q8_0 blocks
@@ -1271,6 +1275,8 @@ TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
   std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                                  GgmlType::kQ5_1, GgmlType::kW4A8G64, GgmlType::kW4A8G128};
   types.insert(types.end(), std::begin(kKTypes), std::end(kKTypes));
+  types.push_back(GgmlType::kIQ4_NL);
+  types.push_back(GgmlType::kIQ4_XS);
   SetActiveIsa(Isa::kAvx2);
   EXPECT_EQ(ActiveKernelsName(), "avx2 (avx-vnni)");
   SetActiveIsa(BestIsa());

@@ -118,6 +118,24 @@ float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out, float* m) {
     const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
     for (int j = 0; j < kQK8_0; ++j) out[j] = blk->qs[j];
     return Fp16ToFp32(blk->d);
+  } else if constexpr (kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS) {
+    // The table's values; IQ4_XS: run b % 8 of super-block b / 8 under its float scale.
+    const uint8_t* qs;
+    float d;
+    if constexpr (kType == GgmlType::kIQ4_NL) {
+      const BlockIQ4_NL* blk = reinterpret_cast<const BlockIQ4_NL*>(row) + b;
+      qs = blk->qs;
+      d = Fp16ToFp32(blk->d);
+    } else {
+      const BlockIQ4_XS* blk = reinterpret_cast<const BlockIQ4_XS*>(row) + b / 8;
+      qs = blk->qs + 16 * (b % 8);
+      d = IQ4XSRunScale(*blk, static_cast<int>(b % 8));
+    }
+    for (int j = 0; j < 16; ++j) {
+      out[j] = kIQ4Values[qs[j] & 0x0f];
+      out[j + 16] = kIQ4Values[qs[j] >> 4];
+    }
+    return d;
   } else {
     const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
     UnpackNibbleRun(blk->qs, out);
@@ -166,6 +184,8 @@ void DequantQ5_0Reference(const void* src, float* dst, int64_t n) { DequantizeRo
 void DequantQ5_1Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ5_1, src, dst, n); }
 void DequantQ3_KReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ3_K, src, dst, n); }
 void DequantQ2_KReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ2_K, src, dst, n); }
+void DequantIQ4_NLReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kIQ4_NL, src, dst, n); }
+void DequantIQ4_XSReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kIQ4_XS, src, dst, n); }
 void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
 void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
 void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }
@@ -363,7 +383,8 @@ const KernelTable& ScalarTable() {
       {GemmFloatRef<DotF32>, GemmFloatRef<DotF16>, GemmFloatRef<DotBF16>, nullptr, nullptr},
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference,
-       GemmQuantRef<GgmlType::kQ4_1>, GemmQuantRef<GgmlType::kQ5_0>, GemmQuantRef<GgmlType::kQ5_1>},
+       GemmQuantRef<GgmlType::kQ4_1>, GemmQuantRef<GgmlType::kQ5_0>, GemmQuantRef<GgmlType::kQ5_1>, nullptr, nullptr,
+       GemmQuantRef<GgmlType::kIQ4_NL>, GemmQuantRef<GgmlType::kIQ4_XS>},
       {}, {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,

@@ -52,7 +52,13 @@ using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const Qu
 // What the tile takes off each unsigned weight (times the token's block sum) after the dot; the
 // zero-point types (Q4_1, Q5_1: x = d q + m) add m times that sum instead.
 template <GgmlType kType>
-constexpr int kWeightOffset = kType == GgmlType::kQ8_0 || kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1 ? 0
+constexpr bool kIQ4 = kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS;
+// Types whose unpacked weights are signed (Q8_0's bytes, the IQ4 table's values): dotted as |w|
+// times the activations with w's sign.
+template <GgmlType kType>
+constexpr bool kSignedWeights = kType == GgmlType::kQ8_0 || kIQ4<kType>;
+template <GgmlType kType>
+constexpr int kWeightOffset = kSignedWeights<kType> || kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1 ? 0
                               : kType == GgmlType::kQ5_0                                                      ? 16
                                                                                                                : 8;
 template <GgmlType kType>
@@ -79,12 +85,26 @@ inline __m256i FifthBits(const uint8_t* qh) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, Q4_0's (and a W4A8
+// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, the IQ4 types' table
+// values (IQ4_XS: run b % 8 of super-block b / 8, under its float scale), Q4_0's (and a W4A8
 // run's) or Q4_1's unsigned nibbles 0..15, or Q5_0/Q5_1's 5-bit values 0..31 (kWeightOffset: 8
 // or 16); m: the zero-point types' offset.
 template <GgmlType kType>
 inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d, float* m = nullptr) {
-  if constexpr (kType == GgmlType::kQ5_0) {
+  if constexpr (kIQ4<kType>) {
+    const uint8_t* qs;
+    if constexpr (kType == GgmlType::kIQ4_NL) {
+      const BlockIQ4_NL* blk = reinterpret_cast<const BlockIQ4_NL*>(row) + b;
+      *d = _cvtsh_ss(blk->d);
+      qs = blk->qs;
+    } else {
+      const BlockIQ4_XS* blk = reinterpret_cast<const BlockIQ4_XS*>(row) + b / 8;
+      *d = _cvtsh_ss(blk->d) * static_cast<float>(IQ4XSRunFactor(*blk, static_cast<int>(b % 8)));
+      qs = blk->qs + 16 * (b % 8);
+    }
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+    return _mm256_shuffle_epi8(table, Nibbles32(qs));
+  } else if constexpr (kType == GgmlType::kQ5_0) {
     const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(row) + b;
     *d = _cvtsh_ss(blk->d);
     return _mm256_or_si256(Nibbles32(blk->qs), FifthBits(blk->qh));
@@ -119,7 +139,7 @@ inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d, float* m = n
   }
 }
 
-// Per block, into 8 int32 lanes of 4 elements each: Q8_0 |w| times sign-adjusted q (maddubs cannot
+// Per block, into 8 int32 lanes of 4 elements each: Q8_0 and the IQ4 types |w| times sign-adjusted q (maddubs cannot
 // overflow: 2 * 127 * 127 < 32768); Q4_0 the unsigned nibbles times q, minus 8 times the lane's
 // sum of q (computed once per token and block for all rows: two instructions fewer per row and
 // token than the sign trick, and the same integers). Then to f32, times d_w * d_x, accumulated.
@@ -156,7 +176,7 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       const int64_t tok = t0 + t;
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + tok * x.k_stride + b * 32));
       const float dx = x.d[tok * nb_stride + b];
-      constexpr bool kNibbles = kType != GgmlType::kQ8_0;
+      constexpr bool kNibbles = !kSignedWeights<kType>;
       __m256i offset = _mm256_setzero_si256();
       // Q4_0: the lanes start from -8 times their sum of q (Q5_0: -16).
       if constexpr (kWeightOffset<kType> != 0) {

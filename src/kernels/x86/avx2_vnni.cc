@@ -21,6 +21,8 @@ void Avx2FillVnni(KernelTable& t) {
   t.gemm_quant[kSlotQ6_K] = GemmQuantK<kQ6_K, true>;
   t.gemm_quant[kSlotQ3_K] = GemmQuantK<kQ3_K, true>;
   t.gemm_quant[kSlotQ2_K] = GemmQuantK<kQ2_K, true>;
+  t.gemm_quant[kSlotIQ4_NL] = GemmQuant<kIQ4_NL, true>;
+  t.gemm_quant[kSlotIQ4_XS] = GemmQuant<kIQ4_XS, true>;
   t.variant = "avx-vnni";
 }
 

@@ -35,7 +35,17 @@ namespace {
 // 4j + e of row r and, in bit 2j + 1, that of element 16 + 4j + e (j < 4); a bit test and a masked
 // add of 16 per half-slice put them in place: 352 bytes per block and 16 rows (Q5_1: 384), as
 // the file's 22 (24) per row.
+// The IQ4 types store their 4-bit table indices as Q4_0's nibble slices; one byte shuffle per
+// slice turns them into the table's values + 128 (unsigned, 1..241), and the lanes start from
+// -128 times the block's sum of activations. IQ4_NL keeps its f16 scales; IQ4_XS's scales, f16 d
+// times a 6-bit integer per run, need up to 17 significant bits, so its header holds the 16 rows'
+// f32 scales of the run (64 bytes): 320 bytes per run of 32 and 16 rows, 20 per row against the
+// file's 17.
 
+template <GgmlType kType>
+constexpr bool kIQ4 = kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS;
+template <GgmlType kType>
+constexpr bool kF32Scales = kType == GgmlType::kIQ4_XS;
 template <GgmlType kType>
 constexpr bool kPackedZ = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
 template <GgmlType kType>
@@ -45,7 +55,7 @@ constexpr bool kFiveBits = kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1;
 template <GgmlType kType>
 constexpr int64_t kSliceBytes = kByteCodes<kType> ? 512 : kFiveBits<kType> ? 256 + 64 : 256;
 template <GgmlType kType>
-constexpr int64_t kHeaderBytes = kPackedZ<kType> ? 64 : 32;
+constexpr int64_t kHeaderBytes = kPackedZ<kType> || kF32Scales<kType> ? 64 : 32;
 template <GgmlType kType>
 constexpr int64_t kPackedBlockBytes = kHeaderBytes<kType> + kSliceBytes<kType>;
 
@@ -105,6 +115,7 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* out = dst + g * PackedGroupBytes<kType>(k) + b * kPackedBlockBytes<kType>;
       uint16_t scales[16] = {}, offsets[16] = {};
+      float scales32[16] = {};  // IQ4_XS
       uint8_t codes[16][32];  // Q8_0: w ^ 0x80; Q4_0: the nibble; Q4_1/Q5_1: q; padded rows: w = 0
       for (int r = 0; r < 16; ++r) {
         const int64_t row = g * 16 + r;
@@ -113,7 +124,22 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
         }
         if (row >= num_rows) continue;
         const uint8_t* rp = src + row * src_row_bytes;
-        if constexpr (kType == GgmlType::kQ4_1) {
+        if constexpr (kIQ4<kType>) {
+          const uint8_t* qs;
+          if constexpr (kType == GgmlType::kIQ4_NL) {
+            const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(rp)[b];
+            qs = blk.qs;
+            scales[r] = blk.d;
+          } else {
+            const BlockIQ4_XS& blk = reinterpret_cast<const BlockIQ4_XS*>(rp)[b / 8];
+            qs = blk.qs + 16 * (b % 8);
+            scales32[r] = IQ4XSRunScale(blk, static_cast<int>(b % 8));
+          }
+          for (int e = 0; e < 16; ++e) {
+            codes[r][e] = qs[e] & 0x0f;
+            codes[r][e + 16] = qs[e] >> 4;
+          }
+        } else if constexpr (kType == GgmlType::kQ4_1) {
           const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(rp)[b];
           for (int e = 0; e < 16; ++e) {
             codes[r][e] = blk.qs[e] & 0x0f;
@@ -151,7 +177,11 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
           }
         }
       }
-      std::memcpy(out, scales, 32);
+      if constexpr (kF32Scales<kType>) {
+        std::memcpy(out, scales32, 64);
+      } else {
+        std::memcpy(out, scales, 32);
+      }
       if constexpr (kPackedZ<kType>) std::memcpy(out + 32, offsets, 32);
       uint8_t* w = out + kHeaderBytes<kType>;
       if constexpr (kByteCodes<kType>) {
@@ -187,7 +217,10 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
 template <GgmlType kType, int T, int G>
 inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const QuantizedActs& x, int64_t t0, float* y,
                             int64_t ldy, int valid_rows, const uint8_t* prefetch) {
-  constexpr int32_t kOffset = kType == GgmlType::kQ8_0 ? 128 : kPackedZ<kType> ? 0 : kType == GgmlType::kQ5_0 ? 16 : 8;
+  constexpr int32_t kOffset = kType == GgmlType::kQ8_0 || kIQ4<kType> ? 128
+                              : kPackedZ<kType>                        ? 0
+                              : kType == GgmlType::kQ5_0               ? 16
+                                                                       : 8;
   const int64_t nb = x.k / 32;
   const int64_t nb_stride = x.k_stride / 32;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
@@ -245,6 +278,16 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
         for (int g = 0; g < G; ++g) fifth[g] = _mm512_loadu_si512(blk[g] + kW + 256);
       }
       const __m512i sixteen = _mm512_set1_epi8(16);
+      // IQ4: index -> table value + 128.
+      const __m512i table = kIQ4<kType> ? _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                              1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                                              (char)166, (char)181, (char)197, (char)217, (char)241))
+                                        : _mm512_setzero_si512();
+      auto lookup = [&](__m512i (&wv)[G]) {
+        if constexpr (kIQ4<kType>) {
+          for (int g = 0; g < G; ++g) wv[g] = _mm512_shuffle_epi8(table, wv[g]);
+        }
+      };
       auto add_fifth = [&](__m512i (&wv)[G], int bit) {
         if constexpr (kFiveBits<kType>) {
           const __m512i sel = _mm512_set1_epi8(static_cast<char>(1 << bit));
@@ -260,14 +303,17 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
           wv[g] = _mm512_and_si512(raw[g], low4);
         }
         add_fifth(wv, 2 * s);
+        lookup(wv);
         dot_slice(wv, s);
         for (int g = 0; g < G; ++g) wv[g] = _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), low4);
         add_fifth(wv, 2 * s + 1);
+        lookup(wv);
         dot_slice(wv, s + 4);
       }
     }
     for (int g = 0; g < G; ++g) {
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[g])));
+      const __m512 dw = kF32Scales<kType> ? _mm512_loadu_ps(blk[g])
+                                          : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[g])));
       for (int t = 0; t < T; ++t) {
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(t0 + t) * nb_stride + b]));
         const __m512i sum = kChains == 2 ? _mm512_add_epi32(isum[g][t][0], isum[g][t][kChains - 1]) : isum[g][t][0];
@@ -343,6 +389,7 @@ void PackW4Z(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* out = dst + g * PackedGroupBytesW4Z<G>(k) + b * kPackedBlockBytesZ;
       uint16_t scales[16] = {}, offsets[16] = {};
+      float scales32[16] = {};  // IQ4_XS
       uint8_t codes[16][32] = {};  // padded rows: d = m = 0
       for (int r = 0; r < 16; ++r) {
         const int64_t row = g * 16 + r;
@@ -709,6 +756,8 @@ void Avx512FillPacked(KernelTable& t) {
       {kQ6_K, PackedGroupBytesK<kQ6_K>, PackK<kQ6_K>, GemmPackedK<kQ6_K>, nullptr},
       {kQ3_K, PackedGroupBytesK<kQ3_K>, PackK<kQ3_K>, GemmPackedK<kQ3_K>, nullptr},
       {kQ2_K, PackedGroupBytesK<kQ2_K>, PackK<kQ2_K>, GemmPackedK<kQ2_K>, nullptr},
+      {kIQ4_NL, PackedGroupBytes<kIQ4_NL>, Pack<kIQ4_NL>, GemmPacked<kIQ4_NL>, nullptr},
+      {kIQ4_XS, PackedGroupBytes<kIQ4_XS>, Pack<kIQ4_XS>, GemmPacked<kIQ4_XS>, nullptr},
       {kW4A16G64, PackedGroupBytes<kQ4_0>, Pack<kW4A8G64>, nullptr, GemmPackedA16<false>},
       {kW4A16G128, PackedGroupBytes<kQ4_0>, Pack<kW4A8G128>, nullptr, GemmPackedA16<false>},
       {kW4A16ZG64, PackedGroupBytesW4Z<64>, PackW4Z<64>, nullptr, GemmPackedA16<true>},
