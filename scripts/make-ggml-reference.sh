@@ -9,11 +9,8 @@ build="${BUILD_DIR:-build}"
 cmake --build "$build" -j"$(nproc)" --target gale ggml_reference
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent "@node-llama-cpp/linux-x64@$version" > /dev/null && tar xzf ./*.tgz)
-lib="$tmp/package/bins/linux-x64"
-jq -r .buildOptions.llamaCpp "$lib/_nlcBuildMetadata.json" 2>/dev/null || cat "$lib/_nlcBuildMetadata.json"
-ln -sf "$lib"/libggml.v*.so "$lib/libggml.so"
-ln -sf "$lib"/libllama.v*.so "$lib/libllama.so"
+lib="$(NODE_LLAMA_CPP_VERSION="$version" scripts/fetch-llamacpp.sh "$tmp/npm")"
+cat "$lib/_nlcBuildMetadata.json"; echo
 # A small llama whose every row length is a multiple of 256, so llama-quantize's mixes keep their
 # K and IQ4 types (grouped-query attention, two layers: use_more_bits picks layer 0 only).
 "$build/gale" synth --shape custom --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 \

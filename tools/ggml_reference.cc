@@ -4,6 +4,7 @@
 // committed under tests/data/llamacpp and read by tests/gguf/llamacpp_reference_test.cc.
 //
 //   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR
+//   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS]]]]
 //
 // OUTDIR/blocks.gguf: for each ggml type, rows of test values ("<type>.src", f32), ggml's
 //   quantization of them ("<type>.q": ggml_quantize_chunk, the quantizer llama-quantize runs without
@@ -15,12 +16,20 @@
 //   and "<ftype>.deq" for an F32 copy of <ftype>.gguf dequantized by ggml (the same weights without
 //   llama.cpp's int8 rounding of activations).
 //
+// bench: llama.cpp's prompt and generation speed on MODEL, measured as llama-bench does (after a
+// warm-up, pp = one decode of PP tokens from an empty cache, tg = TG one-token decodes from an
+// empty cache), one JSON line per test with every repetition's tokens/s, for side-by-side figures
+// with `gale bench` on the same file and machine (scripts/bench-vs-llamacpp.sh).
+//
 // Only the C ABI is used (no llama.h): the few structs passed by value are opaque buffers filled by
 // the library's own *_default_params(), and only the documented leading fields are written.
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -285,9 +294,97 @@ void WriteModels(void* base, void* llama, const std::string& f32_model, const st
   std::fprintf(stderr, "wrote %s/logits.gguf\n", out.c_str());
 }
 
+int Bench(void* llama, const std::string& path, int pp, int tg, int reps, int threads) {
+  using DefaultParams = Opaque (*)();
+  using LoadModel = void* (*)(const char*, Opaque);
+  using InitContext = void* (*)(void*, Opaque);
+  using BatchGetOne = Opaque (*)(int32_t*, int32_t);
+  using Decode = int32_t (*)(void*, Opaque);
+  using SetThreads = void (*)(void*, int32_t, int32_t);
+  using GetMemory = void* (*)(void*);
+  using MemoryClear = void (*)(void*, bool);
+  using Sync = void (*)(void*);
+  using VocabOf = const void* (*)(const void*);
+  using NTokens = int32_t (*)(const void*);
+  Sym<void (*)()>(llama, "llama_backend_init")();
+  auto decode = Sym<Decode>(llama, "llama_decode");
+  auto batch_one = Sym<BatchGetOne>(llama, "llama_batch_get_one");
+  auto sync = Sym<Sync>(llama, "llama_synchronize");
+  void* model = Sym<LoadModel>(llama, "llama_model_load_from_file")(path.c_str(),
+                                                                    Sym<DefaultParams>(llama, "llama_model_default_params")());
+  if (model == nullptr) {
+    std::fprintf(stderr, "ggml_reference: llama.cpp could not load %s\n", path.c_str());
+    return 1;
+  }
+  // llama_context_params starts { uint32_t n_ctx; uint32_t n_batch; uint32_t n_ubatch; ... }.
+  Opaque cp = Sym<DefaultParams>(llama, "llama_context_default_params")();
+  uint32_t sizes[3];
+  std::memcpy(sizes, cp.bytes, sizeof(sizes));
+  sizes[0] = static_cast<uint32_t>(pp + tg + 16);
+  sizes[1] = sizes[2] = std::max<uint32_t>(sizes[2], static_cast<uint32_t>(pp));
+  std::memcpy(cp.bytes, sizes, sizeof(sizes));
+  void* ctx = Sym<InitContext>(llama, "llama_init_from_model")(model, cp);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "ggml_reference: no context for %s\n", path.c_str());
+    return 1;
+  }
+  Sym<SetThreads>(llama, "llama_set_n_threads")(ctx, threads, threads);
+  void* memory = Sym<GetMemory>(llama, "llama_get_memory")(ctx);
+  auto clear = Sym<MemoryClear>(llama, "llama_memory_clear");
+  const int32_t vocab = Sym<NTokens>(llama, "llama_vocab_n_tokens")(Sym<VocabOf>(llama, "llama_model_get_vocab")(model));
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max(pp, 1)));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + (i * 7919) % (vocab - 1));
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto run_pp = [&] {
+    clear(memory, true);
+    const auto t0 = now();
+    if (decode(ctx, batch_one(tokens.data(), pp)) != 0) std::exit(1);
+    sync(ctx);
+    return std::chrono::duration<double>(now() - t0).count();
+  };
+  auto run_tg = [&] {
+    clear(memory, true);
+    const auto t0 = now();
+    for (int i = 0; i < tg; ++i) {
+      int32_t t = tokens[static_cast<size_t>(i) % tokens.size()];
+      if (decode(ctx, batch_one(&t, 1)) != 0) std::exit(1);
+    }
+    sync(ctx);
+    return std::chrono::duration<double>(now() - t0).count();
+  };
+  if (pp > 0) run_pp();  // warm-up
+  if (tg > 0) run_tg();
+  for (const char* name : {"pp", "tg"}) {
+    const bool prompt = name[0] == 'p';
+    const int n = prompt ? pp : tg;
+    if (n <= 0) continue;
+    std::string rates;
+    for (int r = 0; r < reps; ++r) {
+      const double s = prompt ? run_pp() : run_tg();
+      rates += (r ? ", " : "") + std::to_string(n / s);
+    }
+    std::printf("{\"engine\": \"llama.cpp\", \"model\": \"%s\", \"test\": \"%s%d\", \"threads\": %d, "
+                "\"tokens_per_second\": [%s]}\n",
+                path.c_str(), name, n, threads, rates.c_str());
+    std::fflush(stdout);
+  }
+  Sym<void (*)(void*)>(llama, "llama_free")(ctx);
+  Sym<void (*)(void*)>(llama, "llama_model_free")(model);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "bench") {
+    const std::string dir = argv[2];
+    Open(dir + "/libggml-base.so");
+    void* ggml = Open(dir + "/libggml.so");
+    void* llama = Open(dir + "/libllama.so");
+    Sym<void (*)(const char*)>(ggml, "ggml_backend_load_all_from_path")(dir.c_str());
+    auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
+    return Bench(llama, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2));
+  }
   if (argc != 5) {
     std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR\n");
     return 2;

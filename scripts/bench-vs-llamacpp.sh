@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# gale and llama.cpp side by side on this machine, on the same GGUF files: prompt processing
+# (pp512) and generation (tg128) at 2 threads, the two engines run alternately (REPS times each,
+# one repetition per run, so both see the same drift of a noisy VM), medians and ratios printed
+# as a table and written to OUT (JSON). llama.cpp is the prebuilt CPU build in the npm package
+# @node-llama-cpp/linux-x64 (scripts/fetch-llamacpp.sh), driven by tools/ggml_reference.cc as
+# llama-bench drives it. Models: gale's random-weight synth files (llama.cpp loads them as its
+# own), 110m by default; SHAPES="110m tinyllama-1.1b" adds the 1.1B model (2.2 GB F16, slow).
+#
+#   scripts/bench-vs-llamacpp.sh [OUT.json]
+#   TYPES="q4_0 q8_0" REPS=5 PP=512 TG=128 THREADS=2 scripts/bench-vs-llamacpp.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-build/bench-vs-llamacpp.json}"
+build="${BUILD_DIR:-build}"
+types="${TYPES:-f16 bf16 q8_0 q4_0 q4_k iq4_xs}"
+shapes="${SHAPES:-110m}"
+reps="${REPS:-3}" pp="${PP:-512}" tg="${TG:-128}" threads="${THREADS:-2}"
+models="${MODELS_DIR:-$build/bench-models}"
+cmake --build "$build" -j"$(nproc)" --target gale ggml_reference > /dev/null
+lib="$(scripts/fetch-llamacpp.sh "$build/llamacpp")"
+mkdir -p "$models"
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+for shape in $shapes; do
+  for type in $types; do
+    m="$models/$shape-$type.gguf"
+    [[ -e "$m" ]] || "$build/gale" synth --shape "$shape" --type "$type" -o "$m" 2> /dev/null
+    for ((r = 0; r < reps; ++r)); do
+      LD_LIBRARY_PATH="$lib" "$build/ggml_reference" bench "$lib" "$m" "$pp" "$tg" 1 "$threads" 2> /dev/null |
+        sed "s/^{/{\"shape\": \"$shape\", \"type\": \"$type\", /" >> "$results"
+      "$build/gale" bench -m "$m" -p "$pp" -n "$tg" -r 1 -t "$threads" -o json 2> /dev/null |
+        python3 -c 'import json, sys
+for e in json.load(sys.stdin):
+    print(json.dumps({"shape": sys.argv[1], "type": sys.argv[2], "engine": "gale", "test": e["test"],
+                      "threads": e["threads"], "tokens_per_second": [e["tokens_per_second"]]}))' "$shape" "$type" >> "$results"
+    done
+  done
+done
+python3 - "$results" "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+runs = {}
+for r in rows:
+    runs.setdefault((r["shape"], r["type"], r["test"]), {}).setdefault(r["engine"], []).extend(r["tokens_per_second"])
+table = []
+print("| model | type | test | llama.cpp tok/s | gale tok/s | gale / llama.cpp |")
+print("|---|---|---|---|---|---|")
+for (shape, typ, test), e in runs.items():
+    if "gale" not in e or "llama.cpp" not in e:
+        continue
+    g, l = statistics.median(e["gale"]), statistics.median(e["llama.cpp"])
+    table.append({"shape": shape, "type": typ, "test": test, "llamacpp_tokens_per_second": l,
+                  "gale_tokens_per_second": g, "ratio": g / l, "gale_runs": e["gale"], "llamacpp_runs": e["llama.cpp"]})
+    print(f"| {shape} | {typ} | {test} | {l:,.1f} | {g:,.1f} | {g / l:.2f}x |")
+json.dump(table, open(sys.argv[2], "w"), indent=2)
+print(f"wrote {sys.argv[2]}")
+PY
