@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -70,6 +71,11 @@ void Check(const gale::Status& s) {
     std::fprintf(stderr, "ggml_reference: %s\n", s.ToString().c_str());
     std::exit(1);
   }
+}
+
+[[noreturn]] void Fail(const std::string& why) {
+  std::fprintf(stderr, "ggml_reference: %s\n", why.c_str());
+  std::exit(1);
 }
 
 std::vector<uint8_t> Bytes(const void* p, size_t n) {
@@ -205,45 +211,89 @@ void WriteDequantized(void* base, const std::string& in, const std::string& out)
 
 constexpr int32_t kTokens[] = {1, 300, 72, 401, 299, 66, 5, 510, 257, 400, 88, 1, 123, 456, 311, 259};
 
-void WriteModels(void* base, void* llama, const std::string& f32_model, const std::string& out,
-                 const std::string& tmp) {
+// The parts of llama.cpp's C API used here.
+struct LlamaApi {
   using DefaultParams = Opaque (*)();
-  using Quantize = uint32_t (*)(const char*, const char*, const void*);
-  using LoadModel = void* (*)(const char*, Opaque);
-  using InitContext = void* (*)(void*, Opaque);
-  using BatchGetOne = Opaque (*)(int32_t*, int32_t);
-  using Decode = int32_t (*)(void*, Opaque);
-  using GetLogitsIth = float* (*)(void*, int32_t);
-  using Free = void (*)(void*);
-  using VocabOf = const void* (*)(const void*);
-  using NTokens = int32_t (*)(const void*);
-  using BackendInit = void (*)();
+  DefaultParams quantize_defaults, model_defaults, context_defaults;
+  uint32_t (*quantize)(const char*, const char*, const void*);
+  void* (*load)(const char*, Opaque);
+  void* (*init_context)(void*, Opaque);
+  Opaque (*batch_one)(int32_t*, int32_t);
+  int32_t (*decode)(void*, Opaque);
+  float* (*logits_ith)(void*, int32_t);
+  void (*free_context)(void*);
+  void (*free_model)(void*);
+  const void* (*vocab_of)(const void*);
+  int32_t (*n_tokens)(const void*);
+  void (*set_threads)(void*, int32_t, int32_t);
+  void* (*get_memory)(void*);
+  void (*memory_clear)(void*, bool);
+  void (*synchronize)(void*);
 
-  Sym<BackendInit>(llama, "llama_backend_init")();
-  auto quantize_defaults = Sym<DefaultParams>(llama, "llama_model_quantize_default_params");
-  auto quantize = Sym<Quantize>(llama, "llama_model_quantize");
-  auto model_defaults = Sym<DefaultParams>(llama, "llama_model_default_params");
-  auto context_defaults = Sym<DefaultParams>(llama, "llama_context_default_params");
-  auto load = Sym<LoadModel>(llama, "llama_model_load_from_file");
-  auto init_context = Sym<InitContext>(llama, "llama_init_from_model");
-  auto batch_one = Sym<BatchGetOne>(llama, "llama_batch_get_one");
-  auto decode = Sym<Decode>(llama, "llama_decode");
-  auto logits_ith = Sym<GetLogitsIth>(llama, "llama_get_logits_ith");
-  auto free_context = Sym<Free>(llama, "llama_free");
-  auto free_model = Sym<Free>(llama, "llama_model_free");
-  auto vocab_of = Sym<VocabOf>(llama, "llama_model_get_vocab");
-  auto n_tokens = Sym<NTokens>(llama, "llama_vocab_n_tokens");
+  explicit LlamaApi(void* lib) {
+    auto get = [lib](auto& fn, const char* name) { fn = Sym<std::remove_reference_t<decltype(fn)>>(lib, name); };
+    get(quantize_defaults, "llama_model_quantize_default_params");
+    get(model_defaults, "llama_model_default_params");
+    get(context_defaults, "llama_context_default_params");
+    get(quantize, "llama_model_quantize");
+    get(load, "llama_model_load_from_file");
+    get(init_context, "llama_init_from_model");
+    get(batch_one, "llama_batch_get_one");
+    get(decode, "llama_decode");
+    get(logits_ith, "llama_get_logits_ith");
+    get(free_context, "llama_free");
+    get(free_model, "llama_model_free");
+    get(vocab_of, "llama_model_get_vocab");
+    get(n_tokens, "llama_vocab_n_tokens");
+    get(set_threads, "llama_set_n_threads");
+    get(get_memory, "llama_get_memory");
+    get(memory_clear, "llama_memory_clear");
+    get(synchronize, "llama_synchronize");
+    Sym<void (*)()>(lib, "llama_backend_init")();
+  }
+};
 
+// A model and a context on it; n_ctx 0 keeps the default context size (and batch sizes),
+// otherwise llama_context_params' leading { n_ctx, n_batch, n_ubatch } are set to n_ctx and
+// batch.
+struct LlamaSession {
+  const LlamaApi& api;
+  void* model = nullptr;
+  void* ctx = nullptr;
+  int32_t vocab = 0;
+  LlamaSession(const LlamaApi& a, const std::string& path, uint32_t n_ctx = 0, uint32_t batch = 0) : api(a) {
+    model = api.load(path.c_str(), api.model_defaults());
+    if (model == nullptr) Fail("llama.cpp could not load " + path);
+    Opaque cp = api.context_defaults();
+    if (n_ctx > 0) {
+      uint32_t sizes[3];
+      std::memcpy(sizes, cp.bytes, sizeof(sizes));
+      sizes[0] = n_ctx;
+      sizes[1] = sizes[2] = std::max(sizes[2], batch);
+      std::memcpy(cp.bytes, sizes, sizeof(sizes));
+    }
+    ctx = api.init_context(model, cp);
+    if (ctx == nullptr) Fail("no llama.cpp context for " + path);
+    vocab = api.n_tokens(api.vocab_of(model));
+  }
+  ~LlamaSession() {
+    api.free_context(ctx);
+    api.free_model(model);
+  }
+  void Decode(int32_t* tokens, int32_t n) const {
+    if (api.decode(ctx, api.batch_one(tokens, n)) != 0) Fail("llama_decode failed");
+  }
+};
+
+void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, const std::string& out,
+                 const std::string& tmp) {
   // llama_model_quantize_params starts { int32_t nthread; enum llama_ftype ftype; ... } and its
   // default ftype is LLAMA_FTYPE_MOSTLY_Q8_0 (7; Q5_1, 9, in older releases): a check that the
   // layout is the one assumed.
-  Opaque qp = quantize_defaults();
+  Opaque qp = api.quantize_defaults();
   int32_t fields[2];
   std::memcpy(fields, qp.bytes, sizeof(fields));
-  if (fields[1] != 7 && fields[1] != 9) {
-    std::fprintf(stderr, "ggml_reference: unexpected llama_model_quantize_params layout\n");
-    std::exit(1);
-  }
+  if (fields[1] != 7 && fields[1] != 9) Fail("unexpected llama_model_quantize_params layout");
 
   std::vector<std::pair<std::string, std::string>> models = {{"f32", f32_model}};
   for (const FileType& f : kFileTypes) {
@@ -251,10 +301,7 @@ void WriteModels(void* base, void* llama, const std::string& f32_model, const st
     fields[0] = 2;
     fields[1] = f.ftype;
     std::memcpy(qp.bytes, fields, sizeof(fields));
-    if (quantize(f32_model.c_str(), path.c_str(), qp.bytes) != 0) {
-      std::fprintf(stderr, "ggml_reference: llama_model_quantize(%s) failed\n", f.name);
-      std::exit(1);
-    }
+    if (api.quantize(f32_model.c_str(), path.c_str(), qp.bytes) != 0) Fail(std::string("llama_model_quantize failed: ") + f.name);
     models.emplace_back(f.name, path);
     const std::string deq = tmp + "/" + f.name + ".deq.gguf";
     WriteDequantized(base, path, deq);
@@ -266,136 +313,72 @@ void WriteModels(void* base, void* llama, const std::string& f32_model, const st
   w.SetValue("tokens", gale::GgufValue::I32Array(std::vector<int32_t>(std::begin(kTokens), std::end(kTokens))));
   constexpr int kNumTokens = static_cast<int>(std::size(kTokens));
   for (const auto& [name, path] : models) {
-    void* model = load(path.c_str(), model_defaults());
-    if (model == nullptr) {
-      std::fprintf(stderr, "ggml_reference: llama.cpp could not load %s\n", path.c_str());
-      std::exit(1);
-    }
-    void* ctx = init_context(model, context_defaults());
-    if (ctx == nullptr) {
-      std::fprintf(stderr, "ggml_reference: no context for %s\n", path.c_str());
-      std::exit(1);
-    }
-    const int32_t vocab = n_tokens(vocab_of(model));
-    std::vector<float> logits(static_cast<size_t>(vocab) * kNumTokens);
+    const LlamaSession s(api, path);
+    std::vector<float> logits(static_cast<size_t>(s.vocab) * kNumTokens);
     for (int i = 0; i < kNumTokens; ++i) {
       int32_t token = kTokens[i];
-      if (decode(ctx, batch_one(&token, 1)) != 0) {
-        std::fprintf(stderr, "ggml_reference: llama_decode failed on %s\n", path.c_str());
-        std::exit(1);
-      }
-      std::memcpy(logits.data() + static_cast<size_t>(i) * vocab, logits_ith(ctx, -1), vocab * sizeof(float));
+      s.Decode(&token, 1);
+      std::memcpy(logits.data() + static_cast<size_t>(i) * s.vocab, api.logits_ith(s.ctx, -1), s.vocab * sizeof(float));
     }
-    Check(w.AddTensor(name, 0, {vocab, kNumTokens}, Bytes(logits.data(), logits.size() * 4)));
-    free_context(ctx);
-    free_model(model);
+    Check(w.AddTensor(name, 0, {s.vocab, kNumTokens}, Bytes(logits.data(), logits.size() * 4)));
   }
   Check(w.WriteFile(out + "/logits.gguf"));
   std::fprintf(stderr, "wrote %s/logits.gguf\n", out.c_str());
 }
 
-int Bench(void* llama, const std::string& path, int pp, int tg, int reps, int threads) {
-  using DefaultParams = Opaque (*)();
-  using LoadModel = void* (*)(const char*, Opaque);
-  using InitContext = void* (*)(void*, Opaque);
-  using BatchGetOne = Opaque (*)(int32_t*, int32_t);
-  using Decode = int32_t (*)(void*, Opaque);
-  using SetThreads = void (*)(void*, int32_t, int32_t);
-  using GetMemory = void* (*)(void*);
-  using MemoryClear = void (*)(void*, bool);
-  using Sync = void (*)(void*);
-  using VocabOf = const void* (*)(const void*);
-  using NTokens = int32_t (*)(const void*);
-  Sym<void (*)()>(llama, "llama_backend_init")();
-  auto decode = Sym<Decode>(llama, "llama_decode");
-  auto batch_one = Sym<BatchGetOne>(llama, "llama_batch_get_one");
-  auto sync = Sym<Sync>(llama, "llama_synchronize");
-  void* model = Sym<LoadModel>(llama, "llama_model_load_from_file")(path.c_str(),
-                                                                    Sym<DefaultParams>(llama, "llama_model_default_params")());
-  if (model == nullptr) {
-    std::fprintf(stderr, "ggml_reference: llama.cpp could not load %s\n", path.c_str());
-    return 1;
-  }
-  // llama_context_params starts { uint32_t n_ctx; uint32_t n_batch; uint32_t n_ubatch; ... }.
-  Opaque cp = Sym<DefaultParams>(llama, "llama_context_default_params")();
-  uint32_t sizes[3];
-  std::memcpy(sizes, cp.bytes, sizeof(sizes));
-  sizes[0] = static_cast<uint32_t>(pp + tg + 16);
-  sizes[1] = sizes[2] = std::max<uint32_t>(sizes[2], static_cast<uint32_t>(pp));
-  std::memcpy(cp.bytes, sizes, sizeof(sizes));
-  void* ctx = Sym<InitContext>(llama, "llama_init_from_model")(model, cp);
-  if (ctx == nullptr) {
-    std::fprintf(stderr, "ggml_reference: no context for %s\n", path.c_str());
-    return 1;
-  }
-  Sym<SetThreads>(llama, "llama_set_n_threads")(ctx, threads, threads);
-  void* memory = Sym<GetMemory>(llama, "llama_get_memory")(ctx);
-  auto clear = Sym<MemoryClear>(llama, "llama_memory_clear");
-  const int32_t vocab = Sym<NTokens>(llama, "llama_vocab_n_tokens")(Sym<VocabOf>(llama, "llama_model_get_vocab")(model));
+int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps, int threads) {
+  const LlamaSession s(api, path, static_cast<uint32_t>(pp + tg + 16), static_cast<uint32_t>(pp));
+  api.set_threads(s.ctx, threads, threads);
+  void* memory = api.get_memory(s.ctx);
   std::vector<int32_t> tokens(static_cast<size_t>(std::max(pp, 1)));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + (i * 7919) % (vocab - 1));
-  auto now = [] { return std::chrono::steady_clock::now(); };
-  auto run_pp = [&] {
-    clear(memory, true);
-    const auto t0 = now();
-    if (decode(ctx, batch_one(tokens.data(), pp)) != 0) std::exit(1);
-    sync(ctx);
-    return std::chrono::duration<double>(now() - t0).count();
-  };
-  auto run_tg = [&] {
-    clear(memory, true);
-    const auto t0 = now();
-    for (int i = 0; i < tg; ++i) {
-      int32_t t = tokens[static_cast<size_t>(i) % tokens.size()];
-      if (decode(ctx, batch_one(&t, 1)) != 0) std::exit(1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + (i * 7919) % (s.vocab - 1));
+  // Seconds for pp tokens in one decode, or tg one-token decodes, from an empty cache.
+  auto timed = [&](bool prompt) {
+    api.memory_clear(memory, true);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (prompt) {
+      s.Decode(tokens.data(), pp);
+    } else {
+      for (int i = 0; i < tg; ++i) s.Decode(&tokens[static_cast<size_t>(i) % tokens.size()], 1);
     }
-    sync(ctx);
-    return std::chrono::duration<double>(now() - t0).count();
+    api.synchronize(s.ctx);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  if (pp > 0) run_pp();  // warm-up
-  if (tg > 0) run_tg();
-  for (const char* name : {"pp", "tg"}) {
-    const bool prompt = name[0] == 'p';
+  if (pp > 0) timed(true);  // warm-up
+  if (tg > 0) timed(false);
+  for (const bool prompt : {true, false}) {
     const int n = prompt ? pp : tg;
     if (n <= 0) continue;
     std::string rates;
-    for (int r = 0; r < reps; ++r) {
-      const double s = prompt ? run_pp() : run_tg();
-      rates += (r ? ", " : "") + std::to_string(n / s);
-    }
+    for (int r = 0; r < reps; ++r) rates += (r ? ", " : "") + std::to_string(n / timed(prompt));
     std::printf("{\"engine\": \"llama.cpp\", \"model\": \"%s\", \"test\": \"%s%d\", \"threads\": %d, "
                 "\"tokens_per_second\": [%s]}\n",
-                path.c_str(), name, n, threads, rates.c_str());
+                path.c_str(), prompt ? "pp" : "tg", n, threads, rates.c_str());
     std::fflush(stdout);
   }
-  Sym<void (*)(void*)>(llama, "llama_free")(ctx);
-  Sym<void (*)(void*)>(llama, "llama_model_free")(model);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 4 && std::string(argv[1]) == "bench") {
-    const std::string dir = argv[2];
-    Open(dir + "/libggml-base.so");
-    void* ggml = Open(dir + "/libggml.so");
-    void* llama = Open(dir + "/libllama.so");
-    Sym<void (*)(const char*)>(ggml, "ggml_backend_load_all_from_path")(dir.c_str());
-    auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
-    return Bench(llama, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2));
-  }
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR\n");
+  const bool bench = argc >= 4 && std::string(argv[1]) == "bench";
+  if (!bench && argc != 5) {
+    std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR\n"
+                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS]]]]\n");
     return 2;
   }
-  const std::string dir = argv[1];
+  const std::string dir = argv[bench ? 2 : 1];
   void* base = Open(dir + "/libggml-base.so");
   void* ggml = Open(dir + "/libggml.so");
   void* llama = Open(dir + "/libllama.so");
-  using LoadAll = void (*)(const char*);
-  Sym<LoadAll>(ggml, "ggml_backend_load_all_from_path")(dir.c_str());
+  Sym<void (*)(const char*)>(ggml, "ggml_backend_load_all_from_path")(dir.c_str());
+  const LlamaApi api(llama);
+  if (bench) {
+    auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
+    return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2));
+  }
   WriteBlocks(base, argv[3]);
-  WriteModels(base, llama, argv[2], argv[3], argv[4]);
+  WriteModels(base, api, argv[2], argv[3], argv[4]);
   return 0;
 }
