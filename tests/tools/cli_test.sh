@@ -242,43 +242,34 @@ else
   echo "FAIL quantize:"; cat "$tmp/quant.err" "$tmp/q8.json"
   fails=$((fails + 1))
 fi
-# q4_k of the default model: its 64-wide rows take llama.cpp's fallback, q5_0 (the 172-wide ones
-# f16); the file runs on the scalar kernels and the best ones here, close to the f32 model.
-"$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/q4k.gguf" --type q4_k 2>"$tmp/q4k.err"
-"$GALE" eval ppl -m "$tmp/q4k.gguf" -f "$evaltext" --kl-base "$tmp/base.lp" -o json > "$tmp/q4k.json" 2>>"$tmp/q4k.err"
-best="$("$GALE" run -m "$tmp/q4k.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$tmp/q4k.err")"
-scalar="$(GALE_ISA=scalar "$GALE" run -m "$tmp/q4k.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$tmp/q4k.err")"
-if grep -q 'attn_q.weight (rows of 64): q5_0' "$tmp/q4k.err" &&
-   grep -q '(rows of 172): f16' "$tmp/q4k.err" && grep -q '35 by fallback' "$tmp/q4k.err" &&
-   [[ "$best" == "Once upon a time,"* && "$scalar" == "Once upon a time,"* ]] && python3 - "$tmp/q4k.json" <<'PY'
+# quantize_fallback TYPE FALLBACK MAX_KL MIN_TOP1: TYPE of the default model, whose 64-wide rows
+# take llama.cpp's fallback FALLBACK (and the 172-wide ones f16: 35 in all); the file runs on the
+# scalar kernels and the best ones here, close to the f32 model.
+quantize_fallback() {
+  local type="$1" fallback="$2" max_kl="$3" min_top1="$4" f="$tmp/fb-$1"
+  "$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$f.gguf" --type "$type" 2>"$f.err"
+  "$GALE" eval ppl -m "$f.gguf" -f "$evaltext" --kl-base "$tmp/base.lp" -o json > "$f.json" 2>>"$f.err"
+  local best scalar
+  best="$("$GALE" run -m "$f.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$f.err")"
+  scalar="$(GALE_ISA=scalar "$GALE" run -m "$f.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$f.err")"
+  if grep -q "attn_q.weight (rows of 64): $fallback" "$f.err" &&
+     grep -q '(rows of 172): f16' "$f.err" && grep -q '35 by fallback' "$f.err" &&
+     [[ "$best" == "Once upon a time,"* && "$scalar" == "Once upon a time,"* ]] &&
+     python3 - "$f.json" "$max_kl" "$min_top1" <<'PY'
 import json, sys
 q = json.load(open(sys.argv[1]))
-assert q["kl_mean"] < 0.05 and q["top1_agreement"] > 0.9, q
+assert q["kl_mean"] < float(sys.argv[2]) and q["top1_agreement"] > float(sys.argv[3]), q
 PY
-then
-  pass=$((pass + 1))
-else
-  echo "FAIL quantize q4_k fallback:"; cat "$tmp/q4k.err" "$tmp/q4k.json"; echo "$best / $scalar"
-  fails=$((fails + 1))
-fi
-# iq4_xs of the default model: its 64-wide rows take llama.cpp's fallback, iq4_nl; on these real
-# weights the non-linear table beats Q4_0 at the same size (KL 0.059 against Q4_0's 0.079).
-"$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/iq4.gguf" --type iq4_xs 2>"$tmp/iq4.err"
-"$GALE" eval ppl -m "$tmp/iq4.gguf" -f "$evaltext" --kl-base "$tmp/base.lp" -o json > "$tmp/iq4.json" 2>>"$tmp/iq4.err"
-best="$("$GALE" run -m "$tmp/iq4.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$tmp/iq4.err")"
-scalar="$(GALE_ISA=scalar "$GALE" run -m "$tmp/iq4.gguf" -p "Once upon a time" -n 12 --temp 0 2>>"$tmp/iq4.err")"
-if grep -q 'attn_q.weight (rows of 64): iq4_nl' "$tmp/iq4.err" && grep -q '35 by fallback' "$tmp/iq4.err" &&
-   [[ "$best" == "Once upon a time,"* && "$scalar" == "Once upon a time,"* ]] && python3 - "$tmp/iq4.json" <<'PY'
-import json, sys
-q = json.load(open(sys.argv[1]))
-assert q["kl_mean"] < 0.07 and q["top1_agreement"] > 0.85, q
-PY
-then
-  pass=$((pass + 1))
-else
-  echo "FAIL quantize iq4_xs fallback:"; cat "$tmp/iq4.err" "$tmp/iq4.json"; echo "$best / $scalar"
-  fails=$((fails + 1))
-fi
+  then
+    pass=$((pass + 1))
+  else
+    echo "FAIL quantize $type fallback:"; cat "$f.err" "$f.json"; echo "$best / $scalar"
+    fails=$((fails + 1))
+  fi
+}
+quantize_fallback q4_k q5_0 0.05 0.9
+# On these real weights IQ4's non-linear table beats Q4_0 at the same size (KL 0.059 against 0.079).
+quantize_fallback iq4_xs iq4_nl 0.07 0.85
 expect_fail quantize-requantize "needs an F32, F16 or BF16 model" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/q8q.gguf"
 expect_fail quantize-bad-type "not one of q8_0, q4_0" -- "$GALE" quantize -i "$tmp/q8.gguf" -o "$tmp/x.gguf" --type q2_k
 # Calibrated schemes: w4a16 g64 with the AWQ search runs and reports its choices; bad calibration
