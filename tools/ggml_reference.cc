@@ -4,7 +4,7 @@
 // committed under tests/data/llamacpp and read by tests/gguf/llamacpp_reference_test.cc.
 //
 //   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR
-//   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS]]]]
+//   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]
 //
 // OUTDIR/blocks.gguf: for each ggml type, rows of test values ("<type>.src", f32), ggml's
 //   quantization of them ("<type>.q": ggml_quantize_chunk, the quantizer llama-quantize runs without
@@ -254,22 +254,25 @@ struct LlamaApi {
 };
 
 // A model and a context on it; n_ctx 0 keeps the default context size (and batch sizes),
-// otherwise llama_context_params' leading { n_ctx, n_batch, n_ubatch } are set to n_ctx and
-// batch.
+// otherwise llama_context_params' leading { n_ctx, n_batch, n_ubatch, n_seq_max } are set to n_ctx,
+// batch, batch and seqs.
 struct LlamaSession {
   const LlamaApi& api;
   void* model = nullptr;
   void* ctx = nullptr;
   int32_t vocab = 0;
-  LlamaSession(const LlamaApi& a, const std::string& path, uint32_t n_ctx = 0, uint32_t batch = 0) : api(a) {
+  LlamaSession(const LlamaApi& a, const std::string& path, uint32_t n_ctx = 0, uint32_t batch = 0, uint32_t seqs = 1)
+      : api(a) {
     model = api.load(path.c_str(), api.model_defaults());
     if (model == nullptr) Fail("llama.cpp could not load " + path);
     Opaque cp = api.context_defaults();
     if (n_ctx > 0) {
-      uint32_t sizes[3];
+      uint32_t sizes[4];
       std::memcpy(sizes, cp.bytes, sizeof(sizes));
+      if (sizes[3] != 1) Fail("unexpected llama_context_params layout");
       sizes[0] = n_ctx;
       sizes[1] = sizes[2] = std::max(sizes[2], batch);
+      sizes[3] = seqs;
       std::memcpy(cp.bytes, sizes, sizeof(sizes));
     }
     ctx = api.init_context(model, cp);
@@ -282,6 +285,29 @@ struct LlamaSession {
   }
   void Decode(int32_t* tokens, int32_t n) const {
     if (api.decode(ctx, api.batch_one(tokens, n)) != 0) Fail("llama_decode failed");
+  }
+  // One token for each of n sequences (sequence s: tokens[s] at position pos), all with logits.
+  void DecodeParallel(int32_t* tokens, int32_t n, int32_t pos) const {
+    struct Batch {  // struct llama_batch
+      int32_t n_tokens;
+      int32_t* token;
+      float* embd;
+      int32_t* pos;
+      int32_t* n_seq_id;
+      int32_t** seq_id;
+      int8_t* logits;
+    };
+    std::vector<int32_t> positions(n, pos), n_seq_id(n, 1), ids(n);
+    std::vector<int32_t*> seq_id(n);
+    std::vector<int8_t> logits(n, 1);
+    for (int32_t i = 0; i < n; ++i) {
+      ids[i] = i;
+      seq_id[i] = &ids[i];
+    }
+    const Batch b{n, tokens, nullptr, positions.data(), n_seq_id.data(), seq_id.data(), logits.data()};
+    Opaque o{};
+    std::memcpy(o.bytes, &b, sizeof(b));
+    if (api.decode(ctx, o) != 0) Fail("llama_decode failed");
   }
 };
 
@@ -326,20 +352,26 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
   std::fprintf(stderr, "wrote %s/logits.gguf\n", out.c_str());
 }
 
-int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps, int threads) {
-  const LlamaSession s(api, path, static_cast<uint32_t>(pp + tg + 16), static_cast<uint32_t>(pp));
+// seqs > 1: generation only, tg steps of one token for each of seqs sequences (aggregate tokens/s,
+// as gale bench --batch).
+int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps, int threads, int seqs) {
+  if (seqs > 1) pp = 0;
+  const LlamaSession s(api, path, static_cast<uint32_t>((pp + tg + 16) * seqs), static_cast<uint32_t>(std::max(pp, seqs)),
+                       static_cast<uint32_t>(seqs));
   api.set_threads(s.ctx, threads, threads);
   void* memory = api.get_memory(s.ctx);
-  std::vector<int32_t> tokens(static_cast<size_t>(std::max(pp, 1)));
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max({pp, tg * seqs, 1})));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + (i * 7919) % (s.vocab - 1));
-  // Seconds for pp tokens in one decode, or tg one-token decodes, from an empty cache.
+  // Seconds for pp tokens in one decode, or tg steps of one token per sequence, from an empty cache.
   auto timed = [&](bool prompt) {
     api.memory_clear(memory, true);
     const auto t0 = std::chrono::steady_clock::now();
     if (prompt) {
       s.Decode(tokens.data(), pp);
+    } else if (seqs == 1) {
+      for (int i = 0; i < tg; ++i) s.Decode(&tokens[i], 1);
     } else {
-      for (int i = 0; i < tg; ++i) s.Decode(&tokens[static_cast<size_t>(i) % tokens.size()], 1);
+      for (int i = 0; i < tg; ++i) s.DecodeParallel(&tokens[static_cast<size_t>(i) * seqs], seqs, i);
     }
     api.synchronize(s.ctx);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -350,10 +382,10 @@ int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps
     const int n = prompt ? pp : tg;
     if (n <= 0) continue;
     std::string rates;
-    for (int r = 0; r < reps; ++r) rates += (r ? ", " : "") + std::to_string(n / timed(prompt));
-    std::printf("{\"engine\": \"llama.cpp\", \"model\": \"%s\", \"test\": \"%s%d\", \"threads\": %d, "
+    for (int r = 0; r < reps; ++r) rates += (r ? ", " : "") + std::to_string(n * (prompt ? 1 : seqs) / timed(prompt));
+    std::printf("{\"engine\": \"llama.cpp\", \"model\": \"%s\", \"test\": \"%s%d\", \"batch\": %d, \"threads\": %d, "
                 "\"tokens_per_second\": [%s]}\n",
-                path.c_str(), prompt ? "pp" : "tg", n, threads, rates.c_str());
+                path.c_str(), prompt ? "pp" : "tg", n, prompt ? 1 : seqs, threads, rates.c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -365,7 +397,7 @@ int main(int argc, char** argv) {
   const bool bench = argc >= 4 && std::string(argv[1]) == "bench";
   if (!bench && argc != 5) {
     std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR\n"
-                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS]]]]\n");
+                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]\n");
     return 2;
   }
   const std::string dir = argv[bench ? 2 : 1];
@@ -376,7 +408,7 @@ int main(int argc, char** argv) {
   const LlamaApi api(llama);
   if (bench) {
     auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
-    return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2));
+    return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2), std::max(arg(8, 1), 1));
   }
   WriteBlocks(base, argv[3]);
   WriteModels(base, api, argv[2], argv[3], argv[4]);
