@@ -279,10 +279,10 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
       }
       const __m512i sixteen = _mm512_set1_epi8(16);
       // IQ4: index -> table value + 128.
-      const __m512i table = kIQ4<kType> ? _mm512_broadcast_i32x4(_mm_setr_epi8(
-                                              1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
-                                              (char)166, (char)181, (char)197, (char)217, (char)241))
-                                        : _mm512_setzero_si512();
+      const __m512i table =
+          kIQ4<kType> ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)),
+                                                             _mm_set1_epi8(static_cast<char>(0x80))))
+                      : _mm512_setzero_si512();
       auto lookup = [&](__m512i (&wv)[G]) {
         if constexpr (kIQ4<kType>) {
           for (int g = 0; g < G; ++g) wv[g] = _mm512_shuffle_epi8(table, wv[g]);
@@ -389,7 +389,6 @@ void PackW4Z(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* out = dst + g * PackedGroupBytesW4Z<G>(k) + b * kPackedBlockBytesZ;
       uint16_t scales[16] = {}, offsets[16] = {};
-      float scales32[16] = {};  // IQ4_XS
       uint8_t codes[16][32] = {};  // padded rows: d = m = 0
       for (int r = 0; r < 16; ++r) {
         const int64_t row = g * 16 + r;
