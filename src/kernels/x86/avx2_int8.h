@@ -1,8 +1,9 @@
 // Internal to the AVX2 translation units (avx2_kernels.cc, and avx2_vnni.cc for CPUs with
-// AVX-VNNI): the int8-activation GEMMs (Q8_0, Q4_0, W4A8, Q4_K, Q5_K, Q6_K). kVnni picks the dot
-// of unsigned by signed bytes into int32 lanes: maddubs + madd, or AVX-VNNI's vpdpbusd, which
-// gives the same integers (the operands here never reach maddubs' saturation), so both tables
-// give bitwise the same products. Everything is in an anonymous namespace (see gemm_tiles.h).
+// AVX-VNNI): the int8-activation GEMMs (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, W4A8, IQ4_NL, IQ4_XS and the
+// K-quants). kVnni picks the dot of unsigned by signed bytes into int32 lanes: maddubs + madd, or
+// AVX-VNNI's vpdpbusd, which gives the same integers (the operands here never reach maddubs'
+// saturation), so both tables give bitwise the same products. Everything is in an anonymous
+// namespace (see gemm_tiles.h).
 #pragma once
 
 #include <immintrin.h>
@@ -49,14 +50,14 @@ inline float MaxOf8(__m256 v) {
 
 using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const QuantizedActs*, int64_t, float*, int64_t);
 
-// What the tile takes off each unsigned weight (times the token's block sum) after the dot; the
-// zero-point types (Q4_1, Q5_1: x = d q + m) add m times that sum instead.
 template <GgmlType kType>
 constexpr bool kIQ4 = kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS;
 // Types whose unpacked weights are signed (Q8_0's bytes, the IQ4 table's values): dotted as |w|
 // times the activations with w's sign.
 template <GgmlType kType>
 constexpr bool kSignedWeights = kType == GgmlType::kQ8_0 || kIQ4<kType>;
+// What the tile takes off each unsigned weight (times the token's block sum) after the dot; the
+// zero-point types (Q4_1, Q5_1: x = d q + m) add m times that sum instead.
 template <GgmlType kType>
 constexpr int kWeightOffset = kSignedWeights<kType> || kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1 ? 0
                               : kType == GgmlType::kQ5_0                                                      ? 16
@@ -139,10 +140,10 @@ inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d, float* m = n
   }
 }
 
-// Per block, into 8 int32 lanes of 4 elements each: Q8_0 and the IQ4 types |w| times sign-adjusted q (maddubs cannot
-// overflow: 2 * 127 * 127 < 32768); Q4_0 the unsigned nibbles times q, minus 8 times the lane's
-// sum of q (computed once per token and block for all rows: two instructions fewer per row and
-// token than the sign trick, and the same integers). Then to f32, times d_w * d_x, accumulated.
+// Per block, into 8 int32 lanes of 4 elements each: Q8_0 and the IQ4 types |w| times
+// sign-adjusted q (maddubs cannot overflow: 2 * 127 * 127 < 32768); Q4_0 the unsigned nibbles
+// times q, minus 8 times the lane's sum of q (computed once per token and block for all rows: two
+// instructions fewer per row and token than the sign trick, and the same integers). Then to f32, times d_w * d_x, accumulated.
 template <GgmlType kType, int R, int T, bool kVnni>
 void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const QuantizedActs* xa, int64_t,
                float* y, int64_t ldy) {
