@@ -203,12 +203,6 @@ void DequantizeW4(const BlockW4<G, kZ>* b, float* y, int64_t n) {
   }
 }
 
-// K-quant writers: llama.cpp's block layouts (read back by the bit-exact dequantizers below), with
-// plain round-to-nearest scales rather than llama.cpp's iterative scale search, so the bytes differ
-// from llama-quantize's and the error is somewhat larger.
-//
-// Q4_K: per sub-block of 32, the range [min(0, lo), hi] in 15 steps; the sub-block scales and
-// (negated) mins as 6-bit multiples of the super-block's d and dmin.
 // ---- IQ4_NL / IQ4_XS: llama.cpp's search (its quantize_row_iq4_nl_ref / _xs_ref without an
 // importance matrix; the same float steps, so the same bytes) ----
 
@@ -225,8 +219,8 @@ int IQ4NearestIndex(float v) {
   return v - kIQ4Values[hi - 1] < kIQ4Values[hi] - v ? hi - 1 : hi;
 }
 
-// The weighted least-squares fit of the run's values to the table at the indices that scale s
-// picks: sum w q x and sum w q^2, weights x^2.
+// The weighted least-squares fit of a run's 32 values to the table entries that inverse scale
+// inv_scale picks: sum w q x and sum w q^2, weights x^2.
 void IQ4Fit(const float* x, float inv_scale, float* sum_qx, float* sum_q2) {
   float qx = 0.0f, q2 = 0.0f;
   for (int j = 0; j < 32; ++j) {
@@ -311,6 +305,12 @@ void QuantizeIQ4_XS(const float* x, BlockIQ4_XS* y, int64_t n) {
   }
 }
 
+// K-quant writers: llama.cpp's block layouts (read back by the bit-exact dequantizers below), with
+// plain round-to-nearest scales rather than llama.cpp's iterative scale search, so the bytes differ
+// from llama-quantize's and the error is somewhat larger.
+//
+// Q4_K: per sub-block of 32, the range [min(0, lo), hi] in 15 steps; the sub-block scales and
+// (negated) mins as 6-bit multiples of the super-block's d and dmin.
 void QuantizeQ4_K(const float* x, BlockQ4_K* y, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
     float scale[8], mins[8];
@@ -705,29 +705,21 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
       }
       return;
     }
-    case GgmlType::kIQ4_NL: {
-      const auto* b = static_cast<const BlockIQ4_NL*>(src);
-      for (int64_t i = 0; i < n / 32; ++i) {
-        const float d = Fp16ToFp32(b[i].d);
-        for (int j = 0; j < 16; ++j) {
-          dst[i * 32 + j] = d * static_cast<float>(kIQ4Values[b[i].qs[j] & 0x0f]);
-          dst[i * 32 + j + 16] = d * static_cast<float>(kIQ4Values[b[i].qs[j] >> 4]);
-        }
-      }
-      return;
-    }
+    case GgmlType::kIQ4_NL:
     case GgmlType::kIQ4_XS: {
-      const auto* b = static_cast<const BlockIQ4_XS*>(src);
-      for (int64_t i = 0; i < n / kQK_K; ++i) {
-        for (int r = 0; r < 8; ++r) {
-          const float dl = IQ4XSRunScale(b[i], r);
-          const uint8_t* qs = b[i].qs + 16 * r;
-          float* y = dst + i * kQK_K + 32 * r;
-          for (int j = 0; j < 16; ++j) {
-            y[j] = dl * static_cast<float>(kIQ4Values[qs[j] & 0x0f]);
-            y[j + 16] = dl * static_cast<float>(kIQ4Values[qs[j] >> 4]);
-          }
+      int8_t v[32];
+      for (int64_t r = 0; r < n / 32; ++r) {  // run r: block r of IQ4_NL, run r % 8 of IQ4_XS's r / 8
+        float d;
+        if (type == GgmlType::kIQ4_NL) {
+          const auto& b = static_cast<const BlockIQ4_NL*>(src)[r];
+          IQ4RunValues(b.qs, v);
+          d = Fp16ToFp32(b.d);
+        } else {
+          const auto& b = static_cast<const BlockIQ4_XS*>(src)[r / 8];
+          IQ4RunValues(b.qs + 16 * (r % 8), v);
+          d = IQ4XSRunScale(b, static_cast<int>(r % 8));
         }
+        for (int j = 0; j < 32; ++j) dst[r * 32 + j] = d * static_cast<float>(v[j]);
       }
       return;
     }

@@ -226,6 +226,15 @@ static inline KGroupScales KQuantGroupScales(float d, float dmin, const uint8_t*
 // kvalues_iq4nl), w = scale * kIQ4Values[index]; the indices of a run of 32 in Q4_0's nibble order.
 inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+// The table values of a run of 32 indices (Q4_0's nibble order: element j < 16 in the low nibble
+// of qs[j], j + 16 in its high nibble).
+static inline void IQ4RunValues(const uint8_t* qs, int8_t* out) {
+  for (int j = 0; j < 16; ++j) {
+    out[j] = kIQ4Values[qs[j] & 0x0f];
+    out[j + 16] = kIQ4Values[qs[j] >> 4];
+  }
+}
+
 // IQ4_NL: a block of 32 with an f16 scale.
 struct BlockIQ4_NL {
   uint16_t d;

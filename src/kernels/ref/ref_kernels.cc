@@ -131,10 +131,7 @@ float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out, float* m) {
       qs = blk->qs + 16 * (b % 8);
       d = IQ4XSRunScale(*blk, static_cast<int>(b % 8));
     }
-    for (int j = 0; j < 16; ++j) {
-      out[j] = kIQ4Values[qs[j] & 0x0f];
-      out[j + 16] = kIQ4Values[qs[j] >> 4];
-    }
+    IQ4RunValues(qs, out);
     return d;
   } else {
     const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;

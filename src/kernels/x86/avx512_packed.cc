@@ -124,22 +124,7 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
         }
         if (row >= num_rows) continue;
         const uint8_t* rp = src + row * src_row_bytes;
-        if constexpr (kIQ4<kType>) {
-          const uint8_t* qs;
-          if constexpr (kType == GgmlType::kIQ4_NL) {
-            const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(rp)[b];
-            qs = blk.qs;
-            scales[r] = blk.d;
-          } else {
-            const BlockIQ4_XS& blk = reinterpret_cast<const BlockIQ4_XS*>(rp)[b / 8];
-            qs = blk.qs + 16 * (b % 8);
-            scales32[r] = IQ4XSRunScale(blk, static_cast<int>(b % 8));
-          }
-          for (int e = 0; e < 16; ++e) {
-            codes[r][e] = qs[e] & 0x0f;
-            codes[r][e + 16] = qs[e] >> 4;
-          }
-        } else if constexpr (kType == GgmlType::kQ4_1) {
+        if constexpr (kType == GgmlType::kQ4_1) {
           const BlockQ4_1& blk = reinterpret_cast<const BlockQ4_1*>(rp)[b];
           for (int e = 0; e < 16; ++e) {
             codes[r][e] = blk.qs[e] & 0x0f;
@@ -161,9 +146,18 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
           for (int e = 0; e < 32; ++e) codes[r][e] = static_cast<uint8_t>(blk.qs[e]) ^ 0x80;
           scales[r] = blk.d;
         } else {
-          // Q4_0 block b, or W4 run b under its group's scale: the same nibble order.
+          // Q4_0 block b, a W4 run b under its group's scale, or an IQ4 run of table indices: the
+          // same nibble order.
           const uint8_t* qs;
-          if constexpr (kW4Group<kType> > 0) {
+          if constexpr (kType == GgmlType::kIQ4_NL) {
+            const BlockIQ4_NL& blk = reinterpret_cast<const BlockIQ4_NL*>(rp)[b];
+            qs = blk.qs;
+            scales[r] = blk.d;
+          } else if constexpr (kType == GgmlType::kIQ4_XS) {
+            const BlockIQ4_XS& blk = reinterpret_cast<const BlockIQ4_XS*>(rp)[b / 8];
+            qs = blk.qs + 16 * (b % 8);
+            scales32[r] = IQ4XSRunScale(blk, static_cast<int>(b % 8));
+          } else if constexpr (kW4Group<kType> > 0) {
             qs = W4Run<kType>(rp, b);
             std::memcpy(&scales[r], W4Group<kType>(rp, b), 2);
           } else {
