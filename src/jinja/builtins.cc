@@ -2,6 +2,8 @@
 // corner is not implemented the call is an error naming it, never a silent wrong answer.
 #include "jinja/builtins.h"
 
+#include "jinja/budget.h"
+
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -105,6 +107,7 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
     std::u32string u = ToU32(s);
     int64_t n = 0;
     for (size_t i = 0; i <= u.size(); ++i) {
+      if (!CanBuild(out.size() + to.size())) return out;
       if (count < 0 || n < count) {
         out += to;
         ++n;
@@ -118,6 +121,7 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
   while (count < 0 || n < count) {
     const size_t at = s.find(from, start);
     if (at == std::string::npos) break;
+    if (!CanBuild(out.size() + (at - start) + to.size())) return out;
     out += s.substr(start, at - start) + to;
     start = at + from.size();
     ++n;
@@ -158,10 +162,19 @@ StatusOr<std::string> StrFormat(const std::string& f, CallArgs& args) {
       conv = field.substr(bang + 1);
       field.resize(bang);
     }
+    if (!CanBuild(out.size())) return out;
+    // A width or precision beyond any real use would allocate that much: refuse it.
+    for (size_t p = 0, run = 0; p < spec.size(); ++p) {
+      run = std::isdigit(static_cast<unsigned char>(spec[p])) ? run + 1 : 0;
+      if (run > 6) return InvalidArgument("ValueError: format spec '{}' too large", spec);
+    }
     Value v;
     if (field.empty()) {
       v = args.Get(auto_idx++, "");
     } else if (std::isdigit(static_cast<unsigned char>(field[0]))) {
+      if (field.size() > 6 || !std::all_of(field.begin(), field.end(), ::isdigit)) {
+        return InvalidArgument("IndexError: format field '{}' has no argument", field);
+      }
       v = args.Get(static_cast<size_t>(std::stoul(field)), "");
     } else {
       v = args.Get(SIZE_MAX, field.c_str());
@@ -250,6 +263,7 @@ Value BoundMethod(const Value& obj, const std::string& name) {
         if (!items.is_list()) return TypeError("join() needs a list");
         std::string out;
         for (size_t i = 0; i < items.list().size(); ++i) {
+          if (!CanBuild(out.size() + s.size())) return Value(std::string());
           if (i) out += s;
           out += items.list()[i].Str();
         }
@@ -347,7 +361,7 @@ StatusOr<Value> AttrPath(const Value& v, const std::string& path) {
   while (start <= path.size()) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
+    if (!part.empty() && part.size() <= 18 && std::all_of(part.begin(), part.end(), ::isdigit)) {
       ASSIGN_OR_RETURN(cur, GetItem(cur, Value(static_cast<int64_t>(std::stoll(part)))));
     } else {
       ASSIGN_OR_RETURN(cur, GetItem(cur, Value(part)));
@@ -528,6 +542,7 @@ StatusOr<std::string> PercentFormat(const std::string& f, const Value& args) {
     }
     if (k >= list.size()) return TypeError("not enough arguments for format string");
     const Value& v = list[k++];
+    if (!CanBuild(out.size())) return out;
     if (c == 's') out += v.Str();
     else if (c == 'r') out += v.Repr();
     else if (c == 'd' || c == 'i') out += std::to_string(v.as_int());
@@ -556,6 +571,7 @@ bool HasTest(const std::string& n) {
 }
 
 StatusOr<bool> ApplyTest(const std::string& n, const Value& v, CallArgs& a) {
+  if (!ChargeWork()) return ResourceExhausted("{}", CurrentBudget()->exceeded);
   const Value arg = a.Get(0, "other");
   if (n == "defined") return !v.is_undefined();
   if (n == "undefined") return v.is_undefined();
@@ -607,6 +623,11 @@ StatusOr<bool> ApplyTest(const std::string& n, const Value& v, CallArgs& a) {
 }
 
 StatusOr<Value> ApplyFilter(const std::string& n, const Value& v, CallArgs& a) {
+  // Filters run per item inside other filters (map, select): stop as soon as the render is over
+  // budget. Work counts the bytes a string filter reads, so the time limit is checked often enough.
+  if (!ChargeWork(1 + static_cast<int64_t>(v.as_string().size() >> 8))) {
+    return ResourceExhausted("{}", CurrentBudget()->exceeded);
+  }
   if (n == "safe") return v;
   if (n == "string") return Value(v.Str());
   if (n == "tojson") {
@@ -831,9 +852,16 @@ StatusOr<Value> ApplyFilter(const std::string& n, const Value& v, CallArgs& a) {
   if (n == "attr") return GetAttribute(v, a.Get(0, "name").Str());
   if (n == "indent") {
     const Value w = a.Get(0, "width");
-    const std::string pad = w.is_string() ? w.as_string() : std::string(w.is_number() ? w.as_int() : 4, ' ');
+    const int64_t width = w.is_number() ? std::max<int64_t>(0, w.as_int()) : 4;
+    if (!w.is_string() && !CanBuild(static_cast<size_t>(std::min<int64_t>(width, int64_t{1} << 40)))) {
+      return ResourceExhausted("indent width {} too large", width);
+    }
+    const std::string pad = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(width), ' ');
     const bool first = a.Get(1, "first").Truthy(), blank = a.Get(2, "blank").Truthy();
     const std::string s = v.Str();
+    if (!CanBuild(s.size() + pad.size() * (std::count(s.begin(), s.end(), '\n') + 1))) {
+      return ResourceExhausted("indent result too large");
+    }
     std::string out;
     size_t start = 0;
     bool is_first = true;
@@ -855,6 +883,9 @@ StatusOr<Value> ApplyFilter(const std::string& n, const Value& v, CallArgs& a) {
     std::string s = v.Str();
     const int64_t len = static_cast<int64_t>(ToU32(s).size());
     if (len >= width) return Value(s);
+    if (!CanBuild(static_cast<size_t>(std::min<int64_t>(width, int64_t{1} << 40)) + s.size())) {
+      return ResourceExhausted("center width {} too large", width);
+    }
     const int64_t total = width - len, left = total / 2 + (total & width & 1);
     return Value(std::string(left, ' ') + s + std::string(total - left, ' '));
   }

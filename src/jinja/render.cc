@@ -1,11 +1,13 @@
 // The renderer: walks the parsed template over a frame stack of variables with Jinja2's scoping
 // (a for loop's body has its own frame; a macro sees the template's top level and its own
 // arguments, not its caller's locals), and the sandbox limits of RenderOptions.
+#include <array>
 #include <cmath>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "jinja/budget.h"
 #include "jinja/builtins.h"
 #include "jinja/template.h"
 
@@ -21,7 +23,9 @@ Status Undefined(const Value& v) { return InvalidArgument("UndefinedError: '{}' 
 
 class Renderer {
  public:
-  explicit Renderer(const RenderOptions& o) : opt_(o) {}
+  static constexpr size_t kMaxItems = 1000000;
+
+  Renderer(const RenderOptions& o, std::shared_ptr<RenderBudget> budget) : opt_(o), budget_(std::move(budget)) {}
 
   Status Run(const NodeList& nodes, const Value& context, std::string* out) {
     frames_.emplace_back();
@@ -70,6 +74,7 @@ class Renderer {
       ValueList out;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (out.size() >= 1000000) return ResourceExhausted("range() longer than 1000000 items");
+        if ((out.size() & 1023) == 0 && !ChargeWork(1024)) return ResourceExhausted("{}", CurrentBudget()->exceeded);
         out.emplace_back(i);
       }
       return Value::List(std::move(out));
@@ -91,6 +96,17 @@ class Renderer {
 
   Status Step() {
     if (++steps_ > opt_.max_steps) return ResourceExhausted("template ran more than {} steps", opt_.max_steps);
+    if ((steps_ & 255) == 0) budget_->CheckDeadline();
+    if (!budget_->ok()) return ResourceExhausted("{}", budget_->exceeded);
+    return Status::Ok();
+  }
+
+  // Every value an expression yields is within the sandbox's limits.
+  Status CheckValue(const Value& v) {
+    if (!budget_->ok()) return ResourceExhausted("{}", budget_->exceeded);
+    if (v.depth() > kMaxDepth) return ResourceExhausted("a template value nests deeper than {}", kMaxDepth);
+    if (v.is_string() && !CanBuild(v.as_string().size())) return ResourceExhausted("{}", budget_->exceeded);
+    if (v.is_list() && v.list().size() > kMaxItems) return ResourceExhausted("a template list has more than {} items", kMaxItems);
     return Status::Ok();
   }
 
@@ -180,6 +196,13 @@ class Renderer {
             return InvalidArgument("TemplateRuntimeError: cannot assign attribute on non-namespace object '{}'",
                                    n.targets[0]);
           }
+          // NOTE: a namespace attribute never holds a namespace (Jinja2 allows it; no real
+          // template does it): so no namespace can contain itself, and a namespace's nesting,
+          // which grows after it was put in other values, stays bounded (value.h, depth()).
+          if (v.holds_namespace()) {
+            return InvalidArgument("TemplateRuntimeError: namespace attribute '{}.{}' cannot hold a namespace",
+                                   n.targets[0], n.attr_target);
+          }
           ns.dict().Set(Value(n.attr_target), std::move(v));
           return Flow::kNormal;
         }
@@ -237,28 +260,30 @@ class Renderer {
       items = std::move(kept);
     }
     const int64_t len = static_cast<int64_t>(items.size());
+    static const std::array<const char*, 12> kLoopKeys = {"index", "index0", "revindex", "revindex0", "first", "last",
+                                                         "length", "depth", "depth0", "previtem", "nextitem", "cycle"};
+    std::vector<Value> loop_keys(kLoopKeys.begin(), kLoopKeys.end());
+    auto cycle_idx = std::make_shared<int64_t>(0);
+    const Value cycle = Value::Callable("cycle", [cycle_idx](CallArgs& a) -> StatusOr<Value> {
+      if (a.args.empty()) return InvalidArgument("TypeError: no items for cycling given");
+      return a.args[static_cast<size_t>(*cycle_idx) % a.args.size()];
+    });
     for (int64_t i = 0; i < len; ++i) {
       RETURN_IF_ERROR(Step());
       // Each iteration starts from a fresh frame: a `set` in the body does not carry over to the
       // next iteration (Jinja2's scoping; templates use namespace() to carry values).
       frames_.back().clear();
       RETURN_IF_ERROR(AssignTargets(n.targets, items[i]));
+      // NOTE: built by position, not Set (no key search), from keys made once per loop: this dict
+      // is made on every iteration of every loop.
       ValueDict loop;
-      loop.Set("index", Value(i + 1));
-      loop.Set("index0", Value(i));
-      loop.Set("revindex", Value(len - i));
-      loop.Set("revindex0", Value(len - i - 1));
-      loop.Set("first", Value(i == 0));
-      loop.Set("last", Value(i == len - 1));
-      loop.Set("length", Value(len));
-      loop.Set("depth", Value(int64_t{1}));
-      loop.Set("depth0", Value(int64_t{0}));
-      loop.Set("previtem", i > 0 ? items[i - 1] : Value::Undefined("previtem"));
-      loop.Set("nextitem", i + 1 < len ? items[i + 1] : Value::Undefined("nextitem"));
-      loop.Set("cycle", Value::Callable("cycle", [i](CallArgs& a) -> StatusOr<Value> {
-        if (a.args.empty()) return InvalidArgument("TypeError: no items for cycling given");
-        return a.args[static_cast<size_t>(i) % a.args.size()];
-      }));
+      loop.items.reserve(kLoopKeys.size());
+      const Value fields[] = {Value(i + 1), Value(i), Value(len - i), Value(len - i - 1), Value(i == 0),
+                              Value(i == len - 1), Value(len), Value(int64_t{1}), Value(int64_t{0}),
+                              i > 0 ? items[i - 1] : Value::Undefined("previtem"),
+                              i + 1 < len ? items[i + 1] : Value::Undefined("nextitem"), cycle};
+      for (size_t k = 0; k < kLoopKeys.size(); ++k) loop.items.emplace_back(loop_keys[k], fields[k]);
+      *cycle_idx = i;
       Assign("loop", Value::Dict(std::move(loop)));
       ASSIGN_OR_RETURN(Flow f, Exec(n.body, out));
       if (f == Flow::kBreak) break;
@@ -352,15 +377,18 @@ class Renderer {
       if ((s->is_string() || s->is_list()) && k->is_int()) {
         const int64_t times = std::max<int64_t>(0, k->as_int());
         if (s->is_string()) {
-          if (static_cast<double>(s->as_string().size()) * times > static_cast<double>(opt_.max_output_bytes)) {
-            return ResourceExhausted("string repetition too large");
+          if (!CanBuild(static_cast<size_t>(std::min<double>(static_cast<double>(s->as_string().size()) * times, 1e18)))) {
+            return ResourceExhausted("string repetition too large: {}", budget_->exceeded);
           }
           std::string out;
           for (int64_t i = 0; i < times; ++i) out += s->as_string();
           return Value(out);
         }
         ValueList out;
-        for (int64_t i = 0; i < times && out.size() < 1000000; ++i) out.insert(out.end(), s->list().begin(), s->list().end());
+        if (static_cast<double>(s->list().size()) * times > kMaxItems) {
+          return ResourceExhausted("list repetition over {} items", kMaxItems);
+        }
+        for (int64_t i = 0; i < times; ++i) out.insert(out.end(), s->list().begin(), s->list().end());
         return Value::List(std::move(out));
       }
     } else if (op == "/") {
@@ -428,6 +456,7 @@ class Renderer {
     ++eval_depth_;
     StatusOr<Value> v = EvalNode(e);
     --eval_depth_;
+    if (v.ok()) RETURN_IF_ERROR(CheckValue(*v));
     return v;
   }
 
@@ -536,6 +565,7 @@ class Renderer {
   }
 
   RenderOptions opt_;
+  std::shared_ptr<RenderBudget> budget_;
   std::vector<Frame> frames_;
   size_t floor_ = 1;  // frames below this (except 0) are invisible: a macro's caller's locals
   int64_t steps_ = 0;
@@ -585,16 +615,43 @@ StatusOr<Template> Template::Parse(std::string_view source, const ParseOptions& 
   return t;
 }
 
-StatusOr<std::string> Template::Render(const Value& context, const RenderOptions& options) const {
-  Renderer r(options);
+namespace {
+
+std::shared_ptr<RenderBudget> MakeBudget(const RenderOptions& options) {
+  auto b = std::make_shared<RenderBudget>();
+  b->max_live_bytes = static_cast<int64_t>(options.max_live_bytes);
+  b->max_value_bytes = static_cast<int64_t>(options.max_value_bytes);
+  if (options.max_time.count() > 0) b->cpu_deadline = ThreadCpuTime() + options.max_time;
+  return b;
+}
+
+StatusOr<std::string> RenderWithin(const ParsedTemplate& t, const Value& context, const RenderOptions& options,
+                                   std::shared_ptr<RenderBudget> budget) {
+  BudgetScope scope(budget);
   std::string out;
-  RETURN_IF_ERROR(r.Run(parsed_->nodes, context, &out));
+  {
+    Renderer r(options, budget);
+    RETURN_IF_ERROR(r.Run(t.nodes, context, &out));
+  }
+  if (!budget->ok()) return ResourceExhausted("{}", budget->exceeded);
   return out;
+}
+
+}  // namespace
+
+StatusOr<std::string> Template::Render(const Value& context, const RenderOptions& options) const {
+  return RenderWithin(*parsed_, context, options, MakeBudget(options));
 }
 
 StatusOr<std::string> Template::Render(const nlohmann::ordered_json& context, const RenderOptions& options) const {
   if (!context.is_object()) return InvalidArgument("the template context must be a JSON object");
-  return Render(Value::FromJson(context), options);
+  if (JsonDeeperThan(context, kMaxDepth - 1)) {
+    return InvalidArgument("the template context nests deeper than {} levels", kMaxDepth - 1);
+  }
+  auto budget = MakeBudget(options);
+  BudgetScope scope(budget);  // the context's values count too
+  Value ctx = Value::FromJson(context);
+  return RenderWithin(*parsed_, ctx, options, budget);
 }
 
 }  // namespace gale::jinja

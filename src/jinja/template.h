@@ -5,6 +5,7 @@
 // raise_exception(), strftime_now(), and tojson without HTML escaping.
 #pragma once
 
+#include <chrono>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -21,8 +22,14 @@ namespace gale::jinja {
 
 struct RenderOptions {
   size_t max_output_bytes = 16u << 20;
-  int max_call_depth = 64;           // nested macro calls
-  int64_t max_steps = 20'000'000;    // statements and expressions evaluated
+  size_t max_value_bytes = 16u << 20;   // one string the template builds
+  size_t max_live_bytes = 256u << 20;   // strings, lists and dicts alive at once (the context too)
+  int max_call_depth = 64;              // nested macro calls
+  int64_t max_steps = 2'000'000;        // statements and expressions evaluated
+  // CPU time one render may take (0: no limit). Real chat templates render a long conversation in
+  // milliseconds; this stops a hostile one (the steps above take ~1.5 us each here, so max_steps
+  // alone would allow seconds).
+  std::chrono::milliseconds max_time{500};
   std::optional<std::tm> now;        // strftime_now's clock; nullopt: the local time
 };
 

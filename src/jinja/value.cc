@@ -1,12 +1,103 @@
 // Jinja values: Python-compatible truthiness, str/repr, comparisons and JSON.
 #include "jinja/value.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "jinja/budget.h"
+
 namespace gale::jinja {
+
+namespace {
+
+thread_local std::shared_ptr<RenderBudget> tls_budget;
+
+// A shared object whose bytes count against the current render's budget until its last
+// reference goes. Over the budget, `fallback` (an empty object) is stored instead, so a runaway
+// template cannot keep growing memory before the renderer stops it at its next step.
+template <typename T>
+std::shared_ptr<T> MakeCounted(T&& obj, int64_t bytes) {
+  const std::shared_ptr<RenderBudget>& b = tls_budget;
+  if (!b) return std::make_shared<T>(std::move(obj));
+  if (b->live_bytes + bytes > b->max_live_bytes) {
+    b->Exceed(fmt::format("template values exceed {} bytes", b->max_live_bytes));
+    return std::make_shared<T>();
+  }
+  b->live_bytes += bytes;
+  return std::shared_ptr<T>(new T(std::move(obj)), [b, bytes](T* p) {
+    b->live_bytes -= bytes;
+    delete p;
+  });
+}
+
+}  // namespace
+
+bool RenderBudget::CheckDeadline() {
+  work = 0;
+  if (ThreadCpuTime() > cpu_deadline) Exceed("template rendering ran past its time limit");
+  return ok();
+}
+
+std::chrono::nanoseconds ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+std::shared_ptr<RenderBudget> CurrentBudget() { return tls_budget; }
+
+BudgetScope::BudgetScope(std::shared_ptr<RenderBudget> budget) : previous_(std::move(tls_budget)) {
+  tls_budget = std::move(budget);
+}
+
+BudgetScope::~BudgetScope() { tls_budget = std::move(previous_); }
+
+bool ChargeWork(int64_t units) {
+  RenderBudget* b = tls_budget.get();
+  if (b == nullptr) return true;
+  if (!b->ok()) return false;
+  b->work += units;
+  if (b->work >= (1 << 16)) return b->CheckDeadline();
+  return true;
+}
+
+bool CanBuild(size_t bytes) {
+  RenderBudget* b = tls_budget.get();
+  if (b == nullptr) return true;
+  if (static_cast<int64_t>(bytes) > b->max_value_bytes) {
+    b->Exceed(fmt::format("a template value would exceed {} bytes", b->max_value_bytes));
+    return false;
+  }
+  return b->ok();
+}
+
+bool JsonDeeperThan(const nlohmann::ordered_json& j, int max_depth) {
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> stack = {{&j, 0}};
+  while (!stack.empty()) {
+    auto [v, d] = stack.back();
+    stack.pop_back();
+    if (!v->is_structured()) continue;
+    if (d + 1 > max_depth) return true;
+    for (const auto& child : *v) stack.emplace_back(&child, d + 1);
+  }
+  return false;
+}
+
+std::shared_ptr<const std::string> Value::MakeString(std::string s) {
+  if (s.empty()) return nullptr;
+  const int64_t bytes = static_cast<int64_t>(s.capacity()) + 32;
+  return MakeCounted<std::string>(std::move(s), bytes);
+}
+
+const std::string& Value::EmptyString() {
+  static const std::string kEmpty;
+  return kEmpty;
+}
 
 const Value* ValueDict::Find(const Value& key) const {
   for (const auto& [k, v] : items) {
@@ -39,25 +130,38 @@ void ValueDict::Set(Value key, Value v) {
 
 Value Value::List(ValueList items) {
   Value v(Kind::kList);
-  v.list_ = std::make_shared<ValueList>(std::move(items));
+  for (const Value& e : items) {
+    v.depth_ = std::max(v.depth_, e.depth_ + 1);
+    v.has_ns_ = v.has_ns_ || e.has_ns_;
+  }
+  v.depth_ = std::max(v.depth_, 1);
+  const int64_t bytes = static_cast<int64_t>(items.capacity() * sizeof(Value)) + 32;
+  v.list_ = MakeCounted<ValueList>(std::move(items), bytes);
   return v;
 }
 
 Value Value::Dict(ValueDict d) {
   Value v(Kind::kDict);
-  v.dict_ = std::make_shared<ValueDict>(std::move(d));
+  for (const auto& [k, e] : d.items) {
+    v.depth_ = std::max({v.depth_, k.depth_ + 1, e.depth_ + 1});
+    v.has_ns_ = v.has_ns_ || k.has_ns_ || e.has_ns_;
+  }
+  v.depth_ = std::max(v.depth_, 1);
+  const int64_t bytes = static_cast<int64_t>(d.items.capacity() * sizeof(std::pair<Value, Value>)) + 32;
+  v.dict_ = MakeCounted<ValueDict>(std::move(d), bytes);
   return v;
 }
 
 Value Value::Namespace(ValueDict d) {
   Value v = Dict(std::move(d));
   v.namespace_ = true;
+  v.has_ns_ = true;
   return v;
 }
 
 Value Value::Callable(std::string name, NativeFn fn) {
   Value v(Kind::kCallable);
-  v.str_ = std::move(name);
+  v.str_ = MakeString(std::move(name));
   v.fn_ = std::make_shared<NativeFn>(std::move(fn));
   return v;
 }
@@ -69,7 +173,7 @@ bool Value::Truthy() const {
     case Kind::kBool:
     case Kind::kInt: return int_ != 0;
     case Kind::kFloat: return float_ != 0.0;
-    case Kind::kString: return !str_.empty();
+    case Kind::kString: return !as_string().empty();
     case Kind::kList: return !list_->empty();
     case Kind::kDict: return !dict_->items.empty();
     case Kind::kCallable: return true;
@@ -147,17 +251,21 @@ std::string Value::Str() const {
     case Kind::kBool: return int_ ? "True" : "False";
     case Kind::kInt: return std::to_string(int_);
     case Kind::kFloat: return FloatRepr(float_);
-    case Kind::kString: return str_;
+    case Kind::kString: return as_string();
     default: return Repr();
   }
 }
 
+// NOTE: within a render, a repr stops early (the result cut short) once it outgrows the
+// budget's value size or the budget is otherwise exceeded; the renderer then fails at its next
+// step, so a cut result is never printed.
 std::string Value::Repr() const {
   switch (kind_) {
-    case Kind::kString: return ReprString(str_);
+    case Kind::kString: return ReprString(as_string());
     case Kind::kList: {
       std::string out = "[";
       for (size_t i = 0; i < list_->size(); ++i) {
+        if (!ChargeWork(1 + static_cast<int64_t>(out.size() >> 16)) || !CanBuild(out.size())) return out;
         if (i) out += ", ";
         out += (*list_)[i].Repr();
       }
@@ -166,12 +274,13 @@ std::string Value::Repr() const {
     case Kind::kDict: {
       std::string out = namespace_ ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->items.size(); ++i) {
+        if (!ChargeWork(1 + static_cast<int64_t>(out.size() >> 16)) || !CanBuild(out.size())) return out;
         if (i) out += ", ";
         out += dict_->items[i].first.Repr() + ": " + dict_->items[i].second.Repr();
       }
       return out + (namespace_ ? "}>" : "}");
     }
-    case Kind::kCallable: return "<function " + str_ + ">";
+    case Kind::kCallable: return "<function " + as_string() + ">";
     default: return Str();
   }
 }
@@ -185,17 +294,23 @@ bool Value::Equals(const Value& o) const {
   switch (kind_) {
     case Kind::kUndefined:
     case Kind::kNone: return true;
-    case Kind::kString: return str_ == o.str_;
+    case Kind::kString:
+      if (str_ == o.str_) return true;
+      if (!ChargeWork(1 + static_cast<int64_t>(as_string().size() >> 6))) return false;
+      return as_string() == o.as_string();
     case Kind::kList: {
+      if (list_ == o.list_) return true;
       if (list_->size() != o.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
-        if (!(*list_)[i].Equals((*o.list_)[i])) return false;
+        if (!ChargeWork() || !(*list_)[i].Equals((*o.list_)[i])) return false;
       }
       return true;
     }
     case Kind::kDict: {
+      if (dict_ == o.dict_) return true;
       if (dict_->items.size() != o.dict_->items.size()) return false;
       for (const auto& [k, v] : dict_->items) {
+        if (!ChargeWork(1 + static_cast<int64_t>(dict_->items.size()))) return false;
         const Value* ov = o.dict_->Find(k);
         if (ov == nullptr || !v.Equals(*ov)) return false;
       }
@@ -211,10 +326,14 @@ StatusOr<bool> Value::Less(const Value& o) const {
     if (is_float() || o.is_float()) return as_float() < o.as_float();
     return int_ < o.int_;
   }
-  if (is_string() && o.is_string()) return str_ < o.str_;
+  if (is_string() && o.is_string()) {
+    ChargeWork(1 + static_cast<int64_t>(std::min(as_string().size(), o.as_string().size()) >> 6));
+    return as_string() < o.as_string();
+  }
   if (is_list() && o.is_list()) {
     const size_t n = std::min(list_->size(), o.list_->size());
     for (size_t i = 0; i < n; ++i) {
+      if (!ChargeWork()) return false;
       if ((*list_)[i].Equals((*o.list_)[i])) continue;
       return (*list_)[i].Less((*o.list_)[i]);
     }
@@ -255,9 +374,13 @@ namespace {
 
 Status ToJsonRec(const Value& v, int indent, int depth, const std::string& item_sep, const std::string& key_sep,
                  bool sort_keys, std::string* out) {
-  if (depth > 256) return InvalidArgument("tojson: value nested too deeply");
+  if (depth > 2 * kMaxDepth + 2) return InvalidArgument("tojson: value nested too deeply");
+  if (!ChargeWork(1 + static_cast<int64_t>(out->size() >> 16)) || !CanBuild(out->size())) {
+    auto b = CurrentBudget();
+    return ResourceExhausted("tojson: {}", b ? b->exceeded : "over the limit");
+  }
   auto newline = [&](int d) {
-    if (indent >= 0) {
+    if (indent >= 0 && CanBuild(out->size() + static_cast<size_t>(indent) * d + 1)) {
       *out += '\n';
       out->append(static_cast<size_t>(indent) * d, ' ');
     }

@@ -40,7 +40,7 @@ class Value {
   Value() = default;  // undefined
   static Value Undefined(std::string name = "") {
     Value v;
-    v.str_ = std::move(name);
+    v.str_ = MakeString(std::move(name));
     return v;
   }
   static Value None() { return Value(Kind::kNone); }
@@ -48,8 +48,10 @@ class Value {
   Value(int64_t i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
   Value(int i) : kind_(Kind::kInt), int_(i) {}  // NOLINT
   Value(double d) : kind_(Kind::kFloat), float_(d) {}  // NOLINT
-  Value(std::string s) : kind_(Kind::kString), str_(std::move(s)) {}  // NOLINT
-  Value(const char* s) : kind_(Kind::kString), str_(s) {}  // NOLINT
+  // Strings are shared, immutable and counted against the current render's budget (budget.h):
+  // copying a Value never copies its text.
+  Value(std::string s) : kind_(Kind::kString), str_(MakeString(std::move(s))) {}  // NOLINT
+  Value(const char* s) : kind_(Kind::kString), str_(MakeString(s)) {}  // NOLINT
   static Value List(ValueList items = {});
   static Value Dict(ValueDict d = {});
   // A namespace() object: a dict whose entries templates may assign with `set ns.x = ...`.
@@ -72,11 +74,17 @@ class Value {
   bool as_bool() const { return int_ != 0; }
   int64_t as_int() const { return kind_ == Kind::kFloat ? static_cast<int64_t>(float_) : int_; }
   double as_float() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
-  const std::string& as_string() const { return str_; }  // also the name of an Undefined
+  const std::string& as_string() const { return str_ ? *str_ : EmptyString(); }  // also an Undefined's name
   ValueList& list() const { return *list_; }
   ValueDict& dict() const { return *dict_; }
   const NativeFn& fn() const { return *fn_; }
-  const std::string& callable_name() const { return str_; }
+  const std::string& callable_name() const { return as_string(); }
+  // Containers nested inside this value (0 for a scalar), as of its construction. Lists and plain
+  // dicts never change after that; a namespace may gain attributes, but never one holding a
+  // namespace (the renderer refuses it), so its real depth exceeds this by at most one value's.
+  int depth() const { return depth_; }
+  // A namespace, or a container holding one somewhere inside.
+  bool holds_namespace() const { return has_ns_; }
 
   // Python truthiness (Undefined is false).
   bool Truthy() const;
@@ -91,6 +99,7 @@ class Value {
   // Identity for lists/dicts (Jinja's `sameas`), equality otherwise.
   bool SameAs(const Value& other) const;
 
+  // j must be nested at most kMaxDepth deep (JsonDeeperThan checks it without recursion).
   static Value FromJson(const nlohmann::ordered_json& j);
   // json.dumps(value, ensure_ascii=False, indent, separators, sort_keys): indent < 0 is None.
   StatusOr<std::string> ToJson(int indent, const std::string& item_sep, const std::string& key_sep,
@@ -98,11 +107,15 @@ class Value {
 
  private:
   explicit Value(Kind k) : kind_(k) {}
+  static std::shared_ptr<const std::string> MakeString(std::string s);
+  static const std::string& EmptyString();
   Kind kind_ = Kind::kUndefined;
   bool namespace_ = false;
+  bool has_ns_ = false;
+  int32_t depth_ = 0;
   int64_t int_ = 0;
   double float_ = 0.0;
-  std::string str_;
+  std::shared_ptr<const std::string> str_;  // null: ""
   std::shared_ptr<ValueList> list_;
   std::shared_ptr<ValueDict> dict_;
   std::shared_ptr<NativeFn> fn_;
@@ -116,6 +129,13 @@ struct CallArgs {
   Value Get(size_t pos, const char* name) const;
   bool Has(size_t pos, const char* name) const;
 };
+
+// Deepest nesting of lists and dicts a render builds or accepts; every recursive walk over values
+// (str, repr, tojson, comparisons, destruction) is bounded by it.
+inline constexpr int kMaxDepth = 256;
+
+// Whether j nests arrays and objects more than max_depth deep; iterative, so any depth is safe.
+bool JsonDeeperThan(const nlohmann::ordered_json& j, int max_depth);
 
 // Python's float repr (shortest round trip, always with a '.' or exponent).
 std::string FloatRepr(double d);

@@ -36,6 +36,10 @@ StatusOr<std::string> ChatTemplate::Apply(const nlohmann::ordered_json& messages
                                           const nlohmann::ordered_json& extra,
                                           const jinja::RenderOptions& options) const {
   if (!messages.is_array()) return InvalidArgument("messages must be a JSON array");
+  // Checked before anything copies them: copying and converting JSON recurse.
+  if (jinja::JsonDeeperThan(messages, jinja::kMaxDepth - 2) || jinja::JsonDeeperThan(extra, jinja::kMaxDepth - 2)) {
+    return InvalidArgument("messages or template variables nest deeper than {} levels", jinja::kMaxDepth - 2);
+  }
   nlohmann::ordered_json ctx = {{"messages", messages},
                                 {"add_generation_prompt", add_generation_prompt},
                                 {"bos_token", bos_token},

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -178,6 +179,83 @@ TEST(TemplateTest, SandboxLimitsHold) {
   out = esc->Render(nlohmann::ordered_json{{"messages", nlohmann::ordered_json::array()}});
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(*out, "");
+}
+
+// Hostile templates (a GGUF's template is untrusted input): every value built counts, not only the
+// output, and each of these ends in a clear error well within a second instead of exhausting
+// memory, the stack or the CPU. Each of them crashed the process or ran for seconds to minutes
+// before the render budget (budget.h) existed.
+TEST(TemplateTest, HostileTemplatesEndInClearErrors) {
+  struct Case {
+    const char* name;
+    std::string source;
+    const char* expect;  // a part of the error message
+  };
+  std::string deep_json_keys = "{% set ns = namespace(x=none) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+                               "{% endfor %}{{ ns.x|length }}";
+  const std::vector<Case> cases = {
+      {"string doubling", "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+                          "{% endfor %}{{ ns.s|length }}", "exceed"},
+      {"nesting by literal", deep_json_keys, "nests deeper"},
+      {"namespace holding itself", "{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}", "cannot hold a namespace"},
+      {"namespace in a list in a namespace", "{% set a = namespace(x=1) %}{% set b = namespace(x=1) %}{% set a.x = [b] %}",
+       "cannot hold a namespace"},
+      {"copies of a big string, each changed", "{% set s = 'x' * 10000000 %}{% set l = [s] * 100 %}"
+                                               "{{ l|map('upper')|list|length }}", "template"},
+      {"join with a huge separator", "{{ ('x' * 10000000).join(range(100)|map('string')) }}", "exceed"},
+      {"format reusing a big argument", "{% set s = 'x' * 1000000 %}{{ ('{0}' * 100).format(s) }}", "exceed"},
+      {"format width", "{{ '{:>999999999}'.format(1) }}", "too large"},
+      {"format field past any integer", "{{ '{99999999999999999999999}'.format(1) }}", "no argument"},
+      {"tojson indent", "{{ [[1, [2]], 3]|tojson(indent=100000000) }}", "exceed"},
+      {"indent width", "{{ 'a\nb'|indent(100000000000) }}", "too large"},
+      {"center width", "{{ 'a'|center(100000000000) }}", "too large"},
+      {"replace growth", "{{ ('x' * 100000).replace('x', 'y' * 1000) }}", "exceed"},
+      {"list repetition", "{{ ([1] * 1000) * 10000 }}", "items"},
+      {"nested loops", "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", "template"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto t = Template::Parse(c.source);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const auto start = std::chrono::steady_clock::now();
+    auto out = t->Render(nlohmann::ordered_json::object());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(out.ok()) << "rendered " << out->size() << " bytes";
+    EXPECT_NE(out.status().message().find(c.expect), std::string::npos) << out.status().ToString();
+    // A bound far above the measured times (all under 1 s: the default time limit is 0.5 s of CPU,
+    // checked between operations), far below the seconds to minutes they took.
+    EXPECT_LT(seconds, 5.0);
+    std::printf("%-40s %.3f s: %s\n", c.name, seconds, out.status().message().c_str());
+  }
+
+  // The time limit stops what the other limits allow: a long loop comparing two equal strings of
+  // 10 MB (100 MB compared per step).
+  RenderOptions quick;
+  quick.max_time = std::chrono::milliseconds(100);
+  auto slow = Template::Parse("{% set a = 'x' * 10000000 %}{% set b = 'x' * 9999999 + 'x' %}"
+                              "{% for i in range(100000) %}{% if a == b %}{% endif %}{% endfor %}");
+  ASSERT_TRUE(slow.ok());
+  auto out = slow->Render(nlohmann::ordered_json::object(), quick);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("time limit"), std::string::npos) << out.status().ToString();
+
+  // A context nested 30,000 deep is refused before anything walks it recursively.
+  nlohmann::ordered_json deep = nlohmann::ordered_json::array();
+  for (int i = 0; i < 30000; ++i) deep = nlohmann::ordered_json::array({std::move(deep)});
+  auto plain = Template::Parse("{{ x }}");
+  ASSERT_TRUE(plain.ok());
+  out = plain->Render(nlohmann::ordered_json{{"x", std::move(deep)}});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("nests deeper"), std::string::npos) << out.status().ToString();
+
+  // What real templates do still works: namespaces holding strings, lists and dicts.
+  auto ok = Template::Parse("{% set ns = namespace(s='', l=[], d={}) %}{% for m in ['a', 'b'] %}"
+                            "{% set ns.s = ns.s + m %}{% set ns.l = ns.l + [m] %}{% set ns.d = {'k': ns.l} %}"
+                            "{% endfor %}{{ ns.s }} {{ ns.l }} {{ ns.d|tojson }}");
+  ASSERT_TRUE(ok.ok());
+  out = ok->Render(nlohmann::ordered_json::object());
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, "ab ['a', 'b'] {\"k\": [\"a\", \"b\"]}");
 }
 
 }  // namespace
