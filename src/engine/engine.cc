@@ -214,6 +214,9 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   for (int32_t t : req.prompt) {
     if (t < 0 || t >= vocab) return InvalidArgument("prompt token id {} outside the vocabulary [0, {})", t, vocab);
   }
+  for (int32_t t : req.stop_ids) {
+    if (t < 0 || t >= vocab) return InvalidArgument("stop token id {} outside the vocabulary [0, {})", t, vocab);
+  }
   RETURN_IF_ERROR(req.sampling.Validate());
   if (!req.stop.empty() && tokenizer_ == nullptr) return InvalidArgument("stop strings need a tokenizer");
   for (const auto& s : req.stop) {
@@ -276,6 +279,7 @@ void Engine::Admit(PendingRequest& p) {
   r->max_new_tokens = p.request.max_tokens;
   r->stop_ids = p.request.stop_ids;
   r->cache_salt = p.request.cache_salt;
+  r->group = p.request.group != 0 ? p.request.group : -p.id;
   auto live = std::make_unique<Live>();
   if (p.request.retention && p.request.retention->active()) {
     r->kv_budget = p.request.retention->budget;

@@ -34,6 +34,9 @@ struct GenerationRequest {
   std::string cache_salt;             // only requests with the same salt share cached prefixes
   int top_logprobs = -1;              // -1: none; k >= 0: each token's log-probability and k alternatives
   std::optional<RetentionConfig> retention;  // KV retention for this request; unset: the engine's
+  // Requests of one group (> 0: e.g. the choices and prompts of one API request) share the batch
+  // fairly with other groups (sched/scheduler.h); 0: a group of its own.
+  int64_t group = 0;
 };
 
 // Results since the last read, merged. The last update has finished = true.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -127,9 +128,27 @@ StepPlan Scheduler::Schedule() {
 
   // 2. Waiting requests, in order, while there is budget, room in the batch and free blocks.
   //    Not in a step that preempted: the memory just freed goes to the running requests.
+  //    The next one is the first of a group with the fewest running requests (with one request
+  //    per group, as by default, that is the first in line: FCFS).
   if (plan.preempted.empty()) {
+    std::unordered_map<int64_t, int64_t> running_per_group;
+    for (const auto& r : running_) ++running_per_group[r->group];
+    auto next_waiting = [&] {
+      size_t best = 0;
+      int64_t best_running = INT64_MAX;
+      for (size_t k = 0; k < waiting_.size() && best_running > 0; ++k) {
+        const auto it = running_per_group.find(waiting_[k]->group);
+        const int64_t n = it == running_per_group.end() ? 0 : it->second;
+        if (n < best_running) {
+          best = k;
+          best_running = n;
+        }
+      }
+      return waiting_.begin() + static_cast<std::ptrdiff_t>(best);
+    };
     while (budget > 0 && !waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_batch_size) {
-      SeqRequest& r = *waiting_.front();
+      const auto next = next_waiting();
+      SeqRequest& r = **next;
       // Blocks whose K/V another request (or this one before preemption) already computed.
       int64_t cached = kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
       if (r.retains() && cached > r.kv_budget) {
@@ -155,8 +174,9 @@ StepPlan Scheduler::Schedule() {
       plan.seqs.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.num_tokens()});
       plan.num_tokens += n;
       budget -= n;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
+      ++running_per_group[r.group];
+      running_.push_back(std::move(*next));
+      waiting_.erase(next);
     }
   }
   return plan;

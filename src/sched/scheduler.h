@@ -39,6 +39,7 @@ struct SeqRequest {
   FinishReason finish_reason = FinishReason::kNone;
   int64_t num_preemptions = 0;
   std::string cache_salt;             // requests with different salts never share cached blocks
+  int64_t group = 0;                  // admission is fair between groups (Schedule)
   int64_t num_cached_tokens = -1;     // prompt tokens found in the prefix cache at first admission
   // Speculative decoding: tokens a proposer guessed follow `tokens`, set before Schedule. The
   // step verifies them with the request's decode token (num_tokens_with_spec = num_tokens +
@@ -89,7 +90,10 @@ class Scheduler {
   // Most tokens (prompt + output) one request may have: max_seq_len capped by all KV memory.
   int64_t max_request_tokens() const { return max_request_tokens_; }
 
-  // Queues a request (FCFS). Errors when it can never fit: prompt + max_new_tokens over
+  // Queues a request. Admission takes waiting requests in order, except that the request of a
+  // group with fewer running requests goes first (groups: SeqRequest::group), so one API request
+  // that fans out into hundreds of sequences cannot hold the batch against a small one: that one
+  // gets the next free place in the batch. Errors when it can never fit: prompt + max_new_tokens over
   // max_request_tokens() (for a request with a KV budget: over max_seq_len, or a budget plus a
   // block over all KV memory), an empty prompt, or max_new_tokens < 1.
   Status Add(std::unique_ptr<SeqRequest> req);
