@@ -70,6 +70,53 @@ void Guess(Scheduler& s, Rng& rng) {
   }
 }
 
+// One group fanning out into many requests cannot hold the batch against another group: the
+// other group's request is admitted at the next free place, ahead of the group's waiting ones.
+// (With FCFS admission, the small request waited for all 256 of the fan-out.)
+TEST(SchedulerTest, AdmissionIsFairBetweenGroups) {
+  KvCacheManager kv(4096, 4);
+  SchedulerConfig cfg;
+  cfg.max_batch_size = 8;
+  cfg.max_num_batched_tokens = 64;
+  Scheduler s(cfg, &kv);
+  for (int64_t id = 1; id <= 256; ++id) {
+    auto r = MakeRequest(id, 4, 4 + id % 3);
+    r->group = 7;
+    ASSERT_TRUE(s.Add(std::move(r)).ok());
+  }
+  int64_t step = 0, small_admitted_at = -1, fan_finished = 0;
+  bool small_added = false, small_done = false;
+  while (s.HasWork()) {
+    if (step == 3) {
+      auto r = MakeRequest(1000, 4, 2);
+      r->group = 8;
+      ASSERT_TRUE(s.Add(std::move(r)).ok());
+      small_added = true;
+    }
+    StepPlan plan = s.Schedule();
+    for (const auto& q : plan.seqs) {
+      if (q.req->id == 1000 && small_admitted_at < 0) small_admitted_at = step;
+    }
+    for (const auto& f : s.Update(plan, FakeRun(plan))) {
+      if (f->id == 1000) {
+        small_done = true;
+        EXPECT_LT(fan_finished, 24) << "the small request finished after most of the fan-out";
+      } else {
+        ++fan_finished;
+      }
+    }
+    ASSERT_EQ(s.CheckInvariants(), "");
+    ++step;
+  }
+  ASSERT_TRUE(small_added && small_done);
+  // The batch was full when it arrived; the first request of the fan-out to finish (at most
+  // max_new_tokens = 6 steps later) made room for it.
+  EXPECT_GE(small_admitted_at, 3);
+  EXPECT_LE(small_admitted_at, 3 + 6);
+  EXPECT_EQ(fan_finished, 256);
+  EXPECT_EQ(kv.num_free_blocks(), 4096);
+}
+
 TEST(SchedulerTest, ChunksPrefillWithinTheBudgetAndRunsDecodesFirst) {
   KvCacheManager kv(64, 4);
   SchedulerConfig cfg;
