@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages gale builds and tests with. Runs apt only when one is missing.
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
 # gale serve with the official openai npm client) and Chromium (renders the loadgen report);
-# each only when no such command is on PATH already.
+# each only when no such command is on PATH already; then the server tests' `openai` npm package
+# into .deps/node (once), so that the tests themselves never reach a network.
 set -euo pipefail
 PACKAGES=(cmake ninja-build pkg-config g++ clang lld libclang-rt-14-dev
           libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libspdlog-dev
@@ -21,4 +22,12 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+if [ "${1:-}" = "--test" ]; then
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  if [ ! -d "$root/.deps/node/node_modules/openai" ]; then
+    echo "installing the openai npm package into .deps/node"
+    mkdir -p "$root/.deps/node"
+    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 >/dev/null)
+  fi
 fi

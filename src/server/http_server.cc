@@ -3,7 +3,10 @@
 // posted onto that strand, so nothing here blocks and nothing races.
 #include "server/http_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <random>
 #include <thread>
 #include <variant>
@@ -29,8 +32,12 @@ struct HttpServer::Impl {
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
+  // Parsing, template rendering and tokenization run here, never on the I/O threads, so a few
+  // large bodies cannot stall /health, /metrics or other connections.
+  std::unique_ptr<net::thread_pool> work;
   std::atomic<bool> accepting{true};
-  std::atomic<int64_t> in_flight{0};  // generation requests being served
+  std::atomic<int64_t> in_flight{0};       // generation requests being prepared or served
+  std::atomic<int64_t> in_flight_seqs{0};  // their sequences (prompts x n) in the engine
   Metrics metrics;
   std::mutex state_mu;
   std::shared_ptr<const ServingState> state;  // null until ready
@@ -46,6 +53,67 @@ struct HttpServer::Impl {
 namespace {
 
 using Request = http::request<http::string_body>;
+
+constexpr size_t kMaxHeaderBytes = 64 * 1024;
+constexpr size_t kMaxTargetBytes = 8 * 1024;
+
+// A request, parsed and turned into prompts off the I/O threads (or why it cannot run).
+struct Prepared {
+  CompletionRequest req;
+  std::vector<std::vector<int32_t>> prompts;  // token ids, one per prompt (a chat is one)
+  std::vector<std::string> prompt_texts;      // [prompts], for echo
+};
+
+std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, const ServingState& state) {
+  auto parsed = ParseCompletionRequest(body, chat);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  Prepared p;
+  p.req = std::move(std::get<CompletionRequest>(parsed));
+  CompletionRequest& req = p.req;
+  const Tokenizer& tok = *state.tokenizer;
+  if (!req.model.empty() && req.model != state.model_name) {
+    return ApiError{404, fmt::format("model '{}' does not exist; this server has '{}'", req.model, state.model_name),
+                    "not_found_error", "model"};
+  }
+  req.model = state.model_name;
+  for (int32_t id : req.stop_token_ids) {
+    if (id >= tok.vocab_size()) {
+      return ApiError{400, fmt::format("stop token id {} outside the vocabulary [0, {})", id, tok.vocab_size()),
+                      "invalid_request_error", "stop_token_ids"};
+    }
+  }
+  if (req.chat) {
+    if (state.chat_template == nullptr) {
+      return ApiError{400, "this model has no chat template; start the server with --chat-template FILE",
+                      "invalid_request_error", ""};
+    }
+    Json extra = req.chat_template_kwargs.is_object() ? req.chat_template_kwargs : Json::object();
+    if (req.tools.is_array()) extra["tools"] = req.tools;
+    const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
+    const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
+    auto text = state.chat_template->Apply(req.messages, /*add_generation_prompt=*/true, bos, eos, extra);
+    if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
+    p.prompts.push_back(TokenizeChatPrompt(tok, *text));
+    p.prompt_texts.push_back(*text);
+  } else {
+    for (const auto& prompt : req.prompts) {
+      p.prompts.push_back(tok.Encode(prompt, /*add_special=*/true));
+      p.prompt_texts.push_back(prompt);
+    }
+    for (const auto& ids : req.prompt_ids) {
+      p.prompts.push_back(ids);
+      p.prompt_texts.push_back(tok.Decode(ids));
+    }
+  }
+  return p;
+}
+
+// Whether the peer has closed its end (EOF or an error), without taking any byte it sent.
+bool PeerClosed(int fd) {
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 std::string RandomHex() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -70,7 +138,8 @@ struct Generation {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, HttpServer::Impl* server) : stream_(std::move(socket)), server_(server) {}
+  Session(tcp::socket socket, HttpServer::Impl* server)
+      : stream_(std::move(socket)), server_(server), watch_timer_(stream_.get_executor()) {}
 
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
@@ -80,7 +149,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void DoRead() {
     parser_.emplace();
     parser_->body_limit(server_->opt.max_body_bytes);
-    parser_->header_limit(64 * 1024);
+    parser_->header_limit(kMaxHeaderBytes);
     stream_.expires_after(server_->opt.idle_timeout);
     http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->OnRead(ec);
@@ -91,6 +160,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == http::error::body_limit) {
       return SendError(ApiError{413, fmt::format("request body over the limit of {} bytes",
                                                  server_->opt.max_body_bytes), "invalid_request_error", ""},
+                       /*close=*/true);
+    }
+    if (ec == http::error::header_limit) {
+      // The parser takes the request line as soon as it has it: without one, the URL is too long.
+      if (parser_->get().target().empty()) {
+        return SendError(ApiError{414, fmt::format("request URL over {} bytes", kMaxHeaderBytes), "invalid_request_error", ""},
+                         /*close=*/true);
+      }
+      return SendError(ApiError{431, fmt::format("request header fields over {} bytes", kMaxHeaderBytes),
+                                "invalid_request_error", ""},
                        /*close=*/true);
     }
     if (ec == http::error::end_of_stream || ec) return Close();
@@ -128,6 +207,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Route(Request req) {
+    if (req.target().size() > kMaxTargetBytes) {
+      return SendError({414, fmt::format("request URL over {} bytes", kMaxTargetBytes), "invalid_request_error", ""},
+                       /*close=*/true);
+    }
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
@@ -158,63 +241,63 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool chat = path == "/v1/chat/completions";
     if (!chat && path != "/v1/completions") return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
-    auto parsed = ParseCompletionRequest(req.body(), chat);
-    if (auto* e = std::get_if<ApiError>(&parsed)) {
-      server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
-      return SendError(*e);
-    }
-    StartGeneration(std::move(std::get<CompletionRequest>(parsed)), *state);
+    // Counted in flight from here, so a drain waits for it and the engine outlives it.
+    ++server_->in_flight;
+    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
+    if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    net::post(*server_->work, [self = shared_from_this(), req = std::move(req), chat, state]() mutable {
+      auto prepared = Prepare(req.body(), chat, *state);
+      req = {};  // the body's memory goes now, not when the generation ends
+      net::post(self->stream_.get_executor(), [self, prepared = std::move(prepared), state]() mutable {
+        self->Launch(std::move(prepared), *state);
+      });
+    });
   }
 
-  void StartGeneration(CompletionRequest req, const ServingState& state) {
+  // Back-pressure: sequences beyond what the engine runs at once wait; past max_waiting, refuse.
+  // (Counted here, synchronously, so a burst cannot slip past the engine's lagging counters.)
+  bool AtCapacity(int64_t num_seqs, const ServingState& state) const {
+    const int64_t batch = state.engine->config().sched.max_batch_size;
+    return server_->in_flight_seqs.load() + num_seqs - batch > server_->opt.max_waiting;
+  }
+
+  // Ends a request counted in flight that never started generating.
+  void Reject(const ApiError& e, const std::string& retry_after = "") {
+    --server_->in_flight;
+    server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
+    SendError(e, false, retry_after);
+  }
+
+  void Launch(std::variant<Prepared, ApiError> prepared, const ServingState& state) {
+    if (auto* e = std::get_if<ApiError>(&prepared)) return Reject(*e);
+    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
+    Prepared& p = std::get<Prepared>(prepared);
+    CompletionRequest& req = p.req;
     Engine& engine = *state.engine;
     const Tokenizer& tok = *state.tokenizer;
-    if (!req.model.empty() && req.model != state.model_name) {
-      return SendError({404, fmt::format("model '{}' does not exist; this server has '{}'", req.model, state.model_name),
-                        "not_found_error", "model"});
+    const std::vector<std::vector<int32_t>>& prompts = p.prompts;
+    const std::vector<std::string>& prompt_texts = p.prompt_texts;
+    const int64_t num_seqs = static_cast<int64_t>(prompts.size()) * req.n;
+    const int64_t most = engine.config().sched.max_batch_size + server_->opt.max_waiting;
+    if (num_seqs > most) {
+      return Reject({400, fmt::format("this request asks for {} sequences (prompts x n); the server takes at most {} at "
+                                      "once (--max-batch-size + --max-waiting)", num_seqs, most),
+                     "invalid_request_error", req.chat ? "n" : "prompt"});
     }
-    req.model = state.model_name;
-    // Back-pressure: requests beyond what the engine runs at once wait; past max_waiting, refuse.
-    // (Counted here, synchronously, so a burst cannot slip past the engine's lagging counters.)
-    if (server_->in_flight.load() - engine.config().sched.max_batch_size >= server_->opt.max_waiting) {
-      server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
-      return SendError({429, "the server is at capacity; retry later", "rate_limit_error", ""}, false, "1");
-    }
-    // Prompts as token ids (one per prompt; a chat is one prompt).
-    std::vector<std::vector<int32_t>> prompts;
-    std::vector<std::string> prompt_texts;
-    if (req.chat) {
-      if (state.chat_template == nullptr) {
-        return SendError({400, "this model has no chat template; start the server with --chat-template FILE", "invalid_request_error", ""});
-      }
-      Json extra = req.chat_template_kwargs.is_object() ? req.chat_template_kwargs : Json::object();
-      if (req.tools.is_array()) extra["tools"] = req.tools;
-      const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
-      const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
-      auto text = state.chat_template->Apply(req.messages, /*add_generation_prompt=*/true, bos, eos, extra);
-      if (!text.ok()) return SendError({400, text.status().message(), "invalid_request_error", "messages"});
-      prompts.push_back(TokenizeChatPrompt(tok, *text));
-      prompt_texts.push_back(*text);
-    } else {
-      for (const auto& p : req.prompts) {
-        prompts.push_back(tok.Encode(p, /*add_special=*/true));
-        prompt_texts.push_back(p);
-      }
-      for (const auto& ids : req.prompt_ids) {
-        prompts.push_back(ids);
-        prompt_texts.push_back(tok.Decode(ids));
-      }
-    }
+    if (AtCapacity(num_seqs, state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
     auto gen = std::make_shared<Generation>();
     gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
     gen->tok = &tok;
     gen->created = static_cast<int64_t>(std::time(nullptr));
     const uint64_t base_seed = req.has_seed ? req.sampling.seed : std::random_device{}();
     std::vector<GenerationRequest> subs;
-    for (size_t p = 0; p < prompts.size(); ++p) {
+    // All sequences of this API request form one group: the engine admits fairly between groups.
+    const int64_t group = static_cast<int64_t>(server_->next_id.fetch_add(1));
+    for (size_t pi = 0; pi < prompts.size(); ++pi) {
       for (int k = 0; k < req.n; ++k) {
         GenerationRequest g;
-        g.prompt = prompts[p];
+        g.group = group;
+        g.prompt = prompts[pi];
         if (req.truncate_prompt_tokens > 0 && static_cast<int64_t>(g.prompt.size()) > req.truncate_prompt_tokens) {
           // Keep the last tokens, as vLLM's truncate_prompt_tokens does.
           g.prompt.erase(g.prompt.begin(), g.prompt.end() - req.truncate_prompt_tokens);
@@ -233,15 +316,14 @@ class Session : public std::enable_shared_from_this<Session> {
         g.top_logprobs = req.top_logprobs;
         g.retention = req.retention;
         subs.push_back(std::move(g));
-        gen->echo_prefix.push_back(req.echo ? prompt_texts[p] : "");
+        gen->echo_prefix.push_back(req.echo ? prompt_texts[pi] : "");
       }
     }
     for (auto& g : subs) {
       auto s = engine.Submit(std::move(g));
       if (!s.ok()) {
         for (auto& st : gen->streams) engine.Cancel(st->id());
-        server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
-        return SendError({400, s.status().message(), "invalid_request_error", "prompt"});
+        return Reject({400, s.status().message(), "invalid_request_error", "prompt"});
       }
       gen->streams.push_back(*s);
     }
@@ -257,7 +339,8 @@ class Session : public std::enable_shared_from_this<Session> {
     gen_ = gen;
     self_hold_ = shared_from_this();  // no I/O is pending while a non-streamed answer is computed
     engine_ = state.engine;
-    ++server_->in_flight;
+    gen_seqs_ = static_cast<int64_t>(n);
+    server_->in_flight_seqs += gen_seqs_;
     stream_.expires_never();
     std::weak_ptr<Session> weak = weak_from_this();
     auto executor = stream_.get_executor();
@@ -284,8 +367,21 @@ class Session : public std::enable_shared_from_this<Session> {
         self->Pump();
       });
     } else {
+      WatchClosed();
       Pump();
     }
+  }
+
+  // A non-streamed request has no read pending (a pipelined next request must stay unread), so
+  // whether its client is still there is asked of the socket every so often; a client that has
+  // gone cancels its request (and SDK retries do not pile up work for nobody).
+  void WatchClosed() {
+    watch_timer_.expires_after(std::chrono::milliseconds(100));
+    watch_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->gen_ || self->gen_->req.stream) return;
+      if (PeerClosed(self->stream_.socket().native_handle())) return self->Abort();
+      self->WatchClosed();
+    });
   }
 
   // While streaming, a pending read notices the client going away (EOF or reset) at once.
@@ -319,6 +415,9 @@ class Session : public std::enable_shared_from_this<Session> {
       server_->metrics.RequestDone(o, gen_->prompt_tokens[i], gen_->generated[i], ttft, e2e);
     }
     gen_.reset();
+    watch_timer_.cancel();
+    server_->in_flight_seqs -= gen_seqs_;
+    gen_seqs_ = 0;
     --server_->in_flight;
     // Callers hold their own reference, so this cannot destroy the session under them.
     self_hold_.reset();
@@ -352,6 +451,7 @@ class Session : public std::enable_shared_from_this<Session> {
       StreamUpdate u;
       while (!g.done[i] && g.streams[i]->TryNext(&u)) {
         g.generated[i] += static_cast<int64_t>(u.token_ids.size());
+        server_->metrics.Tokens(g.started[i] ? 0 : u.num_prompt_tokens, static_cast<int64_t>(u.token_ids.size()));
         g.prompt_tokens[i] = u.num_prompt_tokens;
         std::string delta = u.text;
         if (!g.started[i] && !g.echo_prefix[i].empty()) delta = g.echo_prefix[i] + delta;
@@ -447,6 +547,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Generation> gen_;
   std::shared_ptr<Session> self_hold_;  // set while a generation is in flight
   Engine* engine_ = nullptr;
+  int64_t gen_seqs_ = 0;                // the generation's sequences, counted in in_flight_seqs
+  net::steady_timer watch_timer_;       // non-streamed generations: is the client still there
   char watch_buf_[512];
 };
 
@@ -481,6 +583,7 @@ Status HttpServer::Start() {
   if (!ec) impl_->acceptor.bind(ep, ec);
   if (!ec) impl_->acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return IoError("cannot listen on {}:{}: {}", impl_->opt.host, impl_->opt.port, ec.message());
+  impl_->work = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, impl_->opt.num_work_threads)));
   impl_->Accept();
   for (int i = 0; i < std::max(1, impl_->opt.num_threads); ++i) {
     impl_->threads.emplace_back([impl = impl_.get()] { impl->ioc.run(); });
@@ -511,6 +614,8 @@ int64_t HttpServer::Drain(std::chrono::milliseconds timeout) {
 void HttpServer::Stop() {
   if (impl_->threads.empty()) return;
   impl_->accepting = false;
+  // Preparations still running post their results to the I/O threads: finish them first.
+  impl_->work->join();
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();

@@ -23,7 +23,10 @@ struct ServerOptions {
   int num_threads = 2;               // I/O threads
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
   std::string api_key;               // set: /v1/* needs "Authorization: Bearer <key>"
-  int64_t max_waiting = 512;         // more requests waiting in the engine: 429 with Retry-After
+  // Sequences (prompts x n of every request) waiting beyond the engine's batch; past this: 429
+  // with Retry-After. A request asking for more than max_batch_size + max_waiting at once: 400.
+  int64_t max_waiting = 512;
+  int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
   std::chrono::seconds idle_timeout{120};
 };
 

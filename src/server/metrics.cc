@@ -33,12 +33,17 @@ void Metrics::RequestDone(const std::string& outcome, int64_t prompt_tokens, int
                           double ttft_s, double e2e_s) {
   std::lock_guard<std::mutex> lock(mu_);
   ++outcomes_[outcome];
-  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
-  generation_tokens_ += static_cast<uint64_t>(generation_tokens);
+  (void)prompt_tokens;  // counted as they are processed (Tokens)
   if (outcome == "rejected") return;
   if (ttft_s >= 0) ttft_.Observe(ttft_s);
   if (generation_tokens > 1 && ttft_s >= 0) tpot_.Observe((e2e_s - ttft_s) / static_cast<double>(generation_tokens - 1));
   e2e_.Observe(e2e_s);
+}
+
+void Metrics::Tokens(int64_t prompt_tokens, int64_t generation_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
+  generation_tokens_ += static_cast<uint64_t>(generation_tokens);
 }
 
 void Metrics::HttpResponse(int status) {
@@ -56,8 +61,8 @@ std::string Metrics::Render(const Engine* engine) const {
   }
   out += "# HELP gale:http_responses_total HTTP responses by status.\n# TYPE gale:http_responses_total counter\n";
   for (const auto& [status, n] : http_status_) out += fmt::format("gale:http_responses_total{{status=\"{}\"}} {}\n", status, n);
-  out += fmt::format("# HELP gale:prompt_tokens_total Prompt tokens of finished requests.\n# TYPE gale:prompt_tokens_total counter\ngale:prompt_tokens_total {}\n", prompt_tokens_);
-  out += fmt::format("# HELP gale:generation_tokens_total Generated tokens of finished requests.\n# TYPE gale:generation_tokens_total counter\ngale:generation_tokens_total {}\n", generation_tokens_);
+  out += fmt::format("# HELP gale:prompt_tokens_total Prompt tokens processed (counted when a request's prompt is done).\n# TYPE gale:prompt_tokens_total counter\ngale:prompt_tokens_total {}\n", prompt_tokens_);
+  out += fmt::format("# HELP gale:generation_tokens_total Tokens generated (counted as they are generated).\n# TYPE gale:generation_tokens_total counter\ngale:generation_tokens_total {}\n", generation_tokens_);
   ttft_.Render("gale:time_to_first_token_seconds", "Time to first token.", &out);
   tpot_.Render("gale:time_per_output_token_seconds", "Time per output token after the first.", &out);
   e2e_.Render("gale:e2e_request_latency_seconds", "End-to-end request latency.", &out);

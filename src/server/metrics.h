@@ -32,6 +32,8 @@ class Metrics {
   // outcome: "stop", "length", "abort", "error", "rejected"
   void RequestDone(const std::string& outcome, int64_t prompt_tokens, int64_t generation_tokens, double ttft_s,
                    double e2e_s);
+  // Token counters, moved as the engine produces (not only when requests end).
+  void Tokens(int64_t prompt_tokens, int64_t generation_tokens);
   void HttpResponse(int status);
   std::string Render(const Engine* engine) const;
 

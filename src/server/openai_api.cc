@@ -7,10 +7,24 @@
 
 #include <fmt/format.h>
 
+#include "jinja/value.h"
+
 namespace gale::server {
 namespace {
 
 ApiError Bad(const std::string& param, const std::string& msg) { return ApiError{400, msg, "invalid_request_error", param}; }
+
+// A JSON integer that can be a token id (0 <= id < 2^31); nullopt otherwise. The vocabulary's
+// own size is checked by whoever knows it (the server, the engine).
+std::optional<int32_t> TokenId(const Json& e) {
+  if (!e.is_number_integer()) return std::nullopt;
+  if (e.is_number_unsigned()) {
+    if (e.get<uint64_t>() > INT32_MAX) return std::nullopt;
+  } else if (e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX) {
+    return std::nullopt;
+  }
+  return e.get<int32_t>();
+}
 
 }  // namespace
 
@@ -37,6 +51,10 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
   if (!j.is_object()) return Bad("", "the request body must be a JSON object");
+  // Everything after this (copies, template values, rendering) walks the body recursively.
+  if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) {
+    return Bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
+  }
   static const std::set<std::string> kCommon = {
       "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
       "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
@@ -68,6 +86,9 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
   auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t* out) -> std::optional<ApiError> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     if (!j[key].is_number_integer()) return Bad(key, fmt::format("'{}' must be an integer", key));
+    if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j[key].get<uint64_t>()));
+    }
     const int64_t v = j[key].get<int64_t>();
     if (v < lo || v > hi) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
     *out = v;
@@ -110,8 +131,13 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
   r.sampling.repeat_last_n = -1;
   if (j.contains("seed") && !j["seed"].is_null()) {
     if (!j["seed"].is_number_integer()) return Bad("seed", "'seed' must be an integer");
-    r.sampling.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
-    r.has_seed = true;
+    // -1 asks for a random seed (llama.cpp's meaning); any other value is used as given,
+    // negative ones as their two's complement.
+    if (j["seed"].is_number_unsigned() || j["seed"].get<int64_t>() != -1) {
+      r.sampling.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>()
+                                                         : static_cast<uint64_t>(j["seed"].get<int64_t>());
+      r.has_seed = true;
+    }
   }
   i = 0;
   if (auto e = integer("max_tokens", 1, int64_t{1} << 30, &i)) return *e;
@@ -159,7 +185,9 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
     if (!j["stop_token_ids"].is_array()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
     for (const auto& e : j["stop_token_ids"]) {
       if (!e.is_number_integer()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
-      r.stop_token_ids.push_back(e.get<int32_t>());
+      const auto id = TokenId(e);
+      if (!id) return Bad("stop_token_ids", fmt::format("stop token id {} is not a token id", e.dump()));
+      r.stop_token_ids.push_back(*id);
     }
   }
   if (chat) {
@@ -278,7 +306,9 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
       std::vector<int32_t> ids;
       for (const auto& e : p) {
         if (!e.is_number_integer()) return Bad("prompt", "token id prompts must be integers");
-        ids.push_back(e.get<int32_t>());
+        const auto id = TokenId(e);
+        if (!id) return Bad("prompt", fmt::format("prompt token id {} is not a token id", e.dump()));
+        ids.push_back(*id);
       }
       r.prompt_ids.push_back(std::move(ids));
     } else if (p.is_array() && !p.empty() && p[0].is_array()) {
@@ -287,7 +317,9 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
         if (!e.is_array() || e.empty()) return Bad("prompt", "token id prompts must be non-empty arrays of integers");
         for (const auto& x : e) {
           if (!x.is_number_integer()) return Bad("prompt", "token id prompts must be integers");
-          ids.push_back(x.get<int32_t>());
+          const auto id = TokenId(x);
+          if (!id) return Bad("prompt", fmt::format("prompt token id {} is not a token id", x.dump()));
+          ids.push_back(*id);
         }
         r.prompt_ids.push_back(std::move(ids));
       }

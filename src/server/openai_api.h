@@ -20,6 +20,10 @@ namespace gale::server {
 
 using Json = nlohmann::ordered_json;
 
+// Deepest nesting of arrays and objects a request body may have (tool schemas included): far past
+// what real clients send, well inside what the recursive walks over it (copies, templates) take.
+inline constexpr int kMaxRequestDepth = 64;
+
 struct ApiError {
   int status = 400;
   std::string message;

@@ -66,12 +66,14 @@ CommandFn RegisterServe(CLI::App& app) {
       setrlimit(RLIMIT_NOFILE, &fds);
     }
     server::HttpServer http(o->http);
+    // Bound first, so a taken port fails at once and /health answers 503 while loading; said
+    // only once the model has loaded, so a file that fails to load never reads as a server up.
     if (Status s = http.Start(); !s.ok()) return fail(s);
-    std::fprintf(stderr, "listening on http://%s:%u\n", o->http.host.c_str(), http.port());
-    std::fflush(stderr);
 
     auto loaded = LoadModel(o->model, o->load);
     if (!loaded.ok()) return fail(loaded.status());
+    std::fprintf(stderr, "listening on http://%s:%u\n", o->http.host.c_str(), http.port());
+    std::fflush(stderr);
     std::unique_ptr<ChatTemplate> chat_template;
     {
       auto t = o->chat_template.empty() ? ChatTemplate::FromGguf(*loaded->file) : ChatTemplate::FromFile(o->chat_template);

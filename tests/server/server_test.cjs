@@ -65,6 +65,16 @@ function sumMetric(text, prefix) {
   return text.split('\n').filter((l) => l.startsWith(prefix)).reduce((a, l) => a + Number(l.split(' ').pop()), 0);
 }
 
+// Polls /metrics until pred(text) holds (every 5 ms, up to 30 s); returns the text.
+async function waitForMetric(port, pred) {
+  for (let t = 0; t < 6000; t++) {
+    const m = (await request(port, 'GET', '/metrics')).body;
+    if (pred(m)) return m;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  throw new Error('metric condition never held');
+}
+
 function rssKb(pid) {
   const s = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
   return Number(s.match(/VmRSS:\s+(\d+)/)[1]);
@@ -297,6 +307,82 @@ function rawStream(port, cutAfter) {
     assert.ok(metricValue(m, 'gale:prefix_cache_hits_total') > 0);
   });
 
+  await check('arrays nested 30,000 deep anywhere in a body are a 400, not a crash', async () => {
+    const deep = '['.repeat(30000) + ']'.repeat(30000);
+    const msg = '{"role": "user", "content": "Once upon a time"}';
+    const bodies = [
+      ['/v1/chat/completions', `{"messages": [${msg}], "tools": ${deep}}`],
+      ['/v1/chat/completions', `{"messages": [${msg}], "chat_template_kwargs": {"x": ${deep}}}`],
+      ['/v1/chat/completions', `{"messages": [{"role": "user", "content": "x", "extra": ${deep}}]}`],
+      ['/v1/completions', `{"prompt": ${deep}}`],
+      ['/v1/completions', `{"prompt": "x", "user": ${deep}}`],
+    ];
+    for (const [route, body] of bodies) {
+      const r = await request(srv.port, 'POST', route, body);
+      assert.strictEqual(r.status, 400, r.body.slice(0, 200));
+      assert.ok(/deeper than 64 levels/.test(JSON.parse(r.body).error.message), r.body);
+    }
+    // Deep but legitimate nesting (a tool's JSON schema) still reaches the template.
+    let schema = { type: 'string' };
+    for (let i = 0; i < 25; i++) schema = { type: 'object', properties: { x: schema } };
+    const ok = await client.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2,
+      tools: [{ type: 'function', function: { name: 'f', parameters: schema } }] });
+    assert.strictEqual(ok.choices.length, 1);
+    assert.strictEqual((await request(srv.port, 'GET', '/health')).status, 200);
+  });
+
+  await check('small API errors: seed -1, stop_token_ids range, big integers, 431 and 414', async () => {
+    // seed -1 means a random seed (llama.cpp's meaning), not the seed 2^64 - 1.
+    const sampled = { prompt: 'Once upon a time', max_tokens: 24, temperature: 1.0, seed: -1 };
+    const texts = new Set();
+    for (let i = 0; i < 3; i++) texts.add((await client.completions.create(sampled)).choices[0].text);
+    assert.ok(texts.size > 1, 'seed -1 gave the same text three times');
+    for (const ids of [[999999], [-1], [4294967297]]) {
+      await assert.rejects(client.completions.create({ prompt: 'x', max_tokens: 2, stop_token_ids: ids }),
+                           (e) => e instanceof OpenAI.BadRequestError && e.param === 'stop_token_ids');
+    }
+    let r = await request(srv.port, 'POST', '/v1/completions', '{"prompt": "x", "max_tokens": 18446744073709551615}');
+    assert.strictEqual(r.status, 400);
+    assert.ok(JSON.parse(r.body).error.message.includes('got 18446744073709551615'), r.body);
+    r = await request(srv.port, 'POST', '/v1/completions', '{"prompt": [18446744073709551615]}');
+    assert.strictEqual(r.status, 400);
+    const raw = (text) => new Promise((resolve) => {
+      const sock = net.connect(srv.port, '127.0.0.1', () => sock.write(text));
+      let data = '';
+      sock.on('data', (d) => { data += d.toString(); });
+      sock.on('error', () => resolve(data));
+      sock.on('close', () => resolve(data));
+    });
+    const header = await raw(`GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(1 << 20)}\r\n\r\n`);
+    assert.ok(header.startsWith('HTTP/1.1 431'), header.slice(0, 100));
+    const url = await raw(`GET /health?${'a'.repeat(100000)} HTTP/1.1\r\nHost: x\r\n\r\n`);
+    assert.ok(url.startsWith('HTTP/1.1 414'), url.slice(0, 100));
+    const url16k = await raw(`GET /health?${'a'.repeat(16000)} HTTP/1.1\r\nHost: x\r\n\r\n`);
+    assert.ok(url16k.startsWith('HTTP/1.1 414'), url16k.slice(0, 100));
+    assert.strictEqual((await request(srv.port, 'GET', '/health')).status, 200);
+  });
+
+  await check('/health and /metrics answer at once while four 6.8 MB chat bodies are parsed and rendered', async () => {
+    const body = JSON.stringify({ messages: [{ role: 'user', content: 'Once upon a time '.repeat(400000) }], max_tokens: 2 });
+    assert.ok(body.length > 6.7e6);
+    let done = false;
+    const big = Promise.all(Array.from({ length: 4 }, () => request(srv.port, 'POST', '/v1/chat/completions', body)))
+      .then((rs) => { done = true; return rs; });
+    const waits = [];
+    while (!done) {
+      const t0 = process.hrtime.bigint();
+      const h = await request(srv.port, 'GET', waits.length % 2 ? '/metrics' : '/health');
+      assert.strictEqual(h.status, 200);
+      waits.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    for (const r of await big) assert.strictEqual(r.status, 400);  // too long for the model, after rendering
+    const worst = Math.max(...waits);
+    console.log(`     /health and /metrics during the big bodies: ${waits.length} answers, worst ${worst.toFixed(1)} ms`);
+    // Before the parsing left the I/O threads, /health waited 2.2 s here.
+    assert.ok(worst < 1000, `worst /health wait ${worst} ms`);
+  });
+
   await check('--spec ngram: same greedy text (streamed and not), guesses counted in /metrics', async () => {
     const s4 = await startServer(['--spec', 'ngram', '--no-warmup']);
     try {
@@ -324,8 +410,11 @@ function rawStream(port, cutAfter) {
   });
 
   await check('SIGTERM exits cleanly while a request is in flight', async () => {
-    const pending = client.completions.create({ prompt: 'Once upon a time', max_tokens: 200, temperature: 0 });
-    await new Promise((r) => setTimeout(r, 30));
+    const before = metricValue((await request(srv.port, 'GET', '/metrics')).body, 'gale:generation_tokens_total');
+    const pending = client.completions.create({ prompt: 'Once upon a time', max_tokens: 200, temperature: 0, ignore_eos: true });
+    // Signalled once the request is generating (the token counters move per step), not after a
+    // guessed sleep.
+    await waitForMetric(srv.port, (m) => metricValue(m, 'gale:generation_tokens_total') > before);
     srv.proc.removeAllListeners('exit');  // the start-up listener treats any exit as a failure
     const exited = new Promise((resolve) => srv.proc.on('exit', (code) => resolve(code)));
     srv.proc.kill('SIGTERM');
@@ -348,6 +437,83 @@ function rawStream(port, cutAfter) {
     } finally {
       s3.proc.kill('SIGTERM');
     }
+  });
+
+  await check('a non-streamed request whose client leaves is cancelled; token counters move while it runs', async () => {
+    const s6 = await startServer(['--max-batch-size', '1', '--no-warmup']);
+    try {
+      const m0 = (await request(s6.port, 'GET', '/metrics')).body;
+      const body = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 400, n: 16, ignore_eos: true });
+      const sock = net.connect(s6.port, '127.0.0.1', () => {
+        sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                   `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+      });
+      sock.on('error', () => {});
+      // Generated tokens show in /metrics while the request runs (not only when it ends).
+      await waitForMetric(s6.port, (m) => metricValue(m, 'gale:generation_tokens_total') > 0 &&
+                                         metricValue(m, 'gale:num_requests_running') === 1);
+      sock.destroy();
+      const m = await waitForMetric(s6.port, (t) => metricValue(t, 'gale:request_success_total{finished_reason="abort"}') === 16);
+      await waitForMetric(s6.port, (t) => metricValue(t, 'gale:num_requests_running') === 0 &&
+                                         metricValue(t, 'gale:num_requests_waiting') === 0);
+      const generated = metricValue(m, 'gale:generation_tokens_total') - metricValue(m0, 'gale:generation_tokens_total');
+      assert.ok(generated < 16 * 400, `generated ${generated} tokens for a client that left`);
+      assert.strictEqual(metricValue(m, 'gale:request_success_total{finished_reason="length"}'), 0);
+    } finally {
+      s6.proc.kill('SIGTERM');
+    }
+  });
+
+  await check('admission counts sequences; a 1,024-sequence request cannot starve a small one', async () => {
+    const prompts = Array.from({ length: 64 }, (_, i) => `Once upon a time there was a dog number ${i}`);
+    const s5 = await startServer(['--max-waiting', '4000', '--no-warmup']);
+    try {
+      const fan = { prompt: prompts, n: 16, max_tokens: 12, ignore_eos: true, temperature: 0.8, seed: 3 };
+      const order = [];
+      const big = request(s5.port, 'POST', '/v1/completions', JSON.stringify(fan)).then((r) => { order.push('fan-out'); return r; });
+      await waitForMetric(s5.port, (m) => metricValue(m, 'gale:num_requests_waiting') > 900);
+      const t0 = Date.now();
+      const small = await request(s5.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'Hello', max_tokens: 2 }));
+      const smallMs = Date.now() - t0;
+      order.push('small');
+      const m = (await request(s5.port, 'GET', '/metrics')).body;
+      assert.strictEqual(small.status, 200, small.body);
+      // It was admitted at the next free place in the batch, ahead of ~1,000 waiting sequences.
+      assert.ok(metricValue(m, 'gale:num_requests_waiting') > 0, 'the fan-out had finished: the test proves nothing');
+      const r = await big;
+      assert.strictEqual(r.status, 200);
+      assert.strictEqual(JSON.parse(r.body).choices.length, 1024);
+      assert.deepStrictEqual(order, ['small', 'fan-out']);
+      console.log(`     small request beside a 1,024-sequence one: ${smallMs} ms`);
+    } finally {
+      s5.proc.kill('SIGTERM');
+    }
+    // Without a large --max-waiting, sequences (not requests) fill the queue: 429.
+    const s7 = await startServer(['--max-batch-size', '2', '--max-waiting', '20', '--no-warmup']);
+    try {
+      // Past --max-batch-size + --max-waiting sequences at once: refused outright, naming the limit.
+      const c7 = new OpenAI({ baseURL: `http://127.0.0.1:${s7.port}/v1`, apiKey: 'x', maxRetries: 0 });
+      await assert.rejects(c7.completions.create({ prompt: prompts, n: 16, max_tokens: 4 }),
+                           (e) => e instanceof OpenAI.BadRequestError && /1024 sequences/.test(e.message));
+      const big = request(s7.port, 'POST', '/v1/completions',
+                          JSON.stringify({ prompt: prompts.slice(0, 2), n: 10, max_tokens: 200, ignore_eos: true }));
+      await waitForMetric(s7.port, (m) => metricValue(m, 'gale:num_requests_running') > 0);
+      const r = await request(s7.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 2, n: 3 }));
+      assert.strictEqual(r.status, 429, r.body);
+      assert.strictEqual((await big).status, 200);
+    } finally {
+      s7.proc.kill('SIGTERM');
+    }
+  });
+
+  await check('serve says nothing of listening when the model cannot load', async () => {
+    const p = spawn(gale, ['serve', '--port', '0', '-m', '/nonexistent/model.gguf'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    p.stderr.on('data', (d) => { log += d.toString(); });
+    const code = await new Promise((resolve) => p.on('exit', resolve));
+    assert.notStrictEqual(code, 0);
+    assert.ok(!log.includes('listening'), log);
+    assert.ok(log.includes('/nonexistent/model.gguf'), log);
   });
 
   await check('--api-key: 401 without it, typed AuthenticationError, works with it', async () => {
