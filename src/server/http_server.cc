@@ -64,7 +64,21 @@ struct Prepared {
   std::vector<std::string> prompt_texts;      // [prompts], for echo
 };
 
+std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state);
+
+// Runs on the work pool: whatever goes wrong (an exhausted allocation) is this request's 500,
+// never an exception through a server thread.
 std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, const ServingState& state) {
+  try {
+    return PrepareUnguarded(body, chat, state);
+  } catch (const std::bad_alloc&) {
+    return ApiError{500, "out of memory while preparing the request", "server_error", ""};
+  } catch (const std::exception& e) {
+    return ApiError{500, fmt::format("preparing the request failed: {}", e.what()), "server_error", ""};
+  }
+}
+
+std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state) {
   auto parsed = ParseCompletionRequest(body, chat);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   Prepared p;

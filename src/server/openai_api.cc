@@ -47,7 +47,25 @@ const char* FinishReasonForApi(FinishReason r) {
   return "";
 }
 
+namespace {
+
+std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat);
+
+}  // namespace
+
 std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat) {
+  // Every access below checks types first; this is the boundary that keeps a missed check (a
+  // JSON type error) a 400 rather than an exception through a server thread.
+  try {
+    return ParseBody(body, chat);
+  } catch (const nlohmann::json::exception& e) {
+    return Bad("", fmt::format("the request body has a field of an unexpected type ({})", e.what()));
+  }
+}
+
+namespace {
+
+std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
   if (!j.is_object()) return Bad("", "the request body must be a JSON object");
@@ -267,7 +285,9 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
         // Content parts: only text parts, which are joined.
         if (!msg["content"].is_array()) return Bad("messages", "'content' must be a string or an array of text parts");
         for (const auto& part : msg["content"]) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+          // NOTE: no Json::value() on request data: it throws when the field has another type.
+          if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
             return Bad("messages", "only text content parts are supported");
           }
         }
@@ -331,6 +351,8 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
   }
   return r;
 }
+
+}  // namespace
 
 Json UsageJson(const Usage& u) {
   Json j{{"prompt_tokens", u.prompt_tokens},
