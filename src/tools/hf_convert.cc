@@ -7,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <sstream>
-#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +14,7 @@
 
 #include "gguf/safetensors.h"
 #include "tools/cli_common.h"
+#include "tools/hf_tokenizer.h"
 
 namespace gale {
 namespace {
@@ -44,16 +44,23 @@ double NumField(const Json& j, const char* key, double fallback) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
 }
 
-// The token string of an added token or special-token field ("<s>" or {"content": "<s>"}).
-std::string TokenContent(const Json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return "";
-}
+StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, GgufWriter* out);
 
 }  // namespace
 
 StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, GgufWriter* out) {
+  // config.json's optional fields are read with Json::value(), which throws when one is there
+  // with another type: that is an error in the checkpoint, not an exception out of the tool.
+  try {
+    return Convert(dir_name, type, out);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("{}: a JSON field has an unexpected type ({})", dir_name, e.what());
+  }
+}
+
+namespace {
+
+StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, GgufWriter* out) {
   namespace fs = std::filesystem;
   if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) {
     return InvalidArgument("convert writes f32, f16 or bf16 (quantize afterwards with gale quantize)");
@@ -103,129 +110,9 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
   // Tokenizer.
   ASSIGN_OR_RETURN(const Json tj, ReadJson(dir / "tokenizer.json", true));
   ASSIGN_OR_RETURN(const Json tcfg, ReadJson(dir / "tokenizer_config.json", false));
-  if (!tj.contains("model") || !tj["model"].is_object() || tj["model"].value("type", "") != "BPE") {
-    return InvalidArgument("tokenizer.json: only BPE tokenizers are supported");
-  }
-  const Json& tm = tj["model"];
-  // SentencePiece-style (Llama 2, Mistral, TinyLlama): byte fallback, "▁" for spaces. GGUF's
-  // "llama" tokenizer merges by token score; a merge's rank gives its result's score.
-  const bool spm = tm.value("byte_fallback", false);
+  ASSIGN_OR_RETURN(const HfTokenizer tokenizer, ImportHfTokenizer(tj, tcfg, config, vocab));
   HfConvertReport report;
-  // Pre-tokenizer: GPT-2's byte-level regex, or Llama 3's split regex then byte level.
-  const Json& pt = tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : Json();
-  auto is_byte_level = [](const Json& p) { return p.is_object() && p.value("type", "") == "ByteLevel"; };
-  if (spm) {
-    report.pre = "sentencepiece";
-  } else if (is_byte_level(pt) && pt.value("use_regex", true)) {
-    report.pre = "gpt-2";
-  } else if (pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
-             pt["pretokenizers"].is_array()) {
-    for (const auto& p : pt["pretokenizers"]) {
-      if (p.value("type", "") != "Split" || !p.contains("pattern")) continue;
-      const std::string re = p["pattern"].value("Regex", "");
-      if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos && re.find("\\p{N}{1,3}") != std::string::npos) {
-        report.pre = "llama-bpe";
-      }
-    }
-  }
-  if (report.pre.empty()) {
-    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's split)");
-  }
-  if (!tm.contains("vocab") || !tm["vocab"].is_object() || !tm.contains("merges") || !tm["merges"].is_array()) {
-    return InvalidArgument("tokenizer.json: model.vocab and model.merges are required");
-  }
-  std::vector<std::string> tokens;
-  std::vector<int32_t> types;
-  auto place = [&](int64_t id, const std::string& tok, int32_t ty) -> Status {
-    if (id < 0 || id >= (int64_t{1} << 24)) return InvalidArgument("tokenizer.json: token id {} out of range", id);
-    if (static_cast<int64_t>(tokens.size()) <= id) {
-      tokens.resize(static_cast<size_t>(id + 1));
-      types.resize(static_cast<size_t>(id + 1), 0);
-    }
-    tokens[id] = tok;
-    types[id] = ty;
-    return Status::Ok();
-  };
-  const std::string unk = tm.contains("unk_token") ? TokenContent(tm["unk_token"]) : "";
-  for (auto it = tm["vocab"].begin(); it != tm["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer()) return InvalidArgument("tokenizer.json: vocab entry '{}' has no id", it.key());
-    const std::string& k = it.key();
-    const bool byte = spm && k.size() == 6 && k.rfind("<0x", 0) == 0 && k.back() == '>';
-    RETURN_IF_ERROR(place(it.value().get<int64_t>(), k, k == unk && spm ? 2 : byte ? 6 : 1));
-  }
-  if (tj.contains("added_tokens") && tj["added_tokens"].is_array()) {
-    for (const auto& a : tj["added_tokens"]) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) continue;
-      const std::string content = TokenContent(a);
-      const int32_t ty = spm && content == unk ? 2 : a.value("special", false) ? 3 : 4;
-      RETURN_IF_ERROR(place(a["id"].get<int64_t>(), content, ty));
-    }
-  }
-  if (static_cast<int64_t>(tokens.size()) > vocab) {
-    return InvalidArgument("tokenizer.json has {} tokens, the model's vocab_size is {}", tokens.size(), vocab);
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (types[i] == 0) {
-      tokens[i] = fmt::format("[PAD{}]", i);
-      types[i] = 5;
-    }
-  }
-  for (int64_t i = static_cast<int64_t>(tokens.size()); i < vocab; ++i) {
-    tokens.push_back(fmt::format("[PAD{}]", i));
-    types.push_back(5);
-  }
-  std::vector<std::string> merges;
-  for (const auto& m : tm["merges"]) {
-    if (m.is_string()) {
-      merges.push_back(m.get<std::string>());
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
-    } else {
-      return InvalidArgument("tokenizer.json: merge {} is not a pair", merges.size());
-    }
-  }
-  // SentencePiece scores: a merge of rank r makes a token of score -r (the first merge that makes
-  // it); tokens no merge makes are never merged to (lowest score).
-  std::vector<float> scores;
-  if (spm) {
-    std::unordered_map<std::string, int64_t> ids;
-    for (size_t i = 0; i < tokens.size(); ++i) ids.emplace(tokens[i], static_cast<int64_t>(i));
-    scores.assign(tokens.size(), -1e9f);
-    for (size_t r = 0; r < merges.size(); ++r) {
-      const size_t sp = merges[r].find(' ');
-      if (sp == std::string::npos) return InvalidArgument("tokenizer.json: merge {} is not a pair", r);
-      auto it = ids.find(merges[r].substr(0, sp) + merges[r].substr(sp + 1));
-      if (it != ids.end() && scores[it->second] == -1e9f) scores[it->second] = -static_cast<float>(r);
-    }
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (types[i] != 1) scores[i] = 0.0f;
-    }
-  }
-  auto id_of = [&](const std::string& content) -> int64_t {
-    if (content.empty()) return -1;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] == content) return static_cast<int64_t>(i);
-    }
-    return -1;
-  };
-  auto special_id = [&](const char* tok_key, const char* cfg_key) -> int64_t {
-    if (tcfg.is_object() && tcfg.contains(tok_key)) {
-      if (const int64_t id = id_of(TokenContent(tcfg[tok_key])); id >= 0) return id;
-    }
-    if (config.contains(cfg_key)) {
-      const Json& v = config[cfg_key];
-      if (v.is_number_integer()) return v.get<int64_t>();
-      if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
-    }
-    return -1;
-  };
-  const int64_t bos = special_id("bos_token", "bos_token_id"), eos = special_id("eos_token", "eos_token_id");
-  bool add_bos = false;
-  if (tcfg.is_object() && tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) {
-    add_bos = tcfg["add_bos_token"].get<bool>();
-  } else if (bos >= 0 && tj.contains("post_processor") && !tj["post_processor"].is_null()) {
-    add_bos = tj["post_processor"].dump().find(Json(tokens[bos]).dump()) != std::string::npos;
-  }
+  report.pre = tokenizer.pre;
 
   // Metadata.
   out->SetString("general.architecture", "llama");
@@ -248,28 +135,7 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
     out->SetF32("llama.rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
   }
   out->SetU32("llama.vocab_size", static_cast<uint32_t>(vocab));
-  out->SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
-  out->SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
-  if (spm) {
-    out->SetString("tokenizer.ggml.model", "llama");
-    out->SetValue("tokenizer.ggml.scores", GgufValue::F32Array(scores));
-    // A space prefix when the normalizer prepends "▁" (or a Metaspace pre-tokenizer does).
-    const std::string norm = tj.contains("normalizer") ? tj["normalizer"].dump() : "";
-    const bool prefix = norm.find("\"Prepend\"") != std::string::npos ||
-                        (pt.is_object() && pt.value("type", "") == "Metaspace" && pt.value("prepend_scheme", "always") != "never");
-    out->SetBool("tokenizer.ggml.add_space_prefix", prefix);
-    if (const int64_t u = id_of(unk); u >= 0) out->SetU32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(u));
-  } else {
-    out->SetString("tokenizer.ggml.model", "gpt2");
-    out->SetString("tokenizer.ggml.pre", report.pre);
-    out->SetValue("tokenizer.ggml.merges", GgufValue::StringArray(merges));
-  }
-  if (bos >= 0) out->SetU32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos));
-  if (eos >= 0) out->SetU32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(eos));
-  out->SetBool("tokenizer.ggml.add_bos_token", add_bos);
-  if (tcfg.is_object() && tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) {
-    out->SetString("tokenizer.chat_template", tcfg["chat_template"].get<std::string>());
-  }
+  WriteHfTokenizer(tokenizer, out);
 
   // Weights.
   std::map<std::string, bool> used;
@@ -336,5 +202,7 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
   report.layers = layers;
   return report;
 }
+
+}  // namespace
 
 }  // namespace gale
