@@ -113,6 +113,11 @@ class Engine {
   StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
   // The request ends at the next step (finish reason cancelled); its blocks are freed.
   void Cancel(int64_t request_id);
+  // Holds the engine thread between two steps (returns once it holds) and lets it go on: what is
+  // submitted or cancelled meanwhile reaches the engine at one step boundary. For tests that must
+  // not depend on how threads interleave.
+  void Pause() { queue_.Pause(); }
+  void Resume() { queue_.Resume(); }
 
   const EngineConfig& config() const { return config_; }
   int64_t num_blocks() const { return num_blocks_; }

@@ -87,11 +87,36 @@ void RequestQueue::Shutdown() {
     shutdown_ = true;
   }
   cv_.notify_one();
+  paused_cv_.notify_all();
+}
+
+void RequestQueue::Pause() {
+  std::unique_lock<std::mutex> lock(mu_);
+  paused_ = true;
+  cv_.notify_one();  // an idle engine waiting for work comes round to hold
+  paused_cv_.wait(lock, [&] { return holding_ || shutdown_; });
+}
+
+void RequestQueue::Resume() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_ = false;
+  }
+  cv_.notify_one();
 }
 
 bool RequestQueue::Drain(bool wait, std::vector<PendingRequest>* submitted, std::vector<int64_t>* cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (wait) cv_.wait(lock, [&] { return shutdown_ || !submitted_.empty() || !cancelled_.empty(); });
+  while (true) {
+    if (paused_ && !shutdown_) {
+      holding_ = true;
+      paused_cv_.notify_all();
+      cv_.wait(lock, [&] { return shutdown_ || !paused_; });
+      holding_ = false;
+    }
+    if (!wait || shutdown_ || !submitted_.empty() || !cancelled_.empty()) break;
+    cv_.wait(lock, [&] { return shutdown_ || paused_ || !submitted_.empty() || !cancelled_.empty(); });
+  }
   for (auto& r : submitted_) submitted->push_back(std::move(r));
   submitted_.clear();
   cancelled->insert(cancelled->end(), cancelled_.begin(), cancelled_.end());

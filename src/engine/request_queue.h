@@ -102,12 +102,22 @@ class RequestQueue {
   void Shutdown();
 
   // Engine side: takes everything queued. With wait = true, blocks until something arrives or
-  // shutdown. Returns false once shut down (what was queued is still returned).
+  // shutdown; while paused, blocks until resumed (or shutdown) whatever wait says. Returns false
+  // once shut down (what was queued is still returned).
   bool Drain(bool wait, std::vector<PendingRequest>* submitted, std::vector<int64_t>* cancelled);
+
+  // Holds the engine between two steps: returns once the engine thread waits in Drain, so
+  // whatever is submitted or cancelled before Resume reaches it together, at one step boundary
+  // (deterministic tests of races: cancel versus finish, a burst of submissions).
+  void Pause();
+  void Resume();
 
  private:
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // the engine waits on it
+  std::condition_variable paused_cv_;  // Pause waits on it for the engine to hold
+  bool paused_ = false;
+  bool holding_ = false;               // the engine thread is waiting because of paused_
   std::vector<PendingRequest> submitted_;
   std::vector<int64_t> cancelled_;
   bool shutdown_ = false;

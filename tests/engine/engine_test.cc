@@ -560,9 +560,14 @@ TEST(EngineTest, CancelAndShutdownFinishRequestsAndFreeBlocks) {
     auto s = *(*engine)->Submit(r);
     StreamUpdate u;
     ASSERT_TRUE(s->Next(&u));  // it is running
+    // Held between two steps, so the cancel lands before it can finish its 200 tokens (without
+    // the pause, a fast machine could finish first and the test flaked).
+    (*engine)->Pause();
     (*engine)->Cancel(s->id());
+    (*engine)->Resume();
     const Result rest = Collect(*s);
     EXPECT_EQ(rest.reason, FinishReason::kCancelled);
+    EXPECT_LT(rest.tokens.size(), 199u);
     // Blocks come back at the next step; run one more request to see the counters settle.
     r.max_tokens = 2;
     EXPECT_EQ(Collect(**(*engine)->Submit(r)).reason, FinishReason::kLength);
