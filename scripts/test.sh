@@ -2,13 +2,27 @@
 # Set-up command 2: install what is missing, then build and run every test:
 #   1. release build, whole GoogleTest suite under ctest
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, same suite
-#   3. libFuzzer targets (clang) for the GGUF reader and for chat templates, bounded runs on
-#      their seed corpora
-# GALE_FUZZ_SECONDS (default 60) bounds each fuzz run; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
+#   3. libFuzzer targets (clang) for every untrusted parser: GGUF reader, chat templates, OpenAI
+#      request bodies (down to template rendering), safetensors, tokenizer.json import; bounded
+#      runs on their seed corpora
+# GALE_FUZZ_SECONDS (default 45) bounds each fuzz run; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
 jobs="$(nproc)"
+# The kernel tables this CPU must have (kernels_test checks them), from /proc/cpuinfo's flags
+# rather than gale's own CPUID code, so that a dispatch bug cannot hide a whole ISA.
+if [ -z "${GALE_EXPECT_ISA:-}" ]; then
+  flags="$(grep -m1 '^flags' /proc/cpuinfo || true)"
+  has() { for f in "$@"; do [[ " $flags " == *" $f "* ]] || return 1; done; }
+  GALE_EXPECT_ISA=scalar
+  if has avx2 fma f16c; then GALE_EXPECT_ISA=avx2; fi
+  if has avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16; then
+    GALE_EXPECT_ISA=avx2,avx512
+  fi
+  export GALE_EXPECT_ISA
+fi
+echo "expecting kernels for: $GALE_EXPECT_ISA"
 
 echo "== release build + tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -23,15 +37,28 @@ if [ "${GALE_SKIP_SANITIZE:-0}" != 1 ]; then
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 fi
 
-echo "== fuzz: GGUF reader, chat templates"
+echo "== fuzz: GGUF reader, chat templates, OpenAI requests, safetensors, tokenizer.json"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DGALE_FUZZ=ON -DGALE_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target gguf_reader_fuzz jinja_fuzz -j "$jobs"
-mkdir -p build-fuzz/corpus build-fuzz/corpus-jinja fuzz/artifacts
-build-fuzz/gguf_reader_fuzz -max_total_time="${GALE_FUZZ_SECONDS:-60}" -max_len=65536 -timeout=10 \
-  -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
-  build-fuzz/corpus fuzz/corpus 2>&1 | tail -n 15
-build-fuzz/jinja_fuzz -max_total_time="${GALE_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
-  -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
-  build-fuzz/corpus-jinja fuzz/corpus-jinja 2>&1 | tail -n 15
+targets=(gguf_reader_fuzz:corpus:65536 jinja_fuzz:corpus-jinja:8192 openai_request_fuzz:corpus-openai:65536
+         safetensors_fuzz:corpus-safetensors:16384 hf_tokenizer_fuzz:corpus-hf-tokenizer:16384)
+cmake --build build-fuzz --target "${targets[@]%%:*}" -j "$jobs"
+mkdir -p fuzz/artifacts
+for t in "${targets[@]}"; do
+  IFS=: read -r name corpus max_len <<<"$t"
+  echo "-- $name"
+  mkdir -p "build-fuzz/$corpus"
+  # Exit status of the fuzzer, not of tail: a crash fails the run.
+  set +o pipefail
+  "build-fuzz/$name" -max_total_time="${GALE_FUZZ_SECONDS:-45}" -max_len="$max_len" -timeout=10 \
+    -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
+    "build-fuzz/$corpus" "fuzz/$corpus" > "build-fuzz/$name.log" 2>&1
+  rc=$?
+  set -o pipefail
+  tail -n 12 "build-fuzz/$name.log"
+  if [ "$rc" != 0 ]; then
+    echo "FAIL: $name exited $rc (artifacts in fuzz/artifacts/)"
+    exit 1
+  fi
+done
 echo "fuzz: no crash"

@@ -1,6 +1,10 @@
 // Shared helpers for tests: paths to the source tree and ../shared, random data.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -11,8 +15,19 @@
 
 namespace gale::test {
 
-inline std::string SharedDir() { return GALE_SHARED_DIR; }
+// The shared data folder: $GALE_SHARED_DIR when set (as for the shell tests), else the one CMake
+// was configured with.
+inline std::string SharedDir() {
+  const char* env = std::getenv("GALE_SHARED_DIR");
+  return env != nullptr && *env != '\0' ? env : GALE_SHARED_DIR;
+}
 inline std::string SourceDir() { return GALE_SOURCE_DIR; }
+
+// A path in the temporary folder that no other test process uses at the same time (ctest runs
+// tests in parallel, each in its own process): the name with this process's id.
+inline std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("gale-" + std::to_string(::getpid()) + "-" + name)).string();
+}
 
 inline std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   Rng rng(seed);

@@ -46,7 +46,7 @@ TEST(ProfilerTest, ForwardPassTraceHasEveryOpOfEveryLayer) {
   }
   EXPECT_EQ(counts["rms_norm"], 2 * layers);
   EXPECT_EQ(counts["lm_head"], 1);
-  const auto path = (std::filesystem::temp_directory_path() / "gale_trace_test.json").string();
+  const auto path = test::TempPath("trace_test.json");
   ASSERT_TRUE(prof.WriteChromeTrace(path).ok());
   std::ifstream in(path);
   const auto j = nlohmann::json::parse(in);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "../test_util.h"
 #include "gguf/gguf_writer.h"
 
 namespace gale {
@@ -84,7 +85,7 @@ TEST(GgufTest, RoundTripPreservesEveryKeyAndTensorByte) {
 TEST(GgufTest, OpenMapsFileAndHonorsAlignment) {
   GgufWriter w = SampleWriter();
   w.SetU32("general.alignment", 64);
-  const auto path = std::filesystem::temp_directory_path() / "gale_gguf_test.gguf";
+  const auto path = std::filesystem::path(test::TempPath("gguf_test.gguf"));
   ASSERT_TRUE(w.WriteFile(path.string()).ok());
   auto f = GgufFile::Open(path.string());
   ASSERT_TRUE(f.ok()) << f.status().ToString();

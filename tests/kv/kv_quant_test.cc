@@ -111,9 +111,12 @@ TEST(KvQuantTest, PerplexityAndKlOnTheDefaultModel) {
       EXPECT_GT(kl.top1_agreement, 0.95);
     }
     // int4 with one scale per 8-wide head and position is not usable on this model (measured:
-    // perplexity 2.5x, top-1 agreement 58%); this bound only guards against it getting worse.
+    // perplexity +136%, KL 0.89, top-1 agreement 57.8%); the bounds are those with a margin of
+    // about a fifth, so a change for the worse shows.
     if (type == KvType::kInt4) {
-      EXPECT_LT(rel, 2.0);
+      EXPECT_LT(rel, 1.6);
+      EXPECT_LT(kl.mean, 1.1);
+      EXPECT_GT(kl.top1_agreement, 0.5);
     }
   }
 }
@@ -240,8 +243,8 @@ TEST(KvQuantTest, CalibratedKeyChannelsCutTheError) {
     const KlResult kl = CompareLogprobs(base, r).value();
     std::printf("K %s%s: ppl %.4f (f32 %.4f), KL %.5f, top-1 %.2f%%\n", kernels::KvTypeName(k),
                 channels ? " per channel" : "", r.ppl(), base.ppl(), kl.mean, 100 * kl.top1_agreement);
-    if (channels) {
-      EXPECT_LT(std::fabs(r.ppl() / base.ppl() - 1.0), k == KvType::kInt8 ? 0.005 : 0.3);
+    if (channels) {  // measured: int8 +0.22%, int4 +23.0%
+      EXPECT_LT(std::fabs(r.ppl() / base.ppl() - 1.0), k == KvType::kInt8 ? 0.005 : 0.27);
     }
     return kl.mean;
   };
@@ -249,7 +252,7 @@ TEST(KvQuantTest, CalibratedKeyChannelsCutTheError) {
   EXPECT_LT(kl_of(KvType::kInt8, true), 0.5 * kl_of(KvType::kInt8, false));
   const double int4 = kl_of(KvType::kInt4, true);
   EXPECT_LT(int4, 0.3 * kl_of(KvType::kInt4, false));
-  EXPECT_LT(int4, 0.3);
+  EXPECT_LT(int4, 0.23);  // measured 0.192
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
 // gale loadgen against a fake OpenAI server in this process that streams with known delays:
-// first token after 150 ms, then 8 more 40 ms apart. Measured TTFT must be within [148, 190] ms
-// and each request's mean inter-token gap within [34, 70] ms: the lower bounds allow timer
-// rounding (Node fires setTimeout up to ~1 ms early relative to the client's clock) and, for the
-// mean, one event delayed by up to 40 ms (which shortens the gap after it: single gaps of 29 ms
-// were seen with ctest running two suites on two cores), the upper ones loopback plus scheduling
-// on a busy 2-core machine. Every single gap must still be within [5, 120] ms. Also: errors by
-// kind, timeouts, and the report files.
+// first token after 150 ms, then 8 more 40 ms apart. Only what those delays guarantee is asserted,
+// never a window of wall time (a busy machine can delay any event by any amount): no event can
+// arrive before the server sent it, so TTFT >= 150 ms and the last event >= 470 ms after the start
+// (less 1 ms: Node's timers can fire that much early relative to another clock); events arrive in
+// order; the times are consistent (TTFT + the gaps = the last event <= end to end); and the
+// summaries are the percentiles of the per-request values. Also: errors by kind, timeouts, trace
+// arrival times (never early, in order), and the report files.
 const http = require('http');
 const { execFile } = require('child_process');
 const fs = require('fs');
@@ -71,15 +71,22 @@ server.listen(0, '127.0.0.1', async () => {
     assert.strictEqual(j.requests.length, 12);
     for (const q of j.requests) {
       assert.strictEqual(q.outcome, 'ok');
-      assert.ok(q.ttft_s >= 0.148 && q.ttft_s <= 0.19, `ttft ${q.ttft_s}`);
+      assert.ok(q.ttft_s >= 0.149, `ttft ${q.ttft_s}`);
       assert.strictEqual(q.output_tokens, 9);
       assert.strictEqual(q.itl_s.length, 8);
-      for (const g of q.itl_s) assert.ok(g >= 0.005 && g <= 0.12, `itl ${g}`);
-      const mean = q.itl_s.reduce((a, b) => a + b, 0) / q.itl_s.length;
-      assert.ok(mean >= 0.034 && mean <= 0.07, `mean itl ${mean}`);
+      for (const g of q.itl_s) assert.ok(g >= 0, `itl ${g}`);
+      const last = q.ttft_s + q.itl_s.reduce((a, b) => a + b, 0);
+      assert.ok(last >= 0.469, `last event at ${last}`);
+      assert.ok(last <= q.e2e_s + 1e-6, `last event at ${last}, end to end ${q.e2e_s}`);
     }
+    // The summary's percentiles are those of the requests (nearest-rank or interpolated: between
+    // the neighbouring order statistics).
     const s = j.summaries[0];
-    assert.ok(s.tpot_s.p50 > 0.035 && s.tpot_s.p50 < 0.07);
+    const sorted = j.requests.map((q) => q.ttft_s).sort((a, b) => a - b);
+    const mid = (sorted.length - 1) / 2;
+    assert.ok(s.ttft_s.p50 >= sorted[Math.floor(mid)] - 1e-9 && s.ttft_s.p50 <= sorted[Math.ceil(mid)] + 1e-9,
+              `p50 ${s.ttft_s.p50} of ${sorted}`);
+    assert.ok(s.ttft_s.mean >= 0.149 && s.tpot_s.p50 > 0);
     // The server's counters over the phase: 12 completions, 48 guesses, 24 accepted.
     assert.strictEqual(s.server.spec_draft_tokens, 48);
     assert.strictEqual(s.server.spec_acceptance_rate, 0.5);
@@ -117,9 +124,11 @@ server.listen(0, '127.0.0.1', async () => {
     assert.ifError(r.err);
     const reqs = JSON.parse(fs.readFileSync(path.join(out, 'results.json'), 'utf8')).requests;
     assert.strictEqual(reqs.length, 3);
-    const starts = reqs.map((q) => q.start_s).sort((a, b) => a - b);
-    assert.ok(Math.abs(starts[1] - starts[0] - 0.2) < 0.03 && Math.abs(starts[2] - starts[0] - 0.4) < 0.03, `starts ${starts}`);
-    assert.deepStrictEqual(reqs.map((q) => q.output_len).sort(), [4, 5, 6]);
+    // Arrivals at 0, 0.2 and 0.4 s of the phase (0.4 s apart in the trace, at speed 2): never
+    // early, and in the trace's order (the outputs ask for 4, 5, 6 tokens in that order).
+    const byStart = [...reqs].sort((a, b) => a.start_s - b.start_s);
+    byStart.forEach((q, i) => assert.ok(q.start_s >= 0.2 * i - 0.001, `request ${i} started at ${q.start_s}`));
+    assert.deepStrictEqual(byStart.map((q) => q.output_len), [4, 5, 6]);
   });
   await check('errors by kind and timeouts are counted', async () => {
     mode = 'error';

@@ -28,7 +28,7 @@ std::vector<float> LastLogits(const LlamaModel& m, ThreadPool& pool) {
 TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
   if (kernels::Active().pack[kernels::kSlotQ4_0] == nullptr) GTEST_SKIP() << "no packed Q4_0 layout on this CPU";
   const SynthShape shape = test::SmallGqaShape(1024);
-  const auto path = (std::filesystem::temp_directory_path() / "gale_packed_release_test.gguf").string();
+  const auto path = test::TempPath("packed_release_test.gguf");
   ASSERT_TRUE(SynthesizeLlama(shape, GgmlType::kQ4_0, 5)->WriteFile(path).ok());
   for (bool copy : {true, false}) {
     auto file = GgufFile::Open(path, copy).value();

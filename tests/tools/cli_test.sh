@@ -297,8 +297,8 @@ expect_fail quantize-calib-jsonl "line 2" -- "$GALE" quantize -i "$model260k" -o
 expect_fail quantize-calib-q8 "calibration" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type q8_0 --calib "$(dirname "$0")/../../bench/story-prompt.txt"
 expect_fail quantize-bad-group "--group-size" -- "$GALE" quantize -i "$model260k" -o "$tmp/x.gguf" --type w4a16 --group-size 32
 expect_fail quantize-bad-keep "regular expression" -- "$GALE" quantize -i "$(dirname "$0")/../../models/stories260K.gguf" -o "$tmp/x.gguf" --keep "("
-expect_fail quantize-missing "" -- "$GALE" quantize -i "$tmp/none.gguf" -o "$tmp/x.gguf"
-expect_fail quantize-truncated "" -- "$GALE" quantize -i "$tmp/trunc.gguf" -o "$tmp/x.gguf"
+expect_fail quantize-missing "cannot open" -- "$GALE" quantize -i "$tmp/none.gguf" -o "$tmp/x.gguf"
+expect_fail quantize-truncated "cannot fit in a file" -- "$GALE" quantize -i "$tmp/trunc.gguf" -o "$tmp/x.gguf"
 printf '' > "$tmp/empty.txt"
 printf 'a\0b' > "$tmp/binary.txt"
 expect_fail eval-empty "perplexity needs at least 2" -- "$GALE" eval ppl -f "$tmp/empty.txt"
@@ -315,17 +315,14 @@ expect_fail batch-tiny-kv "holds no block" -- "$GALE" batch -i "$tmp/in.jsonl" -
 expect_fail batch-zero-batch "max_batch_size" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --max-batch-size 0
 # gale template: one conformance entry (Qwen2.5, system_multi_turn) through the CLI, byte for byte;
 # errors name the line.
-shared="$(dirname "$0")/../../../shared/chat-templates"
+shared="${GALE_SHARED_DIR:-$(dirname "$0")/../../../shared}/chat-templates"
 cat > "$tmp/ctx.json" <<'JSON'
 {"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3+3? Answer with \"six\" or 6."}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"}
 JSON
 printf '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4.<|im_end|>\n<|im_start|>user\nAnd 3+3? Answer with "six" or 6.<|im_end|>\n<|im_start|>assistant\n' > "$tmp/want.txt"
-if [ -f "$shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja" ]; then
-  "$GALE" template --file "$shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja" --context "$tmp/ctx.json" > "$tmp/got.txt"
-  if cmp -s "$tmp/got.txt" "$tmp/want.txt"; then pass=$((pass + 1)); else echo "FAIL template render:"; cat "$tmp/got.txt"; fails=$((fails + 1)); fi
-else
-  echo "note: $shared not found; skipping the template render check"
-fi
+# The data is part of the test: missing, it is a failure, not a skip.
+"$GALE" template --file "$shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja" --context "$tmp/ctx.json" > "$tmp/got.txt" 2>&1
+if cmp -s "$tmp/got.txt" "$tmp/want.txt"; then pass=$((pass + 1)); else echo "FAIL template render (shared data in $shared):"; cat "$tmp/got.txt"; fails=$((fails + 1)); fi
 printf 'a\n{%% if x %%}\n' > "$tmp/bad.jinja"
 expect_fail template-syntax "line" -- "$GALE" template --file "$tmp/bad.jinja" --context "$tmp/ctx.json"
 printf '{{ raise_exception("no tools here") }}' > "$tmp/raise.jinja"

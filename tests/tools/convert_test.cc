@@ -57,11 +57,10 @@ TEST(ConvertTest, MatchesLlamaCppConversion) {
 }
 
 TEST(ConvertTest, TruncatedOrCorruptCheckpointsAreErrors) {
-  const auto dir = std::filesystem::temp_directory_path();
   const std::string tok = test::SharedDir() + "/models/tok512.bin";
   std::vector<uint8_t> model = ReadBytes(test::SharedDir() + "/models/stories260K.bin");
   auto write = [&](const std::vector<uint8_t>& b) {
-    const std::string p = (dir / "gale_bad_llama2c.bin").string();
+    const std::string p = test::TempPath("bad_llama2c.bin");
     std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
     return p;
   };
@@ -76,7 +75,7 @@ TEST(ConvertTest, TruncatedOrCorruptCheckpointsAreErrors) {
   EXPECT_EQ(ConvertLlama2c("/nonexistent/x.bin", tok).status().code(), StatusCode::kIoError);
   auto tok_bytes = ReadBytes(tok);
   tok_bytes.resize(100);
-  const std::string tp = (dir / "gale_bad_tok.bin").string();
+  const std::string tp = test::TempPath("bad_tok.bin");
   std::ofstream(tp, std::ios::binary).write(reinterpret_cast<const char*>(tok_bytes.data()), tok_bytes.size());
   EXPECT_NE(ConvertLlama2c(test::SharedDir() + "/models/stories260K.bin", tp).status().message().find("truncated"),
             std::string::npos);

@@ -52,7 +52,12 @@ TEST(EvalTest, SlidingWindowsScoreEveryTokenOnce) {
     if (ctx == 100) {
       EXPECT_DOUBLE_EQ(r->nll, full.nll);  // one window: the same
     } else {
-      EXPECT_NEAR(r->nll, full.nll, 0.5 * full.nll);  // less context, similar difficulty
+      // Less context, similar difficulty: measured 2.1-2.8% below the one window's 18.17; a bound
+      // of 5% both ways (it was 50%).
+      std::printf("ctx %lld stride %lld: NLL %.4f (one window %.4f)\n", static_cast<long long>(ctx),
+                  static_cast<long long>(stride), r->nll, full.nll);
+      EXPECT_NEAR(r->nll, full.nll, 0.05 * full.nll);
+      EXPECT_NE(r->nll, full.nll);  // it did use shorter windows
     }
   }
   PplOptions bad;

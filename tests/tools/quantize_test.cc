@@ -151,7 +151,7 @@ TEST(QuantizeTest, KQuantsOfASyntheticModel) {
     EXPECT_EQ(out->GetInt("general.file_type").value(), sc == QuantScheme::kQ4_K ? 14 : 18);
     const double rel = RelativeError(FourTokenLogits(*out, pool), want);
     std::printf("%s: relative logit error %.4f\n", QuantSchemeName(sc), rel);
-    EXPECT_LT(rel, sc == QuantScheme::kQ6_K ? 0.06 : 0.3);
+    EXPECT_LT(rel, sc == QuantScheme::kQ6_K ? 0.05 : 0.25);  // measured 0.040 and 0.204
     EXPECT_GT(rel, prev);
     prev = rel;
   }
@@ -196,7 +196,8 @@ TEST(QuantizeTest, KQuantFallbacksAndTheLegacyTypes) {
     const double rel = rel_error(*out);
     std::printf("%s (with fallbacks): relative logit error %.4f\n", QuantSchemeName(sc), rel);
     // IQ4's table is shaped for bell-curved weights; synth's are uniform.
-    EXPECT_LT(rel, sc == QuantScheme::kQ6_K ? 0.05 : sc == QuantScheme::kQ4_K ? 0.2 : 0.25);
+    // Measured: Q6_K 0.020, Q4_K 0.109, IQ4_XS 0.190; bounds about a fifth above.
+    EXPECT_LT(rel, sc == QuantScheme::kQ6_K ? 0.025 : sc == QuantScheme::kQ4_K ? 0.135 : 0.23);
   }
   double err[4];
   const QuantScheme legacy[] = {QuantScheme::kQ4_1, QuantScheme::kQ5_0, QuantScheme::kQ5_1, QuantScheme::kIQ4_NL};
@@ -210,7 +211,8 @@ TEST(QuantizeTest, KQuantFallbacksAndTheLegacyTypes) {
     EXPECT_EQ(out->GetInt("general.file_type").value(), (std::array<int, 4>{3, 8, 9, 25}[i]));
     err[i] = rel_error(*out);
     std::printf("%s: relative logit error %.4f\n", QuantSchemeName(legacy[i]), err[i]);
-    EXPECT_LT(err[i], i == 3 ? 0.25 : 0.2);
+    // Measured: Q4_1 0.153, Q5_0 0.095, Q5_1 0.088, IQ4_NL 0.193; bounds about a fifth above.
+    EXPECT_LT(err[i], (std::array<double, 4>{0.185, 0.115, 0.105, 0.235}[i]));
   }
   EXPECT_LT(err[1], err[0]);  // 5 bits beat 4
   EXPECT_LT(err[2], err[0]);
