@@ -348,6 +348,11 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
     }
     if (r.prompts.size() + r.prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
     if (auto e = boolean("echo", &r.echo)) return *e;
+    // With echo, logprobs would have to cover the prompt's tokens too (vLLM's prompt logprobs):
+    // refused until the engine computes them, rather than answered without them.
+    if (r.echo && r.top_logprobs >= 0) {
+      return Bad("echo", "'echo' together with 'logprobs' (the prompt's log-probabilities) is not supported yet");
+    }
   }
   return r;
 }

@@ -346,6 +346,11 @@ function rawStream(port, cutAfter) {
     assert.ok(JSON.parse(r.body).error.message.includes('got 18446744073709551615'), r.body);
     r = await request(srv.port, 'POST', '/v1/completions', '{"prompt": [18446744073709551615]}');
     assert.strictEqual(r.status, 400);
+    // echo with logprobs would leave the prompt's tokens out of logprobs: refused, not answered so.
+    await assert.rejects(client.completions.create({ prompt: 'x', max_tokens: 2, echo: true, logprobs: 1 }),
+                         (e) => e instanceof OpenAI.BadRequestError && e.param === 'echo');
+    const echoed = await client.completions.create({ prompt: 'Once upon a time', max_tokens: 2, echo: true });
+    assert.ok(echoed.choices[0].text.startsWith('Once upon a time'), echoed.choices[0].text);
     const raw = (text) => new Promise((resolve) => {
       const sock = net.connect(srv.port, '127.0.0.1', () => sock.write(text));
       let data = '';
