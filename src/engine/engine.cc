@@ -74,6 +74,8 @@ struct Engine::Live {
   int64_t num_prompt_tokens = 0;
   int64_t num_truncated_tokens = 0;
   bool want_logprobs = false;
+  int prompt_logprobs = -1;                    // GenerationRequest::prompt_logprobs
+  std::vector<TokenLogprobs> prompt_lps;       // computed so far (sent with the first token)
   int64_t num_emitted_tokens = 0;  // generated tokens already streamed
   // Acceptance of this request's guesses: decayed counts with a prior of 1 in 2.
   double spec_hits = 1.0, spec_trials = 2.0;
@@ -226,6 +228,9 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   if (req.top_logprobs < -1 || req.top_logprobs > 20) {
     return InvalidArgument("top_logprobs must be in [0, 20], got {}", req.top_logprobs);
   }
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > 20) {
+    return InvalidArgument("prompt_logprobs must be in [0, 20], got {}", req.prompt_logprobs);
+  }
   if (!req.retention) req.retention = config_.retention;
   RetentionConfig& ret = *req.retention;
   RETURN_IF_ERROR(CheckRetention(ret, config_.spec));
@@ -280,6 +285,7 @@ void Engine::Admit(PendingRequest& p) {
   r->stop_ids = p.request.stop_ids;
   r->cache_salt = p.request.cache_salt;
   r->group = p.request.group != 0 ? p.request.group : -p.id;
+  r->no_cached_prefix = p.request.prompt_logprobs >= 0;
   auto live = std::make_unique<Live>();
   if (p.request.retention && p.request.retention->active()) {
     r->kv_budget = p.request.retention->budget;
@@ -302,6 +308,7 @@ void Engine::Admit(PendingRequest& p) {
   }
   runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs);
   live->want_logprobs = p.request.top_logprobs >= 0;
+  live->prompt_logprobs = p.request.prompt_logprobs;
   live_[p.id] = std::move(live);
 }
 
@@ -310,6 +317,7 @@ bool Engine::EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs) {
   StreamUpdate u;
   u.token_ids.push_back(token);
   if (l.want_logprobs && logprobs != nullptr) u.logprobs.push_back(*logprobs);
+  if (l.num_emitted_tokens == 1) u.prompt_logprobs = std::move(l.prompt_lps);
   u.num_prompt_tokens = l.num_prompt_tokens;
   u.num_truncated_tokens = l.num_truncated_tokens;
   bool stopped = false;
@@ -370,6 +378,7 @@ void Engine::Loop() {
   std::vector<std::vector<int32_t>> spec_inputs;  // [seq] tokens followed by drafts
   RunnerOutput out;
   std::vector<std::vector<TokenLogprobs>> logprobs;
+  std::vector<PromptLogprobs> prompt_logprobs;
   while (true) {
     submitted.clear();
     cancelled.clear();
@@ -402,6 +411,7 @@ void Engine::Loop() {
     }
     for (int64_t id : plan.preempted) live_.at(id)->retention_fresh = true;
     if (plan.empty()) continue;
+    bool any_prompt_logprobs = false;
     seqs.clear();
     spec_inputs.resize(plan.seqs.size());
     for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -415,6 +425,9 @@ void Engine::Loop() {
       }
       seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
       Live& l = *live_.at(s.req->id);
+      seqs.back().num_prompt = s.req->num_prompt_tokens;
+      seqs.back().prompt_logprobs = l.prompt_logprobs;
+      any_prompt_logprobs = any_prompt_logprobs || l.prompt_logprobs >= 0;
       if (l.retention) {
         if (l.retention_fresh) {
           l.retention->Reset(s.req->num_pinned_slots);
@@ -433,7 +446,7 @@ void Engine::Loop() {
       for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 + q.num_spec && q.sample;
       ProfileSpan span(decode_only ? "decode" : "prefill", "step", plan.num_tokens);
       const auto t0 = std::chrono::steady_clock::now();
-      st = runner_.Execute(seqs, &out.tokens, &logprobs);
+      st = runner_.Execute(seqs, &out.tokens, &logprobs, any_prompt_logprobs ? &prompt_logprobs : nullptr);
       // The fit is of decode steps: a prompt chunk's tokens cost less each (one weight read for many).
       if (decode_only && config_.spec.method != SpecMethod::kOff) {
         spec_cost_.AddStep(plan.num_tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -446,6 +459,19 @@ void Engine::Loop() {
       }
       PublishStats();
       continue;
+    }
+    if (any_prompt_logprobs) {
+      // Kept in order; a chunk computed again after preemption adds only what is new.
+      for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        Live& l = *live_.at(plan.seqs[i].req->id);
+        const PromptLogprobs& p = prompt_logprobs[i];
+        if (l.num_emitted_tokens > 0) continue;  // sent already (this is a recomputation)
+        for (size_t e = 0; e < p.entries.size(); ++e) {
+          if (p.first + static_cast<int64_t>(e) == static_cast<int64_t>(l.prompt_lps.size())) {
+            l.prompt_lps.push_back(p.entries[e]);
+          }
+        }
+      }
     }
     ++stats_.num_steps;
     stats_.num_step_tokens += plan.num_tokens;

@@ -29,6 +29,7 @@ void RequestStream::Push(StreamUpdate u) {
     } else {
       pending_.token_ids.insert(pending_.token_ids.end(), u.token_ids.begin(), u.token_ids.end());
       pending_.logprobs.insert(pending_.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+      pending_.prompt_logprobs.insert(pending_.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
       pending_.text += u.text;
       if (u.finished) {
         pending_.finished = true;

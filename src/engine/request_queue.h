@@ -33,6 +33,9 @@ struct GenerationRequest {
   bool truncate = false;              // too long: drop the middle of the prompt instead of failing
   std::string cache_salt;             // only requests with the same salt share cached prefixes
   int top_logprobs = -1;              // -1: none; k >= 0: each token's log-probability and k alternatives
+  // -1: none; k >= 0: the prompt's log-probabilities too (StreamUpdate::prompt_logprobs), with k
+  // alternatives. Such a request computes its whole prompt (it takes nothing from the prefix cache).
+  int prompt_logprobs = -1;
   std::optional<RetentionConfig> retention;  // KV retention for this request; unset: the engine's
   // Requests of one group (> 0: e.g. the choices and prompts of one API request) share the batch
   // fairly with other groups (sched/scheduler.h); 0: a group of its own.
@@ -43,6 +46,9 @@ struct GenerationRequest {
 struct StreamUpdate {
   std::vector<int32_t> token_ids;  // newly generated
   std::vector<TokenLogprobs> logprobs;  // [token_ids] when the request asked for them
+  // With the first generated token, when the request asked for them: [prompt tokens - 1], entry i
+  // token i + 1's log-probability given the tokens before it.
+  std::vector<TokenLogprobs> prompt_logprobs;
   std::string text;                // their text; a stop string and what follows are cut
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;

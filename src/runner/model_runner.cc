@@ -42,7 +42,8 @@ void Logprobs(std::span<const float> logits, int32_t token, int k, TokenLogprobs
 }  // namespace
 
 Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
-                            std::vector<std::vector<TokenLogprobs>>* logprobs) {
+                            std::vector<std::vector<TokenLogprobs>>* logprobs,
+                            std::vector<PromptLogprobs>* prompt_logprobs) {
   ForwardBatch& b = batch_;
   b.tokens.clear();
   b.positions.clear();
@@ -85,11 +86,46 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
     }
     b.block_tables.push_back(q.block_table);
   }
+  // Prompt rows after every sampled row (so the sampled rows keep their places): the chunk's
+  // positions before the prompt's last token.
+  struct PromptJob {
+    size_t seq;
+    int64_t row, first, count;
+  };
+  std::vector<PromptJob> prompt_jobs;
+  if (prompt_logprobs != nullptr) {
+    int64_t base = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const RunnerSeq& q = seqs[s];
+      const int64_t end = std::min(q.start + q.num_new, q.num_prompt - 1);
+      if (q.prompt_logprobs >= 0 && end > q.start) {
+        prompt_jobs.push_back({s, static_cast<int64_t>(b.logit_rows.size()), q.start, end - q.start});
+        for (int64_t p = q.start; p < end; ++p) b.logit_rows.push_back(static_cast<int32_t>(base + p - q.start));
+      }
+      base += q.num_new;
+    }
+  }
   // A step of only partial prefills wants no logits, but Forward always computes at least one
   // row: ask for the last token's and ignore it.
-  const bool any_sample = !b.logit_rows.empty();
-  if (!any_sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+  const bool any_sample = !jobs.empty();
+  if (b.logit_rows.empty()) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
   RETURN_IF_ERROR(model_.Forward(b, kv_, ws_, pool_));
+  const int64_t vocab = model_.hparams().vocab_size;
+  if (prompt_logprobs != nullptr) {
+    prompt_logprobs->assign(seqs.size(), PromptLogprobs{});
+    for (const PromptJob& pj : prompt_jobs) {
+      const RunnerSeq& q = seqs[pj.seq];
+      PromptLogprobs& out = (*prompt_logprobs)[pj.seq];
+      out.first = pj.first;
+      out.entries.resize(static_cast<size_t>(pj.count));
+      pool_.ParallelFor(pj.count, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          std::span<const float> logits(ws_.logits.data() + (pj.row + i) * vocab, vocab);
+          Logprobs(logits, q.tokens[pj.first + i + 1], q.prompt_logprobs, &out.entries[i]);
+        }
+      });
+    }
+  }
 
   sampled->resize(seqs.size());
   for (auto& v : *sampled) v.clear();
@@ -99,7 +135,6 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
   }
   if (!any_sample) return Status::Ok();
   ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
-  const int64_t vocab = model_.hparams().vocab_size;
   // Each request has its own sampler, so requests can be sampled in parallel with the same
   // results; a request's rows are sampled in order.
   pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {

@@ -35,6 +35,11 @@ struct RunnerSeq {
   int64_t slot_start = -1;
   float* attn_acc = nullptr;
   int64_t attn_acc_stride = 0;
+  // Prompt log-probabilities (completions' echo with logprobs): with prompt_logprobs = k >= 0,
+  // every row of the chunk at a position p < num_prompt - 1 gives token p + 1's log-probability
+  // given the tokens before it, with k alternatives.
+  int64_t num_prompt = 0;
+  int prompt_logprobs = -1;
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before
@@ -42,6 +47,12 @@ struct RunnerSeq {
 struct TokenLogprobs {
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // [k] (token, logprob), most likely first
+};
+
+// A chunk's prompt log-probabilities: entries[i] is token (first + i + 1)'s.
+struct PromptLogprobs {
+  int64_t first = 0;
+  std::vector<TokenLogprobs> entries;
 };
 
 class ModelRunner {
@@ -59,9 +70,11 @@ class ModelRunner {
   // longest-matching-prefix rule; for a sampled one it is the standard rejection rule for a
   // deterministic draft (accept d with probability p(d), else draw from p without d), realised
   // by drawing t ~ p and accepting when t == d. logprobs[i] has one entry per produced token
-  // where the request asked for log-probabilities.
+  // where the request asked for log-probabilities. prompt_logprobs[i] holds seqs[i]'s prompt
+  // log-probabilities where it asked for them (RunnerSeq::prompt_logprobs).
   Status Execute(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
-                 std::vector<std::vector<TokenLogprobs>>* logprobs = nullptr);
+                 std::vector<std::vector<TokenLogprobs>>* logprobs = nullptr,
+                 std::vector<PromptLogprobs>* prompt_logprobs = nullptr);
 
   const Workspace& workspace() const { return ws_; }
 

@@ -150,7 +150,7 @@ StepPlan Scheduler::Schedule() {
       const auto next = next_waiting();
       SeqRequest& r = **next;
       // Blocks whose K/V another request (or this one before preemption) already computed.
-      int64_t cached = kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
+      int64_t cached = r.no_cached_prefix ? 0 : kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
       if (r.retains() && cached > r.kv_budget) {
         // The shared prefix is never evicted: take no more of it than the budget holds.
         cached = r.kv_budget / kv_->block_size() * kv_->block_size();

@@ -145,6 +145,7 @@ struct Generation {
   std::vector<int64_t> generated, prompt_tokens, cached_tokens, evicted_tokens;
   bool retained = false;  // a request used KV retention
   std::vector<std::string> echo_prefix;  // completions with echo: the prompt text, sent first
+  std::vector<std::vector<int32_t>> echo_tokens;  // echo with logprobs: the prompt's tokens
   bool final_sent = false;
   const Tokenizer* tok = nullptr;
   std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
@@ -328,7 +329,10 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         g.cache_salt = req.cache_salt;
         g.top_logprobs = req.top_logprobs;
+        // Echo with logprobs reports the prompt's tokens too: the engine computes them.
+        if (req.echo && req.top_logprobs >= 0) g.prompt_logprobs = req.top_logprobs;
         g.retention = req.retention;
+        gen->echo_tokens.push_back(req.echo && req.top_logprobs >= 0 ? g.prompt : std::vector<int32_t>{});
         subs.push_back(std::move(g));
         gen->echo_prefix.push_back(req.echo ? prompt_texts[pi] : "");
       }
@@ -473,11 +477,21 @@ class Session : public std::enable_shared_from_this<Session> {
         const int64_t text_begin = static_cast<int64_t>(g.choices[i].text.size());
         g.choices[i].text += delta;
         Choice& ch = g.choices[i];
+        const bool first_echo = !g.started[i] && !g.echo_tokens[i].empty();
+        if (first_echo) {
+          ch.echo_logprobs = true;
+          ch.prompt_tokens = g.echo_tokens[i];
+          ch.prompt_logprobs = u.prompt_logprobs;
+          ch.echo_bytes = static_cast<int64_t>(g.echo_prefix[i].size());
+        }
         ch.tokens.insert(ch.tokens.end(), u.token_ids.begin(), u.token_ids.end());
         ch.logprobs.insert(ch.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
         Json lp = nullptr;
-        if (g.req.top_logprobs >= 0 && ch.tokens.size() > tok_begin) {
-          lp = LogprobsJson(g.req.chat, ch, tok_begin, ch.tokens.size(), [&g](int32_t id) { return g.Piece(id); }, text_begin);
+        if (g.req.top_logprobs >= 0 && (ch.tokens.size() > tok_begin || first_echo)) {
+          // The first chunk's text starts with the echoed prompt: generated tokens follow it.
+          const int64_t gen_offset = first_echo ? ch.echo_bytes : text_begin;
+          lp = LogprobsJson(g.req.chat, ch, tok_begin, ch.tokens.size(), [&g](int32_t id) { return g.Piece(id); },
+                            gen_offset, first_echo);
         }
         if (u.finished) {
           g.done[i] = true;

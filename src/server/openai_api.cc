@@ -348,11 +348,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
     }
     if (r.prompts.size() + r.prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
     if (auto e = boolean("echo", &r.echo)) return *e;
-    // With echo, logprobs would have to cover the prompt's tokens too (vLLM's prompt logprobs):
-    // refused until the engine computes them, rather than answered without them.
-    if (r.echo && r.top_logprobs >= 0) {
-      return Bad("echo", "'echo' together with 'logprobs' (the prompt's log-probabilities) is not supported yet");
-    }
+
   }
   return r;
 }
@@ -369,7 +365,7 @@ Json UsageJson(const Usage& u) {
 }
 
 Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
-                  const std::function<std::string(int32_t)>& piece, int64_t text_offset) {
+                  const std::function<std::string(int32_t)>& piece, int64_t text_offset, bool with_prompt) {
   auto bytes = [](const std::string& s) {
     Json b = Json::array();
     for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
@@ -390,6 +386,34 @@ Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
     return Json{{"content", content}};
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(), offsets = Json::array();
+  if (with_prompt) {
+    // Offsets counted back from the end of the echoed text: the pieces can hold more than the
+    // text (SentencePiece's leading space of the first word), never less at its end.
+    std::vector<std::string> pieces;
+    int64_t total = 0;
+    for (int32_t id : c.prompt_tokens) {
+      pieces.push_back(piece(id));
+      total += static_cast<int64_t>(pieces.back().size());
+    }
+    int64_t at = c.echo_bytes - total;
+    for (size_t i = 0; i < c.prompt_tokens.size(); ++i) {
+      const std::string& tok = pieces[i];
+      tokens.push_back(tok);
+      offsets.push_back(std::clamp<int64_t>(at, 0, c.echo_bytes));
+      at += static_cast<int64_t>(tok.size());
+      if (i == 0 || i - 1 >= c.prompt_logprobs.size()) {
+        token_logprobs.push_back(nullptr);
+        top.push_back(nullptr);
+        continue;
+      }
+      const TokenLogprobs& lp = c.prompt_logprobs[i - 1];
+      token_logprobs.push_back(lp.logprob);
+      Json alts = Json::object();
+      for (const auto& [id, l] : lp.top) alts[piece(id)] = l;
+      alts[tok] = lp.logprob;
+      top.push_back(alts);
+    }
+  }
   int64_t offset = text_offset;
   for (size_t i = begin; i < end; ++i) {
     const std::string tok = piece(c.tokens[i]);
@@ -420,7 +444,8 @@ Json CompletionResponse(const CompletionRequest& req, const std::string& id, int
     } else {
       c["text"] = choices[i].text;
     }
-    c["logprobs"] = req.top_logprobs >= 0 ? LogprobsJson(req.chat, choices[i], 0, choices[i].tokens.size(), piece, 0)
+    c["logprobs"] = req.top_logprobs >= 0 ? LogprobsJson(req.chat, choices[i], 0, choices[i].tokens.size(), piece,
+                                                         choices[i].echo_bytes, choices[i].echo_logprobs)
                                           : Json(nullptr);
     c["finish_reason"] = FinishReasonForApi(choices[i].finish_reason);
     arr.push_back(std::move(c));

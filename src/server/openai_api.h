@@ -77,13 +77,22 @@ struct Choice {
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<int32_t> tokens;          // generated (for logprobs)
   std::vector<TokenLogprobs> logprobs;  // [tokens] when asked for
+  // Completions with echo and logprobs: the prompt's tokens and their log-probabilities
+  // ([prompt_tokens - 1]: the first token has none), and the bytes of echoed text before the
+  // generated text.
+  bool echo_logprobs = false;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<TokenLogprobs> prompt_logprobs;
+  int64_t echo_bytes = 0;
 };
 
 // A choice's "logprobs" object for tokens [begin, end) of it: chat ({"content": [...]}) or
 // completions ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}) shape. piece gives a
-// token's text; text_offset is where token `begin` starts in the choice's text.
+// token's text; text_offset is where token `begin` starts in the choice's text. with_prompt
+// (completions with echo): the prompt's tokens come first, the first with a null log-probability
+// (as vLLM and OpenAI's legacy API give them), at offsets that end where the echoed text ends.
 Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
-                  const std::function<std::string(int32_t)>& piece, int64_t text_offset);
+                  const std::function<std::string(int32_t)>& piece, int64_t text_offset, bool with_prompt = false);
 
 // A whole (non-streamed) response.
 Json CompletionResponse(const CompletionRequest& req, const std::string& id, int64_t created,

@@ -76,6 +76,7 @@ struct Result {
   Status status;
   int64_t num_prompt_tokens = 0, num_truncated_tokens = 0;
   std::vector<TokenLogprobs> logprobs;  // when the request asked for them
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 Result Collect(RequestStream& s) {
@@ -84,6 +85,7 @@ Result Collect(RequestStream& s) {
   while (s.Next(&u)) {
     r.tokens.insert(r.tokens.end(), u.token_ids.begin(), u.token_ids.end());
     r.logprobs.insert(r.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+    r.prompt_logprobs.insert(r.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
     r.text += u.text;
     r.num_prompt_tokens = u.num_prompt_tokens;
     r.num_truncated_tokens = u.num_truncated_tokens;
@@ -542,6 +544,69 @@ TEST(EngineTest, SpeculativeDecodingKeepsLogprobsAndStopStrings) {
     EXPECT_EQ(many.text, one.text);
     EXPECT_EQ(many.tokens, one.tokens);
   }
+}
+
+// Prompt log-probabilities (echo with logprobs): one per prompt token after the first, each the
+// log-probability decoding gives that token at that place (bitwise: the same row of the same
+// computation), whole even when the prompt is in the prefix cache or computed in small chunks,
+// and not repeated when a preempted request computes its prompt again.
+TEST(EngineTest, PromptLogprobsEqualDecodingsAndSurviveCachingAndPreemption) {
+  const TestModel m = Stories();
+  ThreadPool pool(2);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 16ull << 20;
+  cfg.sched.prefill_chunk_size = 7;
+  auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
+  GenerationRequest g;
+  g.prompt = m.tok->Encode("Once upon a time there was a little dog named Max who liked to run");
+  g.max_tokens = 12;
+  g.sampling.temperature = 0.0f;
+  g.top_logprobs = 2;
+  const Result decoded = Collect(*engine->Submit(g).value());
+  ASSERT_EQ(decoded.logprobs.size(), 12u);
+  GenerationRequest p = g;
+  p.prompt.insert(p.prompt.end(), decoded.tokens.begin(), decoded.tokens.end() - 1);  // the 11 first
+  p.max_tokens = 1;
+  p.prompt_logprobs = 2;
+  const size_t n0 = g.prompt.size();
+  for (int run = 0; run < 2; ++run) {  // the second finds the whole prompt in the prefix cache
+    const Result r = Collect(*engine->Submit(p).value());
+    ASSERT_EQ(r.prompt_logprobs.size(), p.prompt.size() - 1) << "run " << run;
+    for (size_t i = 0; i < 11; ++i) {
+      EXPECT_EQ(r.prompt_logprobs[n0 - 1 + i].logprob, decoded.logprobs[i].logprob) << i;
+      EXPECT_EQ(r.prompt_logprobs[n0 - 1 + i].top, decoded.logprobs[i].top) << i;
+    }
+    EXPECT_EQ(r.logprobs[0].logprob, decoded.logprobs[11].logprob);
+  }
+  EXPECT_EQ(engine->stats().num_free_blocks.load(), engine->num_blocks());
+
+  // Under preemption (30 blocks of 4 tokens, 8 requests of ~30 prompt + 40 output tokens each):
+  // the same entries, once each, for every request.
+  EngineConfig tiny = cfg;
+  tiny.block_size = 4;
+  tiny.sched.max_num_batched_tokens = 24;
+  const auto& hp = m.model->hparams();
+  tiny.kv_cache_memory_bytes =
+      30 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, tiny.block_size, tiny.kv_type);
+  auto small = Engine::Create(*m.model, m.tok.get(), tiny, pool).value();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  small->Pause();  // all at once: they preempt each other
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest q = p;
+    q.prompt.resize(p.prompt.size() - static_cast<size_t>(i % 3));
+    q.max_tokens = 40;
+    streams.push_back(small->Submit(q).value());
+  }
+  small->Resume();
+  for (int i = 0; i < 8; ++i) {
+    const Result r = Collect(*streams[i]);
+    ASSERT_EQ(r.prompt_logprobs.size(), p.prompt.size() - static_cast<size_t>(i % 3) - 1) << "request " << i;
+    for (size_t k = 0; k < 11 - static_cast<size_t>(i % 3); ++k) {
+      EXPECT_EQ(r.prompt_logprobs[n0 - 1 + k].logprob, decoded.logprobs[k].logprob) << "request " << i << " " << k;
+    }
+  }
+  EXPECT_GT(small->stats().num_preemptions.load(), 0) << "the test did not preempt";
+  EXPECT_EQ(small->stats().num_free_blocks.load(), small->num_blocks());
 }
 
 TEST(EngineTest, CancelAndShutdownFinishRequestsAndFreeBlocks) {
