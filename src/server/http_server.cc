@@ -38,6 +38,7 @@ struct HttpServer::Impl {
   std::atomic<bool> accepting{true};
   std::atomic<int64_t> in_flight{0};       // generation requests being prepared or served
   std::atomic<int64_t> in_flight_seqs{0};  // their sequences (prompts x n) in the engine
+  std::atomic<int64_t> in_flight_tokens{0};  // their tokens of work (prompt + max_tokens each)
   Metrics metrics;
   std::mutex state_mu;
   std::shared_ptr<const ServingState> state;  // null until ready
@@ -271,8 +272,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Back-pressure: sequences beyond what the engine runs at once wait; past max_waiting, refuse.
   // (Counted here, synchronously, so a burst cannot slip past the engine's lagging counters.)
-  bool AtCapacity(int64_t num_seqs, const ServingState& state) const {
+  bool AtCapacity(int64_t num_seqs, const ServingState& state, int64_t num_tokens = 0) const {
     const int64_t batch = state.engine->config().sched.max_batch_size;
+    if (server_->opt.max_waiting_tokens > 0 &&
+        server_->in_flight_tokens.load() + num_tokens > server_->opt.max_waiting_tokens) {
+      return true;
+    }
     return server_->in_flight_seqs.load() + num_seqs - batch > server_->opt.max_waiting;
   }
 
@@ -299,7 +304,25 @@ class Session : public std::enable_shared_from_this<Session> {
                                       "once (--max-batch-size + --max-waiting)", num_seqs, most),
                      "invalid_request_error", req.chat ? "n" : "prompt"});
     }
-    if (AtCapacity(num_seqs, state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    // Tokens of work: each sequence's prompt and what it may generate (for chat's default, all
+    // that fits in the per-request limit).
+    int64_t num_tokens = 0;
+    for (const auto& prompt : prompts) {
+      const int64_t len = static_cast<int64_t>(prompt.size());
+      const int64_t out = req.max_tokens > 0 ? req.max_tokens
+                          : req.chat           ? std::max<int64_t>(0, engine.max_request_tokens() - len)
+                                               : 16;
+      num_tokens += (len + out) * req.n;
+    }
+    if (server_->opt.max_waiting_tokens > 0 && num_tokens > server_->opt.max_waiting_tokens) {
+      return Reject({400, fmt::format("this request asks for {} tokens of work (prompt + max_tokens of each sequence); "
+                                      "the server takes at most {} at once (--max-waiting-tokens)",
+                                      num_tokens, server_->opt.max_waiting_tokens),
+                     "invalid_request_error", "max_tokens"});
+    }
+    if (AtCapacity(num_seqs, state, num_tokens)) {
+      return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    }
     auto gen = std::make_shared<Generation>();
     gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
     gen->tok = &tok;
@@ -358,7 +381,9 @@ class Session : public std::enable_shared_from_this<Session> {
     self_hold_ = shared_from_this();  // no I/O is pending while a non-streamed answer is computed
     engine_ = state.engine;
     gen_seqs_ = static_cast<int64_t>(n);
+    gen_tokens_ = num_tokens;
     server_->in_flight_seqs += gen_seqs_;
+    server_->in_flight_tokens += gen_tokens_;
     stream_.expires_never();
     std::weak_ptr<Session> weak = weak_from_this();
     auto executor = stream_.get_executor();
@@ -435,7 +460,9 @@ class Session : public std::enable_shared_from_this<Session> {
     gen_.reset();
     watch_timer_.cancel();
     server_->in_flight_seqs -= gen_seqs_;
+    server_->in_flight_tokens -= gen_tokens_;
     gen_seqs_ = 0;
+    gen_tokens_ = 0;
     --server_->in_flight;
     // Callers hold their own reference, so this cannot destroy the session under them.
     self_hold_.reset();
@@ -576,6 +603,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<Session> self_hold_;  // set while a generation is in flight
   Engine* engine_ = nullptr;
   int64_t gen_seqs_ = 0;                // the generation's sequences, counted in in_flight_seqs
+  int64_t gen_tokens_ = 0;              // its tokens of work, counted in in_flight_tokens
   net::steady_timer watch_timer_;       // non-streamed generations: is the client still there
   char watch_buf_[512];
 };

@@ -26,6 +26,9 @@ struct ServerOptions {
   // Sequences (prompts x n of every request) waiting beyond the engine's batch; past this: 429
   // with Retry-After. A request asking for more than max_batch_size + max_waiting at once: 400.
   int64_t max_waiting = 512;
+  // Tokens of work (prompt + max_tokens of every sequence) in flight; past this: 429, and a request
+  // over it alone: 400. 0: no limit (sequences and the per-request token limit bound it).
+  int64_t max_waiting_tokens = 0;
   int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
   std::chrono::seconds idle_timeout{120};
 };

@@ -34,7 +34,11 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--served-model-name", o->served_name, "model name in the API (default: the file name)");
   app.add_option("--chat-template", o->chat_template, "Jinja chat template file (default: the model's)");
   app.add_option("--max-body-bytes", o->http.max_body_bytes, "largest request body; larger gets 413")->capture_default_str();
-  app.add_option("--max-waiting", o->http.max_waiting, "requests waiting in the engine before 429")->capture_default_str();
+  app.add_option("--max-waiting", o->http.max_waiting,
+                 "sequences (prompts x n) waiting beyond the running batch before 429")->capture_default_str();
+  app.add_option("--max-waiting-tokens", o->http.max_waiting_tokens,
+                 "tokens of work (prompt + max_tokens of every sequence) in flight before 429; 0: no limit")
+      ->capture_default_str();
   app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   app.add_flag("--no-warmup", o->no_warmup, "skip the warm-up request before /health says ready");

@@ -512,7 +512,7 @@ function rawStream(port, cutAfter) {
     }
   });
 
-  await check('admission counts sequences; a 1,024-sequence request cannot starve a small one', async () => {
+  await check('admission counts sequences and tokens of work; a 1,024-sequence request cannot starve a small one', async () => {
     const prompts = Array.from({ length: 64 }, (_, i) => `Once upon a time there was a dog number ${i}`);
     const s5 = await startServer(['--max-waiting', '4000', '--no-warmup']);
     try {
@@ -537,7 +537,7 @@ function rawStream(port, cutAfter) {
       s5.proc.kill('SIGTERM');
     }
     // Without a large --max-waiting, sequences (not requests) fill the queue: 429.
-    const s7 = await startServer(['--max-batch-size', '2', '--max-waiting', '20', '--no-warmup']);
+    const s7 = await startServer(['--max-batch-size', '2', '--max-waiting', '20', '--max-waiting-tokens', '5000', '--no-warmup']);
     try {
       // Past --max-batch-size + --max-waiting sequences at once: refused outright, naming the limit.
       const c7 = new OpenAI({ baseURL: `http://127.0.0.1:${s7.port}/v1`, apiKey: 'x', maxRetries: 0 });
@@ -548,6 +548,12 @@ function rawStream(port, cutAfter) {
       await waitForMetric(s7.port, (m) => metricValue(m, 'gale:num_requests_running') > 0);
       const r = await request(s7.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 2, n: 3 }));
       assert.strictEqual(r.status, 429, r.body);
+      // Tokens of work (prompt + max_tokens of each sequence) count too: ~4,240 are in flight.
+      const t = await request(s7.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 1000 }));
+      assert.strictEqual(t.status, 429, t.body);
+      const one = await request(s7.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 6000 }));
+      assert.strictEqual(one.status, 400, one.body);
+      assert.ok(/--max-waiting-tokens/.test(JSON.parse(one.body).error.message), one.body);
       assert.strictEqual((await big).status, 200);
     } finally {
       s7.proc.kill('SIGTERM');
