@@ -15,8 +15,13 @@ cat "$lib/_nlcBuildMetadata.json"; echo
 # K and IQ4 types (grouped-query attention, two layers: use_more_bits picks layer 0 only).
 "$build/gale" synth --shape custom --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 \
   --ctx 256 --type f32 --seed 7 -o "$tmp/f32.gguf"
+# The same shape with Llama 3.1's frequency scaling (rope_freqs.weight; a small original context so
+# that most frequencies are scaled).
+"$build/gale" synth --shape custom --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 \
+  --ctx 256 --type f32 --seed 7 --rope-freqs-ctx 64 -o "$tmp/rope_freqs.gguf"
 mkdir -p tests/data/llamacpp
-LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" 2> "$tmp/log" ||
+LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \
+    "rope_freqs=$tmp/rope_freqs.gguf" 2> "$tmp/log" ||
   { tail -20 "$tmp/log"; exit 1; }
 cat > tests/data/llamacpp/README.md <<END
 Written by \`scripts/make-ggml-reference.sh\` (tools/ggml_reference.cc) with llama.cpp's CPU

@@ -3,7 +3,7 @@
 // scripts/make-ggml-reference.sh). Run by hand when the reference should change; its outputs are
 // committed under tests/data/llamacpp and read by tests/gguf/llamacpp_reference_test.cc.
 //
-//   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR
+//   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]
 //   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]
 //
 // OUTDIR/blocks.gguf: for each ggml type, rows of test values ("<type>.src", f32), ggml's
@@ -14,7 +14,8 @@
 // OUTDIR/logits.gguf: llama.cpp's logits (CPU, default context: f16 KV cache) for the tokens in
 //   metadata "tokens", fed one at a time; tensor "<ftype>" is [vocab, tokens], "f32" for F32_MODEL,
 //   and "<ftype>.deq" for an F32 copy of <ftype>.gguf dequantized by ggml (the same weights without
-//   llama.cpp's int8 rounding of activations).
+//   llama.cpp's int8 rounding of activations); "<NAME>" for each further MODEL (other features,
+//   e.g. Llama 3's rope_freqs).
 //
 // bench: llama.cpp's prompt and generation speed on MODEL, measured as llama-bench does (after a
 // warm-up, pp = one decode of PP tokens from an empty cache, tg = TG one-token decodes from an
@@ -312,7 +313,7 @@ struct LlamaSession {
 };
 
 void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, const std::string& out,
-                 const std::string& tmp) {
+                 const std::string& tmp, const std::vector<std::pair<std::string, std::string>>& extra) {
   // llama_model_quantize_params starts { int32_t nthread; enum llama_ftype ftype; ... } and its
   // default ftype is LLAMA_FTYPE_MOSTLY_Q8_0 (7; Q5_1, 9, in older releases): a check that the
   // layout is the one assumed.
@@ -333,6 +334,7 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
     WriteDequantized(base, path, deq);
     models.emplace_back(std::string(f.name) + ".deq", deq);
   }
+  models.insert(models.end(), extra.begin(), extra.end());
 
   gale::GgufWriter w;
   w.SetString("general.description", "llama.cpp logits, one token at a time (tools/ggml_reference.cc)");
@@ -395,8 +397,8 @@ int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps
 
 int main(int argc, char** argv) {
   const bool bench = argc >= 4 && std::string(argv[1]) == "bench";
-  if (!bench && argc != 5) {
-    std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR\n"
+  if (!bench && argc < 5) {
+    std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]\n"
                          "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]\n");
     return 2;
   }
@@ -411,6 +413,13 @@ int main(int argc, char** argv) {
     return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2), std::max(arg(8, 1), 1));
   }
   WriteBlocks(base, argv[3]);
-  WriteModels(base, api, argv[2], argv[3], argv[4]);
+  std::vector<std::pair<std::string, std::string>> extra;
+  for (int i = 5; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0) Fail("expected NAME=MODEL, got " + a);
+    extra.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+  }
+  WriteModels(base, api, argv[2], argv[3], argv[4], extra);
   return 0;
 }

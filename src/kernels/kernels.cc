@@ -477,12 +477,13 @@ void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, 
 void Softmax(float* x, int64_t n) { Active().softmax(x, n); }
 void Axpy(float a, const float* x, float* y, int64_t n) { Active().axpy(a, x, y, n); }
 
-void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin) {
+void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin,
+                const float* freq_factors) {
   const float p = static_cast<float>(pos) * freq_scale;
   for (int i = 0; i < rope_dims; i += 2) {
     // Same expression as llama2.c's run.c so the reference logits match to the last bits.
     const float freq = 1.0f / std::pow(freq_base, static_cast<float>(i) / static_cast<float>(rope_dims));
-    const float val = p * freq;
+    const float val = freq_factors == nullptr ? p * freq : p * freq / freq_factors[i / 2];
     cos_sin[i] = std::cos(val);
     cos_sin[i + 1] = std::sin(val);
   }

@@ -96,7 +96,9 @@ void Axpy(float a, const float* x, float* y, int64_t n);
 // so a forward pass computes the angles once per token instead of once per layer.
 // theta_i = pos * freq_scale / freq_base^(2i / rope_dims). RopeAngles fills cos_sin
 // ([rope_dims / 2, 2]) for a position; RopeApply rotates.
-void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin);
+// freq_factors (null: none): [rope_dims / 2] divisors of each frequency (Llama 3's rope_freqs).
+void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin,
+                const float* freq_factors = nullptr);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 
 // Bytes of one KV head's row segment (one position): head_dim elements, plus the f16 scale for

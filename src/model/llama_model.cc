@@ -10,6 +10,8 @@
 #include <initializer_list>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "base/check.h"
 #include "base/profiler.h"
 #include "kernels/kernels.h"
@@ -180,6 +182,47 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& file) {
     RETURN_IF_ERROR(ExpectShape(file, b + "ffn_up.weight", {hp.dim, hp.ffn_dim}, &w.w_up.view));
     RETURN_IF_ERROR(ExpectShape(file, b + "ffn_down.weight", {hp.ffn_dim, hp.dim}, &w.w_down.view));
   }
+  // Llama 3.1-3.3's frequency scaling: llama.cpp's converter stores it as per-frequency divisors.
+  if (file.FindTensor("rope_freqs.weight") != nullptr) {
+    TensorView f;
+    RETURN_IF_ERROR(ExpectShape(file, "rope_freqs.weight", {hp.rope_dims / 2}, &f));
+    if (f.type != GgmlType::kF32) return InvalidArgument("tensor rope_freqs.weight: expected f32");
+    m->rope_freq_factors_.resize(static_cast<size_t>(hp.rope_dims / 2));
+    std::memcpy(m->rope_freq_factors_.data(), f.data, m->rope_freq_factors_.size() * sizeof(float));
+    for (float v : m->rope_freq_factors_) {
+      if (!(v > 0.0f) || !std::isfinite(v)) return InvalidArgument("tensor rope_freqs.weight: factor {} is not positive", v);
+    }
+  }
+  // Every tensor is used or named: a file with more (another architecture's, a newer feature's)
+  // must not run silently without it.
+  {
+    std::vector<std::string> unused;
+    for (const auto& t : file.tensors()) {
+      const std::string& n = t.name;
+      if (n == "token_embd.weight" || n == "output_norm.weight" || n == "output.weight" || n == "rope_freqs.weight") continue;
+      bool known = false;
+      if (n.rfind("blk.", 0) == 0) {
+        const size_t dot = n.find('.', 4);
+        const std::string rest = dot == std::string::npos ? "" : n.substr(dot + 1);
+        for (const char* k : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                              "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}) {
+          known = known || rest == k;
+        }
+        int64_t layer = -1;
+        try {
+          layer = std::stoll(n.substr(4, dot - 4));
+        } catch (...) {
+        }
+        known = known && layer >= 0 && layer < hp.num_layers;
+      }
+      if (!known) unused.push_back(n);
+    }
+    if (!unused.empty()) {
+      m->load_warnings_.push_back(fmt::format("{} tensor(s) of the file are not used by gale's llama architecture "
+                                              "(first: '{}'): the output may differ from the model's",
+                                              unused.size(), unused[0]));
+    }
+  }
   for (const auto& t : file.tensors()) m->weight_bytes_ += t.num_bytes;
   ASSIGN_OR_RETURN(m->key_channels_, ReadKeyChannels(file, hp));
   return m;
@@ -308,7 +351,8 @@ Status LlamaModel::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& 
   Grow(ws.rope, n * hp_.rope_dims);
   for (int64_t t = 0; t < n; ++t) {
     kernels::RopeAngles(static_cast<int>(hp_.rope_dims), batch.positions[t], hp_.rope_freq_base, hp_.rope_freq_scale,
-                        ws.rope.data() + t * hp_.rope_dims);
+                        ws.rope.data() + t * hp_.rope_dims,
+                        rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data());
   }
   ws.tables.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[batch.seq(t)].data();

@@ -131,6 +131,8 @@ class LlamaModel {
 
   const LlamaHParams& hparams() const { return hp_; }
   bool tied_output() const { return tied_output_; }
+  // What Load found questionable but not fatal (tensors it does not use), for the caller to show.
+  const std::vector<std::string>& load_warnings() const { return load_warnings_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Empty unless the file carries calibrated key statistics.
   const KeyChannels& key_channels() const { return key_channels_; }
@@ -166,6 +168,8 @@ class LlamaModel {
   TensorView output_norm_;
   MatrixWeight output_;
   bool tied_output_ = false;
+  std::vector<float> rope_freq_factors_;  // [rope_dims / 2] from rope_freqs.weight; empty: none
+  std::vector<std::string> load_warnings_;
   std::vector<LlamaLayerWeights> layers_;
   uint64_t weight_bytes_ = 0;
   uint64_t released_bytes_ = 0;

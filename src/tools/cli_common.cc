@@ -46,6 +46,7 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   auto model = LlamaModel::Load(*m.file);
   if (!model.ok()) return model.status().WithContext(m.path);
   m.model = std::move(model).value();
+  for (const std::string& w : m.model->load_warnings()) std::fprintf(stderr, "warning: %s: %s\n", m.path.c_str(), w.c_str());
   m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get());
   auto tok = Tokenizer::FromGguf(*m.file);
   if (!tok.ok()) return tok.status().WithContext(m.path);

@@ -71,6 +71,8 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--ffn", o->custom.ffn_dim, "custom: feed-forward size");
   app.add_option("--vocab", o->custom.vocab_size, "custom: vocab size");
   app.add_option("--ctx", o->custom.context_length, "custom: context length");
+  app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
+                 "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {
     auto type = ParseTypeName(o->type);
     if (!type) {
@@ -85,6 +87,7 @@ CommandFn RegisterSynth(CLI::App& app) {
         return 1;
       }
       shape = *named;
+      shape.rope_freqs_ctx = o->custom.rope_freqs_ctx;
     }
     auto w = SynthesizeLlama(shape, *type, o->seed);
     if (!w.ok()) {

@@ -21,6 +21,10 @@ struct SynthShape {
   int64_t ffn_dim = 128;
   int64_t vocab_size = 512;
   int64_t context_length = 2048;
+  // > 0: a rope_freqs.weight tensor as llama.cpp's converter writes for Llama 3.1's frequency
+  // scaling (factor 8, low/high frequency factors 1 and 4), with this as the original context
+  // length (8192 in Llama 3.1; a small one here makes most of a small model's dims scaled).
+  int64_t rope_freqs_ctx = 0;
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model); nullopt otherwise.

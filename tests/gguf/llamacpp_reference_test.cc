@@ -153,7 +153,7 @@ TEST_P(LlamaCppModelTest, QuantizedFilesGiveLlamaCppLogits) {
 
   int files = 0;
   for (const GgufTensorInfo& t : (*ref)->tensors()) {
-    if (t.name == "f32" || t.name.ends_with(".deq")) continue;
+    if (t.name == "f32" || t.name.ends_with(".deq") || t.name == "rope_freqs") continue;
     SCOPED_TRACE(t.name);
     ++files;
     auto model = GgufFile::Open(DataDir() + "/" + t.name + ".gguf");
@@ -172,6 +172,35 @@ TEST_P(LlamaCppModelTest, QuantizedFilesGiveLlamaCppLogits) {
     EXPECT_LT(diff, f32_activations ? 2e-3 : 0.03);
   }
   EXPECT_EQ(files, 7);
+}
+
+// Llama 3.1's frequency scaling, stored as llama.cpp's converter stores it (rope_freqs.weight:
+// a divisor per frequency): gale gives llama.cpp's logits on the same file, as closely as on the
+// F32 model without it. The same weights with the tensor left out are far from them: a loader
+// that ignored it (as gale did before) fails here.
+TEST_P(LlamaCppModelTest, Llama3RopeFreqsGiveLlamaCppLogits) {
+  auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  const GgufTensorInfo* t = (*ref)->FindTensor("rope_freqs");
+  ASSERT_NE(t, nullptr) << "logits.gguf predates the rope_freqs model: run scripts/make-ggml-reference.sh";
+  const std::vector<float> want = Floats(*t);
+
+  // scripts/make-ggml-reference.sh: the F32 model's shape and seed, --rope-freqs-ctx 64.
+  SynthShape shape = test::SmallGqaShape(512);
+  shape.context_length = 256;
+  shape.rope_freqs_ctx = 64;
+  auto with = GgufFile::FromBytes(SynthesizeLlama(shape, GgmlType::kF32, 7)->WriteToBytes()).value();
+  ASSERT_NE(with->FindTensor("rope_freqs.weight"), nullptr);
+  const double got = Rmse(GaleLogits(*with, tokens), want);
+  shape.rope_freqs_ctx = 0;
+  auto without = GgufFile::FromBytes(SynthesizeLlama(shape, GgmlType::kF32, 7)->WriteToBytes()).value();
+  const double ignored = Rmse(GaleLogits(*without, tokens), want);
+  std::printf("rope_freqs (%s): rmse against llama.cpp %.5f; with the tensor ignored %.5f\n",
+              kernels::IsaName(GetParam()), got, ignored);
+  EXPECT_LT(got, 2e-3);       // as the F32 model (f32 arithmetic against llama.cpp's f16 KV cache)
+  EXPECT_GT(ignored, 20 * got);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, LlamaCppModelTest,

@@ -232,5 +232,44 @@ TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
   EXPECT_NE(r.status().message().find("blk.0.attn_k.weight: expected shape"), std::string::npos) << r.status().message();
 }
 
+// A tensor the llama architecture does not use (another architecture's, a layer past the count)
+// is named in a load warning; a bad rope_freqs tensor is an error. Nothing is silently ignored.
+TEST(ModelLoadTest, UnusedTensorsAreNamedAndBadRopeFreqsRefused) {
+  auto shape = NamedSynthShape("tiny");
+  auto bytes = SynthesizeLlama(*shape, GgmlType::kF32, 1)->WriteToBytes();
+  auto f = GgufFile::FromBytes(bytes).value();
+  EXPECT_TRUE(LlamaModel::Load(*f).value()->load_warnings().empty());
+  auto with_extra = [&](const std::string& name, std::vector<int64_t> tshape, float value) {
+    GgufWriter w;
+    for (const auto& [k, v] : f->metadata()) w.SetValue(k, v);
+    for (const auto& t : f->tensors()) {
+      EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+    }
+    int64_t n = 1;
+    for (int64_t d : tshape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n), value);
+    std::vector<uint8_t> data(v.size() * 4);
+    std::memcpy(data.data(), v.data(), data.size());
+    EXPECT_TRUE(w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), tshape, data).ok());
+    return w.WriteToBytes();
+  };
+  for (const char* name : {"blk.0.attn_q_norm.weight", "blk.9.attn_norm.weight", "output.bias"}) {
+    const auto b = with_extra(name, {4}, 1.0f);
+    auto m = LlamaModel::Load(**GgufFile::FromBytes(b));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ((*m)->load_warnings().size(), 1u) << name;
+    EXPECT_NE((*m)->load_warnings()[0].find(name), std::string::npos) << (*m)->load_warnings()[0];
+  }
+  const int64_t half = (*shape).dim / (*shape).num_heads / 2;
+  const auto ok = with_extra("rope_freqs.weight", {half}, 2.0f);
+  auto m = LlamaModel::Load(**GgufFile::FromBytes(ok));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE((*m)->load_warnings().empty());
+  const auto wrong = with_extra("rope_freqs.weight", {half + 1}, 2.0f);
+  EXPECT_NE(LlamaModel::Load(**GgufFile::FromBytes(wrong)).status().message().find("rope_freqs.weight"), std::string::npos);
+  const auto zero = with_extra("rope_freqs.weight", {half}, 0.0f);
+  EXPECT_NE(LlamaModel::Load(**GgufFile::FromBytes(zero)).status().message().find("not positive"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gale
