@@ -14,6 +14,7 @@
 
 #include "gguf/safetensors.h"
 #include "tools/cli_common.h"
+#include "model/rope_scaling.h"
 #include "tools/hf_tokenizer.h"
 
 namespace gale {
@@ -130,9 +131,25 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   if (config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
     const Json& rs = config["rope_scaling"];
     const std::string kind = rs.value("type", rs.value("rope_type", ""));
-    if (kind != "linear") return InvalidArgument("config.json: rope_scaling '{}' is not supported (only linear)", kind);
-    out->SetString("llama.rope.scaling.type", "linear");
-    out->SetF32("llama.rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
+    if (kind == "llama3") {
+      // As llama.cpp's converter: the divisors as a tensor, no scaling type in the metadata.
+      const std::vector<float> f = Llama3RopeFreqFactors(head_dim, NumField(config, "rope_theta", 10000.0),
+                                                         NumField(rs, "factor", 8.0), NumField(rs, "low_freq_factor", 1.0),
+                                                         NumField(rs, "high_freq_factor", 4.0),
+                                                         NumField(rs, "original_max_position_embeddings", 8192.0));
+      for (float v : f) {
+        if (!(v > 0.0f) || !std::isfinite(v)) return InvalidArgument("config.json: rope_scaling gives a factor of {}", v);
+      }
+      std::vector<uint8_t> bytes(f.size() * sizeof(float));
+      std::memcpy(bytes.data(), f.data(), bytes.size());
+      RETURN_IF_ERROR(out->AddTensor("rope_freqs.weight", static_cast<uint32_t>(GgmlType::kF32),
+                                     {static_cast<int64_t>(f.size())}, std::move(bytes)));
+    } else if (kind == "linear") {
+      out->SetString("llama.rope.scaling.type", "linear");
+      out->SetF32("llama.rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
+    } else {
+      return InvalidArgument("config.json: rope_scaling '{}' is not supported (linear, llama3)", kind);
+    }
   }
   out->SetU32("llama.vocab_size", static_cast<uint32_t>(vocab));
   WriteHfTokenizer(tokenizer, out);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "model/rope_scaling.h"
 
 namespace gale {
 
@@ -144,25 +145,9 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
     RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
   }
   if (s.rope_freqs_ctx > 0) {
-    // Llama 3.1's rule (Meta's reference code; llama.cpp's converter writes its factors): the
-    // inverse of the factor each frequency is divided by.
     const int64_t head_dim = s.dim / s.num_heads;
-    constexpr double kFactor = 8.0, kLow = 1.0, kHigh = 4.0;
-    const double low_wavelen = static_cast<double>(s.rope_freqs_ctx) / kLow;
-    const double high_wavelen = static_cast<double>(s.rope_freqs_ctx) / kHigh;
-    std::vector<float> factors(head_dim / 2);
-    for (int64_t i = 0; i < head_dim / 2; ++i) {
-      const double freq = 1.0 / std::pow(10000.0, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-      const double wavelen = 2.0 * M_PI / freq;
-      double f = 1.0;
-      if (wavelen > low_wavelen) {
-        f = kFactor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (static_cast<double>(s.rope_freqs_ctx) / wavelen - kLow) / (kHigh - kLow);
-        f = 1.0 / ((1.0 - smooth) / kFactor + smooth);
-      }
-      factors[i] = static_cast<float>(f);
-    }
+    const std::vector<float> factors =
+        Llama3RopeFreqFactors(head_dim, 10000.0, 8.0, 1.0, 4.0, static_cast<double>(s.rope_freqs_ctx));
     std::vector<uint8_t> bytes(factors.size() * 4);
     std::memcpy(bytes.data(), factors.data(), bytes.size());
     RETURN_IF_ERROR(w.AddTensor("rope_freqs.weight", static_cast<uint32_t>(GgmlType::kF32), {head_dim / 2}, std::move(bytes)));

@@ -18,6 +18,7 @@
 #include "../test_util.h"
 #include "gguf/safetensors.h"
 #include "model/llama_model.h"
+#include "model/rope_scaling.h"
 #include "model/tokenizer.h"
 #include "tools/synth.h"
 
@@ -255,6 +256,32 @@ TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
   ASSERT_TRUE(half.ok());
   EXPECT_EQ((*half)->FindTensor("blk.0.attn_q.weight")->type_id, static_cast<uint32_t>(GgmlType::kF16));
   EXPECT_EQ((*half)->FindTensor("blk.0.attn_norm.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
+}
+
+// Llama 3.1's rope_scaling ("rope_type": "llama3") becomes llama.cpp's rope_freqs tensor of
+// per-frequency divisors, which the model loads; unknown kinds are errors.
+TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
+  Build("gpt-2");
+  auto config = Json::parse(test::ReadFile((dir_ / "config.json").string()));
+  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  WriteText(dir_ / "config.json", config.dump(2));
+  auto out = Convert();
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const GgufTensorInfo* t = (*out)->FindTensor("rope_freqs.weight");
+  ASSERT_NE(t, nullptr);
+  const int64_t head_dim = shape_.dim / shape_.num_heads;
+  const std::vector<float> want = Llama3RopeFreqFactors(head_dim, 10000.0, 8.0, 1.0, 4.0, 64.0);
+  ASSERT_EQ(t->num_bytes, want.size() * 4);
+  EXPECT_EQ(0, std::memcmp(t->data, want.data(), t->num_bytes));
+  EXPECT_EQ(want.front(), 1.0f);  // the highest frequency is kept
+  EXPECT_EQ(want.back(), 8.0f);   // the lowest divided by the factor
+  auto m = LlamaModel::Load(**out);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE((*m)->load_warnings().empty());
+  config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  WriteText(dir_ / "config.json", config.dump(2));
+  EXPECT_NE(Convert().status().message().find("'dynamic' is not supported"), std::string::npos);
 }
 
 // A SentencePiece-style tokenizer.json (Llama 2's kind) becomes GGUF's "llama" tokenizer that
