@@ -3,10 +3,14 @@
 // posted onto that strand, so nothing here blocks and nothing races.
 #include "server/http_server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <optional>
 #include <random>
 #include <thread>
 #include <variant>
@@ -33,8 +37,12 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
   // Parsing, template rendering and tokenization run here, never on the I/O threads, so a few
-  // large bodies cannot stall /health, /metrics or other connections.
-  std::unique_ptr<net::thread_pool> work;
+  // large bodies cannot stall /health, /metrics or other connections. NOTE: its threads run at a
+  // lower scheduling priority (nice +5): on a machine with few cores, bodies being prepared must
+  // not take the CPU from the I/O threads either.
+  net::io_context work;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work_guard;
+  std::vector<std::thread> work_threads;
   std::atomic<bool> accepting{true};
   std::atomic<int64_t> in_flight{0};       // generation requests being prepared or served
   std::atomic<int64_t> in_flight_seqs{0};  // their sequences (prompts x n) in the engine
@@ -261,7 +269,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ++server_->in_flight;
     if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
     if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
-    net::post(*server_->work, [self = shared_from_this(), req = std::move(req), chat, state]() mutable {
+    net::post(server_->work, [self = shared_from_this(), req = std::move(req), chat, state]() mutable {
       auto prepared = Prepare(req.body(), chat, *state);
       req = {};  // the body's memory goes now, not when the generation ends
       net::post(self->stream_.get_executor(), [self, prepared = std::move(prepared), state]() mutable {
@@ -639,7 +647,13 @@ Status HttpServer::Start() {
   if (!ec) impl_->acceptor.bind(ep, ec);
   if (!ec) impl_->acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return IoError("cannot listen on {}:{}: {}", impl_->opt.host, impl_->opt.port, ec.message());
-  impl_->work = std::make_unique<net::thread_pool>(static_cast<size_t>(std::max(1, impl_->opt.num_work_threads)));
+  impl_->work_guard.emplace(impl_->work.get_executor());
+  for (int i = 0; i < std::max(1, impl_->opt.num_work_threads); ++i) {
+    impl_->work_threads.emplace_back([impl = impl_.get()] {
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 5);  // this thread only (Linux)
+      impl->work.run();
+    });
+  }
   impl_->Accept();
   for (int i = 0; i < std::max(1, impl_->opt.num_threads); ++i) {
     impl_->threads.emplace_back([impl = impl_.get()] { impl->ioc.run(); });
@@ -671,7 +685,9 @@ void HttpServer::Stop() {
   if (impl_->threads.empty()) return;
   impl_->accepting = false;
   // Preparations still running post their results to the I/O threads: finish them first.
-  impl_->work->join();
+  impl_->work_guard.reset();
+  for (auto& t : impl_->work_threads) t.join();
+  impl_->work_threads.clear();
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
