@@ -386,6 +386,13 @@ Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
     return Json{{"content", content}};
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(), offsets = Json::array();
+  // The legacy shape's alternatives: {piece: logprob}, the chosen token among them.
+  auto legacy_top = [&piece](const TokenLogprobs& lp, const std::string& tok) {
+    Json alts = Json::object();
+    for (const auto& [id, l] : lp.top) alts[piece(id)] = l;
+    alts[tok] = lp.logprob;
+    return alts;
+  };
   if (with_prompt) {
     // Offsets counted back from the end of the echoed text: the pieces can hold more than the
     // text (SentencePiece's leading space of the first word), never less at its end.
@@ -408,10 +415,7 @@ Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
       }
       const TokenLogprobs& lp = c.prompt_logprobs[i - 1];
       token_logprobs.push_back(lp.logprob);
-      Json alts = Json::object();
-      for (const auto& [id, l] : lp.top) alts[piece(id)] = l;
-      alts[tok] = lp.logprob;
-      top.push_back(alts);
+      top.push_back(legacy_top(lp, tok));
     }
   }
   int64_t offset = text_offset;
@@ -419,10 +423,7 @@ Json LogprobsJson(bool chat, const Choice& c, size_t begin, size_t end,
     const std::string tok = piece(c.tokens[i]);
     tokens.push_back(tok);
     token_logprobs.push_back(c.logprobs[i].logprob);
-    Json alts = Json::object();
-    for (const auto& [id, lp] : c.logprobs[i].top) alts[piece(id)] = lp;
-    alts[tok] = c.logprobs[i].logprob;
-    top.push_back(alts);
+    top.push_back(legacy_top(c.logprobs[i], tok));
     offsets.push_back(offset);
     offset += static_cast<int64_t>(tok.size());
   }
