@@ -5,7 +5,7 @@
 #include <span>
 
 #include "gguf/gguf_file.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)sink;
     }
   }
-  auto model = gale::LlamaModel::Load(**file);
+  auto model = gale::LoadModel(**file);
   auto tok = gale::Tokenizer::FromGguf(**file);
   if (tok.ok()) {
     auto ids = (*tok)->Encode("Hello world \xe6\x97\xa5 </s>", true, true);

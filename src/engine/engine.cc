@@ -84,7 +84,7 @@ struct Engine::Live {
   bool retention_fresh = true;
 };
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const Tokenizer* tokenizer,
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Tokenizer* tokenizer,
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
@@ -95,7 +95,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
   if (config.kv_cache_ratio <= 0.0 || config.kv_cache_ratio > 1.0) {
     return InvalidArgument("kv cache ratio must be in (0, 1], got {}", config.kv_cache_ratio);
   }
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   if ((config.kv_type == kernels::KvType::kInt4 || config.v_type() == kernels::KvType::kInt4) && hp.head_dim % 2 != 0) {
     return InvalidArgument("int4 KV cache needs an even head size, the model's is {}", hp.head_dim);
   }
@@ -133,7 +133,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model, const 
   return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks, std::move(draft)));
 }
 
-Engine::Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
+Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
                int64_t num_blocks, std::unique_ptr<DraftProposer> draft)
     : model_(model),
       tokenizer_(tokenizer),

@@ -18,7 +18,7 @@
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_storage.h"
 #include "kv/retention.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/model_runner.h"
 #include "sched/scheduler.h"
@@ -42,7 +42,7 @@ struct SpecConfig {
   SpecMethod method = SpecMethod::kOff;
   int64_t num_tokens = 5;            // most guesses per request per step
   NgramParams ngram;
-  const LlamaModel* draft = nullptr;  // for kDraft; must outlive the engine
+  const Model* draft = nullptr;  // for kDraft; must outlive the engine
   // Hard cap: guesses are handed out (oldest request first) only while the step's decode tokens
   // plus guesses stay within this many.
   int64_t max_step_tokens = 64;
@@ -59,7 +59,7 @@ struct EngineConfig {
   kernels::KvType kv_type = kernels::KvType::kF16;  // K's (and V's) type; as llama.cpp: half of f32
   std::optional<kernels::KvType> v_kv_type;          // V's when it differs (e.g. K int8, V int4)
   kernels::KvType v_type() const { return v_kv_type.value_or(kv_type); }
-  // The model's calibrated per-channel key transform (LlamaModel::key_channels): nullopt uses it
+  // The model's calibrated per-channel key transform (Model::key_channels): nullopt uses it
   // for int8/int4 keys when the model has it; true/false force it on/off.
   std::optional<bool> key_channels;
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
@@ -101,7 +101,7 @@ struct EngineStats {
 class Engine {
  public:
   // tokenizer may be null (then stop strings are refused and no text is produced).
-  static StatusOr<std::unique_ptr<Engine>> Create(const LlamaModel& model, const Tokenizer* tokenizer,
+  static StatusOr<std::unique_ptr<Engine>> Create(const Model& model, const Tokenizer* tokenizer,
                                                   const EngineConfig& config, ThreadPool& pool);
   ~Engine();  // requests still in flight finish as cancelled
   Engine(const Engine&) = delete;
@@ -137,7 +137,7 @@ class Engine {
 
  private:
   struct Live;  // engine-thread state of a request in flight
-  Engine(const LlamaModel& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
+  Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
          int64_t num_blocks, std::unique_ptr<DraftProposer> draft);
   void Loop();
   void Admit(PendingRequest& p);
@@ -152,7 +152,7 @@ class Engine {
   // After a step: updates each verifying request's acceptance rate.
   void AfterSpecStep(const StepPlan& plan, const RunnerOutput& out);
 
-  const LlamaModel& model_;
+  const Model& model_;
   const Tokenizer* tokenizer_;
   EngineConfig config_;
   int64_t num_blocks_;

@@ -22,6 +22,7 @@ void AttendManyReference(const float* const* qs, const int64_t* lens, int num_qu
                          int head_dim, float* const* outs, float* const* scores);
 void SoftmaxReference(float* x, int64_t n);
 void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+void RopeApplyNeoxReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 // The scalar W4A8 products and the W4 dequantizers (row by row through DequantizeRowRef), for
 // ISAs without their own.
 void GemmQuantW4A8G64Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,

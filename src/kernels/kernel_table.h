@@ -161,6 +161,8 @@ struct KernelTable {
   // ([num_heads, head_dim]) by the angle whose cos, sin are cos_sin[2i], cos_sin[2i+1]:
   // (x0 c - x1 s, x0 s + x1 c), each product rounded then summed (bitwise the scalar path).
   void (*rope_apply)(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+  // The same in NEOX mode: pairs (x[i], x[i + rope_dims / 2]) rotate by cos_sin[2i], cos_sin[2i+1].
+  void (*rope_apply_neox)(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
   // The first index of the largest of x[0, n), n >= 1; NaNs never win (a NaN at 0 returns 0).
   int64_t (*argmax)(const float* x, int64_t n);
   // out[i] = expf(x[i] - m), bitwise glibc's expf (the sampler's softmax weights).

@@ -334,7 +334,7 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
   const TypeSlot slot = SlotOf(o.w->type);
   const int64_t rows = o.w->NumRows();
   const bool packed_here = PackedHere(kt, o);
-  // A matrix whose original was released after packing (LlamaModel::PackWeights with the file)
+  // A matrix whose original was released after packing (Model::PackWeights with the file)
   // has only its packed copy.
   CHECK((packed_here || o.w->data != nullptr) && "matrix released after packing for another ISA");
   ProductWork pw{ProductWork::Path::kFloat, o.w, o.packed, nullptr, nullptr, nullptr, nullptr, x, qa, xb,
@@ -491,6 +491,9 @@ void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, f
 
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
   Active().rope_apply(x, num_heads, head_dim, rope_dims, cos_sin);
+}
+void RopeApplyNeox(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
+  Active().rope_apply_neox(x, num_heads, head_dim, rope_dims, cos_sin);
 }
 
 const char* KvTypeName(KvType type) {

@@ -100,6 +100,9 @@ void Axpy(float a, const float* x, float* y, int64_t n);
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin,
                 const float* freq_factors = nullptr);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+// NEOX mode (GPT-NeoX, Qwen, Gemma, Phi-3): pairs (i, i + rope_dims / 2) rotate together by the
+// same angles (cos_sin from RopeAngles, pair i's angle at cos_sin[2i], cos_sin[2i + 1]).
+void RopeApplyNeox(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 
 // Bytes of one KV head's row segment (one position): head_dim elements, plus the f16 scale for
 // int8/int4 (int4 needs an even head_dim).

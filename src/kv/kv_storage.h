@@ -43,7 +43,7 @@ class KvStorage {
 
   // Whether keys are stored in the model's calibrated per-channel form ((k - shift) / scale, with
   // queries times scale: attention's softmax is unchanged) when the model has the statistics
-  // (LlamaModel::key_channels). Default: for int8/int4 keys, whose per-token scales suffer most
+  // (Model::key_channels). Default: for int8/int4 keys, whose per-token scales suffer most
   // from a few large channels. Set before the first write; every row of a cache must agree.
   bool key_channels() const { return key_channels_; }
   static bool KeyChannelsByDefault(kernels::KvType k_type) { return kernels::KvTypeQuantized(k_type); }

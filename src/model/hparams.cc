@@ -1,14 +1,11 @@
-// Hyperparameter parsing and validation for llama-family GGUF files.
+// Hyperparameter parsing and validation shared by every architecture.
 #include "model/hparams.h"
 
 namespace gale {
 
-StatusOr<LlamaHParams> ReadLlamaHParams(const GgufFile& file) {
-  LlamaHParams hp;
+StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
+  ModelHParams hp;
   ASSIGN_OR_RETURN(hp.arch, file.GetString("general.architecture"));
-  if (hp.arch != "llama") {
-    return Unimplemented("architecture '{}' is not supported yet (gale runs 'llama')", hp.arch);
-  }
   const std::string p = hp.arch + ".";
   ASSIGN_OR_RETURN(hp.dim, file.GetInt(p + "embedding_length"));
   ASSIGN_OR_RETURN(hp.ffn_dim, file.GetInt(p + "feed_forward_length"));
@@ -27,10 +24,22 @@ StatusOr<LlamaHParams> ReadLlamaHParams(const GgufFile& file) {
   if (hp.dim <= 0 || hp.dim > kLimit) return bad("embedding_length out of range");
   if (hp.ffn_dim <= 0 || hp.ffn_dim > 16 * kLimit) return bad("feed_forward_length out of range");
   if (hp.num_layers <= 0 || hp.num_layers > 4096) return bad("block_count out of range");
-  if (hp.num_heads <= 0 || hp.dim % hp.num_heads != 0) return bad("head_count must divide embedding_length");
+  if (hp.num_heads <= 0 || hp.num_heads > 4096) return bad("head_count out of range");
   if (hp.num_kv_heads <= 0 || hp.num_heads % hp.num_kv_heads != 0) return bad("head_count_kv must divide head_count");
   if (hp.context_length <= 0) return bad("context_length must be positive");
-  hp.head_dim = hp.dim / hp.num_heads;
+  // The head size: attention.key_length where the file sets it (Qwen3, Gemma: not dim / heads).
+  const int64_t key_length = file.GetInt(p + "attention.key_length", 0);
+  const int64_t value_length = file.GetInt(p + "attention.value_length", key_length);
+  if (key_length != 0) {
+    if (key_length < 0 || key_length > 4096 || key_length % 2 != 0) return bad("attention.key_length must be even and at most 4096");
+    if (value_length != key_length) {
+      return Unimplemented("attention.value_length {} differs from key_length {}: not supported yet", value_length, key_length);
+    }
+    hp.head_dim = key_length;
+  } else {
+    if (hp.dim % hp.num_heads != 0) return bad("head_count must divide embedding_length (or the file must set attention.key_length)");
+    hp.head_dim = hp.dim / hp.num_heads;
+  }
   hp.rope_dims = file.GetInt(p + "rope.dimension_count", hp.head_dim);
   if (hp.rope_dims <= 0 || hp.rope_dims > hp.head_dim || hp.rope_dims % 2 != 0) {
     return bad("rope.dimension_count must be even and at most the head size");
@@ -45,7 +54,8 @@ StatusOr<LlamaHParams> ReadLlamaHParams(const GgufFile& file) {
       if (!(factor > 0.0)) return bad("rope.scaling.factor must be positive");
       hp.rope_freq_scale = static_cast<float>(1.0 / factor);
     } else if (t != "none") {
-      return Unimplemented("rope scaling type '{}' is not supported yet (gale supports none, linear)", t);
+      return Unimplemented("rope scaling type '{}' is not supported yet (gale supports none, linear, and llama3 through "
+                           "the rope_freqs tensor)", t);
     }
   }
   return hp;

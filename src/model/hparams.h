@@ -1,5 +1,6 @@
-// Hyperparameters of a llama-family model, read from GGUF metadata under the architecture's
-// prefix (`llama.embedding_length`, ...), with llama.cpp's key names and defaults.
+// Hyperparameters of a decoder-only transformer, read from GGUF metadata under the architecture's
+// prefix (`qwen3.embedding_length`, ...) with llama.cpp's key names and defaults. What every
+// architecture shares lives here; an architecture's own keys are read by its file in model/arch/.
 #pragma once
 
 #include <cstdint>
@@ -10,25 +11,32 @@
 
 namespace gale {
 
-struct LlamaHParams {
+// How RoPE pairs a head's dims: llama's "normal" mode rotates adjacent pairs (2i, 2i+1); NEOX
+// (GPT-NeoX, Qwen, Gemma, Phi-3) rotates the halves' pairs (i, i + rope_dims / 2).
+enum class RopeStyle : uint8_t { kNormal = 0, kNeox = 1 };
+
+struct ModelHParams {
   std::string arch;         // general.architecture
   int64_t dim = 0;          // embedding_length
   int64_t ffn_dim = 0;      // feed_forward_length
   int64_t num_layers = 0;   // block_count
   int64_t num_heads = 0;    // attention.head_count
   int64_t num_kv_heads = 0; // attention.head_count_kv (defaults to num_heads)
-  int64_t head_dim = 0;     // dim / num_heads
+  int64_t head_dim = 0;     // attention.key_length (defaults to dim / num_heads)
   int64_t rope_dims = 0;    // rope.dimension_count (defaults to head_dim)
   int64_t context_length = 0;
   int64_t vocab_size = 0;   // rows of token_embd
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor for linear scaling
+  RopeStyle rope_style = RopeStyle::kNormal;  // set by the architecture
 
+  int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
 };
 
-// Reads and validates; errors name the key and the rule broken.
-StatusOr<LlamaHParams> ReadLlamaHParams(const GgufFile& file);
+// Reads and validates the keys every architecture shares; errors name the key and the rule
+// broken. The architecture itself is not checked here (model/registry.cc does).
+StatusOr<ModelHParams> ReadHParams(const GgufFile& file);
 
 }  // namespace gale

@@ -9,7 +9,7 @@
 
 namespace gale {
 
-StatusOr<GenerateStats> Generate(const LlamaModel& model, const std::vector<int32_t>& prompt,
+StatusOr<GenerateStats> Generate(const Model& model, const std::vector<int32_t>& prompt,
                                  const GenerateOptions& opts, KvCache& kv, Workspace& ws, ThreadPool& pool,
                                  const std::function<bool(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;

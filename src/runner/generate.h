@@ -9,7 +9,7 @@
 
 #include "base/status.h"
 #include "base/thread_pool.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "runner/sampler.h"
 
 namespace gale {
@@ -29,7 +29,7 @@ struct GenerateStats {
 };
 
 // on_token returns false to stop early. The KV cache must hold prompt + max_new_tokens.
-StatusOr<GenerateStats> Generate(const LlamaModel& model, const std::vector<int32_t>& prompt,
+StatusOr<GenerateStats> Generate(const Model& model, const std::vector<int32_t>& prompt,
                                  const GenerateOptions& opts, KvCache& kv, Workspace& ws, ThreadPool& pool,
                                  const std::function<bool(int32_t)>& on_token);
 

@@ -13,7 +13,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "kv/kv_storage.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "runner/sampler.h"
 
 namespace gale {
@@ -57,7 +57,7 @@ struct PromptLogprobs {
 
 class ModelRunner {
  public:
-  ModelRunner(const LlamaModel& model, KvStorage& kv, ThreadPool& pool) : model_(model), kv_(kv), pool_(pool) {}
+  ModelRunner(const Model& model, KvStorage& kv, ThreadPool& pool) : model_(model), kv_(kv), pool_(pool) {}
 
   // top_logprobs: -1 no log-probabilities; k >= 0: the sampled token's and k alternatives.
   void AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs = -1);
@@ -79,7 +79,7 @@ class ModelRunner {
   const Workspace& workspace() const { return ws_; }
 
  private:
-  const LlamaModel& model_;
+  const Model& model_;
   KvStorage& kv_;
   ThreadPool& pool_;
   Workspace ws_;

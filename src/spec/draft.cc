@@ -7,7 +7,7 @@
 
 namespace gale {
 
-StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const LlamaModel& draft, const LlamaModel& target,
+StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const Model& draft, const Model& target,
                                                                int64_t num_blocks, int64_t block_size,
                                                                kernels::KvType kv_type, kernels::KvType v_type,
                                                                ThreadPool& pool) {
@@ -19,7 +19,7 @@ StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const LlamaModel&
   return std::unique_ptr<DraftProposer>(new DraftProposer(draft, num_blocks, block_size, kv_type, v_type, pool));
 }
 
-DraftProposer::DraftProposer(const LlamaModel& draft, int64_t num_blocks, int64_t block_size,
+DraftProposer::DraftProposer(const Model& draft, int64_t num_blocks, int64_t block_size,
                              kernels::KvType kv_type, kernels::KvType v_type, ThreadPool& pool)
     : model_(draft),
       storage_(draft.hparams().num_layers, draft.hparams().num_kv_heads, draft.hparams().head_dim, num_blocks, block_size,

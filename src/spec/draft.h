@@ -15,7 +15,7 @@
 #include "base/thread_pool.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_storage.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "runner/model_runner.h"
 
 namespace gale {
@@ -23,7 +23,7 @@ namespace gale {
 class DraftProposer {
  public:
   // Errors when the draft's vocabulary differs from the target's.
-  static StatusOr<std::unique_ptr<DraftProposer>> Create(const LlamaModel& draft, const LlamaModel& target,
+  static StatusOr<std::unique_ptr<DraftProposer>> Create(const Model& draft, const Model& target,
                                                          int64_t num_blocks, int64_t block_size,
                                                          kernels::KvType kv_type, kernels::KvType v_type,
                                                          ThreadPool& pool);
@@ -48,10 +48,10 @@ class DraftProposer {
   int32_t num_blocks() const { return kv_.pool().num_blocks(); }
 
  private:
-  DraftProposer(const LlamaModel& draft, int64_t num_blocks, int64_t block_size, kernels::KvType kv_type,
+  DraftProposer(const Model& draft, int64_t num_blocks, int64_t block_size, kernels::KvType kv_type,
                 kernels::KvType v_type, ThreadPool& pool);
 
-  const LlamaModel& model_;
+  const Model& model_;
   KvStorage storage_;
   KvCacheManager kv_;
   ModelRunner runner_;

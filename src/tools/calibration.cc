@@ -143,10 +143,10 @@ StatusOr<std::vector<std::vector<int32_t>>> LoadCalibration(const std::string& p
   return r;
 }
 
-StatusOr<ActivationStats> CollectActivationStats(const LlamaModel& model,
+StatusOr<ActivationStats> CollectActivationStats(const Model& model,
                                                  const std::vector<std::vector<int32_t>>& samples, int64_t max_rows,
                                                  ThreadPool& pool, const std::function<void(int64_t, int64_t)>& progress) {
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   ActivationStats stats;
   stats.num_layers = hp.num_layers;
   stats.at.resize(static_cast<size_t>(hp.num_layers * kNumLinearInputs));
@@ -176,7 +176,7 @@ StatusOr<ActivationStats> CollectActivationStats(const LlamaModel& model,
   return stats;
 }
 
-KeyChannels KeyChannelsFromStats(const ActivationStats& stats, const LlamaHParams& hp) {
+KeyChannels KeyChannelsFromStats(const ActivationStats& stats, const ModelHParams& hp) {
   KeyChannels kc;
   const int64_t hd = hp.head_dim, n = hp.num_layers * hp.kv_dim();
   if (static_cast<int64_t>(stats.key_mean.size()) != n || static_cast<int64_t>(stats.key_rms.size()) != n) return kc;

@@ -12,7 +12,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "gguf/gguf_writer.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 namespace gale {
@@ -57,17 +57,17 @@ struct ActivationStats {
 
 // Runs every sample through the model (one sequence at a time) and gathers the statistics,
 // keeping up to max_rows token rows per input. progress(done, total) after each sample.
-StatusOr<ActivationStats> CollectActivationStats(const LlamaModel& model,
+StatusOr<ActivationStats> CollectActivationStats(const Model& model,
                                                  const std::vector<std::vector<int32_t>>& samples, int64_t max_rows,
                                                  ThreadPool& pool,
                                                  const std::function<void(int64_t, int64_t)>& progress = {});
 
-// The per-channel key transform (model/llama_model.h KeyChannels) from calibration statistics:
+// The per-channel key transform (model/model.h KeyChannels) from calibration statistics:
 // shift = the keys' mean; scale = sqrt of each channel's standard deviation (floored at 1% of
 // its head's largest), normalized to a geometric mean of 1 per head, so the channels' spread
 // is evened out by half (alpha 0.5, as SmoothQuant's default) and the rest left to the per-token
 // quantization scales.
-KeyChannels KeyChannelsFromStats(const ActivationStats& stats, const LlamaHParams& hp);
+KeyChannels KeyChannelsFromStats(const ActivationStats& stats, const ModelHParams& hp);
 
 // Puts the key transform into a GGUF's metadata (kKeyShiftKey, kKeyScaleKey).
 void SetKeyChannelMetadata(const KeyChannels& kc, GgufWriter* out);

@@ -43,7 +43,7 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   auto file = GgufFile::Open(m.path, m.copied);
   if (!file.ok()) return file.status();
   m.file = std::move(file).value();
-  auto model = LlamaModel::Load(*m.file);
+  auto model = LoadModel(*m.file);
   if (!model.ok()) return model.status().WithContext(m.path);
   m.model = std::move(model).value();
   for (const std::string& w : m.model->load_warnings()) std::fprintf(stderr, "warning: %s: %s\n", m.path.c_str(), w.c_str());

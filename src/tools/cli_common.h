@@ -10,7 +10,7 @@
 #include "base/status.h"
 #include "engine/engine.h"
 #include "gguf/gguf_file.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "tools/commands.h"
 
@@ -26,7 +26,7 @@ struct LoadedModel {
   std::string path;
   bool copied = false;  // read into memory rather than mapped
   std::unique_ptr<GgufFile> file;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
 };
 // Opens the file (path "" = the default model), loads the model with packed weights and its

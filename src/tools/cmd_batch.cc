@@ -170,7 +170,7 @@ CommandFn RegisterBatch(CLI::App& app) {
     }
     auto engine = Engine::Create(*loaded->model, &tok, *cfg, pool);
     if (!engine.ok()) return fail(engine.status());
-    const LlamaHParams& hp = loaded->model->hparams();
+    const ModelHParams& hp = loaded->model->hparams();
     std::fprintf(stderr, "model: %s (%s, dim %lld, %lld layers, %.1f MiB weights); kernels: %s; threads: %d\n",
                  loaded->path.c_str(), hp.arch.c_str(), static_cast<long long>(hp.dim),
                  static_cast<long long>(hp.num_layers), loaded->model->weight_bytes() / 1048576.0,

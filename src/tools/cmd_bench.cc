@@ -17,7 +17,7 @@
 #include "base/profiler.h"
 #include "base/rng.h"
 #include "kernels/kernels.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -53,7 +53,7 @@ void MeanStd(const std::vector<double>& v, double* mean, double* std) {
   *std = v.size() > 1 ? std::sqrt(var / static_cast<double>(v.size() - 1)) : 0.0;
 }
 
-std::string ModelType(const GgufFile& file, const LlamaModel& model) {
+std::string ModelType(const GgufFile& file, const Model& model) {
   int64_t params = 0;
   for (const auto& t : file.tensors()) params += t.NumElements();
   const GgufTensorInfo* ffn = file.FindTensor("blk.0.ffn_gate.weight");
@@ -140,10 +140,10 @@ CommandFn RegisterBench(CLI::App& app) {
     const bool copy = o->load.CopyToMemory(o->model);
     auto file = GgufFile::Open(o->model, copy);
     if (!file.ok()) return fail(file.status().ToString());
-    auto model = LlamaModel::Load(**file);
+    auto model = LoadModel(**file);
     if (!model.ok()) return fail(model.status().ToString());
     (*model)->PackWeights(file->get());
-    const LlamaHParams& hp = (*model)->hparams();
+    const ModelHParams& hp = (*model)->hparams();
     ThreadPool pool(o->threads);
     Roofline roof = MeasureRoofline(pool);
     if (o->bandwidth > 0) roof.read_bandwidth_gbs = o->bandwidth;

@@ -166,7 +166,7 @@ CommandFn RegisterCalibrateKv(CLI::App& app) {
     ThreadPool pool(o->threads);
     auto stats = Calibrate(*model, o->calib, o->calib_samples, o->calib_seq_len, /*rows=*/1, pool);
     if (!stats.ok()) return fail(stats.status());
-    const LlamaHParams& hp = model->model->hparams();
+    const ModelHParams& hp = model->model->hparams();
     const KeyChannels kc = KeyChannelsFromStats(*stats, hp);
     const GgufFile& in = *model->file;
     GgufWriter w;

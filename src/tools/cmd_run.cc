@@ -10,7 +10,7 @@
 #include "base/cpu.h"
 #include "base/profiler.h"
 #include "kernels/kernels.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
 #include "tools/chat.h"
@@ -89,7 +89,7 @@ CommandFn RegisterRun(CLI::App& app) {
     const bool copy = loaded->copied;
     auto& model = loaded->model;
     auto& tok = loaded->tok;
-    const LlamaHParams& hp = model->hparams();
+    const ModelHParams& hp = model->hparams();
     const int64_t ctx = o->ctx > 0 ? o->ctx : hp.context_length;
     std::unique_ptr<Profiler> profiler;
     if (o->profile || !o->trace.empty()) {

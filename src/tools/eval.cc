@@ -12,9 +12,9 @@ namespace gale {
 
 double PplResult::ppl() const { return std::exp(nll); }
 
-StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vector<int32_t>& tokens,
+StatusOr<PplResult> EvaluatePerplexity(const Model& model, const std::vector<int32_t>& tokens,
                                        const PplOptions& options, bool keep_logprobs, ThreadPool& pool) {
-  const LlamaHParams& hp = model.hparams();
+  const ModelHParams& hp = model.hparams();
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n < 2) return InvalidArgument("the text has {} token(s); perplexity needs at least 2", n);
   for (int32_t t : tokens) {

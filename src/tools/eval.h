@@ -15,7 +15,7 @@
 #include "base/thread_pool.h"
 #include "kernels/kernels.h"
 #include "kv/retention.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 
 namespace gale {
 
@@ -45,7 +45,7 @@ struct PplResult {
 
 // tokens: the whole text (with BOS if the model wants one). Errors for fewer than 2 tokens, bad
 // ctx/stride, or ids outside the vocabulary.
-StatusOr<PplResult> EvaluatePerplexity(const LlamaModel& model, const std::vector<int32_t>& tokens,
+StatusOr<PplResult> EvaluatePerplexity(const Model& model, const std::vector<int32_t>& tokens,
                                        const PplOptions& options, bool keep_logprobs, ThreadPool& pool);
 
 // The log-probabilities file: "GALEPPL1", u32 vocab, u64 num_scored, u64 num_tokens, the token

@@ -147,7 +147,7 @@ struct Group {
 
 class Transformer {
  public:
-  Transformer(const GgufFile& in, const QuantizeOptions& o, GgmlType type, const LlamaHParams& hp,
+  Transformer(const GgufFile& in, const QuantizeOptions& o, GgmlType type, const ModelHParams& hp,
               const std::function<bool(const std::string&)>& quantized)
       : in_(in), o_(o), type_(type), hp_(hp), quantized_(quantized) {}
 
@@ -329,7 +329,7 @@ class Transformer {
   const GgufFile& in_;
   const QuantizeOptions& o_;
   GgmlType type_;
-  const LlamaHParams& hp_;
+  const ModelHParams& hp_;
   std::function<bool(const std::string&)> quantized_;
 };
 
@@ -385,7 +385,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
   QuantizeReport report;
   std::map<std::string, Edit> edits;
   if (calibrated && !rtn_only) {
-    ASSIGN_OR_RETURN(const LlamaHParams hp, ReadLlamaHParams(in));
+    ASSIGN_OR_RETURN(const ModelHParams hp, ReadHParams(in));
     if (options.calibration->num_layers != hp.num_layers) {
       return InvalidArgument("calibration statistics are for {} layers, the model has {}",
                              options.calibration->num_layers, hp.num_layers);

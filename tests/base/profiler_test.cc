@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 
 namespace gale {
 namespace {
@@ -26,7 +26,7 @@ TEST(ProfilerTest, DisabledSpansRecordNothing) {
 TEST(ProfilerTest, ForwardPassTraceHasEveryOpOfEveryLayer) {
   auto f = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf");
   ASSERT_TRUE(f.ok());
-  auto m = LlamaModel::Load(**f);
+  auto m = LoadModel(**f);
   ASSERT_TRUE(m.ok());
   Profiler prof;
   SetProfiler(&prof);

@@ -23,14 +23,14 @@ namespace {
 
 struct TestModel {
   std::unique_ptr<GgufFile> file;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
 };
 
 TestModel Stories() {
   TestModel m;
   m.file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  m.model = LlamaModel::Load(*m.file).value();
+  m.model = LoadModel(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
   return m;
 }
@@ -40,7 +40,7 @@ TestModel Synthetic(GgmlType type = GgmlType::kQ8_0) {
   auto shape = *NamedSynthShape("tiny");
   const auto bytes = SynthesizeLlama(shape, type, 11)->WriteToBytes();
   m.file = GgufFile::FromBytes(bytes).value();
-  m.model = LlamaModel::Load(*m.file).value();
+  m.model = LoadModel(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
   return m;
 }
@@ -64,7 +64,7 @@ TestModel StoriesWithKeyChannels() {
   }
   TestModel m;
   m.file = GgufFile::FromBytes(w.WriteToBytes()).value();
-  m.model = LlamaModel::Load(*m.file).value();
+  m.model = LoadModel(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
   return m;
 }
@@ -264,7 +264,7 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   small.vocab_size = m.model->hparams().vocab_size;
   const auto bytes = SynthesizeLlama(small, GgmlType::kF32, 5)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
-  auto unrelated = LlamaModel::Load(*file).value();
+  auto unrelated = LoadModel(*file).value();
   d.draft = unrelated.get();
   a = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, d);
   EXPECT_GT(a.guessed - a.accepted, 200);

@@ -13,7 +13,7 @@
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_file.h"
 #include "kernels/kernels.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "../test_util.h"
 #include "tools/synth.h"
 
@@ -95,7 +95,7 @@ TEST(LlamaCppReferenceTest, DequantizesGgmlBlocksBitwiseAndQuantizesAsGgml) {
 }
 
 std::vector<float> GaleLogits(const GgufFile& file, const std::vector<int32_t>& tokens) {
-  auto m = LlamaModel::Load(file);
+  auto m = LoadModel(file);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return {};
   (*m)->PackWeights(nullptr);  // as the engine runs it: the active ISA's packed layouts, if any

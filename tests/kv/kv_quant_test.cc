@@ -12,7 +12,7 @@
 #include "engine/engine.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "tools/calibration.h"
 #include "tools/eval.h"
@@ -35,7 +35,7 @@ TEST(KvQuantTest, HoldsMoreTokensInTheSameMemory) {
   shape.vocab_size = 512;
   const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 3)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
-  auto model = LlamaModel::Load(*file).value();
+  auto model = LoadModel(*file).value();
   ThreadPool pool(1);
   auto tokens = [&](KvType type, std::optional<KvType> v = std::nullopt) {
     EngineConfig cfg;
@@ -61,7 +61,7 @@ TEST(KvQuantTest, HoldsMoreTokensInTheSameMemory) {
 // KL divergence and top-1 agreement of the next-token distributions against f16.
 TEST(KvQuantTest, PerplexityAndKlOnTheDefaultModel) {
   auto file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  auto model = LlamaModel::Load(*file).value();
+  auto model = LoadModel(*file).value();
   auto tok = Tokenizer::FromGguf(*file).value();
   // A text sampled from the model at temperature 1 (seeded), as long as its context allows.
   ThreadPool pool(2);
@@ -141,9 +141,9 @@ std::vector<uint8_t> WithKeyChannels(const GgufFile& in, const KeyChannels& kc) 
 // next-token distributions; the stored keys are the transformed ones.
 TEST(KvQuantTest, KeyChannelTransformLeavesAttentionUnchanged) {
   auto file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  auto model = LlamaModel::Load(*file).value();
+  auto model = LoadModel(*file).value();
   auto tok = Tokenizer::FromGguf(*file).value();
-  const LlamaHParams& hp = model->hparams();
+  const ModelHParams& hp = model->hparams();
   KeyChannels kc;
   Rng rng(7);
   for (int64_t i = 0; i < hp.num_layers * hp.kv_dim(); ++i) {
@@ -152,7 +152,7 @@ TEST(KvQuantTest, KeyChannelTransformLeavesAttentionUnchanged) {
   }
   const auto bytes = WithKeyChannels(*file, kc);
   auto file2 = GgufFile::FromBytes(bytes).value();
-  auto model2 = LlamaModel::Load(*file2).value();
+  auto model2 = LoadModel(*file2).value();
   ASSERT_EQ(model2->key_channels().shift, kc.shift);
   ASSERT_EQ(model2->key_channels().scale, kc.scale);
 
@@ -210,7 +210,7 @@ TEST(KvQuantTest, BadKeyChannelMetadataIsRefused) {
   for (const auto& [extra, want] : cases) {
     const auto bytes = WithMetadata(*file, extra);
     auto f = GgufFile::FromBytes(bytes).value();
-    auto m = LlamaModel::Load(*f);
+    auto m = LoadModel(*f);
     ASSERT_FALSE(m.ok()) << want;
     EXPECT_NE(m.status().message().find(want), std::string::npos) << m.status().ToString();
   }
@@ -220,7 +220,7 @@ TEST(KvQuantTest, BadKeyChannelMetadataIsRefused) {
 // KV: the per-channel key transform cuts int8's KL divergence and makes int4 keys usable.
 TEST(KvQuantTest, CalibratedKeyChannelsCutTheError) {
   auto file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  auto model = LlamaModel::Load(*file).value();
+  auto model = LoadModel(*file).value();
   auto tok = Tokenizer::FromGguf(*file).value();
   ThreadPool pool(2);
   const auto samples = ParseCalibration(test::ReadFile(test::SourceDir() + "/eval/stories260K-calib.jsonl"), true,
@@ -231,7 +231,7 @@ TEST(KvQuantTest, CalibratedKeyChannelsCutTheError) {
   ASSERT_EQ(kc.shift.size(), 160u);
   const auto bytes = WithKeyChannels(*file, kc);
   auto file2 = GgufFile::FromBytes(bytes).value();
-  auto model2 = LlamaModel::Load(*file2).value();
+  auto model2 = LoadModel(*file2).value();
 
   const std::vector<int32_t> text = tok->Encode(test::ReadFile(test::SourceDir() + "/eval/stories260K-sampled.txt"));
   const PplResult base = EvaluatePerplexity(*model, text, PplOptions{}, true, pool).value();

@@ -15,7 +15,7 @@
 #include "base/rng.h"
 #include "engine/engine.h"
 #include "gguf/gguf_file.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 namespace gale {
@@ -138,7 +138,7 @@ TEST(RetentionTest, CompactsRowsPerLayerAndFreesTheTail) {
 
 struct Stories {
   std::unique_ptr<GgufFile> file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  std::unique_ptr<LlamaModel> model = LlamaModel::Load(*file).value();
+  std::unique_ptr<Model> model = LoadModel(*file).value();
   std::unique_ptr<Tokenizer> tok = Tokenizer::FromGguf(*file).value();
 };
 
@@ -146,7 +146,7 @@ struct Stories {
 // receives one unit of probability per query head and tracked token.
 TEST(RetentionTest, ForwardTracksAttentionWithoutChangingLogits) {
   Stories m;
-  const LlamaHParams& hp = m.model->hparams();
+  const ModelHParams& hp = m.model->hparams();
   ThreadPool pool(2);
   std::vector<int32_t> tokens = {1};
   for (int i = 0; i < 40; ++i) tokens.push_back(3 + (i * 37) % 400);
@@ -223,7 +223,7 @@ TEST(RetentionTest, BudgetAtLeastTheLengthChangesNothing) {
   cfg.sched.max_num_batched_tokens = 24;
   cfg.sched.prefill_chunk_size = 7;
   cfg.block_size = 4;
-  const LlamaHParams& hp = m.model->hparams();
+  const ModelHParams& hp = m.model->hparams();
   cfg.kv_cache_memory_bytes =
       40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF32);
   cfg.kv_type = KvType::kF32;
@@ -269,7 +269,7 @@ TEST(RetentionTest, EvictionHeavyWorkloadsLeakNoBlock) {
   cfg.block_size = 8;
   cfg.spec.method = SpecMethod::kNgram;
   cfg.spec.always = true;
-  const LlamaHParams& hp = m.model->hparams();
+  const ModelHParams& hp = m.model->hparams();
   cfg.kv_cache_memory_bytes =
       30 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF16);
   auto e = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
@@ -346,7 +346,7 @@ TEST(RetentionTest, SharedPrefixBlocksAreNeverModified) {
 TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
   Stories m;
   ThreadPool pool(2);
-  const LlamaHParams& hp = m.model->hparams();
+  const ModelHParams& hp = m.model->hparams();
   auto run = [&](int64_t budget) {
     EngineConfig cfg;
     cfg.sched.max_batch_size = 64;

@@ -1,4 +1,4 @@
-// LlamaModel::PackWeights(file): after the file's copy of the packed matrices goes back to the
+// Model::PackWeights(file): after the file's copy of the packed matrices goes back to the
 // OS, forward passes are unchanged, and running those matrices on another ISA fails loudly
 // instead of reading released pages.
 #include <gtest/gtest.h>
@@ -9,13 +9,13 @@
 
 #include "../test_util.h"
 #include "kernels/kernels.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "tools/synth.h"
 
 namespace gale {
 namespace {
 
-std::vector<float> LastLogits(const LlamaModel& m, ThreadPool& pool) {
+std::vector<float> LastLogits(const Model& m, ThreadPool& pool) {
   KvCache kv(m.hparams(), 16);
   Workspace ws;
   ForwardBatch b;
@@ -33,11 +33,11 @@ TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
   for (bool copy : {true, false}) {
     auto file = GgufFile::Open(path, copy).value();
     ThreadPool pool(2);
-    auto kept = LlamaModel::Load(*file).value();
+    auto kept = LoadModel(*file).value();
     kept->PackWeights();
     const auto before = LastLogits(*kept, pool);
     EXPECT_EQ(kept->released_bytes(), 0u);
-    auto model = LlamaModel::Load(*file).value();
+    auto model = LoadModel(*file).value();
     model->PackWeights(file.get());
     const uint64_t released = model->released_bytes();
     // Every layer matrix and the untied output layer: all but the embedding, norms and header,
@@ -71,7 +71,7 @@ TEST(PackedReleaseTest, PackingAgainAfterAReleaseOfNoBytesKeepsThePackedCopies) 
   const auto bytes = SynthesizeLlama(test::SmallGqaShape(1024), GgmlType::kQ4_0, 5)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
   ThreadPool pool(2);
-  auto model = LlamaModel::Load(*file).value();
+  auto model = LoadModel(*file).value();
   model->PackWeights(file.get());
   EXPECT_EQ(model->released_bytes(), 0u);
   const auto before = LastLogits(*model, pool);

@@ -16,7 +16,7 @@
 #include "../test_util.h"
 #include "base/fp16.h"
 #include "kernels/kernels.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
 #include "tools/llama2c_convert.h"
@@ -61,7 +61,7 @@ std::string ConvertedNow() {
 
 struct Loaded {
   std::unique_ptr<GgufFile> file;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
 };
 
@@ -70,7 +70,7 @@ Loaded Load(const std::string& path) {
   auto f = GgufFile::Open(path);
   EXPECT_TRUE(f.ok()) << f.status().ToString();
   l.file = std::move(*f);
-  auto m = LlamaModel::Load(*l.file);
+  auto m = LoadModel(*l.file);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   l.model = std::move(*m);
   auto t = Tokenizer::FromGguf(*l.file);
@@ -99,7 +99,7 @@ class ReferenceTest : public ::testing::TestWithParam<std::tuple<std::string, ke
 
 TEST_P(ReferenceTest, PromptTokensGreedyTokensAndLogits) {
   ThreadPool pool(2);
-  const LlamaHParams& hp = m_.model->hparams();
+  const ModelHParams& hp = m_.model->hparams();
   ASSERT_EQ(hp.vocab_size, 512);
   for (const json& c : Reference()["cases"]) {
     const std::string prompt = c["prompt"];

@@ -15,7 +15,7 @@
 #include "../test_util.h"
 #include "gguf/gguf_file.h"
 #include "kv/kv_cache_manager.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/model_runner.h"
 
@@ -120,7 +120,7 @@ void ExpectFollows(const std::map<int32_t, int>& counts, const std::vector<std::
 
 TEST(SpecVerifyTest, KeepsTheTargetDistributionOnTheDefaultModel) {
   auto file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  auto model = LlamaModel::Load(*file).value();
+  auto model = LoadModel(*file).value();
   auto tok = Tokenizer::FromGguf(*file).value();
   ThreadPool pool(1);
   const auto& hp = model->hparams();

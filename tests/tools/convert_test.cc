@@ -9,7 +9,7 @@
 #include "../test_util.h"
 #include "base/fp16.h"
 #include "base/rng.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
 #include "tools/llama2c_convert.h"
@@ -90,7 +90,7 @@ TEST(SynthTest, EveryTypeLoadsTokenizesAndRuns) {
     const auto bytes = w->WriteToBytes();
     auto f = GgufFile::FromBytes(bytes);
     ASSERT_TRUE(f.ok()) << f.status().ToString();
-    auto m = LlamaModel::Load(**f);
+    auto m = LoadModel(**f);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     auto t = Tokenizer::FromGguf(**f);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -185,8 +185,8 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
   auto fk = GgufFile::FromBytes(kq_bytes);
   auto fd = GgufFile::FromBytes(deq_bytes);
   ASSERT_TRUE(fk.ok() && fd.ok());
-  auto mk = LlamaModel::Load(**fk);
-  auto md = LlamaModel::Load(**fd);
+  auto mk = LoadModel(**fk);
+  auto md = LoadModel(**fd);
   ASSERT_TRUE(mk.ok()) << mk.status().ToString();
   ASSERT_TRUE(md.ok());
   ThreadPool pool(2);
@@ -225,10 +225,10 @@ TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
     ASSERT_TRUE(reshaped.AddTensor(t.name, t.type_id, s, data).ok());
   }
   auto mb = missing.WriteToBytes();
-  auto m = LlamaModel::Load(**GgufFile::FromBytes(mb));
+  auto m = LoadModel(**GgufFile::FromBytes(mb));
   EXPECT_NE(m.status().message().find("blk.1.ffn_up.weight"), std::string::npos) << m.status().message();
   auto rb = reshaped.WriteToBytes();
-  auto r = LlamaModel::Load(**GgufFile::FromBytes(rb));
+  auto r = LoadModel(**GgufFile::FromBytes(rb));
   EXPECT_NE(r.status().message().find("blk.0.attn_k.weight: expected shape"), std::string::npos) << r.status().message();
 }
 
@@ -238,7 +238,7 @@ TEST(ModelLoadTest, UnusedTensorsAreNamedAndBadRopeFreqsRefused) {
   auto shape = NamedSynthShape("tiny");
   auto bytes = SynthesizeLlama(*shape, GgmlType::kF32, 1)->WriteToBytes();
   auto f = GgufFile::FromBytes(bytes).value();
-  EXPECT_TRUE(LlamaModel::Load(*f).value()->load_warnings().empty());
+  EXPECT_TRUE(LoadModel(*f).value()->load_warnings().empty());
   auto with_extra = [&](const std::string& name, std::vector<int64_t> tshape, float value) {
     GgufWriter w;
     for (const auto& [k, v] : f->metadata()) w.SetValue(k, v);
@@ -255,20 +255,20 @@ TEST(ModelLoadTest, UnusedTensorsAreNamedAndBadRopeFreqsRefused) {
   };
   for (const char* name : {"blk.0.attn_q_norm.weight", "blk.9.attn_norm.weight", "output.bias"}) {
     const auto b = with_extra(name, {4}, 1.0f);
-    auto m = LlamaModel::Load(**GgufFile::FromBytes(b));
+    auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     ASSERT_EQ((*m)->load_warnings().size(), 1u) << name;
     EXPECT_NE((*m)->load_warnings()[0].find(name), std::string::npos) << (*m)->load_warnings()[0];
   }
   const int64_t half = (*shape).dim / (*shape).num_heads / 2;
   const auto ok = with_extra("rope_freqs.weight", {half}, 2.0f);
-  auto m = LlamaModel::Load(**GgufFile::FromBytes(ok));
+  auto m = LoadModel(**GgufFile::FromBytes(ok));
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_TRUE((*m)->load_warnings().empty());
   const auto wrong = with_extra("rope_freqs.weight", {half + 1}, 2.0f);
-  EXPECT_NE(LlamaModel::Load(**GgufFile::FromBytes(wrong)).status().message().find("rope_freqs.weight"), std::string::npos);
+  EXPECT_NE(LoadModel(**GgufFile::FromBytes(wrong)).status().message().find("rope_freqs.weight"), std::string::npos);
   const auto zero = with_extra("rope_freqs.weight", {half}, 0.0f);
-  EXPECT_NE(LlamaModel::Load(**GgufFile::FromBytes(zero)).status().message().find("not positive"), std::string::npos);
+  EXPECT_NE(LoadModel(**GgufFile::FromBytes(zero)).status().message().find("not positive"), std::string::npos);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ namespace {
 
 struct Stories {
   std::unique_ptr<GgufFile> file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  std::unique_ptr<LlamaModel> model = LlamaModel::Load(*file).value();
+  std::unique_ptr<Model> model = LoadModel(*file).value();
 };
 
 TEST(EvalTest, MatchesLlama2cTeacherForcedNll) {

@@ -17,7 +17,7 @@
 
 #include "../test_util.h"
 #include "gguf/safetensors.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/rope_scaling.h"
 #include "model/tokenizer.h"
 #include "tools/synth.h"
@@ -234,7 +234,7 @@ TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
     EXPECT_EQ(0, std::memcmp(c->data, t.data, t.num_bytes)) << t.name;
   }
   auto logits = [](const GgufFile& f) {
-    auto m = LlamaModel::Load(f).value();
+    auto m = LoadModel(f).value();
     ThreadPool pool(1);
     KvCache kv(m->hparams(), 8);
     Workspace ws;
@@ -276,7 +276,7 @@ TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   EXPECT_EQ(0, std::memcmp(t->data, want.data(), t->num_bytes));
   EXPECT_EQ(want.front(), 1.0f);  // the highest frequency is kept
   EXPECT_EQ(want.back(), 8.0f);   // the lowest divided by the factor
-  auto m = LlamaModel::Load(**out);
+  auto m = LoadModel(**out);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_TRUE((*m)->load_warnings().empty());
   config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
-#include "model/llama_model.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 #include "tools/calibration.h"
 #include "tools/eval.h"
@@ -30,7 +30,7 @@ std::unique_ptr<GgufFile> Quantized(const GgufFile& in, const QuantizeOptions& o
 
 // The logits of a short forward pass, and their relative RMS distance from want.
 std::vector<float> FourTokenLogits(const GgufFile& f, ThreadPool& pool) {
-  auto m = LlamaModel::Load(f).value();
+  auto m = LoadModel(f).value();
   KvCache kv(m->hparams(), 8);
   Workspace ws;
   ForwardBatch b;
@@ -80,7 +80,7 @@ TEST(QuantizeTest, DefaultModelToQ8_0AndQ4_0) {
       }
     }
     // It loads and runs.
-    auto model = LlamaModel::Load(*out);
+    auto model = LoadModel(*out);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     ThreadPool pool(1);
     KvCache kv((*model)->hparams(), 8);
@@ -252,7 +252,7 @@ TEST(QuantizeTest, CalibrationInputs) {
 
 // Perplexity result of a model file (bytes) on the shipped eval text.
 PplResult Evaluate(const GgufFile& file, const std::string& text, ThreadPool& pool) {
-  auto model = LlamaModel::Load(file).value();
+  auto model = LoadModel(file).value();
   auto tok = Tokenizer::FromGguf(file).value();
   return EvaluatePerplexity(*model, tok->Encode(text), PplOptions{}, /*keep_logprobs=*/true, pool).value();
 }
@@ -262,7 +262,7 @@ PplResult Evaluate(const GgufFile& file, const std::string& text, ThreadPool& po
 // KL < 0.01 and top-1 > 98%; the AWQ search beats round to nearest for W4A16 g64.
 TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
   auto in = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  auto model = LlamaModel::Load(*in).value();
+  auto model = LoadModel(*in).value();
   auto tok = Tokenizer::FromGguf(*in).value();
   ThreadPool pool(2);
   const std::string text = test::ReadFile(test::SourceDir() + "/eval/stories260K-sampled.txt");

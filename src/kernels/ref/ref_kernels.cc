@@ -255,6 +255,20 @@ void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, co
   }
 }
 
+void RopeApplyNeoxReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
+  const int half = rope_dims / 2;
+  for (int h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+      const float v0 = v[i];
+      const float v1 = v[i + half];
+      v[i] = v0 * c - v1 * s;
+      v[i + half] = v0 * s + v1 * c;
+    }
+  }
+}
+
 void SoftmaxReference(float* x, int64_t n) {
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = x[i] > max ? x[i] : max;
@@ -391,6 +405,7 @@ const KernelTable& ScalarTable() {
       AttendManyReference,
       SoftmaxReference,
       RopeApplyReference,
+      RopeApplyNeoxReference,
       ArgMaxRef,
       ExpShiftedRef,
       QuantizeActivations,

@@ -9,6 +9,7 @@
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
+#include "kernels/x86/rope_neox.h"
 #include "kernels/x86/avx2_int8.h"
 #include "kernels/x86/gemm_tiles.h"
 
@@ -449,6 +450,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
+      RopeApplyNeoxAvx2,
       ArgMax,
       ExpShifted,
       QuantizeActs,

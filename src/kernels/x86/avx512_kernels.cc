@@ -11,6 +11,7 @@
 #include "base/fp16.h"
 #include "gguf/ggml_types.h"
 #include "kernels/isa_tables.h"
+#include "kernels/x86/rope_neox.h"
 #include "kernels/x86/avx512_common.h"
 #include "kernels/x86/gemm_tiles.h"
 
@@ -910,6 +911,7 @@ const KernelTable& Avx512Table() {
       Avx512AttendMany,
       Softmax,
       RopeApply,
+      RopeApplyNeoxAvx2,
       ArgMax,
       ExpShifted,
       QuantizeActs,

@@ -1,12 +1,15 @@
-// The llama architecture: weights as views into the GGUF mapping, and one Forward over a batch of
-// tokens of one or more sequences, reading and writing the paged KV cache (kv/KvStorage) through
-// each sequence's block table. Activations are f32. All numerics go through kernels/.
+// The model seam: one abstract Model that the engine, runner, speculation, evaluation,
+// quantization and benchmarks see, and the types its Forward speaks (ForwardBatch, Workspace,
+// ActivationObserver, KeyChannels, the fixed-sequence KvCache). Each architecture is one file
+// under model/arch/ built from the shared blocks in model/blocks.h; LoadModel (model/registry.cc)
+// picks it by general.architecture. Nothing here knows an architecture.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -80,7 +83,7 @@ struct KeyChannels {
 class KvCache {
  public:
   // v_type: V's type when it differs from type (K's).
-  KvCache(const LlamaHParams& hp, int64_t capacity_tokens, int64_t num_seqs = 1,
+  KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_seqs = 1,
           kernels::KvType type = kernels::KvType::kF32, int64_t block_size = 16,
           std::optional<kernels::KvType> v_type = std::nullopt);
   int64_t capacity_tokens() const { return capacity_tokens_; }
@@ -98,9 +101,9 @@ class KvCache {
 // Scratch activations, grown to the largest batch seen; reused across steps.
 struct Workspace {
   std::vector<float> x;       // [num_tokens, dim] residual stream
-  std::vector<float> xb;      // [num_tokens, dim] normed input / attention output
+  std::vector<float> xb;      // [num_tokens, max(dim, q_dim)] normed input / attention output
   std::vector<float> xb2;     // [num_tokens, dim] projection output
-  std::vector<float> q;       // [num_tokens, dim]
+  std::vector<float> q;       // [num_tokens, q_dim]
   std::vector<float> k;       // [num_tokens, kv_dim]
   std::vector<float> v;       // [num_tokens, kv_dim]
   std::vector<float> hb;      // [num_tokens, ffn_dim]
@@ -119,17 +122,13 @@ struct MatrixWeight {
   std::unique_ptr<kernels::PackedWeights> packed;
 };
 
-struct LlamaLayerWeights {
-  TensorView attn_norm, ffn_norm;
-  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
-};
-
-class LlamaModel {
+class Model {
  public:
-  // The GgufFile must outlive the model: weights are views into its mapping.
-  static StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& file);
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
-  const LlamaHParams& hparams() const { return hp_; }
+  const ModelHParams& hparams() const { return hp_; }
   bool tied_output() const { return tied_output_; }
   // What Load found questionable but not fatal (tensors it does not use), for the caller to show.
   const std::vector<std::string>& load_warnings() const { return load_warnings_; }
@@ -151,30 +150,44 @@ class LlamaModel {
 
   // Runs one batch: each token's K/V are written to its sequence's blocks at its slot (its
   // position unless batch.slots says otherwise), then attention reads them back through the
-  // block tables. On return ws.logits holds the rows named
-  // by logit_rows ([num_logit_rows, vocab_size]). Errors on out-of-range ids, positions or blocks.
+  // block tables. On return ws.logits holds the rows named by logit_rows
+  // ([num_logit_rows, vocab_size]). Errors on out-of-range ids, positions or blocks.
   Status Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const;
   // The same over a fixed-sequence cache (copies the batch to attach the cache's block tables).
   Status Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const;
 
- private:
-  LlamaModel() = default;
-  // The layer matrices and the output layer (const or not as self is).
-  template <typename Self>
-  static auto MatricesOf(Self& self) -> std::vector<decltype(&self.output_)>;
+ protected:
+  Model() = default;
+  // The architecture's forward, on a batch Forward has checked against the cache and the model.
+  virtual Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const = 0;
+  // Every matrix the forward multiplies by, for packing; the output layer among them.
+  virtual std::vector<MatrixWeight*> Matrices() = 0;
+  // Reads the token embedding, the final norm, the output layer (or ties it to the embedding)
+  // and the calibrated key statistics; sets hp_.vocab_size. For every architecture's Load.
+  Status LoadCommon(const GgufFile& file, class TensorLoader& tensors);
+  // After an architecture has read its tensors: every tensor of the file it did not use is named
+  // in a load warning (a file with more, another architecture's or a newer feature's, must not
+  // run silently without them).
+  void FinishLoad(const TensorLoader& tensors);
 
-  LlamaHParams hp_;
-  TensorView token_embd_;
-  TensorView output_norm_;
-  MatrixWeight output_;
+  ModelHParams hp_;
+  TensorView token_embd_;   // [vocab_size, dim]
+  TensorView output_norm_;  // [dim]
+  MatrixWeight output_;     // [vocab_size, dim]
   bool tied_output_ = false;
-  std::vector<float> rope_freq_factors_;  // [rope_dims / 2] from rope_freqs.weight; empty: none
   std::vector<std::string> load_warnings_;
-  std::vector<LlamaLayerWeights> layers_;
   uint64_t weight_bytes_ = 0;
+  KeyChannels key_channels_;
+
+ private:
   uint64_t released_bytes_ = 0;
   std::unique_ptr<uint8_t, void (*)(void*)> packed_buffer_{nullptr, nullptr};
-  KeyChannels key_channels_;
 };
+
+// The model of the file's general.architecture (model/registry.cc lists them). The GgufFile must
+// outlive the model: weights are views into its mapping.
+StatusOr<std::unique_ptr<Model>> LoadModel(const GgufFile& file);
+// The architectures LoadModel knows, as GGUF names them.
+std::vector<std::string> SupportedArchitectures();
 
 }  // namespace gale

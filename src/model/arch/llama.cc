@@ -1,0 +1,85 @@
+// llama (GGUF "llama"): Llama 1-3.x, Mistral-style files, TinyLlama, llama2.c's models. Per layer
+// RMSNorm -> Q, K, V -> RoPE (normal mode; Llama 3.1-3.3's frequency divisors from
+// rope_freqs.weight) -> cache -> attention -> output projection -> residual, RMSNorm -> SwiGLU ->
+// residual; final norm and output layer.
+#include <cmath>
+#include <cstring>
+
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+struct LlamaLayer {
+  TensorView attn_norm, ffn_norm;
+  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+class LlamaModel final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+    std::unique_ptr<LlamaModel> m(new LlamaModel());
+    m->hp_ = std::move(hp);
+    const ModelHParams& h = m->hp_;
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      LlamaLayer& w = m->layers_[l];
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
+    }
+    ASSIGN_OR_RETURN(m->rope_freq_factors_, ReadRopeFreqFactors(tensors, h));
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data());
+    f.Embed(token_embd_);
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const LlamaLayer& w = layers_[l];
+      f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                       LinearInput::kAttnIn, "matmul_qkv");
+      f.Attention(l, &key_channels_);
+      f.OutputProjection(l, w.wo);
+      f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+    }
+    f.OutputHead(output_norm_, output_);
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> Matrices() override {
+    std::vector<MatrixWeight*> all;
+    for (LlamaLayer& l : layers_) {
+      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
+    }
+    all.push_back(&output_);
+    return all;
+  }
+
+ private:
+  LlamaModel() = default;
+  std::vector<LlamaLayer> layers_;
+  std::vector<float> rope_freq_factors_;  // [rope_dims / 2] from rope_freqs.weight; empty: none
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadLlama(const GgufFile& file, ModelHParams hp) {
+  hp.rope_style = RopeStyle::kNormal;
+  return LlamaModel::Load(file, std::move(hp));
+}
+
+}  // namespace gale

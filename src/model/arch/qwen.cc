@@ -1,0 +1,105 @@
+// Qwen2 / Qwen2.5 (GGUF "qwen2") and Qwen3 (GGUF "qwen3"), the dense models. Both are llama's
+// layer with RoPE in NEOX mode (the halves of each head rotate together); Qwen2 adds biases to
+// the Q, K and V products; Qwen3 has none but normalizes each head of Q and K (RMSNorm with a
+// [head_size] weight) before RoPE, and its head size is attention.key_length, not dim / heads.
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+enum class Variant { kQwen2, kQwen3 };
+
+struct QwenLayer {
+  TensorView attn_norm, ffn_norm;
+  TensorView bq, bk, bv;              // qwen2: [q_dim], [kv_dim], [kv_dim]
+  TensorView q_norm, k_norm;          // qwen3: [head_dim] each
+  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+class QwenModel final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp, Variant variant) {
+    std::unique_ptr<QwenModel> m(new QwenModel());
+    m->hp_ = std::move(hp);
+    m->hp_.rope_style = RopeStyle::kNeox;
+    m->variant_ = variant;
+    const ModelHParams& h = m->hp_;
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      QwenLayer& w = m->layers_[l];
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      if (variant == Variant::kQwen2) {
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_q.bias", h.q_dim(), &w.bq));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_k.bias", h.kv_dim(), &w.bk));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.kv_dim(), &w.bv));
+      } else {
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_q_norm.weight", h.head_dim, &w.q_norm));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
+      }
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
+    }
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
+    f.Embed(token_embd_);
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const QwenLayer& w = layers_[l];
+      f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                       LinearInput::kAttnIn, "matmul_qkv");
+      if (variant_ == Variant::kQwen2) {
+        f.AddBias(ws.q.data(), w.bq, hp_.q_dim());
+        f.AddBias(ws.k.data(), w.bk, hp_.kv_dim());
+        f.AddBias(ws.v.data(), w.bv, hp_.kv_dim());
+      } else {
+        f.HeadNorm(ws.q.data(), hp_.num_heads, w.q_norm, "q_norm", l);
+        f.HeadNorm(ws.k.data(), hp_.num_kv_heads, w.k_norm, "k_norm", l);
+      }
+      f.Attention(l, &key_channels_);
+      f.OutputProjection(l, w.wo);
+      f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+    }
+    f.OutputHead(output_norm_, output_);
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> Matrices() override {
+    std::vector<MatrixWeight*> all;
+    for (QwenLayer& l : layers_) {
+      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
+    }
+    all.push_back(&output_);
+    return all;
+  }
+
+ private:
+  QwenModel() = default;
+  Variant variant_ = Variant::kQwen2;
+  std::vector<QwenLayer> layers_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadQwen2(const GgufFile& file, ModelHParams hp) {
+  return QwenModel::Load(file, std::move(hp), Variant::kQwen2);
+}
+StatusOr<std::unique_ptr<Model>> LoadQwen3(const GgufFile& file, ModelHParams hp) {
+  return QwenModel::Load(file, std::move(hp), Variant::kQwen3);
+}
+
+}  // namespace gale

@@ -1,0 +1,82 @@
+// The pieces architectures are built from (model/arch/*.cc): one ForwardPass per Forward call
+// holds the batch, its cache, scratch and threads, and the per-token data every layer shares
+// (RoPE angles, block tables, cache slots, rows for tracked attention scores); its methods are
+// the blocks: normed products, bias, per-head norm, RoPE + KV write + paged attention (with KV
+// retention's tracking), output projection, gated FFN, output head. Profiler spans and
+// calibration hooks (ActivationObserver) live here, not in each architecture.
+//
+// Every block splits work across threads by token (or by fixed blocks of an output), never by
+// the batch's shape, so a token's results do not depend on what else is in the batch.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <utility>
+
+#include "base/check.h"
+#include "base/thread_pool.h"
+#include "kernels/kernels.h"
+#include "kv/kv_storage.h"
+#include "model/model.h"
+
+namespace gale {
+
+// Products of one input, given as the matrices and their outputs.
+struct SameInput {
+  kernels::MatMulOutput o[3];
+  size_t n = 0;
+  SameInput(std::initializer_list<std::pair<const MatrixWeight*, float*>> outs) {
+    CHECK(outs.size() <= std::size(o));
+    for (const auto& [w, y] : outs) o[n++] = {&w->view, w->packed.get(), y};
+  }
+  std::span<const kernels::MatMulOutput> span() const { return {o, n}; }
+};
+
+class ForwardPass {
+ public:
+  // Sizes the workspace for the batch (Model::Forward has checked it) and fills the per-token
+  // tables. freq_factors: RoPE frequency divisors ([rope_dims / 2], Llama 3's rope_freqs) or null.
+  ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool,
+              const float* freq_factors);
+
+  int64_t num_tokens() const { return n_; }
+  Workspace& ws() { return ws_; }
+
+  // ws.x = the tokens' rows of the embedding table.
+  void Embed(const TensorView& token_embd);
+  // outs = products of RmsNorm(ws.x) with norm_w; the observer sees the normed rows as `which`.
+  void NormedProducts(int64_t layer, const float* norm_w, const SameInput& outs, LinearInput which, const char* name);
+  // y[t, :] += bias for every token; y is [num_tokens, width], bias f32 [width].
+  void AddBias(float* y, const TensorView& bias, int64_t width);
+  // RmsNorm of each head's row of x ([num_tokens, num_heads * head_dim]) with w ([head_dim]).
+  void HeadNorm(float* x, int64_t num_heads, const TensorView& w, const char* name, int64_t layer);
+  // RoPE on ws.q and ws.k (the calibrated key transform where key_channels is given and the
+  // cache uses it), the cache write of K and V, then attention of ws.q over the cache into ws.xb
+  // ([num_tokens, q_dim]), with KV retention's tracking where the batch asks for it.
+  void Attention(int64_t layer, const KeyChannels* key_channels);
+  // ws.x += ws.xb * wo (the observer sees ws.xb as kAttnOut).
+  void OutputProjection(int64_t layer, const MatrixWeight& wo);
+  // ws.x += down(silu(gate(n)) * up(n)) with n = RmsNorm(ws.x) * norm_w (SwiGLU).
+  void GatedFfn(int64_t layer, const float* norm_w, const MatrixWeight& gate, const MatrixWeight& up,
+                const MatrixWeight& down);
+  // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants.
+  void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
+
+ private:
+  void AccumulateAttention(int64_t layer);
+
+  const ModelHParams& hp_;
+  const ForwardBatch& batch_;
+  KvStorage& kv_;
+  Workspace& ws_;
+  ThreadPool& pool_;
+  int64_t n_ = 0;
+  bool tracking_ = false;
+  int64_t kv_positions_ = 0;  // cache rows attention reads per layer, for the profile's bytes
+};
+
+void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool);
+inline int64_t WeightBytes(const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); }
+
+}  // namespace gale

@@ -1,0 +1,189 @@
+// What every architecture shares: the fixed-sequence cache, the calibrated key statistics, the
+// common tensors, weight packing, and the checks of a batch before an architecture runs it.
+#include "model/model.h"
+
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "model/weights.h"
+
+namespace gale {
+
+KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
+                 int64_t block_size, std::optional<kernels::KvType> v_type)
+    : capacity_tokens_(capacity_tokens),
+      storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim, num_seqs * ((capacity_tokens + block_size - 1) / block_size),
+               block_size, type, v_type.value_or(type)) {
+  const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
+  tables_.resize(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    for (int64_t i = 0; i < per_seq; ++i) tables_[s].push_back(static_cast<int32_t>(s * per_seq + i));
+  }
+}
+
+void KvCache::Attach(ForwardBatch& batch) const {
+  batch.block_tables.clear();
+  for (const auto& t : tables_) batch.block_tables.emplace_back(t);
+}
+
+// The calibrated key statistics, if the file has them: both arrays or neither, [num_layers *
+// kv_dim] finite f32 each, scales > 0.
+static StatusOr<KeyChannels> ReadKeyChannels(const GgufFile& file, const ModelHParams& hp) {
+  const GgufValue* shift = file.Find(kKeyShiftKey);
+  const GgufValue* scale = file.Find(kKeyScaleKey);
+  KeyChannels kc;
+  if (shift == nullptr && scale == nullptr) return kc;
+  const size_t n = static_cast<size_t>(hp.num_layers * hp.kv_dim());
+  for (auto [key, v, out] : {std::tuple{kKeyShiftKey, shift, &kc.shift}, std::tuple{kKeyScaleKey, scale, &kc.scale}}) {
+    if (v == nullptr) return InvalidArgument("metadata has {} without {}", shift ? kKeyShiftKey : kKeyScaleKey, key);
+    if (!v->IsArrayOf(GgufValueType::kFloat32) || v->array.size() != n) {
+      return InvalidArgument("metadata {}: expected an array of {} float32 (layers x KV channels)", key, n);
+    }
+    for (const GgufValue& e : v->array) {
+      const float f = static_cast<float>(e.AsDouble().value_or(0.0));
+      if (!std::isfinite(f) || (out == &kc.scale && !(f > 0.0f))) {
+        return InvalidArgument("metadata {}: value {} is not {}", key, f, out == &kc.scale ? "a positive number" : "finite");
+      }
+      out->push_back(f);
+    }
+  }
+  return kc;
+}
+
+Status Model::LoadCommon(const GgufFile& file, TensorLoader& tensors) {
+  ModelHParams& hp = hp_;
+  const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
+  if (embd == nullptr) return NotFound("tensor token_embd.weight not found");
+  if (embd->shape.size() != 2 || embd->shape[0] != hp.dim) {
+    return InvalidArgument("tensor token_embd.weight: expected shape [{}, vocab]", hp.dim);
+  }
+  hp.vocab_size = embd->shape[1];
+  if (hp.vocab_size <= 0 || hp.vocab_size > (1 << 24)) return InvalidArgument("vocab size {} out of range", hp.vocab_size);
+  RETURN_IF_ERROR(tensors.Get("token_embd.weight", {hp.dim, hp.vocab_size}, &token_embd_));
+  RETURN_IF_ERROR(tensors.Vector("output_norm.weight", hp.dim, &output_norm_));
+  if (tensors.Has("output.weight")) {
+    RETURN_IF_ERROR(tensors.Matrix("output.weight", hp.dim, hp.vocab_size, &output_));
+  } else {
+    output_.view = token_embd_;
+    tied_output_ = true;
+  }
+  for (const auto& t : file.tensors()) weight_bytes_ += t.num_bytes;
+  ASSIGN_OR_RETURN(key_channels_, ReadKeyChannels(file, hp));
+  return Status::Ok();
+}
+
+void Model::FinishLoad(const TensorLoader& tensors) {
+  const std::vector<std::string> unused = tensors.Unused();
+  if (!unused.empty()) {
+    load_warnings_.push_back(fmt::format("{} tensor(s) of the file are not used by gale's {} architecture "
+                                         "(first: '{}'): the output may differ from the model's",
+                                         unused.size(), hp_.arch, unused[0]));
+  }
+}
+
+uint64_t Model::packed_bytes() const {
+  uint64_t total = 0;
+  for (const MatrixWeight* w : const_cast<Model*>(this)->Matrices()) {
+    if (w->packed) {
+      const int64_t groups = (w->packed->num_rows + kernels::kPackedRowGroup - 1) / kernels::kPackedRowGroup;
+      total += static_cast<uint64_t>(w->packed->group_bytes * groups);
+    }
+  }
+  return total;
+}
+
+void Model::PackWeights(GgufFile* release_sources) {
+  const std::vector<MatrixWeight*> all = Matrices();
+  for (const MatrixWeight* w : all) {
+    if (w->view.data == nullptr) return;  // released by an earlier call: keep the packed copies
+  }
+  // One buffer for all, each matrix 64-byte aligned in it.
+  std::vector<int64_t> offset(all.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    offset[i] = total;
+    total += (kernels::PackedBytesForActiveIsa(all[i]->view) + 63) / 64 * 64;
+  }
+  for (MatrixWeight* w : all) w->packed.reset();
+  packed_buffer_.reset();
+  if (total == 0) return;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t alloc = (static_cast<size_t>(total) + kHuge - 1) / kHuge * kHuge;
+  void* mem = std::aligned_alloc(kHuge, alloc);  // 2 MiB aligned: transparent huge pages can back it
+  CHECK(mem != nullptr);
+  madvise(mem, alloc, MADV_HUGEPAGE);
+  packed_buffer_ = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(mem), std::free);
+  for (size_t i = 0; i < all.size(); ++i) {
+    MatrixWeight& w = *all[i];
+    w.packed = kernels::PackForActiveIsa(w.view, packed_buffer_.get() + offset[i]);
+    const bool shared_with_embedding = &w == &output_ && tied_output_;  // the embedding lookup reads it
+    if (w.packed && release_sources != nullptr && !shared_with_embedding) {
+      released_bytes_ += release_sources->ReleasePages(w.view.data, w.view.num_bytes);
+      w.view.data = nullptr;  // nothing may read it again
+    }
+  }
+}
+
+Status Model::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {
+  ForwardBatch b = batch;
+  kv.Attach(b);
+  return Forward(b, kv.storage(), ws, pool);
+}
+
+Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  if (n == 0) return InvalidArgument("empty batch");
+  if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch: tokens and positions differ in length");
+  if (!batch.seq_idx.empty() && batch.seq_idx.size() != batch.tokens.size()) {
+    return InvalidArgument("batch: tokens and seq_idx differ in length");
+  }
+  if (kv.num_layers() != hp_.num_layers || kv.kv_dim() != hp_.kv_dim()) {
+    return InvalidArgument("KV storage is for {} layers x {}, the model has {} x {}", kv.num_layers(), kv.kv_dim(),
+                           hp_.num_layers, hp_.kv_dim());
+  }
+  if (!batch.slots.empty() && batch.slots.size() != batch.tokens.size()) {
+    return InvalidArgument("batch: tokens and slots differ in length");
+  }
+  if (!batch.attn_acc.empty() && batch.attn_acc.size() != batch.block_tables.size()) {
+    return InvalidArgument("batch: {} attention accumulators for {} sequences", batch.attn_acc.size(),
+                           batch.block_tables.size());
+  }
+  const int64_t block_size = kv.block_size();
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= hp_.vocab_size) {
+      return InvalidArgument("token id {} out of range [0, {})", batch.tokens[i], hp_.vocab_size);
+    }
+    const int32_t s = batch.seq(i);
+    if (s < 0 || static_cast<size_t>(s) >= batch.block_tables.size()) {
+      return InvalidArgument("seq_idx {} has no block table", s);
+    }
+    const auto& table = batch.block_tables[s];
+    if (batch.positions[i] < 0) return InvalidArgument("negative position {}", batch.positions[i]);
+    const int64_t slot = batch.slot(i);
+    if (slot < 0 || slot / block_size >= static_cast<int64_t>(table.size())) {
+      return InvalidArgument("slot {} outside the {} tokens of sequence {}'s blocks", slot,
+                             static_cast<int64_t>(table.size()) * block_size, s);
+    }
+    if (!batch.attn_acc.empty() && batch.attn_acc[s].data != nullptr && slot >= batch.attn_acc[s].stride) {
+      return InvalidArgument("slot {} outside sequence {}'s attention accumulator of {}", slot, s,
+                             batch.attn_acc[s].stride);
+    }
+  }
+  for (const auto& table : batch.block_tables) {
+    for (int32_t b : table) {
+      if (b < 0 || b >= kv.num_blocks()) return InvalidArgument("block id {} outside the {} KV blocks", b, kv.num_blocks());
+    }
+  }
+  for (int32_t row : batch.logit_rows) {
+    if (row < 0 || row >= n) return InvalidArgument("logit row {} outside the batch of {}", row, n);
+  }
+  return RunForward(batch, kv, ws, pool);
+}
+
+}  // namespace gale
