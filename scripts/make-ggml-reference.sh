@@ -19,9 +19,24 @@ cat "$lib/_nlcBuildMetadata.json"; echo
 # that most frequencies are scaled).
 "$build/gale" synth --shape custom --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 \
   --ctx 256 --type f32 --seed 7 --rope-freqs-ctx 64 -o "$tmp/rope_freqs.gguf"
+# Each architecture in several shapes: grouped-query attention, odd head counts, a head size other
+# than dim / heads (the shapes must match tests/gguf/llamacpp_reference_test.cc's kArchShapes).
+extra=("rope_freqs=$tmp/rope_freqs.gguf")
+while read -r name arch dim layers heads kv_heads head_dim ffn; do
+  "$build/gale" synth --shape custom --arch "$arch" --dim "$dim" --layers "$layers" --heads "$heads" \
+    --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 \
+    -o "$tmp/$name.gguf"
+  extra+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+llama_head48 llama 256 2 8 2 48 512
+qwen2_gqa qwen2 256 2 4 2 0 512
+qwen2_odd qwen2 192 2 3 1 64 320
+qwen3_gqa qwen3 256 2 4 2 128 512
+qwen3_odd qwen3 160 3 5 5 48 384
+SHAPES
 mkdir -p tests/data/llamacpp
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \
-    "rope_freqs=$tmp/rope_freqs.gguf" 2> "$tmp/log" ||
+    "${extra[@]}" 2> "$tmp/log" ||
   { tail -20 "$tmp/log"; exit 1; }
 cat > tests/data/llamacpp/README.md <<END
 Written by \`scripts/make-ggml-reference.sh\` (tools/ggml_reference.cc) with llama.cpp's CPU

@@ -36,6 +36,16 @@ inline std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f
   return v;
 }
 
+// A test-sized model of an architecture ("llama", "qwen2", "qwen3"): dim 128, 2 layers, 4 query
+// heads over 2 KV heads, vocab 2048 (the synth vocab), context 512; qwen3 with a head size of 48
+// (not dim / heads), as its real models have.
+inline SynthShape ArchTestShape(const std::string& arch) {
+  SynthShape s = *NamedSynthShape("tiny");
+  s.arch = arch;
+  if (arch == "qwen3") s.head_dim = 48;
+  return s;
+}
+
 // A small grouped-query llama shape for model tests: dim 256, 2 layers, 4 query heads over 2 KV
 // heads, ffn 512.
 inline SynthShape SmallGqaShape(int64_t vocab_size) {

@@ -14,8 +14,10 @@
 // OUTDIR/logits.gguf: llama.cpp's logits (CPU, default context: f16 KV cache) for the tokens in
 //   metadata "tokens", fed one at a time; tensor "<ftype>" is [vocab, tokens], "f32" for F32_MODEL,
 //   and "<ftype>.deq" for an F32 copy of <ftype>.gguf dequantized by ggml (the same weights without
-//   llama.cpp's int8 rounding of activations); "<NAME>" for each further MODEL (other features,
-//   e.g. Llama 3's rope_freqs).
+//   llama.cpp's int8 rounding of activations); "<NAME>" for each further MODEL (other features and
+//   architectures, e.g. Llama 3's rope_freqs, qwen3), run with an f32 KV cache (type_k, type_v
+//   set to GGML_TYPE_F32) and without flash attention (which casts K and V to f16), so that the
+//   only differences left are the order of f32 arithmetic.
 //
 // bench: llama.cpp's prompt and generation speed on MODEL, measured as llama-bench does (after a
 // warm-up, pp = one decode of PP tokens from an empty cache, tg = TG one-token decodes from an
@@ -262,11 +264,16 @@ struct LlamaSession {
   void* model = nullptr;
   void* ctx = nullptr;
   int32_t vocab = 0;
-  LlamaSession(const LlamaApi& a, const std::string& path, uint32_t n_ctx = 0, uint32_t batch = 0, uint32_t seqs = 1)
+  LlamaSession(const LlamaApi& a, const std::string& path, uint32_t n_ctx = 0, uint32_t batch = 0, uint32_t seqs = 1,
+               bool f32_kv = false)
       : api(a) {
     model = api.load(path.c_str(), api.model_defaults());
     if (model == nullptr) Fail("llama.cpp could not load " + path);
     Opaque cp = api.context_defaults();
+    if (f32_kv) {
+      SetF32Kv(cp);
+      DisableFlashAttention(cp);
+    }
     if (n_ctx > 0) {
       uint32_t sizes[4];
       std::memcpy(sizes, cp.bytes, sizeof(sizes));
@@ -279,6 +286,45 @@ struct LlamaSession {
     ctx = api.init_context(model, cp);
     if (ctx == nullptr) Fail("no llama.cpp context for " + path);
     vocab = api.n_tokens(api.vocab_of(model));
+  }
+  // llama_context_params' type_k and type_v follow the callback pointer pair cb_eval,
+  // cb_eval_user_data (null by default); both default to GGML_TYPE_F16 (1). Found by that pattern
+  // (exactly one place must match) rather than by an offset that moves between releases.
+  static void SetF32Kv(Opaque& cp) {
+    int found = -1;
+    for (int off = 8; off + 24 <= 256; off += 8) {
+      uint64_t ptrs[2];
+      int32_t types[2];
+      std::memcpy(ptrs, cp.bytes + off, sizeof(ptrs));
+      std::memcpy(types, cp.bytes + off + 16, sizeof(types));
+      if (ptrs[0] == 0 && ptrs[1] == 0 && types[0] == 1 && types[1] == 1) {
+        if (found >= 0) Fail("llama_context_params: type_k/type_v not found unambiguously");
+        found = off + 16;
+      }
+    }
+    if (found < 0) Fail("llama_context_params: type_k/type_v not found");
+    const int32_t f32[2] = {0, 0};
+    std::memcpy(cp.bytes + found, f32, sizeof(f32));
+  }
+  // With flash attention llama.cpp casts f32 K and V to f16 before attending, so an f32 cache alone
+  // does not make attention f32. In llama_context_params the enums rope_scaling_type,
+  // pooling_type, attention_type and flash_attn_type follow each other, all -1 (unspecified /
+  // auto) by default, then the float rope_freq_base (0 by default); the fields before them differ
+  // between releases, so the run of four -1 is searched for (exactly one must be found) and
+  // flash_attn_type set to 0 (disabled).
+  static void DisableFlashAttention(Opaque& cp) {
+    int found = -1;
+    for (int off = 16; off + 20 <= 256; off += 4) {
+      int32_t v[5];
+      std::memcpy(v, cp.bytes + off, sizeof(v));
+      if (v[0] == -1 && v[1] == -1 && v[2] == -1 && v[3] == -1 && v[4] == 0) {
+        if (found >= 0) Fail("llama_context_params: flash_attn_type not found unambiguously");
+        found = off + 12;
+      }
+    }
+    if (found < 0) Fail("llama_context_params: flash_attn_type not found");
+    const int32_t disabled = 0;
+    std::memcpy(cp.bytes + found, &disabled, sizeof(disabled));
   }
   ~LlamaSession() {
     api.free_context(ctx);
@@ -323,6 +369,7 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
   if (fields[1] != 7 && fields[1] != 9) Fail("unexpected llama_model_quantize_params layout");
 
   std::vector<std::pair<std::string, std::string>> models = {{"f32", f32_model}};
+  const size_t num_default_kv = 1 + 2 * std::size(kFileTypes);
   for (const FileType& f : kFileTypes) {
     const std::string path = out + "/" + f.name + ".gguf";
     fields[0] = 2;
@@ -340,8 +387,9 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
   w.SetString("general.description", "llama.cpp logits, one token at a time (tools/ggml_reference.cc)");
   w.SetValue("tokens", gale::GgufValue::I32Array(std::vector<int32_t>(std::begin(kTokens), std::end(kTokens))));
   constexpr int kNumTokens = static_cast<int>(std::size(kTokens));
-  for (const auto& [name, path] : models) {
-    const LlamaSession s(api, path);
+  for (size_t m = 0; m < models.size(); ++m) {
+    const auto& [name, path] = models[m];
+    const LlamaSession s(api, path, 0, 0, 1, /*f32_kv=*/m >= num_default_kv);
     std::vector<float> logits(static_cast<size_t>(s.vocab) * kNumTokens);
     for (int i = 0; i < kNumTokens; ++i) {
       int32_t token = kTokens[i];

@@ -60,7 +60,10 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | custom")->capture_default_str();
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | custom")
+      ->capture_default_str();
+  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3)")->capture_default_str();
+  app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
   app.add_option("-o,--output", o->out, "output GGUF path")->required();
@@ -89,7 +92,7 @@ CommandFn RegisterSynth(CLI::App& app) {
       shape = *named;
       shape.rope_freqs_ctx = o->custom.rope_freqs_ctx;
     }
-    auto w = SynthesizeLlama(shape, *type, o->seed);
+    auto w = SynthesizeModel(shape, *type, o->seed);
     if (!w.ok()) {
       std::fprintf(stderr, "gale synth: %s\n", w.status().message().c_str());
       return 1;

@@ -275,6 +275,16 @@ class Transformer {
     Edit& pe = (*edits)[g.producer];
     if (pe.row_div.empty()) pe.row_div.assign(static_cast<size_t>(pdim), 1.0f);
     for (int64_t p = 0; p < pdim; ++p) pe.row_div[p] *= s[p];
+    // A producer matrix with a bias (Qwen2's attn_v): its outputs are divided by s only if the
+    // bias is too.
+    if (!g.producer_is_norm && g.producer.ends_with(".weight")) {
+      const std::string bias = g.producer.substr(0, g.producer.size() - 7) + ".bias";
+      if (in_.FindTensor(bias) != nullptr) {
+        Edit& be = (*edits)[bias];
+        if (be.row_div.empty()) be.row_div.assign(static_cast<size_t>(pdim), 1.0f);
+        for (int64_t p = 0; p < pdim; ++p) be.row_div[p] *= s[p];
+      }
+    }
     return Status::Ok();
   }
 

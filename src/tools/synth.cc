@@ -22,8 +22,16 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
   } else if (name == "tiny") {
     s.dim = 128; s.num_layers = 2; s.num_heads = 4; s.num_kv_heads = 2; s.ffn_dim = 256; s.vocab_size = 2048;
     s.context_length = 512;
+  } else if (name == "qwen2.5-0.5b") {
+    s.arch = "qwen2";
+    s.dim = 896; s.num_layers = 24; s.num_heads = 14; s.num_kv_heads = 2; s.ffn_dim = 4864; s.vocab_size = 151936;
+    s.context_length = 32768;
+  } else if (name == "qwen3-0.6b") {
+    s.arch = "qwen3";
+    s.dim = 1024; s.num_layers = 28; s.num_heads = 16; s.num_kv_heads = 8; s.head_dim = 128; s.ffn_dim = 3072;
+    s.vocab_size = 151936; s.context_length = 40960;
   } else {
-    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny)", name);
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b)", name);
   }
   return s;
 }
@@ -65,8 +73,12 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
   }
 }
 
-StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_t seed) {
-  if (s.dim <= 0 || s.num_heads <= 0 || s.dim % s.num_heads != 0 || s.num_kv_heads <= 0 ||
+StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed) {
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3)", s.arch);
+  }
+  if (s.dim <= 0 || s.num_heads <= 0 || (s.head_dim == 0 && s.dim % s.num_heads != 0) || s.num_kv_heads <= 0 ||
+      s.head_dim < 0 || s.head_dim % 2 != 0 ||
       s.num_heads % s.num_kv_heads != 0 || s.num_layers <= 0 || s.ffn_dim <= 0 || s.vocab_size < 260) {
     return InvalidArgument("synth: inconsistent shape (dim {}, heads {}, kv heads {}, layers {}, ffn {}, vocab {} >= 260)",
                            s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
@@ -79,22 +91,34 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
     return InvalidArgument("synth: dim {} and ffn {} must be multiples of the {} block size {}", s.dim, s.ffn_dim,
                            TypeTraits(type).name, block);
   }
-  const int64_t head_dim = s.dim / s.num_heads;
+  const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.num_heads;
+  const int64_t q_dim = head_dim * s.num_heads;
   const int64_t kv_dim = head_dim * s.num_kv_heads;
+  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3";
+  if (q_dim % block != 0) {
+    return InvalidArgument("synth: heads x head size {} must be a multiple of the {} block size {}", q_dim,
+                           TypeTraits(type).name, block);
+  }
   GgufWriter w;
-  w.SetString("general.architecture", "llama");
-  w.SetString("general.name", "gale-synth-" + s.name + "-" + std::string(TypeTraits(type).name));
+  const std::string p = s.arch + ".";
+  w.SetString("general.architecture", s.arch);
+  w.SetString("general.name", "gale-synth-" + (s.arch == "llama" ? "" : s.arch + "-") + s.name + "-" + std::string(TypeTraits(type).name));
   w.SetU32("general.file_type", LlamaFileType(type));
-  w.SetU32("llama.context_length", static_cast<uint32_t>(s.context_length));
-  w.SetU32("llama.embedding_length", static_cast<uint32_t>(s.dim));
-  w.SetU32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
-  w.SetU32("llama.attention.head_count", static_cast<uint32_t>(s.num_heads));
-  w.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(s.num_kv_heads));
-  w.SetU32("llama.block_count", static_cast<uint32_t>(s.num_layers));
-  w.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  w.SetF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.SetF32("llama.rope.freq_base", 10000.0f);
-  w.SetU32("llama.vocab_size", static_cast<uint32_t>(s.vocab_size));
+  w.SetU32(p + "context_length", static_cast<uint32_t>(s.context_length));
+  w.SetU32(p + "embedding_length", static_cast<uint32_t>(s.dim));
+  w.SetU32(p + "feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  w.SetU32(p + "attention.head_count", static_cast<uint32_t>(s.num_heads));
+  w.SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(s.num_kv_heads));
+  w.SetU32(p + "block_count", static_cast<uint32_t>(s.num_layers));
+  if (s.head_dim > 0) {
+    w.SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
+  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen ? 1e-6f : 1e-5f);
+  w.SetF32(p + "rope.freq_base", qwen ? 1000000.0f : 10000.0f);
+  w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -123,29 +147,43 @@ StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& s, GgmlType type, uint64_
       }
     });
   };
-  auto ones = [&](const std::string& name, int64_t n) {
-    std::vector<float> v(n, 1.0f);
+  // An f32 vector of base + uniform(-spread, spread) (norm weights 1, or around 1 where a test
+  // should see that each element is applied to its own channel; biases around 0).
+  auto vector = [&](const std::string& name, int64_t n, float base, float spread) {
+    uint64_t tensor_seed = seed ^ 0x84222325cbf29ce4ull;
+    for (char ch : name) tensor_seed = (tensor_seed ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
+    Rng rng(tensor_seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = base + (spread > 0.0f ? rng.Uniform(-spread, spread) : 0.0f);
     std::vector<uint8_t> bytes(n * 4);
     std::memcpy(bytes.data(), v.data(), bytes.size());
     return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
   };
+  auto ones = [&](const std::string& name, int64_t n) { return vector(name, n, 1.0f, 0.0f); };
   RETURN_IF_ERROR(matrix("token_embd.weight", s.dim, s.vocab_size, type));
   RETURN_IF_ERROR(ones("output_norm.weight", s.dim));
   RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     RETURN_IF_ERROR(ones(b + "attn_norm.weight", s.dim));
-    RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, s.dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
     RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
     RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
-    RETURN_IF_ERROR(matrix(b + "attn_output.weight", s.dim, s.dim, type));
+    if (s.arch == "qwen2") {
+      RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+    } else if (s.arch == "qwen3") {
+      RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
+    }
+    RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
     RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
     RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
     RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
     RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
   }
   if (s.rope_freqs_ctx > 0) {
-    const int64_t head_dim = s.dim / s.num_heads;
     const std::vector<float> factors =
         Llama3RopeFreqFactors(head_dim, 10000.0, 8.0, 1.0, 4.0, static_cast<double>(s.rope_freqs_ctx));
     std::vector<uint8_t> bytes(factors.size() * 4);

@@ -1,5 +1,5 @@
-// Deterministic random-weight llama GGUF files of named or custom shapes, for benchmarks and
-// tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3),
+// of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
 
@@ -14,10 +14,12 @@ namespace gale {
 
 struct SynthShape {
   std::string name = "custom";
+  std::string arch = "llama";  // general.architecture
   int64_t dim = 64;
   int64_t num_layers = 2;
   int64_t num_heads = 4;
   int64_t num_kv_heads = 4;
+  int64_t head_dim = 0;  // 0: dim / num_heads; else written as attention.key_length / value_length
   int64_t ffn_dim = 128;
   int64_t vocab_size = 512;
   int64_t context_length = 2048;
@@ -27,11 +29,13 @@ struct SynthShape {
   int64_t rope_freqs_ctx = 0;
 };
 
-// "110m", "tinyllama-1.1b", "tiny" (a test-sized model); nullopt otherwise.
+// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b" (their
+// architectures, without tied embeddings); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
-// Builds the file; weights are generated while writing (WriteFile streams them).
-StatusOr<GgufWriter> SynthesizeLlama(const SynthShape& shape, GgmlType type, uint64_t seed);
+// Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's
+// Q/K/V biases, Qwen3's per-head Q/K norms) so that llama.cpp loads it too; weights are generated while writing (WriteFile streams them).
+StatusOr<GgufWriter> SynthesizeModel(const SynthShape& shape, GgmlType type, uint64_t seed);
 
 // The synthetic vocab's pieces (with '▁'), scores and token types.
 void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,

@@ -35,10 +35,10 @@ TestModel Stories() {
   return m;
 }
 
-TestModel Synthetic(GgmlType type = GgmlType::kQ8_0) {
+TestModel Synthetic(GgmlType type = GgmlType::kQ8_0, const std::string& arch = "llama") {
   TestModel m;
-  auto shape = *NamedSynthShape("tiny");
-  const auto bytes = SynthesizeLlama(shape, type, 11)->WriteToBytes();
+  auto shape = test::ArchTestShape(arch);
+  const auto bytes = SynthesizeModel(shape, type, 11)->WriteToBytes();
   m.file = GgufFile::FromBytes(bytes).value();
   m.model = LoadModel(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
@@ -233,6 +233,18 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
   ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16);
 }
 
+// The exactness workload on each architecture (llama's is above): concurrent = alone, with
+// chunked prefill, preemption and the prefix cache; every block free afterwards.
+TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
+  for (const char* arch : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
+    ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);
+    const TestModel f = Synthetic(GgmlType::kF32, arch);
+    ExpectConcurrentEqualsAlone(f, kernels::KvType::kF32);
+  }
+}
+
 // Speculative decoding changes no output, greedy or seeded: every request of the exactness
 // workload (small chunks, preemption, prefix cache) gives what it gives alone without it.
 TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
@@ -262,7 +274,7 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   small.num_kv_heads = 1;
   small.ffn_dim = 64;
   small.vocab_size = m.model->hparams().vocab_size;
-  const auto bytes = SynthesizeLlama(small, GgmlType::kF32, 5)->WriteToBytes();
+  const auto bytes = SynthesizeModel(small, GgmlType::kF32, 5)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
   auto unrelated = LoadModel(*file).value();
   d.draft = unrelated.get();

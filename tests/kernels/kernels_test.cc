@@ -1428,25 +1428,43 @@ TEST(KernelsTest, RopeRotatesAdjacentPairs) {
   EXPECT_NEAR(x[3], std::cos(theta), 1e-6f);
 }
 
-// Every ISA's rotation is bitwise the scalar one, for head sizes with and without a vector tail
-// and partial rotary dims.
+TEST(KernelsTest, RopeNeoxRotatesHalves) {
+  std::vector<float> x = {1.0f, 0.0f, 0.0f, 1.0f, 7.0f};  // one head of 5, rope 4: pairs (0,2), (1,3)
+  float cos_sin[4];
+  RopeAngles(4, 3, 10000.0f, 1.0f, cos_sin);
+  RopeApplyNeox(x.data(), 1, 5, 4, cos_sin);
+  EXPECT_NEAR(x[0], std::cos(3.0f), 1e-6f);
+  EXPECT_NEAR(x[2], std::sin(3.0f), 1e-6f);
+  const float theta = 3.0f / 100.0f;  // 10000^(-2/4)
+  EXPECT_NEAR(x[1], -std::sin(theta), 1e-6f);
+  EXPECT_NEAR(x[3], std::cos(theta), 1e-6f);
+  EXPECT_EQ(x[4], 7.0f);  // past rope_dims: untouched
+}
+
+// Every ISA's rotation (normal and NEOX) is bitwise the scalar one, for head sizes with and
+// without a vector tail and partial rotary dims.
 TEST(KernelsTest, RopeApplyIsBitwiseTheScalarPath) {
   SKIP_WITHOUT_SIMD();
   const KernelTable& ref = *GetKernelTable(Isa::kScalar);
   for (Isa isa : SimdIsas()) {
     const KernelTable& kt = *GetKernelTable(isa);
-    for (int head_dim : {8, 20, 64, 128}) {
+    for (int head_dim : {8, 20, 48, 64, 128}) {
       for (int rope_dims : {head_dim, head_dim / 2 / 2 * 2}) {
         const int heads = 3;
         std::vector<float> cos_sin(rope_dims);
         RopeAngles(rope_dims, 1234, 10000.0f, 1.0f, cos_sin.data());
         auto a = test::RandomFloats(heads * head_dim, static_cast<uint64_t>(head_dim + rope_dims));
         auto b = a;
+        auto c = a, d = a;
         ref.rope_apply(a.data(), heads, head_dim, rope_dims, cos_sin.data());
         kt.rope_apply(b.data(), heads, head_dim, rope_dims, cos_sin.data());
+        ref.rope_apply_neox(c.data(), heads, head_dim, rope_dims, cos_sin.data());
+        kt.rope_apply_neox(d.data(), heads, head_dim, rope_dims, cos_sin.data());
         for (size_t i = 0; i < a.size(); ++i) {
           ASSERT_EQ(F32Bits(a[i]), F32Bits(b[i])) << IsaName(isa) << " head_dim " << head_dim << " rope " << rope_dims
                                                   << " i " << i;
+          ASSERT_EQ(F32Bits(c[i]), F32Bits(d[i])) << IsaName(isa) << " NEOX, head_dim " << head_dim << " rope "
+                                                  << rope_dims << " i " << i;
         }
       }
     }

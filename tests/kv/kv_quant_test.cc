@@ -33,7 +33,7 @@ TEST(KvQuantTest, HoldsMoreTokensInTheSameMemory) {
   shape.num_kv_heads = 2;
   shape.ffn_dim = 256;
   shape.vocab_size = 512;
-  const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 3)->WriteToBytes();
+  const auto bytes = SynthesizeModel(shape, GgmlType::kF32, 3)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
   auto model = LoadModel(*file).value();
   ThreadPool pool(1);

@@ -17,6 +17,7 @@
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "tools/synth.h"
 
 namespace gale {
 namespace {
@@ -136,16 +137,29 @@ TEST(RetentionTest, CompactsRowsPerLayerAndFreesTheTail) {
   }
 }
 
-struct Stories {
-  std::unique_ptr<GgufFile> file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
-  std::unique_ptr<Model> model = LoadModel(*file).value();
-  std::unique_ptr<Tokenizer> tok = Tokenizer::FromGguf(*file).value();
+// stories260K, or a test-sized random-weight model of another architecture (test::ArchTestShape).
+struct TestModel {
+  explicit TestModel(const std::string& arch = "stories") {
+    if (arch == "stories") {
+      file = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf").value();
+    } else {
+      file = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 3)->WriteToBytes()).value();
+    }
+    model = LoadModel(*file).value();
+    tok = Tokenizer::FromGguf(*file).value();
+  }
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
 };
+
+// The tests of the forward's tracking and of the engine with retention, on each architecture.
+class RetentionArchTest : public ::testing::TestWithParam<std::string> {};
 
 // The forward pass's tracking: asking for it changes no logit bit, and each layer's accumulator
 // receives one unit of probability per query head and tracked token.
-TEST(RetentionTest, ForwardTracksAttentionWithoutChangingLogits) {
-  Stories m;
+TEST_P(RetentionArchTest, ForwardTracksAttentionWithoutChangingLogits) {
+  TestModel m(GetParam());
   const ModelHParams& hp = m.model->hparams();
   ThreadPool pool(2);
   std::vector<int32_t> tokens = {1};
@@ -196,7 +210,7 @@ std::vector<int32_t> Generate(Engine& e, GenerationRequest r, int64_t* evicted =
   return out;
 }
 
-std::vector<GenerationRequest> Requests(const Stories& m, int n, int64_t max_prompt, int64_t max_new, uint64_t seed) {
+std::vector<GenerationRequest> Requests(const TestModel& m, int n, int64_t max_prompt, int64_t max_new, uint64_t seed) {
   Rng rng(seed);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < n; ++i) {
@@ -215,8 +229,8 @@ std::vector<GenerationRequest> Requests(const Stories& m, int n, int64_t max_pro
 
 // Concurrent requests under tight memory (preemption, small chunks, prefix cache on), each with a
 // budget at least its length: token for token what they give with no retention, every policy.
-TEST(RetentionTest, BudgetAtLeastTheLengthChangesNothing) {
-  Stories m;
+TEST_P(RetentionArchTest, BudgetAtLeastTheLengthChangesNothing) {
+  TestModel m(GetParam());
   ThreadPool pool(2);
   const auto reqs = Requests(m, 24, 50, 40, 3);
   EngineConfig cfg;
@@ -260,8 +274,8 @@ TEST(RetentionTest, BudgetAtLeastTheLengthChangesNothing) {
 // Long requests with small budgets (every policy, some by ratio), memory for a few at once,
 // prompt lookup guessing, prefix sharing, preemption and cancellations: all finish, the evictions
 // are reported, and every block is free afterwards.
-TEST(RetentionTest, EvictionHeavyWorkloadsLeakNoBlock) {
-  Stories m;
+TEST_P(RetentionArchTest, EvictionHeavyWorkloadsLeakNoBlock) {
+  TestModel m(GetParam());
   ThreadPool pool(2);
   EngineConfig cfg;
   cfg.sched.max_num_batched_tokens = 40;
@@ -319,7 +333,7 @@ TEST(RetentionTest, EvictionHeavyWorkloadsLeakNoBlock) {
 // A request with a small budget that shares a cached prefix with others evicts around it, never
 // in it: a later request with the same prefix, served from the cache, gives what the first gave.
 TEST(RetentionTest, SharedPrefixBlocksAreNeverModified) {
-  Stories m;
+  TestModel m;
   ThreadPool pool(2);
   EngineConfig cfg;
   cfg.block_size = 8;
@@ -344,7 +358,7 @@ TEST(RetentionTest, SharedPrefixBlocksAreNeverModified) {
 // At a fixed KV memory, long sequences (prompt 32 + 400 generated) run at once in proportion to
 // how few blocks each holds: budget + one block.
 TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
-  Stories m;
+  TestModel m;
   ThreadPool pool(2);
   const ModelHParams& hp = m.model->hparams();
   auto run = [&](int64_t budget) {
@@ -393,6 +407,9 @@ TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
   EXPECT_GT(b64, 0.7 * 54 / 5);
   EXPECT_GT(b32, 0.7 * 54 / 3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest, ::testing::Values("stories", "qwen2", "qwen3"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace gale

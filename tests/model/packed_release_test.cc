@@ -29,7 +29,7 @@ TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
   if (kernels::Active().pack[kernels::kSlotQ4_0] == nullptr) GTEST_SKIP() << "no packed Q4_0 layout on this CPU";
   const SynthShape shape = test::SmallGqaShape(1024);
   const auto path = test::TempPath("packed_release_test.gguf");
-  ASSERT_TRUE(SynthesizeLlama(shape, GgmlType::kQ4_0, 5)->WriteFile(path).ok());
+  ASSERT_TRUE(SynthesizeModel(shape, GgmlType::kQ4_0, 5)->WriteFile(path).ok());
   for (bool copy : {true, false}) {
     auto file = GgufFile::Open(path, copy).value();
     ThreadPool pool(2);
@@ -68,7 +68,7 @@ TEST(PackedReleaseTest, ReleasedSourcesLeaveOutputsUnchanged) {
 // off from their originals, and packing again keeps the packed copies rather than reading them.
 TEST(PackedReleaseTest, PackingAgainAfterAReleaseOfNoBytesKeepsThePackedCopies) {
   if (kernels::Active().pack[kernels::kSlotQ4_0] == nullptr) GTEST_SKIP() << "no packed Q4_0 layout on this CPU";
-  const auto bytes = SynthesizeLlama(test::SmallGqaShape(1024), GgmlType::kQ4_0, 5)->WriteToBytes();
+  const auto bytes = SynthesizeModel(test::SmallGqaShape(1024), GgmlType::kQ4_0, 5)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
   ThreadPool pool(2);
   auto model = LoadModel(*file).value();

@@ -85,7 +85,7 @@ TEST(SynthTest, EveryTypeLoadsTokenizesAndRuns) {
   auto shape = NamedSynthShape("tiny");
   ASSERT_TRUE(shape.ok());
   for (const char* type_name : {"f32", "f16", "bf16", "q8_0", "q4_0"}) {
-    auto w = SynthesizeLlama(*shape, *ParseTypeName(type_name), 7);
+    auto w = SynthesizeModel(*shape, *ParseTypeName(type_name), 7);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     const auto bytes = w->WriteToBytes();
     auto f = GgufFile::FromBytes(bytes);
@@ -113,17 +113,17 @@ TEST(SynthTest, EveryTypeLoadsTokenizesAndRuns) {
 
 TEST(SynthTest, DeterministicAndShapesAreValidated) {
   auto shape = NamedSynthShape("tiny");
-  auto a = SynthesizeLlama(*shape, GgmlType::kQ4_0, 3)->WriteToBytes();
-  auto b = SynthesizeLlama(*shape, GgmlType::kQ4_0, 3)->WriteToBytes();
-  auto c = SynthesizeLlama(*shape, GgmlType::kQ4_0, 4)->WriteToBytes();
+  auto a = SynthesizeModel(*shape, GgmlType::kQ4_0, 3)->WriteToBytes();
+  auto b = SynthesizeModel(*shape, GgmlType::kQ4_0, 3)->WriteToBytes();
+  auto c = SynthesizeModel(*shape, GgmlType::kQ4_0, 4)->WriteToBytes();
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   EXPECT_FALSE(NamedSynthShape("7b").ok());
-  EXPECT_FALSE(SynthesizeLlama(*shape, GgmlType::kQ4_K, 1).ok());
+  EXPECT_FALSE(SynthesizeModel(*shape, GgmlType::kQ4_K, 1).ok());
   SynthShape odd = *shape;
   odd.ffn_dim = 100;  // not a multiple of 32
-  EXPECT_FALSE(SynthesizeLlama(odd, GgmlType::kQ8_0, 1).ok());
-  EXPECT_TRUE(SynthesizeLlama(odd, GgmlType::kF16, 1).ok());
+  EXPECT_FALSE(SynthesizeModel(odd, GgmlType::kQ8_0, 1).ok());
+  EXPECT_TRUE(SynthesizeModel(odd, GgmlType::kF16, 1).ok());
   auto big = NamedSynthShape("tinyllama-1.1b");
   EXPECT_EQ(big->num_kv_heads, 4);
 }
@@ -132,7 +132,7 @@ TEST(SynthTest, DeterministicAndShapesAreValidated) {
 // the logits of the same model with those matrices dequantized to F32 by the reference decoder.
 TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
   const SynthShape shape = test::SmallGqaShape(300);
-  auto base = SynthesizeLlama(shape, GgmlType::kF32, 5);
+  auto base = SynthesizeModel(shape, GgmlType::kF32, 5);
   ASSERT_TRUE(base.ok());
   const auto base_bytes = base->WriteToBytes();
   auto f = GgufFile::FromBytes(base_bytes);
@@ -206,7 +206,7 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
 
 TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
   auto shape = NamedSynthShape("tiny");
-  auto w = SynthesizeLlama(*shape, GgmlType::kF32, 1);
+  auto w = SynthesizeModel(*shape, GgmlType::kF32, 1);
   auto bytes = w->WriteToBytes();
   auto f = GgufFile::FromBytes(bytes);
   // Rebuild without one tensor and with one reshaped.
@@ -236,7 +236,7 @@ TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
 // is named in a load warning; a bad rope_freqs tensor is an error. Nothing is silently ignored.
 TEST(ModelLoadTest, UnusedTensorsAreNamedAndBadRopeFreqsRefused) {
   auto shape = NamedSynthShape("tiny");
-  auto bytes = SynthesizeLlama(*shape, GgmlType::kF32, 1)->WriteToBytes();
+  auto bytes = SynthesizeModel(*shape, GgmlType::kF32, 1)->WriteToBytes();
   auto f = GgufFile::FromBytes(bytes).value();
   EXPECT_TRUE(LoadModel(*f).value()->load_warnings().empty());
   auto with_extra = [&](const std::string& name, std::vector<int64_t> tshape, float value) {

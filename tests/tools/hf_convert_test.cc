@@ -62,7 +62,7 @@ class HfConvertTest : public ::testing::Test {
     shape_.ffn_dim = 96;
     shape_.vocab_size = static_cast<int64_t>(tokens.size());
     shape_.context_length = 1024;
-    synth_bytes_ = SynthesizeLlama(shape_, GgmlType::kF32, 17)->WriteToBytes();
+    synth_bytes_ = SynthesizeModel(shape_, GgmlType::kF32, 17)->WriteToBytes();
     synth_ = GgufFile::FromBytes(synth_bytes_).value();
     ExportHf();
   }

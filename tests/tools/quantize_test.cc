@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -137,7 +138,7 @@ TEST(QuantizeTest, KQuantsOfASyntheticModel) {
   shape.ffn_dim = 512;
   shape.num_heads = 4;
   shape.num_kv_heads = 2;
-  const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 5)->WriteToBytes();
+  const auto bytes = SynthesizeModel(shape, GgmlType::kF32, 5)->WriteToBytes();
   auto in = GgufFile::FromBytes(bytes).value();
   ThreadPool pool(2);
   const auto want = FourTokenLogits(*in, pool);
@@ -167,7 +168,7 @@ TEST(QuantizeTest, KQuantFallbacksAndTheLegacyTypes) {
   shape.ffn_dim = 256;  // ffn_down: rows of 256
   shape.num_heads = 4;
   shape.num_kv_heads = 2;
-  const auto bytes = SynthesizeLlama(shape, GgmlType::kF32, 7)->WriteToBytes();
+  const auto bytes = SynthesizeModel(shape, GgmlType::kF32, 7)->WriteToBytes();
   auto in = GgufFile::FromBytes(bytes).value();
   ThreadPool pool(2);
   const auto want = FourTokenLogits(*in, pool);
@@ -330,6 +331,56 @@ TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
   q8.pool = &pool;
   GgufWriter w;
   EXPECT_NE(QuantizeModel(*in, q8, &w).status().message().find("calibration"), std::string::npos);
+}
+
+// Each architecture quantizes (Q4_0, Q4_K, W4A16 with the AWQ search), loads and runs close to
+// its F32 original; the calibrated scales alone leave the logits as they were (Qwen2's V bias is
+// divided with V's rows, else this fails), and evaluation runs on each.
+TEST(QuantizeTest, EachArchitectureQuantizes) {
+  ThreadPool pool(2);
+  const std::string story = test::ReadFile(test::SourceDir() + "/bench/story-prompt.txt");
+  for (const char* arch : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    auto in = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 5)->WriteToBytes()).value();
+    auto model = LoadModel(*in).value();
+    auto tok = Tokenizer::FromGguf(*in).value();
+    const std::vector<float> want = FourTokenLogits(*in, pool);
+    const auto samples = ParseCalibration(story, false, *tok, CalibrationOptions{}).value();
+    const ActivationStats stats = CollectActivationStats(*model, samples, 256, pool).value();
+    EXPECT_EQ(stats.Get(0, LinearInput::kAttnOut).dim, model->hparams().q_dim());
+    auto run = [&](QuantizeOptions o, bool calibrated) {
+      o.pool = &pool;
+      o.calibration = calibrated ? &stats : nullptr;
+      QuantizeReport report;
+      auto out = Quantized(*in, o, &report);
+      const double err = RelativeError(FourTokenLogits(*out, pool), want);
+      std::printf("%s %s%s%s: %lld quantized, relative logit error %.2e\n", arch, QuantSchemeName(o.scheme),
+                  calibrated ? " calibrated" : "", o.transform_only ? " (scales only)" : "",
+                  static_cast<long long>(report.quantized), err);
+      return err;
+    };
+    for (QuantScheme sc : {QuantScheme::kW8A8, QuantScheme::kW4A16}) {
+      QuantizeOptions o;
+      o.scheme = sc;
+      o.group_size = 64;
+      o.transform_only = true;
+      EXPECT_LT(run(o, true), 1e-5);
+    }
+    for (QuantScheme sc : {QuantScheme::kQ4_0, QuantScheme::kQ4_K}) {
+      QuantizeOptions o;
+      o.scheme = sc;
+      EXPECT_LT(run(o, false), 0.25);
+    }
+    QuantizeOptions w4;
+    w4.scheme = QuantScheme::kW4A16;
+    w4.group_size = 64;
+    const double rtn = run(w4, false), awq = run(w4, true);
+    EXPECT_LT(awq, 0.25);
+    EXPECT_LT(awq, 1.2 * rtn);  // the search includes round to nearest (alpha 0)
+    const PplResult ppl =
+        EvaluatePerplexity(*model, tok->Encode(story.substr(0, 600)), PplOptions{}, false, pool).value();
+    EXPECT_TRUE(std::isfinite(ppl.ppl()));
+  }
 }
 
 }  // namespace

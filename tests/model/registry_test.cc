@@ -1,0 +1,95 @@
+// LoadModel's dispatch and each architecture's checks of its file: an unknown architecture names
+// the supported ones, a missing architecture-specific tensor is an error naming it, a file with
+// exactly the architecture's tensors loads without warnings, and a tensor it does not use is named.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "gguf/gguf_file.h"
+#include "gguf/gguf_writer.h"
+#include "model/model.h"
+#include "tools/synth.h"
+
+namespace gale {
+namespace {
+
+// The file of `arch`'s test shape, without drop_tensor and with set_key set.
+std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_tensor = "",
+                            const std::pair<std::string, GgufValue>& set_key = {}) {
+  const auto bytes = SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 1)->WriteToBytes();
+  auto f = GgufFile::FromBytes(bytes).value();
+  GgufWriter w;
+  for (const auto& [k, v] : f->metadata()) w.SetValue(k, v);
+  if (!set_key.first.empty()) w.SetValue(set_key.first, set_key.second);
+  for (const auto& t : f->tensors()) {
+    if (t.name == drop_tensor) continue;
+    EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+  }
+  return w.WriteToBytes();
+}
+
+TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3"}));
+  for (const std::string& arch : SupportedArchitectures()) {
+    const auto b = Edited(arch);
+    auto m = LoadModel(**GgufFile::FromBytes(b));
+    ASSERT_TRUE(m.ok()) << arch << ": " << m.status().ToString();
+    EXPECT_EQ((*m)->hparams().arch, arch);
+    EXPECT_TRUE((*m)->load_warnings().empty()) << arch << ": " << (*m)->load_warnings()[0];
+  }
+  const auto q3 = Edited("qwen3");
+  auto m = LoadModel(**GgufFile::FromBytes(q3)).value();
+  EXPECT_EQ(m->hparams().head_dim, 48);  // attention.key_length, not dim / heads = 32
+  EXPECT_EQ(m->hparams().q_dim(), 192);
+  EXPECT_EQ(m->hparams().rope_style, RopeStyle::kNeox);
+}
+
+TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
+  const auto b = Edited("llama", "", {"general.architecture", GgufValue::String("mamba")});
+  auto m = LoadModel(**GgufFile::FromBytes(b));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3"), std::string::npos) << m.status().message();
+}
+
+TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
+  for (const auto& [arch, tensor] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"}, {"qwen3", "blk.1.attn_k_norm.weight"}}) {
+    const auto b = Edited(arch, tensor);
+    auto m = LoadModel(**GgufFile::FromBytes(b));
+    ASSERT_FALSE(m.ok()) << arch << " without " << tensor;
+    EXPECT_NE(m.status().message().find(tensor), std::string::npos) << m.status().message();
+  }
+}
+
+TEST(RegistryTest, KeyAndValueHeadSizesThatDifferAreRefused) {
+  const auto b = Edited("qwen3", "", {"qwen3.attention.value_length", GgufValue::U32(64)});
+  auto m = LoadModel(**GgufFile::FromBytes(b));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("value_length"), std::string::npos) << m.status().message();
+}
+
+// Another architecture's tensors in a file are named: a qwen2 file read as llama (the biases), and
+// a rope_freqs tensor in a qwen3 file (Qwen has no frequency divisors; llama.cpp ignores it too).
+TEST(RegistryTest, TensorsAnArchitectureDoesNotUseAreNamed) {
+  const auto b = Edited("qwen2", "", {"general.architecture", GgufValue::String("llama")});
+  // The keys stay under "qwen2.": rename them as a llama file would have them.
+  auto f = GgufFile::FromBytes(b).value();
+  GgufWriter w;
+  for (const auto& [k, v] : f->metadata()) w.SetValue(k.starts_with("qwen2.") ? "llama." + k.substr(6) : k, v);
+  for (const auto& t : f->tensors()) {
+    EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+  }
+  const auto lb = w.WriteToBytes();
+  auto m = LoadModel(**GgufFile::FromBytes(lb));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ((*m)->load_warnings().size(), 1u);
+  EXPECT_NE((*m)->load_warnings()[0].find("6 tensor(s)"), std::string::npos) << (*m)->load_warnings()[0];
+  EXPECT_NE((*m)->load_warnings()[0].find("attn_q.bias"), std::string::npos) << (*m)->load_warnings()[0];
+}
+
+}  // namespace
+}  // namespace gale
