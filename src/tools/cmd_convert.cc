@@ -1,6 +1,7 @@
 // `gale convert` and `gale synth`: the two ways to make a GGUF file.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tools/commands.h"
@@ -55,7 +56,7 @@ CommandFn RegisterConvert(CLI::App& app) {
 
 CommandFn RegisterSynth(CLI::App& app) {
   struct Opts {
-    std::string shape = "tiny", type = "f16", out;
+    std::string shape = "tiny", type = "f16", out, tokenizer_dir;
     uint64_t seed = 1;
     SynthShape custom;
   };
@@ -74,6 +75,9 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--ffn", o->custom.ffn_dim, "custom: feed-forward size");
   app.add_option("--vocab", o->custom.vocab_size, "custom: vocab size");
   app.add_option("--ctx", o->custom.context_length, "custom: context length");
+  app.add_option("--tokenizer", o->tokenizer_dir,
+                 "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) to write instead of the "
+                 "synthetic vocab; the vocab size becomes its");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {
@@ -92,7 +96,17 @@ CommandFn RegisterSynth(CLI::App& app) {
       shape = *named;
       shape.rope_freqs_ctx = o->custom.rope_freqs_ctx;
     }
-    auto w = SynthesizeModel(shape, *type, o->seed);
+    std::optional<HfTokenizer> tokenizer;
+    if (!o->tokenizer_dir.empty()) {
+      auto t = ReadHfTokenizerDir(o->tokenizer_dir);
+      if (!t.ok()) {
+        std::fprintf(stderr, "gale synth: %s\n", t.status().message().c_str());
+        return 1;
+      }
+      tokenizer = std::move(*t);
+      shape.vocab_size = static_cast<int64_t>(tokenizer->tokens.size());
+    }
+    auto w = SynthesizeModel(shape, *type, o->seed, tokenizer ? &*tokenizer : nullptr);
     if (!w.ok()) {
       std::fprintf(stderr, "gale synth: %s\n", w.status().message().c_str());
       return 1;

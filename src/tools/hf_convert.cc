@@ -59,6 +59,30 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
   }
 }
 
+StatusOr<HfTokenizer> ReadHfTokenizerDir(const std::string& dir_name) {
+  const std::filesystem::path dir(dir_name);
+  ASSIGN_OR_RETURN(const Json tj, ReadJson(dir / "tokenizer.json", true));
+  ASSIGN_OR_RETURN(const Json tcfg, ReadJson(dir / "tokenizer_config.json", false));
+  int64_t vocab = 0;
+  try {
+    if (tj.contains("model") && tj["model"].contains("vocab") && tj["model"]["vocab"].is_object()) {
+      for (const auto& [k, v] : tj["model"]["vocab"].items()) {
+        if (v.is_number_integer()) vocab = std::max<int64_t>(vocab, v.get<int64_t>() + 1);
+      }
+    }
+    if (tj.contains("added_tokens") && tj["added_tokens"].is_array()) {
+      for (const auto& a : tj["added_tokens"]) {
+        if (a.is_object() && a.contains("id") && a["id"].is_number_integer()) {
+          vocab = std::max<int64_t>(vocab, a["id"].get<int64_t>() + 1);
+        }
+      }
+    }
+    return ImportHfTokenizer(tj, tcfg, Json::object(), vocab);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument("{}: a JSON field has an unexpected type ({})", dir_name, e.what());
+  }
+}
+
 namespace {
 
 StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, GgufWriter* out) {
@@ -73,9 +97,21 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
       config["architectures"][0].is_string()) {
     arch = config["architectures"][0].get<std::string>();
   }
-  if (arch != "LlamaForCausalLM" && arch != "llama" && arch != "MistralForCausalLM" && arch != "mistral") {
-    return InvalidArgument("config.json: architecture '{}' is not a llama-family model (LlamaForCausalLM)", arch);
+  // The GGUF architecture: llama (Llama, Mistral: RoPE in normal mode, so q/k rows are permuted
+  // from Hugging Face's rotate-half order), qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms),
+  // both NEOX-mode RoPE as Hugging Face computes it (rows as they are).
+  std::string gguf_arch;
+  if (arch == "LlamaForCausalLM" || arch == "llama" || arch == "MistralForCausalLM" || arch == "mistral") {
+    gguf_arch = "llama";
+  } else if (arch == "Qwen2ForCausalLM" || arch == "qwen2") {
+    gguf_arch = "qwen2";
+  } else if (arch == "Qwen3ForCausalLM" || arch == "qwen3") {
+    gguf_arch = "qwen3";
+  } else {
+    return InvalidArgument("config.json: architecture '{}' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                           "Qwen2ForCausalLM, Qwen3ForCausalLM)", arch);
   }
+  const bool neox = gguf_arch != "llama";
   ASSIGN_OR_RETURN(const int64_t dim, IntField(config, "hidden_size"));
   ASSIGN_OR_RETURN(const int64_t ffn, IntField(config, "intermediate_size"));
   ASSIGN_OR_RETURN(const int64_t layers, IntField(config, "num_hidden_layers"));
@@ -83,11 +119,18 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   ASSIGN_OR_RETURN(const int64_t kv_heads, IntField(config, "num_key_value_heads", heads));
   ASSIGN_OR_RETURN(const int64_t vocab, IntField(config, "vocab_size"));
   ASSIGN_OR_RETURN(const int64_t ctx, IntField(config, "max_position_embeddings", 2048));
-  if (dim % heads != 0 || heads % kv_heads != 0 || (dim / heads) % 2 != 0) {
-    return InvalidArgument("config.json: {} heads ({} KV) do not divide hidden_size {} into even heads", heads,
-                           kv_heads, dim);
+  // head_dim where the config gives it (Qwen3, Mistral NeMo: not hidden_size / heads).
+  int64_t head_dim = 0;
+  if (config.contains("head_dim") && !config["head_dim"].is_null()) {
+    ASSIGN_OR_RETURN(head_dim, IntField(config, "head_dim"));
+  } else if (heads > 0 && dim % heads == 0) {
+    head_dim = dim / heads;
   }
-  const int64_t head_dim = dim / heads;
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || head_dim % 2 != 0) {
+    return InvalidArgument("config.json: {} heads ({} KV) of size {} for hidden_size {}: heads must be a multiple of "
+                           "the KV heads and of an even size", heads, kv_heads, head_dim, dim);
+  }
+  const int64_t q_dim = heads * head_dim;
   const bool tied = config.value("tie_word_embeddings", false);
 
   // Tensors from every safetensors file in the folder (sharded checkpoints too).
@@ -116,22 +159,27 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   report.pre = tokenizer.pre;
 
   // Metadata.
-  out->SetString("general.architecture", "llama");
+  out->SetString("general.architecture", gguf_arch);
   out->SetString("general.name", dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string());
   out->SetU32("general.file_type", type == GgmlType::kF32 ? 0 : type == GgmlType::kF16 ? 1 : 32);
-  out->SetU32("llama.context_length", static_cast<uint32_t>(ctx));
-  out->SetU32("llama.embedding_length", static_cast<uint32_t>(dim));
-  out->SetU32("llama.feed_forward_length", static_cast<uint32_t>(ffn));
-  out->SetU32("llama.block_count", static_cast<uint32_t>(layers));
-  out->SetU32("llama.attention.head_count", static_cast<uint32_t>(heads));
-  out->SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(kv_heads));
-  out->SetU32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  out->SetF32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(NumField(config, "rms_norm_eps", 1e-5)));
-  out->SetF32("llama.rope.freq_base", static_cast<float>(NumField(config, "rope_theta", 10000.0)));
+  const std::string p = gguf_arch + ".";
+  out->SetU32(p + "context_length", static_cast<uint32_t>(ctx));
+  out->SetU32(p + "embedding_length", static_cast<uint32_t>(dim));
+  out->SetU32(p + "feed_forward_length", static_cast<uint32_t>(ffn));
+  out->SetU32(p + "block_count", static_cast<uint32_t>(layers));
+  out->SetU32(p + "attention.head_count", static_cast<uint32_t>(heads));
+  out->SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(kv_heads));
+  out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  if (head_dim * heads != dim) {
+    out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+    out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  out->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(NumField(config, "rms_norm_eps", 1e-5)));
+  out->SetF32(p + "rope.freq_base", static_cast<float>(NumField(config, "rope_theta", 10000.0)));
   if (config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
     const Json& rs = config["rope_scaling"];
     const std::string kind = rs.value("type", rs.value("rope_type", ""));
-    if (kind == "llama3") {
+    if (kind == "llama3" && gguf_arch == "llama") {
       // As llama.cpp's converter: the divisors as a tensor, no scaling type in the metadata.
       const std::vector<float> f = Llama3RopeFreqFactors(head_dim, NumField(config, "rope_theta", 10000.0),
                                                          NumField(rs, "factor", 8.0), NumField(rs, "low_freq_factor", 1.0),
@@ -145,13 +193,14 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
       RETURN_IF_ERROR(out->AddTensor("rope_freqs.weight", static_cast<uint32_t>(GgmlType::kF32),
                                      {static_cast<int64_t>(f.size())}, std::move(bytes)));
     } else if (kind == "linear") {
-      out->SetString("llama.rope.scaling.type", "linear");
-      out->SetF32("llama.rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
+      out->SetString(p + "rope.scaling.type", "linear");
+      out->SetF32(p + "rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
     } else {
-      return InvalidArgument("config.json: rope_scaling '{}' is not supported (linear, llama3)", kind);
+      return InvalidArgument("config.json: rope_scaling '{}' is not supported for {} (linear{})", kind, gguf_arch,
+                             gguf_arch == "llama" ? ", llama3" : "");
     }
   }
-  out->SetU32("llama.vocab_size", static_cast<uint32_t>(vocab));
+  out->SetU32(p + "vocab_size", static_cast<uint32_t>(vocab));
   WriteHfTokenizer(tokenizer, out);
 
   // Weights.
@@ -201,10 +250,19 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   for (int64_t l = 0; l < layers; ++l) {
     const std::string h = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
     RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0));
-    RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {dim, dim}, heads));
-    RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_heads * head_dim, dim}, kv_heads));
-    RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_heads * head_dim, dim}, 0));
-    RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, dim}, 0));
+    const int64_t kv_dim = kv_heads * head_dim;
+    RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, neox ? 0 : heads));
+    RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, neox ? 0 : kv_heads));
+    RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));
+    if (gguf_arch == "qwen2") {
+      RETURN_IF_ERROR(add(h + "self_attn.q_proj.bias", g + "attn_q.bias", {q_dim}, 0));
+      RETURN_IF_ERROR(add(h + "self_attn.k_proj.bias", g + "attn_k.bias", {kv_dim}, 0));
+      RETURN_IF_ERROR(add(h + "self_attn.v_proj.bias", g + "attn_v.bias", {kv_dim}, 0));
+    } else if (gguf_arch == "qwen3") {
+      RETURN_IF_ERROR(add(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", {head_dim}, 0));
+      RETURN_IF_ERROR(add(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", {head_dim}, 0));
+    }
+    RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
     RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {dim}, 0));
     RETURN_IF_ERROR(add(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {ffn, dim}, 0));
     RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));

@@ -1,9 +1,11 @@
-// `gale convert --hf DIR`: a Hugging Face llama-family checkpoint (config.json, *.safetensors,
-// tokenizer.json, optionally tokenizer_config.json) to a GGUF with llama.cpp's names and layout:
-// weights renamed (model.layers.N.self_attn.q_proj.weight -> blk.N.attn_q.weight, ...), q/k rows
-// permuted from Hugging Face's rotate-half order to the interleaved pairs GGUF's RoPE expects,
-// matrices as F32, F16 or BF16 (norms stay F32), hyperparameters under llama.*. Tokenizers from
-// tokenizer.json: byte-level BPE (GPT-2's pre-tokenizer, or Llama 3's split regex) with merges,
+// `gale convert --hf DIR`: a Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json,
+// optionally tokenizer_config.json) of Llama, Mistral, Qwen2/2.5 or Qwen3 to a GGUF with
+// llama.cpp's names and layout: weights renamed (model.layers.N.self_attn.q_proj.weight ->
+// blk.N.attn_q.weight, Qwen2's biases, Qwen3's q_norm/k_norm), for llama q/k rows permuted from
+// Hugging Face's rotate-half order to the interleaved pairs llama's RoPE expects (Qwen's NEOX
+// RoPE takes them as they are), matrices as F32, F16 or BF16 (norms and biases stay F32),
+// hyperparameters under the architecture's prefix. Tokenizers from tokenizer.json: byte-level
+// BPE (GPT-2's pre-tokenizer, or Llama 3's or Qwen2's split regex) with merges,
 // or SentencePiece-style BPE with byte fallback (Llama 2, Mistral, TinyLlama) as GGUF's "llama"
 // tokenizer with scores from merge ranks; added tokens become control or user-defined tokens.
 #pragma once
@@ -14,6 +16,7 @@
 #include "base/status.h"
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_writer.h"
+#include "tools/hf_tokenizer.h"
 
 namespace gale {
 
@@ -25,5 +28,9 @@ struct HfConvertReport {
 
 // type: F32, F16 or BF16 for the matrices.
 StatusOr<HfConvertReport> ConvertHf(const std::string& dir, GgmlType type, GgufWriter* out);
+
+// The tokenizer of a Hugging Face folder alone (tokenizer.json, tokenizer_config.json if there),
+// its vocabulary as many tokens as its highest id + 1 (`gale synth --tokenizer`).
+StatusOr<HfTokenizer> ReadHfTokenizerDir(const std::string& dir);
 
 }  // namespace gale

@@ -40,13 +40,18 @@ StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& confi
     for (const auto& p : pt["pretokenizers"]) {
       if (p.value("type", "") != "Split" || !p.contains("pattern")) continue;
       const std::string re = p["pattern"].value("Regex", "");
+      // Llama 3 groups up to three digits; Qwen2 (Qwen2.5, Qwen3 too) splits every digit.
       if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos && re.find("\\p{N}{1,3}") != std::string::npos) {
         t.pre = "llama-bpe";
+      } else if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos &&
+                 re.find("\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+") != std::string::npos) {
+        t.pre = "qwen2";
       }
     }
   }
   if (t.pre.empty()) {
-    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's split)");
+    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's and "
+                           "Qwen2's splits)");
   }
   if (!tm.contains("vocab") || !tm["vocab"].is_object() || !tm.contains("merges") || !tm["merges"].is_array()) {
     return InvalidArgument("tokenizer.json: model.vocab and model.merges are required");

@@ -1,5 +1,5 @@
 // tokenizer.json (+ tokenizer_config.json) of a Hugging Face checkpoint to GGUF's tokenizer keys
-// (`gale convert --hf`): byte-level BPE (GPT-2's pre-tokenizer, or Llama 3's split regex) with
+// (`gale convert --hf`): byte-level BPE (GPT-2's pre-tokenizer, or Llama 3's or Qwen2's split regex) with
 // merges, or SentencePiece-style BPE with byte fallback (Llama 2, Mistral, TinyLlama) as GGUF's
 // "llama" tokenizer with scores from merge ranks; added tokens become control or user-defined
 // tokens. The files are untrusted: every field's type and every id is checked. Reads no files.
@@ -19,7 +19,7 @@ namespace gale {
 
 struct HfTokenizer {
   bool spm = false;                  // SentencePiece-style ("llama"); else byte-level BPE ("gpt2")
-  std::string pre;                   // the pre-tokenizer: "sentencepiece", "gpt-2" or "llama-bpe"
+  std::string pre;                   // the pre-tokenizer: "sentencepiece", "gpt-2", "llama-bpe" or "qwen2"
   std::vector<std::string> tokens;   // [vocab]
   std::vector<int32_t> types;        // [vocab] GGUF token types
   std::vector<float> scores;         // [vocab] spm only

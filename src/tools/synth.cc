@@ -9,6 +9,7 @@
 
 #include "base/rng.h"
 #include "model/rope_scaling.h"
+#include "tools/hf_tokenizer.h"
 
 namespace gale {
 
@@ -73,7 +74,11 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
   }
 }
 
-StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed) {
+StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed, const HfTokenizer* tokenizer) {
+  if (tokenizer != nullptr && static_cast<int64_t>(tokenizer->tokens.size()) != s.vocab_size) {
+    return InvalidArgument("synth: the tokenizer has {} tokens, the shape's vocab is {}", tokenizer->tokens.size(),
+                           s.vocab_size);
+  }
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
     return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3)", s.arch);
   }
@@ -119,19 +124,23 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen ? 1000000.0f : 10000.0f);
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int32_t> types;
-  SynthVocab(s.vocab_size, &tokens, &scores, &types);
-  w.SetString("tokenizer.ggml.model", "llama");
-  w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
-  w.SetValue("tokenizer.ggml.scores", GgufValue::F32Array(scores));
-  w.SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
-  w.SetU32("tokenizer.ggml.unknown_token_id", 0);
-  w.SetU32("tokenizer.ggml.bos_token_id", 1);
-  w.SetU32("tokenizer.ggml.eos_token_id", 2);
-  w.SetBool("tokenizer.ggml.add_bos_token", true);
-  w.SetBool("tokenizer.ggml.add_eos_token", false);
+  if (tokenizer != nullptr) {
+    WriteHfTokenizer(*tokenizer, &w);
+  } else {
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;
+    SynthVocab(s.vocab_size, &tokens, &scores, &types);
+    w.SetString("tokenizer.ggml.model", "llama");
+    w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
+    w.SetValue("tokenizer.ggml.scores", GgufValue::F32Array(scores));
+    w.SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
+    w.SetU32("tokenizer.ggml.unknown_token_id", 0);
+    w.SetU32("tokenizer.ggml.bos_token_id", 1);
+    w.SetU32("tokenizer.ggml.eos_token_id", 2);
+    w.SetBool("tokenizer.ggml.add_bos_token", true);
+    w.SetBool("tokenizer.ggml.add_eos_token", false);
+  }
 
   auto matrix = [&](const std::string& name, int64_t in, int64_t out, GgmlType t) {
     uint64_t tensor_seed = seed ^ 0xcbf29ce484222325ull;  // FNV-1a over the name: portable

@@ -35,7 +35,10 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's
 // Q/K/V biases, Qwen3's per-head Q/K norms) so that llama.cpp loads it too; weights are generated while writing (WriteFile streams them).
-StatusOr<GgufWriter> SynthesizeModel(const SynthShape& shape, GgmlType type, uint64_t seed);
+// tokenizer: a real tokenizer to write instead of the synthetic one (its vocabulary size must be
+// the shape's).
+StatusOr<GgufWriter> SynthesizeModel(const SynthShape& shape, GgmlType type, uint64_t seed,
+                                     const struct HfTokenizer* tokenizer = nullptr);
 
 // The synthetic vocab's pieces (with '▁'), scores and token types.
 void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,

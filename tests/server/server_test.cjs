@@ -23,9 +23,10 @@ async function check(name, fn) {
   }
 }
 
-function startServer(extraArgs = []) {
+function startServer(extraArgs = [], { template = true } = {}) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(gale, ['serve', '--port', '0', '--chat-template', chatTemplate, '-t', '2', ...extraArgs],
+    const proc = spawn(gale, ['serve', '--port', '0', ...(template ? ['--chat-template', chatTemplate] : []), '-t', '2',
+                              ...extraArgs],
                        { stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     let port = null;
@@ -570,6 +571,33 @@ function rawStream(port, cutAfter) {
     assert.notStrictEqual(code, 0);
     assert.ok(!log.includes('listening'), log);
     assert.ok(log.includes('/nonexistent/model.gguf'), log);
+  });
+
+  await check('qwen3 with the real Qwen3 tokenizer: its own chat template renders through /v1/chat/completions', async () => {
+    // A random-weight qwen3 with Qwen3's tokenizer.json and chat template (scripts/install-deps.sh --test).
+    const hf = path.join(__dirname, '../../.deps/node/hf/tokenizer-qwen3/models');
+    const model = path.join(require('os').tmpdir(), `gale-qwen3-${process.pid}.gguf`);
+    const { execFileSync } = require('child_process');
+    execFileSync(gale, ['synth', '--shape', 'custom', '--arch', 'qwen3', '--dim', '64', '--layers', '2', '--heads', '4',
+                        '--kv-heads', '2', '--head-dim', '32', '--ffn', '128', '--type', 'q8_0', '--tokenizer', hf,
+                        '-o', model], { stdio: 'ignore' });
+    const s8 = await startServer(['-m', model, '--no-warmup'], { template: false });
+    try {
+      const c = new OpenAI({ baseURL: `http://127.0.0.1:${s8.port}/v1`, apiKey: 'x', maxRetries: 0 });
+      const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Hi there' }];
+      const chat = await c.chat.completions.create({ messages, max_tokens: 6, temperature: 0 });
+      // The template's text, as Jinja2 renders Qwen3's template, tokenized with its special tokens:
+      // <|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n
+      const ids = [151644, 8948, 198, 2610, 525, 50537, 13, 151645, 198, 151644, 872, 198, 13048, 1052, 151645, 198,
+                   151644, 77091, 198];
+      assert.strictEqual(chat.usage.prompt_tokens, ids.length);
+      const comp = await c.completions.create({ prompt: ids, max_tokens: 6, temperature: 0 });
+      assert.strictEqual(chat.choices[0].message.content, comp.choices[0].text);
+      assert.strictEqual(chat.usage.completion_tokens, comp.usage.completion_tokens);
+    } finally {
+      s8.proc.kill('SIGTERM');
+      fs.rmSync(model, { force: true });
+    }
   });
 
   await check('--api-key: 401 without it, typed AuthenticationError, works with it', async () => {
