@@ -43,6 +43,7 @@ inline SynthShape ArchTestShape(const std::string& arch) {
   SynthShape s = *NamedSynthShape("tiny");
   s.arch = arch;
   if (arch == "qwen3") s.head_dim = 48;
+  if (arch == "phi3") s.rope_freqs_ctx = 128;  // LongRoPE, the long factors (context 512)
   return s;
 }
 

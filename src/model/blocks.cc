@@ -36,8 +36,12 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
   Grow(ws.hb2, n * ffn);
   Grow(ws.rope, n * hp.rope_dims);
   for (int64_t t = 0; t < n; ++t) {
+    float* cos_sin = ws.rope.data() + t * hp.rope_dims;
     kernels::RopeAngles(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base, hp.rope_freq_scale,
-                        ws.rope.data() + t * hp.rope_dims, freq_factors);
+                        cos_sin, freq_factors);
+    if (hp.rope_attn_factor != 1.0f) {
+      for (int64_t i = 0; i < hp.rope_dims; ++i) cos_sin[i] *= hp.rope_attn_factor;
+    }
   }
   ws.tables.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[batch.seq(t)].data();

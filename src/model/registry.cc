@@ -18,6 +18,7 @@ constexpr Architecture kArchitectures[] = {
     {"llama", LoadLlama},
     {"qwen2", LoadQwen2},
     {"qwen3", LoadQwen3},
+    {"phi3", LoadPhi3},
 };
 
 }  // namespace

@@ -30,6 +30,21 @@ Status TensorLoader::Matrix(const std::string& name, int64_t in, int64_t out, Ma
   return Get(name, {in, out}, &w->view);
 }
 
+Status TensorLoader::SplitMatrix(const std::string& name, int64_t in,
+                                 const std::vector<std::pair<int64_t, MatrixWeight*>>& parts) {
+  int64_t total = 0;
+  for (const auto& [rows, w] : parts) total += rows;
+  TensorView all;
+  RETURN_IF_ERROR(Get(name, {in, total}, &all));
+  const int64_t row_bytes = all.RowBytes();
+  int64_t at = 0;
+  for (const auto& [rows, w] : parts) {
+    w->view = TensorView{all.type, {in, rows}, all.data + at * row_bytes, static_cast<uint64_t>(rows * row_bytes)};
+    at += rows;
+  }
+  return Status::Ok();
+}
+
 std::vector<std::string> TensorLoader::Unused() const {
   std::vector<std::string> unused;
   for (const auto& t : file_.tensors()) {

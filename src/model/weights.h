@@ -26,6 +26,9 @@ class TensorLoader {
   Status Get(const std::string& name, const std::vector<int64_t>& shape, TensorView* out);
   // A weight matrix of `out` rows of `in` elements.
   Status Matrix(const std::string& name, int64_t in, int64_t out, MatrixWeight* w);
+  // A fused matrix of `in`-element rows (Phi-3's attn_qkv, ffn_up = gate and up) as consecutive
+  // row ranges, each a matrix of its own: parts[i] = {rows, out}.
+  Status SplitMatrix(const std::string& name, int64_t in, const std::vector<std::pair<int64_t, MatrixWeight*>>& parts);
   // An f32 vector of n; as Get.
   Status Vector(const std::string& name, int64_t n, TensorView* out) { return Get(name, {n}, out); }
   // Marks a tensor used without reading it through here.

@@ -61,9 +61,9 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | custom")
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | custom")
       ->capture_default_str();
-  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3)")->capture_default_str();
+  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | phi3)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();

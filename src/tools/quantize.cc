@@ -143,6 +143,10 @@ struct Group {
   std::vector<std::string> consumers;
   std::string producer;  // a norm (elementwise) or a matrix whose rows make the input's channels
   bool producer_is_norm;
+  // A fused producer (Phi-3's attn_qkv, ffn_up): the input's channels are rows
+  // [producer_offset, producer_offset + producer_rows) of it; producer_rows 0: all its rows.
+  int64_t producer_offset = 0;
+  int64_t producer_rows = 0;
 };
 
 class Transformer {
@@ -154,11 +158,21 @@ class Transformer {
   Status Run(std::map<std::string, Edit>* edits, std::vector<std::string>* report) {
     for (int64_t l = 0; l < hp_.num_layers; ++l) {
       const std::string b = fmt::format("blk.{}.", l);
+      // Separate Q, K, V and gate, up matrices, or fused ones (Phi-3: V's rows last in attn_qkv,
+      // up's rows second in ffn_up).
+      const bool fused_qkv = in_.FindTensor(b + "attn_qkv.weight") != nullptr;
+      const bool fused_up = in_.FindTensor(b + "ffn_gate.weight") == nullptr;
       const Group groups[] = {
-          {LinearInput::kAttnIn, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"}, b + "attn_norm.weight", true},
-          {LinearInput::kAttnOut, {b + "attn_output.weight"}, b + "attn_v.weight", false},
-          {LinearInput::kFfnIn, {b + "ffn_gate.weight", b + "ffn_up.weight"}, b + "ffn_norm.weight", true},
-          {LinearInput::kFfnMid, {b + "ffn_down.weight"}, b + "ffn_up.weight", false},
+          fused_qkv ? Group{LinearInput::kAttnIn, {b + "attn_qkv.weight"}, b + "attn_norm.weight", true}
+                    : Group{LinearInput::kAttnIn, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"},
+                            b + "attn_norm.weight", true},
+          fused_qkv ? Group{LinearInput::kAttnOut, {b + "attn_output.weight"}, b + "attn_qkv.weight", false,
+                            hp_.q_dim() + hp_.kv_dim(), hp_.kv_dim()}
+                    : Group{LinearInput::kAttnOut, {b + "attn_output.weight"}, b + "attn_v.weight", false},
+          fused_up ? Group{LinearInput::kFfnIn, {b + "ffn_up.weight"}, b + "ffn_norm.weight", true}
+                   : Group{LinearInput::kFfnIn, {b + "ffn_gate.weight", b + "ffn_up.weight"}, b + "ffn_norm.weight", true},
+          fused_up ? Group{LinearInput::kFfnMid, {b + "ffn_down.weight"}, b + "ffn_up.weight", false, hp_.ffn_dim, hp_.ffn_dim}
+                   : Group{LinearInput::kFfnMid, {b + "ffn_down.weight"}, b + "ffn_up.weight", false},
       };
       for (const Group& g : groups) {
         std::string line;
@@ -196,7 +210,12 @@ class Transformer {
     const GgufTensorInfo* prod = in_.FindTensor(g.producer);
     if (prod == nullptr) return InvalidArgument("tensor '{}' is missing", g.producer);
     const int64_t dim = st.dim;
-    const int64_t pdim = g.producer_is_norm ? prod->shape[0] : prod->shape[1];
+    const int64_t prod_rows = g.producer_is_norm ? prod->shape[0] : prod->shape[1];
+    const int64_t pdim = g.producer_rows > 0 ? g.producer_rows : prod_rows;
+    if (g.producer_offset + pdim > prod_rows) {
+      return InvalidArgument("tensor '{}' has {} rows, fewer than the {} + {} expected", g.producer, prod_rows,
+                             g.producer_offset, pdim);
+    }
     // Channel statistics folded to the producer's channels (max over the heads sharing one).
     std::vector<float> amax(pdim, 0.0f), amean(pdim, 0.0f);
     for (int64_t j = 0; j < dim; ++j) {
@@ -273,16 +292,16 @@ class Transformer {
       for (int64_t j = 0; j < dim; ++j) e.col_scale[j] = s[ProducerChannel(g.input, j)];
     }
     Edit& pe = (*edits)[g.producer];
-    if (pe.row_div.empty()) pe.row_div.assign(static_cast<size_t>(pdim), 1.0f);
-    for (int64_t p = 0; p < pdim; ++p) pe.row_div[p] *= s[p];
+    if (pe.row_div.empty()) pe.row_div.assign(static_cast<size_t>(prod_rows), 1.0f);
+    for (int64_t p = 0; p < pdim; ++p) pe.row_div[g.producer_offset + p] *= s[p];
     // A producer matrix with a bias (Qwen2's attn_v): its outputs are divided by s only if the
     // bias is too.
     if (!g.producer_is_norm && g.producer.ends_with(".weight")) {
       const std::string bias = g.producer.substr(0, g.producer.size() - 7) + ".bias";
       if (in_.FindTensor(bias) != nullptr) {
         Edit& be = (*edits)[bias];
-        if (be.row_div.empty()) be.row_div.assign(static_cast<size_t>(pdim), 1.0f);
-        for (int64_t p = 0; p < pdim; ++p) be.row_div[p] *= s[p];
+        if (be.row_div.empty()) be.row_div.assign(static_cast<size_t>(prod_rows), 1.0f);
+        for (int64_t p = 0; p < pdim; ++p) be.row_div[g.producer_offset + p] *= s[p];
       }
     }
     return Status::Ok();

@@ -27,12 +27,16 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
     s.arch = "qwen2";
     s.dim = 896; s.num_layers = 24; s.num_heads = 14; s.num_kv_heads = 2; s.ffn_dim = 4864; s.vocab_size = 151936;
     s.context_length = 32768;
+  } else if (name == "phi3-mini") {
+    s.arch = "phi3";
+    s.dim = 3072; s.num_layers = 32; s.num_heads = 32; s.num_kv_heads = 32; s.ffn_dim = 8192; s.vocab_size = 32064;
+    s.context_length = 4096;
   } else if (name == "qwen3-0.6b") {
     s.arch = "qwen3";
     s.dim = 1024; s.num_layers = 28; s.num_heads = 16; s.num_kv_heads = 8; s.head_dim = 128; s.ffn_dim = 3072;
     s.vocab_size = 151936; s.context_length = 40960;
   } else {
-    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b)", name);
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini)", name);
   }
   return s;
 }
@@ -79,8 +83,8 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return InvalidArgument("synth: the tokenizer has {} tokens, the shape's vocab is {}", tokenizer->tokens.size(),
                            s.vocab_size);
   }
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3)", s.arch);
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, phi3)", s.arch);
   }
   if (s.dim <= 0 || s.num_heads <= 0 || (s.head_dim == 0 && s.dim % s.num_heads != 0) || s.num_kv_heads <= 0 ||
       s.head_dim < 0 || s.head_dim % 2 != 0 ||
@@ -131,6 +135,16 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     std::vector<float> scores;
     std::vector<int32_t> types;
     SynthVocab(s.vocab_size, &tokens, &scores, &types);
+    if (s.arch == "phi3") {
+      // Phi-3's chat control tokens in the last ids (llama.cpp's loader looks some of them up).
+      const char* specials[] = {"<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"};
+      for (size_t i = 0; i < std::size(specials); ++i) {
+        const size_t id = tokens.size() - std::size(specials) + i;
+        tokens[id] = specials[i];
+        types[id] = 3;
+        scores[id] = 0.0f;
+      }
+    }
     w.SetString("tokenizer.ggml.model", "llama");
     w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
     w.SetValue("tokenizer.ggml.scores", GgufValue::F32Array(scores));
@@ -175,9 +189,13 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     RETURN_IF_ERROR(ones(b + "attn_norm.weight", s.dim));
-    RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
-    RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
-    RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+    if (s.arch == "phi3") {  // fused: Q, K, V rows in one matrix
+      RETURN_IF_ERROR(matrix(b + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, type));
+    } else {
+      RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+    }
     if (s.arch == "qwen2") {
       RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
@@ -188,11 +206,32 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     }
     RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
     RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
-    RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
-    RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
+    if (s.arch == "phi3") {  // fused: the gate's rows, then up's
+      RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, 2 * s.ffn_dim, type));
+    } else {
+      RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
+      RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
+    }
     RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
   }
-  if (s.rope_freqs_ctx > 0) {
+  if (s.rope_freqs_ctx > 0 && s.arch == "phi3") {
+    // LongRoPE as Phi-3.5's converter writes it: long and short divisors per frequency (here
+    // rising from 1 to 8 and to 1.5), the original context, and the attention factor
+    // sqrt(1 + ln(context / original) / ln(original)).
+    const int64_t half = head_dim / 2;
+    for (const auto& [name, top] : {std::pair<const char*, float>{"rope_factors_long.weight", 8.0f},
+                                    std::pair<const char*, float>{"rope_factors_short.weight", 1.5f}}) {
+      std::vector<float> f(half);
+      for (int64_t i = 0; i < half; ++i) f[i] = 1.0f + (top - 1.0f) * static_cast<float>(i) / static_cast<float>(half);
+      std::vector<uint8_t> bytes(f.size() * 4);
+      std::memcpy(bytes.data(), f.data(), bytes.size());
+      RETURN_IF_ERROR(w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {half}, std::move(bytes)));
+    }
+    w.SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(s.rope_freqs_ctx));
+    const double scale = static_cast<double>(s.context_length) / static_cast<double>(s.rope_freqs_ctx);
+    w.SetF32(p + "rope.scaling.attn_factor",
+             static_cast<float>(std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.rope_freqs_ctx)))));
+  } else if (s.rope_freqs_ctx > 0) {
     const std::vector<float> factors =
         Llama3RopeFreqFactors(head_dim, 10000.0, 8.0, 1.0, 4.0, static_cast<double>(s.rope_freqs_ctx));
     std::vector<uint8_t> bytes(factors.size() * 4);

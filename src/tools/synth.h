@@ -1,4 +1,4 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, phi3),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -25,16 +25,18 @@ struct SynthShape {
   int64_t context_length = 2048;
   // > 0: a rope_freqs.weight tensor as llama.cpp's converter writes for Llama 3.1's frequency
   // scaling (factor 8, low/high frequency factors 1 and 4), with this as the original context
-  // length (8192 in Llama 3.1; a small one here makes most of a small model's dims scaled).
+  // length (8192 in Llama 3.1; a small one here makes most of a small model's dims scaled); for
+  // phi3, LongRoPE's long and short factors and attention factor with this original context.
   int64_t rope_freqs_ctx = 0;
 };
 
-// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b" (their
+// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini" (their
 // architectures, without tied embeddings); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's
-// Q/K/V biases, Qwen3's per-head Q/K norms) so that llama.cpp loads it too; weights are generated while writing (WriteFile streams them).
+// Q/K/V biases, Qwen3's per-head Q/K norms, Phi-3's fused attn_qkv and ffn_up) so that llama.cpp
+// loads it too; weights are generated while writing (WriteFile streams them).
 // tokenizer: a real tokenizer to write instead of the synthetic one (its vocabulary size must be
 // the shape's).
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& shape, GgmlType type, uint64_t seed,

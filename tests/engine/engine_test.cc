@@ -236,7 +236,7 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // The exactness workload on each architecture (llama's is above): concurrent = alone, with
 // chunked prefill, preemption and the prefix cache; every block free afterwards.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
-  for (const char* arch : {"qwen2", "qwen3"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);

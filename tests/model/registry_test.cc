@@ -32,7 +32,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "phi3"}));
   for (const std::string& arch : SupportedArchitectures()) {
     const auto b = Edited(arch);
     auto m = LoadModel(**GgufFile::FromBytes(b));
@@ -52,12 +52,13 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, phi3"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
   for (const auto& [arch, tensor] : std::vector<std::pair<std::string, std::string>>{
-           {"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"}, {"qwen3", "blk.1.attn_k_norm.weight"}}) {
+           {"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"}, {"qwen3", "blk.1.attn_k_norm.weight"},
+           {"phi3", "blk.1.attn_qkv.weight"}, {"phi3", "rope_factors_short.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

@@ -335,11 +335,12 @@ TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
 
 // Each architecture quantizes (Q4_0, Q4_K, W4A16 with the AWQ search), loads and runs close to
 // its F32 original; the calibrated scales alone leave the logits as they were (Qwen2's V bias is
-// divided with V's rows, else this fails), and evaluation runs on each.
+// divided with V's rows, Phi-3's fused matrices are scaled in the right row ranges, else this
+// fails), and evaluation runs on each.
 TEST(QuantizeTest, EachArchitectureQuantizes) {
   ThreadPool pool(2);
   const std::string story = test::ReadFile(test::SourceDir() + "/bench/story-prompt.txt");
-  for (const char* arch : {"qwen2", "qwen3"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3"}) {
     SCOPED_TRACE(arch);
     auto in = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 5)->WriteToBytes()).value();
     auto model = LoadModel(*in).value();

@@ -1,0 +1,105 @@
+// Phi-3 / Phi-3.5 / Phi-4-mini (GGUF "phi3"): llama's layer with Q, K and V in one fused matrix
+// (attn_qkv), gate and up in one (ffn_up: the gate's rows first), RoPE in NEOX mode, and for the
+// long-context models LongRoPE: per-frequency divisors (rope_factors_long / rope_factors_short,
+// the long ones when the model's context exceeds rope.scaling.original_context_length, as
+// llama.cpp picks them for its default context) and rope.scaling.attn_factor multiplying cos and
+// sin. The fused matrices are read as row ranges of the file's tensor (no copy): the blocks see
+// the same separate products as llama's.
+#include <cmath>
+#include <cstring>
+
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+struct Phi3Layer {
+  TensorView attn_norm, ffn_norm;
+  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+class Phi3Model final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+    std::unique_ptr<Phi3Model> m(new Phi3Model());
+    m->hp_ = std::move(hp);
+    m->hp_.rope_style = RopeStyle::kNeox;
+    const ModelHParams& h = m->hp_;
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      Phi3Layer& w = m->layers_[l];
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.SplitMatrix(b + "attn_qkv.weight", h.dim,
+                                          {{h.q_dim(), &w.wq}, {h.kv_dim(), &w.wk}, {h.kv_dim(), &w.wv}}));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      RETURN_IF_ERROR(tensors.SplitMatrix(b + "ffn_up.weight", h.dim, {{h.ffn_dim, &w.w_gate}, {h.ffn_dim, &w.w_up}}));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
+    }
+    // LongRoPE: both factor tensors or neither.
+    const std::string p = h.arch + ".";
+    const bool has_long = tensors.Has("rope_factors_long.weight"), has_short = tensors.Has("rope_factors_short.weight");
+    if (has_long != has_short) return InvalidArgument("phi3: rope_factors_long.weight and rope_factors_short.weight come together");
+    if (has_long) {
+      const int64_t original = file.GetInt(p + "rope.scaling.original_context_length", 0);
+      if (original <= 0) return InvalidArgument("phi3: rope factors without rope.scaling.original_context_length");
+      const char* which = h.context_length > original ? "rope_factors_long.weight" : "rope_factors_short.weight";
+      TensorView f;
+      RETURN_IF_ERROR(tensors.Vector(which, h.rope_dims / 2, &f));
+      tensors.MarkUsed(h.context_length > original ? "rope_factors_short.weight" : "rope_factors_long.weight");
+      m->rope_factors_.assign(reinterpret_cast<const float*>(f.data), reinterpret_cast<const float*>(f.data) + h.rope_dims / 2);
+      for (float v : m->rope_factors_) {
+        if (!(v > 0.0f) || !std::isfinite(v)) return InvalidArgument("tensor {}: factor {} is not positive", which, v);
+      }
+    }
+    m->hp_.rope_attn_factor = static_cast<float>(file.GetDouble(p + "rope.scaling.attn_factor", 1.0));
+    if (!(m->hp_.rope_attn_factor > 0.0f) || !std::isfinite(m->hp_.rope_attn_factor)) {
+      return InvalidArgument("phi3: rope.scaling.attn_factor must be positive");
+    }
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, rope_factors_.empty() ? nullptr : rope_factors_.data());
+    f.Embed(token_embd_);
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const Phi3Layer& w = layers_[l];
+      f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                       LinearInput::kAttnIn, "matmul_qkv");
+      f.Attention(l, &key_channels_);
+      f.OutputProjection(l, w.wo);
+      f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+    }
+    f.OutputHead(output_norm_, output_);
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> Matrices() override {
+    std::vector<MatrixWeight*> all;
+    for (Phi3Layer& l : layers_) {
+      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
+    }
+    all.push_back(&output_);
+    return all;
+  }
+
+ private:
+  Phi3Model() = default;
+  std::vector<Phi3Layer> layers_;
+  std::vector<float> rope_factors_;  // [rope_dims / 2] LongRoPE divisors; empty: none
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp) {
+  return Phi3Model::Load(file, std::move(hp));
+}
+
+}  // namespace gale
