@@ -22,19 +22,21 @@ cat "$lib/_nlcBuildMetadata.json"; echo
 # Each architecture in several shapes: grouped-query attention, odd head counts, a head size other
 # than dim / heads (the shapes must match tests/gguf/llamacpp_reference_test.cc's kArchShapes).
 extra=("rope_freqs=$tmp/rope_freqs.gguf")
-while read -r name arch dim layers heads kv_heads head_dim ffn rope_ctx; do
+while read -r name arch dim layers heads kv_heads head_dim ffn rope_ctx yarn; do
   "$build/gale" synth --shape custom --arch "$arch" --dim "$dim" --layers "$layers" --heads "$heads" \
     --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 \
-    --rope-freqs-ctx "$rope_ctx" -o "$tmp/$name.gguf"
+    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 -o "$tmp/$name.gguf"
   extra+=("$name=$tmp/$name.gguf")
 done <<'SHAPES'
-llama_head48 llama 256 2 8 2 48 512 0
-qwen2_gqa qwen2 256 2 4 2 0 512 0
-qwen2_odd qwen2 192 2 3 1 64 320 0
-qwen3_gqa qwen3 256 2 4 2 128 512 0
-qwen3_odd qwen3 160 3 5 5 48 384 0
-phi3 phi3 256 2 4 4 0 512 0
-phi3_longrope phi3 192 2 3 1 64 320 64
+llama_head48 llama 256 2 8 2 48 512 0 0
+llama_yarn llama 256 2 4 2 0 512 0 4
+qwen2_gqa qwen2 256 2 4 2 0 512 0 0
+qwen2_odd qwen2 192 2 3 1 64 320 0 0
+qwen2_yarn qwen2 192 2 3 1 64 320 0 4
+qwen3_gqa qwen3 256 2 4 2 128 512 0 0
+qwen3_odd qwen3 160 3 5 5 48 384 0 0
+phi3 phi3 256 2 4 4 0 512 0 0
+phi3_longrope phi3 192 2 3 1 64 320 64 0
 SHAPES
 mkdir -p tests/data/llamacpp
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \

@@ -489,6 +489,21 @@ void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, f
   }
 }
 
+void RopeAnglesYarn(int rope_dims, int64_t pos, float freq_base, float freq_scale, float ext_factor, float corr_low,
+                    float corr_high, float* cos_sin, const float* freq_factors) {
+  const float p = static_cast<float>(pos);
+  for (int i = 0; i < rope_dims; i += 2) {
+    const float freq = 1.0f / std::pow(freq_base, static_cast<float>(i) / static_cast<float>(rope_dims));
+    const float extrap = freq_factors == nullptr ? p * freq : p * freq / freq_factors[i / 2];
+    const float interp = freq_scale * extrap;
+    const float y = (static_cast<float>(i / 2) - corr_low) / std::max(0.001f, corr_high - corr_low);
+    const float mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * ext_factor;
+    const float val = interp * (1.0f - mix) + extrap * mix;
+    cos_sin[i] = std::cos(val);
+    cos_sin[i + 1] = std::sin(val);
+  }
+}
+
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
   Active().rope_apply(x, num_heads, head_dim, rope_dims, cos_sin);
 }

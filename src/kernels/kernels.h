@@ -100,6 +100,11 @@ void Axpy(float a, const float* x, float* y, int64_t n);
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin,
                 const float* freq_factors = nullptr);
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+// YaRN (as ggml's rope_yarn): pair i's angle blends the interpolated theta * freq_scale and the
+// extrapolated theta by ramp(i) * ext_factor, ramp(i) = 1 - clamp((i - corr_low) / max(0.001,
+// corr_high - corr_low), 0, 1); cos and sin are not scaled here (the caller's attention factor).
+void RopeAnglesYarn(int rope_dims, int64_t pos, float freq_base, float freq_scale, float ext_factor, float corr_low,
+                    float corr_high, float* cos_sin, const float* freq_factors = nullptr);
 // NEOX mode (GPT-NeoX, Qwen, Gemma, Phi-3): pairs (i, i + rope_dims / 2) rotate together by the
 // same angles (cos_sin from RopeAngles, pair i's angle at cos_sin[2i], cos_sin[2i + 1]).
 void RopeApplyNeox(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);

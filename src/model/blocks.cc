@@ -37,8 +37,13 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
   Grow(ws.rope, n * hp.rope_dims);
   for (int64_t t = 0; t < n; ++t) {
     float* cos_sin = ws.rope.data() + t * hp.rope_dims;
-    kernels::RopeAngles(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base, hp.rope_freq_scale,
-                        cos_sin, freq_factors);
+    if (hp.yarn_ext_factor != 0.0f) {
+      kernels::RopeAnglesYarn(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base, hp.rope_freq_scale,
+                              hp.yarn_ext_factor, hp.yarn_corr_low, hp.yarn_corr_high, cos_sin, freq_factors);
+    } else {
+      kernels::RopeAngles(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base, hp.rope_freq_scale,
+                          cos_sin, freq_factors);
+    }
     if (hp.rope_attn_factor != 1.0f) {
       for (int64_t i = 0; i < hp.rope_dims; ++i) cos_sin[i] *= hp.rope_attn_factor;
     }

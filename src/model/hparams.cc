@@ -1,6 +1,9 @@
 // Hyperparameter parsing and validation shared by every architecture.
 #include "model/hparams.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace gale {
 
 StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
@@ -53,9 +56,30 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
       const double factor = file.GetDouble(p + "rope.scaling.factor", 1.0);
       if (!(factor > 0.0)) return bad("rope.scaling.factor must be positive");
       hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    } else if (t == "yarn") {
+      // As llama.cpp: theta blends interpolation (1 / factor) and extrapolation over the dims
+      // between the correction dims of beta_fast and beta_slow rotations in the original context;
+      // cos and sin scaled by attn_factor * (1 + 0.1 ln(factor)).
+      const double factor = file.GetDouble(p + "rope.scaling.factor", 1.0);
+      const double original = static_cast<double>(file.GetInt(p + "rope.scaling.original_context_length", hp.context_length));
+      const double beta_fast = file.GetDouble(p + "rope.scaling.yarn_beta_fast", 32.0);
+      const double beta_slow = file.GetDouble(p + "rope.scaling.yarn_beta_slow", 1.0);
+      const double ext = file.GetDouble(p + "rope.scaling.yarn_ext_factor", 1.0);
+      const double attn = file.GetDouble(p + "rope.scaling.attn_factor", 1.0);
+      if (!(factor >= 1.0) || !(original > 0.0) || !(beta_fast > 0.0) || !(beta_slow > 0.0) || !(ext >= 0.0) ||
+          !(attn > 0.0)) {
+        return bad("yarn: rope.scaling.factor >= 1, original_context_length, the betas and attn_factor must be positive");
+      }
+      hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+      const double dims = static_cast<double>(hp.rope_dims), base = hp.rope_freq_base;
+      auto corr_dim = [&](double rotations) { return dims * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base)); };
+      hp.yarn_corr_low = static_cast<float>(std::max(0.0, std::floor(corr_dim(beta_fast))));
+      hp.yarn_corr_high = static_cast<float>(std::min(dims - 1.0, std::ceil(corr_dim(beta_slow))));
+      hp.yarn_ext_factor = static_cast<float>(ext);
+      hp.rope_attn_factor = static_cast<float>(attn * (ext != 0.0 ? 1.0 + 0.1 * std::log(factor) : 1.0));
     } else if (t != "none") {
-      return Unimplemented("rope scaling type '{}' is not supported yet (gale supports none, linear, and llama3 through "
-                           "the rope_freqs tensor)", t);
+      return Unimplemented("rope scaling type '{}' is not supported yet (gale supports none, linear, yarn, and llama3 "
+                           "through the rope_freqs tensor)", t);
     }
   }
   return hp;

@@ -29,7 +29,10 @@ struct ModelHParams {
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor for linear scaling
-  float rope_attn_factor = 1.0f;  // multiplies RoPE's cos and sin (LongRoPE's attention scaling)
+  float rope_attn_factor = 1.0f;  // multiplies RoPE's cos and sin (LongRoPE's, YaRN's attention scaling)
+  // YaRN (rope.scaling.type yarn): ext_factor > 0, the correction dims' range in pairs.
+  float yarn_ext_factor = 0.0f;
+  float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
   RopeStyle rope_style = RopeStyle::kNormal;  // set by the architecture
 
   int64_t q_dim() const { return num_heads * head_dim; }

@@ -78,6 +78,8 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--tokenizer", o->tokenizer_dir,
                  "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) to write instead of the "
                  "synthetic vocab; the vocab size becomes its");
+  app.add_option("--yarn", o->custom.yarn_factor, "YaRN RoPE scaling by this factor (with --yarn-orig-ctx)");
+  app.add_option("--yarn-orig-ctx", o->custom.yarn_orig_ctx, "YaRN's original context length");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {
@@ -95,6 +97,8 @@ CommandFn RegisterSynth(CLI::App& app) {
       }
       shape = *named;
       shape.rope_freqs_ctx = o->custom.rope_freqs_ctx;
+      shape.yarn_factor = o->custom.yarn_factor;
+      shape.yarn_orig_ctx = o->custom.yarn_orig_ctx;
     }
     std::optional<HfTokenizer> tokenizer;
     if (!o->tokenizer_dir.empty()) {

@@ -192,11 +192,20 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
       std::memcpy(bytes.data(), f.data(), bytes.size());
       RETURN_IF_ERROR(out->AddTensor("rope_freqs.weight", static_cast<uint32_t>(GgmlType::kF32),
                                      {static_cast<int64_t>(f.size())}, std::move(bytes)));
+    } else if (kind == "yarn") {
+      // As llama.cpp's converters: the type, factor and original context (Qwen2.5's long-context
+      // configs); the betas only where the config sets them.
+      out->SetString(p + "rope.scaling.type", "yarn");
+      out->SetF32(p + "rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
+      ASSIGN_OR_RETURN(const int64_t original, IntField(rs, "original_max_position_embeddings", ctx));
+      out->SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(original));
+      if (rs.contains("beta_fast")) out->SetF32(p + "rope.scaling.yarn_beta_fast", static_cast<float>(NumField(rs, "beta_fast", 32.0)));
+      if (rs.contains("beta_slow")) out->SetF32(p + "rope.scaling.yarn_beta_slow", static_cast<float>(NumField(rs, "beta_slow", 1.0)));
     } else if (kind == "linear") {
       out->SetString(p + "rope.scaling.type", "linear");
       out->SetF32(p + "rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
     } else {
-      return InvalidArgument("config.json: rope_scaling '{}' is not supported for {} (linear{})", kind, gguf_arch,
+      return InvalidArgument("config.json: rope_scaling '{}' is not supported for {} (linear, yarn{})", kind, gguf_arch,
                              gguf_arch == "llama" ? ", llama3" : "");
     }
   }

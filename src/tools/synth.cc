@@ -128,6 +128,12 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen ? 1000000.0f : 10000.0f);
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
+  if (s.yarn_factor > 0.0) {
+    if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
+    w.SetString(p + "rope.scaling.type", "yarn");
+    w.SetF32(p + "rope.scaling.factor", static_cast<float>(s.yarn_factor));
+    w.SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
+  }
   if (tokenizer != nullptr) {
     WriteHfTokenizer(*tokenizer, &w);
   } else {

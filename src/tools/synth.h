@@ -28,6 +28,10 @@ struct SynthShape {
   // length (8192 in Llama 3.1; a small one here makes most of a small model's dims scaled); for
   // phi3, LongRoPE's long and short factors and attention factor with this original context.
   int64_t rope_freqs_ctx = 0;
+  // > 0: YaRN RoPE scaling by this factor from the original context yarn_orig_ctx (the file's
+  // rope.scaling.type yarn, factor, original_context_length, as llama.cpp's converters write it).
+  double yarn_factor = 0.0;
+  int64_t yarn_orig_ctx = 0;
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini" (their

@@ -214,11 +214,14 @@ struct ArchShape {
   const char* arch;
   int64_t dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim;
   int64_t rope_ctx = 0;  // SynthShape::rope_freqs_ctx
+  double yarn = 0.0;     // SynthShape::yarn_factor, from an original context of 64
 };
 constexpr ArchShape kArchShapes[] = {
     {"llama_head48", "llama", 256, 2, 8, 2, 48, 512},
+    {"llama_yarn", "llama", 256, 2, 4, 2, 0, 512, 0, 4.0},
     {"qwen2_gqa", "qwen2", 256, 2, 4, 2, 0, 512},
     {"qwen2_odd", "qwen2", 192, 2, 3, 1, 64, 320},
+    {"qwen2_yarn", "qwen2", 192, 2, 3, 1, 64, 320, 0, 4.0},
     {"qwen3_gqa", "qwen3", 256, 2, 4, 2, 128, 512},
     {"qwen3_odd", "qwen3", 160, 3, 5, 5, 48, 384},
     {"phi3", "phi3", 256, 2, 4, 4, 0, 512},
@@ -237,6 +240,8 @@ SynthShape ShapeOf(const ArchShape& a) {
   s.vocab_size = 512;
   s.context_length = 256;
   s.rope_freqs_ctx = a.rope_ctx;
+  s.yarn_factor = a.yarn;
+  s.yarn_orig_ctx = a.yarn > 0 ? 64 : 0;
   return s;
 }
 
@@ -291,13 +296,15 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
       };
       same_greedy += argmax(got) == argmax(want);
     }
-    // The mutation: qwen as a llama; phi3's LongRoPE without its factors (the fused matrices'
-    // split is checked by the logits themselves: a wrong one is far).
+    // The mutation: qwen as a llama; phi3's LongRoPE without its factors, a YaRN file without
+    // its scaling (the fused matrices' split is checked by the logits themselves: a wrong one is
+    // far).
     double mutated = 0.0;
-    const bool mutate = std::string(a.arch) == "qwen2" || std::string(a.arch) == "qwen3" || a.rope_ctx > 0;
-    if (a.rope_ctx > 0) {
+    const bool mutate = std::string(a.arch) == "qwen2" || std::string(a.arch) == "qwen3" || a.rope_ctx > 0 || a.yarn > 0;
+    if (a.rope_ctx > 0 || a.yarn > 0) {  // the scaling dropped
       SynthShape plain = ShapeOf(a);
       plain.rope_freqs_ctx = 0;
+      plain.yarn_factor = 0.0;
       auto without = GgufFile::FromBytes(SynthesizeModel(plain, GgmlType::kF32, 7)->WriteToBytes()).value();
       mutated = Rmse(GaleLogits(*without, tokens), want);
     } else if (mutate) {

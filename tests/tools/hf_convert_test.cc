@@ -372,7 +372,8 @@ TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
 }
 
 // Llama 3.1's rope_scaling ("rope_type": "llama3") becomes llama.cpp's rope_freqs tensor of
-// per-frequency divisors, which the model loads; unknown kinds are errors.
+// per-frequency divisors, which the model loads; YaRN becomes its rope.scaling keys; unknown kinds
+// are errors.
 TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   Build("gpt-2");
   auto config = Json::parse(test::ReadFile((dir_ / "config.json").string()));
@@ -392,6 +393,18 @@ TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   auto m = LoadModel(**out);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_TRUE((*m)->load_warnings().empty());
+  // YaRN (Qwen2.5's long-context configs): the type, factor and original context as llama.cpp's
+  // converter writes them, which the model reads.
+  config["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}};
+  WriteText(dir_ / "config.json", config.dump(2));
+  auto yarn = Convert();
+  ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
+  EXPECT_EQ(*(*yarn)->GetString("llama.rope.scaling.type"), "yarn");
+  EXPECT_EQ((*yarn)->GetInt("llama.rope.scaling.original_context_length", 0), 256);
+  auto ym = LoadModel(**yarn);
+  ASSERT_TRUE(ym.ok()) << ym.status().ToString();
+  EXPECT_EQ((*ym)->hparams().yarn_ext_factor, 1.0f);
+  EXPECT_FLOAT_EQ((*ym)->hparams().rope_freq_scale, 0.25f);
   config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   WriteText(dir_ / "config.json", config.dump(2));
   EXPECT_NE(Convert().status().message().find("'dynamic' is not supported"), std::string::npos);
