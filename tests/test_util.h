@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/rng.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale::test {
 

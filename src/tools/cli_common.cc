@@ -161,15 +161,6 @@ std::string RetentionFlags::Describe() const {
   return config.budget > 0 ? fmt::format("{} {}", policy, config.budget) : fmt::format("{} {:g}", policy, config.budget_ratio);
 }
 
-StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError("cannot open '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return IoError("reading '{}' failed", path);
-  return ss.str();
-}
-
 StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& name) {
   const auto t = kernels::ParseKvType(name);
   if (!t) return InvalidArgument("{} '{}' is not one of f32, f16, bf16, int8, int4", flag, name);

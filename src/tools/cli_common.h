@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/file.h"
 #include "base/status.h"
 #include "engine/engine.h"
 #include "gguf/gguf_file.h"
@@ -33,8 +34,6 @@ struct LoadedModel {
 // tokenizer, and checks that the two agree on the vocabulary.
 StatusOr<LoadedModel> LoadModel(const std::string& path, const LoadOptions& load);
 
-// The whole file; IoError "cannot open 'PATH'" when it cannot be read.
-StatusOr<std::string> ReadTextFile(const std::string& path);
 
 // A KV cache type flag's value ("f32" ... "int4"); the error names the flag.
 StatusOr<kernels::KvType> ParseKvTypeFlag(const char* flag, const std::string& name);

@@ -1,13 +1,15 @@
 // `gale convert` and `gale synth`: the two ways to make a GGUF file.
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "tools/commands.h"
-#include "tools/hf_convert.h"
-#include "tools/llama2c_convert.h"
-#include "tools/synth.h"
+#include "convert/hf_convert.h"
+#include "convert/hf_tokenizer.h"
+#include "convert/llama2c_convert.h"
+#include "model/synth.h"
 
 namespace gale {
 
@@ -110,7 +112,9 @@ CommandFn RegisterSynth(CLI::App& app) {
       tokenizer = std::move(*t);
       shape.vocab_size = static_cast<int64_t>(tokenizer->tokens.size());
     }
-    auto w = SynthesizeModel(shape, *type, o->seed, tokenizer ? &*tokenizer : nullptr);
+    std::function<void(GgufWriter&)> write_tokenizer;
+    if (tokenizer) write_tokenizer = [&](GgufWriter& w) { WriteHfTokenizer(*tokenizer, &w); };
+    auto w = SynthesizeModel(shape, *type, o->seed, write_tokenizer);
     if (!w.ok()) {
       std::fprintf(stderr, "gale synth: %s\n", w.status().message().c_str());
       return 1;

@@ -10,7 +10,7 @@
 #include "model/chat_template.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
-#include "tools/eval.h"
+#include "eval/eval.h"
 
 namespace gale {
 namespace {

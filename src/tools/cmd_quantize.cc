@@ -1,4 +1,4 @@
-// `gale quantize`: an F32/F16/BF16 GGUF to Q8_0, Q4_0, W8A8, W4A16 or W4A8 (see tools/quantize.h),
+// `gale quantize`: an F32/F16/BF16 GGUF to Q8_0, Q4_0, W8A8, W4A16 or W4A8 (see quant/quantize.h),
 // calibrated on real samples with --calib.
 #include <algorithm>
 #include <cmath>
@@ -6,10 +6,10 @@
 #include <cstring>
 #include <memory>
 
-#include "tools/calibration.h"
+#include "quant/calibration.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
-#include "tools/quantize.h"
+#include "quant/quantize.h"
 
 namespace gale {
 

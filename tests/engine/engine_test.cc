@@ -16,7 +16,7 @@
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "runner/generate.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

@@ -17,7 +17,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "../test_util.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

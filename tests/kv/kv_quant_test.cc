@@ -14,9 +14,9 @@
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
-#include "tools/calibration.h"
-#include "tools/eval.h"
-#include "tools/synth.h"
+#include "quant/calibration.h"
+#include "eval/eval.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

@@ -17,7 +17,7 @@
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

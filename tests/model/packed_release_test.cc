@@ -10,7 +10,7 @@
 #include "../test_util.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

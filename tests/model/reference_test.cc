@@ -19,7 +19,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
-#include "tools/llama2c_convert.h"
+#include "convert/llama2c_convert.h"
 
 namespace gale {
 namespace {

@@ -11,7 +11,7 @@
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

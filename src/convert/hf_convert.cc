@@ -1,5 +1,5 @@
 // Hugging Face llama checkpoints to GGUF.
-#include "tools/hf_convert.h"
+#include "convert/hf_convert.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/safetensors.h"
-#include "tools/cli_common.h"
+#include "base/file.h"
 #include "model/rope_scaling.h"
-#include "tools/hf_tokenizer.h"
+#include "convert/hf_tokenizer.h"
 
 namespace gale {
 namespace {

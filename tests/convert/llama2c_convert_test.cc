@@ -12,8 +12,8 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "runner/generate.h"
-#include "tools/llama2c_convert.h"
-#include "tools/synth.h"
+#include "convert/llama2c_convert.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

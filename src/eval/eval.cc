@@ -1,5 +1,5 @@
 // Perplexity over sliding windows, the log-probabilities file, KL divergence.
-#include "tools/eval.h"
+#include "eval/eval.h"
 
 #include <algorithm>
 #include <cmath>

@@ -16,7 +16,7 @@
 #include "base/status.h"
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_writer.h"
-#include "tools/hf_tokenizer.h"
+#include "convert/hf_tokenizer.h"
 
 namespace gale {
 

@@ -27,7 +27,7 @@
 #include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
-#include "tools/calibration.h"
+#include "quant/calibration.h"
 
 namespace gale {
 

@@ -1,7 +1,7 @@
 // gale eval's perplexity and KL divergence: the teacher-forced NLL of llama2.c's reference
 // sentence, sliding windows scoring every token once, the log-probabilities file and its
 // corruptions, and the comparison's figures.
-#include "tools/eval.h"
+#include "eval/eval.h"
 
 #include <gtest/gtest.h>
 

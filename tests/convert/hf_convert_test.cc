@@ -3,8 +3,8 @@
 // GPT-2 vocab, tokenizer_config.json) converts back to the same weights bit for bit and the same
 // logits, its tokenizer passes llama.cpp's GPT-2 test vectors, and bad folders (missing files,
 // another architecture, truncated or mis-shaped tensors, SentencePiece tokenizers) are clear errors.
-#include "tools/hf_convert.h"
-#include "tools/hf_tokenizer.h"
+#include "convert/hf_convert.h"
+#include "convert/hf_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@
 #include "model/model.h"
 #include "model/rope_scaling.h"
 #include "model/tokenizer.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

@@ -6,7 +6,7 @@
 // freq_cis_real/imag [seq_len, head_size/2] (unused), then wcls [vocab, dim] if not shared.
 // Row-major [out, in] is exactly ggml's {in, out}, so tensors copy through unchanged; llama2.c
 // rotates adjacent pairs, which is llama.cpp's normal RoPE, so no permutation is needed either.
-#include "tools/llama2c_convert.h"
+#include "convert/llama2c_convert.h"
 
 #include <cstdio>
 #include <cstring>

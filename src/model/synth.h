@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "base/status.h"
@@ -41,10 +42,10 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's
 // Q/K/V biases, Qwen3's per-head Q/K norms, Phi-3's fused attn_qkv and ffn_up) so that llama.cpp
 // loads it too; weights are generated while writing (WriteFile streams them).
-// tokenizer: a real tokenizer to write instead of the synthetic one (its vocabulary size must be
-// the shape's).
+// write_tokenizer: writes a real tokenizer's keys instead of the synthetic vocab (its vocabulary
+// must be the shape's vocab_size; `gale synth --tokenizer` passes a Hugging Face one).
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& shape, GgmlType type, uint64_t seed,
-                                     const struct HfTokenizer* tokenizer = nullptr);
+                                     const std::function<void(GgufWriter&)>& write_tokenizer = nullptr);
 
 // The synthetic vocab's pieces (with '▁'), scores and token types.
 void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,

@@ -1,7 +1,7 @@
 // gale quantize: which tensors are quantized, kept or turned to F16 (and reported), bit-exact
 // blocks against the reference quantizer, --keep, the quantized model loads and runs, and bad
 // inputs (an already-quantized model, a bad regex, an unsupported type) are clear errors.
-#include "tools/quantize.h"
+#include "quant/quantize.h"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include "../test_util.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
-#include "tools/calibration.h"
-#include "tools/eval.h"
-#include "tools/synth.h"
+#include "quant/calibration.h"
+#include "eval/eval.h"
+#include "model/synth.h"
 
 namespace gale {
 namespace {

@@ -1,7 +1,7 @@
 // Synthetic models: weights uniform in +-sqrt(3/fan_in) (unit-variance activations through the
 // projections), norms 1. Each tensor's generator is seeded from the seed and the tensor name, so
 // tensors are independent of write order.
-#include "tools/synth.h"
+#include "model/synth.h"
 
 #include <cmath>
 #include <cstring>
@@ -9,7 +9,6 @@
 
 #include "base/rng.h"
 #include "model/rope_scaling.h"
-#include "tools/hf_tokenizer.h"
 
 namespace gale {
 
@@ -78,11 +77,8 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
   }
 }
 
-StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed, const HfTokenizer* tokenizer) {
-  if (tokenizer != nullptr && static_cast<int64_t>(tokenizer->tokens.size()) != s.vocab_size) {
-    return InvalidArgument("synth: the tokenizer has {} tokens, the shape's vocab is {}", tokenizer->tokens.size(),
-                           s.vocab_size);
-  }
+StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
+                                     const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3") {
     return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, phi3)", s.arch);
   }
@@ -134,8 +130,8 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetF32(p + "rope.scaling.factor", static_cast<float>(s.yarn_factor));
     w.SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
   }
-  if (tokenizer != nullptr) {
-    WriteHfTokenizer(*tokenizer, &w);
+  if (write_tokenizer) {
+    write_tokenizer(w);
   } else {
     std::vector<std::string> tokens;
     std::vector<float> scores;

@@ -1,5 +1,5 @@
 // Calibration samples and activation statistics.
-#include "tools/calibration.h"
+#include "quant/calibration.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/cli_common.h"
+#include "base/file.h"
 
 namespace gale {
 namespace {

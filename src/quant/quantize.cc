@@ -1,6 +1,6 @@
 // Weight quantization: llama.cpp's Q8_0 / Q4_0 through the bit-exact reference quantizers, and
 // gale's W8A8 / W4A16 / W4A8 with calibrated per-channel scales (SmoothQuant, AWQ-style search).
-#include "tools/quantize.h"
+#include "quant/quantize.h"
 
 #include <algorithm>
 #include <cmath>
