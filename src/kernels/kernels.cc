@@ -599,8 +599,40 @@ std::optional<KvType> ParseKvType(std::string_view name) {
 
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores) {
+               float* const* scores, int64_t window) {
+  CHECK(window == 0 || scores == nullptr);  // tracked scores are per slot from 0
   const KernelTable& kt = Active();
+  // A sliding window: a token whose window starts past slot 0 reads through a table of its own,
+  // the window's slots as blocks of one, so every kernel attends exactly [begin, slot] without
+  // knowing of windows (and the token's result depends on nothing else in the batch). Such a
+  // token is a run of its own below (its table pointer is unique).
+  // NOTE: the lambda below runs on pool threads; these are the caller's buffers, hence references.
+  thread_local std::vector<int32_t> caller_window_slots;
+  thread_local std::vector<const int32_t*> caller_tables;
+  thread_local std::vector<int64_t> caller_begins;
+  std::vector<int32_t>& window_slots = caller_window_slots;
+  std::vector<const int32_t*>& tables = caller_tables;
+  std::vector<int64_t>& begins = caller_begins;
+  tables.assign(block_tables, block_tables + num_tokens);
+  begins.assign(num_tokens, 0);
+  if (window > 0) {
+    size_t total = 0;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      begins[t] = std::max<int64_t>(0, static_cast<int64_t>(positions[t]) + 1 - window);
+      if (begins[t] > 0) total += static_cast<size_t>(positions[t] + 1 - begins[t]);
+    }
+    window_slots.resize(total);
+    size_t at = 0;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      if (begins[t] == 0) continue;
+      int32_t* own = window_slots.data() + at;
+      for (int64_t p = begins[t]; p <= positions[t]; ++p) {
+        *own++ = static_cast<int32_t>(block_tables[t][p / kv.block_size] * kv.block_size + p % kv.block_size);
+      }
+      tables[t] = window_slots.data() + at;
+      at += static_cast<size_t>(positions[t] + 1 - begins[t]);
+    }
+  }
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t k_head_bytes = KvHeadBytes(kv.k_type, head_dim), v_head_bytes = KvHeadBytes(kv.v_type, head_dim);
   const int group = num_heads / num_kv_heads;
@@ -625,9 +657,9 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
   double positions_seen = 0;  // query heads times the positions each attends to
   for (int64_t t = 0; t < num_tokens;) {
     int64_t t_end = t + 1;
-    while (t_end < num_tokens && t_end - t < tokens_per_task && block_tables[t_end] == block_tables[t]) ++t_end;
+    while (t_end < num_tokens && t_end - t < tokens_per_task && tables[t_end] == tables[t]) ++t_end;
     tasks.push_back({t, t_end, 0, 1});
-    for (int64_t u = t; u < t_end; ++u) positions_seen += static_cast<double>(num_heads) * (positions[u] + 1);
+    for (int64_t u = t; u < t_end; ++u) positions_seen += static_cast<double>(num_heads) * (positions[u] + 1 - begins[u]);
     t = t_end;
   }
   const int64_t num_runs = static_cast<int64_t>(tasks.size());
@@ -660,7 +692,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
         for (int h = task.kv_head * group; h < (task.kv_head + task.num_kv_heads) * group; ++h) {
           qs[nq] = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
           outs[nq] = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
-          lens[nq] = static_cast<int64_t>(positions[t]) + 1;
+          lens[nq] = static_cast<int64_t>(positions[t]) + 1 - begins[t];
           score_outs[nq] = scores != nullptr && scores[t] != nullptr ? scores[t] + h * lens[nq] : nullptr;
           heads[nq] = h / group - task.kv_head;
           ++nq;
@@ -668,8 +700,8 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
       }
       const KvBlockView view{kv.k + task.kv_head * k_head_bytes,
                              kv.v + task.kv_head * v_head_bytes,
-                             block_tables[task.t_begin],
-                             kv.block_size,
+                             tables[task.t_begin],
+                             begins[task.t_begin] > 0 ? 1 : kv.block_size,
                              num_kv_heads * k_head_bytes,
                              num_kv_heads * v_head_bytes,
                              kv.k_type,

@@ -726,6 +726,61 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
   }
 }
 
+// A sliding window: each token attends to the `window` slots ending at its own, bitwise as the
+// same rows given contiguous from the window's start, on every ISA, batched or alone; tokens
+// whose window starts at slot 0 are unchanged.
+TEST(KernelsTest, SlidingWindowAttendsToTheWindowOnly) {
+  const int heads = 4, kv_heads = 2, head_dim = 64, len = 45, block_size = 16, window = 7;
+  const int64_t row = kv_heads * head_dim;
+  const auto q = test::RandomFloats(len * heads * head_dim, 4);
+  const auto k = test::RandomFloats(len * row, 5);
+  const auto v = test::RandomFloats(len * row, 6);
+  const std::vector<int32_t> table = {1, 3, 0};
+  std::vector<float> kc(4 * block_size * row), vc(4 * block_size * row);
+  for (int p = 0; p < len; ++p) {
+    const int64_t at = (table[p / block_size] * block_size + p % block_size) * row;
+    std::copy(k.begin() + p * row, k.begin() + (p + 1) * row, kc.begin() + at);
+    std::copy(v.begin() + p * row, v.begin() + (p + 1) * row, vc.begin() + at);
+  }
+  const KvLayer layer{reinterpret_cast<const uint8_t*>(kc.data()), reinterpret_cast<const uint8_t*>(vc.data()),
+                      block_size, KvType::kF32, KvType::kF32};
+  std::vector<int32_t> pos(len);
+  for (int i = 0; i < len; ++i) pos[i] = i;
+  const std::vector<const int32_t*> tables(len, table.data());
+  const int32_t zero = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (GetKernelTable(isa) == nullptr) continue;
+    SetActiveIsa(isa);
+    ThreadPool pool(2), one(1);
+    std::vector<float> all(len * heads * head_dim), plain(len * heads * head_dim);
+    Attention(q.data(), len, pos.data(), tables.data(), layer, heads, kv_heads, head_dim, all.data(), pool, nullptr,
+              window);
+    Attention(q.data(), len, pos.data(), tables.data(), layer, heads, kv_heads, head_dim, plain.data(), pool);
+    for (int t = 0; t < len; ++t) {
+      std::vector<float> single(heads * head_dim);
+      Attention(q.data() + t * heads * head_dim, 1, &pos[t], tables.data(), layer, heads, kv_heads, head_dim,
+                single.data(), one, nullptr, window);
+      const int begin = std::max(0, t + 1 - window);
+      for (int h = 0; h < heads; ++h) {
+        const float* qp = q.data() + (t * heads + h) * head_dim;
+        const int64_t n = t + 1 - begin;
+        float out[64];
+        float* op = out;
+        const KvBlockView view = Contiguous(k.data() + begin * row + (h / 2) * head_dim,
+                                            v.data() + begin * row + (h / 2) * head_dim, row, &zero);
+        Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr);
+        for (int d = 0; d < head_dim; ++d) {
+          const int i = (t * heads + h) * head_dim + d;
+          ASSERT_EQ(F32Bits(out[d]), F32Bits(all[i])) << IsaName(isa) << " token " << t;
+          ASSERT_EQ(F32Bits(single[h * head_dim + d]), F32Bits(all[i])) << IsaName(isa) << " token " << t;
+          if (begin == 0) ASSERT_EQ(F32Bits(plain[i]), F32Bits(all[i]));
+        }
+      }
+    }
+  }
+  SetActiveIsa(BestIsa());
+}
+
 // Each ISA's attention (online softmax where it has one) against the scalar exact softmax, for
 // every cache type, through a block table with an odd block size.
 TEST(KernelsTest, AttendMatchesScalar) {
