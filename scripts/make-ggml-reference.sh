@@ -25,7 +25,7 @@ extra=("rope_freqs=$tmp/rope_freqs.gguf")
 while read -r name arch dim layers heads kv_heads head_dim ffn rope_ctx yarn; do
   "$build/gale" synth --shape custom --arch "$arch" --dim "$dim" --layers "$layers" --heads "$heads" \
     --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 \
-    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 -o "$tmp/$name.gguf"
+    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 --window 5 -o "$tmp/$name.gguf"
   extra+=("$name=$tmp/$name.gguf")
 done <<'SHAPES'
 llama_head48 llama 256 2 8 2 48 512 0 0
@@ -37,6 +37,8 @@ qwen3_gqa qwen3 256 2 4 2 128 512 0 0
 qwen3_odd qwen3 160 3 5 5 48 384 0 0
 phi3 phi3 256 2 4 4 0 512 0 0
 phi3_longrope phi3 192 2 3 1 64 320 64 0
+gemma3 gemma3 128 7 4 1 64 256 0 0
+gemma3_odd gemma3 96 7 3 3 48 160 0 0
 SHAPES
 mkdir -p tests/data/llamacpp
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \

@@ -36,14 +36,19 @@ inline std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f
   return v;
 }
 
-// A test-sized model of an architecture ("llama", "qwen2", "qwen3"): dim 128, 2 layers, 4 query
-// heads over 2 KV heads, vocab 2048 (the synth vocab), context 512; qwen3 with a head size of 48
-// (not dim / heads), as its real models have.
+// A test-sized model of an architecture ("llama", "qwen2", "qwen3", "phi3", "gemma3"): dim 128, 2
+// layers, 4 query heads over 2 KV heads, vocab 2048 (the synth vocab), context 512; qwen3 with a
+// head size of 48 (not dim / heads), as its real models have; phi3 with LongRoPE; gemma3 below.
 inline SynthShape ArchTestShape(const std::string& arch) {
   SynthShape s = *NamedSynthShape("tiny");
   s.arch = arch;
   if (arch == "qwen3") s.head_dim = 48;
   if (arch == "phi3") s.rope_freqs_ctx = 128;  // LongRoPE, the long factors (context 512)
+  if (arch == "gemma3") {  // seven layers (the sixth global), windows of 8 that bind in every test
+    s.num_layers = 7;
+    s.head_dim = 64;
+    s.sliding_window = 8;
+  }
   return s;
 }
 

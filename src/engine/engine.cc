@@ -53,11 +53,16 @@ Status SpecConfig::Validate() const {
 
 namespace {
 
-// A retention setting, the engine's or a request's: valid, and not with a draft model.
-Status CheckRetention(const RetentionConfig& r, const SpecConfig& spec) {
+// A retention setting, the engine's or a request's: valid, and not with a draft model or a
+// model with sliding-window layers (their windows are counted in cache slots from 0).
+Status CheckRetention(const RetentionConfig& r, const SpecConfig& spec, const ModelHParams& hp) {
   RETURN_IF_ERROR(r.Validate());
   if (r.active() && spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
+  }
+  if (r.active() && hp.sliding_window > 0) {
+    return InvalidArgument("KV retention does not work with sliding-window models yet ({} has a window of {})", hp.arch,
+                           hp.sliding_window);
   }
   return Status::Ok();
 }
@@ -88,7 +93,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
-  RETURN_IF_ERROR(CheckRetention(config.retention, config.spec));
+  RETURN_IF_ERROR(CheckRetention(config.retention, config.spec, model.hparams()));
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -233,7 +238,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   }
   if (!req.retention) req.retention = config_.retention;
   RetentionConfig& ret = *req.retention;
-  RETURN_IF_ERROR(CheckRetention(ret, config_.spec));
+  RETURN_IF_ERROR(CheckRetention(ret, config_.spec, model_.hparams()));
   // With retention a request is bounded by max_seq_len, not by KV memory.
   const int64_t limit = ret.active() ? config_.sched.max_seq_len : max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());

@@ -87,6 +87,9 @@ void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* ou
 
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 void SiluMul(float* gate, const float* up, int64_t n);
+// gate = gelu(gate) * up with GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715
+// x^3))) (GeGLU: Gemma). Scalar on every ISA for now.
+void GeluTanhMul(float* gate, const float* up, int64_t n);
 // x = softmax(x) in place (n >= 1); y += a * x.
 void Softmax(float* x, int64_t n);
 void Axpy(float a, const float* x, float* y, int64_t n);

@@ -48,6 +48,13 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
       for (int64_t i = 0; i < hp.rope_dims; ++i) cos_sin[i] *= hp.rope_attn_factor;
     }
   }
+  if (hp.rope_freq_base_swa > 0.0f) {
+    Grow(ws.rope_swa, n * hp.rope_dims);
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::RopeAngles(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base_swa, 1.0f,
+                          ws.rope_swa.data() + t * hp.rope_dims);
+    }
+  }
   ws.tables.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[batch.seq(t)].data();
   ws.kv_slots.resize(n);
@@ -71,9 +78,12 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
   }
 }
 
-void ForwardPass::Embed(const TensorView& token_embd) {
+void ForwardPass::Embed(const TensorView& token_embd, float scale) {
   ProfileSpan span("embed", "op", n_);
   kernels::GetRows(token_embd, batch_.tokens.data(), n_, ws_.x.data());
+  if (scale != 1.0f) {
+    for (int64_t i = 0; i < n_ * hp_.dim; ++i) ws_.x[i] *= scale;
+  }
 }
 
 // RmsNorm then products of the normalized rows; fused into the activations' quantization where
@@ -130,12 +140,17 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels) {
   const float* shift = use_key_channels ? key_channels->shift.data() + l * kv_dim : nullptr;
   const float* kscale = use_key_channels ? key_channels->scale.data() + l * kv_dim : nullptr;
   auto rope_apply = hp_.rope_style == RopeStyle::kNeox ? kernels::RopeApplyNeox : kernels::RopeApply;
+  const int64_t window = hp_.LayerWindow(l);
+  const float* angles = window > 0 && hp_.rope_freq_base_swa > 0.0f ? ws_.rope_swa.data() : ws_.rope.data();
   auto rope = [&](int64_t t) {
-    const float* cos_sin = ws_.rope.data() + t * hp_.rope_dims;
-    rope_apply(ws_.q.data() + t * q_dim, static_cast<int>(hp_.num_heads), static_cast<int>(head_dim),
-               static_cast<int>(hp_.rope_dims), cos_sin);
+    const float* cos_sin = angles + t * hp_.rope_dims;
+    float* q = ws_.q.data() + t * q_dim;
+    rope_apply(q, static_cast<int>(hp_.num_heads), static_cast<int>(head_dim), static_cast<int>(hp_.rope_dims), cos_sin);
     rope_apply(ws_.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
                static_cast<int>(hp_.rope_dims), cos_sin);
+    if (hp_.query_scale != 1.0f) {
+      for (int64_t i = 0; i < q_dim; ++i) q[i] *= hp_.query_scale;
+    }
   };
   auto store = [&](int64_t t) {
     float* k = ws_.k.data() + t * kv_dim;
@@ -166,34 +181,52 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels) {
   span.Next("attention", n, kv_positions_ * 2 * kv_.row_bytes(), l);
   kernels::Attention(ws_.q.data(), n, ws_.kv_slots.data(), ws_.tables.data(), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
-                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr);
+                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window);
   if (tracking_) {
     span.Next("attention_track", n, 0, l);
     AccumulateAttention(l);
   }
 }
 
-void ForwardPass::OutputProjection(int64_t l, const MatrixWeight& wo) {
-  const int64_t n = n_, dim = hp_.dim;
+void ForwardPass::OutputProjection(int64_t l, const MatrixWeight& wo, const TensorView* post_norm) {
+  const int64_t n = n_;
   if (batch_.observer) batch_.observer->Observe(l, LinearInput::kAttnOut, ws_.xb.data(), n, hp_.q_dim());
   ProfileSpan span("matmul_o", "op", n, WeightBytes(wo), l);
   MatMul(wo, ws_.xb.data(), n, ws_.xb2.data(), pool_);
+  Residual(l, post_norm);
+}
+
+void ForwardPass::Residual(int64_t l, const TensorView* post_norm) {
+  const int64_t n = n_, dim = hp_.dim;
+  if (post_norm != nullptr) {
+    ProfileSpan span("post_norm", "op", n, 0, l);
+    const float* w = reinterpret_cast<const float*>(post_norm->data);
+    pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) kernels::RmsNorm(ws_.xb2.data() + t * dim, w, dim, hp_.rms_eps, ws_.xb2.data() + t * dim);
+    }, /*min_items_per_thread=*/8);
+  }
   for (int64_t i = 0; i < n * dim; ++i) ws_.x[i] += ws_.xb2[i];
 }
 
 void ForwardPass::GatedFfn(int64_t l, const float* norm_w, const MatrixWeight& gate, const MatrixWeight& up,
-                           const MatrixWeight& down) {
-  const int64_t n = n_, dim = hp_.dim, ffn = hp_.ffn_dim;
+                           const MatrixWeight& down, GateActivation act, const TensorView* post_norm) {
+  const int64_t n = n_, ffn = hp_.ffn_dim;
   NormedProducts(l, norm_w, {{&gate, ws_.hb.data()}, {&up, ws_.hb2.data()}}, LinearInput::kFfnIn, "matmul_gate_up");
-  ProfileSpan span("silu_mul", "op", n, 0, l);
-  // One token row per item: an element's arithmetic does not depend on the split.
-  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
-    kernels::SiluMul(ws_.hb.data() + begin * ffn, ws_.hb2.data() + begin * ffn, (end - begin) * ffn);
-  });
-  if (batch_.observer) batch_.observer->Observe(l, LinearInput::kFfnMid, ws_.hb.data(), n, ffn);
-  span.Next("matmul_down", n, WeightBytes(down), l);
-  MatMul(down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
-  for (int64_t i = 0; i < n * dim; ++i) ws_.x[i] += ws_.xb2[i];
+  {
+    ProfileSpan span(act == GateActivation::kSilu ? "silu_mul" : "gelu_mul", "op", n, 0, l);
+    // One token row per item: an element's arithmetic does not depend on the split.
+    pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      if (act == GateActivation::kSilu) {
+        kernels::SiluMul(ws_.hb.data() + begin * ffn, ws_.hb2.data() + begin * ffn, (end - begin) * ffn);
+      } else {
+        kernels::GeluTanhMul(ws_.hb.data() + begin * ffn, ws_.hb2.data() + begin * ffn, (end - begin) * ffn);
+      }
+    });
+    if (batch_.observer) batch_.observer->Observe(l, LinearInput::kFfnMid, ws_.hb.data(), n, ffn);
+    span.Next("matmul_down", n, WeightBytes(down), l);
+    MatMul(down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
+  }
+  Residual(l, post_norm);
 }
 
 // Final norm and lm_head only for the rows whose logits are wanted.

@@ -33,6 +33,9 @@ struct SameInput {
   std::span<const kernels::MatMulOutput> span() const { return {o, n}; }
 };
 
+// The feed-forward's gate activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).
+enum class GateActivation : uint8_t { kSilu = 0, kGeluTanh = 1 };
+
 class ForwardPass {
  public:
   // Sizes the workspace for the batch (Model::Forward has checked it) and fills the per-token
@@ -43,8 +46,8 @@ class ForwardPass {
   int64_t num_tokens() const { return n_; }
   Workspace& ws() { return ws_; }
 
-  // ws.x = the tokens' rows of the embedding table.
-  void Embed(const TensorView& token_embd);
+  // ws.x = the tokens' rows of the embedding table, times scale (Gemma: sqrt(dim)).
+  void Embed(const TensorView& token_embd, float scale = 1.0f);
   // outs = products of RmsNorm(ws.x) with norm_w; the observer sees the normed rows as `which`.
   void NormedProducts(int64_t layer, const float* norm_w, const SameInput& outs, LinearInput which, const char* name);
   // y[t, :] += bias for every token; y is [num_tokens, width], bias f32 [width].
@@ -53,18 +56,25 @@ class ForwardPass {
   void HeadNorm(float* x, int64_t num_heads, const TensorView& w, const char* name, int64_t layer);
   // RoPE on ws.q and ws.k (the calibrated key transform where key_channels is given and the
   // cache uses it), the cache write of K and V, then attention of ws.q over the cache into ws.xb
-  // ([num_tokens, q_dim]), with KV retention's tracking where the batch asks for it.
+  // ([num_tokens, q_dim]), with KV retention's tracking where the batch asks for it. The layer's
+  // sliding window (hp.LayerWindow) and its own RoPE base where it has one apply; queries are
+  // scaled by hp.query_scale.
   void Attention(int64_t layer, const KeyChannels* key_channels);
-  // ws.x += ws.xb * wo (the observer sees ws.xb as kAttnOut).
-  void OutputProjection(int64_t layer, const MatrixWeight& wo);
-  // ws.x += down(silu(gate(n)) * up(n)) with n = RmsNorm(ws.x) * norm_w (SwiGLU).
+  // ws.x += ws.xb * wo, or RmsNorm(ws.xb * wo) * post_norm where given (Gemma's post-attention
+  // norm); the observer sees ws.xb as kAttnOut.
+  void OutputProjection(int64_t layer, const MatrixWeight& wo, const TensorView* post_norm = nullptr);
+  // ws.x += down(act(gate(n)) * up(n)) with n = RmsNorm(ws.x) * norm_w, the sum normed by
+  // post_norm first where given.
   void GatedFfn(int64_t layer, const float* norm_w, const MatrixWeight& gate, const MatrixWeight& up,
-                const MatrixWeight& down);
+                const MatrixWeight& down, GateActivation act = GateActivation::kSilu,
+                const TensorView* post_norm = nullptr);
   // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants.
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
 
  private:
   void AccumulateAttention(int64_t layer);
+  // ws.x += ws.xb2, through RmsNorm(.) * post_norm where given.
+  void Residual(int64_t layer, const TensorView* post_norm);
 
   const ModelHParams& hp_;
   const ForwardBatch& batch_;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "gguf/gguf_file.h"
@@ -34,6 +35,19 @@ struct ModelHParams {
   float yarn_ext_factor = 0.0f;
   float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
   RopeStyle rope_style = RopeStyle::kNormal;  // set by the architecture
+  // Sliding-window attention (set by the architecture): the window in positions, 0 for none, and
+  // which layers use it ([num_layers]; empty: all when sliding_window > 0). Windowed layers may
+  // have their own RoPE base (rope_freq_base_swa > 0), unscaled.
+  int64_t sliding_window = 0;
+  std::vector<uint8_t> swa_layers;
+  float rope_freq_base_swa = 0.0f;
+  // Multiplies the queries before attention's 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar).
+  float query_scale = 1.0f;
+
+  int64_t LayerWindow(int64_t layer) const {
+    if (sliding_window <= 0) return 0;
+    return swa_layers.empty() || swa_layers[layer] ? sliding_window : 0;
+  }
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

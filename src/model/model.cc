@@ -150,6 +150,11 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   if (!batch.slots.empty() && batch.slots.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and slots differ in length");
   }
+  if (hp_.sliding_window > 0) {
+    for (const auto& a : batch.attn_acc) {
+      if (a.data != nullptr) return InvalidArgument("attention tracking (KV retention) does not work with sliding windows yet");
+    }
+  }
   if (!batch.attn_acc.empty() && batch.attn_acc.size() != batch.block_tables.size()) {
     return InvalidArgument("batch: {} attention accumulators for {} sequences", batch.attn_acc.size(),
                            batch.block_tables.size());

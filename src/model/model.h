@@ -111,6 +111,7 @@ struct Workspace {
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
   std::vector<const int32_t*> tables;  // [num_tokens] block table of each token's sequence
   std::vector<float> rope;    // [num_tokens, rope_dims] cos/sin pairs per token
+  std::vector<float> rope_swa;  // the same for windowed layers with their own RoPE base
   std::vector<int32_t> kv_slots;  // [num_tokens] each token's cache slot
   std::vector<float> scores;  // attention scores of tracked tokens, [num_heads, slot + 1] each
   std::vector<float*> score_rows;  // [num_tokens] a tracked token's scores, else null

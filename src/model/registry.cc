@@ -19,6 +19,7 @@ constexpr Architecture kArchitectures[] = {
     {"qwen2", LoadQwen2},
     {"qwen3", LoadQwen3},
     {"phi3", LoadPhi3},
+    {"gemma3", LoadGemma3},
 };
 
 }  // namespace

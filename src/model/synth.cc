@@ -30,12 +30,16 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
     s.arch = "phi3";
     s.dim = 3072; s.num_layers = 32; s.num_heads = 32; s.num_kv_heads = 32; s.ffn_dim = 8192; s.vocab_size = 32064;
     s.context_length = 4096;
+  } else if (name == "gemma3-1b") {
+    s.arch = "gemma3";
+    s.dim = 1152; s.num_layers = 26; s.num_heads = 4; s.num_kv_heads = 1; s.head_dim = 256; s.ffn_dim = 6912;
+    s.vocab_size = 262144; s.context_length = 32768; s.sliding_window = 512;
   } else if (name == "qwen3-0.6b") {
     s.arch = "qwen3";
     s.dim = 1024; s.num_layers = 28; s.num_heads = 16; s.num_kv_heads = 8; s.head_dim = 128; s.ffn_dim = 3072;
     s.vocab_size = 151936; s.context_length = 40960;
   } else {
-    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini)", name);
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b)", name);
   }
   return s;
 }
@@ -79,8 +83,8 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, phi3)", s.arch);
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3" && s.arch != "gemma3") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, phi3, gemma3)", s.arch);
   }
   if (s.dim <= 0 || s.num_heads <= 0 || (s.head_dim == 0 && s.dim % s.num_heads != 0) || s.num_kv_heads <= 0 ||
       s.head_dim < 0 || s.head_dim % 2 != 0 ||
@@ -100,6 +104,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   const int64_t q_dim = head_dim * s.num_heads;
   const int64_t kv_dim = head_dim * s.num_kv_heads;
   const bool qwen = s.arch == "qwen2" || s.arch == "qwen3";
+  const bool gemma = s.arch == "gemma3";
   if (q_dim % block != 0) {
     return InvalidArgument("synth: heads x head size {} must be a multiple of the {} block size {}", q_dim,
                            TypeTraits(type).name, block);
@@ -121,8 +126,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   }
   w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
-  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen ? 1e-6f : 1e-5f);
-  w.SetF32(p + "rope.freq_base", qwen ? 1000000.0f : 10000.0f);
+  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma ? 1e-6f : 1e-5f);
+  w.SetF32(p + "rope.freq_base", qwen || gemma ? 1000000.0f : 10000.0f);
+  if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (s.yarn_factor > 0.0) {
     if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
@@ -187,7 +193,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   auto ones = [&](const std::string& name, int64_t n) { return vector(name, n, 1.0f, 0.0f); };
   RETURN_IF_ERROR(matrix("token_embd.weight", s.dim, s.vocab_size, type));
   RETURN_IF_ERROR(ones("output_norm.weight", s.dim));
-  RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));
+  if (!gemma) RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));  // Gemma ties it
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     RETURN_IF_ERROR(ones(b + "attn_norm.weight", s.dim));
@@ -202,11 +208,12 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
-    } else if (s.arch == "qwen3") {
+    } else if (s.arch == "qwen3" || gemma) {
       RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
     }
     RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+    if (gemma) RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
     RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
     if (s.arch == "phi3") {  // fused: the gate's rows, then up's
       RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, 2 * s.ffn_dim, type));
@@ -215,6 +222,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
     }
     RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
+    if (gemma) RETURN_IF_ERROR(vector(b + "post_ffw_norm.weight", s.dim, 1.0f, 0.5f));
   }
   if (s.rope_freqs_ctx > 0 && s.arch == "phi3") {
     // LongRoPE as Phi-3.5's converter writes it: long and short divisors per frequency (here

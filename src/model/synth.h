@@ -1,4 +1,4 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, phi3),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, phi3, gemma3),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -21,6 +21,7 @@ struct SynthShape {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 4;
   int64_t head_dim = 0;  // 0: dim / num_heads; else written as attention.key_length / value_length
+  int64_t sliding_window = 0;  // gemma3: attention.sliding_window (0: 512)
   int64_t ffn_dim = 128;
   int64_t vocab_size = 512;
   int64_t context_length = 2048;
@@ -35,7 +36,7 @@ struct SynthShape {
   int64_t yarn_orig_ctx = 0;
 };
 
-// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini" (their
+// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b" (their
 // architectures, without tied embeddings); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 

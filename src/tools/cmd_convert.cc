@@ -63,9 +63,9 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | custom")
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | custom")
       ->capture_default_str();
-  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | phi3)")->capture_default_str();
+  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | phi3 | gemma3)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
@@ -80,6 +80,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--tokenizer", o->tokenizer_dir,
                  "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) to write instead of the "
                  "synthetic vocab; the vocab size becomes its");
+  app.add_option("--window", o->custom.sliding_window, "custom gemma3: sliding window (default 512)");
   app.add_option("--yarn", o->custom.yarn_factor, "YaRN RoPE scaling by this factor (with --yarn-orig-ctx)");
   app.add_option("--yarn-orig-ctx", o->custom.yarn_orig_ctx, "YaRN's original context length");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
@@ -100,6 +101,7 @@ CommandFn RegisterSynth(CLI::App& app) {
       shape = *named;
       shape.rope_freqs_ctx = o->custom.rope_freqs_ctx;
       shape.yarn_factor = o->custom.yarn_factor;
+      if (o->custom.sliding_window > 0) shape.sliding_window = o->custom.sliding_window;
       shape.yarn_orig_ctx = o->custom.yarn_orig_ctx;
     }
     std::optional<HfTokenizer> tokenizer;

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   add("calibrate-kv", "add calibrated per-channel key statistics for int8/int4 KV caches to a model",
       gale::RegisterCalibrateKv);
   add("eval", "accuracy: perplexity, KL divergence against a base model", gale::RegisterEval);
-  add("synth", "write a deterministic random-weight GGUF (llama, qwen2, qwen3, phi3)", gale::RegisterSynth);
+  add("synth", "write a deterministic random-weight GGUF (llama, qwen2, qwen3, phi3, gemma3)", gale::RegisterSynth);
   CLI11_PARSE(app, argc, argv);
   for (auto& e : entries) {
     if (e.sub->parsed()) return e.fn();

@@ -226,6 +226,8 @@ constexpr ArchShape kArchShapes[] = {
     {"qwen3_odd", "qwen3", 160, 3, 5, 5, 48, 384},
     {"phi3", "phi3", 256, 2, 4, 4, 0, 512},
     {"phi3_longrope", "phi3", 192, 2, 3, 1, 64, 320, 64},
+    {"gemma3", "gemma3", 128, 7, 4, 1, 64, 256},
+    {"gemma3_odd", "gemma3", 96, 7, 3, 3, 48, 160},
 };
 
 SynthShape ShapeOf(const ArchShape& a) {
@@ -242,6 +244,7 @@ SynthShape ShapeOf(const ArchShape& a) {
   s.rope_freqs_ctx = a.rope_ctx;
   s.yarn_factor = a.yarn;
   s.yarn_orig_ctx = a.yarn > 0 ? 64 : 0;
+  s.sliding_window = 5;  // gemma3: windows of 5 over 16 tokens (layers 0-4 and 6 windowed, 5 global)
   return s;
 }
 
@@ -297,14 +300,17 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
       same_greedy += argmax(got) == argmax(want);
     }
     // The mutation: qwen as a llama; phi3's LongRoPE without its factors, a YaRN file without
-    // its scaling (the fused matrices' split is checked by the logits themselves: a wrong one is
-    // far).
+    // its scaling, gemma3 with windows too wide to bind (the fused matrices' split is checked by
+    // the logits themselves: a wrong one is far).
     double mutated = 0.0;
-    const bool mutate = std::string(a.arch) == "qwen2" || std::string(a.arch) == "qwen3" || a.rope_ctx > 0 || a.yarn > 0;
-    if (a.rope_ctx > 0 || a.yarn > 0) {  // the scaling dropped
+    const bool gemma = std::string(a.arch) == "gemma3";
+    const bool mutate =
+        std::string(a.arch) == "qwen2" || std::string(a.arch) == "qwen3" || a.rope_ctx > 0 || a.yarn > 0 || gemma;
+    if (a.rope_ctx > 0 || a.yarn > 0 || gemma) {  // the scaling dropped; gemma's windows wider than the text
       SynthShape plain = ShapeOf(a);
       plain.rope_freqs_ctx = 0;
       plain.yarn_factor = 0.0;
+      if (gemma) plain.sliding_window = 1000;
       auto without = GgufFile::FromBytes(SynthesizeModel(plain, GgmlType::kF32, 7)->WriteToBytes()).value();
       mutated = Rmse(GaleLogits(*without, tokens), want);
     } else if (mutate) {
@@ -313,7 +319,12 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
     }
     std::printf("%s (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu; mutated: rmse %.3f\n",
                 a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(), mutated);
-    EXPECT_LT(max_diff, 2e-5);
+    // Gemma's GeGLU: llama.cpp's CPU GELU reads a table of f16 results at f16 inputs (relative
+    // error up to ~1e-3 per activation), gale computes it in f32: measured max |diff| 1.9e-3 and
+    // 2.5e-3, rms 4.2e-4 and 5.1e-4 (logits rms ~1.5); with llama.cpp's f16 rounding emulated in
+    // gale's GELU, rms 1.1e-4 and 1.6e-4 (the rest is not yet explained, see docs/model-layer.md).
+    EXPECT_LT(max_diff, gemma ? 5e-3 : 2e-5);
+    if (gemma) EXPECT_LT(Rmse(got, want), 1e-3);
     EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
     if (mutate) EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
   }

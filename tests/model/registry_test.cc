@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
@@ -32,7 +33,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "phi3"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "phi3", "gemma3"}));
   for (const std::string& arch : SupportedArchitectures()) {
     const auto b = Edited(arch);
     auto m = LoadModel(**GgufFile::FromBytes(b));
@@ -52,18 +53,40 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, phi3"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, phi3, gemma3"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
   for (const auto& [arch, tensor] : std::vector<std::pair<std::string, std::string>>{
            {"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"}, {"qwen3", "blk.1.attn_k_norm.weight"},
-           {"phi3", "blk.1.attn_qkv.weight"}, {"phi3", "rope_factors_short.weight"}}) {
+           {"phi3", "blk.1.attn_qkv.weight"}, {"phi3", "rope_factors_short.weight"},
+           {"gemma3", "blk.3.post_ffw_norm.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;
     EXPECT_NE(m.status().message().find(tensor), std::string::npos) << m.status().message();
   }
+}
+
+// A sliding-window model refuses KV retention (its windows count cache slots from 0) with a clear
+// error, in the forward pass and in the engine.
+TEST(RegistryTest, SlidingWindowModelsRefuseAttentionTracking) {
+  const auto b = Edited("gemma3");
+  auto m = LoadModel(**GgufFile::FromBytes(b)).value();
+  EXPECT_EQ(m->hparams().sliding_window, 8);
+  EXPECT_EQ(m->hparams().LayerWindow(5), 0);  // the sixth layer is global
+  EXPECT_EQ(m->hparams().LayerWindow(6), 8);
+  KvCache kv(m->hparams(), 16);
+  Workspace ws;
+  ThreadPool pool(1);
+  std::vector<float> acc(m->hparams().num_layers * 16);
+  ForwardBatch batch;
+  batch.tokens = {1, 2};
+  batch.positions = {0, 1};
+  batch.attn_acc = {{acc.data(), 16}};
+  auto s = m->Forward(batch, kv, ws, pool);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("sliding windows"), std::string::npos) << s.message();
 }
 
 TEST(RegistryTest, KeyAndValueHeadSizesThatDifferAreRefused) {
