@@ -23,6 +23,10 @@ void AttendManyReference(const float* const* qs, const int64_t* lens, int num_qu
 void SoftmaxReference(float* x, int64_t n);
 void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 void RopeApplyNeoxReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+// GELU (tanh approximation as a logistic) times up, the scalar path; SIMD versions use it for tails.
+void GeluMulReference(float* gate, const float* up, int64_t n);
+inline constexpr float kGeluC1 = 1.5957691216057308f;          // 2 sqrt(2 / pi)
+inline constexpr float kGeluC2 = 1.5957691216057308f * 0.044715f;
 // The scalar W4A8 products and the W4 dequantizers (row by row through DequantizeRowRef), for
 // ISAs without their own.
 void GemmQuantW4A8G64Reference(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const QuantizedActs& x,

@@ -161,6 +161,10 @@ struct KernelTable {
   // ([num_heads, head_dim]) by the angle whose cos, sin are cos_sin[2i], cos_sin[2i+1]:
   // (x0 c - x1 s, x0 s + x1 c), each product rounded then summed (bitwise the scalar path).
   void (*rope_apply)(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
+  // gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation written as a logistic:
+  // x * (1 / (1 + exp(-x * (c1 + c2 * x * x)))), c1 = 2 sqrt(2 / pi), c2 = c1 * 0.044715, each
+  // operation rounded as the scalar path rounds it (bitwise the scalar path).
+  void (*gelu_mul)(float* gate, const float* up, int64_t n);
   // The same in NEOX mode: pairs (x[i], x[i + rope_dims / 2]) rotate by cos_sin[2i], cos_sin[2i+1].
   void (*rope_apply_neox)(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
   // The first index of the largest of x[0, n), n >= 1; NaNs never win (a NaN at 0 returns 0).

@@ -474,13 +474,7 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
 }
 
 void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, up, n); }
-void GeluTanhMul(float* gate, const float* up, int64_t n) {
-  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = gate[i];
-    gate[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x))) * up[i];
-  }
-}
+void GeluTanhMul(float* gate, const float* up, int64_t n) { Active().gelu_mul(gate, up, n); }
 void Softmax(float* x, int64_t n) { Active().softmax(x, n); }
 void Axpy(float a, const float* x, float* y, int64_t n) { Active().axpy(a, x, y, n); }
 

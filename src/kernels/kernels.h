@@ -88,7 +88,8 @@ void GetRows(const TensorView& w, const int32_t* ids, int64_t num_ids, float* ou
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out);
 void SiluMul(float* gate, const float* up, int64_t n);
 // gate = gelu(gate) * up with GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715
-// x^3))) (GeGLU: Gemma). Scalar on every ISA for now.
+// x^3))) (GeGLU: Gemma), computed as x / (1 + exp(-2 sqrt(2 / pi) (x + 0.044715 x^3))), the same
+// function; bitwise the same on every ISA.
 void GeluTanhMul(float* gate, const float* up, int64_t n);
 // x = softmax(x) in place (n >= 1); y += a * x.
 void Softmax(float* x, int64_t n);

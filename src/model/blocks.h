@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "base/check.h"
 #include "base/thread_pool.h"
@@ -31,6 +32,15 @@ struct SameInput {
     for (const auto& [w, y] : outs) o[n++] = {&w->view, w->packed.get(), y};
   }
   std::span<const kernels::MatMulOutput> span() const { return {o, n}; }
+};
+
+// The seven matrices of a dense decoder layer: attention's Q, K, V and output, the FFN's gate,
+// up and down. Architectures' layer structs derive from it.
+struct DenseMatrices {
+  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
+  void AppendTo(std::vector<MatrixWeight*>* all) {
+    for (MatrixWeight* w : {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}) all->push_back(w);
+  }
 };
 
 // The feed-forward's gate activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).

@@ -47,6 +47,30 @@ void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
+// Encodes llama.cpp's test vectors for ../shared/vocab's `vocab` with tok (and, for byte-level
+// BPE, decodes them back); returns how many were checked.
+size_t CheckLlamaCppVectors(const Tokenizer& tok, const std::string& vocab, bool decode) {
+  const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + vocab + ".gguf";
+  const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::istringstream lines(outv);
+  size_t at = 0, checked = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const size_t next = inp.find(sep, at);
+    if (next == std::string::npos) break;
+    std::istringstream ids(line);
+    std::vector<int32_t> want;
+    for (int32_t id; ids >> id;) want.push_back(id);
+    const std::string text = inp.substr(at, next - at);
+    const std::vector<int32_t> got = tok.Encode(text, false, false);
+    EXPECT_EQ(got, want) << vocab << ": '" << text << "'";
+    if (decode) EXPECT_EQ(tok.Decode(got), text) << vocab;
+    at = next + sep.size();
+    ++checked;
+  }
+  return checked;
+}
+
 class HfConvertTest : public ::testing::Test {
  protected:
   // A folder for the synthetic model of `arch` with llama.cpp's vocab `vocab` ("gpt-2": byte-level
@@ -202,25 +226,8 @@ class HfConvertTest : public ::testing::Test {
     WriteText(dir_ / "tokenizer.json", tok.dump());
   }
 
-  // Encodes llama.cpp's test vectors for the vocab with tok; returns how many were checked.
-  size_t CheckVectors(const Tokenizer& tok) {
-    const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + vocab_name_ + ".gguf";
-    const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
-    const std::string sep = "\n__ggml_vocab_test__\n";
-    std::istringstream lines(outv);
-    size_t at = 0, checked = 0;
-    for (std::string line; std::getline(lines, line);) {
-      const size_t next = inp.find(sep, at);
-      if (next == std::string::npos) break;
-      std::istringstream ids(line);
-      std::vector<int32_t> want;
-      for (int32_t id; ids >> id;) want.push_back(id);
-      EXPECT_EQ(tok.Encode(inp.substr(at, next - at), false, false), want) << vocab_name_ << ": " << inp.substr(at, next - at);
-      at = next + sep.size();
-      ++checked;
-    }
-    return checked;
-  }
+  // llama.cpp's test vectors for the folder's vocab.
+  size_t CheckVectors(const Tokenizer& tok) { return CheckLlamaCppVectors(tok, vocab_name_, false); }
 
   StatusOr<std::unique_ptr<GgufFile>> Convert(GgmlType type = GgmlType::kF32) {
     GgufWriter w;
@@ -348,24 +355,7 @@ TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
     auto f = GgufFile::FromBytes(bytes).value();
     auto tok = Tokenizer::FromGguf(*f);
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-    const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + vocab + ".gguf";
-    const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
-    const std::string sep = "\n__ggml_vocab_test__\n";
-    std::istringstream lines(outv);
-    size_t at = 0, checked = 0;
-    for (std::string line; std::getline(lines, line);) {
-      const size_t next = inp.find(sep, at);
-      if (next == std::string::npos) break;
-      std::istringstream ids(line);
-      std::vector<int32_t> want;
-      for (int32_t id; ids >> id;) want.push_back(id);
-      const std::string text = inp.substr(at, next - at);
-      const std::vector<int32_t> got = (*tok)->Encode(text, false, false);
-      EXPECT_EQ(got, want) << vocab << ": '" << text << "'";
-      EXPECT_EQ((*tok)->Decode(got), text) << vocab;  // byte-level BPE is lossless
-      at = next + sep.size();
-      ++checked;
-    }
+    const size_t checked = CheckLlamaCppVectors(**tok, vocab, /*decode=*/true);  // byte-level BPE is lossless
     std::printf("%s: %zu of llama.cpp's %s vectors\n", package.c_str(), checked, vocab.c_str());
     EXPECT_GT(checked, 30u);
   }

@@ -791,7 +791,7 @@ TEST(KernelsTest, AttendMatchesScalar) {
     const std::vector<KvType> types = {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4};
     for (size_t pair = 0; pair < types.size() * types.size(); ++pair) {
       const KvType ktype = types[pair / types.size()], vtype = types[pair % types.size()];
-      for (int head_dim : {8, 16, 32, 64, 80, 96, 128}) {
+      for (int head_dim : {8, 16, 32, 64, 80, 96, 128, 256}) {
         const int64_t kseg = KvHeadBytes(ktype, head_dim), vseg = KvHeadBytes(vtype, head_dim);
         for (int64_t len : {1, 2, 6, 10, 15, 16, 17, 100}) {
           const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one
@@ -1481,6 +1481,31 @@ TEST(KernelsTest, RopeRotatesAdjacentPairs) {
   const float theta = 3.0f / 100.0f;  // 10000^(-2/4)
   EXPECT_NEAR(x[2], -std::sin(theta), 1e-6f);
   EXPECT_NEAR(x[3], std::cos(theta), 1e-6f);
+}
+
+// GELU (tanh approximation) times up: every ISA bitwise the scalar path, on random data with a
+// vector tail and with large values (exp overflow and underflow), and the scalar path within a few
+// ulps of the tanh formula.
+TEST(KernelsTest, GeluMulIsBitwiseTheScalarPathAndTheTanhFormula) {
+  const int64_t n = 1037;
+  auto x = test::RandomFloats(n, 11, -6.0f, 6.0f);
+  x[3] = 80.0f;
+  x[4] = -80.0f;
+  x[5] = 0.0f;
+  const auto up = test::RandomFloats(n, 12);
+  std::vector<float> ref = x;
+  GetKernelTable(Isa::kScalar)->gelu_mul(ref.data(), up.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    const double want = 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))) * up[i];
+    ASSERT_NEAR(ref[i], want, 2e-6 * (std::fabs(want) + 1e-3)) << "x " << x[i];
+  }
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (GetKernelTable(isa) == nullptr) continue;
+    std::vector<float> got = x;
+    GetKernelTable(isa)->gelu_mul(got.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(F32Bits(got[i]), F32Bits(ref[i])) << IsaName(isa) << " i " << i;
+  }
 }
 
 TEST(KernelsTest, RopeNeoxRotatesHalves) {

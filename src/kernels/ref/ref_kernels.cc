@@ -255,6 +255,14 @@ void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, co
   }
 }
 
+void GeluMulReference(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    const float z = x * (kGeluC1 + kGeluC2 * (x * x));
+    gate[i] = x * (1.0f / (1.0f + std::exp(-z))) * up[i];
+  }
+}
+
 void RopeApplyNeoxReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
   const int half = rope_dims / 2;
   for (int h = 0; h < num_heads; ++h) {
@@ -405,6 +413,7 @@ const KernelTable& ScalarTable() {
       AttendManyReference,
       SoftmaxReference,
       RopeApplyReference,
+      GeluMulReference,
       RopeApplyNeoxReference,
       ArgMaxRef,
       ExpShiftedRef,

@@ -176,6 +176,21 @@ void SiluMul(float* gate, const float* up, int64_t n) {
   }
 }
 
+void GeluMul(float* gate, const float* up, int64_t n) {
+  // Per element the scalar path's float operations (GeluMulReference), glibc's expf included.
+  const __m256 one = _mm256_set1_ps(1.0f), c1 = _mm256_set1_ps(kGeluC1), c2 = _mm256_set1_ps(kGeluC2);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(gate + i);
+    const __m256 z = _mm256_mul_ps(x, _mm256_add_ps(c1, _mm256_mul_ps(c2, _mm256_mul_ps(x, x))));
+    const __m256 neg = _mm256_xor_ps(z, _mm256_set1_ps(-0.0f));
+    const __m256 e = _mm256_set_m128(ExpfLikeLibm4(_mm256_extractf128_ps(neg, 1)), ExpfLikeLibm4(_mm256_castps256_ps128(neg)));
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) GeluMulReference(gate + i, up + i, n - i);
+}
+
 void Axpy(float a, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;
@@ -450,6 +465,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       Avx2AttendMany,
       SoftmaxReference,
       RopeApply,
+      GeluMul,
       RopeApplyNeoxAvx2,
       ArgMax,
       ExpShifted,

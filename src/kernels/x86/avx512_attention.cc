@@ -454,6 +454,7 @@ void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_quer
     case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 256: return AttendManyOnline<16, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);  // Gemma
     default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
   }
 }

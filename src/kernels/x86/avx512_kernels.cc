@@ -253,6 +253,23 @@ void SiluMul(float* gate, const float* up, int64_t n) {
   }
 }
 
+void GeluMul(float* gate, const float* up, int64_t n) {
+  // Per element the scalar path's float operations (GeluMulReference), glibc's expf included.
+  const __m512 one = _mm512_set1_ps(1.0f), c1 = _mm512_set1_ps(kGeluC1), c2 = _mm512_set1_ps(kGeluC2);
+  const uint64_t* table = ExpfTable32();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(gate + i);
+    const __m512 z = _mm512_mul_ps(x, _mm512_add_ps(c1, _mm512_mul_ps(c2, _mm512_mul_ps(x, x))));
+    const __m512 neg = _mm512_xor_ps(z, _mm512_set1_ps(-0.0f));
+    const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(ExpfLikeLibm(_mm512_castps512_ps256(neg), table)),
+                                        ExpfLikeLibm(_mm512_extractf32x8_ps(neg, 1), table), 1);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) GeluMulReference(gate + i, up + i, n - i);
+}
+
 // Pairs rotated 8 at a time: x * (c, c) + swap(x) * (s, s) with the even lanes' second term
 // negated (an exact sign flip), so each lane is the scalar path's two rounded products summed.
 void RopeApply(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin) {
@@ -911,6 +928,7 @@ const KernelTable& Avx512Table() {
       Avx512AttendMany,
       Softmax,
       RopeApply,
+      GeluMul,
       RopeApplyNeoxAvx2,
       ArgMax,
       ExpShifted,

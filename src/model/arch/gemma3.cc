@@ -15,9 +15,8 @@
 namespace gale {
 namespace {
 
-struct Gemma3Layer {
+struct Gemma3Layer : DenseMatrices {
   TensorView attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm;
-  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 class Gemma3Model final : public Model {
@@ -83,9 +82,7 @@ class Gemma3Model final : public Model {
 
   std::vector<MatrixWeight*> Matrices() override {
     std::vector<MatrixWeight*> all;
-    for (Gemma3Layer& l : layers_) {
-      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
-    }
+    for (Gemma3Layer& l : layers_) l.AppendTo(&all);
     all.push_back(&output_);
     return all;
   }

@@ -12,9 +12,8 @@
 namespace gale {
 namespace {
 
-struct LlamaLayer {
+struct LlamaLayer : DenseMatrices {
   TensorView attn_norm, ffn_norm;
-  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 class LlamaModel final : public Model {
@@ -62,9 +61,7 @@ class LlamaModel final : public Model {
 
   std::vector<MatrixWeight*> Matrices() override {
     std::vector<MatrixWeight*> all;
-    for (LlamaLayer& l : layers_) {
-      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
-    }
+    for (LlamaLayer& l : layers_) l.AppendTo(&all);
     all.push_back(&output_);
     return all;
   }

@@ -15,9 +15,8 @@
 namespace gale {
 namespace {
 
-struct Phi3Layer {
+struct Phi3Layer : DenseMatrices {
   TensorView attn_norm, ffn_norm;
-  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 class Phi3Model final : public Model {
@@ -85,9 +84,7 @@ class Phi3Model final : public Model {
 
   std::vector<MatrixWeight*> Matrices() override {
     std::vector<MatrixWeight*> all;
-    for (Phi3Layer& l : layers_) {
-      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
-    }
+    for (Phi3Layer& l : layers_) l.AppendTo(&all);
     all.push_back(&output_);
     return all;
   }

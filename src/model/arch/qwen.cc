@@ -11,11 +11,10 @@ namespace {
 
 enum class Variant { kQwen2, kQwen3 };
 
-struct QwenLayer {
+struct QwenLayer : DenseMatrices {
   TensorView attn_norm, ffn_norm;
   TensorView bq, bk, bv;              // qwen2: [q_dim], [kv_dim], [kv_dim]
   TensorView q_norm, k_norm;          // qwen3: [head_dim] each
-  MatrixWeight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 class QwenModel final : public Model {
@@ -80,9 +79,7 @@ class QwenModel final : public Model {
 
   std::vector<MatrixWeight*> Matrices() override {
     std::vector<MatrixWeight*> all;
-    for (QwenLayer& l : layers_) {
-      for (MatrixWeight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
-    }
+    for (QwenLayer& l : layers_) l.AppendTo(&all);
     all.push_back(&output_);
     return all;
   }
