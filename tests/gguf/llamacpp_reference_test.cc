@@ -1,7 +1,8 @@
 // gale against a real llama.cpp build (tests/data/llamacpp, written by tools/ggml_reference.cc from
 // the prebuilt libraries of the npm package @node-llama-cpp/linux-x64; its README names the version):
-// ggml's quantized blocks of every weight type gale reads, ggml's dequantization of them, and files
-// made by llama_model_quantize (llama-quantize's Q2_K ... IQ4_XS mixes) with llama.cpp's logits.
+// ggml's quantized blocks of every weight type gale reads, ggml's dequantization of them, files
+// made by llama_model_quantize (llama-quantize's Q2_K ... IQ4_XS mixes) with llama.cpp's logits,
+// and llama.cpp's logits on random-weight files of every architecture gale runs (f32 throughout).
 #include <gtest/gtest.h>
 
 #include <algorithm>
