@@ -773,7 +773,9 @@ TEST(KernelsTest, SlidingWindowAttendsToTheWindowOnly) {
           const int i = (t * heads + h) * head_dim + d;
           ASSERT_EQ(F32Bits(out[d]), F32Bits(all[i])) << IsaName(isa) << " token " << t;
           ASSERT_EQ(F32Bits(single[h * head_dim + d]), F32Bits(all[i])) << IsaName(isa) << " token " << t;
-          if (begin == 0) ASSERT_EQ(F32Bits(plain[i]), F32Bits(all[i]));
+          if (begin == 0) {
+            ASSERT_EQ(F32Bits(plain[i]), F32Bits(all[i]));
+          }
         }
       }
     }
