@@ -64,7 +64,9 @@ size_t CheckLlamaCppVectors(const Tokenizer& tok, const std::string& vocab, bool
     const std::string text = inp.substr(at, next - at);
     const std::vector<int32_t> got = tok.Encode(text, false, false);
     EXPECT_EQ(got, want) << vocab << ": '" << text << "'";
-    if (decode) EXPECT_EQ(tok.Decode(got), text) << vocab;
+    if (decode) {
+      EXPECT_EQ(tok.Decode(got), text) << vocab;
+    }
     at = next + sep.size();
     ++checked;
   }

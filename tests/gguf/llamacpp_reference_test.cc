@@ -325,9 +325,13 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
     // 2.5e-3, rms 4.2e-4 and 5.1e-4 (logits rms ~1.5); with llama.cpp's f16 rounding emulated in
     // gale's GELU, rms 1.1e-4 and 1.6e-4 (the rest is not yet explained, see docs/model-layer.md).
     EXPECT_LT(max_diff, gemma ? 5e-3 : 2e-5);
-    if (gemma) EXPECT_LT(Rmse(got, want), 1e-3);
+    if (gemma) {
+      EXPECT_LT(Rmse(got, want), 1e-3);
+    }
     EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
-    if (mutate) EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
+    if (mutate) {
+      EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
+    }
   }
 }
 
