@@ -1,0 +1,64 @@
+// A context-free grammar over Unicode code points, in the flat form the matcher walks, and the
+// parser of its text form: llama.cpp's GBNF (`name ::= alternatives`, "literals", [classes],
+// [^negated], `.`, (groups), and the postfixes * + ? {m} {m,} {m,n}). JSON Schema and regexes
+// are translated to this text (json_schema.h, regex.h), so every constraint has one form a user
+// can read and one compiler. This file knows nothing of tokens; matcher.h does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+
+namespace gale::grammar {
+
+// A set of code points: a bitmap for ASCII, sorted disjoint ranges for the rest.
+struct CharSet {
+  uint64_t ascii[2] = {0, 0};                        // bit c: code point c < 128 is in the set
+  std::vector<std::pair<uint32_t, uint32_t>> high;   // inclusive ranges of code points >= 128
+
+  bool Contains(uint32_t cp) const;
+  // Whether some code point in [lo, hi] is in the set (a partial UTF-8 character's possibilities).
+  bool Intersects(uint32_t lo, uint32_t hi) const;
+  void AddRange(uint32_t lo, uint32_t hi);
+  void Negate();      // the complement within [0, 0x10FFFF]
+  void Normalize();   // sorts and merges `high`
+};
+
+// One element of an alternative: a code point from a set, a rule, or the alternative's end.
+struct Element {
+  enum class Kind : uint8_t { kChars, kRule, kEnd };
+  Kind kind = Kind::kEnd;
+  int32_t index = -1;  // kChars: into Grammar::char_sets; kRule: the rule
+};
+
+// Rules as alternatives of element sequences, all in one array: an alternative starts at an index
+// of `elements` and runs to the next kEnd. Positions (indices into `elements`) are what the
+// matcher's stacks hold.
+struct Grammar {
+  std::vector<std::string> rule_names;            // [rules]
+  std::vector<std::vector<int32_t>> alternatives; // [rules][alternatives] start positions
+  std::vector<Element> elements;
+  std::vector<CharSet> char_sets;
+  int32_t root = -1;
+
+  // The grammar in GBNF again (one line per rule), for logs and tests.
+  std::string ToString() const;
+};
+
+// A set as a GBNF term: a "literal" when it is one code point, a [class] otherwise.
+std::string CharSetGbnf(const CharSet& s);
+
+// Limits on what a grammar may cost to hold (a request carries it).
+inline constexpr size_t kMaxGrammarElements = 1 << 20;
+inline constexpr int kMaxGrammarNesting = 128;    // parentheses
+inline constexpr int kMaxRepetition = 10000;      // m, n of {m,n}
+
+// Parses GBNF text. Errors name the line and what was expected; a rule used but never defined,
+// a missing root and left recursion (which a top-down matcher cannot expand) are errors too.
+StatusOr<Grammar> ParseGbnf(std::string_view text, std::string_view root = "root");
+
+}  // namespace gale::grammar

@@ -1,0 +1,600 @@
+// JSON Schema -> GBNF. One rule per subschema, named after where it sits; identical bodies share a
+// rule. Integer bounds become digit-range alternatives (a range's numbers of each length).
+#include "grammar/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "grammar/regex.h"
+
+namespace gale::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+const std::map<std::string, std::string>& Primitives() {
+  static const std::map<std::string, std::string> kRules = {
+      {"space", "| \" \" | \"\\n\" [ \\t]{0,20}"},
+      // A JSON string character: anything but ", \ and controls, or an escape (no lone surrogates).
+      {"char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))"},
+      {"string", "\"\\\"\" char* \"\\\"\" space"},
+      {"integral-part", "\"0\" | [1-9] [0-9]{0,15}"},
+      {"integer", "\"-\"? integral-part space"},
+      {"number", "\"-\"? integral-part (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? space"},
+      {"boolean", "(\"true\" | \"false\") space"},
+      {"null", "\"null\" space"},
+      {"value", "object | array | string | number | boolean | null"},
+      {"object", "\"{\" space (string \":\" space value (\",\" space string \":\" space value)*)? \"}\" space"},
+      {"array", "\"[\" space (value (\",\" space value)*)? \"]\" space"},
+      {"uuid", "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\" space"},
+      // Days that exist in every year (no February 29: a leap day needs the year).
+      {"date", "[0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | (\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02\" \"-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8]))"},
+      {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
+      {"date-string", "\"\\\"\" date \"\\\"\" space"},
+      {"time-string", "\"\\\"\" time \"\\\"\" space"},
+      {"date-time-string", "\"\\\"\" date \"T\" time \"\\\"\" space"},
+  };
+  return kRules;
+}
+
+const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
+  static const std::map<std::string, std::vector<std::string>> kDeps = {
+      {"string", {"char", "space"}},
+      {"integer", {"integral-part", "space"}},
+      {"number", {"integral-part", "space"}},
+      {"boolean", {"space"}},
+      {"null", {"space"}},
+      {"value", {"object", "array", "string", "number", "boolean", "null"}},
+      {"object", {"space", "string", "value"}},
+      {"array", {"space", "value"}},
+      {"uuid", {"space"}},
+      {"date-string", {"date", "space"}},
+      {"time-string", {"time", "space"}},
+      {"date-time-string", {"date", "time", "space"}},
+  };
+  return kDeps;
+}
+
+// A GBNF string literal for the UTF-8 text s.
+std::string Literal(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7F) {
+      out += fmt::format("\\x{:02X}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonLiteral(const Json& v) { return Literal(v.dump(-1, ' ', false, Json::error_handler_t::replace)); }
+
+// Numbers in [x, y] written with exactly x.size() == y.size() digits (x <= y).
+std::string SameLength(const std::string& x, const std::string& y) {
+  const size_t n = x.size();
+  if (n == 0) return "";
+  if (x == y) return Literal(x);
+  if (x[0] == y[0]) return Literal(x.substr(0, 1)) + " " + SameLength(x.substr(1), y.substr(1));
+  const std::string zeros(n - 1, '0'), nines(n - 1, '9');
+  auto tail = [&](const std::string& rest) { return n == 1 ? std::string() : " " + rest; };
+  if (x.substr(1) == zeros && y.substr(1) == nines) {
+    return fmt::format("[{}-{}]", x[0], y[0]) + tail(fmt::format("[0-9]{{{}}}", n - 1));
+  }
+  std::vector<std::string> alts;
+  alts.push_back(Literal(x.substr(0, 1)) + tail(SameLength(x.substr(1), nines)));
+  if (y[0] - x[0] >= 2) {
+    alts.push_back(fmt::format("[{}-{}]", static_cast<char>(x[0] + 1), static_cast<char>(y[0] - 1)) +
+                   tail(fmt::format("[0-9]{{{}}}", n - 1)));
+  }
+  alts.push_back(Literal(y.substr(0, 1)) + tail(SameLength(zeros, y.substr(1))));
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+constexpr int64_t kMaxBound = 999999999999999;  // 15 digits: what `integral-part` writes at most
+
+// Unsigned integers in [lo, hi] (hi unset: up to 16 digits), written without leading zeros.
+std::string UnsignedRange(int64_t lo, std::optional<int64_t> hi) {
+  const std::string a = std::to_string(lo);
+  std::vector<std::string> alts;
+  const size_t max_len = hi ? std::to_string(*hi).size() : a.size();
+  for (size_t len = a.size(); len <= max_len; ++len) {
+    const std::string from = len == a.size() ? a : fmt::format("1{}", std::string(len - 1, '0'));
+    const std::string to = hi && len == max_len ? std::to_string(*hi) : std::string(len, '9');
+    alts.push_back(SameLength(from, to));
+  }
+  if (!hi && a.size() < 16) alts.push_back(fmt::format("[1-9] [0-9]{{{},15}}", a.size()));
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+class Converter {
+ public:
+  explicit Converter(const Json& root) : root_(root) {}
+
+  StatusOr<std::string> Convert() {
+    ASSIGN_OR_RETURN(std::string top, Visit(root_, "root", ""));
+    std::string out = "root ::= " + top + "\n";
+    for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+    return out;
+  }
+
+ private:
+  template <typename... Args>
+  static Status Error(const std::string& path, fmt::format_string<Args...> f, Args&&... args) {
+    return InvalidArgument("schema at '{}': {}", path.empty() ? "/" : path, fmt::format(f, std::forward<Args>(args)...));
+  }
+
+  std::string UsePrimitive(const std::string& name) {
+    if (have_primitive_.insert(name).second) {
+      used_names_.insert(name);
+      rules_.emplace_back(name, Primitives().at(name));
+      auto it = PrimitiveDeps().find(name);
+      if (it != PrimitiveDeps().end()) {
+        for (const auto& d : it->second) UsePrimitive(d);
+      }
+    }
+    return name;
+  }
+
+  std::string FreshName(const std::string& hint) {
+    std::string base;
+    for (char c : hint) {
+      const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-';
+      if (!ok && !base.empty() && base.back() == '-') continue;
+      base += ok ? c : '-';
+      if (base.size() >= 48) break;
+    }
+    if (base.empty() || Primitives().count(base)) base = "r-" + base;
+    std::string name = base;
+    for (int i = 1; used_names_.count(name); ++i) name = fmt::format("{}-{}", base, i);
+    used_names_.insert(name);
+    return name;
+  }
+
+  // A named rule with this body (an existing one when the body is the same).
+  std::string Rule(const std::string& hint, const std::string& body) {
+    auto it = by_body_.find(body);
+    if (it != by_body_.end()) return it->second;
+    const std::string name = FreshName(hint);
+    rules_.emplace_back(name, body);
+    by_body_.emplace(body, name);
+    return name;
+  }
+
+  StatusOr<const Json*> Resolve(const std::string& ref, const std::string& path) {
+    if (ref.empty() || ref[0] != '#') return Error(path, "only local $refs (#/...) are supported, got '{}'", ref);
+    const Json* at = &root_;
+    size_t pos = 1;
+    while (pos < ref.size()) {
+      if (ref[pos] != '/') return Error(path, "bad $ref '{}'", ref);
+      const size_t next = std::min(ref.find('/', pos + 1), ref.size());
+      std::string seg = ref.substr(pos + 1, next - pos - 1);
+      std::string unescaped;  // JSON pointer escapes: ~1 is '/', ~0 is '~'
+      for (size_t k = 0; k < seg.size(); ++k) {
+        if (seg[k] == '~' && k + 1 < seg.size() && (seg[k + 1] == '0' || seg[k + 1] == '1')) {
+          unescaped += seg[++k] == '1' ? '/' : '~';
+        } else {
+          unescaped += seg[k];
+        }
+      }
+      seg = std::move(unescaped);
+      if (at->is_object() && at->contains(seg)) {
+        at = &(*at)[seg];
+      } else if (at->is_array() && !seg.empty() && std::all_of(seg.begin(), seg.end(), ::isdigit) &&
+                 seg.size() < 9 && std::stoul(seg) < at->size()) {
+        at = &(*at)[std::stoul(seg)];
+      } else {
+        return Error(path, "$ref '{}' points at nothing", ref);
+      }
+      pos = next;
+    }
+    return at;
+  }
+
+  StatusOr<std::string> Visit(const Json& s, const std::string& hint, const std::string& path) {
+    if (++depth_ > 128) return Error(path, "the schema nests too deep");
+    auto r = VisitInner(s, hint, path);
+    --depth_;
+    return r;
+  }
+
+  StatusOr<std::string> VisitInner(const Json& s, const std::string& hint, const std::string& path) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) return Error(path, "the schema false matches nothing");
+      return UsePrimitive("value");
+    }
+    if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
+    for (const char* kw : {"multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                           "dependencies", "patternProperties", "minProperties", "maxProperties", "contains",
+                           "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
+      if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
+    }
+    if (s.contains("uniqueItems") && s["uniqueItems"] == true) return Error(path, "'uniqueItems' is not supported");
+    if (s.contains("$ref")) {
+      if (!s["$ref"].is_string()) return Error(path, "'$ref' must be a string");
+      const std::string ref = s["$ref"].get<std::string>();
+      auto it = ref_rules_.find(ref);
+      if (it != ref_rules_.end()) return it->second;
+      ASSIGN_OR_RETURN(const Json* target, Resolve(ref, path));
+      // Named before it is visited, so a recursive schema refers to itself.
+      const std::string name = FreshName(ref.size() > 2 ? ref.substr(ref.rfind('/') + 1) : "root-ref");
+      ref_rules_.emplace(ref, name);
+      const size_t slot = rules_.size();
+      rules_.emplace_back(name, "");
+      ASSIGN_OR_RETURN(std::string body, Visit(*target, name, ref.substr(1)));
+      rules_[slot].second = body;
+      return name;
+    }
+    if (s.contains("nullable") && s["nullable"] == true) {
+      Json copy = s;
+      copy.erase("nullable");
+      ASSIGN_OR_RETURN(std::string inner, Visit(copy, hint, path));
+      return Rule(hint, inner + " | " + UsePrimitive("null"));
+    }
+    if (s.contains("const")) return Rule(hint, JsonLiteral(s["const"]) + " " + UsePrimitive("space"));
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty()) return Error(path, "'enum' must be a non-empty array");
+      std::string body;
+      for (const auto& v : s["enum"]) body += (body.empty() ? "" : " | ") + JsonLiteral(v);
+      return Rule(hint, "(" + body + ") " + UsePrimitive("space"));
+    }
+    for (const char* kw : {"anyOf", "oneOf"}) {
+      if (!s.contains(kw)) continue;
+      if (!s[kw].is_array() || s[kw].empty()) return Error(path, "'{}' must be a non-empty array", kw);
+      Json siblings = s;
+      siblings.erase(kw);
+      std::string body;
+      for (size_t i = 0; i < s[kw].size(); ++i) {
+        const Json& alt = s[kw][i];
+        const Json* use = &alt;
+        Json merged;
+        if (alt.is_object() && HasConstraints(siblings)) {
+          merged = siblings;
+          for (auto it = alt.begin(); it != alt.end(); ++it) merged[it.key()] = it.value();
+          use = &merged;
+        }
+        ASSIGN_OR_RETURN(std::string e, Visit(*use, fmt::format("{}-{}", hint, i), fmt::format("{}/{}/{}", path, kw, i)));
+        body += (body.empty() ? "" : " | ") + e;
+      }
+      return Rule(hint, body);
+    }
+    if (s.contains("allOf")) {
+      if (!s["allOf"].is_array() || s["allOf"].empty()) return Error(path, "'allOf' must be a non-empty array");
+      Json merged = s;
+      merged.erase("allOf");
+      for (size_t i = 0; i < s["allOf"].size(); ++i) {
+        const Json* part = &s["allOf"][i];
+        const std::string ppath = fmt::format("{}/allOf/{}", path, i);
+        for (int hops = 0; part->is_object() && part->contains("$ref") && hops < 32; ++hops) {
+          if (!(*part)["$ref"].is_string()) return Error(ppath, "'$ref' must be a string");
+          ASSIGN_OR_RETURN(part, Resolve((*part)["$ref"].get<std::string>(), ppath));
+        }
+        if (!part->is_object()) return Error(ppath, "allOf parts must be objects");
+        for (const char* kw : {"anyOf", "oneOf", "allOf", "$ref"}) {
+          if (part->contains(kw)) return Error(ppath, "'{}' inside allOf is not supported", kw);
+        }
+        for (auto it = part->begin(); it != part->end(); ++it) {
+          if (it.key() == "properties" && it.value().is_object()) {
+            if (!merged.contains("properties")) merged["properties"] = Json::object();
+            for (auto p = it.value().begin(); p != it.value().end(); ++p) merged["properties"][p.key()] = p.value();
+          } else if (it.key() == "required" && it.value().is_array()) {
+            if (!merged.contains("required")) merged["required"] = Json::array();
+            for (const auto& k : it.value()) merged["required"].push_back(k);
+          } else if (merged.contains(it.key()) && merged[it.key()] != it.value() && it.key() != "description" &&
+                     it.key() != "title") {
+            return Error(ppath, "allOf parts disagree on '{}'", it.key());
+          } else {
+            merged[it.key()] = it.value();
+          }
+        }
+      }
+      return Visit(merged, hint, path);
+    }
+    std::string type;
+    if (s.contains("type")) {
+      const Json& t = s["type"];
+      if (t.is_array()) {
+        if (t.empty()) return Error(path, "'type' must not be an empty list");
+        std::string body;
+        for (const auto& one : t) {
+          if (!one.is_string()) return Error(path, "'type' entries must be strings");
+          Json copy = s;
+          copy["type"] = one;
+          ASSIGN_OR_RETURN(std::string e, Visit(copy, hint + "-" + one.get<std::string>(), path));
+          body += (body.empty() ? "" : " | ") + e;
+        }
+        return Rule(hint, body);
+      }
+      if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
+      type = t.get<std::string>();
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      type = "object";
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
+      type = "array";
+    } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
+      type = "string";
+    } else {
+      return UsePrimitive("value");
+    }
+    if (type == "object") return ObjectRule(s, hint, path);
+    if (type == "array") return ArrayRule(s, hint, path);
+    if (type == "string") return StringRule(s, hint, path);
+    if (type == "integer") return IntegerRule(s, hint, path);
+    if (type == "number") return NumberRule(s, hint, path);
+    if (type == "boolean") return UsePrimitive("boolean");
+    if (type == "null") return UsePrimitive("null");
+    return Error(path, "unknown type '{}'", type);
+  }
+
+  static bool HasConstraints(const Json& s) {
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      if (k != "description" && k != "title" && k != "$comment" && k != "examples" && k != "default" && k != "$defs" &&
+          k != "definitions" && k != "$schema" && k != "$id") {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  StatusOr<std::string> ObjectRule(const Json& s, const std::string& hint, const std::string& path) {
+    const std::string sp = UsePrimitive("space");
+    std::vector<std::string> kvs;
+    std::vector<bool> required;
+    std::set<std::string> req;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) return Error(path, "'required' must be an array of strings");
+      for (const auto& k : s["required"]) {
+        if (!k.is_string()) return Error(path, "'required' must be an array of strings");
+        req.insert(k.get<std::string>());
+      }
+    }
+    std::set<std::string> declared;
+    if (s.contains("properties")) {
+      const Json& props = s["properties"];
+      if (!props.is_object()) return Error(path, "'properties' must be an object");
+      for (auto it = props.begin(); it != props.end(); ++it) {
+        declared.insert(it.key());
+        const std::string ppath = path + "/properties/" + it.key();
+        ASSIGN_OR_RETURN(std::string value, Visit(it.value(), hint + "-" + it.key(), ppath));
+        kvs.push_back(Rule(hint + "-" + it.key() + "-kv",
+                           JsonLiteral(Json(it.key())) + " " + sp + " \":\" " + sp + " " + value));
+        required.push_back(req.count(it.key()) > 0);
+      }
+    }
+    for (const auto& k : req) {
+      if (!declared.count(k)) return Error(path, "required property '{}' is not in 'properties'", k);
+    }
+    // Extra keys: additionalProperties true or a schema; absent means none when properties are
+    // declared (strict), any otherwise.
+    std::string extra;
+    const bool has_ap = s.contains("additionalProperties");
+    if ((has_ap && !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) ||
+        (!has_ap && !s.contains("properties"))) {
+      std::string value = UsePrimitive("value");
+      if (has_ap && !s["additionalProperties"].is_boolean()) {
+        ASSIGN_OR_RETURN(value, Visit(s["additionalProperties"], hint + "-additional", path + "/additionalProperties"));
+      }
+      extra = Rule(hint + "-additional-kv", UsePrimitive("string") + " \":\" " + sp + " " + value);
+    }
+    // after[i]: properties i.. once one has been written (each needs a comma); first[i]: the
+    // same before any has been.
+    const size_t n = kvs.size();
+    std::string after = extra.empty() ? "" : "(\",\" " + sp + " " + extra + ")*";
+    std::string first = extra.empty() ? "" : "(" + extra + " (\",\" " + sp + " " + extra + ")*)?";
+    for (size_t i = n; i-- > 0;) {
+      const std::string a = after.empty() ? "" : " " + after;
+      const std::string with = "\",\" " + sp + " " + kvs[i] + a;
+      std::string new_after = required[i] ? with : "(" + with + (after.empty() ? ")?" : " | " + after + ")");
+      std::string new_first = required[i] ? kvs[i] + a : "(" + kvs[i] + a + (first.empty() ? ")?" : " | " + first + ")");
+      after = Rule(fmt::format("{}-after-{}", hint, i), new_after);
+      first = Rule(fmt::format("{}-from-{}", hint, i), new_first);
+    }
+    return Rule(hint, "\"{\" " + sp + (first.empty() ? "" : " " + first) + " \"}\" " + sp);
+  }
+
+  StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& path, int64_t dflt) {
+    if (!s.contains(key)) return dflt;
+    const Json& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return Error(path, "'{}' must be a non-negative integer", key);
+    if (v.get<int64_t>() > kMaxRepetition) return Error(path, "'{}' above {} is not supported", key, kMaxRepetition);
+    return v.get<int64_t>();
+  }
+
+  static std::string Repeat(const std::string& x, int64_t lo, int64_t hi) {  // hi < 0: unbounded
+    if (hi == lo) return lo == 0 ? "" : lo == 1 ? x : fmt::format("({}){{{}}}", x, lo);
+    if (hi < 0) return fmt::format("({}){{{},}}", x, lo);
+    return fmt::format("({}){{{},{}}}", x, lo, hi);
+  }
+
+  StatusOr<std::string> ArrayRule(const Json& s, const std::string& hint, const std::string& path) {
+    const std::string sp = UsePrimitive("space");
+    ASSIGN_OR_RETURN(int64_t min_items, Count(s, "minItems", path, 0));
+    ASSIGN_OR_RETURN(int64_t max_items, Count(s, "maxItems", path, -1));
+    if (max_items >= 0 && max_items < min_items) return Error(path, "'maxItems' is below 'minItems'");
+    std::vector<std::string> prefix;
+    if (s.contains("prefixItems")) {
+      if (!s["prefixItems"].is_array()) return Error(path, "'prefixItems' must be an array");
+      for (size_t i = 0; i < s["prefixItems"].size(); ++i) {
+        ASSIGN_OR_RETURN(std::string e, Visit(s["prefixItems"][i], fmt::format("{}-{}", hint, i),
+                                              fmt::format("{}/prefixItems/{}", path, i)));
+        prefix.push_back(e);
+      }
+    }
+    std::string item;
+    if (s.contains("items") && !(s["items"].is_boolean() && !s["items"].get<bool>())) {
+      if (s["items"].is_array()) return Error(path, "'items' as an array (draft 4 tuples) is not supported; use prefixItems");
+      ASSIGN_OR_RETURN(item, Visit(s["items"], hint + "-item", path + "/items"));
+    } else if (!s.contains("items") && prefix.empty()) {
+      item = UsePrimitive("value");
+    }
+    const std::string comma = "\",\" " + sp + " ";
+    if (!prefix.empty()) {
+      const int64_t k = static_cast<int64_t>(prefix.size());
+      if ((max_items >= 0 && max_items < k) || (min_items > k && item.empty())) {
+        return Error(path, "'minItems'/'maxItems' conflict with the {} prefixItems", k);
+      }
+      std::string body = "\"[\" " + sp;
+      for (int64_t i = 0; i < k; ++i) body += (i ? " " + comma : " ") + prefix[i];
+      if (!item.empty()) {
+        const int64_t lo = std::max<int64_t>(0, min_items - k);
+        const int64_t hi = max_items < 0 ? -1 : max_items - k;
+        const std::string rest = Repeat(comma + item, lo, hi);
+        if (!rest.empty()) body += " " + rest;
+      }
+      return Rule(hint, body + " \"]\" " + sp);
+    }
+    if (item.empty() || max_items == 0) {
+      if (min_items > 0) return Error(path, "'minItems' needs items");
+      return Rule(hint, "\"[\" " + sp + " \"]\" " + sp);
+    }
+    const int64_t lo = std::max<int64_t>(0, min_items - 1);
+    const int64_t hi = max_items < 0 ? -1 : max_items - 1;
+    std::string rest = Repeat(comma + item, lo, hi);
+    std::string inner = item + (rest.empty() ? "" : " " + rest);
+    if (min_items == 0) inner = "(" + inner + ")?";
+    return Rule(hint, "\"[\" " + sp + " " + inner + " \"]\" " + sp);
+  }
+
+  StatusOr<std::string> StringRule(const Json& s, const std::string& hint, const std::string& path) {
+    const std::string sp = UsePrimitive("space");
+    ASSIGN_OR_RETURN(int64_t min_len, Count(s, "minLength", path, 0));
+    ASSIGN_OR_RETURN(int64_t max_len, Count(s, "maxLength", path, -1));
+    if (max_len >= 0 && max_len < min_len) return Error(path, "'maxLength' is below 'minLength'");
+    const bool bounded = s.contains("minLength") || s.contains("maxLength");
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
+      if (bounded || s.contains("format")) return Error(path, "'pattern' together with lengths or 'format' is not supported");
+      auto re = RegexToGbnf(s["pattern"].get<std::string>(), JsonStringCharSet);
+      if (!re.ok()) return Error(path, "{}", re.status().message());
+      return Rule(hint, "\"\\\"\" " + *re + " \"\\\"\" " + sp);
+    }
+    if (s.contains("format") && s["format"].is_string()) {
+      const std::string f = s["format"].get<std::string>();
+      const char* rule = f == "date" ? "date-string" : f == "time" ? "time-string" : f == "date-time" ? "date-time-string"
+                         : f == "uuid" ? "uuid" : nullptr;
+      if (rule != nullptr) {
+        if (bounded) return Error(path, "'format' together with lengths is not supported");
+        return UsePrimitive(rule);
+      }
+    }
+    if (!bounded) return UsePrimitive("string");
+    UsePrimitive("char");
+    return Rule(hint, "\"\\\"\" " + Repeat("char", min_len, max_len) + " \"\\\"\" " + sp);
+  }
+
+  // Integer bounds from minimum/maximum and their exclusive forms (draft 4's booleans too).
+  Status Bounds(const Json& s, const std::string& path, std::optional<double>* lo, std::optional<double>* lo_excl,
+                std::optional<double>* hi, std::optional<double>* hi_excl) {
+    auto num = [&](const char* k, std::optional<double>* out) -> Status {
+      if (!s.contains(k) || s[k].is_boolean()) return Status::Ok();
+      if (!s[k].is_number()) return Error(path, "'{}' must be a number", k);
+      *out = s[k].get<double>();
+      return Status::Ok();
+    };
+    RETURN_IF_ERROR(num("minimum", lo));
+    RETURN_IF_ERROR(num("maximum", hi));
+    RETURN_IF_ERROR(num("exclusiveMinimum", lo_excl));
+    RETURN_IF_ERROR(num("exclusiveMaximum", hi_excl));
+    if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"] == true && *lo) *lo_excl = *lo, lo->reset();
+    if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"] == true && *hi) *hi_excl = *hi, hi->reset();
+    return Status::Ok();
+  }
+
+  StatusOr<std::string> IntegerRule(const Json& s, const std::string& hint, const std::string& path) {
+    std::optional<double> lo, lo_excl, hi, hi_excl;
+    RETURN_IF_ERROR(Bounds(s, path, &lo, &lo_excl, &hi, &hi_excl));
+    if (!lo && !lo_excl && !hi && !hi_excl) return UsePrimitive("integer");
+    std::optional<int64_t> a, b;  // inclusive integer bounds
+    auto clamp = [](double v) { return static_cast<int64_t>(std::clamp(v, -1e15 + 1, 1e15 - 1)); };
+    if (lo) a = clamp(std::ceil(*lo));
+    if (lo_excl) a = std::max(a.value_or(INT64_MIN), clamp(std::floor(*lo_excl) + 1));
+    if (hi) b = clamp(std::floor(*hi));
+    if (hi_excl) b = std::min(b.value_or(INT64_MAX), clamp(std::ceil(*hi_excl) - 1));
+    if (a && b && *a > *b) return Error(path, "no integer lies within the bounds");
+    if (a && std::abs(*a) > kMaxBound) a = *a < 0 ? -kMaxBound : kMaxBound;
+    if (b && std::abs(*b) > kMaxBound) b = *b < 0 ? -kMaxBound : kMaxBound;
+    std::vector<std::string> alts;
+    if (!b || *b >= 0) alts.push_back(UnsignedRange(a ? std::max<int64_t>(*a, 0) : 0, b));
+    if (!a || *a < 0) {
+      // Negative numbers: "-" then the magnitude in [max(1, -b), -a].
+      const int64_t mag_lo = b && *b < 0 ? -*b : 1;
+      alts.push_back("\"-\" " + UnsignedRange(mag_lo, a ? std::optional<int64_t>(-*a) : std::nullopt));
+    }
+    std::string body = alts.size() == 1 ? alts[0] : "(" + alts[0] + " | " + alts[1] + ")";
+    return Rule(hint, body + " " + UsePrimitive("space"));
+  }
+
+  StatusOr<std::string> NumberRule(const Json& s, const std::string& hint, const std::string& path) {
+    std::optional<double> lo, lo_excl, hi, hi_excl;
+    RETURN_IF_ERROR(Bounds(s, path, &lo, &lo_excl, &hi, &hi_excl));
+    if (!lo && !lo_excl && !hi && !hi_excl) return UsePrimitive("number");
+    auto integral = [](const std::optional<double>& v) { return !v || (*v == std::floor(*v) && std::abs(*v) <= 1e15); };
+    if (lo_excl || hi_excl || !lo || *lo < 0 || !integral(lo) || !integral(hi) || (hi && *hi < *lo)) {
+      return Error(path, "bounds on 'number' are supported only as an integer minimum >= 0 with an optional integer maximum");
+    }
+    const std::string sp = UsePrimitive("space");
+    const std::string frac = "(\".\" [0-9]{1,16})?";
+    const int64_t a = static_cast<int64_t>(*lo);
+    if (!hi) return Rule(hint, UnsignedRange(a, std::nullopt) + " " + frac + " " + sp);
+    const int64_t b = static_cast<int64_t>(*hi);
+    // [a, b): any fraction; b itself only with zeros after the point.
+    std::string body = Literal(std::to_string(b)) + " (\".\" \"0\"{1,16})?";
+    if (b > a) body = "(" + UnsignedRange(a, b - 1) + " " + frac + " | " + body + ")";
+    return Rule(hint, body + " " + sp);
+  }
+
+  const Json& root_;
+  int depth_ = 0;
+  std::vector<std::pair<std::string, std::string>> rules_;  // in the order written
+  std::map<std::string, std::string> by_body_;
+  std::map<std::string, std::string> ref_rules_;
+  std::set<std::string> used_names_ = {"root"};
+  std::set<std::string> have_primitive_;
+};
+
+std::string PrimitiveGrammar(const std::string& top) {
+  std::string out = "root ::= " + top + "\n";
+  std::set<std::string> done;
+  std::vector<std::string> todo = {top};
+  while (!todo.empty()) {
+    const std::string n = todo.back();
+    todo.pop_back();
+    if (!done.insert(n).second) continue;
+    out += n + " ::= " + Primitives().at(n) + "\n";
+    auto it = PrimitiveDeps().find(n);
+    if (it != PrimitiveDeps().end()) todo.insert(todo.end(), it->second.begin(), it->second.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) {
+  Converter c(schema);
+  return c.Convert();
+}
+
+std::string JsonObjectGbnf() { return PrimitiveGrammar("object"); }
+std::string JsonValueGbnf() { return PrimitiveGrammar("value"); }
+
+}  // namespace gale::grammar

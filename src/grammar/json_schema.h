@@ -1,0 +1,32 @@
+// JSON Schema to GBNF: the subset tools and structured outputs use. Every string the grammar
+// accepts is valid JSON that validates against the schema; where a keyword cannot be expressed
+// exactly the schema is refused with its path, never silently loosened. Supported:
+//   type (one or a list), properties / required / additionalProperties (false unless given when
+//   there are properties, as OpenAI's strict mode requires; true or a schema allow more keys),
+//   enum, const, anyOf, oneOf (as anyOf: a grammar cannot exclude overlaps), allOf of objects,
+//   $ref to #, #/$defs/... and #/definitions/... (recursive schemas too), items, prefixItems,
+//   minItems / maxItems, minLength / maxLength, pattern (regex.h), format date, time, date-time,
+//   uuid (other formats are plain strings), integer minimum / maximum / exclusiveMinimum /
+//   exclusiveMaximum, number minimum / maximum with integer bounds >= 0, nullable.
+// Refused: uniqueItems, multipleOf, not, if/then/else, dependent*, patternProperties,
+// minProperties / maxProperties, and any other bound on numbers.
+// Properties are written in the schema's order. Whitespace between tokens is bounded (a space,
+// or a newline and up to 20 spaces of indentation) so a model cannot stall in it.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace gale::grammar {
+
+// The grammar's start rule is `root`. Errors name the schema path ("/properties/a/items").
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
+
+// Any JSON object (response_format json_object) and any JSON value.
+std::string JsonObjectGbnf();
+std::string JsonValueGbnf();
+
+}  // namespace gale::grammar

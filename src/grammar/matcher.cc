@@ -1,0 +1,366 @@
+// The vocabulary trie, the shared mask cache, and the pushdown matcher.
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace gale::grammar {
+
+namespace {
+// Tokens longer than this never come out of a grammar (no vocabulary has such; it bounds the
+// trie's depth).
+constexpr size_t kMaxTokenBytes = 1024;
+// The smallest code point a UTF-8 sequence of each length may encode.
+constexpr uint32_t kMinCodePoint[5] = {0, 0, 0x80, 0x800, 0x10000};
+}  // namespace
+
+TokenTrie::TokenTrie(const std::vector<std::string>& token_bytes, const std::vector<bool>& usable)
+    : vocab_size_(static_cast<int32_t>(token_bytes.size())), token_bytes_(token_bytes), usable_(usable) {
+  usable_.resize(token_bytes.size(), false);
+  std::vector<int32_t> order;
+  for (int32_t t = 0; t < vocab_size_; ++t) {
+    if (!usable_[t] || token_bytes_[t].empty() || token_bytes_[t].size() > kMaxTokenBytes) {
+      usable_[t] = false;
+      continue;
+    }
+    order.push_back(t);
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return token_bytes_[a] < token_bytes_[b] || (token_bytes_[a] == token_bytes_[b] && a < b);
+  });
+  nodes_.push_back({0, 0, 0, 0, 0});
+  std::vector<int32_t> path = {0};  // node per depth along the last token's bytes
+  const std::string* prev = nullptr;
+  auto pop_to = [&](size_t depth) {
+    while (path.size() > depth + 1) {
+      nodes_[path.back()].subtree = static_cast<int32_t>(nodes_.size()) - path.back();
+      path.pop_back();
+    }
+  };
+  for (int32_t t : order) {
+    const std::string& s = token_bytes_[t];
+    size_t common = 0;
+    if (prev != nullptr) {
+      while (common < s.size() && common < prev->size() && s[common] == (*prev)[common]) ++common;
+    }
+    pop_to(common);
+    for (size_t k = common; k < s.size(); ++k) {
+      const int32_t idx = static_cast<int32_t>(nodes_.size());
+      nodes_.push_back({static_cast<uint8_t>(s[k]), static_cast<uint16_t>(k + 1), 1,
+                        static_cast<int32_t>(tokens_.size()), static_cast<int32_t>(tokens_.size())});
+      path.push_back(idx);
+    }
+    max_depth_ = std::max(max_depth_, static_cast<int>(s.size()));
+    Node& n = nodes_[path.back()];
+    if (n.token_end != static_cast<int32_t>(tokens_.size())) n.token_begin = n.token_end = static_cast<int32_t>(tokens_.size());
+    tokens_.push_back(t);
+    n.token_end = static_cast<int32_t>(tokens_.size());
+    prev = &s;
+  }
+  pop_to(0);
+  nodes_[0].subtree = static_cast<int32_t>(nodes_.size());
+}
+
+CompiledGrammar::CompiledGrammar(Grammar g, std::shared_ptr<const TokenTrie> trie, size_t cache_bytes)
+    : grammar_(std::move(g)), trie_(std::move(trie)) {
+  const size_t mask_bytes = (static_cast<size_t>(trie_->vocab_size()) + 63) / 64 * 8 + 64;
+  cache_capacity_ = std::max<size_t>(16, cache_bytes / mask_bytes);
+}
+
+size_t CompiledGrammar::KeyHash::operator()(const std::vector<int32_t>& k) const {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t v : k) h = (h ^ static_cast<uint32_t>(v)) * 1099511628211ull;
+  return static_cast<size_t>(h ^ (h >> 29));
+}
+
+std::shared_ptr<const TokenMask> CompiledGrammar::Find(const std::vector<int32_t>& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    ++misses_;
+    return nullptr;
+  }
+  ++hits_;
+  return it->second;
+}
+
+void CompiledGrammar::Insert(const std::vector<int32_t>& key, std::shared_ptr<const TokenMask> mask) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // NOTE: full means start over; the states a schema revisits come back within a few steps.
+  if (cache_.size() >= cache_capacity_) cache_.clear();
+  cache_.emplace(key, std::move(mask));
+}
+
+int64_t CompiledGrammar::cache_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
+}
+
+int64_t CompiledGrammar::cache_misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return misses_;
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, std::vector<int32_t> stop_tokens)
+    : grammar_(std::move(grammar)), g_(grammar_->grammar()), stop_tokens_(std::move(stop_tokens)) {
+  nodes_.push_back({-1, kNone});  // kAccept
+  expand_.emplace_back();
+  successors_.emplace_back();
+  have_expand_.push_back(0);
+  have_successors_.push_back(0);
+  seen_.push_back(0);
+  visit_.push_back(0);
+  const uint32_t stamp = ++seen_stamp_;
+  for (int32_t start : g_.alternatives[g_.root]) {
+    for (int32_t id : Expand(Node(start, kAccept))) {
+      if (seen_[id] != stamp) {
+        seen_[id] = stamp;
+        state_.stacks.push_back(id);
+      }
+    }
+  }
+}
+
+int32_t GrammarMatcher::Node(int32_t pos, int32_t parent) {
+  // An alternative's end continues at the parent: no node for it, so right recursion (a ::= x a)
+  // does not grow the stack.
+  if (g_.elements[pos].kind == Element::Kind::kEnd) return parent;
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent);
+  auto [it, inserted] = node_ids_.emplace(key, static_cast<int32_t>(nodes_.size()));
+  if (inserted) {
+    if (static_cast<int64_t>(nodes_.size()) >= kMaxMatcherNodes && status_.ok()) {
+      status_ = ResourceExhausted("the grammar is too ambiguous to follow (over {} parser stacks)", kMaxMatcherNodes);
+    }
+    nodes_.push_back({pos, parent});
+    expand_.emplace_back();
+    successors_.emplace_back();
+    have_expand_.push_back(0);
+    have_successors_.push_back(0);
+    seen_.push_back(0);
+    visit_.push_back(0);
+  }
+  return it->second;
+}
+
+const std::vector<int32_t>& GrammarMatcher::Expand(int32_t id) {
+  if (have_expand_[id]) return expand_[id];
+  // Iterative (a chain of rules that each start with the next can be long); every node is
+  // visited once per expansion.
+  std::vector<int32_t> out;
+  const uint32_t stamp = ++visit_stamp_;
+  work_.clear();
+  work_.push_back(id);
+  visit_[id] = stamp;
+  while (!work_.empty()) {
+    const int32_t n = work_.back();
+    work_.pop_back();
+    if (n == kAccept || g_.elements[nodes_[n].pos].kind == Element::Kind::kChars) {
+      out.push_back(n);
+      continue;
+    }
+    const StackNode sn = nodes_[n];
+    const int32_t cont = Node(sn.pos + 1, sn.parent);
+    const auto& alts = g_.alternatives[g_.elements[sn.pos].index];
+    // Pushed in reverse so alternatives come out in order (states are deterministic either way).
+    for (auto a = alts.rbegin(); a != alts.rend(); ++a) {
+      const int32_t m = Node(*a, cont);
+      if (visit_[m] != stamp) {
+        visit_[m] = stamp;
+        work_.push_back(m);
+      }
+    }
+  }
+  have_expand_[id] = 1;
+  expand_[id] = std::move(out);
+  return expand_[id];
+}
+
+const std::vector<int32_t>& GrammarMatcher::Successors(int32_t id) {
+  if (have_successors_[id]) return successors_[id];
+  const StackNode sn = nodes_[id];
+  const int32_t next = Node(sn.pos + 1, sn.parent);
+  std::vector<int32_t> out = Expand(next);  // copy: Expand's storage may move as nodes are added
+  have_successors_[id] = 1;
+  successors_[id] = std::move(out);
+  return successors_[id];
+}
+
+void GrammarMatcher::AdvanceCodePoint(const std::vector<int32_t>& in, uint32_t cp, std::vector<int32_t>* out) {
+  out->clear();
+  const uint32_t stamp = ++seen_stamp_;
+  for (int32_t id : in) {
+    if (id == kAccept) continue;
+    const CharSet& set = g_.char_sets[g_.elements[nodes_[id].pos].index];
+    if (!set.Contains(cp)) continue;
+    const std::vector<int32_t>& next = Successors(id);
+    for (int32_t n : next) {
+      if (seen_[n] != stamp) {
+        seen_[n] = stamp;
+        out->push_back(n);
+      }
+    }
+  }
+  if (out->size() > kMaxStacksPerState && status_.ok()) {
+    status_ = ResourceExhausted("the grammar is too ambiguous to follow (over {} stacks at once)", kMaxStacksPerState);
+  }
+}
+
+bool GrammarMatcher::AdvanceByte(const State& in, uint8_t byte, State* out) {
+  if (!status_.ok()) return false;
+  if (in.remaining == 0) {
+    if (byte < 0x80) {
+      out->partial = 0;
+      out->remaining = 0;
+      AdvanceCodePoint(in.stacks, byte, &out->stacks);
+      return !out->stacks.empty();
+    }
+    int len = (byte >> 5) == 6 ? 2 : (byte >> 4) == 14 ? 3 : (byte >> 3) == 30 ? 4 : 0;
+    if (len == 0) return false;  // a continuation byte or 0xF8.. cannot start a character
+    out->partial = len == 2 ? (byte & 0x1F) : len == 3 ? (byte & 0x0F) : (byte & 0x07);
+    out->remaining = len - 1;
+    out->length = len;
+  } else {
+    if ((byte & 0xC0) != 0x80) return false;
+    out->partial = (in.partial << 6) | (byte & 0x3F);
+    out->remaining = in.remaining - 1;
+    out->length = in.length;
+    if (out->remaining == 0) {
+      const uint32_t cp = out->partial;
+      out->partial = 0;
+      out->length = 0;
+      // Overlong forms, surrogates and values past Unicode are not characters.
+      if (cp > 0x10FFFF || cp < kMinCodePoint[in.length] || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+      AdvanceCodePoint(in.stacks, cp, &out->stacks);
+      return !out->stacks.empty();
+    }
+  }
+  // Unfinished: keep the stacks that some completion of the character could advance.
+  const int shift = 6 * out->remaining;
+  const uint32_t lo = std::max(out->partial << shift, kMinCodePoint[out->length]);
+  const uint32_t hi = (out->partial << shift) | ((1u << shift) - 1);
+  if (lo > hi) return false;
+  out->stacks.clear();
+  for (int32_t id : in.stacks) {
+    if (id == kAccept) continue;
+    if (g_.char_sets[g_.elements[nodes_[id].pos].index].Intersects(lo, std::min<uint32_t>(hi, 0x10FFFF))) {
+      out->stacks.push_back(id);
+    }
+  }
+  return !out->stacks.empty();
+}
+
+bool GrammarMatcher::Allows(int32_t token) {
+  if (!status_.ok()) return false;
+  if (std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) return CanEnd();
+  const TokenTrie& trie = grammar_->trie();
+  if (token < 0 || token >= trie.vocab_size() || !trie.usable(token)) return false;
+  const std::string& bytes = trie.bytes(token);
+  const State* cur = &state_;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    State* next = &scratch_[i & 1];
+    if (!AdvanceByte(*cur, static_cast<uint8_t>(bytes[i]), next)) return false;
+    cur = next;
+  }
+  return true;
+}
+
+Status GrammarMatcher::Accept(int32_t token) {
+  RETURN_IF_ERROR(status_);
+  if (!Allows(token)) {
+    RETURN_IF_ERROR(status_);
+    return InvalidArgument("token {} does not continue the grammar here", token);
+  }
+  if (std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) return Status::Ok();
+  const size_t n = grammar_->trie().bytes(token).size();
+  state_ = scratch_[(n - 1) & 1];
+  mask_.reset();
+  return Status::Ok();
+}
+
+bool GrammarMatcher::CanEnd() const {
+  return state_.remaining == 0 && std::find(state_.stacks.begin(), state_.stacks.end(), kAccept) != state_.stacks.end();
+}
+
+bool GrammarMatcher::Done() const { return state_.remaining == 0 && state_.stacks.size() == 1 && state_.stacks[0] == kAccept; }
+
+std::vector<int32_t> GrammarMatcher::Key() const {
+  // Each stack as the positions from its top down, stacks sorted: the same content gives the
+  // same key in every matcher of this grammar.
+  std::vector<std::vector<int32_t>> stacks;
+  stacks.reserve(state_.stacks.size());
+  for (int32_t id : state_.stacks) {
+    std::vector<int32_t> s;
+    for (int32_t n = id; n != kAccept; n = nodes_[n].parent) s.push_back(nodes_[n].pos);
+    stacks.push_back(std::move(s));
+  }
+  std::sort(stacks.begin(), stacks.end());
+  std::vector<int32_t> key = {static_cast<int32_t>(state_.partial), state_.remaining, state_.length};
+  for (const auto& s : stacks) {
+    key.insert(key.end(), s.begin(), s.end());
+    key.push_back(-1);
+  }
+  return key;
+}
+
+std::shared_ptr<TokenMask> GrammarMatcher::ComputeMask() {
+  const TokenTrie& trie = grammar_->trie();
+  auto mask = std::make_shared<TokenMask>((static_cast<size_t>(trie.vocab_size()) + 63) / 64, 0);
+  const auto& nodes = trie.nodes();
+  const auto& tokens = trie.tokens();
+  walk_.resize(static_cast<size_t>(trie.max_depth()) + 1);
+  walk_[0] = state_;
+  for (size_t i = 1; i < nodes.size();) {
+    const TokenTrie::Node& n = nodes[i];
+    if (!AdvanceByte(walk_[n.depth - 1], n.byte, &walk_[n.depth])) {
+      i += static_cast<size_t>(n.subtree);  // no token with this prefix can continue
+      continue;
+    }
+    for (int32_t k = n.token_begin; k < n.token_end; ++k) {
+      const int32_t t = tokens[k];
+      (*mask)[t >> 6] |= uint64_t{1} << (t & 63);
+    }
+    ++i;
+  }
+  // Stop tokens end the text: allowed exactly where the grammar may end, whatever their bytes.
+  const bool can_end = CanEnd();
+  for (int32_t t : stop_tokens_) {
+    if (t < 0 || t >= trie.vocab_size()) continue;
+    if (can_end) {
+      (*mask)[t >> 6] |= uint64_t{1} << (t & 63);
+    } else {
+      (*mask)[t >> 6] &= ~(uint64_t{1} << (t & 63));
+    }
+  }
+  return mask;
+}
+
+std::shared_ptr<const TokenMask> GrammarMatcher::Mask() {
+  if (mask_) return mask_;
+  const std::vector<int32_t> key = Key();
+  mask_ = grammar_->Find(key);
+  if (!mask_) {
+    auto m = ComputeMask();
+    // A mask computed after the arena overflowed is incomplete: not for the cache.
+    if (status_.ok()) grammar_->Insert(key, m);
+    mask_ = std::move(m);
+  }
+  return mask_;
+}
+
+bool GrammarMatcher::MaskLogits(std::span<float> logits) {
+  const TokenMask& m = *Mask();
+  if (!status_.ok()) return false;
+  bool any = false;
+  const size_t vocab = static_cast<size_t>(grammar_->trie().vocab_size());
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const bool ok = t < vocab && ((m[t >> 6] >> (t & 63)) & 1);
+    if (!ok) {
+      logits[t] = -INFINITY;
+    } else {
+      any = true;
+    }
+  }
+  return any;
+}
+
+}  // namespace gale::grammar

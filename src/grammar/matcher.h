@@ -1,0 +1,167 @@
+// Grammar-constrained decoding: which tokens may come next.
+//
+// TokenTrie: the vocabulary as bytes, in a trie laid out in preorder, built once per tokenizer.
+// CompiledGrammar: a grammar bound to a trie, with a cache of token masks shared by every request
+// that uses it (thread-safe). GrammarMatcher: one request's position in the grammar.
+//
+// The matcher is a pushdown recognizer over code points (llama.cpp's grammar stacks, with the
+// stacks hash-consed into a per-matcher arena so a step never copies them): a state is the set
+// of stacks whose tops are character sets, plus the bytes of a UTF-8 character a token left
+// unfinished. A token is allowed when walking its bytes from the state leaves at least one
+// stack. A state's mask walks the trie once, sharing the work of tokens with common prefixes and
+// skipping a subtree as soon as its prefix is dead. Masks are a function of the state's stack
+// contents, so they are cached under that content (inside a JSON string, every step has the same
+// state, and so does every request with the same schema). The state is a function of the tokens
+// accepted so far: preemption, prefix-cache hits and batching do not touch it.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "grammar/grammar.h"
+
+namespace gale::grammar {
+
+class TokenTrie {
+ public:
+  // token_bytes[i]: the bytes token i stands for; tokens with usable[i] false or no bytes are
+  // never produced by text (control tokens); stop tokens are handled apart.
+  TokenTrie(const std::vector<std::string>& token_bytes, const std::vector<bool>& usable);
+
+  int32_t vocab_size() const { return vocab_size_; }
+  const std::string& bytes(int32_t token) const { return token_bytes_[token]; }
+  bool usable(int32_t token) const { return usable_[token]; }
+
+  // Preorder nodes: node i's subtree is [i, i + subtree[i]); its parent is the last node before
+  // it with depth one less. Node 0 is the root (no byte).
+  struct Node {
+    uint8_t byte;
+    uint16_t depth;
+    int32_t subtree;       // nodes in the subtree, itself included
+    int32_t token_begin;   // tokens ending here: tokens_[token_begin, token_end)
+    int32_t token_end;
+  };
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int max_depth() const { return max_depth_; }
+
+ private:
+  int32_t vocab_size_;
+  std::vector<std::string> token_bytes_;
+  std::vector<bool> usable_;
+  std::vector<Node> nodes_;
+  std::vector<int32_t> tokens_;
+  int max_depth_ = 0;
+};
+
+// Bits over the vocabulary: bit t set = token t allowed.
+using TokenMask = std::vector<uint64_t>;
+
+class CompiledGrammar {
+ public:
+  CompiledGrammar(Grammar g, std::shared_ptr<const TokenTrie> trie, size_t cache_bytes = size_t{64} << 20);
+  const Grammar& grammar() const { return grammar_; }
+  const TokenTrie& trie() const { return *trie_; }
+
+  // The shared mask cache: key is a state's canonical content.
+  std::shared_ptr<const TokenMask> Find(const std::vector<int32_t>& key) const;
+  void Insert(const std::vector<int32_t>& key, std::shared_ptr<const TokenMask> mask) const;
+  int64_t cache_hits() const;
+  int64_t cache_misses() const;
+
+ private:
+  struct KeyHash {
+    size_t operator()(const std::vector<int32_t>& k) const;
+  };
+  Grammar grammar_;
+  std::shared_ptr<const TokenTrie> trie_;
+  size_t cache_capacity_;  // masks kept
+  mutable std::mutex mu_;
+  mutable std::unordered_map<std::vector<int32_t>, std::shared_ptr<const TokenMask>, KeyHash> cache_;
+  mutable int64_t hits_ = 0, misses_ = 0;
+};
+
+class GrammarMatcher {
+ public:
+  // stop_tokens: allowed (and only they end the text) where the grammar may end.
+  GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, std::vector<int32_t> stop_tokens);
+
+  // Whether the token may come next (cheap: walks only its bytes).
+  bool Allows(int32_t token);
+  // Takes the token; an error if it is not allowed (the state is then unchanged).
+  Status Accept(int32_t token);
+  // Sets the logits of tokens that may not come next to -inf. False when no token may (a
+  // grammar the vocabulary cannot spell; the caller ends the request).
+  bool MaskLogits(std::span<float> logits);
+  // The allowed tokens (cached per state).
+  std::shared_ptr<const TokenMask> Mask();
+
+  // The text so far is a complete sentence of the grammar (stop tokens are allowed).
+  bool CanEnd() const;
+  // Nothing may follow: the text is complete and no character can extend it.
+  bool Done() const;
+
+  // Set when the arena outgrew its limits (a grammar too ambiguous to follow); nothing is
+  // allowed after that.
+  const Status& status() const { return status_; }
+  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+
+ private:
+  static constexpr int32_t kAccept = 0;  // the empty stack: the grammar is complete
+  static constexpr int32_t kNone = -1;
+  struct StackNode {
+    int32_t pos;     // an element of the grammar (kChars at the top of a matcher state)
+    int32_t parent;  // where to continue when this alternative ends (kAccept: the end)
+  };
+  // A state: stacks (node ids, each topped by a kChars element, or kAccept) and a partial UTF-8
+  // character.
+  struct State {
+    std::vector<int32_t> stacks;
+    uint32_t partial = 0;   // the bits of the unfinished character so far
+    int remaining = 0;      // continuation bytes it still needs
+    int length = 0;         // its length in bytes (the smallest code point of that length bounds it)
+  };
+
+  int32_t Node(int32_t pos, int32_t parent);
+  // Terminal-topped stacks (or kAccept) node `id` stands for.
+  const std::vector<int32_t>& Expand(int32_t id);
+  // Stacks after the character at the top of `id` is matched.
+  const std::vector<int32_t>& Successors(int32_t id);
+  // in -> out by one byte; false when no stack survives.
+  bool AdvanceByte(const State& in, uint8_t byte, State* out);
+  void AdvanceCodePoint(const std::vector<int32_t>& in, uint32_t cp, std::vector<int32_t>* out);
+  std::vector<int32_t> Key() const;
+  std::shared_ptr<TokenMask> ComputeMask();
+
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  const Grammar& g_;
+  std::vector<int32_t> stop_tokens_;
+  State state_;
+  // The arena: hash-consed stack nodes and their memoized expansions.
+  std::vector<StackNode> nodes_;
+  std::unordered_map<uint64_t, int32_t> node_ids_;
+  std::vector<std::vector<int32_t>> expand_;       // [nodes]
+  std::vector<std::vector<int32_t>> successors_;   // [nodes]
+  std::vector<uint8_t> have_expand_, have_successors_;
+  std::vector<uint32_t> seen_;   // [nodes] dedup stamps of AdvanceCodePoint
+  std::vector<uint32_t> visit_;  // [nodes] dedup stamps of Expand
+  uint32_t seen_stamp_ = 0, visit_stamp_ = 0;
+  std::vector<int32_t> work_;    // scratch of Expand
+  State scratch_[2];             // scratch of Allows/Accept
+  Status status_;
+  std::vector<State> walk_;     // [trie depth] scratch of ComputeMask
+  std::shared_ptr<const TokenMask> mask_;  // of the current state, once computed
+};
+
+// Limits of one matcher's arena (a hostile grammar can make states explode).
+inline constexpr int64_t kMaxMatcherNodes = 1 << 21;
+inline constexpr size_t kMaxStacksPerState = 1 << 14;
+
+}  // namespace gale::grammar

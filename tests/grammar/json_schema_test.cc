@@ -1,0 +1,121 @@
+// JSON Schema -> GBNF (src/grammar/json_schema.h): what each keyword lets through and refuses,
+// checked by matching texts byte by byte; the refusals name the schema path.
+#include "grammar/json_schema.h"
+
+#include <gtest/gtest.h>
+
+#include "grammar/matcher.h"
+
+namespace gale::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::shared_ptr<const TokenTrie> ByteTrie() {
+  static auto trie = [] {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+    return std::make_shared<const TokenTrie>(bytes, std::vector<bool>(256, true));
+  }();
+  return trie;
+}
+
+struct Case {
+  const char* schema;
+  std::vector<const char*> good, bad;
+};
+
+bool Accepts(const CompiledGrammar* c, const std::string& text) {
+  GrammarMatcher m(std::shared_ptr<const CompiledGrammar>(std::shared_ptr<const CompiledGrammar>{}, c), {});
+  for (unsigned char b : text) {
+    if (!m.Accept(b).ok()) return false;
+  }
+  return m.CanEnd();
+}
+
+TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
+  const std::vector<Case> cases = {
+      {R"({"type": "string"})", {R"("hi")", R"("a\"b\\c\u00e9\n")", "\"\xC3\xA9\""}, {R"(hi)", "\"a\nb\"", R"("\ud800")", R"("\q")"}},
+      {R"({"type": "integer"})", {"0", "-12", "123456789012345"}, {"01", "1.5", "-", "+1", "1e3"}},
+      {R"({"type": "number"})", {"0", "-1.25", "3e10", "2.5E-3"}, {".5", "1.", "01", "NaN"}},
+      {R"({"type": "boolean"})", {"true", "false"}, {"True", "1"}},
+      {R"({"type": "null"})", {"null"}, {"nil", ""}},
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]})",
+       {R"({"a": 1})", R"({"a": 1, "b": "x"})", "{\n  \"a\": 2,\n  \"b\": \"y\"\n}"},
+       {R"({})", R"({"b": "x"})", R"({"b": "x", "a": 1})", R"({"a": 1, "c": 2})", R"({"a": 1,})"}},
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}})",
+       {"{}", R"({"b": 1})", R"({"a": 1, "c": 3})", R"({"a": 1, "b": 2, "c": 3})"}, {R"({, "b": 1})", R"({"c": 1, "a": 1})"}},
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}})",
+       {R"({"a": 1, "x": true})", R"({"x": false})"}, {R"({"x": 1})"}},
+      {R"({"type": "object"})", {"{}", R"({"k": [1, {"z": null}]})"}, {"[]"}},
+      {R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3})",
+       {"[1]", "[1, 2, 3]"}, {"[]", "[1, 2, 3, 4]", R"(["a"])"}},
+      {R"({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]})", {R"(["a", 1])"}, {R"(["a"])", R"([1, "a"])"}},
+      {R"({"enum": ["red", "green", 3, null]})", {R"("red")", "3", "null"}, {R"("blue")", "4"}},
+      {R"({"const": {"k": [1, "two"]}})", {R"({"k":[1,"two"]})"}, {R"({"k": [1, "two"]})"}},
+      {R"({"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]})", {"7", R"("ab")"}, {R"("abc")", "true"}},
+      {R"({"type": ["string", "null"]})", {R"("x")", "null"}, {"1"}},
+      {R"({"type": "string", "minLength": 2, "maxLength": 3})", {R"("ab")", R"("a\"c")"}, {R"("a")", R"("abcd")"}},
+      {R"({"type": "string", "pattern": "^[A-Z]{2}-\\d+$"})", {R"("AB-12")"}, {R"("ab-12")", R"("AB-")"}},
+      {R"({"type": "string", "format": "date"})", {R"("2024-02-28")", R"("1999-12-31")"}, {R"("2024-02-30")", R"("2024-13-01")", R"("2024-04-31")"}},
+      {R"({"type": "string", "format": "date-time"})", {R"("2024-01-05T10:20:30Z")", R"("2024-01-05T10:20:30.5+02:00")"}, {R"("2024-01-05 10:20:30")", R"("2024-01-05T10:20:30")"}},
+      {R"({"type": "string", "format": "uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567")"}},
+      {R"({"type": "integer", "minimum": 10, "maximum": 250})", {"10", "99", "100", "250"}, {"9", "251", "300", "-10", "1000"}},
+      {R"({"type": "integer", "minimum": -5, "exclusiveMaximum": 3})", {"-5", "-1", "0", "2"}, {"-6", "3", "-0"}},
+      {R"({"type": "integer", "exclusiveMinimum": 0})", {"1", "12345678"}, {"0", "-1"}},
+      {R"({"type": "integer", "maximum": -10})", {"-10", "-99999"}, {"-9", "0", "5"}},
+      {R"({"type": "number", "minimum": 0, "maximum": 1})", {"0", "0.25", "1", "1.000"}, {"1.5", "-0.1", "2"}},
+      {R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["v", "next"]}}, "$ref": "#/$defs/node"})",
+       {R"({"v": 1, "next": {"v": 2, "next": null}})"}, {R"({"v": 1, "next": {"v": 2}})"}},
+      {R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"b": {"type": "string"}}}]})",
+       {R"({"a": 1, "b": "x"})", R"({"a": 1})"}, {R"({"b": "x"})"}},
+      {R"({"type": "object", "properties": {"q": {"type": "string", "nullable": true}}, "required": ["q"], "additionalProperties": false})",
+       {R"({"q": null})", R"({"q": "s"})"}, {R"({"q": 1})"}},
+      {R"(true)", {"1", R"({"a": [true]})"}, {"tru"}},
+  };
+  for (const Case& c : cases) {
+    auto gbnf = JsonSchemaToGbnf(Json::parse(c.schema));
+    ASSERT_TRUE(gbnf.ok()) << c.schema << ": " << gbnf.status().message();
+    auto g = ParseGbnf(*gbnf);
+    ASSERT_TRUE(g.ok()) << c.schema << ": " << g.status().message() << "\n" << *gbnf;
+    CompiledGrammar compiled(std::move(*g), ByteTrie());
+    for (const char* s : c.good) EXPECT_TRUE(Accepts(&compiled, s)) << c.schema << " should accept " << s << "\n" << *gbnf;
+    for (const char* s : c.bad) EXPECT_FALSE(Accepts(&compiled, s)) << c.schema << " should refuse " << s << "\n" << *gbnf;
+  }
+}
+
+TEST(JsonSchema, JsonObjectAndValueGrammars) {
+  auto obj = ParseGbnf(JsonObjectGbnf());
+  ASSERT_TRUE(obj.ok()) << obj.status().message();
+  CompiledGrammar c(std::move(*obj), ByteTrie());
+  EXPECT_TRUE(Accepts(&c, R"({"a": [1, 2.5e3, "x", null, true, {}]})"));
+  EXPECT_FALSE(Accepts(&c, "[1]"));
+  EXPECT_FALSE(Accepts(&c, R"({"a": 1)"));
+  auto val = ParseGbnf(JsonValueGbnf());
+  ASSERT_TRUE(val.ok());
+  CompiledGrammar v(std::move(*val), ByteTrie());
+  EXPECT_TRUE(Accepts(&v, "[1]"));
+  EXPECT_TRUE(Accepts(&v, "\"s\""));
+}
+
+TEST(JsonSchema, RefusalsNameThePath) {
+  auto err = [](const char* schema) {
+    auto r = JsonSchemaToGbnf(Json::parse(schema));
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  EXPECT_NE(err(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})").find("'/properties/a': 'uniqueItems' is not supported"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "multipleOf": 2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(err(R"({"$ref": "#/$defs/missing"})").find("points at nothing"), std::string::npos);
+  EXPECT_NE(err(R"({"$ref": "http://example.com/s.json"})").find("only local $refs"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "wat"})").find("unknown type 'wat'"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "properties": {}, "required": ["x"]})").find("'x' is not in 'properties'"), std::string::npos);
+  EXPECT_NE(err(R"x({"type": "string", "pattern": "(?=x)"})x").find("lookarounds"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "integer", "minimum": 5, "maximum": 4})").find("no integer"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "minimum": 0.5})").find("bounds on 'number'"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 99999})").find("'maxItems' above"), std::string::npos);
+  EXPECT_NE(err("false").find("matches nothing"), std::string::npos);
+  EXPECT_NE(err("3").find("must be an object or a boolean"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gale::grammar
