@@ -225,6 +225,13 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
     if (t < 0 || t >= vocab) return InvalidArgument("stop token id {} outside the vocabulary [0, {})", t, vocab);
   }
   RETURN_IF_ERROR(req.sampling.Validate());
+  for (const auto& [t, bias] : req.sampling.logit_bias) {
+    if (t >= vocab) return InvalidArgument("logit_bias token id {} outside the vocabulary [0, {})", t, vocab);
+  }
+  if (req.grammar && tokenizer_ != nullptr && req.grammar->trie().vocab_size() != tokenizer_->vocab_size()) {
+    return InvalidArgument("the grammar was built for a vocabulary of {} tokens, the model's has {}",
+                           req.grammar->trie().vocab_size(), tokenizer_->vocab_size());
+  }
   if (!req.stop.empty() && tokenizer_ == nullptr) return InvalidArgument("stop strings need a tokenizer");
   for (const auto& s : req.stop) {
     if (s.empty()) return InvalidArgument("a stop string is empty");
@@ -291,6 +298,7 @@ void Engine::Admit(PendingRequest& p) {
   r->cache_salt = p.request.cache_salt;
   r->group = p.request.group != 0 ? p.request.group : -p.id;
   r->no_cached_prefix = p.request.prompt_logprobs >= 0;
+  const std::vector<int32_t> stop_ids = r->stop_ids;
   auto live = std::make_unique<Live>();
   if (p.request.retention && p.request.retention->active()) {
     r->kv_budget = p.request.retention->budget;
@@ -311,7 +319,7 @@ void Engine::Admit(PendingRequest& p) {
     p.stream->Push(std::move(u));
     return;
   }
-  runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs);
+  runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs, std::move(p.request.grammar), stop_ids);
   live->want_logprobs = p.request.top_logprobs >= 0;
   live->prompt_logprobs = p.request.prompt_logprobs;
   live_[p.id] = std::move(live);
@@ -384,6 +392,7 @@ void Engine::Loop() {
   RunnerOutput out;
   std::vector<std::vector<TokenLogprobs>> logprobs;
   std::vector<PromptLogprobs> prompt_logprobs;
+  std::vector<std::pair<std::unique_ptr<SeqRequest>, Status>> failed;  // grammar errors of a step
   while (true) {
     submitted.clear();
     cancelled.clear();
@@ -490,6 +499,22 @@ void Engine::Loop() {
       if (!plan.seqs[i].sample) continue;
       const SeqRequest& r = *plan.seqs[i].req;  // still alive: running, or owned by `finished`
       Live& l = *live_.at(r.id);
+      const ModelRunner::GrammarState gs = runner_.grammar_state(r.id);
+      if (!gs.status.ok()) {
+        // No token could continue the grammar: the request ends with that error, the placeholder
+        // token unseen.
+        const int64_t id = r.id;
+        auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& f) { return f->id == id; });
+        std::unique_ptr<SeqRequest> owned;
+        if (it != finished.end()) {
+          owned = std::move(*it);
+          finished.erase(it);
+        } else {
+          owned = sched_.Abort(id, FinishReason::kError);
+        }
+        if (owned) failed.emplace_back(std::move(owned), gs.status);
+        continue;
+      }
       const int64_t first = l.num_emitted_tokens;
       for (int64_t g = first; g < r.num_generated(); ++g) {
         ++stats_.num_generated_tokens;
@@ -504,11 +529,18 @@ void Engine::Loop() {
         }
         break;
       }
+      if (gs.done) {
+        // The grammar is complete and nothing may follow: the output is whole (Abort finds
+        // nothing when the request finished already).
+        if (auto a = sched_.Abort(r.id, FinishReason::kStop)) finished.push_back(std::move(a));
+      }
     }
     Evict();
     // Counters first: a client that sees its request finish sees its blocks free.
     PublishStats();
     for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
+    for (const auto& [r, status] : failed) Finish(*r, FinishReason::kError, status);
+    failed.clear();
   }
 }
 
@@ -540,6 +572,7 @@ Status Engine::Propose() {
     }
     if (config_.spec.method == SpecMethod::kNgram) {
       r->spec_tokens = ProposeNgram(r->tokens, k, config_.spec.ngram);
+      r->spec_tokens.resize(runner_.GrammarAllowedPrefix(r->id, r->spec_tokens));
       step_tokens += static_cast<int64_t>(r->spec_tokens.size());
     } else {
       draft_jobs_.push_back({r->id, r->tokens, k});
@@ -554,6 +587,7 @@ Status Engine::Propose() {
   for (size_t i = 0; i < draft_reqs_.size(); ++i) {
     guesses += static_cast<int64_t>(draft_out_[i].size());
     draft_reqs_[i]->spec_tokens = std::move(draft_out_[i]);
+    draft_reqs_[i]->spec_tokens.resize(runner_.GrammarAllowedPrefix(draft_reqs_[i]->id, draft_reqs_[i]->spec_tokens));
   }
   spec_cost_.AddDraft(guesses, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return Status::Ok();

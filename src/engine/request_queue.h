@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "grammar/matcher.h"
 #include "kv/retention.h"
 #include "runner/model_runner.h"
 #include "runner/sampler.h"
@@ -37,6 +38,10 @@ struct GenerationRequest {
   // alternatives. Such a request computes its whole prompt (it takes nothing from the prefix cache).
   int prompt_logprobs = -1;
   std::optional<RetentionConfig> retention;  // KV retention for this request; unset: the engine's
+  // The output must follow this grammar (built over the engine's tokenizer's vocabulary); the
+  // request's stop tokens are allowed only where the grammar may end, and the request finishes
+  // (reason stop) once nothing can follow.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
   // Requests of one group (> 0: e.g. the choices and prompts of one API request) share the batch
   // fairly with other groups (sched/scheduler.h); 0: a group of its own.
   int64_t group = 0;

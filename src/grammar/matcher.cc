@@ -264,6 +264,29 @@ bool GrammarMatcher::Allows(int32_t token) {
   return true;
 }
 
+size_t GrammarMatcher::AllowedPrefix(std::span<const int32_t> tokens) {
+  if (!status_.ok()) return 0;
+  const TokenTrie& trie = grammar_->trie();
+  State walk[2];
+  walk[0] = state_;
+  int cur = 0;
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    const int32_t t = tokens[k];
+    const bool stop = std::find(stop_tokens_.begin(), stop_tokens_.end(), t) != stop_tokens_.end();
+    if (stop) {
+      const State& s = walk[cur];
+      const bool can_end = s.remaining == 0 && std::find(s.stacks.begin(), s.stacks.end(), kAccept) != s.stacks.end();
+      return can_end ? k + 1 : k;  // nothing follows a stop token
+    }
+    if (t < 0 || t >= trie.vocab_size() || !trie.usable(t)) return k;
+    for (unsigned char b : trie.bytes(t)) {
+      if (!AdvanceByte(walk[cur], b, &walk[cur ^ 1])) return k;
+      cur ^= 1;
+    }
+  }
+  return tokens.size();
+}
+
 Status GrammarMatcher::Accept(int32_t token) {
   RETURN_IF_ERROR(status_);
   if (!Allows(token)) {

@@ -95,6 +95,8 @@ class GrammarMatcher {
 
   // Whether the token may come next (cheap: walks only its bytes).
   bool Allows(int32_t token);
+  // How many of the tokens may come next in a row (nothing is taken).
+  size_t AllowedPrefix(std::span<const int32_t> tokens);
   // Takes the token; an error if it is not allowed (the state is then unchanged).
   Status Accept(int32_t token);
   // Sets the logits of tokens that may not come next to -inf. False when no token may (a

@@ -538,4 +538,16 @@ std::string Detokenizer::Flush() {
   return out;
 }
 
+std::shared_ptr<const grammar::TokenTrie> MakeTokenTrie(const Tokenizer& tok) {
+  std::vector<std::string> bytes(static_cast<size_t>(tok.vocab_size()));
+  std::vector<bool> usable(bytes.size(), false);
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    const TokenType t = tok.GetTokenType(id);
+    if (t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUnused) continue;
+    bytes[id] = tok.TokenToPiece(id);
+    usable[id] = true;
+  }
+  return std::make_shared<const grammar::TokenTrie>(bytes, usable);
+}
+
 }  // namespace gale

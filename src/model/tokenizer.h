@@ -16,6 +16,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
+#include "grammar/matcher.h"
 
 namespace gale {
 
@@ -117,6 +118,10 @@ class Detokenizer {
   bool at_start_;
   std::string pending_;  // bytes of an incomplete UTF-8 character
 };
+
+// The vocabulary as grammars see it: each token's bytes (TokenToPiece); control, unknown and
+// unused tokens are never produced by text.
+std::shared_ptr<const grammar::TokenTrie> MakeTokenTrie(const Tokenizer& tok);
 
 // Length of the valid UTF-8 character starting s[0] (1-4), 0 if incomplete, -1 if invalid.
 int Utf8CharLength(std::string_view s);

@@ -9,8 +9,27 @@
 
 namespace gale {
 
-void ModelRunner::AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs) {
-  requests_.insert_or_assign(request_id, PerRequest{Sampler(params), top_logprobs});
+void ModelRunner::AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs,
+                             std::shared_ptr<const grammar::CompiledGrammar> grammar, std::vector<int32_t> stop_ids) {
+  PerRequest r{Sampler(params), top_logprobs, nullptr, Status::Ok()};
+  if (grammar) r.matcher = std::make_unique<grammar::GrammarMatcher>(std::move(grammar), std::move(stop_ids));
+  requests_.insert_or_assign(request_id, std::move(r));
+}
+
+ModelRunner::GrammarState ModelRunner::grammar_state(int64_t request_id) const {
+  GrammarState s;
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || !it->second.matcher) return s;
+  s.constrained = true;
+  s.status = it->second.grammar_status;
+  s.done = it->second.matcher->Done();
+  return s;
+}
+
+size_t ModelRunner::GrammarAllowedPrefix(int64_t request_id, std::span<const int32_t> drafts) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || !it->second.matcher) return drafts.size();
+  return it->second.matcher->AllowedPrefix(drafts);
 }
 
 void ModelRunner::RemoveRequest(int64_t request_id) { requests_.erase(request_id); }
@@ -150,10 +169,22 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
         const int64_t input = first_input + i;
         std::span<float> logits(ws_.logits.data() + (jobs[j].row + i) * vocab, vocab);
         if (want) raw.assign(logits.begin(), logits.end());
-        const int32_t t = r.sampler.Sample(logits, q.tokens.first(input + 1));
+        int32_t t = r.sampler.Sample(logits, q.tokens.first(input + 1), r.matcher.get());
+        if (r.matcher) {
+          // The request ends when its grammar cannot go on; the token it gets meanwhile (0) is
+          // never shown: the engine ends the request with the error first.
+          if (t < 0) {
+            r.grammar_status = r.matcher->status().ok() ? InvalidArgument("no token of the vocabulary can continue the grammar here")
+                                                        : r.matcher->status();
+            t = 0;
+          } else if (Status s = r.matcher->Accept(t); !s.ok()) {
+            r.grammar_status = s;
+          }
+        }
         out.push_back(t);
         if (want) Logprobs(raw, t, r.top_logprobs, &(*logprobs)[jobs[j].seq].emplace_back());
         if (i == q.num_spec || q.tokens[input + 1] != t) break;
+        if (r.matcher && (!r.grammar_status.ok() || r.matcher->Done())) break;
       }
     }
   });

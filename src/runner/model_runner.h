@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "grammar/matcher.h"
 #include "kv/kv_storage.h"
 #include "model/model.h"
 #include "runner/sampler.h"
@@ -60,8 +62,24 @@ class ModelRunner {
   ModelRunner(const Model& model, KvStorage& kv, ThreadPool& pool) : model_(model), kv_(kv), pool_(pool) {}
 
   // top_logprobs: -1 no log-probabilities; k >= 0: the sampled token's and k alternatives.
-  void AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs = -1);
+  // grammar: the request's output must follow it (stop_ids are allowed where it may end).
+  void AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs = -1,
+                  std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr,
+                  std::vector<int32_t> stop_ids = {});
   void RemoveRequest(int64_t request_id);
+
+  // A grammar-constrained request after a step: Ok while it may go on; an error when no token
+  // could continue its grammar (the request must end); `done` when its grammar is complete and
+  // nothing can follow.
+  struct GrammarState {
+    bool constrained = false;
+    bool done = false;
+    Status status;
+  };
+  GrammarState grammar_state(int64_t request_id) const;
+  // How many of `drafts` the request's grammar allows in a row from where it is (all when it has
+  // none): speculative guesses are cut there before they are verified.
+  size_t GrammarAllowedPrefix(int64_t request_id, std::span<const int32_t> drafts);
 
   // One forward pass over all chunks. sampled[i] is what seqs[i] produced: empty where !sample,
   // else its accepted drafts and then one sampled token. Sampling row j draws exactly as decoding
@@ -87,6 +105,8 @@ class ModelRunner {
   struct PerRequest {
     Sampler sampler;
     int top_logprobs;
+    std::unique_ptr<grammar::GrammarMatcher> matcher;  // null: unconstrained
+    Status grammar_status;
   };
   std::unordered_map<int64_t, PerRequest> requests_;
   struct SampleJob {

@@ -18,6 +18,10 @@ Status SamplingParams::Validate() const {
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) return InvalidArgument("presence_penalty {} must be in [-2, 2]", presence_penalty);
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) return InvalidArgument("frequency_penalty {} must be in [-2, 2]", frequency_penalty);
   if (repeat_last_n < -1) return InvalidArgument("repeat_last_n {} must be >= -1", repeat_last_n);
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return InvalidArgument("logit_bias token id {} is negative", id);
+    if (!(bias >= -100.0f && bias <= 100.0f)) return InvalidArgument("logit_bias {} for token {} must be in [-100, 100]", bias, id);
+  }
   return Status::Ok();
 }
 
@@ -46,9 +50,22 @@ void Sampler::ApplyPenalties(std::span<float> logits, std::span<const int32_t> h
   }
 }
 
-int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history) {
+int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> history, grammar::GrammarMatcher* constraint) {
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[id] += bias;
+  }
   ApplyPenalties(logits, history);
   candidates_.clear();
+  if (constraint != nullptr) {
+    if (params_.temperature == 0.0f) {
+      const int32_t id = ArgMax(logits);
+      if (constraint->Allows(id)) {
+        candidates_.push_back({id, 1.0f});
+        return id;
+      }
+    }
+    if (!constraint->MaskLogits(logits)) return -1;
+  }
   if (params_.temperature == 0.0f) {
     const int32_t id = ArgMax(logits);
     candidates_.push_back({id, 1.0f});

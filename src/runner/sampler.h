@@ -11,6 +11,7 @@
 
 #include "base/rng.h"
 #include "base/status.h"
+#include "grammar/matcher.h"
 
 namespace gale {
 
@@ -24,6 +25,8 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // OpenAI style: minus this once if the token occurred
   float frequency_penalty = 0.0f;  // OpenAI style: minus this per occurrence
   uint64_t seed = 0;
+  // Added to the logits of these tokens before anything else (OpenAI's logit_bias; -100 bans).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   Status Validate() const;  // clear errors for out-of-range values
 };
@@ -33,7 +36,11 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   // history: the tokens the penalties look at (prompt + generated). logits is modified.
-  int32_t Sample(std::span<float> logits, std::span<const int32_t> history);
+  // constraint: only tokens it allows are drawn (their probabilities renormalized, as if the
+  // others had logit -inf); -1 when it allows none. Greedy draws check the unconstrained argmax
+  // first and compute the mask only when it is refused (the same token either way).
+  int32_t Sample(std::span<float> logits, std::span<const int32_t> history,
+                 grammar::GrammarMatcher* constraint = nullptr);
 
   // The candidates (token, probability) the last Sample drew from, after all truncations (in no
   // particular order); empty when nothing was truncated (every token of the vocabulary).

@@ -10,8 +10,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <variant>
 
@@ -71,15 +74,28 @@ struct Prepared {
   CompletionRequest req;
   std::vector<std::vector<int32_t>> prompts;  // token ids, one per prompt (a chat is one)
   std::vector<std::string> prompt_texts;      // [prompts], for echo
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // the output's constraint, if any
 };
 
-std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state);
+// Says once per field name (not per request) that a field was ignored.
+void LogIgnoredFields(const std::vector<std::string>& fields) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& f : fields) {
+    if (said.size() < 256 && said.insert(f).second) {
+      std::fprintf(stderr, "note: ignoring the unknown request field '%s' (--strict-api refuses such requests)\n", f.c_str());
+    }
+  }
+}
+
+std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state, bool strict);
 
 // Runs on the work pool: whatever goes wrong (an exhausted allocation) is this request's 500,
 // never an exception through a server thread.
-std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, const ServingState& state) {
+std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, const ServingState& state, bool strict) {
   try {
-    return PrepareUnguarded(body, chat, state);
+    return PrepareUnguarded(body, chat, state, strict);
   } catch (const std::bad_alloc&) {
     return ApiError{500, "out of memory while preparing the request", "server_error", ""};
   } catch (const std::exception& e) {
@@ -87,12 +103,19 @@ std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, con
   }
 }
 
-std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state) {
-  auto parsed = ParseCompletionRequest(body, chat);
+std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state, bool strict) {
+  auto parsed = ParseCompletionRequest(body, chat, strict);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   Prepared p;
   p.req = std::move(std::get<CompletionRequest>(parsed));
   CompletionRequest& req = p.req;
+  LogIgnoredFields(req.ignored_fields);
+  if (req.constraint) {
+    if (state.grammars == nullptr) return ApiError{400, "structured outputs are not available on this server", "invalid_request_error", req.constraint_param};
+    auto g = state.grammars->Compile(*req.constraint);
+    if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", req.constraint_param};
+    p.grammar = std::move(*g);
+  }
   const Tokenizer& tok = *state.tokenizer;
   if (!req.model.empty() && req.model != state.model_name) {
     return ApiError{404, fmt::format("model '{}' does not exist; this server has '{}'", req.model, state.model_name),
@@ -270,7 +293,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
     if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
     net::post(server_->work, [self = shared_from_this(), req = std::move(req), chat, state]() mutable {
-      auto prepared = Prepare(req.body(), chat, *state);
+      auto prepared = Prepare(req.body(), chat, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
       net::post(self->stream_.get_executor(), [self, prepared = std::move(prepared), state]() mutable {
         self->Launch(std::move(prepared), *state);
@@ -363,6 +386,7 @@ class Session : public std::enable_shared_from_this<Session> {
         // Echo with logprobs reports the prompt's tokens too: the engine computes them.
         if (req.echo && req.top_logprobs >= 0) g.prompt_logprobs = req.top_logprobs;
         g.retention = req.retention;
+        g.grammar = p.grammar;
         gen->echo_tokens.push_back(req.echo && req.top_logprobs >= 0 ? g.prompt : std::vector<int32_t>{});
         subs.push_back(std::move(g));
         gen->echo_prefix.push_back(req.echo ? prompt_texts[pi] : "");

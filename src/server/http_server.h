@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "grammar/compiler.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "server/metrics.h"
@@ -31,6 +32,7 @@ struct ServerOptions {
   int64_t max_waiting_tokens = 0;
   int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
   std::chrono::seconds idle_timeout{120};
+  bool strict_api = false;           // unknown request fields are 400 errors instead of ignored
 };
 
 // What is served, once the model is loaded and warmed up. Until then /health and /v1/* answer 503.
@@ -38,6 +40,7 @@ struct ServingState {
   Engine* engine = nullptr;
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
+  grammar::GrammarCompiler* grammars = nullptr;  // null: structured outputs answer 400
   std::string model_name;
   int64_t created = 0;  // unix seconds, for /v1/models
 };

@@ -49,15 +49,15 @@ const char* FinishReasonForApi(FinishReason r) {
 
 namespace {
 
-std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat);
+std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat, bool strict);
 
 }  // namespace
 
-std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat) {
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat, bool strict) {
   // Every access below checks types first; this is the boundary that keeps a missed check (a
   // JSON type error) a 400 rather than an exception through a server thread.
   try {
-    return ParseBody(body, chat);
+    return ParseBody(body, chat, strict);
   } catch (const nlohmann::json::exception& e) {
     return Bad("", fmt::format("the request body has a field of an unexpected type ({})", e.what()));
   }
@@ -65,7 +65,119 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
 
 namespace {
 
-std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat) {
+// The structured-output fields, all forms of one thing: at most one may be set.
+std::optional<ApiError> ParseConstraint(const Json& j, CompletionRequest* r) {
+  using Kind = grammar::Constraint::Kind;
+  auto set = [&](const std::string& param, Kind kind, std::string text) -> std::optional<ApiError> {
+    if (r->constraint) {
+      return Bad(param, fmt::format("'{}' and '{}' both constrain the output; give one", r->constraint_param, param));
+    }
+    r->constraint = grammar::Constraint{kind, std::move(text)};
+    r->constraint_param = param;
+    return std::nullopt;
+  };
+  auto schema_text = [](const Json& s) { return s.dump(-1, ' ', false, Json::error_handler_t::replace); };
+  auto has = [&](const Json& o, const char* k) { return o.contains(k) && !o[k].is_null(); };
+  if (has(j, "response_format")) {
+    const Json& rf = j["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
+      return Bad("response_format", "'response_format' must be an object with a string 'type'");
+    }
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) {
+        return Bad("response_format", "response_format json_schema needs a 'json_schema' object");
+      }
+      const Json& js = rf["json_schema"];
+      if (!js.contains("schema")) {
+        return Bad("response_format", "response_format json_schema needs 'json_schema.schema'");
+      }
+      if (!js["schema"].is_object() && !js["schema"].is_boolean()) {
+        return Bad("response_format", "'json_schema.schema' must be a JSON Schema object");
+      }
+      if (auto e = set("response_format", Kind::kJsonSchema, schema_text(js["schema"]))) return e;
+    } else if (type == "json_object") {
+      // llama-server takes a schema here too.
+      if (has(rf, "schema")) {
+        if (auto e = set("response_format", Kind::kJsonSchema, schema_text(rf["schema"]))) return e;
+      } else if (auto e = set("response_format", Kind::kJsonObject, "")) {
+        return e;
+      }
+    } else if (type != "text") {
+      return Bad("response_format", fmt::format("unknown response_format type '{}' (text, json_object, json_schema)", type));
+    }
+  }
+  // A schema given as an object or as JSON text (vLLM takes both).
+  auto schema_field = [&](const std::string& param, const Json& v) -> std::optional<ApiError> {
+    if (v.is_string()) {
+      Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) return Bad(param, fmt::format("'{}' is not valid JSON", param));
+      return set(param, Kind::kJsonSchema, schema_text(parsed));
+    }
+    if (!v.is_object() && !v.is_boolean()) return Bad(param, fmt::format("'{}' must be a JSON Schema", param));
+    return set(param, Kind::kJsonSchema, schema_text(v));
+  };
+  auto string_field = [&](const std::string& param, const Json& v, Kind kind) -> std::optional<ApiError> {
+    if (!v.is_string()) return Bad(param, fmt::format("'{}' must be a string", param));
+    return set(param, kind, v.get<std::string>());
+  };
+  auto choice_field = [&](const std::string& param, const Json& v) -> std::optional<ApiError> {
+    if (!v.is_array() || v.empty()) return Bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    for (const auto& c : v) {
+      if (!c.is_string()) return Bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    }
+    return set(param, Kind::kChoice, v.dump());
+  };
+  if (has(j, "guided_json")) {
+    if (auto e = schema_field("guided_json", j["guided_json"])) return e;
+  }
+  if (has(j, "guided_regex")) {
+    if (auto e = string_field("guided_regex", j["guided_regex"], Kind::kRegex)) return e;
+  }
+  if (has(j, "guided_choice")) {
+    if (auto e = choice_field("guided_choice", j["guided_choice"])) return e;
+  }
+  if (has(j, "guided_grammar")) {
+    if (auto e = string_field("guided_grammar", j["guided_grammar"], Kind::kGbnf)) return e;
+  }
+  if (has(j, "grammar")) {
+    if (auto e = string_field("grammar", j["grammar"], Kind::kGbnf)) return e;
+  }
+  if (has(j, "json_schema")) {
+    if (auto e = schema_field("json_schema", j["json_schema"])) return e;
+  }
+  if (has(j, "structured_outputs")) {
+    const Json& so = j["structured_outputs"];
+    if (!so.is_object()) return Bad("structured_outputs", "'structured_outputs' must be an object");
+    for (auto it = so.begin(); it != so.end(); ++it) {
+      const std::string& k = it.key();
+      const std::string param = "structured_outputs." + k;
+      if (it.value().is_null()) continue;
+      std::optional<ApiError> e;
+      if (k == "json") {
+        e = schema_field(param, it.value());
+      } else if (k == "regex") {
+        e = string_field(param, it.value(), Kind::kRegex);
+      } else if (k == "choice") {
+        e = choice_field(param, it.value());
+      } else if (k == "grammar") {
+        e = string_field(param, it.value(), Kind::kGbnf);
+      } else if (k == "json_object") {
+        if (!it.value().is_boolean()) return Bad(param, "'structured_outputs.json_object' must be true or false");
+        if (it.value().get<bool>()) e = set(param, Kind::kJsonObject, "");
+      } else if (k == "backend" || k == "disable_fallback" || k == "disable_any_whitespace" ||
+                 k == "disable_additional_properties" || k == "whitespace_pattern") {
+        // Options of vLLM's backends; gale has one.
+      } else {
+        return Bad(param, fmt::format("unknown field '{}'", param));
+      }
+      if (e) return e;
+    }
+  }
+  return std::nullopt;
+}
+
+std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat, bool strict) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
   if (!j.is_object()) return Bad("", "the request body must be a JSON object");
@@ -77,17 +189,20 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
       "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
       "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
       "top_logprobs", "user", "ignore_eos", "truncate_prompt_tokens", "cache_salt", "logit_bias",
-      "kv_retention", "kv_budget", "kv_budget_ratio", "kv_sink_tokens"};
+      "kv_retention", "kv_budget", "kv_budget_ratio", "kv_sink_tokens", "response_format", "guided_json",
+      "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
+      "structured_outputs", "grammar", "json_schema", "max_completion_tokens"};
   static const std::set<std::string> kCompletion = {"prompt", "echo", "suffix", "best_of"};
-  static const std::set<std::string> kChat = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                              "parallel_tool_calls", "chat_template_kwargs", "response_format"};
+  static const std::set<std::string> kChat = {"messages", "tools", "tool_choice",
+                                              "parallel_tool_calls", "chat_template_kwargs"};
+  CompletionRequest r;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (!kCommon.count(k) && !(chat ? kChat.count(k) : kCompletion.count(k))) {
-      return Bad(k, fmt::format("unknown field '{}'", k));
+      if (strict) return Bad(k, fmt::format("unknown field '{}'", k));
+      r.ignored_fields.push_back(k);
     }
   }
-  CompletionRequest r;
   r.chat = chat;
   r.sampling.temperature = 1.0f;  // OpenAI's defaults, not the CLI's
   r.sampling.top_k = 0;
@@ -159,9 +274,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
   }
   i = 0;
   if (auto e = integer("max_tokens", 1, int64_t{1} << 30, &i)) return *e;
-  if (chat) {
-    if (auto e = integer("max_completion_tokens", 1, int64_t{1} << 30, &i)) return *e;
-  }
+  if (auto e = integer("max_completion_tokens", 1, int64_t{1} << 30, &i)) return *e;
   r.max_tokens = i;
   i = 1;
   if (auto e = integer("n", 1, 16, &i)) return *e;
@@ -225,19 +338,28 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
       return Bad("top_logprobs", "completions take 'logprobs': N (top_logprobs is for chat)");
     }
   }
-  if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
-    return Bad("logit_bias", "'logit_bias' is not supported yet");
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
+    // {"token id": bias in [-100, 100]}; the vocabulary bound is checked by the server.
+    if (!j["logit_bias"].is_object()) return Bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto it = j["logit_bias"].begin(); it != j["logit_bias"].end(); ++it) {
+      const std::string& key = it.key();
+      int64_t id = -1;
+      if (!key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), ::isdigit)) id = std::stoll(key);
+      if (id < 0 || id > INT32_MAX) return Bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id", key));
+      if (!it.value().is_number()) return Bad("logit_bias", fmt::format("logit_bias for token {} must be a number", key));
+      const double bias = it.value().get<double>();
+      if (!(bias >= -100.0 && bias <= 100.0)) {
+        return Bad("logit_bias", fmt::format("logit_bias for token {} must be in [-100, 100], got {}", key, bias));
+      }
+      if (r.sampling.logit_bias.size() >= 1024) return Bad("logit_bias", "at most 1024 logit_bias entries");
+      r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    }
   }
   if (j.contains("best_of") && !j["best_of"].is_null() && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1)) {
     return Bad("best_of", "'best_of' other than 1 is not supported");
   }
   if (j.contains("suffix") && !j["suffix"].is_null()) return Bad("suffix", "'suffix' is not supported");
-  if (j.contains("response_format") && !j["response_format"].is_null()) {
-    const Json& rf = j["response_format"];
-    if (!rf.is_object() || !rf.contains("type") || rf["type"] != "text") {
-      return Bad("response_format", "only response_format {\"type\": \"text\"} is supported yet");
-    }
-  }
+  if (auto e = ParseConstraint(j, &r)) return *e;
   i = -1;
   if (auto e = integer("truncate_prompt_tokens", 1, int64_t{1} << 30, &i)) return *e;
   r.truncate_prompt_tokens = i;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/compiler.h"
 #include "kv/retention.h"
 #include "runner/model_runner.h"
 #include "runner/sampler.h"
@@ -58,11 +59,18 @@ struct CompletionRequest {
   // gale's extension: "kv_retention" (policy), "kv_budget" (tokens) or "kv_budget_ratio",
   // "kv_sink_tokens"; unset: the server's --kv-retention.
   std::optional<RetentionConfig> retention;
+  // Structured output: response_format json_object / json_schema, vLLM's guided_* and
+  // structured_outputs, llama.cpp's grammar / json_schema (at most one of them).
+  std::optional<grammar::Constraint> constraint;
+  std::string constraint_param;                // the field it came from (for errors)
+  std::vector<std::string> ignored_fields;     // unknown fields, ignored (not with strict parsing)
 };
 
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions.
-// Unknown fields, wrong types and out-of-range values are 400 errors naming the field.
-std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat);
+// Wrong types and out-of-range values are 400 errors naming the field. Unknown fields are listed
+// in ignored_fields (as vLLM and llama-server ignore them: SDKs and agent frameworks send fields
+// a server may not know), or with strict = true are 400 errors too.
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat, bool strict = false);
 
 const char* FinishReasonForApi(FinishReason r);  // "stop" (eos and stop strings), "length", ...
 

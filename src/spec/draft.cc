@@ -37,7 +37,11 @@ Status DraftProposer::Propose(std::span<const Job> jobs, std::vector<std::vector
     const int64_t len = static_cast<int64_t>(j.tokens.size());
     if (j.k < 1 || len < 1) continue;
     auto [it, added] = computed_.try_emplace(j.request_id, 0);
-    if (added) runner_.AddRequest(j.request_id, SamplingParams{.temperature = 0.0f});
+    if (added) {
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      runner_.AddRequest(j.request_id, greedy);
+    }
     if (it->second >= len) it->second = len - 1;  // the last token's K/V come with this pass
     // Inputs reach position len + k - 2 (the (k-1)-th guess).
     if (!kv_.AllocateSlots(j.request_id, len + j.k - 1)) continue;

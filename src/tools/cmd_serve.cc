@@ -42,6 +42,7 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   app.add_flag("--no-warmup", o->no_warmup, "skip the warm-up request before /health says ready");
+  app.add_flag("--strict-api", o->http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
       ->capture_default_str();
   o->engine.Register(app);
@@ -109,7 +110,9 @@ CommandFn RegisterServe(CLI::App& app) {
       name = loaded->path.substr(loaded->path.find_last_of('/') + 1);
       if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
     }
+    grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok));
     server::ServingState state;
+    state.grammars = &grammars;
     state.engine = engine->get();
     state.tokenizer = loaded->tok.get();
     state.chat_template = chat_template.get();
