@@ -132,7 +132,8 @@ class Converter {
 
   StatusOr<std::string> Convert() {
     ASSIGN_OR_RETURN(std::string top, Visit(root_, "root", ""));
-    std::string out = "root ::= " + top + "\n";
+    // JSON text may start with whitespace (a SentencePiece model's first token often carries a space).
+    std::string out = "root ::= " + UsePrimitive("space") + " " + top + "\n";
     for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
     return out;
   }
@@ -573,9 +574,9 @@ class Converter {
 };
 
 std::string PrimitiveGrammar(const std::string& top) {
-  std::string out = "root ::= " + top + "\n";
+  std::string out = "root ::= space " + top + "\n";
   std::set<std::string> done;
-  std::vector<std::string> todo = {top};
+  std::vector<std::string> todo = {top, "space"};
   while (!todo.empty()) {
     const std::string n = todo.back();
     todo.pop_back();

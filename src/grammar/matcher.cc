@@ -374,15 +374,24 @@ bool GrammarMatcher::MaskLogits(std::span<float> logits) {
   const TokenMask& m = *Mask();
   if (!status_.ok()) return false;
   bool any = false;
-  const size_t vocab = static_cast<size_t>(grammar_->trie().vocab_size());
-  for (size_t t = 0; t < logits.size(); ++t) {
-    const bool ok = t < vocab && ((m[t >> 6] >> (t & 63)) & 1);
-    if (!ok) {
-      logits[t] = -INFINITY;
+  const size_t vocab = std::min(logits.size(), static_cast<size_t>(grammar_->trie().vocab_size()));
+  // Word by word: a JSON state allows either almost everything (inside a string) or almost
+  // nothing (between tokens), so most words are all ones or all zeros.
+  for (size_t w = 0; w * 64 < vocab; ++w) {
+    const uint64_t bits = m[w];
+    const size_t begin = w * 64, end = std::min(vocab, begin + 64);
+    if (bits == ~uint64_t{0} && end - begin == 64) {
+      any = true;
+    } else if (bits == 0) {
+      std::fill(logits.begin() + begin, logits.begin() + end, -INFINITY);
     } else {
       any = true;
+      for (size_t t = begin; t < end; ++t) {
+        if (!((bits >> (t - begin)) & 1)) logits[t] = -INFINITY;
+      }
     }
   }
+  std::fill(logits.begin() + vocab, logits.end(), -INFINITY);  // padding past the tokenizer's
   return any;
 }
 

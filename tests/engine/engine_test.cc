@@ -6,6 +6,7 @@
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <map>
@@ -15,6 +16,7 @@
 #include "base/rng.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
+#include "grammar/compiler.h"
 #include "runner/generate.h"
 #include "model/synth.h"
 
@@ -147,8 +149,10 @@ struct SpecCounts {
 // Returns the speculative decoding counters (zero when spec is off).
 SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type, bool shared_prefixes = false,
                                        const SpecConfig& spec = {},
-                                       std::optional<kernels::KvType> v_type = std::nullopt) {
+                                       std::optional<kernels::KvType> v_type = std::nullopt,
+                                       std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr) {
   auto reqs = RandomRequests(m, 32, 42);
+  for (auto& r : reqs) r.grammar = grammar;
   if (shared_prefixes) {
     // System-prompt-like prefixes of 9 to 45 tokens in front of every prompt.
     Rng rng(7);
@@ -196,7 +200,8 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
     EXPECT_EQ(got.tokens, alone[i].tokens) << "request " << i;
     EXPECT_EQ(got.text, alone[i].text) << "request " << i;
     EXPECT_EQ(got.reason, alone[i].reason) << "request " << i;
-    EXPECT_TRUE(got.reason == FinishReason::kLength || got.reason == FinishReason::kEos);
+    EXPECT_TRUE(got.reason == FinishReason::kLength || got.reason == FinishReason::kEos ||
+                (grammar && got.reason == FinishReason::kStop));
     num_generated += static_cast<int64_t>(got.tokens.size());
   }
   const EngineStats& st = (*engine)->stats();
@@ -288,6 +293,66 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   d.num_tokens = 5;
   a = ExpectConcurrentEqualsAlone(target, kernels::KvType::kF16, /*shared_prefixes=*/false, d);
   EXPECT_GT(a.accepted, 20);
+}
+
+// Grammar-constrained requests under the exactness workload (preemption, chunked prefill, prefix
+// caching, speculative guesses cut by the grammar): each gets what it gets alone. Outputs that
+// finish are JSON with the schema's fields.
+TEST(EngineTest, GrammarConstrainedOutputsAreExactAndValid) {
+  const TestModel m = Stories();
+  grammar::GrammarCompiler compiler(MakeTokenTrie(*m.tok));
+  const char* schema = R"({"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]},
+      "count": {"type": "integer", "minimum": 0, "maximum": 20}, "ok": {"type": "boolean"}},
+      "required": ["mood", "count", "ok"]})";
+  auto g = compiler.Compile({grammar::Constraint::Kind::kJsonSchema, schema});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true, {}, std::nullopt, *g);
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.num_tokens = 4;
+  ngram.always = true;
+  ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, ngram, std::nullopt, *g);
+
+  auto reqs = RandomRequests(m, 12, 9);
+  for (auto& r : reqs) {
+    r.grammar = *g;
+    r.max_tokens = 400;
+  }
+  const std::vector<Result> out = RunAlone(m, reqs, kernels::KvType::kF32);
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_TRUE(out[i].reason == FinishReason::kStop || out[i].reason == FinishReason::kEos) << i << ": " << out[i].text;
+    const auto j = nlohmann::json::parse(out[i].text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << out[i].text;
+    EXPECT_TRUE(j["mood"] == "happy" || j["mood"] == "sad") << out[i].text;
+    EXPECT_TRUE(j["count"].is_number_integer() && j["count"] >= 0 && j["count"] <= 20) << out[i].text;
+    EXPECT_TRUE(j["ok"].is_boolean()) << out[i].text;
+  }
+}
+
+// A grammar no token can follow (the vocabulary cannot spell it) ends its request with an error
+// naming it; the engine carries on.
+TEST(EngineTest, AGrammarTheVocabularyCannotFollowFailsOnlyItsRequest) {
+  const TestModel m = Stories();
+  grammar::GrammarCompiler compiler(MakeTokenTrie(*m.tok));
+  // After "a", an empty class: nothing can follow, and the grammar cannot end either.
+  auto g = compiler.Compile({grammar::Constraint::Kind::kGbnf, "root ::= \"a\" []"});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ThreadPool pool(2);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 16ull << 20;
+  auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
+  GenerationRequest bad = RandomRequests(m, 1, 3)[0];
+  bad.grammar = *g;
+  bad.max_tokens = 10;
+  GenerationRequest fine = RandomRequests(m, 1, 4)[0];
+  auto a = engine->Submit(bad).value();
+  auto b = engine->Submit(fine).value();
+  const Result ra = Collect(*a), rb = Collect(*b);
+  EXPECT_EQ(ra.reason, FinishReason::kError);
+  EXPECT_NE(ra.status.message().find("no token"), std::string::npos) << ra.status.ToString();
+  EXPECT_EQ(ra.text, "a");
+  EXPECT_NE(rb.reason, FinishReason::kError);
+  EXPECT_EQ(engine->stats().num_free_blocks.load(), engine->num_blocks());
 }
 
 // Quantized KV (int8, int4) under the exactness workload: preemption, prefix sharing and
