@@ -108,6 +108,28 @@ std::string CharSetText(const CharSet& s) {
 
 std::string CharSetGbnf(const CharSet& s) { return CharSetText(s); }
 
+std::string GbnfLiteral(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7F) {
+      out += fmt::format("\\x{:02X}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+  return out;
+}
+
 std::string Grammar::ToString() const {
   std::string out;
   for (size_t r = 0; r < rule_names.size(); ++r) {

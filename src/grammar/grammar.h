@@ -49,6 +49,9 @@ struct Grammar {
   std::string ToString() const;
 };
 
+// A GBNF string literal matching exactly the UTF-8 text s.
+std::string GbnfLiteral(std::string_view s);
+
 // A set as a GBNF term: a "literal" when it is one code point, a [class] otherwise.
 std::string CharSetGbnf(const CharSet& s);
 

@@ -60,27 +60,7 @@ const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
   return kDeps;
 }
 
-// A GBNF string literal for the UTF-8 text s.
-std::string Literal(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c == 0x7F) {
-      out += fmt::format("\\x{:02X}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+std::string Literal(const std::string& s) { return GbnfLiteral(s); }
 
 std::string JsonLiteral(const Json& v) { return Literal(v.dump(-1, ' ', false, Json::error_handler_t::replace)); }
 
@@ -128,12 +108,14 @@ std::string UnsignedRange(int64_t lo, std::optional<int64_t> hi) {
 
 class Converter {
  public:
-  explicit Converter(const Json& root) : root_(root) {}
+  Converter(const Json& root, std::string root_name) : root_(root), root_name_(std::move(root_name)) {
+    used_names_.insert(root_name_);
+  }
 
   StatusOr<std::string> Convert() {
     ASSIGN_OR_RETURN(std::string top, Visit(root_, "root", ""));
     // JSON text may start with whitespace (a SentencePiece model's first token often carries a space).
-    std::string out = "root ::= " + UsePrimitive("space") + " " + top + "\n";
+    std::string out = root_name_ + " ::= " + UsePrimitive("space") + " " + top + "\n";
     for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
     return out;
   }
@@ -565,6 +547,7 @@ class Converter {
   }
 
   const Json& root_;
+  std::string root_name_;
   int depth_ = 0;
   std::vector<std::pair<std::string, std::string>> rules_;  // in the order written
   std::map<std::string, std::string> by_body_;
@@ -590,8 +573,8 @@ std::string PrimitiveGrammar(const std::string& top) {
 
 }  // namespace
 
-StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) {
-  Converter c(schema);
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name) {
+  Converter c(schema, root_name);
   return c.Convert();
 }
 

@@ -22,8 +22,10 @@
 
 namespace gale::grammar {
 
-// The grammar's start rule is `root`. Errors name the schema path ("/properties/a/items").
-StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
+// The grammar's start rule is root_name. Errors name the schema path ("/properties/a/items").
+// A $ref to #/$defs/NAME becomes a rule named NAME (sanitized, and made unique), so a caller can
+// build on the rules of the definitions it put there.
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name = "root");
 
 // Any JSON object (response_format json_object) and any JSON value.
 std::string JsonObjectGbnf();

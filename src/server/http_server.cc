@@ -23,6 +23,7 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 
+#include "jinja/value.h"
 #include "server/openai_api.h"
 
 namespace gale::server {
@@ -75,7 +76,27 @@ struct Prepared {
   std::vector<std::vector<int32_t>> prompts;  // token ids, one per prompt (a chat is one)
   std::vector<std::string> prompt_texts;      // [prompts], for echo
   std::shared_ptr<const grammar::CompiledGrammar> grammar;  // the output's constraint, if any
+  bool parse_tools = false;      // take tool calls out of the output
+  bool starts_thinking = false;  // the prompt opened a <think> block
 };
+
+// Messages as templates expect them: an assistant's tool call arguments as objects (templates
+// write them with tojson; the API carries them as JSON text), as vLLM passes them.
+Json TemplateMessages(const Json& messages) {
+  Json out = messages;
+  for (auto& m : out) {
+    if (!m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    for (auto& call : m["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+      Json& fn = call["function"];
+      if (fn.contains("arguments") && fn["arguments"].is_string()) {
+        Json args = Json::parse(fn["arguments"].get<std::string>(), nullptr, false);
+        if (args.is_object() && !jinja::JsonDeeperThan(args, kMaxRequestDepth)) fn["arguments"] = std::move(args);
+      }
+    }
+  }
+  return out;
+}
 
 // Says once per field name (not per request) that a field was ignored.
 void LogIgnoredFields(const std::vector<std::string>& fields) {
@@ -134,11 +155,30 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool 
                       "invalid_request_error", ""};
     }
     Json extra = req.chat_template_kwargs.is_object() ? req.chat_template_kwargs : Json::object();
-    if (req.tools.is_array()) extra["tools"] = req.tools;
+    // tool_choice none: the model is not shown the tools, so it does not call them.
+    const bool tools = req.tools.is_array() && !req.tools.empty() && req.tool_choice != "none";
+    if (tools) extra["tools"] = req.tools;
+    p.parse_tools = tools;
+    if (tools && (req.tool_choice == "required" || req.tool_choice == "function")) {
+      if (req.constraint) {
+        return ApiError{400, fmt::format("tool_choice {} and '{}' both constrain the output; give one", req.tool_choice,
+                                         req.constraint_param), "invalid_request_error", "tool_choice"};
+      }
+      if (state.grammars == nullptr) return ApiError{400, "tool_choice required needs structured outputs, not available here", "invalid_request_error", "tool_choice"};
+      auto gbnf = ToolCallGrammar(state.tool_format, req.tools, req.tool_choice_name, req.parallel_tool_calls);
+      if (!gbnf.ok()) return ApiError{400, gbnf.status().message(), "invalid_request_error", "tools"};
+      auto g = state.grammars->Compile({grammar::Constraint::Kind::kGbnf, *gbnf});
+      if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", "tools"};
+      p.grammar = std::move(*g);
+    }
     const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
     const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
-    auto text = state.chat_template->Apply(req.messages, /*add_generation_prompt=*/true, bos, eos, extra);
+    auto text = state.chat_template->Apply(TemplateMessages(req.messages), /*add_generation_prompt=*/true, bos, eos, extra);
     if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
+    if (state.reasoning) {
+      const size_t end = text->find_last_not_of(" \n\t\r");
+      p.starts_thinking = end != std::string::npos && end >= 6 && text->compare(end - 6, 7, "<think>") == 0;
+    }
     p.prompts.push_back(TokenizeChatPrompt(tok, *text));
     p.prompt_texts.push_back(*text);
   } else {
@@ -178,6 +218,7 @@ struct Generation {
   bool retained = false;  // a request used KV retention
   std::vector<std::string> echo_prefix;  // completions with echo: the prompt text, sent first
   std::vector<std::vector<int32_t>> echo_tokens;  // echo with logprobs: the prompt's tokens
+  std::vector<std::optional<MessageStream>> messages;  // [choices] chat with tools or reasoning
   bool final_sent = false;
   const Tokenizer* tok = nullptr;
   std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
@@ -408,6 +449,13 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->prompt_tokens.assign(n, 0);
     gen->cached_tokens.assign(n, 0);
     gen->evicted_tokens.assign(n, 0);
+    gen->messages.resize(n);
+    if (req.chat && (p.parse_tools || state.reasoning)) {
+      for (auto& m : gen->messages) {
+        m.emplace(p.parse_tools ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
+                  p.starts_thinking);
+      }
+    }
     gen->req = std::move(req);
     gen_ = gen;
     self_hold_ = shared_from_this();  // no I/O is pending while a non-streamed answer is computed
@@ -534,8 +582,25 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!g.started[i] && !g.echo_prefix[i].empty()) delta = g.echo_prefix[i] + delta;
         const size_t tok_begin = g.choices[i].tokens.size();
         const int64_t text_begin = static_cast<int64_t>(g.choices[i].text.size());
-        g.choices[i].text += delta;
         Choice& ch = g.choices[i];
+        // A chat message with tools or reasoning: the text is taken apart as it comes.
+        std::string reasoning_delta;
+        ParsedMessage tail;
+        std::optional<MessageStream>& ms = g.messages[i];
+        if (ms) {
+          MessageStream::Delta d = ms->Push(delta);
+          if (u.finished) {
+            tail = ms->Finish();
+            d.content += tail.content;
+            d.reasoning += tail.reasoning;
+            for (ToolCall& c : tail.calls) c.id = "call_" + RandomHex() + RandomHex().substr(0, 8);
+            ch.tool_calls = tail.calls;
+          }
+          delta = std::move(d.content);
+          reasoning_delta = std::move(d.reasoning);
+          ch.reasoning += reasoning_delta;
+        }
+        g.choices[i].text += delta;
         const bool first_echo = !g.started[i] && !g.echo_tokens[i].empty();
         if (first_echo) {
           ch.echo_logprobs = true;
@@ -561,13 +626,29 @@ class Session : public std::enable_shared_from_this<Session> {
           if (u.finish_reason == FinishReason::kError) error = u.status;
         }
         if (g.req.stream) {
+          auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+          if (!reasoning_delta.empty()) {
+            Json d = {{"reasoning_content", reasoning_delta}};
+            if (!g.started[i]) d["role"] = "assistant";
+            sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
+            g.started[i] = true;
+          }
           if (!delta.empty() || !g.started[i] || !lp.is_null()) {
-            sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)
-                                  .dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+            sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)) +
+                   "\n\n";
+          }
+          if (!ch.tool_calls.empty()) {
+            Json d = {{"tool_calls", ToolCallsJson(ch.tool_calls, /*with_index=*/true)}};
+            sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
           }
           if (u.finished) {
-            sse += "data: " + StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)
-                                  .dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+            const bool ended = u.finish_reason == FinishReason::kStop || u.finish_reason == FinishReason::kEos;
+            if (g.req.chat) {
+              sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), Json::object(), u.finish_reason,
+                                                    ended && !ch.tool_calls.empty())) + "\n\n";
+            } else {
+              sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)) + "\n\n";
+            }
           }
         }
         g.started[i] = true;

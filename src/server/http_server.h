@@ -15,6 +15,7 @@
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "server/metrics.h"
+#include "server/tool_calls.h"
 
 namespace gale::server {
 
@@ -41,6 +42,8 @@ struct ServingState {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
   grammar::GrammarCompiler* grammars = nullptr;  // null: structured outputs answer 400
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
+  bool reasoning = false;  // the model thinks in <think> blocks (reasoning_content)
   std::string model_name;
   int64_t created = 0;  // unix seconds, for /v1/models
 };

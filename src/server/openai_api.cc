@@ -65,8 +65,10 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
 
 namespace {
 
+}  // namespace
+
 // The structured-output fields, all forms of one thing: at most one may be set.
-std::optional<ApiError> ParseConstraint(const Json& j, CompletionRequest* r) {
+std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* r) {
   using Kind = grammar::Constraint::Kind;
   auto set = [&](const std::string& param, Kind kind, std::string text) -> std::optional<ApiError> {
     if (r->constraint) {
@@ -176,6 +178,8 @@ std::optional<ApiError> ParseConstraint(const Json& j, CompletionRequest* r) {
   }
   return std::nullopt;
 }
+
+namespace {
 
 std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat, bool strict) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -359,7 +363,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
     return Bad("best_of", "'best_of' other than 1 is not supported");
   }
   if (j.contains("suffix") && !j["suffix"].is_null()) return Bad("suffix", "'suffix' is not supported");
-  if (auto e = ParseConstraint(j, &r)) return *e;
+  if (auto e = ParseConstraintFields(j, &r)) return *e;
   i = -1;
   if (auto e = integer("truncate_prompt_tokens", 1, int64_t{1} << 30, &i)) return *e;
   r.truncate_prompt_tokens = i;
@@ -428,8 +432,34 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
     }
     if (j.contains("tools") && !j["tools"].is_null()) {
       if (!j["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+      for (const auto& t : j["tools"]) {
+        if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
+            !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+          return Bad("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
+        }
+      }
       r.tools = j["tools"];
     }
+    if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+      const Json& tc = j["tool_choice"];
+      if (tc.is_string()) {
+        const std::string c = tc.get<std::string>();
+        if (c != "auto" && c != "none" && c != "required") {
+          return Bad("tool_choice", fmt::format("tool_choice '{}' is not one of auto, none, required", c));
+        }
+        r.tool_choice = c;
+      } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name") &&
+                 tc["function"]["name"].is_string()) {
+        r.tool_choice = "function";
+        r.tool_choice_name = tc["function"]["name"].get<std::string>();
+      } else {
+        return Bad("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+      if ((r.tool_choice == "required" || r.tool_choice == "function") && !r.tools.is_array()) {
+        return Bad("tool_choice", fmt::format("tool_choice {} needs 'tools'", r.tool_choice));
+      }
+    }
+    if (auto e = boolean("parallel_tool_calls", &r.parallel_tool_calls)) return *e;
     if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
       if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       r.chat_template_kwargs = j["chat_template_kwargs"];
@@ -562,15 +592,19 @@ Json CompletionResponse(const CompletionRequest& req, const std::string& id, int
   Json arr = Json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     Json c = {{"index", i}};
+    const bool calls = !choices[i].tool_calls.empty();
     if (req.chat) {
-      c["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+      c["message"] = {{"role", "assistant"}, {"content", calls && choices[i].text.empty() ? Json(nullptr) : Json(choices[i].text)}};
+      if (!choices[i].reasoning.empty()) c["message"]["reasoning_content"] = choices[i].reasoning;
+      if (calls) c["message"]["tool_calls"] = ToolCallsJson(choices[i].tool_calls, /*with_index=*/false);
     } else {
       c["text"] = choices[i].text;
     }
     c["logprobs"] = req.top_logprobs >= 0 ? LogprobsJson(req.chat, choices[i], 0, choices[i].tokens.size(), piece,
                                                          choices[i].echo_bytes, choices[i].echo_logprobs)
                                           : Json(nullptr);
-    c["finish_reason"] = FinishReasonForApi(choices[i].finish_reason);
+    const bool ended = choices[i].finish_reason == FinishReason::kStop || choices[i].finish_reason == FinishReason::kEos;
+    c["finish_reason"] = calls && ended ? "tool_calls" : FinishReasonForApi(choices[i].finish_reason);
     arr.push_back(std::move(c));
   }
   out["choices"] = std::move(arr);
@@ -595,6 +629,27 @@ Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t cr
               {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
               {"created", created},
               {"model", req.model},
+              {"choices", Json::array({c})}};
+}
+
+Json ToolCallsJson(const std::vector<ToolCall>& calls, bool with_index) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json c = Json::object();
+    if (with_index) c["index"] = i;
+    c["id"] = calls[i].id;
+    c["type"] = "function";
+    c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+Json ChatDeltaChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index, Json delta,
+                    std::optional<FinishReason> finish, bool tool_calls_finish) {
+  Json c = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", nullptr}};
+  c["finish_reason"] = !finish ? Json(nullptr) : tool_calls_finish ? Json("tool_calls") : Json(FinishReasonForApi(*finish));
+  return Json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", req.model},
               {"choices", Json::array({c})}};
 }
 

@@ -16,6 +16,7 @@
 #include "runner/model_runner.h"
 #include "runner/sampler.h"
 #include "sched/scheduler.h"
+#include "server/tool_calls.h"
 
 namespace gale::server {
 
@@ -42,6 +43,11 @@ struct CompletionRequest {
   std::vector<std::vector<int32_t>> prompt_ids;  // completions given as token ids (instead of text)
   Json messages;                               // chat
   Json tools;                                  // chat: passed to the template when present
+  // chat: "auto" (calls are parsed from the output), "none" (tools are not shown to the model),
+  // "required" (the output is one or more calls), or "function" (one call of tool_choice_name).
+  std::string tool_choice = "auto";
+  std::string tool_choice_name;
+  bool parallel_tool_calls = true;
   Json chat_template_kwargs;                   // chat: extra template variables
   int64_t max_tokens = 0;                      // 0: the default (16 for completions, all that fits for chat)
   int n = 1;
@@ -72,6 +78,10 @@ struct CompletionRequest {
 // a server may not know), or with strict = true are 400 errors too.
 std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::string& body, bool chat, bool strict = false);
 
+// The structured-output fields of a body (response_format, guided_json / _regex / _choice /
+// _grammar, structured_outputs, grammar, json_schema) into r->constraint; at most one may be set.
+std::optional<ApiError> ParseConstraintFields(const Json& body, CompletionRequest* r);
+
 const char* FinishReasonForApi(FinishReason r);  // "stop" (eos and stop strings), "length", ...
 
 struct Usage {
@@ -92,6 +102,9 @@ struct Choice {
   std::vector<int32_t> prompt_tokens;
   std::vector<TokenLogprobs> prompt_logprobs;
   int64_t echo_bytes = 0;
+  // Chat with tools or a reasoning model: the message taken apart (text then holds the content).
+  std::string reasoning;
+  std::vector<ToolCall> tool_calls;
 };
 
 // A choice's "logprobs" object for tokens [begin, end) of it: chat ({"content": [...]}) or
@@ -110,6 +123,13 @@ Json CompletionResponse(const CompletionRequest& req, const std::string& id, int
 Json StreamChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index,
                  const std::string& delta, std::optional<FinishReason> finish, bool first,
                  Json logprobs = nullptr);
+// A chat chunk with this delta object ({"reasoning_content": ...}, {"tool_calls": [...]}).
+Json ChatDeltaChunk(const CompletionRequest& req, const std::string& id, int64_t created, int index, Json delta,
+                    std::optional<FinishReason> finish, bool tool_calls_finish = false);
+// tool_calls entries of a message ({"id", "type": "function", "function": {"name", "arguments"}});
+// streamed deltas carry their index too.
+Json ToolCallsJson(const std::vector<ToolCall>& calls, bool with_index);
+
 // The usage chunk of stream_options.include_usage: no choices.
 Json UsageChunk(const CompletionRequest& req, const std::string& id, int64_t created, const Usage& usage);
 

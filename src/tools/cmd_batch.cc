@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/compiler.h"
 #include "kernels/kernels.h"
+#include "server/openai_api.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 
@@ -48,8 +50,10 @@ const char* OpenAiFinishReason(FinishReason r) {
   }
 }
 
-// Reads one line's fields over the defaults; "" on success, else what is wrong.
-std::string ParseLine(const std::string& line, const GenerationRequest& defaults, uint64_t default_seed, Item* item) {
+// Reads one line's fields over the defaults; "" on success, else what is wrong. Structured
+// output fields (as the server takes them) are compiled by `grammars`.
+std::string ParseLine(const std::string& line, const GenerationRequest& defaults, uint64_t default_seed,
+                      grammar::GrammarCompiler& grammars, Item* item) {
   Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return "not valid JSON";
   if (!j.is_object()) return "a line must be a JSON object";
@@ -85,6 +89,14 @@ std::string ParseLine(const std::string& line, const GenerationRequest& defaults
       return "\"stop\" must be a string or an array of strings";
     }
   }
+  // Again with the keys in their order: a schema's properties are written in it.
+  server::CompletionRequest cr;
+  if (auto e = server::ParseConstraintFields(server::Json::parse(line), &cr)) return e->message;
+  if (cr.constraint) {
+    auto g = grammars.Compile(*cr.constraint);
+    if (!g.ok()) return fmt::format("\"{}\": {}", cr.constraint_param, g.status().message());
+    item->req.grammar = std::move(*g);
+  }
   return "";
 }
 
@@ -104,7 +116,8 @@ CommandFn RegisterBatch(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
   app.add_option("-i,--input", o->input, "JSONL requests: {\"id\", \"prompt\", \"max_tokens\", \"temperature\", "
-                                         "\"top_p\", \"seed\", \"stop\"}, all but prompt optional")->required();
+                                         "\"top_p\", \"seed\", \"stop\", and the server's structured-output fields "
+                                         "(response_format, guided_json, ...)}, all but prompt optional")->required();
   app.add_option("-o,--output", o->output, "JSONL results, one per input line in input order")->required();
   app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   app.add_option("-n,--max-tokens", o->max_tokens, "default max_tokens")->capture_default_str();
@@ -150,13 +163,14 @@ CommandFn RegisterBatch(CLI::App& app) {
         if (id >= 0) defaults.stop_ids.push_back(id);
       }
     }
+    grammar::GrammarCompiler grammars(MakeTokenTrie(tok));
     std::vector<Item> items;
     std::string line;
     for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       Item item;
       item.id = line_no;
-      const std::string err = ParseLine(line, defaults, static_cast<uint64_t>(o->seed + line_no), &item);
+      const std::string err = ParseLine(line, defaults, static_cast<uint64_t>(o->seed + line_no), grammars, &item);
       if (!err.empty()) item.error = fmt::format("{}:{}: {}", o->input, line_no, err);
       items.push_back(std::move(item));
     }

@@ -18,7 +18,7 @@ namespace gale {
 
 CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
-    std::string model, isa, chat_template, served_name;
+    std::string model, isa, chat_template, served_name, tool_call_parser;
     int threads = ThreadPool::DefaultNumThreads();
     bool no_warmup = false;
     double shutdown_timeout = 10.0;
@@ -42,6 +42,9 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
   app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   app.add_flag("--no-warmup", o->no_warmup, "skip the warm-up request before /health says ready");
+  app.add_option("--tool-call-parser", o->tool_call_parser,
+                 "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | qwen3_coder "
+                 "(default: from the chat template)");
   app.add_flag("--strict-api", o->http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
       ->capture_default_str();
@@ -113,6 +116,14 @@ CommandFn RegisterServe(CLI::App& app) {
     grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok));
     server::ServingState state;
     state.grammars = &grammars;
+    if (!o->tool_call_parser.empty()) {
+      auto f = server::ParseToolCallFormat(o->tool_call_parser);
+      if (!f.ok()) return fail(f.status());
+      state.tool_format = *f;
+    } else if (chat_template) {
+      state.tool_format = server::DetectToolCallFormat(chat_template->source());
+    }
+    state.reasoning = chat_template && chat_template->source().find("</think>") != std::string::npos;
     state.engine = engine->get();
     state.tokenizer = loaded->tok.get();
     state.chat_template = chat_template.get();

@@ -1,0 +1,583 @@
+// Tool-call parsers per family, the streaming splitter, and the tool-call grammar.
+#include "server/tool_calls.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+#include "jinja/value.h"
+
+namespace gale::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]";
+constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>", kDsCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+constexpr int kMaxArgumentDepth = 64;
+
+std::string_view Trim(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+// Where the JSON object or array starting at s[start] ends (one past its closing bracket), or
+// npos when it does not close.
+size_t JsonValueEnd(std::string_view s, size_t start) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = start; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+std::optional<Json> ParseJson(std::string_view text) {
+  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || jinja::JsonDeeperThan(j, kMaxArgumentDepth)) return std::nullopt;
+  return j;
+}
+
+// Arguments as OpenAI wants them: a JSON object, as text. A string holding an object (models
+// sometimes encode twice) is taken apart once.
+std::optional<std::string> Arguments(const Json& args) {
+  if (args.is_object()) return args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (args.is_string()) {
+    auto inner = ParseJson(args.get<std::string>());
+    if (inner && inner->is_object()) return inner->dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
+  return std::nullopt;
+}
+
+// {"name": ..., "arguments" | "parameters": {...}}
+std::optional<ToolCall> CallFromJson(const Json& j) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty()) {
+    return std::nullopt;
+  }
+  const Json* args = nullptr;
+  for (const char* k : {"arguments", "parameters"}) {
+    if (j.contains(k)) args = &j[k];
+  }
+  if (args == nullptr) return ToolCall{j["name"].get<std::string>(), "{}", ""};
+  auto a = Arguments(*args);
+  if (!a) return std::nullopt;
+  return ToolCall{j["name"].get<std::string>(), *a, ""};
+}
+
+std::optional<ToolCall> CallFromText(std::string_view text) {
+  auto j = ParseJson(Trim(text));
+  if (!j) return std::nullopt;
+  return CallFromJson(*j);
+}
+
+// Qwen3-Coder's XML: <function=NAME> <parameter=P>VALUE</parameter>... </function>. A value that
+// parses as JSON (a number, an object) is taken as such, anything else as a string.
+std::optional<ToolCall> CallFromXml(std::string_view text) {
+  text = Trim(text);
+  if (!StartsWith(text, "<function=")) return std::nullopt;
+  const size_t name_end = text.find('>');
+  if (name_end == std::string_view::npos) return std::nullopt;
+  ToolCall call{std::string(Trim(text.substr(10, name_end - 10))), "", ""};
+  Json args = Json::object();
+  size_t pos = name_end + 1;
+  while (true) {
+    const size_t p = text.find("<parameter=", pos);
+    if (p == std::string_view::npos) break;
+    const size_t key_end = text.find('>', p);
+    const size_t close = text.find("</parameter>", p);
+    if (key_end == std::string_view::npos || close == std::string_view::npos || close < key_end) return std::nullopt;
+    const std::string key(Trim(text.substr(p + 11, key_end - p - 11)));
+    std::string_view value = text.substr(key_end + 1, close - key_end - 1);
+    if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    auto j = ParseJson(value);
+    args[key] = j && !j->is_string() ? *j : Json(std::string(value));
+    pos = close + 12;
+  }
+  if (call.name.empty() || text.find("</function>", pos) == std::string_view::npos) return std::nullopt;
+  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return call;
+}
+
+void AppendContent(std::string* content, std::string_view text) { content->append(text); }
+
+ParsedMessage ParseTagged(std::string_view text, bool xml) {
+  ParsedMessage out;
+  size_t pos = 0;
+  while (true) {
+    const size_t start = text.find(kHermesOpen, pos);
+    if (start == std::string_view::npos) break;
+    AppendContent(&out.content, text.substr(pos, start - pos));
+    const size_t inner_begin = start + kHermesOpen.size();
+    // The closing tag after the call's JSON (a string inside it may hold the tag's text).
+    size_t json_start = inner_begin;
+    while (json_start < text.size() && (text[json_start] == ' ' || text[json_start] == '\n' || text[json_start] == '\r' || text[json_start] == '\t')) ++json_start;
+    const size_t json_end = json_start < text.size() && text[json_start] == '{' ? JsonValueEnd(text, json_start) : std::string_view::npos;
+    const size_t close = text.find(kHermesClose, json_end == std::string_view::npos ? start : json_end);
+    const size_t inner_end = close == std::string_view::npos ? text.size() : close;
+    const size_t next = close == std::string_view::npos ? text.size() : close + kHermesClose.size();
+    const std::string_view inner = text.substr(inner_begin, inner_end - inner_begin);
+    // Qwen3-Coder writes XML, but JSON inside the tags (what its constrained form writes) is a call too.
+    std::optional<ToolCall> call = xml ? CallFromXml(inner) : std::nullopt;
+    if (!call) call = CallFromText(inner);
+    if (call) {
+      out.calls.push_back(std::move(*call));
+    } else {
+      AppendContent(&out.content, text.substr(start, next - start));  // malformed: left as text
+    }
+    pos = next;
+  }
+  AppendContent(&out.content, text.substr(pos));
+  return out;
+}
+
+// One or more JSON objects (llama3_json: joined by ';'), or one JSON array of them (mistral);
+// everything or nothing.
+std::optional<std::vector<ToolCall>> JsonCalls(std::string_view text) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  text = Trim(text);
+  if (StartsWith(text, "[")) {
+    auto j = ParseJson(text);
+    if (!j || !j->is_array() || j->empty()) return std::nullopt;
+    for (const auto& e : *j) {
+      auto c = CallFromJson(e);
+      if (!c) return std::nullopt;
+      calls.push_back(std::move(*c));
+    }
+    return calls;
+  }
+  while (pos < text.size()) {
+    if (text[pos] != '{') return std::nullopt;
+    const size_t end = JsonValueEnd(text, pos);
+    if (end == std::string_view::npos) return std::nullopt;
+    auto c = CallFromText(text.substr(pos, end - pos));
+    if (!c) return std::nullopt;
+    calls.push_back(std::move(*c));
+    pos = end;
+    while (pos < text.size() && (text[pos] == ';' || text[pos] == ' ' || text[pos] == '\n' || text[pos] == '\t')) ++pos;
+  }
+  if (calls.empty()) return std::nullopt;
+  return calls;
+}
+
+ParsedMessage ParseLlama3(std::string_view text) {
+  ParsedMessage out;
+  std::string_view body = Trim(text);
+  if (StartsWith(body, kPythonTag)) body = Trim(body.substr(kPythonTag.size()));
+  if (StartsWith(body, "{")) {
+    if (auto calls = JsonCalls(body)) {
+      out.calls = std::move(*calls);
+      return out;
+    }
+  }
+  out.content = std::string(text);
+  return out;
+}
+
+ParsedMessage ParseMistral(std::string_view text) {
+  ParsedMessage out;
+  const size_t marker = text.find(kMistralCalls);
+  if (marker == std::string_view::npos) {
+    // The marker is a control token, often absent from the text: a bare leading array of calls.
+    if (StartsWith(Trim(text), "[{")) {
+      if (auto calls = JsonCalls(text)) {
+        out.calls = std::move(*calls);
+        return out;
+      }
+    }
+    out.content = std::string(text);
+    return out;
+  }
+  out.content = std::string(text.substr(0, marker));
+  std::string_view rest = text.substr(marker + kMistralCalls.size());
+  if (StartsWith(Trim(rest), "[")) {
+    if (auto calls = JsonCalls(rest)) {
+      out.calls = std::move(*calls);
+    } else {
+      out.content += std::string(text.substr(marker));
+    }
+    return out;
+  }
+  // name[ARGS]{...}, repeated (each after its own [TOOL_CALLS]).
+  std::vector<ToolCall> calls;
+  while (!Trim(rest).empty()) {
+    const size_t args = rest.find(kMistralArgs);
+    if (args == std::string_view::npos) break;
+    const std::string name(Trim(rest.substr(0, args)));
+    const size_t obj = args + kMistralArgs.size();
+    const size_t end = obj < rest.size() && rest[obj] == '{' ? JsonValueEnd(rest, obj) : std::string_view::npos;
+    if (name.empty() || end == std::string_view::npos) break;
+    auto j = ParseJson(rest.substr(obj, end - obj));
+    auto a = j ? Arguments(*j) : std::nullopt;
+    if (!a) break;
+    calls.push_back({name, *a, ""});
+    rest = rest.substr(end);
+    const size_t next = rest.find(kMistralCalls);
+    rest = next == std::string_view::npos ? rest : rest.substr(next + kMistralCalls.size());
+    if (next == std::string_view::npos && !Trim(rest).empty()) break;
+    if (next == std::string_view::npos) rest = {};
+  }
+  if (Trim(rest).empty() && !calls.empty()) {
+    out.calls = std::move(calls);
+  } else {
+    out.content += std::string(text.substr(marker));
+  }
+  return out;
+}
+
+ParsedMessage ParseDeepSeek(std::string_view text) {
+  ParsedMessage out;
+  size_t first = text.find(kDsCallsBegin);
+  if (first == std::string_view::npos) first = text.find(kDsCallBegin);
+  if (first == std::string_view::npos) {
+    out.content = std::string(text);
+    return out;
+  }
+  out.content = std::string(text.substr(0, first));
+  std::vector<ToolCall> calls;
+  size_t pos = first;
+  bool ok = true;
+  while (true) {
+    const size_t b = text.find(kDsCallBegin, pos);
+    if (b == std::string_view::npos) break;
+    const size_t e = text.find(kDsCallEnd, b);
+    const size_t inner_begin = b + kDsCallBegin.size();
+    const std::string_view inner = text.substr(inner_begin, (e == std::string_view::npos ? text.size() : e) - inner_begin);
+    const size_t sep = inner.find(kDsSep);
+    if (sep == std::string_view::npos) {
+      ok = false;
+      break;
+    }
+    std::string name(Trim(inner.substr(0, sep)));
+    std::string_view args = inner.substr(sep + kDsSep.size());
+    if (name == "function") {
+      // V3: function<sep>NAME\n```json\n{...}\n```
+      const size_t nl = args.find('\n');
+      name = std::string(Trim(args.substr(0, nl)));
+      args = nl == std::string_view::npos ? std::string_view() : args.substr(nl + 1);
+      args = Trim(args);
+      if (StartsWith(args, "```json")) args.remove_prefix(7);
+      if (args.size() >= 3 && args.substr(args.size() - 3) == "```") args.remove_suffix(3);
+    }
+    auto j = ParseJson(Trim(args));
+    auto a = j ? Arguments(*j) : std::nullopt;
+    if (name.empty() || !a) {
+      ok = false;
+      break;
+    }
+    calls.push_back({name, *a, ""});
+    if (e == std::string_view::npos) {
+      pos = text.size();
+      break;
+    }
+    pos = e + kDsCallEnd.size();
+  }
+  std::string_view tail = text.substr(std::min(pos, text.size()));
+  if (StartsWith(Trim(tail), kDsCallsEnd)) tail = Trim(tail).substr(kDsCallsEnd.size());
+  if (!ok || calls.empty()) {
+    out.content += std::string(text.substr(first));
+    return out;
+  }
+  out.calls = std::move(calls);
+  out.content += std::string(tail);
+  return out;
+}
+
+// The texts that may start a call in each format (held back while they might be one).
+std::vector<std::string_view> Markers(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kQwen3Coder: return {kHermesOpen};
+    case ToolCallFormat::kLlama3Json: return {kPythonTag};
+    case ToolCallFormat::kMistral: return {kMistralCalls};
+    case ToolCallFormat::kDeepSeekV3: return {kDsCallsBegin, kDsCallBegin};
+  }
+  return {};
+}
+
+// Length of the longest suffix of s that is a proper prefix of marker.
+size_t PartialMarker(std::string_view s, std::string_view marker) {
+  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n) {
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* ToolCallFormatName(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
+    case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
+  }
+  return "";
+}
+
+StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
+  for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
+                 ToolCallFormat::kQwen3Coder}) {
+    if (name == ToolCallFormatName(f)) return f;
+  }
+  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder", name);
+}
+
+ToolCallFormat DetectToolCallFormat(std::string_view src) {
+  if (src.find("<function=") != std::string_view::npos && src.find("<tool_call>") != std::string_view::npos) {
+    return ToolCallFormat::kQwen3Coder;
+  }
+  if (src.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (src.find("tool▁call▁begin") != std::string_view::npos) return ToolCallFormat::kDeepSeekV3;
+  if (src.find("[TOOL_CALLS]") != std::string_view::npos) return ToolCallFormat::kMistral;
+  if (src.find("<|python_tag|>") != std::string_view::npos || src.find("\"parameters\": dictionary") != std::string_view::npos) {
+    return ToolCallFormat::kLlama3Json;
+  }
+  return ToolCallFormat::kHermes;
+}
+
+ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text) {
+  ParsedMessage out;
+  switch (f) {
+    case ToolCallFormat::kHermes: out = ParseTagged(text, /*xml=*/false); break;
+    case ToolCallFormat::kQwen3Coder: out = ParseTagged(text, /*xml=*/true); break;
+    case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
+    case ToolCallFormat::kMistral: out = ParseMistral(text); break;
+    case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
+  }
+  if (!out.calls.empty()) out.content = std::string(Trim(out.content));
+  return out;
+}
+
+std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking) {
+  std::string_view t = text;
+  const std::string_view lead = Trim(t);
+  if (!starts_thinking) {
+    if (!StartsWith(lead, kThinkOpen)) return {"", std::string(text)};
+    t = lead.substr(kThinkOpen.size());
+  }
+  const size_t close = t.find(kThinkClose);
+  if (close == std::string_view::npos) return {std::string(t), ""};  // cut while thinking
+  return {std::string(t.substr(0, close)), std::string(t.substr(close + kThinkClose.size()))};
+}
+
+MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking)
+    : tools_(tools), reasoning_(reasoning), thinking_(reasoning && starts_thinking) {}
+
+MessageStream::Delta MessageStream::Push(std::string_view text) {
+  std::string buf = pending_ + std::string(text);
+  pending_.clear();
+  Delta d;
+  while (!buf.empty()) {
+    if (thinking_) {
+      const size_t close = buf.find(kThinkClose);
+      if (close != std::string::npos) {
+        d.reasoning += buf.substr(0, close);
+        buf.erase(0, close + kThinkClose.size());
+        thinking_ = false;
+        continue;
+      }
+      const size_t keep = PartialMarker(buf, kThinkClose);
+      d.reasoning += buf.substr(0, buf.size() - keep);
+      pending_ = buf.substr(buf.size() - keep);
+      break;
+    }
+    if (in_calls_) {
+      call_text_ += buf;
+      break;
+    }
+    const std::string_view lead = Trim(buf);
+    if (!seen_content_ && (lead.empty() || (reasoning_ && kThinkOpen.substr(0, lead.size()) == lead && lead.size() < kThinkOpen.size()))) {
+      pending_ = buf;  // only whitespace, or the start of <think>, so far
+      break;
+    }
+    if (!seen_content_ && reasoning_ && StartsWith(lead, kThinkOpen)) {
+      buf = std::string(lead.substr(kThinkOpen.size()));
+      thinking_ = true;
+      continue;
+    }
+    if (tools_) {
+      // A call starts at a marker, or (llama3_json, mistral) with the message's first bracket.
+      size_t at = std::string::npos;
+      for (std::string_view m : Markers(*tools_)) at = std::min(at, buf.find(m));
+      if (!seen_content_ && ((*tools_ == ToolCallFormat::kLlama3Json && StartsWith(lead, "{")) ||
+                             (*tools_ == ToolCallFormat::kMistral && StartsWith(lead, "[")))) {
+        at = 0;
+      }
+      if (at != std::string::npos) {
+        d.content += buf.substr(0, at);
+        call_text_ = buf.substr(at);
+        in_calls_ = true;
+        break;
+      }
+      size_t keep = 0;
+      for (std::string_view m : Markers(*tools_)) keep = std::max(keep, PartialMarker(buf, m));
+      d.content += buf.substr(0, buf.size() - keep);
+      pending_ = buf.substr(buf.size() - keep);
+    } else {
+      d.content += buf;
+    }
+    break;
+  }
+  if (!Trim(d.content).empty()) seen_content_ = true;
+  content_all_ += d.content;
+  reasoning_all_ += d.reasoning;
+  return d;
+}
+
+ParsedMessage MessageStream::Finish() {
+  ParsedMessage out;
+  if (thinking_) {
+    out.reasoning = pending_;
+  } else if (in_calls_) {
+    call_text_ += pending_;
+  } else {
+    out.content = pending_;
+  }
+  pending_.clear();
+  if (in_calls_) {
+    ParsedMessage p = ParseToolCalls(*tools_, call_text_);
+    out.content += p.content;
+    out.calls = std::move(p.calls);
+    call_text_.clear();
+    in_calls_ = false;
+  }
+  content_all_ += out.content;
+  reasoning_all_ += out.reasoning;
+  return out;
+}
+
+StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
+                                      bool parallel) {
+  // Every chosen tool's parameters go into one schema's $defs (their own $defs renamed into it),
+  // so one conversion writes all argument rules: tool<i>-params.
+  Json combined = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& t = tools[i];
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
+    const Json& fn = t["function"];
+    if (!fn.contains("name") || !fn["name"].is_string()) return InvalidArgument("tools[{}] has no function name", i);
+    const std::string fname = fn["name"].get<std::string>();
+    if (!name.empty() && fname != name) continue;
+    const std::string prefix = fmt::format("tool{}-", names.size());
+    Json params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"]
+                                                                            : Json{{"type", "object"}, {"properties", Json::object()}};
+    // Its local references now point into the combined $defs.
+    std::vector<Json*> todo = {&params};
+    while (!todo.empty()) {
+      Json* n = todo.back();
+      todo.pop_back();
+      if (n->is_object()) {
+        for (auto it = n->begin(); it != n->end(); ++it) {
+          if (it.key() == "$ref" && it.value().is_string()) {
+            std::string ref = it.value().get<std::string>();
+            if (ref == "#") {
+              ref = "#/$defs/" + prefix + "params";
+            } else if (StartsWith(ref, "#/$defs/") || StartsWith(ref, "#/definitions/")) {
+              ref = "#/$defs/" + prefix + "d-" + ref.substr(ref.find('/', 2) + 1);
+            }
+            it.value() = ref;
+          } else {
+            todo.push_back(&it.value());
+          }
+        }
+      } else if (n->is_array()) {
+        for (auto& e : *n) todo.push_back(&e);
+      }
+    }
+    for (const char* defs : {"$defs", "definitions"}) {
+      if (params.is_object() && params.contains(defs) && params[defs].is_object()) {
+        for (auto it = params[defs].begin(); it != params[defs].end(); ++it) {
+          combined["$defs"][prefix + "d-" + it.key()] = it.value();
+        }
+        params.erase(defs);
+      }
+    }
+    combined["$defs"][prefix + "params"] = params;
+    combined["anyOf"].push_back({{"$ref", "#/$defs/" + prefix + "params"}});
+    names.push_back(fname);
+  }
+  if (names.empty()) {
+    return name.empty() ? InvalidArgument("tool_choice needs at least one function in 'tools'")
+                        : InvalidArgument("tool_choice names function '{}', which is not in 'tools'", name);
+  }
+  auto rules = grammar::JsonSchemaToGbnf(combined, "tool_arguments_any");
+  if (!rules.ok()) return InvalidArgument("tool parameters: {}", rules.status().message());
+  std::string out = *rules;
+  // One call per chosen tool, in the format's syntax.
+  std::string any;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string args = fmt::format("tool{}-params", i);
+    const std::string quoted = Json(names[i]).dump(-1, ' ', false, Json::error_handler_t::replace);
+    std::string body;
+    switch (f) {
+      case ToolCallFormat::kDeepSeekV3:
+        body = grammar::GbnfLiteral(std::string(kDsCallBegin) + names[i] + std::string(kDsSep)) + " " + args + " " +
+               grammar::GbnfLiteral(kDsCallEnd);
+        break;
+      case ToolCallFormat::kQwen3Coder:
+      case ToolCallFormat::kHermes:
+      case ToolCallFormat::kMistral:
+      case ToolCallFormat::kLlama3Json: {
+        const char* key = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+        body = "\"{\" space " + grammar::GbnfLiteral("\"name\"") + " space \":\" space " + grammar::GbnfLiteral(quoted) +
+               " space \",\" space " + grammar::GbnfLiteral(fmt::format("\"{}\"", key)) + " space \":\" space " + args +
+               " \"}\" space";
+        break;
+      }
+    }
+    out += fmt::format("tool_call_{} ::= {}\n", i, body);
+    any += (any.empty() ? "" : " | ") + fmt::format("tool_call_{}", i);
+  }
+  out += "tool_call_one ::= " + any + "\n";
+  // More calls after the first only when parallel calls are allowed and no function is named.
+  const bool many = parallel && name.empty();
+  switch (f) {
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kQwen3Coder:
+      // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.
+      out += "tool_block ::= \"<tool_call>\\n\" tool_call_one \"\\n</tool_call>\"\n";
+      out += fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\" tool_block)*" : "");
+      break;
+    case ToolCallFormat::kLlama3Json:
+      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)*" : "");
+      break;
+    case ToolCallFormat::kMistral:
+      out += fmt::format("root ::= \"[\" tool_call_one{} \"]\"\n", many ? " (\",\" \" \"? tool_call_one)*" : "");
+      break;
+    case ToolCallFormat::kDeepSeekV3:
+      out += fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),
+                         parallel && name.empty() ? " tool_call_one*" : "", grammar::GbnfLiteral(kDsCallsEnd));
+      break;
+  }
+  return out;
+}
+
+}  // namespace gale::server

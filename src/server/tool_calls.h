@@ -1,0 +1,83 @@
+// Tool calls and reasoning in a chat model's text: each model family writes a call its own way,
+// and the API returns them as OpenAI `tool_calls` (and `<think>` blocks as `reasoning_content`).
+//   hermes       <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>  (Qwen 2.5/3, Hermes, QwQ)
+//   llama3_json  {"name": ..., "parameters": {...}}, optionally after <|python_tag|>, several
+//                joined by ';' (Llama 3.1-3.3)
+//   mistral      [TOOL_CALLS]name[ARGS]{...} or [TOOL_CALLS][{"name": ..., "arguments": {...}}]
+//                (the marker is a control token, so a bare leading JSON array counts too)
+//   deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+//                (V3.1+), or function<｜tool▁sep｜>name\n```json\n{...}\n```  (V3)
+//   qwen3_coder  <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
+// A call whose JSON does not parse stays in the content, as text. The format is chosen from the
+// chat template (`--tool-call-parser` overrides). For tool_choice "required" or a named function,
+// ToolCallGrammar writes a grammar that only lets the model write valid calls in its format.
+// Pure functions and one streaming parser; no sockets, no engine.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace gale::server {
+
+enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder };
+const char* ToolCallFormatName(ToolCallFormat f);
+StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
+// From a chat template's source: the markers it writes calls with; hermes when it shows none.
+ToolCallFormat DetectToolCallFormat(std::string_view template_source);
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // a JSON object, as text
+  std::string id;         // set by the server ("call_...")
+};
+
+struct ParsedMessage {
+  std::string content;
+  std::string reasoning;
+  std::vector<ToolCall> calls;
+};
+
+// The whole text of a message (reasoning already split off).
+ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text);
+
+// `<think>...</think>`: the reasoning and the rest. starts_thinking: the prompt ended inside a
+// think block (the template opened it), so the text starts with reasoning.
+std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking);
+
+// Streams a message: Push gives what may be sent now as content or reasoning; text that could be
+// (the start of) a tool call is held back and parsed at Finish.
+class MessageStream {
+ public:
+  // tools: parse tool calls; reasoning: split <think> blocks (starts_thinking as above).
+  MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking);
+  struct Delta {
+    std::string content, reasoning;
+  };
+  Delta Push(std::string_view text);
+  // The end: what was held back, and the calls.
+  ParsedMessage Finish();
+
+ private:
+  std::optional<ToolCallFormat> tools_;
+  bool reasoning_;
+  bool thinking_;          // inside a think block now
+  bool seen_content_ = false;
+  std::string pending_;    // held back: a possible <think> / </think> marker's start
+  std::string call_text_;  // from the first call marker on
+  bool in_calls_ = false;
+  std::string reasoning_all_, content_all_;
+};
+
+// A grammar (GBNF) for tool_choice "required" (name empty: any of the tools, one or more calls
+// if parallel) or a named function (name set: exactly one call of it), in the format's syntax,
+// with each call's arguments valid against its function's parameters. Errors name the tool.
+StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
+                                      bool parallel);
+
+}  // namespace gale::server

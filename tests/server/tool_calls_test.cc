@@ -1,0 +1,295 @@
+// Tool-call parsing per family on recorded model outputs, the streaming splitter against the
+// whole-text parse, reasoning blocks, and the tool-call grammars (src/server/tool_calls.h); and
+// the request fields around them (src/server/openai_api.h).
+#include "server/tool_calls.h"
+
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "grammar/matcher.h"
+#include "server/openai_api.h"
+
+namespace gale::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct Expected {
+  std::string content;
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments (compact JSON)
+};
+
+void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& want) {
+  SCOPED_TRACE(std::string(ToolCallFormatName(f)) + ": " + text);
+  const ParsedMessage got = ParseToolCalls(f, text);
+  EXPECT_EQ(got.content, want.content);
+  ASSERT_EQ(got.calls.size(), want.calls.size());
+  for (size_t i = 0; i < want.calls.size(); ++i) {
+    EXPECT_EQ(got.calls[i].name, want.calls[i].first);
+    EXPECT_EQ(got.calls[i].arguments, want.calls[i].second);
+  }
+  // Streamed in pieces of every size up to 7 bytes: the same message.
+  for (size_t piece = 1; piece <= 7; ++piece) {
+    MessageStream ms(f, /*reasoning=*/false, /*starts_thinking=*/false);
+    std::string content;
+    for (size_t at = 0; at < text.size(); at += piece) content += ms.Push(text.substr(at, piece)).content;
+    ParsedMessage tail = ms.Finish();
+    content += tail.content;
+    ASSERT_EQ(tail.calls.size(), want.calls.size()) << "piece " << piece;
+    for (size_t i = 0; i < want.calls.size(); ++i) EXPECT_EQ(tail.calls[i].arguments, want.calls[i].second);
+    if (want.calls.empty()) {
+      EXPECT_EQ(content, text) << "piece " << piece;
+    }
+  }
+}
+
+TEST(ToolCalls, HermesAndQwen) {
+  const auto f = ToolCallFormat::kHermes;
+  ExpectParsed(f, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>",
+               {"", {{"get_weather", R"({"city":"Paris","days":2})"}}});
+  // Text before, two calls.
+  ExpectParsed(f,
+               "Let me check both.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+               "{\"name\": \"b\", \"arguments\": {\"x\": [1, \"</tool_call>\"]}}\n</tool_call>",
+               {"Let me check both.", {{"a", "{}"}, {"b", R"({"x":[1,"</tool_call>"]})"}}});
+  // Malformed JSON stays as text; a good call after it is still a call.
+  ExpectParsed(f, "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": }\n</tool_call>",
+               {"<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": }\n</tool_call>", {}});
+  // Arguments given as a JSON string (encoded twice), and a missing closing tag at the end.
+  ExpectParsed(f, "<tool_call>\n{\"name\": \"a\", \"arguments\": \"{\\\"k\\\": true}\"}", {"", {{"a", R"({"k":true})"}}});
+  // No call at all: content untouched, including a '<' that is not a tag.
+  ExpectParsed(f, "x < y and <b>bold</b>", {"x < y and <b>bold</b>", {}});
+  // Qwen3-Coder's XML form.
+  ExpectParsed(ToolCallFormat::kQwen3Coder,
+               "<tool_call>\n<function=search>\n<parameter=query>\nbest pizza\n</parameter>\n<parameter=limit>\n5\n</parameter>\n"
+               "</function>\n</tool_call>",
+               {"", {{"search", R"({"query":"best pizza","limit":5})"}}});
+}
+
+TEST(ToolCalls, Llama3Json) {
+  const auto f = ToolCallFormat::kLlama3Json;
+  ExpectParsed(f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", {"", {{"get_weather", R"({"city":"Oslo"})"}}});
+  ExpectParsed(f, "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"x;y\"}}; {\"name\": \"b\", \"parameters\": {}}",
+               {"", {{"a", R"({"s":"x;y"})"}, {"b", "{}"}}});
+  ExpectParsed(f, "The answer is {\"name\": 1}", {"The answer is {\"name\": 1}", {}});
+  ExpectParsed(f, "{\"name\": \"a\", \"parameters\": {}} and then text", {"{\"name\": \"a\", \"parameters\": {}} and then text", {}});
+}
+
+TEST(ToolCalls, Mistral) {
+  const auto f = ToolCallFormat::kMistral;
+  ExpectParsed(f, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"n\": 1}}, {\"name\": \"b\", \"arguments\": {}}]",
+               {"", {{"a", R"({"n":1})"}, {"b", "{}"}}});
+  ExpectParsed(f, "Sure.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}", {"Sure.", {{"get_weather", R"({"city":"Rome"})"}}});
+  ExpectParsed(f, "[TOOL_CALLS]a[ARGS]{\"x\": 1}[TOOL_CALLS]b[ARGS]{}", {"", {{"a", R"({"x":1})"}, {"b", "{}"}}});
+  // The control token missing from the text: a bare leading array of calls.
+  ExpectParsed(f, "[{\"name\": \"a\", \"arguments\": {}}]", {"", {{"a", "{}"}}});
+  ExpectParsed(f, "[1, 2, 3] are numbers", {"[1, 2, 3] are numbers", {}});
+}
+
+TEST(ToolCalls, DeepSeek) {
+  const auto f = ToolCallFormat::kDeepSeekV3;
+  ExpectParsed(f,
+               "I will look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Lima\"}"
+               "<｜tool▁call▁end｜><｜tool▁call▁begin｜>b<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+               {"I will look.", {{"get_weather", R"({"city":"Lima"})"}, {"b", "{}"}}});
+  // V3's form: function<sep>name, then fenced JSON.
+  ExpectParsed(f,
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": 1, \"b\": 2}\n```"
+               "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+               {"", {{"add", R"({"a":1,"b":2})"}}});
+  const std::string broken = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{oops<｜tool▁call▁end｜>";
+  ExpectParsed(f, broken, {broken, {}});
+}
+
+TEST(ToolCalls, FormatFromTheChatTemplate) {
+  EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(DetectToolCallFormat("<tool_call>\\n<function=example>"), ToolCallFormat::kQwen3Coder);
+  EXPECT_EQ(DetectToolCallFormat("'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'"), ToolCallFormat::kDeepSeekV3);
+  EXPECT_EQ(DetectToolCallFormat("{{- '[TOOL_CALLS]' + name }}"), ToolCallFormat::kMistral);
+  EXPECT_EQ(DetectToolCallFormat("{{- \"<|python_tag|>\" + name }}"), ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolCallFormat("{{ messages }}"), ToolCallFormat::kHermes);
+  EXPECT_TRUE(ParseToolCallFormat("mistral").ok());
+  EXPECT_FALSE(ParseToolCallFormat("pythonic").ok());
+}
+
+TEST(ToolCalls, ReasoningIsSplitStreamedOrNot) {
+  auto [r, rest] = SplitReasoning("<think>\nHmm, 2+2.\n</think>\n\nFour.", false);
+  EXPECT_EQ(r, "\nHmm, 2+2.\n");
+  EXPECT_EQ(rest, "\n\nFour.");
+  std::tie(r, rest) = SplitReasoning("Hmm.</think>Four.", /*starts_thinking=*/true);
+  EXPECT_EQ(r, "Hmm.");
+  EXPECT_EQ(rest, "Four.");
+  std::tie(r, rest) = SplitReasoning("<think>still going", false);
+  EXPECT_EQ(r, "still going");
+  EXPECT_EQ(rest, "");
+  const std::string text = "<think>plan: call a</think>Calling.<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>";
+  for (size_t piece = 1; piece <= 9; ++piece) {
+    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/true, false);
+    std::string content, reasoning;
+    for (size_t at = 0; at < text.size(); at += piece) {
+      auto d = ms.Push(text.substr(at, piece));
+      content += d.content;
+      reasoning += d.reasoning;
+    }
+    ParsedMessage tail = ms.Finish();
+    content += tail.content;
+    reasoning += tail.reasoning;
+    EXPECT_EQ(reasoning, "plan: call a") << piece;
+    EXPECT_EQ(content, "Calling.") << piece;
+    ASSERT_EQ(tail.calls.size(), 1u) << piece;
+    EXPECT_EQ(tail.calls[0].name, "a");
+  }
+}
+
+// A vocabulary of single bytes: a text is in the grammar when all its bytes are accepted.
+bool GrammarAccepts(const std::string& gbnf, const std::string& text) {
+  static auto trie = [] {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+    return std::make_shared<const grammar::TokenTrie>(bytes, std::vector<bool>(256, true));
+  }();
+  auto g = grammar::ParseGbnf(gbnf);
+  EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
+  if (!g.ok()) return false;
+  grammar::GrammarMatcher m(std::make_shared<const grammar::CompiledGrammar>(std::move(*g), trie), {});
+  for (unsigned char c : text) {
+    if (!m.Accept(c).ok()) return false;
+  }
+  return m.CanEnd();
+}
+
+TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
+  const Json tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "tree", "parameters": {"$defs": {"node": {"type": "object",
+      "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+      "required": ["v", "kids"]}}, "$ref": "#/$defs/node"}}},
+    {"type": "function", "function": {"name": "ping"}}])");
+  const std::string weather = R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}})";
+  const std::string bad_unit = R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "k"}})";
+  const std::string tree = R"({"name": "tree", "arguments": {"v": 1, "kids": [{"v": 2, "kids": []}]}})";
+  const std::string ping = R"({"name": "ping", "arguments": {}})";
+  {
+    auto g = ToolCallGrammar(ToolCallFormat::kHermes, tools, "", /*parallel=*/true);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    auto block = [](const std::string& c) { return "<tool_call>\n" + c + "\n</tool_call>"; };
+    EXPECT_TRUE(GrammarAccepts(*g, block(weather)));
+    EXPECT_TRUE(GrammarAccepts(*g, block(tree) + "\n" + block(ping)));
+    EXPECT_FALSE(GrammarAccepts(*g, block(bad_unit)));
+    EXPECT_FALSE(GrammarAccepts(*g, "Sure! " + block(weather)));
+    EXPECT_FALSE(GrammarAccepts(*g, block(R"({"name": "nope", "arguments": {}})")));
+    const ParsedMessage p = ParseToolCalls(ToolCallFormat::kHermes, block(tree) + "\n" + block(ping));
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].arguments, R"({"v":1,"kids":[{"v":2,"kids":[]}]})");
+  }
+  {
+    auto g = ToolCallGrammar(ToolCallFormat::kHermes, tools, "ping", /*parallel=*/true);
+    ASSERT_TRUE(g.ok());
+    EXPECT_TRUE(GrammarAccepts(*g, "<tool_call>\n" + ping + "\n</tool_call>"));
+    EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n" + ping + "\n</tool_call>\n<tool_call>\n" + ping + "\n</tool_call>"));
+    EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n" + weather + "\n</tool_call>"));
+  }
+  {
+    auto g = ToolCallGrammar(ToolCallFormat::kLlama3Json, tools, "", false);
+    ASSERT_TRUE(g.ok());
+    EXPECT_TRUE(GrammarAccepts(*g, R"({"name": "get_weather", "parameters": {"city": "Oslo", "unit": "f"}})"));
+    EXPECT_FALSE(GrammarAccepts(*g, R"({"name": "ping", "parameters": {}}; {"name": "ping", "parameters": {}})"));
+  }
+  {
+    auto g = ToolCallGrammar(ToolCallFormat::kMistral, tools, "", true);
+    ASSERT_TRUE(g.ok());
+    const std::string text = "[" + ping + ", " + weather + "]";
+    EXPECT_TRUE(GrammarAccepts(*g, text));
+    EXPECT_EQ(ParseToolCalls(ToolCallFormat::kMistral, text).calls.size(), 2u);
+  }
+  {
+    auto g = ToolCallGrammar(ToolCallFormat::kDeepSeekV3, tools, "", true);
+    ASSERT_TRUE(g.ok());
+    const std::string text = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ping<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    EXPECT_TRUE(GrammarAccepts(*g, text));
+    EXPECT_EQ(ParseToolCalls(ToolCallFormat::kDeepSeekV3, text).calls.size(), 1u);
+  }
+  EXPECT_FALSE(ToolCallGrammar(ToolCallFormat::kHermes, tools, "missing", true).ok());
+  const Json bad = Json::parse(R"([{"type": "function", "function": {"name": "x", "parameters": {"type": "array", "uniqueItems": true}}}])");
+  auto e = ToolCallGrammar(ToolCallFormat::kHermes, bad, "", true);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("uniqueItems"), std::string::npos) << e.status().message();
+}
+
+TEST(OpenAiRequest, UnknownFieldsAreIgnoredUnlessStrict) {
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "store": true, "metadata": {"a": "b"},
+      "service_tier": "auto", "reasoning_effort": "low", "parallel_tool_calls": false, "max_completion_tokens": 5,
+      "modalities": ["text"], "prediction": null})";
+  auto r = ParseCompletionRequest(body, /*chat=*/true);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  const auto& req = std::get<CompletionRequest>(r);
+  EXPECT_EQ(req.max_tokens, 5);
+  EXPECT_FALSE(req.parallel_tool_calls);
+  EXPECT_EQ(req.ignored_fields, (std::vector<std::string>{"store", "metadata", "service_tier", "reasoning_effort", "modalities", "prediction"}));
+  auto strict = ParseCompletionRequest(body, true, /*strict=*/true);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(strict));
+  EXPECT_EQ(std::get<ApiError>(strict).param, "store");
+  // Completions take max_completion_tokens too.
+  auto c = ParseCompletionRequest(R"({"prompt": "x", "max_completion_tokens": 7, "store": false})", false);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(c));
+  EXPECT_EQ(std::get<CompletionRequest>(c).max_tokens, 7);
+}
+
+TEST(OpenAiRequest, StructuredOutputFields) {
+  using Kind = grammar::Constraint::Kind;
+  auto parse = [](const std::string& extra) {
+    return ParseCompletionRequest(R"({"prompt": "x", )" + extra + "}", false);
+  };
+  auto kind = [&](const std::string& extra) {
+    auto r = parse(extra);
+    if (!std::holds_alternative<CompletionRequest>(r)) return std::string("error: ") + std::get<ApiError>(r).message;
+    const auto& c = std::get<CompletionRequest>(r).constraint;
+    return c ? std::to_string(static_cast<int>(c->kind)) + ":" + c->text : std::string("none");
+  };
+  const auto k = [](Kind x) { return std::to_string(static_cast<int>(x)); };
+  EXPECT_EQ(kind(R"("response_format": {"type": "json_object"})"), k(Kind::kJsonObject) + ":");
+  EXPECT_EQ(kind(R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": "object", "b": 1, "a": 2}}})"),
+            k(Kind::kJsonSchema) + R"(:{"type":"object","b":1,"a":2})");
+  EXPECT_EQ(kind(R"("response_format": {"type": "text"})"), "none");
+  EXPECT_EQ(kind(R"("guided_json": "{\"type\": \"integer\"}")"), k(Kind::kJsonSchema) + R"(:{"type":"integer"})");
+  EXPECT_EQ(kind(R"("guided_regex": "a+")"), k(Kind::kRegex) + ":a+");
+  EXPECT_EQ(kind(R"("guided_choice": ["x", "y"])"), k(Kind::kChoice) + R"(:["x","y"])");
+  EXPECT_EQ(kind(R"("guided_grammar": "root ::= \"a\"")"), k(Kind::kGbnf) + ":root ::= \"a\"");
+  EXPECT_EQ(kind(R"("structured_outputs": {"regex": "b", "backend": "xgrammar"})"), k(Kind::kRegex) + ":b");
+  EXPECT_EQ(kind(R"("grammar": "root ::= \"a\"")"), k(Kind::kGbnf) + ":root ::= \"a\"");
+  EXPECT_EQ(kind(R"("json_schema": {"type": "boolean"})"), k(Kind::kJsonSchema) + R"(:{"type":"boolean"})");
+  EXPECT_NE(kind(R"("guided_regex": "a", "guided_choice": ["b"])").find("both constrain"), std::string::npos);
+  EXPECT_NE(kind(R"("response_format": {"type": "json_schema"})").find("needs a 'json_schema'"), std::string::npos);
+  EXPECT_NE(kind(R"("response_format": {"type": "yaml"})").find("unknown response_format type"), std::string::npos);
+  EXPECT_NE(kind(R"("guided_choice": [])").find("non-empty array"), std::string::npos);
+  EXPECT_NE(kind(R"("structured_outputs": {"wat": 1})").find("structured_outputs.wat"), std::string::npos);
+  EXPECT_NE(kind(R"("logit_bias": {"12": 200})").find("[-100, 100]"), std::string::npos);
+  EXPECT_NE(kind(R"("logit_bias": {"x": 1})").find("not a token id"), std::string::npos);
+  auto lb = parse(R"("logit_bias": {"12": -100, "7": 2.5})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(lb));
+  EXPECT_EQ(std::get<CompletionRequest>(lb).sampling.logit_bias.size(), 2u);
+}
+
+TEST(OpenAiRequest, ToolChoice) {
+  auto parse = [](const std::string& extra) {
+    return ParseCompletionRequest(R"({"messages": [{"role": "user", "content": "x"}], )" + extra + "}", true);
+  };
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}])";
+  auto r = parse(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r));
+  EXPECT_EQ(std::get<CompletionRequest>(r).tool_choice, "function");
+  EXPECT_EQ(std::get<CompletionRequest>(r).tool_choice_name, "f");
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse(R"("tool_choice": "required")")));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse(tools + R"(, "tool_choice": "sometimes")")));
+  EXPECT_TRUE(std::holds_alternative<ApiError>(parse(R"("tools": [{"type": "function"}])")));
+  // An assistant message with tool calls and no content, then the tool's answer.
+  auto rt = parse(tools + R"(, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null,
+      "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "3"}])");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(rt)) << std::get<ApiError>(rt).message;
+}
+
+}  // namespace
+}  // namespace gale::server
