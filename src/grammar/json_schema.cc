@@ -35,6 +35,13 @@ const std::map<std::string, std::string>& Primitives() {
       // Days that exist in every year (no February 29: a leap day needs the year).
       {"date", "[0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | (\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02\" \"-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8]))"},
       {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
+      // Subsets of the RFC forms (what validators accept; not all they accept).
+      {"dns-label", "[a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?"},
+      {"email-string", "\"\\\"\" [a-zA-Z0-9_+-]+ (\".\" [a-zA-Z0-9_+-]+)* \"@\" dns-label (\".\" dns-label)+ \"\\\"\" space"},
+      {"hostname-string", "\"\\\"\" dns-label (\".\" dns-label)* \"\\\"\" space"},
+      {"uri-string", "\"\\\"\" (\"https\" | \"http\") \"://\" dns-label (\".\" dns-label)* (\"/\" [a-zA-Z0-9._~-]*)* \"\\\"\" space"},
+      {"dec-octet", "\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]"},
+      {"ipv4-string", "\"\\\"\" dec-octet \".\" dec-octet \".\" dec-octet \".\" dec-octet \"\\\"\" space"},
       {"date-string", "\"\\\"\" date \"\\\"\" space"},
       {"time-string", "\"\\\"\" time \"\\\"\" space"},
       {"date-time-string", "\"\\\"\" date \"T\" time \"\\\"\" space"},
@@ -54,6 +61,10 @@ const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
       {"array", {"space", "value"}},
       {"uuid", {"space"}},
       {"date-string", {"date", "space"}},
+      {"email-string", {"dns-label", "space"}},
+      {"hostname-string", {"dns-label", "space"}},
+      {"uri-string", {"dns-label", "space"}},
+      {"ipv4-string", {"dec-octet", "space"}},
       {"time-string", {"time", "space"}},
       {"date-time-string", {"date", "time", "space"}},
   };
@@ -474,7 +485,8 @@ class Converter {
     if (s.contains("format") && s["format"].is_string()) {
       const std::string f = s["format"].get<std::string>();
       const char* rule = f == "date" ? "date-string" : f == "time" ? "time-string" : f == "date-time" ? "date-time-string"
-                         : f == "uuid" ? "uuid" : nullptr;
+                         : f == "uuid" ? "uuid" : f == "email" ? "email-string" : f == "hostname" ? "hostname-string"
+                         : f == "uri" ? "uri-string" : f == "ipv4" ? "ipv4-string" : nullptr;
       if (rule != nullptr) {
         if (bounded) return Error(path, "'format' together with lengths is not supported");
         return UsePrimitive(rule);

@@ -6,7 +6,8 @@
 //   enum, const, anyOf, oneOf (as anyOf: a grammar cannot exclude overlaps), allOf of objects,
 //   $ref to #, #/$defs/... and #/definitions/... (recursive schemas too), items, prefixItems,
 //   minItems / maxItems, minLength / maxLength, pattern (regex.h), format date, time, date-time,
-//   uuid (other formats are plain strings), integer minimum / maximum / exclusiveMinimum /
+//   uuid, email, hostname, uri, ipv4 (subsets of what those allow; other formats are plain
+//   strings), integer minimum / maximum / exclusiveMinimum /
 //   exclusiveMaximum, number minimum / maximum with integer bounds >= 0, nullable.
 // Refused: uniqueItems, multipleOf, not, if/then/else, dependent*, patternProperties,
 // minProperties / maxProperties, and any other bound on numbers.

@@ -237,12 +237,17 @@ bool GrammarMatcher::AdvanceByte(const State& in, uint8_t byte, State* out) {
   // Unfinished: keep the stacks that some completion of the character could advance.
   const int shift = 6 * out->remaining;
   const uint32_t lo = std::max(out->partial << shift, kMinCodePoint[out->length]);
-  const uint32_t hi = (out->partial << shift) | ((1u << shift) - 1);
+  const uint32_t hi = std::min<uint32_t>((out->partial << shift) | ((1u << shift) - 1), 0x10FFFF);
   if (lo > hi) return false;
+  // The characters this prefix can still become: [lo, hi] without the surrogates (a stack that
+  // only a surrogate would advance must not survive, or the state ends up with no way on).
+  const bool below = lo < 0xD800, above = hi > 0xDFFF;
+  if (!below && !above) return false;
   out->stacks.clear();
   for (int32_t id : in.stacks) {
     if (id == kAccept) continue;
-    if (g_.char_sets[g_.elements[nodes_[id].pos].index].Intersects(lo, std::min<uint32_t>(hi, 0x10FFFF))) {
+    const CharSet& set = g_.char_sets[g_.elements[nodes_[id].pos].index];
+    if ((below && set.Intersects(lo, std::min<uint32_t>(hi, 0xD7FF))) || (above && set.Intersects(std::max<uint32_t>(lo, 0xE000), hi))) {
       out->stacks.push_back(id);
     }
   }

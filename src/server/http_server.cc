@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -194,6 +195,65 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool 
   return p;
 }
 
+// /tokenize and /detokenize, in llama-server's shape ({"content"} -> {"tokens"}, {"tokens"} ->
+// {"content"}) and vLLM's ({"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"},
+// {"tokens"} -> {"prompt"}): both answers carry both sets of keys.
+std::variant<Json, ApiError> TokenizeRequest(const std::string& body, bool detokenize, const ServingState& state) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return ApiError{400, "the request body must be a JSON object", "invalid_request_error", ""};
+  if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) return ApiError{400, "the request body nests too deep", "invalid_request_error", ""};
+  const Tokenizer& tok = *state.tokenizer;
+  auto flag = [&](const char* k, bool dflt) -> std::optional<bool> {
+    if (!j.contains(k) || j[k].is_null()) return dflt;
+    if (!j[k].is_boolean()) return std::nullopt;
+    return j[k].get<bool>();
+  };
+  if (detokenize) {
+    if (!j.contains("tokens") || !j["tokens"].is_array()) return ApiError{400, "'tokens' (an array of token ids) is required", "invalid_request_error", "tokens"};
+    std::vector<int32_t> ids;
+    for (const auto& t : j["tokens"]) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.vocab_size()) {
+        return ApiError{400, fmt::format("token {} is not in the vocabulary [0, {})", t.dump(), tok.vocab_size()), "invalid_request_error", "tokens"};
+      }
+      ids.push_back(t.get<int32_t>());
+    }
+    std::string text;
+    for (int32_t id : ids) text += tok.TokenToPiece(id);
+    return Json{{"content", text}, {"prompt", text}};
+  }
+  std::vector<int32_t> ids;
+  if (j.contains("messages")) {
+    if (state.chat_template == nullptr) return ApiError{400, "this model has no chat template", "invalid_request_error", "messages"};
+    if (!j["messages"].is_array()) return ApiError{400, "'messages' must be an array", "invalid_request_error", "messages"};
+    const auto gen = flag("add_generation_prompt", true);
+    if (!gen) return ApiError{400, "'add_generation_prompt' must be true or false", "invalid_request_error", "add_generation_prompt"};
+    const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
+    const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
+    auto text = state.chat_template->Apply(j["messages"], *gen, bos, eos, Json::object());
+    if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
+    ids = TokenizeChatPrompt(tok, *text);
+  } else {
+    const char* key = j.contains("content") ? "content" : "prompt";
+    if (!j.contains(key) || !j[key].is_string()) return ApiError{400, "'content' (or 'prompt'), a string, is required", "invalid_request_error", "content"};
+    // llama-server adds no special tokens unless asked; vLLM adds them unless told not to.
+    const auto add = j.contains("add_special") ? flag("add_special", false) : flag("add_special_tokens", std::string(key) == "prompt");
+    const auto special = flag("parse_special", true);
+    if (!add || !special) return ApiError{400, "add_special / add_special_tokens / parse_special must be true or false", "invalid_request_error", ""};
+    ids = tok.Encode(j[key].get<std::string>(), *add, *special);
+  }
+  const auto pieces = flag("with_pieces", false);
+  if (!pieces) return ApiError{400, "'with_pieces' must be true or false", "invalid_request_error", "with_pieces"};
+  Json tokens = Json::array();
+  for (int32_t id : ids) {
+    if (*pieces) {
+      tokens.push_back({{"id", id}, {"piece", tok.TokenToPiece(id)}});
+    } else {
+      tokens.push_back(id);
+    }
+  }
+  return Json{{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", state.engine->max_request_tokens()}};
+}
+
 // Whether the peer has closed its end (EOF or an error), without taking any byte it sent.
 bool PeerClosed(int fd) {
   char c;
@@ -279,6 +339,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set(http::field::server, "gale");
     res->set(http::field::content_type, content_type);
     if (!retry_after.empty()) res->set(http::field::retry_after, retry_after);
+    Cors(*res);
     res->keep_alive(keep_alive_ && !close);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -286,6 +347,23 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec || !res->keep_alive()) return self->Close();
       self->DoRead();
     });
+  }
+
+  // The request's Origin when --cors-origins allows it ("" otherwise).
+  std::string AllowedOrigin(const Request& req) const {
+    const auto origin = req[http::field::origin];
+    if (origin.empty() || server_->opt.cors_origins.empty()) return "";
+    for (const auto& o : server_->opt.cors_origins) {
+      if (o == "*" || o == origin) return std::string(origin);
+    }
+    return "";
+  }
+
+  template <typename Response>
+  void Cors(Response& res) const {
+    if (cors_origin_.empty()) return;
+    res.set(http::field::access_control_allow_origin, cors_origin_);
+    res.set(http::field::vary, "Origin");
   }
 
   void SendJson(const Json& j) { Send(http::status::ok, "application/json", j.dump(-1, ' ', false, Json::error_handler_t::replace)); }
@@ -302,6 +380,24 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    cors_origin_ = AllowedOrigin(req);
+    if (req.method() == http::verb::options && !cors_origin_.empty()) {
+      // A browser's preflight: no API key is sent with it.
+      auto res = std::make_shared<http::response<http::string_body>>(http::status::no_content, 11);
+      res->set(http::field::server, "gale");
+      Cors(*res);
+      res->set(http::field::access_control_allow_methods, "GET, POST, OPTIONS");
+      const auto asked = req[http::field::access_control_request_headers];
+      res->set(http::field::access_control_allow_headers, asked.empty() ? "Authorization, Content-Type" : std::string(asked));
+      res->set(http::field::access_control_max_age, "600");
+      res->keep_alive(keep_alive_);
+      res->prepare_payload();
+      server_->metrics.HttpResponse(204);
+      return http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+        if (ec || !res->keep_alive()) return self->Close();
+        self->DoRead();
+      });
+    }
     auto state = server_->Ready();
     if (path == "/health") {
       if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
@@ -312,7 +408,10 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
       return Send(http::status::ok, "text/plain; version=0.0.4", server_->metrics.Render(state ? state->engine : nullptr));
     }
-    if (path.rfind("/v1/", 0) != 0) return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    const bool tokenize = path == "/tokenize" || path == "/v1/tokenize", detokenize = path == "/detokenize" || path == "/v1/detokenize";
+    if (path.rfind("/v1/", 0) != 0 && !tokenize && !detokenize) {
+      return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    }
     if (!server_->opt.api_key.empty()) {
       const auto auth = req[http::field::authorization];
       if (auth != "Bearer " + server_->opt.api_key) {
@@ -320,6 +419,22 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     }
     if (!state) return SendError({503, "the model is still loading", "service_unavailable", ""}, false, "5");
+    if (tokenize || detokenize) {
+      if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
+      net::post(server_->work, [self = shared_from_this(), body = std::move(req.body()), detokenize, state]() mutable {
+        std::variant<Json, ApiError> r;
+        try {
+          r = TokenizeRequest(body, detokenize, *state);
+        } catch (const std::exception& e) {
+          r = ApiError{500, fmt::format("tokenizing failed: {}", e.what()), "server_error", ""};
+        }
+        net::post(self->stream_.get_executor(), [self, r = std::move(r)]() {
+          if (const auto* e = std::get_if<ApiError>(&r)) return self->SendError(*e);
+          self->SendJson(std::get<Json>(r));
+        });
+      });
+      return;
+    }
     if (path == "/v1/models") {
       if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
       Json m = {{"id", state->model_name}, {"object", "model"}, {"created", state->created}, {"owned_by", "gale"}};
@@ -479,8 +594,10 @@ class Session : public std::enable_shared_from_this<Session> {
       res->set(http::field::server, "gale");
       res->set(http::field::content_type, "text/event-stream");
       res->set(http::field::cache_control, "no-cache");
-      res->keep_alive(false);
+      // Kept alive after the last chunk (HTTP/1.1 clients reuse the connection for their next request).
+      res->keep_alive(keep_alive_);
       res->chunked(true);
+      Cors(*res);
       auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
       writing_ = true;
       http::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
@@ -508,10 +625,23 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // While streaming, a pending read notices the client going away (EOF or reset) at once.
+  // Bytes a client sends meanwhile (its next request, pipelined) are kept for the next read. Once
+  // the stream has ended, WriteLast cancels this read and it resumes reading requests.
   void WatchDisconnect() {
-    stream_.socket().async_read_some(net::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec && self->gen_) self->Abort();
-      else if (!ec && self->gen_) self->WatchDisconnect();  // ignore bytes sent mid-stream
+    stream_.socket().async_read_some(net::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      if (!ec && n > 0) {
+        auto dst = self->buffer_.prepare(n);
+        std::memcpy(dst.data(), self->watch_buf_, n);
+        self->buffer_.commit(n);
+      }
+      if (self->gen_) {
+        if (ec) return self->Abort();
+        return self->WatchDisconnect();
+      }
+      if (!self->resume_reading_) return;  // not a kept-alive stream's end: nothing to resume
+      self->resume_reading_ = false;
+      if (ec && ec != net::error::operation_aborted) return self->Close();
+      self->DoRead();
     });
   }
 
@@ -699,10 +829,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void WriteLast() {
     writing_ = true;
-    net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code, size_t) {
+    net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
       self->FinishGeneration("ok");
-      self->Close();
+      if (ec || !self->keep_alive_) return self->Close();
+      // The disconnect watch still has a read pending: cancelling it hands the connection back to
+      // the request reader (WatchDisconnect).
+      self->resume_reading_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
     });
   }
 
@@ -712,6 +847,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   bool keep_alive_ = true;
   bool writing_ = false;
+  bool resume_reading_ = false;  // a kept-alive stream has ended: the watch read hands over
+  std::string cors_origin_;      // this request's allowed Origin, echoed in CORS headers
   std::shared_ptr<Generation> gen_;
   std::shared_ptr<Session> self_hold_;  // set while a generation is in flight
   Engine* engine_ = nullptr;

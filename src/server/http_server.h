@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -34,6 +35,8 @@ struct ServerOptions {
   int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
   std::chrono::seconds idle_timeout{120};
   bool strict_api = false;           // unknown request fields are 400 errors instead of ignored
+  // Browsers' cross-origin requests: origins allowed ("*" any), empty: no CORS headers at all.
+  std::vector<std::string> cors_origins;
 };
 
 // What is served, once the model is loaded and warmed up. Until then /health and /v1/* answer 503.

@@ -45,6 +45,9 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--tool-call-parser", o->tool_call_parser,
                  "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | qwen3_coder "
                  "(default: from the chat template)");
+  app.add_option("--cors-origins", o->http.cors_origins,
+                 "origins browsers may call from, comma-separated, or * for any (default: no CORS headers)")
+      ->delimiter(',');
   app.add_flag("--strict-api", o->http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
       ->capture_default_str();

@@ -99,7 +99,7 @@ std::shared_ptr<const TokenTrie> MixedTrie(std::vector<std::string>* out = nullp
   for (char a : alphabet) {
     for (char b : alphabet) toks.push_back(std::string{a, b});
   }
-  for (const char* t : {"{\"", "\":", "\",", "\"}", "true", "false", "null", "ab\"", " \"a", "\xC3", "\xA9", "\xC3\xA9",
+  for (const char* t : {"{\"", "\":", "\",", "\"}", "true", "false", "null", "ab\"", " \"a", "\xC3", "\xA9", "\xED", "\xC3\xA9",
                         "\xE2\x82", "\xAC", "\xE2\x82\xAC", "\xE2\x82\xAC\"", "\xF0\x9F\x98\x80"}) {
     toks.push_back(t);
   }
@@ -169,6 +169,9 @@ TEST(Matcher, PartialUtf8TokensCompleteAcrossTokens) {
   EXPECT_FALSE(m.Allows(id("\xC3")));          // not a continuation byte
   ASSERT_TRUE(m.Accept(id("\xA9")).ok());
   EXPECT_TRUE(m.Allows(id("\"")));
+  // ED A0..BF would start a surrogate (U+D800..), never a character: refused at once, so no
+  // state is left that nothing can continue.
+  EXPECT_EQ(m.AllowedPrefix(std::vector<int32_t>{id("\xED"), id("\xA9")}), 1u);
   EXPECT_FALSE(m.Allows(id("\xE2\x82\xAC\"")));
   ASSERT_TRUE(m.Accept(id("\xC3\xA9")).ok());
   ASSERT_TRUE(m.Accept(id("\"")).ok());

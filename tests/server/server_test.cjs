@@ -96,6 +96,10 @@ function rawStream(port, cutAfter) {
       if (cutAfter !== null && data.length >= cutAfter) {
         sock.destroy();
         resolve({ cut: true, data });
+      } else if (data.endsWith('\r\n0\r\n\r\n')) {
+        // The last chunk: the server keeps the connection open for another request.
+        sock.end();
+        resolve({ cut: false, data });
       }
     });
     sock.on('end', () => resolve({ cut: false, data }));
@@ -258,13 +262,98 @@ function rawStream(port, cutAfter) {
     assert.strictEqual(t.usage.prompt_tokens, 100);
   });
 
-  await check('raw HTTP errors: malformed JSON, unknown field, 404, 405, 413', async () => {
+  await check('/tokenize and /detokenize in llama-server\'s and vLLM\'s shapes', async () => {
+    const post = async (p, body) => {
+      const r = await request(srv.port, 'POST', p, JSON.stringify(body), { 'Content-Type': 'application/json' });
+      return { status: r.status, body: JSON.parse(r.body) };
+    };
+    const llama = await post('/tokenize', { content: 'Once upon a time' });
+    assert.strictEqual(llama.status, 200);
+    const completion = await client.completions.create({ prompt: 'Once upon a time', max_tokens: 1, echo: true, logprobs: 0 });
+    assert.strictEqual(llama.body.tokens.length + 1, completion.usage.prompt_tokens);  // + BOS, added by completions
+    const vllm = await post('/tokenize', { model: 'stories260K', prompt: 'Once upon a time' });
+    assert.deepStrictEqual(vllm.body.tokens.slice(1), llama.body.tokens);
+    assert.strictEqual(vllm.body.count, vllm.body.tokens.length);
+    assert.ok(vllm.body.max_model_len > 0);
+    const pieces = await post('/tokenize', { content: 'Once', with_pieces: true });
+    assert.ok(pieces.body.tokens.every((t) => typeof t.id === 'number' && typeof t.piece === 'string'));
+    const chat = await post('/tokenize', { messages: [{ role: 'user', content: 'Hi' }] });
+    assert.ok(chat.body.count > 0);
+    const back = await post('/detokenize', { tokens: llama.body.tokens });
+    assert.strictEqual(back.body.content.trim(), 'Once upon a time');
+    assert.strictEqual(back.body.prompt, back.body.content);
+    assert.strictEqual((await post('/detokenize', { tokens: [1e9] })).status, 400);
+    assert.strictEqual((await post('/tokenize', { content: 7 })).status, 400);
+    assert.strictEqual((await request(srv.port, 'GET', '/tokenize')).status, 405);
+  });
+
+  await check('a streamed response keeps the connection for the next request (also pipelined)', async () => {
+    const body = (n) => JSON.stringify({ prompt: 'Once', max_tokens: n, stream: true });
+    const req = (n) => `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                       `Content-Length: ${Buffer.byteLength(body(n))}\r\n\r\n${body(n)}`;
+    const data = await new Promise((resolve, reject) => {
+      const sock = net.connect(srv.port, '127.0.0.1', () => sock.write(req(3)));
+      let d = '';
+      let sent = false;
+      let third = false;
+      sock.on('data', (c) => {
+        d += c.toString();
+        // The second request goes out while the first still streams; the third after the first ended.
+        if (!sent) {
+          sent = true;
+          sock.write(req(2));
+        }
+        if ((d.match(/\r\n0\r\n\r\n/g) || []).length === 2 && !third) {
+          third = true;
+          sock.write(req(1));
+        }
+        if ((d.match(/\r\n0\r\n\r\n/g) || []).length === 3) {
+          sock.end();
+          resolve(d);
+        }
+      });
+      sock.on('error', reject);
+      setTimeout(() => reject(new Error('timed out: ' + d)), 20000);
+    });
+    assert.strictEqual((data.match(/HTTP\/1\.1 200/g) || []).length, 3);
+    assert.strictEqual((data.match(/data: \[DONE\]/g) || []).length, 3);
+    assert.ok(!/connection: close/i.test(data));
+  });
+
+  await check('CORS: no headers by default; --cors-origins answers preflights and marks responses', async () => {
+    const plain = await request(srv.port, 'GET', '/v1/models', undefined, { Origin: 'http://app.example' });
+    assert.strictEqual(plain.headers['access-control-allow-origin'], undefined);
+    const s3 = await startServer(['--cors-origins', 'http://app.example,http://other.example', '--api-key', 'k', '--no-warmup']);
+    try {
+      const pre = await request(s3.port, 'OPTIONS', '/v1/chat/completions', undefined,
+                                { Origin: 'http://app.example', 'Access-Control-Request-Method': 'POST',
+                                  'Access-Control-Request-Headers': 'authorization, content-type' });
+      assert.strictEqual(pre.status, 204);
+      assert.strictEqual(pre.headers['access-control-allow-origin'], 'http://app.example');
+      assert.match(pre.headers['access-control-allow-methods'], /POST/);
+      assert.strictEqual(pre.headers['access-control-allow-headers'], 'authorization, content-type');
+      const ok = await request(s3.port, 'GET', '/v1/models', undefined, { Origin: 'http://other.example', Authorization: 'Bearer k' });
+      assert.strictEqual(ok.status, 200);
+      assert.strictEqual(ok.headers['access-control-allow-origin'], 'http://other.example');
+      const denied = await request(s3.port, 'GET', '/v1/models', undefined, { Origin: 'http://evil.example', Authorization: 'Bearer k' });
+      assert.strictEqual(denied.headers['access-control-allow-origin'], undefined);
+      const stream = await request(s3.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 2, stream: true }),
+                                   { Origin: 'http://app.example', Authorization: 'Bearer k', 'Content-Type': 'application/json', Connection: 'close' });
+      assert.strictEqual(stream.headers['access-control-allow-origin'], 'http://app.example');
+    } finally {
+      s3.proc.kill('SIGTERM');
+    }
+  });
+
+  await check('raw HTTP errors: malformed JSON, a known field of the wrong type, 404, 405, 413; unknown fields ignored', async () => {
     let r = await request(srv.port, 'POST', '/v1/completions', '{"prompt": ');
     assert.strictEqual(r.status, 400);
     assert.ok(JSON.parse(r.body).error.message.includes('not valid JSON'));
-    r = await request(srv.port, 'POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], wat: 1 }));
+    r = await request(srv.port, 'POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], max_tokens: 'x' }));
     assert.strictEqual(r.status, 400);
-    assert.strictEqual(JSON.parse(r.body).error.param, 'wat');
+    assert.strictEqual(JSON.parse(r.body).error.param, 'max_tokens');
+    r = await request(srv.port, 'POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'x' }], max_tokens: 2, wat: 1 }));
+    assert.strictEqual(r.status, 200);
     r = await request(srv.port, 'GET', '/v2/nothing');
     assert.strictEqual(r.status, 404);
     r = await request(srv.port, 'GET', '/v1/completions');

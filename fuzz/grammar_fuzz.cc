@@ -1,0 +1,83 @@
+// libFuzzer target for constrained decoding's untrusted inputs: the first byte picks one, the
+// rest is the input. 0: GBNF text (parsed, compiled, then the rest of the input walked through the
+// matcher byte by byte with a mask at each step); 1: a JSON Schema (to GBNF, parsed); 2: a regex
+// (to GBNF, parsed); 3: model output through every tool-call parser, whole and streamed. Any
+// crash, exception, hang or sanitizer report is a bug; errors are fine.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/compiler.h"
+#include "grammar/json_schema.h"
+#include "grammar/regex.h"
+#include "server/tool_calls.h"
+
+namespace {
+
+std::shared_ptr<const gale::grammar::TokenTrie> Trie() {
+  // Single bytes plus some multi-byte tokens, as a real vocabulary mixes them.
+  static auto trie = [] {
+    std::vector<std::string> toks;
+    for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
+    for (const char* t : {"{\"", "\":", "\",", "true", "false", "null", "\xE2\x82", "\xAC\"", " \"", "\n  "}) toks.push_back(t);
+    return std::make_shared<const gale::grammar::TokenTrie>(toks, std::vector<bool>(toks.size(), true));
+  }();
+  return trie;
+}
+
+void Walk(const std::string& gbnf, std::string_view text) {
+  auto g = gale::grammar::ParseGbnf(gbnf);
+  if (!g.ok()) return;
+  auto compiled = std::make_shared<const gale::grammar::CompiledGrammar>(std::move(*g), Trie(), 1 << 20);
+  gale::grammar::GrammarMatcher m(compiled, {0});
+  std::vector<float> logits(266, 0.0f);
+  for (size_t i = 0; i < text.size() && i < 64; ++i) {
+    m.MaskLogits(logits);
+    if (!m.Accept(static_cast<unsigned char>(text[i])).ok()) break;
+  }
+  m.CanEnd();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 4) {
+    case 0: {
+      const size_t split = in.find('\x01');
+      Walk(std::string(in.substr(0, split)), split == std::string_view::npos ? "" : in.substr(split + 1));
+      break;
+    }
+    case 1: {
+      auto j = nlohmann::ordered_json::parse(in.begin(), in.end(), nullptr, false);
+      if (j.is_discarded()) break;
+      gale::grammar::Constraint c{gale::grammar::Constraint::Kind::kJsonSchema, j.dump()};
+      auto gbnf = gale::grammar::ConstraintToGbnf(c);
+      if (gbnf.ok()) Walk(*gbnf, "{\"a\": 1}");
+      break;
+    }
+    case 2: {
+      auto e = gale::grammar::RegexToGbnf(in, gale::grammar::CharSetGbnf);
+      if (e.ok()) Walk("root ::= " + *e, "abc123");
+      auto j = gale::grammar::RegexToGbnf(in, gale::grammar::JsonStringCharSet);
+      if (j.ok()) (void)gale::grammar::ParseGbnf("root ::= " + *j);
+      break;
+    }
+    default: {
+      using gale::server::ToolCallFormat;
+      for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
+                     ToolCallFormat::kQwen3Coder}) {
+        gale::server::ParseToolCalls(f, in);
+        gale::server::MessageStream ms(f, true, in.size() % 2 == 0);
+        for (size_t i = 0; i < in.size(); i += 5) ms.Push(in.substr(i, 5));
+        ms.Finish();
+      }
+      gale::server::SplitReasoning(in, false);
+    }
+  }
+  return 0;
+}

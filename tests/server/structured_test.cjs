@@ -1,0 +1,244 @@
+// Structured outputs and tool calls end to end: gale serve with the official openai client, every
+// schema of schemas.jsonl (tool parameters and structured-output schemas of the kinds agents
+// send) on the default model and on a random-weight synth, greedy and sampled, batched and alone;
+// every output that finishes is parsed and validated with ajv (+ ajv-formats), a JSON Schema
+// validator that shares no code with gale. tool_choice "required" returns a valid call, streamed
+// and not; a request with the fields agent SDKs send succeeds unchanged.
+const { spawn, execFileSync } = require('child_process');
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+const assert = require('assert');
+
+const [gale, nodeModules, chatTemplate] = process.argv.slice(2);
+const OpenAI = require(path.join(nodeModules, 'openai'));
+const Ajv = require(path.join(nodeModules, 'ajv'));
+const addFormats = require(path.join(nodeModules, 'ajv-formats'));
+
+const schemas = fs.readFileSync(path.join(__dirname, 'schemas.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+const ajv = new Ajv({ strict: false, allErrors: true });
+addFormats(ajv);
+const validators = schemas.map((s) => ajv.compile(s.schema));
+
+let failures = 0;
+let passes = 0;
+async function check(name, fn) {
+  try {
+    await fn();
+    passes++;
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failures++;
+    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
+  }
+}
+
+function startServer(args) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(gale, ['serve', '--port', '0', '-t', '2', '--no-warmup', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    let port = null;
+    const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), 60000);
+    proc.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && !port) port = Number(m[1]);
+      if (port && log.includes('ready:')) {
+        clearTimeout(timer);
+        resolve({ proc, port, log: () => log });
+      }
+    });
+    proc.on('exit', (code) => reject(new Error(`server exited ${code}: ${log}`)));
+  });
+}
+
+function client(port) {
+  return new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 600000 });
+}
+
+function responseFormat(s) {
+  return { type: 'json_schema', json_schema: { name: s.name, strict: true, schema: s.schema } };
+}
+
+// Runs every schema once (concurrently: the server batches them), returns [{text, finish}].
+async function runAll(c, { temperature, maxTokens, seedBase = 0 }) {
+  return Promise.all(schemas.map(async (s, i) => {
+    const r = await c.chat.completions.create({
+      messages: [{ role: 'user', content: `Give me a ${s.name.replace(/_/g, ' ')} as JSON.` }],
+      response_format: responseFormat(s), max_tokens: maxTokens, temperature, seed: seedBase + i,
+    });
+    return { text: r.choices[0].message.content, finish: r.choices[0].finish_reason };
+  }));
+}
+
+// Every finished output parses and validates; returns how many finished.
+function validateAll(label, outs) {
+  let finished = 0;
+  outs.forEach((o, i) => {
+    if (o.finish !== 'stop') {
+      assert.strictEqual(o.finish, 'length', `${label} ${schemas[i].name}: finish ${o.finish}`);
+      return;
+    }
+    finished++;
+    let v;
+    try {
+      v = JSON.parse(o.text);
+    } catch (e) {
+      throw new Error(`${label} ${schemas[i].name}: not JSON: ${JSON.stringify(o.text)}`);
+    }
+    if (!validators[i](v)) {
+      throw new Error(`${label} ${schemas[i].name}: ${ajv.errorsText(validators[i].errors)} in ${JSON.stringify(o.text)}`);
+    }
+  });
+  console.log(`     ${label}: ${finished} of ${outs.length} finished within max_tokens, all valid`);
+  return finished;
+}
+
+(async () => {
+  assert.ok(schemas.length >= 100, `the suite has ${schemas.length} schemas`);
+  const s = await startServer(['--chat-template', chatTemplate]);
+  const c = client(s.port);
+  try {
+    await check(`default model: ${schemas.length} schemas, greedy, batched and alone, all finished outputs valid`, async () => {
+      const batched = await runAll(c, { temperature: 0, maxTokens: 400 });
+      assert.ok(validateAll('greedy', batched) >= 0.6 * schemas.length);
+      // Alone (one at a time): the same text, token for token.
+      for (let i = 0; i < schemas.length; i += 10) {
+        const r = await c.chat.completions.create({
+          messages: [{ role: 'user', content: `Give me a ${schemas[i].name.replace(/_/g, ' ')} as JSON.` }],
+          response_format: responseFormat(schemas[i]), max_tokens: 400, temperature: 0,
+        });
+        assert.strictEqual(r.choices[0].message.content, batched[i].text, schemas[i].name);
+      }
+    });
+    await check('default model: sampled (temperature 1), all finished outputs valid', async () => {
+      const sampled = await runAll(c, { temperature: 1, maxTokens: 400, seedBase: 100 });
+      assert.ok(validateAll('sampled', sampled) >= 0.5 * schemas.length);
+    });
+    await check('json_object, guided_choice, guided_regex and llama.cpp\'s json_schema through the client', async () => {
+      const o = await c.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 300, temperature: 0,
+                                                  response_format: { type: 'json_object' } });
+      if (o.choices[0].finish_reason === 'stop') assert.strictEqual(typeof JSON.parse(o.choices[0].message.content), 'object');
+      const ch = await c.completions.create({ prompt: 'The cat', max_tokens: 20, guided_choice: ['red', 'green', 'blue'] });
+      assert.ok(['red', 'green', 'blue'].includes(ch.choices[0].text), ch.choices[0].text);
+      const re = await c.completions.create({ prompt: 'Call me at', max_tokens: 30, temperature: 1, seed: 3, guided_regex: '\\d{3}-\\d{4}' });
+      assert.match(re.choices[0].text, /^\d{3}-\d{4}$/);
+      const js = await c.completions.create({ prompt: 'x', max_tokens: 30, json_schema: { type: 'integer', minimum: 5, maximum: 9 } });
+      assert.ok([5, 6, 7, 8, 9].includes(JSON.parse(js.choices[0].text)), js.choices[0].text);
+      const st = await c.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 300, stream: true,
+                                                   response_format: responseFormat(schemas.find((x) => x.name === 'sentiment')) });
+      let text = '';
+      let finish = null;
+      for await (const chunk of st) {
+        if (chunk.choices[0].delta.content) text += chunk.choices[0].delta.content;
+        if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+      }
+      if (finish === 'stop') assert.ok(validators[schemas.findIndex((x) => x.name === 'sentiment')](JSON.parse(text)), text);
+    });
+    await check('bad schemas and grammars are a 400 naming what is wrong', async () => {
+      const bad = async (body, want) => {
+        await assert.rejects(c.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, ...body }),
+                             (e) => e instanceof OpenAI.BadRequestError && e.message.includes(want) ? true : (() => { throw e; })());
+      };
+      await bad({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { t: { type: 'array', uniqueItems: true } } } } } },
+                "'/properties/t': 'uniqueItems' is not supported");
+      await bad({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { $ref: '#/$defs/nope' } } } }, 'points at nothing');
+      await bad({ guided_grammar: 'root ::= foo' }, "'foo' is used but never defined");
+      await bad({ guided_regex: '(?<=a)b' }, 'lookarounds');
+      await bad({ response_format: { type: 'json_object' }, guided_regex: 'a' }, 'both constrain');
+    });
+    const tools = ['get_current_weather', 'control_light', 'set_timer'].map((n) => schemas.find((x) => x.name === n));
+    const toolDefs = tools.map((t) => ({ type: 'function', function: { name: t.name, description: `the ${t.name} tool`, parameters: t.schema } }));
+    const validCall = (call) => {
+      const i = tools.findIndex((t) => t.name === call.function.name);
+      assert.ok(i >= 0, `unknown tool ${call.function.name}`);
+      assert.match(call.id, /^call_/);
+      assert.strictEqual(call.type, 'function');
+      const args = JSON.parse(call.function.arguments);
+      assert.ok(validators[schemas.indexOf(tools[i])](args), `${call.function.arguments}: ${ajv.errorsText(validators[schemas.indexOf(tools[i])].errors)}`);
+    };
+    await check('tool_choice "required": a valid call comes back, streamed and not', async () => {
+      for (const temperature of [0, 1]) {
+        const r = await c.chat.completions.create({ messages: [{ role: 'user', content: 'What is the weather in Paris?' }], tools: toolDefs,
+                                                    tool_choice: 'required', parallel_tool_calls: false, max_tokens: 400, temperature, seed: 9 });
+        const ch = r.choices[0];
+        assert.strictEqual(ch.finish_reason, 'tool_calls', JSON.stringify(ch));
+        assert.strictEqual(ch.message.tool_calls.length, 1);
+        validCall(ch.message.tool_calls[0]);
+        const stream = await c.chat.completions.create({ messages: [{ role: 'user', content: 'What is the weather in Paris?' }], tools: toolDefs,
+                                                         tool_choice: 'required', parallel_tool_calls: false, max_tokens: 400, temperature, seed: 9,
+                                                         stream: true });
+        const calls = [];
+        let finish = null;
+        for await (const chunk of stream) {
+          for (const d of chunk.choices[0].delta.tool_calls || []) {
+            if (!calls[d.index]) calls[d.index] = { id: d.id, type: d.type, function: { name: d.function.name, arguments: '' } };
+            calls[d.index].function.arguments += d.function.arguments || '';
+          }
+          if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+        }
+        assert.strictEqual(finish, 'tool_calls');
+        assert.strictEqual(calls.length, 1);
+        validCall(calls[0]);
+        assert.strictEqual(calls[0].function.arguments, ch.message.tool_calls[0].function.arguments);
+      }
+      // A named function: that one, and the call round-trips through the template with the tool's answer.
+      const named = await c.chat.completions.create({ messages: [{ role: 'user', content: 'Book it' }], tools: toolDefs, max_tokens: 400,
+                                                      tool_choice: { type: 'function', function: { name: 'control_light' } } });
+      const call = named.choices[0].message.tool_calls[0];
+      assert.strictEqual(call.function.name, 'control_light');
+      validCall(call);
+      const after = await c.chat.completions.create({ tools: toolDefs, max_tokens: 8, messages: [
+        { role: 'user', content: 'Book it' }, { role: 'assistant', content: null, tool_calls: [call] },
+        { role: 'tool', tool_call_id: call.id, content: '{"ok": true}' }] });
+      assert.strictEqual(after.choices.length, 1);
+    });
+    await check('a request with the fields agent SDKs send (LangChain-JS, Vercel AI SDK) succeeds unchanged', async () => {
+      const r = await c.chat.completions.create({
+        model: 'stories260K', messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello' }],
+        temperature: 0.7, top_p: 0.9, frequency_penalty: 0, presence_penalty: 0, max_tokens: 8, max_completion_tokens: 8, n: 1,
+        stream: false, stop: ['\n\n'], seed: 1, user: 'u-1', logit_bias: { 5: -1 }, logprobs: false, tools: toolDefs, tool_choice: 'auto',
+        parallel_tool_calls: true, store: false, metadata: { app: 'test' }, service_tier: 'auto', reasoning_effort: 'low',
+        modalities: ['text'], prediction: null, stream_options: undefined, response_format: { type: 'text' },
+      });
+      assert.strictEqual(r.choices.length, 1);
+      assert.ok(r.choices[0].message.content !== undefined);
+      assert.ok(s.log().includes("ignoring the unknown request field 'service_tier'"), s.log());
+    });
+  } finally {
+    s.proc.kill('SIGTERM');
+  }
+
+  const strict = await startServer(['--chat-template', chatTemplate, '--strict-api']);
+  try {
+    await check('--strict-api refuses unknown fields', async () => {
+      await assert.rejects(client(strict.port).chat.completions.create({ messages: [{ role: 'user', content: 'x' }], max_tokens: 2, store: true }),
+                           (e) => e instanceof OpenAI.BadRequestError && e.message.includes("unknown field 'store'"));
+    });
+  } finally {
+    strict.proc.kill('SIGTERM');
+  }
+
+  // A random-weight model with its synthetic vocabulary: most of its strings never end within
+  // max_tokens, but every output that ends is valid, greedy and sampled.
+  const model = path.join(os.tmpdir(), `gale-structured-${process.pid}.gguf`);
+  execFileSync(gale, ['synth', '--shape', 'tiny', '--type', 'q8_0', '-o', model], { stdio: 'ignore' });
+  const sy = await startServer(['-m', model, '--chat-template', chatTemplate]);
+  try {
+    await check(`synth model: ${schemas.length} schemas, greedy and sampled, all finished outputs valid`, async () => {
+      const c2 = client(sy.port);
+      const greedy = validateAll('synth greedy', await runAll(c2, { temperature: 0, maxTokens: 200 }));
+      const sampled = validateAll('synth sampled', await runAll(c2, { temperature: 1, maxTokens: 200, seedBase: 7 }));
+      assert.ok(greedy + sampled >= 10, `${greedy} + ${sampled} finished`);
+    });
+  } finally {
+    sy.proc.kill('SIGTERM');
+    fs.rmSync(model, { force: true });
+  }
+
+  console.log(`${passes} passed, ${failures} failed`);
+  process.exit(failures ? 1 : 0);
+})().catch((e) => {
+  console.log('FAIL', e);
+  process.exit(1);
+});
