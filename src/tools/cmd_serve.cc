@@ -63,6 +63,12 @@ CommandFn RegisterServe(CLI::App& app) {
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
     auto cfg = o->engine.Resolve();
     if (!cfg.ok()) return fail(cfg.status());
+    std::optional<server::ToolCallFormat> tool_format;
+    if (!o->tool_call_parser.empty()) {
+      auto f = server::ParseToolCallFormat(o->tool_call_parser);
+      if (!f.ok()) return fail(f.status());
+      tool_format = *f;
+    }
     // SIGTERM/SIGINT are taken by sigwait below; every thread started from here inherits the mask.
     sigset_t signals;
     sigemptyset(&signals);
@@ -119,10 +125,8 @@ CommandFn RegisterServe(CLI::App& app) {
     grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok));
     server::ServingState state;
     state.grammars = &grammars;
-    if (!o->tool_call_parser.empty()) {
-      auto f = server::ParseToolCallFormat(o->tool_call_parser);
-      if (!f.ok()) return fail(f.status());
-      state.tool_format = *f;
+    if (tool_format) {
+      state.tool_format = *tool_format;
     } else if (chat_template) {
       state.tool_format = server::DetectToolCallFormat(chat_template->source());
     }

@@ -123,6 +123,32 @@ else
   echo "FAIL batch with KV retention:"; cat "$tmp/keep.err" "$tmp/evict.err"
   fails=$((fails + 1))
 fi
+# gale batch lines with structured-output fields: each output follows its constraint; a bad schema
+# fails only its line (exit status 2).
+cat > "$tmp/so.jsonl" <<'JSONL'
+{"id": "c", "prompt": "Once upon a time", "guided_choice": ["cat", "dog"], "temperature": 1, "seed": 3}
+{"id": "r", "prompt": "Once upon a time", "guided_regex": "[0-9]{3}"}
+{"id": "j", "prompt": "Once upon a time", "max_tokens": 200, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["ok", "n"]}}}}
+{"id": "bad", "prompt": "x", "guided_json": {"type": "array", "uniqueItems": true}}
+JSONL
+rc=0
+"$GALE" batch -i "$tmp/so.jsonl" -o "$tmp/so.out" --no-progress 2>"$tmp/so.err" || rc=$?
+if [ "$rc" = 2 ] && python3 - "$tmp/so.out" <<'PY'
+import json, re, sys
+lines = {l["id"]: l for l in map(json.loads, open(sys.argv[1]))}
+assert lines["c"]["text"] in ("cat", "dog"), lines["c"]
+assert re.fullmatch(r"[0-9]{3}", lines["r"]["text"]), lines["r"]
+j = json.loads(lines["j"]["text"])
+assert isinstance(j["ok"], bool) and 1 <= j["n"] <= 5, lines["j"]
+assert "uniqueItems" in lines["bad"]["error"], lines["bad"]
+PY
+then
+  pass=$((pass + 1))
+else
+  echo "FAIL batch with structured outputs (rc $rc):"; cat "$tmp/so.err" "$tmp/so.out"
+  fails=$((fails + 1))
+fi
+expect_fail serve-bad-tool-parser "tool call parser 'pythonic' is not one of" -- "$GALE" serve --port 0 --tool-call-parser pythonic
 expect_fail retention-no-budget "needs exactly one of a budget" -- "$GALE" run -p hi --kv-retention window
 expect_fail retention-budget-alone "need --kv-retention" -- "$GALE" run -p hi --kv-budget 64
 expect_fail retention-bad-policy "not one of none, window" -- "$GALE" run -p hi --kv-retention h2o --kv-budget 64
