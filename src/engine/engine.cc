@@ -87,6 +87,7 @@ struct Engine::Live {
   // KV retention; reset (pinned prefix, accumulator) at each admission, fresh until then.
   std::optional<SeqRetention> retention;
   bool retention_fresh = true;
+  bool embed = false;  // an embedding request: no text, the embedding at the end
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Tokenizer* tokenizer,
@@ -224,6 +225,17 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   for (int32_t t : req.stop_ids) {
     if (t < 0 || t >= vocab) return InvalidArgument("stop token id {} outside the vocabulary [0, {})", t, vocab);
   }
+  if (req.pooling != Pooling::kNone) {
+    if (req.grammar || req.top_logprobs >= 0 || req.prompt_logprobs >= 0 || (req.retention && req.retention->active())) {
+      return InvalidArgument("an embedding request takes no grammar, log-probabilities or KV retention");
+    }
+    req.max_tokens = 1;  // the step that finishes the prompt samples one token, never shown
+    req.sampling = SamplingParams();
+    req.sampling.temperature = 0.0f;
+    req.stop.clear();
+    req.stop_ids.clear();
+    req.retention = RetentionConfig();
+  }
   RETURN_IF_ERROR(req.sampling.Validate());
   for (const auto& [t, bias] : req.sampling.logit_bias) {
     if (t >= vocab) return InvalidArgument("logit_bias token id {} outside the vocabulary [0, {})", t, vocab);
@@ -297,7 +309,7 @@ void Engine::Admit(PendingRequest& p) {
   r->stop_ids = p.request.stop_ids;
   r->cache_salt = p.request.cache_salt;
   r->group = p.request.group != 0 ? p.request.group : -p.id;
-  r->no_cached_prefix = p.request.prompt_logprobs >= 0;
+  r->no_cached_prefix = p.request.prompt_logprobs >= 0 || p.request.pooling != Pooling::kNone;
   const std::vector<int32_t> stop_ids = r->stop_ids;
   auto live = std::make_unique<Live>();
   if (p.request.retention && p.request.retention->active()) {
@@ -319,7 +331,9 @@ void Engine::Admit(PendingRequest& p) {
     p.stream->Push(std::move(u));
     return;
   }
-  runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs, std::move(p.request.grammar), stop_ids);
+  runner_.AddRequest(p.id, p.request.sampling, p.request.top_logprobs, std::move(p.request.grammar), stop_ids,
+                     p.request.pooling);
+  live->embed = p.request.pooling != Pooling::kNone;
   live->want_logprobs = p.request.top_logprobs >= 0;
   live->prompt_logprobs = p.request.prompt_logprobs;
   live_[p.id] = std::move(live);
@@ -376,7 +390,11 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   u.num_cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
   u.num_evicted_tokens = r.num_evicted;
   u.kv_budget = r.kv_budget;
-  if (l.detok && reason != FinishReason::kStop) l.text += l.detok->Flush();
+  if (l.embed) {
+    u.embedding = runner_.Embedding(r.id);
+    if (reason == FinishReason::kLength) u.finish_reason = FinishReason::kStop;  // the prompt is all there was to do
+  }
+  if (l.detok && reason != FinishReason::kStop && !l.embed) l.text += l.detok->Flush();
   if (l.text.size() > l.emitted) u.text = l.text.substr(l.emitted);
   l.stream->Push(std::move(u));
   runner_.RemoveRequest(r.id);
@@ -516,6 +534,7 @@ void Engine::Loop() {
         continue;
       }
       const int64_t first = l.num_emitted_tokens;
+      if (l.embed) continue;  // its one sampled token is not output
       for (int64_t g = first; g < r.num_generated(); ++g) {
         ++stats_.num_generated_tokens;
         const size_t j = static_cast<size_t>(g - first);

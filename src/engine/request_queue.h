@@ -42,6 +42,10 @@ struct GenerationRequest {
   // request's stop tokens are allowed only where the grammar may end, and the request finishes
   // (reason stop) once nothing can follow.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // An embedding request: the prompt is computed (all of it: nothing from the prefix cache) and
+  // its hidden states pooled this way; the final update carries the L2-normalized embedding and
+  // no text. Sampling, stops, logprobs and retention do not apply.
+  Pooling pooling = Pooling::kNone;
   // Requests of one group (> 0: e.g. the choices and prompts of one API request) share the batch
   // fairly with other groups (sched/scheduler.h); 0: a group of its own.
   int64_t group = 0;
@@ -63,6 +67,7 @@ struct StreamUpdate {
   int64_t num_cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache (final update)
   int64_t num_evicted_tokens = 0;  // positions KV retention dropped from the cache (final update)
   int64_t kv_budget = 0;           // the request's KV budget in tokens, 0 without retention (final update)
+  std::vector<float> embedding;    // an embedding request's (final update)
 };
 
 class RequestStream {

@@ -243,6 +243,13 @@ void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& 
   for (int64_t t = 0; t < num_out; ++t) {
     kernels::RmsNorm(ws_.x.data() + out_row(t) * dim, out_norm, dim, hp_.rms_eps, ws_.xb.data() + t * dim);
   }
+  const int64_t num_hidden = static_cast<int64_t>(batch_.hidden_rows.size());
+  if (num_hidden > 0) {
+    Grow(ws_.hidden, num_hidden * dim);
+    for (int64_t t = 0; t < num_hidden; ++t) {
+      kernels::RmsNorm(ws_.x.data() + batch_.hidden_rows[t] * dim, out_norm, dim, hp_.rms_eps, ws_.hidden.data() + t * dim);
+    }
+  }
   Grow(ws_.logits, num_out * hp_.vocab_size);
   span.Next("lm_head", num_out, WeightBytes(output));
   MatMul(output, ws_.xb.data(), num_out, ws_.logits.data(), pool_);

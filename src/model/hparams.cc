@@ -6,6 +6,23 @@
 
 namespace gale {
 
+const char* PoolingName(Pooling p) {
+  switch (p) {
+    case Pooling::kNone: return "none";
+    case Pooling::kMean: return "mean";
+    case Pooling::kCls: return "cls";
+    case Pooling::kLast: return "last";
+  }
+  return "";
+}
+
+StatusOr<Pooling> ParsePooling(const std::string& name) {
+  for (Pooling p : {Pooling::kNone, Pooling::kMean, Pooling::kCls, Pooling::kLast}) {
+    if (name == PoolingName(p)) return p;
+  }
+  return InvalidArgument("pooling '{}' is not one of none, mean, cls, last", name);
+}
+
 StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
   ModelHParams hp;
   ASSIGN_OR_RETURN(hp.arch, file.GetString("general.architecture"));
@@ -48,6 +65,11 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
     return bad("rope.dimension_count must be even and at most the head size");
   }
   if (!(hp.rms_eps > 0.0f) || !(hp.rope_freq_base > 0.0f)) return bad("rms epsilon and rope freq_base must be positive");
+  const int64_t pooling = file.GetInt(p + "pooling_type", 0);
+  if (pooling < 0 || pooling > 3) {
+    return Unimplemented("{}pooling_type {} is not supported (0 none, 1 mean, 2 cls, 3 last; 4 rank is not)", p, pooling);
+  }
+  hp.pooling = static_cast<Pooling>(pooling);
 
   const GgufValue* scaling_type = file.Find(p + "rope.scaling.type");
   if (scaling_type != nullptr && scaling_type->AsString() != nullptr) {

@@ -16,6 +16,13 @@ namespace gale {
 // (GPT-NeoX, Qwen, Gemma, Phi-3) rotates the halves' pairs (i, i + rope_dims / 2).
 enum class RopeStyle : uint8_t { kNormal = 0, kNeox = 1 };
 
+// How a sequence's hidden states become one embedding (GGUF `{arch}.pooling_type`, llama.cpp's
+// values): the mean over its tokens, the first token's (CLS), or the last token's. Of the final
+// norm's output, as llama.cpp pools.
+enum class Pooling : uint8_t { kNone = 0, kMean = 1, kCls = 2, kLast = 3 };
+const char* PoolingName(Pooling p);  // "none", "mean", "cls", "last"
+StatusOr<Pooling> ParsePooling(const std::string& name);
+
 struct ModelHParams {
   std::string arch;         // general.architecture
   int64_t dim = 0;          // embedding_length
@@ -43,6 +50,7 @@ struct ModelHParams {
   float rope_freq_base_swa = 0.0f;
   // Multiplies the queries before attention's 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar).
   float query_scale = 1.0f;
+  Pooling pooling = Pooling::kNone;  // an embedding model's (pooling_type); kNone for others
 
   int64_t LayerWindow(int64_t layer) const {
     if (sliding_window <= 0) return 0;

@@ -188,6 +188,9 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   for (int32_t row : batch.logit_rows) {
     if (row < 0 || row >= n) return InvalidArgument("logit row {} outside the batch of {}", row, n);
   }
+  for (int32_t row : batch.hidden_rows) {
+    if (row < 0 || row >= n) return InvalidArgument("hidden row {} outside the batch of {}", row, n);
+  }
   return RunForward(batch, kv, ws, pool);
 }
 

@@ -28,6 +28,9 @@ struct ForwardBatch {
   std::vector<int32_t> seq_idx;     // [num_tokens] index into block_tables; empty: all 0
   std::vector<int32_t> logit_rows;  // tokens whose logits are wanted, in output order; empty: see below
   bool all_logits = false;          // with logit_rows empty: every token (perplexity), else the last
+  // Tokens whose hidden state (the final norm's output, no logits) is wanted, in output order:
+  // ws.hidden holds them ([num_hidden_rows, dim]).
+  std::vector<int32_t> hidden_rows;
   // [num_seqs] logical -> physical block ids of each sequence; must cover every slot in the batch.
   std::vector<std::span<const int32_t>> block_tables;
   // [num_tokens] cache slot of each token in its sequence: its K/V are written there and it
@@ -109,6 +112,7 @@ struct Workspace {
   std::vector<float> hb;      // [num_tokens, ffn_dim]
   std::vector<float> hb2;     // [num_tokens, ffn_dim]
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
+  std::vector<float> hidden;  // [num_hidden_rows, dim] (ForwardBatch::hidden_rows)
   std::vector<const int32_t*> tables;  // [num_tokens] block table of each token's sequence
   std::vector<float> rope;    // [num_tokens, rope_dims] cos/sin pairs per token
   std::vector<float> rope_swa;  // the same for windowed layers with their own RoPE base

@@ -10,8 +10,9 @@
 namespace gale {
 
 void ModelRunner::AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs,
-                             std::shared_ptr<const grammar::CompiledGrammar> grammar, std::vector<int32_t> stop_ids) {
-  PerRequest r{Sampler(params), top_logprobs, nullptr, Status::Ok()};
+                             std::shared_ptr<const grammar::CompiledGrammar> grammar, std::vector<int32_t> stop_ids,
+                             Pooling pooling) {
+  PerRequest r{Sampler(params), top_logprobs, nullptr, Status::Ok(), pooling, {}, 0};
   if (grammar) r.matcher = std::make_unique<grammar::GrammarMatcher>(std::move(grammar), std::move(stop_ids));
   requests_.insert_or_assign(request_id, std::move(r));
 }
@@ -24,6 +25,19 @@ ModelRunner::GrammarState ModelRunner::grammar_state(int64_t request_id) const {
   s.status = it->second.grammar_status;
   s.done = it->second.matcher->Done();
   return s;
+}
+
+std::vector<float> ModelRunner::Embedding(int64_t request_id) const {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || it->second.pooling == Pooling::kNone || it->second.num_pooled == 0) return {};
+  const PerRequest& r = it->second;
+  const double count = r.pooling == Pooling::kMean ? static_cast<double>(r.num_pooled) : 1.0;
+  double norm = 0.0;
+  for (double v : r.pooled) norm += (v / count) * (v / count);
+  norm = std::sqrt(norm);
+  std::vector<float> out(r.pooled.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(norm > 0.0 ? r.pooled[i] / count / norm : 0.0);
+  return out;
 }
 
 size_t ModelRunner::GrammarAllowedPrefix(int64_t request_id, std::span<const int32_t> drafts) {
@@ -69,6 +83,8 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
   b.seq_idx.clear();
   b.logit_rows.clear();
   b.block_tables.clear();
+  b.hidden_rows.clear();
+  pool_jobs_.clear();
   b.slots.clear();
   b.attn_acc.clear();
   bool any_slots = false, any_acc = false;
@@ -96,6 +112,18 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
       if (any_slots) b.slots.push_back(static_cast<int32_t>(slot0 + i - q.start));
     }
     if (any_acc) b.attn_acc.push_back({q.attn_acc, q.attn_acc_stride});
+    if (auto it = requests_.find(q.request_id); it != requests_.end() && it->second.pooling != Pooling::kNone) {
+      // The prompt positions of this chunk that the pooling reads.
+      const int64_t end = std::min(q.start + q.num_new, q.num_prompt);
+      int64_t lo = q.start, hi = end;  // [lo, hi)
+      if (it->second.pooling == Pooling::kCls) hi = std::min<int64_t>(hi, 1);
+      if (it->second.pooling == Pooling::kLast) lo = std::max(lo, q.num_prompt - 1);
+      if (lo < hi || q.start == 0) {
+        pool_jobs_.push_back({&it->second, static_cast<int64_t>(b.hidden_rows.size()), std::max<int64_t>(0, hi - lo), q.start == 0});
+        const int64_t base = static_cast<int64_t>(b.tokens.size()) - q.num_new;
+        for (int64_t p = lo; p < hi; ++p) b.hidden_rows.push_back(static_cast<int32_t>(base + p - q.start));
+      }
+    }
     if (q.sample) {
       auto it = requests_.find(q.request_id);
       if (it == requests_.end()) return Internal("request {} has no sampler", q.request_id);
@@ -130,6 +158,23 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
   if (b.logit_rows.empty()) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
   RETURN_IF_ERROR(model_.Forward(b, kv_, ws_, pool_));
   const int64_t vocab = model_.hparams().vocab_size;
+  const int64_t dim = model_.hparams().dim;
+  for (const PoolJob& pj : pool_jobs_) {
+    PerRequest& r = *pj.req;
+    if (pj.restart || r.pooled.empty()) {
+      r.pooled.assign(static_cast<size_t>(dim), 0.0);
+      r.num_pooled = 0;
+    }
+    for (int64_t i = 0; i < pj.count; ++i) {
+      const float* row = ws_.hidden.data() + (pj.first_row + i) * dim;
+      if (r.pooling == Pooling::kMean) {
+        for (int64_t d = 0; d < dim; ++d) r.pooled[d] += row[d];
+      } else {
+        for (int64_t d = 0; d < dim; ++d) r.pooled[d] = row[d];
+      }
+      ++r.num_pooled;
+    }
+  }
   if (prompt_logprobs != nullptr) {
     prompt_logprobs->assign(seqs.size(), PromptLogprobs{});
     for (const PromptJob& pj : prompt_jobs) {

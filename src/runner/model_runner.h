@@ -65,7 +65,7 @@ class ModelRunner {
   // grammar: the request's output must follow it (stop_ids are allowed where it may end).
   void AddRequest(int64_t request_id, const SamplingParams& params, int top_logprobs = -1,
                   std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr,
-                  std::vector<int32_t> stop_ids = {});
+                  std::vector<int32_t> stop_ids = {}, Pooling pooling = Pooling::kNone);
   void RemoveRequest(int64_t request_id);
 
   // A grammar-constrained request after a step: Ok while it may go on; an error when no token
@@ -80,6 +80,11 @@ class ModelRunner {
   // How many of `drafts` the request's grammar allows in a row from where it is (all when it has
   // none): speculative guesses are cut there before they are verified.
   size_t GrammarAllowedPrefix(int64_t request_id, std::span<const int32_t> drafts);
+
+  // An embedding request (pooling set): its prompt's hidden states pooled so far, L2-normalized;
+  // whole once its last prompt chunk has run. Chunks are added in position order (a chunk at
+  // position 0 starts over: preemption recomputes from there), so chunking changes nothing.
+  std::vector<float> Embedding(int64_t request_id) const;
 
   // One forward pass over all chunks. sampled[i] is what seqs[i] produced: empty where !sample,
   // else its accepted drafts and then one sampled token. Sampling row j draws exactly as decoding
@@ -107,7 +112,17 @@ class ModelRunner {
     int top_logprobs;
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // null: unconstrained
     Status grammar_status;
+    Pooling pooling = Pooling::kNone;
+    std::vector<double> pooled;  // [dim] the sum (mean) or the row (cls, last) so far
+    int64_t num_pooled = 0;
   };
+  struct PoolJob {
+    PerRequest* req;
+    int64_t first_row;  // in ws_.hidden
+    int64_t count;
+    bool restart;       // the chunk starts at position 0
+  };
+  std::vector<PoolJob> pool_jobs_;
   std::unordered_map<int64_t, PerRequest> requests_;
   struct SampleJob {
     size_t seq;        // index in seqs

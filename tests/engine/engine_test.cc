@@ -355,6 +355,91 @@ TEST(EngineTest, AGrammarTheVocabularyCannotFollowFailsOnlyItsRequest) {
   EXPECT_EQ(engine->stats().num_free_blocks.load(), engine->num_blocks());
 }
 
+// The pooled, normalized final-norm output of a whole prompt in one forward pass.
+std::vector<float> DirectEmbedding(const TestModel& m, const std::vector<int32_t>& prompt, Pooling pooling) {
+  ThreadPool pool(1);
+  KvCache cache(m.model->hparams(), static_cast<int64_t>(prompt.size()) + 16);
+  ForwardBatch b;
+  b.tokens = prompt;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    b.positions.push_back(static_cast<int32_t>(i));
+    b.hidden_rows.push_back(static_cast<int32_t>(i));
+  }
+  Workspace ws;
+  EXPECT_TRUE(m.model->Forward(b, cache, ws, pool).ok());
+  const int64_t dim = m.model->hparams().dim, n = static_cast<int64_t>(prompt.size());
+  std::vector<double> v(dim, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    if ((pooling == Pooling::kCls && t != 0) || (pooling == Pooling::kLast && t != n - 1)) continue;
+    for (int64_t d = 0; d < dim; ++d) v[d] += ws.hidden[t * dim + d];
+  }
+  double norm = 0.0;
+  for (double& x : v) {
+    if (pooling == Pooling::kMean) x /= static_cast<double>(n);
+    norm += x * x;
+  }
+  std::vector<float> out(dim);
+  for (int64_t d = 0; d < dim; ++d) out[d] = static_cast<float>(v[d] / std::sqrt(norm));
+  return out;
+}
+
+// Embedding requests among generating ones, with chunked prefill, preemption and the prefix cache
+// on: each gets the pooled hidden states of its whole prompt computed in one pass (to float
+// rounding of the pooling sums: the same rows, the same order), and the generating requests get
+// what they get alone.
+TEST(EngineTest, EmbeddingRequestsPoolTheirPromptExactly) {
+  const TestModel m = Stories();
+  auto reqs = RandomRequests(m, 24, 17);
+  const std::vector<Result> alone = RunAlone(m, reqs, kernels::KvType::kF32);
+  ThreadPool pool(2);
+  EngineConfig cfg;
+  cfg.sched.max_num_batched_tokens = 24;
+  cfg.sched.prefill_chunk_size = 7;
+  cfg.block_size = 4;
+  const auto& hp = m.model->hparams();
+  cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size,
+                                                            kernels::KvType::kF32, kernels::KvType::kF32);
+  cfg.kv_type = kernels::KvType::kF32;
+  auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
+  std::vector<std::shared_ptr<RequestStream>> gens, embeds;
+  std::vector<GenerationRequest> embed_reqs;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    gens.push_back(engine->Submit(reqs[i]).value());
+    GenerationRequest e;
+    e.prompt = reqs[i].prompt;
+    e.pooling = i % 3 == 0 ? Pooling::kMean : i % 3 == 1 ? Pooling::kCls : Pooling::kLast;
+    embed_reqs.push_back(e);
+    embeds.push_back(engine->Submit(e).value());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Result g = Collect(*gens[i]);
+    EXPECT_EQ(g.tokens, alone[i].tokens) << i;
+    StreamUpdate u, last;
+    std::string text;
+    while (embeds[i]->Next(&u)) {
+      text += u.text;
+      if (u.finished) last = u;
+    }
+    EXPECT_EQ(last.finish_reason, FinishReason::kStop) << last.status.ToString();
+    EXPECT_TRUE(text.empty());
+    const std::vector<float> want = DirectEmbedding(m, embed_reqs[i].prompt, embed_reqs[i].pooling);
+    ASSERT_EQ(last.embedding.size(), want.size());
+    double norm = 0.0;
+    for (size_t d = 0; d < want.size(); ++d) {
+      EXPECT_NEAR(last.embedding[d], want[d], 1e-6) << "request " << i << " dim " << d;
+      norm += last.embedding[d] * last.embedding[d];
+    }
+    EXPECT_NEAR(norm, 1.0, 1e-5);
+  }
+  EXPECT_GT(engine->stats().num_preemptions.load(), 0);
+  EXPECT_EQ(engine->stats().num_free_blocks.load(), 40);
+  GenerationRequest bad;
+  bad.prompt = reqs[0].prompt;
+  bad.pooling = Pooling::kMean;
+  bad.top_logprobs = 2;
+  EXPECT_FALSE(engine->Submit(bad).ok());
+}
+
 // Quantized KV (int8, int4) under the exactness workload: preemption, prefix sharing and
 // speculative decoding change no output (every write of a position quantizes the same values the
 // same way), and every block is free afterwards.
