@@ -40,6 +40,12 @@ phi3_longrope phi3 192 2 3 1 64 320 64 0
 gemma3 gemma3 128 7 4 1 64 256 0 0
 gemma3_odd gemma3 96 7 3 3 48 160 0 0
 SHAPES
+# Embedding models (pooling_type mean, cls, last): llama.cpp's pooled embeddings of the tokens too.
+for pool in mean cls last; do
+  "$build/gale" synth --shape custom --arch qwen3 --dim 256 --layers 2 --heads 4 --kv-heads 2 --head-dim 64 \
+    --ffn 512 --vocab 512 --ctx 256 --type f32 --seed 7 --pooling "$pool" -o "$tmp/qwen3_embd_$pool.gguf"
+  extra+=("qwen3_embd_$pool=$tmp/qwen3_embd_$pool.gguf")
+done
 mkdir -p tests/data/llamacpp
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \
     "${extra[@]}" 2> "$tmp/log" ||

@@ -232,6 +232,9 @@ struct LlamaApi {
   void* (*get_memory)(void*);
   void (*memory_clear)(void*, bool);
   void (*synchronize)(void*);
+  void (*set_embeddings)(void*, bool);
+  float* (*embeddings_seq)(void*, int32_t);
+  int32_t (*n_embd)(const void*);
 
   explicit LlamaApi(void* lib) {
     auto get = [lib](auto& fn, const char* name) { fn = Sym<std::remove_reference_t<decltype(fn)>>(lib, name); };
@@ -252,6 +255,9 @@ struct LlamaApi {
     get(get_memory, "llama_get_memory");
     get(memory_clear, "llama_memory_clear");
     get(synchronize, "llama_synchronize");
+    get(set_embeddings, "llama_set_embeddings");
+    get(embeddings_seq, "llama_get_embeddings_seq");
+    get(n_embd, "llama_model_n_embd");
     Sym<void (*)()>(lib, "llama_backend_init")();
   }
 };
@@ -397,6 +403,27 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
       std::memcpy(logits.data() + static_cast<size_t>(i) * s.vocab, api.logits_ith(s.ctx, -1), s.vocab * sizeof(float));
     }
     Check(w.AddTensor(name, 0, {s.vocab, kNumTokens}, Bytes(logits.data(), logits.size() * 4)));
+    if (name.find("_embd") != std::string::npos) {
+      // An embedding model (its file's pooling_type): the pooled embedding of all the tokens in
+      // one batch, as llama_get_embeddings_seq gives it (before any normalization).
+      const LlamaSession e(api, path, 0, 0, 1, /*f32_kv=*/true);
+      api.set_embeddings(e.ctx, true);
+      std::vector<int32_t> tokens(std::begin(kTokens), std::end(kTokens));
+      e.Decode(tokens.data(), kNumTokens);
+      const float* embd = api.embeddings_seq(e.ctx, 0);
+      if (embd == nullptr) Fail("no pooled embedding for " + name);
+      const int32_t dim = api.n_embd(e.model);
+      Check(w.AddTensor(name + ".embd", 0, {dim}, Bytes(embd, static_cast<size_t>(dim) * 4)));
+      if (name.find("_last") != std::string::npos) {
+        // Last-token pooling again, the tokens decoded one at a time (llama.cpp's single-token path).
+        const LlamaSession e1(api, path, 0, 0, 1, /*f32_kv=*/true);
+        api.set_embeddings(e1.ctx, true);
+        for (int i = 0; i < kNumTokens; ++i) e1.Decode(&tokens[i], 1);
+        const float* one = api.embeddings_seq(e1.ctx, 0);
+        if (one == nullptr) Fail("no pooled embedding for " + name);
+        Check(w.AddTensor(name + ".embd1", 0, {dim}, Bytes(one, static_cast<size_t>(dim) * 4)));
+      }
+    }
   }
   Check(w.WriteFile(out + "/logits.gguf"));
   std::fprintf(stderr, "wrote %s/logits.gguf\n", out.c_str());

@@ -128,6 +128,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen || gemma ? 1000000.0f : 10000.0f);
+  if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
   if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (s.yarn_factor > 0.0) {

@@ -34,6 +34,7 @@ struct SynthShape {
   // rope.scaling.type yarn, factor, original_context_length, as llama.cpp's converters write it).
   double yarn_factor = 0.0;
   int64_t yarn_orig_ctx = 0;
+  int64_t pooling_type = 0;  // > 0: {arch}.pooling_type (an embedding model: 1 mean, 2 cls, 3 last)
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b" (their

@@ -9,6 +9,7 @@
 #include "convert/hf_convert.h"
 #include "convert/hf_tokenizer.h"
 #include "convert/llama2c_convert.h"
+#include "model/hparams.h"
 #include "model/synth.h"
 
 namespace gale {
@@ -58,7 +59,7 @@ CommandFn RegisterConvert(CLI::App& app) {
 
 CommandFn RegisterSynth(CLI::App& app) {
   struct Opts {
-    std::string shape = "tiny", type = "f16", out, tokenizer_dir;
+    std::string shape = "tiny", type = "f16", out, tokenizer_dir, pooling;
     uint64_t seed = 1;
     SynthShape custom;
   };
@@ -81,6 +82,7 @@ CommandFn RegisterSynth(CLI::App& app) {
                  "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) to write instead of the "
                  "synthetic vocab; the vocab size becomes its");
   app.add_option("--window", o->custom.sliding_window, "custom gemma3: sliding window (default 512)");
+  app.add_option("--pooling", o->pooling, "make it an embedding model: its pooling_type (mean | cls | last)");
   app.add_option("--yarn", o->custom.yarn_factor, "YaRN RoPE scaling by this factor (with --yarn-orig-ctx)");
   app.add_option("--yarn-orig-ctx", o->custom.yarn_orig_ctx, "YaRN's original context length");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
@@ -103,6 +105,14 @@ CommandFn RegisterSynth(CLI::App& app) {
       shape.yarn_factor = o->custom.yarn_factor;
       if (o->custom.sliding_window > 0) shape.sliding_window = o->custom.sliding_window;
       shape.yarn_orig_ctx = o->custom.yarn_orig_ctx;
+    }
+    if (!o->pooling.empty()) {
+      auto p = ParsePooling(o->pooling);
+      if (!p.ok()) {
+        std::fprintf(stderr, "gale synth: %s\n", p.status().message().c_str());
+        return 1;
+      }
+      shape.pooling_type = static_cast<int64_t>(*p);
     }
     std::optional<HfTokenizer> tokenizer;
     if (!o->tokenizer_dir.empty()) {

@@ -16,6 +16,7 @@
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "kernels/kernels.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "../test_util.h"
 #include "model/synth.h"
@@ -332,6 +333,86 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
     if (mutate) {
       EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
     }
+  }
+}
+
+// Embedding models (pooling_type mean, cls, last on a qwen3, as scripts/make-ggml-reference.sh
+// writes them): the engine's embedding request gives llama.cpp's pooled embedding
+// (llama_get_embeddings_seq over the same tokens, normalized as servers return it); with another
+// pooling it is far (> 0.1). NOTE: the bound is not f32 rounding: llama.cpp's embedding context
+// differs from its own logits context by ~3e-4 relative in the final hidden state (its batched
+// and one-token-at-a-time embedding paths agree with each other to 1.2e-7), while gale's logits
+// on the same file match llama.cpp's logits to rmse 4.5e-7, so gale's hidden states are its
+// logits path's; measured 5.7e-5 to 8.5e-5 on unit vectors, bound 2e-4.
+TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
+  auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  auto normalized = [](std::vector<float> v) {
+    double n = 0.0;
+    for (float x : v) n += static_cast<double>(x) * x;
+    for (float& x : v) x = static_cast<float>(x / std::sqrt(n));
+    return v;
+  };
+  auto embed = [&](const GgufFile& file, Pooling pooling) {
+    auto model = LoadModel(file).value();
+    ThreadPool pool(2);
+    EngineConfig cfg;
+    cfg.kv_cache_memory_bytes = 8ull << 20;
+    cfg.sched.prefill_chunk_size = 5;  // several chunks: the pooling spans them
+    auto engine = Engine::Create(*model, nullptr, cfg, pool).value();
+    GenerationRequest r;
+    r.prompt = tokens;
+    r.pooling = pooling;
+    auto s = engine->Submit(r).value();
+    StreamUpdate u, last;
+    while (s->Next(&u)) last = u;
+    return last.embedding;
+  };
+  const char* names[] = {"qwen3_embd_mean", "qwen3_embd_cls", "qwen3_embd_last"};
+  const Pooling poolings[] = {Pooling::kMean, Pooling::kCls, Pooling::kLast};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(names[i]);
+    const GgufTensorInfo* t = (*ref)->FindTensor(std::string(names[i]) + ".embd");
+    ASSERT_NE(t, nullptr) << "logits.gguf predates the embedding models: run scripts/make-ggml-reference.sh";
+    const std::vector<float> want = normalized(Floats(*t));
+    SynthShape s;
+    s.arch = "qwen3";
+    s.dim = 256;
+    s.num_layers = 2;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 64;
+    s.ffn_dim = 512;
+    s.vocab_size = 512;
+    s.context_length = 256;
+    s.pooling_type = static_cast<int64_t>(poolings[i]);
+    auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
+    ASSERT_EQ(LoadModel(*file).value()->hparams().pooling, poolings[i]);
+    const std::vector<float> got = embed(*file, poolings[i]);
+    ASSERT_EQ(got.size(), want.size());
+    if (const GgufTensorInfo* lt = (*ref)->FindTensor(names[i])) {
+      std::printf("  logits of the same model against llama.cpp's: rmse %.2e\n", Rmse(GaleLogits(*file, tokens), Floats(*lt)));
+    }
+    double max_diff = 0.0;
+    for (size_t d = 0; d < got.size(); ++d) max_diff = std::max<double>(max_diff, std::fabs(got[d] - want[d]));
+    const std::vector<float> other = embed(*file, poolings[(i + 1) % 3]);
+    double other_diff = 0.0;
+    for (size_t d = 0; d < got.size(); ++d) other_diff = std::max<double>(other_diff, std::fabs(other[d] - want[d]));
+    std::printf("%s (%s): max |diff| against llama.cpp %.2e; pooled another way %.3f\n", names[i],
+                kernels::IsaName(GetParam()), max_diff, other_diff);
+    if (const GgufTensorInfo* t1 = (*ref)->FindTensor(std::string(names[i]) + ".embd1")) {
+      const std::vector<float> one = normalized(Floats(*t1));
+      double d1 = 0.0, self = 0.0;
+      for (size_t d = 0; d < got.size(); ++d) {
+        d1 = std::max<double>(d1, std::fabs(got[d] - one[d]));
+        self = std::max<double>(self, std::fabs(want[d] - one[d]));
+      }
+      std::printf("  against llama.cpp's one-token-at-a-time path %.2e; its two paths differ by %.2e\n", d1, self);
+    }
+    EXPECT_LT(max_diff, 2e-4);
+    EXPECT_GT(other_diff, 0.1);
   }
 }
 
