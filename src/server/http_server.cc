@@ -111,13 +111,14 @@ void LogIgnoredFields(const std::vector<std::string>& fields) {
   }
 }
 
-std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state, bool strict);
+// kind: 0 completions, 1 chat, 2 embeddings.
+std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int kind, const ServingState& state, bool strict);
 
 // Runs on the work pool: whatever goes wrong (an exhausted allocation) is this request's 500,
 // never an exception through a server thread.
-std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, const ServingState& state, bool strict) {
+std::variant<Prepared, ApiError> Prepare(const std::string& body, int kind, const ServingState& state, bool strict) {
   try {
-    return PrepareUnguarded(body, chat, state, strict);
+    return PrepareUnguarded(body, kind, state, strict);
   } catch (const std::bad_alloc&) {
     return ApiError{500, "out of memory while preparing the request", "server_error", ""};
   } catch (const std::exception& e) {
@@ -125,8 +126,12 @@ std::variant<Prepared, ApiError> Prepare(const std::string& body, bool chat, con
   }
 }
 
-std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, bool chat, const ServingState& state, bool strict) {
-  auto parsed = ParseCompletionRequest(body, chat, strict);
+std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int kind, const ServingState& state, bool strict) {
+  if (kind == 2 && state.pooling == Pooling::kNone) {
+    return ApiError{400, "this model has no pooling type (it is not an embedding model); start gale serve with "
+                         "--pooling mean|cls|last to pool its hidden states", "invalid_request_error", ""};
+  }
+  auto parsed = kind == 2 ? ParseEmbeddingRequest(body, state.embedding_dim, strict) : ParseCompletionRequest(body, kind == 1, strict);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   Prepared p;
   p.req = std::move(std::get<CompletionRequest>(parsed));
@@ -441,15 +446,18 @@ class Session : public std::enable_shared_from_this<Session> {
       m["max_model_len"] = state->engine->max_request_tokens();
       return SendJson(Json{{"object", "list"}, {"data", Json::array({m})}});
     }
-    const bool chat = path == "/v1/chat/completions";
-    if (!chat && path != "/v1/completions") return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    const bool chat = path == "/v1/chat/completions", embed = path == "/v1/embeddings";
+    if (!chat && !embed && path != "/v1/completions") {
+      return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    }
+    const int kind = embed ? 2 : chat ? 1 : 0;
     if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
     // Counted in flight from here, so a drain waits for it and the engine outlives it.
     ++server_->in_flight;
     if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
     if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
-    net::post(server_->work, [self = shared_from_this(), req = std::move(req), chat, state]() mutable {
-      auto prepared = Prepare(req.body(), chat, *state, self->server_->opt.strict_api);
+    net::post(server_->work, [self = shared_from_this(), req = std::move(req), kind, state]() mutable {
+      auto prepared = Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
       net::post(self->stream_.get_executor(), [self, prepared = std::move(prepared), state]() mutable {
         self->Launch(std::move(prepared), *state);
@@ -543,6 +551,11 @@ class Session : public std::enable_shared_from_this<Session> {
         if (req.echo && req.top_logprobs >= 0) g.prompt_logprobs = req.top_logprobs;
         g.retention = req.retention;
         g.grammar = p.grammar;
+        if (req.embeddings) {
+          g.pooling = state.pooling;
+          g.stop_ids.clear();
+          g.retention.reset();
+        }
         gen->echo_tokens.push_back(req.echo && req.top_logprobs >= 0 ? g.prompt : std::vector<int32_t>{});
         subs.push_back(std::move(g));
         gen->echo_prefix.push_back(req.echo ? prompt_texts[pi] : "");
@@ -750,6 +763,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (u.finished) {
           g.done[i] = true;
           g.choices[i].finish_reason = u.finish_reason;
+          g.choices[i].embedding = std::move(u.embedding);
           g.cached_tokens[i] = u.num_cached_tokens;
           g.evicted_tokens[i] = u.num_evicted_tokens;
           g.retained = g.retained || u.kv_budget > 0;
@@ -791,8 +805,14 @@ class Session : public std::enable_shared_from_this<Session> {
         FinishGeneration("error");
         return SendError({500, error.message(), "server_error", ""});
       }
-      const Json body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(),
-                                           [&g](int32_t id) { return g.Piece(id); });
+      Json body;
+      if (g.req.embeddings) {
+        std::vector<std::vector<float>> vectors;
+        for (auto& c : g.choices) vectors.push_back(std::move(c.embedding));
+        body = EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
+      } else {
+        body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(), [&g](int32_t id) { return g.Piece(id); });
+      }
       FinishGeneration("ok");
       return SendJson(body);
     }

@@ -47,6 +47,8 @@ struct ServingState {
   grammar::GrammarCompiler* grammars = nullptr;  // null: structured outputs answer 400
   ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
   bool reasoning = false;  // the model thinks in <think> blocks (reasoning_content)
+  Pooling pooling = Pooling::kNone;  // /v1/embeddings pools hidden states this way; kNone: 400
+  int64_t embedding_dim = 0;         // the model's hidden size
   std::string model_name;
   int64_t created = 0;  // unix seconds, for /v1/models
 };

@@ -507,6 +507,108 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
 
 }  // namespace
 
+std::variant<CompletionRequest, ApiError> ParseEmbeddingRequest(const std::string& body, int64_t dim, bool strict) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
+  if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) {
+    return Bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
+  }
+  CompletionRequest r;
+  r.embeddings = true;
+  static const std::set<std::string> kKnown = {"input", "model", "encoding_format", "dimensions", "user"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (kKnown.count(it.key())) continue;
+    if (strict) return Bad(it.key(), fmt::format("unknown field '{}'", it.key()));
+    r.ignored_fields.push_back(it.key());
+  }
+  if (j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
+    r.model = j["model"].get<std::string>();
+  }
+  if (j.contains("encoding_format") && !j["encoding_format"].is_null()) {
+    if (j["encoding_format"] == "base64") {
+      r.base64 = true;
+    } else if (j["encoding_format"] != "float") {
+      return Bad("encoding_format", "'encoding_format' must be float or base64");
+    }
+  }
+  if (j.contains("dimensions") && !j["dimensions"].is_null()) {
+    if (!j["dimensions"].is_number_integer() || j["dimensions"].get<int64_t>() != dim) {
+      return Bad("dimensions", fmt::format("'dimensions' can only be this model's embedding size, {}", dim));
+    }
+  }
+  if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return Bad("user", "'user' must be a string");
+  if (!j.contains("input")) return Bad("input", "'input' is required");
+  const Json& in = j["input"];
+  auto ids_of = [&](const Json& a, std::vector<int32_t>* out) -> std::optional<ApiError> {
+    if (!a.is_array() || a.empty()) return Bad("input", "token id inputs must be non-empty arrays of integers");
+    for (const auto& x : a) {
+      const auto id = TokenId(x);
+      if (!id) return Bad("input", fmt::format("input token id {} is not a token id", x.dump()));
+      out->push_back(*id);
+    }
+    return std::nullopt;
+  };
+  if (in.is_string()) {
+    r.prompts.push_back(in.get<std::string>());
+  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
+    for (const auto& e : in) {
+      if (!e.is_string()) return Bad("input", "'input' must be a string, an array of strings or of token ids");
+      r.prompts.push_back(e.get<std::string>());
+    }
+  } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
+    std::vector<int32_t> ids;
+    if (auto e = ids_of(in, &ids)) return *e;
+    r.prompt_ids.push_back(std::move(ids));
+  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
+    for (const auto& e : in) {
+      std::vector<int32_t> ids;
+      if (auto err = ids_of(e, &ids)) return *err;
+      r.prompt_ids.push_back(std::move(ids));
+    }
+  } else {
+    return Bad("input", "'input' must be a non-empty string, an array of strings or of token ids");
+  }
+  for (const auto& p : r.prompts) {
+    if (p.empty()) return Bad("input", "an input string is empty");
+  }
+  if (r.prompts.size() + r.prompt_ids.size() > 2048) return Bad("input", "at most 2048 inputs per request");
+  r.max_tokens = 1;
+  return r;
+}
+
+Json EmbeddingResponse(const CompletionRequest& req, const std::vector<std::vector<float>>& embeddings,
+                       int64_t prompt_tokens) {
+  static const char* kB64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  Json data = Json::array();
+  for (size_t i = 0; i < embeddings.size(); ++i) {
+    Json e = {{"object", "embedding"}, {"index", i}};
+    if (req.base64) {
+      // Little-endian float32s, as OpenAI sends them (x86 is little-endian).
+      const auto* bytes = reinterpret_cast<const uint8_t*>(embeddings[i].data());
+      const size_t n = embeddings[i].size() * sizeof(float);
+      std::string s;
+      s.reserve((n + 2) / 3 * 4);
+      for (size_t k = 0; k < n; k += 3) {
+        const uint32_t v = (uint32_t{bytes[k]} << 16) | (k + 1 < n ? uint32_t{bytes[k + 1]} << 8 : 0) | (k + 2 < n ? bytes[k + 2] : 0);
+        s += kB64[(v >> 18) & 63];
+        s += kB64[(v >> 12) & 63];
+        s += k + 1 < n ? kB64[(v >> 6) & 63] : '=';
+        s += k + 2 < n ? kB64[v & 63] : '=';
+      }
+      e["embedding"] = s;
+    } else {
+      e["embedding"] = embeddings[i];
+    }
+    data.push_back(std::move(e));
+  }
+  return Json{{"object", "list"},
+              {"data", std::move(data)},
+              {"model", req.model},
+              {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}};
+}
+
 Json UsageJson(const Usage& u) {
   Json j{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},

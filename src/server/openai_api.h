@@ -70,6 +70,9 @@ struct CompletionRequest {
   std::optional<grammar::Constraint> constraint;
   std::string constraint_param;                // the field it came from (for errors)
   std::vector<std::string> ignored_fields;     // unknown fields, ignored (not with strict parsing)
+  // /v1/embeddings: prompts / prompt_ids hold the inputs; vectors as base64 of float32s or floats.
+  bool embeddings = false;
+  bool base64 = false;
 };
 
 // Parses and validates a request body for /v1/completions (chat = false) or /v1/chat/completions.
@@ -81,6 +84,14 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
 // The structured-output fields of a body (response_format, guided_json / _regex / _choice /
 // _grammar, structured_outputs, grammar, json_schema) into r->constraint; at most one may be set.
 std::optional<ApiError> ParseConstraintFields(const Json& body, CompletionRequest* r);
+
+// /v1/embeddings: "input" (a string, strings, token ids or lists of them; at most 2,048),
+// "encoding_format" float | base64, "dimensions" (only the model's own size; gale truncates
+// nothing), "model", "user". Errors are 400s naming the field.
+std::variant<CompletionRequest, ApiError> ParseEmbeddingRequest(const std::string& body, int64_t dim, bool strict = false);
+// {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}.
+Json EmbeddingResponse(const CompletionRequest& req, const std::vector<std::vector<float>>& embeddings,
+                       int64_t prompt_tokens);
 
 const char* FinishReasonForApi(FinishReason r);  // "stop" (eos and stop strings), "length", ...
 
@@ -105,6 +116,7 @@ struct Choice {
   // Chat with tools or a reasoning model: the message taken apart (text then holds the content).
   std::string reasoning;
   std::vector<ToolCall> tool_calls;
+  std::vector<float> embedding;  // /v1/embeddings
 };
 
 // A choice's "logprobs" object for tokens [begin, end) of it: chat ({"content": [...]}) or

@@ -18,7 +18,7 @@ namespace gale {
 
 CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
-    std::string model, isa, chat_template, served_name, tool_call_parser;
+    std::string model, isa, chat_template, served_name, tool_call_parser, pooling;
     int threads = ThreadPool::DefaultNumThreads();
     bool no_warmup = false;
     double shutdown_timeout = 10.0;
@@ -45,6 +45,8 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--tool-call-parser", o->tool_call_parser,
                  "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | qwen3_coder "
                  "(default: from the chat template)");
+  app.add_option("--pooling", o->pooling,
+                 "/v1/embeddings: pool hidden states this way (mean | cls | last | none; default: the model's pooling_type)");
   app.add_option("--cors-origins", o->http.cors_origins,
                  "origins browsers may call from, comma-separated, or * for any (default: no CORS headers)")
       ->delimiter(',');
@@ -63,6 +65,12 @@ CommandFn RegisterServe(CLI::App& app) {
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
     auto cfg = o->engine.Resolve();
     if (!cfg.ok()) return fail(cfg.status());
+    std::optional<Pooling> pooling;
+    if (!o->pooling.empty()) {
+      auto p = ParsePooling(o->pooling);
+      if (!p.ok()) return fail(p.status());
+      pooling = *p;
+    }
     std::optional<server::ToolCallFormat> tool_format;
     if (!o->tool_call_parser.empty()) {
       auto f = server::ParseToolCallFormat(o->tool_call_parser);
@@ -130,6 +138,8 @@ CommandFn RegisterServe(CLI::App& app) {
     } else if (chat_template) {
       state.tool_format = server::DetectToolCallFormat(chat_template->source());
     }
+    state.pooling = pooling.value_or(loaded->model->hparams().pooling);
+    state.embedding_dim = loaded->model->hparams().dim;
     state.reasoning = chat_template && chat_template->source().find("</think>") != std::string::npos;
     state.engine = engine->get();
     state.tokenizer = loaded->tok.get();

@@ -345,6 +345,35 @@ function rawStream(port, cutAfter) {
     }
   });
 
+  await check('/v1/embeddings: 400 without pooling; with --pooling, unit vectors through the client (base64 and float)', async () => {
+    await assert.rejects(client.embeddings.create({ input: 'Once upon a time' }),
+                         (e) => e instanceof OpenAI.BadRequestError && e.message.includes('--pooling'));
+    const s4 = await startServer(['--pooling', 'mean', '--no-warmup']);
+    try {
+      const c = new OpenAI({ baseURL: `http://127.0.0.1:${s4.port}/v1`, apiKey: 'x', maxRetries: 0 });
+      const inputs = ['Once upon a time', 'The cat sat on the mat', 'Once upon a time'];
+      const many = await c.embeddings.create({ input: inputs });  // the client asks for base64 and decodes it
+      assert.strictEqual(many.data.length, 3);
+      assert.strictEqual(many.object, 'list');
+      for (const d of many.data) {
+        assert.strictEqual(d.embedding.length, 64);
+        const norm = Math.sqrt(d.embedding.reduce((a, x) => a + x * x, 0));
+        assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
+      }
+      assert.deepStrictEqual(many.data[0].embedding, many.data[2].embedding);
+      assert.notDeepStrictEqual(many.data[0].embedding, many.data[1].embedding);
+      const one = await c.embeddings.create({ input: 'The cat sat on the mat', encoding_format: 'float' });
+      assert.deepStrictEqual(one.data[0].embedding, many.data[1].embedding);  // alone = batched, float = base64
+      assert.ok(one.usage.prompt_tokens > 0 && one.usage.prompt_tokens === one.usage.total_tokens);
+      const ids = await c.embeddings.create({ input: [[1, 403, 407]], encoding_format: 'float' });
+      assert.strictEqual(ids.data[0].embedding.length, 64);
+      await assert.rejects(c.embeddings.create({ input: 'x', dimensions: 8 }), OpenAI.BadRequestError);
+      await assert.rejects(c.embeddings.create({ input: [] }), OpenAI.BadRequestError);
+    } finally {
+      s4.proc.kill('SIGTERM');
+    }
+  });
+
   await check('raw HTTP errors: malformed JSON, a known field of the wrong type, 404, 405, 413; unknown fields ignored', async () => {
     let r = await request(srv.port, 'POST', '/v1/completions', '{"prompt": ');
     assert.strictEqual(r.status, 400);

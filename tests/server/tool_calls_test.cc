@@ -1,6 +1,5 @@
 // Tool-call parsing per family on recorded model outputs, the streaming splitter against the
-// whole-text parse, reasoning blocks, and the tool-call grammars (src/server/tool_calls.h); and
-// the request fields around them (src/server/openai_api.h).
+// whole-text parse, reasoning blocks, and the tool-call grammars (src/server/tool_calls.h).
 #include "server/tool_calls.h"
 
 #include <random>
@@ -8,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include "grammar/matcher.h"
-#include "server/openai_api.h"
 
 namespace gale::server {
 namespace {
@@ -216,79 +214,6 @@ TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
   auto e = ToolCallGrammar(ToolCallFormat::kHermes, bad, "", true);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("uniqueItems"), std::string::npos) << e.status().message();
-}
-
-TEST(OpenAiRequest, UnknownFieldsAreIgnoredUnlessStrict) {
-  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "store": true, "metadata": {"a": "b"},
-      "service_tier": "auto", "reasoning_effort": "low", "parallel_tool_calls": false, "max_completion_tokens": 5,
-      "modalities": ["text"], "prediction": null})";
-  auto r = ParseCompletionRequest(body, /*chat=*/true);
-  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
-  const auto& req = std::get<CompletionRequest>(r);
-  EXPECT_EQ(req.max_tokens, 5);
-  EXPECT_FALSE(req.parallel_tool_calls);
-  EXPECT_EQ(req.ignored_fields, (std::vector<std::string>{"store", "metadata", "service_tier", "reasoning_effort", "modalities", "prediction"}));
-  auto strict = ParseCompletionRequest(body, true, /*strict=*/true);
-  ASSERT_TRUE(std::holds_alternative<ApiError>(strict));
-  EXPECT_EQ(std::get<ApiError>(strict).param, "store");
-  // Completions take max_completion_tokens too.
-  auto c = ParseCompletionRequest(R"({"prompt": "x", "max_completion_tokens": 7, "store": false})", false);
-  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(c));
-  EXPECT_EQ(std::get<CompletionRequest>(c).max_tokens, 7);
-}
-
-TEST(OpenAiRequest, StructuredOutputFields) {
-  using Kind = grammar::Constraint::Kind;
-  auto parse = [](const std::string& extra) {
-    return ParseCompletionRequest(R"({"prompt": "x", )" + extra + "}", false);
-  };
-  auto kind = [&](const std::string& extra) {
-    auto r = parse(extra);
-    if (!std::holds_alternative<CompletionRequest>(r)) return std::string("error: ") + std::get<ApiError>(r).message;
-    const auto& c = std::get<CompletionRequest>(r).constraint;
-    return c ? std::to_string(static_cast<int>(c->kind)) + ":" + c->text : std::string("none");
-  };
-  const auto k = [](Kind x) { return std::to_string(static_cast<int>(x)); };
-  EXPECT_EQ(kind(R"("response_format": {"type": "json_object"})"), k(Kind::kJsonObject) + ":");
-  EXPECT_EQ(kind(R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": "object", "b": 1, "a": 2}}})"),
-            k(Kind::kJsonSchema) + R"(:{"type":"object","b":1,"a":2})");
-  EXPECT_EQ(kind(R"("response_format": {"type": "text"})"), "none");
-  EXPECT_EQ(kind(R"("guided_json": "{\"type\": \"integer\"}")"), k(Kind::kJsonSchema) + R"(:{"type":"integer"})");
-  EXPECT_EQ(kind(R"("guided_regex": "a+")"), k(Kind::kRegex) + ":a+");
-  EXPECT_EQ(kind(R"("guided_choice": ["x", "y"])"), k(Kind::kChoice) + R"(:["x","y"])");
-  EXPECT_EQ(kind(R"("guided_grammar": "root ::= \"a\"")"), k(Kind::kGbnf) + ":root ::= \"a\"");
-  EXPECT_EQ(kind(R"("structured_outputs": {"regex": "b", "backend": "xgrammar"})"), k(Kind::kRegex) + ":b");
-  EXPECT_EQ(kind(R"("grammar": "root ::= \"a\"")"), k(Kind::kGbnf) + ":root ::= \"a\"");
-  EXPECT_EQ(kind(R"("json_schema": {"type": "boolean"})"), k(Kind::kJsonSchema) + R"(:{"type":"boolean"})");
-  EXPECT_NE(kind(R"("guided_regex": "a", "guided_choice": ["b"])").find("both constrain"), std::string::npos);
-  EXPECT_NE(kind(R"("response_format": {"type": "json_schema"})").find("needs a 'json_schema'"), std::string::npos);
-  EXPECT_NE(kind(R"("response_format": {"type": "yaml"})").find("unknown response_format type"), std::string::npos);
-  EXPECT_NE(kind(R"("guided_choice": [])").find("non-empty array"), std::string::npos);
-  EXPECT_NE(kind(R"("structured_outputs": {"wat": 1})").find("structured_outputs.wat"), std::string::npos);
-  EXPECT_NE(kind(R"("logit_bias": {"12": 200})").find("[-100, 100]"), std::string::npos);
-  EXPECT_NE(kind(R"("logit_bias": {"x": 1})").find("not a token id"), std::string::npos);
-  auto lb = parse(R"("logit_bias": {"12": -100, "7": 2.5})");
-  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(lb));
-  EXPECT_EQ(std::get<CompletionRequest>(lb).sampling.logit_bias.size(), 2u);
-}
-
-TEST(OpenAiRequest, ToolChoice) {
-  auto parse = [](const std::string& extra) {
-    return ParseCompletionRequest(R"({"messages": [{"role": "user", "content": "x"}], )" + extra + "}", true);
-  };
-  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}])";
-  auto r = parse(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})");
-  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r));
-  EXPECT_EQ(std::get<CompletionRequest>(r).tool_choice, "function");
-  EXPECT_EQ(std::get<CompletionRequest>(r).tool_choice_name, "f");
-  EXPECT_TRUE(std::holds_alternative<ApiError>(parse(R"("tool_choice": "required")")));
-  EXPECT_TRUE(std::holds_alternative<ApiError>(parse(tools + R"(, "tool_choice": "sometimes")")));
-  EXPECT_TRUE(std::holds_alternative<ApiError>(parse(R"("tools": [{"type": "function"}])")));
-  // An assistant message with tool calls and no content, then the tool's answer.
-  auto rt = parse(tools + R"(, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null,
-      "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
-      {"role": "tool", "tool_call_id": "call_1", "content": "3"}])");
-  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(rt)) << std::get<ApiError>(rt).message;
 }
 
 }  // namespace
