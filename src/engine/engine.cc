@@ -321,7 +321,7 @@ void Engine::Admit(PendingRequest& p) {
   live->num_truncated_tokens = p.num_truncated_tokens;
   live->stop = std::move(p.request.stop);
   for (const auto& s : live->stop) live->max_stop_bytes = std::max(live->max_stop_bytes, s.size());
-  if (tokenizer_ != nullptr) live->detok.emplace(*tokenizer_, /*at_start=*/false);
+  if (tokenizer_ != nullptr) live->detok.emplace(*tokenizer_, /*at_start=*/false, p.request.render_special);
   if (Status s = sched_.Add(std::move(r)); !s.ok()) {
     // Submit checked the same limits; this is a bug, but the request gets an answer.
     StreamUpdate u;

@@ -46,6 +46,9 @@ struct GenerationRequest {
   // its hidden states pooled this way; the final update carries the L2-normalized embedding and
   // no text. Sampling, stops, logprobs and retention do not apply.
   Pooling pooling = Pooling::kNone;
+  // Control tokens appear in the text as their names (gpt-oss's channel markers, for the server
+  // to parse); stop tokens still end the text without appearing.
+  bool render_special = false;
   // Requests of one group (> 0: e.g. the choices and prompts of one API request) share the batch
   // fairly with other groups (sched/scheduler.h); 0: a group of its own.
   int64_t group = 0;

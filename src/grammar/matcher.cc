@@ -103,13 +103,7 @@ int64_t CompiledGrammar::cache_misses() const {
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, std::vector<int32_t> stop_tokens)
     : grammar_(std::move(grammar)), g_(grammar_->grammar()), stop_tokens_(std::move(stop_tokens)) {
-  nodes_.push_back({-1, kNone});  // kAccept
-  expand_.emplace_back();
-  successors_.emplace_back();
-  have_expand_.push_back(0);
-  have_successors_.push_back(0);
-  seen_.push_back(0);
-  visit_.push_back(0);
+  AppendNode(-1, kNone);  // kAccept
   const uint32_t stamp = ++seen_stamp_;
   for (int32_t start : g_.alternatives[g_.root]) {
     for (int32_t id : Expand(Node(start, kAccept))) {
@@ -131,15 +125,19 @@ int32_t GrammarMatcher::Node(int32_t pos, int32_t parent) {
     if (static_cast<int64_t>(nodes_.size()) >= kMaxMatcherNodes && status_.ok()) {
       status_ = ResourceExhausted("the grammar is too ambiguous to follow (over {} parser stacks)", kMaxMatcherNodes);
     }
-    nodes_.push_back({pos, parent});
-    expand_.emplace_back();
-    successors_.emplace_back();
-    have_expand_.push_back(0);
-    have_successors_.push_back(0);
-    seen_.push_back(0);
-    visit_.push_back(0);
+    AppendNode(pos, parent);
   }
   return it->second;
+}
+
+void GrammarMatcher::AppendNode(int32_t pos, int32_t parent) {
+  nodes_.push_back({pos, parent});
+  expand_.emplace_back();
+  successors_.emplace_back();
+  have_expand_.push_back(0);
+  have_successors_.push_back(0);
+  seen_.push_back(0);
+  visit_.push_back(0);
 }
 
 const std::vector<int32_t>& GrammarMatcher::Expand(int32_t id) {

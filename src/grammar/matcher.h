@@ -132,6 +132,7 @@ class GrammarMatcher {
   };
 
   int32_t Node(int32_t pos, int32_t parent);
+  void AppendNode(int32_t pos, int32_t parent);  // a new id in every per-node table
   // Terminal-topped stacks (or kAccept) node `id` stands for.
   const std::vector<int32_t>& Expand(int32_t id);
   // Stacks after the character at the top of `id` is matched.
@@ -162,8 +163,10 @@ class GrammarMatcher {
   std::shared_ptr<const TokenMask> mask_;  // of the current state, once computed
 };
 
-// Limits of one matcher's arena (a hostile grammar can make states explode).
-inline constexpr int64_t kMaxMatcherNodes = 1 << 21;
+// Limits of one matcher's arena (a hostile grammar can make states explode): ~80 bytes a node
+// with its memo tables, so at most ~20 MiB per request; a tool-call schema's walk takes a few
+// thousand.
+inline constexpr int64_t kMaxMatcherNodes = 1 << 18;
 inline constexpr size_t kMaxStacksPerState = 1 << 14;
 
 }  // namespace gale::grammar

@@ -508,7 +508,9 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
 }
 
 std::string Detokenizer::Push(int32_t id) {
-  std::string piece = tok_.TokenToPiece(id);
+  std::string piece = render_special_ && id >= 0 && id < tok_.vocab_size() && tok_.GetTokenType(id) == TokenType::kControl
+                          ? tok_.TokenText(id)
+                          : tok_.TokenToPiece(id);
   if (at_start_ && !piece.empty()) {
     if (tok_.add_space_prefix() && piece[0] == ' ') piece.erase(0, 1);
     at_start_ = false;

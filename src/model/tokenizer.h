@@ -109,13 +109,17 @@ class Tokenizer {
 class Detokenizer {
  public:
   // at_start: the next token is the first after BOS, so its add-space-prefix space is dropped.
-  Detokenizer(const Tokenizer& tok, bool at_start) : tok_(tok), at_start_(at_start) {}
+  // render_special: control tokens come out as their text (gpt-oss's harmony format marks its
+  // channels and tool calls with them).
+  Detokenizer(const Tokenizer& tok, bool at_start, bool render_special = false)
+      : tok_(tok), at_start_(at_start), render_special_(render_special) {}
   std::string Push(int32_t id);
   std::string Flush();
 
  private:
   const Tokenizer& tok_;
   bool at_start_;
+  bool render_special_;
   std::string pending_;  // bytes of an incomplete UTF-8 character
 };
 

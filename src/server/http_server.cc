@@ -551,6 +551,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (req.echo && req.top_logprobs >= 0) g.prompt_logprobs = req.top_logprobs;
         g.retention = req.retention;
         g.grammar = p.grammar;
+        g.render_special = req.chat && state.tool_format == ToolCallFormat::kGptOss;
         if (req.embeddings) {
           g.pooling = state.pooling;
           g.stop_ids.clear();
@@ -578,9 +579,11 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->cached_tokens.assign(n, 0);
     gen->evicted_tokens.assign(n, 0);
     gen->messages.resize(n);
-    if (req.chat && (p.parse_tools || state.reasoning)) {
+    // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning).
+    const bool harmony = state.tool_format == ToolCallFormat::kGptOss;
+    if (req.chat && (p.parse_tools || state.reasoning || harmony)) {
       for (auto& m : gen->messages) {
-        m.emplace(p.parse_tools ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
+        m.emplace(p.parse_tools || harmony ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
                   p.starts_thinking);
       }
     }

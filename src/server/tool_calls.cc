@@ -308,6 +308,60 @@ ParsedMessage ParseDeepSeek(std::string_view text) {
   return out;
 }
 
+// gpt-oss's harmony: messages of a header (<|channel|>NAME, maybe to=functions.X and
+// <|constrain|>json) and a body after <|message|>, each ended by <|end|>, <|call|> or <|return|>
+// (or the text's end: the stop token that ended generation is not in the text).
+ParsedMessage ParseHarmony(std::string_view text) {
+  constexpr std::string_view kMessage = "<|message|>", kChannel = "<|channel|>";
+  ParsedMessage out;
+  if (text.find(kMessage) == std::string_view::npos) {
+    out.content = std::string(text);
+    return out;
+  }
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t msg = text.find(kMessage, pos);
+    if (msg == std::string_view::npos) break;  // a header without a body: nothing to say
+    const std::string_view header = text.substr(pos, msg - pos);
+    const size_t body_begin = msg + kMessage.size();
+    size_t end = text.size(), next = text.size();
+    for (std::string_view term : {"<|end|>", "<|call|>", "<|return|>", "<|start|>"}) {
+      const size_t at = text.find(term, body_begin);
+      if (at < end) {
+        end = at;
+        next = at + (term == "<|start|>" ? 0 : term.size());
+      }
+    }
+    const std::string_view body = text.substr(body_begin, end - body_begin);
+    auto word_after = [&](std::string_view key) -> std::string {
+      const size_t at = header.find(key);
+      if (at == std::string_view::npos) return "";
+      size_t b = at + key.size(), e = b;
+      while (e < header.size() && header[e] != ' ' && header[e] != '<' && header[e] != '\n') ++e;
+      return std::string(header.substr(b, e - b));
+    };
+    const std::string channel = word_after(kChannel);
+    const std::string recipient = word_after("to=");
+    if (StartsWith(recipient, "functions.") && recipient.size() > 10) {
+      auto j = ParseJson(Trim(body));
+      auto a = j ? Arguments(*j) : std::nullopt;
+      if (a) {
+        out.calls.push_back({recipient.substr(10), *a, ""});
+      } else {
+        out.content += std::string(body);
+      }
+    } else if (channel == "analysis") {
+      out.reasoning += std::string(body);
+    } else {
+      out.content += std::string(body);  // final, or a commentary preamble
+    }
+    pos = next;
+    if (StartsWith(text.substr(pos), "<|start|>")) pos += 9;
+    if (StartsWith(text.substr(pos), "assistant")) pos += 9;
+  }
+  return out;
+}
+
 // The texts that may start a call in each format (held back while they might be one).
 std::vector<std::string_view> Markers(ToolCallFormat f) {
   switch (f) {
@@ -316,6 +370,7 @@ std::vector<std::string_view> Markers(ToolCallFormat f) {
     case ToolCallFormat::kLlama3Json: return {kPythonTag};
     case ToolCallFormat::kMistral: return {kMistralCalls};
     case ToolCallFormat::kDeepSeekV3: return {kDsCallsBegin, kDsCallBegin};
+    case ToolCallFormat::kGptOss: return {};
   }
   return {};
 }
@@ -337,19 +392,22 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kMistral: return "mistral";
     case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
     case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
+    case ToolCallFormat::kGptOss: return "gpt_oss";
   }
   return "";
 }
 
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                 ToolCallFormat::kQwen3Coder}) {
+                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGptOss}) {
     if (name == ToolCallFormatName(f)) return f;
   }
-  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder", name);
+  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, gpt_oss",
+                         name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
+  if (src.find("<|channel|>") != std::string_view::npos) return ToolCallFormat::kGptOss;
   if (src.find("<function=") != std::string_view::npos && src.find("<tool_call>") != std::string_view::npos) {
     return ToolCallFormat::kQwen3Coder;
   }
@@ -370,6 +428,7 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text) {
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
     case ToolCallFormat::kMistral: out = ParseMistral(text); break;
     case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
+    case ToolCallFormat::kGptOss: out = ParseHarmony(text); break;
   }
   if (!out.calls.empty()) out.content = std::string(Trim(out.content));
   return out;
@@ -391,9 +450,16 @@ MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning
     : tools_(tools), reasoning_(reasoning), thinking_(reasoning && starts_thinking) {}
 
 MessageStream::Delta MessageStream::Push(std::string_view text) {
+  Delta d;
+  if (tools_ == ToolCallFormat::kGptOss) {
+    // Harmony's channels decide what every part is: the message is taken apart at the end.
+    // NOTE: so nothing streams before the message ends for this format.
+    call_text_ += text;
+    in_calls_ = true;
+    return d;
+  }
   std::string buf = pending_ + std::string(text);
   pending_.clear();
-  Delta d;
   while (!buf.empty()) {
     if (thinking_) {
       const size_t close = buf.find(kThinkClose);
@@ -464,6 +530,7 @@ ParsedMessage MessageStream::Finish() {
   if (in_calls_) {
     ParsedMessage p = ParseToolCalls(*tools_, call_text_);
     out.content += p.content;
+    out.reasoning += p.reasoning;
     out.calls = std::move(p.calls);
     call_text_.clear();
     in_calls_ = false;
@@ -475,6 +542,10 @@ ParsedMessage MessageStream::Finish() {
 
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
                                       bool parallel) {
+  if (f == ToolCallFormat::kGptOss) {
+    // Its call syntax is made of control tokens, which a grammar over text cannot write.
+    return Unimplemented("tool_choice required or a named function is not supported for gpt_oss's harmony format yet");
+  }
   // Every chosen tool's parameters go into one schema's $defs (their own $defs renamed into it),
   // so one conversion writes all argument rules: tool<i>-params.
   Json combined = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
@@ -542,6 +613,7 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
         body = grammar::GbnfLiteral(std::string(kDsCallBegin) + names[i] + std::string(kDsSep)) + " " + args + " " +
                grammar::GbnfLiteral(kDsCallEnd);
         break;
+      case ToolCallFormat::kGptOss:  // refused above
       case ToolCallFormat::kQwen3Coder:
       case ToolCallFormat::kHermes:
       case ToolCallFormat::kMistral:
@@ -560,6 +632,7 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
   // More calls after the first only when parallel calls are allowed and no function is named.
   const bool many = parallel && name.empty();
   switch (f) {
+    case ToolCallFormat::kGptOss:  // refused above
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kQwen3Coder:
       // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.

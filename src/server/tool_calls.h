@@ -8,6 +8,10 @@
 //   deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
 //                (V3.1+), or function<｜tool▁sep｜>name\n```json\n{...}\n```  (V3)
 //   qwen3_coder  <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
+//   gpt_oss      OpenAI's harmony messages: <|channel|>analysis<|message|>... (reasoning),
+//                <|channel|>final<|message|>... (content), <|channel|>commentary to=functions.name
+//                <|constrain|>json<|message|>{...}<|call|> (a call); the control tokens must be in
+//                the text (the server asks the engine to render them for this format)
 // A call whose JSON does not parse stays in the content, as text. The format is chosen from the
 // chat template (`--tool-call-parser` overrides). For tool_choice "required" or a named function,
 // ToolCallGrammar writes a grammar that only lets the model write valid calls in its format.
@@ -25,7 +29,7 @@
 
 namespace gale::server {
 
-enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder };
+enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGptOss };
 const char* ToolCallFormatName(ToolCallFormat f);
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
 // From a chat template's source: the markers it writes calls with; hermes when it shows none.

@@ -7,21 +7,12 @@
 
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
+#include "byte_trie.h"
 
 namespace gale::grammar {
 namespace {
 
-// A vocabulary of the 256 single bytes: a string matches when its bytes are accepted in turn.
-std::shared_ptr<const TokenTrie> ByteTrie() {
-  static auto trie = [] {
-    std::vector<std::string> bytes;
-    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
-    return std::make_shared<const TokenTrie>(bytes, std::vector<bool>(256, true));
-  }();
-  return trie;
-}
-
-std::shared_ptr<const CompiledGrammar> Compile(const std::string& gbnf, std::shared_ptr<const TokenTrie> trie = ByteTrie()) {
+std::shared_ptr<const CompiledGrammar> Compile(const std::string& gbnf, std::shared_ptr<const TokenTrie> trie = test::ByteTrie()) {
   auto g = ParseGbnf(gbnf);
   EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
   if (!g.ok()) return nullptr;
@@ -31,12 +22,7 @@ std::shared_ptr<const CompiledGrammar> Compile(const std::string& gbnf, std::sha
 // Whether the whole text is a sentence of the grammar (false on any refused byte).
 bool Matches(const std::string& gbnf, const std::string& text) {
   auto c = Compile(gbnf);
-  if (!c) return false;
-  GrammarMatcher m(c, {});
-  for (unsigned char b : text) {
-    if (!m.Accept(b).ok()) return false;
-  }
-  return m.CanEnd();
+  return c && test::AcceptsText(c, text);
 }
 
 TEST(Gbnf, ParsesAndMatchesTheSyntax) {

@@ -5,20 +5,12 @@
 #include <gtest/gtest.h>
 
 #include "grammar/matcher.h"
+#include "../grammar/byte_trie.h"
 
 namespace gale::grammar {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-std::shared_ptr<const TokenTrie> ByteTrie() {
-  static auto trie = [] {
-    std::vector<std::string> bytes;
-    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
-    return std::make_shared<const TokenTrie>(bytes, std::vector<bool>(256, true));
-  }();
-  return trie;
-}
 
 struct Case {
   const char* schema;
@@ -26,11 +18,7 @@ struct Case {
 };
 
 bool Accepts(const CompiledGrammar* c, const std::string& text) {
-  GrammarMatcher m(std::shared_ptr<const CompiledGrammar>(std::shared_ptr<const CompiledGrammar>{}, c), {});
-  for (unsigned char b : text) {
-    if (!m.Accept(b).ok()) return false;
-  }
-  return m.CanEnd();
+  return test::AcceptsText(std::shared_ptr<const CompiledGrammar>(std::shared_ptr<const CompiledGrammar>{}, c), text);
 }
 
 TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
@@ -81,7 +69,7 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
     ASSERT_TRUE(gbnf.ok()) << c.schema << ": " << gbnf.status().message();
     auto g = ParseGbnf(*gbnf);
     ASSERT_TRUE(g.ok()) << c.schema << ": " << g.status().message() << "\n" << *gbnf;
-    CompiledGrammar compiled(std::move(*g), ByteTrie());
+    CompiledGrammar compiled(std::move(*g), test::ByteTrie());
     for (const char* s : c.good) EXPECT_TRUE(Accepts(&compiled, s)) << c.schema << " should accept " << s << "\n" << *gbnf;
     for (const char* s : c.bad) EXPECT_FALSE(Accepts(&compiled, s)) << c.schema << " should refuse " << s << "\n" << *gbnf;
   }
@@ -90,13 +78,13 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
 TEST(JsonSchema, JsonObjectAndValueGrammars) {
   auto obj = ParseGbnf(JsonObjectGbnf());
   ASSERT_TRUE(obj.ok()) << obj.status().message();
-  CompiledGrammar c(std::move(*obj), ByteTrie());
+  CompiledGrammar c(std::move(*obj), test::ByteTrie());
   EXPECT_TRUE(Accepts(&c, R"({"a": [1, 2.5e3, "x", null, true, {}]})"));
   EXPECT_FALSE(Accepts(&c, "[1]"));
   EXPECT_FALSE(Accepts(&c, R"({"a": 1)"));
   auto val = ParseGbnf(JsonValueGbnf());
   ASSERT_TRUE(val.ok());
-  CompiledGrammar v(std::move(*val), ByteTrie());
+  CompiledGrammar v(std::move(*val), test::ByteTrie());
   EXPECT_TRUE(Accepts(&v, "[1]"));
   EXPECT_TRUE(Accepts(&v, "\"s\""));
 }

@@ -77,6 +77,18 @@ TEST_F(StoriesTokenizerTest, DetokenizerNeverEmitsBrokenUtf8) {
   EXPECT_EQ(all, text);
 }
 
+// Control tokens are no text, unless asked for (gpt-oss's channel markers are parsed from it).
+TEST_F(StoriesTokenizerTest, DetokenizerRendersControlTokensOnlyWhenAsked) {
+  const auto ids = tok_->Encode("Once upon", /*add_special=*/false);
+  Detokenizer plain(*tok_, false), render(*tok_, false, /*render_special=*/true);
+  std::string a, b;
+  for (int32_t id : ids) a += plain.Push(id), b += render.Push(id);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(plain.Push(tok_->eos_id()), "");
+  EXPECT_EQ(render.Push(tok_->eos_id()), tok_->TokenText(tok_->eos_id()));
+  EXPECT_FALSE(tok_->TokenText(tok_->eos_id()).empty());
+}
+
 TEST_F(StoriesTokenizerTest, InvalidBytesBecomeReplacementCharacters) {
   Detokenizer d(*tok_, false);
   const int32_t byte_ff = 3 + 0xff, byte_e6 = 3 + 0xe6;

@@ -10,38 +10,11 @@ const assert = require('assert');
 const [gale, nodeModules, chatTemplate] = process.argv.slice(2);
 const OpenAI = require(path.join(nodeModules, 'openai'));
 
-let failures = 0;
-let passes = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passes++;
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failures++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
-
+const harness = require('./harness.cjs');
+const { check } = harness;
 function startServer(extraArgs = [], { template = true } = {}) {
-  return new Promise((resolve, reject) => {
-    const proc = spawn(gale, ['serve', '--port', '0', ...(template ? ['--chat-template', chatTemplate] : []), '-t', '2',
-                              ...extraArgs],
-                       { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    let port = null;
-    const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), 30000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m && !port) port = Number(m[1]);
-      if (port && log.includes('ready:')) {
-        clearTimeout(timer);
-        resolve({ proc, port, log: () => log });
-      }
-    });
-    proc.on('exit', (code) => reject(new Error(`server exited ${code}: ${log}`)));
-  });
+  return harness.startServer(gale, [...(template ? ['--chat-template', chatTemplate] : []), '-t', '2', ...extraArgs],
+                             { timeoutMs: 30000 });
 }
 
 function request(port, method, p, body, headers = {}) {
@@ -733,8 +706,7 @@ function rawStream(port, cutAfter) {
     }
   });
 
-  console.log(`${passes} passed, ${failures} failed`);
-  process.exit(failures ? 1 : 0);
+  harness.finish();
 })().catch((e) => {
   console.log('FAIL', e);
   process.exit(1);

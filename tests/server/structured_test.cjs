@@ -4,7 +4,7 @@
 // every output that finishes is parsed and validated with ajv (+ ajv-formats), a JSON Schema
 // validator that shares no code with gale. tool_choice "required" returns a valid call, streamed
 // and not; a request with the fields agent SDKs send succeeds unchanged.
-const { spawn, execFileSync } = require('child_process');
+const { execFileSync } = require('child_process');
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
@@ -20,37 +20,9 @@ const ajv = new Ajv({ strict: false, allErrors: true });
 addFormats(ajv);
 const validators = schemas.map((s) => ajv.compile(s.schema));
 
-let failures = 0;
-let passes = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passes++;
-    console.log(`ok   ${name}`);
-  } catch (e) {
-    failures++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
-
-function startServer(args) {
-  return new Promise((resolve, reject) => {
-    const proc = spawn(gale, ['serve', '--port', '0', '-t', '2', '--no-warmup', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
-    let log = '';
-    let port = null;
-    const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), 60000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m && !port) port = Number(m[1]);
-      if (port && log.includes('ready:')) {
-        clearTimeout(timer);
-        resolve({ proc, port, log: () => log });
-      }
-    });
-    proc.on('exit', (code) => reject(new Error(`server exited ${code}: ${log}`)));
-  });
-}
+const harness = require('./harness.cjs');
+const { check } = harness;
+const startServer = (args) => harness.startServer(gale, ['-t', '2', '--no-warmup', ...args]);
 
 function client(port) {
   return new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 600000 });
@@ -236,8 +208,7 @@ function validateAll(label, outs) {
     fs.rmSync(model, { force: true });
   }
 
-  console.log(`${passes} passed, ${failures} failed`);
-  process.exit(failures ? 1 : 0);
+  harness.finish();
 })().catch((e) => {
   console.log('FAIL', e);
   process.exit(1);

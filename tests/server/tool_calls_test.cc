@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "grammar/matcher.h"
+#include "../grammar/byte_trie.h"
 
 namespace gale::server {
 namespace {
@@ -100,6 +101,44 @@ TEST(ToolCalls, DeepSeek) {
   ExpectParsed(f, broken, {broken, {}});
 }
 
+TEST(ToolCalls, GptOssHarmony) {
+  const auto f = ToolCallFormat::kGptOss;
+  // Reasoning, then a call (the generation stopped at <|call|>, which is not in the text).
+  ParsedMessage p = ParseToolCalls(f,
+      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+      "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}");
+  EXPECT_EQ(p.reasoning, "Need the weather.");
+  EXPECT_EQ(p.content, "");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city":"Oslo"})");
+  // The recipient in the role's header, a preamble, and a final answer.
+  p = ParseToolCalls(f,
+      "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+      "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{\"a\": 1}<|call|>");
+  EXPECT_EQ(p.content, "Checking.");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].name, "add");
+  p = ParseToolCalls(f, "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Four.");
+  EXPECT_EQ(p.reasoning, "think");
+  EXPECT_EQ(p.content, "Four.");
+  EXPECT_TRUE(p.calls.empty());
+  // A bad call body is content; plain text without channels is content.
+  p = ParseToolCalls(f, "<|channel|>commentary to=functions.x<|message|>{oops<|call|>");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "{oops");
+  EXPECT_EQ(ParseToolCalls(f, "Hello").content, "Hello");
+  // Streamed: everything comes at the end, the same.
+  MessageStream ms(f, /*reasoning=*/true, false);
+  EXPECT_TRUE(ms.Push("<|channel|>analysis<|message|>hm<|end|>").content.empty());
+  ms.Push("<|start|>assistant<|channel|>final<|message|>Yes.");
+  ParsedMessage tail = ms.Finish();
+  EXPECT_EQ(tail.reasoning, "hm");
+  EXPECT_EQ(tail.content, "Yes.");
+  EXPECT_EQ(DetectToolCallFormat("{{- '<|start|>assistant<|channel|>final<|message|>' }}"), f);
+  EXPECT_FALSE(ToolCallGrammar(f, nlohmann::ordered_json::array(), "", true).ok());
+}
+
 TEST(ToolCalls, FormatFromTheChatTemplate) {
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("<tool_call>\\n<function=example>"), ToolCallFormat::kQwen3Coder);
@@ -140,21 +179,12 @@ TEST(ToolCalls, ReasoningIsSplitStreamedOrNot) {
   }
 }
 
-// A vocabulary of single bytes: a text is in the grammar when all its bytes are accepted.
+// Whether the text is in the grammar, byte by byte.
 bool GrammarAccepts(const std::string& gbnf, const std::string& text) {
-  static auto trie = [] {
-    std::vector<std::string> bytes;
-    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
-    return std::make_shared<const grammar::TokenTrie>(bytes, std::vector<bool>(256, true));
-  }();
   auto g = grammar::ParseGbnf(gbnf);
   EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
   if (!g.ok()) return false;
-  grammar::GrammarMatcher m(std::make_shared<const grammar::CompiledGrammar>(std::move(*g), trie), {});
-  for (unsigned char c : text) {
-    if (!m.Accept(c).ok()) return false;
-  }
-  return m.CanEnd();
+  return test::AcceptsText(std::make_shared<const grammar::CompiledGrammar>(std::move(*g), test::ByteTrie()), text);
 }
 
 TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {

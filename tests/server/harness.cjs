@@ -1,0 +1,45 @@
+// What the end-to-end server tests share: named checks that count passes and failures, and
+// starting a `gale serve` process on a free port (resolved once it says it is ready).
+const { spawn } = require('child_process');
+
+let failures = 0;
+let passes = 0;
+
+async function check(name, fn) {
+  try {
+    await fn();
+    passes++;
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failures++;
+    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
+  }
+}
+
+// Prints the tally and exits with its status.
+function finish() {
+  console.log(`${passes} passed, ${failures} failed`);
+  process.exit(failures ? 1 : 0);
+}
+
+// args: everything after `serve --port 0`; resolves { proc, port, log() }.
+function startServer(gale, args, { timeoutMs = 60000 } = {}) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(gale, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    let port = null;
+    const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), timeoutMs);
+    proc.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && !port) port = Number(m[1]);
+      if (port && log.includes('ready:')) {
+        clearTimeout(timer);
+        resolve({ proc, port, log: () => log });
+      }
+    });
+    proc.on('exit', (code) => reject(new Error(`server exited ${code}: ${log}`)));
+  });
+}
+
+module.exports = { check, finish, startServer };
