@@ -362,6 +362,38 @@ ParsedMessage ParseHarmony(std::string_view text) {
   return out;
 }
 
+// Functionary v3.1: <function=NAME>{...}</function>, any number, text around them content.
+ParsedMessage ParseFunctionary(std::string_view text) {
+  constexpr std::string_view kOpen = "<function=", kClose = "</function>";
+  ParsedMessage out;
+  size_t pos = 0;
+  while (true) {
+    const size_t start = text.find(kOpen, pos);
+    if (start == std::string_view::npos) break;
+    out.content += std::string(text.substr(pos, start - pos));
+    const size_t name_end = text.find('>', start);
+    const size_t obj = name_end == std::string_view::npos ? name_end : name_end + 1;
+    const size_t end = obj < text.size() && text[obj] == '{' ? JsonValueEnd(text, obj) : std::string_view::npos;
+    if (end == std::string_view::npos) {  // not a call after all: the rest is text
+      pos = start;
+      break;
+    }
+    const std::string name(Trim(text.substr(start + kOpen.size(), name_end - start - kOpen.size())));
+    auto j = ParseJson(text.substr(obj, end - obj));
+    auto a = j ? Arguments(*j) : std::nullopt;
+    size_t next = end;
+    if (StartsWith(text.substr(next), kClose)) next += kClose.size();
+    if (name.empty() || !a) {
+      out.content += std::string(text.substr(start, next - start));
+    } else {
+      out.calls.push_back({name, *a, ""});
+    }
+    pos = next;
+  }
+  out.content += std::string(text.substr(std::min(pos, text.size())));
+  return out;
+}
+
 // The texts that may start a call in each format (held back while they might be one).
 std::vector<std::string_view> Markers(ToolCallFormat f) {
   switch (f) {
@@ -371,6 +403,7 @@ std::vector<std::string_view> Markers(ToolCallFormat f) {
     case ToolCallFormat::kMistral: return {kMistralCalls};
     case ToolCallFormat::kDeepSeekV3: return {kDsCallsBegin, kDsCallBegin};
     case ToolCallFormat::kGptOss: return {};
+    case ToolCallFormat::kFunctionary: return {"<function="};
   }
   return {};
 }
@@ -393,17 +426,18 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
     case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
     case ToolCallFormat::kGptOss: return "gpt_oss";
+    case ToolCallFormat::kFunctionary: return "functionary";
   }
   return "";
 }
 
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGptOss}) {
+                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGptOss, ToolCallFormat::kFunctionary}) {
     if (name == ToolCallFormatName(f)) return f;
   }
-  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, gpt_oss",
-                         name);
+  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, "
+                         "gpt_oss, functionary", name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
@@ -412,6 +446,7 @@ ToolCallFormat DetectToolCallFormat(std::string_view src) {
     return ToolCallFormat::kQwen3Coder;
   }
   if (src.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (src.find("<function=") != std::string_view::npos) return ToolCallFormat::kFunctionary;
   if (src.find("tool▁call▁begin") != std::string_view::npos) return ToolCallFormat::kDeepSeekV3;
   if (src.find("[TOOL_CALLS]") != std::string_view::npos) return ToolCallFormat::kMistral;
   if (src.find("<|python_tag|>") != std::string_view::npos || src.find("\"parameters\": dictionary") != std::string_view::npos) {
@@ -429,6 +464,7 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text) {
     case ToolCallFormat::kMistral: out = ParseMistral(text); break;
     case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
     case ToolCallFormat::kGptOss: out = ParseHarmony(text); break;
+    case ToolCallFormat::kFunctionary: out = ParseFunctionary(text); break;
   }
   if (!out.calls.empty()) out.content = std::string(Trim(out.content));
   return out;
@@ -613,6 +649,9 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
         body = grammar::GbnfLiteral(std::string(kDsCallBegin) + names[i] + std::string(kDsSep)) + " " + args + " " +
                grammar::GbnfLiteral(kDsCallEnd);
         break;
+      case ToolCallFormat::kFunctionary:
+        body = grammar::GbnfLiteral("<function=" + names[i] + ">") + " " + args + " " + grammar::GbnfLiteral("</function>");
+        break;
       case ToolCallFormat::kGptOss:  // refused above
       case ToolCallFormat::kQwen3Coder:
       case ToolCallFormat::kHermes:
@@ -644,6 +683,9 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
       break;
     case ToolCallFormat::kMistral:
       out += fmt::format("root ::= \"[\" tool_call_one{} \"]\"\n", many ? " (\",\" \" \"? tool_call_one)*" : "");
+      break;
+    case ToolCallFormat::kFunctionary:
+      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\"\\n\"? tool_call_one)*" : "");
       break;
     case ToolCallFormat::kDeepSeekV3:
       out += fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),

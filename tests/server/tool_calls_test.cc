@@ -43,6 +43,14 @@ void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& wan
   }
 }
 
+// Whether the text is in the grammar, byte by byte.
+bool GrammarAccepts(const std::string& gbnf, const std::string& text) {
+  auto g = grammar::ParseGbnf(gbnf);
+  EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
+  if (!g.ok()) return false;
+  return test::AcceptsText(std::make_shared<const grammar::CompiledGrammar>(std::move(*g), test::ByteTrie()), text);
+}
+
 TEST(ToolCalls, HermesAndQwen) {
   const auto f = ToolCallFormat::kHermes;
   ExpectParsed(f, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>",
@@ -139,6 +147,22 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_FALSE(ToolCallGrammar(f, nlohmann::ordered_json::array(), "", true).ok());
 }
 
+TEST(ToolCalls, Functionary) {
+  const auto f = ToolCallFormat::kFunctionary;
+  ExpectParsed(f, "Let me see.<function=get_weather>{\"city\": \"Lima\"}</function>",
+               {"Let me see.", {{"get_weather", R"({"city":"Lima"})"}}});
+  ExpectParsed(f, "<function=a>{}</function><function=b>{\"s\": \"</function>\"}</function>",
+               {"", {{"a", "{}"}, {"b", R"({"s":"</function>"})"}}});
+  ExpectParsed(f, "x <function=broken>{oops</function>", {"x <function=broken>{oops</function>", {}});
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}])");
+  auto g = ToolCallGrammar(f, tools, "", true);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(GrammarAccepts(*g, "<function=ping>{\"n\": 3}</function>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<function=ping>{\"n\": \"3\"}</function>"));
+  EXPECT_EQ(DetectToolCallFormat("{{- '<function=' + name + '>' }}"), f);
+}
+
 TEST(ToolCalls, FormatFromTheChatTemplate) {
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("<tool_call>\\n<function=example>"), ToolCallFormat::kQwen3Coder);
@@ -179,13 +203,6 @@ TEST(ToolCalls, ReasoningIsSplitStreamedOrNot) {
   }
 }
 
-// Whether the text is in the grammar, byte by byte.
-bool GrammarAccepts(const std::string& gbnf, const std::string& text) {
-  auto g = grammar::ParseGbnf(gbnf);
-  EXPECT_TRUE(g.ok()) << g.status().message() << "\n" << gbnf;
-  if (!g.ok()) return false;
-  return test::AcceptsText(std::make_shared<const grammar::CompiledGrammar>(std::move(*g), test::ByteTrie()), text);
-}
 
 TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
   const Json tools = Json::parse(R"([
