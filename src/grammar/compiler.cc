@@ -1,7 +1,6 @@
 // Constraint -> GBNF -> CompiledGrammar, with an LRU of compiled grammars.
 #include "grammar/compiler.h"
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "grammar/json_schema.h"
@@ -32,18 +31,7 @@ StatusOr<std::string> ConstraintToGbnf(const Constraint& c) {
       std::string body;
       for (const auto& ch : choices) {
         if (!ch.is_string()) return InvalidArgument("choices must be a non-empty array of strings");
-        std::string lit = "\"";
-        for (unsigned char b : ch.get<std::string>()) {
-          if (b == '"' || b == '\\') lit += '\\';
-          if (b == '\n') {
-            lit += "\\n";
-          } else if (b < 0x20) {
-            lit += fmt::format("\\x{:02X}", b);
-          } else {
-            lit += static_cast<char>(b);
-          }
-        }
-        body += (body.empty() ? "" : " | ") + lit + "\"";
+        body += (body.empty() ? "" : " | ") + GbnfLiteral(ch.get<std::string>());
       }
       return "root ::= " + body + "\n";
     }

@@ -259,7 +259,6 @@ class GbnfParser {
       const char c = Peek();
       if (c == '|' || c == ')' || c == '\n' || c == '\r') return Status::Ok();
       Sequence atom;
-      const size_t atom_start = pos_;
       if (c == '"') {
         ++pos_;
         while (true) {
@@ -320,7 +319,6 @@ class GbnfParser {
       } else {
         return Error("unexpected '{}'", c);
       }
-      (void)atom_start;
       // Postfix operators, possibly several (("a")?* is legal, if odd).
       while (true) {
         const char p = Peek();

@@ -71,28 +71,26 @@ const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
   return kDeps;
 }
 
-std::string Literal(const std::string& s) { return GbnfLiteral(s); }
-
-std::string JsonLiteral(const Json& v) { return Literal(v.dump(-1, ' ', false, Json::error_handler_t::replace)); }
+std::string JsonLiteral(const Json& v) { return GbnfLiteral(v.dump(-1, ' ', false, Json::error_handler_t::replace)); }
 
 // Numbers in [x, y] written with exactly x.size() == y.size() digits (x <= y).
 std::string SameLength(const std::string& x, const std::string& y) {
   const size_t n = x.size();
   if (n == 0) return "";
-  if (x == y) return Literal(x);
-  if (x[0] == y[0]) return Literal(x.substr(0, 1)) + " " + SameLength(x.substr(1), y.substr(1));
+  if (x == y) return GbnfLiteral(x);
+  if (x[0] == y[0]) return GbnfLiteral(x.substr(0, 1)) + " " + SameLength(x.substr(1), y.substr(1));
   const std::string zeros(n - 1, '0'), nines(n - 1, '9');
   auto tail = [&](const std::string& rest) { return n == 1 ? std::string() : " " + rest; };
   if (x.substr(1) == zeros && y.substr(1) == nines) {
     return fmt::format("[{}-{}]", x[0], y[0]) + tail(fmt::format("[0-9]{{{}}}", n - 1));
   }
   std::vector<std::string> alts;
-  alts.push_back(Literal(x.substr(0, 1)) + tail(SameLength(x.substr(1), nines)));
+  alts.push_back(GbnfLiteral(x.substr(0, 1)) + tail(SameLength(x.substr(1), nines)));
   if (y[0] - x[0] >= 2) {
     alts.push_back(fmt::format("[{}-{}]", static_cast<char>(x[0] + 1), static_cast<char>(y[0] - 1)) +
                    tail(fmt::format("[0-9]{{{}}}", n - 1)));
   }
-  alts.push_back(Literal(y.substr(0, 1)) + tail(SameLength(zeros, y.substr(1))));
+  alts.push_back(GbnfLiteral(y.substr(0, 1)) + tail(SameLength(zeros, y.substr(1))));
   std::string out = "(";
   for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
   return out + ")";
@@ -553,7 +551,7 @@ class Converter {
     if (!hi) return Rule(hint, UnsignedRange(a, std::nullopt) + " " + frac + " " + sp);
     const int64_t b = static_cast<int64_t>(*hi);
     // [a, b): any fraction; b itself only with zeros after the point.
-    std::string body = Literal(std::to_string(b)) + " (\".\" \"0\"{1,16})?";
+    std::string body = GbnfLiteral(std::to_string(b)) + " (\".\" \"0\"{1,16})?";
     if (b > a) body = "(" + UnsignedRange(a, b - 1) + " " + frac + " | " + body + ")";
     return Rule(hint, body + " " + sp);
   }

@@ -21,7 +21,6 @@ ModelRunner::GrammarState ModelRunner::grammar_state(int64_t request_id) const {
   GrammarState s;
   auto it = requests_.find(request_id);
   if (it == requests_.end() || !it->second.matcher) return s;
-  s.constrained = true;
   s.status = it->second.grammar_status;
   s.done = it->second.matcher->Done();
   return s;
@@ -112,22 +111,23 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
       if (any_slots) b.slots.push_back(static_cast<int32_t>(slot0 + i - q.start));
     }
     if (any_acc) b.attn_acc.push_back({q.attn_acc, q.attn_acc_stride});
-    if (auto it = requests_.find(q.request_id); it != requests_.end() && it->second.pooling != Pooling::kNone) {
+    auto it = requests_.find(q.request_id);
+    PerRequest* req = it == requests_.end() ? nullptr : &it->second;
+    if (req != nullptr && req->pooling != Pooling::kNone) {
       // The prompt positions of this chunk that the pooling reads.
       const int64_t end = std::min(q.start + q.num_new, q.num_prompt);
       int64_t lo = q.start, hi = end;  // [lo, hi)
-      if (it->second.pooling == Pooling::kCls) hi = std::min<int64_t>(hi, 1);
-      if (it->second.pooling == Pooling::kLast) lo = std::max(lo, q.num_prompt - 1);
+      if (req->pooling == Pooling::kCls) hi = std::min<int64_t>(hi, 1);
+      if (req->pooling == Pooling::kLast) lo = std::max(lo, q.num_prompt - 1);
       if (lo < hi || q.start == 0) {
-        pool_jobs_.push_back({&it->second, static_cast<int64_t>(b.hidden_rows.size()), std::max<int64_t>(0, hi - lo), q.start == 0});
+        pool_jobs_.push_back({req, static_cast<int64_t>(b.hidden_rows.size()), std::max<int64_t>(0, hi - lo), q.start == 0});
         const int64_t base = static_cast<int64_t>(b.tokens.size()) - q.num_new;
         for (int64_t p = lo; p < hi; ++p) b.hidden_rows.push_back(static_cast<int32_t>(base + p - q.start));
       }
     }
     if (q.sample) {
-      auto it = requests_.find(q.request_id);
-      if (it == requests_.end()) return Internal("request {} has no sampler", q.request_id);
-      jobs.push_back({s, static_cast<int64_t>(b.logit_rows.size()), &it->second});
+      if (req == nullptr) return Internal("request {} has no sampler", q.request_id);
+      jobs.push_back({s, static_cast<int64_t>(b.logit_rows.size()), req});
       const int64_t end = static_cast<int64_t>(b.tokens.size());
       for (int64_t row = end - 1 - q.num_spec; row < end; ++row) b.logit_rows.push_back(static_cast<int32_t>(row));
     }

@@ -72,7 +72,6 @@ class ModelRunner {
   // could continue its grammar (the request must end); `done` when its grammar is complete and
   // nothing can follow.
   struct GrammarState {
-    bool constrained = false;
     bool done = false;
     Status status;
   };

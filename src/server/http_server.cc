@@ -99,6 +99,15 @@ Json TemplateMessages(const Json& messages) {
   return out;
 }
 
+// The chat template over the messages, with the tokenizer's BOS and EOS texts.
+StatusOr<std::string> RenderChat(const ServingState& state, const Json& messages, bool add_generation_prompt,
+                                 const Json& extra) {
+  const Tokenizer& tok = *state.tokenizer;
+  const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
+  const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
+  return state.chat_template->Apply(TemplateMessages(messages), add_generation_prompt, bos, eos, extra);
+}
+
 // Says once per field name (not per request) that a field was ignored.
 void LogIgnoredFields(const std::vector<std::string>& fields) {
   static std::mutex mu;
@@ -177,9 +186,7 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
       if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", "tools"};
       p.grammar = std::move(*g);
     }
-    const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
-    const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
-    auto text = state.chat_template->Apply(TemplateMessages(req.messages), /*add_generation_prompt=*/true, bos, eos, extra);
+    auto text = RenderChat(state, req.messages, /*add_generation_prompt=*/true, extra);
     if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
     if (state.reasoning) {
       const size_t end = text->find_last_not_of(" \n\t\r");
@@ -232,9 +239,7 @@ std::variant<Json, ApiError> TokenizeRequest(const std::string& body, bool detok
     if (!j["messages"].is_array()) return ApiError{400, "'messages' must be an array", "invalid_request_error", "messages"};
     const auto gen = flag("add_generation_prompt", true);
     if (!gen) return ApiError{400, "'add_generation_prompt' must be true or false", "invalid_request_error", "add_generation_prompt"};
-    const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
-    const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
-    auto text = state.chat_template->Apply(j["messages"], *gen, bos, eos, Json::object());
+    auto text = RenderChat(state, j["messages"], *gen, Json::object());
     if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
     ids = TokenizeChatPrompt(tok, *text);
   } else {

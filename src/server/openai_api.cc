@@ -26,6 +26,53 @@ std::optional<int32_t> TokenId(const Json& e) {
   return e.get<int32_t>();
 }
 
+// A body as a JSON object, checked before anything walks it (copies, template values and
+// rendering walk it recursively).
+std::variant<Json, ApiError> ParseObject(const std::string& body) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
+  if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) {
+    return Bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
+  }
+  return j;
+}
+
+// Completions' prompt and embeddings' input: a string, strings, token ids or lists of them, into
+// r->prompts / r->prompt_ids. field names it in errors ("prompt" or "input").
+std::optional<ApiError> ParsePrompts(const Json& p, const std::string& field, CompletionRequest* r) {
+  const std::string shape = fmt::format("'{}' must be a string, an array of strings or of token ids", field);
+  auto ids_of = [&](const Json& a) -> std::optional<ApiError> {
+    std::vector<int32_t> ids;
+    for (const auto& x : a) {
+      if (!x.is_number_integer()) return Bad(field, fmt::format("token id {}s must be integers", field));
+      const auto id = TokenId(x);
+      if (!id) return Bad(field, fmt::format("{} token id {} is not a token id", field, x.dump()));
+      ids.push_back(*id);
+    }
+    r->prompt_ids.push_back(std::move(ids));
+    return std::nullopt;
+  };
+  if (p.is_string()) {
+    r->prompts.push_back(p.get<std::string>());
+  } else if (p.is_array() && !p.empty() && p[0].is_string()) {
+    for (const auto& e : p) {
+      if (!e.is_string()) return Bad(field, shape);
+      r->prompts.push_back(e.get<std::string>());
+    }
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    return ids_of(p);
+  } else if (p.is_array() && !p.empty() && p[0].is_array()) {
+    for (const auto& e : p) {
+      if (!e.is_array() || e.empty()) return Bad(field, fmt::format("token id {}s must be non-empty arrays of integers", field));
+      if (auto err = ids_of(e)) return err;
+    }
+  } else {
+    return Bad(field, fmt::format("'{}' must be a non-empty string, an array of strings or of token ids", field));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string ErrorBody(const ApiError& e) {
@@ -182,13 +229,9 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
 namespace {
 
 std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat, bool strict) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
-  // Everything after this (copies, template values, rendering) walks the body recursively.
-  if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) {
-    return Bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
-  }
+  auto parsed = ParseObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  Json j = std::move(std::get<Json>(parsed));
   static const std::set<std::string> kCommon = {
       "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
       "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
@@ -466,38 +509,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
     }
   } else {
     if (!j.contains("prompt")) return Bad("prompt", "'prompt' is required");
-    const Json& p = j["prompt"];
-    if (p.is_string()) {
-      r.prompts.push_back(p.get<std::string>());
-    } else if (p.is_array() && !p.empty() && p[0].is_string()) {
-      for (const auto& e : p) {
-        if (!e.is_string()) return Bad("prompt", "'prompt' must be a string, an array of strings or of token ids");
-        r.prompts.push_back(e.get<std::string>());
-      }
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      std::vector<int32_t> ids;
-      for (const auto& e : p) {
-        if (!e.is_number_integer()) return Bad("prompt", "token id prompts must be integers");
-        const auto id = TokenId(e);
-        if (!id) return Bad("prompt", fmt::format("prompt token id {} is not a token id", e.dump()));
-        ids.push_back(*id);
-      }
-      r.prompt_ids.push_back(std::move(ids));
-    } else if (p.is_array() && !p.empty() && p[0].is_array()) {
-      for (const auto& e : p) {
-        std::vector<int32_t> ids;
-        if (!e.is_array() || e.empty()) return Bad("prompt", "token id prompts must be non-empty arrays of integers");
-        for (const auto& x : e) {
-          if (!x.is_number_integer()) return Bad("prompt", "token id prompts must be integers");
-          const auto id = TokenId(x);
-          if (!id) return Bad("prompt", fmt::format("prompt token id {} is not a token id", x.dump()));
-          ids.push_back(*id);
-        }
-        r.prompt_ids.push_back(std::move(ids));
-      }
-    } else {
-      return Bad("prompt", "'prompt' must be a non-empty string, an array of strings or of token ids");
-    }
+    if (auto e = ParsePrompts(j["prompt"], "prompt", &r)) return *e;
     if (r.prompts.size() + r.prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
     if (auto e = boolean("echo", &r.echo)) return *e;
 
@@ -508,12 +520,9 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
 }  // namespace
 
 std::variant<CompletionRequest, ApiError> ParseEmbeddingRequest(const std::string& body, int64_t dim, bool strict) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
-  if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) {
-    return Bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
-  }
+  auto parsed = ParseObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  Json j = std::move(std::get<Json>(parsed));
   CompletionRequest r;
   r.embeddings = true;
   static const std::set<std::string> kKnown = {"input", "model", "encoding_format", "dimensions", "user"};
@@ -540,36 +549,7 @@ std::variant<CompletionRequest, ApiError> ParseEmbeddingRequest(const std::strin
   }
   if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return Bad("user", "'user' must be a string");
   if (!j.contains("input")) return Bad("input", "'input' is required");
-  const Json& in = j["input"];
-  auto ids_of = [&](const Json& a, std::vector<int32_t>* out) -> std::optional<ApiError> {
-    if (!a.is_array() || a.empty()) return Bad("input", "token id inputs must be non-empty arrays of integers");
-    for (const auto& x : a) {
-      const auto id = TokenId(x);
-      if (!id) return Bad("input", fmt::format("input token id {} is not a token id", x.dump()));
-      out->push_back(*id);
-    }
-    return std::nullopt;
-  };
-  if (in.is_string()) {
-    r.prompts.push_back(in.get<std::string>());
-  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
-    for (const auto& e : in) {
-      if (!e.is_string()) return Bad("input", "'input' must be a string, an array of strings or of token ids");
-      r.prompts.push_back(e.get<std::string>());
-    }
-  } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
-    std::vector<int32_t> ids;
-    if (auto e = ids_of(in, &ids)) return *e;
-    r.prompt_ids.push_back(std::move(ids));
-  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
-    for (const auto& e : in) {
-      std::vector<int32_t> ids;
-      if (auto err = ids_of(e, &ids)) return *err;
-      r.prompt_ids.push_back(std::move(ids));
-    }
-  } else {
-    return Bad("input", "'input' must be a non-empty string, an array of strings or of token ids");
-  }
+  if (auto e = ParsePrompts(j["input"], "input", &r)) return *e;
   for (const auto& p : r.prompts) {
     if (p.empty()) return Bad("input", "an input string is empty");
   }

@@ -2,6 +2,7 @@
 #include "server/tool_calls.h"
 
 #include <algorithm>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -395,15 +396,18 @@ ParsedMessage ParseFunctionary(std::string_view text) {
 }
 
 // The texts that may start a call in each format (held back while they might be one).
-std::vector<std::string_view> Markers(ToolCallFormat f) {
+// Static tables: a streamed message asks on every delta.
+std::span<const std::string_view> Markers(ToolCallFormat f) {
+  static constexpr std::string_view kTagged[] = {kHermesOpen}, kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
+                                    kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="};
   switch (f) {
     case ToolCallFormat::kHermes:
-    case ToolCallFormat::kQwen3Coder: return {kHermesOpen};
-    case ToolCallFormat::kLlama3Json: return {kPythonTag};
-    case ToolCallFormat::kMistral: return {kMistralCalls};
-    case ToolCallFormat::kDeepSeekV3: return {kDsCallsBegin, kDsCallBegin};
-    case ToolCallFormat::kGptOss: return {};
-    case ToolCallFormat::kFunctionary: return {"<function="};
+    case ToolCallFormat::kQwen3Coder: return kTagged;
+    case ToolCallFormat::kLlama3Json: return kLlama;
+    case ToolCallFormat::kMistral: return kMistral;
+    case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
+    case ToolCallFormat::kFunctionary: return kFunctionary;
+    case ToolCallFormat::kGptOss: break;
   }
   return {};
 }
@@ -689,7 +693,7 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
       break;
     case ToolCallFormat::kDeepSeekV3:
       out += fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),
-                         parallel && name.empty() ? " tool_call_one*" : "", grammar::GbnfLiteral(kDsCallsEnd));
+                         many ? " tool_call_one*" : "", grammar::GbnfLiteral(kDsCallsEnd));
       break;
   }
   return out;

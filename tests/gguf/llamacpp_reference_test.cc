@@ -377,16 +377,7 @@ TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
     const GgufTensorInfo* t = (*ref)->FindTensor(std::string(names[i]) + ".embd");
     ASSERT_NE(t, nullptr) << "logits.gguf predates the embedding models: run scripts/make-ggml-reference.sh";
     const std::vector<float> want = normalized(Floats(*t));
-    SynthShape s;
-    s.arch = "qwen3";
-    s.dim = 256;
-    s.num_layers = 2;
-    s.num_heads = 4;
-    s.num_kv_heads = 2;
-    s.head_dim = 64;
-    s.ffn_dim = 512;
-    s.vocab_size = 512;
-    s.context_length = 256;
+    SynthShape s = ShapeOf({names[i], "qwen3", 256, 2, 4, 2, 64, 512});  // the script's embedding shape
     s.pooling_type = static_cast<int64_t>(poolings[i]);
     auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
     ASSERT_EQ(LoadModel(*file).value()->hparams().pooling, poolings[i]);
