@@ -40,6 +40,18 @@ phi3_longrope phi3 192 2 3 1 64 320 64 0
 gemma3 gemma3 128 7 4 1 64 256 0 0
 gemma3_odd gemma3 96 7 3 3 48 160 0 0
 SHAPES
+# Mixtures of experts (the shapes must match the test's kMoeShapes): qwen3moe, and llama with
+# experts (Mixtral-style); experts, experts per token, expert width.
+while read -r name arch dim layers heads kv_heads head_dim ffn experts used expert_ffn; do
+  "$build/gale" synth --shape custom --arch "$arch" --dim "$dim" --layers "$layers" --heads "$heads" \
+    --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 \
+    --experts "$experts" --experts-used "$used" --expert-ffn "$expert_ffn" -o "$tmp/$name.gguf"
+  extra+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+qwen3moe qwen3moe 256 2 4 2 64 512 8 2 128
+qwen3moe_odd qwen3moe 192 3 3 1 64 384 6 3 96
+mixtral llama 256 2 4 2 0 128 4 2 0
+SHAPES
 # Embedding models (pooling_type mean, cls, last): llama.cpp's pooled embeddings of the tokens too.
 for pool in mean cls last; do
   "$build/gale" synth --shape custom --arch qwen3 --dim 256 --layers 2 --heads 4 --kv-heads 2 --head-dim 64 \

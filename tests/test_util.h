@@ -43,6 +43,17 @@ inline SynthShape ArchTestShape(const std::string& arch) {
   SynthShape s = *NamedSynthShape("tiny");
   s.arch = arch;
   if (arch == "qwen3") s.head_dim = 48;
+  if (arch == "qwen3moe") {  // eight experts of 64, two per token
+    s.head_dim = 48;
+    s.num_experts = 8;
+    s.experts_used = 2;
+    s.expert_ffn = 64;
+  }
+  if (arch == "mixtral") {  // llama with four experts of the FFN's width, two per token
+    s.arch = "llama";
+    s.num_experts = 4;
+    s.experts_used = 2;
+  }
   if (arch == "phi3") s.rope_freqs_ctx = 128;  // LongRoPE, the long factors (context 512)
   if (arch == "gemma3") {  // seven layers (the sixth global), windows of 8 that bind in every test
     s.num_layers = 7;

@@ -378,40 +378,65 @@ ProductWork WorkOf(const KernelTable& kt, const MatMulOutput& o, const float* x,
   return pw;
 }
 
-// MatMulSameInput, with x the input before an RmsNorm when norm is set (quantized kinds only).
-void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool,
-                         const RmsNormInput* norm) {
+// Activations of a row range: the same layout from row r0 on.
+QuantizedActs RowsOf(const QuantizedActs& qa, int64_t r0) {
+  QuantizedActs r = qa;
+  const int64_t nb = qa.k_stride / 32;
+  r.qs += r0 * qa.k_stride;
+  r.d += r0 * nb;
+  r.qsum += r0 * nb;
+  if (r.lo != nullptr) r.lo += r0 * qa.k_stride;
+  if (r.half_sums != nullptr) r.half_sums += r0 * 2 * nb;
+  return r;
+}
+
+// MatMulGrouped (MatMulSameInput: every product over all rows), with x the input before an
+// RmsNorm when norm is set (quantized kinds only).
+void MatMulGroupedImpl(std::span<const GroupedProduct> products, const float* x, int64_t total_rows, ThreadPool& pool,
+                       const RmsNormInput* norm) {
   const KernelTable& kt = Active();
   std::optional<QuantizedActs> acts[3];  // by ActKind (int8, 16-bit), quantized on first need
   const uint16_t* acts_bf16 = nullptr;
   std::vector<ProductWork> work;
-  work.reserve(outs.size());
+  work.reserve(products.size());
+  std::vector<QuantizedActs> row_acts;  // each product's rows of its kind's activations
+  row_acts.reserve(products.size());
   int64_t total = 0;
   double total_ns = 0;
   // The int8 kernels of the K-quants with 16-weight sub-blocks (Q6_K, Q3_K, Q2_K; packed or not)
   // also read each activation block's half sums; only they.
   bool half_sums = false;
-  for (const MatMulOutput& o : outs) {
+  for (const GroupedProduct& p : products) {
+    const MatMulOutput& o = p.out;
     half_sums = half_sums || ((o.w->type == GgmlType::kQ6_K || o.w->type == GgmlType::kQ3_K ||
                                o.w->type == GgmlType::kQ2_K) &&
                               KindOf(kt, o) == ActKind::kInt8);
   }
-  for (const MatMulOutput& o : outs) {
+  for (const GroupedProduct& p : products) {
+    const MatMulOutput& o = p.out;
+    CHECK(p.row_begin >= 0 && p.num_rows >= 0 && p.row_begin + p.num_rows <= total_rows);
     const ActKind kind = KindOf(kt, o);
     const int64_t cols = o.w->shape[0];
     if (kind == ActKind::kBf16) {
       CHECK(norm == nullptr);
-      if (acts_bf16 == nullptr) acts_bf16 = ActivationsBf16(kt, x, num_tokens, cols, pool);
-      work.push_back(WorkOf(kt, o, x, nullptr, acts_bf16, num_tokens));
+      if (acts_bf16 == nullptr) acts_bf16 = ActivationsBf16(kt, x, total_rows, cols, pool);
+      const int64_t k_stride = (cols + kBf16ActPad - 1) / kBf16ActPad * kBf16ActPad;
+      work.push_back(WorkOf(kt, o, x + p.row_begin * cols, nullptr, acts_bf16 + p.row_begin * k_stride, p.num_rows));
     } else {
       std::optional<QuantizedActs>& qa = acts[static_cast<int>(kind)];
       CHECK(norm == nullptr || kind != ActKind::kFloat);
       if (kind != ActKind::kFloat && !qa) {
-        qa = QuantizeForGemm(x, num_tokens, cols, kind == ActKind::kA16, half_sums, pool, norm);
+        qa = QuantizeForGemm(x, total_rows, cols, kind == ActKind::kA16, half_sums, pool, norm);
       }
       CHECK(!qa || qa->k == cols);
-      work.push_back(WorkOf(kt, o, x, qa ? &*qa : nullptr, nullptr, num_tokens));
+      const QuantizedActs* rows = nullptr;
+      if (qa) {
+        row_acts.push_back(RowsOf(*qa, p.row_begin));
+        rows = &row_acts.back();
+      }
+      work.push_back(WorkOf(kt, o, x + p.row_begin * cols, rows, nullptr, p.num_rows));
     }
+    if (p.num_rows == 0) work.back().items = 0;
     total += work.back().items;
     total_ns += work.back().EstimatedNs();
   }
@@ -432,10 +457,27 @@ void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int
       ThreadPool::MinItemsForWork(total, total_ns));
 }
 
+void MatMulSameInputImpl(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool,
+                         const RmsNormInput* norm) {
+  GroupedProduct products[8];
+  std::vector<GroupedProduct> many;
+  GroupedProduct* p = products;
+  if (outs.size() > std::size(products)) {
+    many.resize(outs.size());
+    p = many.data();
+  }
+  for (size_t i = 0; i < outs.size(); ++i) p[i] = GroupedProduct{outs[i], 0, num_tokens};
+  MatMulGroupedImpl(std::span<const GroupedProduct>(p, outs.size()), x, num_tokens, pool, norm);
+}
+
 }  // namespace
 
 void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool) {
   MatMulSameInputImpl(outs, x, num_tokens, pool, nullptr);
+}
+
+void MatMulGrouped(std::span<const GroupedProduct> products, const float* x, int64_t total_rows, ThreadPool& pool) {
+  MatMulGroupedImpl(products, x, total_rows, pool, nullptr);
 }
 
 void MatMul(const TensorView& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {

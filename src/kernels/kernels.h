@@ -67,6 +67,18 @@ struct MatMulOutput {
 };
 void MatMulSameInput(std::span<const MatMulOutput> outs, const float* x, int64_t num_tokens, ThreadPool& pool);
 
+// Products of different row ranges of one input (a mixture of experts: each expert's matrix times
+// the rows of the tokens routed to it): product i is MatMul of its matrix with rows
+// [row_begin, row_begin + num_rows) of x ([total_rows, cols]) into its y ([num_rows, rows of w]),
+// bitwise, with x quantized once per kind for all of them and every product's row groups in one
+// parallel pass (an expert's weights stream once for all its tokens).
+struct GroupedProduct {
+  MatMulOutput out;
+  int64_t row_begin = 0;
+  int64_t num_rows = 0;
+};
+void MatMulGrouped(std::span<const GroupedProduct> products, const float* x, int64_t total_rows, ThreadPool& pool);
+
 // Whether every product reads quantized activations (int8 or 16-bit), so that
 // MatMulSameInputNormed can fuse the norm into their quantization.
 bool ReadQuantizedActivations(std::span<const MatMulOutput> outs);

@@ -6,7 +6,12 @@
 #include <algorithm>
 #include <vector>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include "base/profiler.h"
+#include "model/weights.h"
 
 namespace gale {
 namespace {
@@ -15,7 +20,153 @@ void Grow(std::vector<float>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// gate = act(gate) * up over rows of width elements, one row per item.
+void ActivateRows(GateActivation act, float* gate, const float* up, int64_t rows, int64_t width, ThreadPool& pool) {
+  pool.ParallelFor(rows, [&](int64_t begin, int64_t end) {
+    if (act == GateActivation::kSilu) {
+      kernels::SiluMul(gate + begin * width, up + begin * width, (end - begin) * width);
+    } else {
+      kernels::GeluTanhMul(gate + begin * width, up + begin * width, (end - begin) * width);
+    }
+  });
+}
+
 }  // namespace
+
+void MoeWeights::AppendTo(std::vector<MatrixWeight*>* all) {
+  all->push_back(&router);
+  for (ExpertMatrices& e : experts) {
+    for (MatrixWeight* m : {&e.gate, &e.up, &e.down}) all->push_back(m);
+  }
+  if (has_shared()) {
+    for (MatrixWeight* m : {&shared_gate, &shared_up, &shared_down}) all->push_back(m);
+  }
+}
+
+int64_t MoeWeights::ExpertBytes() const {
+  if (experts.empty()) return 0;
+  const ExpertMatrices& e = experts[0];
+  return static_cast<int64_t>(e.gate.view.num_bytes + e.up.view.num_bytes + e.down.view.num_bytes);
+}
+
+Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHParams& hp, MoeWeights* w) {
+  const MoeHParams& moe = hp.moe;
+  const int64_t num = moe.num_experts, ffn = moe.expert_ffn, dim = hp.dim;
+  RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate_inp.weight", dim, num, &w->router));
+  if (tensors.Has(b + "ffn_gate_inp.bias")) RETURN_IF_ERROR(tensors.Vector(b + "ffn_gate_inp.bias", num, &w->router_bias));
+  if (tensors.Has(b + "exp_probs_b.bias")) RETURN_IF_ERROR(tensors.Vector(b + "exp_probs_b.bias", num, &w->selection_bias));
+  w->experts.resize(num);
+  // A 3-D tensor [num][rows][in]: expert e's matrix is the e-th block of rows.
+  auto split = [&](const std::string& name, int64_t in, int64_t out, MatrixWeight ExpertMatrices::*which) -> Status {
+    TensorView all;
+    RETURN_IF_ERROR(tensors.Get(name, {in, out, num}, &all));
+    const uint64_t bytes = static_cast<uint64_t>(out * all.RowBytes());
+    for (int64_t e = 0; e < num; ++e) {
+      (w->experts[e].*which).view = TensorView{all.type, {in, out}, all.data + e * bytes, bytes};
+    }
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(split(b + "ffn_gate_exps.weight", dim, ffn, &ExpertMatrices::gate));
+  RETURN_IF_ERROR(split(b + "ffn_up_exps.weight", dim, ffn, &ExpertMatrices::up));
+  RETURN_IF_ERROR(split(b + "ffn_down_exps.weight", ffn, dim, &ExpertMatrices::down));
+  if (moe.num_shared > 0) {
+    const int64_t shared = moe.shared_ffn > 0 ? moe.shared_ffn : ffn * moe.num_shared;
+    RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate_shexp.weight", dim, shared, &w->shared_gate));
+    RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up_shexp.weight", dim, shared, &w->shared_up));
+    RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down_shexp.weight", shared, dim, &w->shared_down));
+  }
+  return Status::Ok();
+}
+
+void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bias, int32_t* chosen, float* weight,
+                float* scratch) {
+  const int64_t num = moe.num_experts, k = moe.num_used;
+  float* probs = scratch;
+  // The gating's probabilities, as ggml computes them (a softmax's sum in double).
+  switch (moe.gating) {
+    case ExpertGating::kSoftmax: {
+      float max = -std::numeric_limits<float>::infinity();
+      for (int64_t e = 0; e < num; ++e) max = std::max(max, scores[e]);
+      double sum = 0.0;
+      for (int64_t e = 0; e < num; ++e) {
+        probs[e] = std::exp(scores[e] - max);
+        sum += probs[e];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t e = 0; e < num; ++e) probs[e] *= inv;
+      break;
+    }
+    case ExpertGating::kSigmoid:
+      for (int64_t e = 0; e < num; ++e) probs[e] = 1.0f / (1.0f + std::exp(-scores[e]));
+      break;
+    case ExpertGating::kSoftmaxWeight:
+      for (int64_t e = 0; e < num; ++e) probs[e] = scores[e];
+      break;
+  }
+  for (int64_t e = 0; e < num; ++e) scores[e] = probs[e] + (selection_bias != nullptr ? selection_bias[e] : 0.0f);
+  // Candidates: every expert, or those of the groups whose two best scores sum highest.
+  float* candidate = scratch + num;  // selection score, or -inf where its group is out
+  for (int64_t e = 0; e < num; ++e) candidate[e] = scores[e];
+  const float kOut = -std::numeric_limits<float>::infinity();
+  if (moe.num_groups > 1) {
+    const int64_t per = num / moe.num_groups;
+    std::vector<float> group_score(moe.num_groups);
+    for (int64_t g = 0; g < moe.num_groups; ++g) {
+      float best = kOut, second = kOut;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        if (scores[e] > best) {
+          second = best;
+          best = scores[e];
+        } else if (scores[e] > second) {
+          second = scores[e];
+        }
+      }
+      group_score[g] = per > 1 ? best + second : best;
+    }
+    std::vector<uint8_t> keep(moe.num_groups, 0);
+    for (int64_t i = 0; i < moe.groups_used; ++i) {
+      int64_t at = -1;
+      for (int64_t g = 0; g < moe.num_groups; ++g) {
+        if (!keep[g] && (at < 0 || group_score[g] > group_score[at])) at = g;
+      }
+      keep[at] = 1;
+    }
+    for (int64_t e = 0; e < num; ++e) {
+      if (!keep[e / per]) candidate[e] = kOut;
+    }
+  }
+  float* taken = scratch + 2 * num;  // 1 once chosen
+  for (int64_t e = 0; e < num; ++e) taken[e] = 0.0f;
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t at = -1;
+    for (int64_t e = 0; e < num; ++e) {
+      if (taken[e] == 0.0f && (at < 0 || candidate[e] > candidate[at])) at = e;
+    }
+    chosen[i] = static_cast<int32_t>(at);
+    taken[at] = 1.0f;
+    weight[i] = probs[at];
+  }
+  if (moe.gating == ExpertGating::kSoftmaxWeight) {
+    float max = weight[0];
+    for (int64_t i = 1; i < k; ++i) max = std::max(max, weight[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < k; ++i) {
+      weight[i] = std::exp(weight[i] - max);
+      sum += weight[i];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < k; ++i) weight[i] *= inv;
+  }
+  if (moe.norm_weights) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < k; ++i) sum += weight[i];
+    sum = std::max(sum, 6.103515625e-5f);  // llama.cpp's clamp: f16's smallest normal
+    for (int64_t i = 0; i < k; ++i) weight[i] /= sum;
+  }
+  if (moe.weights_scale != 1.0f) {
+    for (int64_t i = 0; i < k; ++i) weight[i] *= moe.weights_scale;
+  }
+}
 
 void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
   kernels::MatMul(w.view, w.packed.get(), x, num_tokens, y, pool);
@@ -215,17 +366,135 @@ void ForwardPass::GatedFfn(int64_t l, const float* norm_w, const MatrixWeight& g
   {
     ProfileSpan span(act == GateActivation::kSilu ? "silu_mul" : "gelu_mul", "op", n, 0, l);
     // One token row per item: an element's arithmetic does not depend on the split.
-    pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
-      if (act == GateActivation::kSilu) {
-        kernels::SiluMul(ws_.hb.data() + begin * ffn, ws_.hb2.data() + begin * ffn, (end - begin) * ffn);
-      } else {
-        kernels::GeluTanhMul(ws_.hb.data() + begin * ffn, ws_.hb2.data() + begin * ffn, (end - begin) * ffn);
-      }
-    });
+    ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, ffn, pool_);
     if (batch_.observer) batch_.observer->Observe(l, LinearInput::kFfnMid, ws_.hb.data(), n, ffn);
     span.Next("matmul_down", n, WeightBytes(down), l);
     MatMul(down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
   }
+  Residual(l, post_norm);
+}
+
+void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, GateActivation act,
+                         const TensorView* post_norm) {
+  const MoeHParams& moe = hp_.moe;
+  const int64_t n = n_, dim = hp_.dim, num = moe.num_experts, k = moe.num_used, ffn = moe.expert_ffn;
+  const int64_t rows = n * k;
+  ProfileSpan span("rms_norm", "op", n, 0, l);
+  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      kernels::RmsNorm(ws_.x.data() + t * dim, norm_w, dim, hp_.rms_eps, ws_.xb.data() + t * dim);
+    }
+  }, /*min_items_per_thread=*/8);
+  if (batch_.observer) batch_.observer->Observe(l, LinearInput::kFfnIn, ws_.xb.data(), n, dim);
+
+  // Routing: one token per item.
+  span.Next("moe_router", n, WeightBytes(w.router), l);
+  Grow(ws_.moe_logits, n * num);
+  ws_.moe_chosen.resize(rows);
+  ws_.moe_weight.resize(rows);
+  MatMul(w.router, ws_.xb.data(), n, ws_.moe_logits.data(), pool_);
+  if (w.router_bias.data != nullptr) AddBias(ws_.moe_logits.data(), w.router_bias, num);
+  const float* selection_bias = w.selection_bias.data != nullptr ? Floats(w.selection_bias) : nullptr;
+  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<size_t>(3 * num)) scratch.resize(3 * num);
+    for (int64_t t = begin; t < end; ++t) {
+      RouteToken(moe, ws_.moe_logits.data() + t * num, selection_bias, ws_.moe_chosen.data() + t * k,
+                 ws_.moe_weight.data() + t * k, scratch.data());
+    }
+  }, /*min_items_per_thread=*/16);
+  if (batch_.observer) batch_.observer->ObserveRouting(l, ws_.moe_logits.data(), n, num, ws_.moe_chosen.data(), k);
+
+  // Group the routed rows by expert (experts in id order, each one's tokens in batch order): row
+  // moe_row[t * k + j] of the grouped buffers is token t's j-th choice.
+  std::vector<int64_t> first(num + 1, 0);
+  for (int64_t i = 0; i < rows; ++i) ++first[ws_.moe_chosen[i] + 1];
+  for (int64_t e = 0; e < num; ++e) first[e + 1] += first[e];
+  if (!ws_.expert_tokens.empty() && static_cast<int64_t>(ws_.expert_tokens.size()) >= (l + 1) * num) {
+    for (int64_t e = 0; e < num; ++e) ws_.expert_tokens[l * num + e] += first[e + 1] - first[e];
+  }
+  ws_.moe_row.resize(rows);
+  {
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < rows; ++i) ws_.moe_row[i] = static_cast<int32_t>(next[ws_.moe_chosen[i]]++);
+  }
+  Grow(ws_.moe_x, rows * dim);
+  Grow(ws_.moe_h, rows * ffn);
+  Grow(ws_.moe_h2, rows * ffn);
+  Grow(ws_.moe_y, rows * dim);
+  pool_.ParallelFor(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(ws_.moe_x.data() + static_cast<int64_t>(ws_.moe_row[i]) * dim, ws_.xb.data() + (i / k) * dim,
+                  dim * sizeof(float));
+    }
+  }, /*min_items_per_thread=*/64);
+
+  // The active experts' products, each over its rows only.
+  std::vector<kernels::GroupedProduct> products;
+  products.reserve(2 * num);
+  int64_t active_bytes = 0;
+  for (int64_t e = 0; e < num; ++e) {
+    const int64_t count = first[e + 1] - first[e];
+    if (count == 0) continue;
+    const ExpertMatrices& x = w.experts[e];
+    products.push_back({{&x.gate.view, x.gate.packed.get(), ws_.moe_h.data() + first[e] * ffn}, first[e], count});
+    products.push_back({{&x.up.view, x.up.packed.get(), ws_.moe_h2.data() + first[e] * ffn}, first[e], count});
+    active_bytes += static_cast<int64_t>(x.gate.view.num_bytes + x.up.view.num_bytes);
+  }
+  span.Next("moe_gate_up", rows, active_bytes, l);
+  kernels::MatMulGrouped(products, ws_.moe_x.data(), rows, pool_);
+  span.Next(act == GateActivation::kSilu ? "moe_silu_mul" : "moe_gelu_mul", rows, 0, l);
+  ActivateRows(act, ws_.moe_h.data(), ws_.moe_h2.data(), rows, ffn, pool_);
+  products.clear();
+  active_bytes = 0;
+  for (int64_t e = 0; e < num; ++e) {
+    const int64_t count = first[e + 1] - first[e];
+    if (count == 0) continue;
+    const MatrixWeight& down = w.experts[e].down;
+    products.push_back({{&down.view, down.packed.get(), ws_.moe_y.data() + first[e] * dim}, first[e], count});
+    active_bytes += static_cast<int64_t>(down.view.num_bytes);
+  }
+  span.Next("moe_down", rows, active_bytes, l);
+  kernels::MatMulGrouped(products, ws_.moe_h.data(), rows, pool_);
+
+  // The shared experts: a dense FFN of the same normed rows, into ws.xb2.
+  if (w.has_shared()) {
+    const int64_t shared = w.shared_gate.view.shape[1];
+    Grow(ws_.hb, n * shared);
+    Grow(ws_.hb2, n * shared);
+    span.Next("shexp_gate_up", n, WeightBytes(w.shared_gate) + WeightBytes(w.shared_up), l);
+    const SameInput gate_up{{&w.shared_gate, ws_.hb.data()}, {&w.shared_up, ws_.hb2.data()}};
+    kernels::MatMulSameInput(gate_up.span(), ws_.xb.data(), n, pool_);
+    ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, shared, pool_);
+    span.Next("shexp_down", n, WeightBytes(w.shared_down), l);
+    MatMul(w.shared_down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
+  }
+
+  // Each token's weighted sum of its experts' outputs, best first (then + the shared experts'),
+  // in the order llama.cpp adds them; one token per item.
+  span.Next("moe_combine", n, 0, l);
+  const bool shared = w.has_shared();
+  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> acc;
+    if (acc.size() < static_cast<size_t>(dim)) acc.resize(dim);
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const float wt = ws_.moe_weight[t * k + j];
+        const float* y = ws_.moe_y.data() + static_cast<int64_t>(ws_.moe_row[t * k + j]) * dim;
+        if (j == 0) {
+          for (int64_t i = 0; i < dim; ++i) acc[i] = y[i] * wt;
+        } else {
+          for (int64_t i = 0; i < dim; ++i) acc[i] += y[i] * wt;
+        }
+      }
+      float* out = ws_.xb2.data() + t * dim;
+      if (shared) {
+        for (int64_t i = 0; i < dim; ++i) out[i] = acc[i] + out[i];
+      } else {
+        std::memcpy(out, acc.data(), dim * sizeof(float));
+      }
+    }
+  }, /*min_items_per_thread=*/4);
   Residual(l, post_norm);
 }
 

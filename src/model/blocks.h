@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -42,6 +43,40 @@ struct DenseMatrices {
     for (MatrixWeight* w : {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}) all->push_back(w);
   }
 };
+
+// One expert of a mixture: a gated FFN of the expert width.
+struct ExpertMatrices {
+  MatrixWeight gate, up, down;
+};
+
+// A mixture-of-experts FFN (llama.cpp's tensors): the router ffn_gate_inp ([num_experts] rows of
+// dim, f32 in every converter's output), its bias where the model has one, the selection bias
+// exp_probs_b (DeepSeek-V3: added to the scores for the choice only), the experts (one 3-D tensor
+// per matrix in the file, one view per expert here so each packs and streams on its own), and
+// the shared experts' FFN where there are any.
+struct MoeWeights {
+  MatrixWeight router;
+  TensorView router_bias, selection_bias;  // empty (data null) where absent
+  std::vector<ExpertMatrices> experts;
+  MatrixWeight shared_gate, shared_up, shared_down;  // empty where num_shared == 0
+  bool has_shared() const { return !shared_gate.view.shape.empty(); }
+  void AppendTo(std::vector<MatrixWeight*>* all);
+  // Bytes of the gate, up and down of one expert.
+  int64_t ExpertBytes() const;
+};
+// Reads a layer's mixture (prefix "blk.N."): ffn_gate_inp, ffn_{gate,up,down}_exps, and
+// ffn_gate_inp.bias, exp_probs_b.bias and ffn_{gate,up,down}_shexp where the file has them (the
+// shared ones required when hp.moe.num_shared > 0).
+Status LoadMoeWeights(class TensorLoader& tensors, const std::string& prefix, const ModelHParams& hp, MoeWeights* w);
+
+// One token's routing (llama.cpp's build_moe_ffn): scores ([num_experts]) holds the router's
+// logits on entry and the selection scores on return (the gating's probabilities plus
+// selection_bias where given); chosen ([num_used]) receives the chosen experts, best first, and
+// weight their weights (the probabilities of the chosen, softmaxed among themselves for
+// kSoftmaxWeight, renormalized and scaled as moe says). Ties go to the lower expert id.
+// scratch: [3 * num_experts] floats.
+void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bias, int32_t* chosen, float* weight,
+                float* scratch);
 
 // The feed-forward's gate activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).
 enum class GateActivation : uint8_t { kSilu = 0, kGeluTanh = 1 };
@@ -78,6 +113,13 @@ class ForwardPass {
   void GatedFfn(int64_t layer, const float* norm_w, const MatrixWeight& gate, const MatrixWeight& up,
                 const MatrixWeight& down, GateActivation act = GateActivation::kSilu,
                 const TensorView* post_norm = nullptr);
+  // ws.x += the mixture of experts of n = RmsNorm(ws.x) * norm_w: each token's chosen experts'
+  // down(act(gate(n)) * up(n)) times their weights, summed best first, plus the shared experts'
+  // FFN of n where the model has one; the sum normed by post_norm first where given. Tokens are
+  // grouped by expert, so an active expert's weights stream once per step for all its tokens;
+  // a token's result does not depend on which other tokens share its experts.
+  void MoeFfn(int64_t layer, const float* norm_w, const MoeWeights& w, GateActivation act = GateActivation::kSilu,
+              const TensorView* post_norm = nullptr);
   // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants.
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
 

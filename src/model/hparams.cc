@@ -71,6 +71,46 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
   }
   hp.pooling = static_cast<Pooling>(pooling);
 
+  MoeHParams& moe = hp.moe;
+  moe.num_experts = file.GetInt(p + "expert_count", 0);
+  if (moe.num_experts != 0) {
+    moe.num_used = file.GetInt(p + "expert_used_count", 0);
+    moe.expert_ffn = file.GetInt(p + "expert_feed_forward_length", 0);
+    moe.num_shared = file.GetInt(p + "expert_shared_count", 0);
+    moe.shared_ffn = file.GetInt(p + "expert_shared_feed_forward_length", 0);
+    moe.leading_dense = file.GetInt(p + "leading_dense_block_count", 0);
+    moe.num_groups = file.GetInt(p + "expert_group_count", 0);
+    moe.groups_used = file.GetInt(p + "expert_group_used_count", 0);
+    if (const GgufValue* norm = file.Find(p + "expert_weights_norm"); norm != nullptr) {
+      moe.norm_weights = norm->AsBool().value_or(norm->AsInt().value_or(0) != 0);
+    }
+    const double scale = file.GetDouble(p + "expert_weights_scale", 0.0);
+    moe.weights_scale = scale == 0.0 ? 1.0f : static_cast<float>(scale);
+    const int64_t gating = file.GetInt(p + "expert_gating_func", 0);
+    if (gating < 0 || gating > 3) return Unimplemented("{}expert_gating_func {} is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen)", p, gating);
+    if (gating != 0) moe.gating = static_cast<ExpertGating>(gating);
+    auto bad_moe = [&](const char* what) {
+      return InvalidArgument("model hyperparameters: {} (experts {}, used {}, expert ffn {}, groups {} using {})", what,
+                             moe.num_experts, moe.num_used, moe.expert_ffn, moe.num_groups, moe.groups_used);
+    };
+    if (moe.num_experts < 0 || moe.num_experts > 4096) return bad_moe("expert_count out of range");
+    if (moe.num_used <= 0 || moe.num_used > moe.num_experts) return bad_moe("expert_used_count must be in [1, expert_count]");
+    if (moe.expert_ffn < 0 || moe.expert_ffn > 16 * kLimit) return bad_moe("expert_feed_forward_length out of range");
+    if (moe.num_shared < 0 || moe.num_shared > 64 || moe.shared_ffn < 0 || moe.shared_ffn > 16 * kLimit) {
+      return bad_moe("expert_shared_count or its feed_forward_length out of range");
+    }
+    if (moe.leading_dense < 0 || moe.leading_dense > hp.num_layers) return bad_moe("leading_dense_block_count out of range");
+    if (!std::isfinite(moe.weights_scale) || !(moe.weights_scale > 0.0f)) return bad_moe("expert_weights_scale must be positive");
+    if (moe.num_groups > 1) {
+      if (moe.num_experts % moe.num_groups != 0 || moe.groups_used <= 0 || moe.groups_used > moe.num_groups ||
+          moe.num_used > moe.groups_used * (moe.num_experts / moe.num_groups)) {
+        return bad_moe("expert groups must divide expert_count, and the groups used must hold expert_used_count experts");
+      }
+    } else {
+      moe.num_groups = moe.groups_used = 0;
+    }
+  }
+
   const GgufValue* scaling_type = file.Find(p + "rope.scaling.type");
   if (scaling_type != nullptr && scaling_type->AsString() != nullptr) {
     const std::string& t = *scaling_type->AsString();

@@ -23,6 +23,32 @@ enum class Pooling : uint8_t { kNone = 0, kMean = 1, kCls = 2, kLast = 3 };
 const char* PoolingName(Pooling p);  // "none", "mean", "cls", "last"
 StatusOr<Pooling> ParsePooling(const std::string& name);
 
+// How a mixture of experts scores its experts (llama.cpp's expert_gating_func values): softmax
+// over all experts, then the top k (Mixtral, Qwen-MoE); sigmoid of each (DeepSeek-V3, GLM-4.5+);
+// the top k of the raw logits, then a softmax over those k (gpt-oss).
+enum class ExpertGating : uint8_t { kSoftmax = 1, kSigmoid = 2, kSoftmaxWeight = 3 };
+
+// A mixture-of-experts feed-forward's shape and routing ({arch}.expert_* keys, llama.cpp's names).
+// num_experts == 0: a dense model. What a key leaves open (the gating where the file has none,
+// whether weights are renormalized) the architecture sets, as llama.cpp's graph for it does.
+struct MoeHParams {
+  int64_t num_experts = 0;     // expert_count
+  int64_t num_used = 0;        // expert_used_count: experts per token
+  int64_t expert_ffn = 0;      // expert_feed_forward_length: one expert's hidden width
+  int64_t num_shared = 0;      // expert_shared_count: always-on experts, one FFN of their width
+  int64_t shared_ffn = 0;      // expert_shared_feed_forward_length (0: expert_ffn * num_shared)
+  int64_t leading_dense = 0;   // leading_dense_block_count: the first layers have a dense FFN
+  ExpertGating gating = ExpertGating::kSoftmax;
+  bool norm_weights = false;   // the chosen experts' weights divided by their sum
+  float weights_scale = 1.0f;  // expert_weights_scale, after the normalization
+  // Group-limited routing (DeepSeek-V3): experts in num_groups equal groups, a token choosing
+  // among the groups_used groups whose two best selection scores sum highest. 0: no groups.
+  int64_t num_groups = 0, groups_used = 0;
+
+  bool enabled() const { return num_experts > 0; }
+  bool dense_layer(int64_t layer) const { return !enabled() || layer < leading_dense; }
+};
+
 struct ModelHParams {
   std::string arch;         // general.architecture
   int64_t dim = 0;          // embedding_length
@@ -51,6 +77,7 @@ struct ModelHParams {
   // Multiplies the queries before attention's 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar).
   float query_scale = 1.0f;
   Pooling pooling = Pooling::kNone;  // an embedding model's (pooling_type); kNone for others
+  MoeHParams moe;
 
   int64_t LayerWindow(int64_t layer) const {
     if (sliding_window <= 0) return 0;

@@ -63,6 +63,11 @@ class ActivationObserver {
   // The keys as they go into the cache (after RoPE, before any per-channel transform),
   // [num_tokens, kv_dim].
   virtual void ObserveKeys(int64_t /*layer*/, const float* /*k*/, int64_t /*num_tokens*/, int64_t /*kv_dim*/) {}
+  // A mixture of experts' routing: each token's selection scores over all experts
+  // ([num_tokens, num_experts], biased where the model biases its selection) and the experts it
+  // chose ([num_tokens, num_used], best first). Tests use it to check that no choice was a near tie.
+  virtual void ObserveRouting(int64_t /*layer*/, const float* /*scores*/, int64_t /*num_tokens*/,
+                              int64_t /*num_experts*/, const int32_t* /*chosen*/, int64_t /*num_used*/) {}
 };
 
 // Calibrated per-channel key statistics (gale calibrate-kv, gale quantize --calib), stored in the
@@ -119,6 +124,17 @@ struct Workspace {
   std::vector<int32_t> kv_slots;  // [num_tokens] each token's cache slot
   std::vector<float> scores;  // attention scores of tracked tokens, [num_heads, slot + 1] each
   std::vector<float*> score_rows;  // [num_tokens] a tracked token's scores, else null
+  // Mixture of experts: router logits [num_tokens, num_experts]; each token's chosen experts and
+  // their weights [num_tokens, num_used], and the row of its products in the grouped buffers;
+  // the routed rows grouped by expert [num_tokens * num_used, dim], their hidden rows
+  // [.., expert_ffn] (two) and outputs [.., dim].
+  std::vector<float> moe_logits;
+  std::vector<int32_t> moe_chosen, moe_row;
+  std::vector<float> moe_weight;
+  std::vector<float> moe_x, moe_h, moe_h2, moe_y;
+  // Tokens routed to each expert over the steps since the counters were last read (gale bench
+  // --profile's load balance), [num_layers * num_experts]; empty unless a caller sized it.
+  std::vector<int64_t> expert_tokens;
 };
 
 // A weight matrix: its view into the file, and optionally a copy packed for the active ISA.

@@ -12,12 +12,14 @@ namespace {
 struct Architecture {
   const char* name;  // as llama.cpp's converters write general.architecture
   StatusOr<std::unique_ptr<Model>> (*load)(const GgufFile& file, ModelHParams hp);
+  bool experts = false;  // runs a mixture of experts where the file has one ({arch}.expert_count)
 };
 
 constexpr Architecture kArchitectures[] = {
-    {"llama", LoadLlama},
+    {"llama", LoadLlama, /*experts=*/true},
     {"qwen2", LoadQwen2},
     {"qwen3", LoadQwen3},
+    {"qwen3moe", LoadQwen3Moe, /*experts=*/true},
     {"phi3", LoadPhi3},
     {"gemma3", LoadGemma3},
 };
@@ -35,6 +37,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const GgufFile& file) {
   for (const Architecture& a : kArchitectures) {
     if (arch != a.name) continue;
     ASSIGN_OR_RETURN(ModelHParams hp, ReadHParams(file));
+    if (hp.moe.enabled() && !a.experts) {
+      return Unimplemented("{}: the file has {} experts, and a mixture of experts in this architecture is not supported", arch,
+                           hp.moe.num_experts);
+    }
     return a.load(file, std::move(hp));
   }
   return Unimplemented("architecture '{}' is not supported yet (gale runs {})", arch,

@@ -38,8 +38,13 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
     s.arch = "qwen3";
     s.dim = 1024; s.num_layers = 28; s.num_heads = 16; s.num_kv_heads = 8; s.head_dim = 128; s.ffn_dim = 3072;
     s.vocab_size = 151936; s.context_length = 40960;
+  } else if (name == "qwen3-30b-a3b") {
+    s.arch = "qwen3moe";
+    s.dim = 2048; s.num_layers = 12; s.num_heads = 32; s.num_kv_heads = 4; s.head_dim = 128; s.ffn_dim = 6144;
+    s.vocab_size = 151936; s.context_length = 40960;
+    s.num_experts = 128; s.experts_used = 8; s.expert_ffn = 768;
   } else {
-    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b)", name);
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b, qwen3-30b-a3b)", name);
   }
   return s;
 }
@@ -83,8 +88,18 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
-  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3" && s.arch != "gemma3") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, phi3, gemma3)", s.arch);
+  if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
+      s.arch != "gemma3") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3)", s.arch);
+  }
+  const bool moe = s.num_experts > 0;
+  const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
+  if (s.arch == "qwen3moe" && !moe) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
+  if (moe && (s.arch != "llama" && s.arch != "qwen3moe")) {
+    return InvalidArgument("synth: experts are written for llama (Mixtral-style) and qwen3moe only");
+  }
+  if (moe && (s.experts_used <= 0 || s.experts_used > s.num_experts || s.num_experts > 4096)) {
+    return InvalidArgument("synth: {} experts with {} used per token", s.num_experts, s.experts_used);
   }
   if (s.dim <= 0 || s.num_heads <= 0 || (s.head_dim == 0 && s.dim % s.num_heads != 0) || s.num_kv_heads <= 0 ||
       s.head_dim < 0 || s.head_dim % 2 != 0 ||
@@ -103,7 +118,11 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.num_heads;
   const int64_t q_dim = head_dim * s.num_heads;
   const int64_t kv_dim = head_dim * s.num_kv_heads;
-  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3";
+  const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3moe";
+  if (moe && expert_ffn % block != 0) {
+    return InvalidArgument("synth: the expert width {} must be a multiple of the {} block size {}", expert_ffn,
+                           TypeTraits(type).name, block);
+  }
   const bool gemma = s.arch == "gemma3";
   if (q_dim % block != 0) {
     return InvalidArgument("synth: heads x head size {} must be a multiple of the {} block size {}", q_dim,
@@ -131,6 +150,11 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
   if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
+  if (moe) {
+    w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
+    w.SetU32(p + "expert_used_count", static_cast<uint32_t>(s.experts_used));
+    if (s.arch == "qwen3moe") w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+  }
   if (s.yarn_factor > 0.0) {
     if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
     w.SetString(p + "rope.scaling.type", "yarn");
@@ -165,15 +189,19 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetBool("tokenizer.ggml.add_eos_token", false);
   }
 
-  auto matrix = [&](const std::string& name, int64_t in, int64_t out, GgmlType t) {
+  // experts > 0: a 3-D tensor of that many matrices, one after the other.
+  auto matrix = [&](const std::string& name, int64_t in, int64_t out, GgmlType t, int64_t experts = 0) {
     uint64_t tensor_seed = seed ^ 0xcbf29ce484222325ull;  // FNV-1a over the name: portable
     for (char ch : name) tensor_seed = (tensor_seed ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
-    return w.AddTensor(name, static_cast<uint32_t>(t), {in, out}, [in, out, t, tensor_seed](uint8_t* dst, uint64_t) {
+    std::vector<int64_t> shape = {in, out};
+    if (experts > 0) shape.push_back(experts);
+    const int64_t rows = out * std::max<int64_t>(experts, 1);
+    return w.AddTensor(name, static_cast<uint32_t>(t), shape, [in, rows, t, tensor_seed](uint8_t* dst, uint64_t) {
       Rng rng(tensor_seed);
       const float a = std::sqrt(3.0f / static_cast<float>(in));
       std::vector<float> row(in);
       const int64_t row_bytes = RowBytes(t, in);
-      for (int64_t r = 0; r < out; ++r) {
+      for (int64_t r = 0; r < rows; ++r) {
         for (float& v : row) v = rng.Uniform(-a, a);
         QuantizeRowRef(t, row.data(), dst + r * row_bytes, in);
       }
@@ -209,13 +237,20 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
-    } else if (s.arch == "qwen3" || gemma) {
+    } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || gemma) {
       RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
     }
     RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
     if (gemma) RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
     RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
+    if (moe) {
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+      continue;
+    }
     if (s.arch == "phi3") {  // fused: the gate's rows, then up's
       RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, 2 * s.ffn_dim, type));
     } else {

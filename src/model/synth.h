@@ -1,4 +1,4 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, phi3, gemma3),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -35,10 +35,17 @@ struct SynthShape {
   double yarn_factor = 0.0;
   int64_t yarn_orig_ctx = 0;
   int64_t pooling_type = 0;  // > 0: {arch}.pooling_type (an embedding model: 1 mean, 2 cls, 3 last)
+  // A mixture of experts (llama: Mixtral-style; qwen3moe: required): experts per layer, experts per
+  // token, and one expert's width (0: ffn_dim). The router is f32 (converters never quantize it).
+  int64_t num_experts = 0;
+  int64_t experts_used = 0;
+  int64_t expert_ffn = 0;
 };
 
-// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b" (their
-// architectures, without tied embeddings); an error otherwise.
+// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
+// "qwen3-30b-a3b" (their architectures, without tied embeddings; the last with 12 of its 48 layers so
+// that it fits a desktop's memory: every per-layer shape, the expert count and top-k are the real
+// model's); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's

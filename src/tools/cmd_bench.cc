@@ -149,6 +149,7 @@ CommandFn RegisterBench(CLI::App& app) {
     if (o->bandwidth > 0) roof.read_bandwidth_gbs = o->bandwidth;
     const std::string model_type = ModelType(**file, **model);
     const GgufTensorInfo* ffn = (*file)->FindTensor("blk.0.ffn_gate.weight");
+    if (ffn == nullptr) ffn = (*file)->FindTensor("blk." + std::to_string(hp.moe.leading_dense) + ".ffn_gate_exps.weight");
     // Matrices multiplied on the int8 dot instructions (Q8_0, Q4_0, the K-quants and gale's W4
     // types, packed) are bound by the int8 peak, BF16 ones on vdpbf16ps by the bf16 dot peak,
     // the others by the f32 FMA peak.
@@ -166,10 +167,28 @@ CommandFn RegisterBench(CLI::App& app) {
     if (const GgufTensorInfo* embd = (*file)->FindTensor("token_embd.weight"); embd && !(*model)->tied_output()) {
       weight_bytes -= static_cast<double>(embd->num_bytes);
     }
-    // Multiply-adds per token in the matmuls: every 2-D weight except the embedding lookup.
-    double matmul_params = 0.0;
+    // Multiply-adds per token in the matmuls: every 2-D weight except the embedding lookup, and of
+    // a mixture's experts (3-D tensors) the k of E a token uses.
+    const MoeHParams& moe = hp.moe;
+    const double used_fraction =
+        moe.enabled() ? static_cast<double>(moe.num_used) / static_cast<double>(moe.num_experts) : 0.0;
+    double matmul_params = 0.0, expert_bytes = 0.0;
     for (const auto& t : (*file)->tensors()) {
       if (t.shape.size() == 2 && t.name != "token_embd.weight") matmul_params += static_cast<double>(t.NumElements());
+      if (t.shape.size() == 3) {
+        matmul_params += static_cast<double>(t.NumElements()) * used_fraction;
+        expert_bytes += static_cast<double>(t.num_bytes);
+      }
+    }
+    // Bytes a decode step of `batch` tokens reads: all but the experts, and of the experts the
+    // expected share that at least one token routes to (uniform routing: 1 - (1 - k/E)^batch).
+    auto step_bytes = [&](int64_t batch) {
+      return weight_bytes - expert_bytes * std::pow(1.0 - used_fraction, static_cast<double>(batch));
+    };
+    if (moe.enabled()) {
+      std::fprintf(stderr, "experts: %lld of %lld per token; active weights %.1f MiB per token of %.1f MiB (experts %.1f MiB)\n",
+                   static_cast<long long>(moe.num_used), static_cast<long long>(moe.num_experts),
+                   step_bytes(1) / 1048576.0, weight_bytes / 1048576.0, expert_bytes / 1048576.0);
     }
     if ((*model)->tied_output()) matmul_params += static_cast<double>(hp.dim * hp.vocab_size);
     const double kv_bytes_per_pos = 2.0 * hp.num_layers * hp.kv_dim() * sizeof(float);
@@ -192,6 +211,7 @@ CommandFn RegisterBench(CLI::App& app) {
     };
     std::vector<Result> results;
     Workspace ws;
+    if (o->profile && moe.enabled()) ws.expert_tokens.assign(hp.num_layers * moe.num_experts, 0);
 
     if (o->n_prompt > 0 && concurrency.empty()) {
       KvCache kv(hp, o->n_prompt);
@@ -241,7 +261,7 @@ CommandFn RegisterBench(CLI::App& app) {
       MeanStd(tps, &r.tokens_per_second, &r.std);
       // Memory bound: weights once per step for the whole batch, plus each sequence's KV
       // (on average half the generated length).
-      r.bytes_per_token = weight_bytes / static_cast<double>(batch) + kv_bytes_per_pos * (o->n_gen / 2.0);
+      r.bytes_per_token = step_bytes(batch) / static_cast<double>(batch) + kv_bytes_per_pos * (o->n_gen / 2.0);
       const double mem_tps = roof.read_bandwidth_gbs * 1e9 / r.bytes_per_token;
       const double compute_tps = peak_ops / (2.0 * matmul_params);
       r.roofline_tokens_per_second = std::min(mem_tps, compute_tps);
@@ -372,6 +392,24 @@ CommandFn RegisterBench(CLI::App& app) {
       if (Status s = profiler->WriteChromeTrace(o->trace); !s.ok()) return fail(s.ToString());
     }
     if (o->profile) std::fprintf(stderr, "%s", profiler->Summary().c_str());
+    if (!ws.expert_tokens.empty()) {
+      // Load balance of the forward passes above (the engine's runs have their own workspace):
+      // per layer, the busiest expert's tokens over the mean, then the worst and the median layer.
+      std::vector<double> ratio;
+      for (int64_t l = moe.leading_dense; l < hp.num_layers; ++l) {
+        int64_t most = 0, total = 0;
+        for (int64_t e = 0; e < moe.num_experts; ++e) {
+          most = std::max(most, ws.expert_tokens[l * moe.num_experts + e]);
+          total += ws.expert_tokens[l * moe.num_experts + e];
+        }
+        if (total > 0) ratio.push_back(static_cast<double>(most) * static_cast<double>(moe.num_experts) / static_cast<double>(total));
+      }
+      std::sort(ratio.begin(), ratio.end());
+      if (!ratio.empty()) {
+        std::fprintf(stderr, "expert load balance: the busiest expert had %.2fx the mean tokens (median layer), %.2fx (worst layer)\n",
+                     ratio[ratio.size() / 2], ratio.back());
+      }
+    }
     for (auto& r : results) {
       r.threads = o->threads;
       r.model_type = model_type;

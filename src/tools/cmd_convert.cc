@@ -64,9 +64,9 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | custom")
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | custom")
       ->capture_default_str();
-  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | phi3 | gemma3)")->capture_default_str();
+  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma3)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
@@ -85,6 +85,9 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--pooling", o->pooling, "make it an embedding model: its pooling_type (mean | cls | last)");
   app.add_option("--yarn", o->custom.yarn_factor, "YaRN RoPE scaling by this factor (with --yarn-orig-ctx)");
   app.add_option("--yarn-orig-ctx", o->custom.yarn_orig_ctx, "YaRN's original context length");
+  app.add_option("--experts", o->custom.num_experts, "custom: a mixture of this many experts per layer (llama, qwen3moe)");
+  app.add_option("--experts-used", o->custom.experts_used, "custom: experts per token");
+  app.add_option("--expert-ffn", o->custom.expert_ffn, "custom: one expert's feed-forward size (0: --ffn)");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {

@@ -98,7 +98,8 @@ TEST(LlamaCppReferenceTest, DequantizesGgmlBlocksBitwiseAndQuantizesAsGgml) {
   EXPECT_EQ(types, 12);
 }
 
-std::vector<float> GaleLogits(const GgufFile& file, const std::vector<int32_t>& tokens) {
+std::vector<float> GaleLogits(const GgufFile& file, const std::vector<int32_t>& tokens,
+                              ActivationObserver* observer = nullptr) {
   auto m = LoadModel(file);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return {};
@@ -112,6 +113,7 @@ std::vector<float> GaleLogits(const GgufFile& file, const std::vector<int32_t>& 
     ForwardBatch b;
     b.tokens = {tokens[i]};
     b.positions = {static_cast<int32_t>(i)};
+    b.observer = observer;
     EXPECT_TRUE((*m)->Forward(b, kv, ws, pool).ok());
     out.insert(out.end(), ws.logits.begin(), ws.logits.begin() + vocab);
   }
@@ -333,6 +335,104 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
     if (mutate) {
       EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
     }
+  }
+}
+
+// Mixtures of experts as scripts/make-ggml-reference.sh writes them (vocab 512, context 256, f32,
+// seed 7, f32 routers).
+struct MoeShape {
+  const char* name;
+  const char* arch;
+  int64_t dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim, experts, used, expert_ffn;
+};
+constexpr MoeShape kMoeShapes[] = {
+    {"qwen3moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 8, 2, 128},
+    {"qwen3moe_odd", "qwen3moe", 192, 3, 3, 1, 64, 384, 6, 3, 96},
+    {"mixtral", "llama", 256, 2, 4, 2, 0, 128, 4, 2, 0},
+};
+
+// Records the smallest gap between a token's last chosen expert's selection score and the best
+// score left out, over every token and layer: the routing's margin.
+class RoutingMargin : public ActivationObserver {
+ public:
+  void Observe(int64_t, LinearInput, const float*, int64_t, int64_t) override {}
+  void ObserveRouting(int64_t, const float* scores, int64_t num_tokens, int64_t num_experts, const int32_t* chosen,
+                      int64_t num_used) override {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const float* s = scores + t * num_experts;
+      const int32_t* c = chosen + t * num_used;
+      float worst_in = s[c[0]], best_out = -1e30f;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        bool in = false;
+        for (int64_t j = 0; j < num_used; ++j) in = in || c[j] == e;
+        if (in) worst_in = std::min(worst_in, s[e]);
+        else best_out = std::max(best_out, s[e]);
+      }
+      if (num_used < num_experts) min_gap = std::min<double>(min_gap, worst_in - best_out);
+      ++routed;
+    }
+  }
+  double min_gap = 1e30;
+  int64_t routed = 0;
+};
+
+// Each mixture against llama.cpp on the same file, f32 throughout (f32 KV cache, no flash
+// attention): every logit within 2e-5 as for the dense architectures, the same greedy token at
+// every position. Routing ties are kept out by construction, not by tolerance: the observer
+// checks that every choice of every token and layer won by a margin (selection score gap) of at
+// least 1e-4, some 100x what the engines' different f32 summation orders move a router logit
+// (the products have 256 terms of ~0.06: ulps of 1e-7), so the two engines route alike. The
+// mutation: the same file with one expert fewer per token is far.
+TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
+  auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  for (const MoeShape& a : kMoeShapes) {
+    SCOPED_TRACE(a.name);
+    const GgufTensorInfo* t = (*ref)->FindTensor(a.name);
+    ASSERT_NE(t, nullptr) << "logits.gguf predates this shape: run scripts/make-ggml-reference.sh";
+    const std::vector<float> want = Floats(*t);
+    SynthShape s;
+    s.arch = a.arch;
+    s.dim = a.dim;
+    s.num_layers = a.num_layers;
+    s.num_heads = a.num_heads;
+    s.num_kv_heads = a.num_kv_heads;
+    s.head_dim = a.head_dim;
+    s.ffn_dim = a.ffn_dim;
+    s.vocab_size = 512;
+    s.context_length = 256;
+    s.num_experts = a.experts;
+    s.experts_used = a.used;
+    s.expert_ffn = a.expert_ffn;
+    auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
+    RoutingMargin margin;
+    const std::vector<float> got = GaleLogits(*file, tokens, &margin);
+    ASSERT_EQ(got.size(), want.size());
+    double max_diff = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(got[i] - want[i]));
+    const int64_t vocab = 512;
+    int same_greedy = 0;
+    for (size_t p = 0; p < tokens.size(); ++p) {
+      auto argmax = [&](const std::vector<float>& v) {
+        return std::max_element(v.begin() + p * vocab, v.begin() + (p + 1) * vocab) - (v.begin() + p * vocab);
+      };
+      same_greedy += argmax(got) == argmax(want);
+    }
+    SynthShape fewer = s;
+    fewer.experts_used = a.used - 1;
+    auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();
+    const double mutated = Rmse(GaleLogits(*fewer_file, tokens), want);
+    std::printf("%s (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu, routing margin %.2e over %lld "
+                "choices; one expert fewer: rmse %.3f\n",
+                a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(),
+                margin.min_gap, static_cast<long long>(margin.routed), mutated);
+    EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * a.num_layers);
+    EXPECT_GT(margin.min_gap, 1e-4);
+    EXPECT_LT(max_diff, 2e-5);
+    EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
+    EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
   }
 }
 

@@ -33,12 +33,14 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "phi3", "gemma3"}));
-  for (const std::string& arch : SupportedArchitectures()) {
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3"}));
+  std::vector<std::string> files = SupportedArchitectures();
+  files.push_back("mixtral");  // a llama with experts
+  for (const std::string& arch : files) {
     const auto b = Edited(arch);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_TRUE(m.ok()) << arch << ": " << m.status().ToString();
-    EXPECT_EQ((*m)->hparams().arch, arch);
+    EXPECT_EQ((*m)->hparams().arch, arch == "mixtral" ? "llama" : arch);
     EXPECT_TRUE((*m)->load_warnings().empty()) << arch << ": " << (*m)->load_warnings()[0];
   }
   const auto q3 = Edited("qwen3");
@@ -46,6 +48,51 @@ TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
   EXPECT_EQ(m->hparams().head_dim, 48);  // attention.key_length, not dim / heads = 32
   EXPECT_EQ(m->hparams().q_dim(), 192);
   EXPECT_EQ(m->hparams().rope_style, RopeStyle::kNeox);
+  const auto moe = Edited("qwen3moe");
+  m = LoadModel(**GgufFile::FromBytes(moe)).value();
+  EXPECT_EQ(m->hparams().moe.num_experts, 8);
+  EXPECT_EQ(m->hparams().moe.num_used, 2);
+  EXPECT_EQ(m->hparams().moe.expert_ffn, 64);
+  EXPECT_TRUE(m->hparams().moe.norm_weights);
+  const auto mixtral = Edited("mixtral");
+  m = LoadModel(**GgufFile::FromBytes(mixtral)).value();
+  EXPECT_EQ(m->hparams().moe.num_experts, 4);
+  EXPECT_EQ(m->hparams().moe.expert_ffn, m->hparams().ffn_dim);  // Mixtral: each expert is the FFN's width
+}
+
+// A mixture's keys are checked, and an architecture without experts refuses a file with some.
+TEST(RegistryTest, MixtureHyperparametersAreChecked) {
+  const std::vector<std::pair<std::pair<std::string, GgufValue>, std::string>> cases = {
+      {{"qwen3moe.expert_used_count", GgufValue::U32(9)}, "expert_used_count must be in [1, expert_count]"},
+      {{"qwen3moe.expert_used_count", GgufValue::U32(0)}, "expert_used_count must be in [1, expert_count]"},
+      {{"qwen3moe.expert_count", GgufValue::U32(100000)}, "expert_count out of range"},
+      {{"qwen3moe.expert_gating_func", GgufValue::U32(7)}, "expert_gating_func 7 is not supported"},
+      {{"qwen3moe.expert_group_count", GgufValue::U32(3)}, "expert groups must divide expert_count"},
+      {{"qwen3moe.expert_count", GgufValue::U32(6)}, "blk.0.ffn_gate_inp.weight: expected shape"},
+  };
+  for (const auto& [key, want] : cases) {
+    const auto b = Edited("qwen3moe", "", key);
+    auto m = LoadModel(**GgufFile::FromBytes(b));
+    ASSERT_FALSE(m.ok()) << key.first;
+    EXPECT_NE(m.status().message().find(want), std::string::npos) << m.status().message();
+  }
+  const auto dense_bytes = Edited("qwen3", "", {"qwen3.expert_count", GgufValue::U32(8)});
+  auto dense_file = GgufFile::FromBytes(dense_bytes).value();
+  GgufWriter w;
+  for (const auto& [k, v] : dense_file->metadata()) w.SetValue(k, v);
+  w.SetValue("qwen3.expert_used_count", GgufValue::U32(2));
+  for (const auto& t : dense_file->tensors()) {
+    ASSERT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+  }
+  const auto dense = w.WriteToBytes();
+  auto m = LoadModel(**GgufFile::FromBytes(dense));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("a mixture of experts in this architecture is not supported"), std::string::npos)
+      << m.status().message();
+  const auto no_experts = Edited("qwen3moe", "", {"qwen3moe.expert_count", GgufValue::U32(0)});
+  m = LoadModel(**GgufFile::FromBytes(no_experts));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("no qwen3moe.expert_count"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
@@ -53,14 +100,15 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, phi3, gemma3"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma3"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
   for (const auto& [arch, tensor] : std::vector<std::pair<std::string, std::string>>{
            {"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"}, {"qwen3", "blk.1.attn_k_norm.weight"},
            {"phi3", "blk.1.attn_qkv.weight"}, {"phi3", "rope_factors_short.weight"},
-           {"gemma3", "blk.3.post_ffw_norm.weight"}}) {
+           {"gemma3", "blk.3.post_ffw_norm.weight"}, {"qwen3moe", "blk.1.ffn_down_exps.weight"},
+           {"qwen3moe", "blk.0.ffn_gate_inp.weight"}, {"mixtral", "blk.1.ffn_up_exps.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

@@ -13,6 +13,7 @@ namespace gale {
 StatusOr<std::unique_ptr<Model>> LoadLlama(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadQwen2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadQwen3(const GgufFile& file, ModelHParams hp);
+StatusOr<std::unique_ptr<Model>> LoadQwen3Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp);
 

@@ -1,7 +1,9 @@
 // llama (GGUF "llama"): Llama 1-3.x, Mistral-style files, TinyLlama, llama2.c's models. Per layer
 // RMSNorm -> Q, K, V -> RoPE (normal mode; Llama 3.1-3.3's frequency divisors from
 // rope_freqs.weight) -> cache -> attention -> output projection -> residual, RMSNorm -> SwiGLU ->
-// residual; final norm and output layer.
+// residual; final norm and output layer. Mixtral-style files (llama.expert_count > 0) have a
+// mixture of experts in place of every FFN: softmax over the experts, the top k renormalized (as
+// llama.cpp's graph), each expert of feed_forward_length.
 #include <cmath>
 #include <cstring>
 
@@ -14,6 +16,7 @@ namespace {
 
 struct LlamaLayer : DenseMatrices {
   TensorView attn_norm, ffn_norm;
+  MoeWeights moe;  // Mixtral-style files
 };
 
 class LlamaModel final : public Model {
@@ -21,6 +24,15 @@ class LlamaModel final : public Model {
   static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
     std::unique_ptr<LlamaModel> m(new LlamaModel());
     m->hp_ = std::move(hp);
+    MoeHParams& moe = m->hp_.moe;
+    if (moe.enabled()) {
+      if (moe.expert_ffn == 0) moe.expert_ffn = m->hp_.ffn_dim;
+      moe.gating = ExpertGating::kSoftmax;
+      moe.norm_weights = true;
+      if (moe.num_shared > 0 || moe.num_groups > 0 || moe.leading_dense > 0) {
+        return Unimplemented("llama: shared experts, expert groups and dense leading layers are not supported in this architecture");
+      }
+    }
     const ModelHParams& h = m->hp_;
     TensorLoader tensors(file);
     RETURN_IF_ERROR(m->LoadCommon(file, tensors));
@@ -34,6 +46,10 @@ class LlamaModel final : public Model {
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      if (moe.enabled()) {
+        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+        continue;
+      }
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
@@ -53,7 +69,11 @@ class LlamaModel final : public Model {
                        LinearInput::kAttnIn, "matmul_qkv");
       f.Attention(l, &key_channels_);
       f.OutputProjection(l, w.wo);
-      f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+      if (hp_.moe.enabled()) {
+        f.MoeFfn(l, Floats(w.ffn_norm), w.moe);
+      } else {
+        f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+      }
     }
     f.OutputHead(output_norm_, output_);
     return Status::Ok();
@@ -61,7 +81,14 @@ class LlamaModel final : public Model {
 
   std::vector<MatrixWeight*> Matrices() override {
     std::vector<MatrixWeight*> all;
-    for (LlamaLayer& l : layers_) l.AppendTo(&all);
+    for (LlamaLayer& l : layers_) {
+      if (hp_.moe.enabled()) {
+        for (MatrixWeight* m : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(m);
+        l.moe.AppendTo(&all);
+      } else {
+        l.AppendTo(&all);
+      }
+    }
     all.push_back(&output_);
     return all;
   }

@@ -2,6 +2,9 @@
 // layer with RoPE in NEOX mode (the halves of each head rotate together); Qwen2 adds biases to
 // the Q, K and V products; Qwen3 has none but normalizes each head of Q and K (RMSNorm with a
 // [head_size] weight) before RoPE, and its head size is attention.key_length, not dim / heads.
+// Qwen3-MoE (GGUF "qwen3moe") is Qwen3's attention with a mixture of experts for every FFN:
+// softmax over the experts, the top k renormalized to sum to one (as llama.cpp's graph for it),
+// no shared experts; an expert's width is expert_feed_forward_length (else ffn / k).
 #include "model/arch/arch.h"
 #include "model/blocks.h"
 #include "model/weights.h"
@@ -9,12 +12,13 @@
 namespace gale {
 namespace {
 
-enum class Variant { kQwen2, kQwen3 };
+enum class Variant { kQwen2, kQwen3, kQwen3Moe };
 
 struct QwenLayer : DenseMatrices {
   TensorView attn_norm, ffn_norm;
   TensorView bq, bk, bv;              // qwen2: [q_dim], [kv_dim], [kv_dim]
   TensorView q_norm, k_norm;          // qwen3: [head_dim] each
+  MoeWeights moe;                     // qwen3moe
 };
 
 class QwenModel final : public Model {
@@ -24,6 +28,16 @@ class QwenModel final : public Model {
     m->hp_ = std::move(hp);
     m->hp_.rope_style = RopeStyle::kNeox;
     m->variant_ = variant;
+    if (variant == Variant::kQwen3Moe) {
+      MoeHParams& moe = m->hp_.moe;
+      if (!moe.enabled()) return InvalidArgument("qwen3moe: the file has no qwen3moe.expert_count");
+      if (moe.expert_ffn == 0) moe.expert_ffn = m->hp_.ffn_dim / moe.num_used;
+      moe.gating = ExpertGating::kSoftmax;
+      moe.norm_weights = true;
+      if (moe.num_shared > 0 || moe.num_groups > 0 || moe.leading_dense > 0) {
+        return Unimplemented("qwen3moe: shared experts, expert groups and dense leading layers are not part of this architecture");
+      }
+    }
     const ModelHParams& h = m->hp_;
     TensorLoader tensors(file);
     RETURN_IF_ERROR(m->LoadCommon(file, tensors));
@@ -45,6 +59,10 @@ class QwenModel final : public Model {
       }
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      if (variant == Variant::kQwen3Moe) {
+        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+        continue;
+      }
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
@@ -71,7 +89,11 @@ class QwenModel final : public Model {
       }
       f.Attention(l, &key_channels_);
       f.OutputProjection(l, w.wo);
-      f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+      if (variant_ == Variant::kQwen3Moe) {
+        f.MoeFfn(l, Floats(w.ffn_norm), w.moe);
+      } else {
+        f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+      }
     }
     f.OutputHead(output_norm_, output_);
     return Status::Ok();
@@ -79,7 +101,14 @@ class QwenModel final : public Model {
 
   std::vector<MatrixWeight*> Matrices() override {
     std::vector<MatrixWeight*> all;
-    for (QwenLayer& l : layers_) l.AppendTo(&all);
+    for (QwenLayer& l : layers_) {
+      if (variant_ == Variant::kQwen3Moe) {
+        for (MatrixWeight* m : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(m);
+        l.moe.AppendTo(&all);
+      } else {
+        l.AppendTo(&all);
+      }
+    }
     all.push_back(&output_);
     return all;
   }
@@ -98,5 +127,9 @@ StatusOr<std::unique_ptr<Model>> LoadQwen2(const GgufFile& file, ModelHParams hp
 StatusOr<std::unique_ptr<Model>> LoadQwen3(const GgufFile& file, ModelHParams hp) {
   return QwenModel::Load(file, std::move(hp), Variant::kQwen3);
 }
+StatusOr<std::unique_ptr<Model>> LoadQwen3Moe(const GgufFile& file, ModelHParams hp) {
+  return QwenModel::Load(file, std::move(hp), Variant::kQwen3Moe);
+}
 
 }  // namespace gale
+
