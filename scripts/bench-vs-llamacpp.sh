@@ -6,16 +6,18 @@
 # @node-llama-cpp/linux-x64 (scripts/fetch-llamacpp.sh), driven by tools/ggml_reference.cc as
 # llama-bench drives it. Models: gale's random-weight synth files (llama.cpp loads them as its
 # own), 110m by default; SHAPES="110m tinyllama-1.1b" adds the 1.1B model (2.2 GB F16, slow).
+# SEQS=16 adds aggregate decode of TG tokens for each of 16 sequences at once (test "tg128 x16").
 #
 #   scripts/bench-vs-llamacpp.sh [OUT.json]
 #   TYPES="q4_0 q8_0" REPS=5 PP=512 TG=128 THREADS=2 scripts/bench-vs-llamacpp.sh
+#   SHAPES=qwen3-30b-a3b TYPES="q4_0 q4_k" SEQS=16 scripts/bench-vs-llamacpp.sh  # the mixture
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-build/bench-vs-llamacpp.json}"
 build="${BUILD_DIR:-build}"
 types="${TYPES:-f16 bf16 q8_0 q4_0 q4_k iq4_xs}"
 shapes="${SHAPES:-110m}"
-reps="${REPS:-3}" pp="${PP:-512}" tg="${TG:-128}" threads="${THREADS:-2}"
+reps="${REPS:-3}" pp="${PP:-512}" tg="${TG:-128}" threads="${THREADS:-2}" seqs="${SEQS:-}"
 models="${MODELS_DIR:-$build/bench-models}"
 cmake --build "$build" -j"$(nproc)" --target gale ggml_reference > /dev/null
 lib="$(scripts/fetch-llamacpp.sh "$build/llamacpp")"
@@ -34,6 +36,15 @@ for shape in $shapes; do
 for e in json.load(sys.stdin):
     print(json.dumps({"shape": sys.argv[1], "type": sys.argv[2], "engine": "gale", "test": e["test"],
                       "threads": e["threads"], "tokens_per_second": [e["tokens_per_second"]]}))' "$shape" "$type" >> "$results"
+      for s in $seqs; do
+        LD_LIBRARY_PATH="$lib" "$build/ggml_reference" bench "$lib" "$m" 0 "$tg" 1 "$threads" "$s" 2> /dev/null |
+          sed "s/^{/{\"shape\": \"$shape\", \"type\": \"$type\", /; s/\"test\": \"tg$tg\"/\"test\": \"tg$tg x$s\"/" >> "$results"
+        "$build/gale" bench -m "$m" -p 0 -n "$tg" -r 1 -t "$threads" --batch "$s" -o json 2> /dev/null |
+          python3 -c 'import json, sys
+for e in json.load(sys.stdin):
+    print(json.dumps({"shape": sys.argv[1], "type": sys.argv[2], "engine": "gale", "test": e["test"] + " x" + sys.argv[3],
+                      "threads": e["threads"], "tokens_per_second": [e["tokens_per_second"]]}))' "$shape" "$type" "$s" >> "$results"
+      done
     done
   done
 done

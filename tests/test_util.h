@@ -49,6 +49,21 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.experts_used = 2;
     s.expert_ffn = 64;
   }
+  if (arch == "deepseek2") {  // latent attention, a dense first layer, then DeepSeek-V3's routing
+    s.num_layers = 3;
+    s.kv_lora_rank = 64;
+    s.q_lora_rank = 64;
+    s.nope_dim = 32;
+    s.rope_dim = 16;
+    s.v_head_dim = 32;
+    s.num_experts = 8;
+    s.experts_used = 2;
+    s.expert_ffn = 64;
+    s.leading_dense = 1;
+    s.shared_experts = 1;
+    s.expert_groups = 4;
+    s.groups_used = 2;
+  }
   if (arch == "mixtral") {  // llama with four experts of the FFN's width, two per token
     s.arch = "llama";
     s.num_experts = 4;

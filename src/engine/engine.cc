@@ -105,8 +105,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   if ((config.kv_type == kernels::KvType::kInt4 || config.v_type() == kernels::KvType::kInt4) && hp.head_dim % 2 != 0) {
     return InvalidArgument("int4 KV cache needs an even head size, the model's is {}", hp.head_dim);
   }
+  if (hp.kv_latent && config.v_type() != config.kv_type) {
+    return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
+  }
   const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, config.block_size,
-                                                         config.kv_type, config.v_type());
+                                                         config.kv_type, config.v_type(), hp.kv_latent);
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
     // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
@@ -146,7 +149,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       config_(config),
       num_blocks_(num_blocks),
       storage_(model.hparams().num_layers, model.hparams().num_kv_heads, model.hparams().head_dim, num_blocks,
-               config.block_size, config.kv_type, config.v_type()),
+               config.block_size, config.kv_type, config.v_type(), model.hparams().kv_latent),
       kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool),
@@ -174,14 +177,26 @@ uint64_t Engine::activation_bytes() const {
 }
 
 std::string Engine::Describe() const {
+  const ModelHParams& hp = model_.hparams();
+  std::string latent;
+  if (hp.kv_latent) {
+    // Bytes per token of the latent rows against the same model's multi-head cache (K of nope +
+    // rope and V of v_head per head) in the same type.
+    const double row = static_cast<double>(kernels::KvHeadBytes(config_.kv_type, hp.head_dim)) * hp.num_layers;
+    const double mha = static_cast<double>(hp.num_layers) * hp.num_heads *
+                       (kernels::KvHeadBytes(config_.kv_type, hp.mla.nope_dim + hp.rope_dims) +
+                        kernels::KvHeadBytes(config_.kv_type, hp.mla.v_head_dim));
+    latent = fmt::format(" (latent rows: {:.0f} bytes per token, 1/{:.0f} of the {:.0f} of multi-head attention)", row,
+                         mha / row, mha);
+  }
   return fmt::format(
-      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}{}{}; up to {} tokens per request, {} at once; "
+      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}{}{}{}; up to {} tokens per request, {} at once; "
       "prefix caching {}; speculative decoding {}{}{}",
       num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
       config_.v_type() == config_.kv_type
           ? std::string(kernels::KvTypeName(config_.kv_type))
           : fmt::format("K {} / V {}", kernels::KvTypeName(config_.kv_type), kernels::KvTypeName(config_.v_type())),
-      key_channels_active() ? " (keys per channel, calibrated)" : "",
+      key_channels_active() ? " (keys per channel, calibrated)" : "", latent,
       prefault_seconds_ >= 0 ? fmt::format(" (committed at start in {:.2f} s)", prefault_seconds_) : "",
       max_request_tokens_, config_.sched.max_batch_size,
       config_.enable_prefix_caching ? "on" : "off", SpecMethodName(config_.spec.method),

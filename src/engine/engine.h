@@ -129,7 +129,9 @@ class Engine {
   // One line on the KV cache: blocks, tokens, bytes, type.
   std::string Describe() const;
   // Whether the cache stores keys in the model's calibrated per-channel form.
-  bool key_channels_active() const { return storage_.key_channels() && !model_.key_channels().empty(); }
+  bool key_channels_active() const {
+    return storage_.key_channels() && !model_.key_channels().empty() && !model_.hparams().kv_latent;  // latent rows: none
+  }
   // One line on speculative decoding so far: guesses accepted, tokens per verifying step; "" when off.
   std::string DescribeSpec() const;
   // The step-cost fit speculation decides by (read only while the engine is idle).

@@ -52,12 +52,12 @@ void Populate(uint8_t* p, uint64_t bytes) {
 double KvStorage::Prefault() {
   const auto start = std::chrono::steady_clock::now();
   Populate(k_.get(), static_cast<uint64_t>(k_layer_bytes_) * num_layers_);
-  Populate(v_.get(), static_cast<uint64_t>(v_layer_bytes_) * num_layers_);
+  if (!v_is_k_) Populate(v_.get(), static_cast<uint64_t>(v_layer_bytes_) * num_layers_);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
-                     int64_t block_size, kernels::KvType k_type, kernels::KvType v_type)
+                     int64_t block_size, kernels::KvType k_type, kernels::KvType v_type, bool v_is_k)
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
@@ -65,25 +65,28 @@ KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
       block_size_(block_size),
       k_type_(k_type),
       v_type_(v_type),
-      key_channels_(KeyChannelsByDefault(k_type)) {
+      key_channels_(KeyChannelsByDefault(k_type)),
+      v_is_k_(v_is_k) {
+  CHECK(!v_is_k || k_type == v_type);
   CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
   CHECK((k_type != kernels::KvType::kInt4 && v_type != kernels::KvType::kInt4) || head_dim % 2 == 0);
   k_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(k_type, head_dim);
   v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type, head_dim);
   k_layer_bytes_ = num_blocks * block_size * k_row_bytes_;
-  v_layer_bytes_ = num_blocks * block_size * v_row_bytes_;
+  v_layer_bytes_ = v_is_k ? 0 : num_blocks * block_size * v_row_bytes_;
   k_ = AllocZeroed(static_cast<uint64_t>(k_layer_bytes_) * num_layers);
-  v_ = AllocZeroed(static_cast<uint64_t>(v_layer_bytes_) * num_layers);
+  if (!v_is_k) v_ = AllocZeroed(static_cast<uint64_t>(v_layer_bytes_) * num_layers);
 }
 
 uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                  kernels::KvType k_type, kernels::KvType v_type) {
+                                  kernels::KvType k_type, kernels::KvType v_type, bool v_is_k) {
   return static_cast<uint64_t>(num_layers * block_size * num_kv_heads) *
-         static_cast<uint64_t>(kernels::KvHeadBytes(k_type, head_dim) + kernels::KvHeadBytes(v_type, head_dim));
+         static_cast<uint64_t>(kernels::KvHeadBytes(k_type, head_dim) + (v_is_k ? 0 : kernels::KvHeadBytes(v_type, head_dim)));
 }
 
 kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
-  return {k_.get() + layer_idx * k_layer_bytes_, v_.get() + layer_idx * v_layer_bytes_, block_size_, k_type_, v_type_};
+  const uint8_t* k = k_.get() + layer_idx * k_layer_bytes_;
+  return {k, v_is_k_ ? k : v_.get() + layer_idx * v_layer_bytes_, block_size_, k_type_, v_type_};
 }
 
 void KvStorage::WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst) {
@@ -100,6 +103,7 @@ void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_blo
   DCHECK(offset_in_block >= 0 && offset_in_block < block_size_);
   const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
   WriteRow(k, num_kv_heads_, head_dim_, k_type_, k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_);
+  if (v_is_k_) return;
   WriteRow(v, num_kv_heads_, head_dim_, v_type_, v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_);
 }
 
@@ -110,15 +114,16 @@ void KvStorage::CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset
   const int64_t src = static_cast<int64_t>(src_block) * block_size_ + src_offset;
   const int64_t dst = static_cast<int64_t>(dst_block) * block_size_ + dst_offset;
   uint8_t* k = k_.get() + layer_idx * k_layer_bytes_;
-  uint8_t* v = v_.get() + layer_idx * v_layer_bytes_;
   std::memmove(k + dst * k_row_bytes_, k + src * k_row_bytes_, static_cast<size_t>(k_row_bytes_));
+  if (v_is_k_) return;
+  uint8_t* v = v_.get() + layer_idx * v_layer_bytes_;
   std::memmove(v + dst * v_row_bytes_, v + src * v_row_bytes_, static_cast<size_t>(v_row_bytes_));
 }
 
 void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const {
   const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
   const uint8_t* ks = k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_;
-  const uint8_t* vs = v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_;
+  const uint8_t* vs = v_is_k_ ? ks : v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_;
   const int64_t kseg = kernels::KvHeadBytes(k_type_, head_dim_), vseg = kernels::KvHeadBytes(v_type_, head_dim_);
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
     kernels::LoadKvHead(ks + h * kseg, head_dim_, k_type_, k + h * head_dim_);

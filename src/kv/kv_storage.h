@@ -15,15 +15,18 @@ namespace gale {
 class KvStorage {
  public:
   // Memory is reserved, not touched: pages are committed as blocks are first written.
+  // v_is_k: one row per position that is both K and V (latent attention: the compressed latent
+  // with its RoPE part; V's values are its first elements). No V storage; V reads K's rows, and
+  // v_type must be k_type.
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-            kernels::KvType k_type, kernels::KvType v_type);
+            kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false);
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
             kernels::KvType type)
       : KvStorage(num_layers, num_kv_heads, head_dim, num_blocks, block_size, type, type) {}
 
   // Bytes one block takes over all layers, K and V.
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                kernels::KvType k_type, kernels::KvType v_type);
+                                kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false);
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                                 kernels::KvType type) {
     return BytesPerBlock(num_layers, num_kv_heads, head_dim, block_size, type, type);
@@ -34,7 +37,8 @@ class KvStorage {
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
   // Bytes of one position's K and V rows together (all KV heads).
-  int64_t row_bytes() const { return k_row_bytes_ + v_row_bytes_; }
+  int64_t row_bytes() const { return k_row_bytes_ + (v_is_k_ ? 0 : v_row_bytes_); }
+  bool v_is_k() const { return v_is_k_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   kernels::KvType k_type() const { return k_type_; }
@@ -56,7 +60,8 @@ class KvStorage {
 
   // The layer as the attention kernel reads it.
   kernels::KvLayer Layer(int64_t layer_idx) const;
-  // Stores one position's K and V rows ([kv_dim] f32 each), converted to the storage type.
+  // Stores one position's K and V rows ([kv_dim] f32 each), converted to the storage type (v is
+  // ignored, and may be null, when V is K).
   void Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v);
   // Copies one position's K and V rows (as stored, scales included) to another slot of the layer
   // (KV retention's compaction).
@@ -70,10 +75,11 @@ class KvStorage {
   int64_t num_layers_, num_kv_heads_, head_dim_, num_blocks_, block_size_;
   kernels::KvType k_type_, v_type_;
   bool key_channels_;
+  bool v_is_k_ = false;
   int64_t k_row_bytes_, v_row_bytes_;      // num_kv_heads * KvHeadBytes(type, head_dim)
   int64_t k_layer_bytes_, v_layer_bytes_;  // num_blocks * block_size * row bytes
   std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};  // [num_layers, num_blocks, block_size, row_bytes]
-  std::unique_ptr<uint8_t, void (*)(void*)> v_{nullptr, nullptr};  // same
+  std::unique_ptr<uint8_t, void (*)(void*)> v_{nullptr, nullptr};  // same; null when V is K
 };
 
 }  // namespace gale

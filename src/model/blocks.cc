@@ -33,6 +33,14 @@ void ActivateRows(GateActivation act, float* gate, const float* up, int64_t rows
 
 }  // namespace
 
+void LatentAttentionWeights::AppendTo(std::vector<MatrixWeight*>* all) {
+  for (MatrixWeight* m : {&wq, &wq_a, &wq_b, &wkv_a, &wo}) {
+    if (!m->view.shape.empty()) all->push_back(m);
+  }
+  for (MatrixWeight& m : wk_b) all->push_back(&m);
+  for (MatrixWeight& m : wv_b) all->push_back(&m);
+}
+
 void MoeWeights::AppendTo(std::vector<MatrixWeight*>* all) {
   all->push_back(&router);
   for (ExpertMatrices& e : experts) {
@@ -129,7 +137,7 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
       for (int64_t g = 0; g < moe.num_groups; ++g) {
         if (!keep[g] && (at < 0 || group_score[g] > group_score[at])) at = g;
       }
-      keep[at] = 1;
+      if (at >= 0) keep[at] = 1;
     }
     for (int64_t e = 0; e < num; ++e) {
       if (!keep[e / per]) candidate[e] = kOut;
@@ -395,6 +403,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
   MatMul(w.router, ws_.xb.data(), n, ws_.moe_logits.data(), pool_);
   if (w.router_bias.data != nullptr) AddBias(ws_.moe_logits.data(), w.router_bias, num);
   const float* selection_bias = w.selection_bias.data != nullptr ? Floats(w.selection_bias) : nullptr;
+  span.Next("moe_route", n, 0, l);
   pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     if (scratch.size() < static_cast<size_t>(3 * num)) scratch.resize(3 * num);
@@ -418,6 +427,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     std::vector<int64_t> next(first.begin(), first.end() - 1);
     for (int64_t i = 0; i < rows; ++i) ws_.moe_row[i] = static_cast<int32_t>(next[ws_.moe_chosen[i]]++);
   }
+  span.Next("moe_gather", rows, 0, l);
   Grow(ws_.moe_x, rows * dim);
   Grow(ws_.moe_h, rows * ffn);
   Grow(ws_.moe_h2, rows * ffn);
@@ -496,6 +506,100 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     }
   }, /*min_items_per_thread=*/4);
   Residual(l, post_norm);
+}
+
+void ForwardPass::LatentAttention(int64_t l, const float* norm_w, const LatentAttentionWeights& w) {
+  const MlaHParams& mla = hp_.mla;
+  const int64_t n = n_, heads = hp_.num_heads, rope = hp_.rope_dims, nope = mla.nope_dim, kvr = mla.kv_lora_rank;
+  const int64_t qk = nope + rope, row = kvr + rope, vh = mla.v_head_dim;
+  CHECK(hp_.head_dim == row && hp_.num_kv_heads == 1);
+  Grow(ws_.mla_q, n * heads * qk);
+  Grow(ws_.mla_kv, n * row);
+  Grow(ws_.mla_in, heads * n * std::max(nope, kvr));
+  Grow(ws_.mla_out, heads * n * std::max(kvr, vh));
+  Grow(ws_.mla_v, n * heads * vh);
+  if (mla.q_lora_rank > 0) {
+    Grow(ws_.mla_qa, n * mla.q_lora_rank);
+    NormedProducts(l, norm_w, {{&w.wq_a, ws_.mla_qa.data()}, {&w.wkv_a, ws_.mla_kv.data()}}, LinearInput::kAttnIn,
+                   "matmul_q_a_kv_a");
+    ProfileSpan span("q_a_norm", "op", n, 0, l);
+    const float* qw = Floats(w.q_a_norm);
+    for (int64_t t = 0; t < n; ++t) {
+      float* x = ws_.mla_qa.data() + t * mla.q_lora_rank;
+      kernels::RmsNorm(x, qw, mla.q_lora_rank, hp_.rms_eps, x);
+    }
+    span.Next("matmul_q_b", n, WeightBytes(w.wq_b), l);
+    MatMul(w.wq_b, ws_.mla_qa.data(), n, ws_.mla_q.data(), pool_);
+  } else {
+    NormedProducts(l, norm_w, {{&w.wq, ws_.mla_q.data()}, {&w.wkv_a, ws_.mla_kv.data()}}, LinearInput::kAttnIn,
+                   "matmul_q_kv_a");
+  }
+  // The latent's norm and RoPE on q_pe and k_pe; one token per item.
+  ProfileSpan span("rope_kv_write", "op", n, 0, l);
+  auto rope_apply = hp_.rope_style == RopeStyle::kNeox ? kernels::RopeApplyNeox : kernels::RopeApply;
+  const float* kv_norm = Floats(w.kv_a_norm);
+  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* cos_sin = ws_.rope.data() + t * rope;
+      float* kv = ws_.mla_kv.data() + t * row;
+      kernels::RmsNorm(kv, kv_norm, kvr, hp_.rms_eps, kv);
+      rope_apply(kv + kvr, 1, static_cast<int>(rope), static_cast<int>(rope), cos_sin);
+      rope_apply(ws_.mla_q.data() + t * heads * qk + nope, static_cast<int>(heads), static_cast<int>(qk),
+                 static_cast<int>(rope), cos_sin);
+      const int64_t slot = ws_.kv_slots[t];
+      kv_.Write(l, ws_.tables[t][slot / kv_.block_size()], slot % kv_.block_size(), kv, nullptr);
+    }
+  }, /*min_items_per_thread=*/4);
+  // Absorption: head h's q_nope rows gathered (row h * n + t) and multiplied by wk_b(h).
+  span.Next("mla_absorb", n * heads, 0, l);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(ws_.mla_in.data() + (h * n + t) * nope, ws_.mla_q.data() + t * heads * qk + h * qk, nope * sizeof(float));
+    }
+  }
+  std::vector<kernels::GroupedProduct> products(heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    products[h] = {{&w.wk_b[h].view, w.wk_b[h].packed.get(), ws_.mla_out.data() + h * n * kvr}, h * n, n};
+  }
+  kernels::MatMulGrouped(products, ws_.mla_in.data(), heads * n, pool_);
+  // The queries: [absorbed, q_pe] per head, times the query scale.
+  const float qs = hp_.query_scale;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* q = ws_.q.data() + (t * heads + h) * row;
+      const float* a = ws_.mla_out.data() + (h * n + t) * kvr;
+      const float* pe = ws_.mla_q.data() + t * heads * qk + h * qk + nope;
+      for (int64_t i = 0; i < kvr; ++i) q[i] = a[i] * qs;
+      for (int64_t i = 0; i < rope; ++i) q[kvr + i] = pe[i] * qs;
+    }
+  }
+  span.Next("attention", n, kv_positions_ * kv_.row_bytes(), l);
+  kernels::Attention(ws_.q.data(), n, ws_.kv_slots.data(), ws_.tables.data(), kv_.Layer(l), static_cast<int>(heads), 1,
+                     static_cast<int>(row), ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, 0);
+  if (tracking_) {
+    span.Next("attention_track", n, 0, l);
+    AccumulateAttention(l);
+  }
+  // Each head's latent output (its first kv_lora_rank values) through wv_b(h).
+  span.Next("mla_values", n * heads, 0, l);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(ws_.mla_in.data() + (h * n + t) * kvr, ws_.xb.data() + (t * heads + h) * row, kvr * sizeof(float));
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    products[h] = {{&w.wv_b[h].view, w.wv_b[h].packed.get(), ws_.mla_out.data() + h * n * vh}, h * n, n};
+  }
+  kernels::MatMulGrouped(products, ws_.mla_in.data(), heads * n, pool_);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(ws_.mla_v.data() + (t * heads + h) * vh, ws_.mla_out.data() + (h * n + t) * vh, vh * sizeof(float));
+    }
+  }
+  if (batch_.observer) batch_.observer->Observe(l, LinearInput::kAttnOut, ws_.mla_v.data(), n, heads * vh);
+  span.Next("matmul_o", n, WeightBytes(w.wo), l);
+  MatMul(w.wo, ws_.mla_v.data(), n, ws_.xb2.data(), pool_);
+  Residual(l, nullptr);
 }
 
 // Final norm and lm_head only for the rows whose logits are wanted.

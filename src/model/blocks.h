@@ -78,6 +78,21 @@ Status LoadMoeWeights(class TensorLoader& tensors, const std::string& prefix, co
 void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bias, int32_t* chosen, float* weight,
                 float* scratch);
 
+// Latent attention's matrices (deepseek2's tensors, MLA format): the query projection (wq, or the
+// low-rank pair wq_a -> q_a_norm -> wq_b), the joint latent-and-RoPE projection wkv_a with the
+// latent's norm, per head the key up-projection wk_b ([kv_lora_rank] rows of nope_dim: queries
+// are absorbed through it into the latent space) and the value up-projection wv_b ([v_head_dim]
+// rows of kv_lora_rank), and the output projection.
+struct LatentAttentionWeights {
+  MatrixWeight wq, wq_a, wq_b;  // wq where the file has no q_lora_rank, else wq_a and wq_b
+  TensorView q_a_norm;
+  MatrixWeight wkv_a;
+  TensorView kv_a_norm;
+  std::vector<MatrixWeight> wk_b, wv_b;  // [num_heads] each
+  MatrixWeight wo;
+  void AppendTo(std::vector<MatrixWeight*>* all);
+};
+
 // The feed-forward's gate activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).
 enum class GateActivation : uint8_t { kSilu = 0, kGeluTanh = 1 };
 
@@ -105,6 +120,12 @@ class ForwardPass {
   // sliding window (hp.LayerWindow) and its own RoPE base where it has one apply; queries are
   // scaled by hp.query_scale.
   void Attention(int64_t layer, const KeyChannels* key_channels);
+  // Latent attention (hp.mla) of n = RmsNorm(ws.x) * norm_w, in the absorbed form for every
+  // token: each head's query = [wk_b(h) q_nope(h), RoPE(q_pe(h))] against the cache rows
+  // [RmsNorm(latent), RoPE(k_pe)] (one row per position, both K and V: multi-query attention over
+  // kv_lora_rank + rope_dims), scaled as hp.query_scale says; each head's output's latent part
+  // through wv_b(h), the heads through wo, added to ws.x.
+  void LatentAttention(int64_t layer, const float* norm_w, const LatentAttentionWeights& w);
   // ws.x += ws.xb * wo, or RmsNorm(ws.xb * wo) * post_norm where given (Gemma's post-attention
   // norm); the observer sees ws.xb as kAttnOut.
   void OutputProjection(int64_t layer, const MatrixWeight& wo, const TensorView* post_norm = nullptr);

@@ -52,7 +52,8 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
   const int64_t value_length = file.GetInt(p + "attention.value_length", key_length);
   if (key_length != 0) {
     if (key_length < 0 || key_length > 4096 || key_length % 2 != 0) return bad("attention.key_length must be even and at most 4096");
-    if (value_length != key_length) {
+    // deepseek2's latent rows have V's values as K's first elements: its file checks them.
+    if (value_length != key_length && hp.arch != "deepseek2") {
       return Unimplemented("attention.value_length {} differs from key_length {}: not supported yet", value_length, key_length);
     }
     hp.head_dim = key_length;

@@ -49,6 +49,19 @@ struct MoeHParams {
   bool dense_layer(int64_t layer) const { return !enabled() || layer < leading_dense; }
 };
 
+// Latent attention (DeepSeek's MLA, GGUF "deepseek2" as llama.cpp's converter writes it since it
+// stores the absorbed form): queries (through a low-rank q_lora_rank bottleneck where it is > 0)
+// of nope_dim + rope dims per head; one compressed latent of kv_lora_rank per position, which with
+// its RoPE part (rope_dims, shared by all heads) is the cache row, both K and V; v_head_dim
+// values per head come out of the latent through a per-head up-projection.
+struct MlaHParams {
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t nope_dim = 0;    // key_length_mla - rope_dims
+  int64_t v_head_dim = 0;  // value_length_mla
+  bool enabled() const { return kv_lora_rank > 0; }
+};
+
 struct ModelHParams {
   std::string arch;         // general.architecture
   int64_t dim = 0;          // embedding_length
@@ -78,6 +91,9 @@ struct ModelHParams {
   float query_scale = 1.0f;
   Pooling pooling = Pooling::kNone;  // an embedding model's (pooling_type); kNone for others
   MoeHParams moe;
+  MlaHParams mla;
+  // The cache's one row per position is both K and V (latent attention; set by the architecture).
+  bool kv_latent = false;
 
   int64_t LayerWindow(int64_t layer) const {
     if (sliding_window <= 0) return 0;

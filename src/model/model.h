@@ -132,6 +132,11 @@ struct Workspace {
   std::vector<int32_t> moe_chosen, moe_row;
   std::vector<float> moe_weight;
   std::vector<float> moe_x, moe_h, moe_h2, moe_y;
+  // Latent attention: the query products [num_tokens, heads * (nope + rope)], the low-rank query
+  // [num_tokens, q_lora_rank], the latent-and-RoPE rows [num_tokens, kv_lora_rank + rope], rows
+  // gathered per head [heads * num_tokens, max(nope, kv_lora_rank)] and their products
+  // [heads * num_tokens, max(kv_lora_rank, v_head)], the heads' values [num_tokens, heads * v_head].
+  std::vector<float> mla_q, mla_qa, mla_kv, mla_in, mla_out, mla_v;
   // Tokens routed to each expert over the steps since the counters were last read (gale bench
   // --profile's load balance), [num_layers * num_experts]; empty unless a caller sized it.
   std::vector<int64_t> expert_tokens;

@@ -22,6 +22,7 @@ constexpr Architecture kArchitectures[] = {
     {"qwen3moe", LoadQwen3Moe, /*experts=*/true},
     {"phi3", LoadPhi3},
     {"gemma3", LoadGemma3},
+    {"deepseek2", LoadDeepseek2, /*experts=*/true},
 };
 
 }  // namespace

@@ -89,21 +89,30 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
-      s.arch != "gemma3") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3)", s.arch);
+      s.arch != "gemma3" && s.arch != "deepseek2") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2)", s.arch);
+  }
+  const bool mla = s.arch == "deepseek2";
+  if (mla && (s.kv_lora_rank <= 0 || s.rope_dim <= 0 || s.rope_dim % 2 != 0 || s.nope_dim < 0 || s.v_head_dim <= 0 ||
+              s.q_lora_rank < 0 || s.leading_dense < 0 || s.leading_dense > s.num_layers || s.shared_experts < 0)) {
+    return InvalidArgument("synth: deepseek2 needs --kv-lora-rank, an even --rope-dim, --v-head-dim (and --nope-dim, --q-lora-rank)");
   }
   const bool moe = s.num_experts > 0;
   const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
   if (s.arch == "qwen3moe" && !moe) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
-  if (moe && (s.arch != "llama" && s.arch != "qwen3moe")) {
-    return InvalidArgument("synth: experts are written for llama (Mixtral-style) and qwen3moe only");
+  if (mla && !moe) return InvalidArgument("synth: deepseek2 needs experts (--experts, --experts-used)");
+  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla)) {
+    return InvalidArgument("synth: experts are written for llama (Mixtral-style), qwen3moe and deepseek2 only");
+  }
+  if (s.expert_groups > 1 && (s.num_experts % s.expert_groups != 0 || s.groups_used <= 0 || s.groups_used > s.expert_groups)) {
+    return InvalidArgument("synth: {} expert groups (using {}) must divide {} experts", s.expert_groups, s.groups_used, s.num_experts);
   }
   if (moe && (s.experts_used <= 0 || s.experts_used > s.num_experts || s.num_experts > 4096)) {
     return InvalidArgument("synth: {} experts with {} used per token", s.num_experts, s.experts_used);
   }
   if (s.dim <= 0 || s.num_heads <= 0 || (s.head_dim == 0 && s.dim % s.num_heads != 0) || s.num_kv_heads <= 0 ||
       s.head_dim < 0 || s.head_dim % 2 != 0 ||
-      s.num_heads % s.num_kv_heads != 0 || s.num_layers <= 0 || s.ffn_dim <= 0 || s.vocab_size < 260) {
+      (s.num_heads % s.num_kv_heads != 0 && s.arch != "deepseek2") || s.num_layers <= 0 || s.ffn_dim <= 0 || s.vocab_size < 260) {
     return InvalidArgument("synth: inconsistent shape (dim {}, heads {}, kv heads {}, layers {}, ffn {}, vocab {} >= 260)",
                            s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
   }
@@ -115,7 +124,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return InvalidArgument("synth: dim {} and ffn {} must be multiples of the {} block size {}", s.dim, s.ffn_dim,
                            TypeTraits(type).name, block);
   }
-  const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.dim / s.num_heads;
+  const int64_t head_dim = mla ? s.kv_lora_rank + s.rope_dim : s.head_dim > 0 ? s.head_dim : s.dim / s.num_heads;
   const int64_t q_dim = head_dim * s.num_heads;
   const int64_t kv_dim = head_dim * s.num_kv_heads;
   const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3moe";
@@ -124,7 +133,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
                            TypeTraits(type).name, block);
   }
   const bool gemma = s.arch == "gemma3";
-  if (q_dim % block != 0) {
+  if (q_dim % block != 0 && !mla) {
     return InvalidArgument("synth: heads x head size {} must be a multiple of the {} block size {}", q_dim,
                            TypeTraits(type).name, block);
   }
@@ -137,13 +146,29 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   w.SetU32(p + "embedding_length", static_cast<uint32_t>(s.dim));
   w.SetU32(p + "feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
   w.SetU32(p + "attention.head_count", static_cast<uint32_t>(s.num_heads));
-  w.SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(s.num_kv_heads));
+  w.SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(mla ? 1 : s.num_kv_heads));
   w.SetU32(p + "block_count", static_cast<uint32_t>(s.num_layers));
-  if (s.head_dim > 0) {
+  if (mla) {  // llama.cpp's MLA format: the cache row is the key, its latent part the value
+    w.SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.SetU32(p + "attention.value_length", static_cast<uint32_t>(s.kv_lora_rank));
+    w.SetU32(p + "attention.key_length_mla", static_cast<uint32_t>(s.nope_dim + s.rope_dim));
+    w.SetU32(p + "attention.value_length_mla", static_cast<uint32_t>(s.v_head_dim));
+    w.SetU32(p + "attention.kv_lora_rank", static_cast<uint32_t>(s.kv_lora_rank));
+    if (s.q_lora_rank > 0) w.SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
+    w.SetU32(p + "leading_dense_block_count", static_cast<uint32_t>(s.leading_dense));
+    w.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
+    w.SetF32(p + "expert_weights_scale", 2.5f);
+    w.SetBool(p + "expert_weights_norm", true);
+    w.SetU32(p + "expert_gating_func", 2);  // sigmoid
+    if (s.expert_groups > 1) {
+      w.SetU32(p + "expert_group_count", static_cast<uint32_t>(s.expert_groups));
+      w.SetU32(p + "expert_group_used_count", static_cast<uint32_t>(s.groups_used));
+    }
+  } else if (s.head_dim > 0) {
     w.SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w.SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
-  w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(mla ? s.rope_dim : head_dim));
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen || gemma ? 1000000.0f : 10000.0f);
@@ -153,7 +178,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
     w.SetU32(p + "expert_used_count", static_cast<uint32_t>(s.experts_used));
-    if (s.arch == "qwen3moe") w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+    if (s.arch == "qwen3moe" || mla) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
   }
   if (s.yarn_factor > 0.0) {
     if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
@@ -226,6 +251,40 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     RETURN_IF_ERROR(ones(b + "attn_norm.weight", s.dim));
+    if (mla) {
+      const int64_t qk = s.nope_dim + s.rope_dim;
+      if (s.q_lora_rank > 0) {
+        RETURN_IF_ERROR(matrix(b + "attn_q_a.weight", s.dim, s.q_lora_rank, type));
+        RETURN_IF_ERROR(vector(b + "attn_q_a_norm.weight", s.q_lora_rank, 1.0f, 0.5f));
+        RETURN_IF_ERROR(matrix(b + "attn_q_b.weight", s.q_lora_rank, s.num_heads * qk, type));
+      } else {
+        RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, s.num_heads * qk, type));
+      }
+      RETURN_IF_ERROR(matrix(b + "attn_kv_a_mqa.weight", s.dim, head_dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_kv_a_norm.weight", s.kv_lora_rank, 1.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_k_b.weight", s.nope_dim, s.kv_lora_rank, type, s.num_heads));
+      RETURN_IF_ERROR(matrix(b + "attn_v_b.weight", s.kv_lora_rank, s.v_head_dim, type, s.num_heads));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", s.num_heads * s.v_head_dim, s.dim, type));
+      RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
+      if (l < s.leading_dense) {
+        RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
+        RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
+        RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
+        continue;
+      }
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+      RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+      if (s.shared_experts > 0) {
+        const int64_t shared = expert_ffn * s.shared_experts;
+        RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
+        RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, shared, type));
+        RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", shared, s.dim, type));
+      }
+      continue;
+    }
     if (s.arch == "phi3") {  // fused: Q, K, V rows in one matrix
       RETURN_IF_ERROR(matrix(b + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, type));
     } else {

@@ -1,4 +1,4 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -40,6 +40,13 @@ struct SynthShape {
   int64_t num_experts = 0;
   int64_t experts_used = 0;
   int64_t expert_ffn = 0;
+  // deepseek2 (latent attention, always with experts): the latent's rank (required), the query's
+  // low rank (0: one wq), per head the query/key dims without RoPE, the RoPE dims (shared key part)
+  // and the value dims; dense leading layers (of ffn_dim), shared experts (of expert_ffn each),
+  // and DeepSeek-V3's routing: sigmoid scores, an exp_probs_b selection bias, expert groups
+  // (0: none), weights renormalized and scaled by 2.5.
+  int64_t kv_lora_rank = 0, q_lora_rank = 0, nope_dim = 0, rope_dim = 0, v_head_dim = 0;
+  int64_t leading_dense = 0, shared_experts = 0, expert_groups = 0, groups_used = 0;
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",

@@ -47,7 +47,12 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   if (!model.ok()) return model.status().WithContext(m.path);
   m.model = std::move(model).value();
   for (const std::string& w : m.model->load_warnings()) std::fprintf(stderr, "warning: %s: %s\n", m.path.c_str(), w.c_str());
-  m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get());
+  if (load.Pack(m.path)) {
+    m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get());
+  } else if (!load.no_pack) {
+    std::fprintf(stderr, "note: %s is larger than 80%% of the available memory: weights run from the mapped file, unpacked\n",
+                 m.path.c_str());
+  }
   auto tok = Tokenizer::FromGguf(*m.file);
   if (!tok.ok()) return tok.status().WithContext(m.path);
   m.tok = std::move(tok).value();
@@ -79,22 +84,36 @@ void LoadOptions::Register(CLI::App& app) {
   auto* m = app.add_flag("--mmap", force_mmap, "map the model file (no copy; slower streaming of float weights)");
   auto* c = app.add_flag("--no-mmap", force_copy, "read the model into huge-page memory");
   m->excludes(c);
+  app.add_flag("--no-pack", no_pack,
+               "run weights in the file's layout (no packed copy; the default for files larger than 80% of free memory)");
 }
 
-bool LoadOptions::CopyToMemory(const std::string& path) const {
-  if (force_mmap) return false;
-  if (force_copy) return true;
+namespace {
+
+// The file's size over MemAvailable, or 0 when either is unknown.
+double ShareOfAvailableMemory(const std::string& path) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return false;
+  if (stat(path.c_str(), &st) != 0) return 0.0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   long long kb = 0;
   while (meminfo >> key >> kb) {
-    if (key == "MemAvailable:") return static_cast<double>(st.st_size) < 0.4 * static_cast<double>(kb) * 1024.0;
+    if (key == "MemAvailable:") return kb > 0 ? static_cast<double>(st.st_size) / (static_cast<double>(kb) * 1024.0) : 0.0;
     meminfo.ignore(256, '\n');
   }
-  return false;
+  return 0.0;
 }
+
+}  // namespace
+
+bool LoadOptions::CopyToMemory(const std::string& path) const {
+  if (force_mmap) return false;
+  if (force_copy) return true;
+  const double share = ShareOfAvailableMemory(path);
+  return share > 0.0 && share < 0.4;
+}
+
+bool LoadOptions::Pack(const std::string& path) const { return !no_pack && ShareOfAvailableMemory(path) <= 0.8; }
 
 void EngineOptions::Register(CLI::App& app) {
   SchedulerConfig& s = config.sched;

@@ -142,7 +142,7 @@ CommandFn RegisterBench(CLI::App& app) {
     if (!file.ok()) return fail(file.status().ToString());
     auto model = LoadModel(**file);
     if (!model.ok()) return fail(model.status().ToString());
-    (*model)->PackWeights(file->get());
+    if (o->load.Pack(o->model)) (*model)->PackWeights(file->get());
     const ModelHParams& hp = (*model)->hparams();
     ThreadPool pool(o->threads);
     Roofline roof = MeasureRoofline(pool);

@@ -21,8 +21,14 @@ struct LoadOptions {
   // Keep the file's copy of matrices that were packed for the kernels resident (commands that
   // read the file's tensors again, e.g. quantize); otherwise it is given back to the OS.
   bool keep_packed_sources = false;
+  // --no-pack: run every matrix from the file's layout. Also the default when the file is larger
+  // than 80% of MemAvailable: packing copies each matrix into anonymous memory (giving the file's
+  // pages back as it goes), which would not fit; mapped and unpacked, the page cache keeps what
+  // was read most recently (a mixture's hot experts) and reads the rest back from disk.
+  bool no_pack = false;
   void Register(CLI::App& app);
   bool CopyToMemory(const std::string& path) const;
+  bool Pack(const std::string& path) const;
 };
 CommandFn RegisterConvert(CLI::App& app);
 CommandFn RegisterSynth(CLI::App& app);

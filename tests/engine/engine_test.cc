@@ -178,7 +178,8 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   const auto& hp = m.model->hparams();
   // 40 blocks = 160 tokens: the longest request (61 + 40) fits alone, 32 at once cannot.
   cfg.kv_cache_memory_bytes =
-      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, type, v_type.value_or(type));
+      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, type, v_type.value_or(type),
+                                    hp.kv_latent);
   cfg.kv_type = type;
   cfg.v_kv_type = v_type;
   cfg.enable_prefix_caching = shared_prefixes;
@@ -241,10 +242,11 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // The exactness workload on each architecture (llama's is above): concurrent = alone, with
 // chunked prefill, preemption and the prefix cache; every block free afterwards. gemma3's windows
 // (8 positions) bind in every request: a cached prefix and a recomputation after preemption give
-// the same windows as a fresh run. The mixtures (qwen3moe, Mixtral-style llama): a token's experts'
-// products do not depend on which other tokens of the step share its experts.
+// the same windows as a fresh run. The mixtures (qwen3moe, Mixtral-style llama, deepseek2): a
+// token's experts' products do not depend on which other tokens of the step share its experts;
+// deepseek2's latent rows page, cache and recompute like K and V.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
-  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "mixtral"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "mixtral", "deepseek2"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);

@@ -352,28 +352,49 @@ constexpr MoeShape kMoeShapes[] = {
 };
 
 // Records the smallest gap between a token's last chosen expert's selection score and the best
-// score left out, over every token and layer: the routing's margin.
+// score left out, over every token and layer: the routing's margin. With expert groups (groups
+// used of groups), also the gap between the last group kept and the best left out (a group's
+// score: its two best experts' sum), and the experts' gap counts only the kept groups' experts.
 class RoutingMargin : public ActivationObserver {
  public:
+  RoutingMargin(int64_t groups = 0, int64_t groups_used = 0) : groups_(groups), groups_used_(groups_used) {}
   void Observe(int64_t, LinearInput, const float*, int64_t, int64_t) override {}
   void ObserveRouting(int64_t, const float* scores, int64_t num_tokens, int64_t num_experts, const int32_t* chosen,
                       int64_t num_used) override {
     for (int64_t t = 0; t < num_tokens; ++t) {
       const float* s = scores + t * num_experts;
       const int32_t* c = chosen + t * num_used;
+      std::vector<uint8_t> allowed(num_experts, 1);
+      if (groups_ > 1) {
+        const int64_t per = num_experts / groups_;
+        std::vector<std::pair<float, int64_t>> g;
+        for (int64_t i = 0; i < groups_; ++i) {
+          std::vector<float> v(s + i * per, s + (i + 1) * per);
+          std::sort(v.rbegin(), v.rend());
+          g.push_back({v[0] + (per > 1 ? v[1] : 0.0f), i});
+        }
+        std::sort(g.rbegin(), g.rend());
+        min_gap = std::min<double>(min_gap, g[groups_used_ - 1].first - g[groups_used_].first);
+        for (int64_t i = groups_used_; i < groups_; ++i) {
+          for (int64_t e = g[i].second * per; e < (g[i].second + 1) * per; ++e) allowed[e] = 0;
+        }
+      }
       float worst_in = s[c[0]], best_out = -1e30f;
       for (int64_t e = 0; e < num_experts; ++e) {
         bool in = false;
         for (int64_t j = 0; j < num_used; ++j) in = in || c[j] == e;
         if (in) worst_in = std::min(worst_in, s[e]);
-        else best_out = std::max(best_out, s[e]);
+        else if (allowed[e]) best_out = std::max(best_out, s[e]);
       }
-      if (num_used < num_experts) min_gap = std::min<double>(min_gap, worst_in - best_out);
+      if (best_out > -1e30f) min_gap = std::min<double>(min_gap, worst_in - best_out);
       ++routed;
     }
   }
   double min_gap = 1e30;
   int64_t routed = 0;
+
+ private:
+  int64_t groups_, groups_used_;
 };
 
 // Each mixture against llama.cpp on the same file, f32 throughout (f32 KV cache, no flash
@@ -429,6 +450,97 @@ TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
                 a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(),
                 margin.min_gap, static_cast<long long>(margin.routed), mutated);
     EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * a.num_layers);
+    EXPECT_GT(margin.min_gap, 1e-4);
+    EXPECT_LT(max_diff, 2e-5);
+    EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
+    EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
+  }
+}
+
+// Latent attention files as scripts/make-ggml-reference.sh writes them (deepseek2, MLA format,
+// DeepSeek-V3's routing: sigmoid, selection bias, groups, a shared expert, a dense first layer).
+struct MlaShape {
+  const char* name;
+  int64_t dim, num_layers, num_heads, kv_lora, q_lora, nope, rope, v_head, ffn, experts, used, expert_ffn, dense,
+      shared, groups, groups_used;
+};
+constexpr MlaShape kMlaShapes[] = {
+    {"deepseek2", 256, 3, 4, 128, 96, 32, 32, 48, 512, 8, 2, 64, 1, 1, 4, 2},
+    {"deepseek2_lite", 128, 26, 2, 64, 0, 32, 16, 32, 256, 4, 2, 32, 1, 1, 0, 0},
+};
+
+SynthShape ShapeOf(const MlaShape& a) {
+  SynthShape s;
+  s.arch = "deepseek2";
+  s.dim = a.dim;
+  s.num_layers = a.num_layers;
+  s.num_heads = a.num_heads;
+  s.num_kv_heads = 1;
+  s.kv_lora_rank = a.kv_lora;
+  s.q_lora_rank = a.q_lora;
+  s.nope_dim = a.nope;
+  s.rope_dim = a.rope;
+  s.v_head_dim = a.v_head;
+  s.ffn_dim = a.ffn;
+  s.num_experts = a.experts;
+  s.experts_used = a.used;
+  s.expert_ffn = a.expert_ffn;
+  s.leading_dense = a.dense;
+  s.shared_experts = a.shared;
+  s.expert_groups = a.groups;
+  s.groups_used = a.groups_used;
+  s.vocab_size = 512;
+  s.context_length = 256;
+  return s;
+}
+
+// Latent attention against llama.cpp (f32 cache, no flash attention), as the mixtures above: the
+// absorbed form, one cache row per position (kv_lora_rank + rope) read as both K and V, with the
+// routing margins checked; the cache's bytes per token are the latent rows', printed beside the
+// same model's multi-head cache (K of nope + rope and V of v_head per head). The mutation: one
+// expert fewer per token is far.
+TEST_P(LlamaCppModelTest, LatentAttentionGivesLlamaCppLogits) {
+  auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  for (const MlaShape& a : kMlaShapes) {
+    SCOPED_TRACE(a.name);
+    const GgufTensorInfo* t = (*ref)->FindTensor(a.name);
+    ASSERT_NE(t, nullptr) << "logits.gguf predates this shape: run scripts/make-ggml-reference.sh";
+    const std::vector<float> want = Floats(*t);
+    auto file = GgufFile::FromBytes(SynthesizeModel(ShapeOf(a), GgmlType::kF32, 7)->WriteToBytes()).value();
+    {
+      auto m = LoadModel(*file).value();
+      KvCache kv(m->hparams(), 16);
+      const double mha = static_cast<double>(a.num_heads) * (a.nope + a.rope + a.v_head) * 4.0 * a.num_layers;
+      const double latent = static_cast<double>(kv.num_bytes()) / 16.0;
+      std::printf("%s: f32 KV bytes per token %.0f (latent rows of %lld), %.0f as multi-head attention (1/%.1f)\n",
+                  a.name, latent, static_cast<long long>(a.kv_lora + a.rope), mha, mha / latent);
+      EXPECT_EQ(kv.num_bytes(), static_cast<uint64_t>(16 * a.num_layers * (a.kv_lora + a.rope) * 4));
+    }
+    RoutingMargin margin(a.groups, a.groups_used);
+    const std::vector<float> got = GaleLogits(*file, tokens, &margin);
+    ASSERT_EQ(got.size(), want.size());
+    double max_diff = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(got[i] - want[i]));
+    const int64_t vocab = 512;
+    int same_greedy = 0;
+    for (size_t p = 0; p < tokens.size(); ++p) {
+      auto argmax = [&](const std::vector<float>& v) {
+        return std::max_element(v.begin() + p * vocab, v.begin() + (p + 1) * vocab) - (v.begin() + p * vocab);
+      };
+      same_greedy += argmax(got) == argmax(want);
+    }
+    SynthShape fewer = ShapeOf(a);
+    fewer.experts_used = a.used - 1;
+    auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();
+    const double mutated = Rmse(GaleLogits(*fewer_file, tokens), want);
+    std::printf("%s (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu, routing margin %.2e over %lld "
+                "choices; one expert fewer: rmse %.3f\n",
+                a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(),
+                margin.min_gap, static_cast<long long>(margin.routed), mutated);
+    EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * (a.num_layers - a.dense));
     EXPECT_GT(margin.min_gap, 1e-4);
     EXPECT_LT(max_diff, 2e-5);
     EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));

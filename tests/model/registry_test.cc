@@ -33,7 +33,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "deepseek2"}));
   std::vector<std::string> files = SupportedArchitectures();
   files.push_back("mixtral");  // a llama with experts
   for (const std::string& arch : files) {
@@ -100,7 +100,7 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma3"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
@@ -108,7 +108,9 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
            {"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"}, {"qwen3", "blk.1.attn_k_norm.weight"},
            {"phi3", "blk.1.attn_qkv.weight"}, {"phi3", "rope_factors_short.weight"},
            {"gemma3", "blk.3.post_ffw_norm.weight"}, {"qwen3moe", "blk.1.ffn_down_exps.weight"},
-           {"qwen3moe", "blk.0.ffn_gate_inp.weight"}, {"mixtral", "blk.1.ffn_up_exps.weight"}}) {
+           {"qwen3moe", "blk.0.ffn_gate_inp.weight"}, {"mixtral", "blk.1.ffn_up_exps.weight"},
+           {"deepseek2", "blk.1.attn_k_b.weight"}, {"deepseek2", "blk.2.attn_kv_a_norm.weight"},
+           {"deepseek2", "blk.0.ffn_down.weight"}, {"deepseek2", "blk.2.ffn_up_shexp.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

@@ -1,0 +1,153 @@
+// DeepSeek-V2/V3/R1, Kimi-K2 and other files of GGUF architecture "deepseek2", in the MLA format
+// llama.cpp's converter writes (attention.key_length_mla / value_length_mla, per-head attn_k_b and
+// attn_v_b): latent attention (ForwardPass::LatentAttention; the cache holds one row of
+// kv_lora_rank + rope dims per position and layer, both K and V), RoPE in normal mode on the
+// rope part, leading dense layers, then a mixture of experts with shared experts in every other
+// layer; the routing is the file's (softmax for V2, sigmoid with the exp_probs_b selection bias,
+// expert groups, renormalized and scaled weights for V3).
+#include <cmath>
+
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+struct DeepseekLayer {
+  TensorView attn_norm, ffn_norm;
+  LatentAttentionWeights attn;
+  MatrixWeight w_gate, w_up, w_down;  // the leading dense layers
+  MoeWeights moe;                     // the others
+};
+
+class Deepseek2Model final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+    std::unique_ptr<Deepseek2Model> m(new Deepseek2Model());
+    m->hp_ = std::move(hp);
+    ModelHParams& h = m->hp_;
+    const std::string p = h.arch + ".";
+    MlaHParams& mla = h.mla;
+    const int64_t key_mla = file.GetInt(p + "attention.key_length_mla", 0);
+    mla.v_head_dim = file.GetInt(p + "attention.value_length_mla", 0);
+    mla.kv_lora_rank = file.GetInt(p + "attention.kv_lora_rank", 0);
+    mla.q_lora_rank = file.GetInt(p + "attention.q_lora_rank", 0);
+    if (key_mla == 0 || file.FindTensor("blk.0.attn_kv_b.weight") != nullptr) {
+      return Unimplemented("deepseek2: this file predates llama.cpp's MLA format (attn_kv_b, no attention.key_length_mla): "
+                           "convert it again with a current converter");
+    }
+    mla.nope_dim = key_mla - h.rope_dims;
+    const int64_t value_length = file.GetInt(p + "attention.value_length", h.head_dim);
+    if (mla.kv_lora_rank <= 0 || mla.kv_lora_rank > 65536 || mla.nope_dim < 0 || mla.v_head_dim <= 0 ||
+        mla.v_head_dim > 4096 || mla.q_lora_rank < 0 || mla.q_lora_rank > 65536 || h.num_kv_heads != 1 ||
+        h.head_dim != mla.kv_lora_rank + h.rope_dims || value_length != mla.kv_lora_rank) {
+      return InvalidArgument("deepseek2: inconsistent latent attention (kv_lora_rank {}, q_lora_rank {}, key_length {} "
+                             "= kv_lora_rank + rope {}?, value_length {} = kv_lora_rank?, key_length_mla {}, "
+                             "value_length_mla {}, head_count_kv {} = 1?)",
+                             mla.kv_lora_rank, mla.q_lora_rank, h.head_dim, h.rope_dims, value_length, key_mla,
+                             mla.v_head_dim, h.num_kv_heads);
+    }
+    if (h.yarn_ext_factor != 0.0f || h.rope_freq_scale != 1.0f) {
+      return Unimplemented("deepseek2: RoPE scaling (YaRN with DeepSeek's attention-scale correction) is not supported yet");
+    }
+    h.rope_style = RopeStyle::kNormal;
+    h.kv_latent = true;
+    // The kernel scales by 1 / sqrt(head_dim) = 1 / sqrt(kv_lora_rank + rope); the model's scale
+    // is 1 / sqrt(nope + rope).
+    h.query_scale = static_cast<float>(std::sqrt(static_cast<double>(h.head_dim) / static_cast<double>(key_mla)));
+    MoeHParams& moe = h.moe;
+    if (!moe.enabled()) return InvalidArgument("deepseek2: the file has no deepseek2.expert_count");
+    if (moe.expert_ffn == 0) return InvalidArgument("deepseek2: the file has no expert_feed_forward_length");
+    if (moe.num_shared > 0 && moe.shared_ffn == 0) moe.shared_ffn = moe.expert_ffn * moe.num_shared;
+
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    const int64_t heads = h.num_heads, qk = key_mla;
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      DeepseekLayer& w = m->layers_[l];
+      LatentAttentionWeights& a = w.attn;
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      if (mla.q_lora_rank > 0) {
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_a.weight", h.dim, mla.q_lora_rank, &a.wq_a));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_q_a_norm.weight", mla.q_lora_rank, &a.q_a_norm));
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_b.weight", mla.q_lora_rank, heads * qk, &a.wq_b));
+      } else {
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, heads * qk, &a.wq));
+      }
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_kv_a_mqa.weight", h.dim, h.head_dim, &a.wkv_a));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_kv_a_norm.weight", mla.kv_lora_rank, &a.kv_a_norm));
+      RETURN_IF_ERROR(SplitHeads(tensors, b + "attn_k_b.weight", mla.nope_dim, mla.kv_lora_rank, heads, &a.wk_b));
+      RETURN_IF_ERROR(SplitHeads(tensors, b + "attn_v_b.weight", mla.kv_lora_rank, mla.v_head_dim, heads, &a.wv_b));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", heads * mla.v_head_dim, h.dim, &a.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      if (moe.dense_layer(l)) {
+        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
+        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
+        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
+      } else {
+        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+      }
+    }
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
+    f.Embed(token_embd_);
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const DeepseekLayer& w = layers_[l];
+      f.LatentAttention(l, Floats(w.attn_norm), w.attn);
+      if (hp_.moe.dense_layer(l)) {
+        f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
+      } else {
+        f.MoeFfn(l, Floats(w.ffn_norm), w.moe);
+      }
+    }
+    f.OutputHead(output_norm_, output_);
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> Matrices() override {
+    std::vector<MatrixWeight*> all;
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      DeepseekLayer& w = layers_[l];
+      w.attn.AppendTo(&all);
+      if (hp_.moe.dense_layer(l)) {
+        for (MatrixWeight* m : {&w.w_gate, &w.w_up, &w.w_down}) all.push_back(m);
+      } else {
+        w.moe.AppendTo(&all);
+      }
+    }
+    all.push_back(&output_);
+    return all;
+  }
+
+ private:
+  Deepseek2Model() = default;
+
+  // A 3-D tensor of one [rows][in] matrix per head, as one view per head.
+  static Status SplitHeads(TensorLoader& tensors, const std::string& name, int64_t in, int64_t rows, int64_t heads,
+                           std::vector<MatrixWeight>* out) {
+    TensorView all;
+    RETURN_IF_ERROR(tensors.Get(name, {in, rows, heads}, &all));
+    const uint64_t bytes = static_cast<uint64_t>(rows * all.RowBytes());
+    out->resize(heads);
+    for (int64_t hd = 0; hd < heads; ++hd) (*out)[hd].view = TensorView{all.type, {in, rows}, all.data + hd * bytes, bytes};
+    return Status::Ok();
+  }
+
+  std::vector<DeepseekLayer> layers_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadDeepseek2(const GgufFile& file, ModelHParams hp) {
+  return Deepseek2Model::Load(file, std::move(hp));
+}
+
+}  // namespace gale
