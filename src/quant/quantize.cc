@@ -389,7 +389,8 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
 
   // Why a tensor is not quantized ("" when it is); F16 fallback when its rows do not fit.
   auto reason = [&](const GgufTensorInfo& t) -> std::string {
-    if (t.shape.size() != 2) return "not a matrix";
+    if (t.shape.size() != 2 && t.shape.size() != 3) return "not a matrix";  // 3-D: a mixture's experts
+    if (t.name.find("ffn_gate_inp") != std::string::npos) return "expert router";  // f32, as llama.cpp keeps it
     if (t.name == "token_embd.weight" && !options.quantize_embeddings) return "token embedding";
     if (t.name == "output.weight" && !options.quantize_output) return "output layer";
     for (size_t i = 0; i < keep.size(); ++i) {
@@ -405,7 +406,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     const auto traits = GetTypeTraits(t.type_id);
     const bool is_float = traits && (traits->type == GgmlType::kF32 || traits->type == GgmlType::kF16 ||
                                      traits->type == GgmlType::kBF16);
-    if (t.shape.size() == 2 && !is_float) {
+    if ((t.shape.size() == 2 || t.shape.size() == 3) && !is_float) {
       return InvalidArgument("tensor '{}' is {}: quantize needs an F32, F16 or BF16 model (requantizing compounds "
                              "the error)", t.name, TypeName(t.type_id));
     }
@@ -415,6 +416,10 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
   std::map<std::string, Edit> edits;
   if (calibrated && !rtn_only) {
     ASSIGN_OR_RETURN(const ModelHParams hp, ReadHParams(in));
+    if (hp.moe.enabled() || hp.arch == "deepseek2") {
+      return Unimplemented("calibrated quantization (--calib) of a mixture of experts or latent attention is not supported "
+                           "yet: quantize it without --calib (round to nearest)");
+    }
     if (options.calibration->num_layers != hp.num_layers) {
       return InvalidArgument("calibration statistics are for {} layers, the model has {}",
                              options.calibration->num_layers, hp.num_layers);
@@ -446,7 +451,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
       report.fallbacks.push_back(fmt::format("{} (rows of {}): {}", t.name, t.shape[0], TypeTraits(target).name));
     }
     if (!why.empty()) {
-      if (t.shape.size() == 2) report.kept.push_back(fmt::format("{} ({})", t.name, why));
+      if (t.shape.size() >= 2) report.kept.push_back(fmt::format("{} ({})", t.name, why));
       if (edit == nullptr) {
         RETURN_IF_ERROR(out->AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)));
         report.bytes_out += t.num_bytes;

@@ -457,6 +457,10 @@ TEST(EngineTest, QuantizedKvKeepsOutputsExact) {
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/false);
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt4, /*shared_prefixes=*/true);
   ExpectConcurrentEqualsAlone(s, kernels::KvType::kInt8, /*shared_prefixes=*/true, {}, kernels::KvType::kInt4);
+  // deepseek2's latent rows quantized (int8, int4; one scale per row), with speculation.
+  const TestModel d = Synthetic(GgmlType::kQ8_0, "deepseek2");
+  ExpectConcurrentEqualsAlone(d, kernels::KvType::kInt8, /*shared_prefixes=*/true, ngram);
+  ExpectConcurrentEqualsAlone(d, kernels::KvType::kInt4, /*shared_prefixes=*/true);
 }
 
 // Keys stored in the model's per-channel form: the same workload stays exact (the transform is

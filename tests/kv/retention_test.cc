@@ -239,7 +239,7 @@ TEST_P(RetentionArchTest, BudgetAtLeastTheLengthChangesNothing) {
   cfg.block_size = 4;
   const ModelHParams& hp = m.model->hparams();
   cfg.kv_cache_memory_bytes =
-      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF32);
+      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF32, KvType::kF32, hp.kv_latent);
   cfg.kv_type = KvType::kF32;
   std::vector<std::vector<int32_t>> want;
   {
@@ -285,7 +285,7 @@ TEST_P(RetentionArchTest, EvictionHeavyWorkloadsLeakNoBlock) {
   cfg.spec.always = true;
   const ModelHParams& hp = m.model->hparams();
   cfg.kv_cache_memory_bytes =
-      30 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF16);
+      30 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF16, KvType::kF16, hp.kv_latent);
   auto e = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
   auto reqs = Requests(m, 30, 120, 300, 9);
   const std::vector<int32_t> shared = {9, 99, 199, 299, 399, 499, 19, 29, 39, 49, 59, 69, 79, 89, 109, 119, 129};
@@ -368,7 +368,7 @@ TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
     cfg.sched.prefill_chunk_size = 16;
     cfg.block_size = 16;
     cfg.kv_cache_memory_bytes =
-        54 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF16);
+        54 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF16, KvType::kF16, hp.kv_latent);
     if (budget > 0) cfg.retention = Policy(RetentionPolicy::kSinkWindow, budget);
     auto e = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
     std::vector<std::shared_ptr<RequestStream>> streams;
@@ -408,7 +408,7 @@ TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
   EXPECT_GT(b32, 0.7 * 54 / 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest, ::testing::Values("stories", "qwen2", "qwen3", "phi3"),
+INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest, ::testing::Values("stories", "qwen2", "qwen3", "phi3", "qwen3moe", "deepseek2"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
