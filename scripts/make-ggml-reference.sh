@@ -55,16 +55,18 @@ SHAPES
 # Latent attention (deepseek2, llama.cpp's MLA format) with DeepSeek-V3's routing: sigmoid scores,
 # selection bias, expert groups, a shared expert, dense leading layers (the test's kMlaShapes);
 # the lite variant has no query low rank (26 layers: llama.cpp tells lite files by layer count).
-while read -r name dim layers heads kv_lora q_lora nope rope v_head ffn experts used expert_ffn dense shared groups gused; do
+# deepseek2_yarn: YaRN by 4 from an original context of 64, yarn_log_multiplier 0.1.
+while read -r name dim layers heads kv_lora q_lora nope rope v_head ffn experts used expert_ffn dense shared groups gused yarn; do
   "$build/gale" synth --shape custom --arch deepseek2 --dim "$dim" --layers "$layers" --heads "$heads" \
     --kv-lora-rank "$kv_lora" --q-lora-rank "$q_lora" --nope-dim "$nope" --rope-dim "$rope" --v-head-dim "$v_head" \
     --ffn "$ffn" --experts "$experts" --experts-used "$used" --expert-ffn "$expert_ffn" --leading-dense "$dense" \
-    --shared-experts "$shared" --expert-groups "$groups" --groups-used "$gused" --vocab 512 --ctx 256 --type f32 \
-    --seed 7 -o "$tmp/$name.gguf"
+    --shared-experts "$shared" --expert-groups "$groups" --groups-used "$gused" --yarn "$yarn" --yarn-orig-ctx 64 \
+    --vocab 512 --ctx 256 --type f32 --seed 7 -o "$tmp/$name.gguf"
   extra+=("$name=$tmp/$name.gguf")
 done <<'SHAPES'
-deepseek2 256 3 4 128 96 32 32 48 512 8 2 64 1 1 4 2
-deepseek2_lite 128 26 2 64 0 32 16 32 256 4 2 32 1 1 0 0
+deepseek2 256 3 4 128 96 32 32 48 512 8 2 64 1 1 4 2 0
+deepseek2_lite 128 26 2 64 0 32 16 32 256 4 2 32 1 1 0 0 0
+deepseek2_yarn 256 3 4 128 96 32 32 48 512 8 2 64 1 1 4 2 4
 SHAPES
 # Embedding models (pooling_type mean, cls, last): llama.cpp's pooled embeddings of the tokens too.
 for pool in mean cls last; do

@@ -185,6 +185,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetString(p + "rope.scaling.type", "yarn");
     w.SetF32(p + "rope.scaling.factor", static_cast<float>(s.yarn_factor));
     w.SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
+    if (mla) w.SetF32(p + "rope.scaling.yarn_log_multiplier", 0.1f);  // DeepSeek-V3's converter: 0.1 * mscale_all_dim
   }
   if (write_tokenizer) {
     write_tokenizer(w);

@@ -463,10 +463,12 @@ struct MlaShape {
   const char* name;
   int64_t dim, num_layers, num_heads, kv_lora, q_lora, nope, rope, v_head, ffn, experts, used, expert_ffn, dense,
       shared, groups, groups_used;
+  double yarn = 0.0;  // YaRN factor from an original context of 64, yarn_log_multiplier 0.1
 };
 constexpr MlaShape kMlaShapes[] = {
     {"deepseek2", 256, 3, 4, 128, 96, 32, 32, 48, 512, 8, 2, 64, 1, 1, 4, 2},
     {"deepseek2_lite", 128, 26, 2, 64, 0, 32, 16, 32, 256, 4, 2, 32, 1, 1, 0, 0},
+    {"deepseek2_yarn", 256, 3, 4, 128, 96, 32, 32, 48, 512, 8, 2, 64, 1, 1, 4, 2, 4.0},
 };
 
 SynthShape ShapeOf(const MlaShape& a) {
@@ -489,6 +491,8 @@ SynthShape ShapeOf(const MlaShape& a) {
   s.shared_experts = a.shared;
   s.expert_groups = a.groups;
   s.groups_used = a.groups_used;
+  s.yarn_factor = a.yarn;
+  s.yarn_orig_ctx = a.yarn > 0 ? 64 : 0;
   s.vocab_size = 512;
   s.context_length = 256;
   return s;

@@ -48,14 +48,23 @@ class Deepseek2Model final : public Model {
                              mla.kv_lora_rank, mla.q_lora_rank, h.head_dim, h.rope_dims, value_length, key_mla,
                              mla.v_head_dim, h.num_kv_heads);
     }
-    if (h.yarn_ext_factor != 0.0f || h.rope_freq_scale != 1.0f) {
-      return Unimplemented("deepseek2: RoPE scaling (YaRN with DeepSeek's attention-scale correction) is not supported yet");
-    }
     h.rope_style = RopeStyle::kNormal;
     h.kv_latent = true;
     // The kernel scales by 1 / sqrt(head_dim) = 1 / sqrt(kv_lora_rank + rope); the model's scale
-    // is 1 / sqrt(nope + rope).
-    h.query_scale = static_cast<float>(std::sqrt(static_cast<double>(h.head_dim) / static_cast<double>(key_mla)));
+    // is mscale^2 / sqrt(nope + rope). With YaRN (as llama.cpp's graph for this architecture, checked
+    // against it): RoPE's cos and sin are not scaled (YaRN's 1 + 0.1 ln(factor) is cancelled), and
+    // mscale = attn_factor (1 + yarn_log_multiplier ln(factor)), DeepSeek's attention-scale
+    // correction (the converter writes yarn_log_multiplier = 0.1 mscale_all_dim).
+    double mscale = 1.0;
+    if (h.yarn_ext_factor != 0.0f || h.rope_freq_scale != 1.0f) {
+      if (h.yarn_ext_factor == 0.0f) return Unimplemented("deepseek2: RoPE scaling other than YaRN is not supported");
+      const double attn = file.GetDouble(p + "rope.scaling.attn_factor", 1.0);
+      const double log_mul = file.GetDouble(p + "rope.scaling.yarn_log_multiplier", 0.0);
+      h.rope_attn_factor = 1.0f;
+      mscale = attn * (1.0 + log_mul * std::log(1.0 / static_cast<double>(h.rope_freq_scale)));
+    }
+    h.query_scale =
+        static_cast<float>(mscale * mscale * std::sqrt(static_cast<double>(h.head_dim) / static_cast<double>(key_mla)));
     MoeHParams& moe = h.moe;
     if (!moe.enabled()) return InvalidArgument("deepseek2: the file has no deepseek2.expert_count");
     if (moe.expert_ffn == 0) return InvalidArgument("deepseek2: the file has no expert_feed_forward_length");
