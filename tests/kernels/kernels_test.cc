@@ -793,7 +793,7 @@ TEST(KernelsTest, AttendMatchesScalar) {
     const std::vector<KvType> types = {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kInt8, KvType::kInt4};
     for (size_t pair = 0; pair < types.size() * types.size(); ++pair) {
       const KvType ktype = types[pair / types.size()], vtype = types[pair % types.size()];
-      for (int head_dim : {8, 16, 32, 64, 80, 96, 128, 256}) {
+      for (int head_dim : {8, 16, 32, 64, 80, 96, 128, 256, 576}) {  // 576: latent attention rows
         const int64_t kseg = KvHeadBytes(ktype, head_dim), vseg = KvHeadBytes(vtype, head_dim);
         for (int64_t len : {1, 2, 6, 10, 15, 16, 17, 100}) {
           const int64_t kv_stride = head_dim * 3;  // three KV heads interleaved, we read the middle one

@@ -455,6 +455,9 @@ void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_quer
     case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     case 256: return AttendManyOnline<16, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);  // Gemma
+    // Latent attention rows (DeepSeek-V3, Kimi-K2: 512 + 64); the state no longer fits the
+    // registers, but the loads and FMAs stay vector.
+    case 576: return AttendManyOnline<36, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
     default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
   }
 }
