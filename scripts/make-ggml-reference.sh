@@ -52,6 +52,18 @@ qwen3moe qwen3moe 256 2 4 2 64 512 8 2 128
 qwen3moe_odd qwen3moe 192 3 3 1 64 384 6 3 96
 mixtral llama 256 2 4 2 0 128 4 2 0
 SHAPES
+# glm4moe: biases, per-head norms, partial NEOX RoPE, dense leading layers, sigmoid routing with a
+# selection bias, shared experts, and one multi-token-prediction layer at the end (never run).
+while read -r name dim layers heads kv_heads head_dim rope ffn experts used expert_ffn dense shared; do
+  "$build/gale" synth --shape custom --arch glm4moe --dim "$dim" --layers "$layers" --heads "$heads" \
+    --kv-heads "$kv_heads" --head-dim "$head_dim" --rope-dim "$rope" --ffn "$ffn" --experts "$experts" \
+    --experts-used "$used" --expert-ffn "$expert_ffn" --leading-dense "$dense" --shared-experts "$shared" \
+    --nextn-layers 1 --vocab 512 --ctx 256 --type f32 --seed 7 -o "$tmp/$name.gguf"
+  extra+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+glm4moe 256 4 4 2 64 32 512 8 2 64 1 1
+glm4moe_odd 192 4 3 1 64 16 384 6 3 96 0 2
+SHAPES
 # Latent attention (deepseek2, llama.cpp's MLA format) with DeepSeek-V3's routing: sigmoid scores,
 # selection bias, expert groups, a shared expert, dense leading layers (the test's kMlaShapes);
 # the lite variant has no query low rank (26 layers: llama.cpp tells lite files by layer count).

@@ -64,6 +64,17 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.expert_groups = 4;
     s.groups_used = 2;
   }
+  if (arch == "glm4moe") {  // a dense first layer, experts with a shared one, a never-run MTP layer
+    s.num_layers = 4;
+    s.head_dim = 64;
+    s.rope_dim = 32;
+    s.num_experts = 8;
+    s.experts_used = 2;
+    s.expert_ffn = 64;
+    s.leading_dense = 1;
+    s.shared_experts = 1;
+    s.nextn_layers = 1;
+  }
   if (arch == "mixtral") {  // llama with four experts of the FFN's width, two per token
     s.arch = "llama";
     s.num_experts = 4;

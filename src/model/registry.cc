@@ -23,6 +23,7 @@ constexpr Architecture kArchitectures[] = {
     {"phi3", LoadPhi3},
     {"gemma3", LoadGemma3},
     {"deepseek2", LoadDeepseek2, /*experts=*/true},
+    {"glm4moe", LoadGlm4Moe, /*experts=*/true},
 };
 
 }  // namespace

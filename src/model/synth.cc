@@ -89,8 +89,13 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
-      s.arch != "gemma3" && s.arch != "deepseek2") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2)", s.arch);
+      s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe)", s.arch);
+  }
+  const bool glm = s.arch == "glm4moe";
+  if (glm && (s.nextn_layers < 0 || s.nextn_layers >= s.num_layers || s.leading_dense < 0 ||
+              s.leading_dense > s.num_layers - s.nextn_layers || s.shared_experts < 0)) {
+    return InvalidArgument("synth: glm4moe: {} layers with {} dense and {} nextn", s.num_layers, s.leading_dense, s.nextn_layers);
   }
   const bool mla = s.arch == "deepseek2";
   if (mla && (s.kv_lora_rank <= 0 || s.rope_dim <= 0 || s.rope_dim % 2 != 0 || s.nope_dim < 0 || s.v_head_dim <= 0 ||
@@ -100,9 +105,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   const bool moe = s.num_experts > 0;
   const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
   if (s.arch == "qwen3moe" && !moe) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
-  if (mla && !moe) return InvalidArgument("synth: deepseek2 needs experts (--experts, --experts-used)");
-  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla)) {
-    return InvalidArgument("synth: experts are written for llama (Mixtral-style), qwen3moe and deepseek2 only");
+  if ((mla || glm) && !moe) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
+  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla && !glm)) {
+    return InvalidArgument("synth: experts are written for llama (Mixtral-style), qwen3moe, deepseek2 and glm4moe only");
   }
   if (s.expert_groups > 1 && (s.num_experts % s.expert_groups != 0 || s.groups_used <= 0 || s.groups_used > s.expert_groups)) {
     return InvalidArgument("synth: {} expert groups (using {}) must divide {} experts", s.expert_groups, s.groups_used, s.num_experts);
@@ -168,17 +173,26 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w.SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
-  w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(mla ? s.rope_dim : head_dim));
+  if (glm) {
+    w.SetU32(p + "leading_dense_block_count", static_cast<uint32_t>(s.leading_dense));
+    w.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
+    w.SetF32(p + "expert_weights_scale", 1.5f);
+    w.SetBool(p + "expert_weights_norm", true);
+    w.SetU32(p + "expert_gating_func", 2);  // sigmoid
+    w.SetU32(p + "nextn_predict_layers", static_cast<uint32_t>(s.nextn_layers));
+  }
+  const int64_t rope_dims = mla ? s.rope_dim : glm ? (s.rope_dim > 0 ? s.rope_dim : head_dim / 2) : head_dim;
+  w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
-  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma ? 1e-6f : 1e-5f);
-  w.SetF32(p + "rope.freq_base", qwen || gemma ? 1000000.0f : 10000.0f);
+  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma || glm ? 1e-6f : 1e-5f);
+  w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : 10000.0f);
   if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
   if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
     w.SetU32(p + "expert_used_count", static_cast<uint32_t>(s.experts_used));
-    if (s.arch == "qwen3moe" || mla) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+    if (s.arch == "qwen3moe" || mla || glm) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
   }
   if (s.yarn_factor > 0.0) {
     if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
@@ -283,6 +297,42 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
         RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
         RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, shared, type));
         RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", shared, s.dim, type));
+      }
+      continue;
+    }
+    if (glm) {
+      RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+      RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
+      if (l < s.leading_dense) {
+        RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
+        RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
+        RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
+      } else {
+        RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+        RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
+        RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+        RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+        RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+        if (s.shared_experts > 0) {
+          const int64_t shared = expert_ffn * s.shared_experts;
+          RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
+          RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, shared, type));
+          RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", shared, s.dim, type));
+        }
+      }
+      if (l >= s.num_layers - s.nextn_layers) {  // multi-token prediction: never run
+        RETURN_IF_ERROR(matrix(b + "nextn.eh_proj.weight", 2 * s.dim, s.dim, type));
+        RETURN_IF_ERROR(ones(b + "nextn.enorm.weight", s.dim));
+        RETURN_IF_ERROR(ones(b + "nextn.hnorm.weight", s.dim));
+        RETURN_IF_ERROR(ones(b + "nextn.shared_head_norm.weight", s.dim));
       }
       continue;
     }

@@ -1,4 +1,4 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -47,6 +47,10 @@ struct SynthShape {
   // (0: none), weights renormalized and scaled by 2.5.
   int64_t kv_lora_rank = 0, q_lora_rank = 0, nope_dim = 0, rope_dim = 0, v_head_dim = 0;
   int64_t leading_dense = 0, shared_experts = 0, expert_groups = 0, groups_used = 0;
+  // glm4moe (always with experts): Q/K/V biases and per-head norms, RoPE on rope_dim dims (0: half
+  // the head), leading_dense and shared_experts as above, sigmoid routing with a selection bias,
+  // and nextn_layers multi-token-prediction layers at the end (counted in num_layers).
+  int64_t nextn_layers = 0;
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",

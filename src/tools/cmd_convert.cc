@@ -66,7 +66,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | custom")
       ->capture_default_str();
-  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma3 | deepseek2)")->capture_default_str();
+  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma3 | deepseek2 | glm4moe)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
@@ -91,12 +91,13 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--kv-lora-rank", o->custom.kv_lora_rank, "custom deepseek2: the latent's rank");
   app.add_option("--q-lora-rank", o->custom.q_lora_rank, "custom deepseek2: the query's low rank (0: one wq)");
   app.add_option("--nope-dim", o->custom.nope_dim, "custom deepseek2: query/key dims per head without RoPE");
-  app.add_option("--rope-dim", o->custom.rope_dim, "custom deepseek2: RoPE dims (the shared key part)");
+  app.add_option("--rope-dim", o->custom.rope_dim, "custom deepseek2: RoPE dims (the shared key part); glm4moe: rotated dims per head (0: half)");
   app.add_option("--v-head-dim", o->custom.v_head_dim, "custom deepseek2: value dims per head");
-  app.add_option("--leading-dense", o->custom.leading_dense, "custom deepseek2: dense leading layers");
-  app.add_option("--shared-experts", o->custom.shared_experts, "custom deepseek2: shared experts");
+  app.add_option("--leading-dense", o->custom.leading_dense, "custom deepseek2, glm4moe: dense leading layers");
+  app.add_option("--shared-experts", o->custom.shared_experts, "custom deepseek2, glm4moe: shared experts");
   app.add_option("--expert-groups", o->custom.expert_groups, "custom deepseek2: expert groups (0: none)");
   app.add_option("--groups-used", o->custom.groups_used, "custom deepseek2: groups a token chooses from");
+  app.add_option("--nextn-layers", o->custom.nextn_layers, "custom glm4moe: multi-token-prediction layers at the end");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {

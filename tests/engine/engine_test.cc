@@ -242,11 +242,11 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // The exactness workload on each architecture (llama's is above): concurrent = alone, with
 // chunked prefill, preemption and the prefix cache; every block free afterwards. gemma3's windows
 // (8 positions) bind in every request: a cached prefix and a recomputation after preemption give
-// the same windows as a fresh run. The mixtures (qwen3moe, Mixtral-style llama, deepseek2): a
+// the same windows as a fresh run. The mixtures (qwen3moe, Mixtral-style llama, deepseek2, glm4moe): a
 // token's experts' products do not depend on which other tokens of the step share its experts;
 // deepseek2's latent rows page, cache and recompute like K and V.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
-  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "mixtral", "deepseek2"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "mixtral", "deepseek2", "glm4moe"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);

@@ -344,11 +344,15 @@ struct MoeShape {
   const char* name;
   const char* arch;
   int64_t dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim, experts, used, expert_ffn;
+  // glm4moe: rotated dims, dense leading layers, shared experts; one multi-token-prediction layer
+  int64_t rope = 0, dense = 0, shared = 0;
 };
 constexpr MoeShape kMoeShapes[] = {
     {"qwen3moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 8, 2, 128},
     {"qwen3moe_odd", "qwen3moe", 192, 3, 3, 1, 64, 384, 6, 3, 96},
     {"mixtral", "llama", 256, 2, 4, 2, 0, 128, 4, 2, 0},
+    {"glm4moe", "glm4moe", 256, 4, 4, 2, 64, 512, 8, 2, 64, 32, 1, 1},
+    {"glm4moe_odd", "glm4moe", 192, 4, 3, 1, 64, 384, 6, 3, 96, 16, 0, 2},
 };
 
 // Records the smallest gap between a token's last chosen expert's selection score and the best
@@ -427,6 +431,14 @@ TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
     s.num_experts = a.experts;
     s.experts_used = a.used;
     s.expert_ffn = a.expert_ffn;
+    const bool glm = std::string(a.arch) == "glm4moe";
+    if (glm) {
+      s.rope_dim = a.rope;
+      s.leading_dense = a.dense;
+      s.shared_experts = a.shared;
+      s.nextn_layers = 1;
+    }
+    const int64_t run_layers = a.num_layers - (glm ? 1 : 0);
     auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
     RoutingMargin margin;
     const std::vector<float> got = GaleLogits(*file, tokens, &margin);
@@ -449,7 +461,7 @@ TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
                 "choices; one expert fewer: rmse %.3f\n",
                 a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(),
                 margin.min_gap, static_cast<long long>(margin.routed), mutated);
-    EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * a.num_layers);
+    EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * (run_layers - a.dense));
     EXPECT_GT(margin.min_gap, 1e-4);
     EXPECT_LT(max_diff, 2e-5);
     EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));

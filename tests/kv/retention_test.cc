@@ -408,7 +408,7 @@ TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
   EXPECT_GT(b32, 0.7 * 54 / 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest, ::testing::Values("stories", "qwen2", "qwen3", "phi3", "qwen3moe", "deepseek2"),
+INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest, ::testing::Values("stories", "qwen2", "qwen3", "phi3", "qwen3moe", "deepseek2", "glm4moe"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -33,7 +33,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "deepseek2"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "deepseek2", "glm4moe"}));
   std::vector<std::string> files = SupportedArchitectures();
   files.push_back("mixtral");  // a llama with experts
   for (const std::string& arch : files) {
@@ -100,7 +100,7 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
@@ -110,7 +110,9 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
            {"gemma3", "blk.3.post_ffw_norm.weight"}, {"qwen3moe", "blk.1.ffn_down_exps.weight"},
            {"qwen3moe", "blk.0.ffn_gate_inp.weight"}, {"mixtral", "blk.1.ffn_up_exps.weight"},
            {"deepseek2", "blk.1.attn_k_b.weight"}, {"deepseek2", "blk.2.attn_kv_a_norm.weight"},
-           {"deepseek2", "blk.0.ffn_down.weight"}, {"deepseek2", "blk.2.ffn_up_shexp.weight"}}) {
+           {"deepseek2", "blk.0.ffn_down.weight"}, {"deepseek2", "blk.2.ffn_up_shexp.weight"},
+           {"glm4moe", "blk.1.attn_v.bias"}, {"glm4moe", "blk.2.exp_probs_b.bias"},
+           {"glm4moe", "blk.0.post_attention_norm.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;
