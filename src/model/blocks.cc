@@ -41,6 +41,21 @@ void LatentAttentionWeights::AppendTo(std::vector<MatrixWeight*>* all) {
   for (MatrixWeight& m : wv_b) all->push_back(&m);
 }
 
+Status LayerFfn::Load(TensorLoader& tensors, const std::string& b, const ModelHParams& hp, int64_t layer) {
+  if (!hp.moe.dense_layer(layer)) return LoadMoeWeights(tensors, b, hp, &moe);
+  RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", hp.dim, hp.ffn_dim, &gate));
+  RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", hp.dim, hp.ffn_dim, &up));
+  return tensors.Matrix(b + "ffn_down.weight", hp.ffn_dim, hp.dim, &down);
+}
+
+void LayerFfn::AppendTo(std::vector<MatrixWeight*>* all, const ModelHParams& hp, int64_t layer) {
+  if (!hp.moe.dense_layer(layer)) {
+    moe.AppendTo(all);
+    return;
+  }
+  for (MatrixWeight* m : {&gate, &up, &down}) all->push_back(m);
+}
+
 void MoeWeights::AppendTo(std::vector<MatrixWeight*>* all) {
   all->push_back(&router);
   for (ExpertMatrices& e : experts) {
@@ -600,6 +615,14 @@ void ForwardPass::LatentAttention(int64_t l, const float* norm_w, const LatentAt
   span.Next("matmul_o", n, WeightBytes(w.wo), l);
   MatMul(w.wo, ws_.mla_v.data(), n, ws_.xb2.data(), pool_);
   Residual(l, nullptr);
+}
+
+void ForwardPass::Ffn(int64_t l, const float* norm_w, const LayerFfn& w) {
+  if (hp_.moe.dense_layer(l)) {
+    GatedFfn(l, norm_w, w.gate, w.up, w.down);
+  } else {
+    MoeFfn(l, norm_w, w.moe);
+  }
 }
 
 // Final norm and lm_head only for the rows whose logits are wanted.

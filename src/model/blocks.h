@@ -78,6 +78,16 @@ Status LoadMoeWeights(class TensorLoader& tensors, const std::string& prefix, co
 void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bias, int32_t* chosen, float* weight,
                 float* scratch);
 
+// A layer's feed-forward that is a dense gated FFN in a mixture's leading layers
+// (MoeHParams::dense_layer) and a mixture of experts in the others.
+struct LayerFfn {
+  MatrixWeight gate, up, down;  // dense layers
+  MoeWeights moe;               // the others
+  // Reads ffn_{gate,up,down} (of ffn_dim) or the mixture (LoadMoeWeights) of layer `layer`.
+  Status Load(class TensorLoader& tensors, const std::string& prefix, const ModelHParams& hp, int64_t layer);
+  void AppendTo(std::vector<MatrixWeight*>* all, const ModelHParams& hp, int64_t layer);
+};
+
 // Latent attention's matrices (deepseek2's tensors, MLA format): the query projection (wq, or the
 // low-rank pair wq_a -> q_a_norm -> wq_b), the joint latent-and-RoPE projection wkv_a with the
 // latent's norm, per head the key up-projection wk_b ([kv_lora_rank] rows of nope_dim: queries
@@ -141,6 +151,8 @@ class ForwardPass {
   // a token's result does not depend on which other tokens share its experts.
   void MoeFfn(int64_t layer, const float* norm_w, const MoeWeights& w, GateActivation act = GateActivation::kSilu,
               const TensorView* post_norm = nullptr);
+  // GatedFfn or MoeFfn, as the layer is.
+  void Ffn(int64_t layer, const float* norm_w, const LayerFfn& w);
   // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants.
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
 

@@ -260,6 +260,21 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
   };
   auto ones = [&](const std::string& name, int64_t n) { return vector(name, n, 1.0f, 0.0f); };
+  // DeepSeek-V3's and GLM's mixture: the f32 router, the selection bias, the experts, the shared ones.
+  auto biased_experts = [&](const std::string& b) -> Status {
+    RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+    RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
+    RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+    RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+    RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+    if (s.shared_experts > 0) {
+      const int64_t shared = expert_ffn * s.shared_experts;
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, shared, type));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", shared, s.dim, type));
+    }
+    return Status::Ok();
+  };
   RETURN_IF_ERROR(matrix("token_embd.weight", s.dim, s.vocab_size, type));
   RETURN_IF_ERROR(ones("output_norm.weight", s.dim));
   if (!gemma) RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));  // Gemma ties it
@@ -287,17 +302,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
         RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
         continue;
       }
-      RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
-      RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
-      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
-      if (s.shared_experts > 0) {
-        const int64_t shared = expert_ffn * s.shared_experts;
-        RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
-        RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, shared, type));
-        RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", shared, s.dim, type));
-      }
+      RETURN_IF_ERROR(biased_experts(b));
       continue;
     }
     if (glm) {
@@ -316,17 +321,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
         RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
         RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
       } else {
-        RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
-        RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
-        RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-        RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-        RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
-        if (s.shared_experts > 0) {
-          const int64_t shared = expert_ffn * s.shared_experts;
-          RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
-          RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, shared, type));
-          RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", shared, s.dim, type));
-        }
+        RETURN_IF_ERROR(biased_experts(b));
       }
       if (l >= s.num_layers - s.nextn_layers) {  // multi-token prediction: never run
         RETURN_IF_ERROR(matrix(b + "nextn.eh_proj.weight", 2 * s.dim, s.dim, type));

@@ -120,6 +120,22 @@ std::vector<float> GaleLogits(const GgufFile& file, const std::vector<int32_t>& 
   return out;
 }
 
+// The largest |difference| of two [positions, vocab 512] logit arrays and at how many positions
+// their greedy tokens agree.
+std::pair<double, int> Agreement(const std::vector<float>& got, const std::vector<float>& want, size_t positions) {
+  double max_diff = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(got[i] - want[i]));
+  const int64_t vocab = 512;
+  int same_greedy = 0;
+  for (size_t p = 0; p < positions; ++p) {
+    auto argmax = [&](const std::vector<float>& v) {
+      return std::max_element(v.begin() + p * vocab, v.begin() + (p + 1) * vocab) - (v.begin() + p * vocab);
+    };
+    same_greedy += argmax(got) == argmax(want);
+  }
+  return {max_diff, same_greedy};
+}
+
 class LlamaCppModelTest : public ::testing::TestWithParam<kernels::Isa> {
  protected:
   void SetUp() override {
@@ -293,16 +309,7 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
     auto file = GgufFile::FromBytes(w->WriteToBytes()).value();
     const std::vector<float> got = GaleLogits(*file, tokens);
     ASSERT_EQ(got.size(), want.size());
-    double max_diff = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(got[i] - want[i]));
-    const int64_t vocab = 512;
-    int same_greedy = 0;
-    for (size_t p = 0; p < tokens.size(); ++p) {
-      auto argmax = [&](const std::vector<float>& v) {
-        return std::max_element(v.begin() + p * vocab, v.begin() + (p + 1) * vocab) - (v.begin() + p * vocab);
-      };
-      same_greedy += argmax(got) == argmax(want);
-    }
+    const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
     // The mutation: qwen as a llama; phi3's LongRoPE without its factors, a YaRN file without
     // its scaling, gemma3 with windows too wide to bind (the fused matrices' split is checked by
     // the logits themselves: a wrong one is far).
@@ -443,16 +450,7 @@ TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
     RoutingMargin margin;
     const std::vector<float> got = GaleLogits(*file, tokens, &margin);
     ASSERT_EQ(got.size(), want.size());
-    double max_diff = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(got[i] - want[i]));
-    const int64_t vocab = 512;
-    int same_greedy = 0;
-    for (size_t p = 0; p < tokens.size(); ++p) {
-      auto argmax = [&](const std::vector<float>& v) {
-        return std::max_element(v.begin() + p * vocab, v.begin() + (p + 1) * vocab) - (v.begin() + p * vocab);
-      };
-      same_greedy += argmax(got) == argmax(want);
-    }
+    const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
     SynthShape fewer = s;
     fewer.experts_used = a.used - 1;
     auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();
@@ -538,16 +536,7 @@ TEST_P(LlamaCppModelTest, LatentAttentionGivesLlamaCppLogits) {
     RoutingMargin margin(a.groups, a.groups_used);
     const std::vector<float> got = GaleLogits(*file, tokens, &margin);
     ASSERT_EQ(got.size(), want.size());
-    double max_diff = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(got[i] - want[i]));
-    const int64_t vocab = 512;
-    int same_greedy = 0;
-    for (size_t p = 0; p < tokens.size(); ++p) {
-      auto argmax = [&](const std::vector<float>& v) {
-        return std::max_element(v.begin() + p * vocab, v.begin() + (p + 1) * vocab) - (v.begin() + p * vocab);
-      };
-      same_greedy += argmax(got) == argmax(want);
-    }
+    const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
     SynthShape fewer = ShapeOf(a);
     fewer.experts_used = a.used - 1;
     auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();

@@ -17,8 +17,7 @@ namespace {
 struct DeepseekLayer {
   TensorView attn_norm, ffn_norm;
   LatentAttentionWeights attn;
-  MatrixWeight w_gate, w_up, w_down;  // the leading dense layers
-  MoeWeights moe;                     // the others
+  LayerFfn ffn;
 };
 
 class Deepseek2Model final : public Model {
@@ -92,13 +91,7 @@ class Deepseek2Model final : public Model {
       RETURN_IF_ERROR(SplitHeads(tensors, b + "attn_v_b.weight", mla.kv_lora_rank, mla.v_head_dim, heads, &a.wv_b));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", heads * mla.v_head_dim, h.dim, &a.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
-      if (moe.dense_layer(l)) {
-        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
-        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
-        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
-      } else {
-        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
-      }
+      RETURN_IF_ERROR(w.ffn.Load(tensors, b, h, l));
     }
     m->FinishLoad(tensors);
     return std::unique_ptr<Model>(std::move(m));
@@ -111,11 +104,7 @@ class Deepseek2Model final : public Model {
     for (int64_t l = 0; l < hp_.num_layers; ++l) {
       const DeepseekLayer& w = layers_[l];
       f.LatentAttention(l, Floats(w.attn_norm), w.attn);
-      if (hp_.moe.dense_layer(l)) {
-        f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
-      } else {
-        f.MoeFfn(l, Floats(w.ffn_norm), w.moe);
-      }
+      f.Ffn(l, Floats(w.ffn_norm), w.ffn);
     }
     f.OutputHead(output_norm_, output_);
     return Status::Ok();
@@ -126,11 +115,7 @@ class Deepseek2Model final : public Model {
     for (int64_t l = 0; l < hp_.num_layers; ++l) {
       DeepseekLayer& w = layers_[l];
       w.attn.AppendTo(&all);
-      if (hp_.moe.dense_layer(l)) {
-        for (MatrixWeight* m : {&w.w_gate, &w.w_up, &w.w_down}) all.push_back(m);
-      } else {
-        w.moe.AppendTo(&all);
-      }
+      w.ffn.AppendTo(&all, hp_, l);
     }
     all.push_back(&output_);
     return all;

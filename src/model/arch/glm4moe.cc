@@ -16,9 +16,8 @@ struct GlmLayer {
   TensorView attn_norm, ffn_norm;
   MatrixWeight wq, wk, wv, wo;
   TensorView bq, bk, bv;
-  TensorView q_norm, k_norm;          // empty where the file has none
-  MatrixWeight w_gate, w_up, w_down;  // the leading dense layers
-  MoeWeights moe;                     // the others
+  TensorView q_norm, k_norm;  // empty where the file has none
+  LayerFfn ffn;
 };
 
 class Glm4MoeModel final : public Model {
@@ -58,14 +57,10 @@ class Glm4MoeModel final : public Model {
       if (tensors.Has(b + "attn_k_norm.weight")) RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.ffn_norm));
-      if (moe.dense_layer(l)) {
-        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
-        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
-        RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
-      } else {
-        if (!tensors.Has(b + "exp_probs_b.bias")) return InvalidArgument("glm4moe: tensor {}exp_probs_b.bias is missing", b);
-        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+      if (!moe.dense_layer(l) && !tensors.Has(b + "exp_probs_b.bias")) {
+        return InvalidArgument("glm4moe: tensor {}exp_probs_b.bias is missing", b);
       }
+      RETURN_IF_ERROR(w.ffn.Load(tensors, b, h, l));
     }
     // The multi-token-prediction layers' tensors: present by design, not used.
     for (const auto& t : file.tensors()) {
@@ -92,11 +87,7 @@ class Glm4MoeModel final : public Model {
       if (w.k_norm.data != nullptr) f.HeadNorm(ws.k.data(), hp_.num_kv_heads, w.k_norm, "k_norm", l);
       f.Attention(l, &key_channels_);
       f.OutputProjection(l, w.wo);
-      if (hp_.moe.dense_layer(l)) {
-        f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down);
-      } else {
-        f.MoeFfn(l, Floats(w.ffn_norm), w.moe);
-      }
+      f.Ffn(l, Floats(w.ffn_norm), w.ffn);
     }
     f.OutputHead(output_norm_, output_);
     return Status::Ok();
@@ -107,11 +98,7 @@ class Glm4MoeModel final : public Model {
     for (int64_t l = 0; l < hp_.num_layers; ++l) {
       GlmLayer& w = layers_[l];
       for (MatrixWeight* x : {&w.wq, &w.wk, &w.wv, &w.wo}) all.push_back(x);
-      if (hp_.moe.dense_layer(l)) {
-        for (MatrixWeight* x : {&w.w_gate, &w.w_up, &w.w_down}) all.push_back(x);
-      } else {
-        w.moe.AppendTo(&all);
-      }
+      w.ffn.AppendTo(&all, hp_, l);
     }
     all.push_back(&output_);
     return all;
