@@ -31,6 +31,20 @@ void ActivateRows(GateActivation act, float* gate, const float* up, int64_t rows
   });
 }
 
+// out = softmax(x) over n values as ggml computes it: the exponentials' sum in double, then one
+// f32 reciprocal multiplied in. out may be x.
+void GgmlSoftmax(const float* x, int64_t n, float* out) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = std::exp(x[i] - max);
+    sum += out[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+}
+
 }  // namespace
 
 void LatentAttentionWeights::AppendTo(std::vector<MatrixWeight*>* all) {
@@ -105,20 +119,11 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
                 float* scratch) {
   const int64_t num = moe.num_experts, k = moe.num_used;
   float* probs = scratch;
-  // The gating's probabilities, as ggml computes them (a softmax's sum in double).
+  // The gating's probabilities, as ggml computes them.
   switch (moe.gating) {
-    case ExpertGating::kSoftmax: {
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t e = 0; e < num; ++e) max = std::max(max, scores[e]);
-      double sum = 0.0;
-      for (int64_t e = 0; e < num; ++e) {
-        probs[e] = std::exp(scores[e] - max);
-        sum += probs[e];
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t e = 0; e < num; ++e) probs[e] *= inv;
+    case ExpertGating::kSoftmax:
+      GgmlSoftmax(scores, num, probs);
       break;
-    }
     case ExpertGating::kSigmoid:
       for (int64_t e = 0; e < num; ++e) probs[e] = 1.0f / (1.0f + std::exp(-scores[e]));
       break;
@@ -169,17 +174,7 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
     taken[at] = 1.0f;
     weight[i] = probs[at];
   }
-  if (moe.gating == ExpertGating::kSoftmaxWeight) {
-    float max = weight[0];
-    for (int64_t i = 1; i < k; ++i) max = std::max(max, weight[i]);
-    double sum = 0.0;
-    for (int64_t i = 0; i < k; ++i) {
-      weight[i] = std::exp(weight[i] - max);
-      sum += weight[i];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t i = 0; i < k; ++i) weight[i] *= inv;
-  }
+  if (moe.gating == ExpertGating::kSoftmaxWeight) GgmlSoftmax(weight, k, weight);
   if (moe.norm_weights) {
     float sum = 0.0f;
     for (int64_t i = 0; i < k; ++i) sum += weight[i];
