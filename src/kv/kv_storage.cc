@@ -64,14 +64,13 @@ KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
       num_blocks_(num_blocks),
       block_size_(block_size),
       k_type_(k_type),
-      v_type_(v_type),
+      v_type_(v_is_k ? k_type : v_type),
       key_channels_(KeyChannelsByDefault(k_type)),
       v_is_k_(v_is_k) {
-  CHECK(!v_is_k || k_type == v_type);
   CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
-  CHECK((k_type != kernels::KvType::kInt4 && v_type != kernels::KvType::kInt4) || head_dim % 2 == 0);
+  CHECK((k_type != kernels::KvType::kInt4 && v_type_ != kernels::KvType::kInt4) || head_dim % 2 == 0);
   k_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(k_type, head_dim);
-  v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type, head_dim);
+  v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type_, head_dim);
   k_layer_bytes_ = num_blocks * block_size * k_row_bytes_;
   v_layer_bytes_ = v_is_k ? 0 : num_blocks * block_size * v_row_bytes_;
   k_ = AllocZeroed(static_cast<uint64_t>(k_layer_bytes_) * num_layers);

@@ -16,8 +16,8 @@ class KvStorage {
  public:
   // Memory is reserved, not touched: pages are committed as blocks are first written.
   // v_is_k: one row per position that is both K and V (latent attention: the compressed latent
-  // with its RoPE part; V's values are its first elements). No V storage; V reads K's rows, and
-  // v_type must be k_type.
+  // with its RoPE part; V's values are its first elements). No V storage; V reads K's rows (of
+  // k_type; v_type is not used).
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
             kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false);
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,

@@ -80,12 +80,6 @@ void MoeWeights::AppendTo(std::vector<MatrixWeight*>* all) {
   }
 }
 
-int64_t MoeWeights::ExpertBytes() const {
-  if (experts.empty()) return 0;
-  const ExpertMatrices& e = experts[0];
-  return static_cast<int64_t>(e.gate.view.num_bytes + e.up.view.num_bytes + e.down.view.num_bytes);
-}
-
 Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHParams& hp, MoeWeights* w) {
   const MoeHParams& moe = hp.moe;
   const int64_t num = moe.num_experts, ffn = moe.expert_ffn, dim = hp.dim;
@@ -93,14 +87,10 @@ Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHP
   if (tensors.Has(b + "ffn_gate_inp.bias")) RETURN_IF_ERROR(tensors.Vector(b + "ffn_gate_inp.bias", num, &w->router_bias));
   if (tensors.Has(b + "exp_probs_b.bias")) RETURN_IF_ERROR(tensors.Vector(b + "exp_probs_b.bias", num, &w->selection_bias));
   w->experts.resize(num);
-  // A 3-D tensor [num][rows][in]: expert e's matrix is the e-th block of rows.
   auto split = [&](const std::string& name, int64_t in, int64_t out, MatrixWeight ExpertMatrices::*which) -> Status {
-    TensorView all;
-    RETURN_IF_ERROR(tensors.Get(name, {in, out, num}, &all));
-    const uint64_t bytes = static_cast<uint64_t>(out * all.RowBytes());
-    for (int64_t e = 0; e < num; ++e) {
-      (w->experts[e].*which).view = TensorView{all.type, {in, out}, all.data + e * bytes, bytes};
-    }
+    std::vector<MatrixWeight> parts;
+    RETURN_IF_ERROR(tensors.StackedMatrices(name, in, out, num, &parts));
+    for (int64_t e = 0; e < num; ++e) (w->experts[e].*which).view = parts[e].view;
     return Status::Ok();
   };
   RETURN_IF_ERROR(split(b + "ffn_gate_exps.weight", dim, ffn, &ExpertMatrices::gate));
@@ -260,7 +250,7 @@ void ForwardPass::Embed(const TensorView& token_embd, float scale) {
 // except under calibration, which observes the normalized rows.
 void ForwardPass::NormedProducts(int64_t l, const float* norm_w, const SameInput& outs, LinearInput which,
                                  const char* name) {
-  const int64_t n = n_, dim = hp_.dim;
+  const int64_t n = n_;
   int64_t weight_bytes = 0;
   for (const kernels::MatMulOutput& o : outs.span()) weight_bytes += static_cast<int64_t>(o.w->num_bytes);
   if (batch_.observer == nullptr && kernels::ReadQuantizedActivations(outs.span())) {
@@ -269,14 +259,19 @@ void ForwardPass::NormedProducts(int64_t l, const float* norm_w, const SameInput
     return;
   }
   ProfileSpan span("rms_norm", "op", n, 0, l);
+  NormRows(l, norm_w, which);
+  span.Next(name, n, weight_bytes, l);
+  kernels::MatMulSameInput(outs.span(), ws_.xb.data(), n, pool_);
+}
+
+void ForwardPass::NormRows(int64_t l, const float* norm_w, LinearInput which) {
+  const int64_t n = n_, dim = hp_.dim;
   pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       kernels::RmsNorm(ws_.x.data() + t * dim, norm_w, dim, hp_.rms_eps, ws_.xb.data() + t * dim);
     }
   }, /*min_items_per_thread=*/8);
   if (batch_.observer) batch_.observer->Observe(l, which, ws_.xb.data(), n, dim);
-  span.Next(name, n, weight_bytes, l);
-  kernels::MatMulSameInput(outs.span(), ws_.xb.data(), n, pool_);
 }
 
 void ForwardPass::AddBias(float* y, const TensorView& bias, int64_t width) {
@@ -398,12 +393,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
   const int64_t n = n_, dim = hp_.dim, num = moe.num_experts, k = moe.num_used, ffn = moe.expert_ffn;
   const int64_t rows = n * k;
   ProfileSpan span("rms_norm", "op", n, 0, l);
-  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      kernels::RmsNorm(ws_.x.data() + t * dim, norm_w, dim, hp_.rms_eps, ws_.xb.data() + t * dim);
-    }
-  }, /*min_items_per_thread=*/8);
-  if (batch_.observer) batch_.observer->Observe(l, LinearInput::kFfnIn, ws_.xb.data(), n, dim);
+  NormRows(l, norm_w, LinearInput::kFfnIn);
 
   // Routing: one token per item.
   span.Next("moe_router", n, WeightBytes(w.router), l);

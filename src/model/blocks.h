@@ -61,8 +61,6 @@ struct MoeWeights {
   MatrixWeight shared_gate, shared_up, shared_down;  // empty where num_shared == 0
   bool has_shared() const { return !shared_gate.view.shape.empty(); }
   void AppendTo(std::vector<MatrixWeight*>* all);
-  // Bytes of the gate, up and down of one expert.
-  int64_t ExpertBytes() const;
 };
 // Reads a layer's mixture (prefix "blk.N."): ffn_gate_inp, ffn_{gate,up,down}_exps, and
 // ffn_gate_inp.bias, exp_probs_b.bias and ffn_{gate,up,down}_shexp where the file has them (the
@@ -158,6 +156,8 @@ class ForwardPass {
 
  private:
   void AccumulateAttention(int64_t layer);
+  // ws.xb = RmsNorm(ws.x) * norm_w per token; the observer sees it as `which`.
+  void NormRows(int64_t layer, const float* norm_w, LinearInput which);
   // ws.x += ws.xb2, through RmsNorm(.) * post_norm where given.
   void Residual(int64_t layer, const TensorView* post_norm);
 

@@ -23,6 +23,16 @@ StatusOr<Pooling> ParsePooling(const std::string& name) {
   return InvalidArgument("pooling '{}' is not one of none, mean, cls, last", name);
 }
 
+Status MoeHParams::SetSoftmaxTopK(const std::string& arch, int64_t default_ffn) {
+  if (expert_ffn == 0) expert_ffn = default_ffn;
+  gating = ExpertGating::kSoftmax;
+  norm_weights = true;
+  if (num_shared > 0 || num_groups > 0 || leading_dense > 0) {
+    return Unimplemented("{}: shared experts, expert groups and dense leading layers are not part of this architecture", arch);
+  }
+  return Status::Ok();
+}
+
 StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
   ModelHParams hp;
   ASSIGN_OR_RETURN(hp.arch, file.GetString("general.architecture"));

@@ -47,6 +47,10 @@ struct MoeHParams {
 
   bool enabled() const { return num_experts > 0; }
   bool dense_layer(int64_t layer) const { return !enabled() || layer < leading_dense; }
+  // Mixtral's and Qwen-MoE's routing, as llama.cpp's graphs for them fix it: softmax, the top k
+  // renormalized, experts of default_ffn where the file names no width; an error naming `arch`
+  // when the file asks for shared experts, groups or dense leading layers.
+  Status SetSoftmaxTopK(const std::string& arch, int64_t default_ffn);
 };
 
 // Latent attention (DeepSeek's MLA, GGUF "deepseek2" as llama.cpp's converter writes it since it

@@ -19,7 +19,7 @@ KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_se
                  int64_t block_size, std::optional<kernels::KvType> v_type)
     : capacity_tokens_(capacity_tokens),
       storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim, num_seqs * ((capacity_tokens + block_size - 1) / block_size),
-               block_size, type, hp.kv_latent ? type : v_type.value_or(type), hp.kv_latent) {
+               block_size, type, v_type.value_or(type), hp.kv_latent) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
   tables_.resize(num_seqs);
   for (int64_t s = 0; s < num_seqs; ++s) {

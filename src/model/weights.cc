@@ -45,6 +45,17 @@ Status TensorLoader::SplitMatrix(const std::string& name, int64_t in,
   return Status::Ok();
 }
 
+Status TensorLoader::StackedMatrices(const std::string& name, int64_t in, int64_t rows, int64_t count,
+                                     std::vector<MatrixWeight>* out) {
+  TensorView all;
+  RETURN_IF_ERROR(Get(name, {in, rows, count}, &all));
+  const uint64_t bytes = static_cast<uint64_t>(rows * all.RowBytes());
+  out->clear();
+  out->resize(count);
+  for (int64_t i = 0; i < count; ++i) (*out)[i].view = TensorView{all.type, {in, rows}, all.data + i * bytes, bytes};
+  return Status::Ok();
+}
+
 std::vector<std::string> TensorLoader::Unused() const {
   std::vector<std::string> unused;
   for (const auto& t : file_.tensors()) {

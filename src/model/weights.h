@@ -29,6 +29,9 @@ class TensorLoader {
   // A fused matrix of `in`-element rows (Phi-3's attn_qkv, ffn_up = gate and up) as consecutive
   // row ranges, each a matrix of its own: parts[i] = {rows, out}.
   Status SplitMatrix(const std::string& name, int64_t in, const std::vector<std::pair<int64_t, MatrixWeight*>>& parts);
+  // A 3-D tensor of `count` matrices of `rows` rows of `in` elements, one after the other (a
+  // mixture's experts, per-head projections): one view each, out->size() == count.
+  Status StackedMatrices(const std::string& name, int64_t in, int64_t rows, int64_t count, std::vector<MatrixWeight>* out);
   // An f32 vector of n; as Get.
   Status Vector(const std::string& name, int64_t n, TensorView* out) { return Get(name, {n}, out); }
   // Marks a tensor used without reading it through here.

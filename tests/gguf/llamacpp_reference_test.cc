@@ -408,6 +408,31 @@ class RoutingMargin : public ActivationObserver {
   int64_t groups_, groups_used_;
 };
 
+// gale on the synth file of shape s against llama.cpp's logits `want` (as the tests below say):
+// within 2e-5, the same greedy tokens, every routing choice (and group, where s has groups) won
+// by at least 1e-4 over routed_layers layers per token, and one expert fewer per token far.
+void ExpectMixtureMatches(const char* name, const SynthShape& s, const std::vector<int32_t>& tokens,
+                          const std::vector<float>& want, int64_t routed_layers) {
+  auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
+  RoutingMargin margin(s.expert_groups, s.groups_used);
+  const std::vector<float> got = GaleLogits(*file, tokens, &margin);
+  ASSERT_EQ(got.size(), want.size());
+  const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
+  SynthShape fewer = s;
+  fewer.experts_used = s.experts_used - 1;
+  auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();
+  const double mutated = Rmse(GaleLogits(*fewer_file, tokens), want);
+  std::printf("%s (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu, routing margin %.2e over %lld "
+              "choices; one expert fewer: rmse %.3f\n",
+              name, kernels::IsaName(kernels::Active().isa), max_diff, Rmse(got, want), same_greedy, tokens.size(),
+              margin.min_gap, static_cast<long long>(margin.routed), mutated);
+  EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * routed_layers);
+  EXPECT_GT(margin.min_gap, 1e-4);
+  EXPECT_LT(max_diff, 2e-5);
+  EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
+  EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
+}
+
 // Each mixture against llama.cpp on the same file, f32 throughout (f32 KV cache, no flash
 // attention): every logit within 2e-5 as for the dense architectures, the same greedy token at
 // every position. Routing ties are kept out by construction, not by tolerance: the observer
@@ -446,24 +471,7 @@ TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
       s.nextn_layers = 1;
     }
     const int64_t run_layers = a.num_layers - (glm ? 1 : 0);
-    auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
-    RoutingMargin margin;
-    const std::vector<float> got = GaleLogits(*file, tokens, &margin);
-    ASSERT_EQ(got.size(), want.size());
-    const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
-    SynthShape fewer = s;
-    fewer.experts_used = a.used - 1;
-    auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();
-    const double mutated = Rmse(GaleLogits(*fewer_file, tokens), want);
-    std::printf("%s (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu, routing margin %.2e over %lld "
-                "choices; one expert fewer: rmse %.3f\n",
-                a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(),
-                margin.min_gap, static_cast<long long>(margin.routed), mutated);
-    EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * (run_layers - a.dense));
-    EXPECT_GT(margin.min_gap, 1e-4);
-    EXPECT_LT(max_diff, 2e-5);
-    EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
-    EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
+    ExpectMixtureMatches(a.name, s, tokens, want, run_layers - a.dense);
   }
 }
 
@@ -533,23 +541,7 @@ TEST_P(LlamaCppModelTest, LatentAttentionGivesLlamaCppLogits) {
                   a.name, latent, static_cast<long long>(a.kv_lora + a.rope), mha, mha / latent);
       EXPECT_EQ(kv.num_bytes(), static_cast<uint64_t>(16 * a.num_layers * (a.kv_lora + a.rope) * 4));
     }
-    RoutingMargin margin(a.groups, a.groups_used);
-    const std::vector<float> got = GaleLogits(*file, tokens, &margin);
-    ASSERT_EQ(got.size(), want.size());
-    const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
-    SynthShape fewer = ShapeOf(a);
-    fewer.experts_used = a.used - 1;
-    auto fewer_file = GgufFile::FromBytes(SynthesizeModel(fewer, GgmlType::kF32, 7)->WriteToBytes()).value();
-    const double mutated = Rmse(GaleLogits(*fewer_file, tokens), want);
-    std::printf("%s (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu, routing margin %.2e over %lld "
-                "choices; one expert fewer: rmse %.3f\n",
-                a.name, kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(),
-                margin.min_gap, static_cast<long long>(margin.routed), mutated);
-    EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()) * (a.num_layers - a.dense));
-    EXPECT_GT(margin.min_gap, 1e-4);
-    EXPECT_LT(max_diff, 2e-5);
-    EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
-    EXPECT_GT(mutated, 50 * Rmse(got, want) + 0.05);
+    ExpectMixtureMatches(a.name, ShapeOf(a), tokens, want, a.num_layers - a.dense);
   }
 }
 

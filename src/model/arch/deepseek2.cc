@@ -87,8 +87,8 @@ class Deepseek2Model final : public Model {
       }
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_kv_a_mqa.weight", h.dim, h.head_dim, &a.wkv_a));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_kv_a_norm.weight", mla.kv_lora_rank, &a.kv_a_norm));
-      RETURN_IF_ERROR(SplitHeads(tensors, b + "attn_k_b.weight", mla.nope_dim, mla.kv_lora_rank, heads, &a.wk_b));
-      RETURN_IF_ERROR(SplitHeads(tensors, b + "attn_v_b.weight", mla.kv_lora_rank, mla.v_head_dim, heads, &a.wv_b));
+      RETURN_IF_ERROR(tensors.StackedMatrices(b + "attn_k_b.weight", mla.nope_dim, mla.kv_lora_rank, heads, &a.wk_b));
+      RETURN_IF_ERROR(tensors.StackedMatrices(b + "attn_v_b.weight", mla.kv_lora_rank, mla.v_head_dim, heads, &a.wv_b));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", heads * mla.v_head_dim, h.dim, &a.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
       RETURN_IF_ERROR(w.ffn.Load(tensors, b, h, l));
@@ -123,17 +123,6 @@ class Deepseek2Model final : public Model {
 
  private:
   Deepseek2Model() = default;
-
-  // A 3-D tensor of one [rows][in] matrix per head, as one view per head.
-  static Status SplitHeads(TensorLoader& tensors, const std::string& name, int64_t in, int64_t rows, int64_t heads,
-                           std::vector<MatrixWeight>* out) {
-    TensorView all;
-    RETURN_IF_ERROR(tensors.Get(name, {in, rows, heads}, &all));
-    const uint64_t bytes = static_cast<uint64_t>(rows * all.RowBytes());
-    out->resize(heads);
-    for (int64_t hd = 0; hd < heads; ++hd) (*out)[hd].view = TensorView{all.type, {in, rows}, all.data + hd * bytes, bytes};
-    return Status::Ok();
-  }
 
   std::vector<DeepseekLayer> layers_;
 };

@@ -25,14 +25,7 @@ class LlamaModel final : public Model {
     std::unique_ptr<LlamaModel> m(new LlamaModel());
     m->hp_ = std::move(hp);
     MoeHParams& moe = m->hp_.moe;
-    if (moe.enabled()) {
-      if (moe.expert_ffn == 0) moe.expert_ffn = m->hp_.ffn_dim;
-      moe.gating = ExpertGating::kSoftmax;
-      moe.norm_weights = true;
-      if (moe.num_shared > 0 || moe.num_groups > 0 || moe.leading_dense > 0) {
-        return Unimplemented("llama: shared experts, expert groups and dense leading layers are not supported in this architecture");
-      }
-    }
+    if (moe.enabled()) RETURN_IF_ERROR(moe.SetSoftmaxTopK("llama", m->hp_.ffn_dim));
     const ModelHParams& h = m->hp_;
     TensorLoader tensors(file);
     RETURN_IF_ERROR(m->LoadCommon(file, tensors));

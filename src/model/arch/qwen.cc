@@ -31,12 +31,7 @@ class QwenModel final : public Model {
     if (variant == Variant::kQwen3Moe) {
       MoeHParams& moe = m->hp_.moe;
       if (!moe.enabled()) return InvalidArgument("qwen3moe: the file has no qwen3moe.expert_count");
-      if (moe.expert_ffn == 0) moe.expert_ffn = m->hp_.ffn_dim / moe.num_used;
-      moe.gating = ExpertGating::kSoftmax;
-      moe.norm_weights = true;
-      if (moe.num_shared > 0 || moe.num_groups > 0 || moe.leading_dense > 0) {
-        return Unimplemented("qwen3moe: shared experts, expert groups and dense leading layers are not part of this architecture");
-      }
+      RETURN_IF_ERROR(moe.SetSoftmaxTopK("qwen3moe", m->hp_.ffn_dim / moe.num_used));
     }
     const ModelHParams& h = m->hp_;
     TensorLoader tensors(file);
