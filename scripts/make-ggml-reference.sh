@@ -64,6 +64,25 @@ done <<'SHAPES'
 glm4moe 256 4 4 2 64 32 512 8 2 64 1 1
 glm4moe_odd 192 4 3 1 64 16 384 6 3 96 0 2
 SHAPES
+# gpt-oss: biases, attention sinks, windows of 5 on the even layers, the router's and experts'
+# biases, clamped SwiGLU (the test's kMoeShapes); gpt_oss: a query width (8 x 64) other than dim;
+# gpt_oss_yarn: YaRN by 4 from an original context of 64. gpt_oss_mxfp4: gpt_oss's shape with one
+# layer (its router reads the f32 embeddings, the same in both engines: no routing flips from the
+# engines' different int8 activations) through `gale quantize --type mxfp4` (MXFP4 experts, Q8_0
+# attention).
+while read -r name dim layers heads kv_heads head_dim ffn experts used expert_ffn yarn; do
+  "$build/gale" synth --shape custom --arch gpt-oss --dim "$dim" --layers "$layers" --heads "$heads" \
+    --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --experts "$experts" --experts-used "$used" \
+    --expert-ffn "$expert_ffn" --window 5 --yarn "$yarn" --yarn-orig-ctx 64 --vocab 512 --ctx 256 --type f32 \
+    --seed 7 -o "$tmp/$name.gguf"
+  extra+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+gpt_oss 256 3 8 2 64 512 8 2 128 0
+gpt_oss_yarn 192 4 3 1 64 384 6 3 96 4
+gpt_oss_1l 256 1 8 2 64 512 8 2 128 0
+SHAPES
+"$build/gale" quantize --type mxfp4 -i "$tmp/gpt_oss_1l.gguf" -o "$tmp/gpt_oss_mxfp4.gguf" 2> /dev/null
+extra+=("gpt_oss_mxfp4=$tmp/gpt_oss_mxfp4.gguf")
 # Latent attention (deepseek2, llama.cpp's MLA format) with DeepSeek-V3's routing: sigmoid scores,
 # selection bias, expert groups, a shared expert, dense leading layers (the test's kMlaShapes);
 # the lite variant has no query low rank (26 layers: llama.cpp tells lite files by layer count).

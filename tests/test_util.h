@@ -75,6 +75,14 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.shared_experts = 1;
     s.nextn_layers = 1;
   }
+  if (arch == "gpt-oss") {  // three layers (windowed, global, windowed), windows of 8, sinks, biases
+    s.num_layers = 3;
+    s.head_dim = 64;
+    s.sliding_window = 8;
+    s.num_experts = 8;
+    s.experts_used = 2;
+    s.expert_ffn = 64;
+  }
   if (arch == "mixtral") {  // llama with four experts of the FFN's width, two per token
     s.arch = "llama";
     s.num_experts = 4;

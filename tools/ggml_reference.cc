@@ -131,6 +131,7 @@ constexpr TypeCase kTypes[] = {
     {14, "q6_K", "quantize_row_q6_K_ref", "dequantize_row_q6_K"},
     {20, "iq4_nl", "quantize_row_iq4_nl_ref", "dequantize_row_iq4_nl"},
     {23, "iq4_xs", "quantize_row_iq4_xs_ref", "dequantize_row_iq4_xs"},
+    {39, "mxfp4", "quantize_row_mxfp4_ref", "dequantize_row_mxfp4"},
 };
 
 void WriteBlocks(void* base, const std::string& out) {

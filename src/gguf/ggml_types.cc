@@ -29,6 +29,7 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kIQ4_NL, "iq4_nl", 32, sizeof(BlockIQ4_NL)},
     {GgmlType::kIQ4_XS, "iq4_xs", kQK_K, sizeof(BlockIQ4_XS)},
     {GgmlType::kBF16, "bf16", 1, 2},
+    {GgmlType::kMXFP4, "mxfp4", 32, sizeof(BlockMXFP4)},
     {GgmlType::kW4A16G64, "w4a16_g64", 64, sizeof(BlockW4<64, false>)},
     {GgmlType::kW4A16G128, "w4a16_g128", 128, sizeof(BlockW4<128, false>)},
     {GgmlType::kW4A16ZG64, "w4a16z_g64", 64, sizeof(BlockW4<64, true>)},
@@ -41,14 +42,16 @@ constexpr GgmlTypeTraits kTraits[] = {
 constexpr std::string_view kAllNames[] = {
     "f32",  "f16",  "q4_0", "q4_1", "q4_2", "q4_3", "q5_0", "q5_1",    "q8_0",    "q8_1",
     "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "q8_K", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s",
-    "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m", "bf16"};
+    "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m", "bf16",
+    "q4_0_4_4", "q4_0_4_8", "q4_0_8_8", "tq1_0", "tq2_0", "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8", "mxfp4"};
 
 // Indexed by ggml type id; {0, 0} marks ids that were removed from ggml.
 constexpr GgmlBlockLayout kLayouts[] = {
     {1, 4},     {1, 2},     {32, 18},   {32, 20},  {0, 0},    {0, 0},   {32, 22},  {32, 24},
     {32, 34},   {32, 36},   {256, 84},  {256, 110}, {256, 144}, {256, 176}, {256, 210}, {256, 292},
     {256, 66},  {256, 74},  {256, 98},  {256, 50}, {32, 18},  {256, 110}, {256, 82}, {256, 136},
-    {1, 1},     {1, 2},     {1, 4},     {1, 8},    {1, 8},    {256, 56}, {1, 2}};
+    {1, 1},     {1, 2},     {1, 4},     {1, 8},    {1, 8},    {256, 56}, {1, 2},    {0, 0},
+    {0, 0},     {0, 0},     {256, 54},  {256, 66}, {0, 0},    {0, 0},   {0, 0},    {32, 17}};
 
 void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
   for (int64_t b = 0; b < n / kQK8_0; ++b) {
@@ -305,6 +308,33 @@ void QuantizeIQ4_XS(const float* x, BlockIQ4_XS* y, int64_t n) {
   }
 }
 
+// llama.cpp's quantize_row_mxfp4_ref: e from the block's largest magnitude (floor(log2 amax) - 2,
+// so amax lands in the top binade of E2M1's range), then each value's nearest table entry, the
+// first on ties.
+void QuantizeMXFP4(const float* x, BlockMXFP4* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const uint8_t e = amax > 0.0f ? static_cast<uint8_t>(std::floor(std::log2(amax)) - 2 + 127) : 0;
+    const float d = E8M0HalfToFp32(e);
+    auto nearest = [d](float v) {
+      int best = 0;
+      float best_err = std::fabs(kMXFP4Values[0] * d - v);
+      for (int i = 1; i < 16; ++i) {
+        const float err = std::fabs(kMXFP4Values[i] * d - v);
+        if (err < best_err) {
+          best = i;
+          best_err = err;
+        }
+      }
+      return best;
+    };
+    y[b].e = e;
+    for (int j = 0; j < 16; ++j) y[b].qs[j] = static_cast<uint8_t>(nearest(xb[j]) | nearest(xb[j + 16]) << 4);
+  }
+}
+
 // K-quant writers: llama.cpp's block layouts (read back by the bit-exact dequantizers below), with
 // plain round-to-nearest scales rather than llama.cpp's iterative scale search, so the bytes differ
 // from llama-quantize's and the error is somewhat larger.
@@ -465,7 +495,7 @@ bool CanQuantize(GgmlType type) {
   return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
          type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ||
          type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || type == GgmlType::kIQ4_NL ||
-         type == GgmlType::kIQ4_XS || W4FormatOf(type).group > 0;
+         type == GgmlType::kIQ4_XS || type == GgmlType::kMXFP4 || W4FormatOf(type).group > 0;
 }
 
 uint32_t LlamaFileType(GgmlType type) {
@@ -485,6 +515,7 @@ uint32_t LlamaFileType(GgmlType type) {
     case GgmlType::kIQ4_NL: return 25;
     case GgmlType::kIQ4_XS: return 30;
     case GgmlType::kBF16: return 32;
+    case GgmlType::kMXFP4: return 38;  // LLAMA_FTYPE_MOSTLY_MXFP4_MOE
     default: return 1024;
   }
 }
@@ -604,6 +635,10 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
       CHECK(n % kQK_K == 0);
       QuantizeIQ4_XS(src, static_cast<BlockIQ4_XS*>(dst), n);
       return;
+    case GgmlType::kMXFP4:
+      CHECK(n % 32 == 0);
+      QuantizeMXFP4(src, static_cast<BlockMXFP4*>(dst), n);
+      return;
     case GgmlType::kW4A16G64:
     case GgmlType::kW4A16G128:
     case GgmlType::kW4A16ZG64:
@@ -720,6 +755,16 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
           d = IQ4XSRunScale(b, static_cast<int>(r % 8));
         }
         for (int j = 0; j < 32; ++j) dst[r * 32 + j] = d * static_cast<float>(v[j]);
+      }
+      return;
+    }
+    case GgmlType::kMXFP4: {
+      int8_t v[32];
+      for (int64_t r = 0; r < n / 32; ++r) {
+        const auto& b = static_cast<const BlockMXFP4*>(src)[r];
+        MXFP4RunValues(b.qs, v);
+        const float d = E8M0HalfToFp32(b.e);
+        for (int j = 0; j < 32; ++j) dst[r * 32 + j] = static_cast<float>(v[j]) * d;
       }
       return;
     }

@@ -27,6 +27,7 @@ enum class GgmlType : uint32_t {
   kIQ4_NL = 20,
   kIQ4_XS = 23,
   kBF16 = 30,
+  kMXFP4 = 39,
   // gale's own 4-bit weight types (ids far above ggml's, which other tools will not know): int4
   // weights in groups of 64 or 128 with an f16 scale, symmetric (x = d * (q - 8)) or with an f16
   // offset as zero point (Z: x = d * q + m, q in [0, 15]). W4A16 types multiply with f32
@@ -260,6 +261,30 @@ static inline int IQ4XSRunFactor(const BlockIQ4_XS& b, int j) {
 }
 float IQ4XSRunScale(const BlockIQ4_XS& b, int j);
 
+// MXFP4 (OCP microscaling FP4, gpt-oss's expert type): 32 E2M1 floats sharing an E8M0 scale.
+// ggml stores each E2M1 value doubled, as the int8 kMXFP4Values, and halves the scale to match:
+// w = kMXFP4Values[index] * 2^(e - 128); indices in Q4_0's nibble order.
+inline constexpr int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+struct BlockMXFP4 {
+  uint8_t e;  // E8M0 exponent
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockMXFP4) == 17);
+// 2^(e - 128) exactly (ggml's GGML_E8M0_TO_FP32_HALF, subnormal for e < 2).
+inline float E8M0HalfToFp32(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+// The table values of a run of 32 MXFP4 indices (Q4_0's nibble order).
+static inline void MXFP4RunValues(const uint8_t* qs, int8_t* out) {
+  for (int j = 0; j < 16; ++j) {
+    out[j] = kMXFP4Values[qs[j] & 0x0f];
+    out[j + 16] = kMXFP4Values[qs[j] >> 4];
+  }
+}
+
 struct GgmlTypeTraits {
   GgmlType type;
   std::string_view name;
@@ -284,7 +309,8 @@ std::optional<GgmlType> ParseTypeName(std::string_view name);  // "f16", "q8_0",
 // Bytes of a row of num_elements; num_elements must be a multiple of the block size.
 int64_t RowBytes(GgmlType type, int64_t num_elements);
 
-// Reference conversions, bit-exact with llama.cpp's *_ref functions for F16, BF16, Q8_0 and Q4_0.
+// Reference conversions, bit-exact with llama.cpp's *_ref functions for F16, BF16, Q8_0, Q4_0 and
+// MXFP4.
 // n is a multiple of the type's block size. Q4_K and Q6_K are written in llama.cpp's layouts with
 // round-to-nearest scales (not its search: valid blocks, different bytes); Q5_K is read only
 // (CanQuantize says which).

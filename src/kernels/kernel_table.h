@@ -19,7 +19,7 @@ enum TypeSlot {
   kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kSlotQ4_K, kSlotQ5_K, kSlotQ6_K,
   kSlotW4A16G64, kSlotW4A16G128, kSlotW4A16ZG64, kSlotW4A16ZG128, kSlotW4A8G64, kSlotW4A8G128,
   kSlotQ4_1, kSlotQ5_0, kSlotQ5_1, kSlotQ3_K, kSlotQ2_K, kSlotIQ4_NL, kSlotIQ4_XS,
-  kNumTypeSlots
+  kSlotMXFP4, kNumTypeSlots
 };
 TypeSlot SlotOf(GgmlType type);
 
@@ -153,8 +153,10 @@ struct KernelTable {
   // gives bitwise what a contiguous one gives).
   // scores: null, or per query null or [lens[i]] floats that receive its scaled scores
   // q_i . k_p / sqrt(head_dim) before the softmax (KV retention's attention tracking).
+  // sinks: null, or per query a logit that joins the softmax's denominator only (gpt-oss's
+  // attention sinks: out_i = sum_p e^(s_p) v_p / (e^(sink_i) + sum_p e^(s_p))); -inf for none.
   void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores);
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks);
   // x = softmax(x) in place, n >= 1 (KV retention's attention tracking; not batch-critical).
   void (*softmax)(float* x, int64_t n);
   // Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dims of each head of x

@@ -57,6 +57,7 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kQ6_K: return kSlotQ6_K;
     case GgmlType::kIQ4_NL: return kSlotIQ4_NL;
     case GgmlType::kIQ4_XS: return kSlotIQ4_XS;
+    case GgmlType::kMXFP4: return kSlotMXFP4;
     case GgmlType::kW4A16G64: return kSlotW4A16G64;
     case GgmlType::kW4A16G128: return kSlotW4A16G128;
     case GgmlType::kW4A16ZG64: return kSlotW4A16ZG64;
@@ -642,7 +643,7 @@ std::optional<KvType> ParseKvType(std::string_view name) {
 
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores, int64_t window) {
+               float* const* scores, int64_t window, const float* sinks) {
   CHECK(window == 0 || scores == nullptr);  // tracked scores are per slot from 0
   const KernelTable& kt = Active();
   // A sliding window: a token whose window starts past slot 0 reads through a table of its own,
@@ -728,6 +729,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
     float* score_outs[kMaxAttendQueries];
     int64_t lens[kMaxAttendQueries];
     int32_t heads[kMaxAttendQueries];
+    float query_sinks[kMaxAttendQueries];
     for (int64_t i = begin; i < end; ++i) {
       const Task& task = tasks[i];
       int nq = 0;
@@ -738,6 +740,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
           lens[nq] = static_cast<int64_t>(positions[t]) + 1 - begins[t];
           score_outs[nq] = scores != nullptr && scores[t] != nullptr ? scores[t] + h * lens[nq] : nullptr;
           heads[nq] = h / group - task.kv_head;
+          if (sinks != nullptr) query_sinks[nq] = sinks[h];
           ++nq;
         }
       }
@@ -752,7 +755,8 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
                              task.num_kv_heads > 1 ? heads : nullptr,
                              k_head_bytes,
                              v_head_bytes};
-      kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr);
+      kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr,
+                     sinks != nullptr ? query_sinks : nullptr);
     }
   }, ThreadPool::MinItemsForWork(num_tasks, total_ns));
 }

@@ -166,9 +166,10 @@ struct KvLayer {
 // [num_heads, positions[t] + 1] floats receiving each head's scaled scores before the softmax.
 // window > 0: a sliding window, token t attends to slots [max(0, positions[t] + 1 - window),
 // positions[t]] (llama.cpp's standard SWA: keys less than `window` positions back); scores must
-// then be null.
+// then be null. sinks: null, or per query head a logit that joins each softmax's denominator only
+// (gpt-oss's attention sinks).
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores = nullptr, int64_t window = 0);
+               float* const* scores = nullptr, int64_t window = 0, const float* sinks = nullptr);
 
 }  // namespace gale::kernels

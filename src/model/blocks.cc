@@ -4,6 +4,7 @@
 #include "model/blocks.h"
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include <cmath>
@@ -23,12 +24,31 @@ void Grow(std::vector<float>& v, size_t n) {
 // gate = act(gate) * up over rows of width elements, one row per item.
 void ActivateRows(GateActivation act, float* gate, const float* up, int64_t rows, int64_t width, ThreadPool& pool) {
   pool.ParallelFor(rows, [&](int64_t begin, int64_t end) {
-    if (act == GateActivation::kSilu) {
-      kernels::SiluMul(gate + begin * width, up + begin * width, (end - begin) * width);
-    } else {
-      kernels::GeluTanhMul(gate + begin * width, up + begin * width, (end - begin) * width);
+    float* g = gate + begin * width;
+    const float* u = up + begin * width;
+    const int64_t n = (end - begin) * width;
+    switch (act) {
+      case GateActivation::kSilu: kernels::SiluMul(g, u, n); break;
+      case GateActivation::kGeluTanh: kernels::GeluTanhMul(g, u, n); break;
+      case GateActivation::kSwigluOai:
+        // ggml's swiglu_oai, operation for operation (alpha 1.702, limit 7).
+        for (int64_t i = 0; i < n; ++i) {
+          const float x = std::min(g[i], 7.0f);
+          const float y = std::clamp(u[i], -7.0f, 7.0f);
+          g[i] = x / (1.0f + std::exp(1.702f * (-x))) * (y + 1.0f);
+        }
+        break;
     }
   });
+}
+
+const char* ActivationName(GateActivation act, bool moe) {
+  switch (act) {
+    case GateActivation::kSilu: return moe ? "moe_silu_mul" : "silu_mul";
+    case GateActivation::kGeluTanh: return moe ? "moe_gelu_mul" : "gelu_mul";
+    case GateActivation::kSwigluOai: return moe ? "moe_swiglu_oai" : "swiglu_oai";
+  }
+  return "?";
 }
 
 // out = softmax(x) over n values as ggml computes it: the exponentials' sum in double, then one
@@ -96,6 +116,19 @@ Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHP
   RETURN_IF_ERROR(split(b + "ffn_gate_exps.weight", dim, ffn, &ExpertMatrices::gate));
   RETURN_IF_ERROR(split(b + "ffn_up_exps.weight", dim, ffn, &ExpertMatrices::up));
   RETURN_IF_ERROR(split(b + "ffn_down_exps.weight", ffn, dim, &ExpertMatrices::down));
+  // Expert biases (gpt-oss): [width, experts] f32, expert e's in row e.
+  const bool biased = tensors.Has(b + "ffn_gate_exps.bias");
+  if (biased || tensors.Has(b + "ffn_up_exps.bias") || tensors.Has(b + "ffn_down_exps.bias")) {
+    for (const auto& [name, width, which] :
+         {std::tuple{"ffn_gate_exps.bias", ffn, &ExpertMatrices::gate_bias},
+          std::tuple{"ffn_up_exps.bias", ffn, &ExpertMatrices::up_bias},
+          std::tuple{"ffn_down_exps.bias", dim, &ExpertMatrices::down_bias}}) {
+      TensorView v;
+      RETURN_IF_ERROR(tensors.Get(b + name, {width, num}, &v));
+      if (v.type != GgmlType::kF32) return InvalidArgument("tensor {}{} must be f32", b, name);
+      for (int64_t e = 0; e < num; ++e) w->experts[e].*which = Floats(v) + e * width;
+    }
+  }
   if (moe.num_shared > 0) {
     const int64_t shared = moe.shared_ffn > 0 ? moe.shared_ffn : ffn * moe.num_shared;
     RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate_shexp.weight", dim, shared, &w->shared_gate));
@@ -293,7 +326,7 @@ void ForwardPass::HeadNorm(float* x, int64_t num_heads, const TensorView& w, con
   }, /*min_items_per_thread=*/16);
 }
 
-void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels) {
+void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const float* sinks) {
   const int64_t n = n_, q_dim = hp_.q_dim(), kv_dim = hp_.kv_dim(), head_dim = hp_.head_dim;
   const int64_t block_size = kv_.block_size();
   const int64_t group = hp_.num_heads / hp_.num_kv_heads;
@@ -345,18 +378,20 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels) {
   span.Next("attention", n, kv_positions_ * 2 * kv_.row_bytes(), l);
   kernels::Attention(ws_.q.data(), n, ws_.kv_slots.data(), ws_.tables.data(), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
-                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window);
+                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks);
   if (tracking_) {
     span.Next("attention_track", n, 0, l);
     AccumulateAttention(l);
   }
 }
 
-void ForwardPass::OutputProjection(int64_t l, const MatrixWeight& wo, const TensorView* post_norm) {
+void ForwardPass::OutputProjection(int64_t l, const MatrixWeight& wo, const TensorView* post_norm,
+                                   const TensorView* bias) {
   const int64_t n = n_;
   if (batch_.observer) batch_.observer->Observe(l, LinearInput::kAttnOut, ws_.xb.data(), n, hp_.q_dim());
   ProfileSpan span("matmul_o", "op", n, WeightBytes(wo), l);
   MatMul(wo, ws_.xb.data(), n, ws_.xb2.data(), pool_);
+  if (bias != nullptr) AddBias(ws_.xb2.data(), *bias, hp_.dim);
   Residual(l, post_norm);
 }
 
@@ -377,7 +412,7 @@ void ForwardPass::GatedFfn(int64_t l, const float* norm_w, const MatrixWeight& g
   const int64_t n = n_, ffn = hp_.ffn_dim;
   NormedProducts(l, norm_w, {{&gate, ws_.hb.data()}, {&up, ws_.hb2.data()}}, LinearInput::kFfnIn, "matmul_gate_up");
   {
-    ProfileSpan span(act == GateActivation::kSilu ? "silu_mul" : "gelu_mul", "op", n, 0, l);
+    ProfileSpan span(ActivationName(act, false), "op", n, 0, l);
     // One token row per item: an element's arithmetic does not depend on the split.
     ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, ffn, pool_);
     if (batch_.observer) batch_.observer->Observe(l, LinearInput::kFfnMid, ws_.hb.data(), n, ffn);
@@ -453,7 +488,27 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
   }
   span.Next("moe_gate_up", rows, active_bytes, l);
   kernels::MatMulGrouped(products, ws_.moe_x.data(), rows, pool_);
-  span.Next(act == GateActivation::kSilu ? "moe_silu_mul" : "moe_gelu_mul", rows, 0, l);
+  // Expert biases (gpt-oss): each grouped row takes its expert's; one row per item.
+  const bool biased = w.experts[0].gate_bias != nullptr;
+  std::vector<int32_t> row_expert;
+  if (biased) {
+    row_expert.resize(rows);
+    for (int64_t e = 0; e < num; ++e) {
+      for (int64_t r = first[e]; r < first[e + 1]; ++r) row_expert[r] = static_cast<int32_t>(e);
+    }
+    pool_.ParallelFor(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const ExpertMatrices& x = w.experts[row_expert[r]];
+        float* g = ws_.moe_h.data() + r * ffn;
+        float* u = ws_.moe_h2.data() + r * ffn;
+        for (int64_t i = 0; i < ffn; ++i) {
+          g[i] += x.gate_bias[i];
+          u[i] += x.up_bias[i];
+        }
+      }
+    }, /*min_items_per_thread=*/16);
+  }
+  span.Next(ActivationName(act, true), rows, 0, l);
   ActivateRows(act, ws_.moe_h.data(), ws_.moe_h2.data(), rows, ffn, pool_);
   products.clear();
   active_bytes = 0;
@@ -466,6 +521,15 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
   }
   span.Next("moe_down", rows, active_bytes, l);
   kernels::MatMulGrouped(products, ws_.moe_h.data(), rows, pool_);
+  if (biased) {
+    pool_.ParallelFor(rows, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float* bias = w.experts[row_expert[r]].down_bias;
+        float* y = ws_.moe_y.data() + r * dim;
+        for (int64_t i = 0; i < dim; ++i) y[i] += bias[i];
+      }
+    }, /*min_items_per_thread=*/16);
+  }
 
   // The shared experts: a dense FFN of the same normed rows, into ws.xb2.
   if (w.has_shared()) {

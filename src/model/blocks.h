@@ -44,9 +44,13 @@ struct DenseMatrices {
   }
 };
 
-// One expert of a mixture: a gated FFN of the expert width.
+// One expert of a mixture: a gated FFN of the expert width, with biases where the model has them
+// (gpt-oss: rows of the file's [width, experts] ffn_{gate,up,down}_exps.bias; null elsewhere).
 struct ExpertMatrices {
   MatrixWeight gate, up, down;
+  const float* gate_bias = nullptr;
+  const float* up_bias = nullptr;
+  const float* down_bias = nullptr;
 };
 
 // A mixture-of-experts FFN (llama.cpp's tensors): the router ffn_gate_inp ([num_experts] rows of
@@ -63,8 +67,9 @@ struct MoeWeights {
   void AppendTo(std::vector<MatrixWeight*>* all);
 };
 // Reads a layer's mixture (prefix "blk.N."): ffn_gate_inp, ffn_{gate,up,down}_exps, and
-// ffn_gate_inp.bias, exp_probs_b.bias and ffn_{gate,up,down}_shexp where the file has them (the
-// shared ones required when hp.moe.num_shared > 0).
+// ffn_gate_inp.bias, exp_probs_b.bias, ffn_{gate,up,down}_exps.bias (all three or none, f32) and
+// ffn_{gate,up,down}_shexp where the file has them (the shared ones required when
+// hp.moe.num_shared > 0).
 Status LoadMoeWeights(class TensorLoader& tensors, const std::string& prefix, const ModelHParams& hp, MoeWeights* w);
 
 // One token's routing (llama.cpp's build_moe_ffn): scores ([num_experts]) holds the router's
@@ -101,8 +106,10 @@ struct LatentAttentionWeights {
   void AppendTo(std::vector<MatrixWeight*>* all);
 };
 
-// The feed-forward's gate activation: SiLU (SwiGLU) or GELU with the tanh approximation (GeGLU).
-enum class GateActivation : uint8_t { kSilu = 0, kGeluTanh = 1 };
+// The feed-forward's gate activation: SiLU (SwiGLU), GELU with the tanh approximation (GeGLU), or
+// gpt-oss's clamped SwiGLU (ggml's swiglu_oai: x = min(gate, 7), y = clamp(up, -7, 7),
+// x / (1 + e^(-1.702 x)) * (y + 1)).
+enum class GateActivation : uint8_t { kSilu = 0, kGeluTanh = 1, kSwigluOai = 2 };
 
 class ForwardPass {
  public:
@@ -126,17 +133,19 @@ class ForwardPass {
   // cache uses it), the cache write of K and V, then attention of ws.q over the cache into ws.xb
   // ([num_tokens, q_dim]), with KV retention's tracking where the batch asks for it. The layer's
   // sliding window (hp.LayerWindow) and its own RoPE base where it has one apply; queries are
-  // scaled by hp.query_scale.
-  void Attention(int64_t layer, const KeyChannels* key_channels);
+  // scaled by hp.query_scale. sinks: null, or per query head a logit that joins each softmax's
+  // denominator (gpt-oss's attention sinks, [num_heads]).
+  void Attention(int64_t layer, const KeyChannels* key_channels, const float* sinks = nullptr);
   // Latent attention (hp.mla) of n = RmsNorm(ws.x) * norm_w, in the absorbed form for every
   // token: each head's query = [wk_b(h) q_nope(h), RoPE(q_pe(h))] against the cache rows
   // [RmsNorm(latent), RoPE(k_pe)] (one row per position, both K and V: multi-query attention over
   // kv_lora_rank + rope_dims), scaled as hp.query_scale says; each head's output's latent part
   // through wv_b(h), the heads through wo, added to ws.x.
   void LatentAttention(int64_t layer, const float* norm_w, const LatentAttentionWeights& w);
-  // ws.x += ws.xb * wo, or RmsNorm(ws.xb * wo) * post_norm where given (Gemma's post-attention
-  // norm); the observer sees ws.xb as kAttnOut.
-  void OutputProjection(int64_t layer, const MatrixWeight& wo, const TensorView* post_norm = nullptr);
+  // ws.x += ws.xb * wo (+ bias where given), or RmsNorm(that) * post_norm where given (Gemma's
+  // post-attention norm); the observer sees ws.xb as kAttnOut.
+  void OutputProjection(int64_t layer, const MatrixWeight& wo, const TensorView* post_norm = nullptr,
+                        const TensorView* bias = nullptr);
   // ws.x += down(act(gate(n)) * up(n)) with n = RmsNorm(ws.x) * norm_w, the sum normed by
   // post_norm first where given.
   void GatedFfn(int64_t layer, const float* norm_w, const MatrixWeight& gate, const MatrixWeight& up,

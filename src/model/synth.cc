@@ -89,9 +89,11 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
-      s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe)", s.arch);
+      s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe" && s.arch != "gpt-oss") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe, "
+                           "gpt-oss)", s.arch);
   }
+  const bool gpt = s.arch == "gpt-oss";
   const bool glm = s.arch == "glm4moe";
   if (glm && (s.nextn_layers < 0 || s.nextn_layers >= s.num_layers || s.leading_dense < 0 ||
               s.leading_dense > s.num_layers - s.nextn_layers || s.shared_experts < 0)) {
@@ -105,9 +107,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   const bool moe = s.num_experts > 0;
   const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
   if (s.arch == "qwen3moe" && !moe) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
-  if ((mla || glm) && !moe) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
-  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla && !glm)) {
-    return InvalidArgument("synth: experts are written for llama (Mixtral-style), qwen3moe, deepseek2 and glm4moe only");
+  if ((mla || glm || gpt) && !moe) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
+  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla && !glm && !gpt)) {
+    return InvalidArgument("synth: experts are written for llama (Mixtral-style), qwen3moe, deepseek2, glm4moe and gpt-oss only");
   }
   if (s.expert_groups > 1 && (s.num_experts % s.expert_groups != 0 || s.groups_used <= 0 || s.groups_used > s.expert_groups)) {
     return InvalidArgument("synth: {} expert groups (using {}) must divide {} experts", s.expert_groups, s.groups_used, s.num_experts);
@@ -185,14 +187,15 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma || glm ? 1e-6f : 1e-5f);
-  w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : 10000.0f);
+  w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : gpt ? 150000.0f : 10000.0f);
   if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
   if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
+  if (gpt) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 128));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
     w.SetU32(p + "expert_used_count", static_cast<uint32_t>(s.experts_used));
-    if (s.arch == "qwen3moe" || mla || glm) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+    if (s.arch == "qwen3moe" || mla || glm || gpt) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
   }
   if (s.yarn_factor > 0.0) {
     if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
@@ -260,6 +263,17 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
   };
   auto ones = [&](const std::string& name, int64_t n) { return vector(name, n, 1.0f, 0.0f); };
+  // gpt-oss's expert biases: [width, experts] f32 around 0.
+  auto expert_biases = [&](const std::string& name, int64_t width, float spread) {
+    uint64_t tensor_seed = seed ^ 0x84222325cbf29ce4ull;
+    for (char ch : name) tensor_seed = (tensor_seed ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
+    Rng rng(tensor_seed);
+    std::vector<float> v(width * s.num_experts);
+    for (float& x : v) x = rng.Uniform(-spread, spread);
+    std::vector<uint8_t> bytes(v.size() * 4);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {width, s.num_experts}, std::move(bytes));
+  };
   // DeepSeek-V3's and GLM's mixture: the f32 router, the selection bias, the experts, the shared ones.
   auto biased_experts = [&](const std::string& b) -> Status {
     RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
@@ -329,6 +343,29 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
         RETURN_IF_ERROR(ones(b + "nextn.hnorm.weight", s.dim));
         RETURN_IF_ERROR(ones(b + "nextn.shared_head_norm.weight", s.dim));
       }
+      continue;
+    }
+    if (gpt) {
+      // Biases everywhere, a sink logit per query head, the FFN norm as post_attention_norm, and
+      // the router's and every expert's biases.
+      RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
+      RETURN_IF_ERROR(vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
+      RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+      RETURN_IF_ERROR(vector(b + "ffn_gate_inp.bias", s.num_experts, 0.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+      RETURN_IF_ERROR(expert_biases(b + "ffn_gate_exps.bias", expert_ffn, 0.5f));
+      RETURN_IF_ERROR(expert_biases(b + "ffn_up_exps.bias", expert_ffn, 0.5f));
+      RETURN_IF_ERROR(expert_biases(b + "ffn_down_exps.bias", s.dim, 0.2f));
       continue;
     }
     if (s.arch == "phi3") {  // fused: Q, K, V rows in one matrix

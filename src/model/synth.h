@@ -1,4 +1,5 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe,
+// gpt-oss),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -21,7 +22,7 @@ struct SynthShape {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 4;
   int64_t head_dim = 0;  // 0: dim / num_heads; else written as attention.key_length / value_length
-  int64_t sliding_window = 0;  // gemma3: attention.sliding_window (0: 512)
+  int64_t sliding_window = 0;  // gemma3, gpt-oss: attention.sliding_window (0: 512, 128)
   int64_t ffn_dim = 128;
   int64_t vocab_size = 512;
   int64_t context_length = 2048;
@@ -50,6 +51,8 @@ struct SynthShape {
   // glm4moe (always with experts): Q/K/V biases and per-head norms, RoPE on rope_dim dims (0: half
   // the head), leading_dense and shared_experts as above, sigmoid routing with a selection bias,
   // and nextn_layers multi-token-prediction layers at the end (counted in num_layers).
+  // gpt-oss (always with experts): biases on Q, K, V, the output and the router and experts, a
+  // sink logit per query head, a sliding window (sliding_window) on the even layers.
   int64_t nextn_layers = 0;
 };
 

@@ -27,8 +27,10 @@ StatusOr<QuantScheme> ParseQuantScheme(const std::string& name) {
   if (name == "q5_1") return QuantScheme::kQ5_1;
   if (name == "iq4_nl") return QuantScheme::kIQ4_NL;
   if (name == "iq4_xs") return QuantScheme::kIQ4_XS;
+  if (name == "mxfp4") return QuantScheme::kMXFP4;
   return InvalidArgument(
-      "--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, iq4_nl, iq4_xs, w8a8, w4a16, w4a8", name);
+      "--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, iq4_nl, iq4_xs, mxfp4, w8a8, w4a16, w4a8",
+      name);
 }
 
 const char* QuantSchemeName(QuantScheme s) {
@@ -45,6 +47,7 @@ const char* QuantSchemeName(QuantScheme s) {
     case QuantScheme::kQ5_1: return "q5_1";
     case QuantScheme::kIQ4_NL: return "iq4_nl";
     case QuantScheme::kIQ4_XS: return "iq4_xs";
+    case QuantScheme::kMXFP4: return "mxfp4";
   }
   return "?";
 }
@@ -69,6 +72,7 @@ StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
     case QuantScheme::kQ5_1: return GgmlType::kQ5_1;
     case QuantScheme::kIQ4_NL: return GgmlType::kIQ4_NL;
     case QuantScheme::kIQ4_XS: return GgmlType::kIQ4_XS;
+    case QuantScheme::kMXFP4: return GgmlType::kMXFP4;
     case QuantScheme::kW4A16:
       if (o.group_size == 64) return o.zero_point ? GgmlType::kW4A16ZG64 : GgmlType::kW4A16G64;
       return o.zero_point ? GgmlType::kW4A16ZG128 : GgmlType::kW4A16G128;
@@ -391,6 +395,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
   auto reason = [&](const GgufTensorInfo& t) -> std::string {
     if (t.shape.size() != 2 && t.shape.size() != 3) return "not a matrix";  // 3-D: a mixture's experts
     if (t.name.find("ffn_gate_inp") != std::string::npos) return "expert router";  // f32, as llama.cpp keeps it
+    if (t.name.ends_with(".bias")) return "bias";  // gpt-oss's experts' biases are [width, experts]
     if (t.name == "token_embd.weight" && !options.quantize_embeddings) return "token embedding";
     if (t.name == "output.weight" && !options.quantize_output) return "output layer";
     for (size_t i = 0; i < keep.size(); ++i) {
@@ -441,6 +446,8 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     const auto edit_it = edits.find(t.name);
     const Edit* edit = edit_it != edits.end() ? &edit_it->second : nullptr;
     GgmlType target = options.transform_only ? GgmlType::kF32 : type;
+    // MXFP4 is for the experts, as llama.cpp's MXFP4_MOE: every other matrix becomes Q8_0.
+    if (target == GgmlType::kMXFP4 && t.shape.size() != 3) target = GgmlType::kQ8_0;
     if (why.empty() && t.shape[0] % block != 0) {
       // As llama.cpp: a 256-element type's 32-element counterpart where the rows allow, else F16.
       const GgmlType alt = type == GgmlType::kQ4_K    ? GgmlType::kQ5_0
@@ -484,6 +491,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
                                    }));
     report.bytes_out += static_cast<uint64_t>(rows * dst_row);
     if (why.empty() && target == type) ++report.quantized;
+    if (why.empty() && type == GgmlType::kMXFP4 && target == GgmlType::kQ8_0) ++report.quantized_q8;
   }
   return report;
 }

@@ -31,7 +31,8 @@
 
 namespace gale {
 
-enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8, kQ4_K, kQ6_K, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kIQ4_XS };
+enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8, kQ4_K, kQ6_K, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kIQ4_XS,
+                         kMXFP4 };  // mxfp4: the experts (3-D tensors) MXFP4, other matrices Q8_0, as llama.cpp's MXFP4_MOE
 // "q8_0", "q4_0", "w8a8", "w4a16", "w4a8", "q4_k", "q6_k"
 StatusOr<QuantScheme> ParseQuantScheme(const std::string& name);
 const char* QuantSchemeName(QuantScheme s);
@@ -56,7 +57,8 @@ struct QuantizeOptions {
 StatusOr<GgmlType> SchemeType(const QuantizeOptions& options);
 
 struct QuantizeReport {
-  int64_t quantized = 0;
+  int64_t quantized = 0;  // matrices of the scheme's type
+  int64_t quantized_q8 = 0;  // mxfp4: the other matrices, Q8_0
   std::vector<std::string> kept;       // "name (why)"
   // "name (rows of N): type" for matrices whose rows do not fit the scheme's block: llama.cpp's
   // fallbacks for the K-quants (Q4_K -> Q5_0, Q6_K -> Q8_0) and IQ4_XS (-> IQ4_NL), else F16.

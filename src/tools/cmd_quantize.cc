@@ -6,6 +6,8 @@
 #include <cstring>
 #include <memory>
 
+#include <fmt/format.h>
+
 #include "quant/calibration.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -56,7 +58,7 @@ CommandFn RegisterQuantize(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-i,--input", o->in, "F32/F16/BF16 GGUF")->required();
   app.add_option("-o,--output", o->out, "output GGUF")->required();
-  app.add_option("--type", o->type, "q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q6_k | iq4_nl | iq4_xs | w8a8 | w4a16 | w4a8")->capture_default_str();
+  app.add_option("--type", o->type, "q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q6_k | iq4_nl | iq4_xs | mxfp4 (experts; Q8_0 elsewhere) | w8a8 | w4a16 | w4a8")->capture_default_str();
   app.add_option("--group-size", o->group_size, "w4a16 / w4a8: weights per scale, 64 or 128")->capture_default_str();
   app.add_flag("--zero-point", o->zero_point, "w4a16: an f16 offset per group (asymmetric)");
   app.add_option("--calib", o->calib,
@@ -126,9 +128,11 @@ CommandFn RegisterQuantize(CLI::App& app) {
     for (const auto& k : report->kept) std::fprintf(stderr, "kept: %s\n", k.c_str());
     for (const auto& f : report->fallbacks) std::fprintf(stderr, "fallback (rows do not fit the block or group): %s\n", f.c_str());
     for (const auto& t : report->transforms) std::fprintf(stderr, "%s\n", t.c_str());
-    std::fprintf(stderr, "wrote %s: %lld tensors %s (%s), %zu by fallback, %.2f MiB -> %.2f MiB\n", o->out.c_str(),
+    const std::string others =
+        report->quantized_q8 > 0 ? fmt::format(" and {} others q8_0", report->quantized_q8) : std::string();
+    std::fprintf(stderr, "wrote %s: %lld tensors %s (%s)%s, %zu by fallback, %.2f MiB -> %.2f MiB\n", o->out.c_str(),
                  static_cast<long long>(report->quantized), o->type.c_str(),
-                 std::string(TypeTraits(*SchemeType(opt)).name).c_str(), report->fallbacks.size(),
+                 std::string(TypeTraits(*SchemeType(opt)).name).c_str(), others.c_str(), report->fallbacks.size(),
                  report->bytes_in / 1048576.0, report->bytes_out / 1048576.0);
     return 0;
   };

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "../test_util.h"
 #include "model/synth.h"
+#include "quant/quantize.h"
 
 namespace gale {
 namespace {
@@ -41,7 +42,8 @@ bool BitExactQuantizer(GgmlType t) {
     case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
     case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS: return true;
+    case GgmlType::kIQ4_XS:
+    case GgmlType::kMXFP4: return true;
     default: return false;
   }
 }
@@ -95,7 +97,7 @@ TEST(LlamaCppReferenceTest, DequantizesGgmlBlocksBitwiseAndQuantizesAsGgml) {
     std::printf("%s: rmse gale %.5f, ggml %.5f\n", prefix.c_str(), e_gale, e_ggml);
     EXPECT_LT(e_gale, 1.6 * e_ggml);
   }
-  EXPECT_EQ(types, 12);
+  EXPECT_EQ(types, 13);
 }
 
 std::vector<float> GaleLogits(const GgufFile& file, const std::vector<int32_t>& tokens,
@@ -353,6 +355,8 @@ struct MoeShape {
   int64_t dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim, experts, used, expert_ffn;
   // glm4moe: rotated dims, dense leading layers, shared experts; one multi-token-prediction layer
   int64_t rope = 0, dense = 0, shared = 0;
+  // gpt-oss: windows of 5 on the even layers, YaRN by this factor from an original context of 64
+  double yarn = 0.0;
 };
 constexpr MoeShape kMoeShapes[] = {
     {"qwen3moe", "qwen3moe", 256, 2, 4, 2, 64, 512, 8, 2, 128},
@@ -360,6 +364,9 @@ constexpr MoeShape kMoeShapes[] = {
     {"mixtral", "llama", 256, 2, 4, 2, 0, 128, 4, 2, 0},
     {"glm4moe", "glm4moe", 256, 4, 4, 2, 64, 512, 8, 2, 64, 32, 1, 1},
     {"glm4moe_odd", "glm4moe", 192, 4, 3, 1, 64, 384, 6, 3, 96, 16, 0, 2},
+    {"gpt_oss", "gpt-oss", 256, 3, 8, 2, 64, 512, 8, 2, 128},
+    {"gpt_oss_yarn", "gpt-oss", 192, 4, 3, 1, 64, 384, 6, 3, 96, 0, 0, 0, 4.0},
+    {"gpt_oss_1l", "gpt-oss", 256, 1, 8, 2, 64, 512, 8, 2, 128},  // the MXFP4 test's f32 original
 };
 
 // Records the smallest gap between a token's last chosen expert's selection score and the best
@@ -470,9 +477,78 @@ TEST_P(LlamaCppModelTest, MixturesOfExpertsGiveLlamaCppLogits) {
       s.shared_experts = a.shared;
       s.nextn_layers = 1;
     }
+    if (std::string(a.arch) == "gpt-oss") {
+      s.sliding_window = 5;
+      s.yarn_factor = a.yarn;
+      s.yarn_orig_ctx = a.yarn > 0 ? 64 : 0;
+    }
     const int64_t run_layers = a.num_layers - (glm ? 1 : 0);
     ExpectMixtureMatches(a.name, s, tokens, want, run_layers - a.dense);
+    if (std::string(a.arch) == "gpt-oss") {  // windows too wide to bind: far
+      SynthShape wide = s;
+      wide.sliding_window = 1000;
+      auto f = GgufFile::FromBytes(SynthesizeModel(wide, GgmlType::kF32, 7)->WriteToBytes()).value();
+      const double unwindowed = Rmse(GaleLogits(*f, tokens), want);
+      std::printf("%s: windows that do not bind: rmse %.3f\n", a.name, unwindowed);
+      EXPECT_GT(unwindowed, 0.05);
+    }
   }
+}
+
+// MXFP4 experts (gpt-oss's published type): gpt_oss's shape with one layer through `gale quantize
+// --type mxfp4` (MXFP4 experts, Q8_0 attention; embeddings, router and biases kept f32), in both
+// engines on int8 activations (llama.cpp's q8_0, gale's own quantizer: rounding half away from
+// zero against half to even, a different reciprocal), so the bound is the activations' rounding,
+// not f32's. One layer because its router reads the f32 embeddings, identical in both: with three,
+// the engines' int8 differences (~0.05 per logit) moved a later layer's router inputs enough to
+// flip a choice at 2 of 16 positions (margins ~0.02), a tie of arithmetic, not of the format.
+// Measured max |diff| 0.042, RMS 8.4e-3 (the f32 file: 0.137 RMS away). Bound: every logit within
+// 0.1, the same greedy tokens; the f32 file's logits far (> 5x) from llama.cpp's MXFP4 ones.
+TEST_P(LlamaCppModelTest, Mxfp4ExpertsGiveLlamaCppLogits) {
+  auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  const GgufTensorInfo* t = (*ref)->FindTensor("gpt_oss_mxfp4");
+  ASSERT_NE(t, nullptr) << "logits.gguf predates this shape: run scripts/make-ggml-reference.sh";
+  const std::vector<float> want = Floats(*t);
+  SynthShape s;
+  s.arch = "gpt-oss";
+  s.dim = 256;
+  s.num_layers = 1;
+  s.num_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.ffn_dim = 512;
+  s.num_experts = 8;
+  s.experts_used = 2;
+  s.expert_ffn = 128;
+  s.sliding_window = 5;
+  s.vocab_size = 512;
+  s.context_length = 256;
+  auto f32 = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
+  QuantizeOptions o;
+  o.scheme = QuantScheme::kMXFP4;
+  GgufWriter w;
+  ASSERT_TRUE(QuantizeModel(*f32, o, &w).ok());
+  auto q = GgufFile::FromBytes(w.WriteToBytes()).value();
+  EXPECT_EQ(q->FindTensor("blk.0.ffn_up_exps.weight")->type_id, static_cast<uint32_t>(GgmlType::kMXFP4));
+  EXPECT_EQ(q->FindTensor("blk.0.attn_q.weight")->type_id, static_cast<uint32_t>(GgmlType::kQ8_0));
+  EXPECT_EQ(q->FindTensor("blk.0.ffn_up_exps.bias")->type_id, static_cast<uint32_t>(GgmlType::kF32));
+  EXPECT_EQ(q->FindTensor("blk.0.ffn_gate_inp.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
+  RoutingMargin margin;
+  const std::vector<float> got = GaleLogits(*q, tokens, &margin);
+  ASSERT_EQ(got.size(), want.size());
+  const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
+  const double f32_rmse = Rmse(GaleLogits(*f32, tokens), want);
+  std::printf("gpt_oss_mxfp4 (%s): max |diff| against llama.cpp %.2e, rmse %.2e, greedy %d/%zu, routing margin %.2e; "
+              "the f32 file: rmse %.3f\n",
+              kernels::IsaName(GetParam()), max_diff, Rmse(got, want), same_greedy, tokens.size(), margin.min_gap,
+              f32_rmse);
+  EXPECT_EQ(margin.routed, static_cast<int64_t>(tokens.size()));
+  EXPECT_LT(max_diff, 0.1);
+  EXPECT_EQ(same_greedy, static_cast<int>(tokens.size()));
+  EXPECT_GT(f32_rmse, 5 * Rmse(got, want));
 }
 
 // Latent attention files as scripts/make-ggml-reference.sh writes them (deepseek2, MLA format,

@@ -716,7 +716,7 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
       float out[64];
       float* op = out;
       const KvBlockView view = Contiguous(k.data() + (h / 2) * head_dim, v.data() + (h / 2) * head_dim, row, &zero);
-      Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr);
+      Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr, nullptr);
       for (int d = 0; d < head_dim; ++d) ASSERT_EQ(F32Bits(out[d]), F32Bits(all[(t * heads + h) * head_dim + d]));
     }
   }
@@ -768,7 +768,7 @@ TEST(KernelsTest, SlidingWindowAttendsToTheWindowOnly) {
         float* op = out;
         const KvBlockView view = Contiguous(k.data() + begin * row + (h / 2) * head_dim,
                                             v.data() + begin * row + (h / 2) * head_dim, row, &zero);
-        Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr);
+        Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr, nullptr);
         for (int d = 0; d < head_dim; ++d) {
           const int i = (t * heads + h) * head_dim + d;
           ASSERT_EQ(F32Bits(out[d]), F32Bits(all[i])) << IsaName(isa) << " token " << t;
@@ -816,8 +816,8 @@ TEST(KernelsTest, AttendMatchesScalar) {
           const float* qp = q.data();
           float* wp = want.data();
           float* gp = got.data();
-          ref.attend_many(&qp, &len, 1, view, head_dim, &wp, nullptr);
-          simd.attend_many(&qp, &len, 1, view, head_dim, &gp, nullptr);
+          ref.attend_many(&qp, &len, 1, view, head_dim, &wp, nullptr, nullptr);
+          simd.attend_many(&qp, &len, 1, view, head_dim, &gp, nullptr, nullptr);
           // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
           // differ by a few ulps of the weights.
           for (int d = 0; d < head_dim; ++d) {
@@ -896,14 +896,88 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
           lens.push_back(1 + (i * 7) % positions);
           outs.push_back(together.data() + i * head_dim);
         }
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr, nullptr);
         for (int i = 0; i < nq; ++i) {
           float* o = alone.data() + i * head_dim;
-          kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr);
+          kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr, nullptr);
         }
         for (int i = 0; i < nq * head_dim; ++i) {
           ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa) << " " << KvTypeName(type) << " hd "
                                                                << head_dim << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+// Attention sinks (gpt-oss): each query's sink logit joins its softmax's denominator only. Every
+// ISA against a double-precision softmax over [scores..., sink], for sinks below, among and above
+// the scores, through one call of several queries (and of several KV heads, kv.query_heads); a
+// query's result is bitwise what it gets alone; a sink of -inf is no sink, bitwise.
+TEST(KernelsTest, AttendManyWithSinksMatchesAnExactSoftmax) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const KernelTable* kt = GetKernelTable(isa);
+    if (kt == nullptr) continue;
+    for (KvType type : {KvType::kF32, KvType::kF16}) {
+      for (int head_dim : {8, 64, 128}) {
+        const int nq = 6, positions = 37, kv_heads = 2;
+        const int32_t heads[nq] = {0, 1, 1, 0, 1, 0};
+        const int64_t seg = KvHeadBytes(type, head_dim), row = kv_heads * seg;
+        const auto kf = test::RandomFloats(positions * kv_heads * head_dim, 31);
+        const auto vf = test::RandomFloats(positions * kv_heads * head_dim, 32);
+        std::vector<uint8_t> k(positions * row), v(positions * row);
+        for (int64_t r = 0; r < positions * kv_heads; ++r) {
+          StoreKvHead(kf.data() + r * head_dim, head_dim, type, k.data() + r * seg);
+          StoreKvHead(vf.data() + r * head_dim, head_dim, type, v.data() + r * seg);
+        }
+        const int32_t zero = 0;
+        for (bool across_heads : {false, true}) {
+          const KvBlockView view{k.data(), v.data(), &zero, int64_t{1} << 40, row, row, type, type,
+                                 across_heads ? heads : nullptr, seg, seg};
+          const auto q = test::RandomFloats(nq * head_dim, 33);
+          const float sinks[nq] = {-3.0f, 0.0f, 0.5f, 2.0f, 8.0f, -INFINITY};
+          std::vector<const float*> qs;
+          std::vector<int64_t> lens;
+          std::vector<float> together(nq * head_dim), alone(nq * head_dim), plain(nq * head_dim);
+          std::vector<float*> outs, plain_outs;
+          for (int i = 0; i < nq; ++i) {
+            qs.push_back(q.data() + i * head_dim);
+            lens.push_back(1 + (i * 11) % positions);
+            outs.push_back(together.data() + i * head_dim);
+            plain_outs.push_back(plain.data() + i * head_dim);
+          }
+          kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr, sinks);
+          kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, plain_outs.data(), nullptr, nullptr);
+          std::vector<float> row_f(head_dim);
+          for (int i = 0; i < nq; ++i) {
+            SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << KvTypeName(type) << " hd " << head_dim
+                                            << " query " << i << (across_heads ? " across heads" : ""));
+            float* o = alone.data() + i * head_dim;
+            kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, nullptr, &sinks[i]);
+            const KvBlockView one = view.ForQuery(i);
+            std::vector<double> s(lens[i]), want(head_dim, 0.0);
+            double max = sinks[i];
+            for (int64_t p = 0; p < lens[i]; ++p) {
+              LoadKvHead(one.k + p * one.k_row_bytes, head_dim, type, row_f.data());
+              double d = 0.0;
+              for (int e = 0; e < head_dim; ++e) d += static_cast<double>(row_f[e]) * q[i * head_dim + e];
+              s[p] = d / std::sqrt(static_cast<double>(head_dim));
+              max = std::max(max, s[p]);
+            }
+            double sum = std::exp(static_cast<double>(sinks[i]) - max);
+            for (int64_t p = 0; p < lens[i]; ++p) sum += std::exp(s[p] - max);
+            for (int64_t p = 0; p < lens[i]; ++p) {
+              LoadKvHead(one.v + p * one.v_row_bytes, head_dim, type, row_f.data());
+              for (int e = 0; e < head_dim; ++e) want[e] += std::exp(s[p] - max) / sum * row_f[e];
+            }
+            for (int e = 0; e < head_dim; ++e) {
+              ASSERT_NEAR(together[i * head_dim + e], want[e], 2e-5) << "element " << e;
+              ASSERT_EQ(F32Bits(together[i * head_dim + e]), F32Bits(alone[i * head_dim + e])) << "element " << e;
+            }
+            if (sinks[i] == -INFINITY) {
+              for (int e = 0; e < head_dim; ++e) ASSERT_EQ(F32Bits(together[i * head_dim + e]), F32Bits(plain[i * head_dim + e]));
+            }
+          }
         }
       }
     }
@@ -943,11 +1017,11 @@ TEST(KernelsTest, AttendManyAcrossHeadsEqualsEachHead) {
           outs.push_back(together.data() + i * head_dim);
           scores.push_back(st.data() + i * positions);
         }
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), scores.data());
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), scores.data(), nullptr);
         for (int i = 0; i < nq; ++i) {
           float* o = alone.data() + i * head_dim;
           float* sc = sa.data() + i * positions;
-          kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, &sc);
+          kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, &sc, nullptr);
         }
         for (int i = 0; i < nq * head_dim; ++i) {
           ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa) << " " << KvTypeName(type) << " hd "
@@ -994,9 +1068,9 @@ TEST(KernelsTest, AttendManyReportsScores) {
           gs.push_back(i == 2 ? nullptr : got.data() + i * len);  // a query may opt out
           ws.push_back(want.data() + i * len);
         }
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, po.data(), nullptr);
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, to.data(), gs.data());
-        ref->attend_many(qs.data(), lens.data(), nq, view, head_dim, wo.data(), ws.data());
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, po.data(), nullptr, nullptr);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, to.data(), gs.data(), nullptr);
+        ref->attend_many(qs.data(), lens.data(), nq, view, head_dim, wo.data(), ws.data(), nullptr);
         for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(plain[i]), F32Bits(tracked[i])) << IsaName(isa);
         for (int i = 0; i < nq; ++i) {
           for (int p = 0; p < len; ++p) {
@@ -1290,8 +1364,9 @@ void Q5_0ToQ8_0(const BlockQ5_0* src, BlockQ8_0* dst, int64_t num_blocks) {
 TEST(KernelsTest, LegacyTypesMatchTheirReferencesAndAreBatchInvariant) {
   const int64_t rows = 37, tokens = 9;
   const auto x = test::RandomFloats(800 * tokens, 22);
-  // The IQ4 types (random blocks: gale has no quantizer for them) run on the same int8 machinery.
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
+  // The IQ4 types and MXFP4 (table values under a block scale) run on the same int8 machinery.
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+                     GgmlType::kMXFP4}) {
     const int64_t k = t == GgmlType::kIQ4_XS ? 768 : 800;
     std::vector<uint8_t> storage;
     const TensorView v = MakeWeights(t, k, rows, &storage, 21);
@@ -1367,6 +1442,7 @@ TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
   types.insert(types.end(), std::begin(kKTypes), std::end(kKTypes));
   types.push_back(GgmlType::kIQ4_NL);
   types.push_back(GgmlType::kIQ4_XS);
+  types.push_back(GgmlType::kMXFP4);
   SetActiveIsa(Isa::kAvx2);
   EXPECT_EQ(ActiveKernelsName(), "avx2 (avx-vnni)");
   SetActiveIsa(BestIsa());

@@ -33,7 +33,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "deepseek2", "glm4moe"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "deepseek2", "glm4moe", "gpt-oss"}));
   std::vector<std::string> files = SupportedArchitectures();
   files.push_back("mixtral");  // a llama with experts
   for (const std::string& arch : files) {
@@ -112,7 +112,9 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
            {"deepseek2", "blk.1.attn_k_b.weight"}, {"deepseek2", "blk.2.attn_kv_a_norm.weight"},
            {"deepseek2", "blk.0.ffn_down.weight"}, {"deepseek2", "blk.2.ffn_up_shexp.weight"},
            {"glm4moe", "blk.1.attn_v.bias"}, {"glm4moe", "blk.2.exp_probs_b.bias"},
-           {"glm4moe", "blk.0.post_attention_norm.weight"}}) {
+           {"glm4moe", "blk.0.post_attention_norm.weight"}, {"gpt-oss", "blk.1.attn_sinks.weight"},
+           {"gpt-oss", "blk.0.ffn_up_exps.bias"}, {"gpt-oss", "blk.2.attn_output.bias"},
+           {"gpt-oss", "blk.1.ffn_gate_inp.bias"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

@@ -338,11 +338,11 @@ TEST(QuantizeTest, CalibratedSchemesRoundTrip) {
 // the file loads and runs near its F32 original.
 TEST(QuantizeTest, MixturesQuantizeTheirExperts) {
   ThreadPool pool(2);
-  for (const char* arch : {"qwen3moe", "deepseek2"}) {
+  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
     SCOPED_TRACE(arch);
     auto in = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 5)->WriteToBytes()).value();
     const std::vector<float> want = FourTokenLogits(*in, pool);
-    for (QuantScheme sc : {QuantScheme::kQ8_0, QuantScheme::kQ4_0, QuantScheme::kQ4_K}) {
+    for (QuantScheme sc : {QuantScheme::kQ8_0, QuantScheme::kQ4_0, QuantScheme::kQ4_K, QuantScheme::kMXFP4}) {
       QuantizeOptions o;
       o.scheme = sc;
       o.pool = &pool;
@@ -354,6 +354,15 @@ TEST(QuantizeTest, MixturesQuantizeTheirExperts) {
       ASSERT_NE(experts, nullptr);
       EXPECT_NE(experts->type_id, static_cast<uint32_t>(GgmlType::kF32));
       EXPECT_EQ(experts->shape.size(), 3u);
+      if (sc == QuantScheme::kMXFP4) {  // llama.cpp's MXFP4_MOE: the experts MXFP4, other matrices Q8_0
+        EXPECT_EQ(experts->type_id, static_cast<uint32_t>(GgmlType::kMXFP4));
+        const GgufTensorInfo* wo = out->FindTensor("blk.1.attn_output.weight");
+        if (wo != nullptr) EXPECT_EQ(wo->type_id, static_cast<uint32_t>(GgmlType::kQ8_0));
+        EXPECT_GT(report.quantized_q8, 0);
+      }
+      if (const GgufTensorInfo* b = out->FindTensor("blk.1.ffn_down_exps.bias")) {  // gpt-oss: biases stay f32
+        EXPECT_EQ(b->type_id, static_cast<uint32_t>(GgmlType::kF32));
+      }
       const double err = RelativeError(FourTokenLogits(*out, pool), want);
       std::printf("%s %s: %lld quantized, relative logit error %.2e\n", arch, QuantSchemeName(sc),
                   static_cast<long long>(report.quantized), err);

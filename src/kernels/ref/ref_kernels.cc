@@ -133,6 +133,10 @@ float UnpackBlock(const uint8_t* row, int64_t b, int8_t* out, float* m) {
     }
     IQ4RunValues(qs, out);
     return d;
+  } else if constexpr (kType == GgmlType::kMXFP4) {
+    const BlockMXFP4* blk = reinterpret_cast<const BlockMXFP4*>(row) + b;
+    MXFP4RunValues(blk->qs, out);
+    return E8M0HalfToFp32(blk->e);
   } else {
     const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
     UnpackNibbleRun(blk->qs, out);
@@ -183,6 +187,7 @@ void DequantQ3_KReference(const void* src, float* dst, int64_t n) { DequantizeRo
 void DequantQ2_KReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kQ2_K, src, dst, n); }
 void DequantIQ4_NLReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kIQ4_NL, src, dst, n); }
 void DequantIQ4_XSReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kIQ4_XS, src, dst, n); }
+void DequantMXFP4Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kMXFP4, src, dst, n); }
 void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
 void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
 void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }
@@ -291,7 +296,8 @@ void SoftmaxReference(float* x, int64_t n) {
 namespace {
 
 // Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same for f32 K/V).
-void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out, float* raw_scores) {
+void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out, float* raw_scores,
+               float sink) {
   thread_local std::vector<float> scores;  // [len]
   thread_local std::vector<float> row;     // [head_dim] converted K or V row
   scores.resize(len);
@@ -302,7 +308,18 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
     scores[p] = DotF32(RowAsF32(kv.k + Slot(kv, p) * kv.k_row_bytes, kv.k_type, head_dim, row.data()), q, head_dim) / div;
   }
   if (raw_scores != nullptr) std::copy(scores.begin(), scores.begin() + len, raw_scores);
-  SoftmaxReference(scores.data(), len);
+  if (sink == -INFINITY) {
+    SoftmaxReference(scores.data(), len);
+  } else {  // the sink joins the max and the denominator
+    float max = sink;
+    for (int64_t p = 0; p < len; ++p) max = std::max(max, scores[p]);
+    double sum = std::exp(sink - max);
+    for (int64_t p = 0; p < len; ++p) {
+      scores[p] = std::exp(scores[p] - max);
+      sum += scores[p];
+    }
+    for (int64_t p = 0; p < len; ++p) scores[p] = static_cast<float>(scores[p] / sum);
+  }
   for (int d = 0; d < head_dim; ++d) out[d] = 0.0f;
   for (int64_t p = 0; p < len; ++p) {
     AxpyRef(scores[p], RowAsF32(kv.v + Slot(kv, p) * kv.v_row_bytes, kv.v_type, head_dim, row.data()), out, head_dim);
@@ -312,9 +329,10 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
 }  // namespace
 
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                         int head_dim, float* const* outs, float* const* scores) {
+                         int head_dim, float* const* outs, float* const* scores, const float* sinks) {
   for (int i = 0; i < num_queries; ++i) {
-    AttendRef(qs[i], kv.ForQuery(i), lens[i], head_dim, outs[i], scores ? scores[i] : nullptr);
+    AttendRef(qs[i], kv.ForQuery(i), lens[i], head_dim, outs[i], scores ? scores[i] : nullptr,
+              sinks != nullptr ? sinks[i] : -INFINITY);
   }
 }
 
@@ -403,7 +421,7 @@ const KernelTable& ScalarTable() {
       {nullptr, nullptr, nullptr, GemmQuantRef<GgmlType::kQ8_0>, GemmQuantRef<GgmlType::kQ4_0>, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, nullptr, GemmQuantW4A8G64Reference, GemmQuantW4A8G128Reference,
        GemmQuantRef<GgmlType::kQ4_1>, GemmQuantRef<GgmlType::kQ5_0>, GemmQuantRef<GgmlType::kQ5_1>, nullptr, nullptr,
-       GemmQuantRef<GgmlType::kIQ4_NL>, GemmQuantRef<GgmlType::kIQ4_XS>},
+       GemmQuantRef<GgmlType::kIQ4_NL>, GemmQuantRef<GgmlType::kIQ4_XS>, GemmQuantRef<GgmlType::kMXFP4>},
       {}, {}, {}, {}, {},
       RmsNormRef,
       SiluMulRef,

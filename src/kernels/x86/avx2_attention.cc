@@ -81,7 +81,7 @@ constexpr int kMaxVecs = 16;  // head_dim 128
 
 // One query over positions [0, len) of kv, its head kVecs vectors of 8.
 template <int kVecs, KvType kType, KvType vType>
-void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out, float* raw_scores) {
+void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out, float* raw_scores, float sink) {
   // Scores take the query kQChunk vectors at a time (with 8 keys' partial sums in registers); the
   // output is updated kOChunk vectors at a time (8 chains of FMAs per key block).
   constexpr int kQChunk = kVecs % 4 == 0 ? 4 : kVecs % 5 == 0 ? 5 : kVecs;
@@ -91,8 +91,9 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
   alignas(32) float acc[kVecs * 8] = {};
   const __m256 scale = _mm256_set1_ps(1.0f / std::sqrt(static_cast<float>(kVecs * 8)));
   for (int i = 0; i < kVecs; ++i) _mm256_store_ps(q + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(qin + 8 * i), scale));
-  float max = -INFINITY;
-  __m256 sum = _mm256_setzero_ps();  // per lane: the weights of the lane's keys so far
+  // A sink starts the softmax as a key of weight e^0 = 1 at the max and no value.
+  float max = sink;
+  __m256 sum = sink == -INFINITY ? _mm256_setzero_ps() : _mm256_setr_ps(1, 0, 0, 0, 0, 0, 0, 0);  // per lane
   const uint8_t* krow[8];
   const uint8_t* vrow[8];
   SlotCursor cursor(kv);
@@ -168,35 +169,36 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
 
 template <int kVecs, KvType kType, KvType vType>
 void AttendEach(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, float* const* outs,
-                float* const* scores) {
+                float* const* scores, const float* sinks) {
   for (int i = 0; i < num_queries; ++i) {
-    AttendOne<kVecs, kType, vType>(qs[i], lens[i], kv.ForQuery(i), outs[i], scores != nullptr ? scores[i] : nullptr);
+    AttendOne<kVecs, kType, vType>(qs[i], lens[i], kv.ForQuery(i), outs[i], scores != nullptr ? scores[i] : nullptr,
+                                   sinks != nullptr ? sinks[i] : -INFINITY);
   }
 }
 
 template <KvType kType, KvType vType>
 void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                       int head_dim, float* const* outs, float* const* scores) {
+                       int head_dim, float* const* outs, float* const* scores, const float* sinks) {
   switch (head_dim) {
-    case 8: return AttendEach<1, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 16: return AttendEach<2, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 32: return AttendEach<4, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 64: return AttendEach<8, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 80: return AttendEach<10, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 96: return AttendEach<12, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 128: return AttendEach<16, kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 8: return AttendEach<1, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 16: return AttendEach<2, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 32: return AttendEach<4, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 64: return AttendEach<8, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 80: return AttendEach<10, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 96: return AttendEach<12, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 128: return AttendEach<16, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
   }
 }
 
 }  // namespace
 
 void Avx2AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                    int head_dim, float* const* outs, float* const* scores) {
+                    int head_dim, float* const* outs, float* const* scores, const float* sinks) {
   const bool done = ForKvTypePair(kv.k_type, kv.v_type, [&](auto k, auto v) {
-    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
   });
-  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
+  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
 }
 
 }  // namespace gale::kernels

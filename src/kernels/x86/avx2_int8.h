@@ -1,5 +1,5 @@
 // Internal to the AVX2 translation units (avx2_kernels.cc, and avx2_vnni.cc for CPUs with
-// AVX-VNNI): the int8-activation GEMMs (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, W4A8, IQ4_NL, IQ4_XS and the
+// AVX-VNNI): the int8-activation GEMMs (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, W4A8, IQ4_NL, IQ4_XS, MXFP4 and the
 // K-quants). kVnni picks the dot of unsigned by signed bytes into int32 lanes: maddubs + madd, or
 // AVX-VNNI's vpdpbusd, which gives the same integers (the operands here never reach maddubs'
 // saturation), so both tables give bitwise the same products. Everything is in an anonymous
@@ -52,10 +52,10 @@ using TileQuantFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const Qu
 
 template <GgmlType kType>
 constexpr bool kIQ4 = kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS;
-// Types whose unpacked weights are signed (Q8_0's bytes, the IQ4 table's values): dotted as |w|
-// times the activations with w's sign.
+// Types whose unpacked weights are signed (Q8_0's bytes, the IQ4 and MXFP4 tables' values): dotted
+// as |w| times the activations with w's sign.
 template <GgmlType kType>
-constexpr bool kSignedWeights = kType == GgmlType::kQ8_0 || kIQ4<kType>;
+constexpr bool kSignedWeights = kType == GgmlType::kQ8_0 || kIQ4<kType> || kType == GgmlType::kMXFP4;
 // What the tile takes off each unsigned weight (times the token's block sum) after the dot; the
 // zero-point types (Q4_1, Q5_1: x = d q + m) add m times that sum instead.
 template <GgmlType kType>
@@ -86,8 +86,8 @@ inline __m256i FifthBits(const uint8_t* qh) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, the IQ4 types' table
-// values (IQ4_XS: run b % 8 of super-block b / 8, under its float scale), Q4_0's (and a W4A8
+// Int8 weights of one 32-element block and its scale: Q8_0's signed bytes, the IQ4 types' and
+// MXFP4's table values (IQ4_XS: run b % 8 of super-block b / 8, under its float scale), Q4_0's (and a W4A8
 // run's) or Q4_1's unsigned nibbles 0..15, or Q5_0/Q5_1's 5-bit values 0..31 (kWeightOffset: 8
 // or 16); m: the zero-point types' offset.
 template <GgmlType kType>
@@ -105,6 +105,11 @@ inline __m256i UnpackBlock(const uint8_t* row, int64_t b, float* d, float* m = n
     }
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
     return _mm256_shuffle_epi8(table, Nibbles32(qs));
+  } else if constexpr (kType == GgmlType::kMXFP4) {
+    const BlockMXFP4* blk = reinterpret_cast<const BlockMXFP4*>(row) + b;
+    *d = E8M0HalfToFp32(blk->e);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMXFP4Values)));
+    return _mm256_shuffle_epi8(table, Nibbles32(blk->qs));
   } else if constexpr (kType == GgmlType::kQ5_0) {
     const BlockQ5_0* blk = reinterpret_cast<const BlockQ5_0*>(row) + b;
     *d = _cvtsh_ss(blk->d);

@@ -455,7 +455,7 @@ const KernelTable& Avx2TableWithoutVnni() {
        GemmQuant<GgmlType::kW4A8G64, false>, GemmQuant<GgmlType::kW4A8G128, false>,
        GemmQuant<GgmlType::kQ4_1, false>, GemmQuant<GgmlType::kQ5_0, false>, GemmQuant<GgmlType::kQ5_1, false>,
        GemmQuantK<GgmlType::kQ3_K, false>, GemmQuantK<GgmlType::kQ2_K, false>, GemmQuant<GgmlType::kIQ4_NL, false>,
-       GemmQuant<GgmlType::kIQ4_XS, false>},
+       GemmQuant<GgmlType::kIQ4_XS, false>, GemmQuant<GgmlType::kMXFP4, false>},
       {}, {}, {}, {}, {},
       RmsNorm,
       SiluMul,

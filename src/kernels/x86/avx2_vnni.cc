@@ -23,6 +23,7 @@ void Avx2FillVnni(KernelTable& t) {
   t.gemm_quant[kSlotQ2_K] = GemmQuantK<kQ2_K, true>;
   t.gemm_quant[kSlotIQ4_NL] = GemmQuant<kIQ4_NL, true>;
   t.gemm_quant[kSlotIQ4_XS] = GemmQuant<kIQ4_XS, true>;
+  t.gemm_quant[kSlotMXFP4] = GemmQuant<kMXFP4, true>;
   t.variant = "avx-vnni";
 }
 

@@ -48,14 +48,15 @@ struct QueryState {
 };
 
 template <int kVecs>
-inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim) {
+inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim, float sink) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int i = 0; i < kVecs; ++i) {
     st.q[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
     st.acc[i] = _mm512_setzero_ps();
   }
-  st.max = -INFINITY;
-  st.sum = 0.0f;
+  // A sink starts the softmax as a key of weight e^0 = 1 at the max and no value.
+  st.max = sink;
+  st.sum = sink == -INFINITY ? 0.0f : 1.0f;
 }
 
 // 16 K or V elements of the cache type as f32.
@@ -226,13 +227,13 @@ inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_quer
 // per query, and their chains interleave all the same (decode with one query per KV head).
 template <int kVecs, KvType kType, KvType vType>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores) {
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks) {
   QueryState<kVecs> st[kMaxAttendQueries];
   const uint64_t* exp_table = ExpfTable32();
   int64_t max_len = 0;
   int64_t qk[kMaxAttendQueries], qv[kMaxAttendQueries];  // byte offsets to each query's KV head
   for (int i = 0; i < num_queries; ++i) {
-    InitQuery<kVecs>(st[i], qs[i], head_dim);
+    InitQuery<kVecs>(st[i], qs[i], head_dim, sinks != nullptr ? sinks[i] : -INFINITY);
     max_len = lens[i] > max_len ? lens[i] : max_len;
     const int64_t h = kv.query_heads != nullptr ? kv.query_heads[i] : 0;
     qk[i] = h * kv.k_head_bytes;
@@ -262,7 +263,7 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
 // head's queries together, in their order.
 template <typename Fn>
 void EachHead(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, float* const* outs,
-              float* const* scores, Fn fn) {
+              float* const* scores, const float* sinks, Fn fn) {
   bool done[kMaxAttendQueries] = {};
   for (int i = 0; i < num_queries; ++i) {
     if (done[i]) continue;
@@ -270,6 +271,7 @@ void EachHead(const float* const* qs, const int64_t* lens, int num_queries, cons
     int64_t hl[kMaxAttendQueries];
     float* ho[kMaxAttendQueries];
     float* hs[kMaxAttendQueries];
+    float hsink[kMaxAttendQueries];
     int n = 0;
     for (int j = i; j < num_queries; ++j) {
       if (done[j] || kv.query_heads[j] != kv.query_heads[i]) continue;
@@ -277,10 +279,11 @@ void EachHead(const float* const* qs, const int64_t* lens, int num_queries, cons
       hl[n] = lens[j];
       ho[n] = outs[j];
       hs[n] = scores != nullptr ? scores[j] : nullptr;
+      hsink[n] = sinks != nullptr ? sinks[j] : -INFINITY;
       done[j] = true;
       ++n;
     }
-    fn(hq, hl, n, kv.ForQuery(i), ho, scores != nullptr ? hs : nullptr);
+    fn(hq, hl, n, kv.ForQuery(i), ho, scores != nullptr ? hs : nullptr, sinks != nullptr ? hsink : nullptr);
   }
 }
 
@@ -408,9 +411,9 @@ inline void AttendBlock8(QueryState8* st, const int64_t* lens, int num_queries, 
 
 template <KvType kType, KvType vType>
 void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                   float* const* outs, float* const* scores) {
+                   float* const* outs, float* const* scores, const float* sinks) {
   if (kv.query_heads != nullptr) {  // the transposed block is one head's: each head's queries together
-    EachHead(qs, lens, num_queries, kv, outs, scores, AttendManyHd8<kType, vType>);
+    EachHead(qs, lens, num_queries, kv, outs, scores, sinks, AttendManyHd8<kType, vType>);
     return;
   }
   QueryState8 st[kMaxAttendQueries];
@@ -422,8 +425,9 @@ void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries,
       st[i].q[d] = qs[i][d] * scale;
       st[i].acc[d] = _mm512_setzero_ps();
     }
-    st[i].sum = _mm512_setzero_ps();
-    st[i].max = -INFINITY;
+    // A sink: a key of weight e^0 = 1 at the max (one lane of the sum) and no value.
+    st[i].max = sinks != nullptr ? sinks[i] : -INFINITY;
+    st[i].sum = st[i].max == -INFINITY ? _mm512_setzero_ps() : _mm512_setr_ps(1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
   int64_t koffs[16], voffs[16];
@@ -445,36 +449,36 @@ void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries,
 
 template <KvType kType, KvType vType>
 void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                       int head_dim, float* const* outs, float* const* scores) {
+                       int head_dim, float* const* outs, float* const* scores, const float* sinks) {
   switch (head_dim) {
-    case 8: return AttendManyHd8<kType, vType>(qs, lens, num_queries, kv, outs, scores);
-    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    case 256: return AttendManyOnline<16, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);  // Gemma
+    case 8: return AttendManyHd8<kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 256: return AttendManyOnline<16, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);  // Gemma
     // Latent attention rows (DeepSeek-V3, Kimi-K2: 512 + 64); the state no longer fits the
     // registers, but the loads and FMAs stay vector.
-    case 576: return AttendManyOnline<36, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
+    case 576: return AttendManyOnline<36, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
   }
 }
 
 void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, int head_dim,
-                float* const* outs, float* const* scores) {
+                float* const* outs, float* const* scores, const float* sinks) {
   const bool done = ForKvTypePair(kv.k_type, kv.v_type, [&](auto k, auto v) {
-    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores);
+    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
   });
-  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores);
+  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
 }
 
 }  // namespace
 
 void Avx512AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores) {
-  AttendMany(qs, lens, num_queries, kv, head_dim, outs, scores);
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks) {
+  AttendMany(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
 }
 
 }  // namespace gale::kernels

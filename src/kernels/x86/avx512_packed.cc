@@ -40,12 +40,15 @@ namespace {
 // -128 times the block's sum of activations. IQ4_NL keeps its f16 scales; IQ4_XS's scales, f16 d
 // times a 6-bit integer per run, need up to 17 significant bits, so its header holds the 16 rows'
 // f32 scales of the run (64 bytes): 320 bytes per run of 32 and 16 rows, 20 per row against the
-// file's 17.
+// file's 17. MXFP4 is packed as an IQ4 type with its own table (E2M1 doubled) and its E8M0 scales
+// (2^(e - 128), beyond f16's range in general) as f32.
 
 template <GgmlType kType>
-constexpr bool kIQ4 = kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS;
+constexpr bool kIQ4 = kType == GgmlType::kIQ4_NL || kType == GgmlType::kIQ4_XS || kType == GgmlType::kMXFP4;
 template <GgmlType kType>
-constexpr bool kF32Scales = kType == GgmlType::kIQ4_XS;
+constexpr const int8_t* kCodeTable = kType == GgmlType::kMXFP4 ? kMXFP4Values : kIQ4Values;
+template <GgmlType kType>
+constexpr bool kF32Scales = kType == GgmlType::kIQ4_XS || kType == GgmlType::kMXFP4;
 template <GgmlType kType>
 constexpr bool kPackedZ = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
 template <GgmlType kType>
@@ -115,7 +118,7 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* out = dst + g * PackedGroupBytes<kType>(k) + b * kPackedBlockBytes<kType>;
       uint16_t scales[16] = {}, offsets[16] = {};
-      float scales32[16] = {};  // IQ4_XS
+      float scales32[16] = {};  // IQ4_XS, MXFP4
       uint8_t codes[16][32];  // Q8_0: w ^ 0x80; Q4_0: the nibble; Q4_1/Q5_1: q; padded rows: w = 0
       for (int r = 0; r < 16; ++r) {
         const int64_t row = g * 16 + r;
@@ -157,6 +160,10 @@ void Pack(const uint8_t* src, int64_t src_row_bytes, int64_t num_rows, int64_t k
             const BlockIQ4_XS& blk = reinterpret_cast<const BlockIQ4_XS*>(rp)[b / 8];
             qs = blk.qs + 16 * (b % 8);
             scales32[r] = IQ4XSRunScale(blk, static_cast<int>(b % 8));
+          } else if constexpr (kType == GgmlType::kMXFP4) {
+            const BlockMXFP4& blk = reinterpret_cast<const BlockMXFP4*>(rp)[b];
+            qs = blk.qs;
+            scales32[r] = E8M0HalfToFp32(blk.e);
           } else if constexpr (kW4Group<kType> > 0) {
             qs = W4Run<kType>(rp, b);
             std::memcpy(&scales[r], W4Group<kType>(rp, b), 2);
@@ -274,7 +281,7 @@ inline void PackedGroupTile(const uint8_t* group, int64_t group_bytes, const Qua
       const __m512i sixteen = _mm512_set1_epi8(16);
       // IQ4: index -> table value + 128.
       const __m512i table =
-          kIQ4<kType> ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)),
+          kIQ4<kType> ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kCodeTable<kType>)),
                                                              _mm_set1_epi8(static_cast<char>(0x80))))
                       : _mm512_setzero_si512();
       auto lookup = [&](__m512i (&wv)[G]) {
@@ -751,6 +758,7 @@ void Avx512FillPacked(KernelTable& t) {
       {kQ2_K, PackedGroupBytesK<kQ2_K>, PackK<kQ2_K>, GemmPackedK<kQ2_K>, nullptr},
       {kIQ4_NL, PackedGroupBytes<kIQ4_NL>, Pack<kIQ4_NL>, GemmPacked<kIQ4_NL>, nullptr},
       {kIQ4_XS, PackedGroupBytes<kIQ4_XS>, Pack<kIQ4_XS>, GemmPacked<kIQ4_XS>, nullptr},
+      {kMXFP4, PackedGroupBytes<kMXFP4>, Pack<kMXFP4>, GemmPacked<kMXFP4>, nullptr},
       {kW4A16G64, PackedGroupBytes<kQ4_0>, Pack<kW4A8G64>, nullptr, GemmPackedA16<false>},
       {kW4A16G128, PackedGroupBytes<kQ4_0>, Pack<kW4A8G128>, nullptr, GemmPackedA16<false>},
       {kW4A16ZG64, PackedGroupBytesW4Z<64>, PackW4Z<64>, nullptr, GemmPackedA16<true>},

@@ -18,5 +18,6 @@ StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp)
 StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadDeepseek2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams hp);
+StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp);
 
 }  // namespace gale

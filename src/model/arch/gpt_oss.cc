@@ -1,0 +1,118 @@
+// gpt-oss (GGUF "gpt-oss", llama.cpp's openai_moe): per layer RMSNorm -> Q, K, V with biases ->
+// RoPE (NEOX, the file's YaRN) -> attention with a learned sink logit per query head (it joins
+// each softmax's denominator only), over a sliding window (attention.sliding_window) on the even
+// layers and the whole context on the odd ones -> output projection with bias -> residual;
+// RMSNorm (post_attention_norm) -> a mixture of experts: the router with its bias, the top k of
+// the raw logits with a softmax over those k, each expert's gate and up with biases -> the clamped
+// SwiGLU (x = min(gate, 7), y = clamp(up, -7, 7), x sigmoid(1.702 x) (y + 1)) -> down with bias,
+// weighted and summed -> residual; final norm and the output layer. The experts are MXFP4 in the
+// published files (any type gale runs works). As llama.cpp's graph for it: queries scaled by
+// 1 / sqrt(head size), no shared experts, no weight renormalization.
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+struct GptOssLayer {
+  TensorView attn_norm, post_attn_norm;
+  MatrixWeight wq, wk, wv, wo;
+  TensorView bq, bk, bv, bo;
+  TensorView sinks;  // [num_heads]
+  MoeWeights moe;
+};
+
+class GptOssModel final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+    std::unique_ptr<GptOssModel> m(new GptOssModel());
+    m->hp_ = std::move(hp);
+    ModelHParams& h = m->hp_;
+    const std::string p = h.arch + ".";
+    h.rope_style = RopeStyle::kNeox;
+    if (h.rope_dims != h.head_dim) {
+      return InvalidArgument("gpt-oss: rope.dimension_count {} must be the head size {}", h.rope_dims, h.head_dim);
+    }
+    h.sliding_window = file.GetInt(p + "attention.sliding_window", 0);
+    if (h.sliding_window <= 0) return InvalidArgument("gpt-oss: the file has no positive {}attention.sliding_window", p);
+    // Windowed, then global (llama.cpp's swa pattern 2).
+    h.swa_layers.resize(static_cast<size_t>(h.num_layers));
+    for (int64_t l = 0; l < h.num_layers; ++l) h.swa_layers[l] = l % 2 == 0;
+    MoeHParams& moe = h.moe;
+    if (!moe.enabled()) return InvalidArgument("gpt-oss: the file has no {}expert_count", p);
+    if (moe.expert_ffn == 0) return InvalidArgument("gpt-oss: the file has no {}expert_feed_forward_length", p);
+    if (moe.num_shared > 0 || moe.num_groups > 0 || moe.leading_dense > 0) {
+      return Unimplemented("gpt-oss: shared experts, expert groups or dense leading layers are not part of this architecture");
+    }
+    moe.gating = ExpertGating::kSoftmaxWeight;  // as llama.cpp's graph fixes it, whatever the file says
+    moe.norm_weights = false;
+    moe.weights_scale = 1.0f;
+
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      GptOssLayer& w = m->layers_[l];
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_q.bias", h.q_dim(), &w.bq));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_k.bias", h.kv_dim(), &w.bk));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.kv_dim(), &w.bv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_output.bias", h.dim, &w.bo));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_sinks.weight", h.num_heads, &w.sinks));
+      RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.post_attn_norm));
+      for (const char* bias : {"ffn_gate_inp.bias", "ffn_gate_exps.bias"}) {  // optional in other mixtures
+        if (!tensors.Has(b + bias)) return InvalidArgument("gpt-oss: tensor {}{} is missing", b, bias);
+      }
+      RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+    }
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
+    f.Embed(token_embd_);
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const GptOssLayer& w = layers_[l];
+      f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                       LinearInput::kAttnIn, "matmul_qkv");
+      f.AddBias(ws.q.data(), w.bq, hp_.q_dim());
+      f.AddBias(ws.k.data(), w.bk, hp_.kv_dim());
+      f.AddBias(ws.v.data(), w.bv, hp_.kv_dim());
+      f.Attention(l, &key_channels_, Floats(w.sinks));
+      f.OutputProjection(l, w.wo, /*post_norm=*/nullptr, &w.bo);
+      f.MoeFfn(l, Floats(w.post_attn_norm), w.moe, GateActivation::kSwigluOai);
+    }
+    f.OutputHead(output_norm_, output_);
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> Matrices() override {
+    std::vector<MatrixWeight*> all;
+    for (GptOssLayer& w : layers_) {
+      for (MatrixWeight* x : {&w.wq, &w.wk, &w.wv, &w.wo}) all.push_back(x);
+      w.moe.AppendTo(&all);
+    }
+    all.push_back(&output_);
+    return all;
+  }
+
+ private:
+  GptOssModel() = default;
+  std::vector<GptOssLayer> layers_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp) {
+  return GptOssModel::Load(file, std::move(hp));
+}
+
+}  // namespace gale
