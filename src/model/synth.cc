@@ -38,13 +38,20 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
     s.arch = "qwen3";
     s.dim = 1024; s.num_layers = 28; s.num_heads = 16; s.num_kv_heads = 8; s.head_dim = 128; s.ffn_dim = 3072;
     s.vocab_size = 151936; s.context_length = 40960;
+  } else if (name == "gpt-oss-20b") {
+    s.arch = "gpt-oss";
+    s.dim = 2880; s.num_layers = 12; s.num_heads = 64; s.num_kv_heads = 8; s.head_dim = 64; s.ffn_dim = 2880;
+    s.vocab_size = 201088; s.context_length = 131072; s.sliding_window = 128;
+    s.num_experts = 32; s.experts_used = 4; s.expert_ffn = 2880;
+    s.yarn_factor = 32.0; s.yarn_orig_ctx = 4096;
+    s.expert_type = GgmlType::kMXFP4;
   } else if (name == "qwen3-30b-a3b") {
     s.arch = "qwen3moe";
     s.dim = 2048; s.num_layers = 12; s.num_heads = 32; s.num_kv_heads = 4; s.head_dim = 128; s.ffn_dim = 6144;
     s.vocab_size = 151936; s.context_length = 40960;
     s.num_experts = 128; s.experts_used = 8; s.expert_ffn = 768;
   } else {
-    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b, qwen3-30b-a3b)", name);
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b, qwen3-30b-a3b, gpt-oss-20b)", name);
   }
   return s;
 }
@@ -106,6 +113,11 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   }
   const bool moe = s.num_experts > 0;
   const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
+  const GgmlType etype = s.expert_type.value_or(type);
+  if (!CanQuantize(etype) || s.dim % TypeTraits(etype).block_size != 0 || expert_ffn % TypeTraits(etype).block_size != 0) {
+    return InvalidArgument("synth: cannot write the experts as {} (dim {}, expert width {})", TypeTraits(etype).name, s.dim,
+                           expert_ffn);
+  }
   if (s.arch == "qwen3moe" && !moe) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
   if ((mla || glm || gpt) && !moe) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
   if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla && !glm && !gpt)) {
@@ -278,9 +290,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   auto biased_experts = [&](const std::string& b) -> Status {
     RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
     RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
-    RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-    RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-    RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+    RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+    RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+    RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, etype, s.num_experts));
     if (s.shared_experts > 0) {
       const int64_t shared = expert_ffn * s.shared_experts;
       RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, shared, type));
@@ -360,9 +372,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
       RETURN_IF_ERROR(vector(b + "ffn_gate_inp.bias", s.num_experts, 0.0f, 0.5f));
-      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, etype, s.num_experts));
       RETURN_IF_ERROR(expert_biases(b + "ffn_gate_exps.bias", expert_ffn, 0.5f));
       RETURN_IF_ERROR(expert_biases(b + "ffn_up_exps.bias", expert_ffn, 0.5f));
       RETURN_IF_ERROR(expert_biases(b + "ffn_down_exps.bias", s.dim, 0.2f));
@@ -388,9 +400,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
     if (moe) {
       RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
-      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, type, s.num_experts));
-      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, type, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, etype, s.num_experts));
       continue;
     }
     if (s.arch == "phi3") {  // fused: the gate's rows, then up's

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -41,6 +42,7 @@ struct SynthShape {
   int64_t num_experts = 0;
   int64_t experts_used = 0;
   int64_t expert_ffn = 0;
+  std::optional<GgmlType> expert_type;  // the experts' tensors' type (default: the file's type)
   // deepseek2 (latent attention, always with experts): the latent's rank (required), the query's
   // low rank (0: one wq), per head the query/key dims without RoPE, the RoPE dims (shared key part)
   // and the value dims; dense leading layers (of ffn_dim), shared experts (of expert_ffn each),
@@ -57,9 +59,9 @@ struct SynthShape {
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
-// "qwen3-30b-a3b" (their architectures, without tied embeddings; the last with 12 of its 48 layers so
-// that it fits a desktop's memory: every per-layer shape, the expert count and top-k are the real
-// model's); an error otherwise.
+// "qwen3-30b-a3b", "gpt-oss-20b" (their architectures, without tied embeddings; the mixtures with 12
+// of their 48 and 24 layers so that they fit a desktop's memory: every per-layer shape, the expert
+// count and top-k are the real model's, gpt-oss's experts MXFP4 as published); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's

@@ -56,7 +56,12 @@ void MeanStd(const std::vector<double>& v, double* mean, double* std) {
 std::string ModelType(const GgufFile& file, const Model& model) {
   int64_t params = 0;
   for (const auto& t : file.tensors()) params += t.NumElements();
-  const GgufTensorInfo* ffn = file.FindTensor("blk.0.ffn_gate.weight");
+  // The FFN's type (a mixture's: its experts'; Phi-3's fused ffn_up; past dense leading layers).
+  const GgufTensorInfo* ffn = nullptr;
+  for (const char* name : {"blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_gate_exps.weight",
+                           "blk.1.ffn_gate_exps.weight"}) {
+    if (ffn == nullptr) ffn = file.FindTensor(name);
+  }
   const std::string type = ffn ? std::string(TypeName(ffn->type_id)) : "?";
   const double m = static_cast<double>(params) / 1e6;
   char buf[64];

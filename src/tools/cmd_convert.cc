@@ -59,12 +59,12 @@ CommandFn RegisterConvert(CLI::App& app) {
 
 CommandFn RegisterSynth(CLI::App& app) {
   struct Opts {
-    std::string shape = "tiny", type = "f16", out, tokenizer_dir, pooling;
+    std::string shape = "tiny", type = "f16", out, tokenizer_dir, pooling, expert_type;
     uint64_t seed = 1;
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | custom")
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | custom")
       ->capture_default_str();
   app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma3 | deepseek2 | glm4moe | gpt-oss)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
@@ -88,6 +88,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--experts", o->custom.num_experts, "custom: a mixture of this many experts per layer (llama, qwen3moe)");
   app.add_option("--experts-used", o->custom.experts_used, "custom: experts per token");
   app.add_option("--expert-ffn", o->custom.expert_ffn, "custom: one expert's feed-forward size (0: --ffn)");
+  app.add_option("--expert-type", o->expert_type, "the experts' type (default: --type; gpt-oss-20b: mxfp4)");
   app.add_option("--kv-lora-rank", o->custom.kv_lora_rank, "custom deepseek2: the latent's rank");
   app.add_option("--q-lora-rank", o->custom.q_lora_rank, "custom deepseek2: the query's low rank (0: one wq)");
   app.add_option("--nope-dim", o->custom.nope_dim, "custom deepseek2: query/key dims per head without RoPE");
@@ -115,9 +116,19 @@ CommandFn RegisterSynth(CLI::App& app) {
       }
       shape = *named;
       shape.rope_freqs_ctx = o->custom.rope_freqs_ctx;
-      shape.yarn_factor = o->custom.yarn_factor;
+      if (o->custom.yarn_factor > 0.0) {
+        shape.yarn_factor = o->custom.yarn_factor;
+        shape.yarn_orig_ctx = o->custom.yarn_orig_ctx;
+      }
       if (o->custom.sliding_window > 0) shape.sliding_window = o->custom.sliding_window;
-      shape.yarn_orig_ctx = o->custom.yarn_orig_ctx;
+    }
+    if (!o->expert_type.empty()) {
+      auto et = ParseTypeName(o->expert_type);
+      if (!et) {
+        std::fprintf(stderr, "gale synth: unknown expert type '%s'\n", o->expert_type.c_str());
+        return 1;
+      }
+      shape.expert_type = *et;
     }
     if (!o->pooling.empty()) {
       auto p = ParsePooling(o->pooling);

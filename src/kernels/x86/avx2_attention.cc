@@ -77,7 +77,7 @@ inline __m256 Load8(const uint8_t* p) {
   }
 }
 
-constexpr int kMaxVecs = 16;  // head_dim 128
+constexpr int kMaxVecs = 72;  // latent attention rows of 576
 
 // One query over positions [0, len) of kv, its head kVecs vectors of 8.
 template <int kVecs, KvType kType, KvType vType>
@@ -187,6 +187,10 @@ void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_quer
     case 80: return AttendEach<10, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
     case 96: return AttendEach<12, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
     case 128: return AttendEach<16, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
+    case 256: return AttendEach<32, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);  // Gemma
+    // Latent attention rows (DeepSeek-V3, Kimi-K2: 512 + 64): the state lives in memory, the
+    // loads and FMAs stay vector.
+    case 576: return AttendEach<72, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
     default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
   }
 }
