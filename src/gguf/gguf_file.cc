@@ -293,7 +293,35 @@ uint64_t GgufFile::ReleasePages(const uint8_t* data, uint64_t bytes) {
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
   if (end <= begin) return 0;
   if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) != 0) return 0;
+  released_.emplace_back(begin, end);
   return end - begin;
+}
+
+StatusOr<uint64_t> GgufFile::LockPages() {
+  if (mapping_ == nullptr) return uint64_t{0};
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> released = released_;
+  std::sort(released.begin(), released.end());
+  // The tensor data's pages (from the page holding data_offset_), less the released ranges.
+  uintptr_t at = (reinterpret_cast<uintptr_t>(base_) + data_offset_) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(base_) + size_;
+  uint64_t locked = 0;
+  auto lock = [&](uintptr_t a, uintptr_t b) -> Status {
+    if (b <= a) return Status::Ok();
+    if (mlock(reinterpret_cast<void*>(a), b - a) != 0) {
+      return ResourceExhausted("mlock of {} bytes of the model file failed: {} (raise the locked-memory limit, `ulimit -l`)",
+                               b - a, std::strerror(errno));
+    }
+    locked += b - a;
+    return Status::Ok();
+  };
+  for (const auto& [b, e] : released) {
+    if (e <= at) continue;
+    RETURN_IF_ERROR(lock(at, std::min(b, end)));
+    at = std::max(at, e);
+  }
+  RETURN_IF_ERROR(lock(at, end));
+  return locked;
 }
 
 StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::span<const uint8_t> bytes) {

@@ -138,6 +138,11 @@ class GgufFile {
   // touched; a copy in memory would read zeros, so the caller must drop its pointers. No-op for
   // FromBytes. Returns the bytes released.
   uint64_t ReleasePages(const uint8_t* data, uint64_t bytes);
+  // Locks the tensor data still in use (every page not given back by ReleasePages) in memory:
+  // mlock, reading it in first where the page cache does not hold it. Returns the bytes locked,
+  // or an error naming the limit (RLIMIT_MEMLOCK, `ulimit -l`) when the OS refuses. No-op (0) for
+  // FromBytes.
+  StatusOr<uint64_t> LockPages();
 
   // Typed metadata lookups with errors that name the key.
   StatusOr<int64_t> GetInt(std::string_view key) const;
@@ -153,6 +158,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   void* mapping_ = nullptr;          // munmap on destruction when set
+  std::vector<std::pair<uintptr_t, uintptr_t>> released_;  // page ranges ReleasePages gave back
   std::vector<uint8_t> owned_;       // FromBytes keeps the bytes here
   uint32_t version_ = 0;
   uint64_t alignment_ = kGgufDefaultAlignment;

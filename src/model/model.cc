@@ -4,8 +4,10 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -119,6 +121,7 @@ void Model::PackWeights(GgufFile* release_sources) {
   CHECK(mem != nullptr);
   madvise(mem, alloc, MADV_HUGEPAGE);
   packed_buffer_ = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(mem), std::free);
+  packed_alloc_ = alloc;
   for (size_t i = 0; i < all.size(); ++i) {
     MatrixWeight& w = *all[i];
     w.packed = kernels::PackForActiveIsa(w.view, packed_buffer_.get() + offset[i]);
@@ -128,6 +131,15 @@ void Model::PackWeights(GgufFile* release_sources) {
       w.view.data = nullptr;  // nothing may read it again
     }
   }
+}
+
+StatusOr<uint64_t> Model::LockPackedWeights() {
+  if (packed_buffer_ == nullptr) return uint64_t{0};
+  if (mlock(packed_buffer_.get(), packed_alloc_) != 0) {
+    return ResourceExhausted("mlock of the {} bytes of packed weights failed: {} (raise the locked-memory limit, `ulimit -l`)",
+                             packed_alloc_, std::strerror(errno));
+  }
+  return static_cast<uint64_t>(packed_alloc_);
 }
 
 Status Model::Forward(const ForwardBatch& batch, KvCache& kv, Workspace& ws, ThreadPool& pool) const {

@@ -173,6 +173,9 @@ class Model {
   void PackWeights(GgufFile* release_sources = nullptr);
   uint64_t packed_bytes() const;
   uint64_t released_bytes() const { return released_bytes_; }
+  // mlock of the packed copies' buffer (`--mlock`, with GgufFile::LockPages for what the file
+  // still holds); the bytes locked, or an error naming the limit.
+  StatusOr<uint64_t> LockPackedWeights();
 
   // Runs one batch: each token's K/V are written to its sequence's blocks at its slot (its
   // position unless batch.slots says otherwise), then attention reads them back through the
@@ -208,6 +211,7 @@ class Model {
  private:
   uint64_t released_bytes_ = 0;
   std::unique_ptr<uint8_t, void (*)(void*)> packed_buffer_{nullptr, nullptr};
+  size_t packed_alloc_ = 0;  // packed_buffer_'s size
 };
 
 // The model of the file's general.architecture (model/registry.cc lists them). The GgufFile must

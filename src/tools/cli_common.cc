@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "kernels/kernels.h"
@@ -53,6 +55,16 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
     std::fprintf(stderr, "note: %s is larger than 80%% of the available memory: weights run from the mapped file, unpacked\n",
                  m.path.c_str());
   }
+  if (load.mlock) {  // as llama.cpp's --mlock: a refusal is a warning, the model runs unlocked
+    auto file_bytes = m.file->LockPages();
+    auto packed_bytes = file_bytes.ok() ? m.model->LockPackedWeights() : StatusOr<uint64_t>(file_bytes.status());
+    if (!packed_bytes.ok()) {
+      std::fprintf(stderr, "warning: --mlock: %s\n", packed_bytes.status().message().c_str());
+    } else {
+      std::fprintf(stderr, "locked %.1f MiB of weights in memory (%.1f MiB packed, %.1f MiB of the file)\n",
+                   (*file_bytes + *packed_bytes) / 1048576.0, *packed_bytes / 1048576.0, *file_bytes / 1048576.0);
+    }
+  }
   auto tok = Tokenizer::FromGguf(*m.file);
   if (!tok.ok()) return tok.status().WithContext(m.path);
   m.tok = std::move(tok).value();
@@ -86,22 +98,64 @@ void LoadOptions::Register(CLI::App& app) {
   m->excludes(c);
   app.add_flag("--no-pack", no_pack,
                "run weights in the file's layout (no packed copy; the default for files larger than 80% of free memory)");
+  app.add_flag("--mlock", mlock,
+               "lock the weights in memory (never paged out or evicted; needs `ulimit -l` to allow it, else a warning)");
 }
 
 namespace {
 
-// The file's size over MemAvailable, or 0 when either is unknown.
+// A number from a one-line file (cgroup limits); nullopt when absent or not a number ("max").
+std::optional<double> ReadNumber(const std::string& path) {
+  std::ifstream f(path);
+  double v = 0.0;
+  if (!(f >> v)) return std::nullopt;
+  return v;
+}
+
+// What this process's memory cgroup still allows (limit - usage), or nullopt without a limit:
+// cgroup v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes, memory.usage_in_bytes;
+// both count the page cache, so a mapped model larger than the limit pages as on a small machine).
+std::optional<double> CgroupHeadroom() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(self, line)) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::optional<double> limit, usage;
+    if (controllers.empty()) {  // v2
+      limit = ReadNumber("/sys/fs/cgroup" + path + "/memory.max");
+      usage = ReadNumber("/sys/fs/cgroup" + path + "/memory.current");
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {  // v1
+      limit = ReadNumber("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes");
+      usage = ReadNumber("/sys/fs/cgroup/memory" + path + "/memory.usage_in_bytes");
+    }
+    // v1 reports "no limit" as a huge number (LONG_MAX rounded to pages).
+    if (limit && usage && *limit < 1e18) return std::max(0.0, *limit - *usage);
+  }
+  return std::nullopt;
+}
+
+// The file's size over the memory available to this process (MemAvailable, or the memory
+// cgroup's headroom where that is less), or 0 when unknown.
 double ShareOfAvailableMemory(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return 0.0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   long long kb = 0;
+  double available = 0.0;
   while (meminfo >> key >> kb) {
-    if (key == "MemAvailable:") return kb > 0 ? static_cast<double>(st.st_size) / (static_cast<double>(kb) * 1024.0) : 0.0;
+    if (key == "MemAvailable:") {
+      available = static_cast<double>(kb) * 1024.0;
+      break;
+    }
     meminfo.ignore(256, '\n');
   }
-  return 0.0;
+  if (const auto headroom = CgroupHeadroom(); headroom && (available == 0.0 || *headroom < available)) {
+    available = *headroom;
+  }
+  return available > 0.0 ? static_cast<double>(st.st_size) / available : 0.0;
 }
 
 }  // namespace

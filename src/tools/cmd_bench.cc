@@ -142,12 +142,11 @@ CommandFn RegisterBench(CLI::App& app) {
     if (Status s = parse_list(o->concurrency, "--concurrency", &concurrency); !s.ok()) return fail(s.message());
     auto engine_cfg = o->engine.Resolve();
     if (!engine_cfg.ok()) return fail(engine_cfg.status().ToString());
-    const bool copy = o->load.CopyToMemory(o->model);
-    auto file = GgufFile::Open(o->model, copy);
-    if (!file.ok()) return fail(file.status().ToString());
-    auto model = LoadModel(**file);
-    if (!model.ok()) return fail(model.status().ToString());
-    if (o->load.Pack(o->model)) (*model)->PackWeights(file->get());
+    // The shared loader: packing (or the note that a file too large runs mapped), --mlock.
+    auto loaded = LoadModel(o->model, o->load);
+    if (!loaded.ok()) return fail(loaded.status().ToString());
+    std::unique_ptr<GgufFile>* file = &loaded->file;
+    std::unique_ptr<Model>* model = &loaded->model;
     const ModelHParams& hp = (*model)->hparams();
     ThreadPool pool(o->threads);
     Roofline roof = MeasureRoofline(pool);

@@ -14,7 +14,8 @@ CommandFn RegisterRun(CLI::App& app);
 
 // How to load model bytes: --mmap maps the file; --no-mmap reads it into huge-page memory (no TLB
 // misses when weights stream, 1.5-2x faster decode of float models here, but a private copy);
-// default: read into memory when the file is under 40% of MemAvailable, else map.
+// default: read into memory when the file is under 40% of the available memory (MemAvailable, or
+// the memory cgroup's headroom where that is less), else map.
 struct LoadOptions {
   bool force_mmap = false;
   bool force_copy = false;
@@ -26,6 +27,9 @@ struct LoadOptions {
   // pages back as it goes), which would not fit; mapped and unpacked, the page cache keeps what
   // was read most recently (a mixture's hot experts) and reads the rest back from disk.
   bool no_pack = false;
+  // --mlock: the weights locked in memory after loading (packed copies and the file's pages still
+  // in use); a refusal by the OS is a warning, as llama.cpp's.
+  bool mlock = false;
   void Register(CLI::App& app);
   bool CopyToMemory(const std::string& path) const;
   bool Pack(const std::string& path) const;

@@ -82,6 +82,34 @@ TEST(GgufTest, RoundTripPreservesEveryKeyAndTensorByte) {
   EXPECT_NE(iq2.status().message().find("iq2_xxs"), std::string::npos);
 }
 
+// --mlock's half in the file: LockPages locks the tensor data's pages but those ReleasePages gave
+// back (packed matrices), or fails naming the locked-memory limit; never re-reads released pages.
+TEST(GgufTest, LockPagesSkipsReleasedPages) {
+  GgufWriter w;
+  w.SetString("general.architecture", "llama");
+  const int64_t n = 1 << 20;  // two tensors of 4 MiB
+  for (const char* name : {"a", "b"}) {
+    ASSERT_TRUE(w.AddTensor(name, 0, {n}, std::vector<uint8_t>(n * 4, 1)).ok());
+  }
+  const std::string path = test::TempPath("lock_test.gguf");
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  auto f = GgufFile::Open(path, /*copy_to_memory=*/false).value();
+  const GgufTensorInfo* a = f->FindTensor("a");
+  const uint64_t released = f->ReleasePages(a->data, a->num_bytes);
+  EXPECT_GT(released, 4u * 1024 * 1024 - 2 * 4096);
+  auto locked = f->LockPages();
+  if (!locked.ok()) {  // an unprivileged run with a small `ulimit -l`
+    EXPECT_NE(locked.status().message().find("ulimit -l"), std::string::npos) << locked.status().message();
+  } else {
+    const uint64_t data = f->file_bytes() - f->data_offset();
+    EXPECT_GE(*locked + released, data);
+    EXPECT_LE(*locked + released, data + 2 * 4096);
+    EXPECT_LT(*locked, data - 4u * 1024 * 1024 + 2 * 4096);
+  }
+  f.reset();
+  std::filesystem::remove(path);
+}
+
 TEST(GgufTest, OpenMapsFileAndHonorsAlignment) {
   GgufWriter w = SampleWriter();
   w.SetU32("general.alignment", 64);
