@@ -25,7 +25,8 @@ extra=("rope_freqs=$tmp/rope_freqs.gguf")
 while read -r name arch dim layers heads kv_heads head_dim ffn rope_ctx yarn; do
   "$build/gale" synth --shape custom --arch "$arch" --dim "$dim" --layers "$layers" --heads "$heads" \
     --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 \
-    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 --window 5 -o "$tmp/$name.gguf"
+    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 --window 5 --attn-softcap 1.5 --final-softcap 3 \
+    -o "$tmp/$name.gguf"
   extra+=("$name=$tmp/$name.gguf")
 done <<'SHAPES'
 llama_head48 llama 256 2 8 2 48 512 0 0
@@ -39,6 +40,8 @@ phi3 phi3 256 2 4 4 0 512 0 0
 phi3_longrope phi3 192 2 3 1 64 320 64 0
 gemma3 gemma3 128 7 4 1 64 256 0 0
 gemma3_odd gemma3 96 7 3 3 48 160 0 0
+gemma2 gemma2 128 4 4 2 64 256 0 0
+gemma2_odd gemma2 96 3 3 1 48 160 0 0
 SHAPES
 # Mixtures of experts (the shapes must match the test's kMoeShapes): qwen3moe, and llama with
 # experts (Mixtral-style); experts, experts per token, expert width.

@@ -75,6 +75,13 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.shared_experts = 1;
     s.nextn_layers = 1;
   }
+  if (arch == "gemma2") {  // four layers (windowed, global, ...), windows of 8, caps that bind
+    s.num_layers = 4;
+    s.head_dim = 64;
+    s.sliding_window = 8;
+    s.attn_softcap = 1.5f;
+    s.final_softcap = 3.0f;
+  }
   if (arch == "gpt-oss") {  // three layers (windowed, global, windowed), windows of 8, sinks, biases
     s.num_layers = 3;
     s.head_dim = 64;

@@ -1,9 +1,15 @@
-// Internal: each ISA translation unit defines one of these. Only kernels.cc includes this file.
+// Internal: each ISA translation unit defines one of these; kernels.cc and those units include this file.
 #pragma once
+
+#include <cmath>
 
 #include "kernels/kernel_table.h"
 
 namespace gale::kernels {
+// Gemma 2's attention soft-capping as ggml computes it: times 1 / cap, tanh, times cap. static:
+// every translation unit (the ISA ones included) has its own copy, calling the same libm tanhf.
+static inline float SoftCap(float s, float cap) { return cap * std::tanh(s * (1.0f / cap)); }
+
 const KernelTable& ScalarTable();
 const KernelTable& Avx2Table();  // with the AVX-VNNI int8 kernels where the CPU has them
 const KernelTable& Avx2TableWithoutVnni();
@@ -11,15 +17,15 @@ const KernelTable& Avx2TableWithoutVnni();
 void Avx2FillVnni(KernelTable& t);
 // avx2_attention.cc: attend_many of the AVX2 tables.
 void Avx2AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                    int head_dim, float* const* outs, float* const* scores, const float* sinks);
+                    int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap);
 const KernelTable& Avx512Table();
 // Parts of the AVX-512 table defined in their own files (avx512_packed.cc, avx512_attention.cc).
 void Avx512FillPacked(KernelTable& t);
 void Avx512AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores, const float* sinks);
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap);
 // The scalar attention, for ISAs whose own kernel does not cover a head size.
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                         int head_dim, float* const* outs, float* const* scores, const float* sinks);
+                         int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap);
 void SoftmaxReference(float* x, int64_t n);
 void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 void RopeApplyNeoxReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);

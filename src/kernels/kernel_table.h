@@ -155,8 +155,10 @@ struct KernelTable {
   // q_i . k_p / sqrt(head_dim) before the softmax (KV retention's attention tracking).
   // sinks: null, or per query a logit that joins the softmax's denominator only (gpt-oss's
   // attention sinks: out_i = sum_p e^(s_p) v_p / (e^(sink_i) + sum_p e^(s_p))); -inf for none.
+  // softcap > 0: every score s becomes softcap * tanh(s / softcap) before the softmax (and in
+  // scores) (Gemma 2's attention logit soft-capping); 0 for none.
   void (*attend_many)(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores, const float* sinks);
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap);
   // x = softmax(x) in place, n >= 1 (KV retention's attention tracking; not batch-critical).
   void (*softmax)(float* x, int64_t n);
   // Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dims of each head of x

@@ -643,7 +643,7 @@ std::optional<KvType> ParseKvType(std::string_view name) {
 
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores, int64_t window, const float* sinks) {
+               float* const* scores, int64_t window, const float* sinks, float softcap) {
   CHECK(window == 0 || scores == nullptr);  // tracked scores are per slot from 0
   const KernelTable& kt = Active();
   // A sliding window: a token whose window starts past slot 0 reads through a table of its own,
@@ -756,7 +756,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
                              k_head_bytes,
                              v_head_bytes};
       kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr,
-                     sinks != nullptr ? query_sinks : nullptr);
+                     sinks != nullptr ? query_sinks : nullptr, softcap);
     }
   }, ThreadPool::MinItemsForWork(num_tasks, total_ns));
 }

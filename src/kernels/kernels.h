@@ -167,9 +167,9 @@ struct KvLayer {
 // window > 0: a sliding window, token t attends to slots [max(0, positions[t] + 1 - window),
 // positions[t]] (llama.cpp's standard SWA: keys less than `window` positions back); scores must
 // then be null. sinks: null, or per query head a logit that joins each softmax's denominator only
-// (gpt-oss's attention sinks).
+// (gpt-oss's attention sinks). softcap > 0: scores through softcap * tanh(s / softcap) (Gemma 2).
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores = nullptr, int64_t window = 0, const float* sinks = nullptr);
+               float* const* scores = nullptr, int64_t window = 0, const float* sinks = nullptr, float softcap = 0.0f);
 
 }  // namespace gale::kernels

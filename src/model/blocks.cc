@@ -378,7 +378,8 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
   span.Next("attention", n, kv_positions_ * 2 * kv_.row_bytes(), l);
   kernels::Attention(ws_.q.data(), n, ws_.kv_slots.data(), ws_.tables.data(), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
-                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks);
+                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks,
+                     hp_.attn_softcap);
   if (tracking_) {
     span.Next("attention_track", n, 0, l);
     AccumulateAttention(l);
@@ -698,6 +699,10 @@ void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& 
   Grow(ws_.logits, num_out * hp_.vocab_size);
   span.Next("lm_head", num_out, WeightBytes(output));
   MatMul(output, ws_.xb.data(), num_out, ws_.logits.data(), pool_);
+  if (hp_.final_softcap > 0.0f) {  // Gemma 2, as ggml: times 1 / cap, tanh, times cap
+    const float cap = hp_.final_softcap, inv = 1.0f / cap;
+    for (int64_t i = 0; i < num_out * hp_.vocab_size; ++i) ws_.logits[i] = cap * std::tanh(ws_.logits[i] * inv);
+  }
 }
 
 // KV retention's tracking, after one layer's attention: each tracked token's scores become

@@ -160,7 +160,8 @@ class ForwardPass {
               const TensorView* post_norm = nullptr);
   // GatedFfn or MoeFfn, as the layer is.
   void Ffn(int64_t layer, const float* norm_w, const LayerFfn& w);
-  // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants.
+  // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants (soft-capped where
+  // hp.final_softcap says).
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
 
  private:

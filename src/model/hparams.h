@@ -93,6 +93,10 @@ struct ModelHParams {
   float rope_freq_base_swa = 0.0f;
   // Multiplies the queries before attention's 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar).
   float query_scale = 1.0f;
+  // Gemma 2's soft-capping (set by the architecture): attention scores and the final logits
+  // through cap * tanh(x / cap); 0 for none.
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
   Pooling pooling = Pooling::kNone;  // an embedding model's (pooling_type); kNone for others
   MoeHParams moe;
   MlaHParams mla;

@@ -21,6 +21,7 @@ constexpr Architecture kArchitectures[] = {
     {"qwen3", LoadQwen3},
     {"qwen3moe", LoadQwen3Moe, /*experts=*/true},
     {"phi3", LoadPhi3},
+    {"gemma2", LoadGemma2},
     {"gemma3", LoadGemma3},
     {"deepseek2", LoadDeepseek2, /*experts=*/true},
     {"glm4moe", LoadGlm4Moe, /*experts=*/true},

@@ -96,8 +96,8 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
-      s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe" && s.arch != "gpt-oss") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe, "
+      s.arch != "gemma2" && s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe" && s.arch != "gpt-oss") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe, "
                            "gpt-oss)", s.arch);
   }
   const bool gpt = s.arch == "gpt-oss";
@@ -151,7 +151,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return InvalidArgument("synth: the expert width {} must be a multiple of the {} block size {}", expert_ffn,
                            TypeTraits(type).name, block);
   }
-  const bool gemma = s.arch == "gemma3";
+  const bool gemma = s.arch == "gemma3" || s.arch == "gemma2";
   if (q_dim % block != 0 && !mla) {
     return InvalidArgument("synth: heads x head size {} must be a multiple of the {} block size {}", q_dim,
                            TypeTraits(type).name, block);
@@ -202,6 +202,10 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : gpt ? 150000.0f : 10000.0f);
   if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
   if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
+  if (s.arch == "gemma2") {
+    w.SetF32(p + "attn_logit_softcapping", s.attn_softcap);
+    w.SetF32(p + "final_logit_softcapping", s.final_softcap);
+  }
   if (gpt) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 128));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (moe) {
@@ -391,7 +395,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
-    } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || gemma) {
+    } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3") {
       RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
     }

@@ -1,4 +1,4 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe,
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe,
 // gpt-oss),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
@@ -23,7 +23,8 @@ struct SynthShape {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 4;
   int64_t head_dim = 0;  // 0: dim / num_heads; else written as attention.key_length / value_length
-  int64_t sliding_window = 0;  // gemma3, gpt-oss: attention.sliding_window (0: 512, 128)
+  int64_t sliding_window = 0;  // gemma2, gemma3, gpt-oss: attention.sliding_window (0: 512, 512, 128)
+  float attn_softcap = 50.0f, final_softcap = 30.0f;  // gemma2: the soft-capping of scores and logits
   int64_t ffn_dim = 128;
   int64_t vocab_size = 512;
   int64_t context_length = 2048;

@@ -66,7 +66,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | custom")
       ->capture_default_str();
-  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma3 | deepseek2 | glm4moe | gpt-oss)")->capture_default_str();
+  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma2 | gemma3 | deepseek2 | glm4moe | gpt-oss)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();
@@ -81,7 +81,9 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--tokenizer", o->tokenizer_dir,
                  "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) to write instead of the "
                  "synthetic vocab; the vocab size becomes its");
-  app.add_option("--window", o->custom.sliding_window, "custom gemma3, gpt-oss: sliding window (default 512, 128)");
+  app.add_option("--window", o->custom.sliding_window, "custom gemma2, gemma3, gpt-oss: sliding window (default 512, 512, 128)");
+  app.add_option("--attn-softcap", o->custom.attn_softcap, "custom gemma2: attention scores' soft-capping")->capture_default_str();
+  app.add_option("--final-softcap", o->custom.final_softcap, "custom gemma2: the logits' soft-capping")->capture_default_str();
   app.add_option("--pooling", o->pooling, "make it an embedding model: its pooling_type (mean | cls | last)");
   app.add_option("--yarn", o->custom.yarn_factor, "YaRN RoPE scaling by this factor (with --yarn-orig-ctx)");
   app.add_option("--yarn-orig-ctx", o->custom.yarn_orig_ctx, "YaRN's original context length");

@@ -246,7 +246,7 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // token's experts' products do not depend on which other tokens of the step share its experts;
 // deepseek2's latent rows page, cache and recompute like K and V.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
-  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "mixtral", "deepseek2", "glm4moe", "gpt-oss"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "mixtral", "deepseek2", "glm4moe", "gpt-oss"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);

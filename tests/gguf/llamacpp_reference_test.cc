@@ -250,6 +250,8 @@ constexpr ArchShape kArchShapes[] = {
     {"phi3_longrope", "phi3", 192, 2, 3, 1, 64, 320, 64},
     {"gemma3", "gemma3", 128, 7, 4, 1, 64, 256},
     {"gemma3_odd", "gemma3", 96, 7, 3, 3, 48, 160},
+    {"gemma2", "gemma2", 128, 4, 4, 2, 64, 256},
+    {"gemma2_odd", "gemma2", 96, 3, 3, 1, 48, 160},
 };
 
 SynthShape ShapeOf(const ArchShape& a) {
@@ -267,6 +269,8 @@ SynthShape ShapeOf(const ArchShape& a) {
   s.yarn_factor = a.yarn;
   s.yarn_orig_ctx = a.yarn > 0 ? 64 : 0;
   s.sliding_window = 5;  // gemma3: windows of 5 over 16 tokens (layers 0-4 and 6 windowed, 5 global)
+  s.attn_softcap = 1.5f;  // gemma2: caps that bind (scores and logits reach past them)
+  s.final_softcap = 3.0f;
   return s;
 }
 
@@ -313,10 +317,18 @@ TEST_P(LlamaCppModelTest, ArchitecturesGiveLlamaCppLogits) {
     ASSERT_EQ(got.size(), want.size());
     const auto [max_diff, same_greedy] = Agreement(got, want, tokens.size());
     // The mutation: qwen as a llama; phi3's LongRoPE without its factors, a YaRN file without
-    // its scaling, gemma3 with windows too wide to bind (the fused matrices' split is checked by
-    // the logits themselves: a wrong one is far).
-    double mutated = 0.0;
-    const bool gemma = std::string(a.arch) == "gemma3";
+    // its scaling, gemma3 with windows too wide to bind, gemma2 also with caps too high to bind
+    // (the fused matrices' split is checked by the logits themselves: a wrong one is far).
+    double mutated = 0.0, uncapped = 0.0;
+    const bool gemma = std::string(a.arch) == "gemma3" || std::string(a.arch) == "gemma2";
+    if (std::string(a.arch) == "gemma2") {
+      SynthShape wide = ShapeOf(a);
+      wide.attn_softcap = wide.final_softcap = 1000.0f;
+      auto f = GgufFile::FromBytes(SynthesizeModel(wide, GgmlType::kF32, 7)->WriteToBytes()).value();
+      uncapped = Rmse(GaleLogits(*f, tokens), want);
+      std::printf("%s: caps too high to bind: rmse %.3f\n", a.name, uncapped);
+      EXPECT_GT(uncapped, 0.05);
+    }
     const bool mutate =
         std::string(a.arch) == "qwen2" || std::string(a.arch) == "qwen3" || a.rope_ctx > 0 || a.yarn > 0 || gemma;
     if (a.rope_ctx > 0 || a.yarn > 0 || gemma) {  // the scaling dropped; gemma's windows wider than the text

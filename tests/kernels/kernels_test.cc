@@ -716,7 +716,7 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
       float out[64];
       float* op = out;
       const KvBlockView view = Contiguous(k.data() + (h / 2) * head_dim, v.data() + (h / 2) * head_dim, row, &zero);
-      Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr, nullptr);
+      Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr, nullptr, 0.0f);
       for (int d = 0; d < head_dim; ++d) ASSERT_EQ(F32Bits(out[d]), F32Bits(all[(t * heads + h) * head_dim + d]));
     }
   }
@@ -768,7 +768,7 @@ TEST(KernelsTest, SlidingWindowAttendsToTheWindowOnly) {
         float* op = out;
         const KvBlockView view = Contiguous(k.data() + begin * row + (h / 2) * head_dim,
                                             v.data() + begin * row + (h / 2) * head_dim, row, &zero);
-        Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr, nullptr);
+        Active().attend_many(&qp, &n, 1, view, head_dim, &op, nullptr, nullptr, 0.0f);
         for (int d = 0; d < head_dim; ++d) {
           const int i = (t * heads + h) * head_dim + d;
           ASSERT_EQ(F32Bits(out[d]), F32Bits(all[i])) << IsaName(isa) << " token " << t;
@@ -816,8 +816,8 @@ TEST(KernelsTest, AttendMatchesScalar) {
           const float* qp = q.data();
           float* wp = want.data();
           float* gp = got.data();
-          ref.attend_many(&qp, &len, 1, view, head_dim, &wp, nullptr, nullptr);
-          simd.attend_many(&qp, &len, 1, view, head_dim, &gp, nullptr, nullptr);
+          ref.attend_many(&qp, &len, 1, view, head_dim, &wp, nullptr, nullptr, 0.0f);
+          simd.attend_many(&qp, &len, 1, view, head_dim, &gp, nullptr, nullptr, 0.0f);
           // Outputs are convex combinations of values in [-1, 1]; the two softmax formulations
           // differ by a few ulps of the weights.
           for (int d = 0; d < head_dim; ++d) {
@@ -896,10 +896,10 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
           lens.push_back(1 + (i * 7) % positions);
           outs.push_back(together.data() + i * head_dim);
         }
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr, nullptr);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr, nullptr, 0.0f);
         for (int i = 0; i < nq; ++i) {
           float* o = alone.data() + i * head_dim;
-          kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr, nullptr);
+          kt->attend_many(&qs[i], &lens[i], 1, view, head_dim, &o, nullptr, nullptr, 0.0f);
         }
         for (int i = 0; i < nq * head_dim; ++i) {
           ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa) << " " << KvTypeName(type) << " hd "
@@ -910,11 +910,12 @@ TEST(KernelsTest, AttendManyEqualsOneAtATime) {
   }
 }
 
-// Attention sinks (gpt-oss): each query's sink logit joins its softmax's denominator only. Every
-// ISA against a double-precision softmax over [scores..., sink], for sinks below, among and above
-// the scores, through one call of several queries (and of several KV heads, kv.query_heads); a
-// query's result is bitwise what it gets alone; a sink of -inf is no sink, bitwise.
-TEST(KernelsTest, AttendManyWithSinksMatchesAnExactSoftmax) {
+// Attention sinks (gpt-oss): each query's sink logit joins its softmax's denominator only; and
+// Gemma 2's soft-capping of the scores (cap tanh(s / cap)). Every ISA against a double-precision
+// softmax over [scores..., sink], for sinks below, among and above the scores, with and without a
+// cap that binds, through one call of several queries (and of several KV heads, kv.query_heads);
+// a query's result is bitwise what it gets alone; a sink of -inf is no sink, bitwise.
+TEST(KernelsTest, AttendManyWithSinksAndSoftCapMatchesAnExactSoftmax) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     const KernelTable* kt = GetKernelTable(isa);
     if (kt == nullptr) continue;
@@ -931,7 +932,8 @@ TEST(KernelsTest, AttendManyWithSinksMatchesAnExactSoftmax) {
           StoreKvHead(vf.data() + r * head_dim, head_dim, type, v.data() + r * seg);
         }
         const int32_t zero = 0;
-        for (bool across_heads : {false, true}) {
+        for (const auto& [across_heads, softcap] : {std::pair{false, 0.0f}, std::pair{true, 0.0f},
+                                                    std::pair{false, 1.5f}, std::pair{true, 1.5f}}) {
           const KvBlockView view{k.data(), v.data(), &zero, int64_t{1} << 40, row, row, type, type,
                                  across_heads ? heads : nullptr, seg, seg};
           const auto q = test::RandomFloats(nq * head_dim, 33);
@@ -946,14 +948,15 @@ TEST(KernelsTest, AttendManyWithSinksMatchesAnExactSoftmax) {
             outs.push_back(together.data() + i * head_dim);
             plain_outs.push_back(plain.data() + i * head_dim);
           }
-          kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr, sinks);
-          kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, plain_outs.data(), nullptr, nullptr);
+          kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), nullptr, sinks, softcap);
+          kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, plain_outs.data(), nullptr, nullptr, softcap);
           std::vector<float> row_f(head_dim);
           for (int i = 0; i < nq; ++i) {
             SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << KvTypeName(type) << " hd " << head_dim
-                                            << " query " << i << (across_heads ? " across heads" : ""));
+                                            << " query " << i << (across_heads ? " across heads" : "")
+                                            << " softcap " << softcap);
             float* o = alone.data() + i * head_dim;
-            kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, nullptr, &sinks[i]);
+            kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, nullptr, &sinks[i], softcap);
             const KvBlockView one = view.ForQuery(i);
             std::vector<double> s(lens[i]), want(head_dim, 0.0);
             double max = sinks[i];
@@ -962,6 +965,7 @@ TEST(KernelsTest, AttendManyWithSinksMatchesAnExactSoftmax) {
               double d = 0.0;
               for (int e = 0; e < head_dim; ++e) d += static_cast<double>(row_f[e]) * q[i * head_dim + e];
               s[p] = d / std::sqrt(static_cast<double>(head_dim));
+              if (softcap > 0.0f) s[p] = softcap * std::tanh(s[p] / softcap);
               max = std::max(max, s[p]);
             }
             double sum = std::exp(static_cast<double>(sinks[i]) - max);
@@ -1017,11 +1021,11 @@ TEST(KernelsTest, AttendManyAcrossHeadsEqualsEachHead) {
           outs.push_back(together.data() + i * head_dim);
           scores.push_back(st.data() + i * positions);
         }
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), scores.data(), nullptr);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, outs.data(), scores.data(), nullptr, 0.0f);
         for (int i = 0; i < nq; ++i) {
           float* o = alone.data() + i * head_dim;
           float* sc = sa.data() + i * positions;
-          kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, &sc, nullptr);
+          kt->attend_many(&qs[i], &lens[i], 1, view.ForQuery(i), head_dim, &o, &sc, nullptr, 0.0f);
         }
         for (int i = 0; i < nq * head_dim; ++i) {
           ASSERT_EQ(F32Bits(together[i]), F32Bits(alone[i])) << IsaName(isa) << " " << KvTypeName(type) << " hd "
@@ -1068,9 +1072,9 @@ TEST(KernelsTest, AttendManyReportsScores) {
           gs.push_back(i == 2 ? nullptr : got.data() + i * len);  // a query may opt out
           ws.push_back(want.data() + i * len);
         }
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, po.data(), nullptr, nullptr);
-        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, to.data(), gs.data(), nullptr);
-        ref->attend_many(qs.data(), lens.data(), nq, view, head_dim, wo.data(), ws.data(), nullptr);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, po.data(), nullptr, nullptr, 0.0f);
+        kt->attend_many(qs.data(), lens.data(), nq, view, head_dim, to.data(), gs.data(), nullptr, 0.0f);
+        ref->attend_many(qs.data(), lens.data(), nq, view, head_dim, wo.data(), ws.data(), nullptr, 0.0f);
         for (int i = 0; i < nq * head_dim; ++i) ASSERT_EQ(F32Bits(plain[i]), F32Bits(tracked[i])) << IsaName(isa);
         for (int i = 0; i < nq; ++i) {
           for (int p = 0; p < len; ++p) {

@@ -33,7 +33,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "deepseek2", "glm4moe", "gpt-oss"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "deepseek2", "glm4moe", "gpt-oss"}));
   std::vector<std::string> files = SupportedArchitectures();
   files.push_back("mixtral");  // a llama with experts
   for (const std::string& arch : files) {
@@ -100,7 +100,7 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma3, deepseek2, glm4moe"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe, gpt-oss"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
@@ -114,7 +114,8 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
            {"glm4moe", "blk.1.attn_v.bias"}, {"glm4moe", "blk.2.exp_probs_b.bias"},
            {"glm4moe", "blk.0.post_attention_norm.weight"}, {"gpt-oss", "blk.1.attn_sinks.weight"},
            {"gpt-oss", "blk.0.ffn_up_exps.bias"}, {"gpt-oss", "blk.2.attn_output.bias"},
-           {"gpt-oss", "blk.1.ffn_gate_inp.bias"}}) {
+           {"gpt-oss", "blk.1.ffn_gate_inp.bias"}, {"gemma2", "blk.3.post_ffw_norm.weight"},
+           {"gemma2", "blk.0.post_attention_norm.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

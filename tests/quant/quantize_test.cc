@@ -381,7 +381,7 @@ TEST(QuantizeTest, MixturesQuantizeTheirExperts) {
 TEST(QuantizeTest, EachArchitectureQuantizes) {
   ThreadPool pool(2);
   const std::string story = test::ReadFile(test::SourceDir() + "/bench/story-prompt.txt");
-  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma3"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3"}) {
     SCOPED_TRACE(arch);
     auto in = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 5)->WriteToBytes()).value();
     auto model = LoadModel(*in).value();

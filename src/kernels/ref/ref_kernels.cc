@@ -297,7 +297,7 @@ namespace {
 
 // Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same for f32 K/V).
 void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out, float* raw_scores,
-               float sink) {
+               float sink, float softcap) {
   thread_local std::vector<float> scores;  // [len]
   thread_local std::vector<float> row;     // [head_dim] converted K or V row
   scores.resize(len);
@@ -306,6 +306,9 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
   const float div = std::sqrt(static_cast<float>(head_dim));
   for (int64_t p = 0; p < len; ++p) {
     scores[p] = DotF32(RowAsF32(kv.k + Slot(kv, p) * kv.k_row_bytes, kv.k_type, head_dim, row.data()), q, head_dim) / div;
+  }
+  if (softcap > 0.0f) {
+    for (int64_t p = 0; p < len; ++p) scores[p] = SoftCap(scores[p], softcap);
   }
   if (raw_scores != nullptr) std::copy(scores.begin(), scores.begin() + len, raw_scores);
   if (sink == -INFINITY) {
@@ -329,10 +332,11 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
 }  // namespace
 
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                         int head_dim, float* const* outs, float* const* scores, const float* sinks) {
+                         int head_dim, float* const* outs, float* const* scores, const float* sinks,
+                         float softcap) {
   for (int i = 0; i < num_queries; ++i) {
     AttendRef(qs[i], kv.ForQuery(i), lens[i], head_dim, outs[i], scores ? scores[i] : nullptr,
-              sinks != nullptr ? sinks[i] : -INFINITY);
+              sinks != nullptr ? sinks[i] : -INFINITY, softcap);
   }
 }
 

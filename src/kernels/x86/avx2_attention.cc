@@ -81,7 +81,8 @@ constexpr int kMaxVecs = 72;  // latent attention rows of 576
 
 // One query over positions [0, len) of kv, its head kVecs vectors of 8.
 template <int kVecs, KvType kType, KvType vType>
-void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out, float* raw_scores, float sink) {
+void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out, float* raw_scores, float sink,
+               float softcap) {
   // Scores take the query kQChunk vectors at a time (with 8 keys' partial sums in registers); the
   // output is updated kOChunk vectors at a time (8 chains of FMAs per key block).
   constexpr int kQChunk = kVecs % 4 == 0 ? 4 : kVecs % 5 == 0 ? 5 : kVecs;
@@ -126,6 +127,12 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
       for (int j = 0; j < 8; ++j) ks[j] = KvScale(krow[j]);
       s = _mm256_mul_ps(s, _mm256_load_ps(ks));
     }
+    if (softcap > 0.0f) {  // Gemma 2: softcap * tanh(s / softcap), lane by lane as the scalar path
+      alignas(32) float sv[8];
+      _mm256_store_ps(sv, s);
+      for (float& x : sv) x = SoftCap(x, softcap);
+      s = _mm256_load_ps(sv);
+    }
     const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     if (raw_scores != nullptr) {
       alignas(32) float sv[8];
@@ -169,40 +176,40 @@ void AttendOne(const float* qin, int64_t len, const KvBlockView& kv, float* out,
 
 template <int kVecs, KvType kType, KvType vType>
 void AttendEach(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, float* const* outs,
-                float* const* scores, const float* sinks) {
+                float* const* scores, const float* sinks, float softcap) {
   for (int i = 0; i < num_queries; ++i) {
     AttendOne<kVecs, kType, vType>(qs[i], lens[i], kv.ForQuery(i), outs[i], scores != nullptr ? scores[i] : nullptr,
-                                   sinks != nullptr ? sinks[i] : -INFINITY);
+                                   sinks != nullptr ? sinks[i] : -INFINITY, softcap);
   }
 }
 
 template <KvType kType, KvType vType>
 void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                       int head_dim, float* const* outs, float* const* scores, const float* sinks) {
+                       int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap) {
   switch (head_dim) {
-    case 8: return AttendEach<1, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 16: return AttendEach<2, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 32: return AttendEach<4, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 64: return AttendEach<8, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 80: return AttendEach<10, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 96: return AttendEach<12, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 128: return AttendEach<16, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 256: return AttendEach<32, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);  // Gemma
+    case 8: return AttendEach<1, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 16: return AttendEach<2, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 32: return AttendEach<4, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 64: return AttendEach<8, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 80: return AttendEach<10, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 96: return AttendEach<12, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 128: return AttendEach<16, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 256: return AttendEach<32, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);  // Gemma
     // Latent attention rows (DeepSeek-V3, Kimi-K2: 512 + 64): the state lives in memory, the
     // loads and FMAs stay vector.
-    case 576: return AttendEach<72, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 576: return AttendEach<72, kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
   }
 }
 
 }  // namespace
 
 void Avx2AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                    int head_dim, float* const* outs, float* const* scores, const float* sinks) {
+                    int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap) {
   const bool done = ForKvTypePair(kv.k_type, kv.v_type, [&](auto k, auto v) {
-    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
   });
-  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
 }
 
 }  // namespace gale::kernels

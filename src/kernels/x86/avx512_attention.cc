@@ -45,10 +45,11 @@ struct QueryState {
   __m512 acc[kVecs];  // sum of weights * V rows so far (relative to max)
   float max;
   float sum;
+  float softcap;  // > 0: scores through softcap * tanh(s / softcap) (Gemma 2)
 };
 
 template <int kVecs>
-inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim, float sink) {
+inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim, float sink, float softcap) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int i = 0; i < kVecs; ++i) {
     st.q[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), _mm512_set1_ps(scale));
@@ -57,6 +58,7 @@ inline void InitQuery(QueryState<kVecs>& st, const float* q, int head_dim, float
   // A sink starts the softmax as a key of weight e^0 = 1 at the max and no value.
   st.max = sink;
   st.sum = sink == -INFINITY ? 0.0f : 1.0f;
+  st.softcap = softcap;
 }
 
 // 16 K or V elements of the cache type as f32.
@@ -134,6 +136,11 @@ inline void QueryBlock(QueryState<kVecs>* const* st, const uint8_t* k, const uin
       }
     }
     for (int q = 0; q < kQ; ++q) _mm512_store_ps(s[q], SumEach16(part[q]));
+  }
+  for (int q = 0; q < kQ; ++q) {  // Gemma 2's soft-capping, score by score as the scalar path
+    if (cur[q].softcap > 0.0f) {
+      for (int j = 0; j < n[q]; ++j) s[q][j] = SoftCap(s[q][j], cur[q].softcap);
+    }
   }
   alignas(64) float wts[kQ][16];  // lanes past n[q] are never used
   for (int q = 0; q < kQ; ++q) {
@@ -227,13 +234,13 @@ inline void AttendBlock(QueryState<kVecs>* st, const int64_t* lens, int num_quer
 // per query, and their chains interleave all the same (decode with one query per KV head).
 template <int kVecs, KvType kType, KvType vType>
 void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores, const float* sinks) {
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap) {
   QueryState<kVecs> st[kMaxAttendQueries];
   const uint64_t* exp_table = ExpfTable32();
   int64_t max_len = 0;
   int64_t qk[kMaxAttendQueries], qv[kMaxAttendQueries];  // byte offsets to each query's KV head
   for (int i = 0; i < num_queries; ++i) {
-    InitQuery<kVecs>(st[i], qs[i], head_dim, sinks != nullptr ? sinks[i] : -INFINITY);
+    InitQuery<kVecs>(st[i], qs[i], head_dim, sinks != nullptr ? sinks[i] : -INFINITY, softcap);
     max_len = lens[i] > max_len ? lens[i] : max_len;
     const int64_t h = kv.query_heads != nullptr ? kv.query_heads[i] : 0;
     qk[i] = h * kv.k_head_bytes;
@@ -263,7 +270,7 @@ void AttendManyOnline(const float* const* qs, const int64_t* lens, int num_queri
 // head's queries together, in their order.
 template <typename Fn>
 void EachHead(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, float* const* outs,
-              float* const* scores, const float* sinks, Fn fn) {
+              float* const* scores, const float* sinks, float softcap, Fn fn) {
   bool done[kMaxAttendQueries] = {};
   for (int i = 0; i < num_queries; ++i) {
     if (done[i]) continue;
@@ -283,7 +290,7 @@ void EachHead(const float* const* qs, const int64_t* lens, int num_queries, cons
       done[j] = true;
       ++n;
     }
-    fn(hq, hl, n, kv.ForQuery(i), ho, scores != nullptr ? hs : nullptr, sinks != nullptr ? hsink : nullptr);
+    fn(hq, hl, n, kv.ForQuery(i), ho, scores != nullptr ? hs : nullptr, sinks != nullptr ? hsink : nullptr, softcap);
   }
 }
 
@@ -366,6 +373,7 @@ struct QueryState8 {
   __m512 sum;     // per lane: the weights so far
   float q[8];     // the query, pre-scaled by 1 / sqrt(8)
   float max;
+  float softcap;  // > 0: Gemma 2's soft-capping
 };
 
 // One block (up to 16 positions from p0) into every query that reaches it.
@@ -388,6 +396,12 @@ inline void AttendBlock8(QueryState8* st, const int64_t* lens, int num_queries, 
     }
     __m512 s = _mm512_add_ps(s0, s1);
     if constexpr (kKvQuantized<kType>) s = _mm512_mul_ps(s, kscale);
+    if (q.softcap > 0.0f) {
+      alignas(64) float sv[16];
+      _mm512_store_ps(sv, s);
+      for (float& x : sv) x = SoftCap(x, q.softcap);
+      s = _mm512_load_ps(sv);
+    }
     if (scores != nullptr && scores[i] != nullptr) {
       alignas(64) float raw[16];
       _mm512_store_ps(raw, Hd8ToKeyOrder(s));
@@ -411,9 +425,9 @@ inline void AttendBlock8(QueryState8* st, const int64_t* lens, int num_queries, 
 
 template <KvType kType, KvType vType>
 void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                   float* const* outs, float* const* scores, const float* sinks) {
+                   float* const* outs, float* const* scores, const float* sinks, float softcap) {
   if (kv.query_heads != nullptr) {  // the transposed block is one head's: each head's queries together
-    EachHead(qs, lens, num_queries, kv, outs, scores, sinks, AttendManyHd8<kType, vType>);
+    EachHead(qs, lens, num_queries, kv, outs, scores, sinks, softcap, AttendManyHd8<kType, vType>);
     return;
   }
   QueryState8 st[kMaxAttendQueries];
@@ -427,6 +441,7 @@ void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries,
     }
     // A sink: a key of weight e^0 = 1 at the max (one lane of the sum) and no value.
     st[i].max = sinks != nullptr ? sinks[i] : -INFINITY;
+    st[i].softcap = softcap;
     st[i].sum = st[i].max == -INFINITY ? _mm512_setzero_ps() : _mm512_setr_ps(1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     max_len = lens[i] > max_len ? lens[i] : max_len;
   }
@@ -449,36 +464,36 @@ void AttendManyHd8(const float* const* qs, const int64_t* lens, int num_queries,
 
 template <KvType kType, KvType vType>
 void AttendManyOfTypes(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                       int head_dim, float* const* outs, float* const* scores, const float* sinks) {
+                       int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap) {
   switch (head_dim) {
-    case 8: return AttendManyHd8<kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks);
-    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    case 256: return AttendManyOnline<16, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);  // Gemma
+    case 8: return AttendManyHd8<kType, vType>(qs, lens, num_queries, kv, outs, scores, sinks, softcap);
+    case 16: return AttendManyOnline<1, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    case 32: return AttendManyOnline<2, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    case 64: return AttendManyOnline<4, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    case 80: return AttendManyOnline<5, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    case 96: return AttendManyOnline<6, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    case 128: return AttendManyOnline<8, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    case 256: return AttendManyOnline<16, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);  // Gemma
     // Latent attention rows (DeepSeek-V3, Kimi-K2: 512 + 64); the state no longer fits the
     // registers, but the loads and FMAs stay vector.
-    case 576: return AttendManyOnline<36, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
-    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    case 576: return AttendManyOnline<36, kType, vType>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
+    default: return AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
   }
 }
 
 void AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv, int head_dim,
-                float* const* outs, float* const* scores, const float* sinks) {
+                float* const* outs, float* const* scores, const float* sinks, float softcap) {
   const bool done = ForKvTypePair(kv.k_type, kv.v_type, [&](auto k, auto v) {
-    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+    AttendManyOfTypes<decltype(k)::value, decltype(v)::value>(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
   });
-  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+  if (!done) AttendManyReference(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
 }
 
 }  // namespace
 
 void Avx512AttendMany(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
-                      int head_dim, float* const* outs, float* const* scores, const float* sinks) {
-  AttendMany(qs, lens, num_queries, kv, head_dim, outs, scores, sinks);
+                      int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap) {
+  AttendMany(qs, lens, num_queries, kv, head_dim, outs, scores, sinks, softcap);
 }
 
 }  // namespace gale::kernels

@@ -15,6 +15,7 @@ StatusOr<std::unique_ptr<Model>> LoadQwen2(const GgufFile& file, ModelHParams hp
 StatusOr<std::unique_ptr<Model>> LoadQwen3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadQwen3Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp);
+StatusOr<std::unique_ptr<Model>> LoadGemma2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadDeepseek2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams hp);
