@@ -1,0 +1,130 @@
+// Gemma 2 (GGUF "gemma2") and Gemma 3 (GGUF "gemma3", the text model). Both: embeddings scaled by
+// sqrt(dim); per layer RMSNorm -> Q, K, V -> RoPE (NEOX) -> attention -> output projection ->
+// RMSNorm (post_attention_norm) -> residual; RMSNorm -> GeGLU (tanh GELU) -> RMSNorm
+// (post_ffw_norm) -> residual; final norm and the output layer (tied to the embedding). The norm
+// weights in GGUF already include Gemma's "1 +".
+// Gemma 2: a sliding window (attention.sliding_window, default 4096) on the even layers, the whole
+// context on the odd ones; attention scores soft-capped (attn_logit_softcapping, default 50: s
+// becomes 50 tanh(s / 50)) and the final logits too (final_logit_softcapping, default 30).
+// Gemma 3: per-head Q/K RMSNorm before RoPE; five of every six layers over a sliding window with
+// their own RoPE base 10,000 and no scaling, the sixth global with rope.freq_base and the file's
+// scaling; no soft-capping.
+// As llama.cpp: queries scaled by 1 / sqrt(head size), or 1 / sqrt(dim / heads) for the 27B
+// models (46 layers in Gemma 2, 62 in Gemma 3).
+#include <cmath>
+
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+enum class Variant { kGemma2, kGemma3 };
+
+struct GemmaLayer : DenseMatrices {
+  TensorView attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+  TensorView q_norm, k_norm;  // gemma3
+};
+
+class GemmaModel final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp, Variant variant) {
+    std::unique_ptr<GemmaModel> m(new GemmaModel());
+    m->hp_ = std::move(hp);
+    m->variant_ = variant;
+    ModelHParams& h = m->hp_;
+    h.rope_style = RopeStyle::kNeox;
+    const std::string p = h.arch + ".";
+    const bool gemma2 = variant == Variant::kGemma2;
+    h.sliding_window = file.GetInt(p + "attention.sliding_window", gemma2 ? 4096 : 0);
+    if (h.sliding_window < 0 || (gemma2 && h.sliding_window == 0)) {
+      return InvalidArgument("{}: attention.sliding_window must be positive", h.arch);
+    }
+    if (h.sliding_window > 0) {
+      // Gemma 2: windowed, then global (llama.cpp's swa pattern 2); Gemma 3: five windowed layers
+      // with their own RoPE base, then one global (pattern 6).
+      h.swa_layers.resize(static_cast<size_t>(h.num_layers));
+      for (int64_t l = 0; l < h.num_layers; ++l) h.swa_layers[l] = gemma2 ? l % 2 == 0 : l % 6 < 5;
+      if (!gemma2) h.rope_freq_base_swa = 10000.0f;
+    }
+    if (gemma2) {
+      h.attn_softcap = static_cast<float>(file.GetDouble(p + "attn_logit_softcapping", 50.0));
+      h.final_softcap = static_cast<float>(file.GetDouble(p + "final_logit_softcapping", 30.0));
+      if (!(h.attn_softcap > 0.0f) || !(h.final_softcap > 0.0f)) {
+        return InvalidArgument("gemma2: attn_logit_softcapping and final_logit_softcapping must be positive");
+      }
+    }
+    const double attn_dim = h.num_layers == (gemma2 ? 46 : 62)
+                                ? static_cast<double>(h.dim) / static_cast<double>(h.num_heads)
+                                : static_cast<double>(h.head_dim);
+    h.query_scale = static_cast<float>(std::sqrt(static_cast<double>(h.head_dim)) / std::sqrt(attn_dim));
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      GemmaLayer& w = m->layers_[l];
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      if (!gemma2) {
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_q_norm.weight", h.head_dim, &w.q_norm));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
+      }
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.post_attn_norm));
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
+      RETURN_IF_ERROR(tensors.Vector(b + "post_ffw_norm.weight", h.dim, &w.post_ffn_norm));
+    }
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
+    f.Embed(token_embd_, std::sqrt(static_cast<float>(hp_.dim)));
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      const GemmaLayer& w = layers_[l];
+      f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                       LinearInput::kAttnIn, "matmul_qkv");
+      if (variant_ == Variant::kGemma3) {
+        f.HeadNorm(ws.q.data(), hp_.num_heads, w.q_norm, "q_norm", l);
+        f.HeadNorm(ws.k.data(), hp_.num_kv_heads, w.k_norm, "k_norm", l);
+      }
+      f.Attention(l, &key_channels_);  // Gemma 2's soft-capping: hp_.attn_softcap
+      f.OutputProjection(l, w.wo, &w.post_attn_norm);
+      f.GatedFfn(l, Floats(w.ffn_norm), w.w_gate, w.w_up, w.w_down, GateActivation::kGeluTanh, &w.post_ffn_norm);
+    }
+    f.OutputHead(output_norm_, output_);  // and hp_.final_softcap
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> Matrices() override {
+    std::vector<MatrixWeight*> all;
+    for (GemmaLayer& l : layers_) l.AppendTo(&all);
+    all.push_back(&output_);
+    return all;
+  }
+
+ private:
+  GemmaModel() = default;
+  Variant variant_ = Variant::kGemma3;
+  std::vector<GemmaLayer> layers_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadGemma2(const GgufFile& file, ModelHParams hp) {
+  return GemmaModel::Load(file, std::move(hp), Variant::kGemma2);
+}
+StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp) {
+  return GemmaModel::Load(file, std::move(hp), Variant::kGemma3);
+}
+
+}  // namespace gale
