@@ -113,12 +113,38 @@ Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHP
     for (int64_t e = 0; e < num; ++e) (w->experts[e].*which).view = parts[e].view;
     return Status::Ok();
   };
-  RETURN_IF_ERROR(split(b + "ffn_gate_exps.weight", dim, ffn, &ExpertMatrices::gate));
-  RETURN_IF_ERROR(split(b + "ffn_up_exps.weight", dim, ffn, &ExpertMatrices::up));
+  if (tensors.Has(b + "ffn_gate_up_exps.weight")) {
+    // Fused (llama.cpp's ffn_gate_up_exps): each expert's 2 * width rows, the gate's first, then
+    // up's; read as two row ranges of the one tensor, no copy.
+    std::vector<MatrixWeight> parts;
+    RETURN_IF_ERROR(tensors.StackedMatrices(b + "ffn_gate_up_exps.weight", dim, 2 * ffn, num, &parts));
+    for (int64_t e = 0; e < num; ++e) {
+      const TensorView& v = parts[e].view;
+      const uint64_t half = v.num_bytes / 2;
+      w->experts[e].gate.view = TensorView{v.type, {dim, ffn}, v.data, half};
+      w->experts[e].up.view = TensorView{v.type, {dim, ffn}, v.data + half, half};
+    }
+  } else {
+    RETURN_IF_ERROR(split(b + "ffn_gate_exps.weight", dim, ffn, &ExpertMatrices::gate));
+    RETURN_IF_ERROR(split(b + "ffn_up_exps.weight", dim, ffn, &ExpertMatrices::up));
+  }
   RETURN_IF_ERROR(split(b + "ffn_down_exps.weight", ffn, dim, &ExpertMatrices::down));
-  // Expert biases (gpt-oss): [width, experts] f32, expert e's in row e.
-  const bool biased = tensors.Has(b + "ffn_gate_exps.bias");
-  if (biased || tensors.Has(b + "ffn_up_exps.bias") || tensors.Has(b + "ffn_down_exps.bias")) {
+  // Expert biases (gpt-oss): [width, experts] f32, expert e's in row e; fused, the gate's and
+  // up's in one [2 * width, experts] tensor.
+  if (tensors.Has(b + "ffn_gate_up_exps.bias")) {
+    TensorView v;
+    RETURN_IF_ERROR(tensors.Get(b + "ffn_gate_up_exps.bias", {2 * ffn, num}, &v));
+    if (v.type != GgmlType::kF32) return InvalidArgument("tensor {}ffn_gate_up_exps.bias must be f32", b);
+    for (int64_t e = 0; e < num; ++e) {
+      w->experts[e].gate_bias = Floats(v) + e * 2 * ffn;
+      w->experts[e].up_bias = Floats(v) + e * 2 * ffn + ffn;
+    }
+    TensorView d;
+    RETURN_IF_ERROR(tensors.Get(b + "ffn_down_exps.bias", {dim, num}, &d));
+    if (d.type != GgmlType::kF32) return InvalidArgument("tensor {}ffn_down_exps.bias must be f32", b);
+    for (int64_t e = 0; e < num; ++e) w->experts[e].down_bias = Floats(d) + e * dim;
+  } else if (tensors.Has(b + "ffn_gate_exps.bias") || tensors.Has(b + "ffn_up_exps.bias") ||
+             tensors.Has(b + "ffn_down_exps.bias")) {
     for (const auto& [name, width, which] :
          {std::tuple{"ffn_gate_exps.bias", ffn, &ExpertMatrices::gate_bias},
           std::tuple{"ffn_up_exps.bias", ffn, &ExpertMatrices::up_bias},

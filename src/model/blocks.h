@@ -66,7 +66,8 @@ struct MoeWeights {
   bool has_shared() const { return !shared_gate.view.shape.empty(); }
   void AppendTo(std::vector<MatrixWeight*>* all);
 };
-// Reads a layer's mixture (prefix "blk.N."): ffn_gate_inp, ffn_{gate,up,down}_exps, and
+// Reads a layer's mixture (prefix "blk.N."): ffn_gate_inp, ffn_{gate,up,down}_exps (or the fused
+// ffn_gate_up_exps: per expert the gate's rows, then up's, as llama.cpp splits it), and
 // ffn_gate_inp.bias, exp_probs_b.bias, ffn_{gate,up,down}_exps.bias (all three or none, f32) and
 // ffn_{gate,up,down}_shexp where the file has them (the shared ones required when
 // hp.moe.num_shared > 0).

@@ -3,13 +3,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "base/rng.h"
 #include "base/thread_pool.h"
 #include "gguf/ggml_types.h"
 #include "kernels/kernels.h"
+#include "gguf/gguf_writer.h"
 #include "model/blocks.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "../test_util.h"
 
 namespace gale {
 namespace {
@@ -135,6 +141,74 @@ TEST(MoeTest, GroupedProductsEqualSeparateProducts) {
       EXPECT_EQ(grouped, separate) << kernels::IsaName(isa);
     }
     kernels::SetActiveIsa(kernels::BestIsa());
+  }
+}
+
+}  // namespace
+}  // namespace gale
+
+namespace gale {
+namespace {
+
+// A mixture file rewritten with fused experts, as llama.cpp's newer converters write some: each
+// layer's ffn_gate_exps and ffn_up_exps (and their biases) as one ffn_gate_up_exps, per expert
+// the gate's rows then up's.
+std::vector<uint8_t> FusedGateUp(const GgufFile& f) {
+  GgufWriter w;
+  for (const auto& [key, value] : f.metadata()) w.SetValue(key, value);
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const auto copy = [&](const GgufTensorInfo& x) { return std::vector<uint8_t>(x.data, x.data + x.num_bytes); };
+    const size_t at = t.name.find("ffn_gate_exps.");
+    if (at == std::string::npos) {
+      if (t.name.find("ffn_up_exps.") == std::string::npos) EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, copy(t)).ok());
+      continue;
+    }
+    const std::string suffix = t.name.substr(at + std::string("ffn_gate_exps").size());  // ".weight" or ".bias"
+    const GgufTensorInfo* up = f.FindTensor(t.name.substr(0, at) + "ffn_up_exps" + suffix);
+    EXPECT_NE(up, nullptr);
+    const int64_t experts = t.shape.back();
+    const uint64_t per = t.num_bytes / experts;
+    std::vector<uint8_t> fused;
+    for (int64_t e = 0; e < experts; ++e) {
+      fused.insert(fused.end(), t.data + e * per, t.data + (e + 1) * per);
+      fused.insert(fused.end(), up->data + e * per, up->data + (e + 1) * per);
+    }
+    std::vector<int64_t> shape = t.shape;
+    shape[shape.size() - 2] *= 2;  // [dim, 2 ffn, experts] or, for biases, [2 ffn, experts]
+    EXPECT_TRUE(w.AddTensor(t.name.substr(0, at) + "ffn_gate_up_exps" + suffix, t.type_id, shape, std::move(fused)).ok());
+  }
+  return w.WriteToBytes();
+}
+
+std::vector<float> Logits(const GgufFile& file, const std::vector<int32_t>& tokens) {
+  auto m = LoadModel(file).value();
+  EXPECT_TRUE(m->load_warnings().empty());
+  m->PackWeights(nullptr);
+  KvCache kv(m->hparams(), static_cast<int64_t>(tokens.size()));
+  Workspace ws;
+  ThreadPool pool(2);
+  ForwardBatch b;
+  b.tokens = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
+  b.all_logits = true;
+  EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
+  return std::vector<float>(ws.logits.begin(), ws.logits.begin() + tokens.size() * m->hparams().vocab_size);
+}
+
+// Fused ffn_gate_up_exps (with its bias, gpt-oss) runs bitwise as the separate tensors do.
+TEST(MoeTest, FusedGateUpExpertsEqualSeparateOnes) {
+  for (const char* arch : {"qwen3moe", "gpt-oss"}) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0}) {
+      SCOPED_TRACE(std::string(arch) + " " + std::string(TypeTraits(type).name));
+      auto separate = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), type, 5)->WriteToBytes()).value();
+      auto fused = GgufFile::FromBytes(FusedGateUp(*separate)).value();
+      ASSERT_NE(fused->FindTensor("blk.1.ffn_gate_up_exps.weight"), nullptr);
+      ASSERT_EQ(fused->FindTensor("blk.1.ffn_up_exps.weight"), nullptr);
+      const std::vector<int32_t> tokens = {1, 50, 300, 7, 99, 1000, 12, 5};
+      const std::vector<float> a = Logits(*separate, tokens), b = Logits(*fused, tokens);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+    }
   }
 }
 

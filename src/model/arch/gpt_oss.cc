@@ -66,7 +66,9 @@ class GptOssModel final : public Model {
       RETURN_IF_ERROR(tensors.Vector(b + "attn_output.bias", h.dim, &w.bo));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_sinks.weight", h.num_heads, &w.sinks));
       RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.post_attn_norm));
-      for (const char* bias : {"ffn_gate_inp.bias", "ffn_gate_exps.bias"}) {  // optional in other mixtures
+      // Optional in other mixtures, required here (the experts' fused or separate).
+      const char* expert_bias = tensors.Has(b + "ffn_gate_up_exps.weight") ? "ffn_gate_up_exps.bias" : "ffn_gate_exps.bias";
+      for (const char* bias : {"ffn_gate_inp.bias", expert_bias}) {
         if (!tensors.Has(b + bias)) return InvalidArgument("gpt-oss: tensor {}{} is missing", b, bias);
       }
       RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
