@@ -4,7 +4,6 @@
 #include "model/blocks.h"
 
 #include <algorithm>
-#include <tuple>
 #include <vector>
 
 #include <cmath>
@@ -130,30 +129,24 @@ Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHP
   }
   RETURN_IF_ERROR(split(b + "ffn_down_exps.weight", ffn, dim, &ExpertMatrices::down));
   // Expert biases (gpt-oss): [width, experts] f32, expert e's in row e; fused, the gate's and
-  // up's in one [2 * width, experts] tensor.
-  if (tensors.Has(b + "ffn_gate_up_exps.bias")) {
+  // up's in one [2 * width, experts] tensor, each row the gate's width then up's.
+  // biases(name, row, offset, which): expert e's `which` = row e of `name` (of `row` floats) + offset.
+  auto biases = [&](const char* name, int64_t row, int64_t offset, const float* ExpertMatrices::*which) -> Status {
     TensorView v;
-    RETURN_IF_ERROR(tensors.Get(b + "ffn_gate_up_exps.bias", {2 * ffn, num}, &v));
-    if (v.type != GgmlType::kF32) return InvalidArgument("tensor {}ffn_gate_up_exps.bias must be f32", b);
-    for (int64_t e = 0; e < num; ++e) {
-      w->experts[e].gate_bias = Floats(v) + e * 2 * ffn;
-      w->experts[e].up_bias = Floats(v) + e * 2 * ffn + ffn;
-    }
-    TensorView d;
-    RETURN_IF_ERROR(tensors.Get(b + "ffn_down_exps.bias", {dim, num}, &d));
-    if (d.type != GgmlType::kF32) return InvalidArgument("tensor {}ffn_down_exps.bias must be f32", b);
-    for (int64_t e = 0; e < num; ++e) w->experts[e].down_bias = Floats(d) + e * dim;
+    RETURN_IF_ERROR(tensors.Get(b + name, {row, num}, &v));
+    if (v.type != GgmlType::kF32) return InvalidArgument("tensor {}{} must be f32", b, name);
+    for (int64_t e = 0; e < num; ++e) w->experts[e].*which = Floats(v) + e * row + offset;
+    return Status::Ok();
+  };
+  if (tensors.Has(b + "ffn_gate_up_exps.bias")) {
+    RETURN_IF_ERROR(biases("ffn_gate_up_exps.bias", 2 * ffn, 0, &ExpertMatrices::gate_bias));
+    RETURN_IF_ERROR(biases("ffn_gate_up_exps.bias", 2 * ffn, ffn, &ExpertMatrices::up_bias));
+    RETURN_IF_ERROR(biases("ffn_down_exps.bias", dim, 0, &ExpertMatrices::down_bias));
   } else if (tensors.Has(b + "ffn_gate_exps.bias") || tensors.Has(b + "ffn_up_exps.bias") ||
              tensors.Has(b + "ffn_down_exps.bias")) {
-    for (const auto& [name, width, which] :
-         {std::tuple{"ffn_gate_exps.bias", ffn, &ExpertMatrices::gate_bias},
-          std::tuple{"ffn_up_exps.bias", ffn, &ExpertMatrices::up_bias},
-          std::tuple{"ffn_down_exps.bias", dim, &ExpertMatrices::down_bias}}) {
-      TensorView v;
-      RETURN_IF_ERROR(tensors.Get(b + name, {width, num}, &v));
-      if (v.type != GgmlType::kF32) return InvalidArgument("tensor {}{} must be f32", b, name);
-      for (int64_t e = 0; e < num; ++e) w->experts[e].*which = Floats(v) + e * width;
-    }
+    RETURN_IF_ERROR(biases("ffn_gate_exps.bias", ffn, 0, &ExpertMatrices::gate_bias));
+    RETURN_IF_ERROR(biases("ffn_up_exps.bias", ffn, 0, &ExpertMatrices::up_bias));
+    RETURN_IF_ERROR(biases("ffn_down_exps.bias", dim, 0, &ExpertMatrices::down_bias));
   }
   if (moe.num_shared > 0) {
     const int64_t shared = moe.shared_ffn > 0 ? moe.shared_ffn : ffn * moe.num_shared;

@@ -266,29 +266,30 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       }
     });
   };
-  // An f32 vector of base + uniform(-spread, spread) (norm weights 1, or around 1 where a test
-  // should see that each element is applied to its own channel; biases around 0).
-  auto vector = [&](const std::string& name, int64_t n, float base, float spread) {
+  // An f32 tensor of base + uniform(-spread, spread) (norm weights 1, or around 1 where a test
+  // should see that each element is applied to its own channel; biases around 0), one-dimensional
+  // of n, or [n, rows] (gpt-oss's expert biases: a row per expert).
+  auto vector = [&](const std::string& name, int64_t n, float base, float spread, int64_t rows = 0) {
     uint64_t tensor_seed = seed ^ 0x84222325cbf29ce4ull;
     for (char ch : name) tensor_seed = (tensor_seed ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
     Rng rng(tensor_seed);
-    std::vector<float> v(n);
+    std::vector<float> v(n * std::max<int64_t>(rows, 1));
     for (float& x : v) x = base + (spread > 0.0f ? rng.Uniform(-spread, spread) : 0.0f);
-    std::vector<uint8_t> bytes(n * 4);
-    std::memcpy(bytes.data(), v.data(), bytes.size());
-    return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {n}, std::move(bytes));
-  };
-  auto ones = [&](const std::string& name, int64_t n) { return vector(name, n, 1.0f, 0.0f); };
-  // gpt-oss's expert biases: [width, experts] f32 around 0.
-  auto expert_biases = [&](const std::string& name, int64_t width, float spread) {
-    uint64_t tensor_seed = seed ^ 0x84222325cbf29ce4ull;
-    for (char ch : name) tensor_seed = (tensor_seed ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
-    Rng rng(tensor_seed);
-    std::vector<float> v(width * s.num_experts);
-    for (float& x : v) x = rng.Uniform(-spread, spread);
     std::vector<uint8_t> bytes(v.size() * 4);
     std::memcpy(bytes.data(), v.data(), bytes.size());
-    return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {width, s.num_experts}, std::move(bytes));
+    std::vector<int64_t> shape = {n};
+    if (rows > 0) shape.push_back(rows);
+    return w.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), shape, std::move(bytes));
+  };
+  auto ones = [&](const std::string& name, int64_t n) { return vector(name, n, 1.0f, 0.0f); };
+  // Q, K and V with their biases (glm4moe, gpt-oss).
+  auto biased_qkv = [&](const std::string& b) -> Status {
+    RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+    RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
+    RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
+    return vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f);
   };
   // DeepSeek-V3's and GLM's mixture: the f32 router, the selection bias, the experts, the shared ones.
   auto biased_experts = [&](const std::string& b) -> Status {
@@ -336,12 +337,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       continue;
     }
     if (glm) {
-      RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
-      RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
-      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
-      RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(biased_qkv(b));
       RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
@@ -364,12 +360,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     if (gpt) {
       // Biases everywhere, a sink logit per query head, the FFN norm as post_attention_norm, and
       // the router's and every expert's biases.
-      RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
-      RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
-      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
-      RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(biased_qkv(b));
       RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
       RETURN_IF_ERROR(vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
       RETURN_IF_ERROR(vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
@@ -379,9 +370,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
       RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
       RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, etype, s.num_experts));
-      RETURN_IF_ERROR(expert_biases(b + "ffn_gate_exps.bias", expert_ffn, 0.5f));
-      RETURN_IF_ERROR(expert_biases(b + "ffn_up_exps.bias", expert_ffn, 0.5f));
-      RETURN_IF_ERROR(expert_biases(b + "ffn_down_exps.bias", s.dim, 0.2f));
+      RETURN_IF_ERROR(vector(b + "ffn_gate_exps.bias", expert_ffn, 0.0f, 0.5f, s.num_experts));
+      RETURN_IF_ERROR(vector(b + "ffn_up_exps.bias", expert_ffn, 0.0f, 0.5f, s.num_experts));
+      RETURN_IF_ERROR(vector(b + "ffn_down_exps.bias", s.dim, 0.0f, 0.2f, s.num_experts));
       continue;
     }
     if (s.arch == "phi3") {  // fused: Q, K, V rows in one matrix

@@ -145,15 +145,15 @@ CommandFn RegisterBench(CLI::App& app) {
     // The shared loader: packing (or the note that a file too large runs mapped), --mlock.
     auto loaded = LoadModel(o->model, o->load);
     if (!loaded.ok()) return fail(loaded.status().ToString());
-    std::unique_ptr<GgufFile>* file = &loaded->file;
-    std::unique_ptr<Model>* model = &loaded->model;
-    const ModelHParams& hp = (*model)->hparams();
+    const GgufFile& file = *loaded->file;
+    const Model& model = *loaded->model;
+    const ModelHParams& hp = model.hparams();
     ThreadPool pool(o->threads);
     Roofline roof = MeasureRoofline(pool);
     if (o->bandwidth > 0) roof.read_bandwidth_gbs = o->bandwidth;
-    const std::string model_type = ModelType(**file, **model);
-    const GgufTensorInfo* ffn = (*file)->FindTensor("blk.0.ffn_gate.weight");
-    if (ffn == nullptr) ffn = (*file)->FindTensor("blk." + std::to_string(hp.moe.leading_dense) + ".ffn_gate_exps.weight");
+    const std::string model_type = ModelType(file, model);
+    const GgufTensorInfo* ffn = file.FindTensor("blk.0.ffn_gate.weight");
+    if (ffn == nullptr) ffn = file.FindTensor("blk." + std::to_string(hp.moe.leading_dense) + ".ffn_gate_exps.weight");
     // Matrices multiplied on the int8 dot instructions (Q8_0, Q4_0, the K-quants and gale's W4
     // types, packed) are bound by the int8 peak, BF16 ones on vdpbf16ps by the bf16 dot peak,
     // the others by the f32 FMA peak.
@@ -167,8 +167,8 @@ CommandFn RegisterBench(CLI::App& app) {
         (int8_path ? roof.int8_dot_gops : bf16_path ? roof.bf16_dot_gflops : roof.f32_fma_gflops) * 1e9;
     // Bytes of weights a forward pass reads: everything but the embedding table, of which it
     // reads one row per token (unless the output layer is tied to it, then all of it).
-    double weight_bytes = static_cast<double>((*model)->weight_bytes());
-    if (const GgufTensorInfo* embd = (*file)->FindTensor("token_embd.weight"); embd && !(*model)->tied_output()) {
+    double weight_bytes = static_cast<double>(model.weight_bytes());
+    if (const GgufTensorInfo* embd = file.FindTensor("token_embd.weight"); embd && !model.tied_output()) {
       weight_bytes -= static_cast<double>(embd->num_bytes);
     }
     // Multiply-adds per token in the matmuls: every 2-D weight except the embedding lookup, and of
@@ -177,7 +177,7 @@ CommandFn RegisterBench(CLI::App& app) {
     const double used_fraction =
         moe.enabled() ? static_cast<double>(moe.num_used) / static_cast<double>(moe.num_experts) : 0.0;
     double matmul_params = 0.0, expert_bytes = 0.0;
-    for (const auto& t : (*file)->tensors()) {
+    for (const auto& t : file.tensors()) {
       if (t.shape.size() == 2 && t.name != "token_embd.weight") matmul_params += static_cast<double>(t.NumElements());
       if (t.shape.size() == 3) {
         matmul_params += static_cast<double>(t.NumElements()) * used_fraction;
@@ -194,7 +194,7 @@ CommandFn RegisterBench(CLI::App& app) {
                    static_cast<long long>(moe.num_used), static_cast<long long>(moe.num_experts),
                    step_bytes(1) / 1048576.0, weight_bytes / 1048576.0, expert_bytes / 1048576.0);
     }
-    if ((*model)->tied_output()) matmul_params += static_cast<double>(hp.dim * hp.vocab_size);
+    if (model.tied_output()) matmul_params += static_cast<double>(hp.dim * hp.vocab_size);
     const double kv_bytes_per_pos = 2.0 * hp.num_layers * hp.kv_dim() * sizeof(float);
     std::fprintf(stderr,
                  "model: %s (%s), threads %d, kernels %s; roofline: %.1f GB/s read, %.0f GFLOP/s f32, %.0f GFLOP/s "
@@ -226,7 +226,7 @@ CommandFn RegisterBench(CLI::App& app) {
       for (int rep = 0; rep <= o->reps; ++rep) {
         const auto t0 = Clock::now();
         ProfileSpan span("prefill", "step", o->n_prompt);
-        if (Status s = (*model)->Forward(b, kv, ws, pool); !s.ok()) return fail(s.ToString());
+        if (Status s = model.Forward(b, kv, ws, pool); !s.ok()) return fail(s.ToString());
         const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
         if (rep > 0) tps.push_back(static_cast<double>(o->n_prompt) / sec);
       }
@@ -254,7 +254,7 @@ CommandFn RegisterBench(CLI::App& app) {
             b.logit_rows.push_back(static_cast<int32_t>(s));
           }
           ProfileSpan span("decode", "step", batch);
-          RETURN_IF_ERROR((*model)->Forward(b, caches, ws, pool));
+          RETURN_IF_ERROR(model.Forward(b, caches, ws, pool));
         }
         const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
         if (rep > 0) tps.push_back(static_cast<double>(batch * o->n_gen) / sec);
@@ -280,7 +280,7 @@ CommandFn RegisterBench(CLI::App& app) {
     }
     // End to end through the engine: c requests of random prompts at once, greedy, no early stop.
     if (!concurrency.empty()) {
-      auto engine = Engine::Create(**model, nullptr, *engine_cfg, pool);
+      auto engine = Engine::Create(model, nullptr, *engine_cfg, pool);
       if (!engine.ok()) return fail(engine.status().ToString());
       std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
       int64_t n_prompt = std::max<int64_t>(o->n_prompt, 1);
@@ -289,7 +289,7 @@ CommandFn RegisterBench(CLI::App& app) {
       if (!o->prompt_file.empty()) {
         auto text = ReadTextFile(o->prompt_file);
         if (!text.ok()) return fail(text.status().WithContext("--prompt-file").ToString());
-        auto tok = Tokenizer::FromGguf(**file);
+        auto tok = Tokenizer::FromGguf(file);
         if (!tok.ok()) return fail(tok.status().WithContext("--prompt-file needs the model's tokenizer").ToString());
         std::vector<int32_t> ids = (*tok)->Encode(*text);
         if ((*tok)->bos_id() >= 0) ids.insert(ids.begin(), (*tok)->bos_id());
