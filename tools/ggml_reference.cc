@@ -5,6 +5,7 @@
 //
 //   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]
 //   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]
+//   ggml_reference tokenize LIBDIR VOCAB INPUTS OUT
 //
 // OUTDIR/blocks.gguf: for each ggml type, rows of test values ("<type>.src", f32), ggml's
 //   quantization of them ("<type>.q": ggml_quantize_chunk, the quantizer llama-quantize runs without
@@ -23,6 +24,11 @@
 // warm-up, pp = one decode of PP tokens from an empty cache, tg = TG one-token decodes from an
 // empty cache), one JSON line per test with every repetition's tokens/s, for side-by-side figures
 // with `gale bench` on the same file and machine (scripts/bench-vs-llamacpp.sh).
+//
+// tokenize: llama.cpp's tokens for each text in INPUTS (texts separated by
+// "\n__ggml_vocab_test__\n", as in llama.cpp's own .inp files), VOCAB loaded vocab-only; one line
+// per text in OUT: the ids without special-token parsing, a tab, the ids with it (add_special off in
+// both, as llama.cpp's test-tokenizer-0 runs).
 //
 // Only the C ABI is used (no llama.h): the few structs passed by value are opaque buffers filled by
 // the library's own *_default_params(), and only the documented leading fields are written.
@@ -236,6 +242,7 @@ struct LlamaApi {
   void (*set_embeddings)(void*, bool);
   float* (*embeddings_seq)(void*, int32_t);
   int32_t (*n_embd)(const void*);
+  int32_t (*tokenize)(const void*, const char*, int32_t, int32_t*, int32_t, bool, bool);
 
   explicit LlamaApi(void* lib) {
     auto get = [lib](auto& fn, const char* name) { fn = Sym<std::remove_reference_t<decltype(fn)>>(lib, name); };
@@ -259,6 +266,7 @@ struct LlamaApi {
     get(set_embeddings, "llama_set_embeddings");
     get(embeddings_seq, "llama_get_embeddings_seq");
     get(n_embd, "llama_model_n_embd");
+    get(tokenize, "llama_tokenize");
     Sym<void (*)()>(lib, "llama_backend_init")();
   }
 };
@@ -469,16 +477,65 @@ int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps
   return 0;
 }
 
+// llama_model_params in this release: nine pointer-sized fields and three int32 before its bools
+// (devices, buffer-type overrides, n_gpu_layers -1, split_mode 1, main_gpu -1, ..., kv_overrides),
+// vocab_only the first bool, at byte 72 (false by default, as are the pointers). Checked, then set;
+// the result is checked against llama.cpp's own .inp/.out vectors by the caller's script.
+void Tokenize(const LlamaApi& api, const std::string& vocab_path, const std::string& inputs, const std::string& out) {
+  Opaque mp = api.model_defaults();
+  constexpr size_t kVocabOnly = 72;
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(mp.bytes);
+  int32_t ints[4];
+  std::memcpy(ints, mp.bytes + 16, sizeof(ints));
+  if (words[0] != 0 || words[1] != 0 || words[4] != 0 || words[7] != 0 || words[8] != 0 || ints[0] != -1 ||
+      mp.bytes[kVocabOnly] != 0) {
+    Fail("unexpected llama_model_params layout");
+  }
+  mp.bytes[kVocabOnly] = 1;
+  void* model = api.load(vocab_path.c_str(), mp);
+  if (model == nullptr) Fail("llama.cpp could not load " + vocab_path);
+  const void* vocab = api.vocab_of(model);
+  std::string text;
+  {
+    FILE* f = std::fopen(inputs.c_str(), "rb");
+    if (f == nullptr) Fail("cannot read " + inputs);
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  FILE* o = std::fopen(out.c_str(), "wb");
+  if (o == nullptr) Fail("cannot write " + out);
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  for (size_t at = 0; at < text.size();) {
+    size_t next = text.find(sep, at);
+    if (next == std::string::npos) next = text.size();
+    const std::string t = text.substr(at, next - at);
+    for (bool special : {false, true}) {
+      std::vector<int32_t> ids(t.size() * 2 + 16);
+      const int32_t n = api.tokenize(vocab, t.data(), static_cast<int32_t>(t.size()), ids.data(),
+                                     static_cast<int32_t>(ids.size()), false, special);
+      if (n < 0) Fail("llama_tokenize needs more room");
+      for (int32_t i = 0; i < n; ++i) std::fprintf(o, i == 0 ? "%d" : " %d", ids[static_cast<size_t>(i)]);
+      std::fputc(special ? '\n' : '\t', o);
+    }
+    at = next + sep.size();
+  }
+  std::fclose(o);
+  api.free_model(model);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool bench = argc >= 4 && std::string(argv[1]) == "bench";
-  if (!bench && argc < 5) {
+  const bool tokenize = argc >= 2 && std::string(argv[1]) == "tokenize";
+  if ((!bench && argc < 5) || (tokenize && argc != 6)) {
     std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]\n"
-                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]\n");
+                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]\n"
+                         "       ggml_reference tokenize LIBDIR VOCAB INPUTS OUT\n");
     return 2;
   }
-  const std::string dir = argv[bench ? 2 : 1];
+  const std::string dir = argv[bench || tokenize ? 2 : 1];
   void* base = Open(dir + "/libggml-base.so");
   void* ggml = Open(dir + "/libggml.so");
   void* llama = Open(dir + "/libllama.so");
@@ -487,6 +544,10 @@ int main(int argc, char** argv) {
   if (bench) {
     auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
     return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2), std::max(arg(8, 1), 1));
+  }
+  if (tokenize) {
+    Tokenize(api, argv[3], argv[4], argv[5]);
+    return 0;
   }
   WriteBlocks(base, argv[3]);
   std::vector<std::pair<std::string, std::string>> extra;

@@ -119,14 +119,22 @@ std::vector<std::string_view> SplitByMatches(std::string_view text, MatchFn matc
 
 }  // namespace
 
-std::vector<std::string_view> SplitPunctuationRuns(std::string_view text) {
-  auto is_member = [](uint32_t c) {
+std::vector<std::string_view> SplitPunctuationRuns(std::string_view text, bool with_backtick) {
+  auto is_member = [with_backtick](uint32_t c) {
     return IsPunctuation(c) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' ||
-           c == '|' || c == '`';
+           c == '|' || (c == '`' && with_backtick);
   };
   return SplitByMatches(text, [&](const std::vector<uint32_t>& cps, size_t i) {
     size_t j = i;
     while (j < cps.size() && is_member(cps[j])) ++j;
+    return j - i;
+  });
+}
+
+std::vector<std::string_view> SplitNumberRuns(std::string_view text) {
+  return SplitByMatches(text, [](const std::vector<uint32_t>& cps, size_t i) {
+    size_t j = i;
+    while (j < cps.size() && IsNumber(cps[j])) ++j;
     return j - i;
   });
 }
@@ -202,7 +210,16 @@ std::vector<std::pair<uint32_t, uint32_t>> ParseClass(std::string_view cls) {
     }
   }
   std::sort(ranges.begin(), ranges.end());
-  return ranges;
+  // Overlapping ranges merged, so that InRanges' search by start finds the one that holds c.
+  std::vector<std::pair<uint32_t, uint32_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
 }
 
 bool InRanges(const std::vector<std::pair<uint32_t, uint32_t>>& ranges, uint32_t c) {
@@ -221,10 +238,12 @@ std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text) {
 }
 
 std::vector<std::string_view> PreTokenizeDeepseekLlm(std::string_view text) {
-  // DeepSeek LLM's letter and punctuation classes, as its tokenizer's expressions spell them.
+  // DeepSeek LLM's letter and punctuation classes, as its tokenizer's expressions spell them. The
+  // characters that Unicode normalization (NFC) would replace (U+1F7D, U+1FBE, U+1FD3, U+1FDB,
+  // U+2126, U+212A) are written as escapes, so that an editor that normalizes cannot change the class.
   static const auto letters = ParseClass(
-      "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄ"
-      "ῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻"
+      "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1F7Dᾀ-ᾴᾶ-ᾼ\u1FBEῂ-ῄ"
+      "ῆ-ῌῐ-\u1FD3ῖ-\u1FDBῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212A-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻"
       "𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃");
   static const auto punct = ParseClass("!-/:-~！-／：-～‘-‟　-。");
   static const std::vector<Pass> passes = {

@@ -18,8 +18,11 @@ std::vector<std::string_view> PreTokenizeGpt2(std::string_view text);
 
 // Pre-tokenizer splits beyond GPT-2's, each as llama.cpp applies a regex: the text is cut into
 // the regex's matches and the runs between them, all kept, in order.
-// [\p{P}$+<=>^~|`]+ : runs of punctuation and those ASCII symbols (falcon, first pass).
-std::vector<std::string_view> SplitPunctuationRuns(std::string_view text);
+// [\p{P}$+<=>^~|`]+ : runs of punctuation and those ASCII symbols (falcon, first pass); without
+// the backtick for llama.cpp's default BPE pre-tokenizer.
+std::vector<std::string_view> SplitPunctuationRuns(std::string_view text, bool with_backtick = true);
+// \p{N}+ : runs of Unicode numbers (the default pre-tokenizer's third pass).
+std::vector<std::string_view> SplitNumberRuns(std::string_view text);
 // [0-9][0-9][0-9] : groups of three ASCII digits, left to right (falcon, last pass).
 std::vector<std::string_view> SplitDigitTriples(std::string_view text);
 

@@ -4,6 +4,7 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <queue>
 
@@ -12,7 +13,7 @@
 namespace gale {
 namespace {
 
-constexpr std::string_view kSpaceMarker = "\xe2\x96\x81";  // U+2581 '▁'
+constexpr std::string_view kSpaceMarker = "▁";  // U+2581 '▁'
 
 std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
   std::string out;
@@ -79,9 +80,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
   ASSIGN_OR_RETURN(std::string model, file.GetString("tokenizer.ggml.model"));
   if (model == "gpt2") {
     t->kind_ = Kind::kBpe;
-    const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "gpt-2";
-    if (pre == "gpt-2" || pre == "default" || pre == "mpt") {
+    // No pre-tokenizer named: llama.cpp's default one (gpt-neox's files have none).
+    const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "default";
+    if (pre == "gpt-2" || pre == "mpt") {
       t->split_digits_ = false;
+    } else if (pre == "default") {
+      t->default_pre_ = true;
     } else if (pre == "starcoder" || pre == "refact" || pre == "command-r") {
       t->split_digits_ = true;  // every digit its own piece before the GPT-2 split
     } else if (pre == "falcon") {
@@ -98,7 +102,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->llama3_digits_ = 1;
     } else {
       return Unimplemented(
-          "pre-tokenizer '{}' is not supported yet (gale has gpt-2, mpt, starcoder, refact, command-r, falcon, "
+          "pre-tokenizer '{}' is not supported yet (gale has default, gpt-2, mpt, starcoder, refact, command-r, falcon, "
           "deepseek-coder, deepseek-llm, llama3/llama-bpe, qwen2)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
@@ -148,6 +152,26 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->types_[i] = static_cast<TokenType>(*v);
     }
   }
+  // llama.cpp makes tokens with these texts control tokens whatever the file says (its end-of-
+  // generation and fill-in-the-middle names), so that user text like "<|im_end|>" or "</s>" stays
+  // text unless special tokens are parsed. The list is the one llama.cpp's loader answers to
+  // (checked text by text against its library). It overrides only the first match of each
+  // fill-in-the-middle role; gale overrides every one (text stays text in more files, never less).
+  static constexpr std::string_view kControlLooking[] = {
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+      "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+      "</s>", "<eos>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_repo|>",
+      "<|repo_name|>", "<|file_sep|>", "<fim-prefix>", "<fim-suffix>", "<fim-middle>", "<fim-pad>", "<fim-repo>",
+      "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<reponame>", "<PRE>", "<SUF>", "<MID>", "<PAD>",
+      "<REPO>", "▁<PRE>", "▁<SUF>", "▁<MID>", "<|code_prefix|>", "<|code_suffix|>",
+      "<|code_middle|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>",
+      "<｜fim▁end｜>"};
+  for (size_t i = 0; i < n; ++i) {
+    if (t->types_[i] != TokenType::kControl &&
+        std::find(std::begin(kControlLooking), std::end(kControlLooking), t->tokens_[i]) != std::end(kControlLooking)) {
+      t->types_[i] = TokenType::kControl;
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     t->token_to_id_.emplace(t->tokens_[i], static_cast<int32_t>(i));
     t->max_token_bytes_ = std::max(t->max_token_bytes_, t->tokens_[i].size());
@@ -185,8 +209,23 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     t->byte_token_[b] = it != t->token_to_id_.end() ? it->second : t->unk_id_;
   }
   for (size_t i = 0; i < n; ++i) {
-    if ((t->types_[i] == TokenType::kControl || t->types_[i] == TokenType::kUserDefined) && !t->tokens_[i].empty()) {
+    const TokenType ty = t->types_[i];
+    if ((ty == TokenType::kControl || ty == TokenType::kUserDefined || ty == TokenType::kUnknown) &&
+        !t->tokens_[i].empty()) {
       t->special_ids_.push_back(static_cast<int32_t>(i));
+    }
+  }
+  // Phi-3's special tokens swallow the whitespace after them (llama.cpp sets that by the model's
+  // name: its tokenizer.json strips right of them), except <unk>, <s> and <|endoftext|>.
+  t->rstrip_.assign(n, false);
+  if (auto name = file.GetString("general.name"); name.ok()) {
+    std::string lower = *name;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower.find("phi-3") != std::string::npos || lower.find("phi3") != std::string::npos) {
+      for (int32_t id : t->special_ids_) t->rstrip_[static_cast<size_t>(id)] = true;
+      for (const char* keep : {"<unk>", "<s>", "<|endoftext|>"}) {
+        if (auto it = t->token_to_id_.find(keep); it != t->token_to_id_.end()) t->rstrip_[static_cast<size_t>(it->second)] = false;
+      }
     }
   }
   // SPM texts may be encoded chunk by chunk when no token has a '▁' after another character.
@@ -388,6 +427,16 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
     for (std::string_view word : PreTokenizeLlama3(text, llama3_digits_)) word_ids(word);
     return;
   }
+  if (default_pre_) {  // punctuation runs (no backtick), GPT-2's split, number runs, digit triples
+    for (std::string_view a : SplitPunctuationRuns(text, false)) {
+      for (std::string_view b : PreTokenizeGpt2(a)) {
+        for (std::string_view c : SplitNumberRuns(b)) {
+          for (std::string_view d : SplitDigitTriples(c)) word_ids(d);
+        }
+      }
+    }
+    return;
+  }
   if (falcon_) {
     for (std::string_view a : SplitPunctuationRuns(text)) {
       for (std::string_view b : PreTokenizeGpt2(a)) {
@@ -439,7 +488,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   while (i < text.size()) {
     int32_t match = -1;
     for (int32_t id : special_ids_) {
-      if (types_[id] == TokenType::kControl && !parse_special) continue;
+      if (types_[id] != TokenType::kUserDefined && !parse_special) continue;
       if (text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
         match = id;
         break;
@@ -453,6 +502,9 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
     out.push_back(match);
     prev_special = true;
     i += tokens_[match].size();
+    if (rstrip_[static_cast<size_t>(match)]) {
+      while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    }
     start = i;
   }
   emit_text(text.substr(start));
@@ -522,7 +574,7 @@ std::string Detokenizer::Push(int32_t id) {
     const int len = Utf8CharLength(std::string_view(pending_).substr(i));
     if (len == 0) break;  // incomplete: wait for more bytes
     if (len < 0) {
-      out += "\xef\xbf\xbd";  // U+FFFD for an invalid byte
+      out += "�";  // U+FFFD for an invalid byte
       ++i;
       continue;
     }
@@ -535,7 +587,7 @@ std::string Detokenizer::Push(int32_t id) {
 
 std::string Detokenizer::Flush() {
   // An incomplete character at the end of the stream becomes one replacement character.
-  std::string out = pending_.empty() ? "" : "\xef\xbf\xbd";
+  std::string out = pending_.empty() ? "" : "�";
   pending_.clear();
   return out;
 }

@@ -36,7 +36,8 @@ class Tokenizer {
   static StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
 
   // Text to ids. add_bos follows the vocab's add_bos_token unless overridden; parse_special
-  // lets control-token texts like "</s>" in the input become those tokens.
+  // lets control-token texts like "</s>" (and the unknown token's) in the input become those
+  // tokens; without it they stay text. User-defined tokens are always matched, as in llama.cpp.
   std::vector<int32_t> Encode(std::string_view text, bool add_special = true, bool parse_special = false) const;
   // Many texts at once on the pool (Encode is const and thread-safe); out[i] is texts[i]'s ids.
   std::vector<std::vector<int32_t>> EncodeBatch(const std::vector<std::string>& texts, ThreadPool& pool,
@@ -83,6 +84,7 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> merge_rank_;  // "left right" -> rank
   bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
   bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
+  bool default_pre_ = false;   // llama.cpp's default: falcon's passes without `, plus number runs
   bool deepseek_coder_ = false;
   bool deepseek_llm_ = false;
   int llama3_digits_ = 0;      // > 0: Llama 3's expression with digit groups of this size (Qwen2: 1)
@@ -95,7 +97,8 @@ class Tokenizer {
   std::vector<float> scores_;
   std::vector<TokenType> types_;
   std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> token_to_id_;
-  std::vector<int32_t> special_ids_;  // control + user-defined, longest text first
+  std::vector<int32_t> special_ids_;  // control, user-defined and unknown, longest text first
+  std::vector<bool> rstrip_;          // by id: whitespace after this special token is dropped
   int32_t bos_id_ = -1, eos_id_ = -1, eot_id_ = -1, unk_id_ = -1;
   bool add_bos_ = true;
   bool add_eos_ = false;

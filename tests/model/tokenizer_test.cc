@@ -213,6 +213,66 @@ TEST(TokenizerTest, LlamaCppVectors) {
   }
 }
 
+// Edge cases llama.cpp's own vectors leave out (contractions, digit runs, runs of spaces and line
+// breaks, mixed CJK/Hangul/Devanagari, Greek capitals, special-token texts in user text), tokenized
+// by llama.cpp itself for every vocab in ../shared/vocab with a .gguf
+// (scripts/make-tokenizer-reference.sh; tests/data/llamacpp/tokenize). Each line holds llama.cpp's
+// ids without special-token parsing, a tab, and with it; gale must give both. Where a vocab's
+// tokenizer is Hugging Face's BERT WordPiece, the expectation is <vocab>.hf instead, written by
+// tools/wordpiece_reference.py (BertTokenizer's rules): llama.cpp's WordPiece keeps only the first
+// code point of each NFD decomposition and drops spacing marks, so Hangul and Devanagari differ
+// (the test counts those lines; everywhere else the three agree).
+TEST(TokenizerTest, EdgeCasesMatchLlamaCpp) {
+  const std::string dir = test::SourceDir() + "/tests/data/llamacpp/tokenize/";
+  const std::string inp = ReadFile(dir + "inputs.txt");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> inputs;
+  for (size_t at = 0; at < inp.size();) {
+    size_t next = inp.find(sep, at);
+    if (next == std::string::npos) next = inp.size();
+    inputs.push_back(inp.substr(at, next - at));
+    at = next + sep.size();
+  }
+  ASSERT_GT(inputs.size(), 50u);
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string f = e.path().filename().string();
+    if (e.path().extension() != ".out") continue;
+    const std::string name = f.substr(0, f.size() - 4);
+    std::unique_ptr<GgufFile> keep;
+    auto tok = LoadTok(test::SharedDir() + "/vocab/ggml-vocab-" + name + ".gguf", &keep);
+    ASSERT_TRUE(tok) << name;
+    const bool hf = std::filesystem::exists(dir + name + ".hf");
+    std::istringstream lines(ReadFile(hf ? dir + name + ".hf" : e.path().string()));
+    std::istringstream llama_lines(ReadFile(e.path().string()));
+    int differs_from_llama = 0;
+    size_t i = 0;
+    auto ids = [](const std::string& s) {
+      std::istringstream in(s);
+      std::vector<int32_t> v;
+      for (int32_t id; in >> id;) v.push_back(id);
+      return v;
+    };
+    for (std::string line, llama_line; std::getline(lines, line) && std::getline(llama_lines, llama_line); ++i) {
+      ASSERT_LT(i, inputs.size()) << name;
+      differs_from_llama += line != llama_line;
+      const size_t tab = line.find('\t');
+      ASSERT_NE(tab, std::string::npos) << name;
+      EXPECT_EQ(tok->Encode(inputs[i], false, false), ids(line.substr(0, tab)))
+          << name << " #" << i << " '" << inputs[i] << "' (special-token texts as text)";
+      EXPECT_EQ(tok->Encode(inputs[i], false, true), ids(line.substr(tab + 1)))
+          << name << " #" << i << " '" << inputs[i] << "' (special-token texts parsed)";
+    }
+    EXPECT_EQ(i, inputs.size()) << name;
+    if (hf) {
+      std::printf("vocab %-15s: %d of %zu texts differ between llama.cpp and BertTokenizer; gale follows the latter\n",
+                  name.c_str(), differs_from_llama, inputs.size());
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 12);
+}
+
 }  // namespace
 }  // namespace gale
 
