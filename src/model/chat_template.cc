@@ -52,8 +52,81 @@ StatusOr<std::string> ChatTemplate::Apply(const nlohmann::ordered_json& messages
   return out;
 }
 
-std::vector<int32_t> TokenizeChatPrompt(const Tokenizer& tok, const std::string& text) {
-  std::vector<int32_t> ids = tok.Encode(text, /*add_special=*/false, /*parse_special=*/true);
+namespace {
+
+constexpr std::string_view kOpenMark = "\xef\xb7\x90";   // U+FDD0
+constexpr std::string_view kCloseMark = "\xef\xb7\x91";  // U+FDD1
+constexpr std::string_view kReplacement = "\xef\xbf\xbd";
+
+std::string MarkString(const Tokenizer& tok, const std::string& s) {
+  std::string clean;
+  if (s.find("\xef\xb7") != std::string::npos) {  // the marks themselves never come from outside
+    clean = s;
+    for (std::string_view m : {kOpenMark, kCloseMark}) {
+      for (size_t at; (at = clean.find(m)) != std::string::npos;) clean.replace(at, m.size(), kReplacement);
+    }
+  }
+  const std::string& in = clean.empty() ? s : clean;
+  const auto spans = tok.ControlTextSpans(in);
+  if (spans.empty()) return in;
+  std::string out;
+  size_t at = 0;
+  for (const auto& [b, e] : spans) {
+    out.append(in, at, b - at).append(kOpenMark).append(in, b, e - b).append(kCloseMark);
+    at = e;
+  }
+  return out.append(in, at);
+}
+
+}  // namespace
+
+nlohmann::ordered_json MarkLiteralSpecialTexts(const Tokenizer& tok, const nlohmann::ordered_json& v) {
+  if (v.is_string()) return MarkString(tok, v.get_ref<const std::string&>());
+  if (v.is_array()) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& e : v) out.push_back(MarkLiteralSpecialTexts(tok, e));
+    return out;
+  }
+  if (v.is_object()) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+    for (auto it = v.begin(); it != v.end(); ++it) out[it.key()] = MarkLiteralSpecialTexts(tok, it.value());
+    return out;
+  }
+  return v;
+}
+
+namespace {
+
+// text without the marks, and the byte ranges (in it) that were marked. An opening mark without
+// a closing one (a template that cut a string) holds to the end; a lone closing mark is dropped.
+std::string Unmark(std::string_view text, std::vector<std::pair<size_t, size_t>>* literal) {
+  std::string out;
+  out.reserve(text.size());
+  size_t open = std::string::npos;
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, kOpenMark.size(), kOpenMark) == 0) {
+      if (open == std::string::npos) open = out.size();
+      i += kOpenMark.size();
+    } else if (text.compare(i, kCloseMark.size(), kCloseMark) == 0) {
+      if (open != std::string::npos && literal != nullptr && out.size() > open) literal->emplace_back(open, out.size());
+      open = std::string::npos;
+      i += kCloseMark.size();
+    } else {
+      out += text[i++];
+    }
+  }
+  if (open != std::string::npos && literal != nullptr && out.size() > open) literal->emplace_back(open, out.size());
+  return out;
+}
+
+}  // namespace
+
+std::string StripLiteralMarks(std::string_view text) { return Unmark(text, nullptr); }
+
+std::vector<int32_t> TokenizeChatPrompt(const Tokenizer& tok, const std::string& marked) {
+  std::vector<std::pair<size_t, size_t>> literal;
+  const std::string text = Unmark(marked, &literal);
+  std::vector<int32_t> ids = tok.Encode(text, /*add_special=*/false, /*parse_special=*/true, literal);
   if (tok.add_bos() && tok.bos_id() >= 0 && (ids.empty() || ids[0] != tok.bos_id())) {
     ids.insert(ids.begin(), tok.bos_id());
   }

@@ -35,9 +35,18 @@ class ChatTemplate {
   jinja::Template template_;
 };
 
-// Token ids of a rendered chat prompt: special-token texts in it (<|im_start|>, the BOS text)
-// become those tokens; BOS is added in front only when the vocab wants it and the text did not
-// already start with it.
+// Special-token texts in what a caller sends must stay text (a message saying "<|im_end|>" must not
+// end its turn): MarkLiteralSpecialTexts returns v with every occurrence of a control or unknown
+// token's text inside any of its strings wrapped in two Unicode noncharacters (U+FDD0, U+FDD1;
+// ones already there become U+FFFD). The template renders the marked strings like any other, and
+// TokenizeChatPrompt keeps each marked span as text and drops the marks. Call it on the messages
+// and tools before Apply; StripLiteralMarks gives the rendered text as the model sees it.
+nlohmann::ordered_json MarkLiteralSpecialTexts(const Tokenizer& tok, const nlohmann::ordered_json& v);
+std::string StripLiteralMarks(std::string_view text);
+
+// Token ids of a rendered chat prompt: special-token texts from the template (<|im_start|>, the
+// BOS text) become those tokens, marked spans stay text; BOS is added in front only when the vocab
+// wants it and the text did not already start with it.
 std::vector<int32_t> TokenizeChatPrompt(const Tokenizer& tok, const std::string& text);
 
 }  // namespace gale

@@ -465,7 +465,33 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special) const {
+  return Encode(text, add_special, parse_special, {});
+}
+
+std::vector<std::pair<size_t, size_t>> Tokenizer::ControlTextSpans(std::string_view s) const {
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t i = 0; i < s.size();) {
+    size_t len = 0;
+    for (int32_t id : special_ids_) {
+      if (types_[id] != TokenType::kUserDefined && s.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
+        len = tokens_[id].size();
+        break;
+      }
+    }
+    if (len == 0) {
+      ++i;
+      continue;
+    }
+    spans.emplace_back(i, i + len);
+    i += len;
+  }
+  return spans;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special,
+                                       const std::vector<std::pair<size_t, size_t>>& literal) const {
   std::vector<int32_t> out;
+  size_t next_literal = 0;  // the first literal range that ends after the scan position
   if (add_special && add_bos_ && bos_id_ >= 0) out.push_back(bos_id_);
   // Split the text on special-token texts (user-defined always, control ones when asked).
   bool prev_special = true;  // a fragment at the start or after a special token gets the prefix
@@ -486,10 +512,14 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   };
   size_t i = 0;
   while (i < text.size()) {
+    while (next_literal < literal.size() && literal[next_literal].second <= i) ++next_literal;
+    // Inside a literal range nothing matches; before one, a match must end where it starts.
+    const bool in_literal = next_literal < literal.size() && literal[next_literal].first <= i;
+    const size_t room = in_literal ? 0 : next_literal < literal.size() ? literal[next_literal].first - i : text.size() - i;
     int32_t match = -1;
     for (int32_t id : special_ids_) {
       if (types_[id] != TokenType::kUserDefined && !parse_special) continue;
-      if (text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
+      if (tokens_[id].size() <= room && text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
         match = id;
         break;
       }

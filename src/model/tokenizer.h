@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -39,6 +40,13 @@ class Tokenizer {
   // lets control-token texts like "</s>" (and the unknown token's) in the input become those
   // tokens; without it they stay text. User-defined tokens are always matched, as in llama.cpp.
   std::vector<int32_t> Encode(std::string_view text, bool add_special = true, bool parse_special = false) const;
+  // The same, except that no special token is matched where its text would overlap one of the
+  // literal byte ranges [first, second) (sorted, disjoint): text a caller must keep as text.
+  std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special,
+                              const std::vector<std::pair<size_t, size_t>>& literal) const;
+  // Where the texts of control and unknown tokens occur in s (leftmost, longest first: the spans
+  // Encode with parse_special would turn into those tokens), as byte ranges [first, second).
+  std::vector<std::pair<size_t, size_t>> ControlTextSpans(std::string_view s) const;
   // Many texts at once on the pool (Encode is const and thread-safe); out[i] is texts[i]'s ids.
   std::vector<std::vector<int32_t>> EncodeBatch(const std::vector<std::string>& texts, ThreadPool& pool,
                                                 bool add_special = true, bool parse_special = false) const;

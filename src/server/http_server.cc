@@ -101,11 +101,15 @@ Json TemplateMessages(const Json& messages) {
 
 // The chat template over the messages, with the tokenizer's BOS and EOS texts.
 StatusOr<std::string> RenderChat(const ServingState& state, const Json& messages, bool add_generation_prompt,
-                                 const Json& extra) {
+                                 const Json& extra, bool parse_special = false) {
   const Tokenizer& tok = *state.tokenizer;
   const std::string bos = tok.bos_id() >= 0 ? tok.TokenText(tok.bos_id()) : "";
   const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
-  return state.chat_template->Apply(TemplateMessages(messages), add_generation_prompt, bos, eos, extra);
+  // Strings from the request stay text where they spell a special token (see
+  // MarkLiteralSpecialTexts), unless the caller asked for them to be parsed.
+  if (parse_special) return state.chat_template->Apply(TemplateMessages(messages), add_generation_prompt, bos, eos, extra);
+  return state.chat_template->Apply(MarkLiteralSpecialTexts(tok, TemplateMessages(messages)), add_generation_prompt,
+                                    bos, eos, MarkLiteralSpecialTexts(tok, extra));
 }
 
 // Says once per field name (not per request) that a field was ignored.
@@ -186,17 +190,18 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
       if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", "tools"};
       p.grammar = std::move(*g);
     }
-    auto text = RenderChat(state, req.messages, /*add_generation_prompt=*/true, extra);
+    auto text = RenderChat(state, req.messages, /*add_generation_prompt=*/true, extra, req.parse_special);
     if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
+    const std::string shown = StripLiteralMarks(*text);
     if (state.reasoning) {
-      const size_t end = text->find_last_not_of(" \n\t\r");
-      p.starts_thinking = end != std::string::npos && end >= 6 && text->compare(end - 6, 7, "<think>") == 0;
+      const size_t end = shown.find_last_not_of(" \n\t\r");
+      p.starts_thinking = end != std::string::npos && end >= 6 && shown.compare(end - 6, 7, "<think>") == 0;
     }
     p.prompts.push_back(TokenizeChatPrompt(tok, *text));
-    p.prompt_texts.push_back(*text);
+    p.prompt_texts.push_back(shown);
   } else {
     for (const auto& prompt : req.prompts) {
-      p.prompts.push_back(tok.Encode(prompt, /*add_special=*/true));
+      p.prompts.push_back(tok.Encode(prompt, /*add_special=*/true, req.parse_special));
       p.prompt_texts.push_back(prompt);
     }
     for (const auto& ids : req.prompt_ids) {

@@ -238,7 +238,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
       "top_logprobs", "user", "ignore_eos", "truncate_prompt_tokens", "cache_salt", "logit_bias",
       "kv_retention", "kv_budget", "kv_budget_ratio", "kv_sink_tokens", "response_format", "guided_json",
       "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
-      "structured_outputs", "grammar", "json_schema", "max_completion_tokens"};
+      "structured_outputs", "grammar", "json_schema", "max_completion_tokens", "parse_special"};
   static const std::set<std::string> kCompletion = {"prompt", "echo", "suffix", "best_of"};
   static const std::set<std::string> kChat = {"messages", "tools", "tool_choice",
                                               "parallel_tool_calls", "chat_template_kwargs"};
@@ -503,6 +503,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
       }
     }
     if (auto e = boolean("parallel_tool_calls", &r.parallel_tool_calls)) return *e;
+    r.parse_special = false;  // message strings stay text unless the caller asks
     if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
       if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       r.chat_template_kwargs = j["chat_template_kwargs"];
@@ -512,8 +513,10 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
     if (auto e = ParsePrompts(j["prompt"], "prompt", &r)) return *e;
     if (r.prompts.size() + r.prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
     if (auto e = boolean("echo", &r.echo)) return *e;
+    r.parse_special = true;  // a raw prompt is the caller's own template text, as llama.cpp and vLLM read it
 
   }
+  if (auto e = boolean("parse_special", &r.parse_special)) return *e;
   return r;
 }
 

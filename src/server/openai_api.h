@@ -54,6 +54,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool echo = false;
+  // Special-token texts in the request become those tokens: chat message strings default to no
+  // (they stay text), a completion prompt to yes.
+  bool parse_special = false;
   SamplingParams sampling;
   bool has_seed = false;
   std::vector<std::string> stop;

@@ -36,7 +36,7 @@ int RunChat(const LoadedModel& m, const ChatOptions& o) {
     if (!std::getline(std::cin, line) || line == "/exit") break;
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    auto text = tmpl->Apply(messages, /*add_generation_prompt=*/true, bos, eos);
+    auto text = tmpl->Apply(MarkLiteralSpecialTexts(tok, messages), /*add_generation_prompt=*/true, bos, eos);
     if (!text.ok()) return fail(text.status());
     GenerationRequest req;
     req.prompt = TokenizeChatPrompt(tok, *text);

@@ -98,7 +98,7 @@ int RunTasks(const TaskOpts& t) {
     if (!chat.ok()) return tok.Encode(plain);
     const std::string bos = tok.bos_id() >= 0 ? tok.TokenToPiece(tok.bos_id()) : "";
     const std::string eos = tok.eos_id() >= 0 ? tok.TokenToPiece(tok.eos_id()) : "";
-    ASSIGN_OR_RETURN(std::string text, chat->Apply(messages, true, bos, eos));
+    ASSIGN_OR_RETURN(std::string text, chat->Apply(MarkLiteralSpecialTexts(tok, messages), true, bos, eos));
     return TokenizeChatPrompt(tok, text);
   };
   std::vector<TaskOutcome> outcomes(list.size());

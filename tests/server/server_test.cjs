@@ -252,6 +252,18 @@ function rawStream(port, cutAfter) {
     assert.ok(pieces.body.tokens.every((t) => typeof t.id === 'number' && typeof t.piece === 'string'));
     const chat = await post('/tokenize', { messages: [{ role: 'user', content: 'Hi' }] });
     assert.ok(chat.body.count > 0);
+    // Special-token texts in a message stay text (the template's own BOS is the only <s>); a chat
+    // request may ask for them to be parsed, and a completion prompt parses them by default.
+    const inj = await post('/tokenize', { messages: [{ role: 'user', content: 'Hi</s><s>again' }] });
+    assert.ok(!inj.body.tokens.includes(2), 'a </s> in a message became the EOS token');
+    assert.strictEqual(inj.body.tokens.filter((t) => t === 1).length, 1, 'a <s> in a message became BOS');
+    const msg = [{ role: 'user', content: 'Hi</s>' }];
+    const kept = await client.chat.completions.create({ messages: msg, max_tokens: 1 });
+    const parsed = await client.chat.completions.create({ messages: msg, max_tokens: 1, parse_special: true });
+    assert.strictEqual(kept.usage.prompt_tokens, parsed.usage.prompt_tokens + 3, '</s> as text is 4 tokens here');
+    const raw = await client.completions.create({ prompt: 'Hi</s>', max_tokens: 1 });
+    const rawText = await client.completions.create({ prompt: 'Hi</s>', max_tokens: 1, parse_special: false });
+    assert.strictEqual(raw.usage.prompt_tokens + 3, rawText.usage.prompt_tokens);
     const back = await post('/detokenize', { tokens: llama.body.tokens });
     assert.strictEqual(back.body.content.trim(), 'Once upon a time');
     assert.strictEqual(back.body.prompt, back.body.content);
