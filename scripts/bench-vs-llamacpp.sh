@@ -7,10 +7,14 @@
 # llama-bench drives it. Models: gale's random-weight synth files (llama.cpp loads them as its
 # own), 110m by default; SHAPES="110m tinyllama-1.1b" adds the 1.1B model (2.2 GB F16, slow).
 # SEQS=16 adds aggregate decode of TG tokens for each of 16 sequences at once (test "tg128 x16").
+# LLAMA_BENCH=path/to/llama-bench runs a llama.cpp built from source instead (tuned for this CPU;
+# scripts/build-llamacpp.sh builds one from the same release), one repetition per run as above;
+# SEQS needs the prebuilt libraries (llama-bench has no test of many sequences).
 #
 #   scripts/bench-vs-llamacpp.sh [OUT.json]
 #   TYPES="q4_0 q8_0" REPS=5 PP=512 TG=128 THREADS=2 scripts/bench-vs-llamacpp.sh
 #   SHAPES=qwen3-30b-a3b TYPES="q4_0 q4_k" SEQS=16 scripts/bench-vs-llamacpp.sh  # the mixture
+#   LLAMA_BENCH="$(scripts/build-llamacpp.sh build/llamacpp-native)" TYPES="f16 bf16" scripts/bench-vs-llamacpp.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-build/bench-vs-llamacpp.json}"
@@ -19,6 +23,11 @@ types="${TYPES:-f16 bf16 q8_0 q4_0 q4_k iq4_xs}"
 shapes="${SHAPES:-110m}"
 reps="${REPS:-3}" pp="${PP:-512}" tg="${TG:-128}" threads="${THREADS:-2}" seqs="${SEQS:-}"
 models="${MODELS_DIR:-$build/bench-models}"
+llama_bench="${LLAMA_BENCH:-}"
+if [[ -n "$llama_bench" && -n "$seqs" ]]; then
+  echo "SEQS needs the prebuilt llama.cpp libraries; leave LLAMA_BENCH unset for it" >&2
+  exit 2
+fi
 cmake --build "$build" -j"$(nproc)" --target gale ggml_reference > /dev/null
 lib="$(scripts/fetch-llamacpp.sh "$build/llamacpp")"
 mkdir -p "$models"
@@ -29,8 +38,18 @@ for shape in $shapes; do
     m="$models/$shape-$type.gguf"
     [[ -e "$m" ]] || "$build/gale" synth --shape "$shape" --type "$type" -o "$m" 2> /dev/null
     for ((r = 0; r < reps; ++r)); do
-      LD_LIBRARY_PATH="$lib" "$build/ggml_reference" bench "$lib" "$m" "$pp" "$tg" 1 "$threads" 2> /dev/null |
-        sed "s/^{/{\"shape\": \"$shape\", \"type\": \"$type\", /" >> "$results"
+      if [[ -n "$llama_bench" ]]; then
+        "$llama_bench" -m "$m" -p "$pp" -n "$tg" -r 1 -t "$threads" -o jsonl 2> /dev/null |
+          python3 -c 'import json, sys
+for line in sys.stdin:
+    e = json.loads(line)
+    test = ("pp%d" % e["n_prompt"]) if e["n_gen"] == 0 else ("tg%d" % e["n_gen"])
+    print(json.dumps({"shape": sys.argv[1], "type": sys.argv[2], "engine": "llama.cpp", "test": test,
+                      "threads": e["n_threads"], "tokens_per_second": e["samples_ts"]}))' "$shape" "$type" >> "$results"
+      else
+        LD_LIBRARY_PATH="$lib" "$build/ggml_reference" bench "$lib" "$m" "$pp" "$tg" 1 "$threads" 2> /dev/null |
+          sed "s/^{/{\"shape\": \"$shape\", \"type\": \"$type\", /" >> "$results"
+      fi
       "$build/gale" bench -m "$m" -p "$pp" -n "$tg" -r 1 -t "$threads" -o json 2> /dev/null |
         python3 -c 'import json, sys
 for e in json.load(sys.stdin):

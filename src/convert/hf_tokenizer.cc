@@ -37,11 +37,25 @@ StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& confi
     t.pre = "gpt-2";
   } else if (pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
              pt["pretokenizers"].is_array()) {
+    std::vector<std::string> splits;
     for (const auto& p : pt["pretokenizers"]) {
-      if (p.value("type", "") != "Split" || !p.contains("pattern")) continue;
-      const std::string re = p["pattern"].value("Regex", "");
+      if (p.value("type", "") == "Split" && p.contains("pattern")) splits.push_back(p["pattern"].value("Regex", ""));
+    }
+    // DeepSeek-V3 (and R1): three splits, digit groups, CJK and kana runs, then its word expression.
+    if (splits.size() == 3 && splits[0] == "\\p{N}{1,3}" &&
+        splits[1] == "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+" &&
+        splits[2].find("[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+") != std::string::npos) {
+      t.pre = "deepseek-v3";
+    }
+    for (const std::string& re : splits) {
+      if (!t.pre.empty()) break;
+      // o200k (gpt-oss, Llama 4): letter runs by case category. Checked first: it also has
+      // Llama 3's contractions and digit groups.
+      if (re.find("[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+") != std::string::npos &&
+          re.find("\\p{N}{1,3}") != std::string::npos) {
+        t.pre = "gpt-4o";
       // Llama 3 groups up to three digits; Qwen2 (Qwen2.5, Qwen3 too) splits every digit.
-      if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos && re.find("\\p{N}{1,3}") != std::string::npos) {
+      } else if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos && re.find("\\p{N}{1,3}") != std::string::npos) {
         t.pre = "llama-bpe";
       } else if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos &&
                  re.find("\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+") != std::string::npos) {
@@ -50,8 +64,8 @@ StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& confi
     }
   }
   if (t.pre.empty()) {
-    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's and "
-                           "Qwen2's splits)");
+    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's, "
+                           "Qwen2's, gpt-4o's and DeepSeek-V3's splits)");
   }
   if (!tm.contains("vocab") || !tm["vocab"].is_object() || !tm.contains("merges") || !tm["merges"].is_array()) {
     return InvalidArgument("tokenizer.json: model.vocab and model.merges are required");

@@ -3,6 +3,7 @@
 #include "model/bpe.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <utf8proc.h>
 
@@ -228,6 +229,162 @@ bool InRanges(const std::vector<std::pair<uint32_t, uint32_t>>& ranges, uint32_t
 }
 
 }  // namespace
+
+namespace {
+
+using utf8proc_cat = utf8proc_category_t;
+utf8proc_cat Cat(uint32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
+bool IsMark(uint32_t c) {
+  const auto k = Cat(c);
+  return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
+}
+bool IsSymbol(uint32_t c) {
+  const auto k = Cat(c);
+  return k == UTF8PROC_CATEGORY_SM || k == UTF8PROC_CATEGORY_SC || k == UTF8PROC_CATEGORY_SK || k == UTF8PROC_CATEGORY_SO;
+}
+bool IsLineBreak(uint32_t c) { return c == '\r' || c == '\n'; }
+
+// (?i:'s|'t|'re|'ve|'m|'ll|'d) at i: its length, or 0.
+size_t Contraction(const Cps& c, size_t i) {
+  if (i + 1 >= c.size() || c[i] != '\'') return 0;
+  auto low = [&](size_t k) { return k < c.size() && c[k] < 128 ? static_cast<char>(std::tolower(static_cast<int>(c[k]))) : '\0'; };
+  const char a = low(i + 1), b = low(i + 2);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' || a == 'v') && b == 'e') return 3;
+  if (a == 'l' && b == 'l') return 3;
+  return 0;
+}
+
+// The white space alternatives shared by the expressions below, tried in order at i:
+// \s*[\r\n]+ (up to the last line break of the white space run), \s+(?!\S), \s+.
+size_t WhitespaceTail(const Cps& c, size_t i) {
+  size_t w = i;
+  while (w < c.size() && IsWhitespace(c[w])) ++w;
+  if (w == i) return 0;
+  for (size_t p = w; p > i; --p) {
+    if (IsLineBreak(c[p - 1])) return p - i;
+  }
+  if (w == c.size() || w - i == 1) return w - i;  // (?!\S) holds at the end; one space falls to \s+
+  return w - 1 - i;
+}
+
+// gpt-4o (o200k: gpt-oss, Llama 4), as Hugging Face's tokenizer.json spells it:
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?
+//   |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...)?
+//   |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// each alternative with the regex's backtracking (an optional leading character is tried first
+// taken, then not).
+size_t MatchGpt4o(const Cps& c, size_t i) {
+  const size_t n = c.size();
+  auto upper = [](uint32_t x) {
+    const auto k = Cat(x);
+    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LT || k == UTF8PROC_CATEGORY_LM ||
+           k == UTF8PROC_CATEGORY_LO || IsMark(x);
+  };
+  auto lower = [](uint32_t x) {
+    const auto k = Cat(x);
+    return k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_LO || IsMark(x);
+  };
+  auto lead_ok = [](uint32_t x) { return !IsLineBreak(x) && !IsLetter(x) && !IsNumber(x); };
+  for (int alt = 0; alt < 2; ++alt) {
+    for (int lead = 1; lead >= 0; --lead) {
+      size_t j = i;
+      if (lead) {
+        if (!lead_ok(c[j])) continue;
+        ++j;
+      }
+      size_t k = j;
+      while (k < n && upper(c[k])) ++k;
+      size_t end = 0;
+      if (alt == 0) {  // upper* lower+: the longest upper run that a lower character follows
+        for (size_t a = k + 1; a-- > j;) {
+          if (a < n && lower(c[a])) {
+            end = a;
+            while (end < n && lower(c[end])) ++end;
+            break;
+          }
+        }
+      } else if (k > j) {  // upper+ lower*
+        end = k;
+        while (end < n && lower(c[end])) ++end;
+      }
+      if (end > 0) return end + Contraction(c, end) - i;
+    }
+  }
+  if (IsNumber(c[i])) {
+    size_t e = i;
+    while (e < n && e - i < 3 && IsNumber(c[e])) ++e;
+    return e - i;
+  }
+  auto other = [](uint32_t x) { return !IsWhitespace(x) && !IsLetter(x) && !IsNumber(x); };
+  size_t j = i;
+  if (c[j] == ' ' && j + 1 < n && other(c[j + 1])) ++j;
+  if (other(c[j])) {
+    while (j < n && other(c[j])) ++j;
+    while (j < n && (IsLineBreak(c[j]) || c[j] == '/')) ++j;
+    return j - i;
+  }
+  return WhitespaceTail(c, i);
+}
+
+// DeepSeek-V3's third expression:
+//   [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+//   | ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+size_t MatchDeepseekV3(const Cps& c, size_t i) {
+  const size_t n = c.size();
+  auto ascii_letter = [](uint32_t x) { return (x >= 'a' && x <= 'z') || (x >= 'A' && x <= 'Z'); };
+  auto ascii_punct = [](uint32_t x) {
+    return (x >= 0x21 && x <= 0x2f) || (x >= 0x3a && x <= 0x40) || (x >= 0x5b && x <= 0x60) || (x >= 0x7b && x <= 0x7e);
+  };
+  if (ascii_punct(c[i]) && i + 1 < n && ascii_letter(c[i + 1])) {
+    size_t e = i + 1;
+    while (e < n && ascii_letter(c[e])) ++e;
+    return e - i;
+  }
+  auto word = [](uint32_t x) { return IsLetter(x) || IsMark(x); };
+  auto punct = [](uint32_t x) { return IsPunctuation(x) || IsSymbol(x); };
+  for (int lead = 1; lead >= 0; --lead) {
+    size_t j = i;
+    if (lead) {
+      if (IsLineBreak(c[j]) || IsLetter(c[j]) || punct(c[j])) continue;
+      ++j;
+    }
+    if (j < n && word(c[j])) {
+      while (j < n && word(c[j])) ++j;
+      return j - i;
+    }
+  }
+  size_t j = i;
+  if (c[j] == ' ' && j + 1 < n && punct(c[j + 1])) ++j;
+  if (punct(c[j])) {
+    while (j < n && punct(c[j])) ++j;
+    while (j < n && IsLineBreak(c[j])) ++j;
+    return j - i;
+  }
+  return WhitespaceTail(c, i);
+}
+
+}  // namespace
+
+std::vector<std::string_view> PreTokenizeGpt4o(std::string_view text) {
+  static const std::vector<Pass> passes = {MatchGpt4o};
+  return ApplyPasses(text, passes);
+}
+
+std::vector<std::string_view> PreTokenizeDeepseekV3(std::string_view text) {
+  static const std::vector<Pass> passes = {
+      [](const Cps& c, size_t i) -> size_t {  // \p{N}{1,3}
+        size_t e = i;
+        while (e < c.size() && e - i < 3 && IsNumber(c[e])) ++e;
+        return e - i;
+      },
+      Run([](uint32_t x) {  // [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+
+        return (x >= 0x4e00 && x <= 0x9fa5) || (x >= 0x3040 && x <= 0x309f) || (x >= 0x30a0 && x <= 0x30ff);
+      }),
+      MatchDeepseekV3,
+  };
+  return ApplyPasses(text, passes);
+}
 
 std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text) {
   static const std::vector<Pass> passes = {

@@ -37,6 +37,16 @@ std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text);
 // DeepSeek LLM: line breaks, runs of its letter class and of ASCII/full-width punctuation (each
 // with one optional leading space), trailing white space, CJK runs, digit runs.
 std::vector<std::string_view> PreTokenizeDeepseekLlm(std::string_view text);
+// gpt-4o's expression (o200k: gpt-oss, Llama 4) with Unicode's letter case categories as Hugging
+// Face's tokenizer.json states it: a letter run is an optional leading non-letter/digit/line break,
+// a run of upper-case-or-caseless letters and marks, then of lower-case-or-caseless ones (one of
+// the two runs non-empty), and an optional contraction; digits in groups of up to three;
+// punctuation runs with trailing line breaks and slashes; white space as Llama 3's.
+std::vector<std::string_view> PreTokenizeGpt4o(std::string_view text);
+// DeepSeek-V3 (also R1): digit groups of up to three, then runs of CJK ideographs and kana, then
+// ASCII punctuation + ASCII letters, letter-and-mark runs with one optional leading character,
+// punctuation/symbol runs, white space.
+std::vector<std::string_view> PreTokenizeDeepseekV3(std::string_view text);
 
 // BERT's basic tokenizer as llama.cpp runs it before WordPiece: NFD, accents (Mn) dropped, lower
 // case, white space

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <cstdlib>
 #include <queue>
+
+#include <utf8proc.h>
 
 #include "model/bpe.h"
 
@@ -98,12 +101,20 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
                pre == "falcon3" || pre == "pixtral") {
       t->llama3_digits_ = 3;
       t->ignore_merges_ = true;  // Llama 3's tokenizer.json: a word that is a token is not merged
+    } else if (pre == "glm4" || pre == "chatglm-bpe") {
+      t->llama3_digits_ = 3;  // Llama 3's expression, merges applied to every word
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       t->llama3_digits_ = 1;
+      t->nfc_ = true;  // Qwen's tokenizer.json normalizes to NFC first (llama.cpp does not)
+    } else if (pre == "deepseek-v3") {
+      t->deepseek_v3_ = true;
+    } else if (pre == "gpt-4o" || pre == "llama4") {
+      t->gpt4o_ = true;
+      t->ignore_merges_ = true;  // o200k's tokenizer.json: a word that is a token is not merged
     } else {
       return Unimplemented(
           "pre-tokenizer '{}' is not supported yet (gale has default, gpt-2, mpt, starcoder, refact, command-r, falcon, "
-          "deepseek-coder, deepseek-llm, llama3/llama-bpe, qwen2)", pre);
+          "deepseek-coder, deepseek-llm, deepseek-v3, llama3/llama-bpe, glm4, qwen2, gpt-4o)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
@@ -152,11 +163,13 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->types_[i] = static_cast<TokenType>(*v);
     }
   }
-  // llama.cpp makes tokens with these texts control tokens whatever the file says (its end-of-
-  // generation and fill-in-the-middle names), so that user text like "<|im_end|>" or "</s>" stays
-  // text unless special tokens are parsed. The list is the one llama.cpp's loader answers to
-  // (checked text by text against its library). It overrides only the first match of each
-  // fill-in-the-middle role; gale overrides every one (text stays text in more files, never less).
+  // User-defined tokens with these texts are control tokens (llama.cpp's end-of-generation and
+  // fill-in-the-middle names), so that user text like "<|im_end|>" or "</s>" stays text unless
+  // special tokens are parsed. The list is the one llama.cpp's loader answers to (checked text by
+  // text against its library). llama.cpp also turns normal vocabulary tokens with these texts into
+  // control ones (Qwen's "</s>" is one, which then never decodes); gale leaves them normal, as
+  // Hugging Face's tokenizer has them. It overrides only the first match of each fill-in-the-middle
+  // role; gale every one (text stays text in more files, never less).
   static constexpr std::string_view kControlLooking[] = {
       "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
       "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
@@ -167,7 +180,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       "<|code_middle|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>",
       "<｜fim▁end｜>"};
   for (size_t i = 0; i < n; ++i) {
-    if (t->types_[i] != TokenType::kControl &&
+    if (t->types_[i] == TokenType::kUserDefined &&
         std::find(std::begin(kControlLooking), std::end(kControlLooking), t->tokens_[i]) != std::end(kControlLooking)) {
       t->types_[i] = TokenType::kControl;
     }
@@ -410,7 +423,19 @@ void Tokenizer::EncodeWpm(std::string_view text, std::vector<int32_t>* out) cons
   }
 }
 
-void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) const {
+void Tokenizer::EncodeBpe(std::string_view raw, std::vector<int32_t>* out) const {
+  std::string normalized;
+  std::string_view text = raw;
+  if (nfc_) {
+    utf8proc_uint8_t* nfc = nullptr;
+    const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(raw.data()),
+                                  static_cast<utf8proc_ssize_t>(raw.size()), &nfc, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (len >= 0) {  // invalid UTF-8 is left as it is: its bytes become byte tokens
+      normalized.assign(reinterpret_cast<const char*>(nfc), static_cast<size_t>(len));
+      text = normalized;
+    }
+    std::free(nfc);
+  }
   PieceCache cache;
   auto word_ids = [&](std::string_view word) {
     cache.Emit(word, [this](std::string_view w, std::vector<int32_t>* ids) { BpeWord(w, ids); }, out);
@@ -421,6 +446,14 @@ void Tokenizer::EncodeBpe(std::string_view text, std::vector<int32_t>* out) cons
   }
   if (deepseek_llm_) {
     for (std::string_view word : PreTokenizeDeepseekLlm(text)) word_ids(word);
+    return;
+  }
+  if (deepseek_v3_) {
+    for (std::string_view word : PreTokenizeDeepseekV3(text)) word_ids(word);
+    return;
+  }
+  if (gpt4o_) {
+    for (std::string_view word : PreTokenizeGpt4o(text)) word_ids(word);
     return;
   }
   if (llama3_digits_ > 0) {

@@ -95,6 +95,9 @@ class Tokenizer {
   bool default_pre_ = false;   // llama.cpp's default: falcon's passes without `, plus number runs
   bool deepseek_coder_ = false;
   bool deepseek_llm_ = false;
+  bool deepseek_v3_ = false;
+  bool gpt4o_ = false;
+  bool nfc_ = false;           // text normalized to Unicode NFC before the split (Qwen2)
   int llama3_digits_ = 0;      // > 0: Llama 3's expression with digit groups of this size (Qwen2: 1)
   bool ignore_merges_ = false;  // a word that is itself a token is emitted without merging
   bool spm_chunkable_ = false;  // see EncodeSpm

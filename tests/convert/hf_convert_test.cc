@@ -363,6 +363,57 @@ TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
   }
 }
 
+// The same real tokenizers and more (Llama 3.1, gpt-oss's o200k, DeepSeek-V3, Gemma 3), imported
+// and run on the edge-case texts of tests/data/llamacpp/tokenize: the ids Hugging Face's
+// tokenization gives (tests/data/hf-tokenize, written by scripts/make-hf-tokenizer-reference.sh
+// through a JavaScript port of its tokenizers), special-token texts parsed as it does by default.
+TEST(HfTokenizerTest, RealTokenizersMatchHuggingFaceOnEdgeCases) {
+  const std::string inp = test::ReadFile(test::SourceDir() + "/tests/data/llamacpp/tokenize/inputs.txt");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> inputs;
+  for (size_t at = 0; at < inp.size();) {
+    size_t next = inp.find(sep, at);
+    if (next == std::string::npos) next = inp.size();
+    inputs.push_back(inp.substr(at, next - at));
+    at = next + sep.size();
+  }
+  for (const auto& [package, pre] : std::vector<std::pair<std::string, std::string>>{
+           {"tokenizer-qwen3", "qwen2"}, {"tokenizer-llama3", "llama-bpe"}, {"tokenizer-llama3_1", "llama-bpe"},
+           {"tokenizer-gptoss", "gpt-4o"}, {"tokenizer-deepseek_v3", "deepseek-v3"}, {"tokenizer-gemma3", "sentencepiece"}}) {
+    SCOPED_TRACE(package);
+    const std::string dir = test::SourceDir() + "/.deps/node/hf/" + package + "/models/";
+    const std::string tj_text = test::ReadFile(dir + "tokenizer.json");
+    ASSERT_FALSE(tj_text.empty()) << dir << "tokenizer.json is missing: run scripts/install-deps.sh --test";
+    const Json tj = Json::parse(tj_text);
+    const Json tcfg = Json::parse(test::ReadFile(dir + "tokenizer_config.json"));
+    int64_t vocab_size = static_cast<int64_t>(tj["model"]["vocab"].size());
+    for (const auto& a : tj["added_tokens"]) vocab_size = std::max<int64_t>(vocab_size, a["id"].get<int64_t>() + 1);
+    auto t = ImportHfTokenizer(tj, tcfg, Json::object(), vocab_size);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->pre, pre);
+    GgufWriter w;
+    WriteHfTokenizer(*t, &w);
+    const auto bytes = w.WriteToBytes();
+    auto f = GgufFile::FromBytes(bytes).value();
+    auto tok = Tokenizer::FromGguf(*f);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    std::istringstream lines(test::ReadFile(test::SourceDir() + "/tests/data/hf-tokenize/" + package + ".out"));
+    size_t i = 0;
+    int mismatches = 0;
+    for (std::string line; std::getline(lines, line); ++i) {
+      ASSERT_LT(i, inputs.size());
+      std::istringstream in(line);
+      std::vector<int32_t> want;
+      for (int32_t id; in >> id;) want.push_back(id);
+      const auto got = (*tok)->Encode(inputs[i], /*add_special=*/false, /*parse_special=*/true);
+      mismatches += got != want;
+      EXPECT_EQ(got, want) << "#" << i << " '" << inputs[i] << "'";
+    }
+    EXPECT_EQ(i, inputs.size());
+    std::printf("%s (%s): %zu texts, %d differ from Hugging Face\n", package.c_str(), pre.c_str(), i, mismatches);
+  }
+}
+
 // Llama 3.1's rope_scaling ("rope_type": "llama3") becomes llama.cpp's rope_freqs tensor of
 // per-frequency divisors, which the model loads; YaRN becomes its rope.scaling keys; unknown kinds
 // are errors.
