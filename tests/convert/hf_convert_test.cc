@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <utf8proc.h>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -408,6 +410,18 @@ TEST(HfTokenizerTest, RealTokenizersMatchHuggingFaceOnEdgeCases) {
       const auto got = (*tok)->Encode(inputs[i], /*add_special=*/false, /*parse_special=*/true);
       mismatches += got != want;
       EXPECT_EQ(got, want) << "#" << i << " '" << inputs[i] << "'";
+      // Byte-level BPE decodes back to its input, special-token texts kept as text (Qwen's to the
+      // input's NFC form, which is what it encodes).
+      if (pre != "sentencepiece") {
+        std::string expect = inputs[i];
+        if (pre == "qwen2") {
+          utf8proc_uint8_t* nfc = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(inputs[i].c_str()));
+          ASSERT_NE(nfc, nullptr);
+          expect = reinterpret_cast<const char*>(nfc);
+          std::free(nfc);
+        }
+        EXPECT_EQ((*tok)->Decode((*tok)->Encode(inputs[i], false, false)), expect) << "#" << i;
+      }
     }
     EXPECT_EQ(i, inputs.size());
     std::printf("%s (%s): %zu texts, %d differ from Hugging Face\n", package.c_str(), pre.c_str(), i, mismatches);

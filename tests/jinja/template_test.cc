@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -29,36 +30,38 @@ std::tm FixedClock() {
   return tm;
 }
 
-TEST(TemplateTest, ConformsToJinja2OnRealChatTemplates) {
-  const std::string dir = test::SharedDir() + "/chat-templates";
-  std::ifstream in(dir + "/expected.jsonl");
-  ASSERT_TRUE(in) << "missing " << dir << "/expected.jsonl";
+// Every entry of an expected.jsonl (../shared/chat-templates' format) against gale's renderer:
+// source(name) gives the template named by an entry. Returns "passed of total" and the failures.
+std::pair<int, int> CheckRenderings(const std::string& expected_path,
+                                    const std::function<std::string(const std::string&)>& source,
+                                    std::string* failures) {
+  std::ifstream in(expected_path);
+  EXPECT_TRUE(in) << "missing " << expected_path;
   RenderOptions ro;
   ro.now = FixedClock();
   int total = 0, passed = 0;
-  std::string failures;
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     const auto entry = nlohmann::ordered_json::parse(line);
     const std::string name = entry["template"];
     const std::string label = name + (entry.contains("case") ? " / " + entry["case"].get<std::string>() : "");
     ++total;
-    auto t = Template::Parse(ReadFile(dir + "/templates/" + name));
+    auto t = Template::Parse(source(name));
     if (entry.contains("compile_error")) {
-      if (!t.ok()) ++passed; else failures += label + ": parsed, Jinja2 raised " + entry["compile_error"].get<std::string>() + "\n";
+      if (!t.ok()) ++passed; else *failures += label + ": parsed, Jinja2 raised " + entry["compile_error"].get<std::string>() + "\n";
       continue;
     }
     if (!t.ok()) {
-      failures += label + ": " + t.status().ToString() + "\n";
+      *failures += label + ": " + t.status().ToString() + "\n";
       continue;
     }
     auto out = t->Render(entry["context"], ro);
     if (entry.contains("error")) {
-      if (!out.ok()) ++passed; else failures += label + ": rendered, Jinja2 raised " + entry["error"].get<std::string>() + "\n";
+      if (!out.ok()) ++passed; else *failures += label + ": rendered, Jinja2 raised " + entry["error"].get<std::string>() + "\n";
       continue;
     }
     if (!out.ok()) {
-      failures += label + ": " + out.status().ToString() + "\n";
+      *failures += label + ": " + out.status().ToString() + "\n";
       continue;
     }
     const std::string want = entry["expected"];
@@ -68,13 +71,40 @@ TEST(TemplateTest, ConformsToJinja2OnRealChatTemplates) {
     }
     size_t at = 0;
     while (at < want.size() && at < out->size() && want[at] == (*out)[at]) ++at;
-    failures += label + ": differs at byte " + std::to_string(at) + ": want " +
-                nlohmann::json(want.substr(at > 20 ? at - 20 : 0, 80)).dump() + " got " +
-                nlohmann::json(out->substr(at > 20 ? at - 20 : 0, 80)).dump() + "\n";
+    *failures += label + ": differs at byte " + std::to_string(at) + ": want " +
+                 nlohmann::json(want.substr(at > 20 ? at - 20 : 0, 80)).dump() + " got " +
+                 nlohmann::json(out->substr(at > 20 ? at - 20 : 0, 80)).dump() + "\n";
   }
+  return {passed, total};
+}
+
+TEST(TemplateTest, ConformsToJinja2OnRealChatTemplates) {
+  const std::string dir = test::SharedDir() + "/chat-templates";
+  std::string failures;
+  const auto [passed, total] = CheckRenderings(
+      dir + "/expected.jsonl", [&](const std::string& name) { return ReadFile(dir + "/templates/" + name); }, &failures);
   std::printf("chat template conformance: %d of %d entries\n", passed, total);
   EXPECT_EQ(passed, total) << failures;
   EXPECT_GE(total, 175);
+}
+
+// The chat templates shipped with the real tokenizers in .deps/node/hf (Qwen3, Llama 3 and 3.1,
+// DeepSeek-V3, Gemma 3: their tokenizer_config.json), against Jinja2's renderings of plain turns,
+// unicode and a tool call with its result (tests/data/hf-chat, tools/render_chat_templates.py).
+TEST(TemplateTest, RealTokenizerTemplatesMatchJinja2) {
+  std::string failures;
+  const auto [passed, total] = CheckRenderings(
+      test::SourceDir() + "/tests/data/hf-chat/expected.jsonl",
+      [](const std::string& package) {
+        const std::string cfg = ReadFile(test::SourceDir() + "/.deps/node/hf/" + package + "/models/tokenizer_config.json");
+        EXPECT_FALSE(cfg.empty()) << package << ": run scripts/install-deps.sh --test";
+        const auto j = nlohmann::json::parse(cfg.empty() ? "{}" : cfg);
+        return j.value("chat_template", std::string());
+      },
+      &failures);
+  std::printf("real tokenizers' chat templates: %d of %d renderings\n", passed, total);
+  EXPECT_EQ(passed, total) << failures;
+  EXPECT_GE(total, 25);
 }
 
 }  // namespace
