@@ -125,4 +125,17 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Texts in llama.cpp's .inp format: each followed by "\n__ggml_vocab_test__\n".
+inline std::vector<std::string> SplitVocabTexts(const std::string& inp) {
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> texts;
+  for (size_t at = 0; at < inp.size();) {
+    size_t next = inp.find(sep, at);
+    if (next == std::string::npos) next = inp.size();
+    texts.push_back(inp.substr(at, next - at));
+    at = next + sep.size();
+  }
+  return texts;
+}
+
 }  // namespace gale::test

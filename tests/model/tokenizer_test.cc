@@ -225,15 +225,7 @@ TEST(TokenizerTest, LlamaCppVectors) {
 // (the test counts those lines; everywhere else the three agree).
 TEST(TokenizerTest, EdgeCasesMatchLlamaCpp) {
   const std::string dir = test::SourceDir() + "/tests/data/llamacpp/tokenize/";
-  const std::string inp = ReadFile(dir + "inputs.txt");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> inputs;
-  for (size_t at = 0; at < inp.size();) {
-    size_t next = inp.find(sep, at);
-    if (next == std::string::npos) next = inp.size();
-    inputs.push_back(inp.substr(at, next - at));
-    at = next + sep.size();
-  }
+  const std::vector<std::string> inputs = test::SplitVocabTexts(ReadFile(dir + "inputs.txt"));
   ASSERT_GT(inputs.size(), 50u);
   int checked = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
