@@ -2,6 +2,7 @@
 #include "convert/hf_convert.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -107,9 +108,11 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     gguf_arch = "qwen2";
   } else if (arch == "Qwen3ForCausalLM" || arch == "qwen3") {
     gguf_arch = "qwen3";
+  } else if (arch == "Phi3ForCausalLM" || arch == "phi3") {
+    gguf_arch = "phi3";  // fused qkv_proj and gate_up_proj, NEOX RoPE, LongRoPE factors
   } else {
     return InvalidArgument("config.json: architecture '{}' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                           "Qwen2ForCausalLM, Qwen3ForCausalLM)", arch);
+                           "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM)", arch);
   }
   const bool neox = gguf_arch != "llama";
   ASSIGN_OR_RETURN(const int64_t dim, IntField(config, "hidden_size"));
@@ -169,14 +172,57 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   out->SetU32(p + "block_count", static_cast<uint32_t>(layers));
   out->SetU32(p + "attention.head_count", static_cast<uint32_t>(heads));
   out->SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(kv_heads));
-  out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  // Phi-3.5/Phi-4-mini may rotate part of each head (partial_rotary_factor).
+  const double rotary = gguf_arch == "phi3" ? NumField(config, "partial_rotary_factor", 1.0) : 1.0;
+  const int64_t rope_dims = gguf_arch == "phi3" ? static_cast<int64_t>(rotary * static_cast<double>(dim)) / heads : head_dim;
+  if (rope_dims <= 0 || rope_dims > head_dim || rope_dims % 2 != 0) {
+    return InvalidArgument("config.json: partial_rotary_factor {} gives {} rotated dims of {}", rotary, rope_dims, head_dim);
+  }
+  out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
   if (head_dim * heads != dim) {
     out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
   out->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(NumField(config, "rms_norm_eps", 1e-5)));
   out->SetF32(p + "rope.freq_base", static_cast<float>(NumField(config, "rope_theta", 10000.0)));
-  if (config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
+  if (gguf_arch == "phi3") {
+    // As llama.cpp's converter: the original context always; with LongRoPE ("longrope", "su") the
+    // long and short divisors as tensors and the attention factor sqrt(1 + ln(s) / ln(original))
+    // for s = context / original.
+    ASSIGN_OR_RETURN(const int64_t original, IntField(config, "original_max_position_embeddings", ctx));
+    if (original <= 0) return InvalidArgument("config.json: original_max_position_embeddings must be positive");
+    out->SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(original));
+    const Json* rs = config.contains("rope_scaling") && config["rope_scaling"].is_object() ? &config["rope_scaling"] : nullptr;
+    if (rs != nullptr && rs->contains("long_factor")) {
+      const std::string kind = rs->value("type", rs->value("rope_type", ""));
+      if (kind != "longrope" && kind != "su") {
+        return InvalidArgument("config.json: phi3 rope_scaling '{}' is not supported (longrope)", kind);
+      }
+      const double scale = static_cast<double>(ctx) / static_cast<double>(original);
+      const double attn = scale > 1.0 ? std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(original))) : 1.0;
+      out->SetF32(p + "rope.scaling.attn_factor", static_cast<float>(attn));
+      for (const auto& [key, name] : {std::pair<const char*, const char*>{"long_factor", "rope_factors_long.weight"},
+                                      std::pair<const char*, const char*>{"short_factor", "rope_factors_short.weight"}}) {
+        const Json& f = (*rs)[key];
+        if (!f.is_array() || static_cast<int64_t>(f.size()) != rope_dims / 2) {
+          return InvalidArgument("config.json: rope_scaling.{} must hold {} numbers", key, rope_dims / 2);
+        }
+        std::vector<float> v;
+        for (const auto& x : f) {
+          if (!x.is_number() || !(x.get<double>() > 0.0) || !std::isfinite(x.get<double>())) {
+            return InvalidArgument("config.json: rope_scaling.{} holds {}, not a positive number", key, x.dump());
+          }
+          v.push_back(x.get<float>());
+        }
+        std::vector<uint8_t> bytes(v.size() * sizeof(float));
+        std::memcpy(bytes.data(), v.data(), bytes.size());
+        RETURN_IF_ERROR(out->AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {static_cast<int64_t>(v.size())},
+                                       std::move(bytes)));
+      }
+    } else if (rs != nullptr) {
+      return InvalidArgument("config.json: phi3 rope_scaling without long_factor is not supported");
+    }
+  } else if (config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
     const Json& rs = config["rope_scaling"];
     const std::string kind = rs.value("type", rs.value("rope_type", ""));
     if (kind == "llama3" && gguf_arch == "llama") {
@@ -260,6 +306,14 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     const std::string h = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
     RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0));
     const int64_t kv_dim = kv_heads * head_dim;
+    if (gguf_arch == "phi3") {  // the fused matrices keep their names' rows as llama.cpp's phi3 reads them
+      RETURN_IF_ERROR(add(h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", {q_dim + 2 * kv_dim, dim}, 0));
+      RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
+      RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {dim}, 0));
+      RETURN_IF_ERROR(add(h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", {2 * ffn, dim}, 0));
+      RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
+      continue;
+    }
     RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, neox ? 0 : heads));
     RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, neox ? 0 : kv_heads));
     RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   add("run", "generate text from a prompt", gale::RegisterRun);
   add("batch", "generate for many prompts at once (JSONL in, JSONL out) with continuous batching",
       gale::RegisterBatch);
-  add("convert", "convert a llama2.c checkpoint or a Hugging Face llama model to GGUF", gale::RegisterConvert);
+  add("convert", "convert a llama2.c checkpoint or a Hugging Face checkpoint (Llama, Mistral, Qwen2/3, Phi-3) to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
   add("serve", "serve the model over an OpenAI-compatible HTTP API", gale::RegisterServe);
   add("loadgen", "load-test an OpenAI-compatible server and report latency and throughput", gale::RegisterLoadgen);
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   add("calibrate-kv", "add calibrated per-channel key statistics for int8/int4 KV caches to a model",
       gale::RegisterCalibrateKv);
   add("eval", "accuracy: perplexity, KL divergence against a base model", gale::RegisterEval);
-  add("synth", "write a deterministic random-weight GGUF (llama, qwen2, qwen3, phi3, gemma3)", gale::RegisterSynth);
+  add("synth", "write a deterministic random-weight GGUF of any supported architecture (see --arch, --shape)", gale::RegisterSynth);
   CLI11_PARSE(app, argc, argv);
   for (auto& e : entries) {
     if (e.sub->parsed()) return e.fn();

@@ -94,7 +94,8 @@ class HfConvertTest : public ::testing::Test {
     shape_.vocab_size = static_cast<int64_t>(tokens.size());
     shape_.context_length = 1024;
     shape_.arch = arch;
-    if (arch == "qwen3") shape_.head_dim = 24;  // as Qwen3: not dim / heads
+    shape_.head_dim = arch == "qwen3" ? 24 : 0;         // as Qwen3: not dim / heads
+    shape_.rope_freqs_ctx = arch == "phi3" ? 256 : 0;  // LongRoPE: the long factors at 1024
     synth_bytes_ = SynthesizeModel(shape_, GgmlType::kF32, 17)->WriteToBytes();
     synth_ = GgufFile::FromBytes(synth_bytes_).value();
     ExportHf();
@@ -133,6 +134,14 @@ class HfConvertTest : public ::testing::Test {
       const int s = static_cast<int>(l);  // one layer per shard
       const std::string h = "model.layers." + std::to_string(l) + ".", g = "blk." + std::to_string(l) + ".";
       put(s, h + "input_layernorm.weight", g + "attn_norm.weight", 0);
+      if (shape_.arch == "phi3") {  // fused as Phi-3's checkpoints store them
+        put(s, h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", 0);
+        put(s, h + "self_attn.o_proj.weight", g + "attn_output.weight", 0);
+        put(s, h + "post_attention_layernorm.weight", g + "ffn_norm.weight", 0);
+        put(s, h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", 0);
+        put(s, h + "mlp.down_proj.weight", g + "ffn_down.weight", 0);
+        continue;
+      }
       put(s, h + "self_attn.q_proj.weight", g + "attn_q.weight", permute ? shape_.num_heads : 0);
       put(s, h + "self_attn.k_proj.weight", g + "attn_k.weight", permute ? shape_.num_kv_heads : 0);
       put(s, h + "self_attn.v_proj.weight", g + "attn_v.weight", 0);
@@ -156,8 +165,10 @@ class HfConvertTest : public ::testing::Test {
     shard[0].push_back(extra);
     WriteBytes(dir_ / "model-00001-of-00002.safetensors", SafetensorsFile::Write(shard[0]));
     WriteBytes(dir_ / "model-00002-of-00002.safetensors", SafetensorsFile::Write(shard[1]));
-    const char* hf_arch = shape_.arch == "qwen2" ? "Qwen2ForCausalLM" : shape_.arch == "qwen3" ? "Qwen3ForCausalLM"
-                                                                                                 : "LlamaForCausalLM";
+    const char* hf_arch = shape_.arch == "qwen2"   ? "Qwen2ForCausalLM"
+                          : shape_.arch == "qwen3" ? "Qwen3ForCausalLM"
+                          : shape_.arch == "phi3"  ? "Phi3ForCausalLM"
+                                                   : "LlamaForCausalLM";
     Json config = {{"architectures", {hf_arch}}, {"hidden_size", shape_.dim}, {"head_dim", hd},
                    {"intermediate_size", shape_.ffn_dim}, {"num_hidden_layers", shape_.num_layers},
                    {"num_attention_heads", shape_.num_heads}, {"num_key_value_heads", shape_.num_kv_heads},
@@ -165,6 +176,17 @@ class HfConvertTest : public ::testing::Test {
                    {"rms_norm_eps", synth_->GetDouble(shape_.arch + ".attention.layer_norm_rms_epsilon", 0.0)},
                    {"rope_theta", synth_->GetDouble(shape_.arch + ".rope.freq_base", 0.0)},
                    {"tie_word_embeddings", false}};
+    if (shape_.arch == "phi3" && shape_.rope_freqs_ctx > 0) {  // LongRoPE as Phi-3.5's config has it
+      auto factors = [&](const char* name) {
+        const GgufTensorInfo* t = synth_->FindTensor(name);
+        const float* f = reinterpret_cast<const float*>(t->data);
+        return std::vector<float>(f, f + t->shape[0]);
+      };
+      config["original_max_position_embeddings"] = shape_.rope_freqs_ctx;
+      config["rope_scaling"] = {{"type", "longrope"},
+                                {"long_factor", factors("rope_factors_long.weight")},
+                                {"short_factor", factors("rope_factors_short.weight")}};
+    }
     WriteText(dir_ / "config.json", config.dump(2));
     auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
     Json vocab = Json::object();
@@ -287,11 +309,12 @@ TEST_F(HfConvertTest, RoundTripsWeightsLogitsAndTokenizer) {
   EXPECT_EQ((*half)->FindTensor("blk.0.attn_norm.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
 }
 
-// Qwen2 (Q/K/V biases) and Qwen3 (per-head norms, head size 24 of dim 64 / 4 heads) round-trip
-// bit for bit, rows unpermuted, and give the same logits; a Qwen2 checkpoint without its biases
-// is an error naming the tensor.
+// Qwen2 (Q/K/V biases), Qwen3 (per-head norms, head size 24 of dim 64 / 4 heads) and Phi-3
+// (fused qkv_proj and gate_up_proj, LongRoPE's factors and attention factor from the config)
+// round-trip bit for bit, rows unpermuted, and give the same logits; a Qwen2 checkpoint without
+// its biases is an error naming the tensor.
 TEST_F(HfConvertTest, QwenRoundTrips) {
-  for (const char* arch : {"qwen2", "qwen3"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3"}) {
     SCOPED_TRACE(arch);
     Build("gpt-2", arch);
     auto out = Convert();
@@ -318,6 +341,13 @@ TEST_F(HfConvertTest, QwenRoundTrips) {
       return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m->hparams().vocab_size);
     };
     EXPECT_EQ(logits(**out), logits(*synth_));
+  }
+  // Phi-3's LongRoPE factors must fit the rotated dims.
+  {
+    auto config = Json::parse(test::ReadFile((dir_ / "config.json").string()));
+    config["rope_scaling"]["long_factor"] = {1.0, 2.0, 3.0};
+    WriteText(dir_ / "config.json", config.dump(2));
+    EXPECT_NE(Convert().status().message().find("rope_scaling.long_factor must hold 8 numbers"), std::string::npos);
   }
   // The qwen2 folder without one bias.
   Build("gpt-2", "qwen2");
