@@ -92,11 +92,21 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     return InvalidArgument("convert writes f32, f16 or bf16 (quantize afterwards with gale quantize)");
   }
   const fs::path dir(dir_name);
-  ASSIGN_OR_RETURN(const Json config, ReadJson(dir / "config.json", true));
+  ASSIGN_OR_RETURN(Json config, ReadJson(dir / "config.json", true));
   std::string arch = config.value("model_type", "");
   if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
       config["architectures"][0].is_string()) {
     arch = config["architectures"][0].get<std::string>();
+  }
+  // Gemma 3's multimodal checkpoints: the text model's config is text_config, its tensors under
+  // language_model (the vision tower is not converted; a note lists what was skipped).
+  if (arch == "Gemma3ForConditionalGeneration") {
+    if (!config.contains("text_config") || !config["text_config"].is_object()) {
+      return InvalidArgument("config.json: Gemma3ForConditionalGeneration without text_config");
+    }
+    const Json text = config["text_config"];
+    for (auto it = text.begin(); it != text.end(); ++it) config[it.key()] = it.value();
+    arch = "Gemma3ForCausalLM";
   }
   // The GGUF architecture: llama (Llama, Mistral: RoPE in normal mode, so q/k rows are permuted
   // from Hugging Face's rotate-half order), qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms),
@@ -110,10 +120,16 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     gguf_arch = "qwen3";
   } else if (arch == "Phi3ForCausalLM" || arch == "phi3") {
     gguf_arch = "phi3";  // fused qkv_proj and gate_up_proj, NEOX RoPE, LongRoPE factors
+  } else if (arch == "Gemma2ForCausalLM" || arch == "gemma2") {
+    gguf_arch = "gemma2";
+  } else if (arch == "Gemma3ForCausalLM" || arch == "gemma3_text") {
+    gguf_arch = "gemma3";
   } else {
     return InvalidArgument("config.json: architecture '{}' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                           "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM)", arch);
+                           "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                           "Gemma3ForConditionalGeneration)", arch);
   }
+  const bool gemma = gguf_arch == "gemma2" || gguf_arch == "gemma3";
   const bool neox = gguf_arch != "llama";
   ASSIGN_OR_RETURN(const int64_t dim, IntField(config, "hidden_size"));
   ASSIGN_OR_RETURN(const int64_t ffn, IntField(config, "intermediate_size"));
@@ -134,7 +150,17 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
                            "the KV heads and of an even size", heads, kv_heads, head_dim, dim);
   }
   const int64_t q_dim = heads * head_dim;
-  const bool tied = config.value("tie_word_embeddings", false);
+  const bool tied = config.value("tie_word_embeddings", gemma);
+  if (gemma && config.contains("query_pre_attn_scalar") && config["query_pre_attn_scalar"].is_number()) {
+    // gale (as llama.cpp) scales queries by 1 / sqrt(head size), or by 1 / sqrt(dim / heads) for
+    // the 27B models; a checkpoint asking for anything else would run with the wrong scale.
+    const bool wide = layers == (gguf_arch == "gemma2" ? 46 : 62);
+    const double want = wide ? static_cast<double>(dim) / static_cast<double>(heads) : static_cast<double>(head_dim);
+    if (config["query_pre_attn_scalar"].get<double>() != want) {
+      return InvalidArgument("config.json: query_pre_attn_scalar {} is not supported for {} layers of head size {} "
+                             "(gale uses {})", config["query_pre_attn_scalar"].dump(), layers, head_dim, want);
+    }
+  }
 
   // Tensors from every safetensors file in the folder (sharded checkpoints too).
   // The writer fills tensors later: each callback keeps its file alive.
@@ -255,13 +281,43 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
                              gguf_arch == "llama" ? ", llama3" : "");
     }
   }
+  if (gemma) {
+    // As llama.cpp's converters: the head size always, Gemma 2's two soft-caps and window, Gemma
+    // 3's window unless every layer is global, and its final soft-cap when it has one.
+    out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+    out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+    if (gguf_arch == "gemma2") {
+      out->SetF32(p + "attn_logit_softcapping", static_cast<float>(NumField(config, "attn_logit_softcapping", 50.0)));
+      out->SetF32(p + "final_logit_softcapping", static_cast<float>(NumField(config, "final_logit_softcapping", 30.0)));
+      ASSIGN_OR_RETURN(const int64_t window, IntField(config, "sliding_window", 4096));
+      out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+    } else {
+      if (config.contains("final_logit_softcapping") && config["final_logit_softcapping"].is_number()) {
+        return InvalidArgument("config.json: gemma3 with final_logit_softcapping is not supported");
+      }
+      if (NumField(config, "sliding_window_pattern", 6.0) != 1.0) {
+        ASSIGN_OR_RETURN(const int64_t window, IntField(config, "sliding_window", 4096));
+        out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+      }
+    }
+  }
   out->SetU32(p + "vocab_size", static_cast<uint32_t>(vocab));
   WriteHfTokenizer(tokenizer, out);
 
   // Weights.
   std::map<std::string, bool> used;
-  auto add = [&](const std::string& hf, const std::string& gguf, std::vector<int64_t> want, int64_t permute_heads,
-                 bool required = true) -> Status {
+  // Gemma's RMSNorm multiplies by 1 + w; GGUF stores 1 + w (norm_shift 1).
+  auto add = [&](const std::string& hf_name, const std::string& gguf, std::vector<int64_t> want, int64_t permute_heads,
+                 bool required = true, float norm_shift = 0.0f) -> Status {
+    std::string hf = hf_name;
+    if (!tensors.count(hf) && hf.rfind("model.", 0) == 0) {  // Gemma 3 multimodal: the text model's names
+      for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+        if (tensors.count(prefix + hf.substr(6))) {
+          hf = prefix + hf.substr(6);
+          break;
+        }
+      }
+    }
     auto it = tensors.find(hf);
     if (it == tensors.end()) {
       if (required) return InvalidArgument("tensor '{}' is missing from the checkpoint", hf);
@@ -297,6 +353,9 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
           from = h * hd + j * (hd / 2) + i;
         }
         DequantizeRowRef(src_type, src + from * src_row, row.data(), cols);
+        if (norm_shift != 0.0f) {
+          for (float& v : row) v += norm_shift;
+        }
         QuantizeRowRef(target, row.data(), dst + r * dst_row, cols);
       }
     });
@@ -304,8 +363,25 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   RETURN_IF_ERROR(add("model.embed_tokens.weight", "token_embd.weight", {vocab, dim}, 0));
   for (int64_t l = 0; l < layers; ++l) {
     const std::string h = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
-    RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0));
+    RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0, true, gemma ? 1.0f : 0.0f));
     const int64_t kv_dim = kv_heads * head_dim;
+    if (gemma) {  // pre and post norms around attention and the FFN, Gemma 3's per-head norms
+      RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, 0));
+      RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, 0));
+      RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));
+      if (gguf_arch == "gemma3") {
+        RETURN_IF_ERROR(add(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", {head_dim}, 0, true, 1.0f));
+        RETURN_IF_ERROR(add(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", {head_dim}, 0, true, 1.0f));
+      }
+      RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
+      RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", {dim}, 0, true, 1.0f));
+      RETURN_IF_ERROR(add(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", {dim}, 0, true, 1.0f));
+      RETURN_IF_ERROR(add(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {ffn, dim}, 0));
+      RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));
+      RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
+      RETURN_IF_ERROR(add(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {dim}, 0, true, 1.0f));
+      continue;
+    }
     if (gguf_arch == "phi3") {  // the fused matrices keep their names' rows as llama.cpp's phi3 reads them
       RETURN_IF_ERROR(add(h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", {q_dim + 2 * kv_dim, dim}, 0));
       RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
@@ -331,7 +407,7 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));
     RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
   }
-  RETURN_IF_ERROR(add("model.norm.weight", "output_norm.weight", {dim}, 0));
+  RETURN_IF_ERROR(add("model.norm.weight", "output_norm.weight", {dim}, 0, true, gemma ? 1.0f : 0.0f));
   if (!tied) RETURN_IF_ERROR(add("lm_head.weight", "output.weight", {vocab, dim}, 0, /*required=*/false));
   for (const auto& [name, t] : tensors) {
     if (!used.count(name)) report.skipped.push_back(name);

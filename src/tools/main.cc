@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   add("run", "generate text from a prompt", gale::RegisterRun);
   add("batch", "generate for many prompts at once (JSONL in, JSONL out) with continuous batching",
       gale::RegisterBatch);
-  add("convert", "convert a llama2.c checkpoint or a Hugging Face checkpoint (Llama, Mistral, Qwen2/3, Phi-3) to GGUF", gale::RegisterConvert);
+  add("convert", "convert a llama2.c checkpoint or a Hugging Face checkpoint (Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3) to GGUF", gale::RegisterConvert);
   add("bench", "measure prefill and decode throughput against the roofline", gale::RegisterBench);
   add("serve", "serve the model over an OpenAI-compatible HTTP API", gale::RegisterServe);
   add("loadgen", "load-test an OpenAI-compatible server and report latency and throughput", gale::RegisterLoadgen);
