@@ -483,14 +483,16 @@ int BpeCharToByte(uint32_t code_point) {
   return code_point < Tables().char_to_byte.size() ? Tables().char_to_byte[code_point] : -1;
 }
 
-std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_digits) {
+std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_digits, bool with_marks) {
   std::vector<uint32_t> cps;
   std::vector<size_t> offsets;
   DecodeAll(text, &cps, &offsets);
   const size_t n = cps.size();
   auto at = [&](size_t i) -> uint32_t { return i < n ? cps[i] : 0xffffffffu; };
   auto ws = [&](size_t i) { return i < n && IsWhitespace(cps[i]); };
-  auto letter = [&](size_t i) { return i < n && IsLetter(cps[i]); };
+  // Qwen3.5: letter runs take combining marks too ([\p{L}\p{M}]+), and marks leave the
+  // punctuation class.
+  auto letter = [&](size_t i) { return i < n && (IsLetter(cps[i]) || (with_marks && IsMark(cps[i]))); };
   auto number = [&](size_t i) { return i < n && IsNumber(cps[i]); };
   auto newline = [&](size_t i) { return i < n && (cps[i] == '\r' || cps[i] == '\n'); };
   auto lower = [](uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; };

@@ -32,7 +32,8 @@ std::vector<std::string_view> SplitDigitTriples(std::string_view text);
 // with one optional leading non-letter/digit/line-break, digits in groups of up to max_digits,
 // punctuation runs with one optional leading space and trailing line breaks, white space ending at
 // its last line break, and white space runs as GPT-2 splits them.
-std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_digits);
+// with_marks (Qwen3.5): combining marks count as letters.
+std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_digits, bool with_marks = false);
 std::vector<std::string_view> PreTokenizeDeepseekCoder(std::string_view text);
 // DeepSeek LLM: line breaks, runs of its letter class and of ASCII/full-width punctuation (each
 // with one optional leading space), trailing white space, CJK runs, digit runs.

@@ -103,9 +103,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       t->ignore_merges_ = true;  // Llama 3's tokenizer.json: a word that is a token is not merged
     } else if (pre == "glm4" || pre == "chatglm-bpe") {
       t->llama3_digits_ = 3;  // Llama 3's expression, merges applied to every word
-    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "qwen35") {
       t->llama3_digits_ = 1;
-      t->nfc_ = true;  // Qwen's tokenizer.json normalizes to NFC first (llama.cpp does not)
+      t->llama3_marks_ = pre == "qwen35";
+      // Qwen2/2.5/3's tokenizer.json normalizes to NFC first (llama.cpp does not); Qwen3.5's
+      // does not (its vectors keep decomposed accents), its letter runs take the marks instead.
+      t->nfc_ = pre != "qwen35";
     } else if (pre == "deepseek-v3") {
       t->deepseek_v3_ = true;
     } else if (pre == "gpt-4o" || pre == "llama4") {
@@ -114,7 +117,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     } else {
       return Unimplemented(
           "pre-tokenizer '{}' is not supported yet (gale has default, gpt-2, mpt, starcoder, refact, command-r, falcon, "
-          "deepseek-coder, deepseek-llm, deepseek-v3, llama3/llama-bpe, glm4, qwen2, gpt-4o)", pre);
+          "deepseek-coder, deepseek-llm, deepseek-v3, llama3/llama-bpe, glm4, qwen2, qwen35, gpt-4o)", pre);
     }
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
@@ -457,7 +460,7 @@ void Tokenizer::EncodeBpe(std::string_view raw, std::vector<int32_t>* out) const
     return;
   }
   if (llama3_digits_ > 0) {
-    for (std::string_view word : PreTokenizeLlama3(text, llama3_digits_)) word_ids(word);
+    for (std::string_view word : PreTokenizeLlama3(text, llama3_digits_, llama3_marks_)) word_ids(word);
     return;
   }
   if (default_pre_) {  // punctuation runs (no backtick), GPT-2's split, number runs, digit triples

@@ -99,6 +99,7 @@ class Tokenizer {
   bool gpt4o_ = false;
   bool nfc_ = false;           // text normalized to Unicode NFC before the split (Qwen2)
   int llama3_digits_ = 0;      // > 0: Llama 3's expression with digit groups of this size (Qwen2: 1)
+  bool llama3_marks_ = false;   // Qwen3.5: combining marks in letter runs
   bool ignore_merges_ = false;  // a word that is itself a token is emitted without merging
   bool spm_chunkable_ = false;  // see EncodeSpm
   size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
