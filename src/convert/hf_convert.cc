@@ -281,6 +281,11 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
                              gguf_arch == "llama" ? ", llama3" : "");
     }
   }
+  if (gguf_arch == "llama" && config.contains("sliding_window") && config["sliding_window"].is_number_integer()) {
+    // Mistral 7B v0.1's window (later Mistral configs set it to null).
+    ASSIGN_OR_RETURN(const int64_t window, IntField(config, "sliding_window"));
+    if (window < ctx) out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+  }
   if (gemma) {
     // As llama.cpp's converters: the head size always, Gemma 2's two soft-caps and window, Gemma
     // 3's window unless every layer is global, and its final soft-cap when it has one.

@@ -207,6 +207,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetF32(p + "final_logit_softcapping", s.final_softcap);
   }
   if (gpt) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 128));
+  if (s.arch == "llama" && s.sliding_window > 0) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));

@@ -23,7 +23,7 @@ struct SynthShape {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 4;
   int64_t head_dim = 0;  // 0: dim / num_heads; else written as attention.key_length / value_length
-  int64_t sliding_window = 0;  // gemma2, gemma3, gpt-oss: attention.sliding_window (0: 512, 512, 128)
+  int64_t sliding_window = 0;  // gemma2, gemma3, gpt-oss: attention.sliding_window (0: 512, 512, 128); llama: none
   float attn_softcap = 50.0f, final_softcap = 30.0f;  // gemma2: the soft-capping of scores and logits
   int64_t ffn_dim = 128;
   int64_t vocab_size = 512;

@@ -81,7 +81,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--tokenizer", o->tokenizer_dir,
                  "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) to write instead of the "
                  "synthetic vocab; the vocab size becomes its");
-  app.add_option("--window", o->custom.sliding_window, "custom gemma2, gemma3, gpt-oss: sliding window (default 512, 512, 128)");
+  app.add_option("--window", o->custom.sliding_window, "custom gemma2, gemma3, gpt-oss: sliding window (default 512, 512, 128); llama: a window on every layer (Mistral v0.1)");
   app.add_option("--attn-softcap", o->custom.attn_softcap, "custom gemma2: attention scores' soft-capping")->capture_default_str();
   app.add_option("--final-softcap", o->custom.final_softcap, "custom gemma2: the logits' soft-capping")->capture_default_str();
   app.add_option("--pooling", o->pooling, "make it an embedding model: its pooling_type (mean | cls | last)");

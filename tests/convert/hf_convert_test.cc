@@ -556,6 +556,15 @@ TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   WriteText(dir_ / "config.json", config.dump(2));
   EXPECT_NE(Convert().status().message().find("'dynamic' is not supported"), std::string::npos);
+  // Mistral 7B v0.1's sliding window becomes the llama file's window on every layer.
+  config.erase("rope_scaling");
+  config["architectures"] = {"MistralForCausalLM"};
+  config["sliding_window"] = 64;
+  WriteText(dir_ / "config.json", config.dump(2));
+  auto mistral = Convert();
+  ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
+  EXPECT_EQ((*mistral)->GetInt("llama.attention.sliding_window", 0), 64);
+  EXPECT_EQ(LoadModel(**mistral).value()->hparams().LayerWindow(1), 64);
 }
 
 // A SentencePiece-style tokenizer.json (Llama 2's kind) becomes GGUF's "llama" tokenizer that

@@ -144,6 +144,40 @@ TEST(RegistryTest, SlidingWindowModelsRefuseAttentionTracking) {
   EXPECT_NE(s.message().find("sliding windows"), std::string::npos) << s.message();
 }
 
+// Mistral 7B v0.1-style llama files (llama.attention.sliding_window) attend over the window on
+// every layer, as Hugging Face's Mistral does (llama.cpp ignores the key, so no llama.cpp logits
+// to compare): with one layer, the last position's logits depend on the window's tokens only, so
+// ten tokens give bitwise the logits of their last four alone at the same positions; the same
+// file without the window differs.
+TEST(RegistryTest, LlamaSlidingWindowAttendsOverTheWindowOnly) {
+  SynthShape shape = test::SmallGqaShape(512);
+  shape.num_layers = 1;
+  shape.sliding_window = 4;
+  const auto bytes = SynthesizeModel(shape, GgmlType::kF32, 5)->WriteToBytes();
+  shape.sliding_window = 0;
+  const auto full_bytes = SynthesizeModel(shape, GgmlType::kF32, 5)->WriteToBytes();
+  auto windowed = LoadModel(**GgufFile::FromBytes(bytes)).value();
+  auto full = LoadModel(**GgufFile::FromBytes(full_bytes)).value();
+  EXPECT_EQ(windowed->hparams().sliding_window, 4);
+  EXPECT_EQ(windowed->hparams().LayerWindow(0), 4);
+  EXPECT_EQ(full->hparams().sliding_window, 0);
+  ThreadPool pool(1);
+  auto last_logits = [&](const Model& m, std::vector<int32_t> tokens, int32_t first_pos) {
+    KvCache kv(m.hparams(), 16);
+    Workspace ws;
+    ForwardBatch b;
+    b.tokens = tokens;
+    for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(first_pos + static_cast<int32_t>(i));
+    EXPECT_TRUE(m.Forward(b, kv, ws, pool).ok());
+    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + m.hparams().vocab_size);
+  };
+  const std::vector<int32_t> ten = {5, 77, 310, 2, 41, 199, 8, 260, 33, 470};
+  const std::vector<int32_t> last4(ten.end() - 4, ten.end());
+  EXPECT_EQ(last_logits(*windowed, ten, 0), last_logits(*windowed, last4, 6));
+  EXPECT_NE(last_logits(*full, ten, 0), last_logits(*full, last4, 6));
+  EXPECT_NE(last_logits(*windowed, ten, 0), last_logits(*full, ten, 0));
+}
+
 TEST(RegistryTest, KeyAndValueHeadSizesThatDifferAreRefused) {
   const auto b = Edited("qwen3", "", {"qwen3.attention.value_length", GgufValue::U32(64)});
   auto m = LoadModel(**GgufFile::FromBytes(b));

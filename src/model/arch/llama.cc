@@ -1,7 +1,8 @@
 // llama (GGUF "llama"): Llama 1-3.x, Mistral-style files, TinyLlama, llama2.c's models. Per layer
 // RMSNorm -> Q, K, V -> RoPE (normal mode; Llama 3.1-3.3's frequency divisors from
 // rope_freqs.weight) -> cache -> attention -> output projection -> residual, RMSNorm -> SwiGLU ->
-// residual; final norm and output layer. Mixtral-style files (llama.expert_count > 0) have a
+// residual; final norm and output layer. A file with llama.attention.sliding_window (Mistral 7B
+// v0.1) attends over that window on every layer. Mixtral-style files (llama.expert_count > 0) have a
 // mixture of experts in place of every FFN: softmax over the experts, the top k renormalized (as
 // llama.cpp's graph), each expert of feed_forward_length.
 #include <cmath>
@@ -26,6 +27,10 @@ class LlamaModel final : public Model {
     m->hp_ = std::move(hp);
     MoeHParams& moe = m->hp_.moe;
     if (moe.enabled()) RETURN_IF_ERROR(moe.SetSoftmaxTopK("llama", m->hp_.ffn_dim));
+    // Mistral 7B v0.1-style files: a sliding window on every layer when the file sets one (as
+    // Hugging Face's Mistral attends; llama.cpp's llama graph ignores the key).
+    m->hp_.sliding_window = file.GetInt(m->hp_.arch + ".attention.sliding_window", 0);
+    if (m->hp_.sliding_window < 0) return InvalidArgument("llama: attention.sliding_window must not be negative");
     const ModelHParams& h = m->hp_;
     TensorLoader tensors(file);
     RETURN_IF_ERROR(m->LoadCommon(file, tensors));
