@@ -25,7 +25,8 @@ extra=("rope_freqs=$tmp/rope_freqs.gguf")
 while read -r name arch dim layers heads kv_heads head_dim ffn rope_ctx yarn; do
   "$build/gale" synth --shape custom --arch "$arch" --dim "$dim" --layers "$layers" --heads "$heads" \
     --kv-heads "$kv_heads" --head-dim "$head_dim" --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 \
-    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 --window 5 --attn-softcap 1.5 --final-softcap 3 \
+    --rope-freqs-ctx "$rope_ctx" --yarn "$yarn" --yarn-orig-ctx 64 --window "$([[ $arch == gemma* ]] && echo 5 || echo 0)" \
+    --attn-softcap 1.5 --final-softcap 3 \
     -o "$tmp/$name.gguf"
   extra+=("$name=$tmp/$name.gguf")
 done <<'SHAPES'

@@ -268,7 +268,9 @@ SynthShape ShapeOf(const ArchShape& a) {
   s.rope_freqs_ctx = a.rope_ctx;
   s.yarn_factor = a.yarn;
   s.yarn_orig_ctx = a.yarn > 0 ? 64 : 0;
-  s.sliding_window = 5;  // gemma3: windows of 5 over 16 tokens (layers 0-4 and 6 windowed, 5 global)
+  // gemma3: windows of 5 over 16 tokens (layers 0-4 and 6 windowed, 5 global); the other
+  // architectures none (a llama file's window, Mistral's, is one llama.cpp ignores).
+  s.sliding_window = std::string(a.arch).rfind("gemma", 0) == 0 ? 5 : 0;
   s.attn_softcap = 1.5f;  // gemma2: caps that bind (scores and logits reach past them)
   s.final_softcap = 3.0f;
   return s;
