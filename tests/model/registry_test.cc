@@ -127,7 +127,8 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
 // error, in the forward pass and in the engine.
 TEST(RegistryTest, SlidingWindowModelsRefuseAttentionTracking) {
   const auto b = Edited("gemma3");
-  auto m = LoadModel(**GgufFile::FromBytes(b)).value();
+  const auto file = GgufFile::FromBytes(b).value();  // outlives the model, which reads its weights in place
+  auto m = LoadModel(*file).value();
   EXPECT_EQ(m->hparams().sliding_window, 8);
   EXPECT_EQ(m->hparams().LayerWindow(5), 0);  // the sixth layer is global
   EXPECT_EQ(m->hparams().LayerWindow(6), 8);
@@ -156,8 +157,10 @@ TEST(RegistryTest, LlamaSlidingWindowAttendsOverTheWindowOnly) {
   const auto bytes = SynthesizeModel(shape, GgmlType::kF32, 5)->WriteToBytes();
   shape.sliding_window = 0;
   const auto full_bytes = SynthesizeModel(shape, GgmlType::kF32, 5)->WriteToBytes();
-  auto windowed = LoadModel(**GgufFile::FromBytes(bytes)).value();
-  auto full = LoadModel(**GgufFile::FromBytes(full_bytes)).value();
+  // The files outlive the models, which read their weights in place.
+  const auto windowed_file = GgufFile::FromBytes(bytes).value(), full_file = GgufFile::FromBytes(full_bytes).value();
+  auto windowed = LoadModel(*windowed_file).value();
+  auto full = LoadModel(*full_file).value();
   EXPECT_EQ(windowed->hparams().sliding_window, 4);
   EXPECT_EQ(windowed->hparams().LayerWindow(0), 4);
   EXPECT_EQ(full->hparams().sliding_window, 0);
