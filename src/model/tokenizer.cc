@@ -16,7 +16,7 @@
 namespace gale {
 namespace {
 
-constexpr std::string_view kSpaceMarker = "▁";  // U+2581 '▁'
+constexpr std::string_view kSpaceMarker = "\xe2\x96\x81";  // U+2581 '▁'
 
 std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {
   std::string out;
@@ -86,33 +86,36 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     // No pre-tokenizer named: llama.cpp's default one (gpt-neox's files have none).
     const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "default";
     if (pre == "gpt-2" || pre == "mpt") {
-      t->split_digits_ = false;
+      t->split_ = BpeSplit::kGpt2;
     } else if (pre == "default") {
-      t->default_pre_ = true;
+      t->split_ = BpeSplit::kDefault;
     } else if (pre == "starcoder" || pre == "refact" || pre == "command-r") {
-      t->split_digits_ = true;  // every digit its own piece before the GPT-2 split
+      t->split_ = BpeSplit::kDigitsThenGpt2;  // every digit its own piece before the GPT-2 split
     } else if (pre == "falcon") {
-      t->falcon_ = true;
+      t->split_ = BpeSplit::kFalcon;
     } else if (pre == "deepseek-coder") {
-      t->deepseek_coder_ = true;
+      t->split_ = BpeSplit::kDeepseekCoder;
     } else if (pre == "deepseek-llm") {
-      t->deepseek_llm_ = true;
+      t->split_ = BpeSplit::kDeepseekLlm;
     } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "dbrx" || pre == "smaug-bpe" ||
                pre == "falcon3" || pre == "pixtral") {
+      t->split_ = BpeSplit::kLlama3;
       t->llama3_digits_ = 3;
       t->ignore_merges_ = true;  // Llama 3's tokenizer.json: a word that is a token is not merged
     } else if (pre == "glm4" || pre == "chatglm-bpe") {
+      t->split_ = BpeSplit::kLlama3;
       t->llama3_digits_ = 3;  // Llama 3's expression, merges applied to every word
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "qwen35") {
+      t->split_ = BpeSplit::kLlama3;
       t->llama3_digits_ = 1;
       t->llama3_marks_ = pre == "qwen35";
       // Qwen2/2.5/3's tokenizer.json normalizes to NFC first (llama.cpp does not); Qwen3.5's
       // does not (its vectors keep decomposed accents), its letter runs take the marks instead.
       t->nfc_ = pre != "qwen35";
     } else if (pre == "deepseek-v3") {
-      t->deepseek_v3_ = true;
+      t->split_ = BpeSplit::kDeepseekV3;
     } else if (pre == "gpt-4o" || pre == "llama4") {
-      t->gpt4o_ = true;
+      t->split_ = BpeSplit::kGpt4o;
       t->ignore_merges_ = true;  // o200k's tokenizer.json: a word that is a token is not merged
     } else {
       return Unimplemented(
@@ -443,47 +446,43 @@ void Tokenizer::EncodeBpe(std::string_view raw, std::vector<int32_t>* out) const
   auto word_ids = [&](std::string_view word) {
     cache.Emit(word, [this](std::string_view w, std::vector<int32_t>* ids) { BpeWord(w, ids); }, out);
   };
-  if (deepseek_coder_) {
-    for (std::string_view word : PreTokenizeDeepseekCoder(text)) word_ids(word);
-    return;
-  }
-  if (deepseek_llm_) {
-    for (std::string_view word : PreTokenizeDeepseekLlm(text)) word_ids(word);
-    return;
-  }
-  if (deepseek_v3_) {
-    for (std::string_view word : PreTokenizeDeepseekV3(text)) word_ids(word);
-    return;
-  }
-  if (gpt4o_) {
-    for (std::string_view word : PreTokenizeGpt4o(text)) word_ids(word);
-    return;
-  }
-  if (llama3_digits_ > 0) {
-    for (std::string_view word : PreTokenizeLlama3(text, llama3_digits_, llama3_marks_)) word_ids(word);
-    return;
-  }
-  if (default_pre_) {  // punctuation runs (no backtick), GPT-2's split, number runs, digit triples
-    for (std::string_view a : SplitPunctuationRuns(text, false)) {
-      for (std::string_view b : PreTokenizeGpt2(a)) {
-        for (std::string_view c : SplitNumberRuns(b)) {
-          for (std::string_view d : SplitDigitTriples(c)) word_ids(d);
+  switch (split_) {
+    case BpeSplit::kGpt2:
+      for (std::string_view word : PreTokenizeGpt2(text)) word_ids(word);
+      return;
+    case BpeSplit::kDeepseekCoder:
+      for (std::string_view word : PreTokenizeDeepseekCoder(text)) word_ids(word);
+      return;
+    case BpeSplit::kDeepseekLlm:
+      for (std::string_view word : PreTokenizeDeepseekLlm(text)) word_ids(word);
+      return;
+    case BpeSplit::kDeepseekV3:
+      for (std::string_view word : PreTokenizeDeepseekV3(text)) word_ids(word);
+      return;
+    case BpeSplit::kGpt4o:
+      for (std::string_view word : PreTokenizeGpt4o(text)) word_ids(word);
+      return;
+    case BpeSplit::kLlama3:
+      for (std::string_view word : PreTokenizeLlama3(text, llama3_digits_, llama3_marks_)) word_ids(word);
+      return;
+    case BpeSplit::kDefault:  // punctuation runs (no backtick), GPT-2's split, number runs, digit triples
+      for (std::string_view a : SplitPunctuationRuns(text, false)) {
+        for (std::string_view b : PreTokenizeGpt2(a)) {
+          for (std::string_view c : SplitNumberRuns(b)) {
+            for (std::string_view d : SplitDigitTriples(c)) word_ids(d);
+          }
         }
       }
-    }
-    return;
-  }
-  if (falcon_) {
-    for (std::string_view a : SplitPunctuationRuns(text)) {
-      for (std::string_view b : PreTokenizeGpt2(a)) {
-        for (std::string_view c : SplitDigitTriples(b)) word_ids(c);
+      return;
+    case BpeSplit::kFalcon:
+      for (std::string_view a : SplitPunctuationRuns(text)) {
+        for (std::string_view b : PreTokenizeGpt2(a)) {
+          for (std::string_view c : SplitDigitTriples(b)) word_ids(c);
+        }
       }
-    }
-    return;
-  }
-  if (!split_digits_) {
-    for (std::string_view word : PreTokenizeGpt2(text)) word_ids(word);
-    return;
+      return;
+    case BpeSplit::kDigitsThenGpt2:
+      break;
   }
   // Each number character is a piece of its own; the runs between them go through GPT-2's split.
   size_t run_start = 0;
@@ -504,22 +503,25 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   return Encode(text, add_special, parse_special, {});
 }
 
+int32_t Tokenizer::SpecialAt(std::string_view text, size_t i, size_t room, SpecialKinds kinds) const {
+  for (int32_t id : special_ids_) {
+    const bool user = types_[id] == TokenType::kUserDefined;
+    if ((user && kinds == SpecialKinds::kControl) || (!user && kinds == SpecialKinds::kUserDefined)) continue;
+    if (tokens_[id].size() <= room && text.compare(i, tokens_[id].size(), tokens_[id]) == 0) return id;
+  }
+  return -1;
+}
+
 std::vector<std::pair<size_t, size_t>> Tokenizer::ControlTextSpans(std::string_view s) const {
   std::vector<std::pair<size_t, size_t>> spans;
   for (size_t i = 0; i < s.size();) {
-    size_t len = 0;
-    for (int32_t id : special_ids_) {
-      if (types_[id] != TokenType::kUserDefined && s.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
-        len = tokens_[id].size();
-        break;
-      }
-    }
-    if (len == 0) {
+    const int32_t id = SpecialAt(s, i, s.size() - i, SpecialKinds::kControl);
+    if (id < 0) {
       ++i;
       continue;
     }
-    spans.emplace_back(i, i + len);
-    i += len;
+    spans.emplace_back(i, i + tokens_[id].size());
+    i += tokens_[id].size();
   }
   return spans;
 }
@@ -552,14 +554,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
     // Inside a literal range nothing matches; before one, a match must end where it starts.
     const bool in_literal = next_literal < literal.size() && literal[next_literal].first <= i;
     const size_t room = in_literal ? 0 : next_literal < literal.size() ? literal[next_literal].first - i : text.size() - i;
-    int32_t match = -1;
-    for (int32_t id : special_ids_) {
-      if (types_[id] != TokenType::kUserDefined && !parse_special) continue;
-      if (tokens_[id].size() <= room && text.compare(i, tokens_[id].size(), tokens_[id]) == 0) {
-        match = id;
-        break;
-      }
-    }
+    const int32_t match = SpecialAt(text, i, room, parse_special ? SpecialKinds::kAll : SpecialKinds::kUserDefined);
     if (match < 0) {
       ++i;
       continue;
@@ -640,7 +635,7 @@ std::string Detokenizer::Push(int32_t id) {
     const int len = Utf8CharLength(std::string_view(pending_).substr(i));
     if (len == 0) break;  // incomplete: wait for more bytes
     if (len < 0) {
-      out += "�";  // U+FFFD for an invalid byte
+      out += "\xef\xbf\xbd";  // U+FFFD for an invalid byte
       ++i;
       continue;
     }
@@ -653,7 +648,7 @@ std::string Detokenizer::Push(int32_t id) {
 
 std::string Detokenizer::Flush() {
   // An incomplete character at the end of the stream becomes one replacement character.
-  std::string out = pending_.empty() ? "" : "�";
+  std::string out = pending_.empty() ? "" : "\xef\xbf\xbd";
   pending_.clear();
   return out;
 }

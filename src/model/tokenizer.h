@@ -86,20 +86,30 @@ class Tokenizer {
   void BpeWord(std::string_view word, std::vector<int32_t>* out) const;
 
   void EncodeWpm(std::string_view text, std::vector<int32_t>* out) const;
+  // The first special token (special_ids_ order: longest text first) of the given kinds whose text
+  // starts at text[i] and fits in room bytes; -1 when none does.
+  enum class SpecialKinds { kAll, kUserDefined, kControl /* control and unknown */ };
+  int32_t SpecialAt(std::string_view text, size_t i, size_t room, SpecialKinds kinds) const;
 
   enum class Kind { kSpm, kBpe, kWpm };
   Kind kind_ = Kind::kSpm;
   std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> merge_rank_;  // "left right" -> rank
-  bool split_digits_ = false;  // BPE pre-tokenizers that isolate each digit first (starcoder, refact)
-  bool falcon_ = false;        // falcon: punctuation runs first, digit triples last
-  bool default_pre_ = false;   // llama.cpp's default: falcon's passes without `, plus number runs
-  bool deepseek_coder_ = false;
-  bool deepseek_llm_ = false;
-  bool deepseek_v3_ = false;
-  bool gpt4o_ = false;
-  bool nfc_ = false;           // text normalized to Unicode NFC before the split (Qwen2)
-  int llama3_digits_ = 0;      // > 0: Llama 3's expression with digit groups of this size (Qwen2: 1)
-  bool llama3_marks_ = false;   // Qwen3.5: combining marks in letter runs
+  // How byte-level BPE text is cut into words before merging (tokenizer.ggml.pre).
+  enum class BpeSplit {
+    kGpt2,            // gpt-2, mpt
+    kDigitsThenGpt2,  // starcoder, refact, command-r: every digit its own piece first
+    kFalcon,          // punctuation runs first, digit triples last
+    kDefault,         // llama.cpp's default: falcon's passes without `, plus number runs
+    kDeepseekCoder,
+    kDeepseekLlm,
+    kDeepseekV3,
+    kGpt4o,
+    kLlama3,          // Llama 3's expression (llama3_digits_, llama3_marks_): llama3, glm4, qwen2, qwen35
+  };
+  BpeSplit split_ = BpeSplit::kGpt2;
+  bool nfc_ = false;            // text normalized to Unicode NFC before the split (Qwen2)
+  int llama3_digits_ = 0;       // kLlama3: digit groups of up to this size (Qwen2: 1)
+  bool llama3_marks_ = false;   // kLlama3, Qwen3.5: combining marks in letter runs
   bool ignore_merges_ = false;  // a word that is itself a token is emitted without merging
   bool spm_chunkable_ = false;  // see EncodeSpm
   size_t max_token_bytes_ = 0;  // longest token text (WordPiece's longest-match bound)
