@@ -255,6 +255,13 @@ size_t Contraction(const Cps& c, size_t i) {
   return 0;
 }
 
+// \p{N}{1,max} at i: its length, or 0.
+size_t DigitGroup(const Cps& c, size_t i, size_t max) {
+  size_t e = i;
+  while (e < c.size() && e - i < max && IsNumber(c[e])) ++e;
+  return e - i;
+}
+
 // The white space alternatives shared by the expressions below, tried in order at i:
 // \s*[\r\n]+ (up to the last line break of the white space run), \s+(?!\S), \s+.
 size_t WhitespaceTail(const Cps& c, size_t i) {
@@ -311,11 +318,7 @@ size_t MatchGpt4o(const Cps& c, size_t i) {
       if (end > 0) return end + Contraction(c, end) - i;
     }
   }
-  if (IsNumber(c[i])) {
-    size_t e = i;
-    while (e < n && e - i < 3 && IsNumber(c[e])) ++e;
-    return e - i;
-  }
+  if (const size_t digits = DigitGroup(c, i, 3)) return digits;
   auto other = [](uint32_t x) { return !IsWhitespace(x) && !IsLetter(x) && !IsNumber(x); };
   size_t j = i;
   if (c[j] == ' ' && j + 1 < n && other(c[j + 1])) ++j;
@@ -373,11 +376,7 @@ std::vector<std::string_view> PreTokenizeGpt4o(std::string_view text) {
 
 std::vector<std::string_view> PreTokenizeDeepseekV3(std::string_view text) {
   static const std::vector<Pass> passes = {
-      [](const Cps& c, size_t i) -> size_t {  // \p{N}{1,3}
-        size_t e = i;
-        while (e < c.size() && e - i < 3 && IsNumber(c[e])) ++e;
-        return e - i;
-      },
+      [](const Cps& c, size_t i) { return DigitGroup(c, i, 3); },  // \p{N}{1,3}
       Run([](uint32_t x) {  // [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+
         return (x >= 0x4e00 && x <= 0x9fa5) || (x >= 0x3040 && x <= 0x309f) || (x >= 0x30a0 && x <= 0x30ff);
       }),
@@ -488,26 +487,19 @@ std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_d
   std::vector<size_t> offsets;
   DecodeAll(text, &cps, &offsets);
   const size_t n = cps.size();
-  auto at = [&](size_t i) -> uint32_t { return i < n ? cps[i] : 0xffffffffu; };
   auto ws = [&](size_t i) { return i < n && IsWhitespace(cps[i]); };
   // Qwen3.5: letter runs take combining marks too ([\p{L}\p{M}]+), and marks leave the
   // punctuation class.
   auto letter = [&](size_t i) { return i < n && (IsLetter(cps[i]) || (with_marks && IsMark(cps[i]))); };
   auto number = [&](size_t i) { return i < n && IsNumber(cps[i]); };
   auto newline = [&](size_t i) { return i < n && (cps[i] == '\r' || cps[i] == '\n'); };
-  auto lower = [](uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; };
 
   std::vector<std::string_view> words;
   size_t pos = 0;
   while (pos < n) {
-    size_t end = pos;
     const uint32_t c = cps[pos];
     // (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
-    if (c == '\'') {
-      const uint32_t c1 = lower(at(pos + 1)), c2 = lower(at(pos + 2));
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') end = pos + 2;
-      else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) end = pos + 3;
-    }
+    size_t end = pos + Contraction(cps, pos);
     // [^\r\n\p{L}\p{N}]?\p{L}+
     if (end == pos) {
       const bool lead = !newline(pos) && !letter(pos) && !number(pos) && letter(pos + 1);
@@ -517,9 +509,7 @@ std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_d
       }
     }
     // \p{N}{1,3} (or one digit at a time)
-    if (end == pos && number(pos)) {
-      while (number(end) && end - pos < static_cast<size_t>(max_digits)) ++end;
-    }
+    if (end == pos) end = pos + DigitGroup(cps, pos, static_cast<size_t>(max_digits));
     // " ?[^\s\p{L}\p{N}]+[\r\n]*"
     if (end == pos) {
       const size_t start = c == ' ' ? pos + 1 : pos;
@@ -530,24 +520,8 @@ std::vector<std::string_view> PreTokenizeLlama3(std::string_view text, int max_d
         while (newline(end)) ++end;
       }
     }
-    if (end == pos) {
-      size_t run = pos;
-      while (ws(run)) ++run;
-      // \s*[\r\n]+ : the white space up to and including its last line break.
-      size_t last_nl = n;
-      for (size_t i = pos; i < run; ++i) {
-        if (newline(i)) last_nl = i;
-      }
-      if (last_nl != n) {
-        end = last_nl + 1;
-      } else if (run > pos) {
-        // \s+(?!\S)|\s+ : the run, less its last character when a non-space follows.
-        end = run;
-        if (end < n && end - pos > 1) --end;
-      } else {
-        end = pos + 1;  // unreachable: every character is one of the classes above
-      }
-    }
+    // \s*[\r\n]+|\s+(?!\S)|\s+ (every character is one of the classes above or white space)
+    if (end == pos) end = pos + std::max<size_t>(WhitespaceTail(cps, pos), 1);
     words.push_back(text.substr(offsets[pos], offsets[end] - offsets[pos]));
     pos = end;
   }
