@@ -199,13 +199,13 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   out->SetU32(p + "attention.head_count", static_cast<uint32_t>(heads));
   out->SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(kv_heads));
   // Phi-3.5/Phi-4-mini may rotate part of each head (partial_rotary_factor).
-  const double rotary = gguf_arch == "phi3" ? NumField(config, "partial_rotary_factor", 1.0) : 1.0;
+  const double rotary = NumField(config, "partial_rotary_factor", 1.0);
   const int64_t rope_dims = gguf_arch == "phi3" ? static_cast<int64_t>(rotary * static_cast<double>(dim)) / heads : head_dim;
   if (rope_dims <= 0 || rope_dims > head_dim || rope_dims % 2 != 0) {
     return InvalidArgument("config.json: partial_rotary_factor {} gives {} rotated dims of {}", rotary, rope_dims, head_dim);
   }
   out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
-  if (head_dim * heads != dim) {
+  if (head_dim * heads != dim || gemma) {  // Gemma's converters write the head size always
     out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
@@ -287,10 +287,8 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     if (window < ctx) out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
   }
   if (gemma) {
-    // As llama.cpp's converters: the head size always, Gemma 2's two soft-caps and window, Gemma
-    // 3's window unless every layer is global, and its final soft-cap when it has one.
-    out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
-    out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+    // As llama.cpp's converters: Gemma 2's two soft-caps and window, Gemma 3's window unless
+    // every layer is global (its final soft-cap is refused).
     if (gguf_arch == "gemma2") {
       out->SetF32(p + "attn_logit_softcapping", static_cast<float>(NumField(config, "attn_logit_softcapping", 50.0)));
       out->SetF32(p + "final_logit_softcapping", static_cast<float>(NumField(config, "final_logit_softcapping", 30.0)));
@@ -368,49 +366,43 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   RETURN_IF_ERROR(add("model.embed_tokens.weight", "token_embd.weight", {vocab, dim}, 0));
   for (int64_t l = 0; l < layers; ++l) {
     const std::string h = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
-    RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0, true, gemma ? 1.0f : 0.0f));
+    // One layer's tensors: Phi-3 keeps Q, K, V and gate, up fused (row ranges as llama.cpp's phi3
+    // reads them); Gemma's norms (its 1 + w) sit before and after attention and the FFN.
+    const float shift = gemma ? 1.0f : 0.0f;
     const int64_t kv_dim = kv_heads * head_dim;
-    if (gemma) {  // pre and post norms around attention and the FFN, Gemma 3's per-head norms
-      RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, 0));
-      RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, 0));
-      RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));
-      if (gguf_arch == "gemma3") {
-        RETURN_IF_ERROR(add(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", {head_dim}, 0, true, 1.0f));
-        RETURN_IF_ERROR(add(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", {head_dim}, 0, true, 1.0f));
-      }
-      RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
-      RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", {dim}, 0, true, 1.0f));
-      RETURN_IF_ERROR(add(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", {dim}, 0, true, 1.0f));
-      RETURN_IF_ERROR(add(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {ffn, dim}, 0));
-      RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));
-      RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
-      RETURN_IF_ERROR(add(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {dim}, 0, true, 1.0f));
-      continue;
-    }
-    if (gguf_arch == "phi3") {  // the fused matrices keep their names' rows as llama.cpp's phi3 reads them
+    RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0, true, shift));
+    if (gguf_arch == "phi3") {
       RETURN_IF_ERROR(add(h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", {q_dim + 2 * kv_dim, dim}, 0));
-      RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
-      RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {dim}, 0));
-      RETURN_IF_ERROR(add(h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", {2 * ffn, dim}, 0));
-      RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
-      continue;
+    } else {
+      RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, neox ? 0 : heads));
+      RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, neox ? 0 : kv_heads));
+      RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));
     }
-    RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, neox ? 0 : heads));
-    RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, neox ? 0 : kv_heads));
-    RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));
     if (gguf_arch == "qwen2") {
       RETURN_IF_ERROR(add(h + "self_attn.q_proj.bias", g + "attn_q.bias", {q_dim}, 0));
       RETURN_IF_ERROR(add(h + "self_attn.k_proj.bias", g + "attn_k.bias", {kv_dim}, 0));
       RETURN_IF_ERROR(add(h + "self_attn.v_proj.bias", g + "attn_v.bias", {kv_dim}, 0));
-    } else if (gguf_arch == "qwen3") {
-      RETURN_IF_ERROR(add(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", {head_dim}, 0));
-      RETURN_IF_ERROR(add(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", {head_dim}, 0));
+    } else if (gguf_arch == "qwen3" || gguf_arch == "gemma3") {
+      RETURN_IF_ERROR(add(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", {head_dim}, 0, true, shift));
+      RETURN_IF_ERROR(add(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", {head_dim}, 0, true, shift));
     }
     RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
-    RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {dim}, 0));
-    RETURN_IF_ERROR(add(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {ffn, dim}, 0));
-    RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));
+    if (gemma) {
+      RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", {dim}, 0, true, shift));
+      RETURN_IF_ERROR(add(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", {dim}, 0, true, shift));
+    } else {
+      RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {dim}, 0));
+    }
+    if (gguf_arch == "phi3") {
+      RETURN_IF_ERROR(add(h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", {2 * ffn, dim}, 0));
+    } else {
+      RETURN_IF_ERROR(add(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {ffn, dim}, 0));
+      RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));
+    }
     RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
+    if (gemma) {
+      RETURN_IF_ERROR(add(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {dim}, 0, true, shift));
+    }
   }
   RETURN_IF_ERROR(add("model.norm.weight", "output_norm.weight", {dim}, 0, true, gemma ? 1.0f : 0.0f));
   if (!tied) RETURN_IF_ERROR(add("lm_head.weight", "output.weight", {vocab, dim}, 0, /*required=*/false));

