@@ -125,6 +125,14 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Token ids written as numbers separated by white space (a line of llama.cpp's .out files).
+inline std::vector<int32_t> ParseIds(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<int32_t> ids;
+  for (int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
 // Texts in llama.cpp's .inp format: each followed by "\n__ggml_vocab_test__\n".
 inline std::vector<std::string> SplitVocabTexts(const std::string& inp) {
   const std::string sep = "\n__ggml_vocab_test__\n";

@@ -184,24 +184,10 @@ TEST(TokenizerTest, LlamaCppVectors) {
     std::unique_ptr<GgufFile> keep;
     auto tok = LoadTok(base, &keep);
     ASSERT_TRUE(tok);
-    const std::string inp = ReadFile(base + ".inp");
-    const std::string out = ReadFile(base + ".out");
-    const std::string sep = "\n__ggml_vocab_test__\n";
-    std::vector<std::string> inputs;
-    for (size_t at = 0;;) {
-      size_t next = inp.find(sep, at);
-      if (next == std::string::npos) break;
-      inputs.push_back(inp.substr(at, next - at));
-      at = next + sep.size();
-    }
+    const std::vector<std::string> inputs = test::SplitVocabTexts(ReadFile(base + ".inp"));
     std::vector<std::vector<int32_t>> outputs;
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);) {
-      std::istringstream ids(line);
-      std::vector<int32_t> v;
-      for (int32_t id; ids >> id;) v.push_back(id);
-      outputs.push_back(v);
-    }
+    std::istringstream lines(ReadFile(base + ".out"));
+    for (std::string line; std::getline(lines, line);) outputs.push_back(test::ParseIds(line));
     ASSERT_EQ(inputs.size(), outputs.size()) << name;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto ids = tok->Encode(inputs[i], false, false);
@@ -240,20 +226,14 @@ TEST(TokenizerTest, EdgeCasesMatchLlamaCpp) {
     std::istringstream llama_lines(ReadFile(e.path().string()));
     int differs_from_llama = 0;
     size_t i = 0;
-    auto ids = [](const std::string& s) {
-      std::istringstream in(s);
-      std::vector<int32_t> v;
-      for (int32_t id; in >> id;) v.push_back(id);
-      return v;
-    };
     for (std::string line, llama_line; std::getline(lines, line) && std::getline(llama_lines, llama_line); ++i) {
       ASSERT_LT(i, inputs.size()) << name;
       differs_from_llama += line != llama_line;
       const size_t tab = line.find('\t');
       ASSERT_NE(tab, std::string::npos) << name;
-      EXPECT_EQ(tok->Encode(inputs[i], false, false), ids(line.substr(0, tab)))
+      EXPECT_EQ(tok->Encode(inputs[i], false, false), test::ParseIds(line.substr(0, tab)))
           << name << " #" << i << " '" << inputs[i] << "' (special-token texts as text)";
-      EXPECT_EQ(tok->Encode(inputs[i], false, true), ids(line.substr(tab + 1)))
+      EXPECT_EQ(tok->Encode(inputs[i], false, true), test::ParseIds(line.substr(tab + 1)))
           << name << " #" << i << " '" << inputs[i] << "' (special-token texts parsed)";
     }
     EXPECT_EQ(i, inputs.size()) << name;
