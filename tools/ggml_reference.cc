@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file.h"
 #include "base/rng.h"
 #include "gguf/gguf_file.h"
 #include "gguf/ggml_types.h"
@@ -495,14 +496,9 @@ void Tokenize(const LlamaApi& api, const std::string& vocab_path, const std::str
   void* model = api.load(vocab_path.c_str(), mp);
   if (model == nullptr) Fail("llama.cpp could not load " + vocab_path);
   const void* vocab = api.vocab_of(model);
-  std::string text;
-  {
-    FILE* f = std::fopen(inputs.c_str(), "rb");
-    if (f == nullptr) Fail("cannot read " + inputs);
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
-    std::fclose(f);
-  }
+  auto read = gale::ReadTextFile(inputs);
+  Check(read.status());
+  const std::string& text = *read;
   FILE* o = std::fopen(out.c_str(), "wb");
   if (o == nullptr) Fail("cannot write " + out);
   const std::string sep = "\n__ggml_vocab_test__\n";

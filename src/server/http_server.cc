@@ -107,9 +107,8 @@ StatusOr<std::string> RenderChat(const ServingState& state, const Json& messages
   const std::string eos = tok.eos_id() >= 0 ? tok.TokenText(tok.eos_id()) : "";
   // Strings from the request stay text where they spell a special token (see
   // MarkLiteralSpecialTexts), unless the caller asked for them to be parsed.
-  if (parse_special) return state.chat_template->Apply(TemplateMessages(messages), add_generation_prompt, bos, eos, extra);
-  return state.chat_template->Apply(MarkLiteralSpecialTexts(tok, TemplateMessages(messages)), add_generation_prompt,
-                                    bos, eos, MarkLiteralSpecialTexts(tok, extra));
+  auto request = [&](const Json& v) { return parse_special ? v : MarkLiteralSpecialTexts(tok, v); };
+  return state.chat_template->Apply(request(TemplateMessages(messages)), add_generation_prompt, bos, eos, request(extra));
 }
 
 // Says once per field name (not per request) that a field was ignored.

@@ -503,7 +503,6 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
       }
     }
     if (auto e = boolean("parallel_tool_calls", &r.parallel_tool_calls)) return *e;
-    r.parse_special = false;  // message strings stay text unless the caller asks
     if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
       if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       r.chat_template_kwargs = j["chat_template_kwargs"];
