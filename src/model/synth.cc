@@ -201,13 +201,13 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma || glm ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : gpt ? 150000.0f : 10000.0f);
   if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
-  if (gemma) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
+  // The window: Gemma's and gpt-oss's always (512, 128 unless set), a llama file's when set.
+  const int64_t window = s.sliding_window > 0 ? s.sliding_window : gemma ? 512 : gpt ? 128 : 0;
+  if ((gemma || gpt || s.arch == "llama") && window > 0) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
   if (s.arch == "gemma2") {
     w.SetF32(p + "attn_logit_softcapping", s.attn_softcap);
     w.SetF32(p + "final_logit_softcapping", s.final_softcap);
   }
-  if (gpt) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 128));
-  if (s.arch == "llama" && s.sliding_window > 0) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
   w.SetU32(p + "vocab_size", static_cast<uint32_t>(s.vocab_size));
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
