@@ -42,4 +42,14 @@ function startServer(gale, args, { timeoutMs = 60000 } = {}) {
   });
 }
 
-module.exports = { check, finish, startServer };
+// Resolves once the server's log holds `text`: its stderr is a separate pipe, so a line written
+// before an HTTP response can reach the test after the response does.
+async function waitForLog(server, text, { timeoutMs = 5000 } = {}) {
+  const end = Date.now() + timeoutMs;
+  while (!server.log().includes(text)) {
+    if (Date.now() > end) throw new Error(`the server log never said: ${text}\n${server.log().slice(-3000)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+module.exports = { check, finish, startServer, waitForLog };
