@@ -109,6 +109,16 @@ for pool in mean cls last; do
     --ffn 512 --vocab 512 --ctx 256 --type f32 --seed 7 --pooling "$pool" -o "$tmp/qwen3_embd_$pool.gguf"
   extra+=("qwen3_embd_$pool=$tmp/qwen3_embd_$pool.gguf")
 done
+# BERT encoders (bidirectional attention, learned positions, LayerNorm, GELU; pooled mean and CLS):
+# llama.cpp's pooled embeddings of the tokens in one batch (the test's kBertShapes).
+while read -r name dim layers heads ffn pool; do
+  "$build/gale" synth --shape custom --arch bert --dim "$dim" --layers "$layers" --heads "$heads" --kv-heads "$heads" \
+    --ffn "$ffn" --vocab 512 --ctx 256 --type f32 --seed 7 --pooling "$pool" -o "$tmp/$name.gguf"
+  extra+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+bert_mean 256 2 4 512 mean
+bert_cls_odd 192 3 3 320 cls
+SHAPES
 mkdir -p tests/data/llamacpp
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \
     "${extra[@]}" 2> "$tmp/log" ||

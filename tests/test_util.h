@@ -95,6 +95,7 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.num_experts = 4;
     s.experts_used = 2;
   }
+  if (arch == "bert") s.num_kv_heads = s.num_heads;  // an encoder: multi-head attention, learned positions
   if (arch == "phi3") s.rope_freqs_ctx = 128;  // LongRoPE, the long factors (context 512)
   if (arch == "gemma3") {  // seven layers (the sixth global), windows of 8 that bind in every test
     s.num_layers = 7;

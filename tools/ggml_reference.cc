@@ -405,15 +405,19 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
   constexpr int kNumTokens = static_cast<int>(std::size(kTokens));
   for (size_t m = 0; m < models.size(); ++m) {
     const auto& [name, path] = models[m];
-    const LlamaSession s(api, path, 0, 0, 1, /*f32_kv=*/m >= num_default_kv);
-    std::vector<float> logits(static_cast<size_t>(s.vocab) * kNumTokens);
-    for (int i = 0; i < kNumTokens; ++i) {
-      int32_t token = kTokens[i];
-      s.Decode(&token, 1);
-      std::memcpy(logits.data() + static_cast<size_t>(i) * s.vocab, api.logits_ith(s.ctx, -1), s.vocab * sizeof(float));
+    // An encoder (bert*) has no logits and no cache: only its pooled embedding, below.
+    const bool encoder = name.rfind("bert", 0) == 0;
+    if (!encoder) {
+      const LlamaSession s(api, path, 0, 0, 1, /*f32_kv=*/m >= num_default_kv);
+      std::vector<float> logits(static_cast<size_t>(s.vocab) * kNumTokens);
+      for (int i = 0; i < kNumTokens; ++i) {
+        int32_t token = kTokens[i];
+        s.Decode(&token, 1);
+        std::memcpy(logits.data() + static_cast<size_t>(i) * s.vocab, api.logits_ith(s.ctx, -1), s.vocab * sizeof(float));
+      }
+      Check(w.AddTensor(name, 0, {s.vocab, kNumTokens}, Bytes(logits.data(), logits.size() * 4)));
     }
-    Check(w.AddTensor(name, 0, {s.vocab, kNumTokens}, Bytes(logits.data(), logits.size() * 4)));
-    if (name.find("_embd") != std::string::npos) {
+    if (encoder || name.find("_embd") != std::string::npos) {
       // An embedding model (its file's pooling_type): the pooled embedding of all the tokens in
       // one batch, as llama_get_embeddings_seq gives it (before any normalization).
       const LlamaSession e(api, path, 0, 0, 1, /*f32_kv=*/true);

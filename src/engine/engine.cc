@@ -240,6 +240,19 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   for (int32_t t : req.stop_ids) {
     if (t < 0 || t >= vocab) return InvalidArgument("stop token id {} outside the vocabulary [0, {})", t, vocab);
   }
+  if (!model_.hparams().causal) {
+    // An encoder (BERT): embeddings only, each prompt computed whole in one step.
+    if (req.pooling == Pooling::kNone) {
+      return InvalidArgument("this model is an encoder ({}): it computes embeddings, not text", model_.hparams().arch);
+    }
+    const int64_t most = std::min({config_.sched.prefill_chunk_size, config_.sched.max_num_batched_tokens,
+                                   model_.hparams().context_length});
+    if (static_cast<int64_t>(req.prompt.size()) > most) {
+      return InvalidArgument("the input has {} tokens; this encoder reads at most {} at once (its {} positions, the "
+                             "step's token budget and the prefill chunk)", req.prompt.size(), most,
+                             model_.hparams().context_length);
+    }
+  }
   if (req.pooling != Pooling::kNone) {
     if (req.grammar || req.top_logprobs >= 0 || req.prompt_logprobs >= 0 || (req.retention && req.retention->active())) {
       return InvalidArgument("an embedding request takes no grammar, log-probabilities or KV retention");
@@ -325,6 +338,7 @@ void Engine::Admit(PendingRequest& p) {
   r->cache_salt = p.request.cache_salt;
   r->group = p.request.group != 0 ? p.request.group : -p.id;
   r->no_cached_prefix = p.request.prompt_logprobs >= 0 || p.request.pooling != Pooling::kNone;
+  r->whole_prompt = !model_.hparams().causal;
   const std::vector<int32_t> stop_ids = r->stop_ids;
   auto live = std::make_unique<Live>();
   if (p.request.retention && p.request.retention->active()) {

@@ -516,6 +516,29 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   Active().rms_norm(x, w, n, eps, out);
 }
 
+void LayerNorm(const float* x, const float* w, const float* b, int64_t n, float eps, float* out) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  double sum2 = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] - mean;
+    out[i] = v;
+    sum2 += static_cast<double>(v * v);
+  }
+  const float variance = static_cast<float>(sum2 / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(variance + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = out[i] * scale * w[i] + (b != nullptr ? b[i] : 0.0f);
+}
+
+void GeluTanh(float* x, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCoef = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * v * (1.0f + kCoef * v * v)));
+  }
+}
+
 void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, up, n); }
 void GeluTanhMul(float* gate, const float* up, int64_t n) { Active().gelu_mul(gate, up, n); }
 void Softmax(float* x, int64_t n) { Active().softmax(x, n); }

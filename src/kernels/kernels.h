@@ -103,6 +103,12 @@ void SiluMul(float* gate, const float* up, int64_t n);
 // x^3))) (GeGLU: Gemma), computed as x / (1 + exp(-2 sqrt(2 / pi) (x + 0.044715 x^3))), the same
 // function; bitwise the same on every ISA.
 void GeluTanhMul(float* gate, const float* up, int64_t n);
+// out = (x - mean) / sqrt(variance + eps) * w + b (LayerNorm; b may be null), the sums in double
+// as ggml's norm; scalar, the same on every ISA. out may be x.
+void LayerNorm(const float* x, const float* w, const float* b, int64_t n, float eps, float* out);
+// x = gelu(x) in place, the tanh approximation 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+// (BERT's FFN as llama.cpp runs it); scalar, the same on every ISA.
+void GeluTanh(float* x, int64_t n);
 // x = softmax(x) in place (n >= 1); y += a * x.
 void Softmax(float* x, int64_t n);
 void Axpy(float a, const float* x, float* y, int64_t n);

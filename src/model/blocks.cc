@@ -270,7 +270,13 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
   for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[batch.seq(t)].data();
   ws.kv_slots.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.kv_slots[t] = batch.slot(t);
-  for (int64_t t = 0; t < n; ++t) kv_positions_ += ws.kv_slots[t] + 1;
+  if (!hp.causal) {
+    std::vector<int32_t> last(batch.block_tables.size(), 0);
+    for (int64_t t = 0; t < n; ++t) last[batch.seq(t)] = std::max(last[batch.seq(t)], ws.kv_slots[t]);
+    seq_end_slots_.resize(n);
+    for (int64_t t = 0; t < n; ++t) seq_end_slots_[t] = last[batch.seq(t)];
+  }
+  for (int64_t t = 0; t < n; ++t) kv_positions_ += (hp.causal ? ws.kv_slots[t] : seq_end_slots_[t]) + 1;
   // Tokens whose attention is tracked get rows for their scores.
   ws.score_rows.assign(n, nullptr);
   if (!batch.attn_acc.empty()) {
@@ -326,6 +332,15 @@ void ForwardPass::NormRows(int64_t l, const float* norm_w, LinearInput which) {
   if (batch_.observer) batch_.observer->Observe(l, which, ws_.xb.data(), n, dim);
 }
 
+void ForwardPass::Products(int64_t l, const float* x, int64_t in, const SameInput& outs, LinearInput which,
+                           const char* name) {
+  if (batch_.observer) batch_.observer->Observe(l, which, x, n_, in);
+  int64_t weight_bytes = 0;
+  for (const kernels::MatMulOutput& o : outs.span()) weight_bytes += static_cast<int64_t>(o.w->num_bytes);
+  ProfileSpan span(name, "op", n_, weight_bytes, l);
+  kernels::MatMulSameInput(outs.span(), x, n_, pool_);
+}
+
 void ForwardPass::AddBias(float* y, const TensorView& bias, int64_t width) {
   const float* b = reinterpret_cast<const float*>(bias.data);
   for (int64_t t = 0; t < n_; ++t) {
@@ -361,9 +376,11 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
   auto rope = [&](int64_t t) {
     const float* cos_sin = angles + t * hp_.rope_dims;
     float* q = ws_.q.data() + t * q_dim;
-    rope_apply(q, static_cast<int>(hp_.num_heads), static_cast<int>(head_dim), static_cast<int>(hp_.rope_dims), cos_sin);
-    rope_apply(ws_.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
-               static_cast<int>(hp_.rope_dims), cos_sin);
+    if (hp_.rope_style != RopeStyle::kNone) {
+      rope_apply(q, static_cast<int>(hp_.num_heads), static_cast<int>(head_dim), static_cast<int>(hp_.rope_dims), cos_sin);
+      rope_apply(ws_.k.data() + t * kv_dim, static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
+                 static_cast<int>(hp_.rope_dims), cos_sin);
+    }
     if (hp_.query_scale != 1.0f) {
       for (int64_t i = 0; i < q_dim; ++i) q[i] *= hp_.query_scale;
     }
@@ -395,7 +412,10 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
     }, /*min_items_per_thread=*/4);
   }
   span.Next("attention", n, kv_positions_ * 2 * kv_.row_bytes(), l);
-  kernels::Attention(ws_.q.data(), n, ws_.kv_slots.data(), ws_.tables.data(), kv_.Layer(l),
+  // Causal: each token reads slots [0, its own]; an encoder's read every slot of its sequence
+  // (all written above: Model::Forward checked that the batch holds its sequences whole).
+  const int32_t* ends = hp_.causal ? ws_.kv_slots.data() : seq_end_slots_.data();
+  kernels::Attention(ws_.q.data(), n, ends, ws_.tables.data(), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
                      ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks,
                      hp_.attn_softcap);
@@ -658,7 +678,10 @@ void ForwardPass::LatentAttention(int64_t l, const float* norm_w, const LatentAt
     }
   }
   span.Next("attention", n, kv_positions_ * kv_.row_bytes(), l);
-  kernels::Attention(ws_.q.data(), n, ws_.kv_slots.data(), ws_.tables.data(), kv_.Layer(l), static_cast<int>(heads), 1,
+  // Causal: each token reads slots [0, its own]; an encoder's read every slot of its sequence
+  // (all written above: Model::Forward checked that the batch holds its sequences whole).
+  const int32_t* ends = hp_.causal ? ws_.kv_slots.data() : seq_end_slots_.data();
+  kernels::Attention(ws_.q.data(), n, ends, ws_.tables.data(), kv_.Layer(l), static_cast<int>(heads), 1,
                      static_cast<int>(row), ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, 0);
   if (tracking_) {
     span.Next("attention_track", n, 0, l);
@@ -722,6 +745,29 @@ void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& 
     const float cap = hp_.final_softcap, inv = 1.0f / cap;
     for (int64_t i = 0; i < num_out * hp_.vocab_size; ++i) ws_.logits[i] = cap * std::tanh(ws_.logits[i] * inv);
   }
+}
+
+void ForwardPass::EncoderOutput() {
+  const int64_t dim = hp_.dim;
+  const int64_t num_hidden = static_cast<int64_t>(batch_.hidden_rows.size());
+  Grow(ws_.hidden, num_hidden * dim);
+  for (int64_t t = 0; t < num_hidden; ++t) {
+    std::memcpy(ws_.hidden.data() + t * dim, ws_.x.data() + batch_.hidden_rows[t] * dim, dim * sizeof(float));
+  }
+  const int64_t num_out = !batch_.logit_rows.empty() ? static_cast<int64_t>(batch_.logit_rows.size())
+                                                      : (batch_.all_logits ? n_ : 1);
+  Grow(ws_.logits, num_out * hp_.vocab_size);
+  std::fill(ws_.logits.begin(), ws_.logits.begin() + num_out * hp_.vocab_size, 0.0f);
+}
+
+void ForwardPass::LayerNormRows(float* x, const TensorView& w, const TensorView& b, const char* name, int64_t layer) {
+  ProfileSpan span(name, "op", n_, 0, layer);
+  const int64_t dim = hp_.dim;
+  const float* wf = reinterpret_cast<const float*>(w.data);
+  const float* bf = reinterpret_cast<const float*>(b.data);
+  pool_.ParallelFor(n_, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) kernels::LayerNorm(x + t * dim, wf, bf, dim, hp_.norm_eps, x + t * dim);
+  }, /*min_items_per_thread=*/8);
 }
 
 // KV retention's tracking, after one layer's attention: each tracked token's scores become

@@ -126,6 +126,9 @@ class ForwardPass {
   void Embed(const TensorView& token_embd, float scale = 1.0f);
   // outs = products of RmsNorm(ws.x) with norm_w; the observer sees the normed rows as `which`.
   void NormedProducts(int64_t layer, const float* norm_w, const SameInput& outs, LinearInput which, const char* name);
+  // outs = products of x ([num_tokens, in]) without a norm (BERT's post-norm layers); the
+  // observer sees x as `which`.
+  void Products(int64_t layer, const float* x, int64_t in, const SameInput& outs, LinearInput which, const char* name);
   // y[t, :] += bias for every token; y is [num_tokens, width], bias f32 [width].
   void AddBias(float* y, const TensorView& bias, int64_t width);
   // RmsNorm of each head's row of x ([num_tokens, num_heads * head_dim]) with w ([head_dim]).
@@ -164,6 +167,12 @@ class ForwardPass {
   // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants (soft-capped where
   // hp.final_softcap says).
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
+  // An encoder's end (no language-model head): ws.hidden = ws.x's rows the batch names in
+  // hidden_rows, as they are; the logit rows the batch wants are zeros (embedding requests
+  // sample one token that is never shown).
+  void EncoderOutput();
+  // x[t, :] = LayerNorm(x[t, :]) * w + b for every token (eps hp.norm_eps; w and b f32 [dim]).
+  void LayerNormRows(float* x, const TensorView& w, const TensorView& b, const char* name, int64_t layer);
 
  private:
   void AccumulateAttention(int64_t layer);
@@ -180,6 +189,7 @@ class ForwardPass {
   int64_t n_ = 0;
   bool tracking_ = false;
   int64_t kv_positions_ = 0;  // cache rows attention reads per layer, for the profile's bytes
+  std::vector<int32_t> seq_end_slots_;  // encoders: the last slot of each token's sequence
 };
 
 void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool);

@@ -14,7 +14,8 @@ namespace gale {
 
 // How RoPE pairs a head's dims: llama's "normal" mode rotates adjacent pairs (2i, 2i+1); NEOX
 // (GPT-NeoX, Qwen, Gemma, Phi-3) rotates the halves' pairs (i, i + rope_dims / 2).
-enum class RopeStyle : uint8_t { kNormal = 0, kNeox = 1 };
+// kNone: no rotary embedding (BERT: learned position embeddings instead).
+enum class RopeStyle : uint8_t { kNormal = 0, kNeox = 1, kNone = 2 };
 
 // How a sequence's hidden states become one embedding (GGUF `{arch}.pooling_type`, llama.cpp's
 // values): the mean over its tokens, the first token's (CLS), or the last token's. Of the final
@@ -98,6 +99,10 @@ struct ModelHParams {
   float attn_softcap = 0.0f;
   float final_softcap = 0.0f;
   Pooling pooling = Pooling::kNone;  // an embedding model's (pooling_type); kNone for others
+  // An encoder (BERT; set by the architecture): every token attends to every token of its
+  // sequence, so a sequence is computed whole in one batch; it has no language-model head.
+  bool causal = true;
+  float norm_eps = 1e-12f;  // attention.layer_norm_epsilon: LayerNorm's (BERT)
   MoeHParams moe;
   MlaHParams mla;
   // The cache's one row per position is both K and V (latent attention; set by the architecture).

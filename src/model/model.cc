@@ -68,12 +68,14 @@ Status Model::LoadCommon(const GgufFile& file, TensorLoader& tensors) {
   hp.vocab_size = embd->shape[1];
   if (hp.vocab_size <= 0 || hp.vocab_size > (1 << 24)) return InvalidArgument("vocab size {} out of range", hp.vocab_size);
   RETURN_IF_ERROR(tensors.Get("token_embd.weight", {hp.dim, hp.vocab_size}, &token_embd_));
-  RETURN_IF_ERROR(tensors.Vector("output_norm.weight", hp.dim, &output_norm_));
-  if (tensors.Has("output.weight")) {
-    RETURN_IF_ERROR(tensors.Matrix("output.weight", hp.dim, hp.vocab_size, &output_));
-  } else {
-    output_.view = token_embd_;
-    tied_output_ = true;
+  if (hp.causal) {  // an encoder (BERT) has no final norm and no language-model head
+    RETURN_IF_ERROR(tensors.Vector("output_norm.weight", hp.dim, &output_norm_));
+    if (tensors.Has("output.weight")) {
+      RETURN_IF_ERROR(tensors.Matrix("output.weight", hp.dim, hp.vocab_size, &output_));
+    } else {
+      output_.view = token_embd_;
+      tied_output_ = true;
+    }
   }
   for (const auto& t : file.tensors()) weight_bytes_ += t.num_bytes;
   ASSIGN_OR_RETURN(key_channels_, ReadKeyChannels(file, hp));
@@ -202,6 +204,21 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   }
   for (int32_t row : batch.hidden_rows) {
     if (row < 0 || row >= n) return InvalidArgument("hidden row {} outside the batch of {}", row, n);
+  }
+  if (!hp_.causal) {
+    // An encoder's tokens attend to their whole sequence: each sequence in the batch must be all
+    // of it, positions 0, 1, ... in order, within the position embeddings.
+    if (!batch.slots.empty() || !batch.attn_acc.empty()) return InvalidArgument("an encoder takes no cache slots or retention");
+    std::vector<int32_t> next(batch.block_tables.size(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (batch.positions[i] != next[batch.seq(i)]++) {
+        return InvalidArgument("an encoder computes each sequence whole: position {} of sequence {} is out of order "
+                               "or continues an earlier batch", batch.positions[i], batch.seq(i));
+      }
+      if (batch.positions[i] >= hp_.context_length) {
+        return InvalidArgument("position {} is past the encoder's {} positions", batch.positions[i], hp_.context_length);
+      }
+    }
   }
   return RunForward(batch, kv, ws, pool);
 }

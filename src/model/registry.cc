@@ -26,6 +26,7 @@ constexpr Architecture kArchitectures[] = {
     {"deepseek2", LoadDeepseek2, /*experts=*/true},
     {"glm4moe", LoadGlm4Moe, /*experts=*/true},
     {"gpt-oss", LoadGptOss, /*experts=*/true},
+    {"bert", LoadBert},
 };
 
 }  // namespace

@@ -96,9 +96,14 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
-      s.arch != "gemma2" && s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe" && s.arch != "gpt-oss") {
+      s.arch != "gemma2" && s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe" && s.arch != "gpt-oss" &&
+      s.arch != "bert") {
     return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe, "
-                           "gpt-oss)", s.arch);
+                           "gpt-oss, bert)", s.arch);
+  }
+  const bool bert = s.arch == "bert";
+  if (bert && (s.num_kv_heads != s.num_heads || s.num_experts > 0)) {
+    return InvalidArgument("synth: bert has as many KV heads as heads and no experts");
   }
   const bool gpt = s.arch == "gpt-oss";
   const bool glm = s.arch == "glm4moe";
@@ -200,7 +205,12 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
   w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma || glm ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : gpt ? 150000.0f : 10000.0f);
-  if (s.pooling_type > 0) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type));
+  if (s.pooling_type > 0 || bert) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type > 0 ? s.pooling_type : 1));
+  if (bert) {  // an encoder: LayerNorm's epsilon, bidirectional attention, two token types
+    w.SetF32(p + "attention.layer_norm_epsilon", 1e-12f);
+    w.SetBool(p + "attention.causal", false);
+    w.SetU32("tokenizer.ggml.token_type_count", 2);
+  }
   // The window: Gemma's and gpt-oss's always (512, 128 unless set), a llama file's when set.
   const int64_t window = s.sliding_window > 0 ? s.sliding_window : gemma ? 512 : gpt ? 128 : 0;
   if ((gemma || gpt || s.arch == "llama") && window > 0) w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
@@ -308,6 +318,34 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return Status::Ok();
   };
   RETURN_IF_ERROR(matrix("token_embd.weight", s.dim, s.vocab_size, type));
+  if (bert) {
+    // Learned positions and token types (f32, as llama.cpp's converter keeps them), the input's
+    // LayerNorm, and post-norm layers with biases everywhere; no output norm or head.
+    RETURN_IF_ERROR(matrix("position_embd.weight", s.dim, s.context_length, GgmlType::kF32));
+    RETURN_IF_ERROR(matrix("token_types.weight", s.dim, 2, GgmlType::kF32));
+    RETURN_IF_ERROR(vector("token_embd_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(vector("token_embd_norm.bias", s.dim, 0.0f, 0.5f));
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
+      RETURN_IF_ERROR(vector(b + "attn_output_norm.weight", s.dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_output_norm.bias", s.dim, 0.0f, 0.2f));
+      RETURN_IF_ERROR(matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, type));
+      RETURN_IF_ERROR(vector(b + "ffn_up.bias", s.ffn_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, type));
+      RETURN_IF_ERROR(vector(b + "ffn_down.bias", s.dim, 0.0f, 0.2f));
+      RETURN_IF_ERROR(vector(b + "layer_output_norm.weight", s.dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "layer_output_norm.bias", s.dim, 0.0f, 0.2f));
+    }
+    return w;
+  }
   RETURN_IF_ERROR(ones("output_norm.weight", s.dim));
   if (!gemma) RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));  // Gemma ties it
   for (int64_t l = 0; l < s.num_layers; ++l) {

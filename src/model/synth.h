@@ -1,5 +1,5 @@
 // Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe,
-// gpt-oss),
+// gpt-oss, bert),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -37,7 +37,7 @@ struct SynthShape {
   // rope.scaling.type yarn, factor, original_context_length, as llama.cpp's converters write it).
   double yarn_factor = 0.0;
   int64_t yarn_orig_ctx = 0;
-  int64_t pooling_type = 0;  // > 0: {arch}.pooling_type (an embedding model: 1 mean, 2 cls, 3 last)
+  int64_t pooling_type = 0;  // > 0: {arch}.pooling_type (an embedding model: 1 mean, 2 cls, 3 last); bert: 0 = mean
   // A mixture of experts (llama: Mixtral-style; qwen3moe: required): experts per layer, experts per
   // token, and one expert's width (0: ffn_dim). The router is f32 (converters never quantize it).
   int64_t num_experts = 0;

@@ -139,7 +139,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
   } else if (model == "bert") {
     t->kind_ = Kind::kWpm;
     t->add_space_prefix_ = false;
-    t->add_bos_ = false;  // [CLS]/[SEP] framing is the embedding caller's business
+    // [CLS] text [SEP], as llama.cpp frames a WordPiece input with add_special (its add_bos and
+    // add_sep; the file's add_bos_token / add_sep_token keys turn them off).
+    t->add_bos_ = true;
+    t->add_sep_ = true;
   } else if (model != "llama") {
     return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama', 'gpt2' and 'bert')", model);
   }
@@ -205,12 +208,21 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     if (*id < 0 || *id >= static_cast<int64_t>(n)) return InvalidArgument("{} = {} is outside the vocab of {}", key, *id, n);
     return static_cast<int32_t>(*id);
   };
-  ASSIGN_OR_RETURN(t->bos_id_, read_id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1));
-  ASSIGN_OR_RETURN(t->eos_id_, read_id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1));
+  if (t->kind_ == Kind::kWpm) {
+    // BERT: the "BOS" is [CLS] (cls_token_id), the separator [SEP]; no end-of-sequence token.
+    ASSIGN_OR_RETURN(const int32_t cls, read_id("tokenizer.ggml.cls_token_id", -1));
+    ASSIGN_OR_RETURN(t->bos_id_, read_id("tokenizer.ggml.bos_token_id", cls));
+    ASSIGN_OR_RETURN(t->sep_id_, read_id("tokenizer.ggml.seperator_token_id", -1));
+    ASSIGN_OR_RETURN(t->eos_id_, read_id("tokenizer.ggml.eos_token_id", -1));
+  } else {
+    ASSIGN_OR_RETURN(t->bos_id_, read_id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1));
+    ASSIGN_OR_RETURN(t->eos_id_, read_id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1));
+  }
   ASSIGN_OR_RETURN(t->unk_id_, read_id("tokenizer.ggml.unknown_token_id", 0));
   ASSIGN_OR_RETURN(t->eot_id_, read_id("tokenizer.ggml.eot_token_id", -1));
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_bos_token"); v && v->AsBool()) t->add_bos_ = *v->AsBool();
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_eos_token"); v && v->AsBool()) t->add_eos_ = *v->AsBool();
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_sep_token"); v && v->AsBool()) t->add_sep_ = *v->AsBool();
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_space_prefix"); v && v->AsBool()) {
     t->add_space_prefix_ = *v->AsBool();
   }
@@ -570,6 +582,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
   }
   emit_text(text.substr(start));
   if (add_special && add_eos_ && eos_id_ >= 0) out.push_back(eos_id_);
+  if (add_special && add_sep_ && sep_id_ >= 0) out.push_back(sep_id_);
   return out;
 }
 

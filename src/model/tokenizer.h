@@ -122,6 +122,8 @@ class Tokenizer {
   std::vector<int32_t> special_ids_;  // control, user-defined and unknown, longest text first
   std::vector<bool> rstrip_;          // by id: whitespace after this special token is dropped
   int32_t bos_id_ = -1, eos_id_ = -1, eot_id_ = -1, unk_id_ = -1;
+  int32_t sep_id_ = -1;  // WordPiece's [SEP], appended with add_special (add_sep_)
+  bool add_sep_ = false;
   bool add_bos_ = true;
   bool add_eos_ = false;
   bool add_space_prefix_ = true;

@@ -94,7 +94,9 @@ StepPlan Scheduler::Schedule() {
   // Tokens of req to compute this step: the rest of its tokens, capped by the chunk size and budget.
   // A request with a KV budget also stays within all KV memory (it evicts after the step).
   auto num_new = [&](const SeqRequest& r) {
-    const int64_t n = std::min({r.num_tokens() - r.num_computed_tokens, config_.prefill_chunk_size, budget});
+    const int64_t left = r.num_tokens() - r.num_computed_tokens;
+    const int64_t n = std::min({left, config_.prefill_chunk_size, budget});
+    if (r.whole_prompt && r.num_computed_tokens < r.num_prompt_tokens && n < left) return int64_t{0};
     return r.retains() ? std::max<int64_t>(1, std::min(n, kv_->capacity_tokens() - r.num_slots())) : n;
   };
 
@@ -164,7 +166,7 @@ StepPlan Scheduler::Schedule() {
       r.num_evicted = 0;
       r.num_pinned_slots = cached;
       const int64_t n = num_new(r);
-      if (!kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
+      if (n == 0 || !kv_->AllocateSlots(r.id, r.num_computed_tokens + n)) {
         kv_->Free(r.id);
         r.num_computed_tokens = 0;
         r.num_pinned_slots = 0;

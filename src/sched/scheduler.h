@@ -41,6 +41,9 @@ struct SeqRequest {
   std::string cache_salt;             // requests with different salts never share cached blocks
   int64_t group = 0;                  // admission is fair between groups (Schedule)
   bool no_cached_prefix = false;      // computes its whole prompt (for its prompt's log-probabilities)
+  // An encoder's prompt (every token attends to all of them): admitted only when the step can
+  // compute all of it, never in chunks.
+  bool whole_prompt = false;
   int64_t num_cached_tokens = -1;     // prompt tokens found in the prefix cache at first admission
   // Speculative decoding: tokens a proposer guessed follow `tokens`, set before Schedule. The
   // step verifies them with the request's decode token (num_tokens_with_spec = num_tokens +

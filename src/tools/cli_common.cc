@@ -75,6 +75,15 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   return m;
 }
 
+StatusOr<LoadedModel> LoadTextModel(const std::string& path, const LoadOptions& load) {
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path, load));
+  if (!m.model->hparams().causal) {
+    return InvalidArgument("{} is an encoder ({}): it computes embeddings (gale serve's /v1/embeddings), not text",
+                           m.path, m.model->hparams().arch);
+  }
+  return m;
+}
+
 StatusOr<uint64_t> ParseBytes(const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);

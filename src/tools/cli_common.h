@@ -33,6 +33,9 @@ struct LoadedModel {
 // Opens the file (path "" = the default model), loads the model with packed weights and its
 // tokenizer, and checks that the two agree on the vocabulary.
 StatusOr<LoadedModel> LoadModel(const std::string& path, const LoadOptions& load);
+// The same for commands that generate or score text: an encoder (BERT) is refused with a pointer
+// to /v1/embeddings.
+StatusOr<LoadedModel> LoadTextModel(const std::string& path, const LoadOptions& load);
 
 
 // A KV cache type flag's value ("f32" ... "int4"); the error names the flag.

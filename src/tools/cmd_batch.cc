@@ -149,7 +149,7 @@ CommandFn RegisterBatch(CLI::App& app) {
     std::ofstream out(o->output);
     if (!out) return fail(IoError("cannot write {}", o->output));
 
-    auto loaded = LoadModel(o->model, o->load);
+    auto loaded = LoadTextModel(o->model, o->load);
     if (!loaded.ok()) return fail(loaded.status());
     const Tokenizer& tok = *loaded->tok;
 

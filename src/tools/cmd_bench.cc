@@ -143,7 +143,7 @@ CommandFn RegisterBench(CLI::App& app) {
     auto engine_cfg = o->engine.Resolve();
     if (!engine_cfg.ok()) return fail(engine_cfg.status().ToString());
     // The shared loader: packing (or the note that a file too large runs mapped), --mlock.
-    auto loaded = LoadModel(o->model, o->load);
+    auto loaded = LoadTextModel(o->model, o->load);
     if (!loaded.ok()) return fail(loaded.status().ToString());
     const GgufFile& file = *loaded->file;
     const Model& model = *loaded->model;

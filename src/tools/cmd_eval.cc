@@ -48,12 +48,12 @@ int RunTasks(const TaskOpts& t) {
   if (!parsed.ok()) return fail(parsed.status().WithContext(t.file));
   const std::vector<EvalTask>& list = *parsed;
 
-  auto m = LoadModel(t.model, LoadOptions{});
+  auto m = LoadTextModel(t.model, LoadOptions{});
   if (!m.ok()) return fail(m.status());
   std::optional<LoadedModel> b;
   const LoadedModel* base = &*m;
   if (!t.base.empty() && t.base != m->path) {
-    auto bl = LoadModel(t.base, LoadOptions{});
+    auto bl = LoadTextModel(t.base, LoadOptions{});
     if (!bl.ok()) return fail(bl.status().WithContext("--base"));
     if (bl->model->hparams().vocab_size != m->model->hparams().vocab_size) {
       return fail(InvalidArgument("the base's vocabulary ({}) differs from the model's ({})", bl->model->hparams().vocab_size,
@@ -268,7 +268,7 @@ CommandFn RegisterEval(CLI::App& app) {
     if (!read.ok()) return fail(read.status());
     const std::string& text = *read;
     if (text.find('\0') != std::string::npos) return fail(InvalidArgument("'{}' is binary, not text", o->file));
-    auto m = LoadModel(o->model, o->load);
+    auto m = LoadTextModel(o->model, o->load);
     if (!m.ok()) return fail(m.status());
     const std::vector<int32_t> tokens = m->tok->Encode(text);
     ThreadPool pool(o->threads);

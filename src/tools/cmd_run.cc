@@ -67,7 +67,7 @@ CommandFn RegisterRun(CLI::App& app) {
     if (o->chat) {
       if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
       if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-      auto loaded = LoadModel(o->model, o->load);
+      auto loaded = LoadTextModel(o->model, o->load);
       if (!loaded.ok()) return fail(loaded.status());
       ChatOptions co;
       co.chat_template_file = o->chat_template;
@@ -83,7 +83,7 @@ CommandFn RegisterRun(CLI::App& app) {
     if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
     if (o->n_predict < 0) return fail(InvalidArgument("-n must be >= 0"));
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-    auto loaded = LoadModel(o->model, o->load);
+    auto loaded = LoadTextModel(o->model, o->load);
     if (!loaded.ok()) return fail(loaded.status());
     const std::string& path = loaded->path;
     const bool copy = loaded->copied;

@@ -119,6 +119,10 @@ CommandFn RegisterServe(CLI::App& app) {
       warm.prompt = loaded->tok->Encode("Hello");
       if (warm.prompt.empty()) warm.prompt.push_back(0);
       warm.max_tokens = 2;
+      if (!loaded->model->hparams().causal) {  // an encoder: an embedding
+        warm.pooling = pooling.value_or(loaded->model->hparams().pooling);
+        if (warm.pooling == Pooling::kNone) warm.pooling = Pooling::kMean;
+      }
       auto s = (*engine)->Submit(warm);
       if (!s.ok()) return fail(s.status().WithContext("warm-up"));
       StreamUpdate u;

@@ -33,7 +33,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "deepseek2", "glm4moe", "gpt-oss"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "deepseek2", "glm4moe", "gpt-oss", "bert"}));
   std::vector<std::string> files = SupportedArchitectures();
   files.push_back("mixtral");  // a llama with experts
   for (const std::string& arch : files) {

@@ -703,6 +703,34 @@ function rawStream(port, cutAfter) {
     }
   });
 
+  await check('a BERT encoder: /v1/embeddings from its pooling (after its warm-up), text requests and over-long inputs a 400', async () => {
+    const model = path.join(require('os').tmpdir(), `gale-bert-${process.pid}.gguf`);
+    const { execFileSync } = require('child_process');
+    execFileSync(gale, ['synth', '--shape', 'custom', '--arch', 'bert', '--dim', '64', '--layers', '2', '--heads', '4',
+                        '--kv-heads', '4', '--ffn', '128', '--ctx', '64', '--pooling', 'cls', '--type', 'q8_0', '-o', model],
+                 { stdio: 'ignore' });
+    const sb = await startServer(['-m', model], { template: false });
+    try {
+      const c = new OpenAI({ baseURL: `http://127.0.0.1:${sb.port}/v1`, apiKey: 'x', maxRetries: 0 });
+      const r = await c.embeddings.create({ input: ['Once upon a time', 'The cat sat', 'Once upon a time'], encoding_format: 'float' });
+      assert.strictEqual(r.data.length, 3);
+      for (const d of r.data) {
+        assert.strictEqual(d.embedding.length, 64);
+        const norm = Math.sqrt(d.embedding.reduce((a, x) => a + x * x, 0));
+        assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
+      }
+      assert.deepStrictEqual(r.data[0].embedding, r.data[2].embedding);
+      assert.notDeepStrictEqual(r.data[0].embedding, r.data[1].embedding);
+      await assert.rejects(c.completions.create({ prompt: 'Hi', max_tokens: 2 }),
+                           (e) => e instanceof OpenAI.BadRequestError && e.message.includes('encoder'));
+      await assert.rejects(c.embeddings.create({ input: 'word '.repeat(200) }),
+                           (e) => e instanceof OpenAI.BadRequestError && e.message.includes('at most 64'));
+    } finally {
+      sb.proc.kill('SIGTERM');
+      fs.rmSync(model, { force: true });
+    }
+  });
+
   await check('--api-key: 401 without it, typed AuthenticationError, works with it', async () => {
     const s2 = await startServer(['--api-key', 'sekrit', '--no-warmup']);
     try {

@@ -20,5 +20,6 @@ StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams h
 StatusOr<std::unique_ptr<Model>> LoadDeepseek2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp);
+StatusOr<std::unique_ptr<Model>> LoadBert(const GgufFile& file, ModelHParams hp);
 
 }  // namespace gale
