@@ -710,7 +710,7 @@ TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
 // LayerNorm with biases, post-norm layers, GELU, attention over the whole sequence): the engine's
 // embedding request gives llama.cpp's pooled embedding of the same 16 tokens (normalized). The
 // bound: llama.cpp's GELU reads its input rounded to f16 (a table), gale computes it in f32;
-// measured below 1e-3 on unit vectors. Mutations: another pooling is far, and the CLS embedding
+// measured 2.4e-5 and 8.7e-5 on unit vectors, bound 5e-4. Mutations: another pooling is far, and the CLS embedding
 // moves when only the last three tokens change (attention is not causal).
 TEST_P(LlamaCppModelTest, BertEncoderGivesLlamaCppPooledEmbeddings) {
   auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
@@ -770,7 +770,7 @@ TEST_P(LlamaCppModelTest, BertEncoderGivesLlamaCppPooledEmbeddings) {
     const double cls_moves = max_diff(embed(changed, Pooling::kCls), first);
     std::printf("%s (%s): max |diff| against llama.cpp %.2e; pooled another way %.3f; CLS after changing the last "
                 "three tokens %.3f\n", b.name, kernels::IsaName(GetParam()), diff, other, cls_moves);
-    EXPECT_LT(diff, 1e-3);
+    EXPECT_LT(diff, 5e-4);
     EXPECT_GT(other, 0.05);
     EXPECT_GT(cls_moves, 0.01);
     // Text requests and prompts past what one step computes are refused, clearly.
