@@ -138,8 +138,9 @@ std::string Grammar::ToString() const {
       if (a > 0) out += " |";
       for (int32_t p = alternatives[r][a]; elements[p].kind != Element::Kind::kEnd; ++p) {
         out += " ";
-        out += elements[p].kind == Element::Kind::kRule ? rule_names[elements[p].index]
-                                                         : CharSetText(char_sets[elements[p].index]);
+        out += elements[p].kind == Element::Kind::kRule    ? rule_names[elements[p].index]
+               : elements[p].kind == Element::Kind::kToken ? fmt::format("<[{}]>", elements[p].index)
+                                                           : CharSetText(char_sets[elements[p].index]);
       }
     }
     out += "\n";
@@ -313,6 +314,16 @@ class GbnfParser {
         const int32_t id = NewRule(rule);
         bodies_[id] = std::move(alts);
         atom.push_back({Element::Kind::kRule, id});
+      } else if (c == '<' && s_.substr(pos_, 2) == "<[") {
+        pos_ += 2;
+        const size_t start = pos_;
+        int64_t id = 0;
+        while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9' && id <= (int64_t{1} << 31)) id = id * 10 + (s_[pos_++] - '0');
+        if (pos_ == start || s_.substr(pos_, 2) != "]>" || id >= (int64_t{1} << 31)) {
+          return Error("expected a token id in <[N]>");
+        }
+        pos_ += 2;
+        atom.push_back({Element::Kind::kToken, static_cast<int32_t>(id)});
       } else if (IsNameChar(c)) {
         const std::string name = ParseName();
         atom.push_back({Element::Kind::kRule, RuleId(name)});
@@ -482,7 +493,7 @@ class GbnfParser {
         for (int32_t start : g.alternatives[r]) {
           bool all = true;
           for (int32_t p = start; g.elements[p].kind != Element::Kind::kEnd; ++p) {
-            if (g.elements[p].kind == Element::Kind::kChars || !nullable[g.elements[p].index]) {
+            if (g.elements[p].terminal() || !nullable[g.elements[p].index]) {
               all = false;
               break;
             }

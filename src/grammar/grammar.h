@@ -1,8 +1,10 @@
 // A context-free grammar over Unicode code points, in the flat form the matcher walks, and the
 // parser of its text form: llama.cpp's GBNF (`name ::= alternatives`, "literals", [classes],
-// [^negated], `.`, (groups), and the postfixes * + ? {m} {m,} {m,n}). JSON Schema and regexes
-// are translated to this text (json_schema.h, regex.h), so every constraint has one form a user
-// can read and one compiler. This file knows nothing of tokens; matcher.h does.
+// [^negated], `.`, (groups), the postfixes * + ? {m} {m,} {m,n}, and `<[N]>`: exactly the token
+// with id N, as llama.cpp writes a token in a grammar, which lets a grammar ask for control tokens
+// no text spells (gpt-oss's <|channel|>). JSON Schema and regexes are translated to this text
+// (json_schema.h, regex.h), so every constraint has one form a user can read and one compiler.
+// Apart from token ids this file knows nothing of tokens; matcher.h does.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +30,13 @@ struct CharSet {
   void Normalize();   // sorts and merges `high`
 };
 
-// One element of an alternative: a code point from a set, a rule, or the alternative's end.
+// One element of an alternative: a code point from a set, a rule, the alternative's end, or one
+// particular token.
 struct Element {
-  enum class Kind : uint8_t { kChars, kRule, kEnd };
+  enum class Kind : uint8_t { kChars, kRule, kEnd, kToken };
   Kind kind = Kind::kEnd;
-  int32_t index = -1;  // kChars: into Grammar::char_sets; kRule: the rule
+  int32_t index = -1;  // kChars: into Grammar::char_sets; kRule: the rule; kToken: the token id
+  bool terminal() const { return kind == Kind::kChars || kind == Kind::kToken; }
 };
 
 // Rules as alternatives of element sequences, all in one array: an alternative starts at an index

@@ -152,7 +152,7 @@ const std::vector<int32_t>& GrammarMatcher::Expand(int32_t id) {
   while (!work_.empty()) {
     const int32_t n = work_.back();
     work_.pop_back();
-    if (n == kAccept || g_.elements[nodes_[n].pos].kind == Element::Kind::kChars) {
+    if (n == kAccept || g_.elements[nodes_[n].pos].terminal()) {
       out.push_back(n);
       continue;
     }
@@ -187,7 +187,7 @@ void GrammarMatcher::AdvanceCodePoint(const std::vector<int32_t>& in, uint32_t c
   out->clear();
   const uint32_t stamp = ++seen_stamp_;
   for (int32_t id : in) {
-    if (id == kAccept) continue;
+    if (id == kAccept || g_.elements[nodes_[id].pos].kind != Element::Kind::kChars) continue;
     const CharSet& set = g_.char_sets[g_.elements[nodes_[id].pos].index];
     if (!set.Contains(cp)) continue;
     const std::vector<int32_t>& next = Successors(id);
@@ -243,7 +243,7 @@ bool GrammarMatcher::AdvanceByte(const State& in, uint8_t byte, State* out) {
   if (!below && !above) return false;
   out->stacks.clear();
   for (int32_t id : in.stacks) {
-    if (id == kAccept) continue;
+    if (id == kAccept || g_.elements[nodes_[id].pos].kind != Element::Kind::kChars) continue;
     const CharSet& set = g_.char_sets[g_.elements[nodes_[id].pos].index];
     if ((below && set.Intersects(lo, std::min<uint32_t>(hi, 0xD7FF))) || (above && set.Intersects(std::max<uint32_t>(lo, 0xE000), hi))) {
       out->stacks.push_back(id);
@@ -252,24 +252,58 @@ bool GrammarMatcher::AdvanceByte(const State& in, uint8_t byte, State* out) {
   return !out->stacks.empty();
 }
 
+bool GrammarMatcher::Step(const State& in, int32_t token, State* out) {
+  if (!status_.ok()) return false;
+  const TokenTrie& trie = grammar_->trie();
+  if (token < 0 || token >= trie.vocab_size()) return false;
+  // Its text, byte by byte (tokens a text can be: not control tokens).
+  bool by_text = false;
+  if (trie.usable(token)) {
+    const std::string& bytes = trie.bytes(token);
+    const State* cur = &in;
+    by_text = true;
+    for (size_t i = 0; i < bytes.size() && by_text; ++i) {
+      State* next = &scratch_[i & 1];
+      by_text = AdvanceByte(*cur, static_cast<uint8_t>(bytes[i]), next);
+      cur = next;
+    }
+    if (by_text) *out = *cur;
+  }
+  // As itself, where a stack's top asks for exactly this token (<[N]>), between characters.
+  if (in.remaining != 0) return by_text;
+  const uint32_t stamp = ++seen_stamp_;
+  if (by_text) {
+    for (int32_t id : out->stacks) seen_[id] = stamp;
+  } else {
+    out->stacks.clear();
+    out->partial = 0;
+    out->remaining = 0;
+    out->length = 0;
+  }
+  bool by_token = false;
+  for (int32_t id : in.stacks) {
+    if (id == kAccept) continue;
+    const Element& e = g_.elements[nodes_[id].pos];
+    if (e.kind != Element::Kind::kToken || e.index != token) continue;
+    by_token = true;
+    for (int32_t n : Successors(id)) {
+      if (seen_[n] != stamp) {
+        seen_[n] = stamp;
+        out->stacks.push_back(n);
+      }
+    }
+  }
+  return by_text || by_token;
+}
+
 bool GrammarMatcher::Allows(int32_t token) {
   if (!status_.ok()) return false;
   if (std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) return CanEnd();
-  const TokenTrie& trie = grammar_->trie();
-  if (token < 0 || token >= trie.vocab_size() || !trie.usable(token)) return false;
-  const std::string& bytes = trie.bytes(token);
-  const State* cur = &state_;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    State* next = &scratch_[i & 1];
-    if (!AdvanceByte(*cur, static_cast<uint8_t>(bytes[i]), next)) return false;
-    cur = next;
-  }
-  return true;
+  return Step(state_, token, &step_);
 }
 
 size_t GrammarMatcher::AllowedPrefix(std::span<const int32_t> tokens) {
   if (!status_.ok()) return 0;
-  const TokenTrie& trie = grammar_->trie();
   State walk[2];
   walk[0] = state_;
   int cur = 0;
@@ -281,11 +315,8 @@ size_t GrammarMatcher::AllowedPrefix(std::span<const int32_t> tokens) {
       const bool can_end = s.remaining == 0 && std::find(s.stacks.begin(), s.stacks.end(), kAccept) != s.stacks.end();
       return can_end ? k + 1 : k;  // nothing follows a stop token
     }
-    if (t < 0 || t >= trie.vocab_size() || !trie.usable(t)) return k;
-    for (unsigned char b : trie.bytes(t)) {
-      if (!AdvanceByte(walk[cur], b, &walk[cur ^ 1])) return k;
-      cur ^= 1;
-    }
+    if (!Step(walk[cur], t, &walk[cur ^ 1])) return k;
+    cur ^= 1;
   }
   return tokens.size();
 }
@@ -297,8 +328,7 @@ Status GrammarMatcher::Accept(int32_t token) {
     return InvalidArgument("token {} does not continue the grammar here", token);
   }
   if (std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) return Status::Ok();
-  const size_t n = grammar_->trie().bytes(token).size();
-  state_ = scratch_[(n - 1) & 1];
+  std::swap(state_, step_);
   mask_.reset();
   return Status::Ok();
 }
@@ -346,6 +376,14 @@ std::shared_ptr<TokenMask> GrammarMatcher::ComputeMask() {
       (*mask)[t >> 6] |= uint64_t{1} << (t & 63);
     }
     ++i;
+  }
+  // Tokens the grammar names (<[N]>) where a stack's top asks for them.
+  if (state_.remaining == 0) {
+    for (int32_t id : state_.stacks) {
+      if (id == kAccept) continue;
+      const Element& e = g_.elements[nodes_[id].pos];
+      if (e.kind == Element::Kind::kToken && e.index < trie.vocab_size()) (*mask)[e.index >> 6] |= uint64_t{1} << (e.index & 63);
+    }
   }
   // Stop tokens end the text: allowed exactly where the grammar may end, whatever their bytes.
   const bool can_end = CanEnd();

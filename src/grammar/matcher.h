@@ -6,8 +6,8 @@
 //
 // The matcher is a pushdown recognizer over code points (llama.cpp's grammar stacks, with the
 // stacks hash-consed into a per-matcher arena so a step never copies them): a state is the set
-// of stacks whose tops are character sets, plus the bytes of a UTF-8 character a token left
-// unfinished. A token is allowed when walking its bytes from the state leaves at least one
+// of stacks whose tops are character sets (or a named token, <[N]>), plus the bytes of a UTF-8
+// character a token left unfinished. A token is allowed when walking its bytes from the state leaves at least one
 // stack. A state's mask walks the trie once, sharing the work of tokens with common prefixes and
 // skipping a subtree as soon as its prefix is dead. Masks are a function of the state's stack
 // contents, so they are cached under that content (inside a JSON string, every step has the same
@@ -139,6 +139,9 @@ class GrammarMatcher {
   const std::vector<int32_t>& Successors(int32_t id);
   // in -> out by one byte; false when no stack survives.
   bool AdvanceByte(const State& in, uint8_t byte, State* out);
+  // in -> out by one (non-stop) token: its bytes, or the token itself where a stack's top is
+  // that token (<[N]>); the union of both. False when neither continues (out is then garbage).
+  bool Step(const State& in, int32_t token, State* out);
   void AdvanceCodePoint(const std::vector<int32_t>& in, uint32_t cp, std::vector<int32_t>* out);
   std::vector<int32_t> Key() const;
   std::shared_ptr<TokenMask> ComputeMask();
@@ -157,7 +160,8 @@ class GrammarMatcher {
   std::vector<uint32_t> visit_;  // [nodes] dedup stamps of Expand
   uint32_t seen_stamp_ = 0, visit_stamp_ = 0;
   std::vector<int32_t> work_;    // scratch of Expand
-  State scratch_[2];             // scratch of Allows/Accept
+  State scratch_[2];             // scratch of Step's byte walk
+  State step_;                   // the state after the token Allows last checked (Accept takes it)
   Status status_;
   std::vector<State> walk_;     // [trie depth] scratch of ComputeMask
   std::shared_ptr<const TokenMask> mask_;  // of the current state, once computed

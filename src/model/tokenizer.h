@@ -70,6 +70,11 @@ class Tokenizer {
   bool add_space_prefix() const { return add_space_prefix_; }
   bool IsEog(int32_t id) const { return id == eos_id_ || id == eot_id_; }
   const std::string& TokenText(int32_t id) const { return tokens_[id]; }
+  // The id of the token whose text is exactly `text` (special tokens included); -1 when none.
+  int32_t TokenId(std::string_view text) const {
+    auto it = token_to_id_.find(text);
+    return it == token_to_id_.end() ? -1 : it->second;
+  }
   TokenType GetTokenType(int32_t id) const { return types_[id]; }
 
  private:

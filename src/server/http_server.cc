@@ -183,7 +183,8 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
                                          req.constraint_param), "invalid_request_error", "tool_choice"};
       }
       if (state.grammars == nullptr) return ApiError{400, "tool_choice required needs structured outputs, not available here", "invalid_request_error", "tool_choice"};
-      auto gbnf = ToolCallGrammar(state.tool_format, req.tools, req.tool_choice_name, req.parallel_tool_calls);
+      auto gbnf = ToolCallGrammar(state.tool_format, req.tools, req.tool_choice_name, req.parallel_tool_calls,
+                                  [&tok](std::string_view text) { return tok.TokenId(text); });
       if (!gbnf.ok()) return ApiError{400, gbnf.status().message(), "invalid_request_error", "tools"};
       auto g = state.grammars->Compile({grammar::Constraint::Kind::kGbnf, *gbnf});
       if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", "tools"};
@@ -561,6 +562,11 @@ class Session : public std::enable_shared_from_this<Session> {
         g.retention = req.retention;
         g.grammar = p.grammar;
         g.render_special = req.chat && state.tool_format == ToolCallFormat::kGptOss;
+        if (g.render_special && g.grammar) {
+          // gpt-oss's call grammar ends with <|call|> itself (ToolCallGrammar): not a stop token then.
+          const int32_t call = tok.TokenId("<|call|>");
+          g.stop_ids.erase(std::remove(g.stop_ids.begin(), g.stop_ids.end(), call), g.stop_ids.end());
+        }
         if (req.embeddings) {
           g.pooling = state.pooling;
           g.stop_ids.clear();

@@ -581,10 +581,16 @@ ParsedMessage MessageStream::Finish() {
 }
 
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
-                                      bool parallel) {
+                                      bool parallel, const std::function<int32_t(std::string_view)>& token_id) {
+  // Harmony's call syntax is made of control tokens: the grammar names them by id (<[N]>).
+  std::string channel, constrain, message, call;
   if (f == ToolCallFormat::kGptOss) {
-    // Its call syntax is made of control tokens, which a grammar over text cannot write.
-    return Unimplemented("tool_choice required or a named function is not supported for gpt_oss's harmony format yet");
+    for (auto [text, out] : {std::pair<const char*, std::string*>{"<|channel|>", &channel}, {"<|constrain|>", &constrain},
+                             {"<|message|>", &message}, {"<|call|>", &call}}) {
+      const int32_t id = token_id ? token_id(text) : -1;
+      if (id < 0) return InvalidArgument("tool_choice: the vocabulary has no {} token for gpt_oss's calls", text);
+      *out = fmt::format("<[{}]>", id);
+    }
   }
   // Every chosen tool's parameters go into one schema's $defs (their own $defs renamed into it),
   // so one conversion writes all argument rules: tool<i>-params.
@@ -656,7 +662,10 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
       case ToolCallFormat::kFunctionary:
         body = grammar::GbnfLiteral("<function=" + names[i] + ">") + " " + args + " " + grammar::GbnfLiteral("</function>");
         break;
-      case ToolCallFormat::kGptOss:  // refused above
+      case ToolCallFormat::kGptOss:
+        body = channel + " " + grammar::GbnfLiteral("commentary to=functions." + names[i] + " ") + " " + constrain + " " +
+               grammar::GbnfLiteral("json") + " " + message + " " + args + " " + call;
+        break;
       case ToolCallFormat::kQwen3Coder:
       case ToolCallFormat::kHermes:
       case ToolCallFormat::kMistral:
@@ -675,7 +684,9 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
   // More calls after the first only when parallel calls are allowed and no function is named.
   const bool many = parallel && name.empty();
   switch (f) {
-    case ToolCallFormat::kGptOss:  // refused above
+    case ToolCallFormat::kGptOss:  // one call: generation ends at <|call|>
+      out += "root ::= tool_call_one\n";
+      break;
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kQwen3Coder:
       // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.

@@ -19,6 +19,7 @@
 // Pure functions and one streaming parser; no sockets, no engine.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -82,7 +83,11 @@ class MessageStream {
 // A grammar (GBNF) for tool_choice "required" (name empty: any of the tools, one or more calls
 // if parallel) or a named function (name set: exactly one call of it), in the format's syntax,
 // with each call's arguments valid against its function's parameters. Errors name the tool.
+// token_id: a control token's id by its text (-1: not in the vocabulary), for formats whose
+// calls are made of control tokens (gpt_oss: <|channel|>commentary to=functions.NAME
+// <|constrain|>json<|message|>{...}<|call|>, one call, the grammar ending with <|call|>, which
+// must then not be a stop token).
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
-                                      bool parallel);
+                                      bool parallel, const std::function<int32_t(std::string_view)>& token_id = nullptr);
 
 }  // namespace gale::server

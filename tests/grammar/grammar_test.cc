@@ -207,6 +207,47 @@ TEST(Matcher, MasksAreCachedAcrossRequestsOfOneGrammar) {
   EXPECT_EQ(c->cache_misses(), misses);
 }
 
+// <[N]> asks for exactly token N: a control token no text spells (gpt-oss's <|channel|>), or a
+// text token by its id (then its text is allowed as well, as any other way of writing it).
+TEST(Matcher, TokenTerminalsAllowExactlyThatToken) {
+  // 0 "<|c|>" and 1 "<|m|>" are control tokens (not usable as text); 2 "ab", 3 "a", 4 "b", 5 "x".
+  std::vector<std::string> toks = {"<|c|>", "<|m|>", "ab", "a", "b", "x"};
+  auto trie = std::make_shared<const TokenTrie>(toks, std::vector<bool>{false, false, true, true, true, true});
+  auto c = Compile("root ::= <[0]> \"ab\" <[1]> x*\nx ::= \"x\" | <[4]>", trie);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->grammar().ToString().find("<[0]>") != std::string::npos, true) << c->grammar().ToString();
+  const int32_t stop = 6;  // past the trie: ends the text where the grammar may end
+  GrammarMatcher m(c, {stop});
+  auto bits = [&](GrammarMatcher& g) {
+    std::vector<int> on;
+    const auto mask = g.Mask();
+    for (int t = 0; t < 6; ++t) if (((*mask)[0] >> t) & 1) on.push_back(t);
+    return on;
+  };
+  EXPECT_EQ(bits(m), (std::vector<int>{0}));
+  EXPECT_FALSE(m.Allows(1));
+  EXPECT_FALSE(m.Allows(3));
+  EXPECT_EQ(m.AllowedPrefix(std::vector<int32_t>{0, 3, 4, 1, 5, 4, 1}), 6u);
+  ASSERT_TRUE(m.Accept(0).ok());
+  EXPECT_EQ(bits(m), (std::vector<int>{2, 3}));  // "ab" or "a": text, no control token
+  ASSERT_TRUE(m.Accept(3).ok());
+  EXPECT_EQ(bits(m), (std::vector<int>{4}));
+  ASSERT_TRUE(m.Accept(4).ok());
+  EXPECT_EQ(bits(m), (std::vector<int>{1}));
+  EXPECT_FALSE(m.CanEnd());
+  ASSERT_TRUE(m.Accept(1).ok());
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_EQ(bits(m), (std::vector<int>{4, 5}));  // "x" as text, and token 4 by its id
+  ASSERT_TRUE(m.Accept(4).ok());
+  ASSERT_TRUE(m.Accept(5).ok());
+  EXPECT_FALSE(m.Accept(0).ok());
+  EXPECT_TRUE(m.Allows(stop));
+  // The syntax's errors.
+  for (const char* bad : {"root ::= <[]>", "root ::= <[12", "root ::= <[99999999999]>", "root ::= <x>"}) {
+    EXPECT_FALSE(ParseGbnf(bad).ok()) << bad;
+  }
+}
+
 TEST(Matcher, LogitsOutsideTheVocabularyAreMasked) {
   auto c = Compile(R"(root ::= "a")");
   GrammarMatcher m(c, {});

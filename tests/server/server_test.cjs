@@ -703,6 +703,61 @@ function rawStream(port, cutAfter) {
     }
   });
 
+  await check('gpt-oss with its real tokenizer: tool_choice required and named give a valid harmony call, streamed and not', async () => {
+    // A random-weight gpt-oss with gpt-oss's tokenizer.json (scripts/install-deps.sh --test); the
+    // call is written with its control tokens (<|channel|>, <|constrain|>, <|message|>, <|call|>).
+    const os = require('os');
+    const hf = path.join(__dirname, '../../.deps/node/hf/tokenizer-gptoss/models');
+    const model = path.join(os.tmpdir(), `gale-gptoss-${process.pid}.gguf`);
+    const template = path.join(os.tmpdir(), `gale-harmony-${process.pid}.jinja`);
+    fs.writeFileSync(template, "{%- for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content if m.content else '' }}<|end|>" +
+                               '{%- endfor %}<|start|>assistant');
+    const { execFileSync } = require('child_process');
+    execFileSync(gale, ['synth', '--shape', 'custom', '--arch', 'gpt-oss', '--dim', '64', '--layers', '2', '--heads', '4',
+                        '--kv-heads', '2', '--head-dim', '32', '--ffn', '128', '--experts', '4', '--experts-used', '2',
+                        '--expert-ffn', '64', '--type', 'q8_0', '--tokenizer', hf, '-o', model], { stdio: 'ignore' });
+    const sg = await startServer(['-m', model, '--chat-template', template, '--tool-call-parser', 'gpt_oss', '--no-warmup'],
+                                 { template: false });
+    try {
+      const c = new OpenAI({ baseURL: `http://127.0.0.1:${sg.port}/v1`, apiKey: 'x', maxRetries: 0 });
+      const tools = [{ type: 'function', function: { name: 'control_light', parameters: { type: 'object',
+        properties: { room: { type: 'string', enum: ['kitchen', 'hall'] }, on: { type: 'boolean' } }, required: ['room', 'on'] } } },
+                     { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } }];
+      const valid = (call) => {
+        if (call.function.name === 'get_time') return assert.deepStrictEqual(JSON.parse(call.function.arguments), {});
+        assert.strictEqual(call.function.name, 'control_light');
+        const a = JSON.parse(call.function.arguments);
+        assert.ok(['kitchen', 'hall'].includes(a.room) && typeof a.on === 'boolean', call.function.arguments);
+      };
+      const messages = [{ role: 'user', content: 'Turn on the light' }];
+      for (let seed = 1; seed <= 3; ++seed) {
+        const r = await c.chat.completions.create({ messages, tools, tool_choice: 'required', max_tokens: 300, seed });
+        assert.strictEqual(r.choices[0].finish_reason, 'tool_calls');
+        assert.strictEqual(r.choices[0].message.tool_calls.length, 1);
+        valid(r.choices[0].message.tool_calls[0]);
+      }
+      const stream = await c.chat.completions.create({ messages, tools, max_tokens: 300, stream: true,
+                                                       tool_choice: { type: 'function', function: { name: 'get_time' } } });
+      let finish = null;
+      const calls = [];
+      for await (const chunk of stream) {
+        for (const d of chunk.choices[0].delta.tool_calls || []) {
+          if (d.id) calls.push({ function: { name: d.function.name, arguments: '' } });
+          calls[calls.length - 1].function.arguments += d.function.arguments || '';
+        }
+        if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+      }
+      assert.strictEqual(finish, 'tool_calls');
+      assert.strictEqual(calls.length, 1);
+      assert.strictEqual(calls[0].function.name, 'get_time');
+      valid(calls[0]);
+    } finally {
+      sg.proc.kill('SIGTERM');
+      fs.rmSync(model, { force: true });
+      fs.rmSync(template, { force: true });
+    }
+  });
+
   await check('a BERT encoder: /v1/embeddings from its pooling (after its warm-up), text requests and over-long inputs a 400', async () => {
     const model = path.join(require('os').tmpdir(), `gale-bert-${process.pid}.gguf`);
     const { execFileSync } = require('child_process');

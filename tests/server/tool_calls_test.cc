@@ -147,6 +147,67 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_FALSE(ToolCallGrammar(f, nlohmann::ordered_json::array(), "", true).ok());
 }
 
+// tool_choice required under harmony: the grammar names <|channel|>, <|constrain|>, <|message|> and
+// <|call|> by id (control tokens no text spells), so the call is those tokens around text, and the
+// arguments are valid against the schema; nothing else may start the output.
+TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
+  const auto f = ToolCallFormat::kGptOss;
+  // The 256 bytes as text tokens, then the four control tokens (ids 256-259).
+  std::vector<std::string> toks;
+  for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string> control = {"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"};
+  toks.insert(toks.end(), control.begin(), control.end());
+  std::vector<bool> usable(toks.size(), true);
+  for (size_t i = 256; i < toks.size(); ++i) usable[i] = false;
+  auto trie = std::make_shared<const grammar::TokenTrie>(toks, usable);
+  auto id = [&](std::string_view text) -> int32_t {
+    for (size_t i = 256; i < toks.size(); ++i) if (toks[i] == text) return static_cast<int32_t>(i);
+    return -1;
+  };
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+          {"type": "function", "function": {"name": "pong", "parameters": {"type": "object", "properties": {}}}}])");
+  EXPECT_FALSE(ToolCallGrammar(f, tools, "", true).ok());  // no vocabulary to name the tokens by
+  auto gbnf = ToolCallGrammar(f, tools, "", true, id);
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
+  auto parsed = grammar::ParseGbnf(*gbnf);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), trie);
+  // A token sequence: control tokens by id, text byte by byte.
+  auto accepts = [&](const std::vector<std::string>& parts) {
+    grammar::GrammarMatcher m(compiled, {});
+    for (const std::string& p : parts) {
+      if (id(p) >= 0) {
+        if (!m.Accept(id(p)).ok()) return false;
+        continue;
+      }
+      for (unsigned char b : p) {
+        if (!m.Accept(b).ok()) return false;
+      }
+    }
+    return m.Done();
+  };
+  EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n": 3})", "<|call|>"}));
+  EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.pong ", "<|constrain|>", "json", "<|message|>", "{}", "<|call|>"}));
+  EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n": "3"})", "<|call|>"}));
+  EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n": 3})"}));
+  EXPECT_FALSE(accepts({"<|channel|>", "final", "<|message|>", "hi"}));
+  EXPECT_FALSE(accepts({"<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{\"n\": 3}<|call|>"}));  // as text
+  grammar::GrammarMatcher start(compiled, {});
+  const auto mask = start.Mask();
+  for (int32_t t = 0; t < static_cast<int32_t>(toks.size()); ++t) {
+    EXPECT_EQ(((*mask)[t >> 6] >> (t & 63)) & 1, t == id("<|channel|>") ? 1u : 0u) << t;
+  }
+  // A named function: only that one.
+  auto named = ToolCallGrammar(f, tools, "pong", true, id);
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->find("ping"), std::string::npos);
+  // A vocabulary without the tokens: a clear error.
+  auto none = ToolCallGrammar(f, tools, "", true, [](std::string_view) { return -1; });
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("<|channel|>"), std::string::npos);
+}
+
 TEST(ToolCalls, Functionary) {
   const auto f = ToolCallFormat::kFunctionary;
   ExpectParsed(f, "Let me see.<function=get_weather>{\"city\": \"Lima\"}</function>",
