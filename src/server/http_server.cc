@@ -594,8 +594,9 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->cached_tokens.assign(n, 0);
     gen->evicted_tokens.assign(n, 0);
     gen->messages.resize(n);
-    // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning).
-    const bool harmony = state.tool_format == ToolCallFormat::kGptOss;
+    // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning),
+    // and so are Functionary v3.2's (every message starts with its recipient, "all" for text).
+    const bool harmony = state.tool_format == ToolCallFormat::kGptOss || state.tool_format == ToolCallFormat::kFunctionaryV32;
     if (req.chat && (p.parse_tools || state.reasoning || harmony)) {
       for (auto& m : gen->messages) {
         m.emplace(p.parse_tools || harmony ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,

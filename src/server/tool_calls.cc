@@ -395,6 +395,51 @@ ParsedMessage ParseFunctionary(std::string_view text) {
   return out;
 }
 
+// Functionary v3.2: the prompt ends with ">>>", so the message starts with a recipient line;
+// every later part starts with ">>>" and its own. "all\n" + text is content; "NAME\n" + a JSON
+// object a call; "python\n" + code (not JSON) a call of python with {"code": ...}. A part that is
+// none of these stays in the content as it was written.
+ParsedMessage ParseFunctionaryV32(std::string_view text) {
+  constexpr std::string_view kSep = ">>>";
+  ParsedMessage out;
+  if (StartsWith(text, kSep)) text.remove_prefix(kSep.size());
+  auto is_name = [](std::string_view n) {
+    if (n.empty()) return false;
+    for (char c : n) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
+    }
+    return true;
+  };
+  bool first = true;
+  while (true) {
+    const size_t end = text.find(kSep);
+    const std::string_view part = text.substr(0, end);
+    const size_t nl = part.find('\n');
+    const std::string_view recipient = part.substr(0, nl);
+    const std::string_view body = nl == std::string_view::npos ? std::string_view() : part.substr(nl + 1);
+    auto raw = [&] { out.content += (first ? "" : std::string(kSep)) + std::string(part); };
+    if (recipient == "all") {
+      out.content += std::string(body);
+    } else if (nl != std::string_view::npos && is_name(recipient)) {
+      auto j = ParseJson(Trim(body));
+      auto a = j ? Arguments(*j) : std::nullopt;
+      if (a) {
+        out.calls.push_back({std::string(recipient), *a, ""});
+      } else if (recipient == "python" && !Trim(body).empty()) {
+        out.calls.push_back({"python", Json{{"code", std::string(body)}}.dump(-1, ' ', false, Json::error_handler_t::replace), ""});
+      } else {
+        raw();
+      }
+    } else {
+      raw();
+    }
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + kSep.size());
+    first = false;
+  }
+  return out;
+}
+
 // The texts that may start a call in each format (held back while they might be one).
 // Static tables: a streamed message asks on every delta.
 std::span<const std::string_view> Markers(ToolCallFormat f) {
@@ -407,7 +452,8 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
     case ToolCallFormat::kFunctionary: return kFunctionary;
-    case ToolCallFormat::kGptOss: break;
+    case ToolCallFormat::kGptOss:
+    case ToolCallFormat::kFunctionaryV32: break;  // taken apart whole at the end
   }
   return {};
 }
@@ -431,21 +477,24 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
     case ToolCallFormat::kGptOss: return "gpt_oss";
     case ToolCallFormat::kFunctionary: return "functionary";
+    case ToolCallFormat::kFunctionaryV32: return "functionary_v3_2";
   }
   return "";
 }
 
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGptOss, ToolCallFormat::kFunctionary}) {
+                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGptOss, ToolCallFormat::kFunctionary,
+                 ToolCallFormat::kFunctionaryV32}) {
     if (name == ToolCallFormatName(f)) return f;
   }
   return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, "
-                         "gpt_oss, functionary", name);
+                         "gpt_oss, functionary, functionary_v3_2", name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
   if (src.find("<|channel|>") != std::string_view::npos) return ToolCallFormat::kGptOss;
+  if (src.find(">>>all") != std::string_view::npos) return ToolCallFormat::kFunctionaryV32;
   if (src.find("<function=") != std::string_view::npos && src.find("<tool_call>") != std::string_view::npos) {
     return ToolCallFormat::kQwen3Coder;
   }
@@ -469,6 +518,7 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text) {
     case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
     case ToolCallFormat::kGptOss: out = ParseHarmony(text); break;
     case ToolCallFormat::kFunctionary: out = ParseFunctionary(text); break;
+    case ToolCallFormat::kFunctionaryV32: out = ParseFunctionaryV32(text); break;
   }
   if (!out.calls.empty()) out.content = std::string(Trim(out.content));
   return out;
@@ -491,8 +541,9 @@ MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning
 
 MessageStream::Delta MessageStream::Push(std::string_view text) {
   Delta d;
-  if (tools_ == ToolCallFormat::kGptOss) {
-    // Harmony's channels decide what every part is: the message is taken apart at the end.
+  if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) {
+    // Harmony's channels (Functionary v3.2's recipients) decide what every part is: the message
+    // is taken apart at the end.
     // NOTE: so nothing streams before the message ends for this format.
     call_text_ += text;
     in_calls_ = true;
@@ -662,6 +713,9 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
       case ToolCallFormat::kFunctionary:
         body = grammar::GbnfLiteral("<function=" + names[i] + ">") + " " + args + " " + grammar::GbnfLiteral("</function>");
         break;
+      case ToolCallFormat::kFunctionaryV32:  // the prompt ends with ">>>"
+        body = grammar::GbnfLiteral(names[i] + "\n") + " " + args;
+        break;
       case ToolCallFormat::kGptOss:
         body = channel + " " + grammar::GbnfLiteral("commentary to=functions." + names[i] + " ") + " " + constrain + " " +
                grammar::GbnfLiteral("json") + " " + message + " " + args + " " + call;
@@ -701,6 +755,9 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
       break;
     case ToolCallFormat::kFunctionary:
       out += fmt::format("root ::= tool_call_one{}\n", many ? " (\"\\n\"? tool_call_one)*" : "");
+      break;
+    case ToolCallFormat::kFunctionaryV32:
+      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\">>>\" tool_call_one)*" : "");
       break;
     case ToolCallFormat::kDeepSeekV3:
       out += fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),

@@ -13,6 +13,8 @@
 //                <|constrain|>json<|message|>{...}<|call|> (a call); the control tokens must be in
 //                the text (the server asks the engine to render them for this format)
 //   functionary  <function=name>{...}</function> (Functionary v3.1; Granite 4 writes hermes)
+//   functionary_v3_2  the prompt ends with ">>>"; parts "all\ntext" (content) and "name\n{...}" (a
+//                call; python's may be raw code), joined by ">>>" (Functionary v3.2)
 // A call whose JSON does not parse stays in the content, as text. The format is chosen from the
 // chat template (`--tool-call-parser` overrides). For tool_choice "required" or a named function,
 // ToolCallGrammar writes a grammar that only lets the model write valid calls in its format.
@@ -31,7 +33,7 @@
 
 namespace gale::server {
 
-enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGptOss, kFunctionary };
+enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGptOss, kFunctionary, kFunctionaryV32 };
 const char* ToolCallFormatName(ToolCallFormat f);
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
 // From a chat template's source: the markers it writes calls with; hermes when it shows none.

@@ -224,6 +224,46 @@ TEST(ToolCalls, Functionary) {
   EXPECT_EQ(DetectToolCallFormat("{{- '<function=' + name + '>' }}"), f);
 }
 
+// Functionary v3.2: the prompt ends with ">>>", so a message starts with its recipient line
+// (outputs as llama.cpp's tests record them).
+TEST(ToolCalls, FunctionaryV32) {
+  const auto f = ToolCallFormat::kFunctionaryV32;
+  ExpectParsed(f, "all\nHello, world!\nnono\nWhat's up?>>>special_function\n{\"arg1\": 1}\n",
+               {"Hello, world!\nnono\nWhat's up?", {{"special_function", R"({"arg1":1})"}}});
+  ExpectParsed(f, "special_function\n{\"arg1\": 1} \n                    ", {"", {{"special_function", R"({"arg1":1})"}}});
+  ExpectParsed(f, "python\n# This is a program:\nprint('hey')",
+               {"", {{"python", R"j({"code":"# This is a program:\nprint('hey')"})j"}}});
+  ExpectParsed(f, "get_weather\n{\"city\": \"Lima\"}>>>get_time\n{}", {"", {{"get_weather", R"({"city":"Lima"})"}, {"get_time", "{}"}}});
+  // Text only: "all" is not content; a part that is no call stays as written.
+  for (const auto& [text, content] : std::vector<std::pair<std::string, std::string>>{
+           {"all\nHello, world!\nWhat's up?", "Hello, world!\nWhat's up?"},
+           {">>>all\nHi", "Hi"},
+           {"all\nA>>>broken\n{oops", "A>>>broken\n{oops"},
+           {"no recipient at all", "no recipient at all"}}) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(ParseToolCalls(f, text).content, content);
+    EXPECT_TRUE(ParseToolCalls(f, text).calls.empty());
+    MessageStream ms(f, false, false);
+    std::string streamed;
+    for (size_t at = 0; at < text.size(); at += 3) streamed += ms.Push(text.substr(at, 3)).content;
+    const ParsedMessage tail = ms.Finish();
+    EXPECT_EQ(streamed + tail.content, content);
+  }
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}])");
+  auto g = ToolCallGrammar(f, tools, "", true);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\": 3}"));
+  EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\": 3}>>>ping\n{}"));
+  EXPECT_FALSE(GrammarAccepts(*g, "ping\n{\"n\": \"3\"}"));
+  EXPECT_FALSE(GrammarAccepts(*g, "all\nhello"));
+  auto one = ToolCallGrammar(f, tools, "", false);
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(GrammarAccepts(*one, "ping\n{\"n\": 3}>>>ping\n{}"));
+  EXPECT_EQ(DetectToolCallFormat("{{- '>>>all\\n' + message['content'] }}"), f);
+  EXPECT_EQ(*ParseToolCallFormat("functionary_v3_2"), f);
+}
+
 TEST(ToolCalls, FormatFromTheChatTemplate) {
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("<tool_call>\\n<function=example>"), ToolCallFormat::kQwen3Coder);
