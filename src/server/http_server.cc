@@ -421,7 +421,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (path == "/metrics") {
       if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
-      return Send(http::status::ok, "text/plain; version=0.0.4", server_->metrics.Render(state ? state->engine : nullptr));
+      return Send(http::status::ok, "text/plain; version=0.0.4", server_->metrics.Render(state ? state->engine : nullptr,
+                                                                                            state ? state->model_name : ""));
     }
     const bool tokenize = path == "/tokenize" || path == "/v1/tokenize", detokenize = path == "/detokenize" || path == "/v1/detokenize";
     if (path.rfind("/v1/", 0) != 0 && !tokenize && !detokenize) {

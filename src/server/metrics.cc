@@ -13,15 +13,18 @@ void Histogram::Observe(double v) {
   ++count_;
 }
 
-void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
+void Histogram::Render(const std::string& name, const std::string& help, const std::string& labels, std::string* out) const {
   *out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  const std::string more = labels.empty() ? "" : "," + labels;
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
-    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+    *out += fmt::format("{}_bucket{{le=\"{}\"{}}} {}\n", name, bounds_[i], more, cum);
   }
   cum += counts_.back();
-  *out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, sum_, name, count_);
+  const std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  *out += fmt::format("{}_bucket{{le=\"+Inf\"{}}} {}\n{}_sum{} {}\n{}_count{} {}\n", name, more, cum, name, braces, sum_, name,
+                      braces, count_);
 }
 
 Metrics::Metrics()
@@ -51,39 +54,81 @@ void Metrics::HttpResponse(int status) {
   ++http_status_[status];
 }
 
-std::string Metrics::Render(const Engine* engine) const {
+std::string Metrics::Render(const Engine* engine, const std::string& model_name) const {
   std::string out;
   std::lock_guard<std::mutex> lock(mu_);
-  out += "# HELP gale:request_success_total Finished requests by finish reason.\n# TYPE gale:request_success_total counter\n";
+  // The families vLLM also has come twice: as gale:NAME, and as vllm:NAME with vLLM's model_name
+  // label, so that routers and autoscalers written for vLLM read gale unchanged.
+  std::string escaped;
+  for (char c : model_name) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    escaped += c == '\n' ? ' ' : c;
+  }
+  const std::string vllm_label = fmt::format("model_name=\"{}\"", escaped);
+  struct Sample {
+    std::string labels;  // "" or `key="value"`
+    double value;
+  };
+  auto family = [&](const char* type, const std::string& name, const std::string& help, const std::vector<Sample>& samples,
+                    bool vllm) {
+    for (const bool v : {false, true}) {
+      if (v && !vllm) break;
+      const std::string full = (v ? "vllm:" : "gale:") + name;
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", full, help, full, type);
+      for (const Sample& s : samples) {
+        std::string labels = s.labels;
+        if (v) labels = labels.empty() ? vllm_label : labels + "," + vllm_label;
+        out += fmt::format("{}{} {}\n", full, labels.empty() ? "" : "{" + labels + "}", s.value);
+      }
+    }
+  };
+  auto histogram = [&](const Histogram& h, const std::string& name, const std::string& help) {
+    h.Render("gale:" + name, help, "", &out);
+    h.Render("vllm:" + name, help, vllm_label, &out);
+  };
+  std::vector<Sample> outcomes;
   for (const char* r : {"stop", "length", "abort", "error", "rejected"}) {
     auto it = outcomes_.find(r);
-    out += fmt::format("gale:request_success_total{{finished_reason=\"{}\"}} {}\n", r, it == outcomes_.end() ? 0 : it->second);
+    outcomes.push_back({fmt::format("finished_reason=\"{}\"", r), static_cast<double>(it == outcomes_.end() ? 0 : it->second)});
   }
-  out += "# HELP gale:http_responses_total HTTP responses by status.\n# TYPE gale:http_responses_total counter\n";
-  for (const auto& [status, n] : http_status_) out += fmt::format("gale:http_responses_total{{status=\"{}\"}} {}\n", status, n);
-  out += fmt::format("# HELP gale:prompt_tokens_total Prompt tokens processed (counted when a request's prompt is done).\n# TYPE gale:prompt_tokens_total counter\ngale:prompt_tokens_total {}\n", prompt_tokens_);
-  out += fmt::format("# HELP gale:generation_tokens_total Tokens generated (counted as they are generated).\n# TYPE gale:generation_tokens_total counter\ngale:generation_tokens_total {}\n", generation_tokens_);
-  ttft_.Render("gale:time_to_first_token_seconds", "Time to first token.", &out);
-  tpot_.Render("gale:time_per_output_token_seconds", "Time per output token after the first.", &out);
-  e2e_.Render("gale:e2e_request_latency_seconds", "End-to-end request latency.", &out);
+  family("counter", "request_success_total", "Finished requests by finish reason.", outcomes, true);
+  std::vector<Sample> statuses;
+  for (const auto& [status, n] : http_status_) statuses.push_back({fmt::format("status=\"{}\"", status), static_cast<double>(n)});
+  family("counter", "http_responses_total", "HTTP responses by status.", statuses, false);
+  family("counter", "prompt_tokens_total", "Prompt tokens processed (counted when a request's prompt is done).",
+         {{"", static_cast<double>(prompt_tokens_)}}, true);
+  family("counter", "generation_tokens_total", "Tokens generated (counted as they are generated).",
+         {{"", static_cast<double>(generation_tokens_)}}, true);
+  histogram(ttft_, "time_to_first_token_seconds", "Time to first token.");
+  histogram(tpot_, "time_per_output_token_seconds", "Time per output token after the first.");
+  histogram(e2e_, "e2e_request_latency_seconds", "End-to-end request latency.");
   if (engine != nullptr) {
     const EngineStats& s = engine->stats();
     const double used = engine->num_blocks() > 0
                             ? 1.0 - static_cast<double>(s.num_free_blocks.load()) / static_cast<double>(engine->num_blocks())
                             : 0.0;
-    out += fmt::format("# HELP gale:num_requests_running Requests in the running batch.\n# TYPE gale:num_requests_running gauge\ngale:num_requests_running {}\n", s.num_running.load());
-    out += fmt::format("# HELP gale:num_requests_waiting Requests waiting to be scheduled.\n# TYPE gale:num_requests_waiting gauge\ngale:num_requests_waiting {}\n", s.num_waiting.load());
-    out += fmt::format("# HELP gale:kv_cache_usage_perc Share of KV blocks in use (1 = full).\n# TYPE gale:kv_cache_usage_perc gauge\ngale:kv_cache_usage_perc {}\n", used);
-    out += fmt::format("# HELP gale:num_preemptions_total Preemptions.\n# TYPE gale:num_preemptions_total counter\ngale:num_preemptions_total {}\n", s.num_preemptions.load());
-    out += fmt::format("# HELP gale:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n# TYPE gale:prefix_cache_queries_total counter\ngale:prefix_cache_queries_total {}\n", s.prefix_cache_query_tokens.load());
-    out += fmt::format("# HELP gale:prefix_cache_hits_total Prompt tokens found in the prefix cache.\n# TYPE gale:prefix_cache_hits_total counter\ngale:prefix_cache_hits_total {}\n", s.prefix_cache_hit_tokens.load());
-    out += fmt::format("# HELP gale:prefix_cache_blocks Blocks findable in the prefix cache.\n# TYPE gale:prefix_cache_blocks gauge\ngale:prefix_cache_blocks {}\n", s.prefix_cache_blocks.load());
-    out += fmt::format("# HELP gale:spec_decode_num_drafts_total Verifications of one request's speculative guesses.\n# TYPE gale:spec_decode_num_drafts_total counter\ngale:spec_decode_num_drafts_total {}\n", s.spec_num_drafts.load());
-    out += fmt::format("# HELP gale:spec_decode_num_draft_tokens_total Speculative tokens guessed and verified.\n# TYPE gale:spec_decode_num_draft_tokens_total counter\ngale:spec_decode_num_draft_tokens_total {}\n", s.spec_num_draft_tokens.load());
-    out += fmt::format("# HELP gale:spec_decode_num_accepted_tokens_total Speculative tokens accepted.\n# TYPE gale:spec_decode_num_accepted_tokens_total counter\ngale:spec_decode_num_accepted_tokens_total {}\n", s.spec_num_accepted_tokens.load());
-    out += fmt::format("# HELP gale:kv_evicted_tokens_total Positions KV retention dropped from sequences' caches.\n# TYPE gale:kv_evicted_tokens_total counter\ngale:kv_evicted_tokens_total {}\n", s.kv_evicted_tokens.load());
-    out += fmt::format("# HELP gale:kv_evictions_total KV retention compactions.\n# TYPE gale:kv_evictions_total counter\ngale:kv_evictions_total {}\n", s.kv_evictions.load());
-    out += fmt::format("# HELP gale:engine_steps_total Engine steps.\n# TYPE gale:engine_steps_total counter\ngale:engine_steps_total {}\n", s.num_steps.load());
+    auto one = [](double v) { return std::vector<Sample>{{"", v}}; };
+    family("gauge", "num_requests_running", "Requests in the running batch.", one(s.num_running.load()), true);
+    family("gauge", "num_requests_waiting", "Requests waiting to be scheduled.", one(s.num_waiting.load()), true);
+    family("gauge", "kv_cache_usage_perc", "Share of KV blocks in use (1 = full).", one(used), true);
+    // vLLM's older name for the same gauge, which some autoscalers still read.
+    out += fmt::format("# HELP vllm:gpu_cache_usage_perc Share of KV blocks in use (1 = full).\n"
+                       "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{{{}}} {}\n", vllm_label, used);
+    family("counter", "num_preemptions_total", "Preemptions.", one(s.num_preemptions.load()), true);
+    family("counter", "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+           one(s.prefix_cache_query_tokens.load()), true);
+    family("counter", "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", one(s.prefix_cache_hit_tokens.load()), true);
+    family("gauge", "prefix_cache_blocks", "Blocks findable in the prefix cache.", one(s.prefix_cache_blocks.load()), false);
+    family("counter", "spec_decode_num_drafts_total", "Verifications of one request's speculative guesses.",
+           one(s.spec_num_drafts.load()), true);
+    family("counter", "spec_decode_num_draft_tokens_total", "Speculative tokens guessed and verified.",
+           one(s.spec_num_draft_tokens.load()), true);
+    family("counter", "spec_decode_num_accepted_tokens_total", "Speculative tokens accepted.",
+           one(s.spec_num_accepted_tokens.load()), true);
+    family("counter", "kv_evicted_tokens_total", "Positions KV retention dropped from sequences' caches.",
+           one(s.kv_evicted_tokens.load()), false);
+    family("counter", "kv_evictions_total", "KV retention compactions.", one(s.kv_evictions.load()), false);
+    family("counter", "engine_steps_total", "Engine steps.", one(s.num_steps.load()), false);
   }
   return out;
 }

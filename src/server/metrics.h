@@ -1,6 +1,8 @@
 // Server metrics in Prometheus text format, named like vLLM's (prefix `gale:`): request outcomes,
 // token counters, latency histograms (time to first token, time per output token, end to end),
-// and the engine's gauges (running, waiting, KV usage, prefix cache, preemptions). Thread-safe.
+// and the engine's gauges (running, waiting, KV usage, prefix cache, preemptions). The families
+// vLLM has are also written under its own names (`vllm:...{model_name="..."}`), so routers and
+// autoscalers that read vLLM read gale. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,8 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void Observe(double v);
-  void Render(const std::string& name, const std::string& help, std::string* out) const;
+  // labels: "" or `key="value"` pairs added to every sample.
+  void Render(const std::string& name, const std::string& help, const std::string& labels, std::string* out) const;
 
  private:
   std::vector<double> bounds_;
@@ -35,7 +38,7 @@ class Metrics {
   // Token counters, moved as the engine produces (not only when requests end).
   void Tokens(int64_t prompt_tokens, int64_t generation_tokens);
   void HttpResponse(int status);
-  std::string Render(const Engine* engine) const;
+  std::string Render(const Engine* engine, const std::string& model_name) const;
 
  private:
   mutable std::mutex mu_;

@@ -452,6 +452,17 @@ function rawStream(port, cutAfter) {
     assert.strictEqual(finished, metricValue(m, 'gale:e2e_request_latency_seconds_count'));
     assert.ok(metricValue(m, 'gale:generation_tokens_total') > 0);
     assert.ok(metricValue(m, 'gale:prefix_cache_hits_total') > 0);
+    // The same families under vLLM's names, with its model_name label, for routers and autoscalers.
+    for (const name of ['num_requests_running', 'num_requests_waiting', 'kv_cache_usage_perc', 'prefix_cache_queries_total',
+                        'prefix_cache_hits_total', 'generation_tokens_total', 'prompt_tokens_total', 'num_preemptions_total',
+                        'e2e_request_latency_seconds_count', 'time_to_first_token_seconds_count']) {
+      const line = m.split('\n').find((l) => l.startsWith(`vllm:${name}{`));
+      assert.ok(line && line.includes('model_name="stories260K"'), `vllm:${name}: ${line}`);
+    }
+    assert.ok(m.includes('# TYPE vllm:num_requests_waiting gauge'));
+    assert.ok(m.split('\n').some((l) => l.startsWith('vllm:gpu_cache_usage_perc{model_name="stories260K"} ')));
+    assert.ok(m.split('\n').some((l) => l.startsWith('vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="stories260K"} ')));
+    assert.strictEqual(sumMetric(m, 'vllm:request_success_total{'), sumMetric(m, 'gale:request_success_total{'));
   });
 
   await check('arrays nested 30,000 deep anywhere in a body are a 400, not a crash', async () => {
