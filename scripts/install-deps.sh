@@ -9,7 +9,7 @@
 set -euo pipefail
 PACKAGES=(cmake ninja-build pkg-config g++ clang lld libclang-rt-14-dev
           libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libspdlog-dev
-          nlohmann-json3-dev libutf8proc-dev libxxhash-dev libboost-dev)
+          nlohmann-json3-dev libutf8proc-dev libxxhash-dev libboost-dev libzmq3-dev libmsgpack-cxx-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -158,6 +158,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   max_request_tokens_ = sched_.max_request_tokens();
   kv_bytes_ = storage_.num_bytes();
   if (config.kv_prefault) prefault_seconds_ = storage_.Prefault();
+  if (config.kv_events) kv_.set_record_events(true);
   stats_.num_free_blocks = num_blocks;
   thread_ = std::thread([this] { Loop(); });
 }
@@ -685,6 +686,10 @@ void Engine::PublishStats() {
   stats_.spec_num_drafts = sched_.num_spec_verifications();
   stats_.spec_num_draft_tokens = sched_.num_spec_proposed();
   stats_.spec_num_accepted_tokens = sched_.num_spec_accepted();
+  if (config_.kv_events) {
+    std::vector<KvCacheEvent> events = kv_.TakeEvents();
+    if (!events.empty()) config_.kv_events(std::move(events));
+  }
 }
 
 }  // namespace gale

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,9 @@ struct EngineConfig {
   // KV retention for requests that do not choose their own (off by default). A request with a
   // budget may be longer than KV memory (up to max_seq_len); not with a draft model.
   RetentionConfig retention;
+  // KV-cache events (blocks the prefix cache stored and evicted; see KvCacheEvent): when set,
+  // called on the engine thread after every step that had some, in order. Must not block.
+  std::function<void(std::vector<KvCacheEvent>)> kv_events;
 };
 
 // Counters for summaries and /metrics; read from any thread.

@@ -44,6 +44,7 @@ std::optional<int32_t> BlockPool::Allocate() {
     cached_.erase(hash_[b]);
     has_hash_[b] = 0;
     ++num_evictions_;
+    if (record_evictions_) evicted_.push_back(hash_[b]);
   }
   return b;
 }
@@ -60,12 +61,13 @@ void BlockPool::TakeCached(int32_t b) {
   ++ref_count_[b];
 }
 
-void BlockPool::SetHash(int32_t b, const BlockHash& h) {
+bool BlockPool::SetHash(int32_t b, const BlockHash& h) {
   CHECK(b >= 0 && b < num_blocks() && ref_count_[b] > 0);
-  if (has_hash_[b] || cached_.count(h)) return;
+  if (has_hash_[b] || cached_.count(h)) return false;
   hash_[b] = h;
   has_hash_[b] = 1;
   cached_.emplace(h, b);
+  return true;
 }
 
 void BlockPool::Retain(int32_t b) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gale {
@@ -40,8 +41,11 @@ class BlockPool {
   std::optional<int32_t> LookupCached(const BlockHash& h) const;
   // Takes a reference to a cached block (off the free list if it was free).
   void TakeCached(int32_t block_id);
-  // Records that block_id holds the tokens hashed to h; no-op if h already has a block.
-  void SetHash(int32_t block_id, const BlockHash& h);
+  // Records that block_id holds the tokens hashed to h; no-op (false) if h already has a block.
+  bool SetHash(int32_t block_id, const BlockHash& h);
+  // With recording on, the hashes Allocate evicts are kept until taken (KV-cache events).
+  void set_record_evictions(bool on) { record_evictions_ = on; }
+  std::vector<BlockHash> TakeEvicted() { return std::exchange(evicted_, {}); }
   int64_t num_cached() const { return static_cast<int64_t>(cached_.size()); }
   int64_t num_evictions() const { return num_evictions_; }
   // Another holder of an allocated block (prefix sharing).
@@ -67,6 +71,8 @@ class BlockPool {
   std::vector<char> has_hash_;      // [num_blocks]
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;
   int64_t num_evictions_ = 0;
+  bool record_evictions_ = false;
+  std::vector<BlockHash> evicted_;
 };
 
 }  // namespace gale

@@ -62,12 +62,46 @@ void KvCacheManager::CacheFullBlocks(int64_t request_id, std::span<const int32_t
   if (it == tables_.end()) return;
   Entry& e = it->second;
   const int64_t full = std::min<int64_t>(num_computed / block_size_, static_cast<int64_t>(e.blocks.size()));
+  KvCacheEvent ev;
+  auto flush = [&] {
+    if (!ev.hashes.empty()) stored_.push_back(std::move(ev));
+    ev = KvCacheEvent();
+  };
   for (int64_t i = static_cast<int64_t>(e.hashes.size()); i < full; ++i) {
     const BlockHash parent = i == 0 ? BlockHash{} : e.hashes[i - 1];
-    const BlockHash h = HashBlock(parent, tokens.subspan(i * block_size_, block_size_), i == 0 ? salt : std::string());
-    pool_.SetHash(e.blocks[i], h);
+    const std::span<const int32_t> block = tokens.subspan(i * block_size_, block_size_);
+    const BlockHash h = HashBlock(parent, block, i == 0 ? salt : std::string());
+    const bool stored = pool_.SetHash(e.blocks[i], h);
     e.hashes.push_back(h);
+    if (!record_events_) continue;
+    if (!stored) {  // another block holds these tokens already: not news
+      flush();
+      continue;
+    }
+    if (ev.hashes.empty() && i > 0) ev.parent = parent.lo;
+    ev.hashes.push_back(h.lo);
+    ev.tokens.insert(ev.tokens.end(), block.begin(), block.end());
   }
+  if (record_events_) flush();
+}
+
+void KvCacheManager::set_record_events(bool on) {
+  record_events_ = on;
+  pool_.set_record_evictions(on);
+}
+
+std::vector<KvCacheEvent> KvCacheManager::TakeEvents() {
+  std::vector<KvCacheEvent> out;
+  std::vector<BlockHash> evicted = pool_.TakeEvicted();
+  if (!evicted.empty()) {
+    KvCacheEvent removed;
+    removed.kind = KvCacheEvent::Kind::kRemoved;
+    for (const BlockHash& h : evicted) removed.hashes.push_back(h.lo);
+    out.push_back(std::move(removed));
+  }
+  for (KvCacheEvent& ev : stored_) out.push_back(std::move(ev));
+  stored_.clear();
+  return out;
 }
 
 std::optional<std::span<const int32_t>> KvCacheManager::AllocateSlots(int64_t request_id, int64_t num_tokens) {

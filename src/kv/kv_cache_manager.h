@@ -15,6 +15,17 @@
 
 namespace gale {
 
+// A change to what the prefix cache can find, as vLLM publishes them (KV-cache events for
+// cache-aware routers): blocks stored (their hashes in chain order, the parent hash of the first,
+// block_size tokens per block) or removed (evicted). Hashes are the low 64 bits of BlockHash.
+struct KvCacheEvent {
+  enum class Kind : uint8_t { kStored, kRemoved };
+  Kind kind = Kind::kStored;
+  std::vector<uint64_t> hashes;
+  std::optional<uint64_t> parent;  // kStored: none when the first block starts a sequence
+  std::vector<int32_t> tokens;     // kStored
+};
+
 class KvCacheManager {
  public:
   KvCacheManager(int32_t num_blocks, int64_t block_size, bool enable_prefix_caching = false);
@@ -45,6 +56,11 @@ class KvCacheManager {
   void CacheFullBlocks(int64_t request_id, std::span<const int32_t> tokens, int64_t num_computed,
                        const std::string& salt);
   bool prefix_caching() const { return prefix_caching_; }
+  // KV-cache events: off by default; when on, every block made findable and every one evicted is
+  // recorded until TakeEvents (the removals of a step come before what it stored: evictions
+  // happen as blocks are allocated, storing after the forward).
+  void set_record_events(bool on);
+  std::vector<KvCacheEvent> TakeEvents();
   int64_t num_lookups() const { return num_lookups_; }
   int64_t num_lookup_tokens() const { return num_lookup_tokens_; }
   int64_t num_hit_tokens() const { return num_hit_tokens_; }
@@ -70,6 +86,8 @@ class KvCacheManager {
   bool prefix_caching_;
   int64_t num_lookups_ = 0, num_lookup_tokens_ = 0, num_hit_tokens_ = 0;
   std::unordered_map<int64_t, Entry> tables_;
+  bool record_events_ = false;
+  std::vector<KvCacheEvent> stored_;
 };
 
 }  // namespace gale

@@ -11,6 +11,7 @@
 
 #include "model/chat_template.h"
 #include "server/http_server.h"
+#include "server/kv_events.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
 
@@ -18,7 +19,7 @@ namespace gale {
 
 CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
-    std::string model, isa, chat_template, served_name, tool_call_parser, pooling;
+    std::string model, isa, chat_template, served_name, tool_call_parser, pooling, kv_events_endpoint, kv_events_topic;
     int threads = ThreadPool::DefaultNumThreads();
     bool no_warmup = false;
     double shutdown_timeout = 10.0;
@@ -51,6 +52,9 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--cors-origins", o->http.cors_origins,
                  "origins browsers may call from, comma-separated, or * for any (default: no CORS headers)")
       ->delimiter(',');
+  app.add_option("--kv-events-endpoint", o->kv_events_endpoint,
+                 "publish KV-cache events (blocks stored / removed) as vLLM does, ZeroMQ PUB + msgpack, e.g. tcp://*:5557");
+  app.add_option("--kv-events-topic", o->kv_events_topic, "the events' topic frame (default: empty, as vLLM's)");
   app.add_flag("--strict-api", o->http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
       ->capture_default_str();
@@ -112,6 +116,15 @@ CommandFn RegisterServe(CLI::App& app) {
       }
     }
     ThreadPool pool(o->threads);
+    std::unique_ptr<server::KvEventPublisher> kv_events;  // outlives the engine, which calls it
+    if (!o->kv_events_endpoint.empty()) {
+      if (!cfg->enable_prefix_caching) return fail(InvalidArgument("--kv-events-endpoint needs the prefix cache"));
+      auto p = server::KvEventPublisher::Create(o->kv_events_endpoint, o->kv_events_topic, cfg->block_size);
+      if (!p.ok()) return fail(p.status());
+      kv_events = std::move(p).value();
+      cfg->kv_events = [pub = kv_events.get()](std::vector<KvCacheEvent> events) { pub->Publish(events); };
+      std::fprintf(stderr, "publishing KV-cache events on %s\n", o->kv_events_endpoint.c_str());
+    }
     auto engine = Engine::Create(*loaded->model, loaded->tok.get(), *cfg, pool);
     if (!engine.ok()) return fail(engine.status());
     std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());

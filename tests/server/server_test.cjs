@@ -687,6 +687,21 @@ function rawStream(port, cutAfter) {
     assert.ok(log.includes('/nonexistent/model.gguf'), log);
   });
 
+  await check('--kv-events-endpoint: the server publishes (ZeroMQ) and serves; a bad endpoint stops it with the reason', async () => {
+    const sk = await startServer(['--kv-events-endpoint', 'tcp://127.0.0.1:*', '--no-warmup']);
+    try {
+      assert.ok(sk.log().includes('publishing KV-cache events on tcp://127.0.0.1:*'), sk.log());
+      const r = await request(sk.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'Once upon a time, there was a little girl', max_tokens: 4 }));
+      assert.strictEqual(r.status, 200, r.body);
+    } finally {
+      sk.proc.kill('SIGTERM');
+    }
+    const { spawnSync } = require('child_process');
+    const bad = spawnSync(gale, ['serve', '--port', '0', '--kv-events-endpoint', 'nonsense://x', '--no-warmup'], { encoding: 'utf8', timeout: 60000 });
+    assert.notStrictEqual(bad.status, 0);
+    assert.ok(bad.stderr.includes('--kv-events-endpoint nonsense://x'), bad.stderr);
+  });
+
   await check('qwen3 with the real Qwen3 tokenizer: its own chat template renders through /v1/chat/completions', async () => {
     // A random-weight qwen3 with Qwen3's tokenizer.json and chat template (scripts/install-deps.sh --test).
     const hf = path.join(__dirname, '../../.deps/node/hf/tokenizer-qwen3/models');
