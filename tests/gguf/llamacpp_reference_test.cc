@@ -635,6 +635,21 @@ TEST_P(LlamaCppModelTest, LatentAttentionGivesLlamaCppLogits) {
   }
 }
 
+// The 16 tokens the reference runs read (logits.gguf's "tokens").
+std::vector<int32_t> ReferenceTokens(const GgufFile& ref) {
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : ref.Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  return tokens;
+}
+
+// v / |v|, as servers return embeddings.
+std::vector<float> UnitVector(std::vector<float> v) {
+  double n = 0.0;
+  for (float x : v) n += static_cast<double>(x) * x;
+  for (float& x : v) x = static_cast<float>(x / std::sqrt(n));
+  return v;
+}
+
 // Embedding models (pooling_type mean, cls, last on a qwen3, as scripts/make-ggml-reference.sh
 // writes them): the engine's embedding request gives llama.cpp's pooled embedding
 // (llama_get_embeddings_seq over the same tokens, normalized as servers return it); with another
@@ -646,14 +661,7 @@ TEST_P(LlamaCppModelTest, LatentAttentionGivesLlamaCppLogits) {
 TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
   auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  std::vector<int32_t> tokens;
-  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
-  auto normalized = [](std::vector<float> v) {
-    double n = 0.0;
-    for (float x : v) n += static_cast<double>(x) * x;
-    for (float& x : v) x = static_cast<float>(x / std::sqrt(n));
-    return v;
-  };
+  const std::vector<int32_t> tokens = ReferenceTokens(**ref);
   auto embed = [&](const GgufFile& file, Pooling pooling) {
     auto model = LoadModel(file).value();
     ThreadPool pool(2);
@@ -675,7 +683,7 @@ TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
     SCOPED_TRACE(names[i]);
     const GgufTensorInfo* t = (*ref)->FindTensor(std::string(names[i]) + ".embd");
     ASSERT_NE(t, nullptr) << "logits.gguf predates the embedding models: run scripts/make-ggml-reference.sh";
-    const std::vector<float> want = normalized(Floats(*t));
+    const std::vector<float> want = UnitVector(Floats(*t));
     SynthShape s = ShapeOf({names[i], "qwen3", 256, 2, 4, 2, 64, 512});  // the script's embedding shape
     s.pooling_type = static_cast<int64_t>(poolings[i]);
     auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
@@ -693,7 +701,7 @@ TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
     std::printf("%s (%s): max |diff| against llama.cpp %.2e; pooled another way %.3f\n", names[i],
                 kernels::IsaName(GetParam()), max_diff, other_diff);
     if (const GgufTensorInfo* t1 = (*ref)->FindTensor(std::string(names[i]) + ".embd1")) {
-      const std::vector<float> one = normalized(Floats(*t1));
+      const std::vector<float> one = UnitVector(Floats(*t1));
       double d1 = 0.0, self = 0.0;
       for (size_t d = 0; d < got.size(); ++d) {
         d1 = std::max<double>(d1, std::fabs(got[d] - one[d]));
@@ -715,14 +723,7 @@ TEST_P(LlamaCppModelTest, EmbeddingsGiveLlamaCppPooledEmbeddings) {
 TEST_P(LlamaCppModelTest, BertEncoderGivesLlamaCppPooledEmbeddings) {
   auto ref = GgufFile::Open(DataDir() + "/logits.gguf");
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  std::vector<int32_t> tokens;
-  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
-  auto normalized = [](std::vector<float> v) {
-    double n = 0.0;
-    for (float x : v) n += static_cast<double>(x) * x;
-    for (float& x : v) x = static_cast<float>(x / std::sqrt(n));
-    return v;
-  };
+  const std::vector<int32_t> tokens = ReferenceTokens(**ref);
   auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
     double d = 0.0;
     for (size_t i = 0; i < a.size(); ++i) d = std::max<double>(d, std::fabs(a[i] - b[i]));
@@ -738,7 +739,7 @@ TEST_P(LlamaCppModelTest, BertEncoderGivesLlamaCppPooledEmbeddings) {
     SCOPED_TRACE(b.name);
     const GgufTensorInfo* t = (*ref)->FindTensor(std::string(b.name) + ".embd");
     ASSERT_NE(t, nullptr) << "logits.gguf predates the BERT models: run scripts/make-ggml-reference.sh";
-    const std::vector<float> want = normalized(Floats(*t));
+    const std::vector<float> want = UnitVector(Floats(*t));
     SynthShape s = ShapeOf({b.name, "bert", b.dim, b.layers, b.heads, b.heads, 0, b.ffn});
     s.pooling_type = static_cast<int64_t>(b.pooling);
     auto file = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();

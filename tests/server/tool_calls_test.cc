@@ -43,6 +43,12 @@ void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& wan
   }
 }
 
+// One tool, ping(n: integer).
+nlohmann::ordered_json PingTool() {
+  return nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}])");
+}
+
 // Whether the text is in the grammar, byte by byte.
 bool GrammarAccepts(const std::string& gbnf, const std::string& text) {
   auto g = grammar::ParseGbnf(gbnf);
@@ -215,8 +221,7 @@ TEST(ToolCalls, Functionary) {
   ExpectParsed(f, "<function=a>{}</function><function=b>{\"s\": \"</function>\"}</function>",
                {"", {{"a", "{}"}, {"b", R"({"s":"</function>"})"}}});
   ExpectParsed(f, "x <function=broken>{oops</function>", {"x <function=broken>{oops</function>", {}});
-  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
-      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}])");
+  const nlohmann::ordered_json tools = PingTool();
   auto g = ToolCallGrammar(f, tools, "", true);
   ASSERT_TRUE(g.ok()) << g.status().message();
   EXPECT_TRUE(GrammarAccepts(*g, "<function=ping>{\"n\": 3}</function>"));
@@ -249,8 +254,7 @@ TEST(ToolCalls, FunctionaryV32) {
     const ParsedMessage tail = ms.Finish();
     EXPECT_EQ(streamed + tail.content, content);
   }
-  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
-      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}])");
+  const nlohmann::ordered_json tools = PingTool();
   auto g = ToolCallGrammar(f, tools, "", true);
   ASSERT_TRUE(g.ok()) << g.status().message();
   EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\": 3}"));
