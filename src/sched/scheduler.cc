@@ -107,6 +107,10 @@ StepPlan Scheduler::Schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SeqRequest& r = *running_[i];
     const int64_t n = num_new(r);
+    if (n == 0) {  // a whole prompt that does not fit the rest of this step's budget
+      ++i;
+      continue;
+    }
     int64_t spec = 0;
     if (n == 1 && r.num_computed_tokens + 1 == r.num_tokens()) {
       spec = std::min({static_cast<int64_t>(r.spec_tokens.size()), budget - 1,

@@ -36,7 +36,7 @@ fail=0
 declare -A rate
 for balance in prefix roundrobin; do
   # Four replicas: round robin computes each of the 32 prefixes up to four times, prefix routing once.
-  bash "$cluster" start 4 "$port" --balance "$balance" -- --no-warmup > /dev/null
+  bash "$cluster" start 4 "$port" --balance "$balance" --balance-factor 200 -- --no-warmup > /dev/null
   load "$work/$balance" 192 4
   read -r completed errors < <(summary "$work/$balance")
   rate[$balance]="$(hit_rate 4)"
@@ -44,7 +44,7 @@ for balance in prefix roundrobin; do
   bash "$cluster" stop "$port"
   [ "$completed" = 192 ] && [ "$errors" = 0 ] || { echo "FAIL $balance: requests failed"; fail=1; }
 done
-if awk -v p="${rate[prefix]}" -v r="${rate[roundrobin]}" 'BEGIN { exit !(p > r + 0.1) }'; then
+if awk -v p="${rate[prefix]}" -v r="${rate[roundrobin]}" 'BEGIN { exit !(p > r + 0.05) }'; then
   echo "ok   prefix routing finds more of the prompts in the cache than round robin"
 else
   echo "FAIL prefix routing's hit rate ${rate[prefix]} is not well above round robin's ${rate[roundrobin]}"; fail=1
@@ -52,7 +52,7 @@ fi
 
 # A replica restarted under load: no request fails.
 bash "$cluster" start 2 "$port" -- --no-warmup > /dev/null
-load "$work/restart" 1500 24 &
+load "$work/restart" 4000 32 &
 loader=$!
 sleep 1
 kill -0 "$loader" 2>/dev/null || { echo "FAIL the load ended before the restart began (make it longer)"; fail=1; }
@@ -61,8 +61,8 @@ restarted_during_load=0
 kill -0 "$loader" 2>/dev/null && restarted_during_load=1
 wait "$loader"
 read -r completed errors < <(summary "$work/restart")
-echo "     restart under load: $completed of 1500 completed, error rate $errors (load still running after the restart: $restarted_during_load)"
-if [ "$completed" = 1500 ] && [ "$errors" = 0 ] && [ "$restarted_during_load" = 1 ]; then
+echo "     restart under load: $completed of 4000 completed, error rate $errors (load still running after the restart: $restarted_during_load)"
+if [ "$completed" = 4000 ] && [ "$errors" = 0 ] && [ "$restarted_during_load" = 1 ]; then
   echo "ok   a replica restarted under load costs no request"
 else
   echo "FAIL requests failed while a replica restarted"; tail -5 "$work/restart.log"; fail=1
