@@ -11,7 +11,7 @@
 namespace gale::server {
 
 StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(const std::string& endpoint, const std::string& topic,
-                                                                     int64_t block_size) {
+                                                                     int64_t block_size, const std::string& replay_endpoint) {
   std::unique_ptr<KvEventPublisher> p(new KvEventPublisher());
   p->topic_ = topic;
   p->block_size_ = block_size;
@@ -24,7 +24,68 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(const std::
   if (zmq_bind(p->socket_, endpoint.c_str()) != 0) {
     return InvalidArgument("--kv-events-endpoint {}: {}", endpoint, zmq_strerror(zmq_errno()));
   }
+  if (!replay_endpoint.empty()) {
+    p->replay_ = zmq_socket(p->context_, ZMQ_ROUTER);
+    if (p->replay_ == nullptr) return Internal("zmq_socket failed: {}", zmq_strerror(zmq_errno()));
+    zmq_setsockopt(p->replay_, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(p->replay_, replay_endpoint.c_str()) != 0) {
+      return InvalidArgument("--kv-events-replay-endpoint {}: {}", replay_endpoint, zmq_strerror(zmq_errno()));
+    }
+    p->replay_thread_ = std::thread([raw = p.get()] { raw->ServeReplays(); });
+  }
   return p;
+}
+
+void KvEventPublisher::ServeReplays() {
+  auto seq_bytes = [](uint64_t v) {
+    std::string b(8, '\0');
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (56 - 8 * i));
+    return b;
+  };
+  auto send = [&](const std::string& client, const std::string& seq, const std::string& payload) {
+    zmq_send(replay_, client.data(), client.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(replay_, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(replay_, seq.data(), seq.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(replay_, payload.data(), payload.size(), ZMQ_DONTWAIT);
+  };
+  while (!stop_.load()) {
+    zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 100) <= 0) continue;
+    // A request: the client's identity, an empty delimiter (REQ/DEALER), the first sequence.
+    std::vector<std::string> frames;
+    int more = 1;
+    while (more) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      if (zmq_msg_recv(&msg, replay_, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&msg);
+        break;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+      more = zmq_msg_more(&msg);
+      zmq_msg_close(&msg);
+    }
+    if (frames.size() < 2 || frames.back().size() != 8) continue;  // not a request: ignored
+    uint64_t start = 0;
+    for (unsigned char c : frames.back()) start = (start << 8) | c;
+    std::vector<std::pair<uint64_t, std::string>> batches;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& b : kept_) {
+        if (b.first >= start) batches.push_back(b);
+      }
+    }
+    for (const auto& [seq, payload] : batches) send(frames[0], seq_bytes(seq), payload);
+    send(frames[0], seq_bytes(~uint64_t{0}), "");  // the end: -1, nothing
+  }
+}
+
+std::string KvEventPublisher::replay_endpoint() const {
+  if (replay_ == nullptr) return "";
+  char buf[256] = {0};
+  size_t len = sizeof(buf);
+  if (zmq_getsockopt(replay_, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return "";
+  return std::string(buf);
 }
 
 std::string KvEventPublisher::endpoint() const {
@@ -35,6 +96,9 @@ std::string KvEventPublisher::endpoint() const {
 }
 
 KvEventPublisher::~KvEventPublisher() {
+  stop_ = true;
+  if (replay_thread_.joinable()) replay_thread_.join();
+  if (replay_ != nullptr) zmq_close(replay_);
   if (socket_ != nullptr) zmq_close(socket_);
   if (context_ != nullptr) zmq_ctx_term(context_);
 }
@@ -70,6 +134,11 @@ void KvEventPublisher::Publish(const std::vector<KvCacheEvent>& events) {
   const std::string payload = Encode(events, now, block_size_);
   uint8_t seq[8];
   for (int i = 0; i < 8; ++i) seq[i] = static_cast<uint8_t>(seq_ >> (56 - 8 * i));
+  if (replay_ != nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.emplace_back(seq_, payload);
+    if (kept_.size() > kReplayKept) kept_.pop_front();
+  }
   ++seq_;
   // A PUB socket drops rather than blocks when a subscriber's queue is full.
   zmq_send(socket_, topic_.data(), topic_.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);

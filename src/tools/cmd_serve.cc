@@ -19,7 +19,8 @@ namespace gale {
 
 CommandFn RegisterServe(CLI::App& app) {
   struct Opts {
-    std::string model, isa, chat_template, served_name, tool_call_parser, pooling, kv_events_endpoint, kv_events_topic;
+    std::string model, isa, chat_template, served_name, tool_call_parser, pooling, kv_events_endpoint, kv_events_topic,
+        kv_events_replay;
     int threads = ThreadPool::DefaultNumThreads();
     bool no_warmup = false;
     double shutdown_timeout = 10.0;
@@ -55,6 +56,8 @@ CommandFn RegisterServe(CLI::App& app) {
   app.add_option("--kv-events-endpoint", o->kv_events_endpoint,
                  "publish KV-cache events (blocks stored / removed) as vLLM does, ZeroMQ PUB + msgpack, e.g. tcp://*:5557");
   app.add_option("--kv-events-topic", o->kv_events_topic, "the events' topic frame (default: empty, as vLLM's)");
+  app.add_option("--kv-events-replay-endpoint", o->kv_events_replay,
+                 "also answer replay requests for missed event batches (vLLM's ROUTER socket), e.g. tcp://*:5558");
   app.add_flag("--strict-api", o->http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
       ->capture_default_str();
@@ -117,9 +120,13 @@ CommandFn RegisterServe(CLI::App& app) {
     }
     ThreadPool pool(o->threads);
     std::unique_ptr<server::KvEventPublisher> kv_events;  // outlives the engine, which calls it
+    if (!o->kv_events_replay.empty() && o->kv_events_endpoint.empty()) {
+      return fail(InvalidArgument("--kv-events-replay-endpoint needs --kv-events-endpoint"));
+    }
     if (!o->kv_events_endpoint.empty()) {
       if (!cfg->enable_prefix_caching) return fail(InvalidArgument("--kv-events-endpoint needs the prefix cache"));
-      auto p = server::KvEventPublisher::Create(o->kv_events_endpoint, o->kv_events_topic, cfg->block_size);
+      auto p = server::KvEventPublisher::Create(o->kv_events_endpoint, o->kv_events_topic, cfg->block_size,
+                                                o->kv_events_replay);
       if (!p.ok()) return fail(p.status());
       kv_events = std::move(p).value();
       cfg->kv_events = [pub = kv_events.get()](std::vector<KvCacheEvent> events) { pub->Publish(events); };

@@ -147,6 +147,59 @@ TEST(KvEventsTest, PublishedAsVllmsThreeFramesAndMsgpackBatch) {
   EXPECT_NE(bad.status().message().find("--kv-events-endpoint"), std::string::npos);
 }
 
+// A subscriber that missed batches asks the replay socket from a sequence number on: it gets
+// every kept batch from there ([seq, payload]) and then the end marker (-1, empty).
+TEST(KvEventsTest, MissedBatchesAreReplayedFromTheirSequenceNumber) {
+  auto pub = KvEventPublisher::Create("tcp://127.0.0.1:*", "", 16, "tcp://127.0.0.1:*");
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  std::vector<std::string> payloads;
+  for (uint64_t i = 0; i < 3; ++i) {
+    KvCacheEvent e;
+    e.kind = KvCacheEvent::Kind::kRemoved;
+    e.hashes = {100 + i};
+    (*pub)->Publish({e});  // nobody subscribes: only the replay buffer keeps them
+  }
+  void* ctx = zmq_ctx_new();
+  void* req = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(req, (*pub)->replay_endpoint().c_str()), 0) << (*pub)->replay_endpoint();
+  const unsigned char start[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+  zmq_send(req, "", 0, ZMQ_SNDMORE);
+  zmq_send(req, start, 8, 0);
+  std::vector<std::pair<int64_t, std::string>> got;  // (seq, payload)
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    zmq_pollitem_t item{req, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 100) <= 0) continue;
+    std::vector<std::string> frames;
+    int more = 1;
+    while (more) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      zmq_msg_recv(&msg, req, 0);
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+      more = zmq_msg_more(&msg);
+      zmq_msg_close(&msg);
+    }
+    ASSERT_EQ(frames.size(), 3u);  // delimiter, seq, payload
+    EXPECT_TRUE(frames[0].empty());
+    ASSERT_EQ(frames[1].size(), 8u);
+    uint64_t seq = 0;
+    for (unsigned char c : frames[1]) seq = (seq << 8) | c;
+    got.emplace_back(static_cast<int64_t>(seq), frames[2]);
+    if (frames[2].empty()) break;
+  }
+  zmq_close(req);
+  zmq_ctx_term(ctx);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].first, 1);
+  EXPECT_EQ(got[1].first, 2);
+  EXPECT_EQ(got[2].first, -1);
+  EXPECT_TRUE(got[2].second.empty());
+  msgpack::object_handle oh = msgpack::unpack(got[1].second.data(), got[1].second.size());
+  EXPECT_EQ(oh.get().via.array.ptr[1].via.array.ptr[0].via.array.ptr[1].as<std::vector<uint64_t>>(),
+            (std::vector<uint64_t>{102}));
+}
+
 // Through the engine: a prompt's full blocks are announced once, with its tokens; a second request
 // sharing the prefix adds only its own blocks.
 TEST(KvEventsTest, TheEngineAnnouncesWhatItsPrefixCacheHolds) {

@@ -688,7 +688,8 @@ function rawStream(port, cutAfter) {
   });
 
   await check('--kv-events-endpoint: the server publishes (ZeroMQ) and serves; a bad endpoint stops it with the reason', async () => {
-    const sk = await startServer(['--kv-events-endpoint', 'tcp://127.0.0.1:*', '--no-warmup']);
+    const sk = await startServer(['--kv-events-endpoint', 'tcp://127.0.0.1:*', '--kv-events-replay-endpoint', 'tcp://127.0.0.1:*',
+                                  '--no-warmup']);
     try {
       assert.ok(sk.log().includes('publishing KV-cache events on tcp://127.0.0.1:*'), sk.log());
       const r = await request(sk.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'Once upon a time, there was a little girl', max_tokens: 4 }));
@@ -700,6 +701,10 @@ function rawStream(port, cutAfter) {
     const bad = spawnSync(gale, ['serve', '--port', '0', '--kv-events-endpoint', 'nonsense://x', '--no-warmup'], { encoding: 'utf8', timeout: 60000 });
     assert.notStrictEqual(bad.status, 0);
     assert.ok(bad.stderr.includes('--kv-events-endpoint nonsense://x'), bad.stderr);
+    const alone = spawnSync(gale, ['serve', '--port', '0', '--kv-events-replay-endpoint', 'tcp://127.0.0.1:*', '--no-warmup'],
+                            { encoding: 'utf8', timeout: 60000 });
+    assert.notStrictEqual(alone.status, 0);
+    assert.ok(alone.stderr.includes('needs --kv-events-endpoint'), alone.stderr);
   });
 
   await check('qwen3 with the real Qwen3 tokenizer: its own chat template renders through /v1/chat/completions', async () => {
