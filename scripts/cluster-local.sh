@@ -69,7 +69,7 @@ case "$cmd" in
     {
       cat <<CFG
 global
-  maxconn 4096
+  # No maxconn: HAProxy sizes it to the file-descriptor limit it finds.
   pidfile $dir/haproxy.pid
 defaults
   mode http
