@@ -9,6 +9,16 @@
 #include <msgpack.hpp>
 
 namespace gale::server {
+namespace {
+
+// A sequence number as vLLM's frames carry it: 8 bytes, big-endian.
+std::string SeqBytes(uint64_t v) {
+  std::string b(8, '\0');
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (56 - 8 * i));
+  return b;
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(const std::string& endpoint, const std::string& topic,
                                                                      int64_t block_size, const std::string& replay_endpoint) {
@@ -37,11 +47,6 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(const std::
 }
 
 void KvEventPublisher::ServeReplays() {
-  auto seq_bytes = [](uint64_t v) {
-    std::string b(8, '\0');
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (56 - 8 * i));
-    return b;
-  };
   auto send = [&](const std::string& client, const std::string& seq, const std::string& payload) {
     zmq_send(replay_, client.data(), client.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(replay_, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
@@ -75,8 +80,8 @@ void KvEventPublisher::ServeReplays() {
         if (b.first >= start) batches.push_back(b);
       }
     }
-    for (const auto& [seq, payload] : batches) send(frames[0], seq_bytes(seq), payload);
-    send(frames[0], seq_bytes(~uint64_t{0}), "");  // the end: -1, nothing
+    for (const auto& [seq, payload] : batches) send(frames[0], SeqBytes(seq), payload);
+    send(frames[0], SeqBytes(~uint64_t{0}), "");  // the end: -1, nothing
   }
 }
 
@@ -132,8 +137,7 @@ std::string KvEventPublisher::Encode(const std::vector<KvCacheEvent>& events, do
 void KvEventPublisher::Publish(const std::vector<KvCacheEvent>& events) {
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string payload = Encode(events, now, block_size_);
-  uint8_t seq[8];
-  for (int i = 0; i < 8; ++i) seq[i] = static_cast<uint8_t>(seq_ >> (56 - 8 * i));
+  const std::string seq = SeqBytes(seq_);
   if (replay_ != nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
     kept_.emplace_back(seq_, payload);
@@ -142,7 +146,7 @@ void KvEventPublisher::Publish(const std::vector<KvCacheEvent>& events) {
   ++seq_;
   // A PUB socket drops rather than blocks when a subscriber's queue is full.
   zmq_send(socket_, topic_.data(), topic_.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-  zmq_send(socket_, seq, sizeof(seq), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+  zmq_send(socket_, seq.data(), seq.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
   zmq_send(socket_, payload.data(), payload.size(), ZMQ_DONTWAIT);
 }
 

@@ -67,6 +67,21 @@ TEST(KvEventsTest, TheCacheManagerRecordsStoredAndEvictedBlocks) {
   for (uint64_t h : stored) EXPECT_TRUE(std::binary_search(removed.begin(), removed.end(), h));
 }
 
+// The frames of one multipart message (a message is waiting).
+std::vector<std::string> ReceiveFrames(void* socket) {
+  std::vector<std::string> frames;
+  int more = 1;
+  while (more) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    zmq_msg_recv(&msg, socket, 0);
+    frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    more = zmq_msg_more(&msg);
+    zmq_msg_close(&msg);
+  }
+  return frames;
+}
+
 // One ZeroMQ subscriber: connects, and waits (publishing `events` until it hears one, since a
 // PUB socket drops what it sends before the subscription arrives) for a message.
 struct Message {
@@ -86,15 +101,7 @@ Message ReceiveOne(KvEventPublisher& pub, const std::vector<KvCacheEvent>& event
     pub.Publish(events);
     zmq_pollitem_t item{sub, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, 50) <= 0) continue;
-    int more = 1;
-    while (more) {
-      zmq_msg_t msg;
-      zmq_msg_init(&msg);
-      zmq_msg_recv(&msg, sub, 0);
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-      more = zmq_msg_more(&msg);
-      zmq_msg_close(&msg);
-    }
+    frames = ReceiveFrames(sub);
   }
   zmq_close(sub);
   zmq_ctx_term(ctx);
@@ -170,16 +177,7 @@ TEST(KvEventsTest, MissedBatchesAreReplayedFromTheirSequenceNumber) {
   while (std::chrono::steady_clock::now() < deadline) {
     zmq_pollitem_t item{req, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, 100) <= 0) continue;
-    std::vector<std::string> frames;
-    int more = 1;
-    while (more) {
-      zmq_msg_t msg;
-      zmq_msg_init(&msg);
-      zmq_msg_recv(&msg, req, 0);
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-      more = zmq_msg_more(&msg);
-      zmq_msg_close(&msg);
-    }
+    const std::vector<std::string> frames = ReceiveFrames(req);
     ASSERT_EQ(frames.size(), 3u);  // delimiter, seq, payload
     EXPECT_TRUE(frames[0].empty());
     ASSERT_EQ(frames[1].size(), 8u);
