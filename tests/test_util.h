@@ -90,6 +90,10 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.experts_used = 2;
     s.expert_ffn = 64;
   }
+  if (arch == "mistral") {  // llama with a window of 8 on every layer (one windowed layer group)
+    s.arch = "llama";
+    s.sliding_window = 8;
+  }
   if (arch == "mixtral") {  // llama with four experts of the FFN's width, two per token
     s.arch = "llama";
     s.num_experts = 4;

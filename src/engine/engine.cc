@@ -108,8 +108,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
-  const uint64_t block_bytes = KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, config.block_size,
-                                                         config.kv_type, config.v_type(), hp.kv_latent);
+  const KvLayerGroups groups = config.KvGroups(hp);
+  const uint64_t block_bytes = KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim,
+                                                         config.block_size, config.kv_type, config.v_type(), hp.kv_latent);
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
     // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
@@ -124,7 +125,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   // More than every running request at its longest could use is never touched: do not reserve it.
   const int64_t seq_cap = config.sched.max_seq_len > 0 ? config.sched.max_seq_len
                                                        : (hp.context_length > 0 ? hp.context_length : 2048);
-  const int64_t useful = config.sched.max_batch_size * ((seq_cap + config.block_size - 1) / config.block_size);
+  const int64_t useful = config.sched.max_batch_size *
+                        KvCacheManager::PeakBlocks(groups.window, config.block_size, seq_cap,
+                                                   config.sched.max_num_batched_tokens);
   num_blocks = std::min(num_blocks, useful);
   if (num_blocks < 1) {
     return ResourceExhausted("KV cache memory of {} bytes holds no block of {} bytes ({} tokens): give more memory",
@@ -142,6 +145,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks, std::move(draft)));
 }
 
+KvLayerGroups EngineConfig::KvGroups(const ModelHParams& hp) const {
+  if (!kv_window_groups) return KvLayerGroups::Single(hp.num_layers);
+  std::vector<int64_t> windows(hp.num_layers);
+  for (int64_t l = 0; l < hp.num_layers; ++l) windows[l] = hp.LayerWindow(l);
+  return KvLayerGroups::ForWindows(windows);
+}
+
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
                int64_t num_blocks, std::unique_ptr<DraftProposer> draft)
     : model_(model),
@@ -149,8 +159,9 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       config_(config),
       num_blocks_(num_blocks),
       storage_(model.hparams().num_layers, model.hparams().num_kv_heads, model.hparams().head_dim, num_blocks,
-               config.block_size, config.kv_type, config.v_type(), model.hparams().kv_latent),
-      kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching),
+               config.block_size, config.kv_type, config.v_type(), model.hparams().kv_latent,
+               config.KvGroups(model.hparams())),
+      kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching, storage_.groups().window),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool),
       draft_(std::move(draft)) {
@@ -190,10 +201,19 @@ std::string Engine::Describe() const {
     latent = fmt::format(" (latent rows: {:.0f} bytes per token, 1/{:.0f} of the {:.0f} of multi-head attention)", row,
                          mha / row, mha);
   }
+  const KvLayerGroups& groups = storage_.groups();
+  std::string blocks = fmt::format("{} blocks of {} tokens = {} tokens", num_blocks_, config_.block_size,
+                                   num_blocks_ * config_.block_size);
+  if (groups.num_groups() > 1 || groups.window[0] > 0) {
+    const int64_t windowed = std::count_if(groups.window.begin(), groups.window.end(), [](int64_t w) { return w > 0; });
+    blocks = fmt::format("{} blocks of {} tokens x {} layers, {} layer groups ({} windowed: blocks behind the window "
+                         "go back to the pool)", num_blocks_, config_.block_size, groups.layers_per_block,
+                         groups.num_groups(), windowed);
+  }
   return fmt::format(
-      "KV cache: {} blocks of {} tokens = {} tokens, {:.1f} MiB {}{}{}{}; up to {} tokens per request, {} at once; "
+      "KV cache: {}, {:.1f} MiB {}{}{}{}; up to {} tokens per request, {} at once; "
       "prefix caching {}; speculative decoding {}{}{}",
-      num_blocks_, config_.block_size, num_blocks_ * config_.block_size, kv_bytes_ / 1048576.0,
+      blocks, kv_bytes_ / 1048576.0,
       config_.v_type() == config_.kv_type
           ? std::string(kernels::KvTypeName(config_.kv_type))
           : fmt::format("K {} / V {}", kernels::KvTypeName(config_.kv_type), kernels::KvTypeName(config_.v_type())),
@@ -488,6 +508,7 @@ void Engine::Loop() {
       seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
       Live& l = *live_.at(s.req->id);
       seqs.back().num_prompt = s.req->num_prompt_tokens;
+      if (kv_.num_groups() > 1) seqs.back().group_tables = kv_.BlockTables(s.req->id);
       seqs.back().prompt_logprobs = l.prompt_logprobs;
       any_prompt_logprobs = any_prompt_logprobs || l.prompt_logprobs >= 0;
       if (l.retention) {
@@ -672,6 +693,7 @@ void Engine::Evict() {
 void Engine::PublishStats() {
   const int64_t used = num_blocks_ - kv_.num_free_blocks();
   stats_.num_free_blocks = kv_.num_free_blocks();
+  stats_.window_released_blocks = kv_.num_window_released();
   stats_.num_running = sched_.num_running();
   stats_.num_waiting = sched_.num_waiting();
   const int64_t wasted = kv_.WastedSlots();  // walks every block table: once per step

@@ -67,6 +67,10 @@ struct EngineConfig {
   // Commit the KV cache's memory at start-up (KvStorage::Prefault), as llama.cpp and vLLM hold
   // theirs, instead of page by page as blocks are first written.
   bool kv_prefault = false;
+  // Sliding-window layers in block groups of their own (KvLayerGroups), whose blocks behind the
+  // window go back to the pool while a request runs; off: every layer keeps every block.
+  bool kv_window_groups = true;
+  KvLayerGroups KvGroups(const ModelHParams& hp) const;
   SpecConfig spec;
   // KV retention for requests that do not choose their own (off by default). A request with a
   // budget may be longer than KV memory (up to max_seq_len); not with a draft model.
@@ -88,6 +92,7 @@ struct EngineStats {
   std::atomic<int64_t> wasted_slots{0};           // unfilled tails of last blocks, now
   std::atomic<int64_t> max_wasted_slots{0};
   std::atomic<int64_t> max_used_blocks{0};
+  std::atomic<int64_t> window_released_blocks{0};  // given back behind sliding windows (KvLayerGroups)
   std::atomic<int64_t> prefix_cache_lookups{0};      // requests admitted with the cache on
   std::atomic<int64_t> prefix_cache_query_tokens{0}; // their prompt tokens
   std::atomic<int64_t> prefix_cache_hit_tokens{0};   // of which found in the cache

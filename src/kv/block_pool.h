@@ -15,13 +15,17 @@
 namespace gale {
 
 // Identity of a full block's contents: a 128-bit hash chained over its parent block's hash and
-// its token ids (and the request's cache salt for the first block).
+// its token ids (and the request's cache salt for the first block), and the layer group whose
+// K/V the block holds (KvLayerGroups: the same tokens have one block per group).
 struct BlockHash {
   uint64_t lo = 0, hi = 0;
-  bool operator==(const BlockHash& o) const { return lo == o.lo && hi == o.hi; }
+  int32_t group = 0;
+  bool operator==(const BlockHash& o) const { return lo == o.lo && hi == o.hi && group == o.group; }
 };
 struct BlockHashHasher {
-  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ull)); }
+  size_t operator()(const BlockHash& h) const {
+    return static_cast<size_t>((h.lo + static_cast<uint64_t>(h.group)) ^ (h.hi * 0x9e3779b97f4a7c15ull));
+  }
 };
 
 class BlockPool {

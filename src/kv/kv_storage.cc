@@ -2,6 +2,7 @@
 // conversion of rows as they are stored.
 #include "kv/kv_storage.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -49,32 +50,71 @@ void Populate(uint8_t* p, uint64_t bytes) {
 
 }  // namespace
 
+KvLayerGroups KvLayerGroups::Single(int64_t num_layers, int64_t window) {
+  KvLayerGroups g;
+  g.layers_per_block = num_layers;
+  g.group_of.assign(num_layers, 0);
+  for (int64_t l = 0; l < num_layers; ++l) g.slot_of.push_back(static_cast<int32_t>(l));
+  g.window = {window};
+  return g;
+}
+
+KvLayerGroups KvLayerGroups::ForWindows(std::span<const int64_t> layer_windows) {
+  const int64_t n = static_cast<int64_t>(layer_windows.size());
+  std::vector<int64_t> values(layer_windows.begin(), layer_windows.end());
+  std::sort(values.begin(), values.end());  // 0 (full attention) first
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  if (values.size() <= 1) return Single(n, values.empty() ? 0 : values[0]);
+  int64_t size = n;
+  for (int64_t v : values) size = std::min<int64_t>(size, std::count(layer_windows.begin(), layer_windows.end(), v));
+  KvLayerGroups g;
+  g.layers_per_block = size;
+  g.group_of.assign(n, -1);
+  g.slot_of.assign(n, -1);
+  for (int64_t v : values) {
+    int32_t slot = static_cast<int32_t>(size);
+    for (int64_t l = 0; l < n; ++l) {
+      if (layer_windows[l] != v) continue;
+      if (slot == size) {
+        g.window.push_back(v);
+        slot = 0;
+      }
+      g.group_of[l] = static_cast<int32_t>(g.window.size() - 1);
+      g.slot_of[l] = slot++;
+    }
+  }
+  return g;
+}
+
 double KvStorage::Prefault() {
   const auto start = std::chrono::steady_clock::now();
-  Populate(k_.get(), static_cast<uint64_t>(k_layer_bytes_) * num_layers_);
-  if (!v_is_k_) Populate(v_.get(), static_cast<uint64_t>(v_layer_bytes_) * num_layers_);
+  Populate(k_.get(), static_cast<uint64_t>(k_layer_bytes_) * groups_.layers_per_block);
+  if (!v_is_k_) Populate(v_.get(), static_cast<uint64_t>(v_layer_bytes_) * groups_.layers_per_block);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
-                     int64_t block_size, kernels::KvType k_type, kernels::KvType v_type, bool v_is_k)
+                     int64_t block_size, kernels::KvType k_type, kernels::KvType v_type, bool v_is_k,
+                     std::optional<KvLayerGroups> groups)
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       num_blocks_(num_blocks),
       block_size_(block_size),
+      groups_(groups ? std::move(*groups) : KvLayerGroups::Single(num_layers)),
       k_type_(k_type),
       v_type_(v_is_k ? k_type : v_type),
       key_channels_(KeyChannelsByDefault(k_type)),
       v_is_k_(v_is_k) {
   CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
+  CHECK(groups_.num_layers() == num_layers && groups_.layers_per_block > 0 && groups_.num_groups() > 0);
   CHECK((k_type != kernels::KvType::kInt4 && v_type_ != kernels::KvType::kInt4) || head_dim % 2 == 0);
   k_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(k_type, head_dim);
   v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type_, head_dim);
   k_layer_bytes_ = num_blocks * block_size * k_row_bytes_;
   v_layer_bytes_ = v_is_k ? 0 : num_blocks * block_size * v_row_bytes_;
-  k_ = AllocZeroed(static_cast<uint64_t>(k_layer_bytes_) * num_layers);
-  if (!v_is_k) v_ = AllocZeroed(static_cast<uint64_t>(v_layer_bytes_) * num_layers);
+  k_ = AllocZeroed(static_cast<uint64_t>(k_layer_bytes_) * groups_.layers_per_block);
+  if (!v_is_k) v_ = AllocZeroed(static_cast<uint64_t>(v_layer_bytes_) * groups_.layers_per_block);
 }
 
 uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
@@ -84,8 +124,9 @@ uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int6
 }
 
 kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
-  const uint8_t* k = k_.get() + layer_idx * k_layer_bytes_;
-  return {k, v_is_k_ ? k : v_.get() + layer_idx * v_layer_bytes_, block_size_, k_type_, v_type_};
+  const int64_t s = groups_.slot_of[layer_idx];
+  const uint8_t* k = k_.get() + s * k_layer_bytes_;
+  return {k, v_is_k_ ? k : v_.get() + s * v_layer_bytes_, block_size_, k_type_, v_type_};
 }
 
 void KvStorage::WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst) {
@@ -101,9 +142,10 @@ void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_blo
   DCHECK(layer_idx >= 0 && layer_idx < num_layers_ && block_id >= 0 && block_id < num_blocks_);
   DCHECK(offset_in_block >= 0 && offset_in_block < block_size_);
   const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
-  WriteRow(k, num_kv_heads_, head_dim_, k_type_, k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_);
+  const int64_t s = groups_.slot_of[layer_idx];
+  WriteRow(k, num_kv_heads_, head_dim_, k_type_, k_.get() + s * k_layer_bytes_ + slot * k_row_bytes_);
   if (v_is_k_) return;
-  WriteRow(v, num_kv_heads_, head_dim_, v_type_, v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_);
+  WriteRow(v, num_kv_heads_, head_dim_, v_type_, v_.get() + s * v_layer_bytes_ + slot * v_row_bytes_);
 }
 
 void KvStorage::CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset, int32_t dst_block,
@@ -112,17 +154,19 @@ void KvStorage::CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset
   DCHECK(src_block >= 0 && src_block < num_blocks_ && dst_block >= 0 && dst_block < num_blocks_);
   const int64_t src = static_cast<int64_t>(src_block) * block_size_ + src_offset;
   const int64_t dst = static_cast<int64_t>(dst_block) * block_size_ + dst_offset;
-  uint8_t* k = k_.get() + layer_idx * k_layer_bytes_;
+  const int64_t s = groups_.slot_of[layer_idx];
+  uint8_t* k = k_.get() + s * k_layer_bytes_;
   std::memmove(k + dst * k_row_bytes_, k + src * k_row_bytes_, static_cast<size_t>(k_row_bytes_));
   if (v_is_k_) return;
-  uint8_t* v = v_.get() + layer_idx * v_layer_bytes_;
+  uint8_t* v = v_.get() + s * v_layer_bytes_;
   std::memmove(v + dst * v_row_bytes_, v + src * v_row_bytes_, static_cast<size_t>(v_row_bytes_));
 }
 
 void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const {
   const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
-  const uint8_t* ks = k_.get() + layer_idx * k_layer_bytes_ + slot * k_row_bytes_;
-  const uint8_t* vs = v_is_k_ ? ks : v_.get() + layer_idx * v_layer_bytes_ + slot * v_row_bytes_;
+  const int64_t s = groups_.slot_of[layer_idx];
+  const uint8_t* ks = k_.get() + s * k_layer_bytes_ + slot * k_row_bytes_;
+  const uint8_t* vs = v_is_k_ ? ks : v_.get() + s * v_layer_bytes_ + slot * v_row_bytes_;
   const int64_t kseg = kernels::KvHeadBytes(k_type_, head_dim_), vseg = kernels::KvHeadBytes(v_type_, head_dim_);
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
     kernels::LoadKvHead(ks + h * kseg, head_dim_, k_type_, k + h * head_dim_);

@@ -7,10 +7,37 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
+#include <vector>
 
 #include "kernels/kernels.h"
 
 namespace gale {
+
+// A block table's entry for a block given back (behind every window of its layer group).
+inline constexpr int32_t kNoBlock = -1;
+
+// How a model's layers share the cache's blocks. A physical block holds block_size positions of
+// layers_per_block layers: those of one group. Each group has a block table of its own per
+// request, so a group of sliding-window layers can give back the blocks its window has passed
+// while the full-attention groups keep theirs (vLLM's hybrid allocator: equal-size groups over one
+// pool). A model without windows, or with one window for every layer, is one group of all layers.
+struct KvLayerGroups {
+  int64_t layers_per_block = 0;
+  std::vector<int32_t> group_of;  // [num_layers]
+  std::vector<int32_t> slot_of;   // [num_layers] the layer's place within its group's blocks
+  std::vector<int64_t> window;    // [num_groups] the group's sliding window; 0: full attention
+
+  int64_t num_layers() const { return static_cast<int64_t>(group_of.size()); }
+  int64_t num_groups() const { return static_cast<int64_t>(window.size()); }
+  // Every layer in one group (slot = layer).
+  static KvLayerGroups Single(int64_t num_layers, int64_t window = 0);
+  // Layers grouped by their window (0: none): groups of min(layers per window value) layers, in
+  // layer order within a value, full-attention groups first; the last group of a value may leave
+  // slots unused. One distinct value gives Single.
+  static KvLayerGroups ForWindows(std::span<const int64_t> layer_windows);
+};
 
 class KvStorage {
  public:
@@ -18,13 +45,15 @@ class KvStorage {
   // v_is_k: one row per position that is both K and V (latent attention: the compressed latent
   // with its RoPE part; V's values are its first elements). No V storage; V reads K's rows (of
   // k_type; v_type is not used).
+  // groups: how the layers share blocks (default: one group of num_layers).
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
-            kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false);
+            kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false,
+            std::optional<KvLayerGroups> groups = std::nullopt);
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
             kernels::KvType type)
       : KvStorage(num_layers, num_kv_heads, head_dim, num_blocks, block_size, type, type) {}
 
-  // Bytes one block takes over all layers, K and V.
+  // Bytes one block takes over num_layers layers (a group's layers_per_block), K and V.
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                                 kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false);
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
@@ -33,6 +62,8 @@ class KvStorage {
   }
 
   int64_t num_layers() const { return num_layers_; }
+  const KvLayerGroups& groups() const { return groups_; }
+  int64_t num_groups() const { return groups_.num_groups(); }
   int64_t kv_dim() const { return num_kv_heads_ * head_dim_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -43,7 +74,7 @@ class KvStorage {
   int64_t block_size() const { return block_size_; }
   kernels::KvType k_type() const { return k_type_; }
   kernels::KvType v_type() const { return v_type_; }
-  uint64_t num_bytes() const { return static_cast<uint64_t>(k_layer_bytes_ + v_layer_bytes_) * num_layers_; }
+  uint64_t num_bytes() const { return static_cast<uint64_t>(k_layer_bytes_ + v_layer_bytes_) * groups_.layers_per_block; }
 
   // Whether keys are stored in the model's calibrated per-channel form ((k - shift) / scale, with
   // queries times scale: attention's softmax is unchanged) when the model has the statistics
@@ -73,12 +104,14 @@ class KvStorage {
   static void WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst);
 
   int64_t num_layers_, num_kv_heads_, head_dim_, num_blocks_, block_size_;
+  KvLayerGroups groups_;
   kernels::KvType k_type_, v_type_;
   bool key_channels_;
   bool v_is_k_ = false;
   int64_t k_row_bytes_, v_row_bytes_;      // num_kv_heads * KvHeadBytes(type, head_dim)
   int64_t k_layer_bytes_, v_layer_bytes_;  // num_blocks * block_size * row bytes
-  std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};  // [num_layers, num_blocks, block_size, row_bytes]
+  // [layers_per_block, num_blocks, block_size, row_bytes]: layer l at slot_of[l]
+  std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};
   std::unique_ptr<uint8_t, void (*)(void*)> v_{nullptr, nullptr};  // same; null when V is K
 };
 

@@ -266,12 +266,17 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
                           ws.rope_swa.data() + t * hp.rope_dims);
     }
   }
-  ws.tables.resize(n);
-  for (int64_t t = 0; t < n; ++t) ws.tables[t] = batch.block_tables[batch.seq(t)].data();
+  // Each layer group's tables (ForwardBatch::block_tables is group-major), n per group.
+  const int64_t num_groups = kv.num_groups();
+  const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size()) / num_groups;
+  ws.tables.resize(num_groups * n);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    for (int64_t t = 0; t < n; ++t) ws.tables[g * n + t] = batch.block_tables[g * num_seqs + batch.seq(t)].data();
+  }
   ws.kv_slots.resize(n);
   for (int64_t t = 0; t < n; ++t) ws.kv_slots[t] = batch.slot(t);
   if (!hp.causal) {
-    std::vector<int32_t> last(batch.block_tables.size(), 0);
+    std::vector<int32_t> last(num_seqs, 0);
     for (int64_t t = 0; t < n; ++t) last[batch.seq(t)] = std::max(last[batch.seq(t)], ws.kv_slots[t]);
     seq_end_slots_.resize(n);
     for (int64_t t = 0; t < n; ++t) seq_end_slots_[t] = last[batch.seq(t)];
@@ -396,8 +401,7 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
       }
     }
     const int64_t pos = ws_.kv_slots[t];
-    const auto& table = batch_.block_tables[batch_.seq(t)];
-    kv_.Write(l, table[pos / block_size], pos % block_size, k, ws_.v.data() + t * kv_dim);
+    kv_.Write(l, Tables(l)[t][pos / block_size], pos % block_size, k, ws_.v.data() + t * kv_dim);
   };
   if (batch_.observer != nullptr) {  // calibration sees the keys between the two
     for (int64_t t = 0; t < n; ++t) rope(t);
@@ -415,7 +419,7 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
   // Causal: each token reads slots [0, its own]; an encoder's read every slot of its sequence
   // (all written above: Model::Forward checked that the batch holds its sequences whole).
   const int32_t* ends = hp_.causal ? ws_.kv_slots.data() : seq_end_slots_.data();
-  kernels::Attention(ws_.q.data(), n, ends, ws_.tables.data(), kv_.Layer(l),
+  kernels::Attention(ws_.q.data(), n, ends, Tables(l), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
                      ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks,
                      hp_.attn_softcap);
@@ -651,7 +655,7 @@ void ForwardPass::LatentAttention(int64_t l, const float* norm_w, const LatentAt
       rope_apply(ws_.mla_q.data() + t * heads * qk + nope, static_cast<int>(heads), static_cast<int>(qk),
                  static_cast<int>(rope), cos_sin);
       const int64_t slot = ws_.kv_slots[t];
-      kv_.Write(l, ws_.tables[t][slot / kv_.block_size()], slot % kv_.block_size(), kv, nullptr);
+      kv_.Write(l, Tables(l)[t][slot / kv_.block_size()], slot % kv_.block_size(), kv, nullptr);
     }
   }, /*min_items_per_thread=*/4);
   // Absorption: head h's q_nope rows gathered (row h * n + t) and multiplied by wk_b(h).
@@ -681,7 +685,7 @@ void ForwardPass::LatentAttention(int64_t l, const float* norm_w, const LatentAt
   // Causal: each token reads slots [0, its own]; an encoder's read every slot of its sequence
   // (all written above: Model::Forward checked that the batch holds its sequences whole).
   const int32_t* ends = hp_.causal ? ws_.kv_slots.data() : seq_end_slots_.data();
-  kernels::Attention(ws_.q.data(), n, ends, ws_.tables.data(), kv_.Layer(l), static_cast<int>(heads), 1,
+  kernels::Attention(ws_.q.data(), n, ends, Tables(l), kv_.Layer(l), static_cast<int>(heads), 1,
                      static_cast<int>(row), ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, 0);
   if (tracking_) {
     span.Next("attention_track", n, 0, l);

@@ -175,6 +175,8 @@ class ForwardPass {
   void LayerNormRows(float* x, const TensorView& w, const TensorView& b, const char* name, int64_t layer);
 
  private:
+  // The block tables layer l's tokens read ([n], their layer group's).
+  const int32_t* const* Tables(int64_t layer) const { return ws_.tables.data() + kv_.groups().group_of[layer] * n_; }
   void AccumulateAttention(int64_t layer);
   // ws.xb = RmsNorm(ws.x) * norm_w per token; the observer sees it as `which`.
   void NormRows(int64_t layer, const float* norm_w, LinearInput which);

@@ -161,6 +161,15 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     return InvalidArgument("KV storage is for {} layers x {}, the model has {} x {}", kv.num_layers(), kv.kv_dim(),
                            hp_.num_layers, hp_.kv_dim());
   }
+  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    // A layer reads no further back than its group gives blocks back.
+    const int64_t group_window = kv.groups().window[kv.groups().group_of[l]];
+    const int64_t window = hp_.LayerWindow(l);
+    if (group_window > 0 && (window == 0 || window > group_window)) {
+      return InvalidArgument("KV layer group of layer {} gives back blocks behind {} positions, its window is {}", l,
+                             group_window, window);
+    }
+  }
   if (!batch.slots.empty() && batch.slots.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and slots differ in length");
   }
@@ -169,9 +178,13 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       if (a.data != nullptr) return InvalidArgument("attention tracking (KV retention) does not work with sliding windows yet");
     }
   }
-  if (!batch.attn_acc.empty() && batch.attn_acc.size() != batch.block_tables.size()) {
-    return InvalidArgument("batch: {} attention accumulators for {} sequences", batch.attn_acc.size(),
-                           batch.block_tables.size());
+  const int64_t num_groups = kv.num_groups();
+  if (batch.block_tables.empty() || batch.block_tables.size() % num_groups != 0) {
+    return InvalidArgument("batch: {} block tables for a cache of {} layer groups", batch.block_tables.size(), num_groups);
+  }
+  const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size()) / num_groups;
+  if (!batch.attn_acc.empty() && static_cast<int64_t>(batch.attn_acc.size()) != num_seqs) {
+    return InvalidArgument("batch: {} attention accumulators for {} sequences", batch.attn_acc.size(), num_seqs);
   }
   const int64_t block_size = kv.block_size();
   for (int64_t i = 0; i < n; ++i) {
@@ -179,15 +192,22 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       return InvalidArgument("token id {} out of range [0, {})", batch.tokens[i], hp_.vocab_size);
     }
     const int32_t s = batch.seq(i);
-    if (s < 0 || static_cast<size_t>(s) >= batch.block_tables.size()) {
-      return InvalidArgument("seq_idx {} has no block table", s);
-    }
-    const auto& table = batch.block_tables[s];
+    if (s < 0 || s >= num_seqs) return InvalidArgument("seq_idx {} has no block table", s);
     if (batch.positions[i] < 0) return InvalidArgument("negative position {}", batch.positions[i]);
     const int64_t slot = batch.slot(i);
-    if (slot < 0 || slot / block_size >= static_cast<int64_t>(table.size())) {
-      return InvalidArgument("slot {} outside the {} tokens of sequence {}'s blocks", slot,
-                             static_cast<int64_t>(table.size()) * block_size, s);
+    for (int64_t g = 0; g < num_groups; ++g) {
+      const auto& table = batch.block_tables[g * num_seqs + s];
+      if (slot < 0 || slot / block_size >= static_cast<int64_t>(table.size())) {
+        return InvalidArgument("slot {} outside the {} tokens of sequence {}'s blocks", slot,
+                               static_cast<int64_t>(table.size()) * block_size, s);
+      }
+      // Every block the token reads is there: from its window's first slot (0 without one) on
+      // (given-back entries are a prefix of the table: checked below).
+      const int64_t window = kv.groups().window[g];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, slot + 1 - window) : 0;
+      if (table[first / block_size] == kNoBlock) {
+        return InvalidArgument("slot {} of sequence {} reads slot {}, whose block was given back", slot, s, first);
+      }
     }
     if (!batch.attn_acc.empty() && batch.attn_acc[s].data != nullptr && slot >= batch.attn_acc[s].stride) {
       return InvalidArgument("slot {} outside sequence {}'s attention accumulator of {}", slot, s,
@@ -195,7 +215,10 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     }
   }
   for (const auto& table : batch.block_tables) {
+    bool given_back = true;  // so far only kNoBlock entries
     for (int32_t b : table) {
+      if (b == kNoBlock && given_back) continue;
+      given_back = false;
       if (b < 0 || b >= kv.num_blocks()) return InvalidArgument("block id {} outside the {} KV blocks", b, kv.num_blocks());
     }
   }
@@ -209,7 +232,7 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     // An encoder's tokens attend to their whole sequence: each sequence in the batch must be all
     // of it, positions 0, 1, ... in order, within the position embeddings.
     if (!batch.slots.empty() || !batch.attn_acc.empty()) return InvalidArgument("an encoder takes no cache slots or retention");
-    std::vector<int32_t> next(batch.block_tables.size(), 0);
+    std::vector<int32_t> next(num_seqs, 0);
     for (int64_t i = 0; i < n; ++i) {
       if (batch.positions[i] != next[batch.seq(i)]++) {
         return InvalidArgument("an encoder computes each sequence whole: position {} of sequence {} is out of order "

@@ -31,7 +31,10 @@ struct ForwardBatch {
   // Tokens whose hidden state (the final norm's output, no logits) is wanted, in output order:
   // ws.hidden holds them ([num_hidden_rows, dim]).
   std::vector<int32_t> hidden_rows;
-  // [num_seqs] logical -> physical block ids of each sequence; must cover every slot in the batch.
+  // [num_groups * num_seqs] logical -> physical block ids of each sequence, group-major: the
+  // cache's layer groups (KvLayerGroups; usually one) each have a table per sequence. Each must
+  // cover every slot in the batch; a windowed group's entries before a token's window may be
+  // KvCacheManager::kNoBlock (given back).
   std::vector<std::span<const int32_t>> block_tables;
   // [num_tokens] cache slot of each token in its sequence: its K/V are written there and it
   // attends to slots [0, slot]. Empty: the positions. With KV retention a sequence's slots run
@@ -118,7 +121,7 @@ struct Workspace {
   std::vector<float> hb2;     // [num_tokens, ffn_dim]
   std::vector<float> logits;  // [num_logit_rows, vocab_size]
   std::vector<float> hidden;  // [num_hidden_rows, dim] (ForwardBatch::hidden_rows)
-  std::vector<const int32_t*> tables;  // [num_tokens] block table of each token's sequence
+  std::vector<const int32_t*> tables;  // [num_groups, num_tokens] block table of each token's sequence
   std::vector<float> rope;    // [num_tokens, rope_dims] cos/sin pairs per token
   std::vector<float> rope_swa;  // the same for windowed layers with their own RoPE base
   std::vector<int32_t> kv_slots;  // [num_tokens] each token's cache slot

@@ -131,7 +131,18 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
       const int64_t end = static_cast<int64_t>(b.tokens.size());
       for (int64_t row = end - 1 - q.num_spec; row < end; ++row) b.logit_rows.push_back(static_cast<int32_t>(row));
     }
-    b.block_tables.push_back(q.block_table);
+    b.block_tables.push_back(q.group_tables.empty() ? q.block_table : q.group_tables[0]);
+  }
+  // Further layer groups' tables follow group 0's, group-major (ForwardBatch::block_tables).
+  const size_t num_groups = seqs.empty() ? 1 : std::max<size_t>(1, seqs[0].group_tables.size());
+  for (size_t g = 1; g < num_groups; ++g) {
+    for (const RunnerSeq& q : seqs) {
+      if (q.group_tables.size() != num_groups) {
+        return InvalidArgument("request {}: {} layer groups' tables, the step has {}", q.request_id,
+                               q.group_tables.size(), num_groups);
+      }
+      b.block_tables.push_back(q.group_tables[g]);
+    }
   }
   // Prompt rows after every sampled row (so the sampled rows keep their places): the chunk's
   // positions before the prompt's last token.

@@ -42,6 +42,9 @@ struct RunnerSeq {
   // given the tokens before it, with k alternatives.
   int64_t num_prompt = 0;
   int prompt_logprobs = -1;
+  // A cache of several layer groups (KvLayerGroups): every group's table, group 0's first (then
+  // block_table is not read). Empty: one group, block_table.
+  std::span<const std::span<const int32_t>> group_tables;
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before

@@ -33,7 +33,7 @@ Status SchedulerConfig::Validate() const {
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config_(config), kv_(kv) {
   CHECK(config_.Validate().ok());
-  max_request_tokens_ = kv_->capacity_tokens();
+  max_request_tokens_ = kv_->capacity_tokens(config_.max_num_batched_tokens);
   if (config_.max_seq_len > 0) max_request_tokens_ = std::min(max_request_tokens_, config_.max_seq_len);
 }
 
@@ -111,6 +111,7 @@ StepPlan Scheduler::Schedule() {
       ++i;
       continue;
     }
+    kv_->ReleaseBehindWindows(r.id, r.num_slots());
     int64_t spec = 0;
     if (n == 1 && r.num_computed_tokens + 1 == r.num_tokens()) {
       spec = std::min({static_cast<int64_t>(r.spec_tokens.size()), budget - 1,

@@ -121,13 +121,15 @@ std::vector<GenerationRequest> RandomRequests(const TestModel& m, int n, uint64_
   return reqs;
 }
 
-// Runs each request alone through an engine with max_batch_size 1 and no prefix cache.
+// Runs each request alone through an engine with max_batch_size 1, no prefix cache, and every
+// layer keeping every block (no windowed layer groups).
 std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationRequest>& reqs, kernels::KvType type,
                              std::optional<kernels::KvType> v_type = std::nullopt) {
   ThreadPool pool(2);
   EngineConfig cfg;
   cfg.sched.max_batch_size = 1;
   cfg.enable_prefix_caching = false;
+  cfg.kv_window_groups = false;
   cfg.kv_cache_memory_bytes = 64ull << 20;
   cfg.kv_type = type;
   cfg.v_kv_type = v_type;
@@ -176,10 +178,16 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   cfg.sched.prefill_chunk_size = 7;
   cfg.block_size = 4;
   const auto& hp = m.model->hparams();
-  // 40 blocks = 160 tokens: the longest request (61 + 40) fits alone, 32 at once cannot.
+  // 40 blocks = 160 tokens: the longest request (100 + 40) fits alone, 32 at once cannot. With
+  // sliding-window layer groups a block holds fewer layers, and a request holds a full group's
+  // blocks plus each windowed group's window: as many blocks as the longest needs, at least 40;
+  // with windows on every layer (no full group) twice the longest's.
+  const KvLayerGroups groups = cfg.KvGroups(hp);
+  const int64_t longest = KvCacheManager::PeakBlocks(groups.window, cfg.block_size, 140, cfg.sched.max_num_batched_tokens);
+  const int64_t num_blocks = groups.window[0] > 0 ? 2 * longest : std::max<int64_t>(40, longest);
   cfg.kv_cache_memory_bytes =
-      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, type, v_type.value_or(type),
-                                    hp.kv_latent);
+      num_blocks * KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim, cfg.block_size, type,
+                                            v_type.value_or(type), hp.kv_latent);
   cfg.kv_type = type;
   cfg.v_kv_type = v_type;
   cfg.enable_prefix_caching = shared_prefixes;
@@ -187,7 +195,7 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return {};
-  EXPECT_EQ((*engine)->num_blocks(), 40);
+  EXPECT_EQ((*engine)->num_blocks(), num_blocks);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& r : reqs) {
     auto s = (*engine)->Submit(r);
@@ -207,11 +215,15 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   }
   const EngineStats& st = (*engine)->stats();
   EXPECT_GT(st.num_preemptions.load(), 0) << "the KV budget should have forced preemption";
-  EXPECT_EQ(st.num_free_blocks.load(), 40) << "every block is free after all requests finish";
+  EXPECT_EQ(st.num_free_blocks.load(), num_blocks) << "every block is free after all requests finish";
+  // Windows of 8 bind in every request: windowed groups gave blocks back while requests ran.
+  if (groups.window.back() > 0) EXPECT_GT(st.window_released_blocks.load(), 0);
   EXPECT_EQ(st.num_generated_tokens.load(), num_generated);
-  std::printf("%s: %lld steps, %lld preemptions, most blocks in use %lld of 40, prefix-cache hit tokens %lld\n",
+  std::printf("%s: %lld steps, %lld preemptions, most blocks in use %lld of %lld (%lld given back behind windows), "
+              "prefix-cache hit tokens %lld\n",
               kernels::KvTypeName(type), static_cast<long long>(st.num_steps.load()),
               static_cast<long long>(st.num_preemptions.load()), static_cast<long long>(st.max_used_blocks.load()),
+              static_cast<long long>(num_blocks), static_cast<long long>(st.window_released_blocks.load()),
               static_cast<long long>(st.prefix_cache_hit_tokens.load()));
   if (shared_prefixes) {
     EXPECT_GT(st.prefix_cache_hit_tokens.load(), 200);
@@ -246,13 +258,102 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // token's experts' products do not depend on which other tokens of the step share its experts;
 // deepseek2's latent rows page, cache and recompute like K and V.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
-  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "mixtral", "deepseek2", "glm4moe", "gpt-oss"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mistral", "qwen3moe", "mixtral", "deepseek2",
+                           "glm4moe", "gpt-oss"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);
     const TestModel f = Synthetic(GgmlType::kF32, arch);
     ExpectConcurrentEqualsAlone(f, kernels::KvType::kF32);
   }
+}
+
+// KV memory one request holds at its peak: one prompt of prompt_len (chunks of 512), then 16
+// tokens, scheduled as the engine does (its cache accounting, no forward), in blocks of 16.
+uint64_t PeakKvBytes(const KvLayerGroups& groups, int64_t num_kv_heads, int64_t head_dim, int64_t prompt_len) {
+  KvCacheManager kv(1 << 16, 16, /*enable_prefix_caching=*/true, groups.window);
+  Scheduler sched(SchedulerConfig{}, &kv);
+  auto r = std::make_unique<SeqRequest>();
+  r->id = 1;
+  r->tokens.assign(prompt_len, 7);
+  r->max_new_tokens = 16;
+  EXPECT_TRUE(sched.Add(std::move(r)).ok());
+  int64_t peak = 0;
+  while (sched.HasWork()) {
+    const StepPlan plan = sched.Schedule();
+    EXPECT_FALSE(plan.empty());
+    if (plan.empty()) break;
+    peak = std::max(peak, kv.HeldBlocks(1));
+    RunnerOutput out;
+    for (const auto& seq : plan.seqs) out.tokens.push_back(seq.sample ? std::vector<int32_t>{8} : std::vector<int32_t>{});
+    sched.Update(plan, out);
+  }
+  EXPECT_EQ(kv.num_free_blocks(), 1 << 16);
+  return static_cast<uint64_t>(peak) *
+         KvStorage::BytesPerBlock(groups.layers_per_block, num_kv_heads, head_dim, 16, kernels::KvType::kF16);
+}
+
+// Gemma 3's layer pattern (26 layers, every sixth global) with windows of 64: a 1024-token
+// prompt gives the same tokens with windowed layer groups (blocks behind the windows go back to
+// the pool as the prompt's chunks advance) as with every block kept, in a fraction of the memory.
+// Then the gemma3-1b shape (1 KV head of 256, windows of 512, f16) at 8K context, as the engine
+// schedules it: the KV one sequence holds with and without window groups.
+TEST(EngineTest, WindowedLayerGroupsHoldAFractionOfTheKv) {
+  SynthShape shape = test::ArchTestShape("gemma3");
+  shape.num_layers = 26;
+  shape.sliding_window = 64;
+  shape.context_length = 2048;
+  TestModel m;
+  const auto bytes = SynthesizeModel(shape, GgmlType::kQ8_0, 11)->WriteToBytes();
+  m.file = GgufFile::FromBytes(bytes).value();
+  m.model = LoadModel(*m.file).value();
+  m.tok = Tokenizer::FromGguf(*m.file).value();
+  const auto& hp = m.model->hparams();
+  GenerationRequest req;
+  Rng rng(3);
+  req.prompt.push_back(m.tok->bos_id());
+  for (int i = 1; i < 1024; ++i) req.prompt.push_back(3 + static_cast<int32_t>(rng.NextU64() % 2000));
+  req.max_tokens = 8;
+  req.sampling.temperature = 0.0f;
+  std::vector<int32_t> tokens[2];
+  uint64_t held[2];
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    ThreadPool pool(2);
+    EngineConfig cfg;
+    cfg.sched.max_batch_size = 1;
+    cfg.sched.prefill_chunk_size = 64;
+    cfg.sched.max_num_batched_tokens = 64;
+    cfg.kv_cache_memory_bytes = 64ull << 20;
+    cfg.kv_window_groups = grouped == 1;
+    auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto stream = (*engine)->Submit(req);
+    ASSERT_TRUE(stream.ok());
+    const Result got = Collect(**stream);
+    ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+    tokens[grouped] = got.tokens;
+    const KvLayerGroups groups = cfg.KvGroups(hp);
+    held[grouped] = (*engine)->stats().max_used_blocks.load() *
+                    KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim, cfg.block_size,
+                                             cfg.kv_type);
+    EXPECT_EQ((*engine)->stats().num_free_blocks.load(), (*engine)->num_blocks());
+    if (grouped == 1) std::printf("%s\n", (*engine)->Describe().c_str());
+  }
+  EXPECT_EQ(tokens[1], tokens[0]);
+  // Every block: 26 layers x 1032 positions. Groups: 4 global layers x 1032, and 24 windowed
+  // slots x at most (63 + 64) / 16 + 1 = 8 blocks (a window and a step).
+  std::printf("1024-token prompt, windows of 64: %.2f MiB held with every block, %.2f MiB with window groups (%.2fx)\n",
+              held[0] / 1048576.0, held[1] / 1048576.0, static_cast<double>(held[0]) / held[1]);
+  EXPECT_GT(static_cast<double>(held[0]) / held[1], 3.0);
+
+  std::vector<int64_t> windows(26, 512);
+  for (int64_t l = 5; l < 26; l += 6) windows[l] = 0;
+  const uint64_t all = PeakKvBytes(KvLayerGroups::Single(26), 1, 256, 8192);
+  const uint64_t grouped = PeakKvBytes(KvLayerGroups::ForWindows(windows), 1, 256, 8192);
+  std::printf("gemma3-1b shape, 8K prompt + 16 tokens, f16: %.1f MB per sequence with every block, %.1f MB with "
+              "window groups (%.2fx)\n", all / 1e6, grouped / 1e6, static_cast<double>(all) / grouped);
+  EXPECT_EQ(all, uint64_t{26} * 8208 / 16 * 16 * 2 * 256 * 2);  // 26 layers x 513 blocks x K and V
+  EXPECT_GT(static_cast<double>(all) / grouped, 3.5);
 }
 
 // Speculative decoding changes no output, greedy or seeded: every request of the exactness

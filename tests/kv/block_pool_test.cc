@@ -162,3 +162,97 @@ TEST(PrefixCacheTest, DisabledFindsNothing) {
 
 }  // namespace
 }  // namespace gale
+
+namespace gale {
+namespace {
+
+// Gemma 3's pattern (every sixth layer global): groups of the four global layers' size, the
+// global group first, the 22 windowed layers in six groups (two slots of the last unused).
+TEST(KvLayerGroupsTest, GroupsLayersByWindowInEqualSizes) {
+  std::vector<int64_t> windows(26, 512);
+  for (int64_t l = 5; l < 26; l += 6) windows[l] = 0;
+  const KvLayerGroups g = KvLayerGroups::ForWindows(windows);
+  EXPECT_EQ(g.layers_per_block, 4);
+  ASSERT_EQ(g.num_groups(), 7);
+  EXPECT_EQ(g.window[0], 0);
+  for (int64_t i = 1; i < 7; ++i) EXPECT_EQ(g.window[i], 512);
+  EXPECT_EQ(g.group_of[5], 0);
+  EXPECT_EQ(g.slot_of[23], 3);
+  EXPECT_EQ(g.group_of[0], 1);
+  EXPECT_EQ(g.slot_of[4], 0);  // layers 0 1 2 3 | 4 6 7 8 | ...
+  EXPECT_EQ(g.group_of[25], 6);
+  // One window value for all layers (or none): one group of every layer.
+  const KvLayerGroups all = KvLayerGroups::ForWindows(std::vector<int64_t>(5, 64));
+  EXPECT_EQ(all.num_groups(), 1);
+  EXPECT_EQ(all.layers_per_block, 5);
+  EXPECT_EQ(all.window[0], 64);
+  EXPECT_EQ(KvLayerGroups::ForWindows(std::vector<int64_t>(3, 0)).window[0], 0);
+}
+
+// A full group and a windowed one (window 6, blocks of 4): before each step the windowed group
+// gives back the blocks no new token reads; the full group keeps every block.
+TEST(KvCacheManagerTest, WindowedGroupsGiveBackBlocksBehindTheWindow) {
+  KvCacheManager kv(32, 4, /*enable_prefix_caching=*/false, {0, 6});
+  ASSERT_TRUE(kv.AllocateSlots(1, 10));  // 3 blocks per group
+  EXPECT_EQ(kv.HeldBlocks(1), 6);
+  // The next token is at slot 10: it reads slots 5..10, blocks 1 and 2 of the windowed group.
+  EXPECT_EQ(kv.ReleaseBehindWindows(1, 10), 1);
+  EXPECT_EQ(kv.BlockTable(1, 1)[0], KvCacheManager::kNoBlock);
+  EXPECT_NE(kv.BlockTable(1, 0)[0], KvCacheManager::kNoBlock);
+  EXPECT_EQ(kv.ReleaseBehindWindows(1, 10), 0);  // once
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  ASSERT_TRUE(kv.AllocateSlots(1, 30));  // a chunk of 20: 8 blocks per group
+  EXPECT_EQ(kv.ReleaseBehindWindows(1, 30), 5);  // slot 30 reads 25..30: blocks 6 and 7
+  EXPECT_EQ(kv.HeldBlocks(1), 8 + 2);
+  EXPECT_EQ(kv.num_free_blocks(), 32 - 10);
+  // Trimming (rejected drafts) and freeing skip what was given back.
+  kv.TrimSlots(1, 26);
+  EXPECT_EQ(kv.HeldBlocks(1), 7 + 1);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  kv.Free(1);
+  EXPECT_EQ(kv.num_free_blocks(), 32);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  // The longest request: every block of the full group plus a window and a step in the other.
+  EXPECT_EQ(KvCacheManager::PeakBlocks(std::vector<int64_t>{0, 6}, 4, 100, 8), 25 + (6 - 1 + 8 + 3) / 4 + 1);
+  EXPECT_EQ(kv.capacity_tokens(8), (32 - 5) * 4);
+  KvCacheManager single(32, 4);
+  EXPECT_EQ(single.capacity_tokens(8), 128);
+}
+
+// A prefix hit with a windowed group takes the full group's blocks and only the windowed blocks
+// within one window of the first token to compute; when one of those was evicted, the hit is
+// the longest one whose window is still whole.
+TEST(PrefixCacheTest, HitsWithWindowedGroupsNeedOnlyTheLastWindow) {
+  KvCacheManager kv(20, 4, /*enable_prefix_caching=*/true, {0, 6});
+  const auto a = Seq(30);
+  ASSERT_TRUE(kv.AllocateSlots(1, 30));  // 8 blocks per group, 4 left free
+  kv.CacheFullBlocks(1, a, 30, "");      // 7 full blocks per group
+  EXPECT_EQ(kv.ReleaseBehindWindows(1, 30), 6);  // windowed 0..5 go back, still findable
+  kv.Free(1);  // free list: 4 never used, windowed 0..5, full 7..0, windowed 7, 6
+  // 29 tokens: at most 7 blocks (28 tokens); slot 28 reads 23..28: windowed blocks 5 and 6.
+  EXPECT_EQ(kv.AllocateCachedPrefix(2, Seq(29), ""), 28);
+  EXPECT_EQ(kv.BlockTable(2, 0).size(), 7u);
+  EXPECT_EQ(kv.BlockTable(2, 1)[4], KvCacheManager::kNoBlock);
+  EXPECT_NE(kv.BlockTable(2, 1)[5], KvCacheManager::kNoBlock);
+  EXPECT_EQ(kv.HeldBlocks(2), 7 + 2);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  kv.Free(2);
+  // A prompt that shares 24 tokens: 6 blocks, whose windowed blocks 4 and 5 were given back
+  // while request 1 ran and are found all the same.
+  auto c = Seq(24);
+  for (int32_t t : {500, 501, 502, 503, 504}) c.push_back(t);
+  EXPECT_EQ(kv.AllocateCachedPrefix(3, c, ""), 24);
+  EXPECT_EQ(kv.HeldBlocks(3), 6 + 2);
+  kv.Free(3);
+  // Another request takes 8 blocks: the 4 unused and windowed 0..3 are evicted; no hit needs them.
+  ASSERT_TRUE(kv.AllocateSlots(6, 16));
+  EXPECT_EQ(kv.AllocateCachedPrefix(4, Seq(29), ""), 28);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  kv.Free(4);
+  kv.Free(6);
+  EXPECT_EQ(kv.num_free_blocks(), 20);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
+}  // namespace
+}  // namespace gale

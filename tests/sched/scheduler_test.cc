@@ -272,15 +272,39 @@ int64_t EmulateEvictions(Scheduler& s, KvCacheManager& kv) {
   return evicted;
 }
 
-void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = false) {
+// Every block a step's tokens read is in their tables: from the window's first slot of the
+// chunk's first token (0 in a full group) to its last slot.
+void ExpectStepBlocksHeld(const StepPlan& plan, const KvCacheManager& kv) {
+  for (const auto& s : plan.seqs) {
+    const int64_t first = s.req->num_slots(), last = first + s.num_new_tokens - 1;
+    for (int64_t g = 0; g < kv.num_groups(); ++g) {
+      const auto table = kv.BlockTable(s.req->id, g);
+      ASSERT_GT(static_cast<int64_t>(table.size()), last / kv.block_size());
+      const int64_t w = kv.group_windows()[g];
+      const int64_t from = w > 0 ? std::max<int64_t>(0, first + 1 - w) : 0;
+      for (int64_t b = from / kv.block_size(); b <= last / kv.block_size(); ++b) {
+        ASSERT_NE(table[b], KvCacheManager::kNoBlock) << "request " << s.req->id << " group " << g << " block " << b;
+      }
+    }
+  }
+}
+
+void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = false, bool windows = false) {
   int64_t total_evicted = 0;
   int64_t total_preemptions = 0, total_cancels = 0, total_finished = 0, total_hits = 0;
-  int64_t total_proposed = 0, total_accepted = 0;
+  int64_t total_proposed = 0, total_accepted = 0, total_released = 0;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     Rng rng(seed);
     const int32_t num_blocks = 3 + static_cast<int32_t>(rng.NextU64() % 12);
     const int64_t block_size = 1 + static_cast<int64_t>(rng.NextU64() % 5);
-    KvCacheManager kv(num_blocks, block_size, prefix_caching);
+    // Windowed layer groups: a full group and one or two with windows of 1 to 12.
+    std::vector<int64_t> group_windows = {0};
+    if (windows) {
+      for (int i = 0, n = 1 + static_cast<int>(rng.NextU64() % 2); i < n; ++i) {
+        group_windows.push_back(1 + static_cast<int64_t>(rng.NextU64() % 12));
+      }
+    }
+    KvCacheManager kv(windows ? num_blocks * 3 : num_blocks, block_size, prefix_caching, group_windows);
     // Prompts start with one of a few shared prefixes, so the cache has something to find.
     std::vector<std::vector<int32_t>> prefixes(3);
     for (auto& p : prefixes) {
@@ -336,6 +360,7 @@ void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = fa
       ASSERT_LE(p.num_tokens, cfg.max_num_batched_tokens);
       ASSERT_LE(s.num_running(), cfg.max_batch_size);
       ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
+      ExpectStepBlocksHeld(p, kv);
       for (auto& f : s.Update(p, FakeRun(p))) done[f->id] = std::move(f);
       ASSERT_EQ(s.CheckInvariants(), "") << "seed " << seed << " step " << step;
       if (retention) {
@@ -344,7 +369,8 @@ void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = fa
       }
       ASSERT_LT(++step, 20000) << "seed " << seed << ": no progress";
     }
-    EXPECT_EQ(kv.num_free_blocks(), num_blocks) << "seed " << seed;
+    EXPECT_EQ(kv.num_free_blocks(), kv.pool().num_blocks()) << "seed " << seed;
+    total_released += kv.num_window_released();
     total_preemptions += s.num_preemptions();
     total_finished += static_cast<int64_t>(done.size());
     total_hits += kv.num_hit_tokens();
@@ -362,6 +388,10 @@ void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = fa
               static_cast<long long>(total_preemptions), static_cast<long long>(total_cancels),
               static_cast<long long>(total_hits), static_cast<long long>(total_proposed),
               static_cast<long long>(total_accepted));
+  if (windows) {
+    std::printf("blocks given back behind windows %lld\n", static_cast<long long>(total_released));
+    EXPECT_GT(total_released, 1000);
+  }
   if (retention) {
     std::printf("evicted %lld\n", static_cast<long long>(total_evicted));
     EXPECT_GT(total_evicted, 10000);
@@ -390,6 +420,13 @@ TEST(SchedulerTest, RandomWorkloadsWithPrefixCaching) { RandomWorkloads(/*prefix
 // the pool, and the invariants hold after every step.
 TEST(SchedulerTest, RandomWorkloadsWithSpeculativeGuesses) {
   RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true);
+}
+
+// Layer groups with sliding windows (a full group and one or two windowed ones): every block a
+// step reads is held, blocks behind the windows go back, prefix hits take only the last window's
+// blocks, preemption and rejected guesses leave the tables whole, and no block leaks.
+TEST(SchedulerTest, RandomWorkloadsWithWindowedLayerGroups) {
+  RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true, /*retention=*/false, /*windows=*/true);
 }
 
 // Requests with a KV budget among the others, some longer than all KV memory, with evictions after
