@@ -90,6 +90,10 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.experts_used = 2;
     s.expert_ffn = 64;
   }
+  if (arch == "llama-v16") {  // llama with V heads of 16 under K heads of 32
+    s.arch = "llama";
+    s.v_head_dim = 16;
+  }
   if (arch == "mistral") {  // llama with a window of 8 on every layer (one windowed layer group)
     s.arch = "llama";
     s.sliding_window = 8;

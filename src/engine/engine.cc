@@ -102,20 +102,23 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     return InvalidArgument("kv cache ratio must be in (0, 1], got {}", config.kv_cache_ratio);
   }
   const ModelHParams& hp = model.hparams();
-  if ((config.kv_type == kernels::KvType::kInt4 || config.v_type() == kernels::KvType::kInt4) && hp.head_dim % 2 != 0) {
-    return InvalidArgument("int4 KV cache needs an even head size, the model's is {}", hp.head_dim);
+  if ((config.kv_type == kernels::KvType::kInt4 && hp.head_dim % 2 != 0) ||
+      (config.v_type() == kernels::KvType::kInt4 && hp.value_head() % 2 != 0)) {
+    return InvalidArgument("int4 KV cache needs even head sizes, the model's are {} (K) and {} (V)", hp.head_dim,
+                           hp.value_head());
   }
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
   const KvLayerGroups groups = config.KvGroups(hp);
   const uint64_t block_bytes = KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim,
-                                                         config.block_size, config.kv_type, config.v_type(), hp.kv_latent);
+                                                         config.block_size, config.kv_type, config.v_type(), hp.kv_latent,
+                                                         hp.value_head());
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
     // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
     const uint64_t workspace = static_cast<uint64_t>(config.sched.max_num_batched_tokens) *
-                                   (5 * hp.dim + 2 * hp.kv_dim() + 2 * hp.ffn_dim) * sizeof(float) +
+                                   (5 * hp.dim + hp.kv_dim() + hp.v_dim() + 2 * hp.ffn_dim) * sizeof(float) +
                                static_cast<uint64_t>(config.sched.max_batch_size) * hp.vocab_size * sizeof(float);
     const uint64_t avail = MemAvailableBytes();
     if (avail == 0) return InvalidArgument("cannot read MemAvailable from /proc/meminfo: set --kv-cache-memory");
@@ -160,7 +163,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       num_blocks_(num_blocks),
       storage_(model.hparams().num_layers, model.hparams().num_kv_heads, model.hparams().head_dim, num_blocks,
                config.block_size, config.kv_type, config.v_type(), model.hparams().kv_latent,
-               config.KvGroups(model.hparams())),
+               config.KvGroups(model.hparams()), model.hparams().value_head()),
       kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching, storage_.groups().window),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool),

@@ -26,6 +26,11 @@ void Avx512AttendMany(const float* const* qs, const int64_t* lens, int num_queri
 // The scalar attention, for ISAs whose own kernel does not cover a head size.
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                          int head_dim, float* const* outs, float* const* scores, const float* sinks, float softcap);
+// The same with V's head size v_head_dim other than K's (outs: [v_head_dim] each): the path of
+// every ISA for such caches (no architecture in use has them; the SIMD kernels take K = V).
+void AttendManyReferenceKv(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                           int head_dim, int v_head_dim, float* const* outs, float* const* scores, const float* sinks,
+                           float softcap);
 void SoftmaxReference(float* x, int64_t n);
 void RopeApplyReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);
 void RopeApplyNeoxReference(float* x, int num_heads, int head_dim, int rope_dims, const float* cos_sin);

@@ -666,8 +666,9 @@ std::optional<KvType> ParseKvType(std::string_view name) {
 
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores, int64_t window, const float* sinks, float softcap) {
+               float* const* scores, int64_t window, const float* sinks, float softcap, int v_head_dim) {
   CHECK(window == 0 || scores == nullptr);  // tracked scores are per slot from 0
+  const int v_head = v_head_dim > 0 ? v_head_dim : head_dim;
   const KernelTable& kt = Active();
   // A sliding window: a token whose window starts past slot 0 reads through a table of its own,
   // the window's slots as blocks of one, so every kernel attends exactly [begin, slot] without
@@ -701,7 +702,8 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
     }
   }
   const int64_t q_stride = static_cast<int64_t>(num_heads) * head_dim;
-  const int64_t k_head_bytes = KvHeadBytes(kv.k_type, head_dim), v_head_bytes = KvHeadBytes(kv.v_type, head_dim);
+  const int64_t out_stride = static_cast<int64_t>(num_heads) * v_head;
+  const int64_t k_head_bytes = KvHeadBytes(kv.k_type, head_dim), v_head_bytes = KvHeadBytes(kv.v_type, v_head);
   const int group = num_heads / num_kv_heads;
   // A task is a run of consecutive tokens of one sequence and one KV head: its query heads share
   // the K/V rows, which attend_many then reads once per 16 positions for all of them. Where that
@@ -759,7 +761,7 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
       for (int64_t t = task.t_begin; t < task.t_end; ++t) {
         for (int h = task.kv_head * group; h < (task.kv_head + task.num_kv_heads) * group; ++h) {
           qs[nq] = q + t * q_stride + static_cast<int64_t>(h) * head_dim;
-          outs[nq] = out + t * q_stride + static_cast<int64_t>(h) * head_dim;
+          outs[nq] = out + t * out_stride + static_cast<int64_t>(h) * v_head;
           lens[nq] = static_cast<int64_t>(positions[t]) + 1 - begins[t];
           score_outs[nq] = scores != nullptr && scores[t] != nullptr ? scores[t] + h * lens[nq] : nullptr;
           heads[nq] = h / group - task.kv_head;
@@ -778,8 +780,13 @@ void Attention(const float* q, int64_t num_tokens, const int32_t* positions, con
                              task.num_kv_heads > 1 ? heads : nullptr,
                              k_head_bytes,
                              v_head_bytes};
-      kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr,
-                     sinks != nullptr ? query_sinks : nullptr, softcap);
+      if (v_head == head_dim) {
+        kt.attend_many(qs, lens, nq, view, head_dim, outs, scores != nullptr ? score_outs : nullptr,
+                       sinks != nullptr ? query_sinks : nullptr, softcap);
+      } else {
+        AttendManyReferenceKv(qs, lens, nq, view, head_dim, v_head, outs, scores != nullptr ? score_outs : nullptr,
+                              sinks != nullptr ? query_sinks : nullptr, softcap);
+      }
     }
   }, ThreadPool::MinItemsForWork(num_tasks, total_ns));
 }

@@ -166,7 +166,7 @@ struct KvLayer {
 // Causal attention through block tables. q: [num_tokens, num_heads * head_dim]; token t reads
 // positions [0, positions[t]] of its sequence, whose logical block i is physical block
 // block_tables[t][i] (tokens of one sequence share one table pointer and come in position
-// order). out: [num_tokens, num_heads * head_dim].
+// order). out: [num_tokens, num_heads * head_dim] (head_dim: v_head_dim's, below).
 // positions here are cache slots: with KV retention a sequence's slots are fewer than its
 // positions (RoPE used the real ones when K was written). scores: null, or per token null or
 // [num_heads, positions[t] + 1] floats receiving each head's scaled scores before the softmax.
@@ -174,8 +174,11 @@ struct KvLayer {
 // positions[t]] (llama.cpp's standard SWA: keys less than `window` positions back); scores must
 // then be null. sinks: null, or per query head a logit that joins each softmax's denominator only
 // (gpt-oss's attention sinks). softcap > 0: scores through softcap * tanh(s / softcap) (Gemma 2).
+// v_head_dim > 0: V's head size where it differs from K's (head_dim); out is then
+// [num_tokens, num_heads * v_head_dim] (the scalar kernel on every ISA).
 void Attention(const float* q, int64_t num_tokens, const int32_t* positions, const int32_t* const* block_tables,
                const KvLayer& kv, int num_heads, int num_kv_heads, int head_dim, float* out, ThreadPool& pool,
-               float* const* scores = nullptr, int64_t window = 0, const float* sinks = nullptr, float softcap = 0.0f);
+               float* const* scores = nullptr, int64_t window = 0, const float* sinks = nullptr, float softcap = 0.0f,
+               int v_head_dim = 0);
 
 }  // namespace gale::kernels

@@ -95,22 +95,25 @@ double KvStorage::Prefault() {
 
 KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                      int64_t block_size, kernels::KvType k_type, kernels::KvType v_type, bool v_is_k,
-                     std::optional<KvLayerGroups> groups)
+                     std::optional<KvLayerGroups> groups, int64_t v_head_dim)
     : num_layers_(num_layers),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       num_blocks_(num_blocks),
       block_size_(block_size),
       groups_(groups ? std::move(*groups) : KvLayerGroups::Single(num_layers)),
+      v_head_dim_(v_head_dim > 0 ? v_head_dim : head_dim),
       k_type_(k_type),
       v_type_(v_is_k ? k_type : v_type),
       key_channels_(KeyChannelsByDefault(k_type)),
       v_is_k_(v_is_k) {
   CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && num_blocks > 0 && block_size > 0);
   CHECK(groups_.num_layers() == num_layers && groups_.layers_per_block > 0 && groups_.num_groups() > 0);
-  CHECK((k_type != kernels::KvType::kInt4 && v_type_ != kernels::KvType::kInt4) || head_dim % 2 == 0);
+  CHECK(k_type != kernels::KvType::kInt4 || head_dim % 2 == 0);
+  CHECK(v_type_ != kernels::KvType::kInt4 || v_head_dim_ % 2 == 0);
+  CHECK(!v_is_k || v_head_dim_ == head_dim);
   k_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(k_type, head_dim);
-  v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type_, head_dim);
+  v_row_bytes_ = num_kv_heads * kernels::KvHeadBytes(v_type_, v_head_dim_);
   k_layer_bytes_ = num_blocks * block_size * k_row_bytes_;
   v_layer_bytes_ = v_is_k ? 0 : num_blocks * block_size * v_row_bytes_;
   k_ = AllocZeroed(static_cast<uint64_t>(k_layer_bytes_) * groups_.layers_per_block);
@@ -118,9 +121,11 @@ KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
 }
 
 uint64_t KvStorage::BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                  kernels::KvType k_type, kernels::KvType v_type, bool v_is_k) {
+                                  kernels::KvType k_type, kernels::KvType v_type, bool v_is_k,
+                                  int64_t v_head_dim) {
+  const int64_t v_head = v_head_dim > 0 ? v_head_dim : head_dim;
   return static_cast<uint64_t>(num_layers * block_size * num_kv_heads) *
-         static_cast<uint64_t>(kernels::KvHeadBytes(k_type, head_dim) + (v_is_k ? 0 : kernels::KvHeadBytes(v_type, head_dim)));
+         static_cast<uint64_t>(kernels::KvHeadBytes(k_type, head_dim) + (v_is_k ? 0 : kernels::KvHeadBytes(v_type, v_head)));
 }
 
 kernels::KvLayer KvStorage::Layer(int64_t layer_idx) const {
@@ -145,7 +150,7 @@ void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_blo
   const int64_t s = groups_.slot_of[layer_idx];
   WriteRow(k, num_kv_heads_, head_dim_, k_type_, k_.get() + s * k_layer_bytes_ + slot * k_row_bytes_);
   if (v_is_k_) return;
-  WriteRow(v, num_kv_heads_, head_dim_, v_type_, v_.get() + s * v_layer_bytes_ + slot * v_row_bytes_);
+  WriteRow(v, num_kv_heads_, v_head_dim_, v_type_, v_.get() + s * v_layer_bytes_ + slot * v_row_bytes_);
 }
 
 void KvStorage::CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset, int32_t dst_block,
@@ -167,10 +172,10 @@ void KvStorage::Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_bloc
   const int64_t s = groups_.slot_of[layer_idx];
   const uint8_t* ks = k_.get() + s * k_layer_bytes_ + slot * k_row_bytes_;
   const uint8_t* vs = v_is_k_ ? ks : v_.get() + s * v_layer_bytes_ + slot * v_row_bytes_;
-  const int64_t kseg = kernels::KvHeadBytes(k_type_, head_dim_), vseg = kernels::KvHeadBytes(v_type_, head_dim_);
+  const int64_t kseg = kernels::KvHeadBytes(k_type_, head_dim_), vseg = kernels::KvHeadBytes(v_type_, v_head_dim_);
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
     kernels::LoadKvHead(ks + h * kseg, head_dim_, k_type_, k + h * head_dim_);
-    kernels::LoadKvHead(vs + h * vseg, head_dim_, v_type_, v + h * head_dim_);
+    kernels::LoadKvHead(vs + h * vseg, v_head_dim_, v_type_, v + h * v_head_dim_);
   }
 }
 

@@ -45,17 +45,19 @@ class KvStorage {
   // v_is_k: one row per position that is both K and V (latent attention: the compressed latent
   // with its RoPE part; V's values are its first elements). No V storage; V reads K's rows (of
   // k_type; v_type is not used).
-  // groups: how the layers share blocks (default: one group of num_layers).
+  // groups: how the layers share blocks (default: one group of num_layers). v_head_dim: V's head
+  // size where it differs from K's (0: head_dim).
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
             kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false,
-            std::optional<KvLayerGroups> groups = std::nullopt);
+            std::optional<KvLayerGroups> groups = std::nullopt, int64_t v_head_dim = 0);
   KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
             kernels::KvType type)
       : KvStorage(num_layers, num_kv_heads, head_dim, num_blocks, block_size, type, type) {}
 
   // Bytes one block takes over num_layers layers (a group's layers_per_block), K and V.
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false);
+                                kernels::KvType k_type, kernels::KvType v_type, bool v_is_k = false,
+                                int64_t v_head_dim = 0);
   static uint64_t BytesPerBlock(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                                 kernels::KvType type) {
     return BytesPerBlock(num_layers, num_kv_heads, head_dim, block_size, type, type);
@@ -67,6 +69,8 @@ class KvStorage {
   int64_t kv_dim() const { return num_kv_heads_ * head_dim_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
+  int64_t v_head_dim() const { return v_head_dim_; }
+  int64_t v_dim() const { return num_kv_heads_ * v_head_dim_; }
   // Bytes of one position's K and V rows together (all KV heads).
   int64_t row_bytes() const { return k_row_bytes_ + (v_is_k_ ? 0 : v_row_bytes_); }
   bool v_is_k() const { return v_is_k_; }
@@ -91,7 +95,7 @@ class KvStorage {
 
   // The layer as the attention kernel reads it.
   kernels::KvLayer Layer(int64_t layer_idx) const;
-  // Stores one position's K and V rows ([kv_dim] f32 each), converted to the storage type (v is
+  // Stores one position's K and V rows ([kv_dim] and [v_dim] f32), converted to the storage type (v is
   // ignored, and may be null, when V is K).
   void Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, const float* k, const float* v);
   // Copies one position's K and V rows (as stored, scales included) to another slot of the layer
@@ -105,10 +109,11 @@ class KvStorage {
 
   int64_t num_layers_, num_kv_heads_, head_dim_, num_blocks_, block_size_;
   KvLayerGroups groups_;
+  int64_t v_head_dim_;
   kernels::KvType k_type_, v_type_;
   bool key_channels_;
   bool v_is_k_ = false;
-  int64_t k_row_bytes_, v_row_bytes_;      // num_kv_heads * KvHeadBytes(type, head_dim)
+  int64_t k_row_bytes_, v_row_bytes_;      // num_kv_heads * KvHeadBytes(type, K's / V's head size)
   int64_t k_layer_bytes_, v_layer_bytes_;  // num_blocks * block_size * row bytes
   // [layers_per_block, num_blocks, block_size, row_bytes]: layer l at slot_of[l]
   std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};

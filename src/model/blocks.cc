@@ -238,11 +238,11 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
   const int64_t n = n_;
   const int64_t dim = hp.dim, q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), ffn = hp.ffn_dim;
   Grow(ws.x, n * dim);
-  Grow(ws.xb, n * std::max(dim, q_dim));
+  Grow(ws.xb, n * std::max({dim, q_dim, hp.attn_out_dim()}));
   Grow(ws.xb2, n * dim);
   Grow(ws.q, n * q_dim);
   Grow(ws.k, n * kv_dim);
-  Grow(ws.v, n * kv_dim);
+  Grow(ws.v, n * hp.v_dim());
   Grow(ws.hb, n * ffn);
   Grow(ws.hb2, n * ffn);
   Grow(ws.rope, n * hp.rope_dims);
@@ -401,7 +401,7 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
       }
     }
     const int64_t pos = ws_.kv_slots[t];
-    kv_.Write(l, Tables(l)[t][pos / block_size], pos % block_size, k, ws_.v.data() + t * kv_dim);
+    kv_.Write(l, Tables(l)[t][pos / block_size], pos % block_size, k, ws_.v.data() + t * hp_.v_dim());
   };
   if (batch_.observer != nullptr) {  // calibration sees the keys between the two
     for (int64_t t = 0; t < n; ++t) rope(t);
@@ -422,7 +422,7 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
   kernels::Attention(ws_.q.data(), n, ends, Tables(l), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
                      ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks,
-                     hp_.attn_softcap);
+                     hp_.attn_softcap, static_cast<int>(hp_.value_head()));
   if (tracking_) {
     span.Next("attention_track", n, 0, l);
     AccumulateAttention(l);
@@ -432,7 +432,7 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
 void ForwardPass::OutputProjection(int64_t l, const MatrixWeight& wo, const TensorView* post_norm,
                                    const TensorView* bias) {
   const int64_t n = n_;
-  if (batch_.observer) batch_.observer->Observe(l, LinearInput::kAttnOut, ws_.xb.data(), n, hp_.q_dim());
+  if (batch_.observer) batch_.observer->Observe(l, LinearInput::kAttnOut, ws_.xb.data(), n, hp_.attn_out_dim());
   ProfileSpan span("matmul_o", "op", n, WeightBytes(wo), l);
   MatMul(wo, ws_.xb.data(), n, ws_.xb2.data(), pool_);
   if (bias != nullptr) AddBias(ws_.xb2.data(), *bias, hp_.dim);

@@ -62,14 +62,18 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
   const int64_t value_length = file.GetInt(p + "attention.value_length", key_length);
   if (key_length != 0) {
     if (key_length < 0 || key_length > 4096 || key_length % 2 != 0) return bad("attention.key_length must be even and at most 4096");
-    // deepseek2's latent rows have V's values as K's first elements: its file checks them.
-    if (value_length != key_length && hp.arch != "deepseek2") {
-      return Unimplemented("attention.value_length {} differs from key_length {}: not supported yet", value_length, key_length);
-    }
     hp.head_dim = key_length;
   } else {
     if (hp.dim % hp.num_heads != 0) return bad("head_count must divide embedding_length (or the file must set attention.key_length)");
     hp.head_dim = hp.dim / hp.num_heads;
+  }
+  // V's head size where it differs (deepseek2's latent rows have V's values as K's first
+  // elements: its loader checks them).
+  if (value_length != 0 && value_length != hp.head_dim && hp.arch != "deepseek2") {
+    if (value_length < 0 || value_length > 4096 || value_length % 2 != 0) {
+      return bad("attention.value_length must be even and at most 4096");
+    }
+    hp.v_head_dim = value_length;
   }
   hp.rope_dims = file.GetInt(p + "rope.dimension_count", hp.head_dim);
   if (hp.rope_dims <= 0 || hp.rope_dims > hp.head_dim || hp.rope_dims % 2 != 0) {

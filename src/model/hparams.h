@@ -74,7 +74,8 @@ struct ModelHParams {
   int64_t num_layers = 0;   // block_count
   int64_t num_heads = 0;    // attention.head_count
   int64_t num_kv_heads = 0; // attention.head_count_kv (defaults to num_heads)
-  int64_t head_dim = 0;     // attention.key_length (defaults to dim / num_heads)
+  int64_t head_dim = 0;     // attention.key_length (defaults to dim / num_heads): Q's and K's
+  int64_t v_head_dim = 0;   // attention.value_length where it differs from key_length; 0: head_dim
   int64_t rope_dims = 0;    // rope.dimension_count (defaults to head_dim)
   int64_t context_length = 0;
   int64_t vocab_size = 0;   // rows of token_embd
@@ -115,6 +116,11 @@ struct ModelHParams {
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // V's head size (attention.value_length; head_dim unless the file sets another), the V rows'
+  // width over all KV heads, and attention's output width (the output projection's input).
+  int64_t value_head() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  int64_t v_dim() const { return num_kv_heads * value_head(); }
+  int64_t attn_out_dim() const { return num_heads * value_head(); }
 };
 
 // Reads and validates the keys every architecture shares; errors name the key and the rule

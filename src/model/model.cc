@@ -21,7 +21,7 @@ KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_se
                  int64_t block_size, std::optional<kernels::KvType> v_type)
     : capacity_tokens_(capacity_tokens),
       storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim, num_seqs * ((capacity_tokens + block_size - 1) / block_size),
-               block_size, type, v_type.value_or(type), hp.kv_latent) {
+               block_size, type, v_type.value_or(type), hp.kv_latent, std::nullopt, hp.value_head()) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
   tables_.resize(num_seqs);
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -157,9 +157,9 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   if (!batch.seq_idx.empty() && batch.seq_idx.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and seq_idx differ in length");
   }
-  if (kv.num_layers() != hp_.num_layers || kv.kv_dim() != hp_.kv_dim()) {
-    return InvalidArgument("KV storage is for {} layers x {}, the model has {} x {}", kv.num_layers(), kv.kv_dim(),
-                           hp_.num_layers, hp_.kv_dim());
+  if (kv.num_layers() != hp_.num_layers || kv.kv_dim() != hp_.kv_dim() || kv.v_dim() != hp_.v_dim()) {
+    return InvalidArgument("KV storage is for {} layers x {} (K) / {} (V), the model has {} x {} / {}", kv.num_layers(),
+                           kv.kv_dim(), kv.v_dim(), hp_.num_layers, hp_.kv_dim(), hp_.v_dim());
   }
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     // A layer reads no further back than its group gives blocks back.

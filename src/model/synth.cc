@@ -135,7 +135,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     return InvalidArgument("synth: {} experts with {} used per token", s.num_experts, s.experts_used);
   }
   if (s.dim <= 0 || s.num_heads <= 0 || (s.head_dim == 0 && s.dim % s.num_heads != 0) || s.num_kv_heads <= 0 ||
-      s.head_dim < 0 || s.head_dim % 2 != 0 ||
+      s.head_dim < 0 || s.head_dim % 2 != 0 || (!mla && (s.v_head_dim < 0 || s.v_head_dim % 2 != 0)) ||
       (s.num_heads % s.num_kv_heads != 0 && s.arch != "deepseek2") || s.num_layers <= 0 || s.ffn_dim <= 0 || s.vocab_size < 260) {
     return InvalidArgument("synth: inconsistent shape (dim {}, heads {}, kv heads {}, layers {}, ffn {}, vocab {} >= 260)",
                            s.dim, s.num_heads, s.num_kv_heads, s.num_layers, s.ffn_dim, s.vocab_size);
@@ -151,15 +151,19 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   const int64_t head_dim = mla ? s.kv_lora_rank + s.rope_dim : s.head_dim > 0 ? s.head_dim : s.dim / s.num_heads;
   const int64_t q_dim = head_dim * s.num_heads;
   const int64_t kv_dim = head_dim * s.num_kv_heads;
+  // V's head size where it differs (v_head_dim outside latent attention): V's rows and the
+  // output projection's input.
+  const int64_t v_head = !mla && s.v_head_dim > 0 ? s.v_head_dim : head_dim;
+  const int64_t v_dim = v_head * s.num_kv_heads, o_dim = v_head * s.num_heads;
   const bool qwen = s.arch == "qwen2" || s.arch == "qwen3" || s.arch == "qwen3moe";
   if (moe && expert_ffn % block != 0) {
     return InvalidArgument("synth: the expert width {} must be a multiple of the {} block size {}", expert_ffn,
                            TypeTraits(type).name, block);
   }
   const bool gemma = s.arch == "gemma3" || s.arch == "gemma2";
-  if (q_dim % block != 0 && !mla) {
-    return InvalidArgument("synth: heads x head size {} must be a multiple of the {} block size {}", q_dim,
-                           TypeTraits(type).name, block);
+  if ((q_dim % block != 0 || o_dim % block != 0) && !mla) {
+    return InvalidArgument("synth: heads x head size {} (V: {}) must be a multiple of the {} block size {}", q_dim,
+                           o_dim, TypeTraits(type).name, block);
   }
   GgufWriter w;
   const std::string p = s.arch + ".";
@@ -188,9 +192,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       w.SetU32(p + "expert_group_count", static_cast<uint32_t>(s.expert_groups));
       w.SetU32(p + "expert_group_used_count", static_cast<uint32_t>(s.groups_used));
     }
-  } else if (s.head_dim > 0) {
+  } else if (s.head_dim > 0 || v_head != head_dim) {
     w.SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
-    w.SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+    w.SetU32(p + "attention.value_length", static_cast<uint32_t>(v_head));
   }
   if (glm) {
     w.SetU32(p + "leading_dense_block_count", static_cast<uint32_t>(s.leading_dense));
@@ -297,10 +301,10 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   auto biased_qkv = [&](const std::string& b) -> Status {
     RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
     RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
-    RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, v_dim, type));
     RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
     RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
-    return vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f);
+    return vector(b + "attn_v.bias", v_dim, 0.0f, 0.5f);
   };
   // DeepSeek-V3's and GLM's mixture: the f32 router, the selection bias, the experts, the shared ones.
   auto biased_experts = [&](const std::string& b) -> Status {
@@ -329,11 +333,11 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       const std::string b = "blk." + std::to_string(l) + ".";
       RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
       RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
-      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, v_dim, type));
       RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+      RETURN_IF_ERROR(vector(b + "attn_v.bias", v_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", o_dim, s.dim, type));
       RETURN_IF_ERROR(vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
       RETURN_IF_ERROR(vector(b + "attn_output_norm.weight", s.dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_output_norm.bias", s.dim, 0.0f, 0.2f));
@@ -379,7 +383,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(biased_qkv(b));
       RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
-      RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", o_dim, s.dim, type));
       RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
       if (l < s.leading_dense) {
         RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", s.dim, s.ffn_dim, type));
@@ -400,7 +404,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       // Biases everywhere, a sink logit per query head, the FFN norm as post_attention_norm, and
       // the router's and every expert's biases.
       RETURN_IF_ERROR(biased_qkv(b));
-      RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_output.weight", o_dim, s.dim, type));
       RETURN_IF_ERROR(vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
       RETURN_IF_ERROR(vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
       RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
@@ -415,21 +419,21 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       continue;
     }
     if (s.arch == "phi3") {  // fused: Q, K, V rows in one matrix
-      RETURN_IF_ERROR(matrix(b + "attn_qkv.weight", s.dim, q_dim + 2 * kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_qkv.weight", s.dim, q_dim + kv_dim + v_dim, type));
     } else {
       RETURN_IF_ERROR(matrix(b + "attn_q.weight", s.dim, q_dim, type));
       RETURN_IF_ERROR(matrix(b + "attn_k.weight", s.dim, kv_dim, type));
-      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, kv_dim, type));
+      RETURN_IF_ERROR(matrix(b + "attn_v.weight", s.dim, v_dim, type));
     }
     if (s.arch == "qwen2") {
       RETURN_IF_ERROR(vector(b + "attn_q.bias", q_dim, 0.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k.bias", kv_dim, 0.0f, 0.5f));
-      RETURN_IF_ERROR(vector(b + "attn_v.bias", kv_dim, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_v.bias", v_dim, 0.0f, 0.5f));
     } else if (s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3") {
       RETURN_IF_ERROR(vector(b + "attn_q_norm.weight", head_dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "attn_k_norm.weight", head_dim, 1.0f, 0.5f));
     }
-    RETURN_IF_ERROR(matrix(b + "attn_output.weight", q_dim, s.dim, type));
+    RETURN_IF_ERROR(matrix(b + "attn_output.weight", o_dim, s.dim, type));
     if (gemma) RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
     RETURN_IF_ERROR(ones(b + "ffn_norm.weight", s.dim));
     if (moe) {

@@ -49,6 +49,8 @@ struct SynthShape {
   // and the value dims; dense leading layers (of ffn_dim), shared experts (of expert_ffn each),
   // and DeepSeek-V3's routing: sigmoid scores, an exp_probs_b selection bias, expert groups
   // (0: none), weights renormalized and scaled by 2.5.
+  // Other architectures: v_head_dim > 0 is V's head size where it differs from K's
+  // (attention.value_length).
   int64_t kv_lora_rank = 0, q_lora_rank = 0, nope_dim = 0, rope_dim = 0, v_head_dim = 0;
   int64_t leading_dense = 0, shared_experts = 0, expert_groups = 0, groups_used = 0;
   // glm4moe (always with experts): Q/K/V biases and per-head norms, RoPE on rope_dim dims (0: half

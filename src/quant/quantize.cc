@@ -171,7 +171,7 @@ class Transformer {
                     : Group{LinearInput::kAttnIn, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"},
                             b + "attn_norm.weight", true},
           fused_qkv ? Group{LinearInput::kAttnOut, {b + "attn_output.weight"}, b + "attn_qkv.weight", false,
-                            hp_.q_dim() + hp_.kv_dim(), hp_.kv_dim()}
+                            hp_.q_dim() + hp_.kv_dim(), hp_.v_dim()}
                     : Group{LinearInput::kAttnOut, {b + "attn_output.weight"}, b + "attn_v.weight", false},
           fused_up ? Group{LinearInput::kFfnIn, {b + "ffn_up.weight"}, b + "ffn_norm.weight", true}
                    : Group{LinearInput::kFfnIn, {b + "ffn_gate.weight", b + "ffn_up.weight"}, b + "ffn_norm.weight", true},
@@ -190,11 +190,11 @@ class Transformer {
 
  private:
   // Input channel j of wo reads attention output channel j = head h, element d, made from V's
-  // channel (h / group) * head_dim + d: scales are per KV channel there.
+  // channel (h / group) * v_head + d (V's head size): scales are per KV channel there.
   int64_t ProducerChannel(LinearInput in, int64_t j) const {
     if (in != LinearInput::kAttnOut) return j;
-    const int64_t group = hp_.num_heads / hp_.num_kv_heads;
-    return (j / hp_.head_dim) / group * hp_.head_dim + j % hp_.head_dim;
+    const int64_t group = hp_.num_heads / hp_.num_kv_heads, v_head = hp_.value_head();
+    return (j / v_head) / group * v_head + j % v_head;
   }
 
   Status DoGroup(int64_t layer, const Group& g, std::map<std::string, Edit>* edits, std::string* line) {

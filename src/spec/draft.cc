@@ -23,7 +23,7 @@ DraftProposer::DraftProposer(const Model& draft, int64_t num_blocks, int64_t blo
                              kernels::KvType kv_type, kernels::KvType v_type, ThreadPool& pool)
     : model_(draft),
       storage_(draft.hparams().num_layers, draft.hparams().num_kv_heads, draft.hparams().head_dim, num_blocks, block_size,
-               kv_type, v_type, draft.hparams().kv_latent),
+               kv_type, v_type, draft.hparams().kv_latent, std::nullopt, draft.hparams().value_head()),
       kv_(static_cast<int32_t>(num_blocks), block_size, /*enable_prefix_caching=*/false),
       runner_(draft, storage_, pool) {}
 

@@ -199,6 +199,9 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--max-seq-len", s.max_seq_len, "most tokens (prompt + output) per request (0 = the model's context)")
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of prompt prefixes seen before");
+  app.add_flag("--no-kv-window-groups", no_window_groups,
+               "keep every block of sliding-window layers (by default they sit in layer groups of their own whose "
+               "blocks behind the window go back to the pool)");
   app.add_flag("--kv-prefault", config.kv_prefault,
                "commit the whole KV cache's memory at start-up (slower start, all of it resident at once) instead of "
                "as blocks are first written, so no step waits on page faults");
@@ -275,6 +278,7 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
   if (v != c.kv_type) c.v_kv_type = v;
   ASSIGN_OR_RETURN(c.key_channels, ParseKeyChannelsFlag(key_channels));
   c.enable_prefix_caching = !no_prefix_cache;
+  c.kv_window_groups = !no_window_groups;
   RETURN_IF_ERROR(c.sched.Validate());
   ASSIGN_OR_RETURN(c.spec.method, ParseSpecMethod(spec));
   if (!draft_model.empty() && c.spec.method != SpecMethod::kDraft) {

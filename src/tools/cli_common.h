@@ -71,6 +71,7 @@ struct EngineOptions {
   EngineConfig config;
   std::string kv_cache_memory, kv_type = "f16", k_type, v_type, key_channels = "auto";
   bool no_prefix_cache = false;
+  bool no_window_groups = false;
   std::string spec = "off", draft_model;
   RetentionFlags retention;
   std::unique_ptr<LoadedModel> draft;  // loaded by Resolve for --spec draft

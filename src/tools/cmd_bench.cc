@@ -195,7 +195,7 @@ CommandFn RegisterBench(CLI::App& app) {
                    step_bytes(1) / 1048576.0, weight_bytes / 1048576.0, expert_bytes / 1048576.0);
     }
     if (model.tied_output()) matmul_params += static_cast<double>(hp.dim * hp.vocab_size);
-    const double kv_bytes_per_pos = 2.0 * hp.num_layers * hp.kv_dim() * sizeof(float);
+    const double kv_bytes_per_pos = 1.0 * hp.num_layers * (hp.kv_dim() + hp.v_dim()) * sizeof(float);
     std::fprintf(stderr,
                  "model: %s (%s), threads %d, kernels %s; roofline: %.1f GB/s read, %.0f GFLOP/s f32, %.0f GFLOP/s "
                  "bf16, %.0f GOP/s int8\n",

@@ -95,7 +95,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--q-lora-rank", o->custom.q_lora_rank, "custom deepseek2: the query's low rank (0: one wq)");
   app.add_option("--nope-dim", o->custom.nope_dim, "custom deepseek2: query/key dims per head without RoPE");
   app.add_option("--rope-dim", o->custom.rope_dim, "custom deepseek2: RoPE dims (the shared key part); glm4moe: rotated dims per head (0: half)");
-  app.add_option("--v-head-dim", o->custom.v_head_dim, "custom deepseek2: value dims per head");
+  app.add_option("--v-head-dim", o->custom.v_head_dim, "custom: value dims per head (deepseek2's value_length_mla; others: V's head size where it differs from K's)");
   app.add_option("--leading-dense", o->custom.leading_dense, "custom deepseek2, glm4moe: dense leading layers");
   app.add_option("--shared-experts", o->custom.shared_experts, "custom deepseek2, glm4moe: shared experts");
   app.add_option("--expert-groups", o->custom.expert_groups, "custom deepseek2: expert groups (0: none)");

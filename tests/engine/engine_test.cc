@@ -187,7 +187,7 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   const int64_t num_blocks = groups.window[0] > 0 ? 2 * longest : std::max<int64_t>(40, longest);
   cfg.kv_cache_memory_bytes =
       num_blocks * KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim, cfg.block_size, type,
-                                            v_type.value_or(type), hp.kv_latent);
+                                            v_type.value_or(type), hp.kv_latent, hp.value_head());
   cfg.kv_type = type;
   cfg.v_kv_type = v_type;
   cfg.enable_prefix_caching = shared_prefixes;
@@ -256,10 +256,11 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // (8 positions) bind in every request: a cached prefix and a recomputation after preemption give
 // the same windows as a fresh run. The mixtures (qwen3moe, Mixtral-style llama, deepseek2, glm4moe): a
 // token's experts' products do not depend on which other tokens of the step share its experts;
-// deepseek2's latent rows page, cache and recompute like K and V.
+// deepseek2's latent rows page, cache and recompute like K and V; llama-v16's V rows are half
+// the width of its K rows.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
   for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mistral", "qwen3moe", "mixtral", "deepseek2",
-                           "glm4moe", "gpt-oss"}) {
+                           "glm4moe", "gpt-oss", "llama-v16"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);
@@ -368,6 +369,11 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   SpecCounts b = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, ngram);
   EXPECT_GT(a.accepted + b.accepted, 10);
   EXPECT_GT(a.guessed + b.guessed - a.accepted - b.accepted, 100);
+  // With windowed layer groups (gemma3's windows of 8): rejected guesses' slots are trimmed from
+  // tables whose heads the windows gave back.
+  const TestModel g = Synthetic(GgmlType::kF32, "gemma3");
+  const SpecCounts w = ExpectConcurrentEqualsAlone(g, kernels::KvType::kF32, /*shared_prefixes=*/true, ngram);
+  EXPECT_GT(w.guessed, 100);
   // The model as its own draft: greedy guesses all accepted, sampled ones often not.
   SpecConfig d;
   d.method = SpecMethod::kDraft;

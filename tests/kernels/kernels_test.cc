@@ -726,6 +726,79 @@ TEST(KernelsTest, AttentionIsBatchInvariantAndCausal) {
   }
 }
 
+// K and V head sizes that differ (V wider and narrower than K): every ISA gives a double-precision
+// softmax's output over V's rows, batched bitwise as alone, f32 and f16 caches, a window and sinks.
+TEST(KernelsTest, AttentionWithOtherValueHeadSizeMatchesAnExactSoftmax) {
+  const int heads = 4, kv_heads = 2, head_dim = 32, len = 29, block_size = 8;
+  for (int v_head : {16, 48}) {
+    for (KvType type : {KvType::kF32, KvType::kF16}) {
+      const int64_t kseg = KvHeadBytes(type, head_dim), vseg = KvHeadBytes(type, v_head);
+      const auto q = test::RandomFloats(len * heads * head_dim, 41);
+      const auto kf = test::RandomFloats(len * kv_heads * head_dim, 42);
+      const auto vf = test::RandomFloats(len * kv_heads * v_head, 43);
+      const std::vector<int32_t> table = {3, 1, 0, 2};
+      std::vector<uint8_t> kc(4 * block_size * kv_heads * kseg), vc(4 * block_size * kv_heads * vseg);
+      for (int p = 0; p < len; ++p) {
+        const int64_t slot = table[p / block_size] * block_size + p % block_size;
+        for (int h = 0; h < kv_heads; ++h) {
+          StoreKvHead(kf.data() + (p * kv_heads + h) * head_dim, head_dim, type, kc.data() + (slot * kv_heads + h) * kseg);
+          StoreKvHead(vf.data() + (p * kv_heads + h) * v_head, v_head, type, vc.data() + (slot * kv_heads + h) * vseg);
+        }
+      }
+      const KvLayer layer{kc.data(), vc.data(), block_size, type, type};
+      std::vector<int32_t> pos(len);
+      for (int i = 0; i < len; ++i) pos[i] = i;
+      const std::vector<const int32_t*> tables(len, table.data());
+      const float sinks[heads] = {-1.0f, 0.5f, -INFINITY, 2.0f};
+      for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+        if (GetKernelTable(isa) == nullptr) continue;
+        SetActiveIsa(isa);
+        for (const auto& [window, sink] : {std::pair{int64_t{0}, false}, std::pair{int64_t{5}, true}}) {
+          SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << KvTypeName(type) << " v_head " << v_head
+                                          << " window " << window);
+          ThreadPool pool(2), one(1);
+          std::vector<float> all(len * heads * v_head);
+          Attention(q.data(), len, pos.data(), tables.data(), layer, heads, kv_heads, head_dim, all.data(), pool,
+                    nullptr, window, sink ? sinks : nullptr, 0.0f, v_head);
+          std::vector<float> row(std::max(head_dim, v_head));
+          for (int t = 0; t < len; ++t) {
+            std::vector<float> single(heads * v_head);
+            Attention(q.data() + t * heads * head_dim, 1, &pos[t], tables.data(), layer, heads, kv_heads, head_dim,
+                      single.data(), one, nullptr, window, sink ? sinks : nullptr, 0.0f, v_head);
+            for (int i = 0; i < heads * v_head; ++i) ASSERT_EQ(F32Bits(single[i]), F32Bits(all[t * heads * v_head + i]));
+            const int begin = window > 0 ? std::max<int>(0, t + 1 - static_cast<int>(window)) : 0;
+            for (int h = 0; h < heads; ++h) {
+              const int kvh = h / (heads / kv_heads);
+              std::vector<double> sc;
+              double max = sink ? sinks[h] : -INFINITY;
+              for (int p = begin; p <= t; ++p) {
+                const int64_t slot = table[p / block_size] * block_size + p % block_size;
+                LoadKvHead(kc.data() + (slot * kv_heads + kvh) * kseg, head_dim, type, row.data());
+                double d = 0.0;
+                for (int e = 0; e < head_dim; ++e) d += static_cast<double>(row[e]) * q[(t * heads + h) * head_dim + e];
+                sc.push_back(d / std::sqrt(static_cast<double>(head_dim)));
+                max = std::max(max, sc.back());
+              }
+              double sum = sink && sinks[h] != -INFINITY ? std::exp(sinks[h] - max) : 0.0;
+              for (double x : sc) sum += std::exp(x - max);
+              std::vector<double> want(v_head, 0.0);
+              for (int p = begin; p <= t; ++p) {
+                const int64_t slot = table[p / block_size] * block_size + p % block_size;
+                LoadKvHead(vc.data() + (slot * kv_heads + kvh) * vseg, v_head, type, row.data());
+                for (int e = 0; e < v_head; ++e) want[e] += std::exp(sc[p - begin] - max) / sum * row[e];
+              }
+              for (int e = 0; e < v_head; ++e) {
+                ASSERT_NEAR(all[(t * heads + h) * v_head + e], want[e], 2e-5) << "token " << t << " head " << h;
+              }
+            }
+          }
+        }
+      }
+      SetActiveIsa(BestIsa());
+    }
+  }
+}
+
 // A sliding window: each token attends to the `window` slots ending at its own, bitwise as the
 // same rows given contiguous from the window's start, on every ISA, batched or alone; tokens
 // whose window starts at slot 0 are unchanged.

@@ -3,6 +3,8 @@
 // exactly the architecture's tensors loads without warnings, and a tensor it does not use is named.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -181,11 +183,99 @@ TEST(RegistryTest, LlamaSlidingWindowAttendsOverTheWindowOnly) {
   EXPECT_NE(last_logits(*windowed, ten, 0), last_logits(*full, ten, 0));
 }
 
-TEST(RegistryTest, KeyAndValueHeadSizesThatDifferAreRefused) {
+// A value_length the tensors do not have is an error naming the tensor (the V rows' width).
+TEST(RegistryTest, AValueHeadSizeTheTensorsDoNotHaveIsAnError) {
   const auto b = Edited("qwen3", "", {"qwen3.attention.value_length", GgufValue::U32(64)});
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("value_length"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("attn_v"), std::string::npos) << m.status().message();
+}
+
+// K and V head sizes that differ (V narrower than K; every dense family, with its biases, fused
+// matrices, windows and sinks): the model gives the logits of the same weights with V widened to
+// K's head size by zero rows (and the output projection by zero columns), whose attention runs
+// the SIMD kernels with K = V: the V-size path agrees to rounding (it sums in another order).
+TEST(RegistryTest, ValueHeadSizeOtherThanKeysEqualsZeroPaddedValues) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gpt-oss", "glm4moe"}) {
+    SCOPED_TRACE(arch);
+    SynthShape shape = test::ArchTestShape(arch);
+    const int64_t hd = shape.head_dim > 0 ? shape.head_dim : shape.dim / shape.num_heads, vh = hd / 2;
+    shape.v_head_dim = vh;
+    const auto bytes = SynthesizeModel(shape, GgmlType::kF32, 3)->WriteToBytes();
+    const auto file = GgufFile::FromBytes(bytes).value();
+    auto model = LoadModel(*file);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    const ModelHParams& hp = (*model)->hparams();
+    ASSERT_EQ(hp.value_head(), vh);
+    // The padded file: V's rows per KV head [vh real, hd - vh zero]; wo's columns likewise per head.
+    GgufWriter w;
+    for (const auto& [k, v] : file->metadata()) w.SetValue(k, v);
+    w.SetValue(hp.arch + ".attention.value_length", GgufValue::U32(static_cast<uint32_t>(hd)));
+    w.SetValue(hp.arch + ".attention.key_length", GgufValue::U32(static_cast<uint32_t>(hd)));
+    auto widen_rows = [&](const float* src, int64_t heads, int64_t cols, std::vector<float>& out) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t d = 0; d < hd; ++d) {
+          for (int64_t c = 0; c < cols; ++c) out.push_back(d < vh ? src[(h * vh + d) * cols + c] : 0.0f);
+        }
+      }
+    };
+    for (const auto& t : file->tensors()) {
+      const float* f = reinterpret_cast<const float*>(t.data);
+      const std::string suffix = t.name.substr(t.name.find('.', 4) + 1);
+      std::vector<float> out;
+      std::vector<int64_t> shape_out = t.shape;
+      const int64_t cols = static_cast<int64_t>(t.shape[0]);
+      if (suffix == "attn_v.weight" || suffix == "attn_v.bias") {
+        widen_rows(f, hp.num_kv_heads, t.shape.size() > 1 ? cols : 1, out);
+        shape_out.back() = hp.num_kv_heads * hd;
+        if (t.shape.size() == 1) shape_out[0] = hp.num_kv_heads * hd;
+      } else if (suffix == "attn_qkv.weight") {
+        const int64_t qk_rows = hp.q_dim() + hp.kv_dim();
+        out.assign(f, f + qk_rows * cols);
+        widen_rows(f + qk_rows * cols, hp.num_kv_heads, cols, out);
+        shape_out[1] = qk_rows + hp.num_kv_heads * hd;
+      } else if (suffix == "attn_output.weight") {
+        for (int64_t r = 0; r < t.shape[1]; ++r) {
+          for (int64_t h = 0; h < hp.num_heads; ++h) {
+            for (int64_t d = 0; d < hd; ++d) out.push_back(d < vh ? f[r * cols + h * vh + d] : 0.0f);
+          }
+        }
+        shape_out[0] = hp.num_heads * hd;
+      } else {
+        out.assign(f, f + t.num_bytes / 4);
+      }
+      std::vector<uint8_t> raw(out.size() * 4);
+      std::memcpy(raw.data(), out.data(), raw.size());
+      ASSERT_TRUE(w.AddTensor(t.name, t.type_id, shape_out, raw).ok()) << t.name;
+    }
+    const auto padded_bytes = w.WriteToBytes();
+    const auto padded_file = GgufFile::FromBytes(padded_bytes).value();
+    auto padded = LoadModel(*padded_file);
+    ASSERT_TRUE(padded.ok()) << padded.status().ToString();
+    ASSERT_EQ((*padded)->hparams().value_head(), hd);
+    ThreadPool pool(2);
+    auto logits = [&](const Model& m) {
+      KvCache kv(m.hparams(), 32);
+      Workspace ws;
+      ForwardBatch b;
+      for (int32_t i = 0; i < 20; ++i) {
+        b.tokens.push_back(3 + (i * 37) % 200);
+        b.positions.push_back(i);
+      }
+      b.all_logits = true;
+      EXPECT_TRUE(m.Forward(b, kv, ws, pool).ok());
+      return std::vector<float>(ws.logits.begin(), ws.logits.begin() + 20 * m.hparams().vocab_size);
+    };
+    const auto a = logits(**model), p = logits(**padded);
+    double max_diff = 0.0, max_abs = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - p[i])));
+      max_abs = std::max(max_abs, static_cast<double>(std::fabs(p[i])));
+    }
+    EXPECT_LT(max_diff, 1e-4 * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
+    std::printf("%s: K head %lld, V head %lld: max |diff| %.2g against zero-padded V (max |logit| %.3g)\n", arch,
+                static_cast<long long>(hd), static_cast<long long>(vh), max_diff, max_abs);
+  }
 }
 
 // Another architecture's tensors in a file are named: a qwen2 file read as llama (the biases), and

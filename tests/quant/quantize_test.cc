@@ -377,11 +377,11 @@ TEST(QuantizeTest, MixturesQuantizeTheirExperts) {
 // Each architecture quantizes (Q4_0, Q4_K, W4A16 with the AWQ search), loads and runs close to
 // its F32 original; the calibrated scales alone leave the logits as they were (Qwen2's V bias is
 // divided with V's rows, Phi-3's fused matrices are scaled in the right row ranges, else this
-// fails), and evaluation runs on each.
+// fails; llama-v16's wo reads V heads of 16 under K heads of 32), and evaluation runs on each.
 TEST(QuantizeTest, EachArchitectureQuantizes) {
   ThreadPool pool(2);
   const std::string story = test::ReadFile(test::SourceDir() + "/bench/story-prompt.txt");
-  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3"}) {
+  for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "llama-v16"}) {
     SCOPED_TRACE(arch);
     auto in = GgufFile::FromBytes(SynthesizeModel(test::ArchTestShape(arch), GgmlType::kF32, 5)->WriteToBytes()).value();
     auto model = LoadModel(*in).value();
@@ -389,7 +389,7 @@ TEST(QuantizeTest, EachArchitectureQuantizes) {
     const std::vector<float> want = FourTokenLogits(*in, pool);
     const auto samples = ParseCalibration(story, false, *tok, CalibrationOptions{}).value();
     const ActivationStats stats = CollectActivationStats(*model, samples, 256, pool).value();
-    EXPECT_EQ(stats.Get(0, LinearInput::kAttnOut).dim, model->hparams().q_dim());
+    EXPECT_EQ(stats.Get(0, LinearInput::kAttnOut).dim, model->hparams().attn_out_dim());
     auto run = [&](QuantizeOptions o, bool calibrated) {
       o.pool = &pool;
       o.calibration = calibrated ? &stats : nullptr;

@@ -296,12 +296,12 @@ void SoftmaxReference(float* x, int64_t n) {
 namespace {
 
 // Exact softmax, scores materialized, as llama2.c's run.c does (bitwise the same for f32 K/V).
-void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, float* out, float* raw_scores,
-               float sink, float softcap) {
+void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim, int v_head_dim, float* out,
+               float* raw_scores, float sink, float softcap) {
   thread_local std::vector<float> scores;  // [len]
-  thread_local std::vector<float> row;     // [head_dim] converted K or V row
+  thread_local std::vector<float> row;     // [max(head_dim, v_head_dim)] converted K or V row
   scores.resize(len);
-  row.resize(head_dim);
+  row.resize(std::max(head_dim, v_head_dim));
   // Divide (not multiply by the reciprocal) as run.c does: it rounds differently.
   const float div = std::sqrt(static_cast<float>(head_dim));
   for (int64_t p = 0; p < len; ++p) {
@@ -323,9 +323,10 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
     }
     for (int64_t p = 0; p < len; ++p) scores[p] = static_cast<float>(scores[p] / sum);
   }
-  for (int d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  for (int d = 0; d < v_head_dim; ++d) out[d] = 0.0f;
   for (int64_t p = 0; p < len; ++p) {
-    AxpyRef(scores[p], RowAsF32(kv.v + Slot(kv, p) * kv.v_row_bytes, kv.v_type, head_dim, row.data()), out, head_dim);
+    AxpyRef(scores[p], RowAsF32(kv.v + Slot(kv, p) * kv.v_row_bytes, kv.v_type, v_head_dim, row.data()), out,
+            v_head_dim);
   }
 }
 
@@ -334,8 +335,14 @@ void AttendRef(const float* q, const KvBlockView& kv, int64_t len, int head_dim,
 void AttendManyReference(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
                          int head_dim, float* const* outs, float* const* scores, const float* sinks,
                          float softcap) {
+  AttendManyReferenceKv(qs, lens, num_queries, kv, head_dim, head_dim, outs, scores, sinks, softcap);
+}
+
+void AttendManyReferenceKv(const float* const* qs, const int64_t* lens, int num_queries, const KvBlockView& kv,
+                           int head_dim, int v_head_dim, float* const* outs, float* const* scores, const float* sinks,
+                           float softcap) {
   for (int i = 0; i < num_queries; ++i) {
-    AttendRef(qs[i], kv.ForQuery(i), lens[i], head_dim, outs[i], scores ? scores[i] : nullptr,
+    AttendRef(qs[i], kv.ForQuery(i), lens[i], head_dim, v_head_dim, outs[i], scores ? scores[i] : nullptr,
               sinks != nullptr ? sinks[i] : -INFINITY, softcap);
   }
 }

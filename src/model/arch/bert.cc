@@ -55,11 +55,11 @@ class BertModel final : public Model {
       BertLayer& w = m->layers_[l];
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.v_dim(), &w.wv));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_q.bias", h.q_dim(), &w.bq));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_k.bias", h.kv_dim(), &w.bk));
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.kv_dim(), &w.bv));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.v_dim(), &w.bv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.attn_out_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_output.bias", h.dim, &w.bo));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_output_norm.weight", h.dim, &w.attn_out_norm));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_output_norm.bias", h.dim, &w.attn_out_norm_b));
@@ -99,7 +99,7 @@ class BertModel final : public Model {
                  LinearInput::kAttnIn, "matmul_qkv");
       f.AddBias(ws.q.data(), w.bq, hp_.q_dim());
       f.AddBias(ws.k.data(), w.bk, hp_.kv_dim());
-      f.AddBias(ws.v.data(), w.bv, hp_.kv_dim());
+      f.AddBias(ws.v.data(), w.bv, hp_.v_dim());
       f.Attention(l, nullptr);
       f.OutputProjection(l, w.wo, nullptr, &w.bo);  // ws.x += attention's output + bias
       f.LayerNormRows(ws.x.data(), w.attn_out_norm, w.attn_out_norm_b, "attn_out_norm", l);

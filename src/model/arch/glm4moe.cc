@@ -49,13 +49,13 @@ class Glm4MoeModel final : public Model {
       RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.v_dim(), &w.wv));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_q.bias", h.q_dim(), &w.bq));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_k.bias", h.kv_dim(), &w.bk));
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.kv_dim(), &w.bv));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.v_dim(), &w.bv));
       if (tensors.Has(b + "attn_q_norm.weight")) RETURN_IF_ERROR(tensors.Vector(b + "attn_q_norm.weight", h.head_dim, &w.q_norm));
       if (tensors.Has(b + "attn_k_norm.weight")) RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.attn_out_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.ffn_norm));
       if (!moe.dense_layer(l) && !tensors.Has(b + "exp_probs_b.bias")) {
         return InvalidArgument("glm4moe: tensor {}exp_probs_b.bias is missing", b);
@@ -82,7 +82,7 @@ class Glm4MoeModel final : public Model {
                        LinearInput::kAttnIn, "matmul_qkv");
       f.AddBias(ws.q.data(), w.bq, hp_.q_dim());
       f.AddBias(ws.k.data(), w.bk, hp_.kv_dim());
-      f.AddBias(ws.v.data(), w.bv, hp_.kv_dim());
+      f.AddBias(ws.v.data(), w.bv, hp_.v_dim());
       if (w.q_norm.data != nullptr) f.HeadNorm(ws.q.data(), hp_.num_heads, w.q_norm, "q_norm", l);
       if (w.k_norm.data != nullptr) f.HeadNorm(ws.k.data(), hp_.num_kv_heads, w.k_norm, "k_norm", l);
       f.Attention(l, &key_channels_);

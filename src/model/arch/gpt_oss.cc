@@ -58,11 +58,11 @@ class GptOssModel final : public Model {
       RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, h.q_dim(), &w.wq));
       RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.kv_dim(), &w.wv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.v_dim(), &w.wv));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_q.bias", h.q_dim(), &w.bq));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_k.bias", h.kv_dim(), &w.bk));
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.kv_dim(), &w.bv));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_v.bias", h.v_dim(), &w.bv));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.attn_out_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_output.bias", h.dim, &w.bo));
       RETURN_IF_ERROR(tensors.Vector(b + "attn_sinks.weight", h.num_heads, &w.sinks));
       RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.post_attn_norm));
@@ -87,7 +87,7 @@ class GptOssModel final : public Model {
                        LinearInput::kAttnIn, "matmul_qkv");
       f.AddBias(ws.q.data(), w.bq, hp_.q_dim());
       f.AddBias(ws.k.data(), w.bk, hp_.kv_dim());
-      f.AddBias(ws.v.data(), w.bv, hp_.kv_dim());
+      f.AddBias(ws.v.data(), w.bv, hp_.v_dim());
       f.Attention(l, &key_channels_, Floats(w.sinks));
       f.OutputProjection(l, w.wo, /*post_norm=*/nullptr, &w.bo);
       f.MoeFfn(l, Floats(w.post_attn_norm), w.moe, GateActivation::kSwigluOai);

@@ -34,8 +34,8 @@ class Phi3Model final : public Model {
       Phi3Layer& w = m->layers_[l];
       RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
       RETURN_IF_ERROR(tensors.SplitMatrix(b + "attn_qkv.weight", h.dim,
-                                          {{h.q_dim(), &w.wq}, {h.kv_dim(), &w.wk}, {h.kv_dim(), &w.wv}}));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+                                          {{h.q_dim(), &w.wq}, {h.kv_dim(), &w.wk}, {h.v_dim(), &w.wv}}));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.attn_out_dim(), h.dim, &w.wo));
       RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
       RETURN_IF_ERROR(tensors.SplitMatrix(b + "ffn_up.weight", h.dim, {{h.ffn_dim, &w.w_gate}, {h.ffn_dim, &w.w_up}}));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
