@@ -53,16 +53,26 @@ Status SpecConfig::Validate() const {
 
 namespace {
 
-// A retention setting, the engine's or a request's: valid, and not with a draft model or a
-// model with sliding-window layers (their windows are counted in cache slots from 0).
-Status CheckRetention(const RetentionConfig& r, const SpecConfig& spec, const ModelHParams& hp) {
+// A retention setting, the engine's or a request's: valid, and not with a draft model. With
+// sliding-window layers retention compacts the full-attention layers only: the windowed ones
+// must sit in layer groups of their own (which index positions and give back what the window
+// passed), and there must be full-attention layers to compact.
+Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, const ModelHParams& hp) {
   RETURN_IF_ERROR(r.Validate());
-  if (r.active() && spec.method == SpecMethod::kDraft) {
+  if (!r.active()) return Status::Ok();
+  if (config.spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
   }
-  if (r.active() && hp.sliding_window > 0) {
-    return InvalidArgument("KV retention does not work with sliding-window models yet ({} has a window of {})", hp.arch,
-                           hp.sliding_window);
+  if (hp.sliding_window > 0) {
+    const KvLayerGroups groups = config.KvGroups(hp);
+    if (std::find(groups.window.begin(), groups.window.end(), 0) == groups.window.end()) {
+      return InvalidArgument("KV retention needs full-attention layers: every layer of this model has a window of {} "
+                             "(its cache is bounded by the window already)", hp.sliding_window);
+    }
+    if (groups.num_groups() == 1) {
+      return InvalidArgument("KV retention on a sliding-window model needs its windowed layers in layer groups of "
+                             "their own (drop --no-kv-window-groups)");
+    }
   }
   return Status::Ok();
 }
@@ -94,7 +104,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
-  RETURN_IF_ERROR(CheckRetention(config.retention, config.spec, model.hparams()));
+  RETURN_IF_ERROR(CheckRetention(config.retention, config, model.hparams()));
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -170,6 +180,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       draft_(std::move(draft)) {
   if (config.key_channels) storage_.set_key_channels(*config.key_channels);
   max_request_tokens_ = sched_.max_request_tokens();
+  kv_capacity_ = kv_.capacity_tokens(config.sched.max_num_batched_tokens, /*retaining=*/true);
   kv_bytes_ = storage_.num_bytes();
   if (config.kv_prefault) prefault_seconds_ = storage_.Prefault();
   if (config.kv_events) kv_.set_record_events(true);
@@ -309,7 +320,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   }
   if (!req.retention) req.retention = config_.retention;
   RetentionConfig& ret = *req.retention;
-  RETURN_IF_ERROR(CheckRetention(ret, config_.spec, model_.hparams()));
+  RETURN_IF_ERROR(CheckRetention(ret, config_, model_.hparams()));
   // With retention a request is bounded by max_seq_len, not by KV memory.
   const int64_t limit = ret.active() ? config_.sched.max_seq_len : max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());
@@ -340,9 +351,9 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   if (ret.active()) {
     ret.budget = ret.BudgetFor(prompt_len + req.max_tokens);
     ret.budget_ratio = 0.0;
-    if (ret.budget + config_.block_size > num_blocks_ * config_.block_size) {
+    if (ret.budget + config_.block_size > kv_capacity_) {
       return InvalidArgument("a KV budget of {} tokens (+ one block) exceeds all KV memory ({} tokens)", ret.budget,
-                             num_blocks_ * config_.block_size);
+                             kv_capacity_);
     }
   }
   const int64_t id = next_id_++;
@@ -684,9 +695,9 @@ void Engine::Evict() {
     Live& l = *live_.at(r->id);
     if (!l.retention || l.retention_fresh) continue;
     const int64_t slots = r->num_slots();
-    const int64_t kept = l.retention->MaybeEvict(storage_, kv_.BlockTable(r->id), slots);
+    const int64_t kept = l.retention->MaybeEvict(storage_, kv_.BlockTables(r->id), slots);
     if (kept == slots) continue;
-    kv_.TrimSlots(r->id, kept);
+    kv_.TrimSlots(r->id, kept, r->num_computed_tokens);
     r->num_evicted += slots - kept;
     stats_.kv_evicted_tokens += slots - kept;
     ++stats_.kv_evictions;

@@ -166,6 +166,7 @@ class Engine {
   const Model& model_;
   const Tokenizer* tokenizer_;
   EngineConfig config_;
+  int64_t kv_capacity_ = 0;  // the most slots of a request with a KV budget all KV memory holds
   int64_t num_blocks_;
   int64_t max_request_tokens_;
   uint64_t kv_bytes_;

@@ -38,6 +38,14 @@ StatusOr<PplResult> EvaluatePerplexity(const Model& model, const std::vector<int
   RETURN_IF_ERROR(options.retention.Validate());
   if (options.chunk < 1) return InvalidArgument("the streaming chunk must be >= 1 token, got {}", options.chunk);
   const bool retain = options.retention.active();
+  if (retain) {
+    bool full = false;
+    for (int64_t l = 0; l < hp.num_layers; ++l) full = full || hp.LayerWindow(l) == 0;
+    if (!full) {
+      return InvalidArgument("KV retention needs full-attention layers: every layer of this model has a window of {} "
+                             "(its cache is bounded by the window already)", hp.sliding_window);
+    }
+  }
   const int64_t budget = retain ? options.retention.BudgetFor(ctx) : 0;
 
   PplResult r;
@@ -51,7 +59,8 @@ StatusOr<PplResult> EvaluatePerplexity(const Model& model, const std::vector<int
   std::vector<double> lp(static_cast<size_t>(vocab));
   for (int64_t start = 0; scored_until < n; start += stride) {
     const int64_t end = std::min(start + ctx, n);
-    KvCache kv(hp, end - start, 1, options.kv_type, 16, options.v_kv_type);
+    // Retention compacts full-attention layers only: windowed ones in layer groups of their own.
+    KvCache kv(hp, end - start, 1, options.kv_type, 16, options.v_kv_type, /*window_groups=*/retain);
     if (options.key_channels) kv.storage().set_key_channels(*options.key_channels);
     const int64_t len = end - 1 - start;  // inputs of the window
     std::vector<float> logits;            // [len, vocab] with retention (gathered chunk by chunk)
@@ -79,7 +88,7 @@ StatusOr<PplResult> EvaluatePerplexity(const Model& model, const std::vector<int
         b.all_logits = true;
         RETURN_IF_ERROR(model.Forward(b, kv.storage(), ws, pool));
         std::copy_n(ws.logits.begin(), n_chunk * vocab, logits.begin() + c * vocab);
-        slots = keep.MaybeEvict(kv.storage(), b.block_tables[0], slots + n_chunk);
+        slots = keep.MaybeEvict(kv.storage(), b.block_tables, slots + n_chunk);  // one sequence: a table per group
       }
       r.num_evicted += keep.num_evicted();
     }

@@ -21,24 +21,24 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int64_t block_size, bool enab
 }
 
 int64_t KvCacheManager::PeakBlocks(std::span<const int64_t> group_windows, int64_t block_size, int64_t num_tokens,
-                                   int64_t max_step_tokens) {
+                                   int64_t max_step_tokens, bool retaining) {
   const int64_t all = (num_tokens + block_size - 1) / block_size;
   int64_t total = 0;
   for (int64_t w : group_windows) {
-    // A step of n tokens from slot f holds blocks floor((f + 1 - w) / bs) .. floor((f + n - 1) / bs).
+    // A step of n tokens from position f holds blocks floor((f + 1 - w) / bs) .. floor((f + n - 1) / bs).
     const int64_t windowed = (w - 1 + std::max<int64_t>(max_step_tokens, 1) + block_size - 1) / block_size + 1;
-    total += w > 0 ? std::min(all, windowed) : all;
+    total += w == 0 ? all : retaining ? windowed : std::min(all, windowed);
   }
   return total;
 }
 
-int64_t KvCacheManager::capacity_tokens(int64_t max_step_tokens) const {
+int64_t KvCacheManager::capacity_tokens(int64_t max_step_tokens, bool retaining) const {
   const int64_t blocks = pool_.num_blocks();
   if (windows_.size() == 1 && windows_[0] == 0) return blocks * block_size_;
   int64_t lo = 0, hi = int64_t{1} << 40;  // the largest T with PeakBlocks(T) <= blocks
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (PeakBlocks(windows_, block_size_, mid, max_step_tokens) <= blocks) lo = mid; else hi = mid - 1;
+    if (PeakBlocks(windows_, block_size_, mid, max_step_tokens, retaining) <= blocks) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
@@ -75,12 +75,13 @@ BlockHash InGroup(BlockHash h, int64_t g) {
 }  // namespace
 
 int64_t KvCacheManager::AllocateCachedPrefix(int64_t request_id, std::span<const int32_t> tokens,
-                                             const std::string& salt) {
+                                             const std::string& salt, int64_t max_hit_tokens) {
   if (!prefix_caching_ || tokens.empty()) return 0;
   CHECK(BlockTable(request_id).empty());
   ++num_lookups_;
   num_lookup_tokens_ += static_cast<int64_t>(tokens.size());
-  const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
+  int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
+  if (max_hit_tokens >= 0) max_blocks = std::min(max_blocks, max_hit_tokens / block_size_);
   const int64_t num_groups = static_cast<int64_t>(windows_.size());
   // The chain's hashes as far as every full-attention group holds it (with none: all of it).
   std::vector<BlockHash> chain;
@@ -124,7 +125,7 @@ int64_t KvCacheManager::AllocateCachedPrefix(int64_t request_id, std::span<const
     }
   }
   e.hashes.assign(chain.begin(), chain.begin() + k);
-  e.num_tokens = k * block_size_;
+  e.num_tokens = e.num_positions = k * block_size_;
   num_hit_tokens_ += e.num_tokens;
   tables_[request_id] = std::move(e);
   return k * block_size_;
@@ -187,20 +188,24 @@ std::vector<KvCacheEvent> KvCacheManager::TakeEvents() {
   return out;
 }
 
-std::optional<std::span<const int32_t>> KvCacheManager::AllocateSlots(int64_t request_id, int64_t num_tokens) {
+std::optional<std::span<const int32_t>> KvCacheManager::AllocateSlots(int64_t request_id, int64_t num_tokens,
+                                                                      int64_t num_positions) {
+  if (num_positions < 0) num_positions = num_tokens;
   auto [it, inserted] = tables_.try_emplace(request_id);
   Entry& e = it->second;
   if (inserted) e = NewEntry();
+  auto target = [&](size_t g) { return BlocksFor(windows_[g] > 0 ? num_positions : num_tokens); };
   int64_t need = 0;
-  for (const auto& t : e.blocks) need += std::max<int64_t>(0, BlocksFor(num_tokens) - static_cast<int64_t>(t.size()));
+  for (size_t g = 0; g < e.blocks.size(); ++g) need += std::max<int64_t>(0, target(g) - static_cast<int64_t>(e.blocks[g].size()));
   if (need > pool_.num_free()) {
     if (e.blocks[0].empty()) tables_.erase(it);
     return std::nullopt;
   }
-  for (auto& t : e.blocks) {
-    while (static_cast<int64_t>(t.size()) < BlocksFor(num_tokens)) t.push_back(*pool_.Allocate());
+  for (size_t g = 0; g < e.blocks.size(); ++g) {
+    while (static_cast<int64_t>(e.blocks[g].size()) < target(g)) e.blocks[g].push_back(*pool_.Allocate());
   }
-  if (num_tokens > e.num_tokens) e.num_tokens = num_tokens;
+  e.num_tokens = std::max(e.num_tokens, num_tokens);
+  e.num_positions = std::max(e.num_positions, num_positions);
   return std::span<const int32_t>(e.blocks[0]);
 }
 
@@ -225,21 +230,27 @@ int64_t KvCacheManager::ReleaseBehindWindows(int64_t request_id, int64_t first_s
   return released;
 }
 
-void KvCacheManager::TrimSlots(int64_t request_id, int64_t num_tokens) {
+void KvCacheManager::TrimSlots(int64_t request_id, int64_t num_tokens, int64_t num_positions) {
+  if (num_positions < 0) num_positions = num_tokens;
   auto it = tables_.find(request_id);
-  if (it == tables_.end() || num_tokens >= it->second.num_tokens) return;
+  if (it == tables_.end()) return;
   Entry& e = it->second;
-  const size_t keep = static_cast<size_t>(BlocksFor(num_tokens));
+  if (num_tokens >= e.num_tokens && num_positions >= e.num_positions) return;
+  num_tokens = std::min(num_tokens, e.num_tokens);
+  num_positions = std::min(num_positions, e.num_positions);
   for (size_t g = 0; g < e.blocks.size(); ++g) {
     std::vector<int32_t>& t = e.blocks[g];
+    const size_t keep = static_cast<size_t>(BlocksFor(windows_[g] > 0 ? num_positions : num_tokens));
     while (t.size() > keep) {
       if (t.back() != kNoBlock) pool_.Release(t.back());
       t.pop_back();
     }
     e.released[g] = std::min<int64_t>(e.released[g], static_cast<int64_t>(keep));
   }
+  const size_t keep = static_cast<size_t>(BlocksFor(std::min(num_tokens, num_positions)));
   if (e.hashes.size() > keep) e.hashes.resize(keep);
   e.num_tokens = num_tokens;
+  e.num_positions = num_positions;
   if (e.blocks[0].empty()) tables_.erase(it);
 }
 
@@ -279,7 +290,9 @@ int64_t KvCacheManager::HeldBlocks(int64_t request_id) const {
 int64_t KvCacheManager::WastedSlots() const {
   int64_t wasted = 0;
   for (const auto& [id, e] : tables_) {
-    wasted += static_cast<int64_t>(e.blocks.size()) * (static_cast<int64_t>(e.blocks[0].size()) * block_size_ - e.num_tokens);
+    for (size_t g = 0; g < e.blocks.size(); ++g) {
+      wasted += static_cast<int64_t>(e.blocks[g].size()) * block_size_ - (windows_[g] > 0 ? e.num_positions : e.num_tokens);
+    }
   }
   return wasted;
 }
@@ -288,10 +301,12 @@ std::string KvCacheManager::CheckInvariants() const {
   if (std::string s = pool_.CheckInvariants(); !s.empty()) return s;
   std::vector<int32_t> holders(pool_.num_blocks(), 0);
   for (const auto& [id, e] : tables_) {
+    if (e.num_positions < e.num_tokens) return fmt::format("request {}: {} positions, {} slots", id, e.num_positions, e.num_tokens);
     for (size_t g = 0; g < e.blocks.size(); ++g) {
       const auto& t = e.blocks[g];
-      if (static_cast<int64_t>(t.size()) != BlocksFor(e.num_tokens)) {
-        return fmt::format("request {} holds {} blocks of group {} for {} tokens", id, t.size(), g, e.num_tokens);
+      const int64_t n = windows_[g] > 0 ? e.num_positions : e.num_tokens;
+      if (static_cast<int64_t>(t.size()) != BlocksFor(n)) {
+        return fmt::format("request {} holds {} blocks of group {} for {} tokens", id, t.size(), g, n);
       }
       for (size_t i = 0; i < t.size(); ++i) {
         if (t[i] == kNoBlock) {

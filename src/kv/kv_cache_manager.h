@@ -46,24 +46,32 @@ class KvCacheManager {
   const std::vector<int64_t>& group_windows() const { return windows_; }
   // The longest request all blocks hold, when no step computes more than max_step_tokens (the
   // windowed groups hold their window plus one step); one group of full attention: every block.
-  int64_t capacity_tokens(int64_t max_step_tokens = 0) const;
-  // Blocks a request of num_tokens holds at most (at its last step) in a cache of these groups.
+  // retaining: the most cache slots of a request with a KV budget, whose positions (and so its
+  // windowed groups' blocks) are not bounded by its slots.
+  int64_t capacity_tokens(int64_t max_step_tokens = 0, bool retaining = false) const;
+  // Blocks a request of num_tokens holds at most (at its last step) in a cache of these groups
+  // (retaining: num_tokens slots, any number of positions).
   static int64_t PeakBlocks(std::span<const int64_t> group_windows, int64_t block_size, int64_t num_tokens,
-                            int64_t max_step_tokens);
+                            int64_t max_step_tokens, bool retaining = false);
 
   // Blocks needed to hold num_tokens positions (in one group).
   int64_t BlocksFor(int64_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
 
-  // Makes each of the request's tables cover positions [0, num_tokens): allocates the missing
-  // blocks, all or none. Returns group 0's table, or nullopt (nothing changed) when too few are free.
-  std::optional<std::span<const int32_t>> AllocateSlots(int64_t request_id, int64_t num_tokens);
+  // Makes each of the request's tables cover [0, num_tokens): allocates the missing blocks, all or
+  // none. Returns group 0's table, or nullopt (nothing changed) when too few are free.
+  // Full-attention groups index a request's cache slots, windowed groups its positions: with KV
+  // retention (compacted slots) a request's slots run behind its positions, and num_positions
+  // (default: num_tokens) is what the windowed groups cover. Retention compacts full groups only.
+  std::optional<std::span<const int32_t>> AllocateSlots(int64_t request_id, int64_t num_tokens,
+                                                        int64_t num_positions = -1);
   // Before a step whose first new token is at first_slot: gives back the blocks of windowed
   // groups that no token from first_slot on reads (wholly before first_slot + 1 - window). They
   // become kNoBlock in the tables; cached ones stay findable until reused. Returns how many.
   int64_t ReleaseBehindWindows(int64_t request_id, int64_t first_slot);
-  // Shrinks the request's tables to positions [0, num_tokens): releases the blocks past them
-  // (speculative slots whose tokens were rejected). No-op when it already holds no more.
-  void TrimSlots(int64_t request_id, int64_t num_tokens);
+  // Shrinks the request's tables to [0, num_tokens) (windowed groups: [0, num_positions), by
+  // default num_tokens): releases the blocks past them (speculative slots whose tokens were
+  // rejected, slots retention compacted away). No-op for tables that hold no more.
+  void TrimSlots(int64_t request_id, int64_t num_tokens, int64_t num_positions = -1);
   // Releases every block of the request (last block first, so the tail is reused before the head).
   // Cached blocks stay findable until they are reused.
   void Free(int64_t request_id);
@@ -73,7 +81,10 @@ class KvCacheManager {
   // returns how many tokens they cover (a multiple of block_size; 0 when disabled or no hit).
   // With windowed groups a hit of k blocks needs every full group's k blocks and each windowed
   // group's blocks within one window of position k * block_size (the others are kNoBlock).
-  int64_t AllocateCachedPrefix(int64_t request_id, std::span<const int32_t> tokens, const std::string& salt);
+  // max_hit_tokens >= 0: no longer hit than that (KV retention's budget; the lookup still counts
+  // the whole prompt).
+  int64_t AllocateCachedPrefix(int64_t request_id, std::span<const int32_t> tokens, const std::string& salt,
+                               int64_t max_hit_tokens = -1);
   // Makes the request's blocks that are now full (num_computed tokens in the cache) findable.
   void CacheFullBlocks(int64_t request_id, std::span<const int32_t> tokens, int64_t num_computed,
                        const std::string& salt);
@@ -107,7 +118,8 @@ class KvCacheManager {
   struct Entry {
     std::vector<std::vector<int32_t>> blocks;  // [num_groups][logical block]
     std::vector<int64_t> released;             // [num_groups] leading entries given back
-    int64_t num_tokens = 0;
+    int64_t num_tokens = 0;     // slots the full groups cover
+    int64_t num_positions = 0;  // positions the windowed groups cover (num_tokens without retention)
     std::vector<BlockHash> hashes;  // of the first hashes.size() blocks (group 0's key), all registered or cached
     mutable std::vector<std::span<const int32_t>> views;  // BlockTables
   };

@@ -140,22 +140,37 @@ float* SeqRetention::Accumulator(int64_t num_slots) {
 }
 
 int64_t SeqRetention::MaybeEvict(KvStorage& kv, std::span<const int32_t> table, int64_t num_slots) {
+  CHECK(kv.num_groups() == 1);
+  const std::span<const int32_t> tables[1] = {table};
+  return MaybeEvict(kv, tables, num_slots);
+}
+
+int64_t SeqRetention::MaybeEvict(KvStorage& kv, std::span<const std::span<const int32_t>> group_tables,
+                                 int64_t num_slots) {
   if (!config_.active()) return num_slots;
   const int64_t target = TargetSlots(config_, budget_, num_slots, pinned_);
   if (num_slots < target + slack_) return num_slots;
+  const KvLayerGroups& groups = kv.groups();
+  CHECK(static_cast<int64_t>(group_tables.size()) == groups.num_groups());
   std::vector<int32_t> keep;
+  bool first = true;
   for (int64_t l = 0; l < num_layers_; ++l) {
+    // Windowed layer groups index positions and give back what their window passed: untouched.
+    const int32_t g = groups.group_of[l];
+    if (groups.window[g] > 0) continue;
     // Window policies keep the same slots in every layer; heavy hitters are each layer's own.
     if (tracks_attention()) {
       float* row = Accumulator(num_slots) + l * stride_;
       keep = SelectSlots(config_, budget_, num_slots, pinned_, row);
       for (size_t i = 0; i < keep.size(); ++i) row[i] = row[keep[i]];
       std::fill(row + keep.size(), row + num_slots, 0.0f);
-    } else if (l == 0) {
+    } else if (first) {
       keep = SelectSlots(config_, budget_, num_slots, pinned_, nullptr);
     }
-    CompactLayer(kv, l, table, keep);
+    first = false;
+    CompactLayer(kv, l, group_tables[g], keep);
   }
+  CHECK(!first);  // a model with full-attention layers (CheckRetention)
   const int64_t kept = static_cast<int64_t>(keep.size());
   num_evicted_ += num_slots - kept;
   ++num_evictions_;

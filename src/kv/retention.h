@@ -72,8 +72,11 @@ class SeqRetention {
   // Makes the accumulator cover slots [0, num_slots); its rows (null when not tracking).
   float* Accumulator(int64_t num_slots);
   int64_t stride() const { return stride_; }
-  // After a step: when num_slots reached budget + slack, compacts every layer down to the budget
-  // and returns the new slot count (the caller frees the blocks past it); else num_slots.
+  // After a step: when num_slots reached budget + slack, compacts every full-attention layer down
+  // to the budget through its layer group's table (group_tables: every group's, KvLayerGroups;
+  // windowed groups index positions and are left alone) and returns the new slot count (the
+  // caller frees the blocks past it); else num_slots. The one-table form: a cache of one group.
+  int64_t MaybeEvict(KvStorage& kv, std::span<const std::span<const int32_t>> group_tables, int64_t num_slots);
   int64_t MaybeEvict(KvStorage& kv, std::span<const int32_t> table, int64_t num_slots);
   int64_t num_evicted() const { return num_evicted_; }    // since the last Reset
   int64_t num_evictions() const { return num_evictions_; }  // compactions, since the last Reset

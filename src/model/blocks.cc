@@ -378,6 +378,11 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
   auto rope_apply = hp_.rope_style == RopeStyle::kNeox ? kernels::RopeApplyNeox : kernels::RopeApply;
   const int64_t window = hp_.LayerWindow(l);
   const float* angles = window > 0 && hp_.rope_freq_base_swa > 0.0f ? ws_.rope_swa.data() : ws_.rope.data();
+  // A windowed layer group's tables index positions, a full group's cache slots (they differ
+  // under KV retention, which compacts only the full groups); only full layers are tracked.
+  const bool positional = kv_.groups().window[kv_.groups().group_of[l]] > 0;
+  const int32_t* slots = positional ? batch_.positions.data() : ws_.kv_slots.data();
+  const bool track = tracking_ && window == 0;
   auto rope = [&](int64_t t) {
     const float* cos_sin = angles + t * hp_.rope_dims;
     float* q = ws_.q.data() + t * q_dim;
@@ -400,7 +405,7 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
         for (int64_t d = 0; d < head_dim; ++d) q[h * head_dim + d] *= s[d];
       }
     }
-    const int64_t pos = ws_.kv_slots[t];
+    const int64_t pos = slots[t];
     kv_.Write(l, Tables(l)[t][pos / block_size], pos % block_size, k, ws_.v.data() + t * hp_.v_dim());
   };
   if (batch_.observer != nullptr) {  // calibration sees the keys between the two
@@ -418,12 +423,12 @@ void ForwardPass::Attention(int64_t l, const KeyChannels* key_channels, const fl
   span.Next("attention", n, kv_positions_ * 2 * kv_.row_bytes(), l);
   // Causal: each token reads slots [0, its own]; an encoder's read every slot of its sequence
   // (all written above: Model::Forward checked that the batch holds its sequences whole).
-  const int32_t* ends = hp_.causal ? ws_.kv_slots.data() : seq_end_slots_.data();
+  const int32_t* ends = hp_.causal ? slots : seq_end_slots_.data();
   kernels::Attention(ws_.q.data(), n, ends, Tables(l), kv_.Layer(l),
                      static_cast<int>(hp_.num_heads), static_cast<int>(hp_.num_kv_heads), static_cast<int>(head_dim),
-                     ws_.xb.data(), pool_, tracking_ ? ws_.score_rows.data() : nullptr, window, sinks,
+                     ws_.xb.data(), pool_, track ? ws_.score_rows.data() : nullptr, window, sinks,
                      hp_.attn_softcap, static_cast<int>(hp_.value_head()));
-  if (tracking_) {
+  if (track) {
     span.Next("attention_track", n, 0, l);
     AccumulateAttention(l);
   }

@@ -17,15 +17,25 @@
 
 namespace gale {
 
+namespace {
+KvLayerGroups CacheGroups(const ModelHParams& hp, bool window_groups) {
+  if (!window_groups) return KvLayerGroups::Single(hp.num_layers);
+  std::vector<int64_t> windows(hp.num_layers);
+  for (int64_t l = 0; l < hp.num_layers; ++l) windows[l] = hp.LayerWindow(l);
+  return KvLayerGroups::ForWindows(windows);
+}
+}  // namespace
+
 KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
-                 int64_t block_size, std::optional<kernels::KvType> v_type)
+                 int64_t block_size, std::optional<kernels::KvType> v_type, bool window_groups)
     : capacity_tokens_(capacity_tokens),
-      storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim, num_seqs * ((capacity_tokens + block_size - 1) / block_size),
-               block_size, type, v_type.value_or(type), hp.kv_latent, std::nullopt, hp.value_head()) {
+      storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim,
+               CacheGroups(hp, window_groups).num_groups() * num_seqs * ((capacity_tokens + block_size - 1) / block_size),
+               block_size, type, v_type.value_or(type), hp.kv_latent, CacheGroups(hp, window_groups), hp.value_head()) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
-  tables_.resize(num_seqs);
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    for (int64_t i = 0; i < per_seq; ++i) tables_[s].push_back(static_cast<int32_t>(s * per_seq + i));
+  tables_.resize(storage_.num_groups() * num_seqs);
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    for (int64_t i = 0; i < per_seq; ++i) tables_[t].push_back(static_cast<int32_t>(static_cast<int64_t>(t) * per_seq + i));
   }
 }
 
@@ -174,8 +184,16 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     return InvalidArgument("batch: tokens and slots differ in length");
   }
   if (hp_.sliding_window > 0) {
-    for (const auto& a : batch.attn_acc) {
-      if (a.data != nullptr) return InvalidArgument("attention tracking (KV retention) does not work with sliding windows yet");
+    // KV retention (slots behind positions, attention tracking) leaves windowed layers alone only
+    // where they sit in layer groups of their own, which index positions.
+    bool retention = false;
+    for (const auto& a : batch.attn_acc) retention = retention || a.data != nullptr;
+    for (size_t i = 0; i < batch.slots.size() && !retention; ++i) retention = batch.slots[i] != batch.positions[i];
+    for (int64_t l = 0; l < hp_.num_layers && retention; ++l) {
+      if (hp_.LayerWindow(l) > 0 && kv.groups().window[kv.groups().group_of[l]] == 0) {
+        return InvalidArgument("KV retention needs the sliding-window layers in layer groups of their own (layer {} "
+                               "shares blocks with full-attention layers)", l);
+      }
     }
   }
   const int64_t num_groups = kv.num_groups();
@@ -194,9 +212,10 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     const int32_t s = batch.seq(i);
     if (s < 0 || s >= num_seqs) return InvalidArgument("seq_idx {} has no block table", s);
     if (batch.positions[i] < 0) return InvalidArgument("negative position {}", batch.positions[i]);
-    const int64_t slot = batch.slot(i);
     for (int64_t g = 0; g < num_groups; ++g) {
       const auto& table = batch.block_tables[g * num_seqs + s];
+      // Windowed groups index positions, full groups cache slots (see ForwardBatch::slots).
+      const int64_t slot = kv.groups().window[g] > 0 ? batch.positions[i] : batch.slot(i);
       if (slot < 0 || slot / block_size >= static_cast<int64_t>(table.size())) {
         return InvalidArgument("slot {} outside the {} tokens of sequence {}'s blocks", slot,
                                static_cast<int64_t>(table.size()) * block_size, s);
@@ -209,8 +228,8 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
         return InvalidArgument("slot {} of sequence {} reads slot {}, whose block was given back", slot, s, first);
       }
     }
-    if (!batch.attn_acc.empty() && batch.attn_acc[s].data != nullptr && slot >= batch.attn_acc[s].stride) {
-      return InvalidArgument("slot {} outside sequence {}'s attention accumulator of {}", slot, s,
+    if (!batch.attn_acc.empty() && batch.attn_acc[s].data != nullptr && batch.slot(i) >= batch.attn_acc[s].stride) {
+      return InvalidArgument("slot {} outside sequence {}'s attention accumulator of {}", batch.slot(i), s,
                              batch.attn_acc[s].stride);
     }
   }

@@ -39,6 +39,7 @@ struct ForwardBatch {
   // [num_tokens] cache slot of each token in its sequence: its K/V are written there and it
   // attends to slots [0, slot]. Empty: the positions. With KV retention a sequence's slots run
   // behind its positions (evicted tokens' rows were compacted away); RoPE still uses positions.
+  // Sliding-window layers in layer groups of their own (KvLayerGroups) always use positions.
   std::vector<int32_t> slots;
   // KV retention's attention tracking, [num_seqs] or empty: for a sequence with an accumulator,
   // each layer l adds the attention probabilities of all its query heads, over its tokens in the
@@ -93,10 +94,12 @@ struct KeyChannels {
 // KvStorage among requests through a KvCacheManager.
 class KvCache {
  public:
-  // v_type: V's type when it differs from type (K's).
+  // v_type: V's type when it differs from type (K's). window_groups: sliding-window layers in
+  // layer groups of their own (KvLayerGroups::ForWindows; each group its own blocks), as KV
+  // retention on such a model needs; else one group.
   KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_seqs = 1,
           kernels::KvType type = kernels::KvType::kF32, int64_t block_size = 16,
-          std::optional<kernels::KvType> v_type = std::nullopt);
+          std::optional<kernels::KvType> v_type = std::nullopt, bool window_groups = false);
   int64_t capacity_tokens() const { return capacity_tokens_; }
   uint64_t num_bytes() const { return storage_.num_bytes(); }
   KvStorage& storage() { return storage_; }
@@ -106,7 +109,7 @@ class KvCache {
  private:
   int64_t capacity_tokens_;
   KvStorage storage_;
-  std::vector<std::vector<int32_t>> tables_;  // [num_seqs][blocks per sequence]
+  std::vector<std::vector<int32_t>> tables_;  // [num_groups * num_seqs][blocks per sequence], group-major
 };
 
 // Scratch activations, grown to the largest batch seen; reused across steps.

@@ -34,6 +34,7 @@ Status SchedulerConfig::Validate() const {
 Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config_(config), kv_(kv) {
   CHECK(config_.Validate().ok());
   max_request_tokens_ = kv_->capacity_tokens(config_.max_num_batched_tokens);
+  capacity_ = kv_->capacity_tokens(config_.max_num_batched_tokens, /*retaining=*/true);
   if (config_.max_seq_len > 0) max_request_tokens_ = std::min(max_request_tokens_, config_.max_seq_len);
 }
 
@@ -46,9 +47,9 @@ Status Scheduler::Add(std::unique_ptr<SeqRequest> req) {
       return InvalidArgument("request {}: prompt of {} tokens + max_tokens {} exceeds max_seq_len {}", req->id,
                              req->num_tokens(), req->max_new_tokens, limit);
     }
-    if (req->kv_budget + kv_->block_size() > kv_->capacity_tokens()) {
+    if (req->kv_budget + kv_->block_size() > capacity_) {
       return InvalidArgument("request {}: a KV budget of {} tokens (+ one block) exceeds all KV memory ({} tokens)",
-                             req->id, req->kv_budget, kv_->capacity_tokens());
+                             req->id, req->kv_budget, capacity_);
     }
   } else if (req->num_tokens() + req->max_new_tokens > max_request_tokens_) {
     return InvalidArgument("request {}: prompt of {} tokens + max_tokens {} exceeds the limit of {} tokens per request",
@@ -97,7 +98,7 @@ StepPlan Scheduler::Schedule() {
     const int64_t left = r.num_tokens() - r.num_computed_tokens;
     const int64_t n = std::min({left, config_.prefill_chunk_size, budget});
     if (r.whole_prompt && r.num_computed_tokens < r.num_prompt_tokens && n < left) return int64_t{0};
-    return r.retains() ? std::max<int64_t>(1, std::min(n, kv_->capacity_tokens() - r.num_slots())) : n;
+    return r.retains() ? std::max<int64_t>(1, std::min(n, capacity_ - r.num_slots())) : n;
   };
 
   // 1. Running requests, oldest first. A request that cannot get its blocks preempts the newest
@@ -111,15 +112,16 @@ StepPlan Scheduler::Schedule() {
       ++i;
       continue;
     }
-    kv_->ReleaseBehindWindows(r.id, r.num_slots());
+    // Windowed layer groups index positions (retention compacts only the full groups' slots).
+    kv_->ReleaseBehindWindows(r.id, r.num_computed_tokens);
     int64_t spec = 0;
     if (n == 1 && r.num_computed_tokens + 1 == r.num_tokens()) {
       spec = std::min({static_cast<int64_t>(r.spec_tokens.size()), budget - 1,
                        r.max_new_tokens - r.num_generated() - 1});
       spec = std::max<int64_t>(spec, 0);
-      if (spec > 0 && !kv_->AllocateSlots(r.id, r.num_slots() + n + spec)) spec = 0;
+      if (spec > 0 && !kv_->AllocateSlots(r.id, r.num_slots() + n + spec, r.num_computed_tokens + n + spec)) spec = 0;
     }
-    if (spec > 0 || kv_->AllocateSlots(r.id, r.num_slots() + n)) {
+    if (spec > 0 || kv_->AllocateSlots(r.id, r.num_slots() + n, r.num_computed_tokens + n)) {
       plan.seqs.push_back({&r, r.num_computed_tokens, n + spec, r.num_computed_tokens + n == r.num_tokens(), spec});
       plan.num_tokens += n + spec;
       budget -= n + spec;
@@ -157,16 +159,9 @@ StepPlan Scheduler::Schedule() {
       const auto next = next_waiting();
       SeqRequest& r = **next;
       // Blocks whose K/V another request (or this one before preemption) already computed.
-      int64_t cached = r.no_cached_prefix ? 0 : kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt);
-      if (r.retains() && cached > r.kv_budget) {
-        // The shared prefix is never evicted: take no more of it than the budget holds.
-        cached = r.kv_budget / kv_->block_size() * kv_->block_size();
-        if (cached == 0) {
-          kv_->Free(r.id);
-        } else {
-          kv_->TrimSlots(r.id, cached);
-        }
-      }
+      // The shared prefix is never evicted: a request with a KV budget takes no more than it holds.
+      const int64_t max_hit = r.retains() ? r.kv_budget / kv_->block_size() * kv_->block_size() : -1;
+      const int64_t cached = r.no_cached_prefix ? 0 : kv_->AllocateCachedPrefix(r.id, r.tokens, r.cache_salt, max_hit);
       r.num_computed_tokens = cached;
       r.num_evicted = 0;
       r.num_pinned_slots = cached;
@@ -223,7 +218,7 @@ std::vector<std::unique_ptr<SeqRequest>> Scheduler::Update(const StepPlan& plan,
     num_spec_proposed_ += s.num_spec;
     num_spec_accepted_ += static_cast<int64_t>(produced.size()) - 1;
     r.num_computed_tokens = first_row + appended;
-    if (s.num_spec > 0) kv_->TrimSlots(r.id, r.num_slots());
+    if (s.num_spec > 0) kv_->TrimSlots(r.id, r.num_slots(), r.num_computed_tokens);
     if (!r.retains()) kv_->CacheFullBlocks(r.id, r.tokens, r.num_computed_tokens, r.cache_salt);
     if (r.finish_reason != FinishReason::kNone) finished_ids.push_back(r.id);
   }

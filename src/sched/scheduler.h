@@ -93,6 +93,8 @@ class Scheduler {
 
   // Most tokens (prompt + output) one request may have: max_seq_len capped by all KV memory.
   int64_t max_request_tokens() const { return max_request_tokens_; }
+  // The largest KV budget + one block a request may have (its slots all KV memory holds).
+  int64_t retaining_capacity() const { return capacity_; }
 
   // Queues a request. Admission takes waiting requests in order, except that the request of a
   // group with fewer running requests goes first (groups: SeqRequest::group), so one API request
@@ -130,6 +132,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvCacheManager* kv_;
+  int64_t capacity_ = 0;  // the most slots of a request with a KV budget all KV memory holds
   int64_t max_request_tokens_;
   std::deque<std::unique_ptr<SeqRequest>> waiting_;   // front: next to admit
   std::vector<std::unique_ptr<SeqRequest>> running_;  // admission order: back is preempted first

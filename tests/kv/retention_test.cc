@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <numeric>
@@ -153,6 +154,18 @@ struct TestModel {
   std::unique_ptr<Tokenizer> tok;
 };
 
+// KV memory of n blocks of the engine's layer groups (with sliding-window layers a block holds
+// one group's layers), and for windowed models as many more as their windowed groups hold.
+uint64_t BlocksBytes(const TestModel& m, const EngineConfig& cfg, int64_t n, KvType type) {
+  const ModelHParams& hp = m.model->hparams();
+  const KvLayerGroups groups = cfg.KvGroups(hp);
+  const int64_t windowed = static_cast<int64_t>(std::count_if(groups.window.begin(), groups.window.end(),
+                                                               [](int64_t w) { return w > 0; })) *
+                           ((hp.sliding_window - 1 + cfg.sched.max_num_batched_tokens) / cfg.block_size + 2);
+  return (n + windowed) * KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim, cfg.block_size,
+                                                   type, type, hp.kv_latent, hp.value_head());
+}
+
 // The tests of the forward's tracking and of the engine with retention, on each architecture.
 class RetentionArchTest : public ::testing::TestWithParam<std::string> {};
 
@@ -165,7 +178,8 @@ TEST_P(RetentionArchTest, ForwardTracksAttentionWithoutChangingLogits) {
   std::vector<int32_t> tokens = {1};
   for (int i = 0; i < 40; ++i) tokens.push_back(3 + (i * 37) % 400);
   auto run = [&](bool track, std::vector<float>* acc) {
-    KvCache kv(hp, 64);
+    // Windowed layers in layer groups of their own (as the engine has them): not tracked.
+    KvCache kv(hp, 64, 1, KvType::kF32, 16, std::nullopt, /*window_groups=*/true);
     Workspace ws;
     ForwardBatch b;
     b.tokens = tokens;
@@ -186,6 +200,10 @@ TEST_P(RetentionArchTest, ForwardTracksAttentionWithoutChangingLogits) {
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     double sum = 0.0;
     for (int64_t s = 0; s < 64; ++s) sum += acc[l * 64 + s];
+    if (hp.LayerWindow(l) > 0) {
+      EXPECT_EQ(sum, 0.0) << "windowed layer " << l << " is not tracked";
+      continue;
+    }
     EXPECT_NEAR(sum, static_cast<double>(hp.num_heads * tokens.size()), 1e-3) << "layer " << l;
     EXPECT_EQ(acc[l * 64 + tokens.size()], 0.0f) << "nothing past the last slot";
     // Slot 0 is attended by every token (the first one only to it): an attention sink.
@@ -237,9 +255,7 @@ TEST_P(RetentionArchTest, BudgetAtLeastTheLengthChangesNothing) {
   cfg.sched.max_num_batched_tokens = 24;
   cfg.sched.prefill_chunk_size = 7;
   cfg.block_size = 4;
-  const ModelHParams& hp = m.model->hparams();
-  cfg.kv_cache_memory_bytes =
-      40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF32, KvType::kF32, hp.kv_latent);
+  cfg.kv_cache_memory_bytes = BlocksBytes(m, cfg, 40, KvType::kF32);
   cfg.kv_type = KvType::kF32;
   std::vector<std::vector<int32_t>> want;
   {
@@ -267,7 +283,7 @@ TEST_P(RetentionArchTest, BudgetAtLeastTheLengthChangesNothing) {
     }
     EXPECT_GT(e->stats().num_preemptions.load(), 0);
     EXPECT_EQ(e->stats().kv_evicted_tokens.load(), 0);
-    EXPECT_EQ(e->stats().num_free_blocks.load(), 40);
+    EXPECT_EQ(e->stats().num_free_blocks.load(), e->num_blocks());
   }
 }
 
@@ -283,9 +299,7 @@ TEST_P(RetentionArchTest, EvictionHeavyWorkloadsLeakNoBlock) {
   cfg.block_size = 8;
   cfg.spec.method = SpecMethod::kNgram;
   cfg.spec.always = true;
-  const ModelHParams& hp = m.model->hparams();
-  cfg.kv_cache_memory_bytes =
-      30 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, cfg.block_size, KvType::kF16, KvType::kF16, hp.kv_latent);
+  cfg.kv_cache_memory_bytes = BlocksBytes(m, cfg, 30, KvType::kF16);
   auto e = Engine::Create(*m.model, m.tok.get(), cfg, pool).value();
   auto reqs = Requests(m, 30, 120, 300, 9);
   const std::vector<int32_t> shared = {9, 99, 199, 299, 399, 499, 19, 29, 39, 49, 59, 69, 79, 89, 109, 119, 129};
@@ -328,6 +342,70 @@ TEST_P(RetentionArchTest, EvictionHeavyWorkloadsLeakNoBlock) {
   EXPECT_GE(st.kv_evicted_tokens.load(), evicted);
   EXPECT_GT(st.num_preemptions.load(), 0);
   EXPECT_EQ(st.num_free_blocks.load(), e->num_blocks());
+}
+
+// Retention on a sliding-window model compacts the full-attention layers' slots only; the
+// windowed layers (in layer groups of their own) keep indexing positions. Gemma 2's layer 0 is
+// windowed: its output for tokens computed after a compaction (layer 1's input, seen through the
+// calibration observer) is bitwise what it is without retention, while the logits move (layer 1
+// lost the evicted positions). Read through compacted slots, layer 0's window would see other rows.
+TEST(RetentionTest, WindowedLayersKeepTheirPositionsWhileFullLayersCompact) {
+  TestModel m("gemma2");
+  const ModelHParams& hp = m.model->hparams();
+  ASSERT_GT(hp.LayerWindow(0), 0);
+  ASSERT_EQ(hp.LayerWindow(1), 0);
+  struct Layer1Input : ActivationObserver {
+    std::vector<float> rows;
+    void Observe(int64_t layer, LinearInput which, const float* x, int64_t n, int64_t dim) override {
+      if (layer == 1 && which == LinearInput::kAttnIn) rows.assign(x, x + n * dim);
+    }
+  };
+  ThreadPool pool(2);
+  const std::vector<int32_t> tokens = Concat(Range(3, 23), Range(40, 50));  // 20 then 10
+  auto run = [&](bool compact, std::vector<float>* logits) {
+    KvCache kv(hp, 32, 1, KvType::kF32, 4, std::nullopt, /*window_groups=*/true);
+    Workspace ws;
+    Layer1Input seen;
+    ForwardBatch first;
+    kv.Attach(first);
+    first.tokens.assign(tokens.begin(), tokens.begin() + 20);
+    first.positions = Range(0, 20);
+    EXPECT_TRUE(m.model->Forward(first, kv.storage(), ws, pool).ok());
+    int64_t slots = 20;
+    if (compact) {  // the window policy down to the last 10 slots
+      SeqRetention keep(Policy(RetentionPolicy::kWindow, 10), 10, hp.num_layers, 4);
+      keep.Reset(0);
+      slots = keep.MaybeEvict(kv.storage(), first.block_tables, 20);
+      EXPECT_EQ(slots, 10);
+    }
+    ForwardBatch second;
+    kv.Attach(second);
+    second.tokens.assign(tokens.begin() + 20, tokens.end());
+    second.positions = Range(20, 30);
+    second.slots = Range(static_cast<int32_t>(slots), static_cast<int32_t>(slots) + 10);
+    second.all_logits = true;
+    second.observer = &seen;
+    const Status st = m.model->Forward(second, kv.storage(), ws, pool);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    logits->assign(ws.logits.begin(), ws.logits.begin() + 10 * hp.vocab_size);
+    return seen.rows;
+  };
+  std::vector<float> full_logits, compact_logits;
+  const auto full = run(false, &full_logits), compacted = run(true, &compact_logits);
+  ASSERT_EQ(full.size(), static_cast<size_t>(10 * hp.dim));
+  ASSERT_EQ(compacted.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) ASSERT_EQ(std::bit_cast<uint32_t>(full[i]), std::bit_cast<uint32_t>(compacted[i]));
+  EXPECT_NE(full_logits, compact_logits);
+  // One group for every layer: retention with slots behind positions is refused, clearly.
+  KvCache single(hp, 32, 1, KvType::kF32, 4);
+  Workspace ws;
+  ForwardBatch b;
+  b.tokens = {5, 6};
+  b.positions = {20, 21};
+  b.slots = {10, 11};
+  const Status st = m.model->Forward(b, single, ws, pool);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("layer groups"), std::string::npos) << st.message();
 }
 
 // A request with a small budget that shares a cached prefix with others evicts around it, never
@@ -408,8 +486,14 @@ TEST(RetentionTest, ConcurrentSequencesGrowAsTheBudgetShrinks) {
   EXPECT_GT(b32, 0.7 * 54 / 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest, ::testing::Values("stories", "qwen2", "qwen3", "phi3", "qwen3moe", "deepseek2", "glm4moe"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Architectures, RetentionArchTest,
+                         ::testing::Values("stories", "qwen2", "qwen3", "phi3", "qwen3moe", "deepseek2", "glm4moe", "gemma2",
+                                           "gemma3", "gpt-oss"),
+                         [](const auto& info) {
+                           std::string name = info.param;  // test names take no '-'
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace gale

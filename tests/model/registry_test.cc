@@ -11,6 +11,7 @@
 
 #include "../test_util.h"
 #include "base/thread_pool.h"
+#include "engine/engine.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
@@ -125,16 +126,17 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
   }
 }
 
-// A sliding-window model refuses KV retention (its windows count cache slots from 0) with a clear
-// error, in the forward pass and in the engine.
-TEST(RegistryTest, SlidingWindowModelsRefuseAttentionTracking) {
+// KV retention on a sliding-window model needs the windowed layers in layer groups of their own
+// (they index positions while retention compacts the full layers' slots): a cache of one group
+// is refused with a clear error in the forward pass, as are the engine's settings that would
+// give one (--no-kv-window-groups) and a model whose every layer is windowed.
+TEST(RegistryTest, SlidingWindowModelsRefuseRetentionWithoutLayerGroups) {
   const auto b = Edited("gemma3");
   const auto file = GgufFile::FromBytes(b).value();  // outlives the model, which reads its weights in place
   auto m = LoadModel(*file).value();
   EXPECT_EQ(m->hparams().sliding_window, 8);
   EXPECT_EQ(m->hparams().LayerWindow(5), 0);  // the sixth layer is global
   EXPECT_EQ(m->hparams().LayerWindow(6), 8);
-  KvCache kv(m->hparams(), 16);
   Workspace ws;
   ThreadPool pool(1);
   std::vector<float> acc(m->hparams().num_layers * 16);
@@ -142,9 +144,28 @@ TEST(RegistryTest, SlidingWindowModelsRefuseAttentionTracking) {
   batch.tokens = {1, 2};
   batch.positions = {0, 1};
   batch.attn_acc = {{acc.data(), 16}};
-  auto s = m->Forward(batch, kv, ws, pool);
+  KvCache single(m->hparams(), 16);
+  auto s = m->Forward(batch, single, ws, pool);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("sliding windows"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("layer groups"), std::string::npos) << s.message();
+  KvCache grouped(m->hparams(), 16, 1, kernels::KvType::kF32, 16, std::nullopt, /*window_groups=*/true);
+  EXPECT_TRUE(m->Forward(batch, grouped, ws, pool).ok());
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 8 << 20;
+  cfg.retention.policy = RetentionPolicy::kWindow;
+  cfg.retention.budget = 32;
+  cfg.kv_window_groups = false;
+  auto e = Engine::Create(*m, nullptr, cfg, pool);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--no-kv-window-groups"), std::string::npos) << e.status().message();
+  cfg.kv_window_groups = true;
+  EXPECT_TRUE(Engine::Create(*m, nullptr, cfg, pool).ok());
+  const auto mistral_bytes = SynthesizeModel(test::ArchTestShape("mistral"), GgmlType::kF32, 1)->WriteToBytes();
+  const auto mistral_file = GgufFile::FromBytes(mistral_bytes).value();
+  auto mistral = LoadModel(*mistral_file).value();
+  e = Engine::Create(*mistral, nullptr, cfg, pool);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("full-attention layers"), std::string::npos) << e.status().message();
 }
 
 // Mistral 7B v0.1-style llama files (llama.attention.sliding_window) attend over the window on

@@ -267,7 +267,7 @@ int64_t EmulateEvictions(Scheduler& s, KvCacheManager& kv) {
     const int64_t keep = std::max(r->kv_budget, r->num_pinned_slots + 1);
     evicted += r->num_slots() - keep;
     r->num_evicted += r->num_slots() - keep;
-    kv.TrimSlots(r->id, keep);
+    kv.TrimSlots(r->id, keep, r->num_computed_tokens);  // windowed groups keep their positions
   }
   return evicted;
 }
@@ -276,11 +276,13 @@ int64_t EmulateEvictions(Scheduler& s, KvCacheManager& kv) {
 // chunk's first token (0 in a full group) to its last slot.
 void ExpectStepBlocksHeld(const StepPlan& plan, const KvCacheManager& kv) {
   for (const auto& s : plan.seqs) {
-    const int64_t first = s.req->num_slots(), last = first + s.num_new_tokens - 1;
     for (int64_t g = 0; g < kv.num_groups(); ++g) {
       const auto table = kv.BlockTable(s.req->id, g);
-      ASSERT_GT(static_cast<int64_t>(table.size()), last / kv.block_size());
       const int64_t w = kv.group_windows()[g];
+      // Full groups index slots, windowed groups positions (they differ after evictions).
+      const int64_t first = w > 0 ? s.req->num_computed_tokens : s.req->num_slots();
+      const int64_t last = first + s.num_new_tokens - 1;
+      ASSERT_GT(static_cast<int64_t>(table.size()), last / kv.block_size());
       const int64_t from = w > 0 ? std::max<int64_t>(0, first + 1 - w) : 0;
       for (int64_t b = from / kv.block_size(); b <= last / kv.block_size(); ++b) {
         ASSERT_NE(table[b], KvCacheManager::kNoBlock) << "request " << s.req->id << " group " << g << " block " << b;
@@ -338,7 +340,7 @@ void RandomWorkloads(bool prefix_caching, bool spec = false, bool retention = fa
           if (want.back() == r->stop_ids[0]) break;
         }
         expected[next_id] = want;
-        const bool fits = retains ? r->kv_budget + block_size <= limit : prompt + max_new <= limit;
+        const bool fits = retains ? r->kv_budget + block_size <= s.retaining_capacity() : prompt + max_new <= limit;
         ASSERT_EQ(s.Add(std::move(r)).ok(), fits);
         if (!fits) expected.erase(next_id);
         ++next_id;
@@ -427,6 +429,12 @@ TEST(SchedulerTest, RandomWorkloadsWithSpeculativeGuesses) {
 // blocks, preemption and rejected guesses leave the tables whole, and no block leaks.
 TEST(SchedulerTest, RandomWorkloadsWithWindowedLayerGroups) {
   RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true, /*retention=*/false, /*windows=*/true);
+}
+
+// The same with KV budgets among the requests: evictions trim the full group's slots while the
+// windowed groups keep covering positions (and give back what their windows passed).
+TEST(SchedulerTest, RandomWorkloadsWithWindowedLayerGroupsAndKvRetention) {
+  RandomWorkloads(/*prefix_caching=*/true, /*spec=*/true, /*retention=*/true, /*windows=*/true);
 }
 
 // Requests with a KV budget among the others, some longer than all KV memory, with evictions after
