@@ -154,6 +154,20 @@ expect_fail retention-budget-alone "need --kv-retention" -- "$GALE" run -p hi --
 expect_fail retention-bad-policy "not one of none, window" -- "$GALE" run -p hi --kv-retention h2o --kv-budget 64
 expect_fail retention-with-draft "draft model" -- "$GALE" run -p hi --kv-retention window --kv-budget 64 --spec draft \
   --draft-model "$(dirname "$0")/../../models/stories260K.gguf"
+# A sliding-window model (gemma3: windows of 32): retention compacts its global layers only, and
+# needs the windowed layers in layer groups of their own.
+"$GALE" synth --shape custom --arch gemma3 --dim 128 --layers 12 --heads 4 --kv-heads 1 --head-dim 64 --ffn 256 \
+  --vocab 2048 --ctx 1024 --window 32 --type q8_0 -o "$tmp/gemma3.gguf" >/dev/null 2>&1
+"$GALE" run -m "$tmp/gemma3.gguf" -p "a b c d e f g h i j k l m n o p" -n 100 --temp 0 --kv-retention window \
+  --kv-budget 32 >/dev/null 2>"$tmp/gemma-ret.err"
+if grep -q 'KV retention: [1-9][0-9]* of [0-9]* positions evicted (budget 32 tokens)' "$tmp/gemma-ret.err"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL gemma3 retention: $(cat "$tmp/gemma-ret.err")"
+  fails=$((fails + 1))
+fi
+expect_fail retention-window-groups-off "layer groups of their own" -- "$GALE" run -m "$tmp/gemma3.gguf" -p hi \
+  --kv-retention window --kv-budget 32 --no-kv-window-groups
 "$GALE" run -p "Once upon a time" -n 300 --temp 0 --kv-retention heavy-hitter --kv-budget 64 >/dev/null 2>"$tmp/run-ret.err"
 if grep -q 'KV retention: [1-9][0-9]* of 30[0-9] positions evicted (budget 64 tokens)' "$tmp/run-ret.err"; then
   pass=$((pass + 1))
