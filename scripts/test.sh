@@ -33,7 +33,7 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 if [ "${GALE_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== asan+ubsan build + tests"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGALE_SANITIZE=ON >/dev/null
-  cmake --build build-asan --target gale_tests gale -j "$jobs"
+  cmake --build build-asan --target gale_tests gale_server_tests gale -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 fi
