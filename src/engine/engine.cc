@@ -64,7 +64,7 @@ Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, cons
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
   }
   if (hp.sliding_window > 0) {
-    const KvLayerGroups groups = config.KvGroups(hp);
+    const KvLayerGroups groups = config.KvGroups(KvLayoutOf(hp));
     if (std::find(groups.window.begin(), groups.window.end(), 0) == groups.window.end()) {
       return InvalidArgument("KV retention needs full-attention layers: every layer of this model has a window of {} "
                              "(its cache is bounded by the window already)", hp.sliding_window);
@@ -120,10 +120,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
-  const KvLayerGroups groups = config.KvGroups(hp);
-  const uint64_t block_bytes = KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim,
-                                                         config.block_size, config.kv_type, config.v_type(), hp.kv_latent,
-                                                         hp.value_head());
+  const KvLayout layout = model.kv_layout();
+  const KvLayerGroups groups = config.KvGroups(layout);
+  const uint64_t block_bytes = layout.BytesPerBlock(groups, config.block_size, config.kv_type, config.v_type());
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
     // Workspace for a full step: activations of max_num_batched_tokens and logits of max_batch_size rows.
@@ -158,22 +157,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   return std::unique_ptr<Engine>(new Engine(model, tokenizer, cfg, pool, num_blocks, std::move(draft)));
 }
 
-KvLayerGroups EngineConfig::KvGroups(const ModelHParams& hp) const {
-  if (!kv_window_groups) return KvLayerGroups::Single(hp.num_layers);
-  std::vector<int64_t> windows(hp.num_layers);
-  for (int64_t l = 0; l < hp.num_layers; ++l) windows[l] = hp.LayerWindow(l);
-  return KvLayerGroups::ForWindows(windows);
-}
-
 Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
                int64_t num_blocks, std::unique_ptr<DraftProposer> draft)
     : model_(model),
       tokenizer_(tokenizer),
       config_(config),
       num_blocks_(num_blocks),
-      storage_(model.hparams().num_layers, model.hparams().num_kv_heads, model.hparams().head_dim, num_blocks,
-               config.block_size, config.kv_type, config.v_type(), model.hparams().kv_latent,
-               config.KvGroups(model.hparams()), model.hparams().value_head()),
+      storage_(model.kv_layout(), config.KvGroups(model.kv_layout()), num_blocks, config.block_size, config.kv_type,
+               config.v_type()),
       kv_(static_cast<int32_t>(num_blocks), config.block_size, config.enable_prefix_caching, storage_.groups().window),
       sched_(config.sched, &kv_),
       runner_(model, storage_, pool),

@@ -70,7 +70,7 @@ struct EngineConfig {
   // Sliding-window layers in block groups of their own (KvLayerGroups), whose blocks behind the
   // window go back to the pool while a request runs; off: every layer keeps every block.
   bool kv_window_groups = true;
-  KvLayerGroups KvGroups(const ModelHParams& hp) const;
+  KvLayerGroups KvGroups(const KvLayout& layout) const { return layout.Groups(kv_window_groups); }
   SpecConfig spec;
   // KV retention for requests that do not choose their own (off by default). A request with a
   // budget may be longer than KV memory (up to max_seq_len); not with a draft model.

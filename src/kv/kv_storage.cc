@@ -86,6 +86,16 @@ KvLayerGroups KvLayerGroups::ForWindows(std::span<const int64_t> layer_windows) 
   return g;
 }
 
+KvLayerGroups KvLayout::Groups(bool window_groups) const {
+  return window_groups ? KvLayerGroups::ForWindows(windows) : KvLayerGroups::Single(num_layers());
+}
+
+uint64_t KvLayout::BytesPerBlock(const KvLayerGroups& groups, int64_t block_size, kernels::KvType k_type,
+                                 kernels::KvType v_type) const {
+  return KvStorage::BytesPerBlock(groups.layers_per_block, num_kv_heads, head_dim, block_size, k_type, v_type, latent,
+                                  v_head_dim);
+}
+
 double KvStorage::Prefault() {
   const auto start = std::chrono::steady_clock::now();
   Populate(k_.get(), static_cast<uint64_t>(k_layer_bytes_) * groups_.layers_per_block);

@@ -39,8 +39,31 @@ struct KvLayerGroups {
   static KvLayerGroups ForWindows(std::span<const int64_t> layer_windows);
 };
 
+// The KV cache a model needs (DESIGN.md's KvLayout; Model::kv_layout()): per layer its sliding
+// window (0: full attention); K's and V's head sizes over its KV heads (the same in every layer
+// of the architectures so far), or one latent row per position that is both K and V.
+struct KvLayout {
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;    // K's
+  int64_t v_head_dim = 0;  // V's (head_dim for latent rows)
+  bool latent = false;
+  std::vector<int64_t> windows;  // [num_layers]
+
+  int64_t num_layers() const { return static_cast<int64_t>(windows.size()); }
+  // Windowed layers in layer groups of their own (KvLayerGroups::ForWindows), or one group.
+  KvLayerGroups Groups(bool window_groups) const;
+  // Bytes of one block of the groups' layers_per_block layers.
+  uint64_t BytesPerBlock(const KvLayerGroups& groups, int64_t block_size, kernels::KvType k_type,
+                         kernels::KvType v_type) const;
+};
+
 class KvStorage {
  public:
+  // The storage of a model's layout, its layers shared out by groups.
+  KvStorage(const KvLayout& layout, const KvLayerGroups& groups, int64_t num_blocks, int64_t block_size,
+            kernels::KvType k_type, kernels::KvType v_type)
+      : KvStorage(layout.num_layers(), layout.num_kv_heads, layout.head_dim, num_blocks, block_size, k_type, v_type,
+                  layout.latent, groups, layout.v_head_dim) {}
   // Memory is reserved, not touched: pages are committed as blocks are first written.
   // v_is_k: one row per position that is both K and V (latent attention: the compressed latent
   // with its RoPE part; V's values are its first elements). No V storage; V reads K's rows (of

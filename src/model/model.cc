@@ -17,21 +17,22 @@
 
 namespace gale {
 
-namespace {
-KvLayerGroups CacheGroups(const ModelHParams& hp, bool window_groups) {
-  if (!window_groups) return KvLayerGroups::Single(hp.num_layers);
-  std::vector<int64_t> windows(hp.num_layers);
-  for (int64_t l = 0; l < hp.num_layers; ++l) windows[l] = hp.LayerWindow(l);
-  return KvLayerGroups::ForWindows(windows);
+KvLayout KvLayoutOf(const ModelHParams& hp) {
+  KvLayout l;
+  l.num_kv_heads = hp.num_kv_heads;
+  l.head_dim = hp.head_dim;
+  l.v_head_dim = hp.value_head();
+  l.latent = hp.kv_latent;
+  for (int64_t i = 0; i < hp.num_layers; ++i) l.windows.push_back(hp.LayerWindow(i));
+  return l;
 }
-}  // namespace
 
 KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
                  int64_t block_size, std::optional<kernels::KvType> v_type, bool window_groups)
     : capacity_tokens_(capacity_tokens),
-      storage_(hp.num_layers, hp.num_kv_heads, hp.head_dim,
-               CacheGroups(hp, window_groups).num_groups() * num_seqs * ((capacity_tokens + block_size - 1) / block_size),
-               block_size, type, v_type.value_or(type), hp.kv_latent, CacheGroups(hp, window_groups), hp.value_head()) {
+      storage_(KvLayoutOf(hp), KvLayoutOf(hp).Groups(window_groups),
+               KvLayoutOf(hp).Groups(window_groups).num_groups() * num_seqs * ((capacity_tokens + block_size - 1) / block_size),
+               block_size, type, v_type.value_or(type)) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
   tables_.resize(storage_.num_groups() * num_seqs);
   for (size_t t = 0; t < tables_.size(); ++t) {

@@ -89,6 +89,9 @@ struct KeyChannels {
   bool empty() const { return shift.empty(); }
 };
 
+// The KV layout of a model's hyperparameters (Model::kv_layout).
+KvLayout KvLayoutOf(const ModelHParams& hp);
+
 // A KV cache for a fixed set of sequences (`gale run`, `gale bench`, tests): num_seqs sequences of
 // capacity_tokens each, sequence s owning its own fixed blocks. The engine instead shares one
 // KvStorage among requests through a KvCacheManager.
@@ -161,6 +164,8 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelHParams& hparams() const { return hp_; }
+  // The KV cache it needs: per layer the window, K's and V's head sizes, or latent rows.
+  KvLayout kv_layout() const { return KvLayoutOf(hp_); }
   bool tied_output() const { return tied_output_; }
   // What Load found questionable but not fatal (tensors it does not use), for the caller to show.
   const std::vector<std::string>& load_warnings() const { return load_warnings_; }

@@ -182,7 +182,7 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   // sliding-window layer groups a block holds fewer layers, and a request holds a full group's
   // blocks plus each windowed group's window: as many blocks as the longest needs, at least 40;
   // with windows on every layer (no full group) twice the longest's.
-  const KvLayerGroups groups = cfg.KvGroups(hp);
+  const KvLayerGroups groups = cfg.KvGroups(m.model->kv_layout());
   const int64_t longest = KvCacheManager::PeakBlocks(groups.window, cfg.block_size, 140, cfg.sched.max_num_batched_tokens);
   const int64_t num_blocks = groups.window[0] > 0 ? 2 * longest : std::max<int64_t>(40, longest);
   cfg.kv_cache_memory_bytes =
@@ -333,7 +333,7 @@ TEST(EngineTest, WindowedLayerGroupsHoldAFractionOfTheKv) {
     const Result got = Collect(**stream);
     ASSERT_TRUE(got.status.ok()) << got.status.ToString();
     tokens[grouped] = got.tokens;
-    const KvLayerGroups groups = cfg.KvGroups(hp);
+    const KvLayerGroups groups = cfg.KvGroups(m.model->kv_layout());
     held[grouped] = (*engine)->stats().max_used_blocks.load() *
                     KvStorage::BytesPerBlock(groups.layers_per_block, hp.num_kv_heads, hp.head_dim, cfg.block_size,
                                              cfg.kv_type);

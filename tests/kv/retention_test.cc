@@ -158,7 +158,7 @@ struct TestModel {
 // one group's layers), and for windowed models as many more as their windowed groups hold.
 uint64_t BlocksBytes(const TestModel& m, const EngineConfig& cfg, int64_t n, KvType type) {
   const ModelHParams& hp = m.model->hparams();
-  const KvLayerGroups groups = cfg.KvGroups(hp);
+  const KvLayerGroups groups = cfg.KvGroups(m.model->kv_layout());
   const int64_t windowed = static_cast<int64_t>(std::count_if(groups.window.begin(), groups.window.end(),
                                                                [](int64_t w) { return w > 0; })) *
                            ((hp.sliding_window - 1 + cfg.sched.max_num_batched_tokens) / cfg.block_size + 2);
