@@ -217,7 +217,9 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   EXPECT_GT(st.num_preemptions.load(), 0) << "the KV budget should have forced preemption";
   EXPECT_EQ(st.num_free_blocks.load(), num_blocks) << "every block is free after all requests finish";
   // Windows of 8 bind in every request: windowed groups gave blocks back while requests ran.
-  if (groups.window.back() > 0) EXPECT_GT(st.window_released_blocks.load(), 0);
+  if (groups.window.back() > 0) {
+    EXPECT_GT(st.window_released_blocks.load(), 0);
+  }
   EXPECT_EQ(st.num_generated_tokens.load(), num_generated);
   std::printf("%s: %lld steps, %lld preemptions, most blocks in use %lld of %lld (%lld given back behind windows), "
               "prefix-cache hit tokens %lld\n",
