@@ -1,8 +1,10 @@
 // The bytes of the paged KV cache: for every layer, K and V as [num_blocks, block_size,
 // num_kv_heads] row segments of one type (f32, f16, bf16, or int8/int4 with an f16 scale per
-// position and head: quantized when written, dequantized inside the attention kernel). Owns
-// memory and the conversion on write; knows nothing of which request owns which block (that is
-// the block pool and the cache manager).
+// position and head: quantized when written, dequantized inside the attention kernel). With
+// layer groups (KvLayerGroups) a block id addresses one group's layers only, so the memory is
+// [layers_per_block] such arrays and each layer uses its slot's. Owns memory and the conversion
+// on write; knows nothing of which request owns which block (that is the block pool and the
+// cache manager).
 #pragma once
 
 #include <cstdint>
