@@ -53,28 +53,16 @@ Status SpecConfig::Validate() const {
 
 namespace {
 
-// A retention setting, the engine's or a request's: valid, and not with a draft model. With
-// sliding-window layers retention compacts the full-attention layers only: the windowed ones
-// must sit in layer groups of their own (which index positions and give back what the window
-// passed), and there must be full-attention layers to compact.
-Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, const ModelHParams& hp) {
+// A retention setting, the engine's or a request's: valid, not with a draft model, and on a
+// sliding-window model with the cache's layer groups it needs (CheckRetentionGroups).
+Status CheckRetention(const RetentionConfig& r, const SpecConfig& spec, const ModelHParams& hp,
+                      const KvLayerGroups& groups) {
   RETURN_IF_ERROR(r.Validate());
   if (!r.active()) return Status::Ok();
-  if (config.spec.method == SpecMethod::kDraft) {
+  if (spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
   }
-  if (hp.sliding_window > 0) {
-    const KvLayerGroups groups = config.KvGroups(KvLayoutOf(hp));
-    if (std::find(groups.window.begin(), groups.window.end(), 0) == groups.window.end()) {
-      return InvalidArgument("KV retention needs full-attention layers: every layer of this model has a window of {} "
-                             "(its cache is bounded by the window already)", hp.sliding_window);
-    }
-    if (groups.num_groups() == 1) {
-      return InvalidArgument("KV retention on a sliding-window model needs its windowed layers in layer groups of "
-                             "their own (drop --no-kv-window-groups)");
-    }
-  }
-  return Status::Ok();
+  return CheckRetentionGroups(groups, hp.sliding_window > 0);
 }
 
 }  // namespace
@@ -104,7 +92,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
-  RETURN_IF_ERROR(CheckRetention(config.retention, config, model.hparams()));
+  const KvLayout layout = model.kv_layout();
+  const KvLayerGroups groups = config.KvGroups(layout);
+  RETURN_IF_ERROR(CheckRetention(config.retention, config.spec, model.hparams(), groups));
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -120,8 +110,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
-  const KvLayout layout = model.kv_layout();
-  const KvLayerGroups groups = config.KvGroups(layout);
   const uint64_t block_bytes = layout.BytesPerBlock(groups, config.block_size, config.kv_type, config.v_type());
   uint64_t budget = config.kv_cache_memory_bytes;
   if (budget == 0) {
@@ -311,7 +299,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   }
   if (!req.retention) req.retention = config_.retention;
   RetentionConfig& ret = *req.retention;
-  RETURN_IF_ERROR(CheckRetention(ret, config_, model_.hparams()));
+  RETURN_IF_ERROR(CheckRetention(ret, config_.spec, model_.hparams(), storage_.groups()));
   // With retention a request is bounded by max_seq_len, not by KV memory.
   const int64_t limit = ret.active() ? config_.sched.max_seq_len : max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());

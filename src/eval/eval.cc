@@ -38,14 +38,8 @@ StatusOr<PplResult> EvaluatePerplexity(const Model& model, const std::vector<int
   RETURN_IF_ERROR(options.retention.Validate());
   if (options.chunk < 1) return InvalidArgument("the streaming chunk must be >= 1 token, got {}", options.chunk);
   const bool retain = options.retention.active();
-  if (retain) {
-    bool full = false;
-    for (int64_t l = 0; l < hp.num_layers; ++l) full = full || hp.LayerWindow(l) == 0;
-    if (!full) {
-      return InvalidArgument("KV retention needs full-attention layers: every layer of this model has a window of {} "
-                             "(its cache is bounded by the window already)", hp.sliding_window);
-    }
-  }
+  // With retention the windowed layers sit in layer groups of their own (the KvCache below).
+  if (retain) RETURN_IF_ERROR(CheckRetentionGroups(model.kv_layout().Groups(true), hp.sliding_window > 0));
   const int64_t budget = retain ? options.retention.BudgetFor(ctx) : 0;
 
   PplResult r;

@@ -139,6 +139,19 @@ float* SeqRetention::Accumulator(int64_t num_slots) {
   return acc_.data();
 }
 
+Status CheckRetentionGroups(const KvLayerGroups& groups, bool windowed_model) {
+  if (!windowed_model) return Status::Ok();
+  if (std::find(groups.window.begin(), groups.window.end(), 0) == groups.window.end()) {
+    return InvalidArgument("KV retention needs full-attention layers: every layer of this model has a window of {} "
+                           "(its cache is bounded by the window already)", groups.window[0]);
+  }
+  if (groups.num_groups() == 1) {
+    return InvalidArgument("KV retention on a sliding-window model needs its windowed layers in layer groups of "
+                           "their own (drop --no-kv-window-groups)");
+  }
+  return Status::Ok();
+}
+
 int64_t SeqRetention::MaybeEvict(KvStorage& kv, std::span<const int32_t> table, int64_t num_slots) {
   CHECK(kv.num_groups() == 1);
   const std::span<const int32_t> tables[1] = {table};

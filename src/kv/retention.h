@@ -47,6 +47,12 @@ struct RetentionConfig {
   int64_t MinBudget() const;
 };
 
+// Retention on a model with sliding-window layers (windowed_model) compacts the full-attention
+// layers only: the windowed ones must sit in layer groups of their own (which index positions
+// and give back what the window passed), and there must be full-attention layers to compact.
+// groups: the cache's layer groups. An error names what is missing.
+Status CheckRetentionGroups(const KvLayerGroups& groups, bool windowed_model);
+
 // The slots to keep, increasing, when a sequence of num_slots slots goes down to `budget`
 // (max(budget, pinned + 1) when the pinned slots alone fill it). Keeps everything when num_slots
 // <= budget. acc: [num_slots] accumulated attention (heavy-hitter; ignored by the others).

@@ -27,12 +27,21 @@ KvLayout KvLayoutOf(const ModelHParams& hp) {
   return l;
 }
 
+namespace {
+// A fixed cache's storage: every group's blocks for each sequence's capacity.
+KvStorage FixedStorage(const ModelHParams& hp, int64_t blocks_per_seq, int64_t num_seqs, kernels::KvType k_type,
+                       int64_t block_size, kernels::KvType v_type, bool window_groups) {
+  const KvLayout layout = KvLayoutOf(hp);
+  const KvLayerGroups groups = layout.Groups(window_groups);
+  return KvStorage(layout, groups, groups.num_groups() * num_seqs * blocks_per_seq, block_size, k_type, v_type);
+}
+}  // namespace
+
 KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_seqs, kernels::KvType type,
                  int64_t block_size, std::optional<kernels::KvType> v_type, bool window_groups)
     : capacity_tokens_(capacity_tokens),
-      storage_(KvLayoutOf(hp), KvLayoutOf(hp).Groups(window_groups),
-               KvLayoutOf(hp).Groups(window_groups).num_groups() * num_seqs * ((capacity_tokens + block_size - 1) / block_size),
-               block_size, type, v_type.value_or(type)) {
+      storage_(FixedStorage(hp, (capacity_tokens + block_size - 1) / block_size, num_seqs, type, block_size,
+                            v_type.value_or(type), window_groups)) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
   tables_.resize(storage_.num_groups() * num_seqs);
   for (size_t t = 0; t < tables_.size(); ++t) {

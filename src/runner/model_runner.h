@@ -44,7 +44,7 @@ struct RunnerSeq {
   int prompt_logprobs = -1;
   // A cache of several layer groups (KvLayerGroups): every group's table, group 0's first (then
   // block_table is not read). Empty: one group, block_table.
-  std::span<const std::span<const int32_t>> group_tables;
+  std::span<const std::span<const int32_t>> group_tables = {};
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before
