@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages gale builds and tests with. Runs apt only when one is missing.
+# Installs the Debian 12 packages gale builds and tests with (Open MPI among them: pipeline stages
+# run over it, and the tests start them with mpirun). Runs apt only when one is missing.
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
 # gale serve with the official openai npm client), Chromium (renders the loadgen report) and
 # HAProxy (routes between replicas in the cluster test);
@@ -9,7 +10,8 @@
 set -euo pipefail
 PACKAGES=(cmake ninja-build pkg-config g++ clang lld libclang-rt-14-dev
           libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libspdlog-dev
-          nlohmann-json3-dev libutf8proc-dev libxxhash-dev libboost-dev libzmq3-dev libmsgpack-cxx-dev)
+          nlohmann-json3-dev libutf8proc-dev libxxhash-dev libboost-dev libzmq3-dev libmsgpack-cxx-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -23,6 +23,7 @@ enum class StatusCode {
   kResourceExhausted,
   kInternal,
   kIoError,
+  kUnavailable,     // a peer (another rank of a distributed model) stopped answering, or was stopped
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -67,6 +68,10 @@ Status IoError(fmt::format_string<Args...> f, Args&&... args) {
   return Status(StatusCode::kIoError, fmt::format(f, std::forward<Args>(args)...));
 }
 
+template <typename... Args>
+Status Unavailable(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kUnavailable, fmt::format(f, std::forward<Args>(args)...));
+}
 template <typename... Args>
 Status Internal(fmt::format_string<Args...> f, Args&&... args) {
   return Status(StatusCode::kInternal, fmt::format(f, std::forward<Args>(args)...));

@@ -55,10 +55,14 @@ namespace {
 
 // A retention setting, the engine's or a request's: valid, not with a draft model, and on a
 // sliding-window model with the cache's layer groups it needs (CheckRetentionGroups).
-Status CheckRetention(const RetentionConfig& r, const SpecConfig& spec, const ModelHParams& hp,
+Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, const ModelHParams& hp,
                       const KvLayerGroups& groups) {
+  const SpecConfig& spec = config.spec;
   RETURN_IF_ERROR(r.Validate());
   if (!r.active()) return Status::Ok();
+  if (config.forward) {
+    return InvalidArgument("KV retention does not run with pipeline parallelism (it compacts rank 0's cache only)");
+  }
   if (spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
   }
@@ -94,7 +98,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   RETURN_IF_ERROR(config.spec.Validate());
   const KvLayout layout = model.kv_layout();
   const KvLayerGroups groups = config.KvGroups(layout);
-  RETURN_IF_ERROR(CheckRetention(config.retention, config.spec, model.hparams(), groups));
+  RETURN_IF_ERROR(CheckRetention(config.retention, config, model.hparams(), groups));
   if (config.block_size < 1 || config.block_size > 4096) {
     return InvalidArgument("block size must be in [1, 4096], got {}", config.block_size);
   }
@@ -158,6 +162,7 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       runner_(model, storage_, pool),
       draft_(std::move(draft)) {
   if (config.key_channels) storage_.set_key_channels(*config.key_channels);
+  if (config.forward) runner_.set_forward(config.forward);
   max_request_tokens_ = sched_.max_request_tokens();
   kv_capacity_ = kv_.capacity_tokens(config.sched.max_num_batched_tokens, /*retaining=*/true);
   kv_bytes_ = storage_.num_bytes();
@@ -299,7 +304,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   }
   if (!req.retention) req.retention = config_.retention;
   RetentionConfig& ret = *req.retention;
-  RETURN_IF_ERROR(CheckRetention(ret, config_.spec, model_.hparams(), storage_.groups()));
+  RETURN_IF_ERROR(CheckRetention(ret, config_, model_.hparams(), storage_.groups()));
   // With retention a request is bounded by max_seq_len, not by KV memory.
   const int64_t limit = ret.active() ? config_.sched.max_seq_len : max_request_tokens_;
   int64_t prompt_len = static_cast<int64_t>(req.prompt.size());

@@ -234,7 +234,8 @@ void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y,
 
 ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvStorage& kv, Workspace& ws,
                          ThreadPool& pool, const float* freq_factors)
-    : hp_(hp), batch_(batch), kv_(kv), ws_(ws), pool_(pool), n_(static_cast<int64_t>(batch.tokens.size())) {
+    : hp_(hp), batch_(batch), kv_(kv), ws_(ws), pool_(pool), n_(static_cast<int64_t>(batch.tokens.size())),
+      first_layer_(batch.first_layer), end_layer_(batch.end_layer < 0 ? hp.num_layers : batch.end_layer) {
   const int64_t n = n_;
   const int64_t dim = hp.dim, q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), ffn = hp.ffn_dim;
   Grow(ws.x, n * dim);
@@ -301,6 +302,10 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
 }
 
 void ForwardPass::Embed(const TensorView& token_embd, float scale) {
+  if (first_layer_ > 0) {  // a later pipeline stage: the residual stream as the one before left it
+    std::memcpy(ws_.x.data(), batch_.input, static_cast<size_t>(n_ * hp_.dim) * sizeof(float));
+    return;
+  }
   ProfileSpan span("embed", "op", n_);
   kernels::GetRows(token_embd, batch_.tokens.data(), n_, ws_.x.data());
   if (scale != 1.0f) {
@@ -728,6 +733,7 @@ void ForwardPass::Ffn(int64_t l, const float* norm_w, const LayerFfn& w) {
 
 // Final norm and lm_head only for the rows whose logits are wanted.
 void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& output) {
+  if (end_layer_ < hp_.num_layers) return;  // a pipeline stage before the last: ws.x is the output
   const int64_t n = n_, dim = hp_.dim;
   auto out_row = [&](int64_t i) -> int64_t {
     if (!batch_.logit_rows.empty()) return batch_.logit_rows[i];

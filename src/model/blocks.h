@@ -121,8 +121,12 @@ class ForwardPass {
 
   int64_t num_tokens() const { return n_; }
   Workspace& ws() { return ws_; }
+  // The layers this pass runs (ForwardBatch::first_layer/end_layer: a pipeline stage's).
+  int64_t first_layer() const { return first_layer_; }
+  int64_t end_layer() const { return end_layer_; }
 
-  // ws.x = the tokens' rows of the embedding table, times scale (Gemma: sqrt(dim)).
+  // ws.x = the tokens' rows of the embedding table, times scale (Gemma: sqrt(dim)); a stage after
+  // the first copies its input rows (ForwardBatch::input) instead.
   void Embed(const TensorView& token_embd, float scale = 1.0f);
   // outs = products of RmsNorm(ws.x) with norm_w; the observer sees the normed rows as `which`.
   void NormedProducts(int64_t layer, const float* norm_w, const SameInput& outs, LinearInput which, const char* name);
@@ -165,7 +169,7 @@ class ForwardPass {
   // GatedFfn or MoeFfn, as the layer is.
   void Ffn(int64_t layer, const float* norm_w, const LayerFfn& w);
   // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants (soft-capped where
-  // hp.final_softcap says).
+  // hp.final_softcap says). Nothing in a stage before the last (ws.x is its output).
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
   // An encoder's end (no language-model head): ws.hidden = ws.x's rows the batch names in
   // hidden_rows, as they are; the logit rows the batch wants are zeros (embedding requests
@@ -189,6 +193,7 @@ class ForwardPass {
   Workspace& ws_;
   ThreadPool& pool_;
   int64_t n_ = 0;
+  int64_t first_layer_ = 0, end_layer_ = 0;
   bool tracking_ = false;
   int64_t kv_positions_ = 0;  // cache rows attention reads per layer, for the profile's bytes
   std::vector<int32_t> seq_end_slots_;  // encoders: the last slot of each token's sequence

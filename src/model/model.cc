@@ -122,8 +122,19 @@ uint64_t Model::packed_bytes() const {
   return total;
 }
 
-void Model::PackWeights(GgufFile* release_sources) {
-  const std::vector<MatrixWeight*> all = Matrices();
+std::vector<MatrixWeight*> Model::Matrices(int64_t first_layer, int64_t end_layer, bool with_output) {
+  std::vector<MatrixWeight*> all;
+  for (int64_t l = first_layer; l < end_layer; ++l) {
+    for (MatrixWeight* w : LayerMatrices(l)) all.push_back(w);
+  }
+  if (with_output && !output_.view.shape.empty()) all.push_back(&output_);
+  return all;
+}
+
+void Model::PackWeights(GgufFile* release_sources, int64_t first_layer, int64_t end_layer) {
+  if (end_layer < 0) end_layer = hp_.num_layers;
+  CHECK(0 <= first_layer && first_layer < end_layer && end_layer <= hp_.num_layers);
+  const std::vector<MatrixWeight*> all = Matrices(first_layer, end_layer, end_layer == hp_.num_layers);
   for (const MatrixWeight* w : all) {
     if (w->view.data == nullptr) return;  // released by an earlier call: keep the packed copies
   }
@@ -176,6 +187,16 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch: tokens and positions differ in length");
   if (!batch.seq_idx.empty() && batch.seq_idx.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and seq_idx differ in length");
+  }
+  const int64_t end_layer = batch.end_layer < 0 ? hp_.num_layers : batch.end_layer;
+  if (batch.first_layer < 0 || batch.first_layer >= end_layer || end_layer > hp_.num_layers) {
+    return InvalidArgument("batch: layers [{}, {}) outside the model's {}", batch.first_layer, end_layer, hp_.num_layers);
+  }
+  if (batch.first_layer > 0 && batch.input == nullptr) {
+    return InvalidArgument("batch: a stage from layer {} needs its input rows", batch.first_layer);
+  }
+  if ((batch.first_layer > 0 || end_layer < hp_.num_layers) && !hp_.causal) {
+    return InvalidArgument("an encoder runs all its layers in one stage");
   }
   if (kv.num_layers() != hp_.num_layers || kv.kv_dim() != hp_.kv_dim() || kv.v_dim() != hp_.v_dim()) {
     return InvalidArgument("KV storage is for {} layers x {} (K) / {} (V), the model has {} x {} / {}", kv.num_layers(),

@@ -51,6 +51,13 @@ struct ForwardBatch {
   std::vector<AttentionAccumulator> attn_acc;
   // Calibration (gale quantize): when set, sees the input of every linear layer, [num_tokens, dim].
   class ActivationObserver* observer = nullptr;
+  // A pipeline stage (dist/pipeline.h): only layers [first_layer, end_layer) run (end_layer < 0:
+  // to the last). A stage after the first reads its input rows ([num_tokens, dim], the residual
+  // stream) from `input` instead of the embedding; one before the last leaves its output rows in
+  // ws.x ([num_tokens, dim]) and computes no logits or hidden rows. Decoders only.
+  int32_t first_layer = 0;
+  int32_t end_layer = -1;
+  const float* input = nullptr;
   int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
   int32_t seq(size_t i) const { return seq_idx.empty() ? 0 : seq_idx[i]; }
 };
@@ -181,7 +188,9 @@ class Model {
   // instead of twice, also at the peak. They then run only while the packing ISA is active
   // (another ISA fails loudly, and PackWeights does nothing more); the embedding table, and the
   // output layer when tied to it, stay.
-  void PackWeights(GgufFile* release_sources = nullptr);
+  // first_layer/end_layer: a pipeline stage packs its own layers only (and the output layer only
+  // when it runs the last); end_layer < 0: to the last.
+  void PackWeights(GgufFile* release_sources = nullptr, int64_t first_layer = 0, int64_t end_layer = -1);
   uint64_t packed_bytes() const;
   uint64_t released_bytes() const { return released_bytes_; }
   // mlock of the packed copies' buffer (`--mlock`, with GgufFile::LockPages for what the file
@@ -200,8 +209,12 @@ class Model {
   Model() = default;
   // The architecture's forward, on a batch Forward has checked against the cache and the model.
   virtual Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const = 0;
-  // Every matrix the forward multiplies by, for packing; the output layer among them.
-  virtual std::vector<MatrixWeight*> Matrices() = 0;
+  // Every matrix layer `layer` multiplies by, for packing.
+  virtual std::vector<MatrixWeight*> LayerMatrices(int64_t layer) = 0;
+  // Those of layers [first_layer, end_layer), and the output layer where with_output and the
+  // model has one.
+  std::vector<MatrixWeight*> Matrices(int64_t first_layer, int64_t end_layer, bool with_output);
+  std::vector<MatrixWeight*> Matrices() { return Matrices(0, hp_.num_layers, true); }
   // Reads the token embedding, the final norm, the output layer (or ties it to the embedding)
   // and the calibrated key statistics; sets hp_.vocab_size. For every architecture's Load.
   Status LoadCommon(const GgufFile& file, class TensorLoader& tensors);

@@ -167,7 +167,7 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
   // row: ask for the last token's and ignore it.
   const bool any_sample = !jobs.empty();
   if (b.logit_rows.empty()) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
-  RETURN_IF_ERROR(model_.Forward(b, kv_, ws_, pool_));
+  RETURN_IF_ERROR(forward_ ? forward_(b, kv_, ws_, pool_) : model_.Forward(b, kv_, ws_, pool_));
   const int64_t vocab = model_.hparams().vocab_size;
   const int64_t dim = model_.hparams().dim;
   for (const PoolJob& pj : pool_jobs_) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -102,12 +103,16 @@ class ModelRunner {
                  std::vector<PromptLogprobs>* prompt_logprobs = nullptr);
 
   const Workspace& workspace() const { return ws_; }
+  // Runs the forward through `forward` instead of Model::Forward (EngineConfig::forward).
+  using ForwardFn = std::function<Status(const ForwardBatch&, KvStorage&, Workspace&, ThreadPool&)>;
+  void set_forward(ForwardFn forward) { forward_ = std::move(forward); }
 
  private:
   const Model& model_;
   KvStorage& kv_;
   ThreadPool& pool_;
   Workspace ws_;
+  ForwardFn forward_;
   ForwardBatch batch_;  // reused across steps
   struct PerRequest {
     Sampler sampler;

@@ -1,6 +1,8 @@
 // Shared CLI helpers: default model path, ISA selection, model loading, engine flags.
 #include "tools/cli_common.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,7 +52,9 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   m.model = std::move(model).value();
   for (const std::string& w : m.model->load_warnings()) std::fprintf(stderr, "warning: %s: %s\n", m.path.c_str(), w.c_str());
   if (load.Pack(m.path)) {
-    m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get());
+    const auto [first_layer, end_layer] =
+        dist::StageLayers(m.model->hparams().num_layers, std::max(1, load.num_stages))[std::max(0, load.stage)];
+    m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get(), first_layer, end_layer);
   } else if (!load.no_pack) {
     std::fprintf(stderr, "note: %s is larger than 80%% of the available memory: weights run from the mapped file, unpacked\n",
                  m.path.c_str());
@@ -296,6 +300,89 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
   RETURN_IF_ERROR(c.spec.Validate());
   ASSIGN_OR_RETURN(c.retention, retention.Resolve());
   return c;
+}
+
+}  // namespace gale
+
+namespace gale {
+
+void PipelineFlags::Register(CLI::App& app) {
+  app.add_option("--pipeline-parallel,--pp", stages,
+                 "split the model's layers over N processes started by mpirun -np N (or srun); rank 0 serves")
+      ->capture_default_str();
+  app.add_option("--pipeline-micro-batches", micro_batches,
+                 "most micro-batches per step that follow each other through the stages (0: the number of stages)")
+      ->capture_default_str();
+  app.add_option("--pipeline-timeout", timeout_s,
+                 "seconds a stage may stay silent before its step fails and the pipeline is taken to be broken")
+      ->capture_default_str();
+}
+
+dist::PipelineOptions PipelineFlags::options() const {
+  dist::PipelineOptions o;
+  o.micro_batches = micro_batches;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return o;
+}
+
+StatusOr<PipelineRank> StartPipelineRank(const PipelineFlags& flags, const std::string& model, LoadOptions* load,
+                                         int threads, const char* command) {
+  PipelineRank out;
+  if (flags.stages < 1 || flags.stages > 1024) return InvalidArgument("--pipeline-parallel must be in [1, 1024]");
+  if (flags.micro_batches < 0) return InvalidArgument("--pipeline-micro-batches must be >= 0");
+  if (!(flags.timeout_s > 0)) return InvalidArgument("--pipeline-timeout must be > 0");
+  if (!flags.on()) return out;
+  ASSIGN_OR_RETURN(dist::Communicator * comm, dist::MpiWorld());
+  if (comm->size() != flags.stages) {
+    return InvalidArgument("--pipeline-parallel {} under an MPI world of {} processes (start it with mpirun -np {})",
+                           flags.stages, comm->size(), flags.stages);
+  }
+  load->stage = comm->rank();
+  load->num_stages = comm->size();
+  out.comm = comm;
+  if (comm->rank() == 0) return out;
+  // A stage: rank 0 decides when it ends.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto loaded = LoadModel(model, *load);
+  Status s = loaded.status();
+  if (loaded.ok()) {
+    ThreadPool pool(threads);
+    s = dist::RunPipelineWorker(*loaded->model, *comm, pool, flags.options());
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "gale %s: pipeline rank %d: %s\n", command, comm->rank(), s.ToString().c_str());
+    out.exit_code = 1;  // MPI is left as it is: the launcher ends the job
+    return out;
+  }
+  dist::MpiFinalize();
+  out.exit_code = 0;
+  return out;
+}
+
+Status PipelineGuard::Connect(const PipelineFlags& flags, const Model& model, EngineConfig* cfg) {
+  if (comm_ == nullptr) return Status::Ok();
+  ASSIGN_OR_RETURN(driver_, dist::PipelineDriver::Connect(model, *comm_, flags.options()));
+  dist::PipelineDriver* d = driver_.get();
+  cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
+    return d->Forward(b, kv, ws, pool);
+  };
+  std::fprintf(stderr, "%s\n", d->Describe().c_str());
+  return Status::Ok();
+}
+
+PipelineGuard::~PipelineGuard() {
+  if (comm_ == nullptr) return;
+  const auto wait = std::chrono::milliseconds(5000);
+  const Status s = driver_ != nullptr ? driver_->Stop(wait) : dist::StopWorkers(*comm_, wait);
+  if (!s.ok()) {
+    std::fprintf(stderr, "pipeline: the other ranks did not take the stop: %s\n", s.ToString().c_str());
+    return;
+  }
+  dist::MpiFinalize();
 }
 
 }  // namespace gale

@@ -9,6 +9,8 @@
 
 #include "base/file.h"
 #include "base/status.h"
+#include "dist/communicator.h"
+#include "dist/pipeline.h"
 #include "engine/engine.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
@@ -78,6 +80,45 @@ struct EngineOptions {
   void Register(CLI::App& app);
   // Checks the flags and loads the draft model (once); the config points at it.
   StatusOr<EngineConfig> Resolve();
+};
+
+// Pipeline parallelism from the command line: `mpirun -np N gale serve|batch --pipeline-parallel N`.
+// Every rank runs the same command line; rank 0 runs the command, ranks 1..N-1 run their stage's
+// layers (dist::RunPipelineWorker) until rank 0 is done.
+struct PipelineFlags {
+  int stages = 1;
+  int micro_batches = 0;
+  double timeout_s = 300;
+  void Register(CLI::App& app);
+  bool on() const { return stages > 1; }
+  dist::PipelineOptions options() const;
+};
+struct PipelineRank {
+  dist::Communicator* comm = nullptr;  // null without --pipeline-parallel
+  std::optional<int> exit_code;        // set on ranks > 0: their work is done, return it
+};
+// Without the flag: nothing. With it: starts MPI and checks the world has that many ranks; on
+// ranks > 0 loads the model (packing only its stage's layers), runs the stage until rank 0 says
+// stop and sets exit_code (SIGTERM and SIGINT are ignored there: rank 0 ends them). On rank 0,
+// marks *load to pack only stage 0's layers.
+StatusOr<PipelineRank> StartPipelineRank(const PipelineFlags& flags, const std::string& model, LoadOptions* load,
+                                         int threads, const char* command);
+// Rank 0's end of a pipeline, whatever way the command leaves: on destruction (declare it before
+// the engine, so the engine goes first) tells the other ranks to exit and ends MPI; where they do
+// not take the stop within a few seconds (a rank is gone), MPI is left for the launcher to end.
+class PipelineGuard {
+ public:
+  explicit PipelineGuard(dist::Communicator* comm) : comm_(comm) {}
+  ~PipelineGuard();
+  PipelineGuard(const PipelineGuard&) = delete;
+  PipelineGuard& operator=(const PipelineGuard&) = delete;
+  // Waits for the other ranks and routes the engine's forward through the pipeline.
+  Status Connect(const PipelineFlags& flags, const Model& model, EngineConfig* cfg);
+  dist::PipelineDriver* driver() const { return driver_.get(); }
+
+ private:
+  dist::Communicator* comm_;
+  std::unique_ptr<dist::PipelineDriver> driver_;
 };
 
 }  // namespace gale

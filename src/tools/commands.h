@@ -30,6 +30,8 @@ struct LoadOptions {
   // --mlock: the weights locked in memory after loading (packed copies and the file's pages still
   // in use); a refusal by the OS is a warning, as llama.cpp's.
   bool mlock = false;
+  // A pipeline stage (--pipeline-parallel): packs only its own layers (dist::StageLayers).
+  int stage = 0, num_stages = 1;
   void Register(CLI::App& app);
   bool CopyToMemory(const std::string& path) const;
   bool Pack(const std::string& path) const;

@@ -117,12 +117,9 @@ class BertModel final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
-    std::vector<MatrixWeight*> all;
-    for (BertLayer& l : layers_) {
-      for (MatrixWeight* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.up, &l.down}) all.push_back(m);
-    }
-    return all;
+  std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
+    BertLayer& l = layers_[layer];
+    return {&l.wq, &l.wk, &l.wv, &l.wo, &l.up, &l.down};
   }
 
  private:

@@ -101,7 +101,7 @@ class Deepseek2Model final : public Model {
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
     ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
     f.Embed(token_embd_);
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
       const DeepseekLayer& w = layers_[l];
       f.LatentAttention(l, Floats(w.attn_norm), w.attn);
       f.Ffn(l, Floats(w.ffn_norm), w.ffn);
@@ -110,14 +110,11 @@ class Deepseek2Model final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
+  std::vector<MatrixWeight*> LayerMatrices(int64_t l) override {
     std::vector<MatrixWeight*> all;
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
-      DeepseekLayer& w = layers_[l];
-      w.attn.AppendTo(&all);
-      w.ffn.AppendTo(&all, hp_, l);
-    }
-    all.push_back(&output_);
+    DeepseekLayer& w = layers_[l];
+    w.attn.AppendTo(&all);
+    w.ffn.AppendTo(&all, hp_, l);
     return all;
   }
 

@@ -76,7 +76,7 @@ class Glm4MoeModel final : public Model {
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
     ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
     f.Embed(token_embd_);
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
       const GlmLayer& w = layers_[l];
       f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
                        LinearInput::kAttnIn, "matmul_qkv");
@@ -93,14 +93,10 @@ class Glm4MoeModel final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
-    std::vector<MatrixWeight*> all;
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
-      GlmLayer& w = layers_[l];
-      for (MatrixWeight* x : {&w.wq, &w.wk, &w.wv, &w.wo}) all.push_back(x);
-      w.ffn.AppendTo(&all, hp_, l);
-    }
-    all.push_back(&output_);
+  std::vector<MatrixWeight*> LayerMatrices(int64_t l) override {
+    GlmLayer& w = layers_[l];
+    std::vector<MatrixWeight*> all = {&w.wq, &w.wk, &w.wv, &w.wo};
+    w.ffn.AppendTo(&all, hp_, l);
     return all;
   }
 

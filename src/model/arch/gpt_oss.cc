@@ -81,7 +81,7 @@ class GptOssModel final : public Model {
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
     ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
     f.Embed(token_embd_);
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
       const GptOssLayer& w = layers_[l];
       f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
                        LinearInput::kAttnIn, "matmul_qkv");
@@ -96,13 +96,10 @@ class GptOssModel final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
-    std::vector<MatrixWeight*> all;
-    for (GptOssLayer& w : layers_) {
-      for (MatrixWeight* x : {&w.wq, &w.wk, &w.wv, &w.wo}) all.push_back(x);
-      w.moe.AppendTo(&all);
-    }
-    all.push_back(&output_);
+  std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
+    GptOssLayer& w = layers_[layer];
+    std::vector<MatrixWeight*> all = {&w.wq, &w.wk, &w.wv, &w.wo};
+    w.moe.AppendTo(&all);
     return all;
   }
 

@@ -61,7 +61,7 @@ class LlamaModel final : public Model {
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
     ForwardPass f(hp_, batch, kv, ws, pool, rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data());
     f.Embed(token_embd_);
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
       const LlamaLayer& w = layers_[l];
       f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
                        LinearInput::kAttnIn, "matmul_qkv");
@@ -77,17 +77,15 @@ class LlamaModel final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
+  std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
+    LlamaLayer& l = layers_[layer];
     std::vector<MatrixWeight*> all;
-    for (LlamaLayer& l : layers_) {
-      if (hp_.moe.enabled()) {
-        for (MatrixWeight* m : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(m);
-        l.moe.AppendTo(&all);
-      } else {
-        l.AppendTo(&all);
-      }
+    if (hp_.moe.enabled()) {
+      all = {&l.wq, &l.wk, &l.wv, &l.wo};
+      l.moe.AppendTo(&all);
+    } else {
+      l.AppendTo(&all);
     }
-    all.push_back(&output_);
     return all;
   }
 

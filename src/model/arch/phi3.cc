@@ -70,7 +70,7 @@ class Phi3Model final : public Model {
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
     ForwardPass f(hp_, batch, kv, ws, pool, rope_factors_.empty() ? nullptr : rope_factors_.data());
     f.Embed(token_embd_);
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
       const Phi3Layer& w = layers_[l];
       f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
                        LinearInput::kAttnIn, "matmul_qkv");
@@ -82,10 +82,9 @@ class Phi3Model final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
+  std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
     std::vector<MatrixWeight*> all;
-    for (Phi3Layer& l : layers_) l.AppendTo(&all);
-    all.push_back(&output_);
+    layers_[layer].AppendTo(&all);
     return all;
   }
 

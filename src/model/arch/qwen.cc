@@ -70,7 +70,7 @@ class QwenModel final : public Model {
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
     ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
     f.Embed(token_embd_);
-    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
       const QwenLayer& w = layers_[l];
       f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
                        LinearInput::kAttnIn, "matmul_qkv");
@@ -94,17 +94,15 @@ class QwenModel final : public Model {
     return Status::Ok();
   }
 
-  std::vector<MatrixWeight*> Matrices() override {
+  std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
+    QwenLayer& l = layers_[layer];
     std::vector<MatrixWeight*> all;
-    for (QwenLayer& l : layers_) {
-      if (variant_ == Variant::kQwen3Moe) {
-        for (MatrixWeight* m : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(m);
-        l.moe.AppendTo(&all);
-      } else {
-        l.AppendTo(&all);
-      }
+    if (variant_ == Variant::kQwen3Moe) {
+      all = {&l.wq, &l.wk, &l.wv, &l.wo};
+      l.moe.AppendTo(&all);
+    } else {
+      l.AppendTo(&all);
     }
-    all.push_back(&output_);
     return all;
   }
 

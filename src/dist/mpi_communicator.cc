@@ -1,0 +1,160 @@
+// The MPI backend of the Communicator: nonblocking sends that own their bytes until MPI has
+// them, receives by probe (the size travels with the message). Waiting polls with a short sleep
+// that grows to 200 us, so an idle rank costs no core (Open MPI's blocking calls spin) and a wait
+// can give up on a deadline or when told to.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <deque>
+#include <thread>
+
+#include "dist/communicator.h"
+
+namespace gale::dist {
+namespace {
+
+// Sleeps between polls: none for the first few hundred, then 10 us doubling to 200 us.
+class Backoff {
+ public:
+  void Pause() {
+    if (++polls_ < 256) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+    if (sleep_us_ < 200) sleep_us_ *= 2;
+  }
+
+ private:
+  int polls_ = 0;
+  int sleep_us_ = 10;
+};
+
+Status Expired(const Wait& wait, std::chrono::steady_clock::time_point start, const char* what, int peer) {
+  if (wait.cancel != nullptr && wait.cancel->load()) return Unavailable("stopped while {} rank {}", what, peer);
+  if (wait.timeout.count() >= 0 && std::chrono::steady_clock::now() - start >= wait.timeout) {
+    return Unavailable("rank {} did not answer within {} ms ({})", peer, wait.timeout.count(), what);
+  }
+  return Status::Ok();
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status Send(int dest, int tag, std::vector<uint8_t> bytes) override {
+    if (dest < 0 || dest >= size_) return InvalidArgument("send to rank {} of {}", dest, size_);
+    if (bytes.size() > static_cast<size_t>(INT32_MAX)) return InvalidArgument("message of {} bytes", bytes.size());
+    Pending& p = pending_.emplace_back();
+    p.bytes = std::move(bytes);
+    p.dest = dest;
+    const int rc = MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, dest, tag, MPI_COMM_WORLD,
+                             &p.request);
+    if (rc != MPI_SUCCESS) {
+      pending_.pop_back();
+      return Unavailable("MPI_Isend to rank {} failed ({})", dest, rc);
+    }
+    return Progress();
+  }
+
+  StatusOr<std::vector<uint8_t>> Recv(int src, int tag, const Wait& wait) override {
+    if (src < 0 || src >= size_) return InvalidArgument("receive from rank {} of {}", src, size_);
+    const auto start = std::chrono::steady_clock::now();
+    Backoff backoff;
+    MPI_Status st;
+    for (;;) {
+      int found = 0;
+      if (MPI_Iprobe(src, tag, MPI_COMM_WORLD, &found, &st) != MPI_SUCCESS) {
+        return Unavailable("MPI_Iprobe for rank {} failed", src);
+      }
+      if (found) break;
+      RETURN_IF_ERROR(Progress());
+      RETURN_IF_ERROR(Expired(wait, start, "waiting for", src));
+      backoff.Pause();
+    }
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    std::vector<uint8_t> bytes(static_cast<size_t>(count));
+    if (MPI_Recv(bytes.data(), count, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      return Unavailable("MPI_Recv from rank {} failed", src);
+    }
+    return bytes;
+  }
+
+  Status Flush(const Wait& wait) override {
+    const auto start = std::chrono::steady_clock::now();
+    Backoff backoff;
+    for (;;) {
+      RETURN_IF_ERROR(Progress());
+      if (pending_.empty()) return Status::Ok();
+      RETURN_IF_ERROR(Expired(wait, start, "sending to", pending_.front().dest));
+      backoff.Pause();
+    }
+  }
+
+  // Sends still queued at the end (a peer that stopped) are abandoned, not waited for.
+  bool idle() { return Progress().ok() && pending_.empty(); }
+
+ private:
+  struct Pending {
+    std::vector<uint8_t> bytes;
+    int dest = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  // Drops the sends MPI has finished with.
+  Status Progress() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      if (MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        return Unavailable("a send to rank {} failed", it->dest);
+      }
+      it = done ? pending_.erase(it) : std::next(it);
+    }
+    return Status::Ok();
+  }
+
+  int rank_ = 0, size_ = 1;
+  std::deque<Pending> pending_;
+};
+
+MpiCommunicator* g_world = nullptr;
+
+}  // namespace
+
+bool LaunchedByMpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+StatusOr<Communicator*> MpiWorld() {
+  if (g_world != nullptr) return static_cast<Communicator*>(g_world);
+  if (!LaunchedByMpi()) {
+    return InvalidArgument("not started by an MPI launcher (run it under mpirun -np N, or srun)");
+  }
+  int provided = 0;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+    return Unavailable("MPI_Init_thread failed");
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    return Unavailable("this MPI does not allow calls from more than one thread (MPI_THREAD_SERIALIZED)");
+  }
+  // Errors come back as return codes (turned into Status) instead of aborting the job.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  g_world = new MpiCommunicator();
+  return static_cast<Communicator*>(g_world);
+}
+
+void MpiFinalize() {
+  if (g_world == nullptr) return;
+  g_world->idle();
+  MPI_Finalize();
+  delete g_world;
+  g_world = nullptr;
+}
+
+}  // namespace gale::dist

@@ -1,0 +1,468 @@
+#include "dist/pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+namespace gale::dist {
+namespace {
+
+enum Tag : int { kTagHello = 1, kTagStep = 2, kTagHidden = 3, kTagOutput = 4 };
+enum StepKind : uint8_t { kStep = 1, kStop = 2 };
+
+// Little-endian plain bytes (every rank runs the same binary on the same kind of CPU).
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &v, sizeof(T));
+  }
+  template <typename T>
+  void PutVector(std::span<const T> v) {
+    Put<int64_t>(static_cast<int64_t>(v.size()));
+    const size_t at = out_.size();
+    out_.resize(at + v.size_bytes());
+    if (!v.empty()) std::memcpy(out_.data() + at, v.data(), v.size_bytes());
+  }
+  void PutString(const std::string& s) { PutVector<char>(std::span<const char>(s.data(), s.size())); }
+  std::vector<uint8_t> Take() { return std::move(out_); }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  template <typename T>
+  Status Get(T* v) {
+    if (in_.size() - at_ < sizeof(T)) return DataLoss("pipeline message ends early");
+    std::memcpy(v, in_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return Status::Ok();
+  }
+  template <typename T>
+  Status GetVector(std::vector<T>* v) {
+    int64_t n = 0;
+    RETURN_IF_ERROR(Get(&n));
+    if (n < 0 || static_cast<uint64_t>(n) > (in_.size() - at_) / sizeof(T)) {
+      return DataLoss("pipeline message: a vector of {} elements in {} bytes", n, in_.size() - at_);
+    }
+    v->resize(static_cast<size_t>(n));
+    if (n > 0) std::memcpy(v->data(), in_.data() + at_, static_cast<size_t>(n) * sizeof(T));
+    at_ += static_cast<size_t>(n) * sizeof(T);
+    return Status::Ok();
+  }
+  Status GetString(std::string* s) {
+    std::vector<char> c;
+    RETURN_IF_ERROR(GetVector(&c));
+    s->assign(c.begin(), c.end());
+    return Status::Ok();
+  }
+  bool done() const { return at_ == in_.size(); }
+
+ private:
+  std::span<const uint8_t> in_;
+  size_t at_ = 0;
+};
+
+// What a rank says at start-up: enough of the model to catch a rank started on another file.
+std::string ModelSignature(const Model& m) {
+  const ModelHParams& hp = m.hparams();
+  return fmt::format("{} with {} layers, dim {}, vocab {}, KV {}x{}, {} weight bytes", hp.arch, hp.num_layers, hp.dim,
+                     hp.vocab_size, hp.num_kv_heads, hp.head_dim, m.weight_bytes());
+}
+
+// A stage's message to the next: its status, then floats (the residual stream, or the last
+// stage's logits followed by its hidden rows).
+std::vector<uint8_t> EncodeRows(const Status& s, std::span<const float> a, std::span<const float> b = {}) {
+  Writer w;
+  w.Put<int32_t>(static_cast<int32_t>(s.code()));
+  w.PutString(s.message());
+  w.PutVector<float>(a);
+  w.PutVector<float>(b);
+  return w.Take();
+}
+
+struct Rows {
+  Status status;
+  std::vector<float> a, b;
+};
+StatusOr<Rows> DecodeRows(std::span<const uint8_t> bytes) {
+  Reader r(bytes);
+  int32_t code = 0;
+  std::string message;
+  Rows rows;
+  RETURN_IF_ERROR(r.Get(&code));
+  RETURN_IF_ERROR(r.GetString(&message));
+  RETURN_IF_ERROR(r.GetVector(&rows.a));
+  RETURN_IF_ERROR(r.GetVector(&rows.b));
+  if (code != 0) rows.status = Status(static_cast<StatusCode>(code), message);
+  return rows;
+}
+
+// The step as every rank needs it: the storage's shape and the batch.
+struct StepPlan {
+  int64_t num_blocks = 0, block_size = 0;
+  uint8_t k_type = 0, v_type = 0, key_channels = 0;
+  KvLayerGroups groups;
+  int32_t micro_batches = 1;
+  std::vector<int32_t> tokens, positions, seq_idx, slots, logit_rows, hidden_rows;
+  uint8_t all_logits = 0;
+  std::vector<std::vector<int32_t>> tables;
+  ForwardBatch batch;  // views of the above
+};
+
+std::vector<uint8_t> EncodeStep(const ForwardBatch& b, const KvStorage& kv, int micro_batches) {
+  Writer w;
+  w.Put<uint8_t>(kStep);
+  w.Put<int64_t>(kv.num_blocks());
+  w.Put<int64_t>(kv.block_size());
+  w.Put<uint8_t>(static_cast<uint8_t>(kv.k_type()));
+  w.Put<uint8_t>(static_cast<uint8_t>(kv.v_type()));
+  w.Put<uint8_t>(kv.key_channels() ? 1 : 0);
+  const KvLayerGroups& g = kv.groups();
+  w.Put<int64_t>(g.layers_per_block);
+  w.PutVector<int32_t>(g.group_of);
+  w.PutVector<int32_t>(g.slot_of);
+  w.PutVector<int64_t>(g.window);
+  w.Put<int32_t>(micro_batches);
+  for (const std::vector<int32_t>* v : {&b.tokens, &b.positions, &b.seq_idx, &b.slots, &b.logit_rows, &b.hidden_rows}) {
+    w.PutVector<int32_t>(*v);
+  }
+  w.Put<uint8_t>(b.all_logits ? 1 : 0);
+  w.Put<int64_t>(static_cast<int64_t>(b.block_tables.size()));
+  for (std::span<const int32_t> t : b.block_tables) w.PutVector<int32_t>(t);
+  return w.Take();
+}
+
+Status DecodeStep(std::span<const uint8_t> bytes, StepPlan* p) {
+  Reader r(bytes);
+  uint8_t kind = 0;
+  RETURN_IF_ERROR(r.Get(&kind));
+  if (kind != kStep) return DataLoss("pipeline step message of kind {}", kind);
+  RETURN_IF_ERROR(r.Get(&p->num_blocks));
+  RETURN_IF_ERROR(r.Get(&p->block_size));
+  RETURN_IF_ERROR(r.Get(&p->k_type));
+  RETURN_IF_ERROR(r.Get(&p->v_type));
+  RETURN_IF_ERROR(r.Get(&p->key_channels));
+  RETURN_IF_ERROR(r.Get(&p->groups.layers_per_block));
+  RETURN_IF_ERROR(r.GetVector(&p->groups.group_of));
+  RETURN_IF_ERROR(r.GetVector(&p->groups.slot_of));
+  RETURN_IF_ERROR(r.GetVector(&p->groups.window));
+  RETURN_IF_ERROR(r.Get(&p->micro_batches));
+  for (std::vector<int32_t>* v : {&p->tokens, &p->positions, &p->seq_idx, &p->slots, &p->logit_rows, &p->hidden_rows}) {
+    RETURN_IF_ERROR(r.GetVector(v));
+  }
+  RETURN_IF_ERROR(r.Get(&p->all_logits));
+  int64_t num_tables = 0;
+  RETURN_IF_ERROR(r.Get(&num_tables));
+  if (num_tables < 0 || num_tables > (1 << 24)) return DataLoss("pipeline step with {} block tables", num_tables);
+  p->tables.resize(static_cast<size_t>(num_tables));
+  for (auto& t : p->tables) RETURN_IF_ERROR(r.GetVector(&t));
+  if (!r.done()) return DataLoss("pipeline step message has trailing bytes");
+  if (p->k_type > static_cast<uint8_t>(kernels::KvType::kInt4) || p->v_type > static_cast<uint8_t>(kernels::KvType::kInt4)) {
+    return DataLoss("pipeline step: KV type {} / {}", p->k_type, p->v_type);
+  }
+  ForwardBatch& b = p->batch;
+  b.tokens = p->tokens;
+  b.positions = p->positions;
+  b.seq_idx = p->seq_idx;
+  b.slots = p->slots;
+  b.logit_rows = p->logit_rows;
+  b.hidden_rows = p->hidden_rows;
+  b.all_logits = p->all_logits != 0;
+  for (const auto& t : p->tables) b.block_tables.emplace_back(t);
+  return Status::Ok();
+}
+
+// The groups a worker's storage needs to be laid out as rank 0's: the same layers in each.
+Status CheckGroups(const KvLayerGroups& g, int64_t num_layers) {
+  const int64_t num_groups = g.num_groups();
+  if (g.num_layers() != num_layers || static_cast<int64_t>(g.slot_of.size()) != num_layers || num_groups <= 0 ||
+      g.layers_per_block <= 0) {
+    return DataLoss("pipeline step: KV layer groups for {} layers, the model has {}", g.num_layers(), num_layers);
+  }
+  for (int64_t l = 0; l < num_layers; ++l) {
+    if (g.group_of[l] < 0 || g.group_of[l] >= num_groups || g.slot_of[l] < 0 || g.slot_of[l] >= g.layers_per_block) {
+      return DataLoss("pipeline step: layer {} in group {} slot {}", l, g.group_of[l], g.slot_of[l]);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t num_layers, int num_stages) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t first = 0;
+  for (int s = 0; s < num_stages; ++s) {
+    const int64_t n = num_layers / num_stages + (s < num_layers % num_stages ? 1 : 0);
+    out.emplace_back(first, first + n);
+    first += n;
+  }
+  return out;
+}
+
+std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int64_t num_groups, int max_parts) {
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  // The wanted rows, explicit (ForwardBatch's defaults resolved).
+  std::vector<int32_t> logit_rows = batch.logit_rows;
+  if (logit_rows.empty()) {
+    if (batch.all_logits) {
+      for (int64_t i = 0; i < n; ++i) logit_rows.push_back(static_cast<int32_t>(i));
+    } else {
+      logit_rows.push_back(static_cast<int32_t>(n - 1));
+    }
+  }
+  // Sequence boundaries: where seq_idx steps up by one; anything else is one part.
+  const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size()) / std::max<int64_t>(1, num_groups);
+  std::vector<int64_t> seq_start;  // first token of each sequence
+  bool grouped = num_seqs >= 1 && !batch.tokens.empty();
+  for (int64_t i = 0; i < n && grouped; ++i) {
+    const int32_t s = batch.seq(i);
+    if (i == 0 ? s != 0 : (s != batch.seq(i - 1) && s != batch.seq(i - 1) + 1)) grouped = false;
+    if (i == 0 || s != batch.seq(i - 1)) seq_start.push_back(i);
+  }
+  if (grouped && static_cast<int64_t>(seq_start.size()) != num_seqs) grouped = false;
+  const int parts = grouped ? static_cast<int>(std::clamp<int64_t>(max_parts, 1, num_seqs)) : 1;
+  // Cut points at sequence starts, each part about n / parts tokens.
+  std::vector<int64_t> cut_seq = {0};  // first sequence of each part
+  for (int p = 1; p < parts; ++p) {
+    const int64_t target = n * p / parts;
+    int64_t s = cut_seq.back() + 1;
+    while (s < num_seqs - (parts - p) && seq_start[s] < target) ++s;
+    cut_seq.push_back(s);
+  }
+  cut_seq.push_back(grouped ? num_seqs : 1);
+  std::vector<MicroBatch> out;
+  for (int p = 0; p < parts; ++p) {
+    MicroBatch mb;
+    const int64_t s0 = cut_seq[p], s1 = cut_seq[p + 1];
+    const int64_t t0 = grouped ? seq_start[s0] : 0;
+    const int64_t t1 = grouped ? (s1 < num_seqs ? seq_start[s1] : n) : n;
+    mb.first_token = t0;
+    ForwardBatch& b = mb.batch;
+    b.tokens.assign(batch.tokens.begin() + t0, batch.tokens.begin() + t1);
+    b.positions.assign(batch.positions.begin() + t0, batch.positions.begin() + t1);
+    if (!batch.seq_idx.empty()) {
+      for (int64_t i = t0; i < t1; ++i) b.seq_idx.push_back(static_cast<int32_t>(batch.seq_idx[i] - (grouped ? s0 : 0)));
+    }
+    if (!batch.slots.empty()) b.slots.assign(batch.slots.begin() + t0, batch.slots.begin() + t1);
+    const int64_t seqs_here = grouped ? s1 - s0 : num_seqs;
+    for (int64_t g = 0; g < num_groups; ++g) {
+      for (int64_t s = 0; s < seqs_here; ++s) {
+        b.block_tables.push_back(batch.block_tables[g * num_seqs + (grouped ? s0 : 0) + s]);
+      }
+    }
+    for (size_t i = 0; i < logit_rows.size(); ++i) {
+      if (logit_rows[i] >= t0 && logit_rows[i] < t1) {
+        b.logit_rows.push_back(static_cast<int32_t>(logit_rows[i] - t0));
+        mb.logit_out.push_back(static_cast<int32_t>(i));
+      }
+    }
+    if (b.logit_rows.empty()) {  // Forward computes at least one row: the last, not wanted
+      b.logit_rows.push_back(static_cast<int32_t>(t1 - t0 - 1));
+      mb.logit_out.push_back(-1);
+    }
+    for (size_t i = 0; i < batch.hidden_rows.size(); ++i) {
+      if (batch.hidden_rows[i] >= t0 && batch.hidden_rows[i] < t1) {
+        b.hidden_rows.push_back(static_cast<int32_t>(batch.hidden_rows[i] - t0));
+        mb.hidden_out.push_back(static_cast<int32_t>(i));
+      }
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+PipelineDriver::PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options)
+    : model_(model), comm_(comm), options_(options), stages_(StageLayers(model.hparams().num_layers, comm.size())) {
+  if (options_.micro_batches <= 0) options_.micro_batches = comm.size();
+}
+
+PipelineDriver::~PipelineDriver() = default;
+
+StatusOr<std::unique_ptr<PipelineDriver>> PipelineDriver::Connect(const Model& model, Communicator& comm,
+                                                                  PipelineOptions options) {
+  if (comm.rank() != 0) return InvalidArgument("the pipeline's driver is rank 0, this is rank {}", comm.rank());
+  if (comm.size() > model.hparams().num_layers) {
+    return InvalidArgument("{} pipeline stages for a model of {} layers", comm.size(), model.hparams().num_layers);
+  }
+  if (!model.hparams().causal) return InvalidArgument("an encoder runs in one process (no pipeline stages)");
+  const std::string mine = ModelSignature(model);
+  for (int r = 1; r < comm.size(); ++r) {
+    auto hello = comm.Recv(r, kTagHello, Wait{options.timeout, nullptr});
+    if (!hello.ok()) return hello.status().WithContext("pipeline start-up");
+    Reader rd(*hello);
+    std::string theirs;
+    RETURN_IF_ERROR(rd.GetString(&theirs));
+    if (theirs != mine) {
+      return InvalidArgument("pipeline rank {} loaded a different model ({}) from rank 0's ({})", r, theirs, mine);
+    }
+  }
+  return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options));
+}
+
+std::string PipelineDriver::Describe() const {
+  std::string ranges;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    ranges += fmt::format("{}layers {}-{} on rank {}", s ? ", " : "", stages_[s].first, stages_[s].second - 1, s);
+  }
+  return fmt::format("pipeline parallel: {} stages ({}), up to {} micro-batches per step", stages_.size(), ranges,
+                     options_.micro_batches);
+}
+
+void PipelineDriver::Abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (abort_reason_.empty()) abort_reason_ = why;
+  }
+  aborted_.store(true);
+}
+
+Status PipelineDriver::Fail(Status s) {
+  if (failed_.ok()) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    failed_ = abort_reason_.empty() ? s : Unavailable("{}", abort_reason_);
+  }
+  aborted_.store(true);
+  return failed_;
+}
+
+Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
+  if (!failed_.ok()) return failed_;
+  if (aborted_.load()) return Fail(Unavailable("the pipeline was stopped"));
+  if (stopped_) return Unavailable("the pipeline was stopped");
+  for (const auto& a : batch.attn_acc) {
+    if (a.data != nullptr) return Unimplemented("KV retention does not run with pipeline parallelism");
+  }
+  if (batch.observer != nullptr) return Unimplemented("calibration does not run with pipeline parallelism");
+  if (batch.tokens.empty()) return InvalidArgument("empty batch");
+  const ModelHParams& hp = model_.hparams();
+  const int last = comm_.size() - 1;
+  const Wait wait{options_.timeout, &aborted_};
+
+  std::vector<MicroBatch> mbs = SplitMicroBatches(batch, kv.num_groups(), options_.micro_batches);
+  const std::vector<uint8_t> step = EncodeStep(batch, kv, options_.micro_batches);
+  for (int r = 1; r <= last; ++r) {
+    if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return Fail(s);
+  }
+  // Stage 0 of every micro-batch, each handed on as soon as it is done.
+  Status first_error;
+  for (MicroBatch& mb : mbs) {
+    ForwardBatch sub = mb.batch;
+    sub.end_layer = static_cast<int32_t>(stages_[0].second);
+    Status s = first_error.ok() ? model_.Forward(sub, kv, stage_ws_, pool) : first_error;
+    const int64_t rows = static_cast<int64_t>(sub.tokens.size()) * hp.dim;
+    std::vector<uint8_t> msg = s.ok() ? EncodeRows(s, std::span<const float>(stage_ws_.x.data(), rows)) : EncodeRows(s, {});
+    if (first_error.ok() && !s.ok()) first_error = s;
+    if (Status sent = comm_.Send(1, kTagHidden, std::move(msg)); !sent.ok()) return Fail(sent);
+  }
+  // The last stage's rows, into the step's order.
+  const int64_t vocab = hp.vocab_size, dim = hp.dim;
+  const size_t num_logits = batch.logit_rows.empty() ? (batch.all_logits ? batch.tokens.size() : 1) : batch.logit_rows.size();
+  if (ws.logits.size() < num_logits * vocab) ws.logits.resize(num_logits * vocab);
+  if (ws.hidden.size() < batch.hidden_rows.size() * dim) ws.hidden.resize(batch.hidden_rows.size() * dim);
+  for (const MicroBatch& mb : mbs) {
+    auto msg = comm_.Recv(last, kTagOutput, wait);
+    if (!msg.ok()) return Fail(msg.status().WithContext(fmt::format("pipeline stage {}", last)));
+    auto rows = DecodeRows(*msg);
+    if (!rows.ok()) return Fail(rows.status());
+    if (!rows->status.ok()) {
+      if (first_error.ok()) first_error = rows->status;
+      continue;
+    }
+    if (rows->a.size() != mb.logit_out.size() * vocab || rows->b.size() != mb.hidden_out.size() * dim) {
+      return Fail(DataLoss("pipeline stage {} sent {} logits and {} hidden floats, expected {} and {}", last,
+                           rows->a.size(), rows->b.size(), mb.logit_out.size() * vocab, mb.hidden_out.size() * dim));
+    }
+    for (size_t i = 0; i < mb.logit_out.size(); ++i) {
+      if (mb.logit_out[i] < 0) continue;
+      std::memcpy(ws.logits.data() + mb.logit_out[i] * vocab, rows->a.data() + i * vocab, vocab * sizeof(float));
+    }
+    for (size_t i = 0; i < mb.hidden_out.size(); ++i) {
+      std::memcpy(ws.hidden.data() + mb.hidden_out[i] * dim, rows->b.data() + i * dim, dim * sizeof(float));
+    }
+  }
+  return first_error;
+}
+
+Status PipelineDriver::Stop(std::chrono::milliseconds wait) {
+  if (stopped_) return Status::Ok();
+  stopped_ = true;
+  return StopWorkers(comm_, wait);
+}
+
+Status StopWorkers(Communicator& comm, std::chrono::milliseconds wait) {
+  for (int r = 1; r < comm.size(); ++r) RETURN_IF_ERROR(comm.Send(r, kTagStep, {kStop}));
+  return comm.Flush(Wait{wait, nullptr});
+}
+
+Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& pool, PipelineOptions options) {
+  const int rank = comm.rank(), last = comm.size() - 1;
+  if (rank == 0) return InvalidArgument("rank 0 drives the pipeline");
+  const ModelHParams& hp = model.hparams();
+  if (comm.size() > hp.num_layers) return InvalidArgument("{} pipeline stages for {} layers", comm.size(), hp.num_layers);
+  const auto [first_layer, end_layer] = StageLayers(hp.num_layers, comm.size())[rank];
+  {
+    Writer w;
+    w.PutString(ModelSignature(model));
+    RETURN_IF_ERROR(comm.Send(0, kTagHello, w.Take()));
+  }
+  std::unique_ptr<KvStorage> kv;
+  Workspace ws;
+  const Wait step_wait{};  // an idle server sends no steps: wait for as long as it takes
+  const Wait stage_wait{options.timeout, nullptr};
+  for (;;) {
+    ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, comm.Recv(0, kTagStep, step_wait));
+    if (!bytes.empty() && bytes[0] == kStop) return comm.Flush(stage_wait);
+    StepPlan plan;
+    RETURN_IF_ERROR(DecodeStep(bytes, &plan).WithContext(fmt::format("rank {}", rank)));
+    RETURN_IF_ERROR(CheckGroups(plan.groups, hp.num_layers));
+    const auto k_type = static_cast<kernels::KvType>(plan.k_type), v_type = static_cast<kernels::KvType>(plan.v_type);
+    if (kv == nullptr || kv->num_blocks() != plan.num_blocks || kv->block_size() != plan.block_size ||
+        kv->k_type() != k_type || kv->v_type() != v_type || kv->groups().group_of != plan.groups.group_of ||
+        kv->groups().slot_of != plan.groups.slot_of || kv->groups().window != plan.groups.window) {
+      if (plan.num_blocks <= 0 || plan.block_size <= 0 || plan.num_blocks > (int64_t{1} << 31)) {
+        return DataLoss("pipeline step: {} KV blocks of {}", plan.num_blocks, plan.block_size);
+      }
+      // Reserved, not touched: only this stage's layers' pages are ever committed.
+      kv = std::make_unique<KvStorage>(model.kv_layout(), plan.groups, plan.num_blocks, plan.block_size, k_type, v_type);
+    }
+    kv->set_key_channels(plan.key_channels != 0);
+    for (const MicroBatch& mb : SplitMicroBatches(plan.batch, kv->num_groups(), plan.micro_batches)) {
+      ASSIGN_OR_RETURN(std::vector<uint8_t> in, comm.Recv(rank - 1, kTagHidden, stage_wait));
+      ASSIGN_OR_RETURN(Rows rows, DecodeRows(in));
+      const int64_t n = static_cast<int64_t>(mb.batch.tokens.size());
+      Status s = rows.status;
+      if (s.ok() && static_cast<int64_t>(rows.a.size()) != n * hp.dim) {
+        s = DataLoss("pipeline stage {} got {} floats for {} tokens", rank, rows.a.size(), n);
+      }
+      if (s.ok()) {
+        ForwardBatch sub = mb.batch;
+        sub.first_layer = static_cast<int32_t>(first_layer);
+        sub.end_layer = static_cast<int32_t>(end_layer);
+        sub.input = rows.a.data();
+        s = model.Forward(sub, *kv, ws, pool).WithContext(fmt::format("pipeline stage {}", rank));
+      }
+      std::vector<uint8_t> out;
+      if (!s.ok()) {
+        out = EncodeRows(s, {});
+      } else if (rank == last) {
+        out = EncodeRows(s, std::span<const float>(ws.logits.data(), mb.batch.logit_rows.size() * hp.vocab_size),
+                         std::span<const float>(ws.hidden.data(), mb.batch.hidden_rows.size() * hp.dim));
+      } else {
+        out = EncodeRows(s, std::span<const float>(ws.x.data(), n * hp.dim));
+      }
+      RETURN_IF_ERROR(comm.Send(rank == last ? 0 : rank + 1, rank == last ? kTagOutput : kTagHidden, std::move(out)));
+    }
+  }
+}
+
+}  // namespace gale::dist
