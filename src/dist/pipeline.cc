@@ -196,6 +196,36 @@ Status CheckGroups(const KvLayerGroups& g, int64_t num_layers) {
   return Status::Ok();
 }
 
+// The rows of a micro-batch the head needs (its logit and hidden rows), ascending, once each.
+std::vector<int32_t> HeadRows(const ForwardBatch& b) {
+  std::vector<int32_t> rows = b.logit_rows;
+  rows.insert(rows.end(), b.hidden_rows.begin(), b.hidden_rows.end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+// The output head alone over `rows` of b, whose last-layer rows are `input` ([rows, dim]).
+ForwardBatch HeadBatch(const ForwardBatch& b, const std::vector<int32_t>& rows, int32_t num_layers, const float* input) {
+  ForwardBatch h;
+  auto index = [&rows](int32_t row) {
+    return static_cast<int32_t>(std::lower_bound(rows.begin(), rows.end(), row) - rows.begin());
+  };
+  for (int32_t r : rows) {
+    h.tokens.push_back(b.tokens[r]);
+    h.positions.push_back(b.positions[r]);
+    if (!b.seq_idx.empty()) h.seq_idx.push_back(b.seq_idx[r]);
+    if (!b.slots.empty()) h.slots.push_back(b.slots[r]);
+  }
+  for (int32_t r : b.logit_rows) h.logit_rows.push_back(index(r));
+  for (int32_t r : b.hidden_rows) h.hidden_rows.push_back(index(r));
+  h.block_tables = b.block_tables;
+  h.first_layer = num_layers;
+  h.end_layer = num_layers;
+  h.input = input;
+  return h;
+}
+
 }  // namespace
 
 std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t num_layers, int num_stages) {
@@ -378,16 +408,22 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
       if (first_error.ok()) first_error = rows->status;
       continue;
     }
-    if (rows->a.size() != mb.logit_out.size() * vocab || rows->b.size() != mb.hidden_out.size() * dim) {
-      return Fail(DataLoss("pipeline stage {} sent {} logits and {} hidden floats, expected {} and {}", last,
-                           rows->a.size(), rows->b.size(), mb.logit_out.size() * vocab, mb.hidden_out.size() * dim));
+    const std::vector<int32_t> head_rows = HeadRows(mb.batch);
+    if (rows->a.size() != head_rows.size() * dim) {
+      return Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->a.size(), head_rows.size(), dim));
+    }
+    // The head on rank 0: the same kernels on the same rows as one process.
+    const ForwardBatch head = HeadBatch(mb.batch, head_rows, static_cast<int32_t>(hp.num_layers), rows->a.data());
+    if (Status s = model_.Forward(head, kv, stage_ws_, pool); !s.ok()) {
+      if (first_error.ok()) first_error = s;
+      continue;
     }
     for (size_t i = 0; i < mb.logit_out.size(); ++i) {
       if (mb.logit_out[i] < 0) continue;
-      std::memcpy(ws.logits.data() + mb.logit_out[i] * vocab, rows->a.data() + i * vocab, vocab * sizeof(float));
+      std::memcpy(ws.logits.data() + mb.logit_out[i] * vocab, stage_ws_.logits.data() + i * vocab, vocab * sizeof(float));
     }
     for (size_t i = 0; i < mb.hidden_out.size(); ++i) {
-      std::memcpy(ws.hidden.data() + mb.hidden_out[i] * dim, rows->b.data() + i * dim, dim * sizeof(float));
+      std::memcpy(ws.hidden.data() + mb.hidden_out[i] * dim, stage_ws_.hidden.data() + i * dim, dim * sizeof(float));
     }
   }
   return first_error;
@@ -448,15 +484,17 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
         ForwardBatch sub = mb.batch;
         sub.first_layer = static_cast<int32_t>(first_layer);
         sub.end_layer = static_cast<int32_t>(end_layer);
+        sub.output_head = false;  // rank 0 computes the head from the rows the last stage sends
         sub.input = rows.a.data();
         s = model.Forward(sub, *kv, ws, pool).WithContext(fmt::format("pipeline stage {}", rank));
       }
       std::vector<uint8_t> out;
       if (!s.ok()) {
         out = EncodeRows(s, {});
-      } else if (rank == last) {
-        out = EncodeRows(s, std::span<const float>(ws.logits.data(), mb.batch.logit_rows.size() * hp.vocab_size),
-                         std::span<const float>(ws.hidden.data(), mb.batch.hidden_rows.size() * hp.dim));
+      } else if (rank == last) {  // the rows rank 0's head needs
+        std::vector<float> head;
+        for (int32_t r : HeadRows(mb.batch)) head.insert(head.end(), ws.x.begin() + r * hp.dim, ws.x.begin() + (r + 1) * hp.dim);
+        out = EncodeRows(s, head);
       } else {
         out = EncodeRows(s, std::span<const float>(ws.x.data(), n * hp.dim));
       }

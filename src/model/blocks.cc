@@ -733,7 +733,7 @@ void ForwardPass::Ffn(int64_t l, const float* norm_w, const LayerFfn& w) {
 
 // Final norm and lm_head only for the rows whose logits are wanted.
 void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& output) {
-  if (end_layer_ < hp_.num_layers) return;  // a pipeline stage before the last: ws.x is the output
+  if (end_layer_ < hp_.num_layers || !batch_.output_head) return;  // a pipeline stage: ws.x is the output
   const int64_t n = n_, dim = hp_.dim;
   auto out_row = [&](int64_t i) -> int64_t {
     if (!batch_.logit_rows.empty()) return batch_.logit_rows[i];

@@ -131,10 +131,10 @@ std::vector<MatrixWeight*> Model::Matrices(int64_t first_layer, int64_t end_laye
   return all;
 }
 
-void Model::PackWeights(GgufFile* release_sources, int64_t first_layer, int64_t end_layer) {
+void Model::PackWeights(GgufFile* release_sources, int64_t first_layer, int64_t end_layer, bool with_output) {
   if (end_layer < 0) end_layer = hp_.num_layers;
   CHECK(0 <= first_layer && first_layer < end_layer && end_layer <= hp_.num_layers);
-  const std::vector<MatrixWeight*> all = Matrices(first_layer, end_layer, end_layer == hp_.num_layers);
+  const std::vector<MatrixWeight*> all = Matrices(first_layer, end_layer, with_output);
   for (const MatrixWeight* w : all) {
     if (w->view.data == nullptr) return;  // released by an earlier call: keep the packed copies
   }
@@ -189,7 +189,9 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     return InvalidArgument("batch: tokens and seq_idx differ in length");
   }
   const int64_t end_layer = batch.end_layer < 0 ? hp_.num_layers : batch.end_layer;
-  if (batch.first_layer < 0 || batch.first_layer >= end_layer || end_layer > hp_.num_layers) {
+  // first == end only for the head alone (a pipeline's rank 0 computing logits from the last stage's rows).
+  if (batch.first_layer < 0 || batch.first_layer > end_layer || end_layer > hp_.num_layers ||
+      (batch.first_layer == end_layer && end_layer != hp_.num_layers)) {
     return InvalidArgument("batch: layers [{}, {}) outside the model's {}", batch.first_layer, end_layer, hp_.num_layers);
   }
   if (batch.first_layer > 0 && batch.input == nullptr) {

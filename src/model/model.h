@@ -54,10 +54,14 @@ struct ForwardBatch {
   // A pipeline stage (dist/pipeline.h): only layers [first_layer, end_layer) run (end_layer < 0:
   // to the last). A stage after the first reads its input rows ([num_tokens, dim], the residual
   // stream) from `input` instead of the embedding; one before the last leaves its output rows in
-  // ws.x ([num_tokens, dim]) and computes no logits or hidden rows. Decoders only.
+  // ws.x ([num_tokens, dim]) and computes no logits or hidden rows. first_layer == end_layer ==
+  // num_layers: the output head alone on the input rows. Decoders only.
   int32_t first_layer = 0;
   int32_t end_layer = -1;
   const float* input = nullptr;
+  // false: the last layer's rows stay in ws.x, no head (a pipeline's last stage: rank 0 computes
+  // the head from the rows it wants).
+  bool output_head = true;
   int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
   int32_t seq(size_t i) const { return seq_idx.empty() ? 0 : seq_idx[i]; }
 };
@@ -188,9 +192,10 @@ class Model {
   // instead of twice, also at the peak. They then run only while the packing ISA is active
   // (another ISA fails loudly, and PackWeights does nothing more); the embedding table, and the
   // output layer when tied to it, stay.
-  // first_layer/end_layer: a pipeline stage packs its own layers only (and the output layer only
-  // when it runs the last); end_layer < 0: to the last.
-  void PackWeights(GgufFile* release_sources = nullptr, int64_t first_layer = 0, int64_t end_layer = -1);
+  // first_layer/end_layer: a pipeline stage packs its own layers only (end_layer < 0: to the
+  // last), and the output layer where with_output (a pipeline computes it on rank 0).
+  void PackWeights(GgufFile* release_sources = nullptr, int64_t first_layer = 0, int64_t end_layer = -1,
+                   bool with_output = true);
   uint64_t packed_bytes() const;
   uint64_t released_bytes() const { return released_bytes_; }
   // mlock of the packed copies' buffer (`--mlock`, with GgufFile::LockPages for what the file

@@ -54,7 +54,9 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   if (load.Pack(m.path)) {
     const auto [first_layer, end_layer] =
         dist::StageLayers(m.model->hparams().num_layers, std::max(1, load.num_stages))[std::max(0, load.stage)];
-    m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get(), first_layer, end_layer);
+    // A pipeline computes the output layer on rank 0 (dist/pipeline.h).
+    m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get(), first_layer, end_layer,
+                         /*with_output=*/load.stage == 0);
   } else if (!load.no_pack) {
     std::fprintf(stderr, "note: %s is larger than 80%% of the available memory: weights run from the mapped file, unpacked\n",
                  m.path.c_str());
