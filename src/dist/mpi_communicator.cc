@@ -1,7 +1,7 @@
 // The MPI backend of the Communicator: nonblocking sends that own their bytes until MPI has
-// them, receives by probe (the size travels with the message). Waiting polls with a short sleep
-// that grows to 200 us, so an idle rank costs no core (Open MPI's blocking calls spin) and a wait
-// can give up on a deadline or when told to.
+// them, receives by probe (the size travels with the message). Waiting polls (Backoff), so an
+// idle rank costs no core (Open MPI's blocking calls spin) and a wait can give up on a deadline
+// or when told to.
 #include <mpi.h>
 
 #include <cstdlib>
@@ -13,18 +13,24 @@
 namespace gale::dist {
 namespace {
 
-// Sleeps between polls: none for the first few hundred, then 10 us doubling to 200 us.
+// Between polls: yield the core for the first 2 ms of a wait (a stage's next rows usually come
+// within it, and a yield lets a rank that shares the core compute), then sleep 50 us doubling to
+// 1 ms (an idle rank waiting for the next step costs nothing).
 class Backoff {
  public:
   void Pause() {
-    if (++polls_ < 256) return;
+    const auto waited = std::chrono::steady_clock::now() - start_;
+    if (waited < std::chrono::milliseconds(2)) {
+      std::this_thread::yield();
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
-    if (sleep_us_ < 200) sleep_us_ *= 2;
+    if (sleep_us_ < 1000) sleep_us_ *= 2;
   }
 
  private:
-  int polls_ = 0;
-  int sleep_us_ = 10;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  int sleep_us_ = 50;
 };
 
 Status Expired(const Wait& wait, std::chrono::steady_clock::time_point start, const char* what, int peer) {

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""What pipeline parallelism over a real network would give, from what this machine measures.
+
+Measures here (nothing is assumed that can be measured on one host):
+  - the decode cost of one Llama-2-7B-shaped layer at Q4_0: `gale bench` on two synth files of
+    that shape with 2 and 6 layers (the difference / 4 is one layer; the rest is the embedding,
+    final norm and output head);
+  - the software cost of one hop: `dist_bench` under `mpirun -np 2` over TCP loopback (Open MPI's
+    tcp transport, the one a cluster of ordinary hosts uses), for the message sizes a token needs.
+Then models, for Llama-2-7B and -70B at Q4_0 split over P hosts like this one joined by 10/25/100
+GbE: per generated token (one stream) the bytes and messages that cross the network, the time
+they take (software cost measured here + bytes / link rate + an assumed 10 us per NIC and switch
+hop), and the expected tokens/s. 70B's layer cost is 7B's scaled by its bytes per layer (decode
+is memory-bound: measured here at the roofline).
+
+  python3 scripts/pipeline-model.py --gale build/gale --dist-bench build/dist_bench [--out FILE.json]
+"""
+import argparse, json, os, re, subprocess, sys, tempfile
+
+Q4_0_BYTES_PER_WEIGHT = 18 / 32  # 32 weights in 18 bytes
+SHAPES = {  # dim, layers, heads, kv heads, ffn, vocab (Llama 2's published configurations)
+    "7B": dict(dim=4096, layers=32, heads=32, kv=32, ffn=11008, vocab=32000),
+    "70B": dict(dim=8192, layers=80, heads=64, kv=8, ffn=28672, vocab=32000),
+}
+LINKS = {"10 GbE": 1.25e9, "25 GbE": 3.125e9, "100 GbE": 12.5e9}  # bytes/s
+WIRE_US = 10.0  # NIC + one switch, one way (assumed; not measurable on one host)
+
+
+def layer_weights(s):
+    head = s["dim"] // s["heads"]
+    attn = 2 * s["dim"] * s["dim"] + 2 * s["dim"] * s["kv"] * head
+    return attn + 3 * s["dim"] * s["ffn"]
+
+
+def run(cmd, env=None):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def bench_tg(gale, path):
+    out = run([gale, "bench", "-m", path, "-p", "0", "-n", "32", "-r", "3", "-t", str(os.cpu_count() or 2)])
+    for line in out.splitlines():
+        if "| tg32 |" in line:
+            return float(line.split("|")[5])
+    sys.exit("no tg32 row in:\n" + out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gale", default="build/gale")
+    ap.add_argument("--dist-bench", default="build/dist_bench")
+    ap.add_argument("--out", default="pipeline-model.json")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp()
+    s7 = SHAPES["7B"]
+    tg = {}
+    for layers in (2, 6):
+        path = os.path.join(tmp, f"l{layers}.gguf")
+        run([a.gale, "synth", "--shape", "custom", "--arch", "llama", "--dim", str(s7["dim"]), "--layers", str(layers),
+             "--heads", str(s7["heads"]), "--kv-heads", str(s7["kv"]), "--ffn", str(s7["ffn"]), "--vocab",
+             str(s7["vocab"]), "--ctx", "4096", "--type", "q4_0", "-o", path])
+        tg[layers] = bench_tg(a.gale, path)
+        os.remove(path)
+    t2, t6 = 1e3 / tg[2], 1e3 / tg[6]
+    t_layer7 = (t6 - t2) / 4  # ms per token per layer
+    t_head7 = t2 - 2 * t_layer7
+    env = dict(os.environ, OMPI_MCA_btl="self,tcp")
+    if os.getuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    jpath = os.path.join(tmp, "dist.json")
+    run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", a.dist_bench, "--out", jpath], env=env)
+    hops = {e["bytes"]: e["one_way_us"] for e in json.load(open(jpath))["sizes"]}
+
+    def software_us(nbytes):  # the measured size at or above nbytes
+        return hops[min([b for b in hops if b >= nbytes] or [max(hops)])]
+
+    print(f"measured here: one 7B-shaped Q4_0 layer {t_layer7:.2f} ms per decoded token, embedding + head "
+          f"{t_head7:.2f} ms; TCP loopback one way: 16 KiB {software_us(16384):.1f} us, 32 KiB {software_us(32768):.1f} us\n")
+    print("| model | hosts | link | bytes / token | messages / token | network ms / token | compute ms / token "
+          "| expected tok/s (one stream) | network share |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name, s in SHAPES.items():
+        scale = layer_weights(s) / layer_weights(s7)
+        t_layer = t_layer7 * scale
+        t_head = t_head7 * s["dim"] / s7["dim"]
+        compute = s["layers"] * t_layer + t_head
+        hidden = s["dim"] * 4  # one token's residual row, f32
+        for p in ((2, 4) if name == "7B" else (2, 4, 8)):
+            for link, rate in LINKS.items():
+                # p - 1 boundaries forward, one back to rank 0 (the rows for its output head); the
+                # step's plan goes out to every rank before rank 0 computes (off the critical path).
+                per_hop_ms = (software_us(hidden) + WIRE_US + hidden / rate * 1e6) / 1e3
+                net = p * per_hop_ms
+                tps = 1e3 / (compute + net)
+                row = dict(model=name, hosts=p, link=link, bytes_per_token=p * hidden, messages_per_token=p + (p - 1),
+                           network_ms=net, compute_ms=compute, tokens_per_s=tps, network_share=net / (compute + net))
+                rows.append(row)
+                print(f"| {name} Q4_0 | {p} | {link} | {p * hidden / 1024:.0f} KiB | {p} + {p - 1} plans | {net:.3f} | "
+                      f"{compute:.0f} | {tps:.2f} | {100 * net / (compute + net):.2f}% |")
+    json.dump(dict(t_layer_7b_ms=t_layer7, t_head_7b_ms=t_head7, tcp_one_way_us=hops, wire_us=WIRE_US, rows=rows),
+              open(a.out, "w"), indent=1)
+    print(f"\nwrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
