@@ -309,7 +309,7 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
 namespace gale {
 
 void PipelineFlags::Register(CLI::App& app) {
-  app.add_option("--pipeline-parallel,--pp", stages,
+  app.add_option("--pipeline-parallel,--pipeline-parallel-size,--pp", stages,
                  "split the model's layers over N processes started by mpirun -np N (or srun); rank 0 serves")
       ->capture_default_str();
   app.add_option("--pipeline-micro-batches", micro_batches,
