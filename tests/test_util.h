@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "gguf/gguf_file.h"
+#include "model/model.h"
 #include "model/synth.h"
+#include "model/tokenizer.h"
 
 namespace gale::test {
 
@@ -153,6 +156,22 @@ inline std::vector<std::string> SplitVocabTexts(const std::string& inp) {
     at = next + sep.size();
   }
   return texts;
+}
+
+// A model file in memory, its model and tokenizer.
+struct LoadedModel {
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
+};
+// A random-weight model of a shape (ArchTestShape, or any other) in `type`.
+inline LoadedModel SynthModel(const SynthShape& shape, GgmlType type, uint64_t seed = 11) {
+  LoadedModel m;
+  const auto bytes = SynthesizeModel(shape, type, seed)->WriteToBytes();
+  m.file = GgufFile::FromBytes(bytes).value();
+  m.model = LoadModel(*m.file).value();
+  m.tok = Tokenizer::FromGguf(*m.file).value();
+  return m;
 }
 
 }  // namespace gale::test

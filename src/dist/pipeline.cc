@@ -112,10 +112,8 @@ struct StepPlan {
   uint8_t k_type = 0, v_type = 0, key_channels = 0;
   KvLayerGroups groups;
   int32_t micro_batches = 1;
-  std::vector<int32_t> tokens, positions, seq_idx, slots, logit_rows, hidden_rows;
-  uint8_t all_logits = 0;
   std::vector<std::vector<int32_t>> tables;
-  ForwardBatch batch;  // views of the above
+  ForwardBatch batch;  // its block tables view `tables`
 };
 
 std::vector<uint8_t> EncodeStep(const ForwardBatch& b, const KvStorage& kv, int micro_batches) {
@@ -156,10 +154,13 @@ Status DecodeStep(std::span<const uint8_t> bytes, StepPlan* p) {
   RETURN_IF_ERROR(r.GetVector(&p->groups.slot_of));
   RETURN_IF_ERROR(r.GetVector(&p->groups.window));
   RETURN_IF_ERROR(r.Get(&p->micro_batches));
-  for (std::vector<int32_t>* v : {&p->tokens, &p->positions, &p->seq_idx, &p->slots, &p->logit_rows, &p->hidden_rows}) {
+  ForwardBatch& b = p->batch;
+  for (std::vector<int32_t>* v : {&b.tokens, &b.positions, &b.seq_idx, &b.slots, &b.logit_rows, &b.hidden_rows}) {
     RETURN_IF_ERROR(r.GetVector(v));
   }
-  RETURN_IF_ERROR(r.Get(&p->all_logits));
+  uint8_t all_logits = 0;
+  RETURN_IF_ERROR(r.Get(&all_logits));
+  b.all_logits = all_logits != 0;
   int64_t num_tables = 0;
   RETURN_IF_ERROR(r.Get(&num_tables));
   if (num_tables < 0 || num_tables > (1 << 24)) return DataLoss("pipeline step with {} block tables", num_tables);
@@ -169,14 +170,6 @@ Status DecodeStep(std::span<const uint8_t> bytes, StepPlan* p) {
   if (p->k_type > static_cast<uint8_t>(kernels::KvType::kInt4) || p->v_type > static_cast<uint8_t>(kernels::KvType::kInt4)) {
     return DataLoss("pipeline step: KV type {} / {}", p->k_type, p->v_type);
   }
-  ForwardBatch& b = p->batch;
-  b.tokens = p->tokens;
-  b.positions = p->positions;
-  b.seq_idx = p->seq_idx;
-  b.slots = p->slots;
-  b.logit_rows = p->logit_rows;
-  b.hidden_rows = p->hidden_rows;
-  b.all_logits = p->all_logits != 0;
   for (const auto& t : p->tables) b.block_tables.emplace_back(t);
   return Status::Ok();
 }

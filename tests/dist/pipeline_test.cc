@@ -20,21 +20,12 @@
 namespace gale {
 namespace {
 
-struct TestModel {
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tok;
-};
+using TestModel = test::LoadedModel;
 
-TestModel Synthetic(const std::string& arch, int64_t num_layers, GgmlType type = GgmlType::kQ8_0, uint64_t seed = 11) {
-  TestModel m;
+TestModel Synthetic(const std::string& arch, int64_t num_layers, GgmlType type = GgmlType::kQ8_0) {
   SynthShape shape = test::ArchTestShape(arch);
   shape.num_layers = std::max(shape.num_layers, num_layers);
-  const auto bytes = SynthesizeModel(shape, type, seed)->WriteToBytes();
-  m.file = GgufFile::FromBytes(bytes).value();
-  m.model = LoadModel(*m.file).value();
-  m.tok = Tokenizer::FromGguf(*m.file).value();
-  return m;
+  return test::SynthModel(shape, type);
 }
 
 // Ranks 1..n-1 of a LocalGroup running RunPipelineWorker on their own threads.

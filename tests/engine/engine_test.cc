@@ -23,11 +23,7 @@
 namespace gale {
 namespace {
 
-struct TestModel {
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tok;
-};
+using TestModel = test::LoadedModel;
 
 TestModel Stories() {
   TestModel m;
@@ -38,13 +34,7 @@ TestModel Stories() {
 }
 
 TestModel Synthetic(GgmlType type = GgmlType::kQ8_0, const std::string& arch = "llama") {
-  TestModel m;
-  auto shape = test::ArchTestShape(arch);
-  const auto bytes = SynthesizeModel(shape, type, 11)->WriteToBytes();
-  m.file = GgufFile::FromBytes(bytes).value();
-  m.model = LoadModel(*m.file).value();
-  m.tok = Tokenizer::FromGguf(*m.file).value();
-  return m;
+  return test::SynthModel(test::ArchTestShape(arch), type);
 }
 
 // The default model with a per-channel key transform in its metadata (random: attention's
