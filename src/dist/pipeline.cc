@@ -78,20 +78,19 @@ std::string ModelSignature(const Model& m) {
                      hp.vocab_size, hp.num_kv_heads, hp.head_dim, m.weight_bytes());
 }
 
-// A stage's message to the next: its status, then floats (the residual stream, or the last
-// stage's logits followed by its hidden rows).
-std::vector<uint8_t> EncodeRows(const Status& s, std::span<const float> a, std::span<const float> b = {}) {
+// A stage's message to the next: its status, then residual rows ([rows, dim] floats: all the
+// micro-batch's tokens, or from the last stage the rows rank 0's head needs); none after an error.
+std::vector<uint8_t> EncodeRows(const Status& s, std::span<const float> rows) {
   Writer w;
   w.Put<int32_t>(static_cast<int32_t>(s.code()));
   w.PutString(s.message());
-  w.PutVector<float>(a);
-  w.PutVector<float>(b);
+  w.PutVector<float>(rows);
   return w.Take();
 }
 
 struct Rows {
   Status status;
-  std::vector<float> a, b;
+  std::vector<float> x;  // [rows, dim]
 };
 StatusOr<Rows> DecodeRows(std::span<const uint8_t> bytes) {
   Reader r(bytes);
@@ -100,8 +99,9 @@ StatusOr<Rows> DecodeRows(std::span<const uint8_t> bytes) {
   Rows rows;
   RETURN_IF_ERROR(r.Get(&code));
   RETURN_IF_ERROR(r.GetString(&message));
-  RETURN_IF_ERROR(r.GetVector(&rows.a));
-  RETURN_IF_ERROR(r.GetVector(&rows.b));
+  RETURN_IF_ERROR(r.GetVector(&rows.x));
+  if (!r.done()) return DataLoss("pipeline rows message has trailing bytes");
+  if (code < 0 || code > static_cast<int32_t>(StatusCode::kUnavailable)) return DataLoss("pipeline status code {}", code);
   if (code != 0) rows.status = Status(static_cast<StatusCode>(code), message);
   return rows;
 }
@@ -402,11 +402,11 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
       continue;
     }
     const std::vector<int32_t> head_rows = HeadRows(mb.batch);
-    if (rows->a.size() != head_rows.size() * dim) {
-      return Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->a.size(), head_rows.size(), dim));
+    if (rows->x.size() != head_rows.size() * dim) {
+      return Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->x.size(), head_rows.size(), dim));
     }
     // The head on rank 0: the same kernels on the same rows as one process.
-    const ForwardBatch head = HeadBatch(mb.batch, head_rows, static_cast<int32_t>(hp.num_layers), rows->a.data());
+    const ForwardBatch head = HeadBatch(mb.batch, head_rows, static_cast<int32_t>(hp.num_layers), rows->x.data());
     if (Status s = model_.Forward(head, kv, stage_ws_, pool); !s.ok()) {
       if (first_error.ok()) first_error = s;
       continue;
@@ -470,15 +470,15 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
       ASSIGN_OR_RETURN(Rows rows, DecodeRows(in));
       const int64_t n = static_cast<int64_t>(mb.batch.tokens.size());
       Status s = rows.status;
-      if (s.ok() && static_cast<int64_t>(rows.a.size()) != n * hp.dim) {
-        s = DataLoss("pipeline stage {} got {} floats for {} tokens", rank, rows.a.size(), n);
+      if (s.ok() && static_cast<int64_t>(rows.x.size()) != n * hp.dim) {
+        s = DataLoss("pipeline stage {} got {} floats for {} tokens", rank, rows.x.size(), n);
       }
       if (s.ok()) {
         ForwardBatch sub = mb.batch;
         sub.first_layer = static_cast<int32_t>(first_layer);
         sub.end_layer = static_cast<int32_t>(end_layer);
         sub.output_head = false;  // rank 0 computes the head from the rows the last stage sends
-        sub.input = rows.a.data();
+        sub.input = rows.x.data();
         s = model.Forward(sub, *kv, ws, pool).WithContext(fmt::format("pipeline stage {}", rank));
       }
       std::vector<uint8_t> out;
