@@ -160,7 +160,9 @@ std::vector<uint8_t> FusedGateUp(const GgufFile& f) {
     const auto copy = [&](const GgufTensorInfo& x) { return std::vector<uint8_t>(x.data, x.data + x.num_bytes); };
     const size_t at = t.name.find("ffn_gate_exps.");
     if (at == std::string::npos) {
-      if (t.name.find("ffn_up_exps.") == std::string::npos) EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, copy(t)).ok());
+      if (t.name.find("ffn_up_exps.") == std::string::npos) {
+        EXPECT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, copy(t)).ok());
+      }
       continue;
     }
     const std::string suffix = t.name.substr(at + std::string("ffn_gate_exps").size());  // ".weight" or ".bias"

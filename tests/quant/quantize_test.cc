@@ -357,7 +357,9 @@ TEST(QuantizeTest, MixturesQuantizeTheirExperts) {
       if (sc == QuantScheme::kMXFP4) {  // llama.cpp's MXFP4_MOE: the experts MXFP4, other matrices Q8_0
         EXPECT_EQ(experts->type_id, static_cast<uint32_t>(GgmlType::kMXFP4));
         const GgufTensorInfo* wo = out->FindTensor("blk.1.attn_output.weight");
-        if (wo != nullptr) EXPECT_EQ(wo->type_id, static_cast<uint32_t>(GgmlType::kQ8_0));
+        if (wo != nullptr) {
+          EXPECT_EQ(wo->type_id, static_cast<uint32_t>(GgmlType::kQ8_0));
+        }
         EXPECT_GT(report.quantized_q8, 0);
       }
       if (const GgufTensorInfo* b = out->FindTensor("blk.1.ffn_down_exps.bias")) {  // gpt-oss: biases stay f32
