@@ -389,7 +389,10 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
   }
   // The last stage's rows, into the step's order.
   const int64_t vocab = hp.vocab_size, dim = hp.dim;
-  const size_t num_logits = batch.logit_rows.empty() ? (batch.all_logits ? batch.tokens.size() : 1) : batch.logit_rows.size();
+  size_t num_logits = 0;  // the step's wanted rows, as SplitMicroBatches resolved them
+  for (const MicroBatch& mb : mbs) {
+    num_logits += static_cast<size_t>(std::count_if(mb.logit_out.begin(), mb.logit_out.end(), [](int32_t o) { return o >= 0; }));
+  }
   if (ws.logits.size() < num_logits * vocab) ws.logits.resize(num_logits * vocab);
   if (ws.hidden.size() < batch.hidden_rows.size() * dim) ws.hidden.resize(batch.hidden_rows.size() * dim);
   for (const MicroBatch& mb : mbs) {
@@ -456,8 +459,7 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
     RETURN_IF_ERROR(CheckGroups(plan.groups, hp.num_layers));
     const auto k_type = static_cast<kernels::KvType>(plan.k_type), v_type = static_cast<kernels::KvType>(plan.v_type);
     if (kv == nullptr || kv->num_blocks() != plan.num_blocks || kv->block_size() != plan.block_size ||
-        kv->k_type() != k_type || kv->v_type() != v_type || kv->groups().group_of != plan.groups.group_of ||
-        kv->groups().slot_of != plan.groups.slot_of || kv->groups().window != plan.groups.window) {
+        kv->k_type() != k_type || kv->v_type() != v_type || kv->groups() != plan.groups) {
       if (plan.num_blocks <= 0 || plan.block_size <= 0 || plan.num_blocks > (int64_t{1} << 31)) {
         return DataLoss("pipeline step: {} KV blocks of {}", plan.num_blocks, plan.block_size);
       }

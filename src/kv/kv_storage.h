@@ -33,6 +33,7 @@ struct KvLayerGroups {
 
   int64_t num_layers() const { return static_cast<int64_t>(group_of.size()); }
   int64_t num_groups() const { return static_cast<int64_t>(window.size()); }
+  bool operator==(const KvLayerGroups&) const = default;
   // Every layer in one group (slot = layer).
   static KvLayerGroups Single(int64_t num_layers, int64_t window = 0);
   // Layers grouped by their window (0: none): groups of min(layers per window value) layers, in
