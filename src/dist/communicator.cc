@@ -7,6 +7,8 @@
 #include <mutex>
 #include <tuple>
 
+#include "base/tree_sum.h"
+
 namespace gale::dist {
 
 Status Communicator::Broadcast(int root, std::vector<uint8_t>* bytes, const Wait& wait, int tag) {
@@ -27,14 +29,16 @@ Status Communicator::AllReduceSum(std::span<float> x, const Wait& wait, int tag)
     std::memcpy(mine.data(), x.data(), num_bytes);
     RETURN_IF_ERROR(Send(0, tag, std::move(mine)));
   } else {
+    std::vector<std::vector<uint8_t>> theirs(static_cast<size_t>(size()));
+    std::vector<float*> parts = {x.data()};
     for (int r = 1; r < size(); ++r) {
-      ASSIGN_OR_RETURN(std::vector<uint8_t> theirs, Recv(r, tag, wait));
-      if (theirs.size() != num_bytes) {
-        return Internal("all-reduce: rank {} sent {} bytes, expected {}", r, theirs.size(), num_bytes);
+      ASSIGN_OR_RETURN(theirs[r], Recv(r, tag, wait));
+      if (theirs[r].size() != num_bytes) {
+        return Internal("all-reduce: rank {} sent {} bytes, expected {}", r, theirs[r].size(), num_bytes);
       }
-      const float* y = reinterpret_cast<const float*>(theirs.data());
-      for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      parts.push_back(reinterpret_cast<float*>(theirs[r].data()));
     }
+    TreeSum(parts, x.size());
   }
   std::vector<uint8_t> sum(num_bytes);
   if (rank() == 0) std::memcpy(sum.data(), x.data(), num_bytes);

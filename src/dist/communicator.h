@@ -1,6 +1,6 @@
 // The seam between ranks of one model spread over processes (pipeline parallelism today):
 // rank, size, point-to-point messages, and the collectives built on them (broadcast, an
-// all-reduce that sums in rank order). Two backends: MPI (Open MPI; `mpirun` or Slurm starts the
+// all-reduce that sums in a fixed order). Two backends: MPI (Open MPI; `mpirun` or Slurm starts the
 // processes, dist/mpi_communicator.cc) and in-process threads (LocalGroup, for tests). Messages
 // between one pair of ranks with one tag arrive in the order they were sent.
 #pragma once
@@ -41,7 +41,7 @@ class Communicator {
   // Root's bytes on every rank (the others' *bytes are replaced).
   Status Broadcast(int root, std::vector<uint8_t>* bytes, const Wait& wait, int tag = kCollectiveTag);
   // x = the sum over ranks of x, the same bits on every rank: rank 0 adds the ranks' vectors in
-  // rank order (((x0 + x1) + x2) + ...), then broadcasts the sum. Deterministic for a given size.
+  // TreeSum's order ((x0 + x1) + (x2 + x3) for four), then broadcasts the sum.
   Status AllReduceSum(std::span<float> x, const Wait& wait, int tag = kCollectiveTag);
 
   static constexpr int kCollectiveTag = 100;

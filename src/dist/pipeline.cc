@@ -6,77 +6,10 @@
 
 #include <fmt/format.h>
 
+#include "dist/step_message.h"
+
 namespace gale::dist {
 namespace {
-
-enum Tag : int { kTagHello = 1, kTagStep = 2, kTagHidden = 3, kTagOutput = 4 };
-enum StepKind : uint8_t { kStep = 1, kStop = 2 };
-
-// Little-endian plain bytes (every rank runs the same binary on the same kind of CPU).
-class Writer {
- public:
-  template <typename T>
-  void Put(T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const size_t at = out_.size();
-    out_.resize(at + sizeof(T));
-    std::memcpy(out_.data() + at, &v, sizeof(T));
-  }
-  template <typename T>
-  void PutVector(std::span<const T> v) {
-    Put<int64_t>(static_cast<int64_t>(v.size()));
-    const size_t at = out_.size();
-    out_.resize(at + v.size_bytes());
-    if (!v.empty()) std::memcpy(out_.data() + at, v.data(), v.size_bytes());
-  }
-  void PutString(const std::string& s) { PutVector<char>(std::span<const char>(s.data(), s.size())); }
-  std::vector<uint8_t> Take() { return std::move(out_); }
-
- private:
-  std::vector<uint8_t> out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  template <typename T>
-  Status Get(T* v) {
-    if (in_.size() - at_ < sizeof(T)) return DataLoss("pipeline message ends early");
-    std::memcpy(v, in_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return Status::Ok();
-  }
-  template <typename T>
-  Status GetVector(std::vector<T>* v) {
-    int64_t n = 0;
-    RETURN_IF_ERROR(Get(&n));
-    if (n < 0 || static_cast<uint64_t>(n) > (in_.size() - at_) / sizeof(T)) {
-      return DataLoss("pipeline message: a vector of {} elements in {} bytes", n, in_.size() - at_);
-    }
-    v->resize(static_cast<size_t>(n));
-    if (n > 0) std::memcpy(v->data(), in_.data() + at_, static_cast<size_t>(n) * sizeof(T));
-    at_ += static_cast<size_t>(n) * sizeof(T);
-    return Status::Ok();
-  }
-  Status GetString(std::string* s) {
-    std::vector<char> c;
-    RETURN_IF_ERROR(GetVector(&c));
-    s->assign(c.begin(), c.end());
-    return Status::Ok();
-  }
-  bool done() const { return at_ == in_.size(); }
-
- private:
-  std::span<const uint8_t> in_;
-  size_t at_ = 0;
-};
-
-// What a rank says at start-up: enough of the model to catch a rank started on another file.
-std::string ModelSignature(const Model& m) {
-  const ModelHParams& hp = m.hparams();
-  return fmt::format("{} with {} layers, dim {}, vocab {}, KV {}x{}, {} weight bytes", hp.arch, hp.num_layers, hp.dim,
-                     hp.vocab_size, hp.num_kv_heads, hp.head_dim, m.weight_bytes());
-}
 
 // A stage's message to the next: its status, then residual rows ([rows, dim] floats: all the
 // micro-batch's tokens, or from the last stage the rows rank 0's head needs); none after an error.
@@ -104,89 +37,6 @@ StatusOr<Rows> DecodeRows(std::span<const uint8_t> bytes) {
   if (code < 0 || code > static_cast<int32_t>(StatusCode::kUnavailable)) return DataLoss("pipeline status code {}", code);
   if (code != 0) rows.status = Status(static_cast<StatusCode>(code), message);
   return rows;
-}
-
-// The step as every rank needs it: the storage's shape and the batch.
-struct StepPlan {
-  int64_t num_blocks = 0, block_size = 0;
-  uint8_t k_type = 0, v_type = 0, key_channels = 0;
-  KvLayerGroups groups;
-  int32_t micro_batches = 1;
-  std::vector<std::vector<int32_t>> tables;
-  ForwardBatch batch;  // its block tables view `tables`
-};
-
-std::vector<uint8_t> EncodeStep(const ForwardBatch& b, const KvStorage& kv, int micro_batches) {
-  Writer w;
-  w.Put<uint8_t>(kStep);
-  w.Put<int64_t>(kv.num_blocks());
-  w.Put<int64_t>(kv.block_size());
-  w.Put<uint8_t>(static_cast<uint8_t>(kv.k_type()));
-  w.Put<uint8_t>(static_cast<uint8_t>(kv.v_type()));
-  w.Put<uint8_t>(kv.key_channels() ? 1 : 0);
-  const KvLayerGroups& g = kv.groups();
-  w.Put<int64_t>(g.layers_per_block);
-  w.PutVector<int32_t>(g.group_of);
-  w.PutVector<int32_t>(g.slot_of);
-  w.PutVector<int64_t>(g.window);
-  w.Put<int32_t>(micro_batches);
-  for (const std::vector<int32_t>* v : {&b.tokens, &b.positions, &b.seq_idx, &b.slots, &b.logit_rows, &b.hidden_rows}) {
-    w.PutVector<int32_t>(*v);
-  }
-  w.Put<uint8_t>(b.all_logits ? 1 : 0);
-  w.Put<int64_t>(static_cast<int64_t>(b.block_tables.size()));
-  for (std::span<const int32_t> t : b.block_tables) w.PutVector<int32_t>(t);
-  return w.Take();
-}
-
-Status DecodeStep(std::span<const uint8_t> bytes, StepPlan* p) {
-  Reader r(bytes);
-  uint8_t kind = 0;
-  RETURN_IF_ERROR(r.Get(&kind));
-  if (kind != kStep) return DataLoss("pipeline step message of kind {}", kind);
-  RETURN_IF_ERROR(r.Get(&p->num_blocks));
-  RETURN_IF_ERROR(r.Get(&p->block_size));
-  RETURN_IF_ERROR(r.Get(&p->k_type));
-  RETURN_IF_ERROR(r.Get(&p->v_type));
-  RETURN_IF_ERROR(r.Get(&p->key_channels));
-  RETURN_IF_ERROR(r.Get(&p->groups.layers_per_block));
-  RETURN_IF_ERROR(r.GetVector(&p->groups.group_of));
-  RETURN_IF_ERROR(r.GetVector(&p->groups.slot_of));
-  RETURN_IF_ERROR(r.GetVector(&p->groups.window));
-  RETURN_IF_ERROR(r.Get(&p->micro_batches));
-  ForwardBatch& b = p->batch;
-  for (std::vector<int32_t>* v : {&b.tokens, &b.positions, &b.seq_idx, &b.slots, &b.logit_rows, &b.hidden_rows}) {
-    RETURN_IF_ERROR(r.GetVector(v));
-  }
-  uint8_t all_logits = 0;
-  RETURN_IF_ERROR(r.Get(&all_logits));
-  b.all_logits = all_logits != 0;
-  int64_t num_tables = 0;
-  RETURN_IF_ERROR(r.Get(&num_tables));
-  if (num_tables < 0 || num_tables > (1 << 24)) return DataLoss("pipeline step with {} block tables", num_tables);
-  p->tables.resize(static_cast<size_t>(num_tables));
-  for (auto& t : p->tables) RETURN_IF_ERROR(r.GetVector(&t));
-  if (!r.done()) return DataLoss("pipeline step message has trailing bytes");
-  if (p->k_type > static_cast<uint8_t>(kernels::KvType::kInt4) || p->v_type > static_cast<uint8_t>(kernels::KvType::kInt4)) {
-    return DataLoss("pipeline step: KV type {} / {}", p->k_type, p->v_type);
-  }
-  for (const auto& t : p->tables) b.block_tables.emplace_back(t);
-  return Status::Ok();
-}
-
-// The groups a worker's storage needs to be laid out as rank 0's: the same layers in each.
-Status CheckGroups(const KvLayerGroups& g, int64_t num_layers) {
-  const int64_t num_groups = g.num_groups();
-  if (g.num_layers() != num_layers || static_cast<int64_t>(g.slot_of.size()) != num_layers || num_groups <= 0 ||
-      g.layers_per_block <= 0) {
-    return DataLoss("pipeline step: KV layer groups for {} layers, the model has {}", g.num_layers(), num_layers);
-  }
-  for (int64_t l = 0; l < num_layers; ++l) {
-    if (g.group_of[l] < 0 || g.group_of[l] >= num_groups || g.slot_of[l] < 0 || g.slot_of[l] >= g.layers_per_block) {
-      return DataLoss("pipeline step: layer {} in group {} slot {}", l, g.group_of[l], g.slot_of[l]);
-    }
-  }
-  return Status::Ok();
 }
 
 // The rows of a micro-batch the head needs (its logit and hidden rows), ascending, once each.
@@ -457,16 +307,7 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
     StepPlan plan;
     RETURN_IF_ERROR(DecodeStep(bytes, &plan).WithContext(fmt::format("rank {}", rank)));
     RETURN_IF_ERROR(CheckGroups(plan.groups, hp.num_layers));
-    const auto k_type = static_cast<kernels::KvType>(plan.k_type), v_type = static_cast<kernels::KvType>(plan.v_type);
-    if (kv == nullptr || kv->num_blocks() != plan.num_blocks || kv->block_size() != plan.block_size ||
-        kv->k_type() != k_type || kv->v_type() != v_type || kv->groups() != plan.groups) {
-      if (plan.num_blocks <= 0 || plan.block_size <= 0 || plan.num_blocks > (int64_t{1} << 31)) {
-        return DataLoss("pipeline step: {} KV blocks of {}", plan.num_blocks, plan.block_size);
-      }
-      // Reserved, not touched: only this stage's layers' pages are ever committed.
-      kv = std::make_unique<KvStorage>(model.kv_layout(), plan.groups, plan.num_blocks, plan.block_size, k_type, v_type);
-    }
-    kv->set_key_channels(plan.key_channels != 0);
+    RETURN_IF_ERROR(StorageForStep(plan, model.kv_layout(), &kv));
     for (const MicroBatch& mb : SplitMicroBatches(plan.batch, kv->num_groups(), plan.micro_batches)) {
       ASSIGN_OR_RETURN(std::vector<uint8_t> in, comm.Recv(rank - 1, kTagHidden, stage_wait));
       ASSIGN_OR_RETURN(Rows rows, DecodeRows(in));

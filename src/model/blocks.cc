@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "base/profiler.h"
+#include "base/tree_sum.h"
 #include "model/weights.h"
 
 namespace gale {
@@ -229,7 +230,91 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
 }
 
 void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool) {
-  kernels::MatMul(w.view, w.packed.get(), x, num_tokens, y, pool);
+  if (w.parts.empty()) {
+    kernels::MatMul(w.view, w.packed.get(), x, num_tokens, y, pool);
+    return;
+  }
+  // A tensor-parallel rank's slices: each part's product over its columns of x, then their sum.
+  const int64_t k = static_cast<int64_t>(w.parts.size());
+  const int64_t in = w.parts[0].view.shape[0], out = w.parts[0].view.shape[1];
+  thread_local std::vector<float> xs, ys;
+  Grow(xs, num_tokens * in);
+  Grow(ys, (k - 1) * num_tokens * out);
+  std::vector<float*> sums(k);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t t = 0; t < num_tokens; ++t) std::memcpy(xs.data() + t * in, x + (t * k + p) * in, in * sizeof(float));
+    sums[p] = p == 0 ? y : ys.data() + (p - 1) * num_tokens * out;
+    kernels::MatMul(w.parts[p].view, w.parts[p].packed.get(), xs.data(), num_tokens, sums[p], pool);
+  }
+  TreeSum(sums, static_cast<size_t>(num_tokens * out));
+}
+
+Status TensorSharder::Rows(MatrixWeight* w, const std::string& what) const {
+  if (w->view.shape.size() != 2) return InvalidArgument("tensor parallelism: {} is not a matrix", what);
+  const int64_t rows = w->view.shape[1], row_bytes = w->view.RowBytes();
+  if (rows % split_.slices != 0) {
+    return InvalidArgument("tensor parallelism: {} has {} rows, not a multiple of {} slices", what, rows, split_.slices);
+  }
+  const int64_t per = rows / split_.slices, first = per * split_.first_slice(), count = per * split_.num_slices();
+  w->view.data += first * row_bytes;
+  w->view.shape[1] = count;
+  w->view.num_bytes = static_cast<uint64_t>(count * row_bytes);
+  return Status::Ok();
+}
+
+Status TensorSharder::Vector(TensorView* v, const std::string& what) const {
+  if (v->shape.size() != 1 || v->type != GgmlType::kF32) return InvalidArgument("tensor parallelism: {} is not an f32 vector", what);
+  const int64_t n = v->shape[0];
+  if (n % split_.slices != 0) {
+    return InvalidArgument("tensor parallelism: {} has {} elements, not a multiple of {} slices", what, n, split_.slices);
+  }
+  const int64_t per = n / split_.slices;
+  v->data += per * split_.first_slice() * sizeof(float);
+  v->shape[0] = per * split_.num_slices();
+  v->num_bytes = static_cast<uint64_t>(v->shape[0] * sizeof(float));
+  return Status::Ok();
+}
+
+Status TensorSharder::Columns(MatrixWeight* w, const std::string& what) const {
+  const TensorView full = w->view;
+  if (full.shape.size() != 2) return InvalidArgument("tensor parallelism: {} is not a matrix", what);
+  const int64_t cols = full.shape[0], rows = full.shape[1];
+  const GgmlTypeTraits& t = TypeTraits(full.type);
+  const int64_t per = cols / split_.slices;
+  if (cols % split_.slices != 0 || per % t.block_size != 0) {
+    return InvalidArgument("tensor parallelism: {} has rows of {} ({}), which do not cut into {} slices of whole "
+                           "{}-element blocks", what, cols, t.name, split_.slices, t.block_size);
+  }
+  if (full.data == nullptr) return Internal("tensor parallelism: {} was released", what);
+  const int64_t in_row = full.RowBytes(), part_row = RowBytes(full.type, per);
+  std::vector<MatrixWeight> parts(static_cast<size_t>(split_.num_slices()));
+  for (int s = 0; s < split_.num_slices(); ++s) {
+    const int64_t offset = (split_.first_slice() + s) * part_row;
+    auto bytes = std::make_unique<uint8_t[]>(static_cast<size_t>(rows * part_row));
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(bytes.get() + r * part_row, full.data + r * in_row + offset, part_row);
+    parts[s].view = TensorView{full.type, {per, rows}, bytes.get(), static_cast<uint64_t>(rows * part_row)};
+    owned_->push_back(std::move(bytes));
+  }
+  w->packed.reset();
+  if (parts.size() == 1) {
+    w->view = parts[0].view;
+    return Status::Ok();
+  }
+  w->view = TensorView{full.type, {per * split_.num_slices(), rows}, nullptr,
+                       static_cast<uint64_t>(rows * part_row * split_.num_slices())};
+  w->parts = std::move(parts);
+  return Status::Ok();
+}
+
+Status ShardDense(DenseMatrices& m, const TensorSharder& sharder, int64_t layer) {
+  const std::string b = "blk." + std::to_string(layer) + " ";
+  RETURN_IF_ERROR(sharder.Rows(&m.wq, b + "attention Q"));
+  RETURN_IF_ERROR(sharder.Rows(&m.wk, b + "attention K"));
+  RETURN_IF_ERROR(sharder.Rows(&m.wv, b + "attention V"));
+  RETURN_IF_ERROR(sharder.Columns(&m.wo, b + "attention output"));
+  RETURN_IF_ERROR(sharder.Rows(&m.w_gate, b + "FFN gate"));
+  RETURN_IF_ERROR(sharder.Rows(&m.w_up, b + "FFN up"));
+  return sharder.Columns(&m.w_down, b + "FFN down");
 }
 
 ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvStorage& kv, Workspace& ws,
@@ -445,6 +530,7 @@ void ForwardPass::OutputProjection(int64_t l, const MatrixWeight& wo, const Tens
   if (batch_.observer) batch_.observer->Observe(l, LinearInput::kAttnOut, ws_.xb.data(), n, hp_.attn_out_dim());
   ProfileSpan span("matmul_o", "op", n, WeightBytes(wo), l);
   MatMul(wo, ws_.xb.data(), n, ws_.xb2.data(), pool_);
+  SumPartials(l);
   if (bias != nullptr) AddBias(ws_.xb2.data(), *bias, hp_.dim);
   Residual(l, post_norm);
 }
@@ -473,7 +559,14 @@ void ForwardPass::GatedFfn(int64_t l, const float* norm_w, const MatrixWeight& g
     span.Next("matmul_down", n, WeightBytes(down), l);
     MatMul(down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
   }
+  SumPartials(l);
   Residual(l, post_norm);
+}
+
+void ForwardPass::SumPartials(int64_t l) {
+  if (batch_.partial_sums == nullptr) return;
+  ProfileSpan span("all_reduce", "op", n_, 0, l);
+  batch_.partial_sums->Sum(ws_.xb2.data(), n_ * hp_.dim);
 }
 
 void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, GateActivation act,

@@ -44,6 +44,31 @@ struct DenseMatrices {
   }
 };
 
+// Cuts matrices for a tensor-parallel rank (Model::ShardLayer): each into the split's slices
+// (TensorSplit), keeping this rank's. Errors name the matrix (`what`) and the rule broken.
+class TensorSharder {
+ public:
+  TensorSharder(const TensorSplit& split, std::vector<std::unique_ptr<uint8_t[]>>* owned)
+      : split_(split), owned_(owned) {}
+  const TensorSplit& split() const { return split_; }
+  // A column-parallel matrix (Q, K, V, gate, up): the rows of this rank's slices (a view).
+  Status Rows(MatrixWeight* w, const std::string& what) const;
+  // Its bias: the same elements.
+  Status Vector(TensorView* v, const std::string& what) const;
+  // A row-parallel matrix (output projection, down): the columns of this rank's slices, copied,
+  // one matrix per slice (MatrixWeight::parts), or the one block itself where the rank has one
+  // slice. A slice's columns must be whole quantization blocks.
+  Status Columns(MatrixWeight* w, const std::string& what) const;
+
+ private:
+  TensorSplit split_;
+  std::vector<std::unique_ptr<uint8_t[]>>* owned_;
+};
+struct DenseMatrices;
+// The dense split of a layer (Megatron-LM's): Q, K, V, gate and up by rows, output and down by
+// columns. `layer` names it in errors.
+Status ShardDense(DenseMatrices& m, const TensorSharder& sharder, int64_t layer);
+
 // One expert of a mixture: a gated FFN of the expert width, with biases where the model has them
 // (gpt-oss: rows of the file's [width, experts] ffn_{gate,up,down}_exps.bias; null elsewhere).
 struct ExpertMatrices {
@@ -184,6 +209,8 @@ class ForwardPass {
   void AccumulateAttention(int64_t layer);
   // ws.xb = RmsNorm(ws.x) * norm_w per token; the observer sees it as `which`.
   void NormRows(int64_t layer, const float* norm_w, LinearInput which);
+  // Tensor parallelism: ws.xb2's rows summed over the ranks (ForwardBatch::partial_sums).
+  void SumPartials(int64_t layer);
   // ws.x += ws.xb2, through RmsNorm(.) * post_norm where given.
   void Residual(int64_t layer, const TensorView* post_norm);
 
@@ -199,6 +226,8 @@ class ForwardPass {
   std::vector<int32_t> seq_end_slots_;  // encoders: the last slot of each token's sequence
 };
 
+// y = x * w^T; a matrix kept as parts (MatrixWeight::parts) is each part's product over its
+// columns of x, added in TreeSum's order.
 void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y, ThreadPool& pool);
 inline int64_t WeightBytes(const MatrixWeight& w) { return static_cast<int64_t>(w.view.num_bytes); }
 

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "model/blocks.h"
 #include "model/weights.h"
 
 namespace gale {
@@ -125,7 +127,13 @@ uint64_t Model::packed_bytes() const {
 std::vector<MatrixWeight*> Model::Matrices(int64_t first_layer, int64_t end_layer, bool with_output) {
   std::vector<MatrixWeight*> all;
   for (int64_t l = first_layer; l < end_layer; ++l) {
-    for (MatrixWeight* w : LayerMatrices(l)) all.push_back(w);
+    for (MatrixWeight* w : LayerMatrices(l)) {
+      if (w->parts.empty()) {
+        all.push_back(w);
+      } else {
+        for (MatrixWeight& p : w->parts) all.push_back(&p);
+      }
+    }
   }
   if (with_output && !output_.view.shape.empty()) all.push_back(&output_);
   return all;
@@ -159,11 +167,65 @@ void Model::PackWeights(GgufFile* release_sources, int64_t first_layer, int64_t 
     MatrixWeight& w = *all[i];
     w.packed = kernels::PackForActiveIsa(w.view, packed_buffer_.get() + offset[i]);
     const bool shared_with_embedding = &w == &output_ && tied_output_;  // the embedding lookup reads it
-    if (w.packed && release_sources != nullptr && !shared_with_embedding) {
+    auto owned = std::find_if(shard_bytes_.begin(), shard_bytes_.end(),
+                              [&w](const std::unique_ptr<uint8_t[]>& b) { return b.get() == w.view.data; });
+    if (w.packed && release_sources != nullptr && owned != shard_bytes_.end()) {
+      owned->reset();  // a tensor-parallel column block's copy: the packed copy replaces it
+      w.view.data = nullptr;
+    } else if (w.packed && release_sources != nullptr && !shared_with_embedding) {
       released_bytes_ += release_sources->ReleasePages(w.view.data, w.view.num_bytes);
       w.view.data = nullptr;  // nothing may read it again
     }
   }
+}
+
+Status Model::ShardLayer(int64_t /*layer*/, const TensorSharder& /*sharder*/) {
+  return Unimplemented("tensor parallelism does not split gale's {} architecture yet (it splits llama, qwen2, qwen3, "
+                       "phi3, gemma2 and gemma3)", hp_.arch);
+}
+
+Status Model::ShardForTensorParallel(const TensorSplit& split) {
+  if (split.ranks < 1 || split.rank < 0 || split.rank >= split.ranks || split.slices < split.ranks ||
+      split.slices % split.ranks != 0) {
+    return InvalidArgument("tensor parallelism: {} slices over {} ranks (the slices must be a multiple of the ranks)",
+                           split.slices, split.ranks);
+  }
+  const int k = split.num_slices();
+  if ((k & (k - 1)) != 0) {
+    return InvalidArgument("tensor parallelism: {} slices per rank; it must be a power of two (the fixed order of "
+                           "the sums needs it)", k);
+  }
+  if (split_.on()) return Internal("the model is already split for tensor parallelism");
+  if (!split.on()) return Status::Ok();
+  for (MatrixWeight* w : Matrices()) {
+    if (w->packed) return Internal("tensor parallelism: the model must be split before its weights are packed");
+  }
+  if (!hp_.causal) return Unimplemented("tensor parallelism: an encoder ({}) runs in one process", hp_.arch);
+  if (hp_.moe.enabled() || hp_.mla.enabled() || hp_.kv_latent) {
+    return Unimplemented("tensor parallelism splits dense attention and FFNs; {}'s {} is not split yet", hp_.arch,
+                         hp_.mla.enabled() || hp_.kv_latent ? "latent attention" : "mixture of experts");
+  }
+  const int64_t s = split.slices;
+  if (hp_.num_heads % s != 0 || hp_.num_kv_heads % s != 0 || hp_.ffn_dim % s != 0) {
+    return InvalidArgument("tensor parallelism: {} heads, {} KV heads and an FFN of {} do not all divide into {} slices",
+                           hp_.num_heads, hp_.num_kv_heads, hp_.ffn_dim, s);
+  }
+  const TensorSharder sharder(split, &shard_bytes_);
+  for (int64_t l = 0; l < hp_.num_layers; ++l) RETURN_IF_ERROR(ShardLayer(l, sharder));
+  const int64_t kv_dim = hp_.kv_dim(), kv_per = kv_dim / s * k, kv_first = kv_dim / s * split.first_slice();
+  for (std::vector<float>* v : {&key_channels_.shift, &key_channels_.scale}) {
+    if (v->empty()) continue;
+    std::vector<float> mine;
+    for (int64_t l = 0; l < hp_.num_layers; ++l) {
+      mine.insert(mine.end(), v->begin() + l * kv_dim + kv_first, v->begin() + l * kv_dim + kv_first + kv_per);
+    }
+    *v = std::move(mine);
+  }
+  hp_.num_heads = hp_.num_heads / s * k;
+  hp_.num_kv_heads = hp_.num_kv_heads / s * k;
+  hp_.ffn_dim = hp_.ffn_dim / s * k;
+  split_ = split;
+  return Status::Ok();
 }
 
 StatusOr<uint64_t> Model::LockPackedWeights() {

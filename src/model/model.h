@@ -21,6 +21,32 @@
 
 namespace gale {
 
+// Tensor parallelism (dist/tensor_parallel.h): every layer's attention heads and FFN rows are cut
+// into `slices` equal slices and rank `rank` of `ranks` holds slices [first_slice(),
+// first_slice() + num_slices()): Q, K, V, gate and up keep the rows of its slices (its heads, its
+// part of the FFN's width); the output projection and down keep the matching columns, as one
+// matrix per slice. A row-parallel product is the sum of its slices' products, added in a fixed
+// pairwise tree (base/tree_sum.h): first the rank's own slices (MatMul), then the ranks'
+// partial sums (PartialSums). Wherever slices / ranks is a power of two, the numbers are added
+// in the same tree as one process with the same slices adds them: the same bits (so slices 4
+// gives one answer with 1, 2 or 4 ranks).
+struct TensorSplit {
+  int rank = 0, ranks = 1, slices = 1;
+  int num_slices() const { return slices / ranks; }
+  int first_slice() const { return rank * num_slices(); }
+  bool on() const { return slices > 1; }
+};
+
+// Sums a row-parallel product's partial rows over a tensor-parallel group, in place, in the
+// tree TensorSplit describes: every rank gets the same bits. A failure (a rank gone) is the
+// implementation's to keep: the forward finishes on whatever the rows hold and the caller that
+// set it (dist/tensor_parallel.h) fails the step.
+class PartialSums {
+ public:
+  virtual ~PartialSums() = default;
+  virtual void Sum(float* x, int64_t n) = 0;
+};
+
 // One step's tokens, from one or more sequences. Tokens of a sequence appear in position order.
 struct ForwardBatch {
   std::vector<int32_t> tokens;      // [num_tokens]
@@ -62,6 +88,9 @@ struct ForwardBatch {
   // false: the last layer's rows stay in ws.x, no head (a pipeline's last stage: rank 0 computes
   // the head from the rows it wants).
   bool output_head = true;
+  // Tensor parallelism: sums the partial rows of each output projection and FFN down product
+  // over the ranks (null: one process, whose products are already whole).
+  PartialSums* partial_sums = nullptr;
   int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
   int32_t seq(size_t i) const { return seq_idx.empty() ? 0 : seq_idx[i]; }
 };
@@ -163,9 +192,13 @@ struct Workspace {
 };
 
 // A weight matrix: its view into the file, and optionally a copy packed for the active ISA.
+// A tensor-parallel rank with more than one slice keeps a row-parallel matrix (output
+// projection, FFN down) as its slices' column blocks: `parts`, each [rows, in / parts]; view then
+// has the whole shape and type but no data, and MatMul sums the parts' products in a fixed tree.
 struct MatrixWeight {
   TensorView view;
   std::unique_ptr<kernels::PackedWeights> packed;
+  std::vector<MatrixWeight> parts;
 };
 
 class Model {
@@ -183,6 +216,14 @@ class Model {
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Empty unless the file carries calibrated key statistics.
   const KeyChannels& key_channels() const { return key_channels_; }
+
+  // Keeps only this rank's share of every layer (TensorSplit) and makes the hyperparameters its
+  // own: heads, KV heads and FFN width are the rank's (the KV layout too). Before PackWeights.
+  // Errors where the architecture has no dense split (mixtures of experts, latent attention,
+  // encoders, attention sinks), where heads, KV heads or FFN width do not divide into the slices,
+  // or where a column block would cut a quantization block.
+  Status ShardForTensorParallel(const TensorSplit& split);
+  const TensorSplit& tensor_split() const { return split_; }
 
   // Lays the matrices out again for the active kernel ISA where it has a faster layout (costs a
   // copy of those weights in memory). Forward uses the packed copy only while that ISA is active.
@@ -216,8 +257,11 @@ class Model {
   virtual Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const = 0;
   // Every matrix layer `layer` multiplies by, for packing.
   virtual std::vector<MatrixWeight*> LayerMatrices(int64_t layer) = 0;
+  // Cuts layer `layer` for a tensor-parallel rank (ShardForTensorParallel, before hp_ becomes
+  // the rank's): architectures with a dense split implement it (ShardDense in model/blocks.h).
+  virtual Status ShardLayer(int64_t layer, const class TensorSharder& sharder);
   // Those of layers [first_layer, end_layer), and the output layer where with_output and the
-  // model has one.
+  // model has one; a matrix kept as parts (MatrixWeight::parts) is its parts.
   std::vector<MatrixWeight*> Matrices(int64_t first_layer, int64_t end_layer, bool with_output);
   std::vector<MatrixWeight*> Matrices() { return Matrices(0, hp_.num_layers, true); }
   // Reads the token embedding, the final norm, the output layer (or ties it to the embedding)
@@ -236,6 +280,8 @@ class Model {
   std::vector<std::string> load_warnings_;
   uint64_t weight_bytes_ = 0;
   KeyChannels key_channels_;
+  TensorSplit split_;
+  std::vector<std::unique_ptr<uint8_t[]>> shard_bytes_;  // column blocks copied for tensor parallelism
 
  private:
   uint64_t released_bytes_ = 0;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../test_util.h"
+#include "workload.h"
 #include "base/rng.h"
 #include "dist/communicator.h"
 #include "engine/engine.h"
@@ -21,6 +22,8 @@ namespace gale {
 namespace {
 
 using TestModel = test::LoadedModel;
+using test::Collected;
+using test::RunWorkload;
 
 TestModel Synthetic(const std::string& arch, int64_t num_layers, GgmlType type = GgmlType::kQ8_0) {
   SynthShape shape = test::ArchTestShape(arch);
@@ -185,68 +188,6 @@ TEST(PipelineTest, StepsThroughStagesEqualOneProcessBitwise) {
   ExpectStepsEqualOneProcess(llama, 2, 2, kernels::KvType::kInt8);
 }
 
-struct Collected {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  FinishReason reason = FinishReason::kNone;
-  Status status;
-};
-
-Collected Collect(RequestStream& s) {
-  Collected c;
-  StreamUpdate u;
-  while (s.Next(&u)) {
-    c.tokens.insert(c.tokens.end(), u.token_ids.begin(), u.token_ids.end());
-    for (const auto& lp : u.logprobs) c.logprobs.push_back(lp.logprob);
-    if (u.finished) {
-      c.reason = u.finish_reason;
-      c.status = u.status;
-    }
-  }
-  return c;
-}
-
-std::vector<Collected> RunWorkload(const TestModel& m, const std::function<Status(const ForwardBatch&, KvStorage&,
-                                                                                   Workspace&, ThreadPool&)>& forward) {
-  EngineConfig cfg;
-  cfg.sched.max_batch_size = 16;
-  cfg.sched.max_num_batched_tokens = 24;
-  cfg.sched.prefill_chunk_size = 7;
-  cfg.block_size = 4;
-  const ModelHParams& hp = m.model->hparams();
-  cfg.kv_cache_memory_bytes = 40 * KvStorage::BytesPerBlock(hp.num_layers, hp.num_kv_heads, hp.head_dim, 4,
-                                                            kernels::KvType::kF16);
-  cfg.forward = forward;
-  ThreadPool pool(2);
-  auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
-  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-  if (!engine.ok()) return {};
-  Rng rng(9);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (int i = 0; i < 16; ++i) {
-    GenerationRequest r;
-    r.prompt.push_back(m.tok->bos_id());
-    // Half share a 20-token prefix (the prefix cache), lengths up to 60.
-    Rng prefix(77);
-    const int64_t len = 1 + static_cast<int64_t>(rng.NextU64() % 60);
-    for (int64_t j = 0; j < len; ++j) {
-      Rng& src = (i % 2 == 0 && j < 20) ? prefix : rng;
-      r.prompt.push_back(3 + static_cast<int32_t>(src.NextU64() % (hp.vocab_size - 3)));
-    }
-    r.max_tokens = 1 + static_cast<int64_t>(rng.NextU64() % 30);
-    r.sampling.temperature = i % 3 == 0 ? 0.0f : 0.8f;
-    r.sampling.seed = 500 + i;
-    r.top_logprobs = 0;
-    auto s = (*engine)->Submit(r);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (s.ok()) streams.push_back(*s);
-  }
-  std::vector<Collected> out;
-  for (auto& s : streams) out.push_back(Collect(*s));
-  EXPECT_GT((*engine)->stats().num_preemptions.load(), 0);
-  return out;
-}
-
 // The engine's workload (chunked prefill, preemption, the prefix cache, seeded sampling) through
 // 2 and 4 stages gives token for token, log-probability for log-probability, what one process gives.
 TEST(PipelineTest, EngineWorkloadThroughStagesEqualsOneProcess) {
@@ -388,16 +329,19 @@ TEST(PipelineTest, ARankWithAnotherModelIsRefusedAtStartUp) {
   EXPECT_NE(driver.status().message().find("different model"), std::string::npos) << driver.status().ToString();
 }
 
-// The all-reduce adds in rank order on rank 0 and hands every rank those bits.
-TEST(PipelineTest, AllReduceSumsInRankOrderOnEveryRank) {
+// The all-reduce adds in pairs on rank 0, (x0 + x1) + (x2 + x3), and hands every rank those bits.
+TEST(PipelineTest, AllReduceSumsInAFixedTreeOnEveryRank) {
   const int n = 4;
   auto comms = dist::LocalGroup(n);
   std::vector<std::vector<float>> x(n);
   for (int r = 0; r < n; ++r) x[r] = test::RandomFloats(257, 10 + r, -1e4f, 1e4f);
-  std::vector<float> expected = x[0];
-  for (int r = 1; r < n; ++r) {
-    for (size_t i = 0; i < expected.size(); ++i) expected[i] += x[r][i];
+  std::vector<float> expected(x[0].size());
+  bool differs_from_rank_order = false;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    expected[i] = (x[0][i] + x[1][i]) + (x[2][i] + x[3][i]);
+    differs_from_rank_order |= expected[i] != ((x[0][i] + x[1][i]) + x[2][i]) + x[3][i];
   }
+  ASSERT_TRUE(differs_from_rank_order);  // the data tells the two orders apart
   std::vector<std::thread> threads;
   std::vector<Status> st(n);
   for (int r = 0; r < n; ++r) {

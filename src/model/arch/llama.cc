@@ -77,6 +77,10 @@ class LlamaModel final : public Model {
     return Status::Ok();
   }
 
+  Status ShardLayer(int64_t layer, const TensorSharder& sharder) override {
+    return ShardDense(layers_[layer], sharder, layer);
+  }
+
   std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
     LlamaLayer& l = layers_[layer];
     std::vector<MatrixWeight*> all;

@@ -82,6 +82,10 @@ class Phi3Model final : public Model {
     return Status::Ok();
   }
 
+  Status ShardLayer(int64_t layer, const TensorSharder& sharder) override {
+    return ShardDense(layers_[layer], sharder, layer);
+  }
+
   std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
     std::vector<MatrixWeight*> all;
     layers_[layer].AppendTo(&all);

@@ -94,6 +94,17 @@ class QwenModel final : public Model {
     return Status::Ok();
   }
 
+  Status ShardLayer(int64_t layer, const TensorSharder& sharder) override {
+    QwenLayer& w = layers_[layer];
+    if (variant_ == Variant::kQwen2) {
+      const std::string b = "blk." + std::to_string(layer) + " ";
+      RETURN_IF_ERROR(sharder.Vector(&w.bq, b + "attention Q bias"));
+      RETURN_IF_ERROR(sharder.Vector(&w.bk, b + "attention K bias"));
+      RETURN_IF_ERROR(sharder.Vector(&w.bv, b + "attention V bias"));
+    }
+    return ShardDense(layers_[layer], sharder, layer);
+  }
+
   std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
     QwenLayer& l = layers_[layer];
     std::vector<MatrixWeight*> all;

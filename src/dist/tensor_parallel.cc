@@ -1,0 +1,199 @@
+#include "dist/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/tree_sum.h"
+#include "dist/pipeline.h"
+#include "dist/step_message.h"
+
+namespace gale::dist {
+namespace {
+
+// A worker's all-reduces: its partial rows to rank 0, the sum back (Communicator::AllReduceSum).
+// After a failure the rest of the step's sums are skipped (the worker then leaves).
+class WorkerSums final : public PartialSums {
+ public:
+  WorkerSums(Communicator& comm, Wait wait) : comm_(comm), wait_(wait) {}
+  void Sum(float* x, int64_t n) override {
+    if (!failed_.ok()) return;
+    failed_ = comm_.AllReduceSum(std::span<float>(x, static_cast<size_t>(n)), wait_, kTagReduce);
+  }
+  const Status& failed() const { return failed_; }
+
+ private:
+  Communicator& comm_;
+  Wait wait_;
+  Status failed_;
+};
+
+// Rank 0's all-reduces: the ranks' partial rows, added in TreeSum's order, and the sum sent back.
+// After a failure (a rank silent past the timeout, or Abort) it still takes every live rank's
+// rows and sends them something, so that no rank is left waiting for a sum, nor holding rows
+// nobody receives, when the stop comes; a rank that does not answer within `drain` is taken to be
+// gone and skipped for the rest of the step.
+class RankZeroSums final : public PartialSums {
+ public:
+  RankZeroSums(Communicator& comm, Wait wait, std::chrono::milliseconds drain)
+      : comm_(comm), wait_(wait), drain_{drain, nullptr}, gone_(static_cast<size_t>(comm.size()), false) {}
+
+  void Sum(float* x, int64_t n) override {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    std::vector<std::vector<uint8_t>> theirs(gone_.size());
+    std::vector<float*> parts = {x};
+    for (int r = 1; r < comm_.size(); ++r) {
+      if (gone_[r]) continue;
+      auto m = comm_.Recv(r, kTagReduce, failed_.ok() ? wait_ : drain_);
+      if (!m.ok() && failed_.ok() && wait_.cancel != nullptr && wait_.cancel->load()) {
+        failed_ = m.status();  // aborted: the rank is most likely alive, take its rows all the same
+        m = comm_.Recv(r, kTagReduce, drain_);
+      }
+      if (!m.ok()) {
+        if (failed_.ok()) failed_ = m.status().WithContext(fmt::format("tensor-parallel rank {}", r));
+        gone_[r] = true;
+        continue;
+      }
+      if (m->size() != bytes && failed_.ok()) {
+        failed_ = DataLoss("tensor-parallel rank {} sent {} bytes of partial sums, expected {}", r, m->size(), bytes);
+      }
+      theirs[r] = std::move(*m);
+      parts.push_back(reinterpret_cast<float*>(theirs[r].data()));
+    }
+    if (failed_.ok()) TreeSum(parts, static_cast<size_t>(n));
+    for (int r = 1; r < comm_.size(); ++r) {
+      if (gone_[r]) continue;
+      std::vector<uint8_t> sum(bytes);
+      std::memcpy(sum.data(), x, bytes);
+      if (Status s = comm_.Send(r, kTagReduce, std::move(sum)); !s.ok() && failed_.ok()) failed_ = s;
+    }
+  }
+  const Status& failed() const { return failed_; }
+
+ private:
+  Communicator& comm_;
+  Wait wait_, drain_;
+  std::vector<bool> gone_;
+  Status failed_;
+};
+
+}  // namespace
+
+TensorParallelDriver::TensorParallelDriver(const Model& model, Communicator& comm, TensorParallelOptions options)
+    : model_(model), comm_(comm), options_(options) {}
+
+TensorParallelDriver::~TensorParallelDriver() = default;
+
+StatusOr<std::unique_ptr<TensorParallelDriver>> TensorParallelDriver::Connect(const Model& model, Communicator& comm,
+                                                                              TensorParallelOptions options) {
+  if (comm.rank() != 0) return InvalidArgument("the tensor-parallel driver is rank 0, this is rank {}", comm.rank());
+  const TensorSplit& split = model.tensor_split();
+  if (split.rank != 0 || split.ranks != comm.size()) {
+    return InvalidArgument("the model is split as rank {} of {}, the group has {} ranks", split.rank, split.ranks,
+                           comm.size());
+  }
+  const std::string mine = ModelSignature(model);
+  for (int r = 1; r < comm.size(); ++r) {
+    auto hello = comm.Recv(r, kTagHello, Wait{options.timeout, nullptr});
+    if (!hello.ok()) return hello.status().WithContext("tensor-parallel start-up");
+    Reader rd(*hello);
+    std::string theirs;
+    RETURN_IF_ERROR(rd.GetString(&theirs));
+    if (theirs != mine) {
+      return InvalidArgument("tensor-parallel rank {} loaded a different model or split ({}) from rank 0's ({})", r, theirs,
+                             mine);
+    }
+  }
+  return std::unique_ptr<TensorParallelDriver>(new TensorParallelDriver(model, comm, options));
+}
+
+std::string TensorParallelDriver::Describe() const {
+  const TensorSplit& s = model_.tensor_split();
+  const ModelHParams& hp = model_.hparams();
+  return fmt::format("tensor parallel: {} ranks, {} slices; each rank {} heads, {} KV heads, FFN {} of every layer",
+                     s.ranks, s.slices, hp.num_heads, hp.num_kv_heads, hp.ffn_dim);
+}
+
+void TensorParallelDriver::Abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (abort_reason_.empty()) abort_reason_ = why;
+  }
+  aborted_.store(true);
+}
+
+Status TensorParallelDriver::Fail(Status s) {
+  if (failed_.ok()) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    failed_ = abort_reason_.empty() ? s : Unavailable("{}", abort_reason_);
+  }
+  aborted_.store(true);
+  return failed_;
+}
+
+Status TensorParallelDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
+  if (!failed_.ok()) return failed_;
+  if (aborted_.load()) return Fail(Unavailable("the tensor-parallel group was stopped"));
+  if (stopped_) return Unavailable("the tensor-parallel group was stopped");
+  for (const auto& a : batch.attn_acc) {
+    if (a.data != nullptr) return Unimplemented("KV retention does not run with tensor parallelism");
+  }
+  if (batch.observer != nullptr) return Unimplemented("calibration does not run with tensor parallelism");
+  const std::vector<uint8_t> step = EncodeStep(batch, kv, /*micro_batches=*/1);
+  for (int r = 1; r < comm_.size(); ++r) {
+    if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return Fail(s);
+  }
+  RankZeroSums sums(comm_, Wait{options_.timeout, &aborted_},
+                    std::min(options_.timeout, std::chrono::milliseconds(2000)));
+  ForwardBatch b = batch;
+  b.partial_sums = &sums;
+  // Every rank checks the same batch against the same shapes: one that fails here fails on all
+  // of them before any sum, and the next step goes on.
+  Status s = model_.Forward(b, kv, ws, pool);
+  if (!sums.failed().ok()) return Fail(sums.failed());
+  return s;
+}
+
+Status TensorParallelDriver::Stop(std::chrono::milliseconds wait) {
+  if (stopped_) return Status::Ok();
+  stopped_ = true;
+  return StopWorkers(comm_, wait);
+}
+
+Status RunTensorParallelWorker(const Model& model, Communicator& comm, ThreadPool& pool, TensorParallelOptions options) {
+  const int rank = comm.rank();
+  if (rank == 0) return InvalidArgument("rank 0 drives the tensor-parallel group");
+  const TensorSplit& split = model.tensor_split();
+  if (split.rank != rank || split.ranks != comm.size()) {
+    return InvalidArgument("the model is split as rank {} of {}, this is rank {} of {}", split.rank, split.ranks, rank,
+                           comm.size());
+  }
+  {
+    Writer w;
+    w.PutString(ModelSignature(model));
+    RETURN_IF_ERROR(comm.Send(0, kTagHello, w.Take()));
+  }
+  std::unique_ptr<KvStorage> kv;
+  Workspace ws;
+  const Wait step_wait{};  // an idle server sends no steps: wait for as long as it takes
+  const Wait sum_wait{options.timeout, nullptr};
+  for (;;) {
+    ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, comm.Recv(0, kTagStep, step_wait));
+    if (!bytes.empty() && bytes[0] == kStop) return comm.Flush(sum_wait);
+    StepPlan plan;
+    RETURN_IF_ERROR(DecodeStep(bytes, &plan).WithContext(fmt::format("rank {}", rank)));
+    RETURN_IF_ERROR(CheckGroups(plan.groups, model.hparams().num_layers));
+    RETURN_IF_ERROR(StorageForStep(plan, model.kv_layout(), &kv));
+    WorkerSums sums(comm, sum_wait);
+    ForwardBatch b = plan.batch;
+    b.output_head = false;  // rank 0 computes the head: it has the same rows
+    b.partial_sums = &sums;
+    // A batch that fails its checks fails them on rank 0 too, before any sum: nothing to do.
+    (void)model.Forward(b, *kv, ws, pool);
+    if (!sums.failed().ok()) return sums.failed().WithContext(fmt::format("tensor-parallel rank {}", rank));
+  }
+}
+
+}  // namespace gale::dist
