@@ -34,7 +34,10 @@ class WorkerSums final : public PartialSums {
 // After a failure (a rank silent past the timeout, or Abort) it still takes every live rank's
 // rows and sends them something, so that no rank is left waiting for a sum, nor holding rows
 // nobody receives, when the stop comes; a rank that does not answer within `drain` is taken to be
-// gone and skipped for the rest of the step.
+// gone and skipped for the rest of the step. The drain is short: under mpirun a dead rank makes
+// mpirun send SIGTERM to the rest and SIGKILL soon after, and the error must reach the clients
+// first. (A live rank whose layer takes longer than that is then left waiting for its timeout.)
+constexpr std::chrono::milliseconds kDrainWait{250};
 class RankZeroSums final : public PartialSums {
  public:
   RankZeroSums(Communicator& comm, Wait wait, std::chrono::milliseconds drain)
@@ -146,7 +149,7 @@ Status TensorParallelDriver::Forward(const ForwardBatch& batch, KvStorage& kv, W
     if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return Fail(s);
   }
   RankZeroSums sums(comm_, Wait{options_.timeout, &aborted_},
-                    std::min(options_.timeout, std::chrono::milliseconds(2000)));
+                    std::min(options_.timeout, kDrainWait));
   ForwardBatch b = batch;
   b.partial_sums = &sums;
   // Every rank checks the same batch against the same shapes: one that fails here fails on all

@@ -51,6 +51,9 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
   if (!model.ok()) return model.status().WithContext(m.path);
   m.model = std::move(model).value();
   for (const std::string& w : m.model->load_warnings()) std::fprintf(stderr, "warning: %s: %s\n", m.path.c_str(), w.c_str());
+  if (load.split.on()) {
+    if (Status s = m.model->ShardForTensorParallel(load.split); !s.ok()) return s.WithContext(m.path);
+  }
   if (load.Pack(m.path)) {
     const auto [first_layer, end_layer] =
         dist::StageLayers(m.model->hparams().num_layers, std::max(1, load.num_stages))[std::max(0, load.stage)];
@@ -308,42 +311,72 @@ StatusOr<EngineConfig> EngineOptions::Resolve() {
 
 namespace gale {
 
-void PipelineFlags::Register(CLI::App& app) {
+void ParallelFlags::Register(CLI::App& app) {
   app.add_option("--pipeline-parallel,--pipeline-parallel-size,--pp", stages,
                  "split the model's layers over N processes started by mpirun -np N (or srun); rank 0 serves")
       ->capture_default_str();
   app.add_option("--pipeline-micro-batches", micro_batches,
                  "most micro-batches per step that follow each other through the stages (0: the number of stages)")
       ->capture_default_str();
-  app.add_option("--pipeline-timeout", timeout_s,
-                 "seconds a stage may stay silent before its step fails and the pipeline is taken to be broken")
+  app.add_option("--tensor-parallel,--tensor-parallel-size,--tp", tensor_ranks,
+                 "split every layer's heads and FFN width over N processes started by mpirun -np N; rank 0 serves")
+      ->capture_default_str();
+  app.add_option("--tensor-parallel-slices", tensor_slices,
+                 "cut the heads and FFN width into this many slices (default: the ranks; a multiple of them): the "
+                 "same slices give the same bits with any rank count, one process included")
+      ->capture_default_str();
+  app.add_option("--pipeline-timeout,--parallel-timeout", timeout_s,
+                 "seconds another rank may stay silent before its step fails and the group is taken to be broken")
       ->capture_default_str();
 }
 
-dist::PipelineOptions PipelineFlags::options() const {
+dist::PipelineOptions ParallelFlags::pipeline_options() const {
   dist::PipelineOptions o;
   o.micro_batches = micro_batches;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   return o;
 }
 
-StatusOr<PipelineRank> StartPipelineRank(const PipelineFlags& flags, const std::string& model, LoadOptions* load,
+dist::TensorParallelOptions ParallelFlags::tensor_options() const {
+  dist::TensorParallelOptions o;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return o;
+}
+
+StatusOr<ParallelRank> StartParallelRank(const ParallelFlags& flags, const std::string& model, LoadOptions* load,
                                          int threads, const char* command) {
-  PipelineRank out;
+  ParallelRank out;
   if (flags.stages < 1 || flags.stages > 1024) return InvalidArgument("--pipeline-parallel must be in [1, 1024]");
+  if (flags.tensor_ranks < 1 || flags.tensor_ranks > 1024) return InvalidArgument("--tensor-parallel must be in [1, 1024]");
+  if (flags.tensor_slices < 0 || flags.tensor_slices > 1024) {
+    return InvalidArgument("--tensor-parallel-slices must be in [0, 1024]");
+  }
+  if (flags.stages > 1 && (flags.tensor_ranks > 1 || flags.tensor_slices > 1)) {
+    return InvalidArgument("--pipeline-parallel and --tensor-parallel do not combine yet: choose one");
+  }
   if (flags.micro_batches < 0) return InvalidArgument("--pipeline-micro-batches must be >= 0");
   if (!(flags.timeout_s > 0)) return InvalidArgument("--pipeline-timeout must be > 0");
+  if (flags.slices() > 1 && flags.slices() % flags.tensor_ranks != 0) {
+    return InvalidArgument("--tensor-parallel-slices {} is not a multiple of --tensor-parallel {}", flags.slices(),
+                           flags.tensor_ranks);
+  }
+  load->split = TensorSplit{0, flags.tensor_ranks, flags.slices()};
   if (!flags.on()) return out;
   ASSIGN_OR_RETURN(dist::Communicator * comm, dist::MpiWorld());
-  if (comm->size() != flags.stages) {
-    return InvalidArgument("--pipeline-parallel {} under an MPI world of {} processes (start it with mpirun -np {})",
-                           flags.stages, comm->size(), flags.stages);
+  const char* flag = flags.stages > 1 ? "--pipeline-parallel" : "--tensor-parallel";
+  if (comm->size() != flags.ranks()) {
+    return InvalidArgument("{} {} under an MPI world of {} processes (start it with mpirun -np {})", flag, flags.ranks(),
+                           comm->size(), flags.ranks());
   }
-  load->stage = comm->rank();
-  load->num_stages = comm->size();
+  if (flags.stages > 1) {
+    load->stage = comm->rank();
+    load->num_stages = comm->size();
+  } else {
+    load->split.rank = comm->rank();
+  }
   out.comm = comm;
   if (comm->rank() == 0) return out;
-  // A stage: rank 0 decides when it ends.
+  // A worker: rank 0 decides when it ends.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -353,10 +386,11 @@ StatusOr<PipelineRank> StartPipelineRank(const PipelineFlags& flags, const std::
   Status s = loaded.status();
   if (loaded.ok()) {
     ThreadPool pool(threads);
-    s = dist::RunPipelineWorker(*loaded->model, *comm, pool, flags.options());
+    s = flags.stages > 1 ? dist::RunPipelineWorker(*loaded->model, *comm, pool, flags.pipeline_options())
+                         : dist::RunTensorParallelWorker(*loaded->model, *comm, pool, flags.tensor_options());
   }
   if (!s.ok()) {
-    std::fprintf(stderr, "gale %s: pipeline rank %d: %s\n", command, comm->rank(), s.ToString().c_str());
+    std::fprintf(stderr, "gale %s: rank %d: %s\n", command, comm->rank(), s.ToString().c_str());
     out.exit_code = 1;  // MPI is left as it is: the launcher ends the job
     return out;
   }
@@ -365,23 +399,39 @@ StatusOr<PipelineRank> StartPipelineRank(const PipelineFlags& flags, const std::
   return out;
 }
 
-Status PipelineGuard::Connect(const PipelineFlags& flags, const Model& model, EngineConfig* cfg) {
+Status ParallelGuard::Connect(const ParallelFlags& flags, const Model& model, EngineConfig* cfg) {
   if (comm_ == nullptr) return Status::Ok();
-  ASSIGN_OR_RETURN(driver_, dist::PipelineDriver::Connect(model, *comm_, flags.options()));
-  dist::PipelineDriver* d = driver_.get();
-  cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
-    return d->Forward(b, kv, ws, pool);
-  };
-  std::fprintf(stderr, "%s\n", d->Describe().c_str());
+  if (flags.stages > 1) {
+    ASSIGN_OR_RETURN(pipeline_, dist::PipelineDriver::Connect(model, *comm_, flags.pipeline_options()));
+    dist::PipelineDriver* d = pipeline_.get();
+    cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
+      return d->Forward(b, kv, ws, pool);
+    };
+    std::fprintf(stderr, "%s\n", d->Describe().c_str());
+  } else {
+    ASSIGN_OR_RETURN(tensor_, dist::TensorParallelDriver::Connect(model, *comm_, flags.tensor_options()));
+    dist::TensorParallelDriver* d = tensor_.get();
+    cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
+      return d->Forward(b, kv, ws, pool);
+    };
+    std::fprintf(stderr, "%s\n", d->Describe().c_str());
+  }
   return Status::Ok();
 }
 
-PipelineGuard::~PipelineGuard() {
+void ParallelGuard::Abort(const std::string& why) {
+  if (pipeline_ != nullptr) pipeline_->Abort(why);
+  if (tensor_ != nullptr) tensor_->Abort(why);
+}
+
+ParallelGuard::~ParallelGuard() {
   if (comm_ == nullptr) return;
   const auto wait = std::chrono::milliseconds(5000);
-  const Status s = driver_ != nullptr ? driver_->Stop(wait) : dist::StopWorkers(*comm_, wait);
+  const Status s = pipeline_ != nullptr ? pipeline_->Stop(wait)
+                   : tensor_ != nullptr ? tensor_->Stop(wait)
+                                        : dist::StopWorkers(*comm_, wait);
   if (!s.ok()) {
-    std::fprintf(stderr, "pipeline: the other ranks did not take the stop: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "the other ranks did not take the stop: %s\n", s.ToString().c_str());
     return;
   }
   dist::MpiFinalize();

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "dist/communicator.h"
 #include "dist/pipeline.h"
+#include "dist/tensor_parallel.h"
 #include "engine/engine.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
@@ -82,43 +83,56 @@ struct EngineOptions {
   StatusOr<EngineConfig> Resolve();
 };
 
-// Pipeline parallelism from the command line: `mpirun -np N gale serve|batch --pipeline-parallel N`.
-// Every rank runs the same command line; rank 0 runs the command, ranks 1..N-1 run their stage's
-// layers (dist::RunPipelineWorker) until rank 0 is done.
-struct PipelineFlags {
+// One model over several processes from the command line: `mpirun -np N gale serve|batch
+// --pipeline-parallel N` (layer ranges per rank) or `--tensor-parallel N` (heads and FFN width per
+// rank; `--tensor-parallel-slices P` fixes the split, also in one process, so that results are the
+// same bits with any rank count dividing P into powers of two). Every rank runs the same command
+// line; rank 0 runs the command, ranks 1..N-1 run their share of every step (dist::
+// RunPipelineWorker, dist::RunTensorParallelWorker) until rank 0 is done.
+struct ParallelFlags {
   int stages = 1;
   int micro_batches = 0;
+  int tensor_ranks = 1;
+  int tensor_slices = 0;  // 0: tensor_ranks
   double timeout_s = 300;
   void Register(CLI::App& app);
-  bool on() const { return stages > 1; }
-  dist::PipelineOptions options() const;
+  int ranks() const { return std::max(stages, tensor_ranks); }
+  int slices() const { return tensor_slices > 0 ? tensor_slices : tensor_ranks; }
+  bool on() const { return ranks() > 1; }
+  dist::PipelineOptions pipeline_options() const;
+  dist::TensorParallelOptions tensor_options() const;
 };
-struct PipelineRank {
-  dist::Communicator* comm = nullptr;  // null without --pipeline-parallel
+struct ParallelRank {
+  dist::Communicator* comm = nullptr;  // null in one process
   std::optional<int> exit_code;        // set on ranks > 0: their work is done, return it
 };
-// Without the flag: nothing. With it: starts MPI and checks the world has that many ranks; on
-// ranks > 0 loads the model (packing only its stage's layers), runs the stage until rank 0 says
-// stop and sets exit_code (SIGTERM and SIGINT are ignored there: rank 0 ends them). On rank 0,
-// marks *load to pack only stage 0's layers.
-StatusOr<PipelineRank> StartPipelineRank(const PipelineFlags& flags, const std::string& model, LoadOptions* load,
+// Checks the flags and sets *load's share of the model (its stage, or its tensor split, which a
+// single process with --tensor-parallel-slices also gets). With more than one rank: starts MPI and
+// checks the world has that many; on ranks > 0 loads the model (its share only), runs its part of
+// every step until rank 0 says stop and sets exit_code (SIGTERM and SIGINT are ignored there:
+// rank 0 ends them).
+StatusOr<ParallelRank> StartParallelRank(const ParallelFlags& flags, const std::string& model, LoadOptions* load,
                                          int threads, const char* command);
-// Rank 0's end of a pipeline, whatever way the command leaves: on destruction (declare it before
-// the engine, so the engine goes first) tells the other ranks to exit and ends MPI; where they do
-// not take the stop within a few seconds (a rank is gone), MPI is left for the launcher to end.
-class PipelineGuard {
+// Rank 0's end, whatever way the command leaves: on destruction (declare it before the engine, so
+// the engine goes first) tells the other ranks to exit and ends MPI; where they do not take the
+// stop within a few seconds (a rank is gone), MPI is left for the launcher to end.
+class ParallelGuard {
  public:
-  explicit PipelineGuard(dist::Communicator* comm) : comm_(comm) {}
-  ~PipelineGuard();
-  PipelineGuard(const PipelineGuard&) = delete;
-  PipelineGuard& operator=(const PipelineGuard&) = delete;
-  // Waits for the other ranks and routes the engine's forward through the pipeline.
-  Status Connect(const PipelineFlags& flags, const Model& model, EngineConfig* cfg);
-  dist::PipelineDriver* driver() const { return driver_.get(); }
+  explicit ParallelGuard(dist::Communicator* comm) : comm_(comm) {}
+  ~ParallelGuard();
+  ParallelGuard(const ParallelGuard&) = delete;
+  ParallelGuard& operator=(const ParallelGuard&) = delete;
+  // Waits for the other ranks and routes the engine's forward through the pipeline or the
+  // tensor-parallel group.
+  Status Connect(const ParallelFlags& flags, const Model& model, EngineConfig* cfg);
+  bool connected() const { return pipeline_ != nullptr || tensor_ != nullptr; }
+  // Makes the step in flight and every later one fail at once with `why` (a signal handler's thread).
+  void Abort(const std::string& why);
 
  private:
   dist::Communicator* comm_;
-  std::unique_ptr<dist::PipelineDriver> driver_;
+  std::unique_ptr<dist::PipelineDriver> pipeline_;
+  std::unique_ptr<dist::TensorParallelDriver> tensor_;
 };
 
 }  // namespace gale

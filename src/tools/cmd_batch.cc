@@ -112,7 +112,7 @@ CommandFn RegisterBatch(CLI::App& app) {
     SamplingParams sp;
     LoadOptions load;
     EngineOptions engine;
-    PipelineFlags pipeline;
+    ParallelFlags parallel;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
@@ -133,7 +133,7 @@ CommandFn RegisterBatch(CLI::App& app) {
   app.add_flag("--no-progress", o->no_progress, "no progress bar");
   o->engine.Register(app);
   o->load.Register(app);
-  o->pipeline.Register(app);
+  o->parallel.Register(app);
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
   return [o]() {
     auto fail = [](const Status& s) {
@@ -141,10 +141,10 @@ CommandFn RegisterBatch(CLI::App& app) {
       return 1;
     };
     if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
-    auto rank = StartPipelineRank(o->pipeline, o->model, &o->load, o->threads, "batch");
+    auto rank = StartParallelRank(o->parallel, o->model, &o->load, o->threads, "batch");
     if (!rank.ok()) return fail(rank.status());
     if (rank->exit_code) return *rank->exit_code;
-    PipelineGuard pipeline(rank->comm);  // outlives the engine
+    ParallelGuard parallel(rank->comm);  // outlives the engine
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
     if (o->max_tokens < 1) return fail(InvalidArgument("-n must be >= 1"));
     auto cfg = o->engine.Resolve();
@@ -188,7 +188,7 @@ CommandFn RegisterBatch(CLI::App& app) {
       auto ids = tok.EncodeBatch(texts, pool);
       for (size_t i = 0; i < items.size(); ++i) items[i].req.prompt = std::move(ids[i]);
     }
-    if (Status s = pipeline.Connect(o->pipeline, *loaded->model, &*cfg); !s.ok()) return fail(s);
+    if (Status s = parallel.Connect(o->parallel, *loaded->model, &*cfg); !s.ok()) return fail(s);
     auto engine = Engine::Create(*loaded->model, &tok, *cfg, pool);
     if (!engine.ok()) return fail(engine.status());
     const ModelHParams& hp = loaded->model->hparams();

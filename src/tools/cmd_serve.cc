@@ -1,9 +1,10 @@
 // `gale serve`: the OpenAI-compatible server. Listens first (so /health can say 503 while the
 // model loads), loads the model, warms the engine up, then serves until SIGTERM or SIGINT: stop
 // accepting, let requests in flight finish within --shutdown-timeout, cancel the rest, exit 0.
-// With --pipeline-parallel N under mpirun, rank 0 is the server and the other ranks run their
-// layers; there SIGTERM ends requests in flight at once with an error that says so (mpirun sends
-// it to every rank, also when one of them died, so the pipeline cannot be trusted to drain).
+// With --pipeline-parallel N or --tensor-parallel N under mpirun, rank 0 is the server and the
+// other ranks run their share of every step; there SIGTERM ends requests in flight at once with an
+// error that says so (mpirun sends it to every rank, also when one of them died, so the group
+// cannot be trusted to drain).
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -30,7 +31,7 @@ CommandFn RegisterServe(CLI::App& app) {
     LoadOptions load;
     EngineOptions engine;
     server::ServerOptions http;
-    PipelineFlags pipeline;
+    ParallelFlags parallel;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
@@ -67,7 +68,7 @@ CommandFn RegisterServe(CLI::App& app) {
       ->capture_default_str();
   o->engine.Register(app);
   o->load.Register(app);
-  o->pipeline.Register(app);
+  o->parallel.Register(app);
   app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
   return [o]() {
     auto fail = [](const Status& s) {
@@ -76,10 +77,10 @@ CommandFn RegisterServe(CLI::App& app) {
     };
     if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
     if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-    auto rank = StartPipelineRank(o->pipeline, o->model, &o->load, o->threads, "serve");
+    auto rank = StartParallelRank(o->parallel, o->model, &o->load, o->threads, "serve");
     if (!rank.ok()) return fail(rank.status());
     if (rank->exit_code) return *rank->exit_code;
-    PipelineGuard pipeline(rank->comm);  // outlives the engine
+    ParallelGuard parallel(rank->comm);  // outlives the engine
     auto cfg = o->engine.Resolve();
     if (!cfg.ok()) return fail(cfg.status());
     std::optional<Pooling> pooling;
@@ -141,7 +142,7 @@ CommandFn RegisterServe(CLI::App& app) {
       cfg->kv_events = [pub = kv_events.get()](std::vector<KvCacheEvent> events) { pub->Publish(events); };
       std::fprintf(stderr, "publishing KV-cache events on %s\n", o->kv_events_endpoint.c_str());
     }
-    if (Status s = pipeline.Connect(o->pipeline, *loaded->model, &*cfg); !s.ok()) return fail(s);
+    if (Status s = parallel.Connect(o->parallel, *loaded->model, &*cfg); !s.ok()) return fail(s);
     auto engine = Engine::Create(*loaded->model, loaded->tok.get(), *cfg, pool);
     if (!engine.ok()) return fail(engine.status());
     std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
@@ -188,9 +189,9 @@ CommandFn RegisterServe(CLI::App& app) {
     int sig = 0;
     sigwait(&signals, &sig);
     const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
-    if (pipeline.driver() != nullptr) {
-      std::fprintf(stderr, "%s: stopping the pipeline; requests in flight end with an error\n", sig_name);
-      pipeline.driver()->Abort(fmt::format("the server is stopping ({}; under mpirun another rank may have exited)", sig_name));
+    if (parallel.connected()) {
+      std::fprintf(stderr, "%s: stopping the other ranks; requests in flight end with an error\n", sig_name);
+      parallel.Abort(fmt::format("the server is stopping ({}; under mpirun another rank may have exited)", sig_name));
     }
     std::fprintf(stderr, "%s: draining (up to %.0f s)\n", sig_name, o->shutdown_timeout);
     const int64_t left = http.Drain(std::chrono::milliseconds(static_cast<int64_t>(o->shutdown_timeout * 1000)));

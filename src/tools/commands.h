@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "model/model.h"
+
 namespace gale {
 
 using CommandFn = std::function<int()>;
@@ -32,6 +34,8 @@ struct LoadOptions {
   bool mlock = false;
   // A pipeline stage (--pipeline-parallel): packs only its own layers (dist::StageLayers).
   int stage = 0, num_stages = 1;
+  // A tensor-parallel rank (--tensor-parallel, --tensor-parallel-slices): keeps only its share.
+  TensorSplit split{};
   void Register(CLI::App& app);
   bool CopyToMemory(const std::string& path) const;
   bool Pack(const std::string& path) const;

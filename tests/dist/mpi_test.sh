@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Pipeline parallelism under a real MPI launcher (Open MPI's mpirun, oversubscribed on this
-# machine): `gale batch` through 2 and 4 stages writes byte for byte what one process writes
-# (greedy and seeded sampling, several micro-batches), on an 8-layer qwen3 synth and the bundled
-# stories260K; a world of the wrong size and a start without mpirun fail with a clear error; and a
-# `gale serve` whose rank 1 is killed mid-stream ends that stream with an error event and the whole
-# job within seconds (no hang).
+# One model over several processes under a real MPI launcher (Open MPI's mpirun, oversubscribed on
+# this machine), on an 8-layer qwen3 synth and the bundled stories260K: `gale batch` through 2 and 4
+# pipeline stages writes byte for byte what one process writes (greedy and seeded sampling,
+# several micro-batches); through 2 and 4 tensor-parallel ranks byte for byte what one process
+# with the same --tensor-parallel-slices writes; a world of the wrong size and a start without
+# mpirun fail with a clear error; and a `gale serve` (pipeline, then tensor-parallel) whose rank 1
+# is killed mid-stream ends that stream with an error event and the whole job within seconds.
 set -euo pipefail
 GALE="$1"
 MODEL_DEFAULT="$(cd "$(dirname "$0")/../.." && pwd)/models/stories260K.gguf"
@@ -21,9 +22,10 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+[ -n "${KEEP_TMP:-}" ] && trap - EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$GALE" synth --shape custom --arch qwen3 --dim 128 --layers 8 --heads 4 --kv-heads 2 --head-dim 32 --ffn 256 \
+"$GALE" synth --shape custom --arch qwen3 --dim 128 --layers 8 --heads 8 --kv-heads 4 --head-dim 32 --ffn 256 \
   --vocab 2048 --ctx 1024 --type q8_0 -o "$tmp/q.gguf" >/dev/null
 for i in $(seq 1 16); do
   temp=0; [ $((i % 2)) -eq 1 ] && temp=0.8
@@ -45,6 +47,27 @@ for model in "$tmp/q.gguf" "$MODEL_DEFAULT"; do
   done
 done
 
+# Tensor parallelism: 2 and 4 ranks over 4 slices, and 2 over 2, each the bytes of one process
+# with those slices (which differs from the unsplit model's only by the order of additions).
+run_batch() {  # output file, then extra flags
+  local out="$1"; shift
+  "$@" -i "$tmp/in.jsonl" -o "$out" -t 1 --no-progress --max-num-batched-tokens 64 --prefill-chunk-size 24 \
+    >"$tmp/tp.log" 2>&1 || { cat "$tmp/tp.log"; fail "$*"; }
+}
+for model in "$tmp/q.gguf" "$MODEL_DEFAULT"; do
+  for slices in 2 4; do
+    run_batch "$tmp/one.jsonl" "$GALE" batch -m "$model" --tensor-parallel-slices "$slices"
+    for np in 2 4; do
+      [ "$np" -gt "$slices" ] && continue
+      run_batch "$tmp/tp.jsonl" timeout 120 "${MPIRUN[@]}" -np "$np" "$GALE" batch -m "$model" --tensor-parallel "$np" \
+        --tensor-parallel-slices "$slices"
+      grep -q "tensor parallel: $np ranks, $slices slices" "$tmp/tp.log" || { cat "$tmp/tp.log"; fail "no tensor-parallel line"; }
+      cmp -s "$tmp/one.jsonl" "$tmp/tp.jsonl" || { diff "$tmp/one.jsonl" "$tmp/tp.jsonl" | head; fail "$model: $np ranks, $slices slices differ"; }
+      echo "ok: $(basename "$model"): $np tensor-parallel ranks, $slices slices: the same output as one process"
+    done
+  done
+done
+
 # A world of the wrong size, and no launcher at all: clear errors, no hang.
 if timeout 60 "${MPIRUN[@]}" -np 2 "$GALE" batch -m "$tmp/q.gguf" -i "$tmp/in.jsonl" -o "$tmp/x.jsonl" \
     --pipeline-parallel 3 >"$tmp/bad.log" 2>&1; then
@@ -60,22 +83,23 @@ echo "ok: wrong world size and no launcher fail clearly"
 # A served stream whose rank 1 is killed: an error event, then the job ends.
 "$GALE" synth --shape custom --arch llama --dim 256 --layers 8 --heads 8 --kv-heads 4 --ffn 768 --vocab 2048 \
   --ctx 4096 --type f32 -o "$tmp/slow.gguf" >/dev/null
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"${MPIRUN[@]}" -np 2 "$GALE" serve -m "$tmp/slow.gguf" --port "$port" --pipeline-parallel 2 -t 1 >"$tmp/serve.log" 2>&1 &
-mpirun_pid=$!
-pids+=("$mpirun_pid")
-for _ in $(seq 1 600); do
-  grep -q "ready: serving" "$tmp/serve.log" && break
-  kill -0 "$mpirun_pid" 2>/dev/null || { cat "$tmp/serve.log"; fail "the pipeline server exited"; }
-  sleep 0.1
-done
-grep -q "ready: serving" "$tmp/serve.log" || { cat "$tmp/serve.log"; fail "the pipeline server never got ready"; }
-rank1=""
-for p in $(pgrep -f "$GALE serve"); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then rank1=$p; fi
-done
-[ -n "$rank1" ] || fail "rank 1's process not found"
-python3 - "$port" "$rank1" "$tmp/stream.txt" <<'EOF'
+kill_rank1_mid_stream() {  # the parallel flags
+  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  "${MPIRUN[@]}" -np 2 "$GALE" serve -m "$tmp/slow.gguf" --port "$port" "$@" -t 1 >"$tmp/serve.log" 2>&1 &
+  mpirun_pid=$!
+  pids+=("$mpirun_pid")
+  for _ in $(seq 1 600); do
+    grep -q "ready: serving" "$tmp/serve.log" && break
+    kill -0 "$mpirun_pid" 2>/dev/null || { cat "$tmp/serve.log"; fail "the server exited"; }
+    sleep 0.1
+  done
+  grep -q "ready: serving" "$tmp/serve.log" || { cat "$tmp/serve.log"; fail "the server never got ready"; }
+  rank1=""
+  for p in $(pgrep -f "$GALE serve"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then rank1=$p; fi
+  done
+  [ -n "$rank1" ] || fail "rank 1's process not found"
+  python3 - "$port" "$rank1" "$tmp/stream.txt" <<'EOF'
 import http.client, json, os, signal, sys, time
 port, rank1, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -103,11 +127,14 @@ msg = json.loads(errors[-1])["error"]["message"]
 assert "stopping" in msg or "rank 1" in msg, msg
 print("ok: stream ended with error %r, %.1f s after the kill" % (msg, time.time() - t_kill))
 EOF
-for _ in $(seq 1 300); do
-  kill -0 "$mpirun_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$mpirun_pid" 2>/dev/null; then cat "$tmp/serve.log"; fail "mpirun still running 30 s after rank 1 was killed"; fi
-if wait "$mpirun_pid"; then fail "mpirun exited 0 after a rank was killed"; fi
-echo "ok: the job ended after rank 1 was killed"
+  for _ in $(seq 1 300); do
+    kill -0 "$mpirun_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$mpirun_pid" 2>/dev/null; then cat "$tmp/serve.log"; fail "mpirun still running 30 s after rank 1 was killed"; fi
+  if wait "$mpirun_pid"; then fail "mpirun exited 0 after a rank was killed"; fi
+  echo "ok: $*: the job ended after rank 1 was killed"
+}
+kill_rank1_mid_stream --pipeline-parallel 2
+kill_rank1_mid_stream --tensor-parallel 2
 echo "PASS"
