@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What pipeline parallelism over a real network would give, from what this machine measures.
+"""What pipeline and tensor parallelism over a real network would give, from what this machine measures.
 
 Measures here (nothing is assumed that can be measured on one host):
   - the decode cost of one Llama-2-7B-shaped layer at Q4_0: `gale bench` on two synth files of
@@ -12,6 +12,11 @@ GbE: per generated token (one stream) the bytes and messages that cross the netw
 they take (software cost measured here + bytes / link rate + an assumed 10 us per NIC and switch
 hop), and the expected tokens/s. 70B's layer cost is 7B's scaled by its bytes per layer (decode
 is memory-bound: measured here at the roofline).
+
+Pipeline (layers per host): a token's layers run one host after another (P row hops per token).
+Tensor parallelism (heads and FFN width per host): every host reads 1/P of each layer's weights,
+then two all-reduces per layer through rank 0 (the others' partial rows in, the sum out: on rank
+0's link (P - 1) rows each way, one after another), the head on rank 0.
 
   python3 scripts/pipeline-model.py --gale build/gale --dist-bench build/dist_bench [--out FILE.json]
 """
@@ -97,7 +102,36 @@ def main():
                 rows.append(row)
                 print(f"| {name} Q4_0 | {p} | {link} | {p * hidden / 1024:.0f} KiB | {p} + {p - 1} plans | {net:.3f} | "
                       f"{compute:.0f} | {tps:.2f} | {100 * net / (compute + net):.2f}% |")
-    json.dump(dict(t_layer_7b_ms=t_layer7, t_head_7b_ms=t_head7, tcp_one_way_us=hops, wire_us=WIRE_US, rows=rows),
+    print("\nTensor parallelism:\n")
+    print("| model | hosts | link | bytes / token (rank 0's link) | messages / token | network ms / token "
+          "| compute ms / token | expected tok/s (one stream) | network share |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    tp_rows = []
+    for name, s in SHAPES.items():
+        scale = layer_weights(s) / layer_weights(s7)
+        t_layer = t_layer7 * scale
+        t_head = t_head7 * s["dim"] / s7["dim"]
+        hidden = s["dim"] * 4
+        for p in (2, 4, 8):
+            if s["kv"] % p or s["heads"] % p:
+                continue
+            for link, rate in LINKS.items():
+                # Each all-reduce: the others' rows in, then the sum out, (p - 1) rows each way on
+                # rank 0's link; the first and last of each way pay the software and wire latency.
+                per_reduce_ms = (2 * (software_us(hidden) + WIRE_US) + 2 * (p - 1) * hidden / rate * 1e6) / 1e3
+                reduces = 2 * s["layers"]
+                net = reduces * per_reduce_ms
+                compute = s["layers"] * t_layer / p + t_head
+                tps = 1e3 / (compute + net)
+                nbytes = reduces * 2 * (p - 1) * hidden
+                msgs = reduces * 2 * (p - 1)
+                row = dict(model=name, hosts=p, link=link, bytes_per_token=nbytes, messages_per_token=msgs + (p - 1),
+                           network_ms=net, compute_ms=compute, tokens_per_s=tps, network_share=net / (compute + net))
+                tp_rows.append(row)
+                print(f"| {name} Q4_0 | {p} | {link} | {nbytes / 1024:.0f} KiB | {msgs} + {p - 1} plans | {net:.2f} | "
+                      f"{compute:.0f} | {tps:.2f} | {100 * net / (compute + net):.1f}% |")
+    json.dump(dict(t_layer_7b_ms=t_layer7, t_head_7b_ms=t_head7, tcp_one_way_us=hops, wire_us=WIRE_US, rows=rows,
+                   tensor_parallel_rows=tp_rows),
               open(a.out, "w"), indent=1)
     print(f"\nwrote {a.out}")
 

@@ -2,10 +2,20 @@
 // them, receives by probe (the size travels with the message). Waiting polls (Backoff), so an
 // idle rank costs no core (Open MPI's blocking calls spin) and a wait can give up on a deadline
 // or when told to.
+//
+// MPI moves a message larger than its eager size (4 KiB over shared memory, 64 KiB over TCP)
+// only while the sender is inside an MPI call: a rank that sends its rows and computes on would
+// hold them until its next call, and the receiver would wait out that whole computation (a
+// pipeline's stages would take turns instead of overlapping). So while sends are pending a
+// progress thread tests them every 20-500 us; a mutex serializes every MPI call
+// (MPI_THREAD_SERIALIZED: one thread at a time).
 #include <mpi.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include "dist/communicator.h"
@@ -48,6 +58,7 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    progress_ = std::thread([this] { ProgressLoop(); });
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -55,6 +66,7 @@ class MpiCommunicator : public Communicator {
   Status Send(int dest, int tag, std::vector<uint8_t> bytes) override {
     if (dest < 0 || dest >= size_) return InvalidArgument("send to rank {} of {}", dest, size_);
     if (bytes.size() > static_cast<size_t>(INT32_MAX)) return InvalidArgument("message of {} bytes", bytes.size());
+    std::lock_guard<std::mutex> lock(mu_);
     Pending& p = pending_.emplace_back();
     p.bytes = std::move(bytes);
     p.dest = dest;
@@ -64,46 +76,66 @@ class MpiCommunicator : public Communicator {
       pending_.pop_back();
       return Unavailable("MPI_Isend to rank {} failed ({})", dest, rc);
     }
-    return Progress();
+    Status s = Progress();
+    if (!pending_.empty()) progress_cv_.notify_one();
+    return s;
   }
 
   StatusOr<std::vector<uint8_t>> Recv(int src, int tag, const Wait& wait) override {
     if (src < 0 || src >= size_) return InvalidArgument("receive from rank {} of {}", src, size_);
     const auto start = std::chrono::steady_clock::now();
     Backoff backoff;
-    MPI_Status st;
     for (;;) {
-      int found = 0;
-      if (MPI_Iprobe(src, tag, MPI_COMM_WORLD, &found, &st) != MPI_SUCCESS) {
-        return Unavailable("MPI_Iprobe for rank {} failed", src);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        MPI_Status st;
+        int found = 0;
+        if (MPI_Iprobe(src, tag, MPI_COMM_WORLD, &found, &st) != MPI_SUCCESS) {
+          return Unavailable("MPI_Iprobe for rank {} failed", src);
+        }
+        if (found) {
+          int count = 0;
+          MPI_Get_count(&st, MPI_BYTE, &count);
+          std::vector<uint8_t> bytes(static_cast<size_t>(count));
+          if (MPI_Recv(bytes.data(), count, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+            return Unavailable("MPI_Recv from rank {} failed", src);
+          }
+          return bytes;
+        }
+        RETURN_IF_ERROR(Progress());
       }
-      if (found) break;
-      RETURN_IF_ERROR(Progress());
       RETURN_IF_ERROR(Expired(wait, start, "waiting for", src));
       backoff.Pause();
     }
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    std::vector<uint8_t> bytes(static_cast<size_t>(count));
-    if (MPI_Recv(bytes.data(), count, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      return Unavailable("MPI_Recv from rank {} failed", src);
-    }
-    return bytes;
   }
 
   Status Flush(const Wait& wait) override {
     const auto start = std::chrono::steady_clock::now();
     Backoff backoff;
     for (;;) {
-      RETURN_IF_ERROR(Progress());
-      if (pending_.empty()) return Status::Ok();
-      RETURN_IF_ERROR(Expired(wait, start, "sending to", pending_.front().dest));
+      int dest = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        RETURN_IF_ERROR(Progress());
+        if (pending_.empty()) return Status::Ok();
+        dest = pending_.front().dest;
+      }
+      RETURN_IF_ERROR(Expired(wait, start, "sending to", dest));
       backoff.Pause();
     }
   }
 
-  // Sends still queued at the end (a peer that stopped) are abandoned, not waited for.
-  bool idle() { return Progress().ok() && pending_.empty(); }
+  // Ends the progress thread; sends still queued (a peer that stopped) are abandoned, not waited
+  // for. Before MPI_Finalize.
+  void Shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      (void)Progress();
+    }
+    progress_cv_.notify_all();
+    if (progress_.joinable()) progress_.join();
+  }
 
  private:
   struct Pending {
@@ -112,7 +144,7 @@ class MpiCommunicator : public Communicator {
     MPI_Request request = MPI_REQUEST_NULL;
   };
 
-  // Drops the sends MPI has finished with.
+  // Drops the sends MPI has finished with. Under mu_.
   Status Progress() {
     for (auto it = pending_.begin(); it != pending_.end();) {
       int done = 0;
@@ -124,8 +156,28 @@ class MpiCommunicator : public Communicator {
     return Status::Ok();
   }
 
+  // While sends are pending: test them, sleeping 20 us doubling to 500 us between tests.
+  void ProgressLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      progress_cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
+      int sleep_us = 20;
+      while (!stop_ && !pending_.empty()) {
+        (void)Progress();  // a failed send is reported to the next caller that tests it
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+        sleep_us = std::min(sleep_us * 2, 500);
+        lock.lock();
+      }
+    }
+  }
+
   int rank_ = 0, size_ = 1;
+  std::mutex mu_;  // every MPI call, and pending_
   std::deque<Pending> pending_;
+  std::condition_variable progress_cv_;
+  bool stop_ = false;
+  std::thread progress_;
 };
 
 MpiCommunicator* g_world = nullptr;
@@ -159,7 +211,7 @@ StatusOr<Communicator*> MpiWorld() {
 
 void MpiFinalize() {
   if (g_world == nullptr) return;
-  g_world->idle();
+  g_world->Shutdown();
   MPI_Finalize();
   delete g_world;
   g_world = nullptr;

@@ -72,6 +72,11 @@ class RankZeroSums final : public PartialSums {
       std::memcpy(sum.data(), x, bytes);
       if (Status s = comm_.Send(r, kTagReduce, std::move(sum)); !s.ok() && failed_.ok()) failed_ = s;
     }
+    // The ranks are waiting for it: see it delivered before computing on. (MPI moves a message
+    // past its eager size only while the sender is inside an MPI call; left to the next one, the
+    // ranks would wait out rank 0's whole next partial product, and the ranks would take turns.)
+    // (Not after a failure: a send to a rank that died would hold every later sum.)
+    if (failed_.ok()) failed_ = comm_.Flush(wait_);
   }
   const Status& failed() const { return failed_; }
 

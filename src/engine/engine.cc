@@ -61,7 +61,7 @@ Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, cons
   RETURN_IF_ERROR(r.Validate());
   if (!r.active()) return Status::Ok();
   if (config.forward) {
-    return InvalidArgument("KV retention does not run with pipeline parallelism (it compacts rank 0's cache only)");
+    return InvalidArgument("KV retention does not run with pipeline or tensor parallelism (it compacts rank 0's cache only)");
   }
   if (spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");

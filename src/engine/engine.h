@@ -79,8 +79,8 @@ struct EngineConfig {
   // called on the engine thread after every step that had some, in order. Must not block.
   std::function<void(std::vector<KvCacheEvent>)> kv_events;
   // Runs each step's forward in place of Model::Forward, as it does (the batch over the engine's
-  // KV storage): pipeline parallelism's rank 0 (dist/pipeline.h). Null: Model::Forward. KV
-  // retention is refused with it.
+  // KV storage): rank 0 of a pipeline or a tensor-parallel group (dist/pipeline.h,
+  // dist/tensor_parallel.h). Null: Model::Forward. KV retention is refused with it.
   std::function<Status(const ForwardBatch&, KvStorage&, Workspace&, ThreadPool&)> forward;
 };
 
