@@ -199,11 +199,16 @@ TEST(TensorParallelTest, RanksGiveOneProcessBitsForTheSameSlices) {
   }
 }
 
-// Other weight and cache types: f16 weights with an int8 cache, f32 weights with an f16 cache.
+// Other weight and cache types: f16 weights with an int8 cache, f32 weights with an f16 cache, and
+// q4_K (256-element blocks with their own scales: a wider model, so a slice holds whole blocks).
 TEST(TensorParallelTest, OtherTypesSplitTheSameWay) {
-  const SynthShape shape = TpShape("llama");
-  for (auto [type, kv] : {std::pair{GgmlType::kF16, kernels::KvType::kInt8}, std::pair{GgmlType::kF32, kernels::KvType::kF16}}) {
+  SynthShape wide = TpShape("llama");
+  wide.dim = 512;
+  wide.ffn_dim = 1024;
+  for (auto [type, kv] : {std::pair{GgmlType::kF16, kernels::KvType::kInt8}, std::pair{GgmlType::kF32, kernels::KvType::kF16},
+                          std::pair{GgmlType::kQ4_K, kernels::KvType::kF32}}) {
     SCOPED_TRACE(TypeName(static_cast<uint32_t>(type)));
+    const SynthShape shape = type == GgmlType::kQ4_K ? wide : TpShape("llama");
     const StepOutputs one = RunSteps(Split(shape, type, 1, 2, true), kv);
     ExpectBitwise(RunSteps(Split(shape, type, 2, 2, true), kv), one);
   }
