@@ -168,17 +168,7 @@ StatusOr<std::unique_ptr<PipelineDriver>> PipelineDriver::Connect(const Model& m
     return InvalidArgument("{} pipeline stages for a model of {} layers", comm.size(), model.hparams().num_layers);
   }
   if (!model.hparams().causal) return InvalidArgument("an encoder runs in one process (no pipeline stages)");
-  const std::string mine = ModelSignature(model);
-  for (int r = 1; r < comm.size(); ++r) {
-    auto hello = comm.Recv(r, kTagHello, Wait{options.timeout, nullptr});
-    if (!hello.ok()) return hello.status().WithContext("pipeline start-up");
-    Reader rd(*hello);
-    std::string theirs;
-    RETURN_IF_ERROR(rd.GetString(&theirs));
-    if (theirs != mine) {
-      return InvalidArgument("pipeline rank {} loaded a different model ({}) from rank 0's ({})", r, theirs, mine);
-    }
-  }
+  RETURN_IF_ERROR(AwaitHellos(model, comm, options.timeout, "pipeline"));
   return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options));
 }
 
@@ -191,40 +181,16 @@ std::string PipelineDriver::Describe() const {
                      options_.micro_batches);
 }
 
-void PipelineDriver::Abort(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (abort_reason_.empty()) abort_reason_ = why;
-  }
-  aborted_.store(true);
-}
-
-Status PipelineDriver::Fail(Status s) {
-  if (failed_.ok()) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    failed_ = abort_reason_.empty() ? s : Unavailable("{}", abort_reason_);
-  }
-  aborted_.store(true);
-  return failed_;
-}
-
 Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
-  if (!failed_.ok()) return failed_;
-  if (aborted_.load()) return Fail(Unavailable("the pipeline was stopped"));
-  if (stopped_) return Unavailable("the pipeline was stopped");
-  for (const auto& a : batch.attn_acc) {
-    if (a.data != nullptr) return Unimplemented("KV retention does not run with pipeline parallelism");
-  }
-  if (batch.observer != nullptr) return Unimplemented("calibration does not run with pipeline parallelism");
-  if (batch.tokens.empty()) return InvalidArgument("empty batch");
+  RETURN_IF_ERROR(state_.CheckStep(batch));
   const ModelHParams& hp = model_.hparams();
   const int last = comm_.size() - 1;
-  const Wait wait{options_.timeout, &aborted_};
+  const Wait wait{options_.timeout, state_.cancel()};
 
   std::vector<MicroBatch> mbs = SplitMicroBatches(batch, kv.num_groups(), options_.micro_batches);
   const std::vector<uint8_t> step = EncodeStep(batch, kv, options_.micro_batches);
   for (int r = 1; r <= last; ++r) {
-    if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return Fail(s);
+    if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return state_.Fail(s);
   }
   // Stage 0 of every micro-batch, each handed on as soon as it is done.
   Status first_error;
@@ -235,7 +201,7 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
     const int64_t rows = static_cast<int64_t>(sub.tokens.size()) * hp.dim;
     std::vector<uint8_t> msg = s.ok() ? EncodeRows(s, std::span<const float>(stage_ws_.x.data(), rows)) : EncodeRows(s, {});
     if (first_error.ok() && !s.ok()) first_error = s;
-    if (Status sent = comm_.Send(1, kTagHidden, std::move(msg)); !sent.ok()) return Fail(sent);
+    if (Status sent = comm_.Send(1, kTagHidden, std::move(msg)); !sent.ok()) return state_.Fail(sent);
   }
   // The last stage's rows, into the step's order.
   const int64_t vocab = hp.vocab_size, dim = hp.dim;
@@ -247,16 +213,16 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
   if (ws.hidden.size() < batch.hidden_rows.size() * dim) ws.hidden.resize(batch.hidden_rows.size() * dim);
   for (const MicroBatch& mb : mbs) {
     auto msg = comm_.Recv(last, kTagOutput, wait);
-    if (!msg.ok()) return Fail(msg.status().WithContext(fmt::format("pipeline stage {}", last)));
+    if (!msg.ok()) return state_.Fail(msg.status().WithContext(fmt::format("pipeline stage {}", last)));
     auto rows = DecodeRows(*msg);
-    if (!rows.ok()) return Fail(rows.status());
+    if (!rows.ok()) return state_.Fail(rows.status());
     if (!rows->status.ok()) {
       if (first_error.ok()) first_error = rows->status;
       continue;
     }
     const std::vector<int32_t> head_rows = HeadRows(mb.batch);
     if (rows->x.size() != head_rows.size() * dim) {
-      return Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->x.size(), head_rows.size(), dim));
+      return state_.Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->x.size(), head_rows.size(), dim));
     }
     // The head on rank 0: the same kernels on the same rows as one process.
     const ForwardBatch head = HeadBatch(mb.batch, head_rows, static_cast<int32_t>(hp.num_layers), rows->x.data());
@@ -276,8 +242,7 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
 }
 
 Status PipelineDriver::Stop(std::chrono::milliseconds wait) {
-  if (stopped_) return Status::Ok();
-  stopped_ = true;
+  if (!state_.MarkStopped()) return Status::Ok();
   return StopWorkers(comm_, wait);
 }
 
@@ -292,22 +257,14 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
   const ModelHParams& hp = model.hparams();
   if (comm.size() > hp.num_layers) return InvalidArgument("{} pipeline stages for {} layers", comm.size(), hp.num_layers);
   const auto [first_layer, end_layer] = StageLayers(hp.num_layers, comm.size())[rank];
-  {
-    Writer w;
-    w.PutString(ModelSignature(model));
-    RETURN_IF_ERROR(comm.Send(0, kTagHello, w.Take()));
-  }
+  RETURN_IF_ERROR(SayHello(model, comm));
   std::unique_ptr<KvStorage> kv;
   Workspace ws;
-  const Wait step_wait{};  // an idle server sends no steps: wait for as long as it takes
   const Wait stage_wait{options.timeout, nullptr};
   for (;;) {
-    ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, comm.Recv(0, kTagStep, step_wait));
-    if (!bytes.empty() && bytes[0] == kStop) return comm.Flush(stage_wait);
     StepPlan plan;
-    RETURN_IF_ERROR(DecodeStep(bytes, &plan).WithContext(fmt::format("rank {}", rank)));
-    RETURN_IF_ERROR(CheckGroups(plan.groups, hp.num_layers));
-    RETURN_IF_ERROR(StorageForStep(plan, model.kv_layout(), &kv));
+    ASSIGN_OR_RETURN(const bool step, NextStep(model, comm, stage_wait, &plan, &kv));
+    if (!step) return Status::Ok();
     for (const MicroBatch& mb : SplitMicroBatches(plan.batch, kv->num_groups(), plan.micro_batches)) {
       ASSIGN_OR_RETURN(std::vector<uint8_t> in, comm.Recv(rank - 1, kTagHidden, stage_wait));
       ASSIGN_OR_RETURN(Rows rows, DecodeRows(in));

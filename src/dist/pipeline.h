@@ -16,11 +16,9 @@
 // observers (both read every layer in one process).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +26,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "dist/communicator.h"
+#include "dist/driver_state.h"
 #include "kv/kv_storage.h"
 #include "model/model.h"
 
@@ -70,7 +69,7 @@ class PipelineDriver {
   // a stage failed (or Abort), every call fails with the reason.
   Status Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool);
   // Makes a step in flight, and every later one, fail at once with `why` (any thread).
-  void Abort(const std::string& why);
+  void Abort(const std::string& why) { state_.Abort(why); }
   // Tells every rank to exit (their RunPipelineWorker returns) and waits for the messages to
   // leave, at most `wait`.
   Status Stop(std::chrono::milliseconds wait = std::chrono::milliseconds(5000));
@@ -81,18 +80,13 @@ class PipelineDriver {
 
  private:
   PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options);
-  Status Fail(Status s);
 
   const Model& model_;
   Communicator& comm_;
   PipelineOptions options_;
   std::vector<std::pair<int64_t, int64_t>> stages_;
   Workspace stage_ws_;
-  std::atomic<bool> aborted_{false};
-  std::mutex abort_mu_;
-  std::string abort_reason_;
-  Status failed_;
-  bool stopped_ = false;
+  DriverState state_{"the pipeline", "pipeline parallelism"};
 };
 
 // Tells ranks 1..size-1 to exit (RunPipelineWorker returns Ok), whether or not a driver connected

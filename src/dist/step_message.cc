@@ -12,6 +12,28 @@ std::string ModelSignature(const Model& m) {
                      m.weight_bytes(), t.ranks, t.slices);
 }
 
+Status SayHello(const Model& m, Communicator& comm) {
+  Writer w;
+  w.PutString(ModelSignature(m));
+  return comm.Send(0, kTagHello, w.Take());
+}
+
+Status AwaitHellos(const Model& m, Communicator& comm, std::chrono::milliseconds timeout, const char* group) {
+  const std::string mine = ModelSignature(m);
+  for (int r = 1; r < comm.size(); ++r) {
+    auto hello = comm.Recv(r, kTagHello, Wait{timeout, nullptr});
+    if (!hello.ok()) return hello.status().WithContext(fmt::format("{} start-up", group));
+    Reader rd(*hello);
+    std::string theirs;
+    RETURN_IF_ERROR(rd.GetString(&theirs));
+    if (theirs != mine) {
+      return InvalidArgument("{} rank {} loaded a different model or split ({}) from rank 0's ({})", group, r, theirs,
+                             mine);
+    }
+  }
+  return Status::Ok();
+}
+
 std::vector<uint8_t> EncodeStep(const ForwardBatch& b, const KvStorage& kv, int micro_batches) {
   Writer w;
   w.Put<uint8_t>(kStep);
@@ -82,6 +104,19 @@ Status CheckGroups(const KvLayerGroups& g, int64_t num_layers) {
     }
   }
   return Status::Ok();
+}
+
+StatusOr<bool> NextStep(const Model& model, Communicator& comm, const Wait& flush_wait, StepPlan* plan,
+                        std::unique_ptr<KvStorage>* kv) {
+  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, comm.Recv(0, kTagStep, Wait{}));
+  if (!bytes.empty() && bytes[0] == kStop) {
+    RETURN_IF_ERROR(comm.Flush(flush_wait));
+    return false;
+  }
+  RETURN_IF_ERROR(DecodeStep(bytes, plan).WithContext(fmt::format("rank {}", comm.rank())));
+  RETURN_IF_ERROR(CheckGroups(plan->groups, model.hparams().num_layers));
+  RETURN_IF_ERROR(StorageForStep(*plan, model.kv_layout(), kv));
+  return true;
 }
 
 Status StorageForStep(const StepPlan& plan, const KvLayout& layout, std::unique_ptr<KvStorage>* kv) {

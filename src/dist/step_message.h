@@ -3,14 +3,17 @@
 // kind of CPU), the start-up hello, and the step plan rank 0 sends every rank each engine step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "base/status.h"
+#include "dist/communicator.h"
 #include "kv/kv_storage.h"
 #include "model/model.h"
 
@@ -80,8 +83,14 @@ class Reader {
   size_t at_ = 0;
 };
 
-// What a rank says at start-up: enough of the model to catch a rank started on another file.
+// What a rank says at start-up: enough of the model to catch a rank started on another file or
+// split another way.
 std::string ModelSignature(const Model& m);
+// A worker's hello to rank 0.
+Status SayHello(const Model& m, Communicator& comm);
+// Rank 0: every other rank's hello, each within `timeout`, and the same signature as m's; errors
+// name the rank (`group`: "pipeline", "tensor-parallel").
+Status AwaitHellos(const Model& m, Communicator& comm, std::chrono::milliseconds timeout, const char* group);
 
 // The step as every rank needs it: the storage's shape and the batch.
 struct StepPlan {
@@ -98,6 +107,11 @@ std::vector<uint8_t> EncodeStep(const ForwardBatch& b, const KvStorage& kv, int 
 Status DecodeStep(std::span<const uint8_t> bytes, StepPlan* p);
 // The groups a worker's storage needs to be laid out as rank 0's: the same layers in each.
 Status CheckGroups(const KvLayerGroups& g, int64_t num_layers);
+// A worker's next step: waits for rank 0's next message (as long as it takes: an idle server
+// sends none); false where it says stop (the worker's sends flushed, at most flush_wait), else
+// the plan decoded and checked, and *kv laid out for it (StorageForStep).
+StatusOr<bool> NextStep(const Model& model, Communicator& comm, const Wait& flush_wait, StepPlan* plan,
+                        std::unique_ptr<KvStorage>* kv);
 // A worker's KV storage for a step: *kv kept where it has the plan's shape, else made anew for
 // `layout` (reserved, not touched: only the pages of what the rank computes are ever committed).
 Status StorageForStep(const StepPlan& plan, const KvLayout& layout, std::unique_ptr<KvStorage>* kv);

@@ -102,18 +102,7 @@ StatusOr<std::unique_ptr<TensorParallelDriver>> TensorParallelDriver::Connect(co
     return InvalidArgument("the model is split as rank {} of {}, the group has {} ranks", split.rank, split.ranks,
                            comm.size());
   }
-  const std::string mine = ModelSignature(model);
-  for (int r = 1; r < comm.size(); ++r) {
-    auto hello = comm.Recv(r, kTagHello, Wait{options.timeout, nullptr});
-    if (!hello.ok()) return hello.status().WithContext("tensor-parallel start-up");
-    Reader rd(*hello);
-    std::string theirs;
-    RETURN_IF_ERROR(rd.GetString(&theirs));
-    if (theirs != mine) {
-      return InvalidArgument("tensor-parallel rank {} loaded a different model or split ({}) from rank 0's ({})", r, theirs,
-                             mine);
-    }
-  }
+  RETURN_IF_ERROR(AwaitHellos(model, comm, options.timeout, "tensor-parallel"));
   return std::unique_ptr<TensorParallelDriver>(new TensorParallelDriver(model, comm, options));
 }
 
@@ -124,49 +113,24 @@ std::string TensorParallelDriver::Describe() const {
                      s.ranks, s.slices, hp.num_heads, hp.num_kv_heads, hp.ffn_dim);
 }
 
-void TensorParallelDriver::Abort(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (abort_reason_.empty()) abort_reason_ = why;
-  }
-  aborted_.store(true);
-}
-
-Status TensorParallelDriver::Fail(Status s) {
-  if (failed_.ok()) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    failed_ = abort_reason_.empty() ? s : Unavailable("{}", abort_reason_);
-  }
-  aborted_.store(true);
-  return failed_;
-}
-
 Status TensorParallelDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
-  if (!failed_.ok()) return failed_;
-  if (aborted_.load()) return Fail(Unavailable("the tensor-parallel group was stopped"));
-  if (stopped_) return Unavailable("the tensor-parallel group was stopped");
-  for (const auto& a : batch.attn_acc) {
-    if (a.data != nullptr) return Unimplemented("KV retention does not run with tensor parallelism");
-  }
-  if (batch.observer != nullptr) return Unimplemented("calibration does not run with tensor parallelism");
+  RETURN_IF_ERROR(state_.CheckStep(batch));
   const std::vector<uint8_t> step = EncodeStep(batch, kv, /*micro_batches=*/1);
   for (int r = 1; r < comm_.size(); ++r) {
-    if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return Fail(s);
+    if (Status s = comm_.Send(r, kTagStep, step); !s.ok()) return state_.Fail(s);
   }
-  RankZeroSums sums(comm_, Wait{options_.timeout, &aborted_},
-                    std::min(options_.timeout, kDrainWait));
+  RankZeroSums sums(comm_, Wait{options_.timeout, state_.cancel()}, std::min(options_.timeout, kDrainWait));
   ForwardBatch b = batch;
   b.partial_sums = &sums;
   // Every rank checks the same batch against the same shapes: one that fails here fails on all
   // of them before any sum, and the next step goes on.
   Status s = model_.Forward(b, kv, ws, pool);
-  if (!sums.failed().ok()) return Fail(sums.failed());
+  if (!sums.failed().ok()) return state_.Fail(sums.failed());
   return s;
 }
 
 Status TensorParallelDriver::Stop(std::chrono::milliseconds wait) {
-  if (stopped_) return Status::Ok();
-  stopped_ = true;
+  if (!state_.MarkStopped()) return Status::Ok();
   return StopWorkers(comm_, wait);
 }
 
@@ -178,22 +142,14 @@ Status RunTensorParallelWorker(const Model& model, Communicator& comm, ThreadPoo
     return InvalidArgument("the model is split as rank {} of {}, this is rank {} of {}", split.rank, split.ranks, rank,
                            comm.size());
   }
-  {
-    Writer w;
-    w.PutString(ModelSignature(model));
-    RETURN_IF_ERROR(comm.Send(0, kTagHello, w.Take()));
-  }
+  RETURN_IF_ERROR(SayHello(model, comm));
   std::unique_ptr<KvStorage> kv;
   Workspace ws;
-  const Wait step_wait{};  // an idle server sends no steps: wait for as long as it takes
   const Wait sum_wait{options.timeout, nullptr};
   for (;;) {
-    ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, comm.Recv(0, kTagStep, step_wait));
-    if (!bytes.empty() && bytes[0] == kStop) return comm.Flush(sum_wait);
     StepPlan plan;
-    RETURN_IF_ERROR(DecodeStep(bytes, &plan).WithContext(fmt::format("rank {}", rank)));
-    RETURN_IF_ERROR(CheckGroups(plan.groups, model.hparams().num_layers));
-    RETURN_IF_ERROR(StorageForStep(plan, model.kv_layout(), &kv));
+    ASSIGN_OR_RETURN(const bool step, NextStep(model, comm, sum_wait, &plan, &kv));
+    if (!step) return Status::Ok();
     WorkerSums sums(comm, sum_wait);
     ForwardBatch b = plan.batch;
     b.output_head = false;  // rank 0 computes the head: it has the same rows

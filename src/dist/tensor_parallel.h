@@ -18,15 +18,14 @@
 // (Model::ShardForTensorParallel names them).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "dist/communicator.h"
+#include "dist/driver_state.h"
 #include "kv/kv_storage.h"
 #include "model/model.h"
 
@@ -50,23 +49,18 @@ class TensorParallelDriver {
   // One step, as Model::Forward. After a rank failed (or Abort), every call fails with the reason.
   Status Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool);
   // Makes a step in flight, and every later one, fail at once with `why` (any thread).
-  void Abort(const std::string& why);
+  void Abort(const std::string& why) { state_.Abort(why); }
   // Tells every rank to exit and waits for the messages to leave, at most `wait`.
   Status Stop(std::chrono::milliseconds wait = std::chrono::milliseconds(5000));
   std::string Describe() const;
 
  private:
   TensorParallelDriver(const Model& model, Communicator& comm, TensorParallelOptions options);
-  Status Fail(Status s);
 
   const Model& model_;
   Communicator& comm_;
   TensorParallelOptions options_;
-  std::atomic<bool> aborted_{false};
-  std::mutex abort_mu_;
-  std::string abort_reason_;
-  Status failed_;
-  bool stopped_ = false;
+  DriverState state_{"the tensor-parallel group", "tensor parallelism"};
 };
 
 // Ranks > 0: says hello, then runs every step rank 0 sends (its heads and FFN share, the

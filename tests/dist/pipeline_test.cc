@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "../test_util.h"
-#include "workload.h"
+#include "dist_test_util.h"
 #include "base/rng.h"
 #include "dist/communicator.h"
 #include "engine/engine.h"
@@ -31,45 +31,19 @@ TestModel Synthetic(const std::string& arch, int64_t num_layers, GgmlType type =
   return test::SynthModel(shape, type);
 }
 
-// Ranks 1..n-1 of a LocalGroup running RunPipelineWorker on their own threads.
-class Workers {
+// Ranks 1..n-1 running RunPipelineWorker, the last one on other_model where given.
+class Workers : public test::WorkerThreads {
  public:
   Workers(const Model& model, int n, dist::PipelineOptions options, int skip_rank = -1,
           const Model* other_model = nullptr)
-      : comms_(dist::LocalGroup(n)), pools_(n) {
-    for (int r = 1; r < n; ++r) {
-      pools_[r] = std::make_unique<ThreadPool>(1);
-      if (r == skip_rank) continue;
-      const Model& m = (other_model != nullptr && r == n - 1) ? *other_model : model;
-      threads_.emplace_back([this, &m, r, options] {
-        const Status s = dist::RunPipelineWorker(m, *comms_[r], *pools_[r], options);
-        std::lock_guard<std::mutex> lock(mu_);
-        results_.push_back(s);
-      });
-    }
-  }
-  // Tells every rank to stop (again, where the driver did: extra stops are never read) and waits.
-  ~Workers() {
-    (void)dist::StopWorkers(*comms_[0], std::chrono::milliseconds(1000));
-    Join();
-  }
-  void Join() {
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
-  dist::Communicator& rank0() { return *comms_[0]; }
-  dist::Communicator& rank(int r) { return *comms_[r]; }
-  std::vector<Status> results() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return results_;
-  }
-
- private:
-  std::vector<std::unique_ptr<dist::Communicator>> comms_;
-  std::vector<std::unique_ptr<ThreadPool>> pools_;
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::vector<Status> results_;
+      : WorkerThreads(
+            n,
+            [&model, n, options, other_model](int r, dist::Communicator& comm) {
+              ThreadPool pool(1);
+              const Model& m = (other_model != nullptr && r == n - 1) ? *other_model : model;
+              return dist::RunPipelineWorker(m, comm, pool, options);
+            },
+            skip_rank) {}
 };
 
 TEST(PipelineTest, StageLayersCoverEveryLayerOnce) {

@@ -16,7 +16,7 @@
 #include "dist/communicator.h"
 #include "dist/pipeline.h"
 #include "model/synth.h"
-#include "workload.h"
+#include "dist_test_util.h"
 
 namespace gale {
 namespace {
@@ -50,40 +50,17 @@ SplitModels Split(const SynthShape& shape, GgmlType type, int ranks, int slices,
   return m;
 }
 
-// Ranks 1..n-1 running RunTensorParallelWorker on their own threads, each with its own model.
-class Workers {
+// Ranks 1..n-1 running RunTensorParallelWorker, each with its own share of the model.
+class Workers : public test::WorkerThreads {
  public:
   Workers(const SplitModels& m, dist::TensorParallelOptions options, int skip_rank = -1)
-      : comms_(dist::LocalGroup(static_cast<int>(m.ranks.size()))) {
-    for (size_t r = 1; r < m.ranks.size(); ++r) {
-      if (static_cast<int>(r) == skip_rank) continue;
-      threads_.emplace_back([this, &m, r, options] {
-        ThreadPool pool(1);
-        const Status s = dist::RunTensorParallelWorker(*m.ranks[r], *comms_[r], pool, options);
-        std::lock_guard<std::mutex> lock(mu_);
-        results_.push_back(s);
-      });
-    }
-  }
-  ~Workers() {
-    (void)dist::StopWorkers(*comms_[0], std::chrono::milliseconds(1000));
-    Join();
-  }
-  void Join() {
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
-  dist::Communicator& rank0() { return *comms_[0]; }
-  std::vector<Status> results() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return results_;
-  }
-
- private:
-  std::vector<std::unique_ptr<dist::Communicator>> comms_;
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::vector<Status> results_;
+      : WorkerThreads(
+            static_cast<int>(m.ranks.size()),
+            [&m, options](int r, dist::Communicator& comm) {
+              ThreadPool pool(1);
+              return dist::RunTensorParallelWorker(*m.ranks[r], comm, pool, options);
+            },
+            skip_rank) {}
 };
 
 // A prefill of three sequences of different lengths, then two decode steps.

@@ -1,18 +1,62 @@
-// The engine workload the distributed tests run through their drivers and through one process:
-// chunked prefill, preemption, the prefix cache, seeded sampling, log-probabilities.
+// What the distributed tests share: worker ranks on threads of one process, and the engine
+// workload they run through their drivers and through one process (chunked prefill, preemption,
+// the prefix cache, seeded sampling, log-probabilities).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "../test_util.h"
 #include "base/rng.h"
+#include "dist/communicator.h"
+#include "dist/pipeline.h"
 #include "engine/engine.h"
 
 namespace gale::test {
+
+// Ranks 1..n-1 of a LocalGroup, each running work(rank, its communicator) on its own thread (a
+// skipped rank never runs: it is silent); on destruction rank 0 tells them to stop (a stop after
+// the driver's is never read) and they are joined.
+class WorkerThreads {
+ public:
+  using Work = std::function<Status(int rank, dist::Communicator& comm)>;
+  WorkerThreads(int n, Work work, int skip_rank = -1) : comms_(dist::LocalGroup(n)) {
+    for (int r = 1; r < n; ++r) {
+      if (r == skip_rank) continue;
+      threads_.emplace_back([this, work, r] {
+        const Status s = work(r, *comms_[r]);
+        std::lock_guard<std::mutex> lock(mu_);
+        results_.push_back(s);
+      });
+    }
+  }
+  ~WorkerThreads() {
+    (void)dist::StopWorkers(*comms_[0], std::chrono::milliseconds(1000));
+    Join();
+  }
+  void Join() {
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  dist::Communicator& rank0() { return *comms_[0]; }
+  dist::Communicator& rank(int r) { return *comms_[r]; }
+  std::vector<Status> results() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_;
+  }
+
+ private:
+  std::vector<std::unique_ptr<dist::Communicator>> comms_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::vector<Status> results_;
+};
 
 struct Collected {
   std::vector<int32_t> tokens;
