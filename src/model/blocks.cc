@@ -249,30 +249,61 @@ void MatMul(const MatrixWeight& w, const float* x, int64_t num_tokens, float* y,
   TreeSum(sums, static_cast<size_t>(num_tokens * out));
 }
 
-Status TensorSharder::Rows(MatrixWeight* w, const std::string& what) const {
+StatusOr<TensorSharder::HeadRange> TensorSharder::KvHeads(const TensorSplit& split, int64_t heads, int64_t kv_heads) {
+  const int64_t s = split.slices;
+  if (heads % s != 0 || kv_heads <= 0 || heads % kv_heads != 0 || (kv_heads % s != 0 && s % kv_heads != 0)) {
+    return InvalidArgument("tensor parallelism: {} heads and {} KV heads do not divide into {} slices", heads, kv_heads,
+                           s);
+  }
+  const int64_t group = heads / kv_heads;  // query heads per KV head
+  const int64_t q0 = heads / s * split.first_slice(), nq = heads / s * split.num_slices();
+  HeadRange kv{q0 / group, (q0 + nq + group - 1) / group - q0 / group};
+  // The rank's query heads must read its KV heads as one process's read theirs: whole groups, or
+  // part of one.
+  if (nq % kv.count != 0 || (nq / kv.count != group && kv.count != 1)) {
+    return InvalidArgument("tensor parallelism: rank {}'s {} query heads from head {} do not map onto whole KV heads "
+                           "({} per KV head)", split.rank, nq, q0, group);
+  }
+  return kv;
+}
+
+Status TensorSharder::KeepRows(MatrixWeight* w, int64_t first, int64_t count, int64_t total,
+                               const std::string& what) const {
   if (w->view.shape.size() != 2) return InvalidArgument("tensor parallelism: {} is not a matrix", what);
   const int64_t rows = w->view.shape[1], row_bytes = w->view.RowBytes();
-  if (rows % split_.slices != 0) {
-    return InvalidArgument("tensor parallelism: {} has {} rows, not a multiple of {} slices", what, rows, split_.slices);
+  if (rows % total != 0) {
+    return InvalidArgument("tensor parallelism: {} has {} rows, not a multiple of {}", what, rows, total);
   }
-  const int64_t per = rows / split_.slices, first = per * split_.first_slice(), count = per * split_.num_slices();
-  w->view.data += first * row_bytes;
-  w->view.shape[1] = count;
-  w->view.num_bytes = static_cast<uint64_t>(count * row_bytes);
+  const int64_t per = rows / total;
+  w->view.data += first * per * row_bytes;
+  w->view.shape[1] = count * per;
+  w->view.num_bytes = static_cast<uint64_t>(count * per * row_bytes);
   return Status::Ok();
 }
 
-Status TensorSharder::Vector(TensorView* v, const std::string& what) const {
+Status TensorSharder::KeepElements(TensorView* v, int64_t first, int64_t count, int64_t total,
+                                   const std::string& what) const {
   if (v->shape.size() != 1 || v->type != GgmlType::kF32) return InvalidArgument("tensor parallelism: {} is not an f32 vector", what);
   const int64_t n = v->shape[0];
-  if (n % split_.slices != 0) {
-    return InvalidArgument("tensor parallelism: {} has {} elements, not a multiple of {} slices", what, n, split_.slices);
-  }
-  const int64_t per = n / split_.slices;
-  v->data += per * split_.first_slice() * sizeof(float);
-  v->shape[0] = per * split_.num_slices();
+  if (n % total != 0) return InvalidArgument("tensor parallelism: {} has {} elements, not a multiple of {}", what, n, total);
+  const int64_t per = n / total;
+  v->data += first * per * sizeof(float);
+  v->shape[0] = count * per;
   v->num_bytes = static_cast<uint64_t>(v->shape[0] * sizeof(float));
   return Status::Ok();
+}
+
+Status TensorSharder::Rows(MatrixWeight* w, const std::string& what) const {
+  return KeepRows(w, split_.first_slice(), split_.num_slices(), split_.slices, what);
+}
+Status TensorSharder::Vector(TensorView* v, const std::string& what) const {
+  return KeepElements(v, split_.first_slice(), split_.num_slices(), split_.slices, what);
+}
+Status TensorSharder::KvRows(MatrixWeight* w, const std::string& what) const {
+  return KeepRows(w, kv_.first, kv_.count, kv_heads_, what);
+}
+Status TensorSharder::KvVector(TensorView* v, const std::string& what) const {
+  return KeepElements(v, kv_.first, kv_.count, kv_heads_, what);
 }
 
 Status TensorSharder::Columns(MatrixWeight* w, const std::string& what) const {
@@ -309,8 +340,8 @@ Status TensorSharder::Columns(MatrixWeight* w, const std::string& what) const {
 Status ShardDense(DenseMatrices& m, const TensorSharder& sharder, int64_t layer) {
   const std::string b = "blk." + std::to_string(layer) + " ";
   RETURN_IF_ERROR(sharder.Rows(&m.wq, b + "attention Q"));
-  RETURN_IF_ERROR(sharder.Rows(&m.wk, b + "attention K"));
-  RETURN_IF_ERROR(sharder.Rows(&m.wv, b + "attention V"));
+  RETURN_IF_ERROR(sharder.KvRows(&m.wk, b + "attention K"));
+  RETURN_IF_ERROR(sharder.KvRows(&m.wv, b + "attention V"));
   RETURN_IF_ERROR(sharder.Columns(&m.wo, b + "attention output"));
   RETURN_IF_ERROR(sharder.Rows(&m.w_gate, b + "FFN gate"));
   RETURN_IF_ERROR(sharder.Rows(&m.w_up, b + "FFN up"));

@@ -206,23 +206,24 @@ Status Model::ShardForTensorParallel(const TensorSplit& split) {
                          hp_.mla.enabled() || hp_.kv_latent ? "latent attention" : "mixture of experts");
   }
   const int64_t s = split.slices;
-  if (hp_.num_heads % s != 0 || hp_.num_kv_heads % s != 0 || hp_.ffn_dim % s != 0) {
-    return InvalidArgument("tensor parallelism: {} heads, {} KV heads and an FFN of {} do not all divide into {} slices",
-                           hp_.num_heads, hp_.num_kv_heads, hp_.ffn_dim, s);
+  ASSIGN_OR_RETURN(const TensorSharder::HeadRange kv, TensorSharder::KvHeads(split, hp_.num_heads, hp_.num_kv_heads));
+  if (hp_.ffn_dim % s != 0) {
+    return InvalidArgument("tensor parallelism: an FFN of {} does not divide into {} slices", hp_.ffn_dim, s);
   }
-  const TensorSharder sharder(split, &shard_bytes_);
+  const TensorSharder sharder(split, hp_.num_kv_heads, kv, &shard_bytes_);
   for (int64_t l = 0; l < hp_.num_layers; ++l) RETURN_IF_ERROR(ShardLayer(l, sharder));
-  const int64_t kv_dim = hp_.kv_dim(), kv_per = kv_dim / s * k, kv_first = kv_dim / s * split.first_slice();
+  const int64_t kv_dim = hp_.kv_dim();
   for (std::vector<float>* v : {&key_channels_.shift, &key_channels_.scale}) {
     if (v->empty()) continue;
     std::vector<float> mine;
     for (int64_t l = 0; l < hp_.num_layers; ++l) {
-      mine.insert(mine.end(), v->begin() + l * kv_dim + kv_first, v->begin() + l * kv_dim + kv_first + kv_per);
+      const auto row = v->begin() + l * kv_dim + kv.first * hp_.head_dim;
+      mine.insert(mine.end(), row, row + kv.count * hp_.head_dim);
     }
     *v = std::move(mine);
   }
   hp_.num_heads = hp_.num_heads / s * k;
-  hp_.num_kv_heads = hp_.num_kv_heads / s * k;
+  hp_.num_kv_heads = kv.count;
   hp_.ffn_dim = hp_.ffn_dim / s * k;
   split_ = split;
   return Status::Ok();

@@ -154,25 +154,29 @@ double RelativeDiff(const StepOutputs& a, const StepOutputs& b) {
 
 // Every dense architecture, split into 4 slices: one process, 2 ranks and 4 ranks give the same
 // bits (and 2 slices over 2 ranks the bits of 2 slices in one process); all close to unsplit.
+// With 4 KV heads each slice has its own; with 1 every rank keeps a copy of it.
 TEST(TensorParallelTest, RanksGiveOneProcessBitsForTheSameSlices) {
   for (const std::string arch : {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}) {
-    SCOPED_TRACE(arch);
-    const SynthShape shape = TpShape(arch);
-    const StepOutputs one4 = RunSteps(Split(shape, GgmlType::kQ8_0, 1, 4, true), kernels::KvType::kF32);
-    ASSERT_FALSE(one4.logits.empty());
-    // Against the unsplit model in f32 weights (8-bit weights quantize their inputs per block: a
-    // last-bit difference there may round one element to its neighbour, a jump of ~1e-3 that
-    // depth can carry to the logits).
-    const StepOutputs whole = RunSteps(Split(shape, GgmlType::kF32, 1, 1, true), kernels::KvType::kF32);
-    const StepOutputs split = RunSteps(Split(shape, GgmlType::kF32, 1, 4, true), kernels::KvType::kF32);
-    EXPECT_LT(RelativeDiff(split, whole), 1e-5);
-    EXPECT_GT(RelativeDiff(split, whole), 0.0);  // the additions' order does change: the test can tell
-    for (int ranks : {2, 4}) {
-      SCOPED_TRACE(ranks);
-      ExpectBitwise(RunSteps(Split(shape, GgmlType::kQ8_0, ranks, 4, true), kernels::KvType::kF32), one4);
+    for (const int64_t kv_heads : {4, 1}) {
+      SCOPED_TRACE(testing::Message() << arch << ", " << kv_heads << " KV heads");
+      SynthShape shape = TpShape(arch);
+      shape.num_kv_heads = kv_heads;
+      const StepOutputs one4 = RunSteps(Split(shape, GgmlType::kQ8_0, 1, 4, true), kernels::KvType::kF32);
+      ASSERT_FALSE(one4.logits.empty());
+      // Against the unsplit model in f32 weights (8-bit weights quantize their inputs per block: a
+      // last-bit difference there may round one element to its neighbour, a jump of ~1e-3 that
+      // depth can carry to the logits).
+      const StepOutputs whole = RunSteps(Split(shape, GgmlType::kF32, 1, 1, true), kernels::KvType::kF32);
+      const StepOutputs split = RunSteps(Split(shape, GgmlType::kF32, 1, 4, true), kernels::KvType::kF32);
+      EXPECT_LT(RelativeDiff(split, whole), 1e-5);
+      EXPECT_GT(RelativeDiff(split, whole), 0.0);  // the additions' order does change: the test can tell
+      for (int ranks : {2, 4}) {
+        SCOPED_TRACE(ranks);
+        ExpectBitwise(RunSteps(Split(shape, GgmlType::kQ8_0, ranks, 4, true), kernels::KvType::kF32), one4);
+      }
+      const StepOutputs one2 = RunSteps(Split(shape, GgmlType::kQ8_0, 1, 2, false), kernels::KvType::kF32);
+      ExpectBitwise(RunSteps(Split(shape, GgmlType::kQ8_0, 2, 2, false), kernels::KvType::kF32), one2);
     }
-    const StepOutputs one2 = RunSteps(Split(shape, GgmlType::kQ8_0, 1, 2, false), kernels::KvType::kF32);
-    ExpectBitwise(RunSteps(Split(shape, GgmlType::kQ8_0, 2, 2, false), kernels::KvType::kF32), one2);
   }
 }
 
@@ -240,9 +244,14 @@ TEST(TensorParallelTest, WhatCannotBeSplitIsRefusedWithTheReason) {
   SynthShape bert = test::ArchTestShape("bert");
   bert.num_kv_heads = bert.num_heads;
   ExpectRefused(ShardStatus(bert, GgmlType::kF32, {0, 2, 2}), "encoder");
-  // Two KV heads over four slices; attention output rows of 256 in q4_K's 256-element blocks
-  // over two slices.
-  ExpectRefused(ShardStatus(test::ArchTestShape("llama"), GgmlType::kQ8_0, {0, 4, 4}), "do not all divide");
+  // Four heads over eight slices; three KV heads for six heads over two slices (neither split nor
+  // copied whole); attention output rows of 256 in q4_K's 256-element blocks over two slices.
+  ExpectRefused(ShardStatus(test::ArchTestShape("llama"), GgmlType::kQ8_0, {0, 8, 8}), "do not divide");
+  SynthShape three = TpShape("llama");
+  three.num_heads = 6;
+  three.num_kv_heads = 3;
+  three.head_dim = 32;
+  ExpectRefused(ShardStatus(three, GgmlType::kQ8_0, {0, 2, 2}), "do not divide");
   SynthShape wide = TpShape("llama");
   wide.dim = 256;
   wide.ffn_dim = 512;

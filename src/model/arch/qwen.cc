@@ -99,10 +99,10 @@ class QwenModel final : public Model {
     if (variant_ == Variant::kQwen2) {
       const std::string b = "blk." + std::to_string(layer) + " ";
       RETURN_IF_ERROR(sharder.Vector(&w.bq, b + "attention Q bias"));
-      RETURN_IF_ERROR(sharder.Vector(&w.bk, b + "attention K bias"));
-      RETURN_IF_ERROR(sharder.Vector(&w.bv, b + "attention V bias"));
+      RETURN_IF_ERROR(sharder.KvVector(&w.bk, b + "attention K bias"));
+      RETURN_IF_ERROR(sharder.KvVector(&w.bv, b + "attention V bias"));
     }
-    return ShardDense(layers_[layer], sharder, layer);
+    return ShardDense(w, sharder, layer);
   }
 
   std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
