@@ -172,9 +172,11 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
   thread_ = std::thread([this] { Loop(); });
 }
 
-Engine::~Engine() {
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
   queue_.Shutdown();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 uint64_t Engine::activation_bytes() const {
@@ -342,7 +344,9 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerationRequest req) {
   }
   const int64_t id = next_id_++;
   auto stream = std::make_shared<RequestStream>(id);
-  queue_.Submit(PendingRequest{id, std::move(req), stream, num_truncated});
+  if (!queue_.Submit(PendingRequest{id, std::move(req), stream, num_truncated})) {
+    return Unavailable("the engine is stopping");
+  }
   return stream;
 }
 

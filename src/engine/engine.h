@@ -116,7 +116,7 @@ class Engine {
   // tokenizer may be null (then stop strings are refused and no text is produced).
   static StatusOr<std::unique_ptr<Engine>> Create(const Model& model, const Tokenizer* tokenizer,
                                                   const EngineConfig& config, ThreadPool& pool);
-  ~Engine();  // requests still in flight finish as cancelled
+  ~Engine();  // Shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -126,6 +126,10 @@ class Engine {
   StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
   // The request ends at the next step (finish reason cancelled); its blocks are freed.
   void Cancel(int64_t request_id);
+  // Stops the engine thread: requests in flight finish as cancelled, and every later Submit fails
+  // (kUnavailable) while the object stays valid for other threads (Cancel, stats) until it is
+  // destroyed. Once; the destructor calls it. Not from the engine's own callbacks.
+  void Shutdown();
   // Holds the engine thread between two steps (returns once it holds) and lets it go on: what is
   // submitted or cancelled meanwhile reaches the engine at one step boundary. For tests that must
   // not depend on how threads interleave.

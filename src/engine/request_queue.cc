@@ -66,12 +66,14 @@ bool RequestStream::NextUntil(std::chrono::steady_clock::time_point deadline, St
   return true;
 }
 
-void RequestQueue::Submit(PendingRequest req) {
+bool RequestQueue::Submit(PendingRequest req) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return false;
     submitted_.push_back(std::move(req));
   }
   cv_.notify_one();
+  return true;
 }
 
 void RequestQueue::Cancel(int64_t id) {

@@ -116,7 +116,8 @@ struct PendingRequest {
 
 class RequestQueue {
  public:
-  void Submit(PendingRequest req);
+  // False (nothing queued) once shut down: no engine thread would ever take it.
+  bool Submit(PendingRequest req);
   void Cancel(int64_t id);
   void Shutdown();
 

@@ -582,6 +582,9 @@ class Session : public std::enable_shared_from_this<Session> {
       auto s = engine.Submit(std::move(g));
       if (!s.ok()) {
         for (auto& st : gen->streams) engine.Cancel(st->id());
+        if (s.status().code() == StatusCode::kUnavailable) {  // the server is stopping
+          return Reject({503, s.status().message(), "service_unavailable", ""}, "5");
+        }
         return Reject({400, s.status().message(), "invalid_request_error", "prompt"});
       }
       gen->streams.push_back(*s);

@@ -196,7 +196,9 @@ CommandFn RegisterServe(CLI::App& app) {
     std::fprintf(stderr, "%s: draining (up to %.0f s)\n", sig_name, o->shutdown_timeout);
     const int64_t left = http.Drain(std::chrono::milliseconds(static_cast<int64_t>(o->shutdown_timeout * 1000)));
     if (left > 0) std::fprintf(stderr, "cancelling %lld requests still running\n", static_cast<long long>(left));
-    engine->reset();  // cancels whatever is still in flight; their streams end
+    // Cancels whatever is still in flight (their streams end); the engine object stays until the
+    // HTTP threads are done with it (it is destroyed after http.Stop, on the way out).
+    (*engine)->Shutdown();
     http.Drain(std::chrono::milliseconds(2000));
     http.Stop();
     std::fprintf(stderr, "stopped\n");

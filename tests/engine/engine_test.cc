@@ -914,5 +914,31 @@ TEST(EngineTest, CancelAndShutdownFinishRequestsAndFreeBlocks) {
   EXPECT_EQ(last.reason, FinishReason::kCancelled);
 }
 
+// Shutdown (a server's on SIGTERM, before its HTTP threads are stopped): the request in flight
+// ends cancelled, a later Submit fails with kUnavailable instead of queueing into nothing, and
+// the object stays usable for Cancel and its counters until it is destroyed.
+TEST(EngineTest, ShutdownEndsRequestsAndRefusesNewOnes) {
+  const TestModel m = Stories();
+  ThreadPool pool(1);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 16ull << 20;
+  auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
+  ASSERT_TRUE(engine.ok());
+  GenerationRequest r;
+  r.prompt = m.tok->Encode("Once upon a time");
+  r.max_tokens = 400;
+  auto s = *(*engine)->Submit(r);
+  StreamUpdate u;
+  ASSERT_TRUE(s->Next(&u));
+  (*engine)->Shutdown();
+  EXPECT_EQ(Collect(*s).reason, FinishReason::kCancelled);
+  auto late = (*engine)->Submit(r);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable) << late.status().ToString();
+  (*engine)->Cancel(s->id());  // harmless
+  EXPECT_GE((*engine)->stats().num_free_blocks.load(), 0);
+  (*engine)->Shutdown();  // again: nothing happens
+}
+
 }  // namespace
 }  // namespace gale
