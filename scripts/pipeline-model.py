@@ -16,7 +16,8 @@ is memory-bound: measured here at the roofline).
 Pipeline (layers per host): a token's layers run one host after another (P row hops per token).
 Tensor parallelism (heads and FFN width per host): every host reads 1/P of each layer's weights,
 then two all-reduces per layer through rank 0 (the others' partial rows in, the sum out: on rank
-0's link (P - 1) rows each way, one after another), the head on rank 0.
+0's link (P - 1) rows each way, one after another); the head split by vocabulary rows, each
+host's logits sent to rank 0.
 
   python3 scripts/pipeline-model.py --gale build/gale --dist-bench build/dist_bench [--out FILE.json]
 """
@@ -120,11 +121,14 @@ def main():
                 # rank 0's link; the first and last of each way pay the software and wire latency.
                 per_reduce_ms = (2 * (software_us(hidden) + WIRE_US) + 2 * (p - 1) * hidden / rate * 1e6) / 1e3
                 reduces = 2 * s["layers"]
-                net = reduces * per_reduce_ms
-                compute = s["layers"] * t_layer / p + t_head
+                # The head split by vocabulary rows: each rank's logits for the token to rank 0.
+                logits = s["vocab"] // p * 4
+                gather_ms = (software_us(logits) + WIRE_US + (p - 1) * logits / rate * 1e6) / 1e3
+                net = reduces * per_reduce_ms + gather_ms
+                compute = s["layers"] * t_layer / p + t_head / p
                 tps = 1e3 / (compute + net)
-                nbytes = reduces * 2 * (p - 1) * hidden
-                msgs = reduces * 2 * (p - 1)
+                nbytes = reduces * 2 * (p - 1) * hidden + (p - 1) * logits
+                msgs = reduces * 2 * (p - 1) + (p - 1)
                 row = dict(model=name, hosts=p, link=link, bytes_per_token=nbytes, messages_per_token=msgs + (p - 1),
                            network_ms=net, compute_ms=compute, tokens_per_s=tps, network_share=net / (compute + net))
                 tp_rows.append(row)

@@ -87,6 +87,12 @@ class RankZeroSums final : public PartialSums {
   Status failed_;
 };
 
+// The logit rows a forward writes (ForwardBatch's defaults resolved).
+int64_t NumLogitRows(const ForwardBatch& b) {
+  if (!b.logit_rows.empty()) return static_cast<int64_t>(b.logit_rows.size());
+  return b.all_logits ? static_cast<int64_t>(b.tokens.size()) : 1;
+}
+
 }  // namespace
 
 TensorParallelDriver::TensorParallelDriver(const Model& model, Communicator& comm, TensorParallelOptions options)
@@ -126,7 +132,30 @@ Status TensorParallelDriver::Forward(const ForwardBatch& batch, KvStorage& kv, W
   // of them before any sum, and the next step goes on.
   Status s = model_.Forward(b, kv, ws, pool);
   if (!sums.failed().ok()) return state_.Fail(sums.failed());
-  return s;
+  if (!s.ok()) return s;
+  if (model_.head_rows().second == model_.hparams().vocab_size) return Status::Ok();
+  // The head by vocabulary rows: every rank's logits for its rows, side by side.
+  const int64_t rows = NumLogitRows(batch), vocab = model_.hparams().vocab_size, share = model_.head_rows().second;
+  std::vector<float> mine(ws.logits.begin(), ws.logits.begin() + rows * share);
+  if (ws.logits.size() < static_cast<size_t>(rows * vocab)) ws.logits.resize(rows * vocab);
+  for (int r = 0; r < comm_.size(); ++r) {
+    std::vector<uint8_t> theirs;
+    const float* part = mine.data();
+    if (r > 0) {
+      auto m = comm_.Recv(r, kTagOutput, Wait{options_.timeout, state_.cancel()});
+      if (!m.ok()) return state_.Fail(m.status().WithContext(fmt::format("tensor-parallel rank {}", r)));
+      if (m->size() != static_cast<size_t>(rows * share) * sizeof(float)) {
+        return state_.Fail(DataLoss("tensor-parallel rank {} sent {} bytes of logits, expected {}", r, m->size(),
+                                    rows * share * sizeof(float)));
+      }
+      theirs = std::move(*m);
+      part = reinterpret_cast<const float*>(theirs.data());
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(ws.logits.data() + i * vocab + r * share, part + i * share, share * sizeof(float));
+    }
+  }
+  return Status::Ok();
 }
 
 Status TensorParallelDriver::Stop(std::chrono::milliseconds wait) {
@@ -152,11 +181,19 @@ Status RunTensorParallelWorker(const Model& model, Communicator& comm, ThreadPoo
     if (!step) return Status::Ok();
     WorkerSums sums(comm, sum_wait);
     ForwardBatch b = plan.batch;
-    b.output_head = false;  // rank 0 computes the head: it has the same rows
+    // The head's share of the vocabulary where it is split by rows; else rank 0 computes it all.
+    const bool head = model.head_rows().second != model.hparams().vocab_size;
+    b.output_head = head;
     b.partial_sums = &sums;
     // A batch that fails its checks fails them on rank 0 too, before any sum: nothing to do.
-    (void)model.Forward(b, *kv, ws, pool);
+    const Status s = model.Forward(b, *kv, ws, pool);
     if (!sums.failed().ok()) return sums.failed().WithContext(fmt::format("tensor-parallel rank {}", rank));
+    if (head && s.ok()) {
+      const size_t n = static_cast<size_t>(NumLogitRows(b) * model.head_rows().second);
+      std::vector<uint8_t> logits(n * sizeof(float));
+      std::memcpy(logits.data(), ws.logits.data(), logits.size());
+      RETURN_IF_ERROR(comm.Send(0, kTagOutput, std::move(logits)));
+    }
   }
 }
 

@@ -877,12 +877,13 @@ void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& 
       kernels::RmsNorm(ws_.x.data() + batch_.hidden_rows[t] * dim, out_norm, dim, hp_.rms_eps, ws_.hidden.data() + t * dim);
     }
   }
-  Grow(ws_.logits, num_out * hp_.vocab_size);
+  const int64_t width = output.view.shape[1];  // the vocabulary, or a tensor-parallel rank's share
+  Grow(ws_.logits, num_out * width);
   span.Next("lm_head", num_out, WeightBytes(output));
   MatMul(output, ws_.xb.data(), num_out, ws_.logits.data(), pool_);
   if (hp_.final_softcap > 0.0f) {  // Gemma 2, as ggml: times 1 / cap, tanh, times cap
     const float cap = hp_.final_softcap, inv = 1.0f / cap;
-    for (int64_t i = 0; i < num_out * hp_.vocab_size; ++i) ws_.logits[i] = cap * std::tanh(ws_.logits[i] * inv);
+    for (int64_t i = 0; i < num_out * width; ++i) ws_.logits[i] = cap * std::tanh(ws_.logits[i] * inv);
   }
 }
 

@@ -209,7 +209,9 @@ class ForwardPass {
   // GatedFfn or MoeFfn, as the layer is.
   void Ffn(int64_t layer, const float* norm_w, const LayerFfn& w);
   // ws.logits = output(RmsNorm(x) * norm_w) for the rows the batch wants (soft-capped where
-  // hp.final_softcap says). Nothing in a pipeline stage (ws.x is its output; ForwardBatch::output_head).
+  // hp.final_softcap says), [rows, output's rows]: the vocabulary, or a tensor-parallel rank's
+  // share (Model::head_rows). Nothing in a pipeline stage (ws.x is its output;
+  // ForwardBatch::output_head).
   void OutputHead(const TensorView& output_norm, const MatrixWeight& output);
   // An encoder's end (no language-model head): ws.hidden = ws.x's rows the batch names in
   // hidden_rows, as they are; the logit rows the batch wants are zeros (embedding requests

@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -224,6 +225,10 @@ class Model {
   // or where a column block would cut a quantization block.
   Status ShardForTensorParallel(const TensorSplit& split);
   const TensorSplit& tensor_split() const { return split_; }
+  // The vocabulary rows [first, first + count) this model's output head computes: all of them,
+  // or a tensor-parallel rank's share (ranks splitting the head by rows where the vocabulary
+  // divides among them; ForwardPass::OutputHead then writes [rows, count] logits).
+  std::pair<int64_t, int64_t> head_rows() const { return {head_first_, head_count_ > 0 ? head_count_ : hp_.vocab_size}; }
 
   // Lays the matrices out again for the active kernel ISA where it has a faster layout (costs a
   // copy of those weights in memory). Forward uses the packed copy only while that ISA is active.
@@ -281,6 +286,7 @@ class Model {
   uint64_t weight_bytes_ = 0;
   KeyChannels key_channels_;
   TensorSplit split_;
+  int64_t head_first_ = 0, head_count_ = 0;  // head_rows(); count 0: the whole vocabulary
   std::vector<std::unique_ptr<uint8_t[]>> shard_bytes_;  // column blocks copied for tensor parallelism
 
  private:
