@@ -79,6 +79,9 @@ def main():
     def software_us(nbytes):  # the measured size at or above nbytes
         return hops[min([b for b in hops if b >= nbytes] or [max(hops)])]
 
+    def shape_costs(s):  # ms per token of one layer and of embedding + head, one token's row in bytes
+        return (t_layer7 * layer_weights(s) / layer_weights(s7), t_head7 * s["dim"] / s7["dim"], s["dim"] * 4)
+
     print(f"measured here: one 7B-shaped Q4_0 layer {t_layer7:.2f} ms per decoded token, embedding + head "
           f"{t_head7:.2f} ms; TCP loopback one way: 16 KiB {software_us(16384):.1f} us, 32 KiB {software_us(32768):.1f} us\n")
     print("| model | hosts | link | bytes / token | messages / token | network ms / token | compute ms / token "
@@ -86,11 +89,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for name, s in SHAPES.items():
-        scale = layer_weights(s) / layer_weights(s7)
-        t_layer = t_layer7 * scale
-        t_head = t_head7 * s["dim"] / s7["dim"]
+        t_layer, t_head, hidden = shape_costs(s)
         compute = s["layers"] * t_layer + t_head
-        hidden = s["dim"] * 4  # one token's residual row, f32
         for p in ((2, 4) if name == "7B" else (2, 4, 8)):
             for link, rate in LINKS.items():
                 # p - 1 boundaries forward, one back to rank 0 (the rows for its output head); the
@@ -109,10 +109,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     tp_rows = []
     for name, s in SHAPES.items():
-        scale = layer_weights(s) / layer_weights(s7)
-        t_layer = t_layer7 * scale
-        t_head = t_head7 * s["dim"] / s7["dim"]
-        hidden = s["dim"] * 4
+        t_layer, t_head, hidden = shape_costs(s)
         for p in (2, 4, 8):
             if s["kv"] % p or s["heads"] % p:
                 continue

@@ -85,14 +85,8 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t num_layers, int num
 std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int64_t num_groups, int max_parts) {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   // The wanted rows, explicit (ForwardBatch's defaults resolved).
-  std::vector<int32_t> logit_rows = batch.logit_rows;
-  if (logit_rows.empty()) {
-    if (batch.all_logits) {
-      for (int64_t i = 0; i < n; ++i) logit_rows.push_back(static_cast<int32_t>(i));
-    } else {
-      logit_rows.push_back(static_cast<int32_t>(n - 1));
-    }
-  }
+  std::vector<int32_t> logit_rows(static_cast<size_t>(batch.num_logit_rows()));
+  for (size_t i = 0; i < logit_rows.size(); ++i) logit_rows[i] = batch.logit_row(static_cast<int64_t>(i));
   // Sequence boundaries: where seq_idx steps up by one; anything else is one part.
   const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size()) / std::max<int64_t>(1, num_groups);
   std::vector<int64_t> seq_start;  // first token of each sequence

@@ -87,12 +87,6 @@ class RankZeroSums final : public PartialSums {
   Status failed_;
 };
 
-// The logit rows a forward writes (ForwardBatch's defaults resolved).
-int64_t NumLogitRows(const ForwardBatch& b) {
-  if (!b.logit_rows.empty()) return static_cast<int64_t>(b.logit_rows.size());
-  return b.all_logits ? static_cast<int64_t>(b.tokens.size()) : 1;
-}
-
 }  // namespace
 
 TensorParallelDriver::TensorParallelDriver(const Model& model, Communicator& comm, TensorParallelOptions options)
@@ -134,23 +128,21 @@ Status TensorParallelDriver::Forward(const ForwardBatch& batch, KvStorage& kv, W
   if (!sums.failed().ok()) return state_.Fail(sums.failed());
   if (!s.ok()) return s;
   if (model_.head_rows().second == model_.hparams().vocab_size) return Status::Ok();
-  // The head by vocabulary rows: every rank's logits for its rows, side by side.
-  const int64_t rows = NumLogitRows(batch), vocab = model_.hparams().vocab_size, share = model_.head_rows().second;
-  std::vector<float> mine(ws.logits.begin(), ws.logits.begin() + rows * share);
+  // The head by vocabulary rows: every rank's logits for its rows, side by side. Rank 0's own
+  // [rows, share] spread out in place first (last row first: no row is overwritten before it moves).
+  const int64_t rows = batch.num_logit_rows(), vocab = model_.hparams().vocab_size, share = model_.head_rows().second;
   if (ws.logits.size() < static_cast<size_t>(rows * vocab)) ws.logits.resize(rows * vocab);
-  for (int r = 0; r < comm_.size(); ++r) {
-    std::vector<uint8_t> theirs;
-    const float* part = mine.data();
-    if (r > 0) {
-      auto m = comm_.Recv(r, kTagOutput, Wait{options_.timeout, state_.cancel()});
-      if (!m.ok()) return state_.Fail(m.status().WithContext(fmt::format("tensor-parallel rank {}", r)));
-      if (m->size() != static_cast<size_t>(rows * share) * sizeof(float)) {
-        return state_.Fail(DataLoss("tensor-parallel rank {} sent {} bytes of logits, expected {}", r, m->size(),
-                                    rows * share * sizeof(float)));
-      }
-      theirs = std::move(*m);
-      part = reinterpret_cast<const float*>(theirs.data());
+  for (int64_t i = rows - 1; i > 0; --i) {
+    std::memmove(ws.logits.data() + i * vocab, ws.logits.data() + i * share, share * sizeof(float));
+  }
+  for (int r = 1; r < comm_.size(); ++r) {
+    auto m = comm_.Recv(r, kTagOutput, Wait{options_.timeout, state_.cancel()});
+    if (!m.ok()) return state_.Fail(m.status().WithContext(fmt::format("tensor-parallel rank {}", r)));
+    if (m->size() != static_cast<size_t>(rows * share) * sizeof(float)) {
+      return state_.Fail(DataLoss("tensor-parallel rank {} sent {} bytes of logits, expected {}", r, m->size(),
+                                  rows * share * sizeof(float)));
     }
+    const float* part = reinterpret_cast<const float*>(m->data());
     for (int64_t i = 0; i < rows; ++i) {
       std::memcpy(ws.logits.data() + i * vocab + r * share, part + i * share, share * sizeof(float));
     }
@@ -189,7 +181,7 @@ Status RunTensorParallelWorker(const Model& model, Communicator& comm, ThreadPoo
     const Status s = model.Forward(b, *kv, ws, pool);
     if (!sums.failed().ok()) return sums.failed().WithContext(fmt::format("tensor-parallel rank {}", rank));
     if (head && s.ok()) {
-      const size_t n = static_cast<size_t>(NumLogitRows(b) * model.head_rows().second);
+      const size_t n = static_cast<size_t>(b.num_logit_rows() * model.head_rows().second);
       std::vector<uint8_t> logits(n * sizeof(float));
       std::memcpy(logits.data(), ws.logits.data(), logits.size());
       RETURN_IF_ERROR(comm.Send(0, kTagOutput, std::move(logits)));

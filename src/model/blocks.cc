@@ -858,17 +858,12 @@ void ForwardPass::Ffn(int64_t l, const float* norm_w, const LayerFfn& w) {
 // Final norm and lm_head only for the rows whose logits are wanted.
 void ForwardPass::OutputHead(const TensorView& output_norm, const MatrixWeight& output) {
   if (end_layer_ < hp_.num_layers || !batch_.output_head) return;  // a pipeline stage: ws.x is the output
-  const int64_t n = n_, dim = hp_.dim;
-  auto out_row = [&](int64_t i) -> int64_t {
-    if (!batch_.logit_rows.empty()) return batch_.logit_rows[i];
-    return batch_.all_logits ? i : n - 1;
-  };
-  const int64_t num_out = !batch_.logit_rows.empty() ? static_cast<int64_t>(batch_.logit_rows.size())
-                                                      : (batch_.all_logits ? n : 1);
+  const int64_t dim = hp_.dim;
+  const int64_t num_out = batch_.num_logit_rows();
   const float* out_norm = reinterpret_cast<const float*>(output_norm.data);
   ProfileSpan span("output_norm", "op", num_out);
   for (int64_t t = 0; t < num_out; ++t) {
-    kernels::RmsNorm(ws_.x.data() + out_row(t) * dim, out_norm, dim, hp_.rms_eps, ws_.xb.data() + t * dim);
+    kernels::RmsNorm(ws_.x.data() + batch_.logit_row(t) * dim, out_norm, dim, hp_.rms_eps, ws_.xb.data() + t * dim);
   }
   const int64_t num_hidden = static_cast<int64_t>(batch_.hidden_rows.size());
   if (num_hidden > 0) {
@@ -894,8 +889,7 @@ void ForwardPass::EncoderOutput() {
   for (int64_t t = 0; t < num_hidden; ++t) {
     std::memcpy(ws_.hidden.data() + t * dim, ws_.x.data() + batch_.hidden_rows[t] * dim, dim * sizeof(float));
   }
-  const int64_t num_out = !batch_.logit_rows.empty() ? static_cast<int64_t>(batch_.logit_rows.size())
-                                                      : (batch_.all_logits ? n_ : 1);
+  const int64_t num_out = batch_.num_logit_rows();
   Grow(ws_.logits, num_out * hp_.vocab_size);
   std::fill(ws_.logits.begin(), ws_.logits.begin() + num_out * hp_.vocab_size, 0.0f);
 }

@@ -57,7 +57,6 @@ class TensorSharder {
   static StatusOr<HeadRange> KvHeads(const TensorSplit& split, int64_t heads, int64_t kv_heads);
   TensorSharder(const TensorSplit& split, int64_t kv_heads, HeadRange kv, std::vector<std::unique_ptr<uint8_t[]>>* owned)
       : split_(split), kv_heads_(kv_heads), kv_(kv), owned_(owned) {}
-  const TensorSplit& split() const { return split_; }
   // A column-parallel matrix (Q, gate, up): the rows of this rank's slices (a view).
   Status Rows(MatrixWeight* w, const std::string& what) const;
   // Its bias: the same elements.
@@ -69,10 +68,11 @@ class TensorSharder {
   // one matrix per slice (MatrixWeight::parts), or the one block itself where the rank has one
   // slice. A slice's columns must be whole quantization blocks.
   Status Columns(MatrixWeight* w, const std::string& what) const;
+  // Keeps runs [first, first + count) of `total` equal runs of a matrix's rows (a view).
+  Status KeepRows(MatrixWeight* w, int64_t first, int64_t count, int64_t total, const std::string& what) const;
 
  private:
-  // Keeps units [first, first + count) of `total` equal runs of rows (elements).
-  Status KeepRows(MatrixWeight* w, int64_t first, int64_t count, int64_t total, const std::string& what) const;
+  // The same over a vector's elements.
   Status KeepElements(TensorView* v, int64_t first, int64_t count, int64_t total, const std::string& what) const;
 
   TensorSplit split_;

@@ -225,11 +225,9 @@ Status Model::ShardForTensorParallel(const TensorSplit& split) {
   // The output head by vocabulary rows, one share per rank (each logit is one row's product:
   // the same bits however the rows are shared out); whole on every rank where they do not divide.
   if (!output_.view.shape.empty() && hp_.vocab_size % split.ranks == 0 && split.ranks > 1) {
+    RETURN_IF_ERROR(sharder.KeepRows(&output_, split.rank, 1, split.ranks, "the output layer"));
     head_count_ = hp_.vocab_size / split.ranks;
     head_first_ = head_count_ * split.rank;
-    output_.view.data += head_first_ * output_.view.RowBytes();
-    output_.view.shape[1] = head_count_;
-    output_.view.num_bytes = static_cast<uint64_t>(head_count_ * output_.view.RowBytes());
   }
   hp_.num_heads = hp_.num_heads / s * k;
   hp_.num_kv_heads = kv.count;

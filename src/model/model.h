@@ -92,6 +92,16 @@ struct ForwardBatch {
   // Tensor parallelism: sums the partial rows of each output projection and FFN down product
   // over the ranks (null: one process, whose products are already whole).
   PartialSums* partial_sums = nullptr;
+  // The rows whose logits a forward writes, ForwardBatch's defaults resolved: logit_rows, else
+  // every token (all_logits), else the last; logit_row(i) is the token of output row i.
+  int64_t num_logit_rows() const {
+    if (!logit_rows.empty()) return static_cast<int64_t>(logit_rows.size());
+    return all_logits ? static_cast<int64_t>(tokens.size()) : 1;
+  }
+  int32_t logit_row(int64_t i) const {
+    if (!logit_rows.empty()) return logit_rows[i];
+    return static_cast<int32_t>(all_logits ? i : static_cast<int64_t>(tokens.size()) - 1);
+  }
   int32_t slot(size_t i) const { return slots.empty() ? positions[i] : slots[i]; }
   int32_t seq(size_t i) const { return seq_idx.empty() ? 0 : seq_idx[i]; }
 };

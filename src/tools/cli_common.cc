@@ -333,13 +333,13 @@ void ParallelFlags::Register(CLI::App& app) {
 dist::PipelineOptions ParallelFlags::pipeline_options() const {
   dist::PipelineOptions o;
   o.micro_batches = micro_batches;
-  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  o.timeout = timeout();
   return o;
 }
 
 dist::TensorParallelOptions ParallelFlags::tensor_options() const {
   dist::TensorParallelOptions o;
-  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  o.timeout = timeout();
   return o;
 }
 
@@ -401,20 +401,18 @@ StatusOr<ParallelRank> StartParallelRank(const ParallelFlags& flags, const std::
 
 Status ParallelGuard::Connect(const ParallelFlags& flags, const Model& model, EngineConfig* cfg) {
   if (comm_ == nullptr) return Status::Ok();
+  auto route = [cfg](auto* d) {  // the engine's forward through driver d
+    cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
+      return d->Forward(b, kv, ws, pool);
+    };
+    std::fprintf(stderr, "%s\n", d->Describe().c_str());
+  };
   if (flags.stages > 1) {
     ASSIGN_OR_RETURN(pipeline_, dist::PipelineDriver::Connect(model, *comm_, flags.pipeline_options()));
-    dist::PipelineDriver* d = pipeline_.get();
-    cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
-      return d->Forward(b, kv, ws, pool);
-    };
-    std::fprintf(stderr, "%s\n", d->Describe().c_str());
+    route(pipeline_.get());
   } else {
     ASSIGN_OR_RETURN(tensor_, dist::TensorParallelDriver::Connect(model, *comm_, flags.tensor_options()));
-    dist::TensorParallelDriver* d = tensor_.get();
-    cfg->forward = [d](const ForwardBatch& b, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
-      return d->Forward(b, kv, ws, pool);
-    };
-    std::fprintf(stderr, "%s\n", d->Describe().c_str());
+    route(tensor_.get());
   }
   return Status::Ok();
 }

@@ -99,6 +99,7 @@ struct ParallelFlags {
   int ranks() const { return std::max(stages, tensor_ranks); }
   int slices() const { return tensor_slices > 0 ? tensor_slices : tensor_ranks; }
   bool on() const { return ranks() > 1; }
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)); }
   dist::PipelineOptions pipeline_options() const;
   dist::TensorParallelOptions tensor_options() const;
 };

@@ -45,7 +45,6 @@ class WorkerThreads {
     threads_.clear();
   }
   dist::Communicator& rank0() { return *comms_[0]; }
-  dist::Communicator& rank(int r) { return *comms_[r]; }
   std::vector<Status> results() {
     std::lock_guard<std::mutex> lock(mu_);
     return results_;
