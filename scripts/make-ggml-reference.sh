@@ -120,6 +120,25 @@ bert_mean 256 2 4 512 mean
 bert_cls_odd 192 3 3 320 cls
 SHAPES
 mkdir -p tests/data/llamacpp
+# DeepSeek-V4 (deepseek4): 320 tokens, so that windows pass and compressed rows (4 and 128
+# positions each) outnumber the indexer's top-k; tests/data/llamacpp/deepseek4.gguf keeps every 8th
+# position's logits (the test's Shapes()). 16 indexer heads: with few, a row's score is often
+# exactly 0 (every head's ReLU at 0), and ties at the top-k cut are broken differently by the two
+# engines.
+ds4=()
+while read -r name dim layers heads head rope qlora window ratios hash iheads idim topk groups olora experts used effn clamp; do
+  "$build/gale" synth --shape custom --arch deepseek4 --dim "$dim" --layers "$layers" --heads "$heads" --kv-heads 1 \
+    --head-dim "$head" --rope-dim "$rope" --q-lora-rank "$qlora" --window "$window" --compress-ratios "$ratios" \
+    --hash-layers "$hash" --indexer-heads "$iheads" --indexer-dim "$idim" --indexer-top-k "$topk" --out-groups "$groups" \
+    --out-lora-rank "$olora" --ffn 256 --experts "$experts" --experts-used "$used" --expert-ffn "$effn" \
+    --shared-experts 1 --swiglu-clamp "$clamp" --vocab 512 --ctx 1024 --type f32 --seed 7 -o "$tmp/$name.gguf"
+  ds4+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+deepseek4 256 4 4 128 64 128 16 0,4,128,4 2 16 128 4 2 64 8 2 64 10
+deepseek4_b 128 5 2 128 64 64 24 4,128,4,0,128 1 16 64 8 1 32 6 3 32 0.3
+SHAPES
+LD_LIBRARY_PATH="$lib" "$build/ggml_reference" long "$lib" tests/data/llamacpp/deepseek4.gguf 320 "${ds4[@]}" \
+    2> "$tmp/log" || { tail -20 "$tmp/log"; exit 1; }
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \
     "${extra[@]}" 2> "$tmp/log" ||
   { tail -20 "$tmp/log"; exit 1; }

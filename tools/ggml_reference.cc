@@ -6,6 +6,7 @@
 //   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]
 //   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]
 //   ggml_reference tokenize LIBDIR VOCAB INPUTS OUT
+//   ggml_reference long LIBDIR OUT NTOKENS NAME=MODEL ...
 //
 // OUTDIR/blocks.gguf: for each ggml type, rows of test values ("<type>.src", f32), ggml's
 //   quantization of them ("<type>.q": ggml_quantize_chunk, the quantizer llama-quantize runs without
@@ -24,6 +25,12 @@
 // warm-up, pp = one decode of PP tokens from an empty cache, tg = TG one-token decodes from an
 // empty cache), one JSON line per test with every repetition's tokens/s, for side-by-side figures
 // with `gale bench` on the same file and machine (scripts/bench-vs-llamacpp.sh).
+//
+// long: for architectures whose behaviour only shows past a few hundred tokens (DeepSeek-V4's
+// windows and compressed rows), OUT (a GGUF) gets "tokens" (NTOKENS ids: LongTokens) and, per
+// MODEL, tensor "<NAME>" [vocab, NTOKENS / 8]: llama.cpp's logits at positions 7, 15, 23, ... with
+// the tokens fed one at a time (f32 cache, no flash attention), and "<NAME>.batch": the same rows
+// with all tokens in one decode, llama.cpp's own prefill beside its decode.
 //
 // tokenize: llama.cpp's tokens for each text in INPUTS (texts separated by
 // "\n__ggml_vocab_test__\n", as in llama.cpp's own .inp files), VOCAB loaded vocab-only; one line
@@ -349,6 +356,27 @@ struct LlamaSession {
   void Decode(int32_t* tokens, int32_t n) const {
     if (api.decode(ctx, api.batch_one(tokens, n)) != 0) Fail("llama_decode failed");
   }
+  // n tokens of sequence 0 at positions 0..n-1 in one decode, every row's logits wanted.
+  void DecodeAll(int32_t* tokens, int32_t n) const {
+    struct Batch {  // struct llama_batch
+      int32_t n_tokens;
+      int32_t* token;
+      float* embd;
+      int32_t* pos;
+      int32_t* n_seq_id;
+      int32_t** seq_id;
+      int8_t* logits;
+    };
+    std::vector<int32_t> positions(n), n_seq_id(n, 1);
+    int32_t zero = 0;
+    std::vector<int32_t*> seq_id(n, &zero);
+    std::vector<int8_t> logits(n, 1);
+    for (int32_t i = 0; i < n; ++i) positions[i] = i;
+    const Batch b{n, tokens, nullptr, positions.data(), n_seq_id.data(), seq_id.data(), logits.data()};
+    Opaque o{};
+    std::memcpy(o.bytes, &b, sizeof(b));
+    if (api.decode(ctx, o) != 0) Fail("llama_decode failed");
+  }
   // One token for each of n sequences (sequence s: tokens[s] at position pos), all with logits.
   void DecodeParallel(int32_t* tokens, int32_t n, int32_t pos) const {
     struct Batch {  // struct llama_batch
@@ -443,6 +471,56 @@ void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, 
   std::fprintf(stderr, "wrote %s/logits.gguf\n", out.c_str());
 }
 
+constexpr int kLongStride = 8;  // the long runs keep every 8th position's logits
+
+// Token i of the long runs: a fixed pseudo-random walk over the vocabulary (never id 0).
+std::vector<int32_t> LongTokens(int n, int32_t vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint32_t x = 12345;
+  for (int i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    t[static_cast<size_t>(i)] = static_cast<int32_t>(1 + (x >> 8) % static_cast<uint32_t>(vocab - 1));
+  }
+  return t;
+}
+
+void WriteLong(const LlamaApi& api, const std::string& out, int n,
+               const std::vector<std::pair<std::string, std::string>>& models) {
+  gale::GgufWriter w;
+  w.SetString("general.description", "llama.cpp logits of long sequences (tools/ggml_reference.cc long)");
+  std::vector<int32_t> tokens;
+  for (const auto& [name, path] : models) {
+    // One thread: ggml's spinning barrier between this graph's ~800 small nodes costs seconds per
+    // token once its threads outnumber the free cores.
+    const LlamaSession s(api, path, static_cast<uint32_t>(n + 16), static_cast<uint32_t>(n), 1, /*f32_kv=*/true);
+    api.set_threads(s.ctx, 1, 1);
+    if (tokens.empty()) {
+      tokens = LongTokens(n, s.vocab);
+      w.SetValue("tokens", gale::GgufValue::I32Array(tokens));
+    }
+    const int rows = n / kLongStride;
+    std::vector<float> logits(static_cast<size_t>(s.vocab) * rows);
+    for (int i = 0; i < n; ++i) {
+      int32_t token = tokens[static_cast<size_t>(i)];
+      s.Decode(&token, 1);
+      if (i % kLongStride != kLongStride - 1 || i / kLongStride >= rows) continue;
+      std::memcpy(logits.data() + static_cast<size_t>(i / kLongStride) * s.vocab, api.logits_ith(s.ctx, -1),
+                  s.vocab * sizeof(float));
+    }
+    Check(w.AddTensor(name, 0, {s.vocab, rows}, Bytes(logits.data(), logits.size() * 4)));
+    const LlamaSession b(api, path, static_cast<uint32_t>(n + 16), static_cast<uint32_t>(n), 1, /*f32_kv=*/true);
+    api.set_threads(b.ctx, 1, 1);
+    b.DecodeAll(tokens.data(), n);
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(logits.data() + static_cast<size_t>(r) * s.vocab, api.logits_ith(b.ctx, r * kLongStride + kLongStride - 1),
+                  s.vocab * sizeof(float));
+    }
+    Check(w.AddTensor(name + ".batch", 0, {s.vocab, rows}, Bytes(logits.data(), logits.size() * 4)));
+    std::fprintf(stderr, "%s: %d tokens\n", name.c_str(), n);
+  }
+  Check(w.WriteFile(out));
+}
+
 // seqs > 1: generation only, tg steps of one token for each of seqs sequences (aggregate tokens/s,
 // as gale bench --batch).
 int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps, int threads, int seqs) {
@@ -529,13 +607,15 @@ void Tokenize(const LlamaApi& api, const std::string& vocab_path, const std::str
 int main(int argc, char** argv) {
   const bool bench = argc >= 4 && std::string(argv[1]) == "bench";
   const bool tokenize = argc >= 2 && std::string(argv[1]) == "tokenize";
-  if ((!bench && argc < 5) || (tokenize && argc != 6)) {
+  const bool long_runs = argc >= 2 && std::string(argv[1]) == "long";
+  if ((!bench && argc < 5) || (tokenize && argc != 6) || (long_runs && argc < 6)) {
     std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]\n"
                          "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]\n"
-                         "       ggml_reference tokenize LIBDIR VOCAB INPUTS OUT\n");
+                         "       ggml_reference tokenize LIBDIR VOCAB INPUTS OUT\n"
+                         "       ggml_reference long LIBDIR OUT NTOKENS NAME=MODEL ...\n");
     return 2;
   }
-  const std::string dir = argv[bench || tokenize ? 2 : 1];
+  const std::string dir = argv[bench || tokenize || long_runs ? 2 : 1];
   void* base = Open(dir + "/libggml-base.so");
   void* ggml = Open(dir + "/libggml.so");
   void* llama = Open(dir + "/libllama.so");
@@ -549,7 +629,6 @@ int main(int argc, char** argv) {
     Tokenize(api, argv[3], argv[4], argv[5]);
     return 0;
   }
-  WriteBlocks(base, argv[3]);
   std::vector<std::pair<std::string, std::string>> extra;
   for (int i = 5; i < argc; ++i) {
     const std::string a = argv[i];
@@ -557,6 +636,11 @@ int main(int argc, char** argv) {
     if (eq == std::string::npos || eq == 0) Fail("expected NAME=MODEL, got " + a);
     extra.emplace_back(a.substr(0, eq), a.substr(eq + 1));
   }
+  if (long_runs) {
+    WriteLong(api, argv[3], std::atoi(argv[4]), extra);
+    return 0;
+  }
+  WriteBlocks(base, argv[3]);
   WriteModels(base, api, argv[2], argv[3], argv[4], extra);
   return 0;
 }

@@ -163,6 +163,27 @@ void KvStorage::Write(int64_t layer_idx, int32_t block_id, int64_t offset_in_blo
   WriteRow(v, num_kv_heads_, v_head_dim_, v_type_, v_.get() + s * v_layer_bytes_ + slot * v_row_bytes_);
 }
 
+void KvStorage::WriteK(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, int64_t first, int64_t count,
+                       const float* x) {
+  CHECK(!kernels::KvTypeQuantized(k_type_));
+  DCHECK(layer_idx >= 0 && layer_idx < num_layers_ && block_id >= 0 && block_id < num_blocks_);
+  DCHECK(offset_in_block >= 0 && offset_in_block < block_size_ && first >= 0 && first + count <= kv_dim());
+  const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
+  const int64_t elt = kernels::KvHeadBytes(k_type_, 1);
+  kernels::StoreKvHead(x, count, k_type_, k_.get() + groups_.slot_of[layer_idx] * k_layer_bytes_ + slot * k_row_bytes_ + first * elt);
+}
+
+void KvStorage::ReadK(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, int64_t first, int64_t count,
+                      float* x) const {
+  CHECK(!kernels::KvTypeQuantized(k_type_));
+  DCHECK(layer_idx >= 0 && layer_idx < num_layers_ && block_id >= 0 && block_id < num_blocks_);
+  DCHECK(offset_in_block >= 0 && offset_in_block < block_size_ && first >= 0 && first + count <= kv_dim());
+  const int64_t slot = static_cast<int64_t>(block_id) * block_size_ + offset_in_block;
+  const int64_t elt = kernels::KvHeadBytes(k_type_, 1);
+  kernels::LoadKvHead(k_.get() + groups_.slot_of[layer_idx] * k_layer_bytes_ + slot * k_row_bytes_ + first * elt, count,
+                      k_type_, x);
+}
+
 void KvStorage::CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset, int32_t dst_block,
                         int64_t dst_offset) {
   DCHECK(layer_idx >= 0 && layer_idx < num_layers_);

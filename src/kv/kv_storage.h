@@ -129,6 +129,13 @@ class KvStorage {
   void CopyRow(int64_t layer_idx, int32_t src_block, int64_t src_offset, int32_t dst_block, int64_t dst_offset);
   // Reads one position's K and V rows back as f32 (tests, debugging).
   void Read(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, float* k, float* v) const;
+  // Elements [first, first + count) of one position's K row, written from / read into f32. Float
+  // K types only (f32, f16, bf16: no per-head scale ties an element to its neighbours);
+  // DeepSeek-V4 packs parts of several rows into one.
+  void WriteK(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, int64_t first, int64_t count,
+              const float* x);
+  void ReadK(int64_t layer_idx, int32_t block_id, int64_t offset_in_block, int64_t first, int64_t count,
+             float* x) const;
 
  private:
   static void WriteRow(const float* x, int64_t num_kv_heads, int64_t head_dim, kernels::KvType type, uint8_t* dst);

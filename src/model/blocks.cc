@@ -42,6 +42,15 @@ void ActivateRows(GateActivation act, float* gate, const float* up, int64_t rows
   });
 }
 
+// DeepSeek-V4's SwiGLU limit, as llama.cpp applies it before swiglu: gate = min(gate, c), up =
+// clamp(up, -c, c).
+void ClampGateUp(float c, float* gate, float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    gate[i] = std::min(gate[i], c);
+    up[i] = std::clamp(up[i], -c, c);
+  }
+}
+
 const char* ActivationName(GateActivation act, bool moe) {
   switch (act) {
     case GateActivation::kSilu: return moe ? "moe_silu_mul" : "silu_mul";
@@ -159,7 +168,7 @@ Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHP
 }
 
 void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bias, int32_t* chosen, float* weight,
-                float* scratch) {
+                float* scratch, const int32_t* fixed) {
   const int64_t num = moe.num_experts, k = moe.num_used;
   float* probs = scratch;
   // The gating's probabilities, as ggml computes them.
@@ -173,7 +182,20 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
     case ExpertGating::kSoftmaxWeight:
       for (int64_t e = 0; e < num; ++e) probs[e] = scores[e];
       break;
+    case ExpertGating::kSqrtSoftplus:  // ggml's softplus: x itself past 20
+      for (int64_t e = 0; e < num; ++e) {
+        const float x = scores[e];
+        probs[e] = std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x)));
+      }
+      break;
   }
+  if (fixed != nullptr) {
+    for (int64_t i = 0; i < k; ++i) {
+      chosen[i] = fixed[i];
+      weight[i] = probs[fixed[i]];
+    }
+    for (int64_t e = 0; e < num; ++e) scores[e] = probs[e];
+  } else {
   for (int64_t e = 0; e < num; ++e) scores[e] = probs[e] + (selection_bias != nullptr ? selection_bias[e] : 0.0f);
   // Candidates: every expert, or those of the groups whose two best scores sum highest.
   float* candidate = scratch + num;  // selection score, or -inf where its group is out
@@ -217,6 +239,7 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
     taken[at] = 1.0f;
     weight[i] = probs[at];
   }
+  }  // the router's choice
   if (moe.gating == ExpertGating::kSoftmaxWeight) GgmlSoftmax(weight, k, weight);
   if (moe.norm_weights) {
     float sum = 0.0f;
@@ -575,6 +598,10 @@ void ForwardPass::Residual(int64_t l, const TensorView* post_norm) {
       for (int64_t t = begin; t < end; ++t) kernels::RmsNorm(ws_.xb2.data() + t * dim, w, dim, hp_.rms_eps, ws_.xb2.data() + t * dim);
     }, /*min_items_per_thread=*/8);
   }
+  if (replace_residual_) {
+    std::memcpy(ws_.x.data(), ws_.xb2.data(), n * dim * sizeof(float));
+    return;
+  }
   for (int64_t i = 0; i < n * dim; ++i) ws_.x[i] += ws_.xb2[i];
 }
 
@@ -621,8 +648,14 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     thread_local std::vector<float> scratch;
     if (scratch.size() < static_cast<size_t>(3 * num)) scratch.resize(3 * num);
     for (int64_t t = begin; t < end; ++t) {
+      const int32_t* fixed = nullptr;
+      if (w.token_experts != nullptr) {
+        const int32_t token = batch_.tokens[t];
+        CHECK(token >= 0 && token < w.token_experts_vocab);
+        fixed = w.token_experts + static_cast<int64_t>(token) * k;
+      }
       RouteToken(moe, ws_.moe_logits.data() + t * num, selection_bias, ws_.moe_chosen.data() + t * k,
-                 ws_.moe_weight.data() + t * k, scratch.data());
+                 ws_.moe_weight.data() + t * k, scratch.data(), fixed);
     }
   }, /*min_items_per_thread=*/16);
   if (batch_.observer) batch_.observer->ObserveRouting(l, ws_.moe_logits.data(), n, num, ws_.moe_chosen.data(), k);
@@ -687,6 +720,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     }, /*min_items_per_thread=*/16);
   }
   span.Next(ActivationName(act, true), rows, 0, l);
+  if (w.clamp > 0.0f) ClampGateUp(w.clamp, ws_.moe_h.data(), ws_.moe_h2.data(), rows * ffn);
   ActivateRows(act, ws_.moe_h.data(), ws_.moe_h2.data(), rows, ffn, pool_);
   products.clear();
   active_bytes = 0;
@@ -717,6 +751,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     span.Next("shexp_gate_up", n, WeightBytes(w.shared_gate) + WeightBytes(w.shared_up), l);
     const SameInput gate_up{{&w.shared_gate, ws_.hb.data()}, {&w.shared_up, ws_.hb2.data()}};
     kernels::MatMulSameInput(gate_up.span(), ws_.xb.data(), n, pool_);
+    if (w.shared_clamp > 0.0f) ClampGateUp(w.shared_clamp, ws_.hb.data(), ws_.hb2.data(), n * shared);
     ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, shared, pool_);
     span.Next("shexp_down", n, WeightBytes(w.shared_down), l);
     MatMul(w.shared_down, ws_.hb.data(), n, ws_.xb2.data(), pool_);

@@ -103,6 +103,13 @@ struct MoeWeights {
   TensorView router_bias, selection_bias;  // empty (data null) where absent
   std::vector<ExpertMatrices> experts;
   MatrixWeight shared_gate, shared_up, shared_down;  // empty where num_shared == 0
+  // DeepSeek-V4's hash routing: [vocab, num_used] expert ids per token id (ffn_gate_tid2eid), the
+  // router then only weighs them; null: the router chooses.
+  const int32_t* token_experts = nullptr;
+  int64_t token_experts_vocab = 0;
+  // DeepSeek-V4's SwiGLU clamp (swiglu_clamp_exp / _shexp): gate = min(gate, c) and up = clamp(up,
+  // -c, c) before silu(gate) * up; 0: none.
+  float clamp = 0.0f, shared_clamp = 0.0f;
   bool has_shared() const { return !shared_gate.view.shape.empty(); }
   void AppendTo(std::vector<MatrixWeight*>* all);
 };
@@ -119,8 +126,10 @@ Status LoadMoeWeights(class TensorLoader& tensors, const std::string& prefix, co
 // weight their weights (the probabilities of the chosen, softmaxed among themselves for
 // kSoftmaxWeight, renormalized and scaled as moe says). Ties go to the lower expert id.
 // scratch: [3 * num_experts] floats.
+// fixed: the token's experts where a table chose them (MoeWeights::token_experts; their weights
+// still come from the scores), or null.
 void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bias, int32_t* chosen, float* weight,
-                float* scratch);
+                float* scratch, const int32_t* fixed = nullptr);
 
 // A layer's feed-forward that is a dense gated FFN in a mixture's leading layers
 // (MoeHParams::dense_layer) and a mixture of experts in the others.
@@ -160,6 +169,9 @@ class ForwardPass {
               const float* freq_factors);
 
   int64_t num_tokens() const { return n_; }
+  // The sublayers' outputs replace ws.x instead of adding to it (DeepSeek-V4's hyper-connections
+  // add them to the residual copies themselves).
+  void set_replace_residual(bool on) { replace_residual_ = on; }
   Workspace& ws() { return ws_; }
   // The layers this pass runs (ForwardBatch::first_layer/end_layer: a pipeline stage's).
   int64_t first_layer() const { return first_layer_; }
@@ -239,6 +251,7 @@ class ForwardPass {
   int64_t n_ = 0;
   int64_t first_layer_ = 0, end_layer_ = 0;
   bool tracking_ = false;
+  bool replace_residual_ = false;
   int64_t kv_positions_ = 0;  // cache rows attention reads per layer, for the profile's bytes
   std::vector<int32_t> seq_end_slots_;  // encoders: the last slot of each token's sequence
 };

@@ -102,7 +102,10 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
     const double scale = file.GetDouble(p + "expert_weights_scale", 0.0);
     moe.weights_scale = scale == 0.0 ? 1.0f : static_cast<float>(scale);
     const int64_t gating = file.GetInt(p + "expert_gating_func", 0);
-    if (gating < 0 || gating > 3) return Unimplemented("{}expert_gating_func {} is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen)", p, gating);
+    if (gating < 0 || gating > 4) {
+      return Unimplemented("{}expert_gating_func {} is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen, 4 "
+                           "sqrt of softplus)", p, gating);
+    }
     if (gating != 0) moe.gating = static_cast<ExpertGating>(gating);
     auto bad_moe = [&](const char* what) {
       return InvalidArgument("model hyperparameters: {} (experts {}, used {}, expert ffn {}, groups {} using {})", what,

@@ -27,7 +27,7 @@ StatusOr<Pooling> ParsePooling(const std::string& name);
 // How a mixture of experts scores its experts (llama.cpp's expert_gating_func values): softmax
 // over all experts, then the top k (Mixtral, Qwen-MoE); sigmoid of each (DeepSeek-V3, GLM-4.5+);
 // the top k of the raw logits, then a softmax over those k (gpt-oss).
-enum class ExpertGating : uint8_t { kSoftmax = 1, kSigmoid = 2, kSoftmaxWeight = 3 };
+enum class ExpertGating : uint8_t { kSoftmax = 1, kSigmoid = 2, kSoftmaxWeight = 3, kSqrtSoftplus = 4 };
 
 // A mixture-of-experts feed-forward's shape and routing ({arch}.expert_* keys, llama.cpp's names).
 // num_experts == 0: a dense model. What a key leaves open (the gating where the file has none,
@@ -108,6 +108,12 @@ struct ModelHParams {
   MlaHParams mla;
   // The cache's one row per position is both K and V (latent attention; set by the architecture).
   bool kv_latent = false;
+  // The cache's layers where they are not one per model layer (DeepSeek-V4 keeps several kinds of
+  // rows per layer; set by the architecture): each one's window (0: full). Empty: one per layer,
+  // with LayerWindow's window.
+  std::vector<int64_t> kv_windows;
+  int64_t kv_num_layers() const { return kv_windows.empty() ? num_layers : static_cast<int64_t>(kv_windows.size()); }
+  int64_t KvLayerWindow(int64_t kv_layer) const { return kv_windows.empty() ? LayerWindow(kv_layer) : kv_windows[kv_layer]; }
 
   int64_t LayerWindow(int64_t layer) const {
     if (sliding_window <= 0) return 0;

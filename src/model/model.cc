@@ -25,7 +25,7 @@ KvLayout KvLayoutOf(const ModelHParams& hp) {
   l.head_dim = hp.head_dim;
   l.v_head_dim = hp.value_head();
   l.latent = hp.kv_latent;
-  for (int64_t i = 0; i < hp.num_layers; ++i) l.windows.push_back(hp.LayerWindow(i));
+  for (int64_t i = 0; i < hp.kv_num_layers(); ++i) l.windows.push_back(hp.KvLayerWindow(i));
   return l;
 }
 
@@ -270,14 +270,14 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   if ((batch.first_layer > 0 || end_layer < hp_.num_layers) && !hp_.causal) {
     return InvalidArgument("an encoder runs all its layers in one stage");
   }
-  if (kv.num_layers() != hp_.num_layers || kv.kv_dim() != hp_.kv_dim() || kv.v_dim() != hp_.v_dim()) {
+  if (kv.num_layers() != hp_.kv_num_layers() || kv.kv_dim() != hp_.kv_dim() || kv.v_dim() != hp_.v_dim()) {
     return InvalidArgument("KV storage is for {} layers x {} (K) / {} (V), the model has {} x {} / {}", kv.num_layers(),
-                           kv.kv_dim(), kv.v_dim(), hp_.num_layers, hp_.kv_dim(), hp_.v_dim());
+                           kv.kv_dim(), kv.v_dim(), hp_.kv_num_layers(), hp_.kv_dim(), hp_.v_dim());
   }
-  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+  for (int64_t l = 0; l < hp_.kv_num_layers(); ++l) {
     // A layer reads no further back than its group gives blocks back.
     const int64_t group_window = kv.groups().window[kv.groups().group_of[l]];
-    const int64_t window = hp_.LayerWindow(l);
+    const int64_t window = hp_.KvLayerWindow(l);
     if (group_window > 0 && (window == 0 || window > group_window)) {
       return InvalidArgument("KV layer group of layer {} gives back blocks behind {} positions, its window is {}", l,
                              group_window, window);
@@ -285,6 +285,12 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   }
   if (!batch.slots.empty() && batch.slots.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and slots differ in length");
+  }
+  if (!hp_.kv_windows.empty()) {
+    bool retention = false;
+    for (const auto& a : batch.attn_acc) retention = retention || a.data != nullptr;
+    for (size_t i = 0; i < batch.slots.size() && !retention; ++i) retention = batch.slots[i] != batch.positions[i];
+    if (retention) return Unimplemented("{}: KV retention is not supported for this architecture", hp_.arch);
   }
   if (hp_.sliding_window > 0) {
     // KV retention (slots behind positions, attention tracking) leaves windowed layers alone only

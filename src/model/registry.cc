@@ -24,6 +24,7 @@ constexpr Architecture kArchitectures[] = {
     {"gemma2", LoadGemma2},
     {"gemma3", LoadGemma3},
     {"deepseek2", LoadDeepseek2, /*experts=*/true},
+    {"deepseek4", LoadDeepseek4, /*experts=*/true},
     {"glm4moe", LoadGlm4Moe, /*experts=*/true},
     {"gpt-oss", LoadGptOss, /*experts=*/true},
     {"bert", LoadBert},

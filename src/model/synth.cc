@@ -3,6 +3,7 @@
 // tensors are independent of write order.
 #include "model/synth.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -11,6 +12,9 @@
 #include "model/rope_scaling.h"
 
 namespace gale {
+namespace {
+constexpr uint32_t kGgmlTypeI32 = 26;  // ggml's GGML_TYPE_I32 (an index table, not a weight type)
+}  // namespace
 
 StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
   SynthShape s;
@@ -96,10 +100,10 @@ void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vecto
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
-      s.arch != "gemma2" && s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "glm4moe" && s.arch != "gpt-oss" &&
-      s.arch != "bert") {
-    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe, "
-                           "gpt-oss, bert)", s.arch);
+      s.arch != "gemma2" && s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "deepseek4" && s.arch != "glm4moe" &&
+      s.arch != "gpt-oss" && s.arch != "bert") {
+    return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, deepseek4, "
+                           "glm4moe, gpt-oss, bert)", s.arch);
   }
   const bool bert = s.arch == "bert";
   if (bert && (s.num_kv_heads != s.num_heads || s.num_experts > 0)) {
@@ -116,6 +120,18 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
               s.q_lora_rank < 0 || s.leading_dense < 0 || s.leading_dense > s.num_layers || s.shared_experts < 0)) {
     return InvalidArgument("synth: deepseek2 needs --kv-lora-rank, an even --rope-dim, --v-head-dim (and --nope-dim, --q-lora-rank)");
   }
+  const bool ds4 = s.arch == "deepseek4";
+  if (ds4 && (s.q_lora_rank <= 0 || s.rope_dim <= 0 || s.rope_dim % 2 != 0 || s.head_dim < s.rope_dim ||
+              s.num_kv_heads != 1 || s.sliding_window <= 0 || s.indexer_heads <= 0 || s.indexer_dim < s.rope_dim ||
+              s.indexer_top_k <= 0 || s.out_groups <= 0 || s.num_heads % s.out_groups != 0 || s.out_lora_rank <= 0 ||
+              s.hc_count != 4 || s.hash_layers < 0 || s.hash_layers > s.num_layers || s.shared_experts != 1)) {
+    return InvalidArgument("synth: deepseek4 needs --q-lora-rank, an even --rope-dim, --head-dim >= it, one KV head, a "
+                           "--window, the indexer's --indexer-heads/--indexer-dim/--indexer-top-k, --out-groups dividing the "
+                           "heads, --out-lora-rank, one shared expert");
+  }
+  for (int64_t r : s.compress_ratios) {
+    if (r != 0 && r != 4 && r != 128) return InvalidArgument("synth: deepseek4 compression ratios are 0, 4 or 128, not {}", r);
+  }
   const bool moe = s.num_experts > 0;
   const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
   const GgmlType etype = s.expert_type.value_or(type);
@@ -124,8 +140,8 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
                            expert_ffn);
   }
   if (s.arch == "qwen3moe" && !moe) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
-  if ((mla || glm || gpt) && !moe) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
-  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla && !glm && !gpt)) {
+  if ((mla || glm || gpt || ds4) && !moe) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
+  if (moe && (s.arch != "llama" && s.arch != "qwen3moe" && !mla && !glm && !gpt && !ds4)) {
     return InvalidArgument("synth: experts are written for llama (Mixtral-style), qwen3moe, deepseek2, glm4moe and gpt-oss only");
   }
   if (s.expert_groups > 1 && (s.num_experts % s.expert_groups != 0 || s.groups_used <= 0 || s.groups_used > s.expert_groups)) {
@@ -204,10 +220,10 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetU32(p + "expert_gating_func", 2);  // sigmoid
     w.SetU32(p + "nextn_predict_layers", static_cast<uint32_t>(s.nextn_layers));
   }
-  const int64_t rope_dims = mla ? s.rope_dim : glm ? (s.rope_dim > 0 ? s.rope_dim : head_dim / 2) : head_dim;
+  const int64_t rope_dims = mla || ds4 ? s.rope_dim : glm ? (s.rope_dim > 0 ? s.rope_dim : head_dim / 2) : head_dim;
   w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
   // Qwen's own values (rms epsilon 1e-6, RoPE base 1e6); llama's defaults otherwise.
-  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma || glm ? 1e-6f : 1e-5f);
+  w.SetF32(p + "attention.layer_norm_rms_epsilon", qwen || gemma || glm || ds4 ? 1e-6f : 1e-5f);
   w.SetF32(p + "rope.freq_base", qwen || gemma || glm ? 1000000.0f : gpt ? 150000.0f : 10000.0f);
   if (s.pooling_type > 0 || bert) w.SetU32(p + "pooling_type", static_cast<uint32_t>(s.pooling_type > 0 ? s.pooling_type : 1));
   if (bert) {  // an encoder: LayerNorm's epsilon, bidirectional attention, two token types
@@ -226,7 +242,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
   if (moe) {
     w.SetU32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
     w.SetU32(p + "expert_used_count", static_cast<uint32_t>(s.experts_used));
-    if (s.arch == "qwen3moe" || mla || glm || gpt) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+    if (s.arch == "qwen3moe" || mla || glm || gpt || ds4) w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
   }
   if (s.yarn_factor > 0.0) {
     if (s.yarn_orig_ctx <= 0) return InvalidArgument("synth: YaRN needs the original context length");
@@ -234,6 +250,35 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetF32(p + "rope.scaling.factor", static_cast<float>(s.yarn_factor));
     w.SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(s.yarn_orig_ctx));
     if (mla) w.SetF32(p + "rope.scaling.yarn_log_multiplier", 0.1f);  // DeepSeek-V3's converter: 0.1 * mscale_all_dim
+  }
+  // DeepSeek-V4's keys (as llama.cpp's loader reads them): per-layer compression ratios, the
+  // indexer, the grouped low-rank output, hyper-connections, hash routing, sqrt-softplus scores.
+  auto ratio_of = [&](int64_t l) -> int64_t {
+    if (s.compress_ratios.empty()) return 0;
+    return s.compress_ratios[std::min<size_t>(static_cast<size_t>(l), s.compress_ratios.size() - 1)];
+  };
+  if (ds4) {
+    w.SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
+    w.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
+    w.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
+    w.SetF32(p + "expert_weights_scale", 1.5f);
+    w.SetBool(p + "expert_weights_norm", true);
+    w.SetU32(p + "expert_gating_func", 4);  // sqrt(softplus)
+    std::vector<float> clamp(s.num_layers, s.swiglu_clamp);
+    w.SetValue(p + "swiglu_clamp_exp", GgufValue::F32Array(clamp));
+    w.SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(s.indexer_heads));
+    w.SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(s.indexer_dim));
+    w.SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(s.indexer_top_k));
+    w.SetU32(p + "attention.output_group_count", static_cast<uint32_t>(s.out_groups));
+    w.SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(s.out_lora_rank));
+    w.SetF32(p + "attention.compress_rope_freq_base", 160000.0f);
+    w.SetU32(p + "hyper_connection.count", static_cast<uint32_t>(s.hc_count));
+    w.SetU32(p + "hyper_connection.sinkhorn_iterations", 20);
+    w.SetF32(p + "hyper_connection.epsilon", 1e-6f);
+    w.SetU32(p + "hash_layer_count", static_cast<uint32_t>(s.hash_layers));
+    std::vector<int32_t> ratios(s.num_layers);
+    for (int64_t l = 0; l < s.num_layers; ++l) ratios[l] = static_cast<int32_t>(ratio_of(l));
+    w.SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
   }
   if (write_tokenizer) {
     write_tokenizer(w);
@@ -347,6 +392,74 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(vector(b + "ffn_down.bias", s.dim, 0.0f, 0.2f));
       RETURN_IF_ERROR(vector(b + "layer_output_norm.weight", s.dim, 1.0f, 0.5f));
       RETURN_IF_ERROR(vector(b + "layer_output_norm.bias", s.dim, 0.0f, 0.2f));
+    }
+    return w;
+  }
+  if (ds4) {
+    // Norm weights around 1 and small biases, so that each element visibly reaches its channel;
+    // the hyper-connections' scales and bases small enough that the Sinkhorn mix is not a
+    // permutation; the hash routing table a fixed function of the token id.
+    const int64_t hc = s.hc_count, mix = (2 + hc) * hc, qk = head_dim;
+    RETURN_IF_ERROR(vector("output_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));
+    RETURN_IF_ERROR(matrix("output_hc_fn.weight", hc * s.dim, hc, GgmlType::kF32));
+    RETURN_IF_ERROR(vector("output_hc_base.weight", hc, 0.0f, 0.5f));
+    RETURN_IF_ERROR(vector("output_hc_scale.weight", 1, 0.5f, 0.2f));
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      const int64_t ratio = ratio_of(l);
+      RETURN_IF_ERROR(vector(b + "attn_norm.weight", s.dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
+      RETURN_IF_ERROR(matrix(b + "attn_q_a.weight", s.dim, s.q_lora_rank, type));
+      RETURN_IF_ERROR(vector(b + "attn_q_a_norm.weight", s.q_lora_rank, 1.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_q_b.weight", s.q_lora_rank, s.num_heads * qk, type));
+      RETURN_IF_ERROR(matrix(b + "attn_kv.weight", s.dim, qk, type));
+      RETURN_IF_ERROR(vector(b + "attn_kv_a_norm.weight", qk, 1.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "attn_output_a.weight", s.num_heads * qk / s.out_groups, s.out_lora_rank * s.out_groups, type));
+      RETURN_IF_ERROR(matrix(b + "attn_output_b.weight", s.out_groups * s.out_lora_rank, s.dim, type));
+      for (const char* sub : {"attn", "ffn"}) {
+        RETURN_IF_ERROR(matrix(b + "hc_" + sub + "_fn.weight", hc * s.dim, mix, GgmlType::kF32));
+        RETURN_IF_ERROR(vector(b + "hc_" + sub + "_base.weight", mix, 0.0f, 0.5f));
+        RETURN_IF_ERROR(vector(b + "hc_" + sub + "_scale.weight", 3, 0.5f, 0.2f));
+      }
+      if (ratio != 0) {
+        const int64_t coff = ratio == 4 ? 2 : 1;
+        RETURN_IF_ERROR(matrix(b + "attn_compressor_kv.weight", s.dim, coff * qk, type));
+        RETURN_IF_ERROR(matrix(b + "attn_compressor_gate.weight", s.dim, coff * qk, type));
+        RETURN_IF_ERROR(matrix(b + "attn_compressor_ape.weight", coff * qk, ratio, GgmlType::kF32));
+        RETURN_IF_ERROR(vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+      }
+      if (ratio == 4) {
+        RETURN_IF_ERROR(matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, type));
+        RETURN_IF_ERROR(matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, type));
+        RETURN_IF_ERROR(matrix(b + "indexer_compressor_kv.weight", s.dim, 2 * s.indexer_dim, type));
+        RETURN_IF_ERROR(matrix(b + "indexer_compressor_gate.weight", s.dim, 2 * s.indexer_dim, type));
+        RETURN_IF_ERROR(matrix(b + "indexer_compressor_ape.weight", 2 * s.indexer_dim, ratio, GgmlType::kF32));
+        RETURN_IF_ERROR(vector(b + "indexer_compressor_norm.weight", s.indexer_dim, 1.0f, 0.5f));
+      }
+      RETURN_IF_ERROR(vector(b + "ffn_norm.weight", s.dim, 1.0f, 0.5f));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+      if (l < s.hash_layers) {
+        // [num_used, vocab] i32: token t's experts, distinct, from a per-layer stride.
+        std::vector<int32_t> ids(static_cast<size_t>(s.experts_used * s.vocab_size));
+        for (int64_t t = 0; t < s.vocab_size; ++t) {
+          for (int64_t k = 0; k < s.experts_used; ++k) {
+            ids[t * s.experts_used + k] = static_cast<int32_t>((t * (2 * l + 3) + k) % s.num_experts);
+          }
+        }
+        std::vector<uint8_t> bytes(ids.size() * 4);
+        std::memcpy(bytes.data(), ids.data(), bytes.size());
+        RETURN_IF_ERROR(w.AddTensor(b + "ffn_gate_tid2eid.weight", kGgmlTypeI32,
+                                    {s.experts_used, s.vocab_size}, std::move(bytes)));
+      } else {
+        RETURN_IF_ERROR(vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
+      }
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_exps.weight", s.dim, expert_ffn, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_exps.weight", expert_ffn, s.dim, etype, s.num_experts));
+      RETURN_IF_ERROR(matrix(b + "ffn_gate_shexp.weight", s.dim, expert_ffn, type));
+      RETURN_IF_ERROR(matrix(b + "ffn_up_shexp.weight", s.dim, expert_ffn, type));
+      RETURN_IF_ERROR(matrix(b + "ffn_down_shexp.weight", expert_ffn, s.dim, type));
     }
     return w;
   }

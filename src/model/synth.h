@@ -1,5 +1,5 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, glm4moe,
-// gpt-oss, bert),
+// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2,
+// deepseek4, glm4moe, gpt-oss, bert),
 // of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
 // vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
 #pragma once
@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "gguf/ggml_types.h"
@@ -59,6 +60,16 @@ struct SynthShape {
   // gpt-oss (always with experts): biases on Q, K, V, the output and the router and experts, a
   // sink logit per query head, a sliding window (sliding_window) on the even layers.
   int64_t nextn_layers = 0;
+  // deepseek4 (DeepSeek-V4, always with experts; q_lora_rank, rope_dim, head_dim and
+  // sliding_window as above, one KV head): per layer the compression ratio (0 window only, 4 with
+  // the lightning indexer, 128; shorter lists repeat their last value), the first hash_layers
+  // layers routed by token id, the indexer's heads, head size and top-k, the grouped low-rank
+  // output (out_groups groups of out_lora_rank), hc_count residual copies, and the experts'
+  // SwiGLU clamp (0: none).
+  std::vector<int64_t> compress_ratios;
+  int64_t hash_layers = 0, indexer_heads = 0, indexer_dim = 0, indexer_top_k = 0;
+  int64_t out_groups = 0, out_lora_rank = 0, hc_count = 4;
+  float swiglu_clamp = 0.0f;
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",

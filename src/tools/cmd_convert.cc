@@ -101,6 +101,16 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--expert-groups", o->custom.expert_groups, "custom deepseek2: expert groups (0: none)");
   app.add_option("--groups-used", o->custom.groups_used, "custom deepseek2: groups a token chooses from");
   app.add_option("--nextn-layers", o->custom.nextn_layers, "custom glm4moe: multi-token-prediction layers at the end");
+  app.add_option("--compress-ratios", o->custom.compress_ratios,
+                 "custom deepseek4: per layer 0 (window only), 4 (with the indexer) or 128; the last repeats")
+      ->delimiter(',');
+  app.add_option("--hash-layers", o->custom.hash_layers, "custom deepseek4: leading layers routed by token id");
+  app.add_option("--indexer-heads", o->custom.indexer_heads, "custom deepseek4: the lightning indexer's heads");
+  app.add_option("--indexer-dim", o->custom.indexer_dim, "custom deepseek4: the indexer's head size");
+  app.add_option("--indexer-top-k", o->custom.indexer_top_k, "custom deepseek4: compressed rows each query attends");
+  app.add_option("--out-groups", o->custom.out_groups, "custom deepseek4: the output projection's groups");
+  app.add_option("--out-lora-rank", o->custom.out_lora_rank, "custom deepseek4: each group's low rank");
+  app.add_option("--swiglu-clamp", o->custom.swiglu_clamp, "custom deepseek4: the experts' SwiGLU clamp (0: none)");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {

@@ -249,10 +249,11 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // the same windows as a fresh run. The mixtures (qwen3moe, Mixtral-style llama, deepseek2, glm4moe): a
 // token's experts' products do not depend on which other tokens of the step share its experts;
 // deepseek2's latent rows page, cache and recompute like K and V; llama-v16's V rows are half
-// the width of its K rows.
+// the width of its K rows; deepseek4's windows (8), compressor state and packed compressed rows
+// (ratio 4 with the indexer's top 3, ratio 128 in the longer requests) page, cache and recompute.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
   for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mistral", "qwen3moe", "mixtral", "deepseek2",
-                           "glm4moe", "gpt-oss", "llama-v16"}) {
+                           "glm4moe", "gpt-oss", "llama-v16", "deepseek4"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);

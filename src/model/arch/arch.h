@@ -18,6 +18,7 @@ StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp)
 StatusOr<std::unique_ptr<Model>> LoadGemma2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadDeepseek2(const GgufFile& file, ModelHParams hp);
+StatusOr<std::unique_ptr<Model>> LoadDeepseek4(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadBert(const GgufFile& file, ModelHParams hp);

@@ -1,0 +1,713 @@
+// DeepSeek-V4 (GGUF architecture "deepseek4", as llama.cpp's converter writes it; the forward
+// follows llama.cpp's src/models/deepseek4.cpp and its cache, and DeepSeek's public description):
+// - hyper-connections: the residual stream is kHc copies; before each sublayer a mix computed from
+//   the normed copies gives the sublayer's input weights (pre), its output's weights per copy
+//   (post) and a Sinkhorn-normalized kHc x kHc mix of the copies (comb); the output head collapses
+//   the copies the same way.
+// - attention: the query through a low rank with a per-head RMSNorm, one shared KV row per token
+//   (multi-query, K = V), RoPE on the last rope_dims of both, attention sinks, the output rotated
+//   back and projected through a grouped low rank. Each layer sees the raw rows of its last
+//   `window` positions and, by its compression ratio: nothing more (0); one compressed row per 128
+//   positions, all of them (128); or one per 4 positions from overlapping windows, of which a
+//   lightning indexer picks the top-k per query (4).
+// - a mixture of experts with sqrt(softplus) scores, a selection bias, one shared expert, a clamped
+//   SwiGLU, and the first hash_layer_count layers routed by token id.
+// The cache: each model layer uses several of the cache's layers (ModelHParams::kv_windows), all of
+// one row width (the head size): the raw rows (windowed), the compressors' per-position state
+// (windowed: two blocks of the ratio), and the compressed rows (full), a compressed row stored at
+// the slot of its block's last position. What it does not do yet: retention, pipeline or tensor
+// parallelism (refused), a dense layout of the compressed rows (see docs/deepseek-v4.md).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/kernels.h"
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/weights.h"
+
+namespace gale {
+namespace {
+
+constexpr int64_t kHc = 4;                   // hyper-connection copies (llama.cpp supports 4 only)
+constexpr int64_t kMix = (2 + kHc) * kHc;    // pre, post, comb
+
+// Sublayer weights of one hyper-connection: fn [kMix rows of kHc * dim], base [kMix], scale [3].
+struct HcWeights {
+  MatrixWeight fn;
+  TensorView base, scale;
+};
+
+// A compressor: per position kv and gate rows of coff * width, the positional bias ape
+// ([ratio] rows of coff * width), the compressed row's norm ([width]).
+struct Compressor {
+  MatrixWeight kv, gate;
+  TensorView ape, norm;
+  int64_t width = 0, coff = 1;
+};
+
+// A compressed row of `width` for block b of `ratio` positions is stored in parts over the last 4
+// positions of its block, width / 4 elements each, in lane `lane` of cache layer `layer`: a cache
+// row (head_dim wide) holds head_dim / part lanes, one per model layer sharing it. So a ratio-4
+// layer's rows take width / 4 elements per position (dense, as the model needs them) and a
+// ratio-128 layer's a quarter lane, in cache rows of one width. The parts lie in positions the
+// writer computes itself whenever the block is complete: a prefix shared from the cache ends on a
+// KV block boundary, which for block sizes that are multiples of 4 never falls inside a block's
+// last 4 positions (RunForward checks the block size).
+struct PackedRows {
+  static constexpr int64_t kSlots = 4;
+  int64_t layer = -1, lane = 0, width = 0, ratio = 0;
+  int64_t slots() const { return kSlots; }
+  int64_t part() const { return width / kSlots; }
+};
+
+struct Ds4Layer {
+  int64_t ratio = 0;
+  TensorView attn_norm, ffn_norm, sinks, q_a_norm, kv_norm;
+  MatrixWeight wq_a, wq_b, wkv, wo_b;
+  std::vector<MatrixWeight> wo_a;  // [groups] each [out_lora_rank rows of heads * head / groups]
+  HcWeights hc_attn, hc_ffn;
+  Compressor comp_w, idx_comp;     // comp_w where ratio > 0; idx_comp where ratio == 4
+  MatrixWeight idx_proj, idx_q_b;  // ratio == 4: the indexer's head weights and queries
+  MoeWeights moe;
+  std::vector<int32_t> hash_table;  // hash-routed layers: [vocab, num_used] (copied from i32)
+  // The cache layers of this model layer: raw rows; the compressors' state (coff rows of kv, then
+  // coff of scores); the indexer's state (4); and where its compressed rows and the indexer's
+  // compressed keys are packed (PackedRows).
+  int64_t kv_raw = -1, kv_state = -1, kv_idx_state = -1;
+  PackedRows comp, idx_keys;
+};
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+class Deepseek4Model final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+    std::unique_ptr<Deepseek4Model> m(new Deepseek4Model());
+    m->hp_ = std::move(hp);
+    ModelHParams& h = m->hp_;
+    const std::string p = h.arch + ".";
+    Deepseek4Model& d = *m;
+    d.q_lora_ = file.GetInt(p + "attention.q_lora_rank", 0);
+    d.window_ = file.GetInt(p + "attention.sliding_window", 0);
+    d.idx_heads_ = file.GetInt(p + "attention.indexer.head_count", 0);
+    d.idx_dim_ = file.GetInt(p + "attention.indexer.key_length", 0);
+    d.idx_top_k_ = file.GetInt(p + "attention.indexer.top_k", 0);
+    d.out_groups_ = file.GetInt(p + "attention.output_group_count", 0);
+    d.out_lora_ = file.GetInt(p + "attention.output_lora_rank", 0);
+    d.compress_base_ = static_cast<float>(file.GetDouble(p + "attention.compress_rope_freq_base", 0.0));
+    const int64_t hc = file.GetInt(p + "hyper_connection.count", 0);
+    d.sinkhorn_iters_ = file.GetInt(p + "hyper_connection.sinkhorn_iterations", 0);
+    d.hc_eps_ = static_cast<float>(file.GetDouble(p + "hyper_connection.epsilon", 0.0));
+    d.hash_layers_ = file.GetInt(p + "hash_layer_count", 0);
+    const int64_t head = h.head_dim, rope = h.rope_dims;
+    if (hc != kHc || d.sinkhorn_iters_ < 1 || d.sinkhorn_iters_ > 1000 || !(d.hc_eps_ >= 0.0f) || h.num_kv_heads != 1 ||
+        h.value_head() != head || rope <= 0 || rope % 2 != 0 || rope > head || d.q_lora_ <= 0 || d.window_ <= 0 ||
+        d.out_groups_ <= 0 || h.num_heads % d.out_groups_ != 0 || d.out_lora_ <= 0 || d.hash_layers_ < 0 ||
+        d.hash_layers_ > h.num_layers || !(d.compress_base_ > 0.0f)) {
+      return InvalidArgument("deepseek4: inconsistent file (hyper_connection.count {} = 4?, sinkhorn_iterations {}, "
+                             "head_count_kv {} = 1?, key_length {} = value_length {}?, rope dims {}, q_lora_rank {}, "
+                             "sliding_window {}, output_group_count {} dividing {} heads, output_lora_rank {}, "
+                             "hash_layer_count {}, compress_rope_freq_base {})",
+                             hc, d.sinkhorn_iters_, h.num_kv_heads, head, h.value_head(), rope, d.q_lora_, d.window_,
+                             d.out_groups_, h.num_heads, d.out_lora_, d.hash_layers_, d.compress_base_);
+    }
+    MoeHParams& moe = h.moe;
+    if (!moe.enabled() || moe.expert_ffn <= 0 || moe.num_shared != 1) {
+      return InvalidArgument("deepseek4: needs experts, expert_feed_forward_length and one shared expert");
+    }
+    if (moe.gating != ExpertGating::kSqrtSoftplus) {
+      return Unimplemented("deepseek4: expert_gating_func {} (DeepSeek-V4 scores by sqrt(softplus), 4)",
+                           static_cast<int>(moe.gating));
+    }
+    moe.shared_ffn = moe.expert_ffn * moe.num_shared;
+    // The ratios: an array of block_count (or more) values of 0, 4 or 128.
+    const GgufValue* ratios = file.Find(p + "attention.compress_ratios");
+    if (ratios == nullptr || static_cast<int64_t>(ratios->array.size()) < h.num_layers) {
+      return InvalidArgument("deepseek4: attention.compress_ratios needs a value per layer");
+    }
+    // The experts' clamp: an array per layer or one value; the shared expert's defaults to it.
+    auto clamps = [&](const std::string& key, std::vector<float> fallback) -> StatusOr<std::vector<float>> {
+      const GgufValue* v = file.Find(key);
+      if (v == nullptr) return fallback;
+      std::vector<float> out(h.num_layers);
+      for (int64_t l = 0; l < h.num_layers; ++l) {
+        const GgufValue* e = v->array.empty() ? v : l < static_cast<int64_t>(v->array.size()) ? &v->array[l] : nullptr;
+        auto f = e != nullptr ? e->AsDouble() : std::nullopt;
+        if (!f) return InvalidArgument("deepseek4: {} has no number for layer {}", key, l);
+        out[l] = static_cast<float>(*f);
+      }
+      return out;
+    };
+    ASSIGN_OR_RETURN(std::vector<float> clamp_exp, clamps(p + "swiglu_clamp_exp", std::vector<float>(h.num_layers, 0.0f)));
+    ASSIGN_OR_RETURN(std::vector<float> clamp_shexp, clamps(p + "swiglu_clamp_shexp", clamp_exp));
+
+    // RoPE: normal (adjacent pairs) on the last rope dims. Layers without compression use the
+    // file's base and no scaling; the compressed ones (and the indexer, and the compressed rows)
+    // the compression base and the file's scaling (YaRN: the correction dims of that base; cos and
+    // sin unscaled, as llama.cpp's attention factor cancels YaRN's).
+    h.rope_style = RopeStyle::kNormal;
+    h.kv_latent = true;
+    if (h.rope_freq_scale != 1.0f && h.yarn_ext_factor == 0.0f) {
+      return Unimplemented("deepseek4: RoPE scaling other than YaRN is not supported");
+    }
+    if (h.yarn_ext_factor != 0.0f) {
+      const double original = static_cast<double>(file.GetInt(p + "rope.scaling.original_context_length", h.context_length));
+      const double beta_fast = file.GetDouble(p + "rope.scaling.yarn_beta_fast", 32.0);
+      const double beta_slow = file.GetDouble(p + "rope.scaling.yarn_beta_slow", 1.0);
+      const double dims = static_cast<double>(rope), base = d.compress_base_;
+      auto corr_dim = [&](double rotations) { return dims * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base)); };
+      d.corr_low_ = static_cast<float>(std::max(0.0, std::floor(corr_dim(beta_fast))));
+      d.corr_high_ = static_cast<float>(std::min(dims - 1.0, std::ceil(corr_dim(beta_slow))));
+    }
+
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    if (m->tied_output()) return InvalidArgument("deepseek4: the file has no output.weight");
+    const int64_t dim = h.dim, heads = h.num_heads, gdim = heads * head / d.out_groups_;
+    auto hc_weights = [&](const std::string& prefix, int64_t mix, int64_t num_scales, HcWeights* w) -> Status {
+      RETURN_IF_ERROR(tensors.Matrix(prefix + "fn.weight", kHc * dim, mix, &w->fn));
+      if (w->fn.view.type != GgmlType::kF32) return InvalidArgument("deepseek4: {}fn.weight must be f32", prefix);
+      RETURN_IF_ERROR(tensors.Vector(prefix + "base.weight", mix, &w->base));
+      return tensors.Vector(prefix + "scale.weight", num_scales, &w->scale);
+    };
+    RETURN_IF_ERROR(hc_weights("output_hc_", kHc, 1, &d.hc_head_));
+    d.layers_.resize(h.num_layers);
+    int64_t kv_layers = 0;
+    auto kv_layer = [&](int64_t count, int64_t window) {
+      const int64_t first = kv_layers;
+      for (int64_t i = 0; i < count; ++i) h.kv_windows.push_back(window);
+      kv_layers += count;
+      return first;
+    };
+    // Packed compressed rows: a new full cache layer whenever the last one's lanes are taken.
+    struct Packer {
+      int64_t layer = -1, used = 0;
+    } csa_pack, hca_pack, idx_pack;
+    auto pack = [&](int64_t width, int64_t ratio, Packer* pk, PackedRows* at) -> Status {
+      at->width = width;
+      at->ratio = ratio;
+      const int64_t part = width % at->slots() == 0 ? at->part() : 0;
+      if (part == 0 || head % part != 0) {
+        return InvalidArgument("deepseek4: rows of {} (ratio {}) do not pack into cache rows of {}", width, ratio, head);
+      }
+      const int64_t lanes = head / part;
+      if (pk->layer < 0 || pk->used == lanes) {
+        pk->layer = kv_layer(1, 0);
+        pk->used = 0;
+      }
+      at->layer = pk->layer;
+      at->lane = pk->used++;
+      return Status::Ok();
+    };
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      Ds4Layer& w = d.layers_[l];
+      auto r = ratios->array[l].AsInt();
+      if (!r || (*r != 0 && *r != 4 && *r != 128)) {
+        return InvalidArgument("deepseek4: layer {}'s compression ratio must be 0, 4 or 128", l);
+      }
+      w.ratio = *r;
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_sinks.weight", heads, &w.sinks));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_a.weight", dim, d.q_lora_, &w.wq_a));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_q_a_norm.weight", d.q_lora_, &w.q_a_norm));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_b.weight", d.q_lora_, heads * head, &w.wq_b));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_kv.weight", dim, head, &w.wkv));
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_kv_a_norm.weight", head, &w.kv_norm));
+      w.wo_a.resize(d.out_groups_);
+      std::vector<std::pair<int64_t, MatrixWeight*>> groups;
+      for (MatrixWeight& g : w.wo_a) groups.emplace_back(d.out_lora_, &g);
+      RETURN_IF_ERROR(tensors.SplitMatrix(b + "attn_output_a.weight", gdim, groups));
+      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output_b.weight", d.out_groups_ * d.out_lora_, dim, &w.wo_b));
+      RETURN_IF_ERROR(hc_weights(b + "hc_attn_", kMix, 3, &w.hc_attn));
+      RETURN_IF_ERROR(hc_weights(b + "hc_ffn_", kMix, 3, &w.hc_ffn));
+      auto compressor = [&](const std::string& prefix, int64_t width, int64_t coff, Compressor* c) -> Status {
+        c->width = width;
+        c->coff = coff;
+        RETURN_IF_ERROR(tensors.Matrix(prefix + "kv.weight", dim, coff * width, &c->kv));
+        RETURN_IF_ERROR(tensors.Matrix(prefix + "gate.weight", dim, coff * width, &c->gate));
+        RETURN_IF_ERROR(tensors.Get(prefix + "ape.weight", {coff * width, w.ratio}, &c->ape));
+        if (c->ape.type != GgmlType::kF32) return InvalidArgument("deepseek4: {}ape.weight must be f32", prefix);
+        return tensors.Vector(prefix + "norm.weight", width, &c->norm);
+      };
+      w.kv_raw = kv_layer(1, d.window_);
+      if (w.ratio != 0) {
+        const int64_t coff = w.ratio == 4 ? 2 : 1;
+        RETURN_IF_ERROR(compressor(b + "attn_compressor_", head, coff, &w.comp_w));
+        // A block of ratio positions completes at its last one and reads its own positions (and,
+        // overlapping, the block before): coff * ratio positions of state.
+        w.kv_state = kv_layer(2 * coff, coff * w.ratio);
+        RETURN_IF_ERROR(pack(head, w.ratio, w.ratio == 4 ? &csa_pack : &hca_pack, &w.comp));
+      }
+      if (w.ratio == 4) {
+        if (d.idx_heads_ <= 0 || d.idx_dim_ < rope || d.idx_dim_ > head || d.idx_top_k_ <= 0) {
+          return InvalidArgument("deepseek4: the indexer's heads {}, key length {} (in [rope dims {}, head size {}]) "
+                                 "and top_k {}", d.idx_heads_, d.idx_dim_, rope, head, d.idx_top_k_);
+        }
+        RETURN_IF_ERROR(tensors.Matrix(b + "indexer.proj.weight", dim, d.idx_heads_, &w.idx_proj));
+        RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_q_b.weight", d.q_lora_, d.idx_heads_ * d.idx_dim_, &w.idx_q_b));
+        RETURN_IF_ERROR(compressor(b + "indexer_compressor_", d.idx_dim_, 2, &w.idx_comp));
+        w.kv_idx_state = kv_layer(4, 2 * w.ratio);
+        RETURN_IF_ERROR(pack(d.idx_dim_, w.ratio, &idx_pack, &w.idx_keys));
+      }
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", dim, &w.ffn_norm));
+      RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+      w.moe.clamp = clamp_exp[l];
+      w.moe.shared_clamp = clamp_shexp[l];
+      if (l < d.hash_layers_) {
+        if (w.moe.selection_bias.data != nullptr) return InvalidArgument("deepseek4: hash-routed layer {} has exp_probs_b", l);
+        // An index table (ggml's i32, type 26), not a weight: read as it is.
+        const std::string name = b + "ffn_gate_tid2eid.weight";
+        const GgufTensorInfo* table = file.FindTensor(name);
+        if (table == nullptr || table->type_id != 26 || table->shape != std::vector<int64_t>{moe.num_used, h.vocab_size}) {
+          return InvalidArgument("deepseek4: {} must be i32 [{}, {}]", name, moe.num_used, h.vocab_size);
+        }
+        tensors.MarkUsed(name);
+        w.hash_table.resize(static_cast<size_t>(moe.num_used * h.vocab_size));
+        std::memcpy(w.hash_table.data(), table->data, w.hash_table.size() * sizeof(int32_t));
+        for (int32_t e : w.hash_table) {
+          if (e < 0 || e >= moe.num_experts) return InvalidArgument("deepseek4: {} names expert {}", name, e);
+        }
+        w.moe.token_experts = w.hash_table.data();
+        w.moe.token_experts_vocab = h.vocab_size;
+      } else if (w.moe.selection_bias.data == nullptr) {
+        return InvalidArgument("deepseek4: layer {} has no exp_probs_b.bias", l);
+      }
+    }
+    d.ones_.assign(static_cast<size_t>(std::max({kHc * dim, head, d.idx_dim_})), 1.0f);
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override;
+
+  std::vector<MatrixWeight*> LayerMatrices(int64_t l) override {
+    std::vector<MatrixWeight*> all;
+    Ds4Layer& w = layers_[l];
+    for (MatrixWeight* m : {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_b, &w.hc_attn.fn, &w.hc_ffn.fn}) all.push_back(m);
+    for (MatrixWeight& g : w.wo_a) all.push_back(&g);
+    if (w.ratio != 0) {
+      all.push_back(&w.comp_w.kv);
+      all.push_back(&w.comp_w.gate);
+    }
+    if (w.ratio == 4) {
+      for (MatrixWeight* m : {&w.idx_proj, &w.idx_q_b, &w.idx_comp.kv, &w.idx_comp.gate}) all.push_back(m);
+    }
+    w.moe.AppendTo(&all);
+    if (l == hp_.num_layers - 1) all.push_back(&hc_head_.fn);
+    return all;
+  }
+
+ private:
+  Deepseek4Model() = default;
+
+  void HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
+             ThreadPool& pool) const;
+  void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
+                 ThreadPool& pool) const;
+  // cos/sin of the layer's RoPE at pos ([rope / 2, 2]); compressed: the compression's base and
+  // scaling.
+  void Angles(bool compressed, int64_t pos, float* cos_sin) const;
+
+  int64_t q_lora_ = 0, window_ = 0, idx_heads_ = 0, idx_dim_ = 0, idx_top_k_ = 0, out_groups_ = 0, out_lora_ = 0;
+  int64_t sinkhorn_iters_ = 0, hash_layers_ = 0;
+  float compress_base_ = 0.0f, hc_eps_ = 0.0f, corr_low_ = 0.0f, corr_high_ = 0.0f;
+  HcWeights hc_head_;
+  std::vector<Ds4Layer> layers_;
+  std::vector<float> ones_;  // unweighted RMSNorms
+};
+
+void Deepseek4Model::Angles(bool compressed, int64_t pos, float* cos_sin) const {
+  const int rope = static_cast<int>(hp_.rope_dims);
+  if (!compressed) {
+    kernels::RopeAngles(rope, pos, hp_.rope_freq_base, 1.0f, cos_sin);
+  } else if (hp_.yarn_ext_factor != 0.0f) {
+    kernels::RopeAnglesYarn(rope, pos, compress_base_, hp_.rope_freq_scale, hp_.yarn_ext_factor, corr_low_, corr_high_,
+                            cos_sin);
+  } else {
+    kernels::RopeAngles(rope, pos, compress_base_, hp_.rope_freq_scale, cos_sin);
+  }
+}
+
+// One hyper-connection's mix for n tokens: streams [n, kHc, dim] -> x [n, dim] (the sublayer's
+// input), post [n, kHc], comb [n, kHc (dst), kHc (src)] as llama.cpp's build_hc_pre computes them.
+void Deepseek4Model::HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
+                           ThreadPool& pool) const {
+  const int64_t dim = hp_.dim, flat = kHc * dim, mix = w.fn.view.shape[1];
+  std::vector<float> normed(static_cast<size_t>(n * flat)), mixes(static_cast<size_t>(n * mix));
+  pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      kernels::RmsNorm(streams + t * flat, ones_.data(), flat, hp_.rms_eps, normed.data() + t * flat);
+    }
+  }, /*min_items_per_thread=*/4);
+  MatMul(w.fn, normed.data(), n, mixes.data(), pool);
+  const float* base = reinterpret_cast<const float*>(w.base.data);
+  const float* scale = reinterpret_cast<const float*>(w.scale.data);
+  const float eps = hc_eps_;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* m = mixes.data() + t * mix;
+    float pre[kHc];
+    for (int64_t i = 0; i < kHc; ++i) pre[i] = Sigmoid(m[i] * scale[0] + base[i]) + eps;
+    if (post != nullptr) {
+      for (int64_t i = 0; i < kHc; ++i) post[t * kHc + i] = 2.0f * Sigmoid(m[kHc + i] * scale[1] + base[kHc + i]);
+      // comb[dst + kHc * src]: softmax over dst for each src, + eps, then Sinkhorn: columns (each
+      // dst's sum over src) to 1, then iters - 1 times rows (each src's sum over dst), columns.
+      float* c = comb + t * kHc * kHc;
+      for (int64_t i = 0; i < kHc * kHc; ++i) c[i] = m[2 * kHc + i] * scale[2] + base[2 * kHc + i];
+      for (int64_t src = 0; src < kHc; ++src) {
+        float* col = c + src * kHc;
+        float top = col[0];
+        for (int64_t dst = 1; dst < kHc; ++dst) top = std::max(top, col[dst]);
+        double sum = 0.0;
+        for (int64_t dst = 0; dst < kHc; ++dst) sum += col[dst] = std::exp(col[dst] - top);
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t dst = 0; dst < kHc; ++dst) col[dst] = col[dst] * inv + eps;
+      }
+      auto norm_dst = [&] {  // each dst: / (sum over src + eps)
+        for (int64_t dst = 0; dst < kHc; ++dst) {
+          float sum = 0.0f;
+          for (int64_t src = 0; src < kHc; ++src) sum += c[dst + kHc * src];
+          sum += eps;
+          for (int64_t src = 0; src < kHc; ++src) c[dst + kHc * src] /= sum;
+        }
+      };
+      auto norm_src = [&] {  // each src: / (sum over dst + eps)
+        for (int64_t src = 0; src < kHc; ++src) {
+          float sum = 0.0f;
+          for (int64_t dst = 0; dst < kHc; ++dst) sum += c[dst + kHc * src];
+          sum += eps;
+          for (int64_t dst = 0; dst < kHc; ++dst) c[dst + kHc * src] /= sum;
+        }
+      };
+      norm_dst();
+      for (int64_t it = 1; it < sinkhorn_iters_; ++it) {
+        norm_src();
+        norm_dst();
+      }
+    }
+    float* out = x + t * dim;
+    const float* s = streams + t * flat;
+    for (int64_t i = 0; i < dim; ++i) out[i] = s[i] * pre[0];
+    for (int64_t h = 1; h < kHc; ++h) {
+      for (int64_t i = 0; i < dim; ++i) out[i] += s[h * dim + i] * pre[h];
+    }
+  }
+}
+
+// streams[dst] = y * post[dst] + sum over src of streams[src] * comb[dst, src] (llama.cpp's order).
+void HcPost(const float* y, const float* post, const float* comb, int64_t n, int64_t dim, float* streams) {
+  std::vector<float> old(static_cast<size_t>(kHc * dim));
+  for (int64_t t = 0; t < n; ++t) {
+    float* s = streams + t * kHc * dim;
+    std::memcpy(old.data(), s, old.size() * sizeof(float));
+    const float* c = comb + t * kHc * kHc;
+    for (int64_t dst = 0; dst < kHc; ++dst) {
+      float* o = s + dst * dim;
+      const float p = post[t * kHc + dst];
+      for (int64_t i = 0; i < dim; ++i) o[i] = y[t * dim + i] * p;
+      for (int64_t src = 0; src < kHc; ++src) {
+        const float w = c[dst + kHc * src];
+        for (int64_t i = 0; i < dim; ++i) o[i] += old[src * dim + i] * w;
+      }
+    }
+  }
+}
+
+// The cache's row of cache layer `layer` at `pos` of sequence `seq` (positions index every group:
+// retention is refused for this architecture).
+struct RowAt {
+  int32_t block;
+  int64_t offset;
+};
+RowAt Locate(const ForwardBatch& batch, const KvStorage& kv, int64_t layer, int32_t seq, int64_t pos) {
+  const int64_t num_seqs = static_cast<int64_t>(batch.block_tables.size()) / kv.num_groups();
+  const auto& table = batch.block_tables[kv.groups().group_of[layer] * num_seqs + seq];
+  const int64_t bs = kv.block_size();
+  CHECK(pos / bs < static_cast<int64_t>(table.size()));
+  const int32_t block = table[pos / bs];
+  CHECK(block != kNoBlock);
+  return {block, pos % bs};
+}
+
+void WriteRow(KvStorage& kv, const ForwardBatch& batch, int64_t layer, int32_t seq, int64_t pos, const float* row,
+              int64_t width) {
+  const RowAt at = Locate(batch, kv, layer, seq, pos);
+  kv.WriteK(layer, at.block, at.offset, 0, width, row);
+}
+
+void ReadRow(const KvStorage& kv, const ForwardBatch& batch, int64_t layer, int32_t seq, int64_t pos, float* row,
+             int64_t width) {
+  const RowAt at = Locate(batch, kv, layer, seq, pos);
+  kv.ReadK(layer, at.block, at.offset, 0, width, row);
+}
+
+// Compressed row b (PackedRows): its parts over the last slots() positions of its block.
+void WritePacked(KvStorage& kv, const ForwardBatch& batch, const PackedRows& p, int32_t seq, int64_t b, const float* row) {
+  const int64_t end = (b + 1) * p.ratio, part = p.part();
+  for (int64_t j = 0; j < p.slots(); ++j) {
+    const RowAt at = Locate(batch, kv, p.layer, seq, end - p.slots() + j);
+    kv.WriteK(p.layer, at.block, at.offset, p.lane * part, part, row + j * part);
+  }
+}
+
+void ReadPacked(const KvStorage& kv, const ForwardBatch& batch, const PackedRows& p, int32_t seq, int64_t b, float* row) {
+  const int64_t end = (b + 1) * p.ratio, part = p.part();
+  for (int64_t j = 0; j < p.slots(); ++j) {
+    const RowAt at = Locate(batch, kv, p.layer, seq, end - p.slots() + j);
+    kv.ReadK(p.layer, at.block, at.offset, p.lane * part, part, row + j * part);
+  }
+}
+
+// Rotates the last `rope` dims of x by the angles (back: by their negatives).
+void RopeTail(float* x, int64_t width, int64_t rope, const float* cos_sin, bool back) {
+  float* r = x + (width - rope);
+  for (int64_t i = 0; i < rope / 2; ++i) {
+    const float c = cos_sin[2 * i], s = back ? -cos_sin[2 * i + 1] : cos_sin[2 * i + 1];
+    const float a = r[2 * i], b = r[2 * i + 1];
+    r[2 * i] = a * c - b * s;
+    r[2 * i + 1] = a * s + b * c;
+  }
+}
+
+void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
+                               float* out, ThreadPool& pool) const {
+  const Ds4Layer& w = layers_[l];
+  const int64_t head = hp_.head_dim, heads = hp_.num_heads, rope = hp_.rope_dims;
+  const int64_t ratio = w.ratio;
+  const bool compressed = ratio != 0;
+  std::vector<float> qr(static_cast<size_t>(n * q_lora_)), q(static_cast<size_t>(n * heads * head));
+  std::vector<float> kvr(static_cast<size_t>(n * head)), cs(static_cast<size_t>(n * rope));
+  // Queries: wq_b(RmsNorm(wq_a x) * q_a_norm), each head RMS-normed, RoPE on the tail.
+  MatMul(w.wq_a, in, n, qr.data(), pool);
+  for (int64_t t = 0; t < n; ++t) {
+    kernels::RmsNorm(qr.data() + t * q_lora_, reinterpret_cast<const float*>(w.q_a_norm.data), q_lora_, hp_.rms_eps,
+                     qr.data() + t * q_lora_);
+  }
+  MatMul(w.wq_b, qr.data(), n, q.data(), pool);
+  MatMul(w.wkv, in, n, kvr.data(), pool);
+  for (int64_t t = 0; t < n; ++t) {
+    Angles(compressed, batch.positions[t], cs.data() + t * rope);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* qh = q.data() + (t * heads + h) * head;
+      kernels::RmsNorm(qh, ones_.data(), head, hp_.rms_eps, qh);
+      RopeTail(qh, head, rope, cs.data() + t * rope, false);
+    }
+    float* k = kvr.data() + t * head;
+    kernels::RmsNorm(k, reinterpret_cast<const float*>(w.kv_norm.data), head, hp_.rms_eps, k);
+    RopeTail(k, head, rope, cs.data() + t * rope, false);
+  }
+  for (int64_t t = 0; t < n; ++t) WriteRow(kv, batch, w.kv_raw, batch.seq(t), batch.positions[t], kvr.data() + t * head, head);
+
+  // The compressors' state per position: kv rows and scores (+ the positional bias of pos % ratio),
+  // then every block completed in this batch compressed from the cache's state rows.
+  auto compress = [&](const Compressor& c, int64_t state_layer, const PackedRows& packed) {
+    const int64_t cw = c.coff * c.width;
+    std::vector<float> sk(static_cast<size_t>(n * cw)), sg(static_cast<size_t>(n * cw));
+    MatMul(c.kv, in, n, sk.data(), pool);
+    MatMul(c.gate, in, n, sg.data(), pool);
+    const float* ape = reinterpret_cast<const float*>(c.ape.data);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = batch.positions[t];
+      float* g = sg.data() + t * cw;
+      for (int64_t i = 0; i < cw; ++i) g[i] += ape[(pos % ratio) * cw + i];
+      for (int64_t j = 0; j < c.coff; ++j) {
+        WriteRow(kv, batch, state_layer + j, batch.seq(t), pos, sk.data() + t * cw + j * c.width, c.width);
+        WriteRow(kv, batch, state_layer + c.coff + j, batch.seq(t), pos, g + j * c.width, c.width);
+      }
+    }
+    // Block b (positions [ratio b, ratio b + ratio)) completes at its last position. Channel i
+    // pools over the block's positions (their part coff - 1 of kv and scores) and, overlapping
+    // (coff 2), the previous block's (part 0; none before block 0) by a softmax of the scores;
+    // then RmsNorm * norm, RoPE at position ratio b.
+    const int64_t window = c.coff * ratio;
+    std::vector<float> vals(static_cast<size_t>(window * c.width)), scores(static_cast<size_t>(window * c.width));
+    std::vector<float> row(static_cast<size_t>(c.width)), angles(static_cast<size_t>(rope));
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = batch.positions[t];
+      if ((pos + 1) % ratio != 0) continue;
+      const int64_t start = pos + 1 - ratio;
+      const int32_t seq = batch.seq(t);
+      int64_t m = 0;  // entries pooled: (block before) then this block
+      for (int64_t part = 0; part < c.coff; ++part) {
+        const int64_t from = start - (c.coff - 1 - part) * ratio;
+        if (from < 0) continue;
+        for (int64_t j = 0; j < ratio; ++j, ++m) {
+          ReadRow(kv, batch, state_layer + part, seq, from + j, vals.data() + m * c.width, c.width);
+          ReadRow(kv, batch, state_layer + c.coff + part, seq, from + j, scores.data() + m * c.width, c.width);
+        }
+      }
+      for (int64_t i = 0; i < c.width; ++i) {
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t e = 0; e < m; ++e) top = std::max(top, scores[e * c.width + i]);
+        double sum = 0.0;
+        float acc = 0.0f;
+        for (int64_t e = 0; e < m; ++e) sum += std::exp(scores[e * c.width + i] - top);
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t e = 0; e < m; ++e) acc += vals[e * c.width + i] * (std::exp(scores[e * c.width + i] - top) * inv);
+        row[i] = acc;
+      }
+      kernels::RmsNorm(row.data(), reinterpret_cast<const float*>(c.norm.data), c.width, hp_.rms_eps, row.data());
+      Angles(true, start, angles.data());
+      RopeTail(row.data(), c.width, rope, angles.data(), false);
+      WritePacked(kv, batch, packed, seq, pos / ratio, row.data());
+    }
+  };
+  if (compressed) compress(w.comp_w, w.kv_state, w.comp);
+  if (ratio == 4) compress(w.idx_comp, w.kv_idx_state, w.idx_keys);
+
+  // The indexer's queries and head weights (ratio 4): RoPE'd like the compressed rows.
+  std::vector<float> iq, iw;
+  if (ratio == 4) {
+    iq.resize(static_cast<size_t>(n * idx_heads_ * idx_dim_));
+    iw.resize(static_cast<size_t>(n * idx_heads_));
+    MatMul(w.idx_q_b, qr.data(), n, iq.data(), pool);
+    MatMul(w.idx_proj, in, n, iw.data(), pool);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(idx_dim_ * idx_heads_));
+    std::vector<float> angles(static_cast<size_t>(rope));
+    for (int64_t t = 0; t < n; ++t) {
+      Angles(true, batch.positions[t], angles.data());
+      for (int64_t h = 0; h < idx_heads_; ++h) RopeTail(iq.data() + (t * idx_heads_ + h) * idx_dim_, idx_dim_, rope, angles.data(), false);
+      for (int64_t h = 0; h < idx_heads_; ++h) iw[t * idx_heads_ + h] *= scale;
+    }
+  }
+
+  // Attention, one token per item: the raw rows of its window, then the compressed rows it sees.
+  const float* sinks = reinterpret_cast<const float*>(w.sinks.data);
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(head));
+  pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows, key, sc, idx_scores;
+    std::vector<int64_t> chosen;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pos = batch.positions[t];
+      const int32_t seq = batch.seq(t);
+      const int64_t first = std::max<int64_t>(0, pos - window_ + 1);
+      chosen.clear();
+      if (compressed) {
+        const int64_t visible = (pos + 1) / ratio;
+        for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
+        if (ratio == 4 && visible > idx_top_k_) {
+          // The indexer: score(c) = sum over heads of relu(q_h . k_c) * w_h; the top_k rows.
+          idx_scores.resize(static_cast<size_t>(visible));
+          key.resize(static_cast<size_t>(idx_dim_));
+          for (int64_t c = 0; c < visible; ++c) {
+            ReadPacked(kv, batch, w.idx_keys, seq, c, key.data());
+            float s = 0.0f;
+            for (int64_t h = 0; h < idx_heads_; ++h) {
+              const float* qh = iq.data() + (t * idx_heads_ + h) * idx_dim_;
+              float dot = 0.0f;
+              for (int64_t i = 0; i < idx_dim_; ++i) dot += qh[i] * key[i];
+              s += std::max(dot, 0.0f) * iw[t * idx_heads_ + h];
+            }
+            idx_scores[c] = s;
+          }
+          std::stable_sort(chosen.begin(), chosen.end(), [&](int64_t a, int64_t b) { return idx_scores[a] > idx_scores[b]; });
+          chosen.resize(static_cast<size_t>(idx_top_k_));
+          std::sort(chosen.begin(), chosen.end());
+        }
+      }
+      const int64_t num_raw = pos - first + 1, m = num_raw + static_cast<int64_t>(chosen.size());
+      rows.resize(static_cast<size_t>(m * head));
+      for (int64_t j = 0; j < num_raw; ++j) ReadRow(kv, batch, w.kv_raw, seq, first + j, rows.data() + j * head, head);
+      for (size_t j = 0; j < chosen.size(); ++j) ReadPacked(kv, batch, w.comp, seq, chosen[j], rows.data() + (num_raw + j) * head);
+      sc.resize(static_cast<size_t>(m));
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* qh = q.data() + (t * heads + h) * head;
+        float top = sinks[h];
+        for (int64_t j = 0; j < m; ++j) {
+          float dot = 0.0f;
+          const float* r = rows.data() + j * head;
+          for (int64_t i = 0; i < head; ++i) dot += qh[i] * r[i];
+          sc[j] = dot * kq_scale;
+          top = std::max(top, sc[j]);
+        }
+        double sum = std::exp(static_cast<double>(sinks[h] - top));
+        for (int64_t j = 0; j < m; ++j) {
+          sc[j] = std::exp(sc[j] - top);
+          sum += sc[j];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        float* o = out + (t * heads + h) * head;
+        std::fill(o, o + head, 0.0f);
+        for (int64_t j = 0; j < m; ++j) {
+          const float p = sc[j] * inv;
+          const float* r = rows.data() + j * head;
+          for (int64_t i = 0; i < head; ++i) o[i] += p * r[i];
+        }
+        RopeTail(o, head, rope, cs.data() + t * rope, true);
+      }
+    }
+  }, /*min_items_per_thread=*/1);
+}
+
+Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const {
+  if (batch.first_layer != 0 || (batch.end_layer >= 0 && batch.end_layer != hp_.num_layers) || !batch.output_head) {
+    return Unimplemented("deepseek4: pipeline stages are not supported yet");
+  }
+  if (kv.kv_dim() != hp_.head_dim || !kv.v_is_k()) {
+    return InvalidArgument("deepseek4: the cache's rows are {} wide, the head is {}", kv.kv_dim(), hp_.head_dim);
+  }
+  if (kernels::KvTypeQuantized(kv.k_type())) {
+    return Unimplemented("deepseek4: the cache holds parts of rows: f32, f16 or bf16 only, not an int8/int4 cache");
+  }
+  if (kv.block_size() % PackedRows::kSlots != 0) {
+    return InvalidArgument("deepseek4: KV block size {}: its compressed rows need a multiple of {}", kv.block_size(),
+                           PackedRows::kSlots);
+  }
+  ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
+  f.set_replace_residual(true);
+  const int64_t n = f.num_tokens(), dim = hp_.dim, heads = hp_.num_heads, head = hp_.head_dim;
+  f.Embed(token_embd_);
+  // The residual stream's kHc copies: [n, kHc, dim].
+  std::vector<float> streams(static_cast<size_t>(n * kHc * dim));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < kHc; ++h) std::memcpy(streams.data() + (t * kHc + h) * dim, ws.x.data() + t * dim, dim * sizeof(float));
+  }
+  std::vector<float> x(static_cast<size_t>(n * dim)), in(static_cast<size_t>(n * dim));
+  std::vector<float> post(static_cast<size_t>(n * kHc)), comb(static_cast<size_t>(n * kHc * kHc));
+  std::vector<float> attn(static_cast<size_t>(n * heads * head)), low(static_cast<size_t>(n * out_groups_ * out_lora_));
+  std::vector<float> gin, gout;
+  const int64_t gdim = heads * head / out_groups_;
+  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+    const Ds4Layer& w = layers_[l];
+    HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool);
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::RmsNorm(x.data() + t * dim, reinterpret_cast<const float*>(w.attn_norm.data), dim, hp_.rms_eps,
+                       in.data() + t * dim);
+    }
+    Attention(l, batch, kv, in.data(), n, attn.data(), pool);
+    // The grouped low-rank output: group g's heads through wo_a[g], the groups' results side by
+    // side through wo_b.
+    gin.resize(static_cast<size_t>(n * gdim));
+    gout.resize(static_cast<size_t>(n * out_lora_));
+    for (int64_t g = 0; g < out_groups_; ++g) {
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(gin.data() + t * gdim, attn.data() + t * heads * head + g * gdim, gdim * sizeof(float));
+      }
+      MatMul(w.wo_a[g], gin.data(), n, gout.data(), pool);
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(low.data() + t * out_groups_ * out_lora_ + g * out_lora_, gout.data() + t * out_lora_,
+                    out_lora_ * sizeof(float));
+      }
+    }
+    MatMul(w.wo_b, low.data(), n, x.data(), pool);
+    HcPost(x.data(), post.data(), comb.data(), n, dim, streams.data());
+
+    HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool);
+    f.MoeFfn(l, reinterpret_cast<const float*>(w.ffn_norm.data), w.moe);  // ws.x = the FFN's output
+    HcPost(ws.x.data(), post.data(), comb.data(), n, dim, streams.data());
+  }
+  HcPre(hc_head_, streams.data(), n, ws.x.data(), nullptr, nullptr, pool);
+  f.OutputHead(output_norm_, output_);
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadDeepseek4(const GgufFile& file, ModelHParams hp) {
+  return Deepseek4Model::Load(file, std::move(hp));
+}
+
+}  // namespace gale
