@@ -84,16 +84,29 @@ echo "ok: wrong world size and no launcher fail clearly"
 "$GALE" synth --shape custom --arch llama --dim 256 --layers 8 --heads 8 --kv-heads 4 --ffn 768 --vocab 2048 \
   --ctx 4096 --type f32 -o "$tmp/slow.gguf" >/dev/null
 kill_rank1_mid_stream() {  # the parallel flags
-  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  "${MPIRUN[@]}" -np 2 "$GALE" serve -m "$tmp/slow.gguf" --port "$port" "$@" -t 1 >"$tmp/serve.log" 2>&1 &
-  mpirun_pid=$!
-  pids+=("$mpirun_pid")
-  for _ in $(seq 1 600); do
+  # NOTE: one CI run saw a job print nothing for 60 s right after the previous job's kill (the
+  # launcher's start-up, before gale's first line). So: 120 s, the process tree on a timeout, and
+  # one fresh start; a second silent start fails.
+  local attempt
+  for attempt in 1 2; do
+    port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    "${MPIRUN[@]}" -np 2 "$GALE" serve -m "$tmp/slow.gguf" --port "$port" "$@" -t 1 >"$tmp/serve.log" 2>&1 &
+    mpirun_pid=$!
+    pids+=("$mpirun_pid")
+    for _ in $(seq 1 1200); do
+      grep -q "ready: serving" "$tmp/serve.log" && break
+      kill -0 "$mpirun_pid" 2>/dev/null || { cat "$tmp/serve.log"; fail "the server exited"; }
+      sleep 0.1
+    done
     grep -q "ready: serving" "$tmp/serve.log" && break
-    kill -0 "$mpirun_pid" 2>/dev/null || { cat "$tmp/serve.log"; fail "the server exited"; }
-    sleep 0.1
+    echo "the server was not ready after 120 s (attempt $attempt); its log:" >&2
+    cat "$tmp/serve.log" >&2
+    ps -eo pid,ppid,stat,etime,args | grep -E "mpirun|gale|prte|orted" | grep -v grep >&2 || true
+    kill -9 "$mpirun_pid" 2>/dev/null || true
+    pkill -9 -f "$GALE serve -m $tmp/slow.gguf" 2>/dev/null || true
+    wait "$mpirun_pid" 2>/dev/null || true
   done
-  grep -q "ready: serving" "$tmp/serve.log" || { cat "$tmp/serve.log"; fail "the server never got ready"; }
+  grep -q "ready: serving" "$tmp/serve.log" || fail "the server never got ready"
   rank1=""
   for p in $(pgrep -f "$GALE serve"); do
     if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then rank1=$p; fi
