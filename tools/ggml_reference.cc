@@ -4,7 +4,7 @@
 // committed under tests/data/llamacpp and read by tests/gguf/llamacpp_reference_test.cc.
 //
 //   ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]
-//   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]
+//   ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS [KV]]]]]]
 //   ggml_reference tokenize LIBDIR VOCAB INPUTS OUT
 //   ggml_reference long LIBDIR OUT NTOKENS NAME=MODEL ...
 //
@@ -24,7 +24,8 @@
 // bench: llama.cpp's prompt and generation speed on MODEL, measured as llama-bench does (after a
 // warm-up, pp = one decode of PP tokens from an empty cache, tg = TG one-token decodes from an
 // empty cache), one JSON line per test with every repetition's tokens/s, for side-by-side figures
-// with `gale bench` on the same file and machine (scripts/bench-vs-llamacpp.sh).
+// with `gale bench` on the same file and machine (scripts/bench-vs-llamacpp.sh). KV "f32": an f32
+// cache without flash attention (this release's deepseek4 graph only runs so; default f16).
 //
 // long: for architectures whose behaviour only shows past a few hundred tokens (DeepSeek-V4's
 // windows and compressed rows), OUT (a GGUF) gets "tokens" (NTOKENS ids: LongTokens) and, per
@@ -523,10 +524,10 @@ void WriteLong(const LlamaApi& api, const std::string& out, int n,
 
 // seqs > 1: generation only, tg steps of one token for each of seqs sequences (aggregate tokens/s,
 // as gale bench --batch).
-int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps, int threads, int seqs) {
+int Bench(const LlamaApi& api, const std::string& path, int pp, int tg, int reps, int threads, int seqs, bool f32_kv) {
   if (seqs > 1) pp = 0;
   const LlamaSession s(api, path, static_cast<uint32_t>((pp + tg + 16) * seqs), static_cast<uint32_t>(std::max(pp, seqs)),
-                       static_cast<uint32_t>(seqs));
+                       static_cast<uint32_t>(seqs), f32_kv);
   api.set_threads(s.ctx, threads, threads);
   void* memory = api.get_memory(s.ctx);
   std::vector<int32_t> tokens(static_cast<size_t>(std::max({pp, tg * seqs, 1})));
@@ -610,7 +611,7 @@ int main(int argc, char** argv) {
   const bool long_runs = argc >= 2 && std::string(argv[1]) == "long";
   if ((!bench && argc < 5) || (tokenize && argc != 6) || (long_runs && argc < 6)) {
     std::fprintf(stderr, "usage: ggml_reference LIBDIR F32_MODEL OUTDIR TMPDIR [NAME=MODEL ...]\n"
-                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS]]]]]\n"
+                         "       ggml_reference bench LIBDIR MODEL [PP [TG [REPS [THREADS [SEQS [KV]]]]]]\n"
                          "       ggml_reference tokenize LIBDIR VOCAB INPUTS OUT\n"
                          "       ggml_reference long LIBDIR OUT NTOKENS NAME=MODEL ...\n");
     return 2;
@@ -623,7 +624,8 @@ int main(int argc, char** argv) {
   const LlamaApi api(llama);
   if (bench) {
     auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
-    return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2), std::max(arg(8, 1), 1));
+    const bool f32_kv = argc > 9 && std::string(argv[9]) == "f32";
+    return Bench(api, argv[3], arg(4, 512), arg(5, 128), arg(6, 3), arg(7, 2), std::max(arg(8, 1), 1), f32_kv);
   }
   if (tokenize) {
     Tokenize(api, argv[3], argv[4], argv[5]);

@@ -111,6 +111,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     return InvalidArgument("int4 KV cache needs even head sizes, the model's are {} (K) and {} (V)", hp.head_dim,
                            hp.value_head());
   }
+  if (!hp.kv_windows.empty() && kernels::KvTypeQuantized(config.kv_type)) {
+    return Unimplemented("{}: its cache rows are written in parts (compressed rows packed side by side): f32, f16 or "
+                         "bf16 only, not an int8/int4 cache", hp.arch);
+  }
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
@@ -191,7 +195,15 @@ uint64_t Engine::activation_bytes() const {
 std::string Engine::Describe() const {
   const ModelHParams& hp = model_.hparams();
   std::string latent;
-  if (hp.kv_latent) {
+  if (!hp.kv_windows.empty()) {
+    // Several cache layers per model layer (DeepSeek-V4): the bytes a token adds past the windows
+    // (the full layers') against one full row per layer and position.
+    const int64_t full = std::count(hp.kv_windows.begin(), hp.kv_windows.end(), 0);
+    const double row = static_cast<double>(kernels::KvHeadBytes(config_.kv_type, hp.head_dim));
+    latent = fmt::format(" (compressed attention: {} cache layers, {} of them full: {:.0f} bytes per token past the "
+                         "windows, 1/{:.1f} of one {}-wide row per layer)",
+                         hp.kv_windows.size(), full, row * full, static_cast<double>(hp.num_layers) / full, hp.head_dim);
+  } else if (hp.kv_latent) {
     // Bytes per token of the latent rows against the same model's multi-head cache (K of nope +
     // rope and V of v_head per head) in the same type.
     const double row = static_cast<double>(kernels::KvHeadBytes(config_.kv_type, hp.head_dim)) * hp.num_layers;

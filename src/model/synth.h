@@ -73,9 +73,10 @@ struct SynthShape {
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
-// "qwen3-30b-a3b", "gpt-oss-20b" (their architectures, without tied embeddings; the mixtures with 12
-// of their 48 and 24 layers so that they fit a desktop's memory: every per-layer shape, the expert
-// count and top-k are the real model's, gpt-oss's experts MXFP4 as published); an error otherwise.
+// "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v4-flash" (their architectures, without tied embeddings;
+// the mixtures with 12 of their 48 and 24 layers, DeepSeek-V4-Flash with 3 of its 43, so that they
+// fit a desktop's memory: every per-layer shape, the expert count and top-k are the real model's,
+// the experts MXFP4 as gpt-oss publishes them and DeepSeek-V4 as FP4); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's

@@ -64,7 +64,7 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | custom")
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | deepseek-v4-flash | custom")
       ->capture_default_str();
   app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma2 | gemma3 | deepseek2 | glm4moe | gpt-oss | bert)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
@@ -90,7 +90,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--experts", o->custom.num_experts, "custom: a mixture of this many experts per layer (llama, qwen3moe)");
   app.add_option("--experts-used", o->custom.experts_used, "custom: experts per token");
   app.add_option("--expert-ffn", o->custom.expert_ffn, "custom: one expert's feed-forward size (0: --ffn)");
-  app.add_option("--expert-type", o->expert_type, "the experts' type (default: --type; gpt-oss-20b: mxfp4)");
+  app.add_option("--expert-type", o->expert_type, "the experts' type (default: --type; gpt-oss-20b, deepseek-v4-flash: mxfp4)");
   app.add_option("--kv-lora-rank", o->custom.kv_lora_rank, "custom deepseek2: the latent's rank");
   app.add_option("--q-lora-rank", o->custom.q_lora_rank, "custom deepseek2: the query's low rank (0: one wq)");
   app.add_option("--nope-dim", o->custom.nope_dim, "custom deepseek2: query/key dims per head without RoPE");

@@ -201,5 +201,63 @@ TEST(Deepseek4Test, PrefillEqualsDecoding) {
   }
 }
 
+// The engine's paged cache (blocks of 16, windows given back, chunked prefill, a prefix shared
+// from the cache by a second request) against the fixed cache: greedy generation through the
+// engine picks, at every step, the argmax of the fixed cache's logits over the same tokens; an
+// int8 cache is refused with the reason.
+TEST(Deepseek4Test, PagedEngineEqualsTheFixedCache) {
+  const Ds4Shape& a = Shapes()[0];
+  auto file = Synth(ShapeOf(a));
+  auto m = LoadModel(*file).value();
+  m->PackWeights(nullptr);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 270; ++i) prompt.push_back(1 + (i * 131 + 7) % 511);
+  ThreadPool pool(2);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 64ull << 20;
+  cfg.kv_type = kernels::KvType::kF32;
+  cfg.sched.prefill_chunk_size = 48;
+  cfg.enable_prefix_caching = true;
+  auto engine = Engine::Create(*m, nullptr, cfg, pool);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::printf("%s\n", (*engine)->Describe().c_str());
+  auto generate = [&](const std::vector<int32_t>& p, int64_t* cached) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 40;
+    r.sampling.temperature = 0.0f;
+    auto st = (*engine)->Submit(r);
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    std::vector<int32_t> out;
+    StreamUpdate u;
+    while ((*st)->Next(&u)) {
+      out.insert(out.end(), u.token_ids.begin(), u.token_ids.end());
+      if (u.finished) {
+        EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+        *cached = u.num_cached_tokens;
+      }
+    }
+    return out;
+  };
+  int64_t cached = 0;
+  const std::vector<int32_t> first = generate(prompt, &cached);
+  ASSERT_EQ(first.size(), 40u);
+  // The same prompt again: its full blocks come from the prefix cache.
+  const std::vector<int32_t> second = generate(prompt, &cached);
+  EXPECT_GE(cached, 256);
+  EXPECT_EQ(first, second);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), first.begin(), first.end());
+  const std::vector<float> logits = Logits(*m, all, 1);
+  for (size_t i = 0; i < first.size(); ++i) {
+    const float* row = logits.data() + (prompt.size() - 1 + i) * 512;
+    EXPECT_EQ(std::max_element(row, row + 512) - row, first[i]) << "token " << i;
+  }
+  cfg.kv_type = kernels::KvType::kInt8;
+  auto int8 = Engine::Create(*m, nullptr, cfg, pool);
+  ASSERT_FALSE(int8.ok());
+  EXPECT_NE(int8.status().message().find("int8/int4"), std::string::npos) << int8.status().ToString();
+}
+
 }  // namespace
 }  // namespace gale

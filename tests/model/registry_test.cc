@@ -118,7 +118,10 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
            {"glm4moe", "blk.0.post_attention_norm.weight"}, {"gpt-oss", "blk.1.attn_sinks.weight"},
            {"gpt-oss", "blk.0.ffn_up_exps.bias"}, {"gpt-oss", "blk.2.attn_output.bias"},
            {"gpt-oss", "blk.1.ffn_gate_inp.bias"}, {"gemma2", "blk.3.post_ffw_norm.weight"},
-           {"gemma2", "blk.0.post_attention_norm.weight"}}) {
+           {"gemma2", "blk.0.post_attention_norm.weight"}, {"deepseek4", "output_hc_fn.weight"},
+           {"deepseek4", "blk.1.indexer.proj.weight"}, {"deepseek4", "blk.2.attn_compressor_ape.weight"},
+           {"deepseek4", "blk.0.ffn_gate_tid2eid.weight"}, {"deepseek4", "blk.1.exp_probs_b.bias"},
+           {"deepseek4", "blk.2.hc_ffn_scale.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

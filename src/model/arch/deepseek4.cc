@@ -14,9 +14,9 @@
 //   SwiGLU, and the first hash_layer_count layers routed by token id.
 // The cache: each model layer uses several of the cache's layers (ModelHParams::kv_windows), all of
 // one row width (the head size): the raw rows (windowed), the compressors' per-position state
-// (windowed: two blocks of the ratio), and the compressed rows (full), a compressed row stored at
-// the slot of its block's last position. What it does not do yet: retention, pipeline or tensor
-// parallelism (refused), a dense layout of the compressed rows (see docs/deepseek-v4.md).
+// (windowed), and its compressed rows packed with other layers' into full cache layers
+// (PackedRows). Not done: retention, pipeline or tensor parallelism, int8/int4 caches (refused),
+// DeepSeek-V4.1 (docs/deepseek-v4.md).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -68,7 +68,7 @@ struct Ds4Layer {
   MatrixWeight wq_a, wq_b, wkv, wo_b;
   std::vector<MatrixWeight> wo_a;  // [groups] each [out_lora_rank rows of heads * head / groups]
   HcWeights hc_attn, hc_ffn;
-  Compressor comp_w, idx_comp;     // comp_w where ratio > 0; idx_comp where ratio == 4
+  Compressor comp_w, idx_comp;     // the rows' (ratio > 0) and the indexer keys' (ratio 4)
   MatrixWeight idx_proj, idx_q_b;  // ratio == 4: the indexer's head weights and queries
   MoeWeights moe;
   std::vector<int32_t> hash_table;  // hash-routed layers: [vocab, num_used] (copied from i32)
@@ -273,7 +273,7 @@ class Deepseek4Model final : public Model {
         w.moe.token_experts = w.hash_table.data();
         w.moe.token_experts_vocab = h.vocab_size;
       } else if (w.moe.selection_bias.data == nullptr) {
-        return InvalidArgument("deepseek4: layer {} has no exp_probs_b.bias", l);
+        return InvalidArgument("deepseek4: layer {} (routed by its router) has no {}exp_probs_b.bias", l, b);
       }
     }
     d.ones_.assign(static_cast<size_t>(std::max({kHc * dim, head, d.idx_dim_})), 1.0f);
@@ -558,7 +558,9 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   if (compressed) compress(w.comp_w, w.kv_state, w.comp);
   if (ratio == 4) compress(w.idx_comp, w.kv_idx_state, w.idx_keys);
 
-  // The indexer's queries and head weights (ratio 4): RoPE'd like the compressed rows.
+  // The indexer's queries and head weights (ratio 4): RoPE'd like the compressed rows. NOTE:
+  // llama.cpp also multiplies the indexer's queries and keys by one orthonormal Hadamard matrix
+  // (for its quantized indexer cache); q . k is unchanged by it, so it is left out here.
   std::vector<float> iq, iw;
   if (ratio == 4) {
     iq.resize(static_cast<size_t>(n * idx_heads_ * idx_dim_));
