@@ -359,27 +359,18 @@ struct LlamaSession {
   }
   // n tokens of sequence 0 at positions 0..n-1 in one decode, every row's logits wanted.
   void DecodeAll(int32_t* tokens, int32_t n) const {
-    struct Batch {  // struct llama_batch
-      int32_t n_tokens;
-      int32_t* token;
-      float* embd;
-      int32_t* pos;
-      int32_t* n_seq_id;
-      int32_t** seq_id;
-      int8_t* logits;
-    };
-    std::vector<int32_t> positions(n), n_seq_id(n, 1);
-    int32_t zero = 0;
-    std::vector<int32_t*> seq_id(n, &zero);
-    std::vector<int8_t> logits(n, 1);
+    std::vector<int32_t> positions(n), seqs(n, 0);
     for (int32_t i = 0; i < n; ++i) positions[i] = i;
-    const Batch b{n, tokens, nullptr, positions.data(), n_seq_id.data(), seq_id.data(), logits.data()};
-    Opaque o{};
-    std::memcpy(o.bytes, &b, sizeof(b));
-    if (api.decode(ctx, o) != 0) Fail("llama_decode failed");
+    DecodeRows(tokens, n, positions.data(), seqs.data());
   }
   // One token for each of n sequences (sequence s: tokens[s] at position pos), all with logits.
   void DecodeParallel(int32_t* tokens, int32_t n, int32_t pos) const {
+    std::vector<int32_t> positions(n, pos), seqs(n);
+    for (int32_t i = 0; i < n; ++i) seqs[i] = i;
+    DecodeRows(tokens, n, positions.data(), seqs.data());
+  }
+  // One decode of n tokens, token i at positions[i] of sequence seqs[i], every row's logits wanted.
+  void DecodeRows(int32_t* tokens, int32_t n, int32_t* positions, int32_t* seqs) const {
     struct Batch {  // struct llama_batch
       int32_t n_tokens;
       int32_t* token;
@@ -389,18 +380,16 @@ struct LlamaSession {
       int32_t** seq_id;
       int8_t* logits;
     };
-    std::vector<int32_t> positions(n, pos), n_seq_id(n, 1), ids(n);
+    std::vector<int32_t> n_seq_id(n, 1);
     std::vector<int32_t*> seq_id(n);
     std::vector<int8_t> logits(n, 1);
-    for (int32_t i = 0; i < n; ++i) {
-      ids[i] = i;
-      seq_id[i] = &ids[i];
-    }
-    const Batch b{n, tokens, nullptr, positions.data(), n_seq_id.data(), seq_id.data(), logits.data()};
+    for (int32_t i = 0; i < n; ++i) seq_id[i] = &seqs[i];
+    const Batch b{n, tokens, nullptr, positions, n_seq_id.data(), seq_id.data(), logits.data()};
     Opaque o{};
     std::memcpy(o.bytes, &b, sizeof(b));
     if (api.decode(ctx, o) != 0) Fail("llama_decode failed");
   }
+
 };
 
 void WriteModels(void* base, const LlamaApi& api, const std::string& f32_model, const std::string& out,

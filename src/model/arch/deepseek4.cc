@@ -444,21 +444,24 @@ void ReadRow(const KvStorage& kv, const ForwardBatch& batch, int64_t layer, int3
   kv.ReadK(layer, at.block, at.offset, 0, width, row);
 }
 
-// Compressed row b (PackedRows): its parts over the last slots() positions of its block.
-void WritePacked(KvStorage& kv, const ForwardBatch& batch, const PackedRows& p, int32_t seq, int64_t b, const float* row) {
+// Compressed row b (PackedRows): its parts over the last slots() positions of its block; fn(at,
+// first element in the cache row, first element in the row) for each.
+template <typename Fn>
+void ForEachPart(const KvStorage& kv, const ForwardBatch& batch, const PackedRows& p, int32_t seq, int64_t b, Fn fn) {
   const int64_t end = (b + 1) * p.ratio, part = p.part();
-  for (int64_t j = 0; j < p.slots(); ++j) {
-    const RowAt at = Locate(batch, kv, p.layer, seq, end - p.slots() + j);
-    kv.WriteK(p.layer, at.block, at.offset, p.lane * part, part, row + j * part);
-  }
+  for (int64_t j = 0; j < p.slots(); ++j) fn(Locate(batch, kv, p.layer, seq, end - p.slots() + j), p.lane * part, j * part);
+}
+
+void WritePacked(KvStorage& kv, const ForwardBatch& batch, const PackedRows& p, int32_t seq, int64_t b, const float* row) {
+  ForEachPart(kv, batch, p, seq, b, [&](RowAt at, int64_t first, int64_t i) {
+    kv.WriteK(p.layer, at.block, at.offset, first, p.part(), row + i);
+  });
 }
 
 void ReadPacked(const KvStorage& kv, const ForwardBatch& batch, const PackedRows& p, int32_t seq, int64_t b, float* row) {
-  const int64_t end = (b + 1) * p.ratio, part = p.part();
-  for (int64_t j = 0; j < p.slots(); ++j) {
-    const RowAt at = Locate(batch, kv, p.layer, seq, end - p.slots() + j);
-    kv.ReadK(p.layer, at.block, at.offset, p.lane * part, part, row + j * part);
-  }
+  ForEachPart(kv, batch, p, seq, b, [&](RowAt at, int64_t first, int64_t i) {
+    kv.ReadK(p.layer, at.block, at.offset, first, p.part(), row + i);
+  });
 }
 
 // Rotates the last `rope` dims of x by the angles (back: by their negatives).
