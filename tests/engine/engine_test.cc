@@ -260,6 +260,14 @@ TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
     const TestModel f = Synthetic(GgmlType::kF32, arch);
     ExpectConcurrentEqualsAlone(f, kernels::KvType::kF32);
   }
+  // deepseek4 with speculation: the rows a rejected guess wrote (raw, compressor state, a packed
+  // compressed row it completed) are written again by the token accepted at its position.
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.always = true;
+  const SpecCounts c = ExpectConcurrentEqualsAlone(Synthetic(GgmlType::kQ8_0, "deepseek4"), kernels::KvType::kBF16,
+                                                   /*shared_prefixes=*/true, ngram);
+  EXPECT_GT(c.guessed, 0);
 }
 
 // KV memory one request holds at its peak: one prompt of prompt_len (chunks of 512), then 16
