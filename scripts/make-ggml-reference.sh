@@ -139,6 +139,10 @@ deepseek4_b 128 5 2 128 64 64 24 4,128,4,0,128 1 16 64 8 1 32 6 3 32 0.3
 SHAPES
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" long "$lib" tests/data/llamacpp/deepseek4.gguf 320 "${ds4[@]}" \
     2> "$tmp/log" || { tail -20 "$tmp/log"; exit 1; }
+# The float64 reference forward on the same files and tokens (Debian's python3-numpy).
+mkdir -p tests/data/reference
+/usr/bin/python3 tools/deepseek4_reference.py tests/data/llamacpp/deepseek4.gguf "${ds4[@]}" \
+    --write tests/data/reference/deepseek4_f64.gguf
 LD_LIBRARY_PATH="$lib" "$build/ggml_reference" "$lib" "$tmp/f32.gguf" tests/data/llamacpp "$tmp" \
     "${extra[@]}" 2> "$tmp/log" ||
   { tail -20 "$tmp/log"; exit 1; }

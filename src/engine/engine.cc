@@ -66,6 +66,9 @@ Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, cons
   if (spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
   }
+  if (!hp.kv_windows.empty()) {
+    return Unimplemented("KV retention is not supported for {} (its compressed rows are not per position)", hp.arch);
+  }
   return CheckRetentionGroups(groups, hp.sliding_window > 0);
 }
 

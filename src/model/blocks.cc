@@ -196,50 +196,50 @@ void RouteToken(const MoeHParams& moe, float* scores, const float* selection_bia
     }
     for (int64_t e = 0; e < num; ++e) scores[e] = probs[e];
   } else {
-  for (int64_t e = 0; e < num; ++e) scores[e] = probs[e] + (selection_bias != nullptr ? selection_bias[e] : 0.0f);
-  // Candidates: every expert, or those of the groups whose two best scores sum highest.
-  float* candidate = scratch + num;  // selection score, or -inf where its group is out
-  for (int64_t e = 0; e < num; ++e) candidate[e] = scores[e];
-  const float kOut = -std::numeric_limits<float>::infinity();
-  if (moe.num_groups > 1) {
-    const int64_t per = num / moe.num_groups;
-    std::vector<float> group_score(moe.num_groups);
-    for (int64_t g = 0; g < moe.num_groups; ++g) {
-      float best = kOut, second = kOut;
-      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-        if (scores[e] > best) {
-          second = best;
-          best = scores[e];
-        } else if (scores[e] > second) {
-          second = scores[e];
-        }
-      }
-      group_score[g] = per > 1 ? best + second : best;
-    }
-    std::vector<uint8_t> keep(moe.num_groups, 0);
-    for (int64_t i = 0; i < moe.groups_used; ++i) {
-      int64_t at = -1;
+    for (int64_t e = 0; e < num; ++e) scores[e] = probs[e] + (selection_bias != nullptr ? selection_bias[e] : 0.0f);
+    // Candidates: every expert, or those of the groups whose two best scores sum highest.
+    float* candidate = scratch + num;  // selection score, or -inf where its group is out
+    for (int64_t e = 0; e < num; ++e) candidate[e] = scores[e];
+    const float kOut = -std::numeric_limits<float>::infinity();
+    if (moe.num_groups > 1) {
+      const int64_t per = num / moe.num_groups;
+      std::vector<float> group_score(moe.num_groups);
       for (int64_t g = 0; g < moe.num_groups; ++g) {
-        if (!keep[g] && (at < 0 || group_score[g] > group_score[at])) at = g;
+        float best = kOut, second = kOut;
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+          if (scores[e] > best) {
+            second = best;
+            best = scores[e];
+          } else if (scores[e] > second) {
+            second = scores[e];
+          }
+        }
+        group_score[g] = per > 1 ? best + second : best;
       }
-      if (at >= 0) keep[at] = 1;
+      std::vector<uint8_t> keep(moe.num_groups, 0);
+      for (int64_t i = 0; i < moe.groups_used; ++i) {
+        int64_t at = -1;
+        for (int64_t g = 0; g < moe.num_groups; ++g) {
+          if (!keep[g] && (at < 0 || group_score[g] > group_score[at])) at = g;
+        }
+        if (at >= 0) keep[at] = 1;
+      }
+      for (int64_t e = 0; e < num; ++e) {
+        if (!keep[e / per]) candidate[e] = kOut;
+      }
     }
-    for (int64_t e = 0; e < num; ++e) {
-      if (!keep[e / per]) candidate[e] = kOut;
+    float* taken = scratch + 2 * num;  // 1 once chosen
+    for (int64_t e = 0; e < num; ++e) taken[e] = 0.0f;
+    for (int64_t i = 0; i < k; ++i) {
+      int64_t at = -1;
+      for (int64_t e = 0; e < num; ++e) {
+        if (taken[e] == 0.0f && (at < 0 || candidate[e] > candidate[at])) at = e;
+      }
+      chosen[i] = static_cast<int32_t>(at);
+      taken[at] = 1.0f;
+      weight[i] = probs[at];
     }
   }
-  float* taken = scratch + 2 * num;  // 1 once chosen
-  for (int64_t e = 0; e < num; ++e) taken[e] = 0.0f;
-  for (int64_t i = 0; i < k; ++i) {
-    int64_t at = -1;
-    for (int64_t e = 0; e < num; ++e) {
-      if (taken[e] == 0.0f && (at < 0 || candidate[e] > candidate[at])) at = e;
-    }
-    chosen[i] = static_cast<int32_t>(at);
-    taken[at] = 1.0f;
-    weight[i] = probs[at];
-  }
-  }  // the router's choice
   if (moe.gating == ExpertGating::kSoftmaxWeight) GgmlSoftmax(weight, k, weight);
   if (moe.norm_weights) {
     float sum = 0.0f;
@@ -720,7 +720,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     }, /*min_items_per_thread=*/16);
   }
   span.Next(ActivationName(act, true), rows, 0, l);
-  if (w.clamp > 0.0f) ClampGateUp(w.clamp, ws_.moe_h.data(), ws_.moe_h2.data(), rows * ffn);
+  if (w.clamp > 1e-6f) ClampGateUp(w.clamp, ws_.moe_h.data(), ws_.moe_h2.data(), rows * ffn);
   ActivateRows(act, ws_.moe_h.data(), ws_.moe_h2.data(), rows, ffn, pool_);
   products.clear();
   active_bytes = 0;
@@ -751,7 +751,7 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     span.Next("shexp_gate_up", n, WeightBytes(w.shared_gate) + WeightBytes(w.shared_up), l);
     const SameInput gate_up{{&w.shared_gate, ws_.hb.data()}, {&w.shared_up, ws_.hb2.data()}};
     kernels::MatMulSameInput(gate_up.span(), ws_.xb.data(), n, pool_);
-    if (w.shared_clamp > 0.0f) ClampGateUp(w.shared_clamp, ws_.hb.data(), ws_.hb2.data(), n * shared);
+    if (w.shared_clamp > 1e-6f) ClampGateUp(w.shared_clamp, ws_.hb.data(), ws_.hb2.data(), n * shared);
     ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, shared, pool_);
     span.Next("shexp_down", n, WeightBytes(w.shared_down), l);
     MatMul(w.shared_down, ws_.hb.data(), n, ws_.xb2.data(), pool_);

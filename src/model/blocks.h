@@ -108,7 +108,7 @@ struct MoeWeights {
   const int32_t* token_experts = nullptr;
   int64_t token_experts_vocab = 0;
   // DeepSeek-V4's SwiGLU clamp (swiglu_clamp_exp / _shexp): gate = min(gate, c) and up = clamp(up,
-  // -c, c) before silu(gate) * up; 0: none.
+  // -c, c) before silu(gate) * up; none at or below 1e-6 (llama.cpp's threshold).
   float clamp = 0.0f, shared_clamp = 0.0f;
   bool has_shared() const { return !shared_gate.view.shape.empty(); }
   void AppendTo(std::vector<MatrixWeight*>* all);

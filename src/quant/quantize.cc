@@ -83,6 +83,8 @@ StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
 
 namespace {
 
+constexpr uint32_t kGgmlI32 = 26;  // ggml's GGML_TYPE_I32: index tables, never quantized
+
 // Per-channel scales applied to one tensor before it is quantized: columns multiplied by
 // col_scale (the consumer side), rows divided by row_div (a producer before wo or w_down), and
 // for 1-D norm weights, elements divided by row_div. clip: W4 clipping ratio.
@@ -393,6 +395,10 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
 
   // Why a tensor is not quantized ("" when it is); F16 fallback when its rows do not fit.
   auto reason = [&](const GgufTensorInfo& t) -> std::string {
+    if (t.type_id == kGgmlI32) return "index table";  // DeepSeek-V4's ffn_gate_tid2eid: token -> experts
+    // DeepSeek-V4's hyper-connection mixes and compressor position biases (f32, as converters write them).
+    if (t.name.find("hc_") != std::string::npos && t.name.ends_with("_fn.weight")) return "hyper-connection mix";
+    if (t.name.ends_with("_ape.weight")) return "compressor position bias";
     if (t.shape.size() != 2 && t.shape.size() != 3) return "not a matrix";  // 3-D: a mixture's experts
     if (t.name.find("ffn_gate_inp") != std::string::npos) return "expert router";  // f32, as llama.cpp keeps it
     if (t.name.ends_with(".bias")) return "bias";  // gpt-oss's experts' biases are [width, experts]
@@ -408,6 +414,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     return t != nullptr && reason(*t).empty() && t->shape[0] % block == 0;
   };
   for (const GgufTensorInfo& t : in.tensors()) {
+    if (t.type_id == kGgmlI32) continue;  // an index table, copied as it is
     const auto traits = GetTypeTraits(t.type_id);
     const bool is_float = traits && (traits->type == GgmlType::kF32 || traits->type == GgmlType::kF16 ||
                                      traits->type == GgmlType::kBF16);

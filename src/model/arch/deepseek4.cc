@@ -366,22 +366,18 @@ void Deepseek4Model::HcPre(const HcWeights& w, const float* streams, int64_t n, 
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t dst = 0; dst < kHc; ++dst) col[dst] = col[dst] * inv + eps;
       }
-      auto norm_dst = [&] {  // each dst: / (sum over src + eps)
-        for (int64_t dst = 0; dst < kHc; ++dst) {
+      // Divides each of kHc groups of entries, group i at c[i * group + j * step], by (their
+      // sum + eps): group 1 / step kHc normalizes each dst over src, group kHc / step 1 each src.
+      auto normalize = [&](int64_t group, int64_t step) {
+        for (int64_t i = 0; i < kHc; ++i) {
           float sum = 0.0f;
-          for (int64_t src = 0; src < kHc; ++src) sum += c[dst + kHc * src];
+          for (int64_t j = 0; j < kHc; ++j) sum += c[i * group + j * step];
           sum += eps;
-          for (int64_t src = 0; src < kHc; ++src) c[dst + kHc * src] /= sum;
+          for (int64_t j = 0; j < kHc; ++j) c[i * group + j * step] /= sum;
         }
       };
-      auto norm_src = [&] {  // each src: / (sum over dst + eps)
-        for (int64_t src = 0; src < kHc; ++src) {
-          float sum = 0.0f;
-          for (int64_t dst = 0; dst < kHc; ++dst) sum += c[dst + kHc * src];
-          sum += eps;
-          for (int64_t dst = 0; dst < kHc; ++dst) c[dst + kHc * src] /= sum;
-        }
-      };
+      auto norm_dst = [&] { normalize(1, kHc); };
+      auto norm_src = [&] { normalize(kHc, 1); };
       norm_dst();
       for (int64_t it = 1; it < sinkhorn_iters_; ++it) {
         norm_src();
