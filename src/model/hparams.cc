@@ -1,6 +1,7 @@
 // Hyperparameter parsing and validation shared by every architecture.
 #include "model/hparams.h"
 
+#include <tuple>
 #include <algorithm>
 #include <cmath>
 
@@ -31,6 +32,14 @@ Status MoeHParams::SetSoftmaxTopK(const std::string& arch, int64_t default_ffn) 
     return Unimplemented("{}: shared experts, expert groups and dense leading layers are not part of this architecture", arch);
   }
   return Status::Ok();
+}
+
+std::pair<float, float> YarnCorrDims(int64_t rope_dims, double base, double original_ctx, double beta_fast,
+                                     double beta_slow) {
+  const double dims = static_cast<double>(rope_dims);
+  auto corr_dim = [&](double rotations) { return dims * std::log(original_ctx / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base)); };
+  return {static_cast<float>(std::max(0.0, std::floor(corr_dim(beta_fast)))),
+          static_cast<float>(std::min(dims - 1.0, std::ceil(corr_dim(beta_slow))))};
 }
 
 StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
@@ -151,10 +160,11 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
         return bad("yarn: rope.scaling.factor >= 1, original_context_length, the betas and attn_factor must be positive");
       }
       hp.rope_freq_scale = static_cast<float>(1.0 / factor);
-      const double dims = static_cast<double>(hp.rope_dims), base = hp.rope_freq_base;
-      auto corr_dim = [&](double rotations) { return dims * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base)); };
-      hp.yarn_corr_low = static_cast<float>(std::max(0.0, std::floor(corr_dim(beta_fast))));
-      hp.yarn_corr_high = static_cast<float>(std::min(dims - 1.0, std::ceil(corr_dim(beta_slow))));
+      hp.yarn_orig_ctx = original;
+      hp.yarn_beta_fast = beta_fast;
+      hp.yarn_beta_slow = beta_slow;
+      std::tie(hp.yarn_corr_low, hp.yarn_corr_high) =
+          YarnCorrDims(hp.rope_dims, hp.rope_freq_base, original, beta_fast, beta_slow);
       hp.yarn_ext_factor = static_cast<float>(ext);
       hp.rope_attn_factor = static_cast<float>(attn * (ext != 0.0 ? 1.0 + 0.1 * std::log(factor) : 1.0));
     } else if (t != "none") {

@@ -3,6 +3,7 @@
 // architecture shares lives here; an architecture's own keys are read by its file in model/arch/.
 #pragma once
 
+#include <utility>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,6 +87,8 @@ struct ModelHParams {
   // YaRN (rope.scaling.type yarn): ext_factor > 0, the correction dims' range in pairs.
   float yarn_ext_factor = 0.0f;
   float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
+  // Its inputs, for architectures that apply it at another base too (DeepSeek-V4: YarnCorrDims).
+  double yarn_orig_ctx = 0.0, yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
   RopeStyle rope_style = RopeStyle::kNormal;  // set by the architecture
   // Sliding-window attention (set by the architecture): the window in positions, 0 for none, and
   // which layers use it ([num_layers]; empty: all when sliding_window > 0). Windowed layers may
@@ -132,5 +135,11 @@ struct ModelHParams {
 // Reads and validates the keys every architecture shares; errors name the key and the rule
 // broken. The architecture itself is not checked here (model/registry.cc does).
 StatusOr<ModelHParams> ReadHParams(const GgufFile& file);
+
+// YaRN's correction dims (ggml's rope_yarn_corr_dims) for rope_dims dims at RoPE base `base`:
+// [low, high], the dims whose wavelengths make beta_fast and beta_slow rotations over the original
+// context, clamped to [0, rope_dims - 1].
+std::pair<float, float> YarnCorrDims(int64_t rope_dims, double base, double original_ctx, double beta_fast,
+                                     double beta_slow);
 
 }  // namespace gale

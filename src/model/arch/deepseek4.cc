@@ -17,6 +17,7 @@
 // (windowed), and its compressed rows packed with other layers' into full cache layers
 // (PackedRows). Not done: retention, pipeline or tensor parallelism, int8/int4 caches (refused),
 // DeepSeek-V4.1 (docs/deepseek-v4.md).
+#include <tuple>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -153,13 +154,8 @@ class Deepseek4Model final : public Model {
       return Unimplemented("deepseek4: RoPE scaling other than YaRN is not supported");
     }
     if (h.yarn_ext_factor != 0.0f) {
-      const double original = static_cast<double>(file.GetInt(p + "rope.scaling.original_context_length", h.context_length));
-      const double beta_fast = file.GetDouble(p + "rope.scaling.yarn_beta_fast", 32.0);
-      const double beta_slow = file.GetDouble(p + "rope.scaling.yarn_beta_slow", 1.0);
-      const double dims = static_cast<double>(rope), base = d.compress_base_;
-      auto corr_dim = [&](double rotations) { return dims * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base)); };
-      d.corr_low_ = static_cast<float>(std::max(0.0, std::floor(corr_dim(beta_fast))));
-      d.corr_high_ = static_cast<float>(std::min(dims - 1.0, std::ceil(corr_dim(beta_slow))));
+      std::tie(d.corr_low_, d.corr_high_) =
+          YarnCorrDims(rope, d.compress_base_, h.yarn_orig_ctx, h.yarn_beta_fast, h.yarn_beta_slow);
     }
 
     TensorLoader tensors(file);
@@ -460,15 +456,10 @@ void ReadPacked(const KvStorage& kv, const ForwardBatch& batch, const PackedRows
   });
 }
 
-// Rotates the last `rope` dims of x by the angles (back: by their negatives).
-void RopeTail(float* x, int64_t width, int64_t rope, const float* cos_sin, bool back) {
-  float* r = x + (width - rope);
-  for (int64_t i = 0; i < rope / 2; ++i) {
-    const float c = cos_sin[2 * i], s = back ? -cos_sin[2 * i + 1] : cos_sin[2 * i + 1];
-    const float a = r[2 * i], b = r[2 * i + 1];
-    r[2 * i] = a * c - b * s;
-    r[2 * i + 1] = a * s + b * c;
-  }
+// RoPE (normal mode) on the last `rope` dims of each of num_rows rows of `width` in x.
+void RopeTail(float* x, int64_t num_rows, int64_t width, int64_t rope, const float* cos_sin) {
+  kernels::RopeApply(x + (width - rope), static_cast<int>(num_rows), static_cast<int>(width), static_cast<int>(rope),
+                     cos_sin);
 }
 
 void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
@@ -478,7 +469,8 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   const int64_t ratio = w.ratio;
   const bool compressed = ratio != 0;
   std::vector<float> qr(static_cast<size_t>(n * q_lora_)), q(static_cast<size_t>(n * heads * head));
-  std::vector<float> kvr(static_cast<size_t>(n * head)), cs(static_cast<size_t>(n * rope));
+  // cs: each token's angles; cs_back: the same with sin negated (rotating the output back).
+  std::vector<float> kvr(static_cast<size_t>(n * head)), cs(static_cast<size_t>(n * rope)), cs_back(cs.size());
   // Queries: wq_b(RmsNorm(wq_a x) * q_a_norm), each head RMS-normed, RoPE on the tail.
   MatMul(w.wq_a, in, n, qr.data(), pool);
   for (int64_t t = 0; t < n; ++t) {
@@ -489,14 +481,13 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   MatMul(w.wkv, in, n, kvr.data(), pool);
   for (int64_t t = 0; t < n; ++t) {
     Angles(compressed, batch.positions[t], cs.data() + t * rope);
-    for (int64_t h = 0; h < heads; ++h) {
-      float* qh = q.data() + (t * heads + h) * head;
-      kernels::RmsNorm(qh, ones_.data(), head, hp_.rms_eps, qh);
-      RopeTail(qh, head, rope, cs.data() + t * rope, false);
-    }
+    for (int64_t i = 0; i < rope; ++i) cs_back[t * rope + i] = i % 2 == 0 ? cs[t * rope + i] : -cs[t * rope + i];
+    float* qt = q.data() + t * heads * head;
+    for (int64_t h = 0; h < heads; ++h) kernels::RmsNorm(qt + h * head, ones_.data(), head, hp_.rms_eps, qt + h * head);
+    RopeTail(qt, heads, head, rope, cs.data() + t * rope);
     float* k = kvr.data() + t * head;
     kernels::RmsNorm(k, reinterpret_cast<const float*>(w.kv_norm.data), head, hp_.rms_eps, k);
-    RopeTail(k, head, rope, cs.data() + t * rope, false);
+    RopeTail(k, 1, head, rope, cs.data() + t * rope);
   }
   for (int64_t t = 0; t < n; ++t) WriteRow(kv, batch, w.kv_raw, batch.seq(t), batch.positions[t], kvr.data() + t * head, head);
 
@@ -523,7 +514,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
     // then RmsNorm * norm, RoPE at position ratio b.
     const int64_t window = c.coff * ratio;
     std::vector<float> vals(static_cast<size_t>(window * c.width)), scores(static_cast<size_t>(window * c.width));
-    std::vector<float> row(static_cast<size_t>(c.width)), angles(static_cast<size_t>(rope));
+    std::vector<float> row(static_cast<size_t>(c.width)), angles(static_cast<size_t>(rope)), ex(static_cast<size_t>(window));
     for (int64_t t = 0; t < n; ++t) {
       const int64_t pos = batch.positions[t];
       if ((pos + 1) % ratio != 0) continue;
@@ -543,14 +534,14 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
         for (int64_t e = 0; e < m; ++e) top = std::max(top, scores[e * c.width + i]);
         double sum = 0.0;
         float acc = 0.0f;
-        for (int64_t e = 0; e < m; ++e) sum += std::exp(scores[e * c.width + i] - top);
+        for (int64_t e = 0; e < m; ++e) sum += ex[e] = std::exp(scores[e * c.width + i] - top);
         const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t e = 0; e < m; ++e) acc += vals[e * c.width + i] * (std::exp(scores[e * c.width + i] - top) * inv);
+        for (int64_t e = 0; e < m; ++e) acc += vals[e * c.width + i] * (ex[e] * inv);
         row[i] = acc;
       }
       kernels::RmsNorm(row.data(), reinterpret_cast<const float*>(c.norm.data), c.width, hp_.rms_eps, row.data());
       Angles(true, start, angles.data());
-      RopeTail(row.data(), c.width, rope, angles.data(), false);
+      RopeTail(row.data(), 1, c.width, rope, angles.data());
       WritePacked(kv, batch, packed, seq, pos / ratio, row.data());
     }
   };
@@ -570,7 +561,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
     std::vector<float> angles(static_cast<size_t>(rope));
     for (int64_t t = 0; t < n; ++t) {
       Angles(true, batch.positions[t], angles.data());
-      for (int64_t h = 0; h < idx_heads_; ++h) RopeTail(iq.data() + (t * idx_heads_ + h) * idx_dim_, idx_dim_, rope, angles.data(), false);
+      RopeTail(iq.data() + t * idx_heads_ * idx_dim_, idx_heads_, idx_dim_, rope, angles.data());
       for (int64_t h = 0; h < idx_heads_; ++h) iw[t * idx_heads_ + h] *= scale;
     }
   }
@@ -637,7 +628,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
           const float* r = rows.data() + j * head;
           for (int64_t i = 0; i < head; ++i) o[i] += p * r[i];
         }
-        RopeTail(o, head, rope, cs.data() + t * rope, true);
+        RopeTail(o, 1, head, rope, cs_back.data() + t * rope);
       }
     }
   }, /*min_items_per_thread=*/1);
