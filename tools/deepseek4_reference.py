@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""A float64 reference forward of DeepSeek-V4 ("deepseek4" GGUF files of f32 tensors), in numpy.
+"""A float64 reference forward of DeepSeek-V4 and V4.1 ("deepseek4" and "deepseek41" GGUF files of
+f32 tensors), in numpy.
 
 Written from DeepSeek's public description of DeepSeek-V4 (the model card and technical report:
 hyper-connections with Sinkhorn-normalized mixes, compressed sparse attention with a lightning
@@ -7,15 +8,34 @@ indexer, heavily compressed attention, a sliding window, attention sinks, groupe
 sqrt-softplus routing with hash-routed first layers) and llama.cpp's GGUF names for its tensors and
 keys (src/llama-arch.cpp). It runs one token at a time and keeps every row as it is first computed,
 the simplest reading of the model: an independent check of gale's model/arch/deepseek4.cc and of
-the references it is tested against, and the base that a DeepSeek-V4.1 reference extends.
+the references it is tested against.
+
+DeepSeek-V4.1 follows the description in llama.cpp's later deepseek41 port (its source comments,
+and its GGUF names and keys: engram.*, the roles read from which tensors a layer carries) and
+DeepSeek's Engram paper and demo (deepseek-ai/Engram, engram_demo_v1.py: n-gram hashing by
+multiply-xor per head modulo distinct primes, the signed-sqrt sigmoid gate per copy):
+- single-pass hyper-connections: a sublayer collapses the copies with the pre weights the one
+  before it computed (layer 0: the first copy); the last FFN's collapse the output, no output head;
+- shared compressed KV: KV source layers pool disjoint blocks of their ratio (softmax-gated per
+  channel, no positional bias; at ratio 1 a plain projection), RMSNorm, RoPE at the block's first
+  position; a source's index keys come from its normed, unrotated row (indexer.attn_k, k_norm,
+  RoPE); index sources pick the top-k rows; later compressed layers read the last source's rows
+  and reuse the last index source's picks; no per-head query norm;
+- Engram before the layers that have it: the token and its predecessors through token_map (pad_id
+  from the sequence's start), hashed, the rows through engram_wkv to a key per copy and a shared
+  value, each copy gaining value * sigmoid(sgn(s) sqrt(max(|s|, 1e-6))), s the normed key and copy's
+  dot product over sqrt(dim).
+Where the port is silent the choices are gale's (docs/deepseek-v4.md): RoPE of a compressed row at
+its block's first position, as V4; the index key from the row after its norm.
 
     /usr/bin/python3 tools/deepseek4_reference.py REFERENCE.gguf NAME=MODEL.gguf ... [--write OUT.gguf]
 
 runs the tokens of REFERENCE.gguf (tests/data/llamacpp/deepseek4.gguf, written by
 scripts/make-ggml-reference.sh) through each MODEL.gguf (that script's NAME file: `gale synth
 --arch deepseek4 ...` with the flags it lists) and prints the largest difference of its logits from
-the rows "NAME" there (llama.cpp's, every 8th position); --write keeps its own rows (as f32) in
-OUT.gguf, with the tokens, for tests/model/deepseek4_test.cc. Needs Debian's python3-numpy.
+the rows "NAME" there (llama.cpp's, every 8th position; none for V4.1, which that llama.cpp cannot
+run); --write keeps its own rows (as f32) in OUT.gguf, with the tokens, for
+tests/model/deepseek4_test.cc. Needs Debian's python3-numpy.
 """
 import struct
 import sys
@@ -108,9 +128,14 @@ def rope_tail(x, n_rot, pos, base, inverse=False):
     return y
 
 
+MASK64 = (1 << 64) - 1
+
+
 class DeepSeekV4:
     def __init__(self, meta, t):
-        p = "deepseek4."
+        arch = meta["general.architecture"]
+        self.v41 = arch == "deepseek41"
+        p = arch + "."
         g = lambda k, d=None: meta.get(p + k, d)
         self.t = t
         self.dim = g("embedding_length")
@@ -138,6 +163,23 @@ class DeepSeekV4:
         self.clamp = clamp if isinstance(clamp, list) else [clamp] * self.n_layer
         if g("hyper_connection.count") != 4 or g("expert_gating_func") != 4 or "rope.scaling.type" in str(meta):
             raise ValueError("this reference reads 4 hyper-connection copies, sqrt-softplus routing, no RoPE scaling")
+        # V4.1: each compressed layer's rows (and keys) come from the last KV source, its picks
+        # from the last index source; the Engram sites and constants.
+        self.rows_from, self.picks_from = [-1] * self.n_layer, [-1] * self.n_layer
+        src = idx = -1
+        for l in range(self.n_layer if self.v41 else 0):
+            b = "blk.%d." % l
+            if b + "attn_compressor_kv.weight" in t:
+                src = l
+            if b + "indexer.attn_q_b.weight" in t:
+                idx = l
+            if self.ratios[l]:
+                self.rows_from[l], self.picks_from[l] = src, idx
+        self.sites = g("engram.layer_ids", [])
+        if self.sites:
+            self.e_heads, self.e_ngram, self.pad = g("engram.head_count"), g("engram.max_ngram_size"), g("engram.pad_id")
+            self.e_mult, self.e_prime = g("engram.multipliers"), g("engram.primes")
+            self.e_offset, self.e_map = g("engram.offsets"), g("engram.token_map")
         self.reset()
 
     def reset(self):
@@ -147,16 +189,20 @@ class DeepSeekV4:
         self.i_state = [[] for _ in range(L)]
         self.comp = [[] for _ in range(L)]                # per layer: completed compressed rows
         self.i_comp = [[] for _ in range(L)]
+        self.keys = [[] for _ in range(L)]                # V4.1 key owners: index keys of their rows
+        self.picks = []                                   # V4.1: the last index source's picks
+        self.tokens = []
         self.pos = 0
 
     # Hyper-connections: the sublayer's input, and (post, mix[src, dst]) for its output.
-    def hc_pre(self, H, prefix, full=True):
+    def hc_pre(self, H, prefix, full=True, pre_in=None):
+        """V4.1 (pre_in given): collapses with pre_in and also returns its own pre weights."""
         t = self.t
         m = t[prefix + "fn.weight"] @ rms(H.reshape(-1), eps=self.eps)
         s, b = t[prefix + "scale.weight"], t[prefix + "base.weight"]
         n = self.hc
         pre = sigmoid(m[:n] * s[0] + b[:n]) + self.hc_eps
-        x = pre @ H
+        x = (pre if pre_in is None else pre_in) @ H
         if not full:
             return x
         post = 2.0 * sigmoid(m[n:2 * n] * s[1] + b[n:2 * n])
@@ -167,7 +213,7 @@ class DeepSeekV4:
         for _ in range(self.sinkhorn - 1):
             mix = mix / (mix.sum(axis=1, keepdims=True) + self.hc_eps)  # each src over dst
             mix = mix / (mix.sum(axis=0, keepdims=True) + self.hc_eps)
-        return x, post, mix
+        return (x, post, mix) if pre_in is None else (x, post, mix, pre)
 
     @staticmethod
     def hc_post(y, H, post, mix):
@@ -197,17 +243,72 @@ class DeepSeekV4:
         row = rms(row, t[prefix + "norm.weight"], self.eps)
         rows.append(rope_tail(row, self.n_rot, start, self.comp_base))
 
+    def compressor41(self, l, x, pos):
+        """V4.1 KV source: this position's state; on a block's last position its row (and key)."""
+        t, b, ratio = self.t, "blk.%d." % l, self.ratios[l]
+        kv = t[b + "attn_compressor_kv.weight"] @ x
+        gate = b + "attn_compressor_gate.weight"
+        self.state[l].append((kv, t[gate] @ x if gate in t else kv))
+        if (pos + 1) % ratio:
+            return
+        start = pos + 1 - ratio
+        vals = np.array([self.state[l][p][0] for p in range(start, pos + 1)])
+        scores = np.array([self.state[l][p][1] for p in range(start, pos + 1)])
+        w = np.exp(scores - scores.max(axis=0))
+        row = rms((vals * (w / w.sum(axis=0))).sum(axis=0), t[b + "attn_compressor_norm.weight"], self.eps)
+        if b + "indexer.attn_k.weight" in t:
+            key = rms(t[b + "indexer.attn_k.weight"] @ row, t[b + "indexer.k_norm.weight"], self.eps)
+            self.keys[l].append(rope_tail(key, self.n_rot, start, self.comp_base))
+        self.comp[l].append(rope_tail(row, self.n_rot, start, self.comp_base))
+
+    def engram(self, e, l, H, pos):
+        t, b, dim = self.t, "blk.%d." % l, self.dim
+        n, heads = self.e_ngram, self.e_heads
+        cols = (n - 1) * heads
+        mult, prime = self.e_mult[e * n:(e + 1) * n], self.e_prime[e * cols:(e + 1) * cols]
+        offset = self.e_offset[e * cols:(e + 1) * cols]
+        mapped = lambda tok: self.e_map[tok] if 0 <= tok < len(self.e_map) else self.pad
+        ctx = [mapped(self.tokens[pos - s]) if pos - s >= 0 else self.pad for s in range(n)]
+        rows, rolling = [], (ctx[0] * mult[0]) & MASK64
+        for s in range(1, n):
+            rolling ^= (ctx[s] * mult[s]) & MASK64
+            rows += [rolling % prime[(s - 1) * heads + h] + offset[(s - 1) * heads + h] for h in range(heads)]
+        emb = np.concatenate([t[b + "engram_embd.weight"][r] for r in rows])
+        kv = t[b + "engram_wkv.weight"] @ emb
+        value = kv[self.hc * dim:]
+        H = H.copy()
+        for c in range(self.hc):
+            k = rms(kv[c * dim:(c + 1) * dim], t[b + "engram_k.weight"][c], self.eps)
+            q = rms(H[c], t[b + "engram_q.weight"][c], self.eps)
+            s = k @ q / np.sqrt(dim)
+            H[c] = H[c] + value * sigmoid(np.sign(s) * np.sqrt(max(abs(s), 1e-6)))
+        return H
+
     def attention(self, l, x, pos):
         t, b = self.t, "blk.%d." % l
         ratio = self.ratios[l]
         base = self.comp_base if ratio else self.base
         qr = rms(t[b + "attn_q_a.weight"] @ x, t[b + "attn_q_a_norm.weight"], self.eps)
         q = (t[b + "attn_q_b.weight"] @ qr).reshape(self.n_head, self.head)
-        q = np.array([rope_tail(rms(h, eps=self.eps), self.n_rot, pos, base) for h in q])
+        q = np.array([rope_tail(h if self.v41 else rms(h, eps=self.eps), self.n_rot, pos, base) for h in q])
         kv = rope_tail(rms(t[b + "attn_kv.weight"] @ x, t[b + "attn_kv_a_norm.weight"], self.eps), self.n_rot, pos, base)
         self.raw[l].append(kv)
         keys = self.raw[l][max(0, pos - self.window + 1):]
-        if ratio:
+        if ratio and self.v41:
+            if self.rows_from[l] == l:
+                self.compressor41(l, x, pos)
+            src = self.rows_from[l]
+            if self.picks_from[l] == l:
+                visible = list(range(len(self.comp[src])))
+                if len(visible) > self.top_k:
+                    iq = (t[b + "indexer.attn_q_b.weight"] @ qr).reshape(self.i_heads, self.i_dim)
+                    iq = np.array([rope_tail(h, self.n_rot, pos, self.comp_base) for h in iq])
+                    iw = (t[b + "indexer.proj.weight"] @ x) / np.sqrt(self.i_dim * self.i_heads)
+                    score = (np.maximum(iq @ np.array(self.keys[src]).T, 0.0) * iw[:, None]).sum(axis=0)
+                    visible = sorted(np.argsort(-score, kind="stable")[:self.top_k])
+                self.picks = visible
+            keys = keys + [self.comp[src][c] for c in self.picks]
+        elif ratio:
             self.compressor(b + "attn_compressor_", l, x, pos, ratio, self.state[l], self.comp[l], self.head)
             visible = list(range(len(self.comp[l])))
             if ratio == 4:
@@ -257,14 +358,24 @@ class DeepSeekV4:
 
     def step(self, token):
         t, pos = self.t, self.pos
+        self.tokens.append(token)
         H = np.repeat(t["token_embd.weight"][token][None, :], self.hc, axis=0)
+        pre_next = np.eye(self.hc)[0]  # V4.1: what layer 0's attention collapses with
         for l in range(self.n_layer):
             b = "blk.%d." % l
-            x, post, mix = self.hc_pre(H, b + "hc_attn_")
+            if l in self.sites:
+                H = self.engram(self.sites.index(l), l, H, pos)
+            if self.v41:
+                x, post, mix, pre_own = self.hc_pre(H, b + "hc_attn_", pre_in=pre_next)
+            else:
+                x, post, mix = self.hc_pre(H, b + "hc_attn_")
             H = self.hc_post(self.attention(l, rms(x, t[b + "attn_norm.weight"], self.eps), pos), H, post, mix)
-            x, post, mix = self.hc_pre(H, b + "hc_ffn_")
+            if self.v41:
+                x, post, mix, pre_next = self.hc_pre(H, b + "hc_ffn_", pre_in=pre_own)
+            else:
+                x, post, mix = self.hc_pre(H, b + "hc_ffn_")
             H = self.hc_post(self.experts(l, rms(x, t[b + "ffn_norm.weight"], self.eps), token), H, post, mix)
-        x = self.hc_pre(H, "output_hc_", full=False)
+        x = pre_next @ H if self.v41 else self.hc_pre(H, "output_hc_", full=False)
         self.pos += 1
         return t["output.weight"] @ rms(x, t["output_norm.weight"], self.eps)
 
@@ -304,17 +415,21 @@ def main():
         name, path = pair.split("=", 1)
         meta, tensors = read_gguf(path)
         model = DeepSeekV4(meta, tensors)
-        want = ref[name]
+        want = ref.get(name, [])
         rows, worst, same = [], 0.0, 0
         for i, token in enumerate(tokens):
             logits = model.step(token)
-            if i % 8 == 7 and i // 8 < len(want):
+            if i % 8 == 7 and (i // 8 < len(want) or not len(want)):
                 rows.append(logits)
-                worst = max(worst, float(np.abs(logits - want[i // 8]).max()))
-                same += int(np.argmax(logits) == np.argmax(want[i // 8]))
+                if len(want):
+                    worst = max(worst, float(np.abs(logits - want[i // 8]).max()))
+                    same += int(np.argmax(logits) == np.argmax(want[i // 8]))
         written[name] = np.array(rows)
-        print("%s: max |diff| against llama.cpp's logits %.2e, the same greedy token at %d of %d positions" %
-              (name, worst, same, len(rows)))
+        if len(want):
+            print("%s: max |diff| against llama.cpp's logits %.2e, the same greedy token at %d of %d positions" %
+                  (name, worst, same, len(rows)))
+        else:
+            print("%s: %d rows (no llama.cpp rows to compare)" % (name, len(rows)))
     if out:
         write_gguf(out, tokens, written)
 

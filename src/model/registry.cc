@@ -25,6 +25,7 @@ constexpr Architecture kArchitectures[] = {
     {"gemma3", LoadGemma3},
     {"deepseek2", LoadDeepseek2, /*experts=*/true},
     {"deepseek4", LoadDeepseek4, /*experts=*/true},
+    {"deepseek41", LoadDeepseek4, /*experts=*/true},
     {"glm4moe", LoadGlm4Moe, /*experts=*/true},
     {"gpt-oss", LoadGptOss, /*experts=*/true},
     {"bert", LoadBert},

@@ -65,8 +65,21 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
     s.ffn_dim = 2048; s.num_experts = 256; s.experts_used = 6; s.expert_ffn = 2048; s.shared_experts = 1;
     s.swiglu_clamp = 10.0f; s.vocab_size = 129280; s.context_length = 65536;
     s.expert_type = GgmlType::kMXFP4;
+  } else if (name == "deepseek-v4.1-flash") {
+    // DeepSeek-V4.1-Flash's per-layer shapes (its reference config), 2 of its 40 layers: a
+    // window-only layer with Engram (as its layer 1) and a ratio-2 KV and index source with Engram
+    // (as its layer 14). Engram: 8 heads of 256 per n-gram size up to 4, as the release; tables of
+    // about 4M rows per layer instead of 384M (a token reads 24 rows either way). Experts MXFP4.
+    s.arch = "deepseek41";
+    s.dim = 5120; s.num_layers = 2; s.num_heads = 64; s.num_kv_heads = 1; s.head_dim = 512; s.rope_dim = 64;
+    s.q_lora_rank = 1280; s.sliding_window = 128; s.compress_ratios = {0, 2};
+    s.indexer_heads = 32; s.indexer_dim = 128; s.indexer_top_k = 512; s.out_groups = 8; s.out_lora_rank = 1024;
+    s.engram_layers = {0, 1}; s.engram_heads = 8; s.engram_dim = 256; s.engram_ngram = 4; s.engram_rows = 170000;
+    s.ffn_dim = 2304; s.num_experts = 384; s.experts_used = 6; s.expert_ffn = 2304; s.shared_experts = 1;
+    s.swiglu_clamp = 10.0f; s.vocab_size = 129280; s.context_length = 65536;
+    s.expert_type = GgmlType::kMXFP4;
   } else {
-    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b, qwen3-30b-a3b, gpt-oss-20b, deepseek-v4-flash)", name);
+    return InvalidArgument("unknown model shape '{}' (known: 110m, tinyllama-1.1b, tiny, qwen2.5-0.5b, qwen3-0.6b, phi3-mini, gemma3-1b, qwen3-30b-a3b, gpt-oss-20b, deepseek-v4-flash, deepseek-v4.1-flash)", name);
   }
   return s;
 }
@@ -112,9 +125,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
                                      const std::function<void(GgufWriter&)>& write_tokenizer) {
   if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "phi3" &&
       s.arch != "gemma2" && s.arch != "gemma3" && s.arch != "deepseek2" && s.arch != "deepseek4" && s.arch != "glm4moe" &&
-      s.arch != "gpt-oss" && s.arch != "bert") {
+      s.arch != "gpt-oss" && s.arch != "bert" && s.arch != "deepseek41") {
     return InvalidArgument("synth: unknown architecture '{}' (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, deepseek4, "
-                           "glm4moe, gpt-oss, bert)", s.arch);
+                           "deepseek41, glm4moe, gpt-oss, bert)", s.arch);
   }
   const bool bert = s.arch == "bert";
   if (bert && (s.num_kv_heads != s.num_heads || s.num_experts > 0)) {
@@ -131,7 +144,8 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
               s.q_lora_rank < 0 || s.leading_dense < 0 || s.leading_dense > s.num_layers || s.shared_experts < 0)) {
     return InvalidArgument("synth: deepseek2 needs --kv-lora-rank, an even --rope-dim, --v-head-dim (and --nope-dim, --q-lora-rank)");
   }
-  const bool ds4 = s.arch == "deepseek4";
+  const bool ds41 = s.arch == "deepseek41";
+  const bool ds4 = s.arch == "deepseek4" || ds41;  // and V4.1, which shares most of it
   if (ds4 && (s.q_lora_rank <= 0 || s.rope_dim <= 0 || s.rope_dim % 2 != 0 || s.head_dim < s.rope_dim ||
               s.num_kv_heads != 1 || s.sliding_window <= 0 || s.indexer_heads <= 0 || s.indexer_dim < s.rope_dim ||
               s.indexer_top_k <= 0 || s.out_groups <= 0 || s.num_heads % s.out_groups != 0 || s.out_lora_rank <= 0 ||
@@ -141,7 +155,18 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
                            "heads, --out-lora-rank, one shared expert");
   }
   for (int64_t r : s.compress_ratios) {
-    if (r != 0 && r != 4 && r != 128) return InvalidArgument("synth: deepseek4 compression ratios are 0, 4 or 128, not {}", r);
+    if (!ds41 && r != 0 && r != 4 && r != 128) return InvalidArgument("synth: deepseek4 compression ratios are 0, 4 or 128, not {}", r);
+    if (ds41 && (r < 0 || (r > 2 && r % 4 != 0))) {
+      return InvalidArgument("synth: deepseek41 compression ratios are 0, 1, 2 or multiples of 4, not {}", r);
+    }
+  }
+  if (ds41 && !s.engram_layers.empty() &&
+      (s.engram_heads <= 0 || s.engram_dim <= 0 || s.engram_ngram < 2 || s.engram_ngram > 8 || s.engram_rows <= 0)) {
+    return InvalidArgument("synth: deepseek41's Engram needs --engram-heads, --engram-dim, --engram-ngram (2..8), --engram-rows");
+  }
+  if (ds41 && !s.engram_layers.empty() && s.engram_dim % TypeTraits(type).block_size != 0) {
+    return InvalidArgument("synth: --engram-dim {} is not a multiple of {}'s block of {}", s.engram_dim,
+                           TypeTraits(type).name, TypeTraits(type).block_size);
   }
   const bool moe = s.num_experts > 0;
   const int64_t expert_ffn = s.expert_ffn > 0 ? s.expert_ffn : s.ffn_dim;
@@ -291,6 +316,59 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     for (int64_t l = 0; l < s.num_layers; ++l) ratios[l] = static_cast<int32_t>(ratio_of(l));
     w.SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
   }
+  // DeepSeek-V4.1's roles and Engram constants (as llama.cpp's deepseek41 port reads them): the
+  // multipliers odd, each head's bucket a distinct prime from about engram_rows up, the buckets of
+  // a layer's table side by side; the token map folds the top quarter of the vocab onto the rest.
+  std::vector<int64_t> sources = s.kv_source_layers, pickers = s.index_source_layers;
+  std::vector<std::vector<uint64_t>> eng_primes;  // per site
+  if (ds41) {
+    if (sources.empty()) {
+      for (int64_t l = 0; l < s.num_layers; ++l) {
+        if (ratio_of(l) != 0 && (l == 0 || ratio_of(l - 1) != ratio_of(l))) sources.push_back(l);
+      }
+    }
+    if (pickers.empty()) pickers = sources;
+    if (!s.engram_layers.empty()) {
+      const int64_t cols = (s.engram_ngram - 1) * s.engram_heads;
+      auto is_prime = [](uint64_t v) {
+        if (v < 2) return false;
+        for (uint64_t d = 2; d * d <= v; ++d) {
+          if (v % d == 0) return false;
+        }
+        return true;
+      };
+      std::vector<GgufValue> ids, mult, primes, offsets, map;
+      uint64_t candidate = static_cast<uint64_t>(s.engram_rows);
+      Rng rng(seed ^ 0x5eed5eedull);
+      for (int64_t e = 0; e < static_cast<int64_t>(s.engram_layers.size()); ++e) {
+        ids.push_back(GgufValue::U32(static_cast<uint32_t>(s.engram_layers[e])));
+        for (int64_t k = 0; k < s.engram_ngram; ++k) {
+          mult.push_back(GgufValue::U64(2 * static_cast<uint64_t>(rng.Uniform(0.0f, 1.0f) * (1 << 20)) + 1));
+        }
+        uint64_t offset = 0;
+        eng_primes.emplace_back();
+        for (int64_t c = 0; c < cols; ++c) {
+          do ++candidate; while (!is_prime(candidate));
+          primes.push_back(GgufValue::U64(candidate));
+          offsets.push_back(GgufValue::U64(offset));
+          eng_primes.back().push_back(candidate);
+          offset += candidate;
+        }
+      }
+      const int64_t folded = std::max<int64_t>(3, s.vocab_size - s.vocab_size / 4);
+      for (int64_t t = 0; t < s.vocab_size; ++t) map.push_back(GgufValue::U32(static_cast<uint32_t>(t % folded)));
+      w.SetValue(p + "engram.layer_ids", GgufValue::Array(GgufValueType::kUint32, std::move(ids)));
+      w.SetU32(p + "engram.head_count", static_cast<uint32_t>(s.engram_heads));
+      w.SetU32(p + "engram.key_length", static_cast<uint32_t>(s.engram_dim));
+      w.SetU32(p + "engram.max_ngram_size", static_cast<uint32_t>(s.engram_ngram));
+      w.SetU32(p + "engram.pad_id", 2);
+      w.SetValue(p + "engram.multipliers", GgufValue::Array(GgufValueType::kUint64, std::move(mult)));
+      w.SetValue(p + "engram.primes", GgufValue::Array(GgufValueType::kUint64, std::move(primes)));
+      w.SetValue(p + "engram.offsets", GgufValue::Array(GgufValueType::kUint64, std::move(offsets)));
+      w.SetValue(p + "engram.token_map", GgufValue::Array(GgufValueType::kUint32, std::move(map)));
+    }
+  }
+  auto listed = [](const std::vector<int64_t>& v, int64_t l) { return std::find(v.begin(), v.end(), l) != v.end(); };
   if (write_tokenizer) {
     write_tokenizer(w);
   } else {
@@ -413,9 +491,11 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     const int64_t hc = s.hc_count, mix = (2 + hc) * hc, qk = head_dim;
     RETURN_IF_ERROR(vector("output_norm.weight", s.dim, 1.0f, 0.5f));
     RETURN_IF_ERROR(matrix("output.weight", s.dim, s.vocab_size, type));
-    RETURN_IF_ERROR(matrix("output_hc_fn.weight", hc * s.dim, hc, GgmlType::kF32));
-    RETURN_IF_ERROR(vector("output_hc_base.weight", hc, 0.0f, 0.5f));
-    RETURN_IF_ERROR(vector("output_hc_scale.weight", 1, 0.5f, 0.2f));
+    if (!ds41) {  // V4.1 collapses with the last FFN's mix
+      RETURN_IF_ERROR(matrix("output_hc_fn.weight", hc * s.dim, hc, GgmlType::kF32));
+      RETURN_IF_ERROR(vector("output_hc_base.weight", hc, 0.0f, 0.5f));
+      RETURN_IF_ERROR(vector("output_hc_scale.weight", 1, 0.5f, 0.2f));
+    }
     for (int64_t l = 0; l < s.num_layers; ++l) {
       const std::string b = "blk." + std::to_string(l) + ".";
       const int64_t ratio = ratio_of(l);
@@ -436,14 +516,37 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
         RETURN_IF_ERROR(vector(b + "hc_" + sub + "_base.weight", mix, 0.0f, 0.5f));
         RETURN_IF_ERROR(vector(b + "hc_" + sub + "_scale.weight", 3, 0.5f, 0.2f));
       }
-      if (ratio != 0) {
+      if (ds41) {
+        if (listed(sources, l) && ratio != 0) {  // a KV source: compressor and index keys
+          RETURN_IF_ERROR(matrix(b + "attn_compressor_kv.weight", s.dim, qk, type));
+          if (ratio != 1) RETURN_IF_ERROR(matrix(b + "attn_compressor_gate.weight", s.dim, qk, type));
+          RETURN_IF_ERROR(vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+          RETURN_IF_ERROR(matrix(b + "indexer.attn_k.weight", qk, s.indexer_dim, type));
+          RETURN_IF_ERROR(vector(b + "indexer.k_norm.weight", s.indexer_dim, 1.0f, 0.5f));
+        }
+        if (listed(pickers, l) && ratio != 0) {
+          RETURN_IF_ERROR(matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, type));
+          RETURN_IF_ERROR(matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, type));
+        }
+        const auto site = std::find(s.engram_layers.begin(), s.engram_layers.end(), l);
+        if (site != s.engram_layers.end()) {
+          const std::vector<uint64_t>& pr = eng_primes[site - s.engram_layers.begin()];
+          int64_t rows = 0;
+          for (uint64_t v : pr) rows += static_cast<int64_t>(v);
+          const int64_t cols = (s.engram_ngram - 1) * s.engram_heads;
+          RETURN_IF_ERROR(matrix(b + "engram_embd.weight", s.engram_dim, rows, type));
+          RETURN_IF_ERROR(matrix(b + "engram_wkv.weight", cols * s.engram_dim, (hc + 1) * s.dim, type));
+          RETURN_IF_ERROR(vector(b + "engram_q.weight", s.dim, 1.0f, 0.5f, hc));
+          RETURN_IF_ERROR(vector(b + "engram_k.weight", s.dim, 1.0f, 0.5f, hc));
+        }
+      } else if (ratio != 0) {
         const int64_t coff = ratio == 4 ? 2 : 1;
         RETURN_IF_ERROR(matrix(b + "attn_compressor_kv.weight", s.dim, coff * qk, type));
         RETURN_IF_ERROR(matrix(b + "attn_compressor_gate.weight", s.dim, coff * qk, type));
         RETURN_IF_ERROR(matrix(b + "attn_compressor_ape.weight", coff * qk, ratio, GgmlType::kF32));
         RETURN_IF_ERROR(vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
       }
-      if (ratio == 4) {
+      if (!ds41 && ratio == 4) {
         RETURN_IF_ERROR(matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, type));
         RETURN_IF_ERROR(matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, type));
         RETURN_IF_ERROR(matrix(b + "indexer_compressor_kv.weight", s.dim, 2 * s.indexer_dim, type));

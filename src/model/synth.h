@@ -70,13 +70,21 @@ struct SynthShape {
   int64_t hash_layers = 0, indexer_heads = 0, indexer_dim = 0, indexer_top_k = 0;
   int64_t out_groups = 0, out_lora_rank = 0, hc_count = 4;
   float swiglu_clamp = 0.0f;
+  // deepseek41 (DeepSeek-V4.1; the deepseek4 fields above, ratios 0, 1, 2 or multiples of 4): the
+  // layers that compress KV (and own index keys; empty: the first of each run of one ratio) and
+  // those that pick rows (empty: the KV sources); Engram at engram_layers (none if empty) with
+  // engram_heads heads per n-gram size, rows of engram_dim, n-grams up to engram_ngram, and about
+  // engram_rows rows per head (primes from there up).
+  std::vector<int64_t> kv_source_layers, index_source_layers, engram_layers;
+  int64_t engram_heads = 0, engram_dim = 0, engram_ngram = 0, engram_rows = 0;
 };
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
-// "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v4-flash" (their architectures, without tied embeddings;
+// "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v4-flash", "deepseek-v4.1-flash" (their architectures, without tied embeddings;
 // the mixtures with 12 of their 48 and 24 layers, DeepSeek-V4-Flash with 3 of its 43, so that they
 // fit a desktop's memory: every per-layer shape, the expert count and top-k are the real model's,
-// the experts MXFP4 as gpt-oss publishes them and DeepSeek-V4 as FP4); an error otherwise.
+// the experts MXFP4 as gpt-oss publishes them and DeepSeek-V4 as FP4; DeepSeek-V4.1-Flash with 2 of
+// its 40 layers and smaller Engram tables); an error otherwise.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's

@@ -399,6 +399,9 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     // DeepSeek-V4's hyper-connection mixes and compressor position biases (f32, as converters write them).
     if (t.name.find("hc_") != std::string::npos && t.name.ends_with("_fn.weight")) return "hyper-connection mix";
     if (t.name.ends_with("_ape.weight")) return "compressor position bias";
+    // DeepSeek-V4.1's Engram gate norms ([dim, 4] f32 weights of RMSNorms, not a matrix); its table
+    // and projection are quantized like any matrix (the release stores them as Q8_0).
+    if (t.name.ends_with("engram_q.weight") || t.name.ends_with("engram_k.weight")) return "engram gate norm";
     if (t.shape.size() != 2 && t.shape.size() != 3) return "not a matrix";  // 3-D: a mixture's experts
     if (t.name.find("ffn_gate_inp") != std::string::npos) return "expert router";  // f32, as llama.cpp keeps it
     if (t.name.ends_with(".bias")) return "bias";  // gpt-oss's experts' biases are [width, experts]

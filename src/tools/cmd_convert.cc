@@ -64,7 +64,7 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | deepseek-v4-flash | custom")
+  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | deepseek-v4-flash | deepseek-v4.1-flash | custom")
       ->capture_default_str();
   app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma2 | gemma3 | deepseek2 | glm4moe | gpt-oss | bert)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
@@ -90,7 +90,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--experts", o->custom.num_experts, "custom: a mixture of this many experts per layer (llama, qwen3moe)");
   app.add_option("--experts-used", o->custom.experts_used, "custom: experts per token");
   app.add_option("--expert-ffn", o->custom.expert_ffn, "custom: one expert's feed-forward size (0: --ffn)");
-  app.add_option("--expert-type", o->expert_type, "the experts' type (default: --type; gpt-oss-20b, deepseek-v4-flash: mxfp4)");
+  app.add_option("--expert-type", o->expert_type, "the experts' type (default: --type; gpt-oss-20b, deepseek-v4-flash, deepseek-v4.1-flash: mxfp4)");
   app.add_option("--kv-lora-rank", o->custom.kv_lora_rank, "custom deepseek2: the latent's rank");
   app.add_option("--q-lora-rank", o->custom.q_lora_rank, "custom deepseek2: the query's low rank (0: one wq)");
   app.add_option("--nope-dim", o->custom.nope_dim, "custom deepseek2: query/key dims per head without RoPE");
@@ -111,6 +111,17 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--out-groups", o->custom.out_groups, "custom deepseek4: the output projection's groups");
   app.add_option("--out-lora-rank", o->custom.out_lora_rank, "custom deepseek4: each group's low rank");
   app.add_option("--swiglu-clamp", o->custom.swiglu_clamp, "custom deepseek4: the experts' SwiGLU clamp (0: none)");
+  app.add_option("--kv-source-layers", o->custom.kv_source_layers,
+                 "custom deepseek41: layers that compress KV and own index keys (default: the first of each ratio's run)")
+      ->delimiter(',');
+  app.add_option("--index-source-layers", o->custom.index_source_layers,
+                 "custom deepseek41: layers whose indexer picks rows (default: the KV sources)")
+      ->delimiter(',');
+  app.add_option("--engram-layers", o->custom.engram_layers, "custom deepseek41: layers with Engram")->delimiter(',');
+  app.add_option("--engram-heads", o->custom.engram_heads, "custom deepseek41: Engram heads per n-gram size");
+  app.add_option("--engram-dim", o->custom.engram_dim, "custom deepseek41: an Engram table row's length");
+  app.add_option("--engram-ngram", o->custom.engram_ngram, "custom deepseek41: the longest n-gram");
+  app.add_option("--engram-rows", o->custom.engram_rows, "custom deepseek41: about this many table rows per head");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   return [o]() {

@@ -250,10 +250,11 @@ TEST(EngineTest, ConcurrentEqualsAloneOnSyntheticQ8_0WithF16Kv) {
 // token's experts' products do not depend on which other tokens of the step share its experts;
 // deepseek2's latent rows page, cache and recompute like K and V; llama-v16's V rows are half
 // the width of its K rows; deepseek4's windows (8), compressor state and packed compressed rows
-// (ratio 4 with the indexer's top 3, ratio 128 in the longer requests) page, cache and recompute.
+// (ratio 4 with the indexer's top 3, ratio 128 in the longer requests) page, cache and recompute;
+// deepseek41's shared rows, index keys and Engram's token history too.
 TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
   for (const char* arch : {"qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mistral", "qwen3moe", "mixtral", "deepseek2",
-                           "glm4moe", "gpt-oss", "llama-v16", "deepseek4"}) {
+                           "glm4moe", "gpt-oss", "llama-v16", "deepseek4", "deepseek41"}) {
     SCOPED_TRACE(arch);
     const TestModel m = Synthetic(GgmlType::kQ8_0, arch);
     ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true);
@@ -268,6 +269,9 @@ TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
   const SpecCounts c = ExpectConcurrentEqualsAlone(Synthetic(GgmlType::kQ8_0, "deepseek4"), kernels::KvType::kBF16,
                                                    /*shared_prefixes=*/true, ngram);
   EXPECT_GT(c.guessed, 0);
+  const SpecCounts c41 = ExpectConcurrentEqualsAlone(Synthetic(GgmlType::kQ8_0, "deepseek41"), kernels::KvType::kBF16,
+                                                     /*shared_prefixes=*/true, ngram);
+  EXPECT_GT(c41.guessed, 0);
 }
 
 // KV memory one request holds at its peak: one prompt of prompt_len (chunks of 512), then 16

@@ -36,7 +36,7 @@ std::vector<uint8_t> Edited(const std::string& arch, const std::string& drop_ten
 }
 
 TEST(RegistryTest, EveryArchitectureLoadsItsOwnFileWithoutWarnings) {
-  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "deepseek2", "deepseek4", "glm4moe", "gpt-oss", "bert"}));
+  EXPECT_EQ(SupportedArchitectures(), (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "deepseek2", "deepseek4", "deepseek41", "glm4moe", "gpt-oss", "bert"}));
   std::vector<std::string> files = SupportedArchitectures();
   files.push_back("mixtral");  // a llama with experts
   for (const std::string& arch : files) {
@@ -103,7 +103,7 @@ TEST(RegistryTest, UnknownArchitectureNamesTheSupportedOnes) {
   auto m = LoadModel(**GgufFile::FromBytes(b));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("'mamba' is not supported"), std::string::npos) << m.status().message();
-  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, deepseek4, glm4moe, gpt-oss"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2, deepseek4, deepseek41, glm4moe, gpt-oss"), std::string::npos) << m.status().message();
 }
 
 TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
@@ -121,7 +121,9 @@ TEST(RegistryTest, MissingArchitectureTensorsAreErrors) {
            {"gemma2", "blk.0.post_attention_norm.weight"}, {"deepseek4", "output_hc_fn.weight"},
            {"deepseek4", "blk.1.indexer.proj.weight"}, {"deepseek4", "blk.2.attn_compressor_ape.weight"},
            {"deepseek4", "blk.0.ffn_gate_tid2eid.weight"}, {"deepseek4", "blk.1.exp_probs_b.bias"},
-           {"deepseek4", "blk.2.hc_ffn_scale.weight"}}) {
+           {"deepseek4", "blk.2.hc_ffn_scale.weight"}, {"deepseek41", "blk.0.engram_wkv.weight"},
+           {"deepseek41", "blk.2.engram_embd.weight"}, {"deepseek41", "blk.1.attn_compressor_norm.weight"},
+           {"deepseek41", "blk.3.indexer.k_norm.weight"}, {"deepseek41", "blk.1.indexer.proj.weight"}}) {
     const auto b = Edited(arch, tensor);
     auto m = LoadModel(**GgufFile::FromBytes(b));
     ASSERT_FALSE(m.ok()) << arch << " without " << tensor;

@@ -15,13 +15,28 @@
 // The cache: each model layer uses several of the cache's layers (ModelHParams::kv_windows), all of
 // one row width (the head size): the raw rows (windowed), the compressors' per-position state
 // (windowed), and its compressed rows packed with other layers' into full cache layers
-// (PackedRows). Not done: retention, pipeline or tensor parallelism, int8/int4 caches (refused),
-// DeepSeek-V4.1 (docs/deepseek-v4.md).
+// (PackedRows). Not done: retention, pipeline or tensor parallelism, int8/int4 caches (refused).
+//
+// DeepSeek-V4.1 ("deepseek41", the GGUF layout of llama.cpp's later deepseek41 port; the forward
+// from that port's description and DeepSeek's, docs/deepseek-v4.md) runs through the same code:
+// - single-pass hyper-connections: a sublayer collapses the copies with the pre weights the
+//   sublayer before it computed (layer 0: the first copy), and the last FFN's collapses them for
+//   the output head (no output_hc_* tensors);
+// - shared compressed KV (CSA2): only KV source layers (those with attn_compressor_kv) pool, over
+//   disjoint blocks of their ratio (1, 2 or a multiple of 4; no positional bias; no gate at ratio
+//   1), and derive the index keys from their normed, unrotated rows (indexer.attn_k); index source
+//   layers (indexer.attn_q_b) pick the top-k rows; every later compressed layer reads the last
+//   source's rows and keys and reuses the last index source's picks; no per-head query norm;
+// - Engram: at its layers, each token's n-grams (2..max) hashed per head into rows of a table read
+//   from the mapped file, projected to a key per copy and one shared value, added to each copy
+//   through a gate from the normed key and copy. The token history comes from a cache layer.
 #include <tuple>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
 
 #include "kernels/kernels.h"
 #include "model/arch/arch.h"
@@ -41,11 +56,22 @@ struct HcWeights {
 };
 
 // A compressor: per position kv and gate rows of coff * width, the positional bias ape
-// ([ratio] rows of coff * width), the compressed row's norm ([width]).
+// ([ratio] rows of coff * width), the compressed row's norm ([width]). DeepSeek-V4.1: no ape, and
+// no gate at ratio 1 (has_gate false: the scores are the kv rows; a softmax over one entry is 1).
 struct Compressor {
   MatrixWeight kv, gate;
   TensorView ape, norm;
   int64_t width = 0, coff = 1;
+  bool has_gate = true;
+};
+
+// DeepSeek-V4.1's Engram at one layer: the table [rows of key_len], the projection of a token's
+// (max_ngram - 1) * heads rows to kHc keys and one value ([(kHc + 1) * dim]), the per-copy norms
+// of the gate's query (the copy) and key ([kHc rows of dim], f32); the hash's constants.
+struct EngramLayer {
+  TensorView table, q_norm, k_norm;
+  MatrixWeight wkv;
+  std::vector<uint64_t> mult, prime, offset;  // [max_ngram], [cols], [cols]
 };
 
 // A compressed row of `width` for block b of `ratio` positions is stored in parts over the last 4
@@ -56,11 +82,13 @@ struct Compressor {
 // writer computes itself whenever the block is complete: a prefix shared from the cache ends on a
 // KV block boundary, which for block sizes that are multiples of 4 never falls inside a block's
 // last 4 positions (RunForward checks the block size).
+// (DeepSeek-V4.1's ratios 1 and 2: over the block's 1 or 2 positions, which a block boundary never
+// splits either.)
 struct PackedRows {
   static constexpr int64_t kSlots = 4;
   int64_t layer = -1, lane = 0, width = 0, ratio = 0;
-  int64_t slots() const { return kSlots; }
-  int64_t part() const { return width / kSlots; }
+  int64_t slots() const { return std::min(ratio, kSlots); }
+  int64_t part() const { return width / slots(); }
 };
 
 struct Ds4Layer {
@@ -78,6 +106,13 @@ struct Ds4Layer {
   // compressed keys are packed (PackedRows).
   int64_t kv_raw = -1, kv_state = -1, kv_idx_state = -1;
   PackedRows comp, idx_keys;
+  // DeepSeek-V4.1: this layer's roles (compresses, owns index keys, picks rows), the layer whose
+  // rows (and keys) it reads and the one whose picks it uses (-1: none, window only); its index
+  // keys' projection and norm; its Engram (index into engrams_, -1: none).
+  bool kv_source = false, key_owner = false, index_source = false;
+  int64_t rows_from = -1, picks_from = -1, engram = -1;
+  MatrixWeight idx_k;
+  TensorView idx_k_norm;
 };
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -90,6 +125,7 @@ class Deepseek4Model final : public Model {
     ModelHParams& h = m->hp_;
     const std::string p = h.arch + ".";
     Deepseek4Model& d = *m;
+    d.v41_ = h.arch == "deepseek41";
     d.q_lora_ = file.GetInt(p + "attention.q_lora_rank", 0);
     d.window_ = file.GetInt(p + "attention.sliding_window", 0);
     d.idx_heads_ = file.GetInt(p + "attention.indexer.head_count", 0);
@@ -123,7 +159,8 @@ class Deepseek4Model final : public Model {
                            static_cast<int>(moe.gating));
     }
     moe.shared_ffn = moe.expert_ffn * moe.num_shared;
-    // The ratios: an array of block_count (or more) values of 0, 4 or 128.
+    // The ratios: an array of block_count (or more) values of 0, 4 or 128 (V4.1: 0, 1, 2 or a
+    // multiple of 4).
     const GgufValue* ratios = file.Find(p + "attention.compress_ratios");
     if (ratios == nullptr || static_cast<int64_t>(ratios->array.size()) < h.num_layers) {
       return InvalidArgument("deepseek4: attention.compress_ratios needs a value per layer");
@@ -168,7 +205,7 @@ class Deepseek4Model final : public Model {
       RETURN_IF_ERROR(tensors.Vector(prefix + "base.weight", mix, &w->base));
       return tensors.Vector(prefix + "scale.weight", num_scales, &w->scale);
     };
-    RETURN_IF_ERROR(hc_weights("output_hc_", kHc, 1, &d.hc_head_));
+    if (!d.v41_) RETURN_IF_ERROR(hc_weights("output_hc_", kHc, 1, &d.hc_head_));
     d.layers_.resize(h.num_layers);
     int64_t kv_layers = 0;
     auto kv_layer = [&](int64_t count, int64_t window) {
@@ -181,6 +218,9 @@ class Deepseek4Model final : public Model {
     struct Packer {
       int64_t layer = -1, used = 0;
     } csa_pack, hca_pack, idx_pack;
+    std::map<int64_t, Packer> v41_rows_pack, v41_keys_pack;  // by ratio
+    int64_t last_source = -1, last_index = -1;
+    RETURN_IF_ERROR(d.LoadEngram(file, tensors, kv_layer));
     auto pack = [&](int64_t width, int64_t ratio, Packer* pk, PackedRows* at) -> Status {
       at->width = width;
       at->ratio = ratio;
@@ -201,8 +241,11 @@ class Deepseek4Model final : public Model {
       const std::string b = "blk." + std::to_string(l) + ".";
       Ds4Layer& w = d.layers_[l];
       auto r = ratios->array[l].AsInt();
-      if (!r || (*r != 0 && *r != 4 && *r != 128)) {
+      if (!d.v41_ && (!r || (*r != 0 && *r != 4 && *r != 128))) {
         return InvalidArgument("deepseek4: layer {}'s compression ratio must be 0, 4 or 128", l);
+      }
+      if (d.v41_ && (!r || *r < 0 || (*r > 2 && *r % 4 != 0))) {
+        return InvalidArgument("deepseek41: layer {}'s compression ratio must be 0, 1, 2 or a multiple of 4", l);
       }
       w.ratio = *r;
       RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", dim, &w.attn_norm));
@@ -229,7 +272,66 @@ class Deepseek4Model final : public Model {
         return tensors.Vector(prefix + "norm.weight", width, &c->norm);
       };
       w.kv_raw = kv_layer(1, d.window_);
-      if (w.ratio != 0) {
+      auto indexer_shape = [&]() -> Status {
+        if (d.idx_heads_ <= 0 || d.idx_dim_ < rope || d.idx_dim_ > head || d.idx_top_k_ <= 0) {
+          return InvalidArgument("{}: the indexer's heads {}, key length {} (in [rope dims {}, head size {}]) "
+                                 "and top_k {}", h.arch, d.idx_heads_, d.idx_dim_, rope, head, d.idx_top_k_);
+        }
+        return Status::Ok();
+      };
+      if (d.v41_) {
+        // The roles follow from the tensors a layer carries (as llama.cpp's port reads them).
+        const std::string cp = b + "attn_compressor_";
+        w.kv_source = tensors.Has(cp + "kv.weight");
+        w.key_owner = tensors.Has(b + "indexer.attn_k.weight");
+        w.index_source = tensors.Has(b + "indexer.attn_q_b.weight");
+        if ((w.kv_source || w.key_owner || w.index_source) && w.ratio == 0) {
+          return InvalidArgument("deepseek41: layer {} has a compressor or indexer but compression ratio 0", l);
+        }
+        if (w.key_owner && !w.kv_source) {
+          return InvalidArgument("deepseek41: layer {} has indexer.attn_k but no compressor to derive keys from", l);
+        }
+        if (w.kv_source) {
+          Compressor& c = w.comp_w;
+          c.width = head;
+          c.has_gate = tensors.Has(cp + "gate.weight");
+          if (!c.has_gate && w.ratio != 1) {
+            return InvalidArgument("deepseek41: layer {} pools {} positions per row but has no {}gate.weight", l, w.ratio, cp);
+          }
+          RETURN_IF_ERROR(tensors.Matrix(cp + "kv.weight", dim, head, &c.kv));
+          if (c.has_gate) RETURN_IF_ERROR(tensors.Matrix(cp + "gate.weight", dim, head, &c.gate));
+          RETURN_IF_ERROR(tensors.Vector(cp + "norm.weight", head, &c.norm));
+          w.kv_state = kv_layer(2, w.ratio);
+          RETURN_IF_ERROR(pack(head, w.ratio, &v41_rows_pack[w.ratio], &w.comp));
+        }
+        if (w.key_owner) {
+          RETURN_IF_ERROR(indexer_shape());
+          RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_k.weight", head, d.idx_dim_, &w.idx_k));
+          RETURN_IF_ERROR(tensors.Vector(b + "indexer.k_norm.weight", d.idx_dim_, &w.idx_k_norm));
+          RETURN_IF_ERROR(pack(d.idx_dim_, w.ratio, &v41_keys_pack[w.ratio], &w.idx_keys));
+        }
+        if (w.index_source) {
+          RETURN_IF_ERROR(indexer_shape());
+          RETURN_IF_ERROR(tensors.Matrix(b + "indexer.proj.weight", dim, d.idx_heads_, &w.idx_proj));
+          RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_q_b.weight", d.q_lora_, d.idx_heads_ * d.idx_dim_, &w.idx_q_b));
+        }
+        // A compressed layer reads the last source's rows and keys and the last index source's
+        // picks, all of one stream: the rows stand for the positions of its own ratio.
+        if (w.kv_source) last_source = l;
+        if (w.index_source) last_index = l;
+        if (w.ratio != 0) {
+          if (last_source < 0 || last_index < 0 || !d.layers_[last_source].key_owner) {
+            return InvalidArgument("deepseek41: layer {} reads compressed rows, index keys and picks before a layer "
+                                   "(with attn_compressor_kv, indexer.attn_k, indexer.attn_q_b) makes them", l);
+          }
+          w.rows_from = last_source;
+          w.picks_from = last_index;
+          if (d.layers_[last_source].ratio != w.ratio || d.layers_[last_index].rows_from != last_source) {
+            return InvalidArgument("deepseek41: layer {} (ratio {}) reads layer {}'s rows (ratio {}) with layer {}'s picks",
+                                   l, w.ratio, last_source, d.layers_[last_source].ratio, last_index);
+          }
+        }
+      } else if (w.ratio != 0) {
         const int64_t coff = w.ratio == 4 ? 2 : 1;
         RETURN_IF_ERROR(compressor(b + "attn_compressor_", head, coff, &w.comp_w));
         // A block of ratio positions completes at its last one and reads its own positions (and,
@@ -237,11 +339,8 @@ class Deepseek4Model final : public Model {
         w.kv_state = kv_layer(2 * coff, coff * w.ratio);
         RETURN_IF_ERROR(pack(head, w.ratio, w.ratio == 4 ? &csa_pack : &hca_pack, &w.comp));
       }
-      if (w.ratio == 4) {
-        if (d.idx_heads_ <= 0 || d.idx_dim_ < rope || d.idx_dim_ > head || d.idx_top_k_ <= 0) {
-          return InvalidArgument("deepseek4: the indexer's heads {}, key length {} (in [rope dims {}, head size {}]) "
-                                 "and top_k {}", d.idx_heads_, d.idx_dim_, rope, head, d.idx_top_k_);
-        }
+      if (!d.v41_ && w.ratio == 4) {
+        RETURN_IF_ERROR(indexer_shape());
         RETURN_IF_ERROR(tensors.Matrix(b + "indexer.proj.weight", dim, d.idx_heads_, &w.idx_proj));
         RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_q_b.weight", d.q_lora_, d.idx_heads_ * d.idx_dim_, &w.idx_q_b));
         RETURN_IF_ERROR(compressor(b + "indexer_compressor_", d.idx_dim_, 2, &w.idx_comp));
@@ -285,25 +384,43 @@ class Deepseek4Model final : public Model {
     Ds4Layer& w = layers_[l];
     for (MatrixWeight* m : {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_b, &w.hc_attn.fn, &w.hc_ffn.fn}) all.push_back(m);
     for (MatrixWeight& g : w.wo_a) all.push_back(&g);
-    if (w.ratio != 0) {
-      all.push_back(&w.comp_w.kv);
-      all.push_back(&w.comp_w.gate);
-    }
-    if (w.ratio == 4) {
-      for (MatrixWeight* m : {&w.idx_proj, &w.idx_q_b, &w.idx_comp.kv, &w.idx_comp.gate}) all.push_back(m);
+    if (v41_) {
+      if (w.kv_source) all.push_back(&w.comp_w.kv);
+      if (w.kv_source && w.comp_w.has_gate) all.push_back(&w.comp_w.gate);
+      if (w.key_owner) all.push_back(&w.idx_k);
+      if (w.index_source) {
+        all.push_back(&w.idx_proj);
+        all.push_back(&w.idx_q_b);
+      }
+      if (w.engram >= 0) all.push_back(&engrams_[w.engram].wkv);
+    } else {
+      if (w.ratio != 0) {
+        all.push_back(&w.comp_w.kv);
+        all.push_back(&w.comp_w.gate);
+      }
+      if (w.ratio == 4) {
+        for (MatrixWeight* m : {&w.idx_proj, &w.idx_q_b, &w.idx_comp.kv, &w.idx_comp.gate}) all.push_back(m);
+      }
     }
     w.moe.AppendTo(&all);
-    if (l == hp_.num_layers - 1) all.push_back(&hc_head_.fn);
+    if (!v41_ && l == hp_.num_layers - 1) all.push_back(&hc_head_.fn);
     return all;
   }
 
  private:
   Deepseek4Model() = default;
 
+  // pre_in: the copies' weights to collapse with (V4.1: the previous sublayer's; null: this
+  // mix's own); pre_out: where this mix's pre weights go (V4.1; may be null).
   void HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
-             ThreadPool& pool) const;
+             ThreadPool& pool, const float* pre_in = nullptr, float* pre_out = nullptr) const;
+  // picks: per token of the batch, the compressed rows the last V4.1 index source picked.
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
-                 ThreadPool& pool) const;
+                 ThreadPool& pool, std::vector<std::vector<int64_t>>& picks) const;
+  Status LoadEngram(const GgufFile& file, TensorLoader& tensors, const std::function<int64_t(int64_t, int64_t)>& kv_layer);
+  // V4.1: each token's id into the history cache layer; Engram at layer l, added to the streams.
+  void WriteTokens(const ForwardBatch& batch, KvStorage& kv) const;
+  void Engram(int64_t l, const ForwardBatch& batch, const KvStorage& kv, float* streams, int64_t n, ThreadPool& pool) const;
   // cos/sin of the layer's RoPE at pos ([rope / 2, 2]); compressed: the compression's base and
   // scaling.
   void Angles(bool compressed, int64_t pos, float* cos_sin) const;
@@ -313,6 +430,13 @@ class Deepseek4Model final : public Model {
   float compress_base_ = 0.0f, hc_eps_ = 0.0f, corr_low_ = 0.0f, corr_high_ = 0.0f;
   HcWeights hc_head_;
   std::vector<Ds4Layer> layers_;
+  bool v41_ = false;
+  // Engram (V4.1): heads per n-gram size, row length, largest n-gram, the padding id, the token
+  // map (token id -> compressed id), the sites; the history's cache layer (-1: none).
+  int64_t eng_heads_ = 0, eng_key_ = 0, eng_ngram_ = 0, tok_layer_ = -1;
+  uint64_t eng_pad_ = 0;
+  std::vector<uint32_t> eng_map_;
+  std::vector<EngramLayer> engrams_;
   std::vector<float> ones_;  // unweighted RMSNorms
 };
 
@@ -328,10 +452,92 @@ void Deepseek4Model::Angles(bool compressed, int64_t pos, float* cos_sin) const 
   }
 }
 
+// DeepSeek-V4.1's Engram keys (llama.cpp's deepseek41 names): engram.layer_ids, head_count,
+// key_length, max_ngram_size, pad_id, multipliers [sites * max_ngram], primes and offsets [sites *
+// cols] (u64), token_map [>= vocab] (u32); per site blk.N.engram_embd (the table, left in the mapped
+// file: only the rows a token hashes to are read), engram_wkv, engram_q, engram_k.
+Status Deepseek4Model::LoadEngram(const GgufFile& file, TensorLoader& tensors,
+                                  const std::function<int64_t(int64_t, int64_t)>& kv_layer) {
+  const ModelHParams& h = hp_;
+  const std::string p = h.arch + ".engram.";
+  const GgufValue* ids = file.Find(p + "layer_ids");
+  if (!v41_ || ids == nullptr) return Status::Ok();
+  eng_heads_ = file.GetInt(p + "head_count", 0);
+  eng_key_ = file.GetInt(p + "key_length", 0);
+  eng_ngram_ = file.GetInt(p + "max_ngram_size", 0);
+  const int64_t pad = file.GetInt(p + "pad_id", -1);
+  const int64_t sites = static_cast<int64_t>(ids->array.size());
+  if (eng_heads_ <= 0 || eng_heads_ > 64 || eng_key_ <= 0 || eng_ngram_ < 2 || eng_ngram_ > 8 || pad < 0 || sites == 0) {
+    return InvalidArgument("deepseek41: engram head_count {} (1..64), key_length {}, max_ngram_size {} (2..8), pad_id {}, "
+                           "{} layer ids", eng_heads_, eng_key_, eng_ngram_, pad, sites);
+  }
+  eng_pad_ = static_cast<uint64_t>(pad);
+  const int64_t cols = (eng_ngram_ - 1) * eng_heads_;
+  auto integers = [&](const std::string& key, int64_t count, std::vector<uint64_t>* out) -> Status {
+    const GgufValue* v = file.Find(p + key);
+    if (v == nullptr || v->type != GgufValueType::kArray || (count >= 0 && static_cast<int64_t>(v->array.size()) != count)) {
+      return InvalidArgument("deepseek41: {}{} must be an array of {} integers", p, key, count);
+    }
+    for (const GgufValue& e : v->array) {
+      if (e.type == GgufValueType::kUint64) {
+        out->push_back(e.bits);
+      } else if (auto i = e.AsInt(); i && *i >= 0) {
+        out->push_back(static_cast<uint64_t>(*i));
+      } else {
+        return InvalidArgument("deepseek41: {}{} holds a value that is not a non-negative integer", p, key);
+      }
+    }
+    return Status::Ok();
+  };
+  std::vector<uint64_t> mult, prime, offset, map;
+  RETURN_IF_ERROR(integers("multipliers", sites * eng_ngram_, &mult));
+  RETURN_IF_ERROR(integers("primes", sites * cols, &prime));
+  RETURN_IF_ERROR(integers("offsets", sites * cols, &offset));
+  RETURN_IF_ERROR(integers("token_map", -1, &map));
+  if (static_cast<int64_t>(map.size()) < h.vocab_size) {
+    return InvalidArgument("deepseek41: {}token_map has {} entries for {} tokens", p, map.size(), h.vocab_size);
+  }
+  for (uint64_t v : map) eng_map_.push_back(static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX)));
+  engrams_.resize(static_cast<size_t>(sites));
+  for (int64_t e = 0; e < sites; ++e) {
+    const auto l = ids->array[e].AsInt();
+    if (!l || *l < 0 || *l >= h.num_layers || layers_[*l].engram >= 0) {
+      return InvalidArgument("deepseek41: {}layer_ids[{}] is not a layer below {} listed once", p, e, h.num_layers);
+    }
+    EngramLayer& g = engrams_[e];
+    g.mult.assign(mult.begin() + e * eng_ngram_, mult.begin() + (e + 1) * eng_ngram_);
+    g.prime.assign(prime.begin() + e * cols, prime.begin() + (e + 1) * cols);
+    g.offset.assign(offset.begin() + e * cols, offset.begin() + (e + 1) * cols);
+    const std::string b = "blk." + std::to_string(*l) + ".";
+    const GgufTensorInfo* table = file.FindTensor(b + "engram_embd.weight");
+    if (table == nullptr || table->shape.size() != 2 || table->shape[0] != eng_key_) {
+      return InvalidArgument("deepseek41: {}engram_embd.weight must be [{}, rows]", b, eng_key_);
+    }
+    const int64_t rows = table->shape[1];
+    for (int64_t c = 0; c < cols; ++c) {
+      // The hash's row is offset + (value % prime): the bucket must lie inside the table.
+      if (g.prime[c] == 0 || g.offset[c] + g.prime[c] > static_cast<uint64_t>(std::min<int64_t>(rows, INT32_MAX))) {
+        return InvalidArgument("deepseek41: {}engram bucket {} (offset {}, prime {}) is not inside the table's {} rows",
+                               b, c, g.offset[c], g.prime[c], rows);
+      }
+    }
+    RETURN_IF_ERROR(tensors.Get(b + "engram_embd.weight", {eng_key_, rows}, &g.table));
+    RETURN_IF_ERROR(tensors.Matrix(b + "engram_wkv.weight", cols * eng_key_, (kHc + 1) * h.dim, &g.wkv));
+    RETURN_IF_ERROR(tensors.Get(b + "engram_q.weight", {h.dim, kHc}, &g.q_norm));
+    RETURN_IF_ERROR(tensors.Get(b + "engram_k.weight", {h.dim, kHc}, &g.k_norm));
+    if (g.q_norm.type != GgmlType::kF32 || g.k_norm.type != GgmlType::kF32) {
+      return InvalidArgument("deepseek41: {}engram_q/engram_k must be f32", b);
+    }
+    layers_[*l].engram = e;
+  }
+  tok_layer_ = kv_layer(1, eng_ngram_);
+  return Status::Ok();
+}
+
 // One hyper-connection's mix for n tokens: streams [n, kHc, dim] -> x [n, dim] (the sublayer's
 // input), post [n, kHc], comb [n, kHc (dst), kHc (src)] as llama.cpp's build_hc_pre computes them.
 void Deepseek4Model::HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
-                           ThreadPool& pool) const {
+                           ThreadPool& pool, const float* pre_in, float* pre_out) const {
   const int64_t dim = hp_.dim, flat = kHc * dim, mix = w.fn.view.shape[1];
   std::vector<float> normed(static_cast<size_t>(n * flat)), mixes(static_cast<size_t>(n * mix));
   pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
@@ -347,6 +553,8 @@ void Deepseek4Model::HcPre(const HcWeights& w, const float* streams, int64_t n, 
     const float* m = mixes.data() + t * mix;
     float pre[kHc];
     for (int64_t i = 0; i < kHc; ++i) pre[i] = Sigmoid(m[i] * scale[0] + base[i]) + eps;
+    if (pre_out != nullptr) std::memcpy(pre_out + t * kHc, pre, sizeof(pre));
+    if (pre_in != nullptr) std::memcpy(pre, pre_in + t * kHc, sizeof(pre));
     if (post != nullptr) {
       for (int64_t i = 0; i < kHc; ++i) post[t * kHc + i] = 2.0f * Sigmoid(m[kHc + i] * scale[1] + base[kHc + i]);
       // comb[dst + kHc * src]: softmax over dst for each src, + eps, then Sinkhorn: columns (each
@@ -456,6 +664,79 @@ void ReadPacked(const KvStorage& kv, const ForwardBatch& batch, const PackedRows
   });
 }
 
+// Token ids in the history layer as four 8-bit pieces: exact in every float cache type.
+void Deepseek4Model::WriteTokens(const ForwardBatch& batch, KvStorage& kv) const {
+  for (size_t t = 0; t < batch.tokens.size(); ++t) {
+    const uint32_t id = static_cast<uint32_t>(batch.tokens[t]);
+    const float row[4] = {static_cast<float>(id & 255), static_cast<float>((id >> 8) & 255),
+                          static_cast<float>((id >> 16) & 255), static_cast<float>(id >> 24)};
+    WriteRow(kv, batch, tok_layer_, batch.seq(t), batch.positions[t], row, 4);
+  }
+}
+
+// Engram (as llama.cpp's deepseek41 port computes it): for n = 2..max_ngram, the token and its
+// n - 1 predecessors (token_map'd; pad_id from the sequence's start on) hashed as
+// rolling_n = (c_0 * m_0) ^ ... ^ (c_(n-1) * m_(n-1)) (u64), head h's row offset + rolling_n %
+// prime; the rows side by side through engram_wkv: kHc keys and one value; copy c gains value *
+// sigmoid(sgn(s) sqrt(max(|s|, 1e-6))), s = (RmsNorm(key_c) * k_c) . (RmsNorm(copy c) * q_c) /
+// sqrt(dim).
+void Deepseek4Model::Engram(int64_t l, const ForwardBatch& batch, const KvStorage& kv, float* streams, int64_t n,
+                            ThreadPool& pool) const {
+  const EngramLayer& g = engrams_[layers_[l].engram];
+  const int64_t cols = (eng_ngram_ - 1) * eng_heads_, dim = hp_.dim;
+  auto mapped = [&](int64_t id) -> uint64_t {
+    return id < 0 || id >= static_cast<int64_t>(eng_map_.size()) ? eng_pad_ : eng_map_[id];
+  };
+  std::vector<int32_t> ids(static_cast<size_t>(n * cols));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = batch.positions[t];
+    uint64_t ctx[8];
+    ctx[0] = mapped(batch.tokens[t]);
+    for (int64_t s = 1; s < eng_ngram_; ++s) {
+      if (pos - s < 0) {
+        ctx[s] = eng_pad_;
+        continue;
+      }
+      float row[4];
+      ReadRow(kv, batch, tok_layer_, batch.seq(t), pos - s, row, 4);
+      int64_t id = 0;
+      for (int k = 0; k < 4; ++k) id |= static_cast<int64_t>(row[k]) << (8 * k);
+      ctx[s] = mapped(id);
+    }
+    uint64_t rolling = ctx[0] * g.mult[0];
+    for (int64_t s = 1; s < eng_ngram_; ++s) {
+      rolling ^= ctx[s] * g.mult[s];
+      for (int64_t h = 0; h < eng_heads_; ++h) {
+        const int64_t b = (s - 1) * eng_heads_ + h;
+        ids[t * cols + b] = static_cast<int32_t>(rolling % g.prime[b] + g.offset[b]);
+      }
+    }
+  }
+  std::vector<float> emb(static_cast<size_t>(n * cols * eng_key_)), kvo(static_cast<size_t>(n * (kHc + 1) * dim));
+  kernels::GetRows(g.table, ids.data(), n * cols, emb.data());
+  MatMul(g.wkv, emb.data(), n, kvo.data(), pool);
+  const float* qw = reinterpret_cast<const float*>(g.q_norm.data);
+  const float* kw = reinterpret_cast<const float*>(g.k_norm.data);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+    std::vector<float> k(static_cast<size_t>(dim)), q(static_cast<size_t>(dim));
+    for (int64_t t = begin; t < end; ++t) {
+      const float* value = kvo.data() + (t * (kHc + 1) + kHc) * dim;
+      for (int64_t c = 0; c < kHc; ++c) {
+        float* copy = streams + (t * kHc + c) * dim;
+        kernels::RmsNorm(kvo.data() + (t * (kHc + 1) + c) * dim, kw + c * dim, dim, hp_.rms_eps, k.data());
+        kernels::RmsNorm(copy, qw + c * dim, dim, hp_.rms_eps, q.data());
+        float s = 0.0f;
+        for (int64_t i = 0; i < dim; ++i) s += k[i] * q[i];
+        s *= scale;
+        const float mag = std::sqrt(std::max(std::fabs(s), 1e-6f));
+        const float gate = Sigmoid(s > 0.0f ? mag : s < 0.0f ? -mag : 0.0f);
+        for (int64_t i = 0; i < dim; ++i) copy[i] += value[i] * gate;
+      }
+    }
+  }, /*min_items_per_thread=*/1);
+}
+
 // RoPE (normal mode) on the last `rope` dims of each of num_rows rows of `width` in x.
 void RopeTail(float* x, int64_t num_rows, int64_t width, int64_t rope, const float* cos_sin) {
   kernels::RopeApply(x + (width - rope), static_cast<int>(num_rows), static_cast<int>(width), static_cast<int>(rope),
@@ -463,7 +744,7 @@ void RopeTail(float* x, int64_t num_rows, int64_t width, int64_t rope, const flo
 }
 
 void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
-                               float* out, ThreadPool& pool) const {
+                               float* out, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks) const {
   const Ds4Layer& w = layers_[l];
   const int64_t head = hp_.head_dim, heads = hp_.num_heads, rope = hp_.rope_dims;
   const int64_t ratio = w.ratio;
@@ -471,7 +752,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   std::vector<float> qr(static_cast<size_t>(n * q_lora_)), q(static_cast<size_t>(n * heads * head));
   // cs: each token's angles; cs_back: the same with sin negated (rotating the output back).
   std::vector<float> kvr(static_cast<size_t>(n * head)), cs(static_cast<size_t>(n * rope)), cs_back(cs.size());
-  // Queries: wq_b(RmsNorm(wq_a x) * q_a_norm), each head RMS-normed, RoPE on the tail.
+  // Queries: wq_b(RmsNorm(wq_a x) * q_a_norm), each head RMS-normed (V4, not V4.1), RoPE on the tail.
   MatMul(w.wq_a, in, n, qr.data(), pool);
   for (int64_t t = 0; t < n; ++t) {
     kernels::RmsNorm(qr.data() + t * q_lora_, reinterpret_cast<const float*>(w.q_a_norm.data), q_lora_, hp_.rms_eps,
@@ -483,7 +764,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
     Angles(compressed, batch.positions[t], cs.data() + t * rope);
     for (int64_t i = 0; i < rope; ++i) cs_back[t * rope + i] = i % 2 == 0 ? cs[t * rope + i] : -cs[t * rope + i];
     float* qt = q.data() + t * heads * head;
-    for (int64_t h = 0; h < heads; ++h) kernels::RmsNorm(qt + h * head, ones_.data(), head, hp_.rms_eps, qt + h * head);
+    for (int64_t h = 0; h < heads && !v41_; ++h) kernels::RmsNorm(qt + h * head, ones_.data(), head, hp_.rms_eps, qt + h * head);
     RopeTail(qt, heads, head, rope, cs.data() + t * rope);
     float* k = kvr.data() + t * head;
     kernels::RmsNorm(k, reinterpret_cast<const float*>(w.kv_norm.data), head, hp_.rms_eps, k);
@@ -493,16 +774,23 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
 
   // The compressors' state per position: kv rows and scores (+ the positional bias of pos % ratio),
   // then every block completed in this batch compressed from the cache's state rows.
+  std::vector<float> ikey(static_cast<size_t>(idx_dim_));
+  // V4.1: no positional bias, and at ratio 1 no gate (the scores are the kv rows); a key owner
+  // also derives its index key from each new row, normed but not yet rotated.
   auto compress = [&](const Compressor& c, int64_t state_layer, const PackedRows& packed) {
     const int64_t cw = c.coff * c.width;
     std::vector<float> sk(static_cast<size_t>(n * cw)), sg(static_cast<size_t>(n * cw));
     MatMul(c.kv, in, n, sk.data(), pool);
-    MatMul(c.gate, in, n, sg.data(), pool);
+    if (c.has_gate) {
+      MatMul(c.gate, in, n, sg.data(), pool);
+    } else {
+      sg = sk;
+    }
     const float* ape = reinterpret_cast<const float*>(c.ape.data);
     for (int64_t t = 0; t < n; ++t) {
       const int64_t pos = batch.positions[t];
       float* g = sg.data() + t * cw;
-      for (int64_t i = 0; i < cw; ++i) g[i] += ape[(pos % ratio) * cw + i];
+      for (int64_t i = 0; i < cw && ape != nullptr; ++i) g[i] += ape[(pos % ratio) * cw + i];
       for (int64_t j = 0; j < c.coff; ++j) {
         WriteRow(kv, batch, state_layer + j, batch.seq(t), pos, sk.data() + t * cw + j * c.width, c.width);
         WriteRow(kv, batch, state_layer + c.coff + j, batch.seq(t), pos, g + j * c.width, c.width);
@@ -541,18 +829,33 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
       }
       kernels::RmsNorm(row.data(), reinterpret_cast<const float*>(c.norm.data), c.width, hp_.rms_eps, row.data());
       Angles(true, start, angles.data());
+      if (v41_ && w.key_owner) {
+        MatMul(w.idx_k, row.data(), 1, ikey.data(), pool);
+        kernels::RmsNorm(ikey.data(), reinterpret_cast<const float*>(w.idx_k_norm.data), idx_dim_, hp_.rms_eps, ikey.data());
+        RopeTail(ikey.data(), 1, idx_dim_, rope, angles.data());
+        WritePacked(kv, batch, w.idx_keys, seq, pos / ratio, ikey.data());
+      }
       RopeTail(row.data(), 1, c.width, rope, angles.data());
       WritePacked(kv, batch, packed, seq, pos / ratio, row.data());
     }
   };
-  if (compressed) compress(w.comp_w, w.kv_state, w.comp);
-  if (ratio == 4) compress(w.idx_comp, w.kv_idx_state, w.idx_keys);
+  if (v41_) {
+    if (w.kv_source) compress(w.comp_w, w.kv_state, w.comp);
+  } else {
+    if (compressed) compress(w.comp_w, w.kv_state, w.comp);
+    if (ratio == 4) compress(w.idx_comp, w.kv_idx_state, w.idx_keys);
+  }
+  // Where this layer's compressed rows and index keys are (V4.1: its source's), whether it picks
+  // rows itself (V4: ratio 4 with more rows than top_k; V4.1: an index source).
+  const PackedRows& rows_at = v41_ && compressed ? layers_[w.rows_from].comp : w.comp;
+  const PackedRows& keys_at = v41_ && compressed ? layers_[w.rows_from].idx_keys : w.idx_keys;
+  const bool picks_rows = v41_ ? w.index_source : ratio == 4;
 
   // The indexer's queries and head weights (ratio 4): RoPE'd like the compressed rows. NOTE:
   // llama.cpp also multiplies the indexer's queries and keys by one orthonormal Hadamard matrix
   // (for its quantized indexer cache); q . k is unchanged by it, so it is left out here.
   std::vector<float> iq, iw;
-  if (ratio == 4) {
+  if (picks_rows) {
     iq.resize(static_cast<size_t>(n * idx_heads_ * idx_dim_));
     iw.resize(static_cast<size_t>(n * idx_heads_));
     MatMul(w.idx_q_b, qr.data(), n, iq.data(), pool);
@@ -577,15 +880,17 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
       const int32_t seq = batch.seq(t);
       const int64_t first = std::max<int64_t>(0, pos - window_ + 1);
       chosen.clear();
-      if (compressed) {
+      if (v41_ && compressed && !w.index_source) {
+        chosen = picks[t];  // the last index source's
+      } else if (compressed) {
         const int64_t visible = (pos + 1) / ratio;
         for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
-        if (ratio == 4 && visible > idx_top_k_) {
+        if (picks_rows && visible > idx_top_k_) {
           // The indexer: score(c) = sum over heads of relu(q_h . k_c) * w_h; the top_k rows.
           idx_scores.resize(static_cast<size_t>(visible));
           key.resize(static_cast<size_t>(idx_dim_));
           for (int64_t c = 0; c < visible; ++c) {
-            ReadPacked(kv, batch, w.idx_keys, seq, c, key.data());
+            ReadPacked(kv, batch, keys_at, seq, c, key.data());
             float s = 0.0f;
             for (int64_t h = 0; h < idx_heads_; ++h) {
               const float* qh = iq.data() + (t * idx_heads_ + h) * idx_dim_;
@@ -599,11 +904,12 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
           chosen.resize(static_cast<size_t>(idx_top_k_));
           std::sort(chosen.begin(), chosen.end());
         }
+        if (v41_) picks[t] = chosen;
       }
       const int64_t num_raw = pos - first + 1, m = num_raw + static_cast<int64_t>(chosen.size());
       rows.resize(static_cast<size_t>(m * head));
       for (int64_t j = 0; j < num_raw; ++j) ReadRow(kv, batch, w.kv_raw, seq, first + j, rows.data() + j * head, head);
-      for (size_t j = 0; j < chosen.size(); ++j) ReadPacked(kv, batch, w.comp, seq, chosen[j], rows.data() + (num_raw + j) * head);
+      for (size_t j = 0; j < chosen.size(); ++j) ReadPacked(kv, batch, rows_at, seq, chosen[j], rows.data() + (num_raw + j) * head);
       sc.resize(static_cast<size_t>(m));
       for (int64_t h = 0; h < heads; ++h) {
         const float* qh = q.data() + (t * heads + h) * head;
@@ -662,14 +968,25 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   std::vector<float> attn(static_cast<size_t>(n * heads * head)), low(static_cast<size_t>(n * out_groups_ * out_lora_));
   std::vector<float> gin, gout;
   const int64_t gdim = heads * head / out_groups_;
+  // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy)
+  // and this sublayer's own; the picks of the last index source.
+  std::vector<float> pre_next(static_cast<size_t>(n * kHc), 0.0f), pre_own(pre_next.size());
+  for (int64_t t = 0; t < n; ++t) pre_next[t * kHc] = 1.0f;
+  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n));
+  if (tok_layer_ >= 0) WriteTokens(batch, kv);
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const Ds4Layer& w = layers_[l];
-    HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool);
+    if (w.engram >= 0) Engram(l, batch, kv, streams.data(), n, pool);
+    if (v41_) {
+      HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool, pre_next.data(), pre_own.data());
+    } else {
+      HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool);
+    }
     for (int64_t t = 0; t < n; ++t) {
       kernels::RmsNorm(x.data() + t * dim, reinterpret_cast<const float*>(w.attn_norm.data), dim, hp_.rms_eps,
                        in.data() + t * dim);
     }
-    Attention(l, batch, kv, in.data(), n, attn.data(), pool);
+    Attention(l, batch, kv, in.data(), n, attn.data(), pool, picks);
     // The grouped low-rank output: group g's heads through wo_a[g], the groups' results side by
     // side through wo_b.
     gin.resize(static_cast<size_t>(n * gdim));
@@ -687,11 +1004,26 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
     MatMul(w.wo_b, low.data(), n, x.data(), pool);
     HcPost(x.data(), post.data(), comb.data(), n, dim, streams.data());
 
-    HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool);
+    if (v41_) {
+      HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool, pre_own.data(), pre_next.data());
+    } else {
+      HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool);
+    }
     f.MoeFfn(l, reinterpret_cast<const float*>(w.ffn_norm.data), w.moe);  // ws.x = the FFN's output
     HcPost(ws.x.data(), post.data(), comb.data(), n, dim, streams.data());
   }
-  HcPre(hc_head_, streams.data(), n, ws.x.data(), nullptr, nullptr, pool);
+  if (v41_) {  // the last FFN's pre weights collapse the copies
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = ws.x.data() + t * dim;
+      const float* s = streams.data() + t * kHc * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = s[i] * pre_next[t * kHc];
+      for (int64_t h = 1; h < kHc; ++h) {
+        for (int64_t i = 0; i < dim; ++i) o[i] += s[h * dim + i] * pre_next[t * kHc + h];
+      }
+    }
+  } else {
+    HcPre(hc_head_, streams.data(), n, ws.x.data(), nullptr, nullptr, pool);
+  }
   f.OutputHead(output_norm_, output_);
   return Status::Ok();
 }
