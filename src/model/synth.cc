@@ -508,8 +508,9 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
       RETURN_IF_ERROR(vector(b + "attn_kv_a_norm.weight", qk, 1.0f, 0.5f));
       // f32: llama.cpp's CPU backend (the prebuilt release the tests compare with) runs its
       // grouped product of this matrix on f32 only (q8_0 and f16 fail its scheduler's assert).
+      // (V4.1, which that llama.cpp cannot run: the file's type.)
       RETURN_IF_ERROR(matrix(b + "attn_output_a.weight", s.num_heads * qk / s.out_groups, s.out_lora_rank * s.out_groups,
-                             GgmlType::kF32));
+                             ds41 ? type : GgmlType::kF32));
       RETURN_IF_ERROR(matrix(b + "attn_output_b.weight", s.out_groups * s.out_lora_rank, s.dim, type));
       for (const char* sub : {"attn", "ffn"}) {
         RETURN_IF_ERROR(matrix(b + "hc_" + sub + "_fn.weight", hc * s.dim, mix, GgmlType::kF32));

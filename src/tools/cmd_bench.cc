@@ -165,11 +165,16 @@ CommandFn RegisterBench(CLI::App& app) {
     const bool bf16_path = !int8_path && ffn_traits && kt.gemm_bf16[ffn_slot] != nullptr;
     const double peak_ops =
         (int8_path ? roof.int8_dot_gops : bf16_path ? roof.bf16_dot_gflops : roof.f32_fma_gflops) * 1e9;
-    // Bytes of weights a forward pass reads: everything but the embedding table, of which it
-    // reads one row per token (unless the output layer is tied to it, then all of it).
+    // Bytes of weights a forward pass reads: everything but the lookup tables, of which it reads
+    // a few rows per token: the embedding (unless the output layer is tied to it, then all of it)
+    // and DeepSeek-V4.1's Engram tables (24 rows per layer and token of ~400M).
+    auto is_table = [](const std::string& name) { return name.ends_with("engram_embd.weight"); };
     double weight_bytes = static_cast<double>(model.weight_bytes());
     if (const GgufTensorInfo* embd = file.FindTensor("token_embd.weight"); embd && !model.tied_output()) {
       weight_bytes -= static_cast<double>(embd->num_bytes);
+    }
+    for (const auto& t : file.tensors()) {
+      if (is_table(t.name)) weight_bytes -= static_cast<double>(t.num_bytes);
     }
     // Multiply-adds per token in the matmuls: every 2-D weight except the embedding lookup, and of
     // a mixture's experts (3-D tensors) the k of E a token uses.
@@ -178,7 +183,9 @@ CommandFn RegisterBench(CLI::App& app) {
         moe.enabled() ? static_cast<double>(moe.num_used) / static_cast<double>(moe.num_experts) : 0.0;
     double matmul_params = 0.0, expert_bytes = 0.0;
     for (const auto& t : file.tensors()) {
-      if (t.shape.size() == 2 && t.name != "token_embd.weight") matmul_params += static_cast<double>(t.NumElements());
+      if (t.shape.size() == 2 && t.name != "token_embd.weight" && !is_table(t.name)) {
+        matmul_params += static_cast<double>(t.NumElements());
+      }
       if (t.shape.size() == 3) {
         matmul_params += static_cast<double>(t.NumElements()) * used_fraction;
         expert_bytes += static_cast<double>(t.num_bytes);
