@@ -93,7 +93,10 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.experts_used = 2;
     s.expert_ffn = 64;
   }
-  if (arch == "deepseek4") {  // a window layer, a ratio-4 layer with the indexer, a ratio-128 one
+  // deepseek4: a window layer, a ratio-4 layer with the indexer, a ratio-128 one. deepseek41: a
+  // window layer, a ratio-2 source, a reader of its rows and picks, a ratio-1 source; Engram on
+  // layers 0 and 2.
+  if (arch == "deepseek4" || arch == "deepseek41") {
     s.num_layers = 3;
     s.num_kv_heads = 1;
     s.head_dim = 64;
@@ -113,30 +116,14 @@ inline SynthShape ArchTestShape(const std::string& arch) {
     s.shared_experts = 1;
     s.swiglu_clamp = 10.0f;
   }
-  if (arch == "deepseek41") {  // a window layer, a ratio-2 source, a reader of its rows and picks, a ratio-1 source
+  if (arch == "deepseek41") {
     s.num_layers = 4;
-    s.num_kv_heads = 1;
-    s.head_dim = 64;
-    s.rope_dim = 32;
-    s.q_lora_rank = 64;
-    s.sliding_window = 8;
     s.compress_ratios = {0, 2, 2, 1};
     s.engram_layers = {0, 2};
     s.engram_heads = 2;
     s.engram_dim = 32;
     s.engram_ngram = 3;
     s.engram_rows = 40;
-    s.hash_layers = 1;
-    s.indexer_heads = 8;
-    s.indexer_dim = 32;
-    s.indexer_top_k = 3;
-    s.out_groups = 2;
-    s.out_lora_rank = 32;
-    s.num_experts = 8;
-    s.experts_used = 2;
-    s.expert_ffn = 64;
-    s.shared_experts = 1;
-    s.swiglu_clamp = 10.0f;
   }
   if (arch == "llama-v16") {  // llama with V heads of 16 under K heads of 32
     s.arch = "llama";

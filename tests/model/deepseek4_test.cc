@@ -83,6 +83,13 @@ std::vector<float> Floats(const GgufTensorInfo& t) {
   return v;
 }
 
+// The reference files' token ids (their "tokens" array).
+std::vector<int32_t> TokensOf(const GgufFile& ref) {
+  std::vector<int32_t> tokens;
+  for (const GgufValue& v : ref.Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  return tokens;
+}
+
 std::unique_ptr<GgufFile> Synth(const SynthShape& s) {
   return GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 7)->WriteToBytes()).value();
 }
@@ -166,8 +173,7 @@ Compare Against(const std::vector<float>& got, const std::vector<float>& want, i
 TEST(Deepseek4Test, GivesLlamaCppLogits) {
   auto ref = GgufFile::Open(test::SourceDir() + "/tests/data/llamacpp/deepseek4.gguf");
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  std::vector<int32_t> tokens;
-  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  const std::vector<int32_t> tokens = TokensOf(**ref);
   ASSERT_EQ(tokens.size(), 320u);
   for (const Ds4Shape& a : Shapes()) {
     SCOPED_TRACE(a.name);
@@ -224,8 +230,7 @@ TEST(Deepseek4Test, GivesTheFloat64ReferenceLogits) {
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   auto llama = GgufFile::Open(test::SourceDir() + "/tests/data/llamacpp/deepseek4.gguf");
   ASSERT_TRUE(llama.ok()) << llama.status().ToString();
-  std::vector<int32_t> tokens;
-  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  const std::vector<int32_t> tokens = TokensOf(**ref);
   for (const Ds4Shape& a : Shapes()) {
     SCOPED_TRACE(a.name);
     const GgufTensorInfo* t = (*ref)->FindTensor(a.name);
@@ -404,35 +409,23 @@ TEST(Deepseek4Test, PagedEngineEqualsTheFixedCache) {
 // context 1024, f32, seed 7): ratios 2, 1 and 4 with more rows than the top-k, layers reading an
 // earlier source's rows and an earlier index source's picks, Engram on one or two layers.
 struct V41Shape {
-  const char* name;
-  int64_t dim, layers, heads, head, q_lora, window;
-  std::vector<int64_t> ratios, sources, pickers, sites;
-  int64_t engram_heads, engram_dim, engram_ngram, engram_rows, hash_layers, top_k, groups, out_lora, experts, used,
-      expert_ffn;
-  float clamp;
+  Ds4Shape base;  // arch, name, sizes, ratios (V4.1's), the indexer, experts
+  std::vector<int64_t> sources, pickers, sites;
+  int64_t engram_heads, engram_dim, engram_ngram, engram_rows;
 };
 const std::vector<V41Shape>& V41Shapes() {
   static const std::vector<V41Shape> shapes = {
-      {"deepseek41", 256, 6, 4, 128, 128, 16, {0, 2, 2, 2, 1, 1}, {1, 4}, {1, 2, 4}, {0, 3}, 2, 16, 3, 50, 1, 8, 2, 64, 8,
-       2, 64, 10.0f},
-      {"deepseek41_b", 128, 5, 2, 128, 64, 24, {1, 1, 0, 4, 4}, {0, 3}, {0, 1, 3}, {1}, 4, 8, 4, 30, 0, 12, 1, 32, 6, 3,
-       32, 0.3f},
+      {{"deepseek41", 256, 6, 4, 128, 64, 128, 16, {0, 2, 2, 2, 1, 1}, 1, 16, 64, 8, 2, 64, 8, 2, 64, 10.0f},
+       {1, 4}, {1, 2, 4}, {0, 3}, 2, 16, 3, 50},
+      {{"deepseek41_b", 128, 5, 2, 128, 64, 64, 24, {1, 1, 0, 4, 4}, 0, 16, 64, 12, 1, 32, 6, 3, 32, 0.3f},
+       {0, 3}, {0, 1, 3}, {1}, 4, 8, 4, 30},
   };
   return shapes;
 }
 
 SynthShape ShapeOf(const V41Shape& a) {
-  SynthShape s;
+  SynthShape s = ShapeOf(a.base);
   s.arch = "deepseek41";
-  s.dim = a.dim;
-  s.num_layers = a.layers;
-  s.num_heads = a.heads;
-  s.num_kv_heads = 1;
-  s.head_dim = a.head;
-  s.rope_dim = 64;
-  s.q_lora_rank = a.q_lora;
-  s.sliding_window = a.window;
-  s.compress_ratios = a.ratios;
   s.kv_source_layers = a.sources;
   s.index_source_layers = a.pickers;
   s.engram_layers = a.sites;
@@ -440,20 +433,6 @@ SynthShape ShapeOf(const V41Shape& a) {
   s.engram_dim = a.engram_dim;
   s.engram_ngram = a.engram_ngram;
   s.engram_rows = a.engram_rows;
-  s.hash_layers = a.hash_layers;
-  s.indexer_heads = 16;
-  s.indexer_dim = 64;
-  s.indexer_top_k = a.top_k;
-  s.out_groups = a.groups;
-  s.out_lora_rank = a.out_lora;
-  s.ffn_dim = 256;
-  s.num_experts = a.experts;
-  s.experts_used = a.used;
-  s.expert_ffn = a.expert_ffn;
-  s.shared_experts = 1;
-  s.swiglu_clamp = a.clamp;
-  s.vocab_size = 512;
-  s.context_length = 1024;
   return s;
 }
 
@@ -464,12 +443,11 @@ SynthShape ShapeOf(const V41Shape& a) {
 TEST(Deepseek41Test, GivesTheFloat64ReferenceLogits) {
   auto ref = GgufFile::Open(test::SourceDir() + "/tests/data/reference/deepseek41_f64.gguf");
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  std::vector<int32_t> tokens;
-  for (const GgufValue& v : (*ref)->Find("tokens")->array) tokens.push_back(static_cast<int32_t>(*v.AsInt()));
+  const std::vector<int32_t> tokens = TokensOf(**ref);
   ASSERT_EQ(tokens.size(), 320u);
   for (const V41Shape& a : V41Shapes()) {
-    SCOPED_TRACE(a.name);
-    const GgufTensorInfo* t = (*ref)->FindTensor(a.name);
+    SCOPED_TRACE(a.base.name);
+    const GgufTensorInfo* t = (*ref)->FindTensor(a.base.name);
     ASSERT_NE(t, nullptr) << "deepseek41_f64.gguf predates this shape: run scripts/make-ggml-reference.sh";
     const std::vector<float> want = Floats(*t);
     auto file = Synth(ShapeOf(a));
@@ -477,21 +455,21 @@ TEST(Deepseek41Test, GivesTheFloat64ReferenceLogits) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     (*m)->PackWeights(nullptr);
     Routing routing;
-    routing.hash_layers = a.hash_layers;
+    routing.hash_layers = a.base.hash_layers;
     const Compare c = Against(Logits(**m, tokens, 1, &routing), want, 512);
     std::printf("%s: max |diff| against the float64 reference %.2e (rmse %.2e), greedy %d/%d; smallest routing "
-                "margin %.2e\n", a.name, c.max_diff, c.rmse, c.same_greedy, c.rows, routing.min_gap);
+                "margin %.2e\n", a.base.name, c.max_diff, c.rmse, c.same_greedy, c.rows, routing.min_gap);
     EXPECT_GT(routing.min_gap, 1e-6);
     EXPECT_LT(c.max_diff, 5e-5);
     EXPECT_EQ(c.same_greedy, c.rows);
     V41Shape no_engram = a, no_reuse = a, all_rows = a, wide = a;
     no_engram.sites = {};
     no_reuse.pickers = {};
-    for (int64_t l = 0; l < a.layers; ++l) {
-      if (a.ratios[l] != 0) no_reuse.pickers.push_back(l);
+    for (int64_t l = 0; l < a.base.layers; ++l) {
+      if (a.base.ratios[l] != 0) no_reuse.pickers.push_back(l);
     }
-    all_rows.top_k = 100000;
-    wide.window = 100000;
+    all_rows.base.top_k = 100000;
+    wide.base.window = 100000;
     for (const auto& [what, shape] : {std::pair<const char*, V41Shape>{"no engram", no_engram}, {"no reuse", no_reuse},
                                       {"no indexer", all_rows}, {"no window", wide}}) {
       auto mf = Synth(ShapeOf(shape));
@@ -510,7 +488,7 @@ TEST(Deepseek41Test, PrefillEqualsDecoding) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < 300; ++i) tokens.push_back(1 + (i * 7919 + 13) % 511);
   for (const V41Shape& a : V41Shapes()) {
-    SCOPED_TRACE(a.name);
+    SCOPED_TRACE(a.base.name);
     auto file = Synth(ShapeOf(a));
     auto m = LoadModel(*file).value();
     m->PackWeights(nullptr);
@@ -524,7 +502,7 @@ TEST(Deepseek41Test, PrefillEqualsDecoding) {
 // cache: greedy generation picks the fixed cache's argmax at every step.
 TEST(Deepseek41Test, PagedEngineEqualsTheFixedCache) {
   for (const V41Shape& a : V41Shapes()) {
-    SCOPED_TRACE(a.name);
+    SCOPED_TRACE(a.base.name);
     auto file = Synth(ShapeOf(a));
     auto m = LoadModel(*file).value();
     m->PackWeights(nullptr);
