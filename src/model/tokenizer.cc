@@ -603,8 +603,13 @@ std::string Tokenizer::TokenToPiece(int32_t id) const {
     case TokenType::kUnused:
       return "";
     case TokenType::kByte:
+      // "<0xHH>" is the byte HH; any other text (a hostile vocab's "<0x<s>") stands for itself.
       if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>') {
-        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+        auto hex = [](char c) {
+          return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        };
+        const int hi = hex(text[3]), lo = hex(text[4]);
+        if (hi >= 0 && lo >= 0) return std::string(1, static_cast<char>(hi * 16 + lo));
       }
       return text;
     case TokenType::kUserDefined:

@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include "gguf/gguf_file.h"
+#include "gguf/gguf_writer.h"
+#include "model/tokenizer.h"
+
 namespace gale {
 namespace {
 
@@ -59,6 +63,25 @@ TEST(HfTokenizerTest, MalformedFilesAreErrors) {
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find(".json"), std::string::npos) << t.status().ToString();
   }
+}
+
+// A byte-fallback vocab whose "byte" token is not two hex digits ("<0x<s>", found by
+// hf_tokenizer_fuzz: std::stoi threw while decoding it): it imports, and decodes to its own text.
+TEST(HfTokenizerTest, ByteTokensThatAreNotHexDecodeAsText) {
+  const Json tj = Json::parse(R"({"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}]},
+      "model": {"type": "BPE", "byte_fallback": true, "vocab": {"<unk>": 1, "<0x<s>": 0, "</s>": 2, "<0x41>": 3,
+      "\u2581": 4, "h": 5, "\u2581h": 6}, "merges": [["\u2581", "h"]]}})");
+  auto t = ImportHfTokenizer(tj, Json::object(), Json::parse(R"({"bos_token_id": 1, "eos_token_id": 2})"), 300);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  GgufWriter w;
+  w.SetString("general.architecture", "llama");
+  WriteHfTokenizer(*t, &w);
+  auto file = GgufFile::FromBytes(w.WriteToBytes()).value();
+  auto tok = Tokenizer::FromGguf(*file);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  std::string text;
+  EXPECT_NO_THROW(text = (*tok)->Decode({0, 3, 6}));
+  EXPECT_EQ(text, "<0x<s>A h");
 }
 
 }  // namespace
