@@ -582,7 +582,7 @@ TEST(Deepseek41Test, QuantizedFilesRun) {
 }
 
 // Files the loader refuses, each with its reason: a reader before any source, an Engram bucket
-// past its table, a compressor with no gate at ratio 2.
+// past its table (also by an offset whose sum with the prime wraps).
 TEST(Deepseek41Test, RefusesInconsistentFiles) {
   const V41Shape& a = V41Shapes()[0];
   auto refused = [&](const SynthShape& s, const std::function<void(GgufWriter&)>& edit, const char* why) {
@@ -600,6 +600,11 @@ TEST(Deepseek41Test, RefusesInconsistentFiles) {
   refused(ShapeOf(a), [](GgufWriter& w) {
     w.SetValue("deepseek41.engram.offsets", GgufValue::Array(GgufValueType::kUint64,
                                                              std::vector<GgufValue>(8, GgufValue::U64(1u << 30))));
+  }, "not inside the table");
+  // An offset near 2^64: offset + prime wraps to a small number, the bucket is still outside.
+  refused(ShapeOf(a), [](GgufWriter& w) {
+    w.SetValue("deepseek41.engram.offsets", GgufValue::Array(GgufValueType::kUint64,
+                                                             std::vector<GgufValue>(8, GgufValue::U64(~uint64_t{0} - 1))));
   }, "not inside the table");
 }
 }  // namespace

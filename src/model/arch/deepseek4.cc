@@ -516,7 +516,9 @@ Status Deepseek4Model::LoadEngram(const GgufFile& file, TensorLoader& tensors,
     const int64_t rows = table->shape[1];
     for (int64_t c = 0; c < cols; ++c) {
       // The hash's row is offset + (value % prime): the bucket must lie inside the table.
-      if (g.prime[c] == 0 || g.offset[c] + g.prime[c] > static_cast<uint64_t>(std::min<int64_t>(rows, INT32_MAX))) {
+      // (Compared without adding: a hostile offset near 2^64 would wrap the sum past the check.)
+      const uint64_t limit = static_cast<uint64_t>(std::min<int64_t>(rows, INT32_MAX));
+      if (g.prime[c] == 0 || g.offset[c] >= limit || g.prime[c] > limit - g.offset[c]) {
         return InvalidArgument("deepseek41: {}engram bucket {} (offset {}, prime {}) is not inside the table's {} rows",
                                b, c, g.offset[c], g.prime[c], rows);
       }
@@ -774,9 +776,8 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
 
   // The compressors' state per position: kv rows and scores (+ the positional bias of pos % ratio),
   // then every block completed in this batch compressed from the cache's state rows.
-  std::vector<float> ikey(static_cast<size_t>(idx_dim_));
   // V4.1: no positional bias, and at ratio 1 no gate (the scores are the kv rows); a key owner
-  // also derives its index key from each new row, normed but not yet rotated.
+  // also derives the index keys of the batch's new rows (normed, not yet rotated) in one product.
   auto compress = [&](const Compressor& c, int64_t state_layer, const PackedRows& packed) {
     const int64_t cw = c.coff * c.width;
     std::vector<float> sk(static_cast<size_t>(n * cw)), sg(static_cast<size_t>(n * cw));
@@ -803,6 +804,9 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
     const int64_t window = c.coff * ratio;
     std::vector<float> vals(static_cast<size_t>(window * c.width)), scores(static_cast<size_t>(window * c.width));
     std::vector<float> row(static_cast<size_t>(c.width)), angles(static_cast<size_t>(rope)), ex(static_cast<size_t>(window));
+    const bool keys = v41_ && w.key_owner;
+    std::vector<float> key_rows;     // keys: the new rows before their rotation
+    std::vector<int64_t> key_of;     // keys: the batch token that completed each
     for (int64_t t = 0; t < n; ++t) {
       const int64_t pos = batch.positions[t];
       if ((pos + 1) % ratio != 0) continue;
@@ -829,14 +833,24 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
       }
       kernels::RmsNorm(row.data(), reinterpret_cast<const float*>(c.norm.data), c.width, hp_.rms_eps, row.data());
       Angles(true, start, angles.data());
-      if (v41_ && w.key_owner) {
-        MatMul(w.idx_k, row.data(), 1, ikey.data(), pool);
-        kernels::RmsNorm(ikey.data(), reinterpret_cast<const float*>(w.idx_k_norm.data), idx_dim_, hp_.rms_eps, ikey.data());
-        RopeTail(ikey.data(), 1, idx_dim_, rope, angles.data());
-        WritePacked(kv, batch, w.idx_keys, seq, pos / ratio, ikey.data());
+      if (keys) {
+        key_rows.insert(key_rows.end(), row.begin(), row.end());
+        key_of.push_back(t);
       }
       RopeTail(row.data(), 1, c.width, rope, angles.data());
       WritePacked(kv, batch, packed, seq, pos / ratio, row.data());
+    }
+    if (key_of.empty()) return;
+    const int64_t nk = static_cast<int64_t>(key_of.size());
+    std::vector<float> ikeys(static_cast<size_t>(nk * idx_dim_));
+    MatMul(w.idx_k, key_rows.data(), nk, ikeys.data(), pool);
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t pos = batch.positions[key_of[j]];
+      float* k = ikeys.data() + j * idx_dim_;
+      kernels::RmsNorm(k, reinterpret_cast<const float*>(w.idx_k_norm.data), idx_dim_, hp_.rms_eps, k);
+      Angles(true, pos + 1 - ratio, angles.data());
+      RopeTail(k, 1, idx_dim_, rope, angles.data());
+      WritePacked(kv, batch, w.idx_keys, batch.seq(key_of[j]), pos / ratio, k);
     }
   };
   if (v41_) {
