@@ -18,7 +18,8 @@ namespace {
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,      GgmlType::kQ8_0,
                                GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kW4A16G64,
                                GgmlType::kW4A16ZG64, GgmlType::kW4A8G64, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                               GgmlType::kQ3_K, GgmlType::kQ2_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+                               GgmlType::kQ3_K, GgmlType::kQ2_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+                               GgmlType::kF8E4M3, GgmlType::kMXFP4};
 
 struct Matrix {
   std::vector<uint8_t> bytes;
@@ -62,7 +63,7 @@ void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, 
 void BM_MatMul(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 2048, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 // args: type index (float types), columns, threads; 64 tokens, 2048 rows: long rows, where the
 // float GEMM is k-blocked (tinyllama's k is 2048 for most products, 5632 for ffn_down).
@@ -77,7 +78,7 @@ BENCHMARK(BM_MatMulLongRows)->ArgsProduct({{0, 1, 2}, {768, 2048, 5632}, {1, 2}}
 void BM_MatMulStreaming(benchmark::State& state) {
   RunMatMul(state, kTypes[state.range(0)], 768, 131072, state.range(1), static_cast<int>(state.range(2)));
 }
-BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6, 10, 11, 12, 13, 14, 15}, {1, 16, 64}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMulStreaming)->ArgsProduct({{3, 4, 5, 6, 10, 11, 12, 13, 14, 15, 16, 17}, {1, 16, 64}, {1, 2}})->UseRealTime();
 
 void RunMatMul(benchmark::State& state, GgmlType t, int64_t cols, int64_t rows, int64_t tokens, int threads) {
   Matrix m = MakeMatrix(t, cols, rows);

@@ -36,6 +36,7 @@ constexpr GgmlTypeTraits kTraits[] = {
     {GgmlType::kW4A16ZG128, "w4a16z_g128", 128, sizeof(BlockW4<128, true>)},
     {GgmlType::kW4A8G64, "w4a8_g64", 64, sizeof(BlockW4<64, false>)},
     {GgmlType::kW4A8G128, "w4a8_g128", 128, sizeof(BlockW4<128, false>)},
+    {GgmlType::kF8E4M3, "f8_e4m3", 32, sizeof(BlockF8E4M3)},
 };
 
 // Names of all ggml type ids, for error messages about types gale does not support yet.
@@ -485,17 +486,61 @@ void DequantizeQ6_K(const BlockQ6_K* b, float* y, int64_t n) {
   }
 }
 
+// Per block: the smallest power-of-two scale 2^s with max|x| / 2^s <= 448 (e4m3's largest value),
+// as DeepSeek's FP8 weights are scaled (UE8M0), then each value rounded to the nearest e4m3.
+void QuantizeF8E4M3(const float* x, BlockF8E4M3* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    int s = -127;
+    if (amax > 0.0f && std::isfinite(amax)) {
+      int ex = 0;
+      const float m = std::frexp(amax / 448.0f, &ex);  // amax / 448 = m 2^ex, m in [0.5, 1)
+      s = m == 0.5f ? ex - 1 : ex;
+      s = std::clamp(s, -127, 127);
+    }
+    y[b].e = static_cast<uint8_t>(s + 127);
+    const float inv = 1.0f / E8M0ToFp32(y[b].e);  // 2^-s, exact
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = Fp32ToE4M3(xb[j] * inv);
+  }
+}
+
 }  // namespace
 
 float IQ4XSRunScale(const BlockIQ4_XS& b, int j) {
   return Fp16ToFp32(b.d) * static_cast<float>(IQ4XSRunFactor(b, j));
 }
 
+uint8_t Fp32ToE4M3(float v) {
+  if (std::isnan(v)) return 0;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::fabs(v);
+  uint8_t code;
+  if (a < 0x1p-6f) {  // subnormal range: steps of 2^-9; 8 steps is the smallest normal, code 0x08
+    code = static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  } else if (a >= 448.0f) {
+    code = 0x7e;
+  } else {
+    int ex = 0;
+    std::frexp(a, &ex);  // a = m 2^ex, m in [0.5, 1): the binade 2^(ex - 1), steps of 2^(ex - 4)
+    int q = static_cast<int>(std::nearbyint(std::ldexp(a, 4 - ex)));  // 8..16
+    int e = ex - 1;
+    if (q == 16) {
+      q = 8;
+      ++e;
+    }
+    code = static_cast<uint8_t>(std::min((e + 7) << 3 | (q - 8), 0x7e));
+  }
+  return static_cast<uint8_t>(sign | code);
+}
+
 bool CanQuantize(GgmlType type) {
   return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kQ8_0 ||
          type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ||
          type == GgmlType::kQ4_K || type == GgmlType::kQ6_K || type == GgmlType::kIQ4_NL ||
-         type == GgmlType::kIQ4_XS || type == GgmlType::kMXFP4 || W4FormatOf(type).group > 0;
+         type == GgmlType::kIQ4_XS || type == GgmlType::kMXFP4 || type == GgmlType::kF8E4M3 ||
+         W4FormatOf(type).group > 0;
 }
 
 uint32_t LlamaFileType(GgmlType type) {
@@ -639,6 +684,10 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
       CHECK(n % 32 == 0);
       QuantizeMXFP4(src, static_cast<BlockMXFP4*>(dst), n);
       return;
+    case GgmlType::kF8E4M3:
+      CHECK(n % 32 == 0);
+      QuantizeF8E4M3(src, static_cast<BlockF8E4M3*>(dst), n);
+      return;
     case GgmlType::kW4A16G64:
     case GgmlType::kW4A16G128:
     case GgmlType::kW4A16ZG64:
@@ -765,6 +814,14 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
         MXFP4RunValues(b.qs, v);
         const float d = E8M0HalfToFp32(b.e);
         for (int j = 0; j < 32; ++j) dst[r * 32 + j] = static_cast<float>(v[j]) * d;
+      }
+      return;
+    }
+    case GgmlType::kF8E4M3: {
+      for (int64_t r = 0; r < n / 32; ++r) {
+        const auto& b = static_cast<const BlockF8E4M3*>(src)[r];
+        const float d = E8M0ToFp32(b.e);
+        for (int j = 0; j < 32; ++j) dst[r * 32 + j] = E4M3ToFp32(b.qs[j]) * d;
       }
       return;
     }

@@ -38,6 +38,10 @@ enum class GgmlType : uint32_t {
   kW4A16ZG128 = 1027,
   kW4A8G64 = 1028,
   kW4A8G128 = 1029,
+  // gale's FP8 weight type, the format DeepSeek-V4 / V4.1 release their dense weights in: blocks
+  // of 32 OCP e4m3 values sharing a UE8M0 scale (BlockF8E4M3). `gale convert` stores the release's
+  // bytes as they are (its 32x32 or 128x128 tiles give each row block its tile's scale).
+  kF8E4M3 = 1030,
 };
 
 inline constexpr int kQK8_0 = 32;  // elements per Q8_0 block
@@ -284,6 +288,32 @@ static inline void MXFP4RunValues(const uint8_t* qs, int8_t* out) {
     out[j + 16] = kMXFP4Values[qs[j] >> 4];
   }
 }
+
+// F8E4M3: w = E4M3ToFp32(qs[j]) * E8M0ToFp32(e).
+struct BlockF8E4M3 {
+  uint8_t e;       // UE8M0 scale exponent: 2^(e - 127)
+  uint8_t qs[32];  // e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities
+};
+static_assert(sizeof(BlockF8E4M3) == 33);
+// 2^(e - 127) exactly (subnormal 2^-127 for e = 0; e = 255, UE8M0's NaN, reads as infinity).
+inline float E8M0ToFp32(uint8_t e) {
+  const uint32_t bits = e == 0 ? 0x00400000u : static_cast<uint32_t>(e) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+// An e4m3 value exactly. The NaN codes 0x7f / 0xff read as +-480, what the SIMD kernels' decode
+// (the 7 low bits shifted into an f16's exponent and mantissa, times 2^8) gives; no writer here
+// produces them.
+inline float E4M3ToFp32(uint8_t q) {
+  const int exp = (q >> 3) & 15, mant = q & 7;
+  // Subnormal: mant * 2^-9; normal: (8 + mant) * 2^(exp - 10). Both exact in f32.
+  const float mag = exp == 0 ? static_cast<float>(mant) * 0x1p-9f
+                             : static_cast<float>(8 + mant) * E8M0ToFp32(static_cast<uint8_t>(exp + 117));
+  return (q & 0x80) != 0 ? -mag : mag;
+}
+// The nearest e4m3 code to v (ties to the even code), saturating at +-448; NaN gives 0.
+uint8_t Fp32ToE4M3(float v);
 
 struct GgmlTypeTraits {
   GgmlType type;

@@ -54,7 +54,7 @@ void DequantW4A16ZG128Reference(const void* src, float* dst, int64_t n);
   DequantW4A16G64Reference, DequantW4A16G128Reference, DequantW4A16ZG64Reference, DequantW4A16ZG128Reference, \
       DequantW4A16G64Reference, DequantW4A16G128Reference
 // The reference dequantizers of the slots from kSlotQ4_1 on (Q4_1, Q5_0, Q5_1, Q3_K, Q2_K, IQ4_NL,
-// IQ4_XS, MXFP4), in slot order, for every ISA's table (a SIMD one replaces them where it has its own).
+// IQ4_XS, MXFP4, F8E4M3), in slot order, for every ISA's table (a SIMD one replaces them where it has its own).
 void DequantQ4_1Reference(const void* src, float* dst, int64_t n);
 void DequantQ5_0Reference(const void* src, float* dst, int64_t n);
 void DequantQ5_1Reference(const void* src, float* dst, int64_t n);
@@ -63,9 +63,10 @@ void DequantQ2_KReference(const void* src, float* dst, int64_t n);
 void DequantIQ4_NLReference(const void* src, float* dst, int64_t n);
 void DequantIQ4_XSReference(const void* src, float* dst, int64_t n);
 void DequantMXFP4Reference(const void* src, float* dst, int64_t n);
+void DequantF8E4M3Reference(const void* src, float* dst, int64_t n);
 #define GALE_LATER_DEQUANT_REFERENCE                                                                  \
   DequantQ4_1Reference, DequantQ5_0Reference, DequantQ5_1Reference, DequantQ3_KReference, DequantQ2_KReference, \
-      DequantIQ4_NLReference, DequantIQ4_XSReference, DequantMXFP4Reference
+      DequantIQ4_NLReference, DequantIQ4_XSReference, DequantMXFP4Reference, DequantF8E4M3Reference
 // The vector expf's table (SiluMul on AVX2 and AVX-512, computed as glibc's expf): bits of
 // 2^(i/32) minus i << 47, i < 32, 64-byte aligned. Built once, in the baseline translation unit.
 const uint64_t* ExpfTable32();

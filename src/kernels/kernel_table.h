@@ -19,7 +19,7 @@ enum TypeSlot {
   kSlotF32 = 0, kSlotF16, kSlotBF16, kSlotQ8_0, kSlotQ4_0, kSlotQ4_K, kSlotQ5_K, kSlotQ6_K,
   kSlotW4A16G64, kSlotW4A16G128, kSlotW4A16ZG64, kSlotW4A16ZG128, kSlotW4A8G64, kSlotW4A8G128,
   kSlotQ4_1, kSlotQ5_0, kSlotQ5_1, kSlotQ3_K, kSlotQ2_K, kSlotIQ4_NL, kSlotIQ4_XS,
-  kSlotMXFP4, kNumTypeSlots
+  kSlotMXFP4, kSlotF8E4M3, kNumTypeSlots
 };
 TypeSlot SlotOf(GgmlType type);
 

@@ -58,6 +58,7 @@ TypeSlot SlotOf(GgmlType type) {
     case GgmlType::kIQ4_NL: return kSlotIQ4_NL;
     case GgmlType::kIQ4_XS: return kSlotIQ4_XS;
     case GgmlType::kMXFP4: return kSlotMXFP4;
+    case GgmlType::kF8E4M3: return kSlotF8E4M3;
     case GgmlType::kW4A16G64: return kSlotW4A16G64;
     case GgmlType::kW4A16G128: return kSlotW4A16G128;
     case GgmlType::kW4A16ZG64: return kSlotW4A16ZG64;

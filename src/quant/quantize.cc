@@ -28,8 +28,10 @@ StatusOr<QuantScheme> ParseQuantScheme(const std::string& name) {
   if (name == "iq4_nl") return QuantScheme::kIQ4_NL;
   if (name == "iq4_xs") return QuantScheme::kIQ4_XS;
   if (name == "mxfp4") return QuantScheme::kMXFP4;
+  if (name == "fp8") return QuantScheme::kFP8;
   return InvalidArgument(
-      "--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, iq4_nl, iq4_xs, mxfp4, w8a8, w4a16, w4a8",
+      "--type '{}' is not one of q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, iq4_nl, iq4_xs, mxfp4, fp8, w8a8, w4a16, "
+      "w4a8",
       name);
 }
 
@@ -48,6 +50,7 @@ const char* QuantSchemeName(QuantScheme s) {
     case QuantScheme::kIQ4_NL: return "iq4_nl";
     case QuantScheme::kIQ4_XS: return "iq4_xs";
     case QuantScheme::kMXFP4: return "mxfp4";
+    case QuantScheme::kFP8: return "fp8";
   }
   return "?";
 }
@@ -73,6 +76,7 @@ StatusOr<GgmlType> SchemeType(const QuantizeOptions& o) {
     case QuantScheme::kIQ4_NL: return GgmlType::kIQ4_NL;
     case QuantScheme::kIQ4_XS: return GgmlType::kIQ4_XS;
     case QuantScheme::kMXFP4: return GgmlType::kMXFP4;
+    case QuantScheme::kFP8: return GgmlType::kF8E4M3;
     case QuantScheme::kW4A16:
       if (o.group_size == 64) return o.zero_point ? GgmlType::kW4A16ZG64 : GgmlType::kW4A16G64;
       return o.zero_point ? GgmlType::kW4A16ZG128 : GgmlType::kW4A16G128;
@@ -458,6 +462,8 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
     GgmlType target = options.transform_only ? GgmlType::kF32 : type;
     // MXFP4 is for the experts, as llama.cpp's MXFP4_MOE: every other matrix becomes Q8_0.
     if (target == GgmlType::kMXFP4 && t.shape.size() != 3) target = GgmlType::kQ8_0;
+    // FP8 as DeepSeek-V4 / V4.1 release their weights: the experts FP4 (MXFP4), the rest FP8.
+    if (target == GgmlType::kF8E4M3 && t.shape.size() == 3) target = GgmlType::kMXFP4;
     if (why.empty() && t.shape[0] % block != 0) {
       // As llama.cpp: a 256-element type's 32-element counterpart where the rows allow, else F16.
       const GgmlType alt = type == GgmlType::kQ4_K    ? GgmlType::kQ5_0
@@ -500,7 +506,9 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
                                      }
                                    }));
     report.bytes_out += static_cast<uint64_t>(rows * dst_row);
-    if (why.empty() && target == type) ++report.quantized;
+    if (why.empty() && (target == type || (type == GgmlType::kF8E4M3 && target == GgmlType::kMXFP4))) {
+      ++report.quantized;
+    }
     if (why.empty() && type == GgmlType::kMXFP4 && target == GgmlType::kQ8_0) ++report.quantized_q8;
   }
   return report;

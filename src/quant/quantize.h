@@ -32,7 +32,8 @@
 namespace gale {
 
 enum class QuantScheme { kQ8_0, kQ4_0, kW8A8, kW4A16, kW4A8, kQ4_K, kQ6_K, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL, kIQ4_XS,
-                         kMXFP4 };  // mxfp4: the experts (3-D tensors) MXFP4, other matrices Q8_0, as llama.cpp's MXFP4_MOE
+                         kMXFP4,    // mxfp4: the experts (3-D tensors) MXFP4, other matrices Q8_0, as llama.cpp's MXFP4_MOE
+                         kFP8 };    // fp8: the experts MXFP4, other matrices F8E4M3, DeepSeek-V4's release types
 // "q8_0", "q4_0", "w8a8", "w4a16", "w4a8", "q4_k", "q6_k"
 StatusOr<QuantScheme> ParseQuantScheme(const std::string& name);
 const char* QuantSchemeName(QuantScheme s);

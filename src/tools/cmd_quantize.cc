@@ -58,7 +58,7 @@ CommandFn RegisterQuantize(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("-i,--input", o->in, "F32/F16/BF16 GGUF")->required();
   app.add_option("-o,--output", o->out, "output GGUF")->required();
-  app.add_option("--type", o->type, "q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q6_k | iq4_nl | iq4_xs | mxfp4 (experts; Q8_0 elsewhere) | w8a8 | w4a16 | w4a8")->capture_default_str();
+  app.add_option("--type", o->type, "q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q6_k | iq4_nl | iq4_xs | mxfp4 (experts; Q8_0 elsewhere) | fp8 (f8_e4m3; experts mxfp4) | w8a8 | w4a16 | w4a8")->capture_default_str();
   app.add_option("--group-size", o->group_size, "w4a16 / w4a8: weights per scale, 64 or 128")->capture_default_str();
   app.add_flag("--zero-point", o->zero_point, "w4a16: an f16 offset per group (asymmetric)");
   app.add_option("--calib", o->calib,

@@ -186,6 +186,81 @@ TEST(GgmlTypesTest, QuantizeDequantizeErrorBounded) {
   }
 }
 
+// e4m3 from its definition (OCP FP8 "fn": bias 7, no infinities): every code's value, the
+// encoder's nearest-even rounding against a search over all codes, saturation at 448.
+TEST(GgmlTypesTest, E4M3CodesAndRounding) {
+  EXPECT_EQ(E4M3ToFp32(0x00), 0.0f);
+  EXPECT_EQ(E4M3ToFp32(0x01), 0x1p-9f);   // smallest subnormal
+  EXPECT_EQ(E4M3ToFp32(0x07), 7 * 0x1p-9f);
+  EXPECT_EQ(E4M3ToFp32(0x08), 0x1p-6f);   // smallest normal
+  EXPECT_EQ(E4M3ToFp32(0x38), 1.0f);
+  EXPECT_EQ(E4M3ToFp32(0x3c), 1.5f);
+  EXPECT_EQ(E4M3ToFp32(0x7e), 448.0f);
+  EXPECT_EQ(E4M3ToFp32(0xb8), -1.0f);
+  EXPECT_EQ(E4M3ToFp32(0x7f), 480.0f);    // the NaN code, as the SIMD decode reads it
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    const float v = E4M3ToFp32(static_cast<uint8_t>(c));
+    // The f16 route the kernels take: the 7 low bits as an f16's exponent and mantissa, times 2^8.
+    const uint16_t h = static_cast<uint16_t>((c & 0x80) << 8 | (c & 0x7f) << 7);
+    EXPECT_EQ(Fp16ToFp32(h) * 256.0f, v) << c;
+    if (c != 0x80) EXPECT_EQ(Fp32ToE4M3(v), c) << c;
+  }
+  EXPECT_EQ(Fp32ToE4M3(1000.0f), 0x7e);
+  EXPECT_EQ(Fp32ToE4M3(-460.0f), 0xfe);
+  EXPECT_EQ(Fp32ToE4M3(1.0625f), 0x38);   // halfway between 1 and 1.125: to the even code
+  EXPECT_EQ(Fp32ToE4M3(1.1875f), 0x3a);   // halfway between 1.125 and 1.25: to the even code
+  Rng rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = std::ldexp(rng.Uniform(-1.0f, 1.0f), static_cast<int>(rng.NextU64() % 22) - 12);
+    int best = 0;
+    float err = INFINITY;
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7f) == 0x7f) continue;
+      const float e = std::fabs(E4M3ToFp32(static_cast<uint8_t>(c)) - x);
+      if (e < err || (e == err && (c & 1) == 0 && E4M3ToFp32(static_cast<uint8_t>(c)) != 0.0f)) {
+        err = e;
+        best = c;
+      }
+    }
+    ASSERT_EQ(E4M3ToFp32(Fp32ToE4M3(x)), E4M3ToFp32(static_cast<uint8_t>(best))) << x;
+  }
+}
+
+// F8E4M3 blocks: the scale is the smallest power of two that puts the block's largest value at
+// or under 448, the values the nearest e4m3 of x / scale; a release's bytes read back exactly.
+TEST(GgmlTypesTest, F8E4M3BlocksScaleByPowersOfTwo) {
+  Rng rng(6);
+  std::vector<float> x(32 * 40);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = rng.Uniform(-1.0f, 1.0f) * std::ldexp(1.0f, static_cast<int>(i / 32) - 20);
+  x[5] = 0.0f;
+  std::vector<BlockF8E4M3> q(x.size() / 32);
+  std::vector<float> y(x.size());
+  QuantizeRowRef(GgmlType::kF8E4M3, x.data(), q.data(), x.size());
+  DequantizeRowRef(GgmlType::kF8E4M3, q.data(), y.data(), x.size());
+  for (size_t b = 0; b < q.size(); ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[b * 32 + j]));
+    const float scale = E8M0ToFp32(q[b].e);
+    EXPECT_LE(amax / scale, 448.0f) << b;
+    EXPECT_GT(amax / scale, 224.0f) << b;  // and not a power of two larger
+    for (int j = 0; j < 32; ++j) {
+      const size_t i = b * 32 + j;
+      EXPECT_EQ(q[b].qs[j], Fp32ToE4M3(x[i] / scale)) << i;
+      // Half an e4m3 step: 2^-4 relative in the normal range, 2^-10 scale below it.
+      ASSERT_LE(std::fabs(y[i] - x[i]), std::fmax(std::fabs(x[i]) / 16.0f, scale * 0x1p-10f)) << i;
+    }
+  }
+  // A known block: values 7 and -0.3125.
+  float one[32] = {7.0f, -0.3125f};
+  BlockF8E4M3 b;
+  QuantizeRowRef(GgmlType::kF8E4M3, one, &b, 32);
+  EXPECT_EQ(b.e, 127 - 6);  // 7 / 448 = 2^-6: exactly a power of two, so that one
+  EXPECT_EQ(b.qs[0], 0x7e);  // 448
+  EXPECT_EQ(b.qs[1], 0xda);  // -20 = -(8 + 2) * 2^(11 - 10): sign, exponent field 11, mantissa 2
+  EXPECT_EQ(b.qs[2], 0x00);
+}
+
 // gale's K-quant writers produce blocks that llama.cpp's layout reads back (through the bit-exact
 // dequantizers) with errors in the expected order: Q4_K (asymmetric 32-element sub-blocks, 6-bit
 // scales) below Q4_0, Q6_K well below that, Q8_0 below Q6_K. Also the constant and zero cases.

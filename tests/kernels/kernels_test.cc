@@ -1492,6 +1492,41 @@ TEST(KernelsTest, LegacyTypesMatchTheirReferencesAndAreBatchInvariant) {
   }
 }
 
+// F8E4M3 (DeepSeek's FP8) decodes to exactly its dequantized values on every ISA, so its products
+// are bitwise those of the dequantized f32 matrix through the same ISA's f32 kernels, one token
+// or many (the decoded-rows path), and every ISA agrees with the exact product.
+TEST(KernelsTest, F8E4M3ProductsEqualTheDequantizedF32Ones) {
+  const int64_t k = 1088, rows = 19;
+  std::vector<uint8_t> w;
+  const TensorView v = MakeWeights(GgmlType::kF8E4M3, k, rows, &w, 31);
+  std::vector<float> deq(k * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeRowRef(GgmlType::kF8E4M3, w.data() + r * RowBytes(GgmlType::kF8E4M3, k), deq.data() + r * k, k);
+  }
+  std::vector<uint8_t> f32(deq.size() * 4);
+  std::memcpy(f32.data(), deq.data(), f32.size());
+  const TensorView vf = ViewOf(GgmlType::kF32, k, rows, f32);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (GetKernelTable(isa) == nullptr) continue;
+    SetActiveIsa(isa);
+    for (int64_t tokens : {1, 2, 7, 13}) {
+      const auto x = test::RandomFloats(k * tokens, 40 + tokens);
+      ThreadPool two(2);
+      std::vector<float> got(rows * tokens), want(rows * tokens);
+      MatMul(v, x.data(), tokens, got.data(), two);
+      MatMul(vf, x.data(), tokens, want.data(), two);
+      for (int64_t i = 0; i < rows * tokens; ++i) {
+        ASSERT_EQ(F32Bits(got[i]), F32Bits(want[i])) << IsaName(isa) << " tokens " << tokens << " at " << i;
+        const ExactProduct p = ExactRowProduct(std::vector<float>(deq.begin() + (i % rows) * k,
+                                                                  deq.begin() + (i % rows + 1) * k),
+                                               x.data() + (i / rows) * k, k);
+        ASSERT_NEAR(got[i], p.exact, 1e-4 * p.sum_abs + 1e-6) << IsaName(isa);
+      }
+    }
+  }
+  SetActiveIsa(BestIsa());
+}
+
 // With AVX-VNNI, AVX2's int8-activation products (vpdpbusd) are bitwise those without it
 // (maddubs + madd): the same integers, the same float steps.
 TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
@@ -1546,8 +1581,10 @@ TEST(KernelsTest, Avx2W4A16EqualsDequantizedF32) {
   if (GetKernelTable(Isa::kAvx2) == nullptr) GTEST_SKIP() << "no AVX2 here";
   SetActiveIsa(Isa::kAvx2);
   const int64_t k = 384, rows = 9, tokens = 5;
-  for (GgmlType t : kW4Types) {
-    if (W4FormatOf(t).group == 0 || Active().gemm_float[SlotOf(t)] == nullptr) continue;
+  std::vector<GgmlType> types(std::begin(kW4Types), std::end(kW4Types));
+  types.push_back(GgmlType::kF8E4M3);
+  for (GgmlType t : types) {
+    if ((W4FormatOf(t).group == 0 && t != GgmlType::kF8E4M3) || Active().gemm_float[SlotOf(t)] == nullptr) continue;
     std::vector<uint8_t> w;
     const TensorView v = MakeWeights(t, k, rows, &w, 77);
     std::vector<float> deq(k * rows);

@@ -290,7 +290,7 @@ TEST(Deepseek4Test, QuantizedFilesRun) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < 200; ++i) tokens.push_back(1 + (i * 37 + 5) % 511);
   const std::vector<float> want = Logits(*LoadModel(*f32).value(), tokens, tokens.size());
-  for (QuantScheme scheme : {QuantScheme::kQ8_0, QuantScheme::kMXFP4}) {
+  for (QuantScheme scheme : {QuantScheme::kQ8_0, QuantScheme::kMXFP4, QuantScheme::kFP8}) {
     QuantizeOptions o;
     o.scheme = scheme;
     GgufWriter w;
@@ -298,6 +298,10 @@ TEST(Deepseek4Test, QuantizedFilesRun) {
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     auto q = GgufFile::FromBytes(w.WriteToBytes()).value();
     EXPECT_EQ(q->FindTensor("blk.0.ffn_gate_tid2eid.weight")->type_id, 26u);
+    if (scheme == QuantScheme::kFP8) {  // the release's types: FP8 matrices, FP4 experts
+      EXPECT_EQ(q->FindTensor("blk.1.attn_q_b.weight")->type_id, static_cast<uint32_t>(GgmlType::kF8E4M3));
+      EXPECT_EQ(q->FindTensor("blk.1.ffn_up_exps.weight")->type_id, static_cast<uint32_t>(GgmlType::kMXFP4));
+    }
     EXPECT_EQ(q->FindTensor("blk.1.hc_attn_fn.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
     auto m = LoadModel(*q);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -308,8 +312,9 @@ TEST(Deepseek4Test, QuantizedFilesRun) {
       sq += (got[i] - want[i]) * (got[i] - want[i]);
       ref += want[i] * want[i];
     }
-    // Measured 0.17 (q8_0) and 0.40 (mxfp4): random-weight mixtures amplify rounding through
-    // expert choices that flip (qwen3moe's q8_0: 0.23, QuantizeTest.MixturesQuantizeTheirExperts).
+    // Measured 0.17 (q8_0), 0.40 (mxfp4) and 0.45 (fp8): random-weight mixtures amplify
+    // rounding through expert choices that flip (qwen3moe's q8_0: 0.23,
+    // QuantizeTest.MixturesQuantizeTheirExperts).
     std::printf("%s: relative rms error against f32 %.3f\n", QuantSchemeName(scheme), std::sqrt(sq / ref));
     EXPECT_LT(std::sqrt(sq / ref), scheme == QuantScheme::kQ8_0 ? 0.3 : 0.6);
   }
@@ -555,14 +560,16 @@ TEST(Deepseek41Test, QuantizedFilesRun) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < 200; ++i) tokens.push_back(1 + (i * 37 + 5) % 511);
   const std::vector<float> want = Logits(*LoadModel(*f32).value(), tokens, tokens.size());
+  for (QuantScheme scheme : {QuantScheme::kQ8_0, QuantScheme::kFP8}) {
+  const GgmlType dense = scheme == QuantScheme::kQ8_0 ? GgmlType::kQ8_0 : GgmlType::kF8E4M3;
   QuantizeOptions o;
-  o.scheme = QuantScheme::kQ8_0;
+  o.scheme = scheme;
   GgufWriter w;
   const auto report = QuantizeModel(*f32, o, &w);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   auto q = GgufFile::FromBytes(w.WriteToBytes()).value();
-  EXPECT_EQ(q->FindTensor("blk.0.engram_embd.weight")->type_id, static_cast<uint32_t>(GgmlType::kQ8_0));
-  EXPECT_EQ(q->FindTensor("blk.0.engram_wkv.weight")->type_id, static_cast<uint32_t>(GgmlType::kQ8_0));
+  EXPECT_EQ(q->FindTensor("blk.0.engram_embd.weight")->type_id, static_cast<uint32_t>(dense));
+  EXPECT_EQ(q->FindTensor("blk.0.engram_wkv.weight")->type_id, static_cast<uint32_t>(dense));
   EXPECT_EQ(q->FindTensor("blk.3.engram_q.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
   EXPECT_EQ(q->FindTensor("blk.1.hc_ffn_fn.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
   auto m = LoadModel(*q);
@@ -574,11 +581,42 @@ TEST(Deepseek41Test, QuantizedFilesRun) {
     sq += (got[i] - want[i]) * (got[i] - want[i]);
     ref += want[i] * want[i];
   }
-  // Measured 0.37 (V4's 0.17): the gate's signed square root has an unbounded slope at 0, and
-  // ratio-1/2 rows with a top-8 indexer flip picks; quantizing the Engram tensors alone gives
-  // 0.29, everything but them 0.37.
-  std::printf("q8_0: relative rms error against f32 %.3f\n", std::sqrt(sq / ref));
-  EXPECT_LT(std::sqrt(sq / ref), 0.5);
+  // Measured 0.37 for q8_0 (V4's 0.17) and 0.70 for fp8 (e4m3's 3 mantissa bits: about 6 times
+  // Q8_0's rms weight error on uniform random weights): the gate's signed square root has an
+  // unbounded slope at 0, and ratio-1/2 rows with a top-8 indexer flip picks; quantizing the
+  // Engram tensors alone to q8_0 gives 0.29, everything but them 0.37.
+  std::printf("%s: relative rms error against f32 %.3f\n", QuantSchemeName(scheme), std::sqrt(sq / ref));
+  EXPECT_LT(std::sqrt(sq / ref), scheme == QuantScheme::kQ8_0 ? 0.5 : 0.85);
+  if (scheme == QuantScheme::kFP8) {
+    // What the FP8 file computes is its weights' values exactly: the same file dequantized to f32
+    // gives the same logits (the FP8 kernels decode to the dequantizer's values, bitwise).
+    GgufWriter wf;
+    for (const auto& [key, value] : q->metadata()) wf.SetValue(key, value);
+    for (const GgufTensorInfo& t : q->tensors()) {
+      const auto traits = GetTypeTraits(t.type_id);
+      if (!traits || (traits->type != GgmlType::kF8E4M3 && traits->type != GgmlType::kMXFP4)) {
+        ASSERT_TRUE(wf.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+        continue;
+      }
+      std::vector<float> values(t.NumElements());
+      const int64_t cols = t.shape[0];
+      for (int64_t r = 0; r < t.NumElements() / cols; ++r) {
+        DequantizeRowRef(traits->type, t.data + r * RowBytes(traits->type, cols), values.data() + r * cols, cols);
+      }
+      std::vector<uint8_t> bytes(values.size() * 4);
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+      ASSERT_TRUE(wf.AddTensor(t.name, static_cast<uint32_t>(GgmlType::kF32), t.shape, std::move(bytes)).ok());
+    }
+    auto deq = GgufFile::FromBytes(wf.WriteToBytes()).value();
+    EXPECT_EQ(deq->FindTensor("blk.0.engram_wkv.weight")->type_id, static_cast<uint32_t>(GgmlType::kF32));
+    const std::vector<float> as_f32 = Logits(*LoadModel(*deq).value(), tokens, tokens.size());
+    ASSERT_EQ(as_f32.size(), got.size());
+    float worst = 0.0f;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - as_f32[i]));
+    std::printf("fp8 against its own values in f32: largest difference %g\n", worst);
+    EXPECT_LT(worst, 1e-4f);
+  }
+  }
 }
 
 // Files the loader refuses, each with its reason: a reader before any source, an Engram bucket

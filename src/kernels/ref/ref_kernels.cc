@@ -188,6 +188,7 @@ void DequantQ2_KReference(const void* src, float* dst, int64_t n) { DequantizeRo
 void DequantIQ4_NLReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kIQ4_NL, src, dst, n); }
 void DequantIQ4_XSReference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kIQ4_XS, src, dst, n); }
 void DequantMXFP4Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kMXFP4, src, dst, n); }
+void DequantF8E4M3Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kF8E4M3, src, dst, n); }
 void DequantW4A16G64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G64, src, dst, n); }
 void DequantW4A16G128Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16G128, src, dst, n); }
 void DequantW4A16ZG64Reference(const void* src, float* dst, int64_t n) { DequantizeRowRef(GgmlType::kW4A16ZG64, src, dst, n); }

@@ -325,10 +325,29 @@ inline __m256 LoadW4A16x8(const uint8_t* row, int64_t i) {
   return _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(d), q), _mm256_set1_ps(m));
 }
 
+// F8E4M3 rows: 8 e4m3 bytes at i (a multiple of 8) of block i / 32, sign-extended to 16 bits and
+// shifted left 7: the sign lands in bit 15 (and 14, cleared), the 7 low bits in an f16's exponent
+// and mantissa, which is the value times 2^-8 (subnormals too: f16's exponent bias is 8 more), so
+// F16C converts it exactly; times 2^8 times the block's scale (one factor while it is a float:
+// scale exponents to 2^119), the dequantizer's one rounding.
+inline __m256 LoadF8x8(const uint8_t* row, int64_t i) {
+  const auto* blk = reinterpret_cast<const BlockF8E4M3*>(row) + i / 32;
+  const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->qs + i % 32)));
+  const __m256 v = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(-0x4001)));
+  if (blk->e <= 246) [[likely]] return _mm256_mul_ps(v, _mm256_set1_ps(E8M0ToFp32(static_cast<uint8_t>(blk->e + 8))));
+  return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(256.0f)), _mm256_set1_ps(E8M0ToFp32(blk->e)));
+}
+
+// Types whose rows a float product decodes (rather than reads as floats): whole blocks, no tail.
+template <GgmlType kType>
+constexpr bool kDecodedFloat = kW4A16Group<kType> > 0 || kType == GgmlType::kF8E4M3;
+
 template <GgmlType kType>
 inline __m256 LoadW8(const uint8_t* row, int64_t i) {
   if constexpr (kW4A16Group<kType> > 0) {
     return LoadW4A16x8<kType>(row, i);
+  } else if constexpr (kType == GgmlType::kF8E4M3) {
+    return LoadF8x8(row, i);
   } else if constexpr (kType == GgmlType::kF32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
   } else if constexpr (kType == GgmlType::kF16) {
@@ -340,7 +359,7 @@ inline __m256 LoadW8(const uint8_t* row, int64_t i) {
 
 template <GgmlType kType>
 inline float ScalarW(const uint8_t* row, int64_t i) {
-  static_assert(kW4A16Group<kType> == 0, "W4 rows are whole groups: no tail");
+  static_assert(!kDecodedFloat<kType>, "W4 and F8 rows are whole blocks: no tail");
   if constexpr (kType == GgmlType::kF32) return reinterpret_cast<const float*>(row)[i];
   else if constexpr (kType == GgmlType::kF16) return Fp16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
   else return Bf16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
@@ -355,11 +374,13 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   const uint8_t* rows = w + r0 * row_bytes;
   const float* xs = x + t0 * k;
   int64_t i = 0;
-  // Elements per 64-byte line (W4A16: about two per byte) and a line's byte offset in a row.
-  constexpr int64_t kPerLine = kType == GgmlType::kF32 ? 16 : kW4A16Group<kType> > 0 ? 128 : 32;
+  // Elements per 64-byte line (W4A16: about two per byte, F8: about one) and a line's byte offset
+  // in a row.
+  constexpr int64_t kPerLine = kType == GgmlType::kF32 ? 16 : kW4A16Group<kType> > 0 ? 128
+                                                         : kType == GgmlType::kF8E4M3 ? 64 : 32;
   for (; i + 8 <= k; i += 8) {
     if ((i & (kPerLine - 1)) == 0) {  // the next tile's rows, a line at a time (see the AVX-512 tile)
-      const int64_t at = i / kPerLine * 64;
+      const int64_t at = kType == GgmlType::kF8E4M3 ? i / 32 * 33 : i / kPerLine * 64;
       for (int r = 0; r < R; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + at), _MM_HINT_T0);
       }
@@ -374,7 +395,7 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
       float sum = HSum(acc[r][t]);
-      if constexpr (kW4A16Group<kType> == 0) {
+      if constexpr (!kDecodedFloat<kType>) {
         for (int64_t j = i; j < k; ++j) sum += ScalarW<kType>(rows + r * row_bytes, j) * xs[t * k + j];
       }
       y[(t0 + t) * ldy + r0 + r] = sum;
@@ -389,7 +410,7 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
                float* y, int64_t ldy) {
   static constexpr TileFloatFn kTiles[2][2] = {{TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>},
                                                {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>}};
-  if constexpr (kW4A16Group<kType> > 0) {
+  if constexpr (kDecodedFloat<kType>) {
     // More than one token tile: each row would be decoded once per tile, so decode blocks of rows
     // to f32 once (the same values) and run the f32 tiles over them; bitwise the same sums.
     if (num_tokens > 2) {
@@ -399,7 +420,7 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
         const int64_t n = num_rows - r0 < kRowBlock ? num_rows - r0 : kRowBlock;
         for (int64_t r = 0; r < n; ++r) {
           for (int64_t i = 0; i < k; i += 8) {
-            _mm256_storeu_ps(rows + r * k + i, LoadW4A16x8<kType>(w + (r0 + r) * row_bytes, i));
+            _mm256_storeu_ps(rows + r * k + i, LoadW8<kType>(w + (r0 + r) * row_bytes, i));
           }
         }
         GemmFloat<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(rows), k * 4, n, x, k, num_tokens, y + r0, ldy);
@@ -449,7 +470,8 @@ const KernelTable& Avx2TableWithoutVnni() {
        GALE_W4_DEQUANT_REFERENCE, GALE_LATER_DEQUANT_REFERENCE},
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, GemmFloat<GgmlType::kBF16>, nullptr, nullptr, nullptr,
        nullptr, nullptr, GemmFloat<GgmlType::kW4A16G64>, GemmFloat<GgmlType::kW4A16G128>,
-       GemmFloat<GgmlType::kW4A16ZG64>, GemmFloat<GgmlType::kW4A16ZG128>},
+       GemmFloat<GgmlType::kW4A16ZG64>, GemmFloat<GgmlType::kW4A16ZG128>, nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmFloat<GgmlType::kF8E4M3>},
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0, false>, GemmQuant<GgmlType::kQ4_0, false>, GemmQuantK<GgmlType::kQ4_K, false>,
        GemmQuantK<GgmlType::kQ5_K, false>, GemmQuantK<GgmlType::kQ6_K, false>, nullptr, nullptr, nullptr, nullptr,
        GemmQuant<GgmlType::kW4A8G64, false>, GemmQuant<GgmlType::kW4A8G128, false>,

@@ -373,7 +373,19 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 
 template <GgmlType kType, bool kMasked>
 inline __m512 LoadW16(const uint8_t* row, int64_t i, __mmask16 m) {
-  if constexpr (kType == GgmlType::kF32) {
+  if constexpr (kType == GgmlType::kF8E4M3) {
+    // 16 e4m3 bytes of block i / 32 (i a multiple of 16), sign-extended to 16 bits and shifted
+    // left 7: the sign lands in bit 15 (and 14, cleared), the 7 low bits in an f16's exponent and
+    // mantissa, which is the value times 2^-8 (subnormals too: f16's exponent bias is 8 more), so
+    // the conversion is exact; times 2^8 times the scale (one factor while it is a float: scale
+    // exponents to 2^119), the dequantizer's one rounding. Rows are whole blocks: no mask.
+    const auto* blk = reinterpret_cast<const BlockF8E4M3*>(row) + i / 32;
+    const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs + i % 32)));
+    const __m512 v = _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(-0x4001)));
+    (void)m;
+    if (blk->e <= 246) [[likely]] return _mm512_mul_ps(v, _mm512_set1_ps(E8M0ToFp32(static_cast<uint8_t>(blk->e + 8))));
+    return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(256.0f)), _mm512_set1_ps(E8M0ToFp32(blk->e)));
+  } else if constexpr (kType == GgmlType::kF32) {
     const float* p = reinterpret_cast<const float*>(row) + i;
     return kMasked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
   } else {
@@ -450,12 +462,14 @@ void TileFloatRange(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes,
     for (int t = 0; t < T; ++t) acc[r][t] = kWhole || k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part + r * T + t);
   const uint8_t* rows = w + r0 * row_bytes;
   const float* xs = x + t0 * k;
-  constexpr int64_t kEl = kType == GgmlType::kF32 ? 4 : 2;
+  constexpr int64_t kEl = kType == GgmlType::kF32 ? 4 : kType == GgmlType::kF8E4M3 ? 1 : 2;
   int64_t i = k0;
   for (; i + 16 <= k1; i += 16) {
     if (kWhole && (i & (64 / kEl - 1)) == 0) {
+      // F8: 33 bytes per 32 elements.
+      const int64_t at = kType == GgmlType::kF8E4M3 ? i / 32 * 33 : i * kEl;
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + i * kEl), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + at), _MM_HINT_T0);
       }
     }
     StepFloat<kType, R, T, false>(rows, row_bytes, xs, k, i, 0, acc);
@@ -912,7 +926,8 @@ const KernelTable& Avx512Table() {
       // BF16: gemm_bf16 below.
       {GemmFloat<GgmlType::kF32>, GemmFloat<GgmlType::kF16>, nullptr, nullptr, nullptr, nullptr,
        nullptr, nullptr, GemmW4A16<GgmlType::kW4A16G64>, GemmW4A16<GgmlType::kW4A16G128>,
-       GemmW4A16<GgmlType::kW4A16ZG64>, GemmW4A16<GgmlType::kW4A16ZG128>},
+       GemmW4A16<GgmlType::kW4A16ZG64>, GemmW4A16<GgmlType::kW4A16ZG128>, nullptr, nullptr, nullptr, nullptr,
+       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, GemmFloat<GgmlType::kF8E4M3>},
       // Q5_0 matrices are packed (avx512_packed.cc); this one is for views without a packed copy.
       {nullptr, nullptr, nullptr, GemmQuant<GgmlType::kQ8_0>, GemmQuant<GgmlType::kQ4_0>, nullptr, nullptr, nullptr,
        nullptr, nullptr, nullptr, nullptr, GemmQuant<GgmlType::kW4A8G64>, GemmQuant<GgmlType::kW4A8G128>,
