@@ -17,19 +17,43 @@
 #include "base/file.h"
 #include "model/rope_scaling.h"
 #include "convert/hf_tokenizer.h"
+#include "convert/hf_internal.h"
 
 namespace gale {
+
+StatusOr<nlohmann::json> ReadHfJson(const std::filesystem::path& p, bool required) {
+  if (!required && !std::filesystem::exists(p)) return nlohmann::json();
+  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(p.string()));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("'{}' is not a JSON object", p.string());
+  return j;
+}
+
+StatusOr<HfTensors> LoadHfTensors(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  HfTensors tensors;
+  std::vector<fs::path> paths;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") paths.push_back(e.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) return InvalidArgument("'{}' has no .safetensors files", dir.string());
+  for (const auto& p : paths) {
+    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> f, SafetensorsFile::Open(p.string()));
+    for (const auto& t : f->tensors()) {
+      if (!tensors.emplace(t.name, std::make_pair(f, &t)).second) {
+        return InvalidArgument("tensor '{}' is in two files", t.name);
+      }
+    }
+  }
+  return tensors;
+}
+
 namespace {
 
 using Json = nlohmann::json;
 
-StatusOr<Json> ReadJson(const std::filesystem::path& p, bool required) {
-  if (!required && !std::filesystem::exists(p)) return Json();
-  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(p.string()));
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("'{}' is not a JSON object", p.string());
-  return j;
-}
+StatusOr<Json> ReadJson(const std::filesystem::path& p, bool required) { return ReadHfJson(p, required); }
 
 StatusOr<int64_t> IntField(const Json& j, const char* key, int64_t fallback = -1) {
   if (!j.contains(key) || j[key].is_null()) {
@@ -108,6 +132,10 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     for (auto it = text.begin(); it != text.end(); ++it) config[it.key()] = it.value();
     arch = "Gemma3ForCausalLM";
   }
+  if (arch == "DeepseekV4ForCausalLM" || arch == "deepseek_v4" || arch == "DeepseekV41ForCausalLM" ||
+      arch == "deepseek_v41" || arch == "DeepseekV41ForConditionalGeneration") {
+    return ConvertDeepseek4Hf(dir, config, type, out);
+  }
   // The GGUF architecture: llama (Llama, Mistral: RoPE in normal mode, so q/k rows are permuted
   // from Hugging Face's rotate-half order), qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms),
   // both NEOX-mode RoPE as Hugging Face computes it (rows as they are).
@@ -127,7 +155,7 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   } else {
     return InvalidArgument("config.json: architecture '{}' is not supported (LlamaForCausalLM, MistralForCausalLM, "
                            "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                           "Gemma3ForConditionalGeneration)", arch);
+                           "Gemma3ForConditionalGeneration, DeepseekV4ForCausalLM, DeepseekV41ForCausalLM)", arch);
   }
   const bool gemma = gguf_arch == "gemma2" || gguf_arch == "gemma3";
   const bool neox = gguf_arch != "llama";
@@ -164,21 +192,7 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
 
   // Tensors from every safetensors file in the folder (sharded checkpoints too).
   // The writer fills tensors later: each callback keeps its file alive.
-  std::map<std::string, std::pair<std::shared_ptr<SafetensorsFile>, const SafetensorsTensor*>> tensors;
-  std::vector<fs::path> paths;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") paths.push_back(e.path());
-  }
-  std::sort(paths.begin(), paths.end());
-  if (paths.empty()) return InvalidArgument("'{}' has no .safetensors files", dir_name);
-  for (const auto& p : paths) {
-    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> f, SafetensorsFile::Open(p.string()));
-    for (const auto& t : f->tensors()) {
-      if (!tensors.emplace(t.name, std::make_pair(f, &t)).second) {
-        return InvalidArgument("tensor '{}' is in two files", t.name);
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(const HfTensors tensors, LoadHfTensors(dir));
 
   // Tokenizer.
   ASSIGN_OR_RETURN(const Json tj, ReadJson(dir / "tokenizer.json", true));

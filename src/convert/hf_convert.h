@@ -8,6 +8,8 @@
 // BPE (GPT-2's pre-tokenizer, or Llama 3's or Qwen2's split regex) with merges,
 // or SentencePiece-style BPE with byte fallback (Llama 2, Mistral, TinyLlama) as GGUF's "llama"
 // tokenizer with scores from merge ranks; added tokens become control or user-defined tokens.
+// DeepSeek-V4 / V4.1 checkpoints go through their own converter (hf_deepseek4.cc): FP8 and FP4
+// tensors are kept exactly (F8E4M3, MXFP4), the rest as for the others.
 #pragma once
 
 #include <string>

@@ -23,7 +23,9 @@ int64_t SafetensorsDtypeSize(std::string_view dtype) {
   if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
   if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
   if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
-  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2") return 1;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2" || dtype == "F8_E8M0") {
+    return 1;
+  }
   return 0;
 }
 

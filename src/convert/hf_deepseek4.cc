@@ -1,0 +1,494 @@
+// DeepSeek-V4 / V4.1 checkpoints as DeepSeek publishes them (flat names such as
+// layers.N.attn.wq_a.weight, FP8 e4m3 dense weights with a UE8M0 scale per 128x128 (V4) or 32x32
+// (V4.1) tile in a .scale tensor beside them, routed experts FP4 e2m1 packed two per byte, low
+// nibble first, with a UE8M0 scale per 32 of a row) to gale's deepseek4 / deepseek41 GGUF with
+// llama.cpp's tensor names. FP8 tensors become F8E4M3 (each row's 32-blocks take their tile's
+// scale) and FP4 experts MXFP4 (the same codes and scales, nibbles in ggml's order): both exact.
+// BF16/F16/F32 matrices take --outtype; vectors, the router, the hyper-connection mixes, sinks and
+// positional biases are F32; the hash routing table I32. The multi-token-prediction block (mtp.*)
+// is not converted (gale does not run it); V4.1's Engram is refused (below).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "convert/hf_internal.h"
+#include "convert/hf_tokenizer.h"
+
+namespace gale {
+namespace {
+
+using Json = nlohmann::json;
+constexpr uint32_t kGgmlI32 = 26;
+
+StatusOr<int64_t> Int(const Json& j, const char* key, int64_t fallback = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback >= 0) return fallback;
+    return InvalidArgument("config.json: '{}' is missing", key);
+  }
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0 || j[key].get<int64_t>() > (int64_t{1} << 26)) {
+    return InvalidArgument("config.json: '{}' must be a non-negative integer", key);
+  }
+  return j[key].get<int64_t>();
+}
+
+double Num(const Json& j, const char* key, double fallback) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+
+// The GGUF name of a checkpoint tensor (V4's and V4.1's), or "" for one gale does not convert.
+std::string GgufName(const std::string& hf) {
+  static const std::pair<const char*, const char*> kTop[] = {
+      {"embed.weight", "token_embd.weight"},  {"head.weight", "output.weight"},
+      {"norm.weight", "output_norm.weight"},  {"hc_head_base", "output_hc_base.weight"},
+      {"hc_head_fn", "output_hc_fn.weight"},  {"hc_head_scale", "output_hc_scale.weight"}};
+  for (const auto& [a, b] : kTop) {
+    if (hf == a) return b;
+  }
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"attn_norm.weight", "attn_norm.weight"},
+      {"ffn_norm.weight", "ffn_norm.weight"},
+      {"attn.wq_a.weight", "attn_q_a.weight"},
+      {"attn.q_norm.weight", "attn_q_a_norm.weight"},
+      {"attn.wq_b.weight", "attn_q_b.weight"},
+      {"attn.wkv.weight", "attn_kv.weight"},
+      {"attn.kv_norm.weight", "attn_kv_a_norm.weight"},
+      {"attn.attn_sink", "attn_sinks.weight"},
+      {"attn.wo_a.weight", "attn_output_a.weight"},
+      {"attn.wo_b.weight", "attn_output_b.weight"},
+      {"hc_attn_base", "hc_attn_base.weight"},
+      {"hc_attn_fn", "hc_attn_fn.weight"},
+      {"hc_attn_scale", "hc_attn_scale.weight"},
+      {"hc_ffn_base", "hc_ffn_base.weight"},
+      {"hc_ffn_fn", "hc_ffn_fn.weight"},
+      {"hc_ffn_scale", "hc_ffn_scale.weight"},
+      {"ffn.gate.weight", "ffn_gate_inp.weight"},
+      {"ffn.gate.bias", "exp_probs_b.bias"},
+      {"ffn.gate.tid2eid", "ffn_gate_tid2eid.weight"},
+      {"ffn.shared_experts.w1.weight", "ffn_gate_shexp.weight"},
+      {"ffn.shared_experts.w2.weight", "ffn_down_shexp.weight"},
+      {"ffn.shared_experts.w3.weight", "ffn_up_shexp.weight"},
+      {"attn.compressor.wkv.weight", "attn_compressor_kv.weight"},
+      {"attn.compressor.wgate.weight", "attn_compressor_gate.weight"},
+      {"attn.compressor.norm.weight", "attn_compressor_norm.weight"},
+      {"attn.compressor.ape", "attn_compressor_ape.weight"},
+      {"attn.indexer.wq_b.weight", "indexer.attn_q_b.weight"},
+      {"attn.indexer.weights_proj.weight", "indexer.proj.weight"},
+      {"attn.indexer.wk.weight", "indexer.attn_k.weight"},        // V4.1's index keys
+      {"attn.indexer.k_norm.weight", "indexer.k_norm.weight"},
+      {"attn.indexer.compressor.wkv.weight", "indexer_compressor_kv.weight"},  // V4's
+      {"attn.indexer.compressor.wgate.weight", "indexer_compressor_gate.weight"},
+      {"attn.indexer.compressor.norm.weight", "indexer_compressor_norm.weight"},
+      {"attn.indexer.compressor.ape", "indexer_compressor_ape.weight"}};
+  static const std::regex kLayerName(R"(layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(hf, m, kLayerName)) return "";
+  for (const auto& [a, b] : kLayer) {
+    if (m[2] == a) return fmt::format("blk.{}.{}", m[1].str(), b);
+  }
+  return "";
+}
+
+// Tensors kept F32 whatever --outtype says (as llama.cpp's converter and gale's loader keep them).
+bool KeepF32(const std::string& gguf) {
+  for (const char* s : {"_fn.weight", "_base.weight", "_scale.weight", "ffn_gate_inp.weight", "ape.weight"}) {
+    if (gguf.size() >= std::strlen(s) && gguf.compare(gguf.size() - std::strlen(s), std::strlen(s), s) == 0) return true;
+  }
+  return false;
+}
+
+// One UE8M0 exponent from a scale tensor's element: F8_E8M0 bytes as they are, F32 scales only
+// when they are powers of two (a scale_inv in another format would be an error here).
+StatusOr<uint8_t> ScaleExponent(const SafetensorsTensor& s, int64_t i) {
+  if (s.dtype == "F8_E8M0") return s.data[i];
+  if (s.dtype == "F32") {
+    float v;
+    std::memcpy(&v, s.data + 4 * i, 4);
+    int e = 0;
+    const float m = std::frexp(v, &e);
+    if (m != 0.5f || e - 1 < -127 || e - 1 > 127) return InvalidArgument("tensor '{}': scale {} is not a power of two", s.name, v);
+    return static_cast<uint8_t>(e - 1 + 127);
+  }
+  return InvalidArgument("tensor '{}' is {}: block scales are F8_E8M0 (or F32 powers of two)", s.name, s.dtype);
+}
+
+class Converter {
+ public:
+  Converter(HfTensors tensors, GgmlType type, int64_t block_rows, int64_t block_cols, GgufWriter* out)
+      : tensors_(std::move(tensors)), type_(type), br_(block_rows), bc_(block_cols), out_(out) {}
+
+  // The checkpoint tensor (and its .scale for FP8) as GGUF tensor `gguf`, dims reversed.
+  Status Add(const std::string& hf, const std::string& gguf) {
+    const SafetensorsTensor& t = *tensors_.at(hf).second;
+    std::shared_ptr<SafetensorsFile> file = tensors_.at(hf).first;
+    used_.insert(hf);
+    std::vector<int64_t> shape(t.shape.rbegin(), t.shape.rend());
+    if (shape.empty()) return InvalidArgument("tensor '{}' is a scalar", hf);
+    const int64_t cols = shape[0], rows = t.NumElements() / std::max<int64_t>(cols, 1);
+    ++num_tensors_;
+    if (t.dtype == "F8_E4M3") {
+      if (t.shape.size() != 2 || cols % 32 != 0) {
+        return InvalidArgument("tensor '{}': FP8 tensors must be matrices with rows a multiple of 32 wide", hf);
+      }
+      ASSIGN_OR_RETURN(const SafetensorsTensor* scale, ScaleOf(hf));
+      const int64_t sr = (rows + br_ - 1) / br_, sc = (cols + bc_ - 1) / bc_;
+      if (scale->shape != std::vector<int64_t>{sr, sc}) {
+        return InvalidArgument("tensor '{}': scale shape [{}], expected [{}, {}] for {}x{} tiles", scale->name,
+                               fmt::join(scale->shape, ", "), sr, sc, br_, bc_);
+      }
+      if (bc_ % 32 != 0) return InvalidArgument("FP8 tiles {} wide do not hold whole 32-blocks", bc_);
+      // Every exponent read (and checked) now; the fill only copies.
+      std::vector<uint8_t> exps(static_cast<size_t>(sr * sc));
+      for (int64_t i = 0; i < sr * sc; ++i) {
+        ASSIGN_OR_RETURN(exps[i], ScaleExponent(*scale, i));
+      }
+      const int64_t br = br_, bc = bc_;
+      return out_->AddTensor(gguf, static_cast<uint32_t>(GgmlType::kF8E4M3), shape,
+                             [=, file = file, exps = std::move(exps)](uint8_t* dst, uint64_t) {
+                               auto* b = reinterpret_cast<BlockF8E4M3*>(dst);
+                               for (int64_t r = 0; r < rows; ++r) {
+                                 for (int64_t c = 0; c < cols; c += 32, ++b) {
+                                   b->e = exps[(r / br) * sc + c / bc];
+                                   std::memcpy(b->qs, t.data + r * cols + c, 32);
+                                 }
+                               }
+                             });
+    }
+    if (t.dtype == "I64" || t.dtype == "I32") {  // the hash routing table
+      return out_->AddTensor(gguf, kGgmlI32, shape, [=, file = file](uint8_t* dst, uint64_t) {
+        for (int64_t i = 0; i < rows * cols; ++i) {
+          int64_t v;
+          if (t.dtype == "I64") {
+            std::memcpy(&v, t.data + 8 * i, 8);
+          } else {
+            int32_t v32;
+            std::memcpy(&v32, t.data + 4 * i, 4);
+            v = v32;
+          }
+          const int32_t w = static_cast<int32_t>(v);
+          std::memcpy(dst + 4 * i, &w, 4);
+        }
+      });
+    }
+    if (t.dtype != "F32" && t.dtype != "F16" && t.dtype != "BF16") {
+      return InvalidArgument("tensor '{}' is {}; expected BF16, F16, F32 or FP8 (F8_E4M3)", hf, t.dtype);
+    }
+    const GgmlType src = t.dtype == "F32" ? GgmlType::kF32 : t.dtype == "F16" ? GgmlType::kF16 : GgmlType::kBF16;
+    const GgmlType target = shape.size() >= 2 && !KeepF32(gguf) ? type_ : GgmlType::kF32;
+    if (target == src) {
+      return out_->AddTensor(gguf, static_cast<uint32_t>(target), shape, [=, file = file](uint8_t* dst, uint64_t n) {
+        std::memcpy(dst, t.data, n);
+      });
+    }
+    const int64_t src_row = RowBytes(src, cols), dst_row = RowBytes(target, cols);
+    return out_->AddTensor(gguf, static_cast<uint32_t>(target), shape, [=, file = file](uint8_t* dst, uint64_t) {
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        DequantizeRowRef(src, t.data + r * src_row, row.data(), cols);
+        QuantizeRowRef(target, row.data(), dst + r * dst_row, cols);
+      }
+    });
+  }
+
+  // Layer l's routed experts (layers.l.ffn.experts.E.w1/w2/w3) stacked into ffn_{gate,down,up}_exps.
+  Status AddExperts(int64_t l, int64_t experts, int64_t dim, int64_t ffn) {
+    const struct {
+      const char* proj;
+      const char* gguf;
+      int64_t out, in;
+    } kProj[] = {{"w1", "ffn_gate_exps", ffn, dim}, {"w2", "ffn_down_exps", dim, ffn}, {"w3", "ffn_up_exps", ffn, dim}};
+    for (const auto& p : kProj) {
+      std::vector<const SafetensorsTensor*> ws, ss;
+      std::vector<std::shared_ptr<SafetensorsFile>> files;
+      std::string dtype;
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string hf = fmt::format("layers.{}.ffn.experts.{}.{}.weight", l, e, p.proj);
+        auto it = tensors_.find(hf);
+        if (it == tensors_.end()) return InvalidArgument("tensor '{}' is missing from the checkpoint", hf);
+        const SafetensorsTensor& t = *it->second.second;
+        if (e == 0) dtype = t.dtype;
+        if (t.dtype != dtype) return InvalidArgument("tensor '{}' is {}, expert 0's is {}", hf, t.dtype, dtype);
+        used_.insert(hf);
+        files.push_back(it->second.first);
+        ws.push_back(&t);
+        if (t.dtype == "I8" || t.dtype == "U8" || t.dtype == "F8_E4M3") {
+          ASSIGN_OR_RETURN(const SafetensorsTensor* s, ScaleOf(hf));
+          ss.push_back(s);
+        }
+      }
+      const std::string gguf = fmt::format("blk.{}.{}.weight", l, p.gguf);
+      const std::vector<int64_t> shape = {p.in, p.out, experts};
+      const int64_t in = p.in, out = p.out;
+      ++num_tensors_;
+      if (dtype == "I8" || dtype == "U8") {  // FP4 e2m1, two per byte (low nibble first), a scale per 32
+        if (in % 32 != 0) return InvalidArgument("layer {} {}: FP4 rows of {} are not whole 32-blocks", l, p.proj, in);
+        for (int64_t e = 0; e < experts; ++e) {
+          if (ws[e]->shape != std::vector<int64_t>{out, in / 2} || ss[e]->shape != std::vector<int64_t>{out, in / 32}) {
+            return InvalidArgument("tensor '{}' ([{}], scale [{}]): expected FP4 [{}, {}] with scales [{}, {}]",
+                                   ws[e]->name, fmt::join(ws[e]->shape, ", "), fmt::join(ss[e]->shape, ", "), out,
+                                   in / 2, out, in / 32);
+          }
+          if (ss[e]->dtype != "F8_E8M0") return InvalidArgument("tensor '{}' is {}, expected F8_E8M0", ss[e]->name, ss[e]->dtype);
+        }
+        RETURN_IF_ERROR(out_->AddTensor(gguf, static_cast<uint32_t>(GgmlType::kMXFP4), shape,
+                                        [=](uint8_t* dst, uint64_t) {
+                                          (void)files;
+                                          auto* b = reinterpret_cast<BlockMXFP4*>(dst);
+                                          for (int64_t e = 0; e < experts; ++e) {
+                                            for (int64_t r = 0; r < out; ++r) {
+                                              const uint8_t* packed = ws[e]->data + r * (in / 2);
+                                              for (int64_t k = 0; k < in / 32; ++k, ++b) {
+                                                b->e = ss[e]->data[r * (in / 32) + k];
+                                                const uint8_t* p16 = packed + 16 * k;
+                                                auto code = [&](int j) { return (p16[j / 2] >> (4 * (j % 2))) & 15; };
+                                                for (int j = 0; j < 16; ++j) {
+                                                  b->qs[j] = static_cast<uint8_t>(code(j) | code(j + 16) << 4);
+                                                }
+                                              }
+                                            }
+                                          }
+                                        }));
+        continue;
+      }
+      // FP8 or BF16/F16/F32 experts: the dense path's conversion per expert, one after the other.
+      GgufWriter one;
+      for (int64_t e = 0; e < experts; ++e) {
+        if (ws[e]->shape != std::vector<int64_t>{out, in}) {
+          return InvalidArgument("tensor '{}' has shape [{}], expected [{}, {}]", ws[e]->name,
+                                 fmt::join(ws[e]->shape, ", "), out, in);
+        }
+      }
+      if (dtype != "F8_E4M3" && dtype != "BF16" && dtype != "F16" && dtype != "F32") {
+        return InvalidArgument("tensor '{}' is {}; experts are FP4 (I8), FP8, BF16, F16 or F32", ws[0]->name, dtype);
+      }
+      const GgmlType target = dtype == "F8_E4M3" ? GgmlType::kF8E4M3 : type_;
+      const int64_t row_bytes = RowBytes(target, in);
+      std::vector<uint8_t> exps;
+      if (target == GgmlType::kF8E4M3) {
+        const int64_t sr = (out + br_ - 1) / br_, sc = (in + bc_ - 1) / bc_;
+        for (int64_t e = 0; e < experts; ++e) {
+          if (ss[e]->shape != std::vector<int64_t>{sr, sc}) return InvalidArgument("tensor '{}': scale shape", ss[e]->name);
+          for (int64_t i = 0; i < sr * sc; ++i) {
+            ASSIGN_OR_RETURN(const uint8_t x, ScaleExponent(*ss[e], i));
+            exps.push_back(x);
+          }
+        }
+      }
+      const int64_t br = br_, bc = bc_;
+      const GgmlType wtype = dtype == "F32" ? GgmlType::kF32 : dtype == "F16" ? GgmlType::kF16 : GgmlType::kBF16;
+      RETURN_IF_ERROR(out_->AddTensor(
+          gguf, static_cast<uint32_t>(target), shape, [=, exps = std::move(exps)](uint8_t* dst, uint64_t) {
+            (void)files;
+            std::vector<float> row(static_cast<size_t>(in));
+            const int64_t sc = (in + bc - 1) / bc, tiles = ((out + br - 1) / br) * sc;
+            for (int64_t e = 0; e < experts; ++e) {
+              for (int64_t r = 0; r < out; ++r) {
+                uint8_t* d = dst + (e * out + r) * row_bytes;
+                if (target == GgmlType::kF8E4M3) {
+                  auto* b = reinterpret_cast<BlockF8E4M3*>(d);
+                  for (int64_t c = 0; c < in; c += 32, ++b) {
+                    b->e = exps[e * tiles + (r / br) * sc + c / bc];
+                    std::memcpy(b->qs, ws[e]->data + r * in + c, 32);
+                  }
+                } else {
+                  DequantizeRowRef(wtype, ws[e]->data + r * RowBytes(wtype, in), row.data(), in);
+                  QuantizeRowRef(target, row.data(), d, in);
+                }
+              }
+            }
+          }));
+    }
+    return Status::Ok();
+  }
+
+  bool Has(const std::string& hf) const { return tensors_.count(hf) != 0; }
+  const HfTensors& tensors() const { return tensors_; }
+  bool Used(const std::string& hf) const { return used_.count(hf) != 0; }
+  int64_t num_tensors() const { return num_tensors_; }
+
+ private:
+  // weight "X.weight" -> "X.scale" (DeepSeek's name) or "X.weight_scale_inv".
+  StatusOr<const SafetensorsTensor*> ScaleOf(const std::string& hf) {
+    const std::string base = hf.substr(0, hf.size() - std::string(".weight").size());
+    for (const std::string& n : {base + ".scale", base + ".weight_scale_inv", base + ".weight_scale"}) {
+      auto it = tensors_.find(n);
+      if (it != tensors_.end()) {
+        used_.insert(n);
+        return it->second.second;
+      }
+    }
+    return InvalidArgument("tensor '{}' is quantized but '{}.scale' is missing", hf, base);
+  }
+
+  HfTensors tensors_;
+  GgmlType type_;
+  int64_t br_, bc_;
+  GgufWriter* out_;
+  std::set<std::string> used_;
+  int64_t num_tensors_ = 0;
+};
+
+}  // namespace
+
+StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, const Json& outer, GgmlType type,
+                                             GgufWriter* out) {
+  const bool nested = outer.contains("text_config") && outer["text_config"].is_object();
+  const Json& cfg = nested ? outer["text_config"] : outer;
+  const bool v41 = nested || cfg.contains("kv_source_layer_ids") || cfg.value("model_type", "") == "deepseek_v41";
+  for (const char* key : {"engram_layer_ids", "engram_layers", "engram_config"}) {
+    if (cfg.contains(key) && !cfg[key].is_null() && !(cfg[key].is_array() && cfg[key].empty())) {
+      return Unimplemented(
+          "config.json: '{}': converting V4.1's Engram is not supported yet (its hash constants, the multipliers from "
+          "the reference's seeded generator and the primes and token map, must be computed as the reference does)",
+          key);
+    }
+  }
+  const std::string arch = v41 ? "deepseek41" : "deepseek4";
+  const std::string p = arch + ".";
+  ASSIGN_OR_RETURN(const int64_t dim, Int(cfg, "hidden_size"));
+  ASSIGN_OR_RETURN(const int64_t layers, Int(cfg, "num_hidden_layers"));
+  ASSIGN_OR_RETURN(const int64_t heads, Int(cfg, "num_attention_heads"));
+  ASSIGN_OR_RETURN(const int64_t kv_heads, Int(cfg, "num_key_value_heads", 1));
+  ASSIGN_OR_RETURN(const int64_t head_dim, Int(cfg, "head_dim"));
+  ASSIGN_OR_RETURN(const int64_t rope_dim, Int(cfg, "qk_rope_head_dim"));
+  ASSIGN_OR_RETURN(const int64_t q_rank, Int(cfg, "q_lora_rank"));
+  ASSIGN_OR_RETURN(const int64_t o_rank, Int(cfg, "o_lora_rank"));
+  ASSIGN_OR_RETURN(const int64_t o_groups, Int(cfg, "o_groups"));
+  ASSIGN_OR_RETURN(const int64_t idx_heads, Int(cfg, "index_n_heads"));
+  ASSIGN_OR_RETURN(const int64_t idx_dim, Int(cfg, "index_head_dim"));
+  ASSIGN_OR_RETURN(const int64_t idx_topk, Int(cfg, "index_topk"));
+  ASSIGN_OR_RETURN(const int64_t experts, Int(cfg, "n_routed_experts"));
+  ASSIGN_OR_RETURN(const int64_t used, Int(cfg, "num_experts_per_tok"));
+  ASSIGN_OR_RETURN(const int64_t expert_ffn, Int(cfg, "moe_intermediate_size"));
+  ASSIGN_OR_RETURN(const int64_t shared, Int(cfg, "n_shared_experts", 1));
+  ASSIGN_OR_RETURN(const int64_t hash_layers, Int(cfg, "num_hash_layers", 0));
+  ASSIGN_OR_RETURN(const int64_t hc, Int(cfg, "hc_mult"));
+  ASSIGN_OR_RETURN(const int64_t sinkhorn, Int(cfg, "hc_sinkhorn_iters", 20));
+  ASSIGN_OR_RETURN(const int64_t window, Int(cfg, "sliding_window"));
+  ASSIGN_OR_RETURN(const int64_t vocab, Int(cfg, "vocab_size"));
+  ASSIGN_OR_RETURN(const int64_t ctx, Int(cfg, "max_position_embeddings", 4096));
+  if (dim == 0 || layers == 0 || heads == 0 || kv_heads != 1 || head_dim == 0 || rope_dim > head_dim || experts == 0 ||
+      used == 0 || used > experts || hc == 0 || vocab == 0 || o_groups == 0 || heads % o_groups != 0) {
+    return InvalidArgument("config.json: not a DeepSeek-V4 shape (hidden {}, {} layers, {} heads of {} with {} KV, "
+                           "{} of {} experts, hc_mult {}, o_groups {})", dim, layers, heads, head_dim, kv_heads, used,
+                           experts, hc, o_groups);
+  }
+  const std::string scoring = cfg.value("scoring_func", "sqrtsoftplus");
+  if (scoring != "sqrtsoftplus") return InvalidArgument("config.json: scoring_func '{}' (DeepSeek-V4's is sqrtsoftplus)", scoring);
+  if (!cfg.contains("compress_ratios") || !cfg["compress_ratios"].is_array() ||
+      static_cast<int64_t>(cfg["compress_ratios"].size()) < layers) {
+    return InvalidArgument("config.json: compress_ratios must list a ratio per layer");
+  }
+  std::vector<int32_t> ratios;
+  for (int64_t l = 0; l < layers; ++l) {
+    const Json& r = cfg["compress_ratios"][l];
+    if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() > 65536) {
+      return InvalidArgument("config.json: compress_ratios[{}] is not a ratio", l);
+    }
+    ratios.push_back(static_cast<int32_t>(r.get<int64_t>()));
+  }
+
+  // FP8 tiles: quantization_config.weight_block_size (V4: 128 x 128, V4.1: 32 x 32).
+  const Json* quant = outer.contains("quantization_config") ? &outer["quantization_config"]
+                      : cfg.contains("quantization_config") ? &cfg["quantization_config"] : nullptr;
+  int64_t br = 128, bc = 128;
+  if (quant != nullptr && quant->is_object() && quant->contains("weight_block_size")) {
+    const Json& b = (*quant)["weight_block_size"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+        b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 32 || b[1].get<int64_t>() % 32 != 0) {
+      return InvalidArgument("config.json: weight_block_size must be [rows, cols] with cols a multiple of 32");
+    }
+    br = b[0].get<int64_t>();
+    bc = b[1].get<int64_t>();
+  }
+
+  ASSIGN_OR_RETURN(HfTensors tensors, LoadHfTensors(dir));
+  for (const auto& [name, t] : tensors) {
+    if (name.find("engram") != std::string::npos) {
+      return Unimplemented("tensor '{}': converting V4.1's Engram is not supported yet (its hash constants must be "
+                           "computed as the reference does)", name);
+    }
+  }
+  ASSIGN_OR_RETURN(const Json tj, ReadHfJson(dir / "tokenizer.json", true));
+  ASSIGN_OR_RETURN(const Json tcfg, ReadHfJson(dir / "tokenizer_config.json", false));
+  ASSIGN_OR_RETURN(const HfTokenizer tokenizer, ImportHfTokenizer(tj, tcfg, cfg, vocab));
+  HfConvertReport report;
+  report.pre = tokenizer.pre;
+
+  out->SetString("general.architecture", arch);
+  out->SetString("general.name", dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string());
+  out->SetU32("general.file_type", 1024);
+  out->SetU32(p + "context_length", static_cast<uint32_t>(ctx));
+  out->SetU32(p + "embedding_length", static_cast<uint32_t>(dim));
+  out->SetU32(p + "feed_forward_length", static_cast<uint32_t>(expert_ffn));
+  out->SetU32(p + "block_count", static_cast<uint32_t>(layers));
+  out->SetU32(p + "attention.head_count", static_cast<uint32_t>(heads));
+  out->SetU32(p + "attention.head_count_kv", 1);
+  out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+  out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+  out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dim));
+  out->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(Num(cfg, "rms_norm_eps", 1e-6)));
+  out->SetF32(p + "rope.freq_base", static_cast<float>(Num(cfg, "rope_theta", 10000.0)));
+  out->SetU32(p + "vocab_size", static_cast<uint32_t>(vocab));
+  out->SetU32(p + "expert_count", static_cast<uint32_t>(experts));
+  out->SetU32(p + "expert_used_count", static_cast<uint32_t>(used));
+  out->SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+  out->SetU32(p + "expert_shared_count", static_cast<uint32_t>(shared));
+  out->SetF32(p + "expert_weights_scale", static_cast<float>(Num(cfg, "routed_scaling_factor", 1.0)));
+  out->SetBool(p + "expert_weights_norm", cfg.value("norm_topk_prob", true));
+  out->SetU32(p + "expert_gating_func", 4);  // sqrt(softplus)
+  out->SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(q_rank));
+  out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+  out->SetValue(p + "swiglu_clamp_exp",
+                GgufValue::F32Array(std::vector<float>(layers, static_cast<float>(Num(cfg, "swiglu_limit", 0.0)))));
+  out->SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(idx_heads));
+  out->SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(idx_dim));
+  out->SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(idx_topk));
+  out->SetU32(p + "attention.output_group_count", static_cast<uint32_t>(o_groups));
+  out->SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(o_rank));
+  out->SetF32(p + "attention.compress_rope_freq_base", static_cast<float>(Num(cfg, "compress_rope_theta", 160000.0)));
+  out->SetU32(p + "hyper_connection.count", static_cast<uint32_t>(hc));
+  out->SetU32(p + "hyper_connection.sinkhorn_iterations", static_cast<uint32_t>(sinkhorn));
+  out->SetF32(p + "hyper_connection.epsilon", static_cast<float>(Num(cfg, "hc_eps", 1e-6)));
+  out->SetU32(p + "hash_layer_count", static_cast<uint32_t>(hash_layers));
+  out->SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
+  if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) {
+    const Json& rs = cfg["rope_scaling"];
+    const std::string kind = rs.value("type", rs.value("rope_type", ""));
+    if (kind != "yarn") return InvalidArgument("config.json: rope_scaling '{}' (DeepSeek-V4 uses yarn)", kind);
+    out->SetString(p + "rope.scaling.type", "yarn");
+    out->SetF32(p + "rope.scaling.factor", static_cast<float>(Num(rs, "factor", 1.0)));
+    ASSIGN_OR_RETURN(const int64_t orig, Int(rs, "original_max_position_embeddings"));
+    out->SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(orig));
+    out->SetF32(p + "rope.scaling.yarn_beta_fast", static_cast<float>(Num(rs, "beta_fast", 32.0)));
+    out->SetF32(p + "rope.scaling.yarn_beta_slow", static_cast<float>(Num(rs, "beta_slow", 1.0)));
+  }
+  WriteHfTokenizer(tokenizer, out);
+
+  Converter c(std::move(tensors), type, br, bc, out);
+  for (const char* required : {"embed.weight", "head.weight", "norm.weight"}) {
+    if (!c.Has(required)) return InvalidArgument("tensor '{}' is missing from the checkpoint", required);
+  }
+  // Every tensor with a GGUF name, in the checkpoint's order; the loader checks shapes and which
+  // layers carry what (compressors, indexers, hash tables) against the ratios.
+  std::vector<std::string> names;
+  for (const auto& [name, t] : c.tensors()) names.push_back(name);
+  for (const std::string& hf : names) {
+    const std::string gguf = GgufName(hf);
+    if (!gguf.empty()) RETURN_IF_ERROR(c.Add(hf, gguf));
+  }
+  for (int64_t l = 0; l < layers; ++l) RETURN_IF_ERROR(c.AddExperts(l, experts, dim, expert_ffn));
+  for (const std::string& hf : names) {
+    if (!c.Used(hf)) report.skipped.push_back(hf);
+  }
+  report.num_tensors = c.num_tensors();
+  report.vocab = vocab;
+  report.layers = layers;
+  return report;
+}
+
+}  // namespace gale

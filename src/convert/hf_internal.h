@@ -1,0 +1,32 @@
+// What the Hugging Face converters share: the folder's JSON files and safetensors shards, and the
+// DeepSeek-V4 / V4.1 converter (its own file: the layout has little in common with llama's).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "convert/hf_convert.h"
+#include "gguf/safetensors.h"
+
+namespace gale {
+
+// A JSON object from the file; an empty one when it is absent and not required.
+StatusOr<nlohmann::json> ReadHfJson(const std::filesystem::path& p, bool required);
+
+// Every tensor of the folder's .safetensors files by name, each with the file that holds it (the
+// writer fills tensors later, so each fill keeps its file mapped).
+using HfTensors = std::map<std::string, std::pair<std::shared_ptr<SafetensorsFile>, const SafetensorsTensor*>>;
+StatusOr<HfTensors> LoadHfTensors(const std::filesystem::path& dir);
+
+// DeepseekV4ForCausalLM (flat config.json) and DeepseekV41ForCausalLM (config under text_config).
+// type: the GGUF type of the BF16/F16/F32 matrices (FP8 and FP4 tensors keep their bytes).
+StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, const nlohmann::json& config,
+                                             GgmlType type, GgufWriter* out);
+
+}  // namespace gale
