@@ -6,18 +6,23 @@
 // scale) and FP4 experts MXFP4 (the same codes and scales, nibbles in ggml's order): both exact.
 // BF16/F16/F32 matrices take --outtype; vectors, the router, the hyper-connection mixes, sinks and
 // positional biases are F32; the hash routing table I32. The multi-token-prediction block (mtp.*)
-// is not converted (gale does not run it); V4.1's Engram is refused (below).
+// is not converted (gale does not run it). V4.1's Engram: the tables and projections as they are,
+// and the constants the checkpoint does not store computed as its reference computes them
+// (engram_constants.h), checked against the sizes the config declares.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <regex>
 #include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "convert/engram_constants.h"
 #include "convert/hf_internal.h"
 #include "convert/hf_tokenizer.h"
+#include "convert/numpy_rng.h"
 
 namespace gale {
 namespace {
@@ -83,7 +88,11 @@ std::string GgufName(const std::string& hf) {
       {"attn.indexer.compressor.wkv.weight", "indexer_compressor_kv.weight"},  // V4's
       {"attn.indexer.compressor.wgate.weight", "indexer_compressor_gate.weight"},
       {"attn.indexer.compressor.norm.weight", "indexer_compressor_norm.weight"},
-      {"attn.indexer.compressor.ape", "indexer_compressor_ape.weight"}};
+      {"attn.indexer.compressor.ape", "indexer_compressor_ape.weight"},
+      {"engram.embed.weight", "engram_embd.weight"},  // V4.1's Engram: the table,
+      {"engram.wkv.weight", "engram_wkv.weight"},     // its key/value projection,
+      {"engram.q_weight", "engram_q.weight"},         // the per-copy gate norms
+      {"engram.k_weight", "engram_k.weight"}};
   static const std::regex kLayerName(R"(layers\.(\d+)\.(.+))");
   std::smatch m;
   if (!std::regex_match(hf, m, kLayerName)) return "";
@@ -95,7 +104,8 @@ std::string GgufName(const std::string& hf) {
 
 // Tensors kept F32 whatever --outtype says (as llama.cpp's converter and gale's loader keep them).
 bool KeepF32(const std::string& gguf) {
-  for (const char* s : {"_fn.weight", "_base.weight", "_scale.weight", "ffn_gate_inp.weight", "ape.weight"}) {
+  for (const char* s : {"_fn.weight", "_base.weight", "_scale.weight", "ffn_gate_inp.weight", "ape.weight",
+                        "engram_q.weight", "engram_k.weight"}) {
     if (gguf.size() >= std::strlen(s) && gguf.compare(gguf.size() - std::strlen(s), std::strlen(s), s) == 0) return true;
   }
   return false;
@@ -332,6 +342,105 @@ class Converter {
   int64_t num_tensors_ = 0;
 };
 
+// V4.1's Engram keys (llama.cpp's deepseek41 names) from the config's engram_* block, the
+// tokenizer and the reference's seeds; nothing when the config has no Engram layers.
+Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTensors& tensors, int64_t vocab,
+                   const std::string& p, GgufWriter* out) {
+  if (!cfg.contains("engram_layer_ids") || !cfg["engram_layer_ids"].is_array() || cfg["engram_layer_ids"].empty()) {
+    for (const auto& [name, t] : tensors) {
+      if (name.find(".engram.") != std::string::npos) {
+        return InvalidArgument("tensor '{}': the checkpoint has Engram tensors but config.json no engram_layer_ids", name);
+      }
+    }
+    return Status::Ok();
+  }
+  std::vector<int64_t> layers;
+  for (const Json& l : cfg["engram_layer_ids"]) {
+    if (!l.is_number_integer() || l.get<int64_t>() < 0) return InvalidArgument("config.json: engram_layer_ids must be layer ids");
+    layers.push_back(l.get<int64_t>());
+  }
+  ASSIGN_OR_RETURN(const int64_t max_ngram, Int(cfg, "engram_max_ngram_size"));
+  ASSIGN_OR_RETURN(const int64_t heads, Int(cfg, "engram_n_heads"));
+  ASSIGN_OR_RETURN(const int64_t head_dim, Int(cfg, "engram_head_dim"));
+  ASSIGN_OR_RETURN(const int64_t pad_token, Int(cfg, "engram_pad_token_id", 0));
+  ASSIGN_OR_RETURN(const int64_t seed, Int(cfg, "engram_seed", 0));
+  if (max_ngram < 2 || max_ngram > 8 || heads < 1 || head_dim < 1) {
+    return InvalidArgument("config.json: Engram n-grams up to {} with {} heads of {}", max_ngram, heads, head_dim);
+  }
+  const int64_t orders = max_ngram - 1;
+  // engram_vocab_size: one for every order, or a list (the demo's form).
+  std::vector<int64_t> per_order;
+  if (cfg.contains("engram_vocab_size") && cfg["engram_vocab_size"].is_array()) {
+    for (const Json& v : cfg["engram_vocab_size"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 2) return InvalidArgument("config.json: engram_vocab_size entries");
+      per_order.push_back(v.get<int64_t>());
+    }
+    if (static_cast<int64_t>(per_order.size()) != orders) {
+      return InvalidArgument("config.json: engram_vocab_size lists {} sizes for {} n-gram orders", per_order.size(), orders);
+    }
+  } else {
+    ASSIGN_OR_RETURN(const int64_t v, Int(cfg, "engram_vocab_size"));
+    if (v < 2) return InvalidArgument("config.json: engram_vocab_size {}", v);
+    per_order.assign(static_cast<size_t>(orders), v);
+  }
+  const bool clean_up = tcfg.is_object() ? tcfg.value("clean_up_tokenization_spaces", true) : true;
+  int64_t compressed = 0;
+  ASSIGN_OR_RETURN(const std::vector<uint32_t> map, EngramTokenMap(tj, clean_up, vocab, &compressed));
+  if (cfg.contains("engram_compressed_vocab_size")) {
+    ASSIGN_OR_RETURN(const int64_t want, Int(cfg, "engram_compressed_vocab_size"));
+    if (want != compressed) {
+      return InvalidArgument("the tokenizer compresses to {} Engram ids, config.json says {}: it is not the checkpoint's "
+                             "tokenizer, and every hash would index the wrong rows", compressed, want);
+    }
+  }
+  if (pad_token >= vocab) return InvalidArgument("config.json: engram_pad_token_id {} past the vocab", pad_token);
+  const int64_t half = std::max<int64_t>(1, std::numeric_limits<int64_t>::max() / compressed / 2);
+  const std::vector<uint64_t> primes = EngramPrimes(static_cast<int64_t>(layers.size()), orders, heads, per_order);
+  std::vector<GgufValue> ids, mult, pr, offsets, tmap;
+  const int64_t cols = orders * heads;
+  for (size_t e = 0; e < layers.size(); ++e) {
+    ids.push_back(GgufValue::U32(static_cast<uint32_t>(layers[e])));
+    NumpyPcg64 g(static_cast<uint64_t>(seed + 10007 * layers[e]));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> r, g.Integers(half, max_ngram));
+    for (int64_t v : r) mult.push_back(GgufValue::U64(static_cast<uint64_t>(v) * 2 + 1));
+    uint64_t offset = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint64_t prime = primes[e * cols + c];
+      pr.push_back(GgufValue::U64(prime));
+      offsets.push_back(GgufValue::U64(offset));
+      offset += prime;
+    }
+    // The table must have the rows the layout gives (and the config declares).
+    if (cfg.contains("engram_num_embeddings") && cfg["engram_num_embeddings"].is_array() &&
+        e < cfg["engram_num_embeddings"].size()) {
+      const Json& n = cfg["engram_num_embeddings"][e];
+      if (!n.is_number_integer() || n.get<uint64_t>() != offset) {
+        return InvalidArgument("Engram layer {}: the hash heads give {} table rows, config.json declares {}", layers[e],
+                               offset, n.dump());
+      }
+    }
+    const std::string table = fmt::format("layers.{}.engram.embed.weight", layers[e]);
+    auto it = tensors.find(table);
+    if (it == tensors.end()) return InvalidArgument("tensor '{}' is missing from the checkpoint", table);
+    const SafetensorsTensor& t = *it->second.second;
+    if (t.shape.size() != 2 || t.shape[0] != static_cast<int64_t>(offset) || t.shape[1] != head_dim) {
+      return InvalidArgument("tensor '{}' has shape [{}], expected [{}, {}] (the hash heads' rows)", table,
+                             fmt::join(t.shape, ", "), offset, head_dim);
+    }
+  }
+  for (uint32_t v : map) tmap.push_back(GgufValue::U32(v));
+  out->SetValue(p + "engram.layer_ids", GgufValue::Array(GgufValueType::kUint32, std::move(ids)));
+  out->SetU32(p + "engram.head_count", static_cast<uint32_t>(heads));
+  out->SetU32(p + "engram.key_length", static_cast<uint32_t>(head_dim));
+  out->SetU32(p + "engram.max_ngram_size", static_cast<uint32_t>(max_ngram));
+  out->SetU32(p + "engram.pad_id", map[static_cast<size_t>(pad_token)]);
+  out->SetValue(p + "engram.multipliers", GgufValue::Array(GgufValueType::kUint64, std::move(mult)));
+  out->SetValue(p + "engram.primes", GgufValue::Array(GgufValueType::kUint64, std::move(pr)));
+  out->SetValue(p + "engram.offsets", GgufValue::Array(GgufValueType::kUint64, std::move(offsets)));
+  out->SetValue(p + "engram.token_map", GgufValue::Array(GgufValueType::kUint32, std::move(tmap)));
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, const Json& outer, GgmlType type,
@@ -339,14 +448,6 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   const bool nested = outer.contains("text_config") && outer["text_config"].is_object();
   const Json& cfg = nested ? outer["text_config"] : outer;
   const bool v41 = nested || cfg.contains("kv_source_layer_ids") || cfg.value("model_type", "") == "deepseek_v41";
-  for (const char* key : {"engram_layer_ids", "engram_layers", "engram_config"}) {
-    if (cfg.contains(key) && !cfg[key].is_null() && !(cfg[key].is_array() && cfg[key].empty())) {
-      return Unimplemented(
-          "config.json: '{}': converting V4.1's Engram is not supported yet (its hash constants, the multipliers from "
-          "the reference's seeded generator and the primes and token map, must be computed as the reference does)",
-          key);
-    }
-  }
   const std::string arch = v41 ? "deepseek41" : "deepseek4";
   const std::string p = arch + ".";
   ASSIGN_OR_RETURN(const int64_t dim, Int(cfg, "hidden_size"));
@@ -407,12 +508,6 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   }
 
   ASSIGN_OR_RETURN(HfTensors tensors, LoadHfTensors(dir));
-  for (const auto& [name, t] : tensors) {
-    if (name.find("engram") != std::string::npos) {
-      return Unimplemented("tensor '{}': converting V4.1's Engram is not supported yet (its hash constants must be "
-                           "computed as the reference does)", name);
-    }
-  }
   ASSIGN_OR_RETURN(const Json tj, ReadHfJson(dir / "tokenizer.json", true));
   ASSIGN_OR_RETURN(const Json tcfg, ReadHfJson(dir / "tokenizer_config.json", false));
   ASSIGN_OR_RETURN(const HfTokenizer tokenizer, ImportHfTokenizer(tj, tcfg, cfg, vocab));
@@ -468,6 +563,7 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
     out->SetF32(p + "rope.scaling.yarn_beta_slow", static_cast<float>(Num(rs, "beta_slow", 1.0)));
   }
   WriteHfTokenizer(tokenizer, out);
+  RETURN_IF_ERROR(WriteEngram(cfg, tj, tcfg, tensors, vocab, p, out));
 
   Converter c(std::move(tensors), type, br, bc, out);
   for (const char* required : {"embed.weight", "head.weight", "norm.weight"}) {

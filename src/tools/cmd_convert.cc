@@ -21,7 +21,7 @@ CommandFn RegisterConvert(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_option("--llama2c", o->llama2c, "llama2.c checkpoint (.bin), with --tokenizer");
   app.add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer (.bin)");
-  app.add_option("--hf", o->hf, "Hugging Face checkpoint folder: Llama, Mistral, Qwen2/2.5/3, Phi-3, Gemma 2/3, DeepSeek-V4/V4.1 without Engram (config.json, *.safetensors, tokenizer.json)");
+  app.add_option("--hf", o->hf, "Hugging Face checkpoint folder: Llama, Mistral, Qwen2/2.5/3, Phi-3, Gemma 2/3, DeepSeek-V4/V4.1 (config.json, *.safetensors, tokenizer.json)");
   app.add_option("--outtype", o->outtype, "--hf: matrix type f32 | f16 | bf16 (DeepSeek-V4's FP8 and FP4 tensors keep their bytes as f8_e4m3 and mxfp4)")->capture_default_str();
   app.add_option("-o,--output", o->out, "output GGUF path")->required();
   return [o]() {

@@ -20,6 +20,7 @@
 #include "../test_util.h"
 #include "base/fp16.h"
 #include "base/thread_pool.h"
+#include "convert/engram_constants.h"
 #include "convert/hf_convert.h"
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_file.h"
@@ -80,7 +81,11 @@ bool HfNameOf(const std::string& gguf, std::string* hf, Store* store) {
       {"indexer_compressor_kv.weight", {"attn.indexer.compressor.wkv.weight", Store::kBf16}},
       {"indexer_compressor_gate.weight", {"attn.indexer.compressor.wgate.weight", Store::kBf16}},
       {"indexer_compressor_norm.weight", {"attn.indexer.compressor.norm.weight", Store::kBf16}},
-      {"indexer_compressor_ape.weight", {"attn.indexer.compressor.ape", Store::kF32}}};
+      {"indexer_compressor_ape.weight", {"attn.indexer.compressor.ape", Store::kF32}},
+      {"engram_embd.weight", {"engram.embed.weight", Store::kFp8}},
+      {"engram_wkv.weight", {"engram.wkv.weight", Store::kFp8}},
+      {"engram_q.weight", {"engram.q_weight", Store::kBf16}},
+      {"engram_k.weight", {"engram.k_weight", Store::kBf16}}};
   if (auto it = kTop.find(gguf); it != kTop.end()) {
     *hf = it->second.first;
     *store = it->second.second;
@@ -283,6 +288,18 @@ class HfDeepseek4Test : public ::testing::Test {
     Json quant = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
                   {"weight_block_size", {tile, tile}}, {"expert_dtype", "fp4"}};
     Json config;
+    if (!s.engram_layers.empty()) {  // the engram_* block: buckets from engram_vocab_size up, as synth draws them
+      cfg["engram_layer_ids"] = s.engram_layers;
+      cfg["engram_max_ngram_size"] = s.engram_ngram;
+      cfg["engram_n_heads"] = s.engram_heads;
+      cfg["engram_head_dim"] = s.engram_dim;
+      cfg["engram_vocab_size"] = s.engram_rows;
+      cfg["engram_pad_token_id"] = 2;
+      cfg["engram_compressed_vocab_size"] = 229;
+      Json rows = Json::array();
+      for (int64_t l : s.engram_layers) rows.push_back(synth.FindTensor("blk." + std::to_string(l) + ".engram_embd.weight")->shape[1]);
+      cfg["engram_num_embeddings"] = rows;
+    }
     if (nested) {
       cfg["model_type"] = "deepseek_v41";
       cfg["kv_source_layer_ids"] = s.kv_source_layers;
@@ -300,6 +317,7 @@ class HfDeepseek4Test : public ::testing::Test {
     for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
     Json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
                 {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                {"decoder", {{"type", "ByteLevel"}}},
                 {"added_tokens",
                  {{{"id", 256}, {"content", "<｜begin▁of▁sentence｜>"}, {"special", true}},
                   {{"id", 257}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true}}}}};
@@ -391,20 +409,89 @@ TEST_F(HfDeepseek4Test, V4CheckpointConvertsExactly) {
   ExpectSameModel(**got, *want, 8 * s.num_layers + 1);
 }
 
-TEST_F(HfDeepseek4Test, V41CheckpointConvertsExactly) {
+// V4.1 with Engram on layers 0 and 2 (n-grams to 3, 2 heads): the checkpoint has the tables and
+// projections but not the hash constants, which the converter computes. The multipliers are
+// NumPy's (np.random.default_rng(0 + 10007 * layer).integers(0, (2^63 - 1) // 229 // 2, 3) * 2 + 1,
+// 229 the test tokenizer's compressed size: 26 capitals fold onto small letters and tab, CR, LF
+// onto the space, so 128 - 29 ASCII keys, 128 raw high bytes, 2 specials), the buckets the primes
+// synth drew from the same start, the token map EngramTokenMap's (checked on a real tokenizer
+// against a Python reading in engram_constants_test).
+TEST_F(HfDeepseek4Test, V41CheckpointWithEngramConvertsExactly) {
   SynthShape s = Ds4Shape("deepseek41");
-  s.engram_layers.clear();
   s.kv_source_layers = {1, 3};
   s.index_source_layers = {1, 3};
+  ASSERT_EQ(s.engram_layers, (std::vector<int64_t>{0, 2}));
+  ASSERT_EQ(s.engram_ngram, 3);
   auto synth = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 12)->WriteToBytes()).value();
-  auto want = Export(s, *synth, 32, /*nested=*/true);
+  auto exported = Export(s, *synth, 32, /*nested=*/true);
+  int64_t compressed = 0;
+  const Json tj = Json::parse(test::ReadFile((dir_ / "tokenizer.json").string()));
+  auto mapped = EngramTokenMap(tj, true, s.vocab_size, &compressed);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  const std::vector<uint32_t> map = *mapped;
+  ASSERT_EQ(compressed, 229);
+  // The model with the reference's constants in place of synth's own.
+  GgufWriter w;
+  for (const auto& [key, value] : exported->metadata()) w.SetValue(key, value);
+  std::vector<GgufValue> mult, tmap;
+  for (uint64_t m : {25654736311740337ull, 10866127649103169ull, 1650279715827503ull, 33106018299269813ull,
+                     16052819734834565ull, 9799889646211349ull}) {
+    mult.push_back(GgufValue::U64(m));
+  }
+  for (uint32_t v : map) tmap.push_back(GgufValue::U32(v));
+  w.SetValue("deepseek41.engram.multipliers", GgufValue::Array(GgufValueType::kUint64, std::move(mult)));
+  w.SetValue("deepseek41.engram.token_map", GgufValue::Array(GgufValueType::kUint32, std::move(tmap)));
+  w.SetU32("deepseek41.engram.pad_id", map[2]);
+  for (const GgufTensorInfo& t : exported->tensors()) {
+    ASSERT_TRUE(w.AddTensor(t.name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
+  }
+  auto want = GgufFile::FromBytes(w.WriteToBytes()).value();
   HfConvertReport report;
   auto got = Convert(&report);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(report.skipped.empty()) << report.skipped.front();
   EXPECT_EQ((*got)->GetString("general.architecture").value(), "deepseek41");
-  // 8 FP8 matrices per layer, plus the two index sources' queries.
-  ExpectSameModel(**got, *want, 8 * s.num_layers + 2);
+  for (const char* key : {"layer_ids", "head_count", "key_length", "max_ngram_size", "pad_id", "multipliers", "primes",
+                          "offsets", "token_map"}) {
+    const std::string k = std::string("deepseek41.engram.") + key;
+    const GgufValue* a = (*got)->Find(k);
+    const GgufValue* b = want->Find(k);
+    ASSERT_NE(a, nullptr) << k;
+    ASSERT_NE(b, nullptr) << k;
+    EXPECT_EQ(a->array.size(), b->array.size()) << k;
+    for (size_t i = 0; i < std::min(a->array.size(), b->array.size()); ++i) {
+      ASSERT_EQ(*a->array[i].AsInt(), *b->array[i].AsInt()) << k << " " << i;
+    }
+    if (a->array.empty()) EXPECT_EQ(*a->AsInt(), *b->AsInt()) << k;
+  }
+  // 8 FP8 matrices per layer, the two index sources' queries, two tables and two projections.
+  ExpectSameModel(**got, *want, 8 * s.num_layers + 2 + 4);
+}
+
+TEST_F(HfDeepseek4Test, EngramChecksAgainstTheConfig) {
+  SynthShape s = Ds4Shape("deepseek41");
+  s.kv_source_layers = {1, 3};
+  s.index_source_layers = {1, 3};
+  auto synth = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 12)->WriteToBytes()).value();
+  Export(s, *synth, 32, /*nested=*/true);
+  auto error = [&]() {
+    auto r = Convert();
+    return r.ok() ? std::string("ok") : r.status().ToString();
+  };
+  const std::string config = test::ReadFile((dir_ / "config.json").string());
+  ASSERT_EQ(error(), "ok");
+  Json c = Json::parse(config);
+  c["text_config"]["engram_compressed_vocab_size"] = 230;  // another tokenizer's
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("not the checkpoint's tokenizer"), std::string::npos) << error();
+  c = Json::parse(config);
+  c["text_config"]["engram_vocab_size"] = 44;  // a different prime layout (buckets from 47 on)
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("table rows"), std::string::npos) << error();
+  c = Json::parse(config);
+  c["text_config"].erase("engram_layer_ids");
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("no engram_layer_ids"), std::string::npos) << error();
 }
 
 TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
@@ -416,13 +503,8 @@ TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
     return r.ok() ? std::string("ok") : r.status().ToString();
   };
   const std::string config = test::ReadFile((dir_ / "config.json").string());
-  // Engram (V4.1's hashed n-gram tables): refused until its constants can be computed.
-  Json c = Json::parse(config);
-  c["engram_layer_ids"] = {0};
-  WriteText(dir_ / "config.json", c.dump());
-  EXPECT_NE(error().find("Engram"), std::string::npos) << error();
   // Tiles that do not match the scale tensors.
-  c = Json::parse(config);
+  Json c = Json::parse(config);
   c["quantization_config"]["weight_block_size"] = {32, 32};
   WriteText(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("scale shape"), std::string::npos) << error();
