@@ -146,20 +146,23 @@ mkdir -p tests/data/reference
 # DeepSeek-V4.1 (deepseek41), which this llama.cpp cannot run: the float64 reference alone, on the
 # same tokens (tests/model/deepseek4_test.cc's V41Shapes()): ratios 2 and 1 (and 4) with more rows
 # than the top-k, readers of an earlier source's rows and of an earlier index source's picks,
-# Engram on two layers (the first's n-grams reaching back past the sequence's start).
+# Engram on two layers (the first's n-grams reaching back past the sequence's start), and the
+# two-level index (candidate blocks from layer 0 for the index sources after it).
 ds41=()
-while read -r name dim layers heads head qlora window ratios sources pickers sites eheads edim engram erows hash topk groups olora experts used effn clamp; do
+while read -r name dim layers heads head qlora window ratios sources pickers sites eheads edim engram erows hash topk groups olora experts used effn clamp cand cblocks cbs; do
   "$build/gale" synth --shape custom --arch deepseek41 --dim "$dim" --layers "$layers" --heads "$heads" --kv-heads 1 \
     --head-dim "$head" --rope-dim 64 --q-lora-rank "$qlora" --window "$window" --compress-ratios "$ratios" \
     --kv-source-layers "$sources" --index-source-layers "$pickers" --engram-layers "$sites" --engram-heads "$eheads" \
     --engram-dim "$edim" --engram-ngram "$engram" --engram-rows "$erows" --hash-layers "$hash" --indexer-heads 16 \
     --indexer-dim 64 --indexer-top-k "$topk" --out-groups "$groups" --out-lora-rank "$olora" --ffn 256 \
     --experts "$experts" --experts-used "$used" --expert-ffn "$effn" --shared-experts 1 --swiglu-clamp "$clamp" \
+    --candidate-source-layer "$cand" --candidate-top-k-blocks "$cblocks" --candidate-block-size "$cbs" \
     --vocab 512 --ctx 1024 --type f32 --seed 7 -o "$tmp/$name.gguf"
   ds41+=("$name=$tmp/$name.gguf")
 done <<'SHAPES'
-deepseek41 256 6 4 128 128 16 0,2,2,2,1,1 1,4 1,2,4 0,3 2 16 3 50 1 8 2 64 8 2 64 10
-deepseek41_b 128 5 2 128 64 24 1,1,0,4,4 0,3 0,1,3 1 4 8 4 30 0 12 1 32 6 3 32 0.3
+deepseek41 256 6 4 128 128 16 0,2,2,2,1,1 1,4 1,2,4 0,3 2 16 3 50 1 8 2 64 8 2 64 10 -1 0 0
+deepseek41_b 128 5 2 128 64 24 1,1,0,4,4 0,3 0,1,3 1 4 8 4 30 0 12 1 32 6 3 32 0.3 -1 0 0
+deepseek41_c 128 5 2 128 64 16 1,1,1,1,1 0 0,2,4 1 2 16 3 30 0 6 1 32 6 3 32 10 0 3 4
 SHAPES
 /usr/bin/python3 tools/deepseek4_reference.py tests/data/llamacpp/deepseek4.gguf "${ds41[@]}" \
     --write tests/data/reference/deepseek41_f64.gguf

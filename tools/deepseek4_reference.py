@@ -24,7 +24,13 @@ multiply-xor per head modulo distinct primes, the signed-sqrt sigmoid gate per c
 - Engram before the layers that have it: the token and its predecessors through token_map (pad_id
   from the sequence's start), hashed, the rows through engram_wkv to a key per copy and a shared
   value, each copy gaining value * sigmoid(sgn(s) sqrt(max(|s|, 1e-6))), s the normed key and copy's
-  dot product over sqrt(dim).
+  dot product over sqrt(dim);
+- the two-level index (which the port leaves out): the candidate source layer, an index source,
+  takes each block of candidate_block_size of its rows at its best score, always keeps the block
+  of the newest row, and keeps the candidate_top_k_blocks best blocks; the index sources after it
+  pick their top-k among the rows of those blocks only (read from the role, keys and unit tests
+  of published V4.1 serving code: candidate_source_layer_id, candidate_topk_blocks,
+  candidate_block_size).
 Where the port is silent the choices are gale's (docs/deepseek-v4.md): RoPE of a compressed row at
 its block's first position, as V4; the index key from the row after its norm.
 
@@ -175,6 +181,11 @@ class DeepSeekV4:
                 idx = l
             if self.ratios[l]:
                 self.rows_from[l], self.picks_from[l] = src, idx
+        # V4.1's two-level index: the candidate source scores blocks of its rows for the later
+        # index sources, which pick only inside the blocks it kept.
+        self.cand_layer = g("attention.indexer.candidate_source_layer", -1) if self.v41 else -1
+        self.cand_blocks = g("attention.indexer.candidate_top_k_blocks", 0)
+        self.cand_bs = g("attention.indexer.candidate_block_size", 0)
         self.sites = g("engram.layer_ids", [])
         if self.sites:
             self.e_heads, self.e_ngram, self.pad = g("engram.head_count"), g("engram.max_ngram_size"), g("engram.pad_id")
@@ -191,6 +202,7 @@ class DeepSeekV4:
         self.i_comp = [[] for _ in range(L)]
         self.keys = [[] for _ in range(L)]                # V4.1 key owners: index keys of their rows
         self.picks = []                                   # V4.1: the last index source's picks
+        self.cand = None                                  # V4.1: the candidate source's blocks
         self.tokens = []
         self.pos = 0
 
@@ -299,13 +311,24 @@ class DeepSeekV4:
                 self.compressor41(l, x, pos)
             src = self.rows_from[l]
             if self.picks_from[l] == l:
-                visible = list(range(len(self.comp[src])))
-                if len(visible) > self.top_k:
+                n_rows = len(self.comp[src])
+                visible = list(range(n_rows))
+                if 0 <= self.cand_layer < l and self.cand is not None:
+                    visible = [c for c in visible if c // self.cand_bs in self.cand]
+                n_blocks = -(-n_rows // self.cand_bs) if self.cand_bs else 0
+                choose = l == self.cand_layer and n_blocks > self.cand_blocks
+                if len(visible) > self.top_k or choose:
                     iq = (t[b + "indexer.attn_q_b.weight"] @ qr).reshape(self.i_heads, self.i_dim)
                     iq = np.array([rope_tail(h, self.n_rot, pos, self.comp_base) for h in iq])
                     iw = (t[b + "indexer.proj.weight"] @ x) / np.sqrt(self.i_dim * self.i_heads)
                     score = (np.maximum(iq @ np.array(self.keys[src]).T, 0.0) * iw[:, None]).sum(axis=0)
-                    visible = sorted(np.argsort(-score, kind="stable")[:self.top_k])
+                    if choose:  # each block's best row; the newest row's block always kept
+                        best = np.array([score[k * self.cand_bs:(k + 1) * self.cand_bs].max() for k in range(n_blocks)])
+                        best[(n_rows - 1) // self.cand_bs] = np.inf
+                        self.cand = set(int(k) for k in np.argsort(-best, kind="stable")[:self.cand_blocks])
+                    if len(visible) > self.top_k:
+                        sub = np.array(visible)
+                        visible = sorted(int(c) for c in sub[np.argsort(-score[sub], kind="stable")[:self.top_k]])
                 self.picks = visible
             keys = keys + [self.comp[src][c] for c in self.picks]
         elif ratio:
@@ -359,6 +382,7 @@ class DeepSeekV4:
     def step(self, token):
         t, pos = self.t, self.pos
         self.tokens.append(token)
+        self.cand = None
         H = np.repeat(t["token_embd.weight"][token][None, :], self.hc, axis=0)
         pre_next = np.eye(self.hc)[0]  # V4.1: what layer 0's attention collapses with
         for l in range(self.n_layer):

@@ -551,6 +551,15 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   out->SetF32(p + "hyper_connection.epsilon", static_cast<float>(Num(cfg, "hc_eps", 1e-6)));
   out->SetU32(p + "hash_layer_count", static_cast<uint32_t>(hash_layers));
   out->SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
+  // V4.1's two-level index (candidate_source_layer_id null or absent: none).
+  if (v41 && cfg.contains("candidate_source_layer_id") && !cfg["candidate_source_layer_id"].is_null()) {
+    ASSIGN_OR_RETURN(const int64_t layer, Int(cfg, "candidate_source_layer_id"));
+    ASSIGN_OR_RETURN(const int64_t blocks, Int(cfg, "candidate_topk_blocks"));
+    ASSIGN_OR_RETURN(const int64_t block_size, Int(cfg, "candidate_block_size"));
+    out->SetU32(p + "attention.indexer.candidate_source_layer", static_cast<uint32_t>(layer));
+    out->SetU32(p + "attention.indexer.candidate_top_k_blocks", static_cast<uint32_t>(blocks));
+    out->SetU32(p + "attention.indexer.candidate_block_size", static_cast<uint32_t>(block_size));
+  }
   if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) {
     const Json& rs = cfg["rope_scaling"];
     const std::string kind = rs.value("type", rs.value("rope_type", ""));

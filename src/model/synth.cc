@@ -305,6 +305,11 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(s.indexer_heads));
     w.SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(s.indexer_dim));
     w.SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(s.indexer_top_k));
+    if (ds41 && s.candidate_layer >= 0) {
+      w.SetU32(p + "attention.indexer.candidate_source_layer", static_cast<uint32_t>(s.candidate_layer));
+      w.SetU32(p + "attention.indexer.candidate_top_k_blocks", static_cast<uint32_t>(s.candidate_blocks));
+      w.SetU32(p + "attention.indexer.candidate_block_size", static_cast<uint32_t>(s.candidate_block_size));
+    }
     w.SetU32(p + "attention.output_group_count", static_cast<uint32_t>(s.out_groups));
     w.SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(s.out_lora_rank));
     w.SetF32(p + "attention.compress_rope_freq_base", 160000.0f);

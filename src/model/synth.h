@@ -76,6 +76,8 @@ struct SynthShape {
   // engram_heads heads per n-gram size, rows of engram_dim, n-grams up to engram_ngram, and about
   // engram_rows rows per head (primes from there up).
   std::vector<int64_t> kv_source_layers, index_source_layers, engram_layers;
+  // deepseek41's two-level index: the candidate source layer (-1: none), its blocks and their size.
+  int64_t candidate_layer = -1, candidate_blocks = 0, candidate_block_size = 0;
   int64_t engram_heads = 0, engram_dim = 0, engram_ngram = 0, engram_rows = 0;
 };
 

@@ -117,6 +117,10 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--index-source-layers", o->custom.index_source_layers,
                  "custom deepseek41: layers whose indexer picks rows (default: the KV sources)")
       ->delimiter(',');
+  app.add_option("--candidate-source-layer", o->custom.candidate_layer,
+                 "custom deepseek41: the index source whose scores pick candidate blocks for the later ones (-1: none)");
+  app.add_option("--candidate-top-k-blocks", o->custom.candidate_blocks, "custom deepseek41: candidate blocks kept");
+  app.add_option("--candidate-block-size", o->custom.candidate_block_size, "custom deepseek41: compressed rows per block");
   app.add_option("--engram-layers", o->custom.engram_layers, "custom deepseek41: layers with Engram")->delimiter(',');
   app.add_option("--engram-heads", o->custom.engram_heads, "custom deepseek41: Engram heads per n-gram size");
   app.add_option("--engram-dim", o->custom.engram_dim, "custom deepseek41: an Engram table row's length");

@@ -300,6 +300,11 @@ class HfDeepseek4Test : public ::testing::Test {
       for (int64_t l : s.engram_layers) rows.push_back(synth.FindTensor("blk." + std::to_string(l) + ".engram_embd.weight")->shape[1]);
       cfg["engram_num_embeddings"] = rows;
     }
+    if (s.candidate_layer >= 0) {
+      cfg["candidate_source_layer_id"] = s.candidate_layer;
+      cfg["candidate_topk_blocks"] = s.candidate_blocks;
+      cfg["candidate_block_size"] = s.candidate_block_size;
+    }
     if (nested) {
       cfg["model_type"] = "deepseek_v41";
       cfg["kv_source_layer_ids"] = s.kv_source_layers;
@@ -420,6 +425,9 @@ TEST_F(HfDeepseek4Test, V41CheckpointWithEngramConvertsExactly) {
   SynthShape s = Ds4Shape("deepseek41");
   s.kv_source_layers = {1, 3};
   s.index_source_layers = {1, 3};
+  s.candidate_layer = 3;  // the two-level index's keys (the last index source: no later ones to filter)
+  s.candidate_blocks = 4;
+  s.candidate_block_size = 2;
   ASSERT_EQ(s.engram_layers, (std::vector<int64_t>{0, 2}));
   ASSERT_EQ(s.engram_ngram, 3);
   auto synth = GgufFile::FromBytes(SynthesizeModel(s, GgmlType::kF32, 12)->WriteToBytes()).value();
@@ -451,9 +459,11 @@ TEST_F(HfDeepseek4Test, V41CheckpointWithEngramConvertsExactly) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(report.skipped.empty()) << report.skipped.front();
   EXPECT_EQ((*got)->GetString("general.architecture").value(), "deepseek41");
-  for (const char* key : {"layer_ids", "head_count", "key_length", "max_ngram_size", "pad_id", "multipliers", "primes",
-                          "offsets", "token_map"}) {
-    const std::string k = std::string("deepseek41.engram.") + key;
+  for (const char* key : {"engram.layer_ids", "engram.head_count", "engram.key_length", "engram.max_ngram_size",
+                          "engram.pad_id", "engram.multipliers", "engram.primes", "engram.offsets", "engram.token_map",
+                          "attention.indexer.candidate_source_layer", "attention.indexer.candidate_top_k_blocks",
+                          "attention.indexer.candidate_block_size"}) {
+    const std::string k = std::string("deepseek41.") + key;
     const GgufValue* a = (*got)->Find(k);
     const GgufValue* b = want->Find(k);
     ASSERT_NE(a, nullptr) << k;

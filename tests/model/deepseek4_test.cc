@@ -417,6 +417,7 @@ struct V41Shape {
   Ds4Shape base;  // arch, name, sizes, ratios (V4.1's), the indexer, experts
   std::vector<int64_t> sources, pickers, sites;
   int64_t engram_heads, engram_dim, engram_ngram, engram_rows;
+  int64_t cand_layer = -1, cand_blocks = 0, cand_bs = 0;  // the two-level index
 };
 const std::vector<V41Shape>& V41Shapes() {
   static const std::vector<V41Shape> shapes = {
@@ -424,6 +425,10 @@ const std::vector<V41Shape>& V41Shapes() {
        {1, 4}, {1, 2, 4}, {0, 3}, 2, 16, 3, 50},
       {{"deepseek41_b", 128, 5, 2, 128, 64, 64, 24, {1, 1, 0, 4, 4}, 0, 16, 64, 12, 1, 32, 6, 3, 32, 0.3f},
        {0, 3}, {0, 1, 3}, {1}, 4, 8, 4, 30},
+      // The two-level index: layer 0 keeps 3 blocks of 4 of its rows per token, layers 2 and 4
+      // pick their top 6 inside them (320 rows at ratio 1: 80 blocks by the end).
+      {{"deepseek41_c", 128, 5, 2, 128, 64, 64, 16, {1, 1, 1, 1, 1}, 0, 16, 64, 6, 1, 32, 6, 3, 32, 10.0f},
+       {0}, {0, 2, 4}, {1}, 2, 16, 3, 30, 0, 3, 4},
   };
   return shapes;
 }
@@ -438,6 +443,9 @@ SynthShape ShapeOf(const V41Shape& a) {
   s.engram_dim = a.engram_dim;
   s.engram_ngram = a.engram_ngram;
   s.engram_rows = a.engram_rows;
+  s.candidate_layer = a.cand_layer;
+  s.candidate_blocks = a.cand_blocks;
+  s.candidate_block_size = a.cand_bs;
   return s;
 }
 
@@ -474,9 +482,17 @@ TEST(Deepseek41Test, GivesTheFloat64ReferenceLogits) {
       if (a.base.ratios[l] != 0) no_reuse.pickers.push_back(l);
     }
     all_rows.base.top_k = 100000;
+    all_rows.cand_layer = -1;
     wide.base.window = 100000;
-    for (const auto& [what, shape] : {std::pair<const char*, V41Shape>{"no engram", no_engram}, {"no reuse", no_reuse},
-                                      {"no indexer", all_rows}, {"no window", wide}}) {
+    no_reuse.cand_layer = -1;
+    std::vector<std::pair<const char*, V41Shape>> mutations = {
+        {"no engram", no_engram}, {"no reuse", no_reuse}, {"no indexer", all_rows}, {"no window", wide}};
+    if (a.cand_layer >= 0) {
+      V41Shape all_blocks = a;
+      all_blocks.cand_layer = -1;
+      mutations.push_back({"no candidate blocks", all_blocks});
+    }
+    for (const auto& [what, shape] : mutations) {
       auto mf = Synth(ShapeOf(shape));
       auto mm = LoadModel(*mf);
       ASSERT_TRUE(mm.ok()) << mm.status().ToString();
@@ -644,6 +660,18 @@ TEST(Deepseek41Test, RefusesInconsistentFiles) {
     w.SetValue("deepseek41.engram.offsets", GgufValue::Array(GgufValueType::kUint64,
                                                              std::vector<GgufValue>(8, GgufValue::U64(~uint64_t{0} - 1))));
   }, "not inside the table");
+  // The two-level index: a candidate source that is no index source, blocks too few for the
+  // top-k, and a later index source reading another stream's rows (shape a: sources 1 and 4).
+  SynthShape cand = ShapeOf(a);
+  cand.candidate_layer = 3;
+  cand.candidate_blocks = 4;
+  cand.candidate_block_size = 4;
+  refused(cand, nullptr, "must be an index source");
+  cand.candidate_layer = 1;
+  cand.candidate_blocks = 1;
+  refused(cand, nullptr, "must hold the indexer's top");
+  cand.candidate_blocks = 4;
+  refused(cand, nullptr, "the candidate source 1");
 }
 }  // namespace
 }  // namespace gale

@@ -29,7 +29,11 @@
 //   source's rows and keys and reuses the last index source's picks; no per-head query norm;
 // - Engram: at its layers, each token's n-grams (2..max) hashed per head into rows of a table read
 //   from the mapped file, projected to a key per copy and one shared value, added to each copy
-//   through a gate from the normed key and copy. The token history comes from a cache layer.
+//   through a gate from the normed key and copy. The token history comes from a cache layer;
+// - the two-level index (gale's keys attention.indexer.candidate_*; llama.cpp's port leaves it out
+//   and caps the context instead): the candidate source layer keeps, per token, the best blocks of
+//   its stream's rows (a block scores its best row; the newest row's block is always kept), and
+//   the index sources after it pick their top-k inside those blocks only.
 #include <tuple>
 #include <algorithm>
 #include <cmath>
@@ -131,6 +135,11 @@ class Deepseek4Model final : public Model {
     d.idx_heads_ = file.GetInt(p + "attention.indexer.head_count", 0);
     d.idx_dim_ = file.GetInt(p + "attention.indexer.key_length", 0);
     d.idx_top_k_ = file.GetInt(p + "attention.indexer.top_k", 0);
+    // V4.1's two-level index (gale's keys; files without them attend as if every block were a
+    // candidate, which they are until the rows pass candidate_top_k_blocks x candidate_block_size).
+    d.cand_layer_ = d.v41_ ? file.GetInt(p + "attention.indexer.candidate_source_layer", -1) : -1;
+    d.cand_blocks_ = file.GetInt(p + "attention.indexer.candidate_top_k_blocks", 0);
+    d.cand_bs_ = file.GetInt(p + "attention.indexer.candidate_block_size", 0);
     d.out_groups_ = file.GetInt(p + "attention.output_group_count", 0);
     d.out_lora_ = file.GetInt(p + "attention.output_lora_rank", 0);
     d.compress_base_ = static_cast<float>(file.GetDouble(p + "attention.compress_rope_freq_base", 0.0));
@@ -371,6 +380,22 @@ class Deepseek4Model final : public Model {
         return InvalidArgument("deepseek4: layer {} (routed by its router) has no {}exp_probs_b.bias", l, b);
       }
     }
+    if (d.cand_layer_ >= 0) {
+      // The candidate source picks blocks of its stream's rows; the index sources after it pick
+      // only inside them, so they must read the same stream (and the blocks hold top_k rows).
+      if (d.cand_layer_ >= h.num_layers || !d.layers_[d.cand_layer_].index_source || d.cand_blocks_ < 1 ||
+          d.cand_bs_ < 1 || d.cand_blocks_ * d.cand_bs_ - (d.cand_bs_ - 1) < d.idx_top_k_) {
+        return InvalidArgument("deepseek41: the candidate source layer {} must be an index source, and {} candidate "
+                               "blocks of {} must hold the indexer's top {}", d.cand_layer_, d.cand_blocks_, d.cand_bs_,
+                               d.idx_top_k_);
+      }
+      for (int64_t l = d.cand_layer_ + 1; l < h.num_layers; ++l) {
+        if (d.layers_[l].index_source && d.layers_[l].rows_from != d.layers_[d.cand_layer_].rows_from) {
+          return InvalidArgument("deepseek41: index source {} reads layer {}'s rows, the candidate source {} layer {}'s",
+                                 l, d.layers_[l].rows_from, d.cand_layer_, d.layers_[d.cand_layer_].rows_from);
+        }
+      }
+    }
     d.ones_.assign(static_cast<size_t>(std::max({kHc * dim, head, d.idx_dim_})), 1.0f);
     m->FinishLoad(tensors);
     return std::unique_ptr<Model>(std::move(m));
@@ -414,9 +439,11 @@ class Deepseek4Model final : public Model {
   // mix's own); pre_out: where this mix's pre weights go (V4.1; may be null).
   void HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
              ThreadPool& pool, const float* pre_in = nullptr, float* pre_out = nullptr) const;
-  // picks: per token of the batch, the compressed rows the last V4.1 index source picked.
+  // picks: per token of the batch, the compressed rows the last V4.1 index source picked;
+  // candidates: per token, the blocks of rows the candidate source chose (empty: all).
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
-                 ThreadPool& pool, std::vector<std::vector<int64_t>>& picks) const;
+                 ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
+                 std::vector<std::vector<int64_t>>& candidates) const;
   Status LoadEngram(const GgufFile& file, TensorLoader& tensors, const std::function<int64_t(int64_t, int64_t)>& kv_layer);
   // V4.1: each token's id into the history cache layer; Engram at layer l, added to the streams.
   void WriteTokens(const ForwardBatch& batch, KvStorage& kv) const;
@@ -426,6 +453,7 @@ class Deepseek4Model final : public Model {
   void Angles(bool compressed, int64_t pos, float* cos_sin) const;
 
   int64_t q_lora_ = 0, window_ = 0, idx_heads_ = 0, idx_dim_ = 0, idx_top_k_ = 0, out_groups_ = 0, out_lora_ = 0;
+  int64_t cand_layer_ = -1, cand_blocks_ = 0, cand_bs_ = 0;  // V4.1's candidate blocks (layer -1: none)
   int64_t sinkhorn_iters_ = 0, hash_layers_ = 0;
   float compress_base_ = 0.0f, hc_eps_ = 0.0f, corr_low_ = 0.0f, corr_high_ = 0.0f;
   HcWeights hc_head_;
@@ -746,7 +774,8 @@ void RopeTail(float* x, int64_t num_rows, int64_t width, int64_t rope, const flo
 }
 
 void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
-                               float* out, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks) const {
+                               float* out, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
+                               std::vector<std::vector<int64_t>>& candidates) const {
   const Ds4Layer& w = layers_[l];
   const int64_t head = hp_.head_dim, heads = hp_.num_heads, rope = hp_.rope_dims;
   const int64_t ratio = w.ratio;
@@ -898,12 +927,25 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
         chosen = picks[t];  // the last index source's
       } else if (compressed) {
         const int64_t visible = (pos + 1) / ratio;
-        for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
-        if (picks_rows && visible > idx_top_k_) {
+        // V4.1's two-level index: the index sources after the candidate source score only the
+        // rows of the blocks it chose for this token; the candidate source chooses them (when its
+        // rows make more blocks than it keeps) from its own scores: each block's best row, the
+        // block of the newest row always kept.
+        const bool filtered = w.index_source && cand_layer_ >= 0 && l > cand_layer_ && !candidates[t].empty();
+        const int64_t num_blocks = cand_bs_ > 0 ? (visible + cand_bs_ - 1) / cand_bs_ : 0;
+        const bool choose_blocks = w.index_source && l == cand_layer_ && num_blocks > cand_blocks_;
+        if (filtered) {
+          for (int64_t b : candidates[t]) {
+            for (int64_t c = b * cand_bs_; c < std::min(visible, (b + 1) * cand_bs_); ++c) chosen.push_back(c);
+          }
+        } else {
+          for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
+        }
+        if (picks_rows && (static_cast<int64_t>(chosen.size()) > idx_top_k_ || choose_blocks)) {
           // The indexer: score(c) = sum over heads of relu(q_h . k_c) * w_h; the top_k rows.
           idx_scores.resize(static_cast<size_t>(visible));
           key.resize(static_cast<size_t>(idx_dim_));
-          for (int64_t c = 0; c < visible; ++c) {
+          for (int64_t c : chosen) {
             ReadPacked(kv, batch, keys_at, seq, c, key.data());
             float s = 0.0f;
             for (int64_t h = 0; h < idx_heads_; ++h) {
@@ -914,9 +956,22 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
             }
             idx_scores[c] = s;
           }
-          std::stable_sort(chosen.begin(), chosen.end(), [&](int64_t a, int64_t b) { return idx_scores[a] > idx_scores[b]; });
-          chosen.resize(static_cast<size_t>(idx_top_k_));
-          std::sort(chosen.begin(), chosen.end());
+          if (choose_blocks) {
+            std::vector<float> best(static_cast<size_t>(num_blocks), -std::numeric_limits<float>::infinity());
+            for (int64_t c = 0; c < visible; ++c) best[c / cand_bs_] = std::max(best[c / cand_bs_], idx_scores[c]);
+            best[(visible - 1) / cand_bs_] = std::numeric_limits<float>::infinity();
+            std::vector<int64_t>& blocks = candidates[t];
+            blocks.resize(static_cast<size_t>(num_blocks));
+            for (int64_t b = 0; b < num_blocks; ++b) blocks[b] = b;
+            std::stable_sort(blocks.begin(), blocks.end(), [&](int64_t a, int64_t b) { return best[a] > best[b]; });
+            blocks.resize(static_cast<size_t>(cand_blocks_));
+            std::sort(blocks.begin(), blocks.end());
+          }
+          if (static_cast<int64_t>(chosen.size()) > idx_top_k_) {
+            std::stable_sort(chosen.begin(), chosen.end(), [&](int64_t a, int64_t b) { return idx_scores[a] > idx_scores[b]; });
+            chosen.resize(static_cast<size_t>(idx_top_k_));
+            std::sort(chosen.begin(), chosen.end());
+          }
         }
         if (v41_) picks[t] = chosen;
       }
@@ -986,7 +1041,7 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   // and this sublayer's own; the picks of the last index source.
   std::vector<float> pre_next(static_cast<size_t>(n * kHc), 0.0f), pre_own(pre_next.size());
   for (int64_t t = 0; t < n; ++t) pre_next[t * kHc] = 1.0f;
-  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n));
+  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n)), candidates(static_cast<size_t>(n));
   if (tok_layer_ >= 0) WriteTokens(batch, kv);
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const Ds4Layer& w = layers_[l];
@@ -1000,7 +1055,7 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
       kernels::RmsNorm(x.data() + t * dim, reinterpret_cast<const float*>(w.attn_norm.data), dim, hp_.rms_eps,
                        in.data() + t * dim);
     }
-    Attention(l, batch, kv, in.data(), n, attn.data(), pool, picks);
+    Attention(l, batch, kv, in.data(), n, attn.data(), pool, picks, candidates);
     // The grouped low-rank output: group g's heads through wo_a[g], the groups' results side by
     // side through wo_b.
     gin.resize(static_cast<size_t>(n * gdim));
