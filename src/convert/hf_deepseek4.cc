@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -93,11 +92,14 @@ std::string GgufName(const std::string& hf) {
       {"engram.wkv.weight", "engram_wkv.weight"},     // its key/value projection,
       {"engram.q_weight", "engram_q.weight"},         // the per-copy gate norms
       {"engram.k_weight", "engram_k.weight"}};
-  static const std::regex kLayerName(R"(layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (!std::regex_match(hf, m, kLayerName)) return "";
+  // layers.<digits>.<rest> (parsed by hand: names come from an untrusted header).
+  if (hf.rfind("layers.", 0) != 0) return "";
+  size_t at = 7;
+  while (at < hf.size() && at < 7 + 9 && hf[at] >= '0' && hf[at] <= '9') ++at;
+  if (at == 7 || at >= hf.size() || hf[at] != '.') return "";
+  const std::string layer = hf.substr(7, at - 7), rest = hf.substr(at + 1);
   for (const auto& [a, b] : kLayer) {
-    if (m[2] == a) return fmt::format("blk.{}.{}", m[1].str(), b);
+    if (rest == a) return fmt::format("blk.{}.{}", layer, b);
   }
   return "";
 }
@@ -345,7 +347,7 @@ class Converter {
 // V4.1's Engram keys (llama.cpp's deepseek41 names) from the config's engram_* block, the
 // tokenizer and the reference's seeds; nothing when the config has no Engram layers.
 Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTensors& tensors, int64_t vocab,
-                   const std::string& p, GgufWriter* out) {
+                   int64_t num_layers, const std::string& p, GgufWriter* out) {
   if (!cfg.contains("engram_layer_ids") || !cfg["engram_layer_ids"].is_array() || cfg["engram_layer_ids"].empty()) {
     for (const auto& [name, t] : tensors) {
       if (name.find(".engram.") != std::string::npos) {
@@ -364,7 +366,10 @@ Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTe
   ASSIGN_OR_RETURN(const int64_t head_dim, Int(cfg, "engram_head_dim"));
   ASSIGN_OR_RETURN(const int64_t pad_token, Int(cfg, "engram_pad_token_id", 0));
   ASSIGN_OR_RETURN(const int64_t seed, Int(cfg, "engram_seed", 0));
-  if (max_ngram < 2 || max_ngram > 8 || heads < 1 || head_dim < 1) {
+  for (int64_t l : layers) {
+    if (l >= num_layers) return InvalidArgument("config.json: Engram layer {} of {} layers", l, num_layers);
+  }
+  if (max_ngram < 2 || max_ngram > 8 || heads < 1 || heads > 4096 || head_dim < 1) {
     return InvalidArgument("config.json: Engram n-grams up to {} with {} heads of {}", max_ngram, heads, head_dim);
   }
   const int64_t orders = max_ngram - 1;
@@ -372,7 +377,9 @@ Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTe
   std::vector<int64_t> per_order;
   if (cfg.contains("engram_vocab_size") && cfg["engram_vocab_size"].is_array()) {
     for (const Json& v : cfg["engram_vocab_size"]) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 2) return InvalidArgument("config.json: engram_vocab_size entries");
+      if (!v.is_number_integer() || v.get<int64_t>() < 2 || v.get<int64_t>() > (int64_t{1} << 34)) {
+        return InvalidArgument("config.json: engram_vocab_size entries must be 2 .. 2^34");
+      }
       per_order.push_back(v.get<int64_t>());
     }
     if (static_cast<int64_t>(per_order.size()) != orders) {
@@ -386,6 +393,7 @@ Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTe
   const bool clean_up = tcfg.is_object() ? tcfg.value("clean_up_tokenization_spaces", true) : true;
   int64_t compressed = 0;
   ASSIGN_OR_RETURN(const std::vector<uint32_t> map, EngramTokenMap(tj, clean_up, vocab, &compressed));
+  if (compressed < 1) return InvalidArgument("tokenizer.json: no tokens to map for Engram");
   if (cfg.contains("engram_compressed_vocab_size")) {
     ASSIGN_OR_RETURN(const int64_t want, Int(cfg, "engram_compressed_vocab_size"));
     if (want != compressed) {
@@ -572,7 +580,7 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
     out->SetF32(p + "rope.scaling.yarn_beta_slow", static_cast<float>(Num(rs, "beta_slow", 1.0)));
   }
   WriteHfTokenizer(tokenizer, out);
-  RETURN_IF_ERROR(WriteEngram(cfg, tj, tcfg, tensors, vocab, p, out));
+  RETURN_IF_ERROR(WriteEngram(cfg, tj, tcfg, tensors, vocab, layers, p, out));
 
   Converter c(std::move(tensors), type, br, bc, out);
   for (const char* required : {"embed.weight", "head.weight", "norm.weight"}) {

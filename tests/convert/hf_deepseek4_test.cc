@@ -502,6 +502,19 @@ TEST_F(HfDeepseek4Test, EngramChecksAgainstTheConfig) {
   c["text_config"].erase("engram_layer_ids");
   WriteText(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("no engram_layer_ids"), std::string::npos) << error();
+  // Hostile values: a layer past the model, a huge bucket start, a wrongly typed field.
+  c = Json::parse(config);
+  c["text_config"]["engram_layer_ids"] = {0, 99};
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("Engram layer 99"), std::string::npos) << error();
+  c = Json::parse(config);
+  c["text_config"]["engram_vocab_size"] = {int64_t{1} << 62, 40};
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("engram_vocab_size"), std::string::npos) << error();
+  c = Json::parse(config);
+  c["text_config"]["norm_topk_prob"] = "yes";
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("unexpected type"), std::string::npos) << error();
 }
 
 TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
