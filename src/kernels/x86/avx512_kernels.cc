@@ -627,6 +627,25 @@ template <GgmlType kType>
 void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
                float* y, int64_t ldy) {
   constexpr int kR = 4, kT = 6;
+  if constexpr (kType == GgmlType::kF8E4M3) {
+    // More than one token tile: each row would be decoded once per tile, so decode blocks of rows
+    // to f32 once (the values the F8 tiles compute with) and run the f32 product over them: the
+    // same multiply-adds in the same order, bitwise the same sums.
+    if (num_tokens > kT) {
+      constexpr int64_t kRowBlock = 64;
+      float* rows = TileScratch<1>(kRowBlock * k);  // the f32 product below takes slot 0
+      for (int64_t r0 = 0; r0 < num_rows; r0 += kRowBlock) {
+        const int64_t n = num_rows - r0 < kRowBlock ? num_rows - r0 : kRowBlock;
+        for (int64_t r = 0; r < n; ++r) {
+          for (int64_t i = 0; i < k; i += 16) {
+            _mm512_storeu_ps(rows + r * k + i, LoadW16<kType, false>(w + (r0 + r) * row_bytes, i, 0));
+          }
+        }
+        GemmFloat<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(rows), k * 4, n, x, k, num_tokens, y + r0, ldy);
+      }
+      return;
+    }
+  }
   // Up to kKc elements, a single token tile (decode): one pass per tile, the next tile's rows
   // prefetched.
   constexpr int64_t kKc = 1024;

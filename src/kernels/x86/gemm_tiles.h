@@ -65,8 +65,10 @@ inline void ZeroActPadding(int64_t k, int64_t k_stride, int8_t* qs, uint8_t* lo,
 }
 
 // Per-thread 64-byte aligned scratch of at least n floats (C allocation: no std:: template is
-// instantiated in the ISA translation units). One per translation unit and thread; callers
-// must not hold it across a call that may use it too.
+// instantiated in the ISA translation units). One per translation unit, thread and kSlot; callers
+// must not hold it across a call that may use the same slot (a caller that calls another GEMM
+// while holding its scratch takes slot 1).
+template <int kSlot = 0>
 inline float* TileScratch(int64_t n) {
   struct Scratch {
     float* p = nullptr;
