@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "base/rng.h"
+#include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -204,6 +207,25 @@ inline LoadedModel SynthModel(const SynthShape& shape, GgmlType type, uint64_t s
   m.model = LoadModel(*m.file).value();
   m.tok = Tokenizer::FromGguf(*m.file).value();
   return m;
+}
+
+// Every token's logits from one prefill of `tokens` through the file's model (packed for the
+// active ISA), on a fixed cache; empty (with a test failure) when the file does not load.
+inline std::vector<float> PrefillLogits(const GgufFile& file, const std::vector<int32_t>& tokens) {
+  auto m = LoadModel(file);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return {};
+  EXPECT_TRUE((*m)->load_warnings().empty());
+  (*m)->PackWeights(nullptr);
+  KvCache kv((*m)->hparams(), static_cast<int64_t>(tokens.size()));
+  Workspace ws;
+  ThreadPool pool(2);
+  ForwardBatch b;
+  b.tokens = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
+  b.all_logits = true;
+  EXPECT_TRUE((*m)->Forward(b, kv, ws, pool).ok());
+  return std::vector<float>(ws.logits.begin(), ws.logits.begin() + tokens.size() * (*m)->hparams().vocab_size);
 }
 
 }  // namespace gale::test

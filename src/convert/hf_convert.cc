@@ -29,6 +29,21 @@ StatusOr<nlohmann::json> ReadHfJson(const std::filesystem::path& p, bool require
   return j;
 }
 
+StatusOr<int64_t> HfConfigInt(const nlohmann::json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback >= 0) return fallback;
+    return InvalidArgument("config.json: '{}' is missing", key);
+  }
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo || j[key].get<int64_t>() > hi) {
+    return InvalidArgument("config.json: '{}' must be an integer in [{}, {}]", key, lo, hi);
+  }
+  return j[key].get<int64_t>();
+}
+
+double HfConfigNum(const nlohmann::json& j, const char* key, double fallback) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+
 StatusOr<HfTensors> LoadHfTensors(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   HfTensors tensors;
@@ -56,19 +71,10 @@ using Json = nlohmann::json;
 StatusOr<Json> ReadJson(const std::filesystem::path& p, bool required) { return ReadHfJson(p, required); }
 
 StatusOr<int64_t> IntField(const Json& j, const char* key, int64_t fallback = -1) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback >= 0) return fallback;
-    return InvalidArgument("config.json: '{}' is missing", key);
-  }
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > (int64_t{1} << 24)) {
-    return InvalidArgument("config.json: '{}' must be a positive integer", key);
-  }
-  return j[key].get<int64_t>();
+  return HfConfigInt(j, key, fallback, 1, int64_t{1} << 24);
 }
 
-double NumField(const Json& j, const char* key, double fallback) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
-}
+double NumField(const Json& j, const char* key, double fallback) { return HfConfigNum(j, key, fallback); }
 
 StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, GgufWriter* out);
 

@@ -30,19 +30,10 @@ using Json = nlohmann::json;
 constexpr uint32_t kGgmlI32 = 26;
 
 StatusOr<int64_t> Int(const Json& j, const char* key, int64_t fallback = -1) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback >= 0) return fallback;
-    return InvalidArgument("config.json: '{}' is missing", key);
-  }
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0 || j[key].get<int64_t>() > (int64_t{1} << 26)) {
-    return InvalidArgument("config.json: '{}' must be a non-negative integer", key);
-  }
-  return j[key].get<int64_t>();
+  return HfConfigInt(j, key, fallback, 0, int64_t{1} << 26);
 }
 
-double Num(const Json& j, const char* key, double fallback) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
-}
+double Num(const Json& j, const char* key, double fallback) { return HfConfigNum(j, key, fallback); }
 
 // The GGUF name of a checkpoint tensor (V4's and V4.1's), or "" for one gale does not convert.
 std::string GgufName(const std::string& hf) {

@@ -16,6 +16,11 @@
 
 namespace gale {
 
+// config.json's integer `key` in [lo, hi]; fallback (when >= 0) if it is absent or null.
+StatusOr<int64_t> HfConfigInt(const nlohmann::json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi);
+// A number, or fallback when it is absent or not a number.
+double HfConfigNum(const nlohmann::json& j, const char* key, double fallback);
+
 // A JSON object from the file; an empty one when it is absent and not required.
 StatusOr<nlohmann::json> ReadHfJson(const std::filesystem::path& p, bool required);
 

@@ -365,27 +365,12 @@ class HfDeepseek4Test : public ::testing::Test {
     EXPECT_EQ(fp8, fp8_expected);
     std::vector<int32_t> tokens;
     for (int i = 0; i < 160; ++i) tokens.push_back(1 + (i * 37 + 5) % 255);
-    const std::vector<float> a = LogitsOf(got, tokens), b = LogitsOf(want, tokens);
+    const std::vector<float> a = test::PrefillLogits(got, tokens), b = test::PrefillLogits(want, tokens);
     ASSERT_EQ(a.size(), b.size());
     ASSERT_FALSE(a.empty());
     float worst = 0.0f;
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
     EXPECT_LT(worst, 1e-5f);
-  }
-
-  static std::vector<float> LogitsOf(const GgufFile& file, const std::vector<int32_t>& tokens) {
-    auto m = LoadModel(file);
-    EXPECT_TRUE(m.ok()) << m.status().ToString();
-    if (!m.ok()) return {};
-    KvCache kv((*m)->hparams(), static_cast<int64_t>(tokens.size()));
-    Workspace ws;
-    ThreadPool pool(2);
-    ForwardBatch b;
-    b.tokens = tokens;
-    for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
-    b.all_logits = true;
-    EXPECT_TRUE((*m)->Forward(b, kv, ws, pool).ok());
-    return std::vector<float>(ws.logits.begin(), ws.logits.begin() + tokens.size() * (*m)->hparams().vocab_size);
   }
 
   fs::path dir_;

@@ -182,21 +182,6 @@ std::vector<uint8_t> FusedGateUp(const GgufFile& f) {
   return w.WriteToBytes();
 }
 
-std::vector<float> Logits(const GgufFile& file, const std::vector<int32_t>& tokens) {
-  auto m = LoadModel(file).value();
-  EXPECT_TRUE(m->load_warnings().empty());
-  m->PackWeights(nullptr);
-  KvCache kv(m->hparams(), static_cast<int64_t>(tokens.size()));
-  Workspace ws;
-  ThreadPool pool(2);
-  ForwardBatch b;
-  b.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
-  b.all_logits = true;
-  EXPECT_TRUE(m->Forward(b, kv, ws, pool).ok());
-  return std::vector<float>(ws.logits.begin(), ws.logits.begin() + tokens.size() * m->hparams().vocab_size);
-}
-
 // Fused ffn_gate_up_exps (with its bias, gpt-oss) runs bitwise as the separate tensors do.
 TEST(MoeTest, FusedGateUpExpertsEqualSeparateOnes) {
   for (const char* arch : {"qwen3moe", "gpt-oss"}) {
@@ -207,7 +192,7 @@ TEST(MoeTest, FusedGateUpExpertsEqualSeparateOnes) {
       ASSERT_NE(fused->FindTensor("blk.1.ffn_gate_up_exps.weight"), nullptr);
       ASSERT_EQ(fused->FindTensor("blk.1.ffn_up_exps.weight"), nullptr);
       const std::vector<int32_t> tokens = {1, 50, 300, 7, 99, 1000, 12, 5};
-      const std::vector<float> a = Logits(*separate, tokens), b = Logits(*fused, tokens);
+      const std::vector<float> a = test::PrefillLogits(*separate, tokens), b = test::PrefillLogits(*fused, tokens);
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     }
