@@ -39,7 +39,10 @@ CommandFn RegisterConvert(CLI::App& app) {
       auto r = ConvertHf(o->hf, *type, &w);
       if (!r.ok()) return fail(r.status().WithContext(o->hf));
       if (Status s = w.WriteFile(o->out); !s.ok()) return fail(s);
-      for (const auto& n : r->skipped) std::fprintf(stderr, "skipped: %s\n", n.c_str());
+      // A DeepSeek release skips thousands (its draft layers' experts, a vision tower): the first
+      // few and a count.
+      for (size_t i = 0; i < r->skipped.size() && i < 12; ++i) std::fprintf(stderr, "skipped: %s\n", r->skipped[i].c_str());
+      if (r->skipped.size() > 12) std::fprintf(stderr, "skipped: %zu more\n", r->skipped.size() - 12);
       std::fprintf(stderr, "wrote %s: %lld tensors, %lld layers, vocab %lld, pre-tokenizer %s, %s\n", o->out.c_str(),
                    static_cast<long long>(r->num_tensors), static_cast<long long>(r->layers),
                    static_cast<long long>(r->vocab), r->pre.c_str(), o->outtype.c_str());
