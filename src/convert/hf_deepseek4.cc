@@ -561,7 +561,8 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   }
   if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) {
     const Json& rs = cfg["rope_scaling"];
-    const std::string kind = rs.value("type", rs.value("rope_type", ""));
+    // DeepSeek's configs name it "yarn"; one without a type is read as yarn too.
+    const std::string kind = rs.value("type", rs.value("rope_type", "yarn"));
     if (kind != "yarn") return InvalidArgument("config.json: rope_scaling '{}' (DeepSeek-V4 uses yarn)", kind);
     out->SetString(p + "rope.scaling.type", "yarn");
     out->SetF32(p + "rope.scaling.factor", static_cast<float>(Num(rs, "factor", 1.0)));

@@ -521,6 +521,22 @@ TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
   c["compress_ratios"] = {0};
   WriteText(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("compress_ratios"), std::string::npos) << error();
+  // YaRN as DeepSeek's configs write it (with or without its type) becomes the GGUF keys; another
+  // scaling is refused.
+  for (const bool typed : {true, false}) {
+    c = Json::parse(config);
+    c["rope_scaling"] = {{"factor", 16}, {"original_max_position_embeddings", 65536}, {"beta_fast", 32}, {"beta_slow", 1}};
+    if (typed) c["rope_scaling"]["type"] = "yarn";
+    WriteText(dir_ / "config.json", c.dump());
+    auto yarn = Convert();
+    ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
+    EXPECT_EQ((*yarn)->GetString("deepseek4.rope.scaling.type").value(), "yarn");
+    EXPECT_EQ((*yarn)->GetDouble("deepseek4.rope.scaling.factor").value(), 16.0);
+    EXPECT_EQ((*yarn)->GetInt("deepseek4.rope.scaling.original_context_length").value(), 65536);
+  }
+  c["rope_scaling"]["type"] = "linear";
+  WriteText(dir_ / "config.json", c.dump());
+  EXPECT_NE(error().find("rope_scaling 'linear'"), std::string::npos) << error();
   WriteText(dir_ / "config.json", config);
   ASSERT_EQ(error(), "ok");
   // A missing expert and a missing scale: one shard rewritten without them.
