@@ -367,6 +367,9 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     ++report.num_tensors;
     return out->AddTensor(gguf, static_cast<uint32_t>(target), std::move(shape), [=, file = file](uint8_t* dst, uint64_t) {
       std::vector<float> row(static_cast<size_t>(cols));
+      // Safetensors packs tensors back to back, so a row may start at an odd address: copy it to
+      // aligned memory first.
+      std::vector<float> raw(static_cast<size_t>((src_row + 3) / 4));
       for (int64_t r = 0; r < rows; ++r) {
         // Hugging Face orders each head's rows as [first halves; second halves] (rotate-half
         // RoPE); GGUF interleaves them: row h*hd + 2i + j comes from row h*hd + j*hd/2 + i.
@@ -375,7 +378,8 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
           const int64_t h = r / hd, i = (r % hd) / 2, j = r % 2;
           from = h * hd + j * (hd / 2) + i;
         }
-        DequantizeRowRef(src_type, src + from * src_row, row.data(), cols);
+        std::memcpy(raw.data(), src + from * src_row, static_cast<size_t>(src_row));
+        DequantizeRowRef(src_type, raw.data(), row.data(), cols);
         if (norm_shift != 0.0f) {
           for (float& v : row) v += norm_shift;
         }

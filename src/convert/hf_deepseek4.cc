@@ -189,9 +189,12 @@ class Converter {
     }
     const int64_t src_row = RowBytes(src, cols), dst_row = RowBytes(target, cols);
     return out_->AddTensor(gguf, static_cast<uint32_t>(target), shape, [=, file = file](uint8_t* dst, uint64_t) {
-      std::vector<float> row(static_cast<size_t>(cols));
+      // Safetensors packs tensors back to back: after an FP8 tensor of odd size a BF16 one starts
+      // at an odd address, so each row is copied to aligned memory first.
+      std::vector<float> row(static_cast<size_t>(cols)), raw(static_cast<size_t>((src_row + 3) / 4));
       for (int64_t r = 0; r < rows; ++r) {
-        DequantizeRowRef(src, t.data + r * src_row, row.data(), cols);
+        std::memcpy(raw.data(), t.data + r * src_row, static_cast<size_t>(src_row));
+        DequantizeRowRef(src, raw.data(), row.data(), cols);
         QuantizeRowRef(target, row.data(), dst + r * dst_row, cols);
       }
     });
@@ -287,6 +290,7 @@ class Converter {
           gguf, static_cast<uint32_t>(target), shape, [=, exps = std::move(exps)](uint8_t* dst, uint64_t) {
             (void)files;
             std::vector<float> row(static_cast<size_t>(in));
+            std::vector<float> raw(static_cast<size_t>((RowBytes(wtype, in) + 3) / 4));  // aligned (see Add)
             const int64_t sc = (in + bc - 1) / bc, tiles = ((out + br - 1) / br) * sc;
             for (int64_t e = 0; e < experts; ++e) {
               for (int64_t r = 0; r < out; ++r) {
@@ -298,7 +302,8 @@ class Converter {
                     std::memcpy(b->qs, ws[e]->data + r * in + c, 32);
                   }
                 } else {
-                  DequantizeRowRef(wtype, ws[e]->data + r * RowBytes(wtype, in), row.data(), in);
+                  std::memcpy(raw.data(), ws[e]->data + r * RowBytes(wtype, in), static_cast<size_t>(RowBytes(wtype, in)));
+                  DequantizeRowRef(wtype, raw.data(), row.data(), in);
                   QuantizeRowRef(target, row.data(), d, in);
                 }
               }
