@@ -44,6 +44,17 @@ double HfConfigNum(const nlohmann::json& j, const char* key, double fallback) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
 }
 
+StatusOr<HfTokenizerFiles> ReadHfTokenizerFiles(const std::filesystem::path& dir) {
+  HfTokenizerFiles f;
+  ASSIGN_OR_RETURN(f.tokenizer, ReadHfJson(dir / "tokenizer.json", true));
+  ASSIGN_OR_RETURN(f.config, ReadHfJson(dir / "tokenizer_config.json", false));
+  return f;
+}
+
+std::string HfModelName(const std::filesystem::path& dir) {
+  return dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+}
+
 StatusOr<HfTensors> LoadHfTensors(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   HfTensors tensors;
@@ -68,8 +79,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-StatusOr<Json> ReadJson(const std::filesystem::path& p, bool required) { return ReadHfJson(p, required); }
-
 StatusOr<int64_t> IntField(const Json& j, const char* key, int64_t fallback = -1) {
   return HfConfigInt(j, key, fallback, 1, int64_t{1} << 24);
 }
@@ -92,8 +101,8 @@ StatusOr<HfConvertReport> ConvertHf(const std::string& dir_name, GgmlType type, 
 
 StatusOr<HfTokenizer> ReadHfTokenizerDir(const std::string& dir_name) {
   const std::filesystem::path dir(dir_name);
-  ASSIGN_OR_RETURN(const Json tj, ReadJson(dir / "tokenizer.json", true));
-  ASSIGN_OR_RETURN(const Json tcfg, ReadJson(dir / "tokenizer_config.json", false));
+  ASSIGN_OR_RETURN(const HfTokenizerFiles files, ReadHfTokenizerFiles(dir));
+  const Json& tj = files.tokenizer;
   int64_t vocab = 0;
   try {
     if (tj.contains("model") && tj["model"].contains("vocab") && tj["model"]["vocab"].is_object()) {
@@ -108,7 +117,7 @@ StatusOr<HfTokenizer> ReadHfTokenizerDir(const std::string& dir_name) {
         }
       }
     }
-    return ImportHfTokenizer(tj, tcfg, Json::object(), vocab);
+    return ImportHfTokenizer(tj, files.config, Json::object(), vocab);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument("{}: a JSON field has an unexpected type ({})", dir_name, e.what());
   }
@@ -122,7 +131,7 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     return InvalidArgument("convert writes f32, f16 or bf16 (quantize afterwards with gale quantize)");
   }
   const fs::path dir(dir_name);
-  ASSIGN_OR_RETURN(Json config, ReadJson(dir / "config.json", true));
+  ASSIGN_OR_RETURN(Json config, ReadHfJson(dir / "config.json", true));
   std::string arch = config.value("model_type", "");
   if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
       config["architectures"][0].is_string()) {
@@ -201,15 +210,15 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   ASSIGN_OR_RETURN(const HfTensors tensors, LoadHfTensors(dir));
 
   // Tokenizer.
-  ASSIGN_OR_RETURN(const Json tj, ReadJson(dir / "tokenizer.json", true));
-  ASSIGN_OR_RETURN(const Json tcfg, ReadJson(dir / "tokenizer_config.json", false));
-  ASSIGN_OR_RETURN(const HfTokenizer tokenizer, ImportHfTokenizer(tj, tcfg, config, vocab));
+  ASSIGN_OR_RETURN(const HfTokenizerFiles tokenizer_files, ReadHfTokenizerFiles(dir));
+  ASSIGN_OR_RETURN(const HfTokenizer tokenizer,
+                   ImportHfTokenizer(tokenizer_files.tokenizer, tokenizer_files.config, config, vocab));
   HfConvertReport report;
   report.pre = tokenizer.pre;
 
   // Metadata.
   out->SetString("general.architecture", gguf_arch);
-  out->SetString("general.name", dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string());
+  out->SetString("general.name", HfModelName(dir));
   out->SetU32("general.file_type", type == GgmlType::kF32 ? 0 : type == GgmlType::kF16 ? 1 : 32);
   const std::string p = gguf_arch + ".";
   out->SetU32(p + "context_length", static_cast<uint32_t>(ctx));

@@ -119,6 +119,25 @@ StatusOr<uint8_t> ScaleExponent(const SafetensorsTensor& s, int64_t i) {
   return InvalidArgument("tensor '{}' is {}: block scales are F8_E8M0 (or F32 powers of two)", s.name, s.dtype);
 }
 
+// One row of a BF16/F16/F32 tensor as `target`. Safetensors packs tensors back to back: after an
+// FP8 tensor of odd size a BF16 one starts at an odd address, so the row is copied to aligned
+// memory (raw, RowBytes(src, cols) bytes at least) first.
+void ConvertRow(GgmlType src, const uint8_t* bytes, int64_t cols, GgmlType target, uint8_t* dst,
+                std::vector<float>* raw, std::vector<float>* row) {
+  std::memcpy(raw->data(), bytes, static_cast<size_t>(RowBytes(src, cols)));
+  DequantizeRowRef(src, raw->data(), row->data(), cols);
+  QuantizeRowRef(target, row->data(), dst, cols);
+}
+
+// One FP8 row as F8E4M3 blocks: each 32-block takes the exponent of its tile, tile_exps being the
+// row's band of tiles (one exponent per tile_cols columns).
+void F8Row(const uint8_t* codes, const uint8_t* tile_exps, int64_t cols, int64_t tile_cols, BlockF8E4M3* dst) {
+  for (int64_t c = 0; c < cols; c += 32, ++dst) {
+    dst->e = tile_exps[c / tile_cols];
+    std::memcpy(dst->qs, codes + c, 32);
+  }
+}
+
 class Converter {
  public:
   Converter(HfTensors tensors, GgmlType type, int64_t block_rows, int64_t block_cols, GgufWriter* out)
@@ -137,27 +156,13 @@ class Converter {
       if (t.shape.size() != 2 || cols % 32 != 0) {
         return InvalidArgument("tensor '{}': FP8 tensors must be matrices with rows a multiple of 32 wide", hf);
       }
-      ASSIGN_OR_RETURN(const SafetensorsTensor* scale, ScaleOf(hf));
-      const int64_t sr = (rows + br_ - 1) / br_, sc = (cols + bc_ - 1) / bc_;
-      if (scale->shape != std::vector<int64_t>{sr, sc}) {
-        return InvalidArgument("tensor '{}': scale shape [{}], expected [{}, {}] for {}x{} tiles", scale->name,
-                               fmt::join(scale->shape, ", "), sr, sc, br_, bc_);
-      }
-      if (bc_ % 32 != 0) return InvalidArgument("FP8 tiles {} wide do not hold whole 32-blocks", bc_);
-      // Every exponent read (and checked) now; the fill only copies.
-      std::vector<uint8_t> exps(static_cast<size_t>(sr * sc));
-      for (int64_t i = 0; i < sr * sc; ++i) {
-        ASSIGN_OR_RETURN(exps[i], ScaleExponent(*scale, i));
-      }
-      const int64_t br = br_, bc = bc_;
+      ASSIGN_OR_RETURN(std::vector<uint8_t> exps, TileExponents(hf, rows, cols));
+      const int64_t br = br_, bc = bc_, sc = (cols + bc_ - 1) / bc_;
       return out_->AddTensor(gguf, static_cast<uint32_t>(GgmlType::kF8E4M3), shape,
                              [=, file = file, exps = std::move(exps)](uint8_t* dst, uint64_t) {
-                               auto* b = reinterpret_cast<BlockF8E4M3*>(dst);
                                for (int64_t r = 0; r < rows; ++r) {
-                                 for (int64_t c = 0; c < cols; c += 32, ++b) {
-                                   b->e = exps[(r / br) * sc + c / bc];
-                                   std::memcpy(b->qs, t.data + r * cols + c, 32);
-                                 }
+                                 F8Row(t.data + r * cols, exps.data() + (r / br) * sc, cols, bc,
+                                       reinterpret_cast<BlockF8E4M3*>(dst) + r * (cols / 32));
                                }
                              });
     }
@@ -189,14 +194,8 @@ class Converter {
     }
     const int64_t src_row = RowBytes(src, cols), dst_row = RowBytes(target, cols);
     return out_->AddTensor(gguf, static_cast<uint32_t>(target), shape, [=, file = file](uint8_t* dst, uint64_t) {
-      // Safetensors packs tensors back to back: after an FP8 tensor of odd size a BF16 one starts
-      // at an odd address, so each row is copied to aligned memory first.
       std::vector<float> row(static_cast<size_t>(cols)), raw(static_cast<size_t>((src_row + 3) / 4));
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(raw.data(), t.data + r * src_row, static_cast<size_t>(src_row));
-        DequantizeRowRef(src, raw.data(), row.data(), cols);
-        QuantizeRowRef(target, row.data(), dst + r * dst_row, cols);
-      }
+      for (int64_t r = 0; r < rows; ++r) ConvertRow(src, t.data + r * src_row, cols, target, dst + r * dst_row, &raw, &row);
     });
   }
 
@@ -221,7 +220,7 @@ class Converter {
         used_.insert(hf);
         files.push_back(it->second.first);
         ws.push_back(&t);
-        if (t.dtype == "I8" || t.dtype == "U8" || t.dtype == "F8_E4M3") {
+        if (t.dtype == "I8" || t.dtype == "U8") {
           ASSIGN_OR_RETURN(const SafetensorsTensor* s, ScaleOf(hf));
           ss.push_back(s);
         }
@@ -261,7 +260,6 @@ class Converter {
         continue;
       }
       // FP8 or BF16/F16/F32 experts: the dense path's conversion per expert, one after the other.
-      GgufWriter one;
       for (int64_t e = 0; e < experts; ++e) {
         if (ws[e]->shape != std::vector<int64_t>{out, in}) {
           return InvalidArgument("tensor '{}' has shape [{}], expected [{}, {}]", ws[e]->name,
@@ -273,38 +271,27 @@ class Converter {
       }
       const GgmlType target = dtype == "F8_E4M3" ? GgmlType::kF8E4M3 : type_;
       const int64_t row_bytes = RowBytes(target, in);
-      std::vector<uint8_t> exps;
+      std::vector<uint8_t> exps;  // FP8: every expert's tile exponents, one after the other
       if (target == GgmlType::kF8E4M3) {
-        const int64_t sr = (out + br_ - 1) / br_, sc = (in + bc_ - 1) / bc_;
         for (int64_t e = 0; e < experts; ++e) {
-          if (ss[e]->shape != std::vector<int64_t>{sr, sc}) return InvalidArgument("tensor '{}': scale shape", ss[e]->name);
-          for (int64_t i = 0; i < sr * sc; ++i) {
-            ASSIGN_OR_RETURN(const uint8_t x, ScaleExponent(*ss[e], i));
-            exps.push_back(x);
-          }
+          ASSIGN_OR_RETURN(const std::vector<uint8_t> x, TileExponents(ws[e]->name, out, in));
+          exps.insert(exps.end(), x.begin(), x.end());
         }
       }
-      const int64_t br = br_, bc = bc_;
+      const int64_t br = br_, bc = bc_, sc = (in + bc_ - 1) / bc_, tiles = ((out + br_ - 1) / br_) * sc;
       const GgmlType wtype = dtype == "F32" ? GgmlType::kF32 : dtype == "F16" ? GgmlType::kF16 : GgmlType::kBF16;
       RETURN_IF_ERROR(out_->AddTensor(
           gguf, static_cast<uint32_t>(target), shape, [=, exps = std::move(exps)](uint8_t* dst, uint64_t) {
             (void)files;
-            std::vector<float> row(static_cast<size_t>(in));
-            std::vector<float> raw(static_cast<size_t>((RowBytes(wtype, in) + 3) / 4));  // aligned (see Add)
-            const int64_t sc = (in + bc - 1) / bc, tiles = ((out + br - 1) / br) * sc;
+            std::vector<float> row(static_cast<size_t>(in)), raw(static_cast<size_t>((RowBytes(wtype, in) + 3) / 4));
             for (int64_t e = 0; e < experts; ++e) {
               for (int64_t r = 0; r < out; ++r) {
                 uint8_t* d = dst + (e * out + r) * row_bytes;
                 if (target == GgmlType::kF8E4M3) {
-                  auto* b = reinterpret_cast<BlockF8E4M3*>(d);
-                  for (int64_t c = 0; c < in; c += 32, ++b) {
-                    b->e = exps[e * tiles + (r / br) * sc + c / bc];
-                    std::memcpy(b->qs, ws[e]->data + r * in + c, 32);
-                  }
+                  F8Row(ws[e]->data + r * in, exps.data() + e * tiles + (r / br) * sc, in, bc,
+                        reinterpret_cast<BlockF8E4M3*>(d));
                 } else {
-                  std::memcpy(raw.data(), ws[e]->data + r * RowBytes(wtype, in), static_cast<size_t>(RowBytes(wtype, in)));
-                  DequantizeRowRef(wtype, raw.data(), row.data(), in);
-                  QuantizeRowRef(target, row.data(), d, in);
+                  ConvertRow(wtype, ws[e]->data + r * RowBytes(wtype, in), in, target, d, &raw, &row);
                 }
               }
             }
@@ -319,6 +306,22 @@ class Converter {
   int64_t num_tensors() const { return num_tensors_; }
 
  private:
+  // The UE8M0 exponents of FP8 weight `hf`'s tiles ([ceil(rows / br), ceil(cols / bc)], from its
+  // scale tensor), read and checked here so that the writer's fill only copies.
+  StatusOr<std::vector<uint8_t>> TileExponents(const std::string& hf, int64_t rows, int64_t cols) {
+    ASSIGN_OR_RETURN(const SafetensorsTensor* scale, ScaleOf(hf));
+    const int64_t sr = (rows + br_ - 1) / br_, sc = (cols + bc_ - 1) / bc_;
+    if (scale->shape != std::vector<int64_t>{sr, sc}) {
+      return InvalidArgument("tensor '{}': scale shape [{}], expected [{}, {}] for {}x{} tiles", scale->name,
+                             fmt::join(scale->shape, ", "), sr, sc, br_, bc_);
+    }
+    std::vector<uint8_t> exps(static_cast<size_t>(sr * sc));
+    for (int64_t i = 0; i < sr * sc; ++i) {
+      ASSIGN_OR_RETURN(exps[i], ScaleExponent(*scale, i));
+    }
+    return exps;
+  }
+
   // weight "X.weight" -> "X.scale" (DeepSeek's name) or "X.weight_scale_inv".
   StatusOr<const SafetensorsTensor*> ScaleOf(const std::string& hf) {
     const std::string base = hf.substr(0, hf.size() - std::string(".weight").size());
@@ -342,7 +345,7 @@ class Converter {
 
 // V4.1's Engram keys (llama.cpp's deepseek41 names) from the config's engram_* block, the
 // tokenizer and the reference's seeds; nothing when the config has no Engram layers.
-Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTensors& tensors, int64_t vocab,
+Status WriteEngram(const Json& cfg, const HfTokenizerFiles& tokenizer_files, const HfTensors& tensors, int64_t vocab,
                    int64_t num_layers, const std::string& p, GgufWriter* out) {
   if (!cfg.contains("engram_layer_ids") || !cfg["engram_layer_ids"].is_array() || cfg["engram_layer_ids"].empty()) {
     for (const auto& [name, t] : tensors) {
@@ -386,9 +389,11 @@ Status WriteEngram(const Json& cfg, const Json& tj, const Json& tcfg, const HfTe
     if (v < 2) return InvalidArgument("config.json: engram_vocab_size {}", v);
     per_order.assign(static_cast<size_t>(orders), v);
   }
+  const Json& tcfg = tokenizer_files.config;
   const bool clean_up = tcfg.is_object() ? tcfg.value("clean_up_tokenization_spaces", true) : true;
   int64_t compressed = 0;
-  ASSIGN_OR_RETURN(const std::vector<uint32_t> map, EngramTokenMap(tj, clean_up, vocab, &compressed));
+  ASSIGN_OR_RETURN(const std::vector<uint32_t> map,
+                   EngramTokenMap(tokenizer_files.tokenizer, clean_up, vocab, &compressed));
   if (compressed < 1) return InvalidArgument("tokenizer.json: no tokens to map for Engram");
   if (cfg.contains("engram_compressed_vocab_size")) {
     ASSIGN_OR_RETURN(const int64_t want, Int(cfg, "engram_compressed_vocab_size"));
@@ -512,14 +517,14 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   }
 
   ASSIGN_OR_RETURN(HfTensors tensors, LoadHfTensors(dir));
-  ASSIGN_OR_RETURN(const Json tj, ReadHfJson(dir / "tokenizer.json", true));
-  ASSIGN_OR_RETURN(const Json tcfg, ReadHfJson(dir / "tokenizer_config.json", false));
-  ASSIGN_OR_RETURN(const HfTokenizer tokenizer, ImportHfTokenizer(tj, tcfg, cfg, vocab));
+  ASSIGN_OR_RETURN(const HfTokenizerFiles tokenizer_files, ReadHfTokenizerFiles(dir));
+  ASSIGN_OR_RETURN(const HfTokenizer tokenizer,
+                   ImportHfTokenizer(tokenizer_files.tokenizer, tokenizer_files.config, cfg, vocab));
   HfConvertReport report;
   report.pre = tokenizer.pre;
 
   out->SetString("general.architecture", arch);
-  out->SetString("general.name", dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string());
+  out->SetString("general.name", HfModelName(dir));
   out->SetU32("general.file_type", 1024);
   out->SetU32(p + "context_length", static_cast<uint32_t>(ctx));
   out->SetU32(p + "embedding_length", static_cast<uint32_t>(dim));
@@ -577,22 +582,20 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
     out->SetF32(p + "rope.scaling.yarn_beta_slow", static_cast<float>(Num(rs, "beta_slow", 1.0)));
   }
   WriteHfTokenizer(tokenizer, out);
-  RETURN_IF_ERROR(WriteEngram(cfg, tj, tcfg, tensors, vocab, layers, p, out));
+  RETURN_IF_ERROR(WriteEngram(cfg, tokenizer_files, tensors, vocab, layers, p, out));
 
   Converter c(std::move(tensors), type, br, bc, out);
   for (const char* required : {"embed.weight", "head.weight", "norm.weight"}) {
     if (!c.Has(required)) return InvalidArgument("tensor '{}' is missing from the checkpoint", required);
   }
-  // Every tensor with a GGUF name, in the checkpoint's order; the loader checks shapes and which
-  // layers carry what (compressors, indexers, hash tables) against the ratios.
-  std::vector<std::string> names;
-  for (const auto& [name, t] : c.tensors()) names.push_back(name);
-  for (const std::string& hf : names) {
+  // Every tensor with a GGUF name, by name; the loader checks shapes and which layers carry what
+  // (compressors, indexers, hash tables) against the ratios.
+  for (const auto& [hf, t] : c.tensors()) {
     const std::string gguf = GgufName(hf);
     if (!gguf.empty()) RETURN_IF_ERROR(c.Add(hf, gguf));
   }
   for (int64_t l = 0; l < layers; ++l) RETURN_IF_ERROR(c.AddExperts(l, experts, dim, expert_ffn));
-  for (const std::string& hf : names) {
+  for (const auto& [hf, t] : c.tensors()) {
     if (!c.Used(hf)) report.skipped.push_back(hf);
   }
   report.num_tensors = c.num_tensors();

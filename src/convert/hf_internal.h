@@ -24,6 +24,15 @@ double HfConfigNum(const nlohmann::json& j, const char* key, double fallback);
 // A JSON object from the file; an empty one when it is absent and not required.
 StatusOr<nlohmann::json> ReadHfJson(const std::filesystem::path& p, bool required);
 
+// The folder's tokenizer.json and tokenizer_config.json (empty when absent).
+struct HfTokenizerFiles {
+  nlohmann::json tokenizer, config;
+};
+StatusOr<HfTokenizerFiles> ReadHfTokenizerFiles(const std::filesystem::path& dir);
+
+// general.name of a converted folder: its last path component.
+std::string HfModelName(const std::filesystem::path& dir);
+
 // Every tensor of the folder's .safetensors files by name, each with the file that holds it (the
 // writer fills tensors later, so each fill keeps its file mapped).
 using HfTensors = std::map<std::string, std::pair<std::shared_ptr<SafetensorsFile>, const SafetensorsTensor*>>;
