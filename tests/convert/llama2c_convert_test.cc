@@ -14,6 +14,7 @@
 #include "runner/generate.h"
 #include "convert/llama2c_convert.h"
 #include "model/synth.h"
+#include "kernels/kernels.h"
 
 namespace gale {
 namespace {
@@ -185,23 +186,30 @@ TEST(ModelLoadTest, KQuantModelEqualsItsF32Dequantization) {
   auto fk = GgufFile::FromBytes(kq_bytes);
   auto fd = GgufFile::FromBytes(deq_bytes);
   ASSERT_TRUE(fk.ok() && fd.ok());
-  auto mk = LoadModel(**fk);
-  auto md = LoadModel(**fd);
-  ASSERT_TRUE(mk.ok()) << mk.status().ToString();
-  ASSERT_TRUE(md.ok());
-  ThreadPool pool(2);
-  ForwardBatch b;
-  b.tokens = {1, 50, 60, 70};
-  b.positions = {0, 1, 2, 3};
-  b.all_logits = true;
-  KvCache kv1((*mk)->hparams(), 8), kv2((*md)->hparams(), 8);
-  Workspace w1, w2;
-  ASSERT_TRUE((*mk)->Forward(b, kv1, w1, pool).ok());
-  ASSERT_TRUE((*md)->Forward(b, kv2, w2, pool).ok());
-  for (int64_t i = 0; i < 4 * 300; ++i) {
-    ASSERT_TRUE(std::isfinite(w1.logits[i]));
-    ASSERT_EQ(F32Bits(w1.logits[i]), F32Bits(w2.logits[i])) << i;
+  // The ISAs whose K-quant products dequantize each row to f32 (AVX2's take int8 activations, as
+  // llama.cpp's do, and are checked against the reference in kernels_test).
+  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx512}) {
+    if (kernels::GetKernelTable(isa) == nullptr) continue;
+    kernels::SetActiveIsa(isa);  // before loading: weights are packed for the active ISA
+    auto mk = LoadModel(**fk);
+    auto md = LoadModel(**fd);
+    ASSERT_TRUE(mk.ok()) << mk.status().ToString();
+    ASSERT_TRUE(md.ok());
+    ThreadPool pool(2);
+    ForwardBatch b;
+    b.tokens = {1, 50, 60, 70};
+    b.positions = {0, 1, 2, 3};
+    b.all_logits = true;
+    KvCache kv1((*mk)->hparams(), 8), kv2((*md)->hparams(), 8);
+    Workspace w1, w2;
+    ASSERT_TRUE((*mk)->Forward(b, kv1, w1, pool).ok());
+    ASSERT_TRUE((*md)->Forward(b, kv2, w2, pool).ok());
+    for (int64_t i = 0; i < 4 * 300; ++i) {
+      ASSERT_TRUE(std::isfinite(w1.logits[i]));
+      ASSERT_EQ(F32Bits(w1.logits[i]), F32Bits(w2.logits[i])) << kernels::IsaName(isa) << " " << i;
+    }
   }
+  kernels::SetActiveIsa(kernels::BestIsa());
 }
 
 TEST(ModelLoadTest, WrongShapesAndMissingTensorsAreClearErrors) {
