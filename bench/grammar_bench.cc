@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
     if (auto v = FromHf(name, std::string(GALE_SOURCE_DIR) + "/.deps/node/hf/" + pkg + "/models")) vocabs.push_back(std::move(*v));
   }
   Json report = Json::array();
-  std::printf("%-14s %8s %9s %6s %12s %12s %12s %12s %12s %8s\n", "vocab", "tokens", "trie ms", "steps", "cold us/tok",
-              "cold max us", "warm us/tok", "check us/tok", "apply us/tok", "nodes");
+  std::printf("%-14s %8s %9s %6s %12s %12s %12s %12s %12s %8s %10s\n", "vocab", "tokens", "trie ms", "steps", "cold us/tok",
+              "cold max us", "warm us/tok", "check us/tok", "apply us/tok", "nodes", "max work");
   for (const Vocab& v : vocabs) {
     auto file = GgufFile::FromBytes(v.gguf);
     if (!file.ok()) continue;
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
     std::vector<double> cold, warm, check, apply;
     std::vector<float> logits(static_cast<size_t>((*tok)->vocab_size()));
     int64_t num_nodes = 0;  // the first pass's matcher arena (stack nodes) at the end
+    int64_t max_work = 0;   // the most work units one cold mask took (grammar::kMaxWorkPerCall bounds it)
     for (int pass = 0; pass < 4; ++pass) {
       // Pass 0: a new grammar (every mask computed); passes 1-3: the cache it filled.
       static std::shared_ptr<const grammar::CompiledGrammar> compiled;
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
         t0 = Clock::now();
         m.Mask();
         (pass == 0 ? cold : warm).push_back(Micros(Clock::now() - t0));
+        if (pass == 0) max_work = std::max(max_work, m.last_call_work());
         std::fill(logits.begin(), logits.end(), 0.5f);
         t0 = Clock::now();
         m.MaskLogits(logits);
@@ -133,9 +135,9 @@ int main(int argc, char** argv) {
     for (double c : cold) cold_sum += c, cold_max = std::max(cold_max, c);
     for (double w : warm) warm_sum += w;
     const double steps = static_cast<double>(ids.size());
-    std::printf("%-14s %8d %9.1f %6zu %12.1f %12.1f %12.2f %12.2f %12.1f %8lld\n", v.name.c_str(), (*tok)->vocab_size(), trie_ms,
-                ids.size(), cold_sum / steps, cold_max, warm_sum / (3 * steps), Median(check), Median(apply),
-                static_cast<long long>(num_nodes));
+    std::printf("%-14s %8d %9.1f %6zu %12.1f %12.1f %12.2f %12.2f %12.1f %8lld %10lld\n", v.name.c_str(), (*tok)->vocab_size(),
+                trie_ms, ids.size(), cold_sum / steps, cold_max, warm_sum / (3 * steps), Median(check), Median(apply),
+                static_cast<long long>(num_nodes), static_cast<long long>(max_work));
     report.push_back({{"vocab", v.name},
                       {"vocab_size", (*tok)->vocab_size()},
                       {"trie_build_ms", trie_ms},
@@ -145,7 +147,8 @@ int main(int argc, char** argv) {
                       {"warm_mask_us_per_token", warm_sum / (3 * steps)},
                       {"check_us_median", Median(check)},
                       {"apply_us_median", Median(apply)},
-                      {"matcher_nodes", num_nodes}});
+                      {"matcher_nodes", num_nodes},
+                      {"cold_mask_max_work_units", max_work}});
   }
   std::ofstream(out_path) << report.dump(2) << "\n";
   std::printf("wrote %s\n", out_path.c_str());

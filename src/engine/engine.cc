@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "base/memory.h"
 #include "base/profiler.h"
 
 namespace gale {
@@ -444,7 +445,7 @@ bool Engine::EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs) {
   return stopped;
 }
 
-void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& status) {
+void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error) {
   auto it = live_.find(r.id);
   if (it == live_.end()) return;
   Live& l = *it->second;
@@ -452,6 +453,7 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   u.finished = true;
   u.finish_reason = reason;
   u.status = status;
+  u.request_error = request_error;
   u.num_prompt_tokens = l.num_prompt_tokens;
   u.num_truncated_tokens = l.num_truncated_tokens;
   u.num_cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
@@ -478,9 +480,16 @@ void Engine::Loop() {
   std::vector<std::vector<TokenLogprobs>> logprobs;
   std::vector<PromptLogprobs> prompt_logprobs;
   std::vector<std::pair<std::unique_ptr<SeqRequest>, Status>> failed;  // grammar errors of a step
+  bool idle_released = true;  // memory given back since the last step
   while (true) {
     submitted.clear();
     cancelled.clear();
+    if (!sched_.HasWork() && !idle_released) {
+      // Going idle: what the finished requests freed goes back to the system (a burst's memory
+      // must not stay with an idle server).
+      ReleaseFreeMemory();
+      idle_released = true;
+    }
     const bool open = queue_.Drain(/*wait=*/!sched_.HasWork(), &submitted, &cancelled);
     for (auto& p : submitted) Admit(p);
     for (int64_t id : cancelled) {
@@ -510,6 +519,7 @@ void Engine::Loop() {
     }
     for (int64_t id : plan.preempted) live_.at(id)->retention_fresh = true;
     if (plan.empty()) continue;
+    idle_released = false;
     bool any_prompt_logprobs = false;
     seqs.clear();
     spec_inputs.resize(plan.seqs.size());
@@ -626,7 +636,7 @@ void Engine::Loop() {
     // Counters first: a client that sees its request finish sees its blocks free.
     PublishStats();
     for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
-    for (const auto& [r, status] : failed) Finish(*r, FinishReason::kError, status);
+    for (const auto& [r, status] : failed) Finish(*r, FinishReason::kError, status, /*request_error=*/true);
     failed.clear();
   }
 }

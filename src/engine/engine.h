@@ -162,7 +162,7 @@ class Engine {
   void Admit(PendingRequest& p);
   // Appends a generated token's text to the stream; true when a stop string ended the request.
   bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
-  void Finish(const SeqRequest& r, FinishReason reason, const Status& status);
+  void Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error = false);
   void PublishStats();
   // After a step: KV retention compacts the requests that reached their budget plus a block.
   void Evict();

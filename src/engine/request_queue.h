@@ -65,6 +65,9 @@ struct StreamUpdate {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status status;                   // the error when finish_reason == kError
+  // The error is the request's own (its output constraint could not be followed), not the
+  // server's: a client error.
+  bool request_error = false;
   int64_t num_prompt_tokens = 0;   // after truncation
   int64_t num_truncated_tokens = 0;
   int64_t num_cached_tokens = 0;   // prompt tokens whose K/V came from the prefix cache (final update)

@@ -1,7 +1,13 @@
-// Constraint -> GBNF -> CompiledGrammar, with an LRU of compiled grammars.
+// Constraint -> GBNF -> CompiledGrammar (its start state built under the time limit), with an LRU
+// of compiled grammars and refusals.
 #include "grammar/compiler.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <nlohmann/json.hpp>
+
+#include "base/check.h"
 
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
@@ -40,29 +46,67 @@ StatusOr<std::string> ConstraintToGbnf(const Constraint& c) {
   return Internal("unknown constraint kind");
 }
 
-StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(const Constraint& c) {
-  const std::string key = std::to_string(static_cast<int>(c.kind)) + ":" + c.text;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second.second);
-      return it->second.first;
-    }
-  }
-  ASSIGN_OR_RETURN(std::string gbnf, ConstraintToGbnf(c));
-  ASSIGN_OR_RETURN(Grammar g, ParseGbnf(gbnf));
-  auto compiled = std::make_shared<const CompiledGrammar>(std::move(g), trie_);
+GrammarCompiler::Key GrammarCompiler::KeyOf(const Constraint& c) {
+  XXH3_state_t* st = XXH3_createState();
+  CHECK(st != nullptr);
+  XXH3_128bits_reset(st);
+  const int32_t kind = static_cast<int32_t>(c.kind);
+  XXH3_128bits_update(st, &kind, sizeof(kind));
+  XXH3_128bits_update(st, c.text.data(), c.text.size());
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  return {h.low64, h.high64};
+}
+
+std::optional<StatusOr<std::shared_ptr<const CompiledGrammar>>> GrammarCompiler::Cached(const Constraint& c) {
+  const Key key = KeyOf(c);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(key);
-  if (it != cache_.end()) return it->second.first;  // compiled meanwhile by another thread
+  if (it == cache_.end()) return std::nullopt;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  if (!it->second.grammar) return StatusOr<std::shared_ptr<const CompiledGrammar>>(it->second.error);
+  return StatusOr<std::shared_ptr<const CompiledGrammar>>(it->second.grammar);
+}
+
+StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileUncached(const Constraint& c) {
+  const auto deadline = std::chrono::steady_clock::now() + time_limit_;
+  ASSIGN_OR_RETURN(std::string gbnf, ConstraintToGbnf(c));
+  ASSIGN_OR_RETURN(Grammar g, ParseGbnf(gbnf));
+  auto compiled = std::make_shared<CompiledGrammar>(std::move(g), trie_);
+  if (Status s = compiled->Prepare(deadline); !s.ok()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return InvalidArgument("compiling the constraint took longer than the server's limit of {} ms "
+                             "(gale serve --max-constraint-compile-ms); {}", time_limit_.count(), s.message());
+    }
+    return InvalidArgument("the constraint cannot be followed: {}", s.message());
+  }
+  return std::shared_ptr<const CompiledGrammar>(std::move(compiled));
+}
+
+StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(const Constraint& c) {
+  if (auto hit = Cached(c)) return std::move(*hit);
+  auto result = CompileUncached(c);
+  const Key key = KeyOf(c);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) {  // compiled meanwhile by another thread
+    if (!it->second.grammar) return it->second.error;
+    return it->second.grammar;
+  }
   lru_.push_front(key);
-  cache_.emplace(key, std::make_pair(compiled, lru_.begin()));
+  Entry e;
+  e.lru = lru_.begin();
+  if (result.ok()) {
+    e.grammar = *result;
+  } else {
+    e.error = result.status();
+  }
+  cache_.emplace(key, std::move(e));
   while (cache_.size() > max_grammars_) {
     cache_.erase(lru_.back());
     lru_.pop_back();
   }
-  return std::shared_ptr<const CompiledGrammar>(compiled);
+  return result;
 }
 
 }  // namespace gale::grammar

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -167,6 +168,7 @@ class GbnfParser {
     }
     auto it = ids_.find(std::string(root_name));
     if (it == ids_.end()) return InvalidArgument("grammar: no rule named '{}' (the start rule)", root_name);
+    LeftFactor();
     return Flatten(it->second);
   }
 
@@ -381,10 +383,61 @@ class GbnfParser {
     return v;
   }
 
+  // One index per distinct set, so that equal terminals are equal elements (LeftFactor).
   Element AddChars(CharSet set) {
     set.Normalize();
-    char_sets_.push_back(std::move(set));
-    return {Element::Kind::kChars, static_cast<int32_t>(char_sets_.size() - 1)};
+    std::string key(reinterpret_cast<const char*>(set.ascii), sizeof(set.ascii));
+    for (const auto& [lo, hi] : set.high) {
+      key.append(reinterpret_cast<const char*>(&lo), sizeof(lo));
+      key.append(reinterpret_cast<const char*>(&hi), sizeof(hi));
+    }
+    auto [it, inserted] = set_ids_.emplace(std::move(key), static_cast<int32_t>(char_sets_.size()));
+    if (inserted) char_sets_.push_back(std::move(set));
+    return {Element::Kind::kChars, it->second};
+  }
+
+  // Left-factors every rule: alternatives that start with the same terminal become one (the
+  // terminal, then a new rule of their tails), repeatedly, so that a choice among many literals
+  // (an enum of 20,000 strings) is a trie the matcher follows with one stack, not one per
+  // literal. Empty alternatives are kept once. The language is unchanged.
+  void LeftFactor() {
+    std::vector<int32_t> work(bodies_.size());
+    for (size_t r = 0; r < work.size(); ++r) work[r] = static_cast<int32_t>(r);
+    while (!work.empty()) {
+      const int32_t r = work.back();
+      work.pop_back();
+      if (bodies_[r].size() < 2) continue;
+      std::vector<Sequence> alts = std::move(bodies_[r]);  // NewRule below may move bodies_
+      auto key = [](const Element& e) {
+        return (static_cast<uint64_t>(e.kind) << 32) | static_cast<uint32_t>(e.index);
+      };
+      std::unordered_map<uint64_t, int32_t> count;
+      for (const Sequence& a : alts) {
+        if (!a.empty() && a[0].terminal()) ++count[key(a[0])];
+      }
+      std::vector<Sequence> out;
+      std::unordered_map<uint64_t, int32_t> tail_rule;  // first terminal -> the rule of its tails
+      bool have_empty = false;
+      for (Sequence& a : alts) {
+        if (a.empty()) {
+          if (!have_empty) out.emplace_back();
+          have_empty = true;
+          continue;
+        }
+        if (!a[0].terminal() || count[key(a[0])] < 2) {
+          out.push_back(std::move(a));
+          continue;
+        }
+        auto [it, first] = tail_rule.emplace(key(a[0]), -1);
+        if (first) {
+          it->second = NewRule(names_[r]);
+          out.push_back({a[0], {Element::Kind::kRule, it->second}});
+          work.push_back(it->second);
+        }
+        bodies_[it->second].emplace_back(a.begin() + 1, a.end());
+      }
+      bodies_[r] = std::move(out);
+    }
   }
 
   // One element standing for the sequence (a new rule when it has more than one).
@@ -552,6 +605,7 @@ class GbnfParser {
   std::vector<bool> defined_;
   std::vector<std::vector<Sequence>> bodies_;  // [rule][alternative]
   std::vector<CharSet> char_sets_;
+  std::unordered_map<std::string, int32_t> set_ids_;  // a set's content -> its index
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 // accepted so far: preemption, prefix-cache hits and batching do not touch it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -64,17 +65,29 @@ class TokenTrie {
 // Bits over the vocabulary: bit t set = token t allowed.
 using TokenMask = std::vector<uint64_t>;
 
+class GrammarMatcher;
+
 class CompiledGrammar {
  public:
   CompiledGrammar(Grammar g, std::shared_ptr<const TokenTrie> trie, size_t cache_bytes = size_t{64} << 20);
+  ~CompiledGrammar();
   const Grammar& grammar() const { return grammar_; }
   const TokenTrie& trie() const { return *trie_; }
 
-  // The shared mask cache: key is a state's canonical content.
+  // The shared mask cache: key is a state's canonical content; a mask holds the tokens whose text
+  // (or whose id, for <[N]>) continues the state, before stop tokens (each matcher applies its own).
   std::shared_ptr<const TokenMask> Find(const std::vector<int32_t>& key) const;
   void Insert(const std::vector<int32_t>& key, std::shared_ptr<const TokenMask> mask) const;
   int64_t cache_hits() const;
   int64_t cache_misses() const;
+
+  // What every matcher of this grammar starts from: the arena after the start rule's expansion,
+  // built (and its first mask cached) by Prepare, which GrammarCompiler runs off the engine's
+  // thread under a deadline. Null until then: a matcher then expands the start itself.
+  const GrammarMatcher* start() const { return start_.get(); }
+  // Builds the start within `deadline`; an error (the grammar too ambiguous, or too slow to
+  // follow) leaves the grammar without one. Not thread-safe: call before sharing the grammar.
+  Status Prepare(std::chrono::steady_clock::time_point deadline);
 
  private:
   struct KeyHash {
@@ -86,11 +99,26 @@ class CompiledGrammar {
   mutable std::mutex mu_;
   mutable std::unordered_map<std::vector<int32_t>, std::shared_ptr<const TokenMask>, KeyHash> cache_;
   mutable int64_t hits_ = 0, misses_ = 0;
+  std::unique_ptr<const GrammarMatcher> start_;
 };
+
+// Limits of one matcher (a hostile grammar can make states explode; each limit ends only the
+// request that passes it, with an error naming it). The arena: ~80 bytes a node with its memo
+// tables, so at most ~20 MiB per request; a tool-call schema's walk takes a few thousand.
+inline constexpr int64_t kMaxMatcherNodes = 1 << 18;
+inline constexpr size_t kMaxStacksPerState = 1 << 14;
+// Work units one call may cost (a check, a mask): a unit is a stack node expanded, a stack
+// advanced by a character or a trie node walked (~7 ns), a new stack node four. 8M units are
+// 50-70 ms of one core, the longest one request may hold the engine's step before it is ended.
+// The costliest ordinary mask, the inside of a JSON string over Qwen3's 151,669 tokens, takes
+// ~2M (build/grammar_bench prints the most a schema's walk took).
+inline constexpr int64_t kMaxWorkPerCall = int64_t{1} << 23;
 
 class GrammarMatcher {
  public:
-  // stop_tokens: allowed (and only they end the text) where the grammar may end.
+  // stop_tokens: allowed (and only they end the text) where the grammar may end. Starts from the
+  // grammar's prepared start when it has one (a copy of a small arena), else expands the start
+  // rule itself.
   GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, std::vector<int32_t> stop_tokens);
 
   // Whether the token may come next (cheap: walks only its bytes).
@@ -100,9 +128,10 @@ class GrammarMatcher {
   // Takes the token; an error if it is not allowed (the state is then unchanged).
   Status Accept(int32_t token);
   // Sets the logits of tokens that may not come next to -inf. False when no token may (a
-  // grammar the vocabulary cannot spell; the caller ends the request).
+  // grammar the vocabulary cannot spell, or one past the limits below; the caller ends the
+  // request).
   bool MaskLogits(std::span<float> logits);
-  // The allowed tokens (cached per state).
+  // The allowed tokens, stop tokens included where the grammar may end (cached per state).
   std::shared_ptr<const TokenMask> Mask();
 
   // The text so far is a complete sentence of the grammar (stop tokens are allowed).
@@ -110,12 +139,16 @@ class GrammarMatcher {
   // Nothing may follow: the text is complete and no character can extend it.
   bool Done() const;
 
-  // Set when the arena outgrew its limits (a grammar too ambiguous to follow); nothing is
-  // allowed after that.
+  // Set when a limit was passed (a grammar too ambiguous to follow: too many stacks, too much
+  // work for one token, or past the deadline); nothing is allowed after that.
   const Status& status() const { return status_; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+  // Work units the last call from outside spent (of kMaxWorkPerCall).
+  int64_t last_call_work() const { return kMaxWorkPerCall - work_left_ - work_reserve_; }
 
  private:
+  friend class CompiledGrammar;  // builds the start (Prepare)
+  using Clock = std::chrono::steady_clock;
   static constexpr int32_t kAccept = 0;  // the empty stack: the grammar is complete
   static constexpr int32_t kNone = -1;
   struct StackNode {
@@ -131,6 +164,17 @@ class GrammarMatcher {
     int length = 0;         // its length in bytes (the smallest code point of that length bounds it)
   };
 
+  // The start's builder: no owner (the grammar owns it), work bounded by `deadline`.
+  GrammarMatcher(const CompiledGrammar* grammar, Clock::time_point deadline);
+  void ExpandStart();
+
+  // Work accounting: every call from outside gets kMaxWorkPerCall units (a stack node expanded,
+  // a stack advanced by a character, a trie node walked); Spend is false once they (or the
+  // deadline) are used up, with status_ saying which.
+  void BeginCall();
+  bool Spend(int64_t units) { return (work_left_ -= units) >= 0 || Refill(); }
+  bool Refill();
+
   int32_t Node(int32_t pos, int32_t parent);
   void AppendNode(int32_t pos, int32_t parent);  // a new id in every per-node table
   // Terminal-topped stacks (or kAccept) node `id` stands for.
@@ -143,16 +187,32 @@ class GrammarMatcher {
   // that token (<[N]>); the union of both. False when neither continues (out is then garbage).
   bool Step(const State& in, int32_t token, State* out);
   void AdvanceCodePoint(const std::vector<int32_t>& in, uint32_t cp, std::vector<int32_t>* out);
-  std::vector<int32_t> Key() const;
+  bool IsStop(int32_t token) const;
+  std::vector<int32_t> Key();
+  // The current state's mask before stop tokens, from the grammar's cache or computed (and
+  // cached when complete).
+  std::shared_ptr<const TokenMask> TextMask();
   std::shared_ptr<TokenMask> ComputeMask();
 
-  std::shared_ptr<const CompiledGrammar> grammar_;
-  const Grammar& g_;
+  const CompiledGrammar* grammar_;
+  std::shared_ptr<const CompiledGrammar> owner_;  // keeps grammar_ alive (null in the start)
+  const Grammar* g_;
   std::vector<int32_t> stop_tokens_;
   State state_;
   // The arena: hash-consed stack nodes and their memoized expansions.
   std::vector<StackNode> nodes_;
-  std::unordered_map<uint64_t, int32_t> node_ids_;
+  // (pos, parent) -> node id: open addressing with linear probing, a power-of-two size at most
+  // half full (std::unordered_map's buckets made node lookups most of a walk's time).
+  struct NodeIds {
+    std::vector<uint64_t> keys;  // kEmpty where free
+    std::vector<int32_t> ids;
+    size_t size = 0;
+    static constexpr uint64_t kEmpty = ~uint64_t{0};
+    // The id stored under key, or the slot where it would go (returned negated minus one).
+    int64_t Find(uint64_t key) const;
+    void Insert(uint64_t key, int32_t id);
+  };
+  NodeIds node_ids_;
   std::vector<std::vector<int32_t>> expand_;       // [nodes]
   std::vector<std::vector<int32_t>> successors_;   // [nodes]
   std::vector<uint8_t> have_expand_, have_successors_;
@@ -164,13 +224,11 @@ class GrammarMatcher {
   State step_;                   // the state after the token Allows last checked (Accept takes it)
   Status status_;
   std::vector<State> walk_;     // [trie depth] scratch of ComputeMask
-  std::shared_ptr<const TokenMask> mask_;  // of the current state, once computed
+  std::shared_ptr<const TokenMask> text_mask_;  // of the current state, once known
+  std::shared_ptr<const TokenMask> mask_;       // the same with stop tokens applied
+  // Work: units left before Refill looks again, and beyond that in this call.
+  int64_t work_left_ = 0, work_reserve_ = 0;
+  Clock::time_point deadline_ = Clock::time_point::max();
 };
-
-// Limits of one matcher's arena (a hostile grammar can make states explode): ~80 bytes a node
-// with its memo tables, so at most ~20 MiB per request; a tool-call schema's walk takes a few
-// thousand.
-inline constexpr int64_t kMaxMatcherNodes = 1 << 18;
-inline constexpr size_t kMaxStacksPerState = 1 << 14;
 
 }  // namespace gale::grammar

@@ -24,6 +24,7 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 
+#include "base/memory.h"
 #include "jinja/value.h"
 #include "server/openai_api.h"
 
@@ -48,6 +49,12 @@ struct HttpServer::Impl {
   net::io_context work;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work_guard;
   std::vector<std::thread> work_threads;
+  // Constraint compilation (bounded by the compiler's time limit) runs on threads of its own, at
+  // a lower priority still (nice +10): a client's costly schema waits for other compilations, not
+  // other requests.
+  net::io_context compile;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> compile_guard;
+  std::vector<std::thread> compile_threads;
   std::atomic<bool> accepting{true};
   std::atomic<int64_t> in_flight{0};       // generation requests being prepared or served
   std::atomic<int64_t> in_flight_seqs{0};  // their sequences (prompts x n) in the engine
@@ -56,6 +63,20 @@ struct HttpServer::Impl {
   std::mutex state_mu;
   std::shared_ptr<const ServingState> state;  // null until ready
   std::atomic<uint64_t> next_id{1};
+
+  // Memory back to the system 100 ms after the last request in flight ends (debounced): a burst's
+  // bodies, parses and grammars are freed by then, whichever thread freed them.
+  net::strand<net::io_context::executor_type> release_strand{work.get_executor()};
+  net::steady_timer release_timer{release_strand};
+  void RequestEnded() {
+    if (--in_flight != 0) return;
+    net::post(release_strand, [this] {
+      release_timer.expires_after(std::chrono::milliseconds(100));
+      release_timer.async_wait([this](boost::system::error_code ec) {
+        if (!ec && in_flight.load() == 0) ReleaseFreeMemory();
+      });
+    });
+  }
 
   std::shared_ptr<const ServingState> Ready() {
     std::lock_guard<std::mutex> lock(state_mu);
@@ -76,7 +97,10 @@ struct Prepared {
   CompletionRequest req;
   std::vector<std::vector<int32_t>> prompts;  // token ids, one per prompt (a chat is one)
   std::vector<std::string> prompt_texts;      // [prompts], for echo
-  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // the output's constraint, if any
+  // The output's constraint, if any: compiled on the compile threads after preparation.
+  std::optional<grammar::Constraint> constraint;
+  std::string constraint_param;  // the request field it came from, for errors
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // compiled
   bool parse_tools = false;      // take tool calls out of the output
   bool starts_thinking = false;  // the prompt opened a <think> block
 };
@@ -138,6 +162,19 @@ std::variant<Prepared, ApiError> Prepare(const std::string& body, int kind, cons
   }
 }
 
+// A constraint compiled on the compile threads: an exhausted allocation is this request's 400
+// (the constraint asked for more than the server has), never an exception through a thread.
+StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileGuarded(grammar::GrammarCompiler& compiler,
+                                                                         const grammar::Constraint& c) {
+  try {
+    return compiler.Compile(c);
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument("the constraint needs more memory to compile than the server has");
+  } catch (const std::exception& e) {
+    return InvalidArgument("compiling the constraint failed: {}", e.what());
+  }
+}
+
 std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int kind, const ServingState& state, bool strict) {
   if (kind == 2 && state.pooling == Pooling::kNone) {
     return ApiError{400, "this model has no pooling type (it is not an embedding model); start gale serve with "
@@ -151,9 +188,8 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
   LogIgnoredFields(req.ignored_fields);
   if (req.constraint) {
     if (state.grammars == nullptr) return ApiError{400, "structured outputs are not available on this server", "invalid_request_error", req.constraint_param};
-    auto g = state.grammars->Compile(*req.constraint);
-    if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", req.constraint_param};
-    p.grammar = std::move(*g);
+    p.constraint = *req.constraint;
+    p.constraint_param = req.constraint_param;
   }
   const Tokenizer& tok = *state.tokenizer;
   if (!req.model.empty() && req.model != state.model_name) {
@@ -186,9 +222,8 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
       auto gbnf = ToolCallGrammar(state.tool_format, req.tools, req.tool_choice_name, req.parallel_tool_calls,
                                   [&tok](std::string_view text) { return tok.TokenId(text); });
       if (!gbnf.ok()) return ApiError{400, gbnf.status().message(), "invalid_request_error", "tools"};
-      auto g = state.grammars->Compile({grammar::Constraint::Kind::kGbnf, *gbnf});
-      if (!g.ok()) return ApiError{400, g.status().message(), "invalid_request_error", "tools"};
-      p.grammar = std::move(*g);
+      p.constraint = grammar::Constraint{grammar::Constraint::Kind::kGbnf, *gbnf};
+      p.constraint_param = "tools";
     }
     auto text = RenderChat(state, req.messages, /*add_generation_prompt=*/true, extra, req.parse_special);
     if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
@@ -276,6 +311,13 @@ bool PeerClosed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+// A request the engine ended with an error: the client's (a constraint its output could not
+// follow: 400, param response_format) or the server's (500).
+ApiError EngineError(const Status& error, bool request_error, const std::string& constraint_param) {
+  if (request_error) return {400, error.message(), "invalid_request_error", constraint_param};
+  return {500, error.message(), "server_error", ""};
+}
+
 std::string RandomHex() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   return fmt::format("{:016x}", rng());
@@ -296,6 +338,7 @@ struct Generation {
   std::vector<std::optional<MessageStream>> messages;  // [choices] chat with tools or reasoning
   bool final_sent = false;
   const Tokenizer* tok = nullptr;
+  std::string constraint_param;  // the request field its output constraint came from
   std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
 };
 
@@ -470,9 +513,44 @@ class Session : public std::enable_shared_from_this<Session> {
     net::post(server_->work, [self = shared_from_this(), req = std::move(req), kind, state]() mutable {
       auto prepared = Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
-      net::post(self->stream_.get_executor(), [self, prepared = std::move(prepared), state]() mutable {
-        self->Launch(std::move(prepared), *state);
+      Prepared* p = std::get_if<Prepared>(&prepared);
+      if (p == nullptr || !p->constraint || self->TakeCachedGrammar(*p, *state, &prepared)) {
+        return self->PostLaunch(std::move(prepared), state);
+      }
+      // Compiling may take up to the server's limit: on threads of its own, so neither other
+      // requests' preparation nor the engine waits for it.
+      net::post(self->server_->compile, [self, prepared = std::move(prepared), state]() mutable {
+        Prepared& p = std::get<Prepared>(prepared);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto g = CompileGuarded(*state->grammars, *p.constraint);
+        // A costly compilation (kept or refused) leaves much freed memory behind.
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(20)) ReleaseFreeMemory();
+        if (g.ok()) {
+          p.grammar = std::move(*g);
+        } else {
+          prepared = ApiError{400, g.status().message(), "invalid_request_error", p.constraint_param};
+        }
+        self->PostLaunch(std::move(prepared), state);
       });
+    });
+  }
+
+  // Sets the grammar (or the refusal) where the compiler has it already; false when it must be
+  // compiled.
+  bool TakeCachedGrammar(Prepared& p, const ServingState& state, std::variant<Prepared, ApiError>* out) {
+    auto hit = state.grammars->Cached(*p.constraint);
+    if (!hit) return false;
+    if (hit->ok()) {
+      p.grammar = std::move(**hit);
+    } else {
+      *out = ApiError{400, hit->status().message(), "invalid_request_error", p.constraint_param};
+    }
+    return true;
+  }
+
+  void PostLaunch(std::variant<Prepared, ApiError> prepared, std::shared_ptr<const ServingState> state) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), prepared = std::move(prepared), state]() mutable {
+      self->Launch(std::move(prepared), *state);
     });
   }
 
@@ -489,7 +567,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Ends a request counted in flight that never started generating.
   void Reject(const ApiError& e, const std::string& retry_after = "") {
-    --server_->in_flight;
+    server_->RequestEnded();
     server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
     SendError(e, false, retry_after);
   }
@@ -532,6 +610,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto gen = std::make_shared<Generation>();
     gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
     gen->tok = &tok;
+    gen->constraint_param = p.constraint_param;
     gen->created = static_cast<int64_t>(std::time(nullptr));
     const uint64_t base_seed = req.has_seed ? req.sampling.seed : std::random_device{}();
     std::vector<GenerationRequest> subs;
@@ -709,7 +788,7 @@ class Session : public std::enable_shared_from_this<Session> {
     server_->in_flight_tokens -= gen_tokens_;
     gen_seqs_ = 0;
     gen_tokens_ = 0;
-    --server_->in_flight;
+    server_->RequestEnded();
     // Callers hold their own reference, so this cannot destroy the session under them.
     self_hold_.reset();
   }
@@ -738,6 +817,7 @@ class Session : public std::enable_shared_from_this<Session> {
     Generation& g = *gen_;
     std::string sse;
     Status error;
+    bool request_error = false;  // the error is the request's (its constraint), a 400
     for (size_t i = 0; i < g.streams.size(); ++i) {
       StreamUpdate u;
       while (!g.done[i] && g.streams[i]->TryNext(&u)) {
@@ -790,7 +870,10 @@ class Session : public std::enable_shared_from_this<Session> {
           g.cached_tokens[i] = u.num_cached_tokens;
           g.evicted_tokens[i] = u.num_evicted_tokens;
           g.retained = g.retained || u.kv_budget > 0;
-          if (u.finish_reason == FinishReason::kError) error = u.status;
+          if (u.finish_reason == FinishReason::kError) {
+            error = u.status;
+            request_error = u.request_error;
+          }
         }
         if (g.req.stream) {
           auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
@@ -826,7 +909,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!all_done) return;
       if (!error.ok()) {
         FinishGeneration("error");
-        return SendError({500, error.message(), "server_error", ""});
+        return SendError(EngineError(error, request_error, g.constraint_param));
       }
       Json body;
       if (g.req.embeddings) {
@@ -842,7 +925,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bool last = false;
     if (all_done && !g.final_sent) {
       if (!error.ok()) {
-        sse += "data: " + ErrorBody({500, error.message(), "server_error", ""}) + "\n\n";
+        sse += "data: " + ErrorBody(EngineError(error, request_error, g.constraint_param)) + "\n\n";
       }
       if (g.req.include_usage) {
         sse += "data: " + UsageChunk(g.req, g.id, g.created, TotalUsage()).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
@@ -939,6 +1022,13 @@ Status HttpServer::Start() {
       impl->work.run();
     });
   }
+  impl_->compile_guard.emplace(impl_->compile.get_executor());
+  for (int i = 0; i < std::max(1, impl_->opt.num_compile_threads); ++i) {
+    impl_->compile_threads.emplace_back([impl = impl_.get()] {
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+      impl->compile.run();
+    });
+  }
   impl_->Accept();
   for (int i = 0; i < std::max(1, impl_->opt.num_threads); ++i) {
     impl_->threads.emplace_back([impl = impl_.get()] { impl->ioc.run(); });
@@ -973,6 +1063,9 @@ void HttpServer::Stop() {
   impl_->work_guard.reset();
   for (auto& t : impl_->work_threads) t.join();
   impl_->work_threads.clear();
+  impl_->compile_guard.reset();
+  for (auto& t : impl_->compile_threads) t.join();
+  impl_->compile_threads.clear();
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();

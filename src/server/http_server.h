@@ -33,6 +33,7 @@ struct ServerOptions {
   // over it alone: 400. 0: no limit (sequences and the per-request token limit bound it).
   int64_t max_waiting_tokens = 0;
   int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
+  int num_compile_threads = 1;       // compile output constraints (grammar::GrammarCompiler)
   std::chrono::seconds idle_timeout{120};
   bool strict_api = false;           // unknown request fields are 400 errors instead of ignored
   // Browsers' cross-origin requests: origins allowed ("*" any), empty: no CORS headers at all.

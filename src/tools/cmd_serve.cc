@@ -28,6 +28,7 @@ CommandFn RegisterServe(CLI::App& app) {
     int threads = ThreadPool::DefaultNumThreads();
     bool no_warmup = false;
     double shutdown_timeout = 10.0;
+    int64_t constraint_compile_ms = grammar::kDefaultCompileTime.count();
     LoadOptions load;
     EngineOptions engine;
     server::ServerOptions http;
@@ -47,6 +48,14 @@ CommandFn RegisterServe(CLI::App& app) {
                  "tokens of work (prompt + max_tokens of every sequence) in flight before 429; 0: no limit")
       ->capture_default_str();
   app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
+  app.add_option("--max-constraint-compile-ms", o->constraint_compile_ms,
+                 "longest a response_format / guided_* / tool_choice constraint may take to compile; past it: 400")
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--constraint-compile-threads", o->http.num_compile_threads,
+                 "threads compiling constraints (apart from the engine's and the request threads)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
   app.add_flag("--no-warmup", o->no_warmup, "skip the warm-up request before /health says ready");
   app.add_option("--tool-call-parser", o->tool_call_parser,
@@ -166,7 +175,7 @@ CommandFn RegisterServe(CLI::App& app) {
       name = loaded->path.substr(loaded->path.find_last_of('/') + 1);
       if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
     }
-    grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok));
+    grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok), 64, std::chrono::milliseconds(o->constraint_compile_ms));
     server::ServingState state;
     state.grammars = &grammars;
     if (tool_format) {

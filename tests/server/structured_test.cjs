@@ -119,6 +119,53 @@ function validateAll(label, outs) {
       await bad({ guided_regex: '(?<=a)b' }, 'lookarounds');
       await bad({ response_format: { type: 'json_object' }, guided_regex: 'a' }, 'both constrain');
     });
+    await check('hostile constraints: a 400 naming the bound, never a 5xx, while other requests keep their latency', async () => {
+      // Small requests back to back the whole time; their slowest must stay under a second.
+      let stop = false;
+      let slowest = 0;
+      let smalls = 0;
+      const background = (async () => {
+        while (!stop) {
+          const t0 = Date.now();
+          await c.completions.create({ prompt: 'Once', max_tokens: 4, temperature: 0 });
+          slowest = Math.max(slowest, Date.now() - t0);
+          smalls++;
+        }
+      })();
+      const refused = async (body, want) => {
+        const t0 = Date.now();
+        await assert.rejects(c.completions.create({ prompt: 'x', max_tokens: 8, ...body }),
+                             (e) => e instanceof OpenAI.BadRequestError && want.test(e.message) ? true : (() => { throw e; })());
+        return Date.now() - t0;
+      };
+      const pattern = { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^(a{0,9999}){0,9999}$' } } };
+      const times = await Promise.all([
+        // Explodes after the opening quote: the engine's work bound ends that request alone.
+        refused({ response_format: pattern }, /too ambiguous to follow/),
+        // Explodes in its first state: refused when compiled, off the engine's thread.
+        refused({ guided_grammar: 'root ::= ("a"{0,9999}){0,9999}' }, /too ambiguous to follow/),
+        refused({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {
+          anyOf: Array.from({ length: 20000 }, (_, i) => ({ type: 'object', properties: { [`k${i}`]: { type: 'integer' } }, required: [`k${i}`] })),
+        } } } }, /too ambiguous to follow|took longer than the server's limit/),
+      ]);
+      // The same refusal again comes from the compiler's cache.
+      await refused({ guided_grammar: 'root ::= ("a"{0,9999}){0,9999}' }, /too ambiguous to follow/);
+      // A 20,000-value enum is an ordinary constraint.
+      const values = Array.from({ length: 20000 }, (_, i) => `value${i}`);
+      const e = await c.completions.create({ prompt: 'x', max_tokens: 12, temperature: 1, seed: 5,
+                                             response_format: { type: 'json_schema', json_schema: { name: 'e', schema: { enum: values } } } });
+      const text = e.choices[0].text.trim();
+      if (e.choices[0].finish_reason === 'stop') {
+        assert.ok(values.includes(JSON.parse(text)), text);
+      } else {
+        assert.ok(values.some((v) => JSON.stringify(v).startsWith(text)), text);
+      }
+      stop = true;
+      await background;
+      console.log(`     refusals in ${times.join(' / ')} ms; ${smalls} small requests meanwhile, slowest ${slowest} ms`);
+      assert.ok(smalls >= 3, `${smalls} small requests`);
+      assert.ok(slowest < 1000, `a small request took ${slowest} ms`);
+    });
     const tools = ['get_current_weather', 'control_light', 'set_timer'].map((n) => schemas.find((x) => x.name === n));
     const toolDefs = tools.map((t) => ({ type: 'function', function: { name: t.name, description: `the ${t.name} tool`, parameters: t.schema } }));
     const validCall = (call) => {

@@ -1,0 +1,18 @@
+// ReleaseFreeMemory on glibc; elsewhere nothing (no portable call exists).
+#include "base/memory.h"
+
+#include <cstdlib>  // defines __GLIBC__ where glibc is the C library
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace gale {
+
+void ReleaseFreeMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
+}  // namespace gale

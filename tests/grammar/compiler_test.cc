@@ -1,0 +1,117 @@
+// The constraint compiler and the matcher's bounds (src/grammar/compiler.h, matcher.h): hostile
+// grammars are refused with the bound they passed, never followed at any cost; refusals are
+// cached; large enumerations stay cheap to follow.
+#include "grammar/compiler.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "byte_trie.h"
+
+namespace gale::grammar {
+namespace {
+
+Constraint Gbnf(const std::string& text) { return {Constraint::Kind::kGbnf, text}; }
+
+// ("a"{0,9999}){0,9999} is ambiguous past counting (every split of a run of a's into groups is
+// a parse): its first state alone would take ~10^8 stacks.
+TEST(GrammarCompiler, ARepetitionOfARepetitionIsRefusedNamingTheBound) {
+  GrammarCompiler c(test::ByteTrie());
+  auto g = c.Compile(Gbnf(R"(root ::= ("a"{0,9999}){0,9999})"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("too ambiguous to follow"), std::string::npos) << g.status().message();
+  // Refusals are cached: the same constraint again is answered without compiling.
+  auto again = c.Cached(Gbnf(R"(root ::= ("a"{0,9999}){0,9999})"));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->status().message(), g.status().message());
+  EXPECT_FALSE(c.Cached(Gbnf(R"(root ::= "b")")).has_value());
+}
+
+TEST(GrammarCompiler, TheTimeLimitIsNamed) {
+  // A first state of ~250K stacks' work: within the work bound, past a 0 ms limit.
+  GrammarCompiler c(test::ByteTrie(), 64, std::chrono::milliseconds(0));
+  auto g = c.Compile(Gbnf(R"(root ::= ("a"{0,300}){0,300})"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("took longer than the server's limit of 0 ms"), std::string::npos)
+      << g.status().message();
+  GrammarCompiler roomy(test::ByteTrie());
+  EXPECT_TRUE(roomy.Compile(Gbnf(R"(root ::= ("a"{0,30}){0,30})")).ok());
+}
+
+// A grammar whose first state is cheap and whose second explodes: the compiler cannot see it, so
+// the matcher stops at its work bound and the request (only it) ends with that error.
+TEST(GrammarMatcherBounds, AnExplosionAfterTheFirstTokenStopsAtTheWorkBound) {
+  GrammarCompiler c(test::ByteTrie());
+  auto g = c.Compile(Gbnf(R"(root ::= "x" ("a"{0,9999}){0,9999})"));
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  GrammarMatcher m(*g, {});
+  ASSERT_TRUE(m.Accept('x').ok());
+  std::vector<float> logits(256, 0.0f);
+  EXPECT_FALSE(m.MaskLogits(logits));
+  EXPECT_EQ(m.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(m.status().message().find("steps of work"), std::string::npos) << m.status().message();
+  // At most one step's charge past the bound (a charge is at most an arena's worth of stacks).
+  EXPECT_LE(m.last_call_work(), kMaxWorkPerCall + kMaxMatcherNodes);
+  EXPECT_LE(m.num_nodes(), kMaxMatcherNodes);
+  // Dead from there on, at no further cost.
+  EXPECT_FALSE(m.Allows('a'));
+  EXPECT_FALSE(m.Accept('a').ok());
+  // Another request of the same grammar is its own: it starts afresh.
+  GrammarMatcher other(*g, {});
+  EXPECT_TRUE(other.status().ok());
+  EXPECT_TRUE(other.Allows('x'));
+}
+
+// An enum of 20,000 strings is a trie after left-factoring: its first state is one stack, and
+// each character is one step.
+TEST(GrammarCompiler, ALargeEnumIsFollowedWithOneStack) {
+  nlohmann::ordered_json schema;
+  for (int i = 0; i < 20000; ++i) schema["enum"].push_back("value" + std::to_string(i));
+  GrammarCompiler c(test::ByteTrie());
+  auto g = c.Compile({Constraint::Kind::kJsonSchema, schema.dump()});
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  ASSERT_NE((*g)->start(), nullptr);
+  EXPECT_LT((*g)->start()->num_nodes(), 64);
+  EXPECT_TRUE(test::AcceptsText(*g, "\"value12345\""));
+  EXPECT_TRUE(test::AcceptsText(*g, "\"value0\""));
+  EXPECT_FALSE(test::AcceptsText(*g, "\"value20000\""));
+  EXPECT_FALSE(test::AcceptsText(*g, "\"value\""));
+  GrammarMatcher m(*g, {});
+  for (char ch : std::string("\"value1999")) ASSERT_TRUE(m.Accept(static_cast<unsigned char>(ch)).ok());
+  EXPECT_LT(m.num_nodes(), 200);
+}
+
+// Left-factoring keeps the language: shared prefixes, a prefix that is itself an alternative,
+// duplicates, empty alternatives and alternatives that start with a rule.
+TEST(GrammarCompiler, LeftFactoringKeepsTheLanguage) {
+  const std::string gbnf = R"(root ::= "ab" | "abc" | "a" | "ab" | "" | x "q" | "b" x
+x ::= "a" "z" | "a" | "a" "z" "z")";
+  GrammarCompiler c(test::ByteTrie());
+  auto g = c.Compile(Gbnf(gbnf));
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  for (const char* yes : {"", "a", "ab", "abc", "aq", "azq", "azzq", "ba", "baz", "bazz"}) {
+    EXPECT_TRUE(test::AcceptsText(*g, yes)) << yes;
+  }
+  for (const char* no : {"abcd", "b", "q", "azzzq", "bazzz", "aa"}) EXPECT_FALSE(test::AcceptsText(*g, no)) << no;
+}
+
+// A grammar's masks are shared by its requests, but stop tokens are each request's own: a
+// request without a stop token never sees another's allowed.
+TEST(GrammarMatcherBounds, StopTokensAreNotSharedThroughTheMaskCache) {
+  GrammarCompiler c(test::ByteTrie());
+  auto g = c.Compile(Gbnf(R"(root ::= "a"*)"));
+  ASSERT_TRUE(g.ok());
+  GrammarMatcher with(*g, {'z'}), without(*g, {});
+  EXPECT_TRUE(((*with.Mask())['z' >> 6] >> ('z' & 63)) & 1);
+  EXPECT_FALSE(((*without.Mask())['z' >> 6] >> ('z' & 63)) & 1);
+  std::vector<float> logits(256, 1.0f);
+  ASSERT_TRUE(without.MaskLogits(logits));
+  EXPECT_TRUE(std::isinf(logits['z']));
+  EXPECT_EQ(logits['a'], 1.0f);
+}
+
+}  // namespace
+}  // namespace gale::grammar
