@@ -11,6 +11,33 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 lib="$(NODE_LLAMA_CPP_VERSION="$version" scripts/fetch-llamacpp.sh "$tmp/npm")"
 cat "$lib/_nlcBuildMetadata.json"; echo
+# Keys llama.cpp reads that the shapes below leave at their defaults, each set to another value
+# (tests/model/hparam_keys_test.cc's kKeyShapes must match): llama.cpp's logits of 64 tokens, every
+# 8th position, in tests/data/llamacpp/keys.gguf. `make-ggml-reference.sh keys` writes only these.
+mkdir -p tests/data/llamacpp
+keyed=()
+while IFS='|' read -r name args keys; do
+  kflags=()
+  for k in $keys; do kflags+=(--key "$k"); done
+  # shellcheck disable=SC2086
+  "$build/gale" synth --shape custom $args --vocab 512 --ctx 256 --type f32 --seed 7 "${kflags[@]}" -o "$tmp/$name.gguf"
+  keyed+=("$name=$tmp/$name.gguf")
+done <<'SHAPES'
+gemma3_keys|--arch gemma3 --dim 128 --layers 7 --heads 4 --kv-heads 1 --head-dim 64 --ffn 256 --window 5|attention.sliding_window_pattern=u32:3 rope.freq_base_swa=f32:50000 final_logit_softcapping=f32:3 rope.scaling.factor=f32:2
+gemma3_pattern|--arch gemma3 --dim 128 --layers 7 --heads 4 --kv-heads 1 --head-dim 64 --ffn 256 --window 5|attention.sliding_window_pattern=bools:true,false,true,true,false,true,false
+gemma2_keys|--arch gemma2 --dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256 --window 5 --attn-softcap 1.5 --final-softcap 3|attention.sliding_window_pattern=u32:3 rope.freq_base_swa=f32:50000 rope.scaling.factor=f32:2
+gpt_oss_keys|--arch gpt-oss --dim 192 --layers 4 --heads 3 --kv-heads 1 --head-dim 64 --ffn 384 --experts 6 --experts-used 3 --expert-ffn 96 --window 5 --yarn 4 --yarn-orig-ctx 64|attention.sliding_window_pattern=u32:3 rope.freq_base_swa=f32:40000
+llama_linear|--arch llama --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512|rope.scaling.factor=f32:4 rope.scaling.attn_factor=f32:0.8 rope.scaling.finetuned=bool:true rope.scaling.alpha=f32:3 vocab_size=u32:1000 attention.layer_norm_rms_epsilon=f32:0.01
+llama_scale_linear|--arch llama --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512|rope.scale_linear=f32:3
+llama_none|--arch llama --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512|rope.scaling.type=str:none rope.scaling.factor=f32:4
+qwen2_arrays|--arch qwen2 --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512|attention.head_count=u32s:4,4 attention.head_count_kv=u32s:2,2 feed_forward_length=u32s:512,512
+qwen3moe_arrays|--arch qwen3moe --dim 256 --layers 2 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --experts 8 --experts-used 2 --expert-ffn 128|expert_used_count=u32s:2,2 expert_feed_forward_length=u32s:128,128
+phi3_window|--arch phi3 --dim 256 --layers 2 --heads 4 --kv-heads 4 --ffn 512|attention.sliding_window=u32:5
+deepseek4_shexp|--arch deepseek4 --dim 128 --layers 5 --heads 2 --kv-heads 1 --head-dim 128 --rope-dim 64 --q-lora-rank 64 --window 24 --compress-ratios 4,128,4,0,128 --hash-layers 1 --indexer-heads 16 --indexer-dim 64 --indexer-top-k 8 --out-groups 1 --out-lora-rank 32 --ffn 256 --experts 6 --experts-used 3 --expert-ffn 32 --shared-experts 1 --swiglu-clamp 0.3|swiglu_clamp_shexp=f32s:0.02,0.02,0.02,0.02,0.02
+SHAPES
+LD_LIBRARY_PATH="$lib" "$build/ggml_reference" long "$lib" tests/data/llamacpp/keys.gguf 64 "${keyed[@]}" \
+    2> "$tmp/log" || { tail -20 "$tmp/log"; exit 1; }
+if [[ "${1:-}" == keys ]]; then exit 0; fi
 # A small llama whose every row length is a multiple of 256, so llama-quantize's mixes keep their
 # K and IQ4 types (grouped-query attention, two layers: use_more_bits picks layer 0 only).
 "$build/gale" synth --shape custom --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 \

@@ -400,10 +400,23 @@ ForwardPass::ForwardPass(const ModelHParams& hp, const ForwardBatch& batch, KvSt
     }
   }
   if (hp.rope_freq_base_swa > 0.0f) {
+    // The windowed layers' own base: scaled as the others (YaRN's correction dims at that base),
+    // or not at all; cos and sin times the attention factor either way, as llama.cpp.
     Grow(ws.rope_swa, n * hp.rope_dims);
     for (int64_t t = 0; t < n; ++t) {
-      kernels::RopeAngles(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base_swa, 1.0f,
-                          ws.rope_swa.data() + t * hp.rope_dims);
+      float* cos_sin = ws.rope_swa.data() + t * hp.rope_dims;
+      if (hp.rope_swa_scaled && hp.yarn_ext_factor != 0.0f) {
+        kernels::RopeAnglesYarn(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base_swa,
+                                hp.rope_freq_scale, hp.yarn_ext_factor, hp.yarn_corr_low_swa, hp.yarn_corr_high_swa,
+                                cos_sin, nullptr);
+      } else {
+        kernels::RopeAngles(static_cast<int>(hp.rope_dims), batch.positions[t], hp.rope_freq_base_swa,
+                            hp.rope_swa_scaled ? hp.rope_freq_scale : 1.0f, cos_sin);
+      }
+      const float attn = hp.rope_swa_scaled ? hp.rope_attn_factor : hp.rope_attn_factor_file;
+      if (attn != 1.0f) {
+        for (int64_t i = 0; i < hp.rope_dims; ++i) cos_sin[i] *= attn;
+      }
     }
   }
   // Each layer group's tables (ForwardBatch::block_tables is group-major), n per group.

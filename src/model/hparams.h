@@ -5,6 +5,7 @@
 
 #include <utility>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,8 @@ struct ModelHParams {
   std::string arch;         // general.architecture
   int64_t dim = 0;          // embedding_length
   int64_t ffn_dim = 0;      // feed_forward_length
-  int64_t num_layers = 0;   // block_count
+  int64_t num_layers = 0;   // block_count less the multi-token-prediction layers (never run)
+  int64_t num_nextn_layers = 0;  // nextn_predict_layers: the last layers of block_count
   int64_t num_heads = 0;    // attention.head_count
   int64_t num_kv_heads = 0; // attention.head_count_kv (defaults to num_heads)
   int64_t head_dim = 0;     // attention.key_length (defaults to dim / num_heads): Q's and K's
@@ -84,6 +86,7 @@ struct ModelHParams {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor for linear scaling
   float rope_attn_factor = 1.0f;  // multiplies RoPE's cos and sin (LongRoPE's, YaRN's attention scaling)
+  float rope_attn_factor_file = 1.0f;  // rope.scaling.attn_factor as the file says (without YaRN's term)
   // YaRN (rope.scaling.type yarn): ext_factor > 0, the correction dims' range in pairs.
   float yarn_ext_factor = 0.0f;
   float yarn_corr_low = 0.0f, yarn_corr_high = 0.0f;
@@ -92,10 +95,16 @@ struct ModelHParams {
   RopeStyle rope_style = RopeStyle::kNormal;  // set by the architecture
   // Sliding-window attention (set by the architecture): the window in positions, 0 for none, and
   // which layers use it ([num_layers]; empty: all when sliding_window > 0). Windowed layers may
-  // have their own RoPE base (rope_freq_base_swa > 0), unscaled.
+  // have their own RoPE base (rope_freq_base_swa > 0): unscaled (Gemma 3), or scaled as the
+  // other layers (rope_swa_scaled: Gemma 2, gpt-oss).
   int64_t sliding_window = 0;
   std::vector<uint8_t> swa_layers;
   float rope_freq_base_swa = 0.0f;
+  bool rope_swa_scaled = false;
+  float yarn_corr_low_swa = 0.0f, yarn_corr_high_swa = 0.0f;  // YaRN's correction dims at that base
+  // attention.key_length_swa, value_length_swa, rope.dimension_count_swa as the file sets them
+  // (0: absent); windowed layers of other sizes are not supported (CheckWindowedSizes).
+  int64_t swa_key_length = 0, swa_value_length = 0, swa_rope_dims = 0;
   // Multiplies the queries before attention's 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar).
   float query_scale = 1.0f;
   // Gemma 2's soft-capping (set by the architecture): attention scores and the final logits
@@ -106,6 +115,7 @@ struct ModelHParams {
   // An encoder (BERT; set by the architecture): every token attends to every token of its
   // sequence, so a sequence is computed whole in one batch; it has no language-model head.
   bool causal = true;
+  std::optional<bool> causal_key;  // attention.causal where the file sets it
   float norm_eps = 1e-12f;  // attention.layer_norm_epsilon: LayerNorm's (BERT)
   MoeHParams moe;
   MlaHParams mla;
@@ -135,6 +145,25 @@ struct ModelHParams {
 // Reads and validates the keys every architecture shares; errors name the key and the rule
 // broken. The architecture itself is not checked here (model/registry.cc does).
 StatusOr<ModelHParams> ReadHParams(const GgufFile& file);
+
+// A key llama.cpp reads as one value or one per layer (head counts, widths): the value, the same
+// for every one of num_layers layers, or an error naming the key (gale's layers share one);
+// dflt when absent (an error when there is none).
+StatusOr<int64_t> PerLayerInt(const GgufFile& file, const std::string& key, int64_t num_layers,
+                              std::optional<int64_t> dflt = std::nullopt);
+
+// Windowed layers' RoPE (the architecture's choice): their own base, scaled as the other layers or
+// not at all.
+void SetWindowedRope(ModelHParams* hp, float base, bool scaled);
+
+// Which layers are windowed, as llama.cpp reads it (load_swa_pattern): the file's
+// attention.sliding_window_pattern, a bool per layer or a period n (layer l windowed when
+// l % n < n - 1; 0: every layer), else default_period. Sets hp->swa_layers.
+Status ReadWindowedLayers(const GgufFile& file, int64_t default_period, ModelHParams* hp);
+
+// The checks that need the architecture's choices (after its loader ran): windowed layers of the
+// file's own head or RoPE sizes are refused, as is attention.causal false in a decoder.
+Status CheckLoadedHParams(const ModelHParams& hp);
 
 // YaRN's correction dims (ggml's rope_yarn_corr_dims) for rope_dims dims at RoPE base `base`:
 // [low, high], the dims whose wavelengths make beta_fast and beta_slow rotations over the original

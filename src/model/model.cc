@@ -105,7 +105,15 @@ Status Model::LoadCommon(const GgufFile& file, TensorLoader& tensors) {
 }
 
 void Model::FinishLoad(const TensorLoader& tensors) {
-  const std::vector<std::string> unused = tensors.Unused();
+  std::vector<std::string> unused = tensors.Unused();
+  // The multi-token-prediction layers (nextn_predict_layers, after the model's layers): present
+  // by design, not run.
+  std::erase_if(unused, [&](const std::string& name) {
+    for (int64_t l = hp_.num_layers; l < hp_.num_layers + hp_.num_nextn_layers; ++l) {
+      if (name.starts_with("blk." + std::to_string(l) + ".")) return true;
+    }
+    return false;
+  });
   if (!unused.empty()) {
     load_warnings_.push_back(fmt::format("{} tensor(s) of the file are not used by gale's {} architecture "
                                          "(first: '{}'): the output may differ from the model's",

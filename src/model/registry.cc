@@ -48,7 +48,9 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const GgufFile& file) {
       return Unimplemented("{}: the file has {} experts, and a mixture of experts in this architecture is not supported", arch,
                            hp.moe.num_experts);
     }
-    return a.load(file, std::move(hp));
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, a.load(file, std::move(hp)));
+    RETURN_IF_ERROR(CheckLoadedHParams(model->hparams()));
+    return model;
   }
   return Unimplemented("architecture '{}' is not supported yet (gale runs {})", arch,
                        fmt::join(SupportedArchitectures(), ", "));

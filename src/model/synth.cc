@@ -84,6 +84,55 @@ StatusOr<SynthShape> NamedSynthShape(const std::string& name) {
   return s;
 }
 
+StatusOr<std::pair<std::string, GgufValue>> ParseSynthKey(const std::string& spec) {
+  const size_t eq = spec.find('='), colon = spec.find(':', eq == std::string::npos ? 0 : eq);
+  if (eq == std::string::npos || eq == 0 || colon == std::string::npos) {
+    return InvalidArgument("--key '{}': expected NAME=TYPE:VALUE (TYPE u32, i32, u64, f32, bool, str, or u32s, "
+                           "i32s, f32s, bools for comma-separated arrays)", spec);
+  }
+  const std::string name = spec.substr(0, eq), type = spec.substr(eq + 1, colon - eq - 1), text = spec.substr(colon + 1);
+  auto scalar = [&](const std::string& t, const std::string& v) -> StatusOr<GgufValue> {
+    try {
+      size_t used = 0;
+      GgufValue out;
+      if (t == "u32") {
+        out = GgufValue::U32(static_cast<uint32_t>(std::stoul(v, &used)));
+      } else if (t == "i32") {
+        out = GgufValue::I32(static_cast<int32_t>(std::stol(v, &used)));
+      } else if (t == "u64") {
+        out = GgufValue::U64(std::stoull(v, &used));
+      } else if (t == "f32") {
+        out = GgufValue::F32(std::stof(v, &used));
+      } else if (t == "bool" && (v == "true" || v == "false")) {
+        return GgufValue::Bool(v == "true");
+      } else if (t == "str") {
+        return GgufValue::String(v);
+      } else {
+        return InvalidArgument("--key '{}': unknown type or value '{}:{}'", spec, t, v);
+      }
+      if (used != v.size()) return InvalidArgument("--key '{}': '{}' is not a {}", spec, v, t);
+      return out;
+    } catch (const std::exception&) {
+      return InvalidArgument("--key '{}': '{}' is not a {}", spec, v, t);
+    }
+  };
+  if (type.size() > 1 && type.back() == 's' && type != "str") {
+    const std::string elem = type.substr(0, type.size() - 1);
+    std::vector<GgufValue> values;
+    size_t start = 0;
+    while (start <= text.size()) {
+      const size_t end = std::min(text.find(',', start), text.size());
+      ASSIGN_OR_RETURN(GgufValue v, scalar(elem, text.substr(start, end - start)));
+      values.push_back(std::move(v));
+      start = end + 1;
+    }
+    const GgufValueType elem_type = values[0].type;
+    return std::make_pair(name, GgufValue::Array(elem_type, std::move(values)));
+  }
+  ASSIGN_OR_RETURN(GgufValue v, scalar(type, text));
+  return std::make_pair(name, std::move(v));
+}
+
 void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,
                 std::vector<int32_t>* types) {
   const std::string sp = "\xe2\x96\x81";
@@ -401,6 +450,7 @@ StatusOr<GgufWriter> SynthesizeModel(const SynthShape& s, GgmlType type, uint64_
     w.SetBool("tokenizer.ggml.add_bos_token", true);
     w.SetBool("tokenizer.ggml.add_eos_token", false);
   }
+  for (const auto& [name, value] : s.keys) w.SetValue(p + name, value);
 
   // experts > 0: a 3-D tensor of that many matrices, one after the other.
   auto matrix = [&](const std::string& name, int64_t in, int64_t out, GgmlType t, int64_t experts = 0) {

@@ -79,7 +79,14 @@ struct SynthShape {
   // deepseek41's two-level index: the candidate source layer (-1: none), its blocks and their size.
   int64_t candidate_layer = -1, candidate_blocks = 0, candidate_block_size = 0;
   int64_t engram_heads = 0, engram_dim = 0, engram_ngram = 0, engram_rows = 0;
+  // Keys written last, each under the architecture's prefix ("{arch}." + name), replacing what the
+  // shape wrote: any key a loader reads, at any value (tests of every key's honouring or refusal).
+  std::vector<std::pair<std::string, GgufValue>> keys;
 };
+
+// One --key of `gale synth`: NAME=TYPE:VALUE with TYPE u32, i32, u64, f32, bool or str, or an
+// array of them (u32s, i32s, f32s, bools: comma-separated), NAME without the architecture's prefix.
+StatusOr<std::pair<std::string, GgufValue>> ParseSynthKey(const std::string& spec);
 
 // "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
 // "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v4-flash", "deepseek-v4.1-flash" (their architectures, without tied embeddings;

@@ -63,6 +63,7 @@ CommandFn RegisterConvert(CLI::App& app) {
 CommandFn RegisterSynth(CLI::App& app) {
   struct Opts {
     std::string shape = "tiny", type = "f16", out, tokenizer_dir, pooling, expert_type;
+    std::vector<std::string> keys;
     uint64_t seed = 1;
     SynthShape custom;
   };
@@ -131,6 +132,9 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--engram-rows", o->custom.engram_rows, "custom deepseek41: about this many table rows per head");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
+  app.add_option("--key", o->keys,
+                 "write NAME=TYPE:VALUE under the architecture's prefix last, replacing what the shape wrote "
+                 "(TYPE u32, i32, u64, f32, bool, str; u32s, i32s, f32s, bools: comma-separated arrays)");
   return [o]() {
     auto type = ParseTypeName(o->type);
     if (!type) {
@@ -151,6 +155,14 @@ CommandFn RegisterSynth(CLI::App& app) {
         shape.yarn_orig_ctx = o->custom.yarn_orig_ctx;
       }
       if (o->custom.sliding_window > 0) shape.sliding_window = o->custom.sliding_window;
+    }
+    for (const std::string& spec : o->keys) {
+      auto kv = ParseSynthKey(spec);
+      if (!kv.ok()) {
+        std::fprintf(stderr, "gale synth: %s\n", kv.status().message().c_str());
+        return 1;
+      }
+      shape.keys.push_back(std::move(*kv));
     }
     if (!o->expert_type.empty()) {
       auto et = ParseTypeName(o->expert_type);

@@ -29,11 +29,7 @@ class BertModel final : public Model {
     m->hp_ = std::move(hp);
     ModelHParams& h = m->hp_;
     h.rope_style = RopeStyle::kNone;
-    h.causal = false;
-    if (const GgufValue* causal = file.Find(h.arch + ".attention.causal");
-        causal != nullptr && causal->AsBool().value_or(false)) {
-      return Unimplemented("bert: attention.causal is true; gale runs BERT files as encoders only");
-    }
+    h.causal = false;  // attention.causal true is refused (CheckLoadedHParams)
     const GgufValue* eps = file.Find(h.arch + ".attention.layer_norm_epsilon");
     if (eps == nullptr) return InvalidArgument("bert: the file has no {}.attention.layer_norm_epsilon", h.arch);
     h.norm_eps = static_cast<float>(eps->AsDouble().value_or(-1.0));

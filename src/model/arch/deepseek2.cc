@@ -54,6 +54,14 @@ class Deepseek2Model final : public Model {
     // against it): RoPE's cos and sin are not scaled (YaRN's 1 + 0.1 ln(factor) is cancelled), and
     // mscale = attn_factor (1 + yarn_log_multiplier ln(factor)), DeepSeek's attention-scale
     // correction (the converter writes yarn_log_multiplier = 0.1 mscale_all_dim).
+    // Mistral-Large-3's attention temperature (llama.cpp reads it for this architecture) is not
+    // run here; nor is an attention factor outside YaRN's (llama.cpp scales both RoPE and scores by it).
+    if (file.GetDouble(p + "attention.temperature_scale", 0.0) != 0.0) {
+      return Unimplemented("deepseek2: {}attention.temperature_scale (attention temperature tuning) is not supported", p);
+    }
+    if (h.yarn_ext_factor == 0.0f && h.rope_attn_factor_file != 1.0f) {
+      return Unimplemented("deepseek2: {}rope.scaling.attn_factor {} without YaRN is not supported", p, h.rope_attn_factor_file);
+    }
     double mscale = 1.0;
     if (h.yarn_ext_factor != 0.0f || h.rope_freq_scale != 1.0f) {
       if (h.yarn_ext_factor == 0.0f) return Unimplemented("deepseek2: RoPE scaling other than YaRN is not supported");

@@ -130,6 +130,12 @@ class Deepseek4Model final : public Model {
     const std::string p = h.arch + ".";
     Deepseek4Model& d = *m;
     d.v41_ = h.arch == "deepseek41";
+    // As llama.cpp: nextn_predict_layers without the multi-token-prediction layer's tensors
+    // (blk.N.nextn.eh_proj) counts for nothing; every layer runs.
+    if (h.num_nextn_layers > 0 && file.FindTensor(fmt::format("blk.{}.nextn.eh_proj.weight", h.num_layers)) == nullptr) {
+      h.num_layers += h.num_nextn_layers;
+      h.num_nextn_layers = 0;
+    }
     d.q_lora_ = file.GetInt(p + "attention.q_lora_rank", 0);
     d.window_ = file.GetInt(p + "attention.sliding_window", 0);
     d.idx_heads_ = file.GetInt(p + "attention.indexer.head_count", 0);

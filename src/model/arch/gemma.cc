@@ -4,11 +4,13 @@
 // (post_ffw_norm) -> residual; final norm and the output layer (tied to the embedding). The norm
 // weights in GGUF already include Gemma's "1 +".
 // Gemma 2: a sliding window (attention.sliding_window, default 4096) on the even layers, the whole
-// context on the odd ones; attention scores soft-capped (attn_logit_softcapping, default 50: s
-// becomes 50 tanh(s / 50)) and the final logits too (final_logit_softcapping, default 30).
-// Gemma 3: per-head Q/K RMSNorm before RoPE; five of every six layers over a sliding window with
-// their own RoPE base 10,000 and no scaling, the sixth global with rope.freq_base and the file's
-// scaling; no soft-capping.
+// context on the odd ones (attention.sliding_window_pattern, default 2); attention scores
+// soft-capped (attn_logit_softcapping, default 50: s becomes 50 tanh(s / 50)) and the final logits
+// too (final_logit_softcapping, default 30).
+// Gemma 3: per-head Q/K RMSNorm before RoPE; five of every six layers (the pattern's default 6)
+// over a sliding window with their own RoPE base (rope.freq_base_swa, default 10,000) and no
+// scaling, the sixth global with rope.freq_base and the file's scaling; the final logits
+// soft-capped only where the file sets final_logit_softcapping.
 // As llama.cpp: queries scaled by 1 / sqrt(head size), or 1 / sqrt(dim / heads) for the 27B
 // models (46 layers in Gemma 2, 62 in Gemma 3).
 #include <cmath>
@@ -42,18 +44,21 @@ class GemmaModel final : public Model {
       return InvalidArgument("{}: attention.sliding_window must be positive", h.arch);
     }
     if (h.sliding_window > 0) {
-      // Gemma 2: windowed, then global (llama.cpp's swa pattern 2); Gemma 3: five windowed layers
-      // with their own RoPE base, then one global (pattern 6).
-      h.swa_layers.resize(static_cast<size_t>(h.num_layers));
-      for (int64_t l = 0; l < h.num_layers; ++l) h.swa_layers[l] = gemma2 ? l % 2 == 0 : l % 6 < 5;
-      if (!gemma2) h.rope_freq_base_swa = 10000.0f;
+      // Which layers are windowed (attention.sliding_window_pattern; Gemma 2 by default every
+      // other, Gemma 3 five of six) and their RoPE: Gemma 2's scaled as the others, at
+      // rope.freq_base_swa (default: rope.freq_base); Gemma 3's unscaled, at rope.freq_base_swa
+      // (default 10,000).
+      RETURN_IF_ERROR(ReadWindowedLayers(file, gemma2 ? 2 : 6, &h));
+      const double base_swa = file.GetDouble(p + "rope.freq_base_swa", gemma2 ? h.rope_freq_base : 10000.0);
+      if (!(base_swa > 0.0)) return InvalidArgument("{}: rope.freq_base_swa must be positive", h.arch);
+      SetWindowedRope(&h, static_cast<float>(base_swa), /*scaled=*/gemma2);
     }
-    if (gemma2) {
-      h.attn_softcap = static_cast<float>(file.GetDouble(p + "attn_logit_softcapping", 50.0));
-      h.final_softcap = static_cast<float>(file.GetDouble(p + "final_logit_softcapping", 30.0));
-      if (!(h.attn_softcap > 0.0f) || !(h.final_softcap > 0.0f)) {
-        return InvalidArgument("gemma2: attn_logit_softcapping and final_logit_softcapping must be positive");
-      }
+    // Soft-capping: Gemma 2's scores (default 50) and logits (default 30); Gemma 3's logits where
+    // the file asks (final_logit_softcapping; none by default).
+    if (gemma2) h.attn_softcap = static_cast<float>(file.GetDouble(p + "attn_logit_softcapping", 50.0));
+    h.final_softcap = static_cast<float>(file.GetDouble(p + "final_logit_softcapping", gemma2 ? 30.0 : 0.0));
+    if ((gemma2 && !(h.attn_softcap > 0.0f)) || !(h.final_softcap >= 0.0f) || (gemma2 && h.final_softcap == 0.0f)) {
+      return InvalidArgument("{}: attn_logit_softcapping and final_logit_softcapping must be positive", h.arch);
     }
     const double attn_dim = h.num_layers == (gemma2 ? 46 : 62)
                                 ? static_cast<double>(h.dim) / static_cast<double>(h.num_heads)

@@ -27,12 +27,14 @@ class Glm4MoeModel final : public Model {
     m->hp_ = std::move(hp);
     ModelHParams& h = m->hp_;
     h.rope_style = RopeStyle::kNeox;
-    const int64_t nextn = file.GetInt(h.arch + ".nextn_predict_layers", 0);
-    if (nextn < 0 || nextn >= h.num_layers) {
-      return InvalidArgument("glm4moe: nextn_predict_layers {} of {} layers", nextn, h.num_layers);
+    // M-RoPE's sections (GLM-4.5V's vision positions): text-only RoPE here.
+    if (const GgufValue* sec = file.Find(h.arch + ".rope.dimension_sections"); sec != nullptr) {
+      for (const GgufValue& v : sec->type == GgufValueType::kArray ? sec->array : std::vector<GgufValue>{*sec}) {
+        if (v.AsInt().value_or(1) != 0) {
+          return Unimplemented("glm4moe: {}.rope.dimension_sections (multimodal M-RoPE) is not supported", h.arch);
+        }
+      }
     }
-    m->file_layers_ = h.num_layers;
-    h.num_layers -= nextn;  // the MTP layers are not part of the forward pass
     MoeHParams& moe = h.moe;
     if (!moe.enabled()) return InvalidArgument("glm4moe: the file has no glm4moe.expert_count");
     if (file.Find(h.arch + ".expert_gating_func") == nullptr) moe.gating = ExpertGating::kSigmoid;
@@ -61,12 +63,6 @@ class Glm4MoeModel final : public Model {
         return InvalidArgument("glm4moe: tensor {}exp_probs_b.bias is missing", b);
       }
       RETURN_IF_ERROR(w.ffn.Load(tensors, b, h, l));
-    }
-    // The multi-token-prediction layers' tensors: present by design, not used.
-    for (const auto& t : file.tensors()) {
-      for (int64_t l = h.num_layers; l < m->file_layers_; ++l) {
-        if (t.name.starts_with("blk." + std::to_string(l) + ".")) tensors.MarkUsed(t.name);
-      }
     }
     m->FinishLoad(tensors);
     return std::unique_ptr<Model>(std::move(m));
@@ -103,7 +99,6 @@ class Glm4MoeModel final : public Model {
  private:
   Glm4MoeModel() = default;
   std::vector<GlmLayer> layers_;
-  int64_t file_layers_ = 0;
 };
 
 }  // namespace

@@ -36,9 +36,12 @@ class GptOssModel final : public Model {
     }
     h.sliding_window = file.GetInt(p + "attention.sliding_window", 0);
     if (h.sliding_window <= 0) return InvalidArgument("gpt-oss: the file has no positive {}attention.sliding_window", p);
-    // Windowed, then global (llama.cpp's swa pattern 2).
-    h.swa_layers.resize(static_cast<size_t>(h.num_layers));
-    for (int64_t l = 0; l < h.num_layers; ++l) h.swa_layers[l] = l % 2 == 0;
+    // Windowed, then global (attention.sliding_window_pattern, default 2); the windowed layers'
+    // RoPE scaled as the others, at rope.freq_base_swa (default: rope.freq_base).
+    RETURN_IF_ERROR(ReadWindowedLayers(file, 2, &h));
+    const double base_swa = file.GetDouble(p + "rope.freq_base_swa", h.rope_freq_base);
+    if (!(base_swa > 0.0)) return InvalidArgument("gpt-oss: rope.freq_base_swa must be positive");
+    if (static_cast<float>(base_swa) != h.rope_freq_base) SetWindowedRope(&h, static_cast<float>(base_swa), /*scaled=*/true);
     MoeHParams& moe = h.moe;
     if (!moe.enabled()) return InvalidArgument("gpt-oss: the file has no {}expert_count", p);
     if (moe.expert_ffn == 0) return InvalidArgument("gpt-oss: the file has no {}expert_feed_forward_length", p);

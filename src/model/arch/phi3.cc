@@ -56,12 +56,7 @@ class Phi3Model final : public Model {
         if (!(v > 0.0f) || !std::isfinite(v)) return InvalidArgument("tensor {}: factor {} is not positive", which, v);
       }
     }
-    if (m->hp_.yarn_ext_factor == 0.0f) {  // YaRN's factor (ReadHParams) already includes it
-      m->hp_.rope_attn_factor = static_cast<float>(file.GetDouble(p + "rope.scaling.attn_factor", 1.0));
-    }
-    if (!(m->hp_.rope_attn_factor > 0.0f) || !std::isfinite(m->hp_.rope_attn_factor)) {
-      return InvalidArgument("phi3: rope.scaling.attn_factor must be positive");
-    }
+    // LongRoPE's attention factor is rope.scaling.attn_factor (ReadHParams).
     m->FinishLoad(tensors);
     return std::unique_ptr<Model>(std::move(m));
   }
