@@ -482,7 +482,18 @@ StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
 int64_t GgufFile::GetInt(std::string_view key, int64_t default_value) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return default_value;
+  if (!v->AsInt()) NoteMistyped(key);
   return v->AsInt().value_or(default_value);
+}
+
+void GgufFile::NoteMistyped(std::string_view key) const {
+  std::lock_guard<std::mutex> lock(mistyped_mu_);
+  if (std::find(mistyped_.begin(), mistyped_.end(), key) == mistyped_.end()) mistyped_.emplace_back(key);
+}
+
+std::vector<std::string> GgufFile::MistypedKeys() const {
+  std::lock_guard<std::mutex> lock(mistyped_mu_);
+  return mistyped_;
 }
 
 StatusOr<double> GgufFile::GetDouble(std::string_view key) const {
@@ -496,6 +507,7 @@ StatusOr<double> GgufFile::GetDouble(std::string_view key) const {
 double GgufFile::GetDouble(std::string_view key, double default_value) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return default_value;
+  if (!v->AsDouble()) NoteMistyped(key);
   return v->AsDouble().value_or(default_value);
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -146,10 +147,15 @@ class GgufFile {
 
   // Typed metadata lookups with errors that name the key.
   StatusOr<int64_t> GetInt(std::string_view key) const;
-  int64_t GetInt(std::string_view key, int64_t default_value) const;  // default when absent
+  // The default when absent. A key present with a value of another kind also gives the default,
+  // and is recorded: MistypedKeys() names it, so a loader can refuse the file rather than run
+  // with a default the file did not ask for.
+  int64_t GetInt(std::string_view key, int64_t default_value) const;
   StatusOr<double> GetDouble(std::string_view key) const;
   double GetDouble(std::string_view key, double default_value) const;
   StatusOr<std::string> GetString(std::string_view key) const;
+  // Keys the defaulted lookups above found with a value of another kind (thread-safe).
+  std::vector<std::string> MistypedKeys() const;
 
  private:
   GgufFile() = default;
@@ -167,6 +173,9 @@ class GgufFile {
   std::unordered_map<std::string, size_t> kv_index_;
   std::vector<GgufTensorInfo> tensors_;
   std::unordered_map<std::string, size_t> tensor_index_;
+  mutable std::mutex mistyped_mu_;
+  mutable std::vector<std::string> mistyped_;
+  void NoteMistyped(std::string_view key) const;
 };
 
 }  // namespace gale

@@ -50,6 +50,12 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const GgufFile& file) {
     }
     ASSIGN_OR_RETURN(std::unique_ptr<Model> model, a.load(file, std::move(hp)));
     RETURN_IF_ERROR(CheckLoadedHParams(model->hparams()));
+    // A key the loader read with a default because its value was of another kind: the file asks
+    // for something, just not in a form gale reads; running with the default would be wrong.
+    if (const std::vector<std::string> mistyped = file.MistypedKeys(); !mistyped.empty()) {
+      return InvalidArgument("metadata key '{}' has a value of the wrong kind for what it means (a number was expected)",
+                             mistyped[0]);
+    }
     return model;
   }
   return Unimplemented("architecture '{}' is not supported yet (gale runs {})", arch,

@@ -411,5 +411,19 @@ TEST(HParamKeysTest, PerLayerValuesThatDifferAreRefused) {
   EXPECT_NE(n.status().message().find("head_count"), std::string::npos) << n.status().message();
 }
 
+// A key of the wrong kind is never read as its default (the file asks for something).
+TEST(HParamKeysTest, KeysOfTheWrongKindAreRefusedNotDefaulted) {
+  for (const char* spec : {"rope.freq_base_swa=str:fifty", "attention.sliding_window=bool:true",
+                           "final_logit_softcapping=str:3", "rope.scaling.factor=str:2"}) {
+    SCOPED_TRACE(spec);
+    SynthShape s = BaseOf("gemma3");
+    s.keys.push_back(ParseSynthKey(spec).value());
+    auto m = LoadModel(*Synth(s));
+    ASSERT_FALSE(m.ok());
+    const std::string key = std::string(spec).substr(0, std::string(spec).find('='));
+    EXPECT_NE(m.status().message().find(key), std::string::npos) << m.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace gale
