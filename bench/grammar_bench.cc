@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   using namespace gale;
   const std::string out_path = argc > 1 ? argv[1] : "grammar_bench.json";
   std::vector<Vocab> vocabs;
-  if (auto text = ReadTextFile(std::string(GALE_SHARED_DIR) + "/vocab/ggml-vocab-llama-spm.gguf"); text.ok()) {
+  if (auto text = ReadTextFile(std::string(GALE_DATA_DIR) + "/vocab/ggml-vocab-llama-spm.gguf"); text.ok()) {
     vocabs.push_back({"llama2 (spm)", std::vector<uint8_t>(text->begin(), text->end())});
   }
   for (const auto& [name, pkg] : {std::pair{"llama3 (bpe)", "tokenizer-llama3"}, std::pair{"qwen3 (bpe)", "tokenizer-qwen3"}}) {

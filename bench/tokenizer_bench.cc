@@ -72,7 +72,7 @@ std::string Prose() {
 }
 
 std::unique_ptr<Tokenizer> Load(const std::string& name, std::unique_ptr<GgufFile>* keep) {
-  auto f = GgufFile::Open(std::string(GALE_SHARED_DIR) + "/vocab/ggml-vocab-" + name + ".gguf");
+  auto f = GgufFile::Open(std::string(GALE_DATA_DIR) + "/vocab/ggml-vocab-" + name + ".gguf");
   if (!f.ok()) return nullptr;
   auto t = Tokenizer::FromGguf(**f);
   if (!t.ok()) return nullptr;

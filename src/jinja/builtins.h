@@ -31,6 +31,9 @@ int64_t LengthOf(const Value& v);  // len(); -1 for values without one
 // Python iteration: list items, dict keys, string characters; Undefined gives nothing.
 StatusOr<ValueList> Iterate(const Value& v);
 // Python `%` string formatting: "%s and %d" % (a, b).
+// markupsafe.escape's text: & < > " ' as &amp; &lt; &gt; &#34; &#39;.
+std::string HtmlEscape(const std::string& s);
+
 StatusOr<std::string> PercentFormat(const std::string& fmt, const Value& args);
 
 }  // namespace gale::jinja

@@ -362,7 +362,13 @@ class Renderer {
     const bool floats = nums && (l.is_float() || r.is_float());
     if (op == "+") {
       if (nums) return floats ? Value(l.as_float() + r.as_float()) : Value(l.as_int() + r.as_int());
-      if (l.is_string() && r.is_string()) return Value(l.as_string() + r.as_string());
+      if (l.is_string() && r.is_string()) {
+        if (l.is_markup() || r.is_markup()) {
+          return Value::Markup((l.is_markup() ? l.as_string() : HtmlEscape(l.as_string())) +
+                               (r.is_markup() ? r.as_string() : HtmlEscape(r.as_string())));
+        }
+        return Value(l.as_string() + r.as_string());
+      }
       if (l.is_list() && r.is_list()) {
         ValueList v = l.list();
         v.insert(v.end(), r.list().begin(), r.list().end());

@@ -52,6 +52,15 @@ class Value {
   // copying a Value never copies its text.
   Value(std::string s) : kind_(Kind::kString), str_(MakeString(std::move(s))) {}  // NOLINT
   Value(const char* s) : kind_(Kind::kString), str_(MakeString(s)) {}  // NOLINT
+  // Markupsafe's Markup (what `|safe` and `|escape` return): text that concatenating with `+`
+  // does not escape, while the plain text it is concatenated with is HTML-escaped (a template
+  // writing `"..."|safe + obj|tojson` gets &#34; for its quotes, as under Jinja2).
+  static Value Markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
+  bool is_markup() const { return kind_ == Kind::kString && markup_; }
   static Value List(ValueList items = {});
   static Value Dict(ValueDict d = {});
   // A namespace() object: a dict whose entries templates may assign with `set ns.x = ...`.
@@ -111,6 +120,7 @@ class Value {
   static const std::string& EmptyString();
   Kind kind_ = Kind::kUndefined;
   bool namespace_ = false;
+  bool markup_ = false;
   bool has_ns_ = false;
   int32_t depth_ = 0;
   int64_t int_ = 0;

@@ -53,7 +53,7 @@ void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
 // Encodes llama.cpp's test vectors for ../shared/vocab's `vocab` with tok (and, for byte-level
 // BPE, decodes them back); returns how many were checked.
 size_t CheckLlamaCppVectors(const Tokenizer& tok, const std::string& vocab, bool decode) {
-  const std::string base = test::SharedDir() + "/vocab/ggml-vocab-" + vocab + ".gguf";
+  const std::string base = test::DataDir() + "/vocab/ggml-vocab-" + vocab + ".gguf";
   const std::vector<std::string> texts = test::SplitVocabTexts(test::ReadFile(base + ".inp"));
   std::istringstream lines(test::ReadFile(base + ".out"));
   size_t checked = 0;
@@ -70,6 +70,7 @@ size_t CheckLlamaCppVectors(const Tokenizer& tok, const std::string& vocab, bool
 
 class HfConvertTest : public ::testing::Test {
  protected:
+  void SetUp() override { GALE_SKIP_UNLESS_FILE(test::DataDir() + "/vocab"); }
   // A folder for the synthetic model of `arch` with llama.cpp's vocab `vocab` ("gpt-2": byte-level
   // BPE, "llama-spm": SentencePiece-style with byte fallback).
   void Build(const std::string& vocab, const std::string& arch = "llama") {
@@ -77,7 +78,7 @@ class HfConvertTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("gale-hf-" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    vocab_file_ = GgufFile::Open(test::SharedDir() + "/vocab/ggml-vocab-" + vocab + ".gguf").value();
+    vocab_file_ = GgufFile::Open(test::DataDir() + "/vocab/ggml-vocab-" + vocab + ".gguf").value();
     auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
     shape_.dim = 64;
     shape_.num_layers = 2;
@@ -440,6 +441,7 @@ StatusOr<std::unique_ptr<Tokenizer>> TokenizerOf(const HfTokenizer& t) {
 // fetched by scripts/install-deps.sh --test) import as llama.cpp would convert them and pass
 // llama.cpp's test vectors for their vocabs (qwen2: Qwen2, 2.5 and 3 share it; llama-bpe).
 TEST(HfTokenizerTest, RealTokenizersPassLlamaCppVectors) {
+  GALE_SKIP_UNLESS_FILE(test::DataDir() + "/vocab");
   // Qwen3.5 shares Qwen3's vocabulary with its own pre-tokenizer (qwen35: marks in letter runs);
   // llama.cpp's qwen35 vectors (written by Hugging Face's tokenizer) check it through Qwen3's file.
   for (const auto& [package, vocab, pre] : std::vector<std::tuple<std::string, std::string, std::string>>{

@@ -25,6 +25,7 @@ std::vector<uint8_t> ReadBytes(const std::string& path) {
 }
 
 TEST(ConvertTest, VendoredModelIsTheConversionOfTheSharedCheckpoint) {
+  GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.bin");
   auto w = ConvertLlama2c(test::SharedDir() + "/models/stories260K.bin", test::SharedDir() + "/models/tok512.bin");
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->WriteToBytes(), ReadBytes(test::SourceDir() + "/models/stories260K.gguf"));
@@ -34,6 +35,8 @@ TEST(ConvertTest, VendoredModelIsTheConversionOfTheSharedCheckpoint) {
 // the same value types, the same vocab, the same tensor names, shapes and bytes (llama.cpp also
 // writes output.weight as a copy of the tied embedding; we leave it out, which it accepts).
 TEST(ConvertTest, MatchesLlamaCppConversion) {
+  GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.bin");
+  GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.llamacpp.gguf");
   auto theirs = GgufFile::Open(test::SharedDir() + "/models/stories260K.llamacpp.gguf");
   auto ours = GgufFile::Open(test::SourceDir() + "/models/stories260K.gguf");
   ASSERT_TRUE(theirs.ok() && ours.ok());
@@ -58,6 +61,7 @@ TEST(ConvertTest, MatchesLlamaCppConversion) {
 }
 
 TEST(ConvertTest, TruncatedOrCorruptCheckpointsAreErrors) {
+  GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.bin");
   const std::string tok = test::SharedDir() + "/models/tok512.bin";
   std::vector<uint8_t> model = ReadBytes(test::SharedDir() + "/models/stories260K.bin");
   auto write = [&](const std::vector<uint8_t>& b) {

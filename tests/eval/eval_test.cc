@@ -23,6 +23,7 @@ struct Stories {
 };
 
 TEST(EvalTest, MatchesLlama2cTeacherForcedNll) {
+  GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.reference.json");
   Stories m;
   std::ifstream f(test::SharedDir() + "/models/stories260K.reference.json");
   const nlohmann::json ref = nlohmann::json::parse(f)["teacher_forced_perplexity"];

@@ -79,7 +79,8 @@ std::pair<int, int> CheckRenderings(const std::string& expected_path,
 }
 
 TEST(TemplateTest, ConformsToJinja2OnRealChatTemplates) {
-  const std::string dir = test::SharedDir() + "/chat-templates";
+  const std::string dir = test::DataDir() + "/chat-templates";
+  GALE_SKIP_UNLESS_FILE(dir + "/expected.jsonl");
   std::string failures;
   const auto [passed, total] = CheckRenderings(
       dir + "/expected.jsonl", [&](const std::string& name) { return ReadFile(dir + "/templates/" + name); }, &failures);

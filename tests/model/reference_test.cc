@@ -86,6 +86,9 @@ class ReferenceTest : public ::testing::TestWithParam<std::tuple<std::string, ke
     if (kernels::GetKernelTable(isa) == nullptr) GTEST_SKIP() << "this CPU has no " << kernels::IsaName(isa);
     kernels::SetActiveIsa(isa);
     const std::string& which = std::get<0>(GetParam());
+    GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.reference.json");
+    if (which != "vendored") GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.bin");
+    if (which == "llamacpp") GALE_SKIP_UNLESS_FILE(test::SharedDir() + "/models/stories260K.llamacpp.gguf");
     path_ = which == "vendored"   ? test::SourceDir() + "/models/stories260K.gguf"
             : which == "llamacpp" ? test::SharedDir() + "/models/stories260K.llamacpp.gguf"
                                   : ConvertedNow();

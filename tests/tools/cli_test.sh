@@ -355,7 +355,7 @@ expect_fail batch-tiny-kv "holds no block" -- "$GALE" batch -i "$tmp/in.jsonl" -
 expect_fail batch-zero-batch "max_batch_size" -- "$GALE" batch -i "$tmp/in.jsonl" -o "$tmp/o.jsonl" --max-batch-size 0
 # gale template: one conformance entry (Qwen2.5, system_multi_turn) through the CLI, byte for byte;
 # errors name the line.
-shared="${GALE_SHARED_DIR:-$(dirname "$0")/../../../shared}/chat-templates"
+shared="${GALE_DATA_DIR:-$(dirname "$0")/../../.deps/shared}/chat-templates"
 cat > "$tmp/ctx.json" <<'JSON'
 {"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3+3? Answer with \"six\" or 6."}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"}
 JSON
