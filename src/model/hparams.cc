@@ -146,9 +146,9 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
     if (hp.dim % hp.num_heads != 0) return bad("head_count must divide embedding_length (or the file must set attention.key_length)");
     hp.head_dim = hp.dim / hp.num_heads;
   }
-  // V's head size where it differs (deepseek2's latent rows have V's values as K's first
-  // elements: its loader checks them).
-  if (value_length != 0 && value_length != hp.head_dim && hp.arch != "deepseek2") {
+  // V's head size where it differs (latent attention's rows have V's values as K's first
+  // elements: such an architecture's loader reads and checks them, and resets this).
+  if (value_length != 0 && value_length != hp.head_dim) {
     if (value_length < 0 || value_length > 4096 || value_length % 2 != 0) {
       return bad("attention.value_length must be even and at most 4096");
     }

@@ -1,6 +1,7 @@
-// The one table of architectures: general.architecture -> its loader. Explicit on purpose (static
-// self-registration is dropped by static libraries); adding an architecture = one line here, one
-// file under model/arch/ and its test.
+// The one table of architectures: general.architecture -> its spec (loader, synthetic-model writer,
+// quantization and conversion rules). Explicit on purpose (static self-registration is dropped by
+// static libraries); adding an architecture = one line here, one file under model/arch/ and its
+// test.
 #include <fmt/format.h>
 
 #include "model/arch/arch.h"
@@ -9,46 +10,38 @@
 namespace gale {
 namespace {
 
-struct Architecture {
-  const char* name;  // as llama.cpp's converters write general.architecture
-  StatusOr<std::unique_ptr<Model>> (*load)(const GgufFile& file, ModelHParams hp);
-  bool experts = false;  // runs a mixture of experts where the file has one ({arch}.expert_count)
-};
-
-constexpr Architecture kArchitectures[] = {
-    {"llama", LoadLlama, /*experts=*/true},
-    {"qwen2", LoadQwen2},
-    {"qwen3", LoadQwen3},
-    {"qwen3moe", LoadQwen3Moe, /*experts=*/true},
-    {"phi3", LoadPhi3},
-    {"gemma2", LoadGemma2},
-    {"gemma3", LoadGemma3},
-    {"deepseek2", LoadDeepseek2, /*experts=*/true},
-    {"deepseek4", LoadDeepseek4, /*experts=*/true},
-    {"deepseek41", LoadDeepseek4, /*experts=*/true},
-    {"glm4moe", LoadGlm4Moe, /*experts=*/true},
-    {"gpt-oss", LoadGptOss, /*experts=*/true},
-    {"bert", LoadBert},
+// The one table of architectures; each spec is defined in the architecture's own file.
+constexpr const ArchSpec* kArchitectures[] = {
+    &kLlamaArch, &kQwen2Arch, &kQwen3Arch, &kQwen3MoeArch, &kPhi3Arch, &kGemma2Arch, &kGemma3Arch,
+    &kDeepseek2Arch, &kDeepseek4Arch, &kDeepseek41Arch, &kGlm4MoeArch, &kGptOssArch, &kBertArch,
 };
 
 }  // namespace
 
+std::span<const ArchSpec* const> Architectures() { return kArchitectures; }
+
+const ArchSpec* FindArchitecture(std::string_view name) {
+  for (const ArchSpec* a : kArchitectures) {
+    if (name == a->name) return a;
+  }
+  return nullptr;
+}
+
 std::vector<std::string> SupportedArchitectures() {
   std::vector<std::string> names;
-  for (const Architecture& a : kArchitectures) names.emplace_back(a.name);
+  for (const ArchSpec* a : kArchitectures) names.emplace_back(a->name);
   return names;
 }
 
 StatusOr<std::unique_ptr<Model>> LoadModel(const GgufFile& file) {
   ASSIGN_OR_RETURN(std::string arch, file.GetString("general.architecture"));
-  for (const Architecture& a : kArchitectures) {
-    if (arch != a.name) continue;
+  if (const ArchSpec* a = FindArchitecture(arch)) {
     ASSIGN_OR_RETURN(ModelHParams hp, ReadHParams(file));
-    if (hp.moe.enabled() && !a.experts) {
+    if (hp.moe.enabled() && !a->experts) {
       return Unimplemented("{}: the file has {} experts, and a mixture of experts in this architecture is not supported", arch,
                            hp.moe.num_experts);
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, a.load(file, std::move(hp)));
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, a->load(file, std::move(hp)));
     RETURN_IF_ERROR(CheckLoadedHParams(model->hparams()));
     // A key the loader read with a default because its value was of another kind: the file asks
     // for something, just not in a form gale reads; running with the default would be wrong.

@@ -1,7 +1,8 @@
-// Deterministic random-weight GGUF files of any architecture gale runs (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, deepseek2,
-// deepseek4, glm4moe, gpt-oss, bert),
-// of named or custom shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a real SentencePiece-style
-// vocab (bytes, characters, letter pairs and triples) so any prompt tokenizes.
+// Deterministic random-weight GGUF files of any architecture gale runs, of named or custom
+// shapes, for benchmarks and tests. Same seed, same shape and type: the same bytes. The vocab is a
+// real SentencePiece-style vocab (bytes, characters, letter pairs and triples) so any prompt
+// tokenizes. This file is the generic driver; each architecture's keys, tensors and named shapes
+// are its own file's (model/arch/, through ArchSpec).
 #pragma once
 
 #include <cstdint>
@@ -88,21 +89,81 @@ struct SynthShape {
 // array of them (u32s, i32s, f32s, bools: comma-separated), NAME without the architecture's prefix.
 StatusOr<std::pair<std::string, GgufValue>> ParseSynthKey(const std::string& spec);
 
-// "110m", "tinyllama-1.1b", "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
-// "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v4-flash", "deepseek-v4.1-flash" (their architectures, without tied embeddings;
-// the mixtures with 12 of their 48 and 24 layers, DeepSeek-V4-Flash with 3 of its 43, so that they
-// fit a desktop's memory: every per-layer shape, the expert count and top-k are the real model's,
-// the experts MXFP4 as gpt-oss publishes them and DeepSeek-V4 as FP4; DeepSeek-V4.1-Flash with 2 of
-// its 40 layers and smaller Engram tables); an error otherwise.
+// A named shape of a real model (its architecture's file lists them: "110m", "tinyllama-1.1b",
+// "tiny" (a test-sized model), "qwen2.5-0.5b", "qwen3-0.6b", "phi3-mini", "gemma3-1b",
+// "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v4-flash", "deepseek-v4.1-flash"): every per-layer
+// shape, the expert count and top-k are the real model's; the mixtures keep some of their layers
+// so that they fit a desktop's memory. An error names the known ones.
 StatusOr<SynthShape> NamedSynthShape(const std::string& name);
+std::vector<std::string> NamedSynthShapes();
 
 // Builds the file: every tensor the architecture has, as llama.cpp's converters name them (Qwen2's
 // Q/K/V biases, Qwen3's per-head Q/K norms, Phi-3's fused attn_qkv and ffn_up) so that llama.cpp
-// loads it too; weights are generated while writing (WriteFile streams them).
+// loads it too; weights are generated while writing (WriteFile streams them). The common keys
+// (sizes, heads, RoPE scaling, experts, the vocabulary) are written here, then the architecture's
+// own keys and tensors by its writer (ArchSpec::synth_write), then SynthShape::keys.
 // write_tokenizer: writes a real tokenizer's keys instead of the synthetic vocab (its vocabulary
 // must be the shape's vocab_size; `gale synth --tokenizer` passes a Hugging Face one).
 StatusOr<GgufWriter> SynthesizeModel(const SynthShape& shape, GgmlType type, uint64_t seed,
                                      const std::function<void(GgufWriter&)>& write_tokenizer = nullptr);
+
+// What an architecture's writer works with: the shape, the file, the weight generators and the
+// sizes derived from the shape. Weights are uniform in +-sqrt(3 / fan_in) (unit-variance
+// activations through the projections); each tensor's generator is seeded from the seed and the
+// tensor's name, so tensors do not depend on the order they are written in.
+class SynthWriter {
+ public:
+  SynthWriter(const SynthShape& shape, GgmlType type, uint64_t seed, GgufWriter* out);
+
+  const SynthShape& s;
+  const GgmlType type;         // the matrices'
+  const GgmlType expert_type;  // the experts' (SynthShape::expert_type, else type)
+  GgufWriter& w;
+  const std::string p;         // the key prefix: "{arch}."
+  // head_dim: SynthShape::head_dim, else dim / heads; V's head size (v_head_dim where set);
+  // Q's, K's and V's row widths and the attention output's; one expert's width.
+  int64_t head_dim, v_head, q_dim, kv_dim, v_dim, o_dim, expert_ffn;
+  // Control tokens the architecture's files carry in the synthetic vocab's last ids (Phi-3's chat
+  // tokens, which llama.cpp's loader looks up); the writer sets them, the vocab is written after.
+  std::vector<std::string> control_tokens;
+
+  // A matrix of `out` rows of `in` weights (experts > 0: a [in, out, experts] stack).
+  Status Matrix(const std::string& name, int64_t in, int64_t out, GgmlType t, int64_t experts = 0);
+  // An f32 tensor of base + uniform(-spread, spread): norm weights (1, or around 1 where a test
+  // should see each element reach its own channel), biases around 0; [n], or [n, rows].
+  Status Vector(const std::string& name, int64_t n, float base, float spread, int64_t rows = 0);
+  Status Ones(const std::string& name, int64_t n) { return Vector(name, n, 1.0f, 0.0f); }
+  // An f32 tensor of exactly these values.
+  Status Floats(const std::string& name, const std::vector<float>& v);
+
+  // Parts several architectures share. `b` is the layer's prefix "blk.N.".
+  Status Qkv(const std::string& b, bool biases);  // attn_q, attn_k, attn_v (and their biases)
+  Status Router(const std::string& b);            // ffn_gate_inp, f32 (converters never quantize it)
+  Status Experts(const std::string& b);           // ffn_{gate,up,down}_exps
+  // DeepSeek-V3's and GLM's mixture: the router, a selection bias, the experts, the shared ones.
+  Status BiasedExperts(const std::string& b);
+  Status GatedFfn(const std::string& b, int64_t width);  // ffn_gate, ffn_up, ffn_down
+  uint64_t seed() const { return seed_; }  // for an architecture's own random constants
+
+  // The decoder layer most architectures share (llama's: norms, Q/K/V, output, gated FFN or a
+  // mixture of experts) with the variations they take, and the output norm and head before it.
+  struct DecoderLayout {
+    bool tied_output = false;    // no output.weight: the embedding is the head
+    bool fused_qkv = false;      // attn_qkv: Q's, K's and V's rows in one matrix
+    bool fused_gate_up = false;  // ffn_up: the gate's rows, then up's
+    bool qkv_bias = false;       // attn_{q,k,v}.bias
+    bool qk_norm = false;        // attn_q_norm, attn_k_norm: a [head_dim] RMSNorm per head
+    bool post_norms = false;     // post_attention_norm and post_ffw_norm around the sublayers
+  };
+  Status DecoderLayers(const DecoderLayout& layout);
+
+ private:
+  uint64_t seed_;
+};
+
+// One --key of `gale synth`: NAME=TYPE:VALUE with TYPE u32, i32, u64, f32, bool or str, or an
+// array of them (u32s, i32s, f32s, bools: comma-separated), NAME without the architecture's prefix.
+StatusOr<std::pair<std::string, GgufValue>> ParseSynthKey(const std::string& spec);
 
 // The synthetic vocab's pieces (with '▁'), scores and token types.
 void SynthVocab(int64_t vocab_size, std::vector<std::string>* tokens, std::vector<float>* scores,

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "kernels/kernels.h"
+#include "model/arch_spec.h"
 #include "model/hparams.h"
 
 namespace gale {
@@ -397,15 +398,15 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
   out->SetString("gale.quantization.scheme", QuantSchemeName(options.scheme));
   const int64_t block = TypeTraits(type).block_size;
 
-  // Why a tensor is not quantized ("" when it is); F16 fallback when its rows do not fit.
+  // Why a tensor is not quantized ("" when it is); F16 fallback when its rows do not fit. The
+  // architecture says what of its own stays as it is (ArchSpec::keep_unquantized).
+  ASSIGN_OR_RETURN(const std::string arch_name, in.GetString("general.architecture"));
+  const ArchSpec* arch = FindArchitecture(arch_name);
   auto reason = [&](const GgufTensorInfo& t) -> std::string {
-    if (t.type_id == kGgmlI32) return "index table";  // DeepSeek-V4's ffn_gate_tid2eid: token -> experts
-    // DeepSeek-V4's hyper-connection mixes and compressor position biases (f32, as converters write them).
-    if (t.name.find("hc_") != std::string::npos && t.name.ends_with("_fn.weight")) return "hyper-connection mix";
-    if (t.name.ends_with("_ape.weight")) return "compressor position bias";
-    // DeepSeek-V4.1's Engram gate norms ([dim, 4] f32 weights of RMSNorms, not a matrix); its table
-    // and projection are quantized like any matrix (the release stores them as Q8_0).
-    if (t.name.ends_with("engram_q.weight") || t.name.ends_with("engram_k.weight")) return "engram gate norm";
+    if (t.type_id == kGgmlI32) return "index table";  // token -> experts (hash routing)
+    if (arch != nullptr && arch->keep_unquantized != nullptr) {
+      if (const char* why = arch->keep_unquantized(t); *why != '\0') return why;
+    }
     if (t.shape.size() != 2 && t.shape.size() != 3) return "not a matrix";  // 3-D: a mixture's experts
     if (t.name.find("ffn_gate_inp") != std::string::npos) return "expert router";  // f32, as llama.cpp keeps it
     if (t.name.ends_with(".bias")) return "bias";  // gpt-oss's experts' biases are [width, experts]
@@ -435,7 +436,7 @@ StatusOr<QuantizeReport> QuantizeModel(const GgufFile& in, const QuantizeOptions
   std::map<std::string, Edit> edits;
   if (calibrated && !rtn_only) {
     ASSIGN_OR_RETURN(const ModelHParams hp, ReadHParams(in));
-    if (hp.moe.enabled() || hp.arch == "deepseek2") {
+    if (hp.moe.enabled() || (arch != nullptr && !arch->calibrated_quantization)) {
       return Unimplemented("calibrated quantization (--calib) of a mixture of experts or latent attention is not supported "
                            "yet: quantize it without --calib (round to nearest)");
     }

@@ -68,9 +68,11 @@ CommandFn RegisterSynth(CLI::App& app) {
     SynthShape custom;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--shape", o->shape, "110m | tinyllama-1.1b | tiny | qwen2.5-0.5b | qwen3-0.6b | phi3-mini | gemma3-1b | qwen3-30b-a3b | gpt-oss-20b | deepseek-v4-flash | deepseek-v4.1-flash | custom")
+  std::vector<std::string> shapes = NamedSynthShapes();
+  shapes.push_back("custom");
+  app.add_option("--shape", o->shape, fmt::format("{}", fmt::join(shapes, " | ")))->capture_default_str();
+  app.add_option("--arch", o->custom.arch, fmt::format("custom: architecture ({})", fmt::join(SupportedArchitectures(), " | ")))
       ->capture_default_str();
-  app.add_option("--arch", o->custom.arch, "custom: architecture (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma2 | gemma3 | deepseek2 | glm4moe | gpt-oss | bert)")->capture_default_str();
   app.add_option("--head-dim", o->custom.head_dim, "custom: head size (0: dim / heads)");
   app.add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_0")->capture_default_str();
   app.add_option("--seed", o->seed, "weight seed")->capture_default_str();

@@ -6,6 +6,7 @@
 
 #include "base/status.h"
 #include "gguf/gguf_file.h"
+#include "model/arch_spec.h"
 #include "model/model.h"
 
 namespace gale {
@@ -22,5 +23,9 @@ StatusOr<std::unique_ptr<Model>> LoadDeepseek4(const GgufFile& file, ModelHParam
 StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadBert(const GgufFile& file, ModelHParams hp);
+
+// Each architecture's spec, defined in its file (model/registry.cc lists them).
+extern const ArchSpec kLlamaArch, kQwen2Arch, kQwen3Arch, kQwen3MoeArch, kPhi3Arch, kGemma2Arch, kGemma3Arch,
+    kDeepseek2Arch, kDeepseek4Arch, kDeepseek41Arch, kGlm4MoeArch, kGptOssArch, kBertArch;
 
 }  // namespace gale

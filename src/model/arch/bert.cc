@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -129,5 +130,47 @@ class BertModel final : public Model {
 StatusOr<std::unique_ptr<Model>> LoadBert(const GgufFile& file, ModelHParams hp) {
   return BertModel::Load(file, std::move(hp));
 }
+
+namespace {
+
+// gale synth: an encoder (LayerNorm's epsilon, bidirectional attention, mean pooling unless the
+// shape pools otherwise, two token types); learned positions and token types (f32, as llama.cpp's
+// converter keeps them), the input's LayerNorm, post-norm layers with biases everywhere; no output
+// norm or head.
+Status SynthCheck(const SynthShape& s) {
+  if (s.num_kv_heads != s.num_heads) return InvalidArgument("synth: bert has as many KV heads as heads and no experts");
+  return Status::Ok();
+}
+
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  w.w.SetU32(w.p + "pooling_type", static_cast<uint32_t>(s.pooling_type > 0 ? s.pooling_type : 1));
+  w.w.SetF32(w.p + "attention.layer_norm_epsilon", 1e-12f);
+  w.w.SetBool(w.p + "attention.causal", false);
+  w.w.SetU32("tokenizer.ggml.token_type_count", 2);
+  RETURN_IF_ERROR(w.Matrix("position_embd.weight", s.dim, s.context_length, GgmlType::kF32));
+  RETURN_IF_ERROR(w.Matrix("token_types.weight", s.dim, 2, GgmlType::kF32));
+  RETURN_IF_ERROR(w.Vector("token_embd_norm.weight", s.dim, 1.0f, 0.5f));
+  RETURN_IF_ERROR(w.Vector("token_embd_norm.bias", s.dim, 0.0f, 0.5f));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    RETURN_IF_ERROR(w.Qkv(b, /*biases=*/true));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_output.weight", w.o_dim, s.dim, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
+    RETURN_IF_ERROR(w.Vector(b + "attn_output_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Vector(b + "attn_output_norm.bias", s.dim, 0.0f, 0.2f));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_up.weight", s.dim, s.ffn_dim, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "ffn_up.bias", s.ffn_dim, 0.0f, 0.5f));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_down.weight", s.ffn_dim, s.dim, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "ffn_down.bias", s.dim, 0.0f, 0.2f));
+    RETURN_IF_ERROR(w.Vector(b + "layer_output_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Vector(b + "layer_output_norm.bias", s.dim, 0.0f, 0.2f));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const ArchSpec kBertArch = {.name = "bert", .load = LoadBert, .synth_check = SynthCheck, .synth_write = SynthWrite};
 
 }  // namespace gale

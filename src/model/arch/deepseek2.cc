@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -38,6 +39,7 @@ class Deepseek2Model final : public Model {
     }
     mla.nope_dim = key_mla - h.rope_dims;
     const int64_t value_length = file.GetInt(p + "attention.value_length", h.head_dim);
+    h.v_head_dim = 0;  // the latent is K's and V's row: V's values are its first kv_lora_rank
     if (mla.kv_lora_rank <= 0 || mla.kv_lora_rank > 65536 || mla.nope_dim < 0 || mla.v_head_dim <= 0 ||
         mla.v_head_dim > 4096 || mla.q_lora_rank < 0 || mla.q_lora_rank > 65536 || h.num_kv_heads != 1 ||
         h.head_dim != mla.kv_lora_rank + h.rope_dims || value_length != mla.kv_lora_rank) {
@@ -137,5 +139,76 @@ class Deepseek2Model final : public Model {
 StatusOr<std::unique_ptr<Model>> LoadDeepseek2(const GgufFile& file, ModelHParams hp) {
   return Deepseek2Model::Load(file, std::move(hp));
 }
+
+namespace {
+
+// gale synth: latent attention in llama.cpp's MLA format (the cache row is the key, its latent
+// part the value) with DeepSeek-V3's routing: sigmoid scores, a selection bias, expert groups
+// (0: none), weights renormalized and scaled by 2.5; dense leading layers and shared experts.
+Status SynthCheck(const SynthShape& s) {
+  if (s.kv_lora_rank <= 0 || s.rope_dim <= 0 || s.rope_dim % 2 != 0 || s.nope_dim < 0 || s.v_head_dim <= 0 ||
+      s.q_lora_rank < 0 || s.leading_dense < 0 || s.leading_dense > s.num_layers || s.shared_experts < 0) {
+    return InvalidArgument("synth: deepseek2 needs --kv-lora-rank, an even --rope-dim, --v-head-dim (and --nope-dim, --q-lora-rank)");
+  }
+  if (s.num_experts == 0) return InvalidArgument("synth: deepseek2 needs experts (--experts, --experts-used)");
+  return Status::Ok();
+}
+
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  GgufWriter& out = w.w;
+  const std::string& p = w.p;
+  const int64_t row = s.kv_lora_rank + s.rope_dim, qk = s.nope_dim + s.rope_dim;  // the cache row; Q's head
+  out.SetU32(p + "attention.head_count_kv", 1);
+  out.SetU32(p + "attention.key_length", static_cast<uint32_t>(row));
+  out.SetU32(p + "attention.value_length", static_cast<uint32_t>(s.kv_lora_rank));
+  out.SetU32(p + "attention.key_length_mla", static_cast<uint32_t>(qk));
+  out.SetU32(p + "attention.value_length_mla", static_cast<uint32_t>(s.v_head_dim));
+  out.SetU32(p + "attention.kv_lora_rank", static_cast<uint32_t>(s.kv_lora_rank));
+  if (s.q_lora_rank > 0) out.SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
+  out.SetU32(p + "leading_dense_block_count", static_cast<uint32_t>(s.leading_dense));
+  out.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
+  out.SetF32(p + "expert_weights_scale", 2.5f);
+  out.SetBool(p + "expert_weights_norm", true);
+  out.SetU32(p + "expert_gating_func", 2);  // sigmoid
+  if (s.expert_groups > 1) {
+    out.SetU32(p + "expert_group_count", static_cast<uint32_t>(s.expert_groups));
+    out.SetU32(p + "expert_group_used_count", static_cast<uint32_t>(s.groups_used));
+  }
+  out.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
+  out.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+  if (s.yarn_factor > 0.0) out.SetF32(p + "rope.scaling.yarn_log_multiplier", 0.1f);  // DeepSeek-V3's converter: 0.1 * mscale_all_dim
+  RETURN_IF_ERROR(w.Ones("output_norm.weight", s.dim));
+  RETURN_IF_ERROR(w.Matrix("output.weight", s.dim, s.vocab_size, w.type));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    RETURN_IF_ERROR(w.Ones(b + "attn_norm.weight", s.dim));
+    if (s.q_lora_rank > 0) {
+      RETURN_IF_ERROR(w.Matrix(b + "attn_q_a.weight", s.dim, s.q_lora_rank, w.type));
+      RETURN_IF_ERROR(w.Vector(b + "attn_q_a_norm.weight", s.q_lora_rank, 1.0f, 0.5f));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_q_b.weight", s.q_lora_rank, s.num_heads * qk, w.type));
+    } else {
+      RETURN_IF_ERROR(w.Matrix(b + "attn_q.weight", s.dim, s.num_heads * qk, w.type));
+    }
+    RETURN_IF_ERROR(w.Matrix(b + "attn_kv_a_mqa.weight", s.dim, row, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "attn_kv_a_norm.weight", s.kv_lora_rank, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_k_b.weight", s.nope_dim, s.kv_lora_rank, w.type, s.num_heads));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_v_b.weight", s.kv_lora_rank, s.v_head_dim, w.type, s.num_heads));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_output.weight", s.num_heads * s.v_head_dim, s.dim, w.type));
+    RETURN_IF_ERROR(w.Ones(b + "ffn_norm.weight", s.dim));
+    RETURN_IF_ERROR(l < s.leading_dense ? w.GatedFfn(b, s.ffn_dim) : w.BiasedExperts(b));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const ArchSpec kDeepseek2Arch = {.name = "deepseek2",
+                                 .load = LoadDeepseek2,
+                                 .experts = true,
+                                 .latent_attention = true,
+                                 .synth_check = SynthCheck,
+                                 .synth_write = SynthWrite,
+                                 .calibrated_quantization = false};
 
 }  // namespace gale

@@ -44,6 +44,8 @@
 
 #include "kernels/kernels.h"
 #include "model/arch/arch.h"
+#include "model/synth.h"
+#include "base/rng.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -1108,5 +1110,295 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
 StatusOr<std::unique_ptr<Model>> LoadDeepseek4(const GgufFile& file, ModelHParams hp) {
   return Deepseek4Model::Load(file, std::move(hp));
 }
+
+
+namespace {
+
+constexpr uint32_t kGgmlTypeI32 = 26;  // ggml's GGML_TYPE_I32 (an index table, not a weight type)
+
+// gale synth: DeepSeek-V4 (one KV head; q_lora_rank, rope_dim, head_dim and sliding_window as for
+// the others): per layer the compression ratio (0 window only, 4 with the lightning indexer, 128;
+// shorter lists repeat their last value), the first hash_layers layers routed by token id, the
+// indexer's heads, head size and top-k, the grouped low-rank output, hc_count residual copies and
+// the experts' SwiGLU clamp. DeepSeek-V4.1 adds the KV and index source layers, the two-level
+// index and Engram (its constants as llama.cpp's deepseek41 port reads them).
+Status SynthCheck(const SynthShape& s) {
+  const bool ds41 = s.arch == "deepseek41";
+  if (s.q_lora_rank <= 0 || s.rope_dim <= 0 || s.rope_dim % 2 != 0 || s.head_dim < s.rope_dim ||
+      s.num_kv_heads != 1 || s.sliding_window <= 0 || s.indexer_heads <= 0 || s.indexer_dim < s.rope_dim ||
+      s.indexer_top_k <= 0 || s.out_groups <= 0 || s.num_heads % s.out_groups != 0 || s.out_lora_rank <= 0 ||
+      s.hc_count != 4 || s.hash_layers < 0 || s.hash_layers > s.num_layers || s.shared_experts != 1) {
+    return InvalidArgument("synth: deepseek4 needs --q-lora-rank, an even --rope-dim, --head-dim >= it, one KV head, a "
+                           "--window, the indexer's --indexer-heads/--indexer-dim/--indexer-top-k, --out-groups dividing the "
+                           "heads, --out-lora-rank, one shared expert");
+  }
+  for (int64_t r : s.compress_ratios) {
+    if (!ds41 && r != 0 && r != 4 && r != 128) return InvalidArgument("synth: deepseek4 compression ratios are 0, 4 or 128, not {}", r);
+    if (ds41 && (r < 0 || (r > 2 && r % 4 != 0))) {
+      return InvalidArgument("synth: deepseek41 compression ratios are 0, 1, 2 or multiples of 4, not {}", r);
+    }
+  }
+  if (ds41 && !s.engram_layers.empty() &&
+      (s.engram_heads <= 0 || s.engram_dim <= 0 || s.engram_ngram < 2 || s.engram_ngram > 8 || s.engram_rows <= 0)) {
+    return InvalidArgument("synth: deepseek41's Engram needs --engram-heads, --engram-dim, --engram-ngram (2..8), --engram-rows");
+  }
+  if (s.num_experts == 0) return InvalidArgument("synth: {} needs experts (--experts, --experts-used)", s.arch);
+  return Status::Ok();
+}
+
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  GgufWriter& out = w.w;
+  const std::string& p = w.p;
+  const bool ds41 = s.arch == "deepseek41";
+  if (ds41 && !s.engram_layers.empty() && s.engram_dim % TypeTraits(w.type).block_size != 0) {
+    return InvalidArgument("synth: --engram-dim {} is not a multiple of {}'s block of {}", s.engram_dim,
+                           TypeTraits(w.type).name, TypeTraits(w.type).block_size);
+  }
+  out.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
+  out.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  out.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+  // DeepSeek-V4's keys (as llama.cpp's loader reads them): per-layer compression ratios, the
+  // indexer, the grouped low-rank output, hyper-connections, hash routing, sqrt-softplus scores.
+  auto ratio_of = [&](int64_t l) -> int64_t {
+    if (s.compress_ratios.empty()) return 0;
+    return s.compress_ratios[std::min<size_t>(static_cast<size_t>(l), s.compress_ratios.size() - 1)];
+  };
+  {
+    out.SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
+    out.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
+    out.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
+    out.SetF32(p + "expert_weights_scale", 1.5f);
+    out.SetBool(p + "expert_weights_norm", true);
+    out.SetU32(p + "expert_gating_func", 4);  // sqrt(softplus)
+    std::vector<float> clamp(s.num_layers, s.swiglu_clamp);
+    out.SetValue(p + "swiglu_clamp_exp", GgufValue::F32Array(clamp));
+    out.SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(s.indexer_heads));
+    out.SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(s.indexer_dim));
+    out.SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(s.indexer_top_k));
+    if (ds41 && s.candidate_layer >= 0) {
+      out.SetU32(p + "attention.indexer.candidate_source_layer", static_cast<uint32_t>(s.candidate_layer));
+      out.SetU32(p + "attention.indexer.candidate_top_k_blocks", static_cast<uint32_t>(s.candidate_blocks));
+      out.SetU32(p + "attention.indexer.candidate_block_size", static_cast<uint32_t>(s.candidate_block_size));
+    }
+    out.SetU32(p + "attention.output_group_count", static_cast<uint32_t>(s.out_groups));
+    out.SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(s.out_lora_rank));
+    out.SetF32(p + "attention.compress_rope_freq_base", 160000.0f);
+    out.SetU32(p + "hyper_connection.count", static_cast<uint32_t>(s.hc_count));
+    out.SetU32(p + "hyper_connection.sinkhorn_iterations", 20);
+    out.SetF32(p + "hyper_connection.epsilon", 1e-6f);
+    out.SetU32(p + "hash_layer_count", static_cast<uint32_t>(s.hash_layers));
+    std::vector<int32_t> ratios(s.num_layers);
+    for (int64_t l = 0; l < s.num_layers; ++l) ratios[l] = static_cast<int32_t>(ratio_of(l));
+    out.SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
+  }
+  // DeepSeek-V4.1's roles and Engram constants (as llama.cpp's deepseek41 port reads them): the
+  // multipliers odd, each head's bucket a distinct prime from about engram_rows up, the buckets of
+  // a layer's table side by side; the token map folds the top quarter of the vocab onto the rest.
+  std::vector<int64_t> sources = s.kv_source_layers, pickers = s.index_source_layers;
+  std::vector<std::vector<uint64_t>> eng_primes;  // per site
+  if (ds41) {
+    if (sources.empty()) {
+      for (int64_t l = 0; l < s.num_layers; ++l) {
+        if (ratio_of(l) != 0 && (l == 0 || ratio_of(l - 1) != ratio_of(l))) sources.push_back(l);
+      }
+    }
+    if (pickers.empty()) pickers = sources;
+    if (!s.engram_layers.empty()) {
+      const int64_t cols = (s.engram_ngram - 1) * s.engram_heads;
+      auto is_prime = [](uint64_t v) {
+        if (v < 2) return false;
+        for (uint64_t d = 2; d * d <= v; ++d) {
+          if (v % d == 0) return false;
+        }
+        return true;
+      };
+      std::vector<GgufValue> ids, mult, primes, offsets, map;
+      uint64_t candidate = static_cast<uint64_t>(s.engram_rows);
+      Rng rng(w.seed() ^ 0x5eed5eedull);
+      for (int64_t e = 0; e < static_cast<int64_t>(s.engram_layers.size()); ++e) {
+        ids.push_back(GgufValue::U32(static_cast<uint32_t>(s.engram_layers[e])));
+        for (int64_t k = 0; k < s.engram_ngram; ++k) {
+          mult.push_back(GgufValue::U64(2 * static_cast<uint64_t>(rng.Uniform(0.0f, 1.0f) * (1 << 20)) + 1));
+        }
+        uint64_t offset = 0;
+        eng_primes.emplace_back();
+        for (int64_t c = 0; c < cols; ++c) {
+          do ++candidate; while (!is_prime(candidate));
+          primes.push_back(GgufValue::U64(candidate));
+          offsets.push_back(GgufValue::U64(offset));
+          eng_primes.back().push_back(candidate);
+          offset += candidate;
+        }
+      }
+      const int64_t folded = std::max<int64_t>(3, s.vocab_size - s.vocab_size / 4);
+      for (int64_t t = 0; t < s.vocab_size; ++t) map.push_back(GgufValue::U32(static_cast<uint32_t>(t % folded)));
+      out.SetValue(p + "engram.layer_ids", GgufValue::Array(GgufValueType::kUint32, std::move(ids)));
+      out.SetU32(p + "engram.head_count", static_cast<uint32_t>(s.engram_heads));
+      out.SetU32(p + "engram.key_length", static_cast<uint32_t>(s.engram_dim));
+      out.SetU32(p + "engram.max_ngram_size", static_cast<uint32_t>(s.engram_ngram));
+      out.SetU32(p + "engram.pad_id", 2);
+      out.SetValue(p + "engram.multipliers", GgufValue::Array(GgufValueType::kUint64, std::move(mult)));
+      out.SetValue(p + "engram.primes", GgufValue::Array(GgufValueType::kUint64, std::move(primes)));
+      out.SetValue(p + "engram.offsets", GgufValue::Array(GgufValueType::kUint64, std::move(offsets)));
+      out.SetValue(p + "engram.token_map", GgufValue::Array(GgufValueType::kUint32, std::move(map)));
+    }
+  }
+    auto listed = [](const std::vector<int64_t>& v, int64_t l) { return std::find(v.begin(), v.end(), l) != v.end(); };
+  const int64_t hc = s.hc_count, mix = (2 + hc) * hc, qk = w.head_dim;
+  RETURN_IF_ERROR(w.Vector("output_norm.weight", s.dim, 1.0f, 0.5f));
+  RETURN_IF_ERROR(w.Matrix("output.weight", s.dim, s.vocab_size, w.type));
+  if (!ds41) {  // V4.1 collapses with the last FFN's mix
+    RETURN_IF_ERROR(w.Matrix("output_hc_fn.weight", hc * s.dim, hc, GgmlType::kF32));
+    RETURN_IF_ERROR(w.Vector("output_hc_base.weight", hc, 0.0f, 0.5f));
+    RETURN_IF_ERROR(w.Vector("output_hc_scale.weight", 1, 0.5f, 0.2f));
+  }
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    const int64_t ratio = ratio_of(l);
+    RETURN_IF_ERROR(w.Vector(b + "attn_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_q_a.weight", s.dim, s.q_lora_rank, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "attn_q_a_norm.weight", s.q_lora_rank, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_q_b.weight", s.q_lora_rank, s.num_heads * qk, w.type));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_kv.weight", s.dim, qk, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "attn_kv_a_norm.weight", qk, 1.0f, 0.5f));
+    // f32: llama.cpp's CPU backend (the prebuilt release the tests compare with) runs its
+    // grouped product of this matrix on f32 only (q8_0 and f16 fail its scheduler's assert).
+    // (V4.1, which that llama.cpp cannot run: the file's w.type.)
+    RETURN_IF_ERROR(w.Matrix(b + "attn_output_a.weight", s.num_heads * qk / s.out_groups, s.out_lora_rank * s.out_groups,
+                           ds41 ? w.type : GgmlType::kF32));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_output_b.weight", s.out_groups * s.out_lora_rank, s.dim, w.type));
+    for (const char* sub : {"attn", "ffn"}) {
+      RETURN_IF_ERROR(w.Matrix(b + "hc_" + sub + "_fn.weight", hc * s.dim, mix, GgmlType::kF32));
+      RETURN_IF_ERROR(w.Vector(b + "hc_" + sub + "_base.weight", mix, 0.0f, 0.5f));
+      RETURN_IF_ERROR(w.Vector(b + "hc_" + sub + "_scale.weight", 3, 0.5f, 0.2f));
+    }
+    if (ds41) {
+      if (listed(sources, l) && ratio != 0) {  // a KV source: compressor and index keys
+        RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_kv.weight", s.dim, qk, w.type));
+        if (ratio != 1) RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_gate.weight", s.dim, qk, w.type));
+        RETURN_IF_ERROR(w.Vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+        RETURN_IF_ERROR(w.Matrix(b + "indexer.attn_k.weight", qk, s.indexer_dim, w.type));
+        RETURN_IF_ERROR(w.Vector(b + "indexer.k_norm.weight", s.indexer_dim, 1.0f, 0.5f));
+      }
+      if (listed(pickers, l) && ratio != 0) {
+        RETURN_IF_ERROR(w.Matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, w.type));
+        RETURN_IF_ERROR(w.Matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, w.type));
+      }
+      const auto site = std::find(s.engram_layers.begin(), s.engram_layers.end(), l);
+      if (site != s.engram_layers.end()) {
+        const std::vector<uint64_t>& pr = eng_primes[site - s.engram_layers.begin()];
+        int64_t rows = 0;
+        for (uint64_t v : pr) rows += static_cast<int64_t>(v);
+        const int64_t cols = (s.engram_ngram - 1) * s.engram_heads;
+        RETURN_IF_ERROR(w.Matrix(b + "engram_embd.weight", s.engram_dim, rows, w.type));
+        RETURN_IF_ERROR(w.Matrix(b + "engram_wkv.weight", cols * s.engram_dim, (hc + 1) * s.dim, w.type));
+        RETURN_IF_ERROR(w.Vector(b + "engram_q.weight", s.dim, 1.0f, 0.5f, hc));
+        RETURN_IF_ERROR(w.Vector(b + "engram_k.weight", s.dim, 1.0f, 0.5f, hc));
+      }
+    } else if (ratio != 0) {
+      const int64_t coff = ratio == 4 ? 2 : 1;
+      RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_kv.weight", s.dim, coff * qk, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_gate.weight", s.dim, coff * qk, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_ape.weight", coff * qk, ratio, GgmlType::kF32));
+      RETURN_IF_ERROR(w.Vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+    }
+    if (!ds41 && ratio == 4) {
+      RETURN_IF_ERROR(w.Matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "indexer_compressor_kv.weight", s.dim, 2 * s.indexer_dim, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "indexer_compressor_gate.weight", s.dim, 2 * s.indexer_dim, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "indexer_compressor_ape.weight", 2 * s.indexer_dim, ratio, GgmlType::kF32));
+      RETURN_IF_ERROR(w.Vector(b + "indexer_compressor_norm.weight", s.indexer_dim, 1.0f, 0.5f));
+    }
+    RETURN_IF_ERROR(w.Vector(b + "ffn_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
+    if (l < s.hash_layers) {
+      // [num_used, vocab] i32: token t's experts, distinct, from a per-layer stride.
+      std::vector<int32_t> ids(static_cast<size_t>(s.experts_used * s.vocab_size));
+      for (int64_t t = 0; t < s.vocab_size; ++t) {
+        for (int64_t k = 0; k < s.experts_used; ++k) {
+          ids[t * s.experts_used + k] = static_cast<int32_t>((t * (2 * l + 3) + k) % s.num_experts);
+        }
+      }
+      std::vector<uint8_t> bytes(ids.size() * 4);
+      std::memcpy(bytes.data(), ids.data(), bytes.size());
+      RETURN_IF_ERROR(out.AddTensor(b + "ffn_gate_tid2eid.weight", kGgmlTypeI32,
+                                  {s.experts_used, s.vocab_size}, std::move(bytes)));
+    } else {
+      RETURN_IF_ERROR(w.Vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
+    }
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_gate_exps.weight", s.dim, w.expert_ffn, w.expert_type, s.num_experts));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_up_exps.weight", s.dim, w.expert_ffn, w.expert_type, s.num_experts));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_down_exps.weight", w.expert_ffn, s.dim, w.expert_type, s.num_experts));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_gate_shexp.weight", s.dim, w.expert_ffn, w.type));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_up_shexp.weight", s.dim, w.expert_ffn, w.type));
+    RETURN_IF_ERROR(w.Matrix(b + "ffn_down_shexp.weight", w.expert_ffn, s.dim, w.type));
+  }
+  return Status::Ok();
+}
+
+std::vector<SynthShape> SynthShapesV4() {
+  // DeepSeek-V4-Flash's per-layer shapes (its config as llama.cpp reads it), 3 of its 43 layers:
+  // a window-only layer, a ratio-4 layer with the indexer, a ratio-128 layer; the first routed
+  // by token id. Experts MXFP4 (the release stores them as FP4).
+  SynthShape s;
+  s.name = "deepseek-v4-flash", s.arch = "deepseek4";
+  s.dim = 4096; s.num_layers = 3; s.num_heads = 64; s.num_kv_heads = 1; s.head_dim = 512; s.rope_dim = 64;
+  s.q_lora_rank = 1024; s.sliding_window = 128; s.compress_ratios = {0, 4, 128}; s.hash_layers = 1;
+  s.indexer_heads = 64; s.indexer_dim = 128; s.indexer_top_k = 512; s.out_groups = 8; s.out_lora_rank = 1024;
+  s.ffn_dim = 2048; s.num_experts = 256; s.experts_used = 6; s.expert_ffn = 2048; s.shared_experts = 1;
+  s.swiglu_clamp = 10.0f; s.vocab_size = 129280; s.context_length = 65536;
+  s.expert_type = GgmlType::kMXFP4;
+  return {s};
+}
+
+std::vector<SynthShape> SynthShapesV41() {
+  // DeepSeek-V4.1-Flash's per-layer shapes (its reference config), 2 of its 40 layers: a
+  // window-only layer with Engram (as its layer 1) and a ratio-2 KV and index source with Engram
+  // (as its layer 14). Engram: 8 heads of 256 per n-gram size up to 4, as the release; tables of
+  // about 4M rows per layer instead of 384M (a token reads 24 rows either way). Experts MXFP4.
+  SynthShape s;
+  s.name = "deepseek-v4.1-flash", s.arch = "deepseek41";
+  s.dim = 5120; s.num_layers = 2; s.num_heads = 64; s.num_kv_heads = 1; s.head_dim = 512; s.rope_dim = 64;
+  s.q_lora_rank = 1280; s.sliding_window = 128; s.compress_ratios = {0, 2};
+  s.indexer_heads = 32; s.indexer_dim = 128; s.indexer_top_k = 512; s.out_groups = 8; s.out_lora_rank = 1024;
+  s.engram_layers = {0, 1}; s.engram_heads = 8; s.engram_dim = 256; s.engram_ngram = 4; s.engram_rows = 170000;
+  s.ffn_dim = 2304; s.num_experts = 384; s.experts_used = 6; s.expert_ffn = 2304; s.shared_experts = 1;
+  s.swiglu_clamp = 10.0f; s.vocab_size = 129280; s.context_length = 65536;
+  s.expert_type = GgmlType::kMXFP4;
+  return {s};
+}
+
+// gale quantize: what stays as the converters write it (f32): the hyper-connection mixes, the
+// compressors' position biases, V4.1's Engram gate norms ([dim, 4] RMSNorm weights, not a
+// matrix); the Engram table and projection are quantized like any matrix (the release stores
+// them as Q8_0).
+const char* KeepUnquantized(const GgufTensorInfo& t) {
+  if (t.name.find("hc_") != std::string::npos && t.name.ends_with("_fn.weight")) return "hyper-connection mix";
+  if (t.name.ends_with("_ape.weight")) return "compressor position bias";
+  if (t.name.ends_with("engram_q.weight") || t.name.ends_with("engram_k.weight")) return "engram gate norm";
+  return "";
+}
+
+}  // namespace
+
+const ArchSpec kDeepseek4Arch = {.name = "deepseek4",
+                                 .load = LoadDeepseek4,
+                                 .experts = true,
+                                 .latent_attention = true,
+                                 .synth_check = SynthCheck,
+                                 .synth_write = SynthWrite,
+                                 .synth_shapes = SynthShapesV4,
+                                 .keep_unquantized = KeepUnquantized};
+const ArchSpec kDeepseek41Arch = {.name = "deepseek41",
+                                  .load = LoadDeepseek4,
+                                  .experts = true,
+                                  .latent_attention = true,
+                                  .synth_check = SynthCheck,
+                                  .synth_write = SynthWrite,
+                                  .synth_shapes = SynthShapesV41,
+                                  .keep_unquantized = KeepUnquantized};
 
 }  // namespace gale

@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -134,5 +135,38 @@ StatusOr<std::unique_ptr<Model>> LoadGemma2(const GgufFile& file, ModelHParams h
 StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp) {
   return GemmaModel::Load(file, std::move(hp), Variant::kGemma3);
 }
+
+namespace {
+
+// gale synth: Gemma's epsilon and RoPE base (1e-6, 1e6), a window always (512 unless the shape
+// sets one), Gemma 2's two soft-caps, Gemma 3's per-head norms; norms after both sublayers; the
+// embedding tied to the head.
+Status SynthWrite(SynthWriter& w, bool gemma2) {
+  const SynthShape& s = w.s;
+  w.w.SetF32(w.p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.w.SetF32(w.p + "rope.freq_base", 1000000.0f);
+  w.w.SetU32(w.p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 512));
+  if (gemma2) {
+    w.w.SetF32(w.p + "attn_logit_softcapping", s.attn_softcap);
+    w.w.SetF32(w.p + "final_logit_softcapping", s.final_softcap);
+  }
+  return w.DecoderLayers({.tied_output = true, .qk_norm = !gemma2, .post_norms = true});
+}
+Status SynthWriteGemma2(SynthWriter& w) { return SynthWrite(w, true); }
+Status SynthWriteGemma3(SynthWriter& w) { return SynthWrite(w, false); }
+
+std::vector<SynthShape> SynthShapesGemma3() {
+  SynthShape s;
+  s.name = "gemma3-1b", s.arch = "gemma3";
+  s.dim = 1152, s.num_layers = 26, s.num_heads = 4, s.num_kv_heads = 1, s.head_dim = 256, s.ffn_dim = 6912;
+  s.vocab_size = 262144, s.context_length = 32768, s.sliding_window = 512;
+  return {s};
+}
+
+}  // namespace
+
+const ArchSpec kGemma2Arch = {.name = "gemma2", .load = LoadGemma2, .synth_write = SynthWriteGemma2};
+const ArchSpec kGemma3Arch = {
+    .name = "gemma3", .load = LoadGemma3, .synth_write = SynthWriteGemma3, .synth_shapes = SynthShapesGemma3};
 
 }  // namespace gale

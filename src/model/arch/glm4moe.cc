@@ -6,6 +6,7 @@
 // file says. The file's last nextn_predict_layers layers are multi-token-prediction layers that
 // the forward pass skips (as llama.cpp does); their tensors are read and left unused.
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -106,5 +107,59 @@ class Glm4MoeModel final : public Model {
 StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams hp) {
   return Glm4MoeModel::Load(file, std::move(hp));
 }
+
+namespace {
+
+// gale synth: Q/K/V biases and per-head norms, RoPE on rope_dim dims (0: half the head), dense
+// leading layers and shared experts, sigmoid routing with a selection bias (weights scaled by
+// 1.5), and nextn_layers multi-token-prediction layers at the end (counted in num_layers).
+Status SynthCheck(const SynthShape& s) {
+  if (s.nextn_layers < 0 || s.nextn_layers >= s.num_layers || s.leading_dense < 0 ||
+      s.leading_dense > s.num_layers - s.nextn_layers || s.shared_experts < 0) {
+    return InvalidArgument("synth: glm4moe: {} layers with {} dense and {} nextn", s.num_layers, s.leading_dense, s.nextn_layers);
+  }
+  if (s.num_experts == 0) return InvalidArgument("synth: glm4moe needs experts (--experts, --experts-used)");
+  return Status::Ok();
+}
+
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  GgufWriter& out = w.w;
+  const std::string& p = w.p;
+  out.SetU32(p + "leading_dense_block_count", static_cast<uint32_t>(s.leading_dense));
+  out.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
+  out.SetF32(p + "expert_weights_scale", 1.5f);
+  out.SetBool(p + "expert_weights_norm", true);
+  out.SetU32(p + "expert_gating_func", 2);  // sigmoid
+  out.SetU32(p + "nextn_predict_layers", static_cast<uint32_t>(s.nextn_layers));
+  out.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(s.rope_dim > 0 ? s.rope_dim : w.head_dim / 2));
+  out.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  out.SetF32(p + "rope.freq_base", 1000000.0f);
+  out.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+  RETURN_IF_ERROR(w.Ones("output_norm.weight", s.dim));
+  RETURN_IF_ERROR(w.Matrix("output.weight", s.dim, s.vocab_size, w.type));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    RETURN_IF_ERROR(w.Ones(b + "attn_norm.weight", s.dim));
+    RETURN_IF_ERROR(w.Qkv(b, /*biases=*/true));
+    RETURN_IF_ERROR(w.Vector(b + "attn_q_norm.weight", w.head_dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Vector(b + "attn_k_norm.weight", w.head_dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_output.weight", w.o_dim, s.dim, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(l < s.leading_dense ? w.GatedFfn(b, s.ffn_dim) : w.BiasedExperts(b));
+    if (l >= s.num_layers - s.nextn_layers) {  // multi-token prediction: never run
+      RETURN_IF_ERROR(w.Matrix(b + "nextn.eh_proj.weight", 2 * s.dim, s.dim, w.type));
+      RETURN_IF_ERROR(w.Ones(b + "nextn.enorm.weight", s.dim));
+      RETURN_IF_ERROR(w.Ones(b + "nextn.hnorm.weight", s.dim));
+      RETURN_IF_ERROR(w.Ones(b + "nextn.shared_head_norm.weight", s.dim));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const ArchSpec kGlm4MoeArch = {
+    .name = "glm4moe", .load = LoadGlm4Moe, .experts = true, .synth_check = SynthCheck, .synth_write = SynthWrite};
 
 }  // namespace gale

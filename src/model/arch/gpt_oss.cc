@@ -9,6 +9,7 @@
 // published files (any type gale runs works). As llama.cpp's graph for it: queries scaled by
 // 1 / sqrt(head size), no shared experts, no weight renormalization.
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -116,5 +117,60 @@ class GptOssModel final : public Model {
 StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp) {
   return GptOssModel::Load(file, std::move(hp));
 }
+
+namespace {
+
+// gale synth: biases on Q, K, V, the output, the router and the experts, a sink logit per query
+// head, a window always (128 unless the shape sets one) on the even layers, RoPE base 150,000.
+Status SynthCheck(const SynthShape& s) {
+  if (s.num_experts == 0) return InvalidArgument("synth: gpt-oss needs experts (--experts, --experts-used)");
+  return Status::Ok();
+}
+
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  w.w.SetF32(w.p + "rope.freq_base", 150000.0f);
+  w.w.SetU32(w.p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window > 0 ? s.sliding_window : 128));
+  w.w.SetU32(w.p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+  RETURN_IF_ERROR(w.Ones("output_norm.weight", s.dim));
+  RETURN_IF_ERROR(w.Matrix("output.weight", s.dim, s.vocab_size, w.type));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    // The FFN's norm is post_attention_norm here.
+    const std::string b = "blk." + std::to_string(l) + ".";
+    RETURN_IF_ERROR(w.Ones(b + "attn_norm.weight", s.dim));
+    RETURN_IF_ERROR(w.Qkv(b, /*biases=*/true));
+    RETURN_IF_ERROR(w.Matrix(b + "attn_output.weight", w.o_dim, s.dim, w.type));
+    RETURN_IF_ERROR(w.Vector(b + "attn_output.bias", s.dim, 0.0f, 0.2f));
+    RETURN_IF_ERROR(w.Vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
+    RETURN_IF_ERROR(w.Vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w.Router(b));
+    RETURN_IF_ERROR(w.Vector(b + "ffn_gate_inp.bias", s.num_experts, 0.0f, 0.5f));
+    RETURN_IF_ERROR(w.Experts(b));
+    RETURN_IF_ERROR(w.Vector(b + "ffn_gate_exps.bias", w.expert_ffn, 0.0f, 0.5f, s.num_experts));
+    RETURN_IF_ERROR(w.Vector(b + "ffn_up_exps.bias", w.expert_ffn, 0.0f, 0.5f, s.num_experts));
+    RETURN_IF_ERROR(w.Vector(b + "ffn_down_exps.bias", s.dim, 0.0f, 0.2f, s.num_experts));
+  }
+  return Status::Ok();
+}
+
+std::vector<SynthShape> SynthShapes() {
+  SynthShape s;  // gpt-oss-20b's shapes, 12 of its 24 layers, the experts MXFP4 as published
+  s.name = "gpt-oss-20b", s.arch = "gpt-oss";
+  s.dim = 2880, s.num_layers = 12, s.num_heads = 64, s.num_kv_heads = 8, s.head_dim = 64, s.ffn_dim = 2880;
+  s.vocab_size = 201088, s.context_length = 131072, s.sliding_window = 128;
+  s.num_experts = 32, s.experts_used = 4, s.expert_ffn = 2880;
+  s.yarn_factor = 32.0, s.yarn_orig_ctx = 4096;
+  s.expert_type = GgmlType::kMXFP4;
+  return {s};
+}
+
+}  // namespace
+
+const ArchSpec kGptOssArch = {.name = "gpt-oss",
+                              .load = LoadGptOss,
+                              .experts = true,
+                              .synth_check = SynthCheck,
+                              .synth_write = SynthWrite,
+                              .synth_shapes = SynthShapes};
 
 }  // namespace gale

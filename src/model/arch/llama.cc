@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "model/arch/arch.h"
+#include "model/rope_scaling.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -105,5 +107,46 @@ StatusOr<std::unique_ptr<Model>> LoadLlama(const GgufFile& file, ModelHParams hp
   hp.rope_style = RopeStyle::kNormal;
   return LlamaModel::Load(file, std::move(hp));
 }
+
+namespace {
+
+// gale synth: llama's layer (Mixtral's experts where the shape has them), a window on every layer
+// where it has one (Mistral 7B v0.1), and Llama 3.1's rope_freqs tensor as llama.cpp's converter
+// writes it (factor 8, low/high frequency factors 1 and 4, the shape's original context).
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  if (s.sliding_window > 0) w.w.SetU32(w.p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
+  RETURN_IF_ERROR(w.DecoderLayers({}));
+  if (s.rope_freqs_ctx > 0) {
+    RETURN_IF_ERROR(w.Floats("rope_freqs.weight", Llama3RopeFreqFactors(w.head_dim, 10000.0, 8.0, 1.0, 4.0,
+                                                                         static_cast<double>(s.rope_freqs_ctx))));
+  }
+  return Status::Ok();
+}
+
+std::vector<SynthShape> SynthShapes() {
+  SynthShape m110, tinyllama, tiny;
+  m110.name = "110m";
+  m110.dim = 768, m110.num_layers = 12, m110.num_heads = 12, m110.num_kv_heads = 12, m110.ffn_dim = 2048;
+  m110.vocab_size = 32000;
+  tinyllama.name = "tinyllama-1.1b";
+  tinyllama.dim = 2048, tinyllama.num_layers = 22, tinyllama.num_heads = 32, tinyllama.num_kv_heads = 4;
+  tinyllama.ffn_dim = 5632, tinyllama.vocab_size = 32000;
+  tiny.name = "tiny";  // a test-sized model
+  tiny.dim = 128, tiny.num_layers = 2, tiny.num_heads = 4, tiny.num_kv_heads = 2, tiny.ffn_dim = 256;
+  tiny.vocab_size = 2048, tiny.context_length = 512;
+  for (SynthShape* shape : {&m110, &tinyllama, &tiny}) shape->arch = "llama";
+  return {m110, tinyllama, tiny};
+}
+
+}  // namespace
+
+const ArchSpec kLlamaArch = {
+    .name = "llama",
+    .load = LoadLlama,
+    .experts = true,
+    .synth_write = SynthWrite,
+    .synth_shapes = SynthShapes,
+};
 
 }  // namespace gale

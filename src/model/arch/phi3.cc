@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -98,5 +99,42 @@ class Phi3Model final : public Model {
 StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp) {
   return Phi3Model::Load(file, std::move(hp));
 }
+
+namespace {
+
+// gale synth: the fused matrices, Phi-3's chat control tokens in the vocab's last ids (llama.cpp's
+// loader looks some of them up), and with rope_freqs_ctx LongRoPE as Phi-3.5's converter writes it:
+// long and short divisors per frequency (here rising from 1 to 8 and to 1.5), the original
+// context, and the attention factor sqrt(1 + ln(context / original) / ln(original)).
+Status SynthWrite(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  w.control_tokens = {"<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"};
+  RETURN_IF_ERROR(w.DecoderLayers({.fused_qkv = true, .fused_gate_up = true}));
+  if (s.rope_freqs_ctx <= 0) return Status::Ok();
+  const int64_t half = w.head_dim / 2;
+  for (const auto& [name, top] : {std::pair<const char*, float>{"rope_factors_long.weight", 8.0f},
+                                  std::pair<const char*, float>{"rope_factors_short.weight", 1.5f}}) {
+    std::vector<float> f(half);
+    for (int64_t i = 0; i < half; ++i) f[i] = 1.0f + (top - 1.0f) * static_cast<float>(i) / static_cast<float>(half);
+    RETURN_IF_ERROR(w.Floats(name, f));
+  }
+  w.w.SetU32(w.p + "rope.scaling.original_context_length", static_cast<uint32_t>(s.rope_freqs_ctx));
+  const double scale = static_cast<double>(s.context_length) / static_cast<double>(s.rope_freqs_ctx);
+  w.w.SetF32(w.p + "rope.scaling.attn_factor",
+             static_cast<float>(std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(s.rope_freqs_ctx)))));
+  return Status::Ok();
+}
+
+std::vector<SynthShape> SynthShapes() {
+  SynthShape s;
+  s.name = "phi3-mini", s.arch = "phi3";
+  s.dim = 3072, s.num_layers = 32, s.num_heads = 32, s.num_kv_heads = 32, s.ffn_dim = 8192, s.vocab_size = 32064;
+  s.context_length = 4096;
+  return {s};
+}
+
+}  // namespace
+
+const ArchSpec kPhi3Arch = {.name = "phi3", .load = LoadPhi3, .synth_write = SynthWrite, .synth_shapes = SynthShapes};
 
 }  // namespace gale

@@ -6,6 +6,7 @@
 // softmax over the experts, the top k renormalized to sum to one (as llama.cpp's graph for it),
 // no shared experts; an expert's width is expert_feed_forward_length (else ffn / k).
 #include "model/arch/arch.h"
+#include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
 
@@ -134,6 +135,64 @@ StatusOr<std::unique_ptr<Model>> LoadQwen3(const GgufFile& file, ModelHParams hp
 StatusOr<std::unique_ptr<Model>> LoadQwen3Moe(const GgufFile& file, ModelHParams hp) {
   return QwenModel::Load(file, std::move(hp), Variant::kQwen3Moe);
 }
+
+namespace {
+
+// gale synth: Qwen's own epsilon and RoPE base (1e-6, 1e6), Qwen2's biases, Qwen3's per-head norms;
+// Qwen3-MoE always with experts (their width as expert_feed_forward_length).
+void SynthKeys(SynthWriter& w) {
+  w.w.SetF32(w.p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.w.SetF32(w.p + "rope.freq_base", 1000000.0f);
+}
+Status SynthWriteQwen2(SynthWriter& w) {
+  SynthKeys(w);
+  return w.DecoderLayers({.qkv_bias = true});
+}
+Status SynthWriteQwen3(SynthWriter& w) {
+  SynthKeys(w);
+  if (w.s.num_experts > 0) w.w.SetU32(w.p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+  return w.DecoderLayers({.qk_norm = true});
+}
+Status SynthCheckQwen3Moe(const SynthShape& s) {
+  if (s.num_experts == 0) return InvalidArgument("synth: qwen3moe needs experts (--experts, --experts-used)");
+  return Status::Ok();
+}
+
+std::vector<SynthShape> SynthShapesQwen2() {
+  SynthShape s;
+  s.name = "qwen2.5-0.5b", s.arch = "qwen2";
+  s.dim = 896, s.num_layers = 24, s.num_heads = 14, s.num_kv_heads = 2, s.ffn_dim = 4864, s.vocab_size = 151936;
+  s.context_length = 32768;
+  return {s};
+}
+std::vector<SynthShape> SynthShapesQwen3() {
+  SynthShape s;
+  s.name = "qwen3-0.6b", s.arch = "qwen3";
+  s.dim = 1024, s.num_layers = 28, s.num_heads = 16, s.num_kv_heads = 8, s.head_dim = 128, s.ffn_dim = 3072;
+  s.vocab_size = 151936, s.context_length = 40960;
+  return {s};
+}
+std::vector<SynthShape> SynthShapesQwen3Moe() {
+  SynthShape s;  // Qwen3-30B-A3B's shapes, 12 of its 48 layers
+  s.name = "qwen3-30b-a3b", s.arch = "qwen3moe";
+  s.dim = 2048, s.num_layers = 12, s.num_heads = 32, s.num_kv_heads = 4, s.head_dim = 128, s.ffn_dim = 6144;
+  s.vocab_size = 151936, s.context_length = 40960;
+  s.num_experts = 128, s.experts_used = 8, s.expert_ffn = 768;
+  return {s};
+}
+
+}  // namespace
+
+const ArchSpec kQwen2Arch = {
+    .name = "qwen2", .load = LoadQwen2, .synth_write = SynthWriteQwen2, .synth_shapes = SynthShapesQwen2};
+const ArchSpec kQwen3Arch = {
+    .name = "qwen3", .load = LoadQwen3, .synth_write = SynthWriteQwen3, .synth_shapes = SynthShapesQwen3};
+const ArchSpec kQwen3MoeArch = {.name = "qwen3moe",
+                                .load = LoadQwen3Moe,
+                                .experts = true,
+                                .synth_check = SynthCheckQwen3Moe,
+                                .synth_write = SynthWriteQwen3,
+                                .synth_shapes = SynthShapesQwen3Moe};
 
 }  // namespace gale
 
