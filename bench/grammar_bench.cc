@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
-#include "convert/hf_tokenizer.h"
+#include "model/hf_tokenizer.h"
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
 #include "grammar/compiler.h"

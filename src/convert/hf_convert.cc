@@ -1,4 +1,5 @@
-// Hugging Face llama checkpoints to GGUF.
+// Hugging Face checkpoints to GGUF: the driver (a family by its architecture's HfFamily) and the
+// llama-like layout's converter.
 #include "convert/hf_convert.h"
 
 #include <algorithm>
@@ -15,65 +16,11 @@
 
 #include "gguf/safetensors.h"
 #include "base/file.h"
-#include "model/rope_scaling.h"
-#include "convert/hf_tokenizer.h"
-#include "convert/hf_internal.h"
+#include "model/arch_spec.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_tokenizer.h"
 
 namespace gale {
-
-StatusOr<nlohmann::json> ReadHfJson(const std::filesystem::path& p, bool required) {
-  if (!required && !std::filesystem::exists(p)) return nlohmann::json();
-  ASSIGN_OR_RETURN(const std::string text, ReadTextFile(p.string()));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("'{}' is not a JSON object", p.string());
-  return j;
-}
-
-StatusOr<int64_t> HfConfigInt(const nlohmann::json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback >= 0) return fallback;
-    return InvalidArgument("config.json: '{}' is missing", key);
-  }
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo || j[key].get<int64_t>() > hi) {
-    return InvalidArgument("config.json: '{}' must be an integer in [{}, {}]", key, lo, hi);
-  }
-  return j[key].get<int64_t>();
-}
-
-double HfConfigNum(const nlohmann::json& j, const char* key, double fallback) {
-  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
-}
-
-StatusOr<HfTokenizerFiles> ReadHfTokenizerFiles(const std::filesystem::path& dir) {
-  HfTokenizerFiles f;
-  ASSIGN_OR_RETURN(f.tokenizer, ReadHfJson(dir / "tokenizer.json", true));
-  ASSIGN_OR_RETURN(f.config, ReadHfJson(dir / "tokenizer_config.json", false));
-  return f;
-}
-
-std::string HfModelName(const std::filesystem::path& dir) {
-  return dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
-}
-
-StatusOr<HfTensors> LoadHfTensors(const std::filesystem::path& dir) {
-  namespace fs = std::filesystem;
-  HfTensors tensors;
-  std::vector<fs::path> paths;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") paths.push_back(e.path());
-  }
-  std::sort(paths.begin(), paths.end());
-  if (paths.empty()) return InvalidArgument("'{}' has no .safetensors files", dir.string());
-  for (const auto& p : paths) {
-    ASSIGN_OR_RETURN(std::shared_ptr<SafetensorsFile> f, SafetensorsFile::Open(p.string()));
-    for (const auto& t : f->tensors()) {
-      if (!tensors.emplace(t.name, std::make_pair(f, &t)).second) {
-        return InvalidArgument("tensor '{}' is in two files", t.name);
-      }
-    }
-  }
-  return tensors;
-}
 
 namespace {
 
@@ -132,48 +79,35 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   }
   const fs::path dir(dir_name);
   ASSIGN_OR_RETURN(Json config, ReadHfJson(dir / "config.json", true));
-  std::string arch = config.value("model_type", "");
+  std::string hf_arch = config.value("model_type", "");
   if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
       config["architectures"][0].is_string()) {
-    arch = config["architectures"][0].get<std::string>();
+    hf_arch = config["architectures"][0].get<std::string>();
   }
-  // Gemma 3's multimodal checkpoints: the text model's config is text_config, its tensors under
-  // language_model (the vision tower is not converted; a note lists what was skipped).
-  if (arch == "Gemma3ForConditionalGeneration") {
-    if (!config.contains("text_config") || !config["text_config"].is_object()) {
-      return InvalidArgument("config.json: Gemma3ForConditionalGeneration without text_config");
+  // The architecture whose family lists this checkpoint (its file describes the conversion).
+  const ArchSpec* spec = nullptr;
+  std::vector<std::string> known;
+  for (const ArchSpec* a : Architectures()) {
+    if (a->hf == nullptr) continue;
+    for (std::string_view n : a->hf->names) {
+      if (n == hf_arch && spec == nullptr) spec = a;
+      if (n.find("For") != std::string_view::npos) known.emplace_back(n);
     }
+  }
+  if (spec == nullptr) {
+    return InvalidArgument("config.json: architecture '{}' is not supported ({})", hf_arch, fmt::join(known, ", "));
+  }
+  const HfFamily& family = *spec->hf;
+  if (family.convert != nullptr) return family.convert(dir, config, type, out);
+  // A multimodal checkpoint (Gemma 3's): the text model's config is text_config, its tensors under
+  // language_model (the vision tower is not converted; a note lists what was skipped).
+  if (config.contains("text_config")) {
+    if (!config["text_config"].is_object()) return InvalidArgument("config.json: text_config is not an object");
     const Json text = config["text_config"];
     for (auto it = text.begin(); it != text.end(); ++it) config[it.key()] = it.value();
-    arch = "Gemma3ForCausalLM";
   }
-  if (arch == "DeepseekV4ForCausalLM" || arch == "deepseek_v4" || arch == "DeepseekV41ForCausalLM" ||
-      arch == "deepseek_v41" || arch == "DeepseekV41ForConditionalGeneration") {
-    return ConvertDeepseek4Hf(dir, config, type, out);
-  }
-  // The GGUF architecture: llama (Llama, Mistral: RoPE in normal mode, so q/k rows are permuted
-  // from Hugging Face's rotate-half order), qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms),
-  // both NEOX-mode RoPE as Hugging Face computes it (rows as they are).
-  std::string gguf_arch;
-  if (arch == "LlamaForCausalLM" || arch == "llama" || arch == "MistralForCausalLM" || arch == "mistral") {
-    gguf_arch = "llama";
-  } else if (arch == "Qwen2ForCausalLM" || arch == "qwen2") {
-    gguf_arch = "qwen2";
-  } else if (arch == "Qwen3ForCausalLM" || arch == "qwen3") {
-    gguf_arch = "qwen3";
-  } else if (arch == "Phi3ForCausalLM" || arch == "phi3") {
-    gguf_arch = "phi3";  // fused qkv_proj and gate_up_proj, NEOX RoPE, LongRoPE factors
-  } else if (arch == "Gemma2ForCausalLM" || arch == "gemma2") {
-    gguf_arch = "gemma2";
-  } else if (arch == "Gemma3ForCausalLM" || arch == "gemma3_text") {
-    gguf_arch = "gemma3";
-  } else {
-    return InvalidArgument("config.json: architecture '{}' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                           "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                           "Gemma3ForConditionalGeneration, DeepseekV4ForCausalLM, DeepseekV41ForCausalLM)", arch);
-  }
-  const bool gemma = gguf_arch == "gemma2" || gguf_arch == "gemma3";
-  const bool neox = gguf_arch != "llama";
+  const std::string gguf_arch = spec->name;
+  const bool shifted_norms = family.gemma_layout;  // norms store 1 + w
   ASSIGN_OR_RETURN(const int64_t dim, IntField(config, "hidden_size"));
   ASSIGN_OR_RETURN(const int64_t ffn, IntField(config, "intermediate_size"));
   ASSIGN_OR_RETURN(const int64_t layers, IntField(config, "num_hidden_layers"));
@@ -193,18 +127,7 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
                            "the KV heads and of an even size", heads, kv_heads, head_dim, dim);
   }
   const int64_t q_dim = heads * head_dim;
-  const bool tied = config.value("tie_word_embeddings", gemma);
-  if (gemma && config.contains("query_pre_attn_scalar") && config["query_pre_attn_scalar"].is_number()) {
-    // gale (as llama.cpp) scales queries by 1 / sqrt(head size), or by 1 / sqrt(dim / heads) for
-    // the 27B models; a checkpoint asking for anything else would run with the wrong scale.
-    const bool wide = layers == (gguf_arch == "gemma2" ? 46 : 62);
-    const double want = wide ? static_cast<double>(dim) / static_cast<double>(heads) : static_cast<double>(head_dim);
-    if (config["query_pre_attn_scalar"].get<double>() != want) {
-      return InvalidArgument("config.json: query_pre_attn_scalar {} is not supported for {} layers of head size {} "
-                             "(gale uses {})", config["query_pre_attn_scalar"].dump(), layers, head_dim, want);
-    }
-  }
-
+  const bool tied = config.value("tie_word_embeddings", shifted_norms);
   // Tensors from every safetensors file in the folder (sharded checkpoints too).
   // The writer fills tensors later: each callback keeps its file alive.
   ASSIGN_OR_RETURN(const HfTensors tensors, LoadHfTensors(dir));
@@ -229,71 +152,25 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   out->SetU32(p + "attention.head_count_kv", static_cast<uint32_t>(kv_heads));
   // Phi-3.5/Phi-4-mini may rotate part of each head (partial_rotary_factor).
   const double rotary = NumField(config, "partial_rotary_factor", 1.0);
-  const int64_t rope_dims = gguf_arch == "phi3" ? static_cast<int64_t>(rotary * static_cast<double>(dim)) / heads : head_dim;
+  const int64_t rope_dims = family.partial_rotary ? static_cast<int64_t>(rotary * static_cast<double>(dim)) / heads : head_dim;
   if (rope_dims <= 0 || rope_dims > head_dim || rope_dims % 2 != 0) {
     return InvalidArgument("config.json: partial_rotary_factor {} gives {} rotated dims of {}", rotary, rope_dims, head_dim);
   }
   out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
-  if (head_dim * heads != dim || gemma) {  // Gemma's converters write the head size always
+  if (head_dim * heads != dim || family.gemma_layout) {  // Gemma's converters write the head size always
     out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
   }
   out->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(NumField(config, "rms_norm_eps", 1e-5)));
   out->SetF32(p + "rope.freq_base", static_cast<float>(NumField(config, "rope_theta", 10000.0)));
-  if (gguf_arch == "phi3") {
-    // As llama.cpp's converter: the original context always; with LongRoPE ("longrope", "su") the
-    // long and short divisors as tensors and the attention factor sqrt(1 + ln(s) / ln(original))
-    // for s = context / original.
-    ASSIGN_OR_RETURN(const int64_t original, IntField(config, "original_max_position_embeddings", ctx));
-    if (original <= 0) return InvalidArgument("config.json: original_max_position_embeddings must be positive");
-    out->SetU32(p + "rope.scaling.original_context_length", static_cast<uint32_t>(original));
-    const Json* rs = config.contains("rope_scaling") && config["rope_scaling"].is_object() ? &config["rope_scaling"] : nullptr;
-    if (rs != nullptr && rs->contains("long_factor")) {
-      const std::string kind = rs->value("type", rs->value("rope_type", ""));
-      if (kind != "longrope" && kind != "su") {
-        return InvalidArgument("config.json: phi3 rope_scaling '{}' is not supported (longrope)", kind);
-      }
-      const double scale = static_cast<double>(ctx) / static_cast<double>(original);
-      const double attn = scale > 1.0 ? std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(original))) : 1.0;
-      out->SetF32(p + "rope.scaling.attn_factor", static_cast<float>(attn));
-      for (const auto& [key, name] : {std::pair<const char*, const char*>{"long_factor", "rope_factors_long.weight"},
-                                      std::pair<const char*, const char*>{"short_factor", "rope_factors_short.weight"}}) {
-        const Json& f = (*rs)[key];
-        if (!f.is_array() || static_cast<int64_t>(f.size()) != rope_dims / 2) {
-          return InvalidArgument("config.json: rope_scaling.{} must hold {} numbers", key, rope_dims / 2);
-        }
-        std::vector<float> v;
-        for (const auto& x : f) {
-          if (!x.is_number() || !(x.get<double>() > 0.0) || !std::isfinite(x.get<double>())) {
-            return InvalidArgument("config.json: rope_scaling.{} holds {}, not a positive number", key, x.dump());
-          }
-          v.push_back(x.get<float>());
-        }
-        std::vector<uint8_t> bytes(v.size() * sizeof(float));
-        std::memcpy(bytes.data(), v.data(), bytes.size());
-        RETURN_IF_ERROR(out->AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), {static_cast<int64_t>(v.size())},
-                                       std::move(bytes)));
-      }
-    } else if (rs != nullptr) {
-      return InvalidArgument("config.json: phi3 rope_scaling without long_factor is not supported");
-    }
-  } else if (config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
+  // The family's own keys (windows, soft-caps, RoPE scaling of its own kind), then the RoPE
+  // scaling every family writes alike.
+  HfKeysContext keys{config, out, p, dim, layers, heads, head_dim, rope_dims, ctx};
+  if (family.keys != nullptr) RETURN_IF_ERROR(family.keys(keys));
+  if (!keys.rope_scaling_done && config.contains("rope_scaling") && config["rope_scaling"].is_object()) {
     const Json& rs = config["rope_scaling"];
     const std::string kind = rs.value("type", rs.value("rope_type", ""));
-    if (kind == "llama3" && gguf_arch == "llama") {
-      // As llama.cpp's converter: the divisors as a tensor, no scaling type in the metadata.
-      const std::vector<float> f = Llama3RopeFreqFactors(head_dim, NumField(config, "rope_theta", 10000.0),
-                                                         NumField(rs, "factor", 8.0), NumField(rs, "low_freq_factor", 1.0),
-                                                         NumField(rs, "high_freq_factor", 4.0),
-                                                         NumField(rs, "original_max_position_embeddings", 8192.0));
-      for (float v : f) {
-        if (!(v > 0.0f) || !std::isfinite(v)) return InvalidArgument("config.json: rope_scaling gives a factor of {}", v);
-      }
-      std::vector<uint8_t> bytes(f.size() * sizeof(float));
-      std::memcpy(bytes.data(), f.data(), bytes.size());
-      RETURN_IF_ERROR(out->AddTensor("rope_freqs.weight", static_cast<uint32_t>(GgmlType::kF32),
-                                     {static_cast<int64_t>(f.size())}, std::move(bytes)));
-    } else if (kind == "yarn") {
+    if (kind == "yarn") {
       // As llama.cpp's converters: the type, factor and original context (Qwen2.5's long-context
       // configs); the betas only where the config sets them.
       out->SetString(p + "rope.scaling.type", "yarn");
@@ -306,31 +183,7 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
       out->SetString(p + "rope.scaling.type", "linear");
       out->SetF32(p + "rope.scaling.factor", static_cast<float>(NumField(rs, "factor", 1.0)));
     } else {
-      return InvalidArgument("config.json: rope_scaling '{}' is not supported for {} (linear, yarn{})", kind, gguf_arch,
-                             gguf_arch == "llama" ? ", llama3" : "");
-    }
-  }
-  if (gguf_arch == "llama" && config.contains("sliding_window") && config["sliding_window"].is_number_integer()) {
-    // Mistral 7B v0.1's window (later Mistral configs set it to null).
-    ASSIGN_OR_RETURN(const int64_t window, IntField(config, "sliding_window"));
-    if (window < ctx) out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
-  }
-  if (gemma) {
-    // As llama.cpp's converters: Gemma 2's two soft-caps and window, Gemma 3's window unless
-    // every layer is global (its final soft-cap is refused).
-    if (gguf_arch == "gemma2") {
-      out->SetF32(p + "attn_logit_softcapping", static_cast<float>(NumField(config, "attn_logit_softcapping", 50.0)));
-      out->SetF32(p + "final_logit_softcapping", static_cast<float>(NumField(config, "final_logit_softcapping", 30.0)));
-      ASSIGN_OR_RETURN(const int64_t window, IntField(config, "sliding_window", 4096));
-      out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
-    } else {
-      if (config.contains("final_logit_softcapping") && config["final_logit_softcapping"].is_number()) {
-        return InvalidArgument("config.json: gemma3 with final_logit_softcapping is not supported");
-      }
-      if (NumField(config, "sliding_window_pattern", 6.0) != 1.0) {
-        ASSIGN_OR_RETURN(const int64_t window, IntField(config, "sliding_window", 4096));
-        out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
-      }
+      return InvalidArgument("config.json: rope_scaling '{}' is not supported for {}", kind, gguf_arch);
     }
   }
   out->SetU32(p + "vocab_size", static_cast<uint32_t>(vocab));
@@ -401,43 +254,44 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
     const std::string h = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
     // One layer's tensors: Phi-3 keeps Q, K, V and gate, up fused (row ranges as llama.cpp's phi3
     // reads them); Gemma's norms (its 1 + w) sit before and after attention and the FFN.
-    const float shift = gemma ? 1.0f : 0.0f;
+    const float shift = shifted_norms ? 1.0f : 0.0f;
     const int64_t kv_dim = kv_heads * head_dim;
     RETURN_IF_ERROR(add(h + "input_layernorm.weight", g + "attn_norm.weight", {dim}, 0, true, shift));
-    if (gguf_arch == "phi3") {
+    if (family.fused) {
       RETURN_IF_ERROR(add(h + "self_attn.qkv_proj.weight", g + "attn_qkv.weight", {q_dim + 2 * kv_dim, dim}, 0));
     } else {
-      RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, neox ? 0 : heads));
-      RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, neox ? 0 : kv_heads));
+      RETURN_IF_ERROR(add(h + "self_attn.q_proj.weight", g + "attn_q.weight", {q_dim, dim}, family.permute_qk ? heads : 0));
+      RETURN_IF_ERROR(add(h + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_dim, dim}, family.permute_qk ? kv_heads : 0));
       RETURN_IF_ERROR(add(h + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_dim, dim}, 0));
     }
-    if (gguf_arch == "qwen2") {
+    if (family.qkv_bias) {
       RETURN_IF_ERROR(add(h + "self_attn.q_proj.bias", g + "attn_q.bias", {q_dim}, 0));
       RETURN_IF_ERROR(add(h + "self_attn.k_proj.bias", g + "attn_k.bias", {kv_dim}, 0));
       RETURN_IF_ERROR(add(h + "self_attn.v_proj.bias", g + "attn_v.bias", {kv_dim}, 0));
-    } else if (gguf_arch == "qwen3" || gguf_arch == "gemma3") {
+    }
+    if (family.qk_norm) {
       RETURN_IF_ERROR(add(h + "self_attn.q_norm.weight", g + "attn_q_norm.weight", {head_dim}, 0, true, shift));
       RETURN_IF_ERROR(add(h + "self_attn.k_norm.weight", g + "attn_k_norm.weight", {head_dim}, 0, true, shift));
     }
     RETURN_IF_ERROR(add(h + "self_attn.o_proj.weight", g + "attn_output.weight", {dim, q_dim}, 0));
-    if (gemma) {
+    if (family.gemma_layout) {
       RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", {dim}, 0, true, shift));
       RETURN_IF_ERROR(add(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", {dim}, 0, true, shift));
     } else {
       RETURN_IF_ERROR(add(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {dim}, 0));
     }
-    if (gguf_arch == "phi3") {
+    if (family.fused) {
       RETURN_IF_ERROR(add(h + "mlp.gate_up_proj.weight", g + "ffn_up.weight", {2 * ffn, dim}, 0));
     } else {
       RETURN_IF_ERROR(add(h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {ffn, dim}, 0));
       RETURN_IF_ERROR(add(h + "mlp.up_proj.weight", g + "ffn_up.weight", {ffn, dim}, 0));
     }
     RETURN_IF_ERROR(add(h + "mlp.down_proj.weight", g + "ffn_down.weight", {dim, ffn}, 0));
-    if (gemma) {
+    if (family.gemma_layout) {
       RETURN_IF_ERROR(add(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {dim}, 0, true, shift));
     }
   }
-  RETURN_IF_ERROR(add("model.norm.weight", "output_norm.weight", {dim}, 0, true, gemma ? 1.0f : 0.0f));
+  RETURN_IF_ERROR(add("model.norm.weight", "output_norm.weight", {dim}, 0, true, shifted_norms ? 1.0f : 0.0f));
   if (!tied) RETURN_IF_ERROR(add("lm_head.weight", "output.weight", {vocab, dim}, 0, /*required=*/false));
   for (const auto& [name, t] : tensors) {
     if (!used.count(name)) report.skipped.push_back(name);

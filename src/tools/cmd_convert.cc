@@ -7,7 +7,7 @@
 
 #include "tools/commands.h"
 #include "convert/hf_convert.h"
-#include "convert/hf_tokenizer.h"
+#include "model/hf_tokenizer.h"
 #include "convert/llama2c_convert.h"
 #include "model/hparams.h"
 #include "model/synth.h"

@@ -4,7 +4,7 @@
 // logits, its tokenizer passes llama.cpp's GPT-2 test vectors, and bad folders (missing files,
 // another architecture, truncated or mis-shaped tensors, SentencePiece tokenizers) are clear errors.
 #include "convert/hf_convert.h"
-#include "convert/hf_tokenizer.h"
+#include "model/hf_tokenizer.h"
 
 #include <gtest/gtest.h>
 

@@ -24,6 +24,11 @@ StatusOr<std::unique_ptr<Model>> LoadGlm4Moe(const GgufFile& file, ModelHParams 
 StatusOr<std::unique_ptr<Model>> LoadGptOss(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadBert(const GgufFile& file, ModelHParams hp);
 
+// DeepSeek-V4 and V4.1 checkpoints as DeepSeek publishes them: their own converter
+// (deepseek4_hf.cc), one family for both.
+struct HfFamily;
+extern const HfFamily kDeepseek4HfFamily;
+
 // Each architecture's spec, defined in its file (model/registry.cc lists them).
 extern const ArchSpec kLlamaArch, kQwen2Arch, kQwen3Arch, kQwen3MoeArch, kPhi3Arch, kGemma2Arch, kGemma3Arch,
     kDeepseek2Arch, kDeepseek4Arch, kDeepseek41Arch, kGlm4MoeArch, kGptOssArch, kBertArch;

@@ -1391,7 +1391,8 @@ const ArchSpec kDeepseek4Arch = {.name = "deepseek4",
                                  .synth_check = SynthCheck,
                                  .synth_write = SynthWrite,
                                  .synth_shapes = SynthShapesV4,
-                                 .keep_unquantized = KeepUnquantized};
+                                 .keep_unquantized = KeepUnquantized,
+                                 .hf = &kDeepseek4HfFamily};
 const ArchSpec kDeepseek41Arch = {.name = "deepseek41",
                                   .load = LoadDeepseek4,
                                   .experts = true,
@@ -1399,6 +1400,7 @@ const ArchSpec kDeepseek41Arch = {.name = "deepseek41",
                                   .synth_check = SynthCheck,
                                   .synth_write = SynthWrite,
                                   .synth_shapes = SynthShapesV41,
-                                  .keep_unquantized = KeepUnquantized};
+                                  .keep_unquantized = KeepUnquantized,
+                                  .hf = &kDeepseek4HfFamily};
 
 }  // namespace gale

@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "model/arch/arch.h"
+#include "model/hf_checkpoint.h"
 #include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
@@ -163,10 +164,68 @@ std::vector<SynthShape> SynthShapesGemma3() {
   return {s};
 }
 
+// gale convert --hf: Gemma's layout (HfFamily::gemma_layout) and keys, as llama.cpp's converters
+// write them: Gemma 2's two soft-caps and window; Gemma 3's window unless every layer is global,
+// its window pattern (sliding_window_pattern, or the per-layer layer_types of newer configs), the
+// windowed layers' RoPE base (rope_local_base_freq) and a final soft-cap where the config sets one.
+// gale (as llama.cpp) scales queries by 1 / sqrt(head size), or by 1 / sqrt(dim / heads) for the
+// 27B models: a checkpoint asking for another query_pre_attn_scalar is refused.
+Status HfKeys(HfKeysContext& c, bool gemma2) {
+  const nlohmann::json& config = c.config;
+  if (config.contains("query_pre_attn_scalar") && config["query_pre_attn_scalar"].is_number()) {
+    const bool wide = c.layers == (gemma2 ? 46 : 62);
+    const double want = wide ? static_cast<double>(c.dim) / static_cast<double>(c.heads) : static_cast<double>(c.head_dim);
+    if (config["query_pre_attn_scalar"].get<double>() != want) {
+      return InvalidArgument("config.json: query_pre_attn_scalar {} is not supported for {} layers of head size {} "
+                             "(gale uses {})", config["query_pre_attn_scalar"].dump(), c.layers, c.head_dim, want);
+    }
+  }
+  auto window = [&]() -> Status {
+    ASSIGN_OR_RETURN(const int64_t w, HfConfigInt(config, "sliding_window", 4096, 1, int64_t{1} << 24));
+    c.out->SetU32(c.p + "attention.sliding_window", static_cast<uint32_t>(w));
+    return Status::Ok();
+  };
+  if (gemma2) {
+    c.out->SetF32(c.p + "attn_logit_softcapping", static_cast<float>(HfConfigNum(config, "attn_logit_softcapping", 50.0)));
+    c.out->SetF32(c.p + "final_logit_softcapping", static_cast<float>(HfConfigNum(config, "final_logit_softcapping", 30.0)));
+    return window();
+  }
+  if (config.contains("final_logit_softcapping") && config["final_logit_softcapping"].is_number()) {
+    c.out->SetF32(c.p + "final_logit_softcapping", config["final_logit_softcapping"].get<float>());
+  }
+  if (config.contains("rope_local_base_freq") && config["rope_local_base_freq"].is_number()) {
+    c.out->SetF32(c.p + "rope.freq_base_swa", config["rope_local_base_freq"].get<float>());
+  }
+  if (config.contains("layer_types") && config["layer_types"].is_array()) {
+    std::vector<GgufValue> windowed;
+    for (const auto& t : config["layer_types"]) {
+      if (!t.is_string()) return InvalidArgument("config.json: layer_types holds {}, not a string", t.dump());
+      windowed.push_back(GgufValue::Bool(t.get<std::string>() == "sliding_attention"));
+    }
+    c.out->SetValue(c.p + "attention.sliding_window_pattern", GgufValue::Array(GgufValueType::kBool, std::move(windowed)));
+    return window();
+  }
+  const double period = HfConfigNum(config, "sliding_window_pattern", 6.0);
+  if (period == 1.0) return Status::Ok();  // every layer global
+  if (period != 6.0) c.out->SetU32(c.p + "attention.sliding_window_pattern", static_cast<uint32_t>(period));
+  return window();
+}
+Status HfKeysGemma2(HfKeysContext& c) { return HfKeys(c, true); }
+Status HfKeysGemma3(HfKeysContext& c) { return HfKeys(c, false); }
+
+const HfFamily kHfGemma2 = {.names = {"Gemma2ForCausalLM", "gemma2"}, .gemma_layout = true, .keys = HfKeysGemma2};
+const HfFamily kHfGemma3 = {.names = {"Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration"},
+                            .qk_norm = true,
+                            .gemma_layout = true,
+                            .keys = HfKeysGemma3};
+
 }  // namespace
 
-const ArchSpec kGemma2Arch = {.name = "gemma2", .load = LoadGemma2, .synth_write = SynthWriteGemma2};
-const ArchSpec kGemma3Arch = {
-    .name = "gemma3", .load = LoadGemma3, .synth_write = SynthWriteGemma3, .synth_shapes = SynthShapesGemma3};
+const ArchSpec kGemma2Arch = {.name = "gemma2", .load = LoadGemma2, .synth_write = SynthWriteGemma2, .hf = &kHfGemma2};
+const ArchSpec kGemma3Arch = {.name = "gemma3",
+                              .load = LoadGemma3,
+                              .synth_write = SynthWriteGemma3,
+                              .synth_shapes = SynthShapesGemma3,
+                              .hf = &kHfGemma3};
 
 }  // namespace gale

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "model/arch/arch.h"
+#include "model/hf_checkpoint.h"
 #include "model/rope_scaling.h"
 #include "model/synth.h"
 #include "model/blocks.h"
@@ -139,6 +140,34 @@ std::vector<SynthShape> SynthShapes() {
   return {m110, tinyllama, tiny};
 }
 
+// gale convert --hf: Llama and Mistral checkpoints (RoPE in normal mode: q/k rows permuted from
+// Hugging Face's rotate-half order). Mistral 7B v0.1's window (later configs set it to null), and
+// Llama 3.1's rope_scaling "llama3" as llama.cpp's converter writes it: the divisors as the
+// rope_freqs tensor, no scaling type in the metadata.
+Status HfKeys(HfKeysContext& c) {
+  const nlohmann::json& config = c.config;
+  if (config.contains("sliding_window") && config["sliding_window"].is_number_integer()) {
+    ASSIGN_OR_RETURN(const int64_t window, HfConfigInt(config, "sliding_window", -1, 1, int64_t{1} << 24));
+    if (window < c.context_length) c.out->SetU32(c.p + "attention.sliding_window", static_cast<uint32_t>(window));
+  }
+  if (!config.contains("rope_scaling") || !config["rope_scaling"].is_object()) return Status::Ok();
+  const nlohmann::json& rs = config["rope_scaling"];
+  if (rs.value("type", rs.value("rope_type", "")) != "llama3") return Status::Ok();
+  const std::vector<float> f = Llama3RopeFreqFactors(
+      c.head_dim, HfConfigNum(config, "rope_theta", 10000.0), HfConfigNum(rs, "factor", 8.0),
+      HfConfigNum(rs, "low_freq_factor", 1.0), HfConfigNum(rs, "high_freq_factor", 4.0),
+      HfConfigNum(rs, "original_max_position_embeddings", 8192.0));
+  for (float v : f) {
+    if (!(v > 0.0f) || !std::isfinite(v)) return InvalidArgument("config.json: rope_scaling gives a factor of {}", v);
+  }
+  c.rope_scaling_done = true;
+  return c.AddFloats("rope_freqs.weight", f);
+}
+
+const HfFamily kHf = {.names = {"LlamaForCausalLM", "llama", "MistralForCausalLM", "mistral"},
+                      .permute_qk = true,
+                      .keys = HfKeys};
+
 }  // namespace
 
 const ArchSpec kLlamaArch = {
@@ -147,6 +176,7 @@ const ArchSpec kLlamaArch = {
     .experts = true,
     .synth_write = SynthWrite,
     .synth_shapes = SynthShapes,
+    .hf = &kHf,
 };
 
 }  // namespace gale

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "model/arch/arch.h"
+#include "model/hf_checkpoint.h"
 #include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
@@ -133,8 +134,50 @@ std::vector<SynthShape> SynthShapes() {
   return {s};
 }
 
+// gale convert --hf: fused qkv_proj and gate_up_proj, part of each head rotated
+// (partial_rotary_factor: Phi-3.5, Phi-4-mini). As llama.cpp's converter: the original context
+// always; with LongRoPE ("longrope", "su") the long and short divisors as tensors and the
+// attention factor sqrt(1 + ln(s) / ln(original)) for s = context / original.
+Status HfKeys(HfKeysContext& c) {
+  const nlohmann::json& config = c.config;
+  c.rope_scaling_done = true;
+  ASSIGN_OR_RETURN(const int64_t original,
+                   HfConfigInt(config, "original_max_position_embeddings", c.context_length, 1, int64_t{1} << 24));
+  c.out->SetU32(c.p + "rope.scaling.original_context_length", static_cast<uint32_t>(original));
+  const nlohmann::json* rs =
+      config.contains("rope_scaling") && config["rope_scaling"].is_object() ? &config["rope_scaling"] : nullptr;
+  if (rs == nullptr) return Status::Ok();
+  if (!rs->contains("long_factor")) return InvalidArgument("config.json: phi3 rope_scaling without long_factor is not supported");
+  const std::string kind = rs->value("type", rs->value("rope_type", ""));
+  if (kind != "longrope" && kind != "su") {
+    return InvalidArgument("config.json: phi3 rope_scaling '{}' is not supported (longrope)", kind);
+  }
+  const double scale = static_cast<double>(c.context_length) / static_cast<double>(original);
+  const double attn = scale > 1.0 ? std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(original))) : 1.0;
+  c.out->SetF32(c.p + "rope.scaling.attn_factor", static_cast<float>(attn));
+  for (const auto& [key, name] : {std::pair<const char*, const char*>{"long_factor", "rope_factors_long.weight"},
+                                  std::pair<const char*, const char*>{"short_factor", "rope_factors_short.weight"}}) {
+    const nlohmann::json& f = (*rs)[key];
+    if (!f.is_array() || static_cast<int64_t>(f.size()) != c.rope_dims / 2) {
+      return InvalidArgument("config.json: rope_scaling.{} must hold {} numbers", key, c.rope_dims / 2);
+    }
+    std::vector<float> v;
+    for (const auto& x : f) {
+      if (!x.is_number() || !(x.get<double>() > 0.0) || !std::isfinite(x.get<double>())) {
+        return InvalidArgument("config.json: rope_scaling.{} holds {}, not a positive number", key, x.dump());
+      }
+      v.push_back(x.get<float>());
+    }
+    RETURN_IF_ERROR(c.AddFloats(name, v));
+  }
+  return Status::Ok();
+}
+
+const HfFamily kHf = {.names = {"Phi3ForCausalLM", "phi3"}, .fused = true, .partial_rotary = true, .keys = HfKeys};
+
 }  // namespace
 
-const ArchSpec kPhi3Arch = {.name = "phi3", .load = LoadPhi3, .synth_write = SynthWrite, .synth_shapes = SynthShapes};
+const ArchSpec kPhi3Arch = {
+    .name = "phi3", .load = LoadPhi3, .synth_write = SynthWrite, .synth_shapes = SynthShapes, .hf = &kHf};
 
 }  // namespace gale

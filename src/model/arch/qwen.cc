@@ -6,6 +6,7 @@
 // softmax over the experts, the top k renormalized to sum to one (as llama.cpp's graph for it),
 // no shared experts; an expert's width is expert_feed_forward_length (else ffn / k).
 #include "model/arch/arch.h"
+#include "model/hf_checkpoint.h"
 #include "model/synth.h"
 #include "model/blocks.h"
 #include "model/weights.h"
@@ -181,12 +182,23 @@ std::vector<SynthShape> SynthShapesQwen3Moe() {
   return {s};
 }
 
+// gale convert --hf: NEOX-mode RoPE as Hugging Face computes it (rows as they are); Qwen2's
+// Q/K/V biases, Qwen3's per-head norms.
+const HfFamily kHfQwen2 = {.names = {"Qwen2ForCausalLM", "qwen2"}, .qkv_bias = true};
+const HfFamily kHfQwen3 = {.names = {"Qwen3ForCausalLM", "qwen3"}, .qk_norm = true};
+
 }  // namespace
 
-const ArchSpec kQwen2Arch = {
-    .name = "qwen2", .load = LoadQwen2, .synth_write = SynthWriteQwen2, .synth_shapes = SynthShapesQwen2};
-const ArchSpec kQwen3Arch = {
-    .name = "qwen3", .load = LoadQwen3, .synth_write = SynthWriteQwen3, .synth_shapes = SynthShapesQwen3};
+const ArchSpec kQwen2Arch = {.name = "qwen2",
+                             .load = LoadQwen2,
+                             .synth_write = SynthWriteQwen2,
+                             .synth_shapes = SynthShapesQwen2,
+                             .hf = &kHfQwen2};
+const ArchSpec kQwen3Arch = {.name = "qwen3",
+                             .load = LoadQwen3,
+                             .synth_write = SynthWriteQwen3,
+                             .synth_shapes = SynthShapesQwen3,
+                             .hf = &kHfQwen3};
 const ArchSpec kQwen3MoeArch = {.name = "qwen3moe",
                                 .load = LoadQwen3Moe,
                                 .experts = true,

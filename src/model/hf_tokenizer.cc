@@ -1,5 +1,5 @@
 // Hugging Face tokenizer.json to GGUF's tokenizer keys.
-#include "convert/hf_tokenizer.h"
+#include "model/hf_tokenizer.h"
 
 #include <unordered_map>
 

@@ -4,7 +4,7 @@
 //   np.random.SeedSequence(seed).generate_state(4, np.uint64)
 //   hb = max(1, (np.iinfo(np.int64).max // V) // 2); g.integers(0, hb, size=(n,), dtype=np.int64) * 2 + 1
 // (the last is how DeepSeek-V4.1's Engram draws its hash multipliers: seed + 10007 * layer).
-#include "convert/numpy_rng.h"
+#include "base/numpy_rng.h"
 
 #include <gtest/gtest.h>
 

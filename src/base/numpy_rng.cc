@@ -1,4 +1,4 @@
-#include "convert/numpy_rng.h"
+#include "base/numpy_rng.h"
 
 namespace gale {
 namespace {

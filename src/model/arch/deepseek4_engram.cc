@@ -1,4 +1,4 @@
-#include "convert/engram_constants.h"
+#include "model/arch/deepseek4_engram.h"
 
 #include <algorithm>
 #include <cstdlib>
