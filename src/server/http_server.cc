@@ -990,6 +990,10 @@ void HttpServer::Impl::Accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (!accepting.load() || ec == net::error::operation_aborted) return;
     if (!ec) {
+      // No Nagle: a streamed response's header and its first chunk are separate small writes,
+      // and the second would otherwise wait for the client's delayed ACK of the first (~40 ms).
+      beast::error_code opt_ec;
+      socket.set_option(tcp::no_delay(true), opt_ec);
       std::make_shared<Session>(std::move(socket), this)->Run();
       return Accept();
     }

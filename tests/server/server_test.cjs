@@ -305,6 +305,42 @@ function rawStream(port, cutAfter) {
     assert.ok(!/connection: close/i.test(data));
   });
 
+  await check('a streamed response\'s first event follows its header at once (no Nagle delay)', async () => {
+    // The header and the first event are separate small writes: with Nagle's algorithm on, on a
+    // kept-alive connection the second waits for the client's delayed ACK of the first (~40 ms on
+    // Linux; the first response of a connection is spared by TCP's quick ACKs).
+    const sock = net.connect(srv.port, '127.0.0.1');
+    await new Promise((r, j) => { sock.on('connect', r); sock.on('error', j); });
+    let d = '';
+    let waiter = () => {};
+    sock.on('data', (c) => { d += c.toString(); waiter(); });
+    const gaps = [];
+    for (let i = 0; i < 7; i++) {
+      const body = JSON.stringify({ prompt: 'Once', max_tokens: 2, stream: true, response_format: { type: 'json_object' } });
+      d = '';
+      let headerAt = 0;
+      let firstAt = 0;
+      await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('timed out: ' + d)), 20000);
+        waiter = () => {
+          if (!headerAt && d.includes('\r\n\r\n')) headerAt = performance.now();
+          if (headerAt && !firstAt && d.includes('data: ')) firstAt = performance.now();
+          if (d.includes('\r\n0\r\n\r\n')) {
+            clearTimeout(timer);
+            resolve();
+          }
+        };
+        sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                   `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+      });
+      gaps.push(firstAt - headerAt);
+    }
+    sock.destroy();
+    const later = gaps.slice(1).sort((a, b) => a - b);  // the connection's first response aside
+    console.log(`     header to first event: median ${later[3].toFixed(1)} ms of ${gaps.map((g) => g.toFixed(1)).join(', ')}`);
+    assert.ok(later[3] < 20, `median ${later[3]} ms`);
+  });
+
   await check('CORS: no headers by default; --cors-origins answers preflights and marks responses', async () => {
     const plain = await request(srv.port, 'GET', '/v1/models', undefined, { Origin: 'http://app.example' });
     assert.strictEqual(plain.headers['access-control-allow-origin'], undefined);
