@@ -19,7 +19,11 @@ using Json = nlohmann::ordered_json;
 
 const std::map<std::string, std::string>& Primitives() {
   static const std::map<std::string, std::string> kRules = {
-      {"space", "| \" \" | \"\\n\" [ \\t]{0,20}"},
+      // Compact JSON, as OpenAI's structured outputs: no whitespace between tokens (a model that
+      // may add it fills long runs of it); one optional space before the value (lead-space: a
+      // SentencePiece model's first token often carries one).
+      {"space", "\"\""},
+      {"lead-space", "\" \"?"},
       // A JSON string character: anything but ", \ and controls, or an escape (no lone surrogates).
       {"char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))"},
       {"string", "\"\\\"\" char* \"\\\"\" space"},
@@ -123,8 +127,8 @@ class Converter {
 
   StatusOr<std::string> Convert() {
     ASSIGN_OR_RETURN(std::string top, Visit(root_, "root", ""));
-    // JSON text may start with whitespace (a SentencePiece model's first token often carries a space).
-    std::string out = root_name_ + " ::= " + UsePrimitive("space") + " " + top + "\n";
+    // JSON text may start with a space (a SentencePiece model's first token often carries one).
+    std::string out = root_name_ + " ::= " + UsePrimitive("lead-space") + " " + top + "\n";
     for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
     return out;
   }
@@ -567,9 +571,9 @@ class Converter {
 };
 
 std::string PrimitiveGrammar(const std::string& top) {
-  std::string out = "root ::= space " + top + "\n";
+  std::string out = "root ::= lead-space " + top + "\n";
   std::set<std::string> done;
-  std::vector<std::string> todo = {top, "space"};
+  std::vector<std::string> todo = {top, "lead-space"};
   while (!todo.empty()) {
     const std::string n = todo.back();
     todo.pop_back();

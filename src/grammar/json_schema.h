@@ -11,8 +11,8 @@
 //   exclusiveMaximum, number minimum / maximum with integer bounds >= 0, nullable.
 // Refused: uniqueItems, multipleOf, not, if/then/else, dependent*, patternProperties,
 // minProperties / maxProperties, and any other bound on numbers.
-// Properties are written in the schema's order. Whitespace before and between tokens is bounded
-// (a space, or a newline and up to 20 spaces of indentation) so a model cannot stall in it.
+// Properties are written in the schema's order. The JSON is compact: no whitespace between
+// tokens, one optional space before the value.
 #pragma once
 
 #include <string>

@@ -677,13 +677,14 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->cached_tokens.assign(n, 0);
     gen->evicted_tokens.assign(n, 0);
     gen->messages.resize(n);
+    for (Choice& c : gen->choices) c.forced_calls = p.constraint_param == "tools";
     // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning),
     // and so are Functionary v3.2's (every message starts with its recipient, "all" for text).
     const bool harmony = state.tool_format == ToolCallFormat::kGptOss || state.tool_format == ToolCallFormat::kFunctionaryV32;
     if (req.chat && (p.parse_tools || state.reasoning || harmony)) {
       for (auto& m : gen->messages) {
         m.emplace(p.parse_tools || harmony ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
-                  p.starts_thinking);
+                  p.starts_thinking, /*forced_calls=*/p.constraint_param == "tools");
       }
     }
     gen->req = std::move(req);

@@ -678,7 +678,8 @@ Json CompletionResponse(const CompletionRequest& req, const std::string& id, int
     Json c = {{"index", i}};
     const bool calls = !choices[i].tool_calls.empty();
     if (req.chat) {
-      c["message"] = {{"role", "assistant"}, {"content", calls && choices[i].text.empty() ? Json(nullptr) : Json(choices[i].text)}};
+      const bool null_content = (calls || choices[i].forced_calls) && choices[i].text.empty();
+      c["message"] = {{"role", "assistant"}, {"content", null_content ? Json(nullptr) : Json(choices[i].text)}};
       if (!choices[i].reasoning.empty()) c["message"]["reasoning_content"] = choices[i].reasoning;
       if (calls) c["message"]["tool_calls"] = ToolCallsJson(choices[i].tool_calls, /*with_index=*/false);
     } else {

@@ -119,6 +119,7 @@ struct Choice {
   // Chat with tools or a reasoning model: the message taken apart (text then holds the content).
   std::string reasoning;
   std::vector<ToolCall> tool_calls;
+  bool forced_calls = false;  // tool_choice required or named: the answer is calls, content null
   std::vector<float> embedding;  // /v1/embeddings
 };
 

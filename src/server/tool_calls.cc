@@ -536,8 +536,8 @@ std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool s
   return {std::string(t.substr(0, close)), std::string(t.substr(close + kThinkClose.size()))};
 }
 
-MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking)
-    : tools_(tools), reasoning_(reasoning), thinking_(reasoning && starts_thinking) {}
+MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls)
+    : tools_(tools), reasoning_(reasoning), forced_calls_(forced_calls), thinking_(reasoning && starts_thinking) {}
 
 MessageStream::Delta MessageStream::Push(std::string_view text) {
   Delta d;
@@ -620,7 +620,7 @@ ParsedMessage MessageStream::Finish() {
   pending_.clear();
   if (in_calls_) {
     ParsedMessage p = ParseToolCalls(*tools_, call_text_);
-    out.content += p.content;
+    if (!forced_calls_) out.content += p.content;
     out.reasoning += p.reasoning;
     out.calls = std::move(p.calls);
     call_text_.clear();
@@ -735,8 +735,10 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
     any += (any.empty() ? "" : " | ") + fmt::format("tool_call_{}", i);
   }
   out += "tool_call_one ::= " + any + "\n";
-  // More calls after the first only when parallel calls are allowed and no function is named.
+  // More calls after the first only when parallel calls are allowed and no function is named, at
+  // most kMaxParallelToolCalls in all: then the grammar is complete and generation ends.
   const bool many = parallel && name.empty();
+  const std::string more = fmt::format("{{0,{}}}", kMaxParallelToolCalls - 1);
   switch (f) {
     case ToolCallFormat::kGptOss:  // one call: generation ends at <|call|>
       out += "root ::= tool_call_one\n";
@@ -745,23 +747,23 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
     case ToolCallFormat::kQwen3Coder:
       // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.
       out += "tool_block ::= \"<tool_call>\\n\" tool_call_one \"\\n</tool_call>\"\n";
-      out += fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\" tool_block)*" : "");
+      out += fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\" tool_block)" + more : "");
       break;
     case ToolCallFormat::kLlama3Json:
-      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)*" : "");
+      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)" + more : "");
       break;
     case ToolCallFormat::kMistral:
-      out += fmt::format("root ::= \"[\" tool_call_one{} \"]\"\n", many ? " (\",\" \" \"? tool_call_one)*" : "");
+      out += fmt::format("root ::= \"[\" tool_call_one{} \"]\"\n", many ? " (\",\" \" \"? tool_call_one)" + more : "");
       break;
     case ToolCallFormat::kFunctionary:
-      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\"\\n\"? tool_call_one)*" : "");
+      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\"\\n\"? tool_call_one)" + more : "");
       break;
     case ToolCallFormat::kFunctionaryV32:
-      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\">>>\" tool_call_one)*" : "");
+      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\">>>\" tool_call_one)" + more : "");
       break;
     case ToolCallFormat::kDeepSeekV3:
       out += fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),
-                         many ? " tool_call_one*" : "", grammar::GbnfLiteral(kDsCallsEnd));
+                         many ? " tool_call_one" + more : "", grammar::GbnfLiteral(kDsCallsEnd));
       break;
   }
   return out;

@@ -63,7 +63,9 @@ std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool s
 class MessageStream {
  public:
   // tools: parse tool calls; reasoning: split <think> blocks (starts_thinking as above).
-  MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking);
+  // forced_calls: the output was constrained to calls (tool_choice required or named): what of a
+  // call did not parse (a call cut by max_tokens) is dropped, never returned as content.
+  MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls = false);
   struct Delta {
     std::string content, reasoning;
   };
@@ -74,6 +76,7 @@ class MessageStream {
  private:
   std::optional<ToolCallFormat> tools_;
   bool reasoning_;
+  bool forced_calls_;
   bool thinking_;          // inside a think block now
   bool seen_content_ = false;
   std::string pending_;    // held back: a possible <think> / </think> marker's start
@@ -82,8 +85,13 @@ class MessageStream {
   std::string reasoning_all_, content_all_;
 };
 
+// The most calls one constrained answer may hold (tool_choice required with parallel calls): the
+// grammar is complete after them and generation ends, so a small model cannot repeat calls until
+// max_tokens.
+inline constexpr int kMaxParallelToolCalls = 8;
+
 // A grammar (GBNF) for tool_choice "required" (name empty: any of the tools, one or more calls
-// if parallel) or a named function (name set: exactly one call of it), in the format's syntax,
+// if parallel, at most kMaxParallelToolCalls) or a named function (name set: exactly one call of it), in the format's syntax,
 // with each call's arguments valid against its function's parameters. Errors name the tool.
 // token_id: a control token's id by its text (-1: not in the vocabulary), for formats whose
 // calls are made of control tokens (gpt_oss: <|channel|>commentary to=functions.NAME

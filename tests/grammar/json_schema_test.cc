@@ -21,6 +21,24 @@ bool Accepts(const CompiledGrammar* c, const std::string& text) {
   return test::AcceptsText(std::shared_ptr<const CompiledGrammar>(std::shared_ptr<const CompiledGrammar>{}, c), text);
 }
 
+// The text without whitespace outside string literals: the compact JSON the grammars write.
+std::string Compact(const std::string& text) {
+  std::string out;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      escaped = !escaped && ch == '\\';
+      if (ch == '"' && !escaped) in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
 TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
   const std::vector<Case> cases = {
       {R"({"type": "string"})", {R"("hi")", R"("a\"b\\c\u00e9\n")", "\"\xC3\xA9\""}, {R"(hi)", "\"a\nb\"", R"("\ud800")", R"("\q")"}},
@@ -70,7 +88,14 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
     auto g = ParseGbnf(*gbnf);
     ASSERT_TRUE(g.ok()) << c.schema << ": " << g.status().message() << "\n" << *gbnf;
     CompiledGrammar compiled(std::move(*g), test::ByteTrie());
-    for (const char* s : c.good) EXPECT_TRUE(Accepts(&compiled, s)) << c.schema << " should accept " << s << "\n" << *gbnf;
+    for (const char* s : c.good) {
+      EXPECT_TRUE(Accepts(&compiled, Compact(s))) << c.schema << " should accept " << Compact(s) << "\n" << *gbnf;
+      // Whitespace between tokens is not the format's: refused (one space before the value aside).
+      if (Compact(s) != s && std::string(s).find('\n') != std::string::npos) {
+        EXPECT_FALSE(Accepts(&compiled, s)) << c.schema << " should refuse the spaced " << s;
+      }
+      EXPECT_TRUE(Accepts(&compiled, " " + Compact(s))) << c.schema << " should accept a leading space";
+    }
     for (const char* s : c.bad) EXPECT_FALSE(Accepts(&compiled, s)) << c.schema << " should refuse " << s << "\n" << *gbnf;
   }
 }
@@ -79,7 +104,8 @@ TEST(JsonSchema, JsonObjectAndValueGrammars) {
   auto obj = ParseGbnf(JsonObjectGbnf());
   ASSERT_TRUE(obj.ok()) << obj.status().message();
   CompiledGrammar c(std::move(*obj), test::ByteTrie());
-  EXPECT_TRUE(Accepts(&c, R"({"a": [1, 2.5e3, "x", null, true, {}]})"));
+  EXPECT_TRUE(Accepts(&c, R"({"a":[1,2.5e3,"x",null,true,{}]})"));
+  EXPECT_FALSE(Accepts(&c, R"({"a": [1, 2.5e3]})"));  // compact: no whitespace between tokens
   EXPECT_FALSE(Accepts(&c, "[1]"));
   EXPECT_FALSE(Accepts(&c, R"({"a": 1)"));
   auto val = ParseGbnf(JsonValueGbnf());

@@ -73,7 +73,9 @@ function validateAll(label, outs) {
   try {
     await check(`default model: ${schemas.length} schemas, greedy, batched and alone, all finished outputs valid`, async () => {
       const batched = await runAll(c, { temperature: 0, maxTokens: 400 });
-      assert.ok(validateAll('greedy', batched) >= 0.6 * schemas.length);
+      // The tiny story model, held to compact JSON (no whitespace between tokens), closes about
+      // half of its documents within 400 tokens (measured 60 of 119; 88 when it could space them).
+      assert.ok(validateAll('greedy', batched) >= 0.4 * schemas.length);
       // Alone (one at a time): the same text, token for token.
       for (let i = 0; i < schemas.length; i += 10) {
         const r = await c.chat.completions.create({
@@ -201,11 +203,30 @@ function validateAll(label, outs) {
         validCall(calls[0]);
         assert.strictEqual(calls[0].function.arguments, ch.message.tool_calls[0].function.arguments);
       }
+      // Parallel calls end like OpenAI's: within kMaxParallelToolCalls (8) the answer is complete,
+      // finish tool_calls, content null; cut by max_tokens, the cut call is dropped, not content.
+      for (const [maxTokens, seed] of [[480, 3], [480, 4], [100, 5]]) {
+        const r = await c.chat.completions.create({ messages: [{ role: 'user', content: 'Weather everywhere?' }], tools: toolDefs,
+                                                    tool_choice: 'required', max_tokens: maxTokens, temperature: 1, seed });
+        const ch = r.choices[0];
+        assert.strictEqual(ch.message.content, null, JSON.stringify(ch));
+        const calls = ch.message.tool_calls || [];
+        assert.ok(calls.length <= 8, JSON.stringify(ch));
+        calls.forEach(validCall);
+        if (ch.finish_reason !== 'length') {
+          assert.strictEqual(ch.finish_reason, 'tool_calls', JSON.stringify(ch));
+          assert.ok(r.usage.completion_tokens < maxTokens);
+        }
+        console.log(`     parallel, max_tokens ${maxTokens}: ${calls.length} calls, ${r.usage.completion_tokens} tokens, ${ch.finish_reason}`);
+      }
       // A named function: that one, and the call round-trips through the template with the tool's answer.
       const named = await c.chat.completions.create({ messages: [{ role: 'user', content: 'Book it' }], tools: toolDefs, max_tokens: 400,
                                                       tool_choice: { type: 'function', function: { name: 'control_light' } } });
       const call = named.choices[0].message.tool_calls[0];
       assert.strictEqual(call.function.name, 'control_light');
+      assert.strictEqual(named.choices[0].finish_reason, 'tool_calls');
+      assert.strictEqual(named.choices[0].message.content, null);
+      assert.strictEqual(named.choices[0].message.tool_calls.length, 1);
       validCall(call);
       const after = await c.chat.completions.create({ tools: toolDefs, max_tokens: 8, messages: [
         { role: 'user', content: 'Book it' }, { role: 'assistant', content: null, tool_calls: [call] },

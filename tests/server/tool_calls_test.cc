@@ -193,10 +193,10 @@ TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
     }
     return m.Done();
   };
-  EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n": 3})", "<|call|>"}));
+  EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n":3})", "<|call|>"}));
   EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.pong ", "<|constrain|>", "json", "<|message|>", "{}", "<|call|>"}));
-  EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n": "3"})", "<|call|>"}));
-  EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n": 3})"}));
+  EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n":"3"})", "<|call|>"}));
+  EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n":3})"}));
   EXPECT_FALSE(accepts({"<|channel|>", "final", "<|message|>", "hi"}));
   EXPECT_FALSE(accepts({"<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{\"n\": 3}<|call|>"}));  // as text
   grammar::GrammarMatcher start(compiled, {});
@@ -224,7 +224,7 @@ TEST(ToolCalls, Functionary) {
   const nlohmann::ordered_json tools = PingTool();
   auto g = ToolCallGrammar(f, tools, "", true);
   ASSERT_TRUE(g.ok()) << g.status().message();
-  EXPECT_TRUE(GrammarAccepts(*g, "<function=ping>{\"n\": 3}</function>"));
+  EXPECT_TRUE(GrammarAccepts(*g, "<function=ping>{\"n\":3}</function>"));
   EXPECT_FALSE(GrammarAccepts(*g, "<function=ping>{\"n\": \"3\"}</function>"));
   EXPECT_EQ(DetectToolCallFormat("{{- '<function=' + name + '>' }}"), f);
 }
@@ -257,13 +257,13 @@ TEST(ToolCalls, FunctionaryV32) {
   const nlohmann::ordered_json tools = PingTool();
   auto g = ToolCallGrammar(f, tools, "", true);
   ASSERT_TRUE(g.ok()) << g.status().message();
-  EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\": 3}"));
-  EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\": 3}>>>ping\n{}"));
+  EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\":3}"));
+  EXPECT_TRUE(GrammarAccepts(*g, "ping\n{\"n\":3}>>>ping\n{}"));
   EXPECT_FALSE(GrammarAccepts(*g, "ping\n{\"n\": \"3\"}"));
   EXPECT_FALSE(GrammarAccepts(*g, "all\nhello"));
   auto one = ToolCallGrammar(f, tools, "", false);
   ASSERT_TRUE(one.ok());
-  EXPECT_FALSE(GrammarAccepts(*one, "ping\n{\"n\": 3}>>>ping\n{}"));
+  EXPECT_FALSE(GrammarAccepts(*one, "ping\n{\"n\":3}>>>ping\n{}"));
   EXPECT_EQ(DetectToolCallFormat("{{- '>>>all\\n' + message['content'] }}"), f);
   EXPECT_EQ(*ParseToolCallFormat("functionary_v3_2"), f);
 }
@@ -317,10 +317,11 @@ TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
       "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
       "required": ["v", "kids"]}}, "$ref": "#/$defs/node"}}},
     {"type": "function", "function": {"name": "ping"}}])");
-  const std::string weather = R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}})";
-  const std::string bad_unit = R"({"name": "get_weather", "arguments": {"city": "Paris", "unit": "k"}})";
-  const std::string tree = R"({"name": "tree", "arguments": {"v": 1, "kids": [{"v": 2, "kids": []}]}})";
-  const std::string ping = R"({"name": "ping", "arguments": {}})";
+  // Calls as the grammars write them: compact JSON.
+  const std::string weather = R"({"name":"get_weather","arguments":{"city":"Paris","unit":"c"}})";
+  const std::string bad_unit = R"({"name":"get_weather","arguments":{"city":"Paris","unit":"k"}})";
+  const std::string tree = R"({"name":"tree","arguments":{"v":1,"kids":[{"v":2,"kids":[]}]}})";
+  const std::string ping = R"({"name":"ping","arguments":{}})";
   {
     auto g = ToolCallGrammar(ToolCallFormat::kHermes, tools, "", /*parallel=*/true);
     ASSERT_TRUE(g.ok()) << g.status().message();
@@ -329,7 +330,14 @@ TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
     EXPECT_TRUE(GrammarAccepts(*g, block(tree) + "\n" + block(ping)));
     EXPECT_FALSE(GrammarAccepts(*g, block(bad_unit)));
     EXPECT_FALSE(GrammarAccepts(*g, "Sure! " + block(weather)));
-    EXPECT_FALSE(GrammarAccepts(*g, block(R"({"name": "nope", "arguments": {}})")));
+    EXPECT_FALSE(GrammarAccepts(*g, block(R"({"name":"nope","arguments":{}})")));
+    // Spaced JSON is not the grammar's, and parallel calls stop at kMaxParallelToolCalls.
+    EXPECT_FALSE(GrammarAccepts(*g, block(R"({"name": "ping", "arguments": {}})")));
+    std::string most = block(ping), too_many;
+    for (int i = 1; i < kMaxParallelToolCalls; ++i) most += "\n" + block(ping);
+    too_many = most + "\n" + block(ping);
+    EXPECT_TRUE(GrammarAccepts(*g, most));
+    EXPECT_FALSE(GrammarAccepts(*g, too_many));
     const ParsedMessage p = ParseToolCalls(ToolCallFormat::kHermes, block(tree) + "\n" + block(ping));
     ASSERT_EQ(p.calls.size(), 2u);
     EXPECT_EQ(p.calls[0].arguments, R"({"v":1,"kids":[{"v":2,"kids":[]}]})");
@@ -344,8 +352,8 @@ TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
   {
     auto g = ToolCallGrammar(ToolCallFormat::kLlama3Json, tools, "", false);
     ASSERT_TRUE(g.ok());
-    EXPECT_TRUE(GrammarAccepts(*g, R"({"name": "get_weather", "parameters": {"city": "Oslo", "unit": "f"}})"));
-    EXPECT_FALSE(GrammarAccepts(*g, R"({"name": "ping", "parameters": {}}; {"name": "ping", "parameters": {}})"));
+    EXPECT_TRUE(GrammarAccepts(*g, R"({"name":"get_weather","parameters":{"city":"Oslo","unit":"f"}})"));
+    EXPECT_FALSE(GrammarAccepts(*g, R"({"name":"ping","parameters":{}}; {"name":"ping","parameters":{}})"));
   }
   {
     auto g = ToolCallGrammar(ToolCallFormat::kMistral, tools, "", true);
@@ -366,6 +374,32 @@ TEST(ToolCalls, GrammarsAcceptValidCallsOnlyAndTheParserReadsThem) {
   auto e = ToolCallGrammar(ToolCallFormat::kHermes, bad, "", true);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("uniqueItems"), std::string::npos) << e.status().message();
+}
+
+}  // namespace
+}  // namespace gale::server
+
+namespace gale::server {
+namespace {
+
+// A constrained answer (tool_choice required or named) cut by max_tokens inside a call: the calls
+// that completed come back, the cut one is dropped (never content). Unconstrained, the same text
+// stays content: it may be what the model meant to say.
+TEST(ToolCalls, AForcedAnswerCutInACallDropsTheCutCall) {
+  const std::string text = "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n{\"name\":\"pi";
+  for (bool forced : {true, false}) {
+    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/false, /*starts_thinking=*/false, forced);
+    std::string content = ms.Push(text).content;
+    const ParsedMessage tail = ms.Finish();
+    content += tail.content;
+    ASSERT_EQ(tail.calls.size(), 1u) << forced;
+    EXPECT_EQ(tail.calls[0].name, "ping");
+    if (forced) {
+      EXPECT_EQ(content, "");
+    } else {
+      EXPECT_NE(content.find("<tool_call>"), std::string::npos) << content;
+    }
+  }
 }
 
 }  // namespace
