@@ -2,9 +2,13 @@
 // of compiled grammars and refusals.
 #include "grammar/compiler.h"
 
+#include <algorithm>
+#include <vector>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
@@ -46,6 +50,53 @@ StatusOr<std::string> ConstraintToGbnf(const Constraint& c) {
   return Internal("unknown constraint kind");
 }
 
+std::string TextWithoutGbnf(const std::string& name, const std::string& marker) {
+  // The marker's code points (UTF-8 decoded; invalid bytes as themselves).
+  std::vector<uint32_t> m;
+  for (size_t i = 0; i < marker.size();) {
+    const unsigned char b = static_cast<unsigned char>(marker[i]);
+    const int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+    uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
+    for (int k = 1; k < len && i + k < marker.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(marker[i + k]) & 0x3F);
+    m.push_back(cp);
+    i += static_cast<size_t>(len);
+  }
+  const size_t n = m.size();
+  // KMP's failure function, then the transition of state i (i code points of the marker matched)
+  // on c.
+  std::vector<size_t> fail(n + 1, 0);
+  for (size_t i = 1, k = 0; i < n; ++i) {
+    while (k > 0 && m[i] != m[k]) k = fail[k];
+    if (m[i] == m[k]) ++k;
+    fail[i + 1] = k;
+  }
+  auto next = [&](size_t i, uint32_t c) {
+    while (i > 0 && (i == n || m[i] != c)) i = fail[i];
+    return m[i] == c ? i + 1 : 0;
+  };
+  std::vector<uint32_t> distinct(m.begin(), m.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  CharSet others;
+  for (uint32_t c : distinct) others.AddRange(c, c);
+  others.Normalize();
+  others.Negate();
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    std::string body = "\"\"";
+    for (uint32_t c : distinct) {
+      const size_t j = next(i, c);
+      if (j == n) continue;  // the marker itself: not in the text
+      CharSet one;
+      one.AddRange(c, c);
+      body += fmt::format(" | {} {}-{}", CharSetGbnf(one), name, j);
+    }
+    body += fmt::format(" | {} {}-0", CharSetGbnf(others), name);
+    out += fmt::format("{}-{} ::= {}\n", name, i, body);
+  }
+  return out;
+}
+
 GrammarCompiler::Key GrammarCompiler::KeyOf(const Constraint& c) {
   XXH3_state_t* st = XXH3_createState();
   CHECK(st != nullptr);
@@ -53,6 +104,9 @@ GrammarCompiler::Key GrammarCompiler::KeyOf(const Constraint& c) {
   const int32_t kind = static_cast<int32_t>(c.kind);
   XXH3_128bits_update(st, &kind, sizeof(kind));
   XXH3_128bits_update(st, c.text.data(), c.text.size());
+  const uint64_t after_bytes = c.after.size();
+  XXH3_128bits_update(st, &after_bytes, sizeof(after_bytes));
+  XXH3_128bits_update(st, c.after.data(), c.after.size());
   const XXH128_hash_t h = XXH3_128bits_digest(st);
   XXH3_freeState(st);
   return {h.low64, h.high64};
@@ -71,7 +125,14 @@ std::optional<StatusOr<std::shared_ptr<const CompiledGrammar>>> GrammarCompiler:
 StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileUncached(const Constraint& c) {
   const auto deadline = std::chrono::steady_clock::now() + time_limit_;
   ASSIGN_OR_RETURN(std::string gbnf, ConstraintToGbnf(c));
-  ASSIGN_OR_RETURN(Grammar g, ParseGbnf(gbnf));
+  std::string start = "root";
+  if (!c.after.empty()) {
+    // Free text up to the marker's first occurrence, then the constraint.
+    gbnf += "\n" + TextWithoutGbnf("gale-free", c.after);
+    gbnf += "gale-start ::= gale-free-0 " + GbnfLiteral(c.after) + " \"\\n\"{0,2} root\n";
+    start = "gale-start";
+  }
+  ASSIGN_OR_RETURN(Grammar g, ParseGbnf(gbnf, start));
   auto compiled = std::make_shared<CompiledGrammar>(std::move(g), trie_);
   if (Status s = compiled->Prepare(deadline); !s.ok()) {
     if (std::chrono::steady_clock::now() > deadline) {

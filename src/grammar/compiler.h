@@ -30,7 +30,15 @@ struct Constraint {
   // kJsonSchema: the schema as JSON text; kRegex: the pattern; kChoice: a JSON array of strings;
   // kGbnf: the grammar (start rule `root`); kJsonObject: unused.
   std::string text;
+  // Set: the output is free text up to the first occurrence of this marker (a reasoning model's
+  // "</think>": the thought is the model's own), then up to two newlines, then the constraint.
+  std::string after;
 };
+
+// GBNF rules `name-0` .. `name-(n-1)` matching exactly the texts that do not contain `marker`
+// (n code points): a KMP automaton over code points, right-recursive, so a matcher follows it
+// with a few stacks.
+std::string TextWithoutGbnf(const std::string& name, const std::string& marker);
 
 // The constraint as GBNF (errors name what is wrong: the schema path, the regex position).
 StatusOr<std::string> ConstraintToGbnf(const Constraint& c);

@@ -232,6 +232,10 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
       const size_t end = shown.find_last_not_of(" \n\t\r");
       p.starts_thinking = end != std::string::npos && end >= 6 && shown.compare(end - 6, 7, "<think>") == 0;
     }
+    // The template opened a think block (thinking on, as the template and enable_thinking say):
+    // the model thinks freely, and the constraint (JSON, the forced call) applies to the answer
+    // after it, which then comes back as content or tool_calls, not inside reasoning_content.
+    if (p.starts_thinking && p.constraint) p.constraint->after = "</think>";
     p.prompts.push_back(TokenizeChatPrompt(tok, *text));
     p.prompt_texts.push_back(shown);
   } else {

@@ -540,6 +540,13 @@ MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning
     : tools_(tools), reasoning_(reasoning), forced_calls_(forced_calls), thinking_(reasoning && starts_thinking) {}
 
 MessageStream::Delta MessageStream::Push(std::string_view text) {
+  Delta d = PushText(text);
+  // A forced answer is calls: text between them (the newlines after a thought) is not content.
+  if (forced_calls_) d.content.clear();
+  return d;
+}
+
+MessageStream::Delta MessageStream::PushText(std::string_view text) {
   Delta d;
   if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) {
     // Harmony's channels (Functionary v3.2's recipients) decide what every part is: the message
@@ -620,12 +627,13 @@ ParsedMessage MessageStream::Finish() {
   pending_.clear();
   if (in_calls_) {
     ParsedMessage p = ParseToolCalls(*tools_, call_text_);
-    if (!forced_calls_) out.content += p.content;
+    out.content += p.content;
     out.reasoning += p.reasoning;
     out.calls = std::move(p.calls);
     call_text_.clear();
     in_calls_ = false;
   }
+  if (forced_calls_) out.content.clear();
   content_all_ += out.content;
   reasoning_all_ += out.reasoning;
   return out;

@@ -63,8 +63,9 @@ std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool s
 class MessageStream {
  public:
   // tools: parse tool calls; reasoning: split <think> blocks (starts_thinking as above).
-  // forced_calls: the output was constrained to calls (tool_choice required or named): what of a
-  // call did not parse (a call cut by max_tokens) is dropped, never returned as content.
+  // forced_calls: the output was constrained to calls (tool_choice required or named): it has no
+  // content, so what of a call did not parse (a call cut by max_tokens) and the newlines between
+  // a thought and the calls are dropped, never returned as content.
   MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls = false);
   struct Delta {
     std::string content, reasoning;
@@ -74,6 +75,8 @@ class MessageStream {
   ParsedMessage Finish();
 
  private:
+  Delta PushText(std::string_view text);
+
   std::optional<ToolCallFormat> tools_;
   bool reasoning_;
   bool forced_calls_;

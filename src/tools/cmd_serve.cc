@@ -192,6 +192,11 @@ CommandFn RegisterServe(CLI::App& app) {
     state.model_name = name;
     state.created = static_cast<int64_t>(std::time(nullptr));
     http.SetReady(state);
+    if (chat_template) {
+      std::fprintf(stderr, "tool calls: the %s parser (%s)%s\n", server::ToolCallFormatName(state.tool_format),
+                   tool_format ? "--tool-call-parser" : "from the chat template",
+                   state.reasoning ? "; reasoning in <think> blocks" : "");
+    }
     std::fprintf(stderr, "ready: serving '%s'\n", name.c_str());
     std::fflush(stderr);
 

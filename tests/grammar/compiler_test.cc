@@ -4,6 +4,7 @@
 #include "grammar/compiler.h"
 
 #include <cmath>
+#include <random>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -111,6 +112,66 @@ TEST(GrammarMatcherBounds, StopTokensAreNotSharedThroughTheMaskCache) {
   ASSERT_TRUE(without.MaskLogits(logits));
   EXPECT_TRUE(std::isinf(logits['z']));
   EXPECT_EQ(logits['a'], 1.0f);
+}
+
+}  // namespace
+}  // namespace gale::grammar
+
+namespace gale::grammar {
+namespace {
+
+// Free text up to a marker's first occurrence: exactly the texts without it, for a marker whose
+// prefixes recur (KMP's fallbacks) and one of several code points.
+TEST(GrammarCompiler, TextWithoutAMarker) {
+  for (const std::string marker : {"</think>", "abab", "aab", "\xC3\xA9t\xC3\xA9"}) {
+    SCOPED_TRACE(marker);
+    auto g = ParseGbnf(TextWithoutGbnf("t", marker), "t-0");
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    auto c = std::make_shared<const CompiledGrammar>(std::move(*g), test::ByteTrie());
+    std::mt19937 rng(5);
+    const std::string alphabet = marker + "xy";
+    for (int i = 0; i < 400; ++i) {
+      std::string text;
+      const int len = static_cast<int>(rng() % 14);
+      for (int k = 0; k < len; ++k) text += alphabet[rng() % alphabet.size()];
+      if (!test::AcceptsText(c, "")) FAIL();
+      // Valid UTF-8 only (the matcher refuses broken characters whatever the grammar).
+      bool valid = true;
+      for (size_t k = 0; k < text.size();) {
+        const unsigned char b = static_cast<unsigned char>(text[k]);
+        const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : 0;
+        if (n == 0 || k + n > text.size() || (n == 2 && (static_cast<unsigned char>(text[k + 1]) >> 6) != 2)) {
+          valid = false;
+          break;
+        }
+        k += n;
+      }
+      if (!valid) continue;
+      EXPECT_EQ(test::AcceptsText(c, text), text.find(marker) == std::string::npos) << text;
+    }
+  }
+}
+
+// A constraint after a reasoning model's thought: anything up to the first </think>, up to two
+// newlines, then the constraint; the constraint never inside the thought.
+TEST(GrammarCompiler, AConstraintAfterTheThought) {
+  GrammarCompiler c(test::ByteTrie());
+  Constraint k{Constraint::Kind::kJsonSchema, R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})"};
+  k.after = "</think>";
+  auto g = c.Compile(k);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(test::AcceptsText(*g, "Let me see. {\"a\": 1} maybe</think>\n\n{\"a\":1}"));
+  EXPECT_TRUE(test::AcceptsText(*g, "</think>{\"a\":2}"));
+  EXPECT_TRUE(test::AcceptsText(*g, "<think?</thin</think>\n{\"a\":3}"));
+  EXPECT_FALSE(test::AcceptsText(*g, "{\"a\":1}"));                        // no thought closed
+  EXPECT_FALSE(test::AcceptsText(*g, "x</think>y</think>{\"a\":1}"));      // the first </think> ends it
+  EXPECT_FALSE(test::AcceptsText(*g, "x</think>\n\n\n{\"a\":1}"));         // two newlines at most
+  // A different marker is a different grammar (the cache key holds it).
+  Constraint plain{Constraint::Kind::kJsonSchema, k.text};
+  auto p = c.Compile(plain);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NE(p->get(), g->get());
+  EXPECT_TRUE(test::AcceptsText(*p, "{\"a\":1}"));
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ const os = require('os');
 const path = require('path');
 const assert = require('assert');
 
-const [gale, nodeModules, chatTemplate] = process.argv.slice(2);
+const [gale, nodeModules, chatTemplate, dataDir] = process.argv.slice(2);
 const OpenAI = require(path.join(nodeModules, 'openai'));
 const Ajv = require(path.join(nodeModules, 'ajv'));
 const addFormats = require(path.join(nodeModules, 'ajv-formats'));
@@ -274,6 +274,83 @@ function validateAll(label, outs) {
   } finally {
     sy.proc.kill('SIGTERM');
     fs.rmSync(model, { force: true });
+  }
+
+  // A thinking template (Qwen3.5's, from llama.cpp's bundle: scripts/derive-test-data.sh) on the
+  // synth model: with thinking off (the template closes the think block) the forced call and the
+  // JSON come back as tool_calls and content; with it on, the model thinks freely and the
+  // constraint waits for its </think>, so the answer is never forced into reasoning_content.
+  const qwen35 = path.join(dataDir || '', 'chat-templates/templates/Qwen3.5-4B.jinja');
+  if (!dataDir || !fs.existsSync(qwen35)) {
+    console.log(`skip thinking-template checks: ${qwen35} is missing (scripts/install-deps.sh --test derives it)`);
+  } else {
+    const tm = path.join(os.tmpdir(), `gale-structured-think-${process.pid}.gguf`);
+    execFileSync(gale, ['synth', '--shape', 'custom', '--arch', 'qwen3', '--dim', '128', '--layers', '2', '--heads', '4',
+                        '--kv-heads', '2', '--ffn', '256', '--vocab', '2048', '--ctx', '4096', '--type', 'q8_0', '-o', tm],
+                 { stdio: 'ignore' });
+    const th = await startServer(['-m', tm, '--chat-template', qwen35]);
+    try {
+      await check('a thinking template: forced calls and JSON after the thought, where OpenAI puts them', async () => {
+        await waitForLog(th, 'tool calls: the qwen3_coder parser (from the chat template); reasoning in <think> blocks');
+        const c3 = client(th.port);
+        const time = { type: 'function', function: { name: 'get_time', parameters: { type: 'object',
+          properties: { zone: { enum: ['utc', 'local'] } }, required: ['zone'] } } };
+        const off = { chat_template_kwargs: { enable_thinking: false } };
+        for (const extra of [{}, { stream: true }]) {
+          const r = await c3.chat.completions.create({ messages: [{ role: 'user', content: 'Time?' }], tools: [time], tool_choice: 'required',
+                                                       parallel_tool_calls: false, max_tokens: 200, ...off, ...extra });
+          let calls, finish, content = null, reasoning = '';
+          if (extra.stream) {
+            calls = [];
+            for await (const chunk of r) {
+              const d = chunk.choices[0].delta;
+              if (d.content) content = (content || '') + d.content;
+              if (d.reasoning_content) reasoning += d.reasoning_content;
+              for (const t of d.tool_calls || []) {
+                if (!calls[t.index]) calls[t.index] = { name: t.function.name, arguments: '' };
+                calls[t.index].arguments += t.function.arguments || '';
+              }
+              if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+            }
+          } else {
+            calls = (r.choices[0].message.tool_calls || []).map((t) => t.function);
+            finish = r.choices[0].finish_reason;
+            content = r.choices[0].message.content;
+            reasoning = r.choices[0].message.reasoning_content || '';
+          }
+          assert.strictEqual(finish, 'tool_calls', JSON.stringify({ calls, content, reasoning }));
+          assert.strictEqual(content, null);
+          assert.strictEqual(reasoning, '');
+          assert.strictEqual(calls.length, 1);
+          assert.strictEqual(calls[0].name, 'get_time');
+          assert.ok(['utc', 'local'].includes(JSON.parse(calls[0].arguments).zone), calls[0].arguments);
+        }
+        // Parallel calls: this model repeats them; the grammar is complete after 8 and the answer ends.
+        const par = await c3.chat.completions.create({ messages: [{ role: 'user', content: 'Time?' }], tools: [time],
+                                                       tool_choice: 'required', max_tokens: 1500, ...off });
+        assert.strictEqual(par.choices[0].finish_reason, 'tool_calls', JSON.stringify(par.choices[0]));
+        assert.ok(par.choices[0].message.tool_calls.length >= 1 && par.choices[0].message.tool_calls.length <= 8);
+        assert.ok(par.usage.completion_tokens < 1500);
+        const js = await c3.chat.completions.create({ messages: [{ role: 'user', content: 'Zone?' }], max_tokens: 60, ...off,
+          response_format: { type: 'json_schema', json_schema: { name: 'z', schema: time.function.parameters } } });
+        assert.ok(['utc', 'local'].includes(JSON.parse(js.choices[0].message.content).zone), js.choices[0].message.content);
+        // Thinking on: the thought is the model's own (this random model rarely closes it within 40
+        // tokens); nothing of the call is forced into it.
+        const on = await c3.chat.completions.create({ messages: [{ role: 'user', content: 'Time?' }], tools: [time], tool_choice: 'required',
+                                                      max_tokens: 40, temperature: 1, seed: 2 });
+        const m = on.choices[0].message;
+        assert.ok(!(m.reasoning_content || '').startsWith('<tool_call>'), JSON.stringify(m));
+        if (on.choices[0].finish_reason === 'length') {
+          assert.strictEqual(m.content, null);
+        } else {
+          assert.strictEqual(on.choices[0].finish_reason, 'tool_calls');
+          assert.strictEqual(m.tool_calls[0].function.name, 'get_time');
+        }
+      });
+    } finally {
+      th.proc.kill('SIGTERM');
+      fs.rmSync(tm, { force: true });
+    }
   }
 
   harness.finish();

@@ -404,3 +404,31 @@ TEST(ToolCalls, AForcedAnswerCutInACallDropsTheCutCall) {
 
 }  // namespace
 }  // namespace gale::server
+
+namespace gale::server {
+namespace {
+
+// A thinking template's forced call: the thought is reasoning_content, the call after </think> a
+// tool call, the content null (streamed piece by piece or whole).
+TEST(ToolCalls, AForcedCallAfterTheThoughtIsACallNotReasoning) {
+  const std::string text = "I should call ping.</think>\n\n<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>";
+  for (size_t piece : {size_t{1}, size_t{3}, text.size()}) {
+    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/true, /*starts_thinking=*/true, /*forced_calls=*/true);
+    std::string content, reasoning;
+    for (size_t i = 0; i < text.size(); i += piece) {
+      const MessageStream::Delta d = ms.Push(text.substr(i, piece));
+      content += d.content;
+      reasoning += d.reasoning;
+    }
+    const ParsedMessage tail = ms.Finish();
+    content += tail.content;
+    reasoning += tail.reasoning;
+    EXPECT_EQ(reasoning, "I should call ping.") << piece;
+    EXPECT_EQ(content, "") << piece;
+    ASSERT_EQ(tail.calls.size(), 1u) << piece;
+    EXPECT_EQ(tail.calls[0].name, "ping");
+  }
+}
+
+}  // namespace
+}  // namespace gale::server
