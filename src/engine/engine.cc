@@ -54,6 +54,9 @@ Status SpecConfig::Validate() const {
 
 namespace {
 
+// How long the engine waits idle before giving freed memory back to the system.
+constexpr std::chrono::milliseconds kIdleReleaseDelay{100};
+
 // A retention setting, the engine's or a request's: valid, not with a draft model, and on a
 // sliding-window model with the cache's layer groups it needs (CheckRetentionGroups).
 Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, const ModelHParams& hp,
@@ -484,9 +487,11 @@ void Engine::Loop() {
   while (true) {
     submitted.clear();
     cancelled.clear();
-    if (!sched_.HasWork() && !idle_released) {
-      // Going idle: what the finished requests freed goes back to the system (a burst's memory
-      // must not stay with an idle server).
+    if (!sched_.HasWork() && !idle_released && !queue_.WaitFor(kIdleReleaseDelay)) {
+      // Idle a while: what the finished requests freed goes back to the system (a burst's memory
+      // must not stay with an idle server). Not at every idle moment: malloc_trim walks every
+      // arena, holding each one's lock, and under a stream of short requests the engine thread
+      // would spend its time there while the next request waits.
       ReleaseFreeMemory();
       idle_released = true;
     }

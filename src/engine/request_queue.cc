@@ -127,4 +127,9 @@ bool RequestQueue::Drain(bool wait, std::vector<PendingRequest>* submitted, std:
   return !shutdown_;
 }
 
+bool RequestQueue::WaitFor(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return shutdown_ || paused_ || !submitted_.empty() || !cancelled_.empty(); });
+}
+
 }  // namespace gale

@@ -129,6 +129,10 @@ class RequestQueue {
   // once shut down (what was queued is still returned).
   bool Drain(bool wait, std::vector<PendingRequest>* submitted, std::vector<int64_t>* cancelled);
 
+  // Engine side: waits up to `timeout` for something to drain (or shutdown, or a pause); true when
+  // it came.
+  bool WaitFor(std::chrono::milliseconds timeout);
+
   // Holds the engine between two steps: returns once the engine thread waits in Drain, so
   // whatever is submitted or cancelled before Resume reaches it together, at one step boundary
   // (deterministic tests of races: cancel versus finish, a burst of submissions).

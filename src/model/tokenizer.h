@@ -63,6 +63,9 @@ class Tokenizer {
   bool spm_chunking() const { return spm_chunkable_; }
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  // The most text bytes one token stands for (its stored text's length bounds them): a text of n
+  // bytes is at least n / max_token_bytes() tokens, known without tokenizing it.
+  size_t max_token_bytes() const { return max_token_bytes_ > 0 ? max_token_bytes_ : 1; }
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
   int32_t eot_id() const { return eot_id_; }

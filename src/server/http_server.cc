@@ -49,6 +49,15 @@ struct HttpServer::Impl {
   net::io_context work;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work_guard;
   std::vector<std::thread> work_threads;
+  // Large bodies (past kBulkBodyBytes: a long document, a 7 MB prompt) are prepared on a lane of
+  // their own, so that a burst of them never queues a small request behind seconds of parsing and
+  // tokenizing.
+  static constexpr size_t kBulkBodyBytes = size_t{256} << 10;
+  net::io_context bulk;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> bulk_guard;
+  std::vector<std::thread> bulk_threads;
+  net::io_context& LaneFor(size_t body_bytes) { return body_bytes > kBulkBodyBytes ? bulk : work; }
+  std::atomic<int64_t> connections{0};  // open sessions (ServerOptions::max_connections)
   // Constraint compilation (bounded by the compiler's time limit) runs on threads of its own, at
   // a lower priority still (nice +10): a client's costly schema waits for other compilations, not
   // other requests.
@@ -64,16 +73,19 @@ struct HttpServer::Impl {
   std::shared_ptr<const ServingState> state;  // null until ready
   std::atomic<uint64_t> next_id{1};
 
-  // Memory back to the system 100 ms after the last request in flight ends (debounced): a burst's
-  // bodies, parses and grammars are freed by then, whichever thread freed them.
+  // Memory back to the system 100 ms after the last request in flight ends, or the last one with
+  // a large body (debounced): a burst's bodies, parses and grammars are freed by then, whichever
+  // thread freed them, and a long generation elsewhere does not keep them.
+  std::atomic<int64_t> bulk_in_flight{0};  // those of them with a body past kBulkBodyBytes
   net::strand<net::io_context::executor_type> release_strand{work.get_executor()};
   net::steady_timer release_timer{release_strand};
-  void RequestEnded() {
-    if (--in_flight != 0) return;
+  void RequestEnded(bool bulk) {
+    const bool last_bulk = bulk && --bulk_in_flight == 0;
+    if (--in_flight != 0 && !last_bulk) return;
     net::post(release_strand, [this] {
       release_timer.expires_after(std::chrono::milliseconds(100));
       release_timer.async_wait([this](boost::system::error_code ec) {
-        if (!ec && in_flight.load() == 0) ReleaseFreeMemory();
+        if (!ec && (in_flight.load() == 0 || bulk_in_flight.load() == 0)) ReleaseFreeMemory();
       });
     });
   }
@@ -145,6 +157,24 @@ void LogIgnoredFields(const std::vector<std::string>& fields) {
       std::fprintf(stderr, "note: ignoring the unknown request field '%s' (--strict-api refuses such requests)\n", f.c_str());
     }
   }
+}
+
+// A prompt of `bytes` bytes that cannot fit the per-request limit whatever it tokenizes to (each
+// token stands for at most Tokenizer::max_token_bytes() bytes): refused before tokenizing it, so a
+// 7 MB prompt costs no seconds of a request thread. Truncation and KV retention make the limit
+// another: then the prompt is tokenized as usual.
+std::optional<ApiError> CertainlyTooLong(const CompletionRequest& req, const ServingState& state, size_t bytes) {
+  // Short prompts cost nothing to tokenize: the engine's own check says what is wrong with them.
+  if (bytes < (size_t{64} << 10)) return std::nullopt;
+  if (req.truncate_prompt_tokens > 0 || req.retention || state.engine->config().retention.active()) return std::nullopt;
+  const int64_t limit = state.engine->max_request_tokens();
+  const int64_t at_least = static_cast<int64_t>(bytes / state.tokenizer->max_token_bytes());
+  const int64_t out = std::max<int64_t>(req.max_tokens, 1);
+  if (at_least + out <= limit) return std::nullopt;
+  return ApiError{400, fmt::format("the prompt's {} bytes are at least {} tokens, and with max_tokens {} that exceeds "
+                                   "the limit of {} tokens per request; shorten it, lower max_tokens, or set "
+                                   "truncate_prompt_tokens", bytes, at_least, req.max_tokens, limit),
+                  "invalid_request_error", req.chat ? "messages" : "prompt"};
 }
 
 // kind: 0 completions, 1 chat, 2 embeddings.
@@ -236,10 +266,12 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
     // the model thinks freely, and the constraint (JSON, the forced call) applies to the answer
     // after it, which then comes back as content or tool_calls, not inside reasoning_content.
     if (p.starts_thinking && p.constraint) p.constraint->after = "</think>";
+    if (auto e = CertainlyTooLong(req, state, text->size())) return *e;
     p.prompts.push_back(TokenizeChatPrompt(tok, *text));
     p.prompt_texts.push_back(shown);
   } else {
     for (const auto& prompt : req.prompts) {
+      if (auto e = CertainlyTooLong(req, state, prompt.size())) return *e;
       p.prompts.push_back(tok.Encode(prompt, /*add_special=*/true, req.parse_special));
       p.prompt_texts.push_back(prompt);
     }
@@ -349,7 +381,10 @@ struct Generation {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server), watch_timer_(stream_.get_executor()) {}
+      : stream_(std::move(socket)), server_(server), watch_timer_(stream_.get_executor()) {
+    ++server_->connections;
+  }
+  ~Session() { --server_->connections; }
 
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
@@ -484,7 +519,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!state) return SendError({503, "the model is still loading", "service_unavailable", ""}, false, "5");
     if (tokenize || detokenize) {
       if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
-      net::post(server_->work, [self = shared_from_this(), body = std::move(req.body()), detokenize, state]() mutable {
+      // (The lane is chosen before the body moves into the task: argument order is unspecified.)
+      net::io_context& lane = server_->LaneFor(req.body().size());
+      net::post(lane, [self = shared_from_this(), body = std::move(req.body()), detokenize, state]() mutable {
         std::variant<Json, ApiError> r;
         try {
           r = TokenizeRequest(body, detokenize, *state);
@@ -512,9 +549,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
     // Counted in flight from here, so a drain waits for it and the engine outlives it.
     ++server_->in_flight;
+    bulk_ = req.body().size() > HttpServer::Impl::kBulkBodyBytes;
+    if (bulk_) ++server_->bulk_in_flight;
     if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
     if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
-    net::post(server_->work, [self = shared_from_this(), req = std::move(req), kind, state]() mutable {
+    net::io_context& lane = server_->LaneFor(req.body().size());  // before the body moves
+    net::post(lane, [self = shared_from_this(), req = std::move(req), kind, state]() mutable {
       auto prepared = Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
       Prepared* p = std::get_if<Prepared>(&prepared);
@@ -571,7 +611,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Ends a request counted in flight that never started generating.
   void Reject(const ApiError& e, const std::string& retry_after = "") {
-    server_->RequestEnded();
+    server_->RequestEnded(bulk_);
     server_->metrics.RequestDone("rejected", 0, 0, -1, 0);
     SendError(e, false, retry_after);
   }
@@ -793,7 +833,7 @@ class Session : public std::enable_shared_from_this<Session> {
     server_->in_flight_tokens -= gen_tokens_;
     gen_seqs_ = 0;
     gen_tokens_ = 0;
-    server_->RequestEnded();
+    server_->RequestEnded(bulk_);
     // Callers hold their own reference, so this cannot destroy the session under them.
     self_hold_.reset();
   }
@@ -985,6 +1025,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Engine* engine_ = nullptr;
   int64_t gen_seqs_ = 0;                // the generation's sequences, counted in in_flight_seqs
   int64_t gen_tokens_ = 0;              // its tokens of work, counted in in_flight_tokens
+  bool bulk_ = false;                   // the request in flight has a large body (bulk_in_flight)
   net::steady_timer watch_timer_;       // non-streamed generations: is the client still there
   char watch_buf_[512];
 };
@@ -999,6 +1040,20 @@ void HttpServer::Impl::Accept() {
       // and the second would otherwise wait for the client's delayed ACK of the first (~40 ms).
       beast::error_code opt_ec;
       socket.set_option(tcp::no_delay(true), opt_ec);
+      if (opt.max_connections > 0 && connections.load() >= opt.max_connections) {
+        // Past the cap: a short 503 (a fresh socket takes these bytes at once) and the door.
+        static const std::string kFull = [] {
+          const std::string body = ErrorBody({503, "too many open connections (gale serve --max-connections)",
+                                              "service_unavailable", ""});
+          return fmt::format("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                             "Connection: close\r\nContent-Length: {}\r\n\r\n{}", body.size(), body);
+        }();
+        socket.non_blocking(true, opt_ec);
+        net::write(socket, net::buffer(kFull), opt_ec);
+        socket.close(opt_ec);
+        metrics.HttpResponse(503);
+        return Accept();
+      }
       std::make_shared<Session>(std::move(socket), this)->Run();
       return Accept();
     }
@@ -1029,6 +1084,13 @@ Status HttpServer::Start() {
     impl_->work_threads.emplace_back([impl = impl_.get()] {
       setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 5);  // this thread only (Linux)
       impl->work.run();
+    });
+  }
+  impl_->bulk_guard.emplace(impl_->bulk.get_executor());
+  for (int i = 0; i < std::max(1, impl_->opt.num_work_threads / 2); ++i) {
+    impl_->bulk_threads.emplace_back([impl = impl_.get()] {
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 5);
+      impl->bulk.run();
     });
   }
   impl_->compile_guard.emplace(impl_->compile.get_executor());
@@ -1072,6 +1134,9 @@ void HttpServer::Stop() {
   impl_->work_guard.reset();
   for (auto& t : impl_->work_threads) t.join();
   impl_->work_threads.clear();
+  impl_->bulk_guard.reset();
+  for (auto& t : impl_->bulk_threads) t.join();
+  impl_->bulk_threads.clear();
   impl_->compile_guard.reset();
   for (auto& t : impl_->compile_threads) t.join();
   impl_->compile_threads.clear();

@@ -34,7 +34,11 @@ struct ServerOptions {
   int64_t max_waiting_tokens = 0;
   int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
   int num_compile_threads = 1;       // compile output constraints (grammar::GrammarCompiler)
-  std::chrono::seconds idle_timeout{120};
+  // An idle kept-alive connection, or a request whose header and body have not all arrived, is
+  // closed after this.
+  std::chrono::seconds idle_timeout{30};
+  // Open connections beyond this are answered 503 and closed (0: no cap).
+  int64_t max_connections = 4096;
   bool strict_api = false;           // unknown request fields are 400 errors instead of ignored
   // Browsers' cross-origin requests: origins allowed ("*" any), empty: no CORS headers at all.
   std::vector<std::string> cors_origins;

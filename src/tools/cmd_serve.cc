@@ -48,6 +48,13 @@ CommandFn RegisterServe(CLI::App& app) {
                  "tokens of work (prompt + max_tokens of every sequence) in flight before 429; 0: no limit")
       ->capture_default_str();
   app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
+  app.add_option("--max-connections", o->http.max_connections, "open connections past this get 503 (0: no cap)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option_function<int64_t>(
+         "--idle-timeout", [o](int64_t s) { o->http.idle_timeout = std::chrono::seconds(s); },
+         "seconds an idle or half-sent connection is kept (default 30)")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   app.add_option("--max-constraint-compile-ms", o->constraint_compile_ms,
                  "longest a response_format / guided_* / tool_choice constraint may take to compile; past it: 400")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))

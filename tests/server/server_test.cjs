@@ -584,6 +584,65 @@ function rawStream(port, cutAfter) {
     assert.ok(worst < 1000, `worst /health wait ${worst} ms`);
   });
 
+  await check('six 7 MB prompts at once: a small completion keeps its latency, and memory goes back after', async () => {
+    const rss = () => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${srv.proc.pid}/status`, 'utf8'))[1]);
+    await new Promise((r) => setTimeout(r, 300));
+    const idle = rss();
+    const prompt = 'Once upon a time, '.repeat(400000);  // 7.2 MB
+    // Three past the limit whatever they tokenize to (refused before tokenizing), three asking for
+    // truncation (tokenized whole, on the request threads' lane for large bodies).
+    const bodies = [0, 1, 2, 3, 4, 5].map((i) => JSON.stringify(
+      i < 3 ? { prompt, max_tokens: 4 } : { prompt, max_tokens: 4, truncate_prompt_tokens: 64 }));
+    let done = false;
+    const big = Promise.all(bodies.map((b) => request(srv.port, 'POST', '/v1/completions', b))).then((rs) => { done = true; return rs; });
+    const waits = [];
+    while (!done) {
+      const t0 = process.hrtime.bigint();
+      const r = await request(srv.port, 'POST', '/v1/completions', JSON.stringify({ prompt: 'Once', max_tokens: 2 }));
+      assert.strictEqual(r.status, 200, r.body);
+      waits.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      await new Promise((r2) => setTimeout(r2, 20));
+    }
+    const rs = await big;
+    for (let i = 0; i < 3; i++) {
+      assert.strictEqual(rs[i].status, 400, rs[i].body.slice(0, 300));
+      assert.match(rs[i].body, /bytes are at least \d+ tokens/);
+    }
+    for (let i = 3; i < 6; i++) assert.strictEqual(rs[i].status, 200, rs[i].body.slice(0, 300));
+    await new Promise((r) => setTimeout(r, 400));  // the release timer: 100 ms after the last request
+    const after = rss();
+    const worst = Math.max(...waits);
+    console.log(`     small completions during the burst: ${waits.length}, worst ${worst.toFixed(0)} ms; ` +
+                `RSS idle ${(idle / 1024).toFixed(1)} MB, after ${(after / 1024).toFixed(1)} MB`);
+    assert.ok(worst < 500, `worst small completion ${worst} ms`);
+    assert.ok(after < 2 * idle, `RSS ${after} kB after the burst, ${idle} kB idle`);
+  });
+
+  await check('--max-connections: connections past the cap get a 503 and are closed; the others keep serving', async () => {
+    const s5 = await startServer(['--max-connections', '4', '--no-warmup']);
+    try {
+      const socks = await Promise.all([0, 1, 2, 3].map(() => new Promise((r, j) => {
+        const sk = net.connect(s5.port, '127.0.0.1', () => r(sk));
+        sk.on('error', j);
+      })));
+      await new Promise((r) => setTimeout(r, 100));
+      const over = await new Promise((resolve, reject) => {
+        const sk = net.connect(s5.port, '127.0.0.1');
+        let d = '';
+        sk.on('data', (c) => { d += c.toString(); });
+        sk.on('close', () => resolve(d));
+        sk.on('error', reject);
+      });
+      assert.match(over, /^HTTP\/1\.1 503/);
+      assert.match(over, /max-connections/);
+      socks.forEach((sk) => sk.destroy());
+      await new Promise((r) => setTimeout(r, 100));
+      assert.strictEqual((await request(s5.port, 'GET', '/health')).status, 200);
+    } finally {
+      s5.proc.kill('SIGTERM');
+    }
+  });
+
   await check('--spec ngram: same greedy text (streamed and not), guesses counted in /metrics', async () => {
     const s4 = await startServer(['--spec', 'ngram', '--no-warmup']);
     try {
