@@ -252,7 +252,7 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
       auto gbnf = ToolCallGrammar(state.tool_format, req.tools, req.tool_choice_name, req.parallel_tool_calls,
                                   [&tok](std::string_view text) { return tok.TokenId(text); });
       if (!gbnf.ok()) return ApiError{400, gbnf.status().message(), "invalid_request_error", "tools"};
-      p.constraint = grammar::Constraint{grammar::Constraint::Kind::kGbnf, *gbnf};
+      p.constraint = grammar::Constraint{grammar::Constraint::Kind::kGbnf, *gbnf, ""};
       p.constraint_param = "tools";
     }
     auto text = RenderChat(state, req.messages, /*add_generation_prompt=*/true, extra, req.parse_special);
@@ -726,9 +726,10 @@ class Session : public std::enable_shared_from_this<Session> {
     // and so are Functionary v3.2's (every message starts with its recipient, "all" for text).
     const bool harmony = state.tool_format == ToolCallFormat::kGptOss || state.tool_format == ToolCallFormat::kFunctionaryV32;
     if (req.chat && (p.parse_tools || state.reasoning || harmony)) {
+      auto types = std::make_shared<const ToolParamTypes>(ParamTypesOf(req.tools));
       for (auto& m : gen->messages) {
         m.emplace(p.parse_tools || harmony ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
-                  p.starts_thinking, /*forced_calls=*/p.constraint_param == "tools");
+                  p.starts_thinking, /*forced_calls=*/p.constraint_param == "tools", types);
       }
     }
     gen->req = std::move(req);

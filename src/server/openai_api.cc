@@ -121,7 +121,7 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
     if (r->constraint) {
       return Bad(param, fmt::format("'{}' and '{}' both constrain the output; give one", r->constraint_param, param));
     }
-    r->constraint = grammar::Constraint{kind, std::move(text)};
+    r->constraint = grammar::Constraint{kind, std::move(text), ""};
     r->constraint_param = param;
     return std::nullopt;
   };

@@ -22,6 +22,7 @@ constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>", kDsCa
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+constexpr std::string_view kXmlFunction = "<function=";
 constexpr int kMaxArgumentDepth = 64;
 
 std::string_view Trim(std::string_view s) {
@@ -74,8 +75,8 @@ std::optional<std::string> Arguments(const Json& args) {
   return std::nullopt;
 }
 
-// {"name": ..., "arguments" | "parameters": {...}}
-std::optional<ToolCall> CallFromJson(const Json& j) {
+// {"name": ..., "arguments" | "parameters": {...}}; need_args: without either key it is no call.
+std::optional<ToolCall> CallFromJson(const Json& j, bool need_args = false) {
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty()) {
     return std::nullopt;
   }
@@ -83,54 +84,144 @@ std::optional<ToolCall> CallFromJson(const Json& j) {
   for (const char* k : {"arguments", "parameters"}) {
     if (j.contains(k)) args = &j[k];
   }
-  if (args == nullptr) return ToolCall{j["name"].get<std::string>(), "{}", ""};
+  if (args == nullptr) {
+    if (need_args) return std::nullopt;
+    return ToolCall{j["name"].get<std::string>(), "{}", ""};
+  }
   auto a = Arguments(*args);
   if (!a) return std::nullopt;
   return ToolCall{j["name"].get<std::string>(), *a, ""};
 }
 
-std::optional<ToolCall> CallFromText(std::string_view text) {
+std::optional<ToolCall> CallFromText(std::string_view text, bool need_args = false) {
   auto j = ParseJson(Trim(text));
   if (!j) return std::nullopt;
-  return CallFromJson(*j);
+  return CallFromJson(*j, need_args);
 }
 
-// Qwen3-Coder's XML: <function=NAME> <parameter=P>VALUE</parameter>... </function>. A value that
-// parses as JSON (a number, an object) is taken as such, anything else as a string.
-std::optional<ToolCall> CallFromXml(std::string_view text) {
+// A Python literal (what a model trained on Python writes for a dict: single quotes, True, None)
+// as JSON, or nothing when it is not one.
+std::optional<Json> PythonLiteral(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    if (c == '\'' || c == '"') {
+      std::string str;
+      size_t j = i + 1;
+      for (; j < text.size() && text[j] != c; ++j) {
+        if (text[j] == '\\' && j + 1 < text.size()) {
+          const char e = text[++j];
+          str += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+        } else {
+          str += text[j];
+        }
+      }
+      if (j >= text.size()) return std::nullopt;
+      out += Json(str).dump(-1, ' ', false, Json::error_handler_t::replace);
+      i = j + 1;
+    } else if (std::isalpha(static_cast<unsigned char>(c))) {
+      size_t j = i;
+      while (j < text.size() && std::isalnum(static_cast<unsigned char>(text[j]))) ++j;
+      const std::string_view word = text.substr(i, j - i);
+      if (word == "True") {
+        out += "true";
+      } else if (word == "False") {
+        out += "false";
+      } else if (word == "None") {
+        out += "null";
+      } else {
+        return std::nullopt;
+      }
+      i = j;
+    } else {
+      out += c;
+      ++i;
+    }
+  }
+  return ParseJson(out);
+}
+
+// One Qwen3-Coder parameter value (text) as JSON, by the type its tool declares ("" unknown): a
+// string parameter's value is its text; others are JSON (or a Python literal for an object or an
+// array); an undeclared one is JSON where it parses as a non-string, else its text.
+Json XmlValue(std::string_view value, std::string_view type) {
+  if (type == "string") return Json(std::string(value));
+  if (auto j = ParseJson(value); j && !j->is_string()) return *j;
+  const std::string_view t = Trim(value);
+  if ((type == "object" || type == "array" || type.empty()) && (StartsWith(t, "{") || StartsWith(t, "["))) {
+    if (auto j = PythonLiteral(t)) return *j;
+  }
+  if (type == "boolean" && (t == "True" || t == "False")) return Json(t == "True");
+  return Json(std::string(value));
+}
+
+// Qwen3-Coder's XML: <function=NAME> <parameter=P>VALUE</parameter>... </function>, each value
+// converted by its declared type (XmlValue). A value missing its </parameter> ends where the next
+// parameter or the function does.
+std::optional<ToolCall> CallFromXml(std::string_view text, const ToolParamTypes* types) {
   text = Trim(text);
   if (!StartsWith(text, "<function=")) return std::nullopt;
   const size_t name_end = text.find('>');
   if (name_end == std::string_view::npos) return std::nullopt;
   ToolCall call{std::string(Trim(text.substr(10, name_end - 10))), "", ""};
+  const std::map<std::string, std::string>* declared = nullptr;
+  if (types != nullptr) {
+    if (auto it = types->find(call.name); it != types->end()) declared = &it->second;
+  }
+  const size_t fn_end = text.rfind("</function>");
+  if (call.name.empty() || fn_end == std::string_view::npos || fn_end < name_end) return std::nullopt;
   Json args = Json::object();
   size_t pos = name_end + 1;
   while (true) {
     const size_t p = text.find("<parameter=", pos);
-    if (p == std::string_view::npos) break;
+    if (p == std::string_view::npos || p > fn_end) break;
     const size_t key_end = text.find('>', p);
-    const size_t close = text.find("</parameter>", p);
-    if (key_end == std::string_view::npos || close == std::string_view::npos || close < key_end) return std::nullopt;
+    if (key_end == std::string_view::npos || key_end > fn_end) return std::nullopt;
+    const size_t closed = text.find("</parameter>", key_end);
+    const size_t next = std::min({closed, text.find("<parameter=", key_end), fn_end});
     const std::string key(Trim(text.substr(p + 11, key_end - p - 11)));
-    std::string_view value = text.substr(key_end + 1, close - key_end - 1);
+    std::string_view value = text.substr(key_end + 1, next - key_end - 1);
     if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
     if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-    auto j = ParseJson(value);
-    args[key] = j && !j->is_string() ? *j : Json(std::string(value));
-    pos = close + 12;
+    std::string type;
+    if (declared != nullptr) {
+      if (auto it = declared->find(key); it != declared->end()) type = it->second;
+    }
+    args[key] = XmlValue(value, type);
+    pos = next == closed ? closed + 12 : next;
   }
-  if (call.name.empty() || text.find("</function>", pos) == std::string_view::npos) return std::nullopt;
   call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
   return call;
 }
 
 void AppendContent(std::string* content, std::string_view text) { content->append(text); }
 
-ParsedMessage ParseTagged(std::string_view text, bool xml) {
+ParsedMessage ParseTagged(std::string_view text, bool xml, const ToolParamTypes* types) {
   ParsedMessage out;
   size_t pos = 0;
   while (true) {
     const size_t start = text.find(kHermesOpen, pos);
+    // Qwen3-Coder's <function=...> without the <tool_call> around it (a stray </tool_call> after
+    // it goes with it).
+    const size_t bare = xml ? text.find(kXmlFunction, pos) : std::string_view::npos;
+    if (bare < start) {
+      AppendContent(&out.content, text.substr(pos, bare - pos));
+      const size_t end = text.find("</function>", bare);
+      if (end == std::string_view::npos) {
+        pos = bare;
+        break;
+      }
+      size_t next = end + 11;
+      const std::string_view after = Trim(text.substr(next));
+      if (StartsWith(after, kHermesClose)) next = text.size() - after.size() + kHermesClose.size();
+      if (auto call = CallFromXml(text.substr(bare, end + 11 - bare), types)) {
+        out.calls.push_back(std::move(*call));
+      } else {
+        AppendContent(&out.content, text.substr(bare, next - bare));
+      }
+      pos = next;
+      continue;
+    }
     if (start == std::string_view::npos) break;
     AppendContent(&out.content, text.substr(pos, start - pos));
     const size_t inner_begin = start + kHermesOpen.size();
@@ -143,7 +234,7 @@ ParsedMessage ParseTagged(std::string_view text, bool xml) {
     const size_t next = close == std::string_view::npos ? text.size() : close + kHermesClose.size();
     const std::string_view inner = text.substr(inner_begin, inner_end - inner_begin);
     // Qwen3-Coder writes XML, but JSON inside the tags (what its constrained form writes) is a call too.
-    std::optional<ToolCall> call = xml ? CallFromXml(inner) : std::nullopt;
+    std::optional<ToolCall> call = xml ? CallFromXml(inner, types) : std::nullopt;
     if (!call) call = CallFromText(inner);
     if (call) {
       out.calls.push_back(std::move(*call));
@@ -158,7 +249,7 @@ ParsedMessage ParseTagged(std::string_view text, bool xml) {
 
 // One or more JSON objects (llama3_json: joined by ';'), or one JSON array of them (mistral);
 // everything or nothing.
-std::optional<std::vector<ToolCall>> JsonCalls(std::string_view text) {
+std::optional<std::vector<ToolCall>> JsonCalls(std::string_view text, bool need_args = false) {
   std::vector<ToolCall> calls;
   size_t pos = 0;
   text = Trim(text);
@@ -166,7 +257,7 @@ std::optional<std::vector<ToolCall>> JsonCalls(std::string_view text) {
     auto j = ParseJson(text);
     if (!j || !j->is_array() || j->empty()) return std::nullopt;
     for (const auto& e : *j) {
-      auto c = CallFromJson(e);
+      auto c = CallFromJson(e, need_args);
       if (!c) return std::nullopt;
       calls.push_back(std::move(*c));
     }
@@ -176,7 +267,7 @@ std::optional<std::vector<ToolCall>> JsonCalls(std::string_view text) {
     if (text[pos] != '{') return std::nullopt;
     const size_t end = JsonValueEnd(text, pos);
     if (end == std::string_view::npos) return std::nullopt;
-    auto c = CallFromText(text.substr(pos, end - pos));
+    auto c = CallFromText(text.substr(pos, end - pos), need_args);
     if (!c) return std::nullopt;
     calls.push_back(std::move(*c));
     pos = end;
@@ -191,15 +282,29 @@ ParsedMessage ParseLlama3(std::string_view text) {
   std::string_view body = Trim(text);
   if (StartsWith(body, kPythonTag)) body = Trim(body.substr(kPythonTag.size()));
   if (StartsWith(body, "{")) {
-    if (auto calls = JsonCalls(body)) {
+    if (auto calls = JsonCalls(body, /*need_args=*/true)) {
       out.calls = std::move(*calls);
       return out;
     }
   }
-  out.content = std::string(text);
+  // Calls written inside prose ("Here is the result: {...}"), as vLLM's parser takes them: every
+  // object with a name and parameters is a call, and the prose around them goes.
+  for (size_t at = body.find('{'); at != std::string_view::npos; at = body.find('{', at + 1)) {
+    const size_t end = JsonValueEnd(body, at);
+    if (end == std::string_view::npos) break;
+    if (auto c = CallFromText(body.substr(at, end - at), /*need_args=*/true)) {
+      out.calls.push_back(std::move(*c));
+      at = end - 1;
+    }
+  }
+  if (out.calls.empty()) out.content = std::string(text);
   return out;
 }
 
+// Mistral. v11 and later: [TOOL_CALLS]NAME[ARGS]{...} (the decoder may drop [ARGS], a control
+// token), one per [TOOL_CALLS]; arguments that are not valid JSON (cut off) come back as written,
+// and a name without arguments is no call. Earlier: [TOOL_CALLS] [{"name", "arguments"}, ...],
+// the array found past any junk. Text after the calls goes, as vLLM's parser drops it.
 ParsedMessage ParseMistral(std::string_view text) {
   ParsedMessage out;
   const size_t marker = text.find(kMistralCalls);
@@ -215,39 +320,41 @@ ParsedMessage ParseMistral(std::string_view text) {
     return out;
   }
   out.content = std::string(text.substr(0, marker));
-  std::string_view rest = text.substr(marker + kMistralCalls.size());
-  if (StartsWith(Trim(rest), "[")) {
-    if (auto calls = JsonCalls(rest)) {
-      out.calls = std::move(*calls);
-    } else {
-      out.content += std::string(text.substr(marker));
+  std::string_view rest = Trim(text.substr(marker + kMistralCalls.size()));
+  const auto name_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'; };
+  if (!rest.empty() && std::all_of(rest.begin(), rest.end(), name_char)) return out;  // a name alone: no call
+  if (!rest.empty() && name_char(rest.front())) {
+    std::string_view calls = rest;
+    while (!calls.empty()) {
+      size_t n = 0;
+      while (n < calls.size() && name_char(calls[n])) ++n;
+      const std::string name(calls.substr(0, n));
+      std::string_view args = Trim(calls.substr(n));
+      if (StartsWith(args, kMistralArgs)) args = Trim(args.substr(kMistralArgs.size()));
+      if (name.empty() || !StartsWith(args, "{")) break;
+      const size_t end = JsonValueEnd(args, 0);
+      const std::string_view obj = args.substr(0, end);  // to the text's end when it never closes
+      auto j = ParseJson(obj);
+      auto a = j ? Arguments(*j) : std::nullopt;
+      out.calls.push_back({name, a ? *a : std::string(obj), ""});
+      if (end == std::string_view::npos) break;
+      const size_t next = args.find(kMistralCalls, end);
+      if (next == std::string_view::npos) break;
+      calls = Trim(args.substr(next + kMistralCalls.size()));
     }
-    return out;
+    if (!out.calls.empty()) return out;
   }
-  // name[ARGS]{...}, repeated (each after its own [TOOL_CALLS]).
-  std::vector<ToolCall> calls;
-  while (!Trim(rest).empty()) {
-    const size_t args = rest.find(kMistralArgs);
-    if (args == std::string_view::npos) break;
-    const std::string name(Trim(rest.substr(0, args)));
-    const size_t obj = args + kMistralArgs.size();
-    const size_t end = obj < rest.size() && rest[obj] == '{' ? JsonValueEnd(rest, obj) : std::string_view::npos;
-    if (name.empty() || end == std::string_view::npos) break;
-    auto j = ParseJson(rest.substr(obj, end - obj));
-    auto a = j ? Arguments(*j) : std::nullopt;
-    if (!a) break;
-    calls.push_back({name, *a, ""});
-    rest = rest.substr(end);
-    const size_t next = rest.find(kMistralCalls);
-    rest = next == std::string_view::npos ? rest : rest.substr(next + kMistralCalls.size());
-    if (next == std::string_view::npos && !Trim(rest).empty()) break;
-    if (next == std::string_view::npos) rest = {};
+  const size_t open = rest.find('[');
+  if (open != std::string_view::npos) {
+    const size_t end = JsonValueEnd(rest, open);
+    if (end != std::string_view::npos) {
+      if (auto calls = JsonCalls(rest.substr(open, end - open))) {
+        out.calls = std::move(*calls);
+        return out;
+      }
+    }
   }
-  if (Trim(rest).empty() && !calls.empty()) {
-    out.calls = std::move(calls);
-  } else {
-    out.content += std::string(text.substr(marker));
-  }
+  out.content += std::string(rest);  // not calls after all: the text without the marker
   return out;
 }
 
@@ -299,7 +406,8 @@ ParsedMessage ParseDeepSeek(std::string_view text) {
     pos = e + kDsCallEnd.size();
   }
   std::string_view tail = text.substr(std::min(pos, text.size()));
-  if (StartsWith(Trim(tail), kDsCallsEnd)) tail = Trim(tail).substr(kDsCallsEnd.size());
+  // Text after the closed block of calls goes (vLLM's parser drops it too).
+  if (StartsWith(Trim(tail), kDsCallsEnd)) tail = {};
   if (!ok || calls.empty()) {
     out.content += std::string(text.substr(first));
     return out;
@@ -343,14 +451,15 @@ ParsedMessage ParseHarmony(std::string_view text) {
     };
     const std::string channel = word_after(kChannel);
     const std::string recipient = word_after("to=");
-    if (StartsWith(recipient, "functions.") && recipient.size() > 10) {
+    if (recipient == "assistant") {
+      // A message addressed back to the assistant (a tool's answer echoed): neither a call nor text.
+    } else if (!recipient.empty() && recipient != "functions.") {
+      // A call: to=functions.NAME, or a bare or dotted name (math.sum). Arguments that are not a
+      // JSON object come back as written, as vLLM returns them.
+      const std::string name = StartsWith(recipient, "functions.") ? recipient.substr(10) : recipient;
       auto j = ParseJson(Trim(body));
       auto a = j ? Arguments(*j) : std::nullopt;
-      if (a) {
-        out.calls.push_back({recipient.substr(10), *a, ""});
-      } else {
-        out.content += std::string(body);
-      }
+      out.calls.push_back({name, a ? *a : std::string(Trim(body)), ""});
     } else if (channel == "analysis") {
       out.reasoning += std::string(body);
     } else {
@@ -443,11 +552,12 @@ ParsedMessage ParseFunctionaryV32(std::string_view text) {
 // The texts that may start a call in each format (held back while they might be one).
 // Static tables: a streamed message asks on every delta.
 std::span<const std::string_view> Markers(ToolCallFormat f) {
-  static constexpr std::string_view kTagged[] = {kHermesOpen}, kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
+  static constexpr std::string_view kTagged[] = {kHermesOpen}, kQwenXml[] = {kHermesOpen, kXmlFunction},
+                                    kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
                                     kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="};
   switch (f) {
-    case ToolCallFormat::kHermes:
-    case ToolCallFormat::kQwen3Coder: return kTagged;
+    case ToolCallFormat::kHermes: return kTagged;
+    case ToolCallFormat::kQwen3Coder: return kQwenXml;
     case ToolCallFormat::kLlama3Json: return kLlama;
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
@@ -508,11 +618,46 @@ ToolCallFormat DetectToolCallFormat(std::string_view src) {
   return ToolCallFormat::kHermes;
 }
 
-ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text) {
+ToolParamTypes ParamTypesOf(const nlohmann::ordered_json& tools) {
+  ToolParamTypes out;
+  if (!tools.is_array()) return out;
+  for (const Json& t : tools) {
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
+    const Json& fn = t["function"];
+    if (!fn.contains("name") || !fn["name"].is_string()) continue;
+    auto& params = out[fn["name"].get<std::string>()];
+    const Json* props = fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("properties")
+                            ? &fn["parameters"]["properties"]
+                            : nullptr;
+    if (props == nullptr || !props->is_object()) continue;
+    for (auto it = props->begin(); it != props->end(); ++it) {
+      const Json& p = it.value();
+      std::string type;
+      if (p.is_object() && p.contains("type")) {
+        const Json& ty = p["type"];
+        if (ty.is_string()) {
+          type = ty.get<std::string>();
+        } else if (ty.is_array()) {  // ["string", "null"]: a string (null is written as null)
+          for (const Json& e : ty) {
+            if (e.is_string() && e != "null") type = type.empty() ? e.get<std::string>() : "mixed";
+          }
+        }
+      } else if (p.is_object() && p.contains("enum") && p["enum"].is_array() && !p["enum"].empty() &&
+                 std::all_of(p["enum"].begin(), p["enum"].end(), [](const Json& e) { return e.is_string(); })) {
+        type = "string";
+      }
+      if (type == "mixed") type.clear();
+      params[it.key()] = type;
+    }
+  }
+  return out;
+}
+
+ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const ToolParamTypes* types) {
   ParsedMessage out;
   switch (f) {
-    case ToolCallFormat::kHermes: out = ParseTagged(text, /*xml=*/false); break;
-    case ToolCallFormat::kQwen3Coder: out = ParseTagged(text, /*xml=*/true); break;
+    case ToolCallFormat::kHermes: out = ParseTagged(text, /*xml=*/false, types); break;
+    case ToolCallFormat::kQwen3Coder: out = ParseTagged(text, /*xml=*/true, types); break;
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
     case ToolCallFormat::kMistral: out = ParseMistral(text); break;
     case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
@@ -536,8 +681,13 @@ std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool s
   return {std::string(t.substr(0, close)), std::string(t.substr(close + kThinkClose.size()))};
 }
 
-MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls)
-    : tools_(tools), reasoning_(reasoning), forced_calls_(forced_calls), thinking_(reasoning && starts_thinking) {}
+MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls,
+                             std::shared_ptr<const ToolParamTypes> types)
+    : tools_(tools),
+      types_(std::move(types)),
+      reasoning_(reasoning),
+      forced_calls_(forced_calls),
+      thinking_(reasoning && starts_thinking) {}
 
 MessageStream::Delta MessageStream::Push(std::string_view text) {
   Delta d = PushText(text);
@@ -626,7 +776,7 @@ ParsedMessage MessageStream::Finish() {
   }
   pending_.clear();
   if (in_calls_) {
-    ParsedMessage p = ParseToolCalls(*tools_, call_text_);
+    ParsedMessage p = ParseToolCalls(*tools_, call_text_, types_.get());
     out.content += p.content;
     out.reasoning += p.reasoning;
     out.calls = std::move(p.calls);

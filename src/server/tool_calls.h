@@ -15,13 +15,16 @@
 //   functionary  <function=name>{...}</function> (Functionary v3.1; Granite 4 writes hermes)
 //   functionary_v3_2  the prompt ends with ">>>"; parts "all\ntext" (content) and "name\n{...}" (a
 //                call; python's may be raw code), joined by ">>>" (Functionary v3.2)
-// A call whose JSON does not parse stays in the content, as text. The format is chosen from the
+// A call whose JSON does not parse stays in the content, as text (except where vLLM's parsers
+// return it as written: mistral's cut-off arguments, a harmony call's body). The format is chosen from the
 // chat template (`--tool-call-parser` overrides). For tool_choice "required" or a named function,
 // ToolCallGrammar writes a grammar that only lets the model write valid calls in its format.
 // Pure functions and one streaming parser; no sockets, no engine.
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,8 +54,15 @@ struct ParsedMessage {
   std::vector<ToolCall> calls;
 };
 
-// The whole text of a message (reasoning already split off).
-ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text);
+// The JSON Schema type each tool declares for each parameter ("string", "integer", ...), by function
+// name: Qwen3-Coder's XML values are text, converted by them (a string parameter "42" stays a
+// string; an object parameter written as a Python literal becomes an object).
+using ToolParamTypes = std::map<std::string, std::map<std::string, std::string>, std::less<>>;
+ToolParamTypes ParamTypesOf(const nlohmann::ordered_json& tools);
+
+// The whole text of a message (reasoning already split off). types: the request's tools' (may be
+// null: a value is then taken as JSON where it parses, else as a string).
+ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const ToolParamTypes* types = nullptr);
 
 // `<think>...</think>`: the reasoning and the rest. starts_thinking: the prompt ended inside a
 // think block (the template opened it), so the text starts with reasoning.
@@ -66,7 +76,8 @@ class MessageStream {
   // forced_calls: the output was constrained to calls (tool_choice required or named): it has no
   // content, so what of a call did not parse (a call cut by max_tokens) and the newlines between
   // a thought and the calls are dropped, never returned as content.
-  MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls = false);
+  MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls = false,
+                std::shared_ptr<const ToolParamTypes> types = nullptr);
   struct Delta {
     std::string content, reasoning;
   };
@@ -78,6 +89,7 @@ class MessageStream {
   Delta PushText(std::string_view text);
 
   std::optional<ToolCallFormat> tools_;
+  std::shared_ptr<const ToolParamTypes> types_;
   bool reasoning_;
   bool forced_calls_;
   bool thinking_;          // inside a think block now

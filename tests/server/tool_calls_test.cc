@@ -80,13 +80,61 @@ TEST(ToolCalls, HermesAndQwen) {
                {"", {{"search", R"({"query":"best pizza","limit":5})"}}});
 }
 
+TEST(ToolCalls, Qwen3CoderXmlEdges) {
+  const auto f = ToolCallFormat::kQwen3Coder;
+  // <function=...> without <tool_call> around it, a stray </tool_call> after it.
+  ExpectParsed(f, "Checking.\n<function=search>\n<parameter=query>\ncats\n</parameter>\n</function>\n</tool_call>",
+               {"Checking.", {{"search", R"({"query":"cats"})"}}});
+  // A parameter missing its </parameter> ends at the next parameter.
+  ExpectParsed(f, "<tool_call>\n<function=f>\n<parameter=a>\nx\n<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>",
+               {"", {{"f", R"({"a":"x","b":2})"}}});
+  // A Python dict for a value is an object.
+  ExpectParsed(f, "<tool_call>\n<function=f>\n<parameter=o>\n{'k': True, 'n': None}\n</parameter>\n</function>\n</tool_call>",
+               {"", {{"f", R"({"o":{"k":true,"n":null}})"}}});
+  // Without </function> it is not a call.
+  const std::string cut = "<tool_call>\n<function=f>\n<parameter=a>\n1";
+  ExpectParsed(f, cut, {cut, {}});
+}
+
+TEST(ToolCalls, Qwen3CoderValuesFollowTheDeclaredTypes) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+      "type": "object", "properties": {"zip": {"type": "string"}, "n": {"type": "integer"}, "on": {"type": "boolean"},
+      "tag": {"enum": ["1", "2"]}, "o": {"type": "object"}, "maybe": {"type": ["string", "null"]}}}}}])");
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const std::string text =
+      "<tool_call>\n<function=f>\n<parameter=zip>\n02139\n</parameter>\n<parameter=n>\n7\n</parameter>\n"
+      "<parameter=on>\nTrue\n</parameter>\n<parameter=tag>\n2\n</parameter>\n<parameter=o>\n{'a': [1, 'b']}\n</parameter>\n"
+      "<parameter=maybe>\n42\n</parameter>\n<parameter=other>\n3.5\n</parameter>\n</function>\n</tool_call>";
+  const ParsedMessage p = ParseToolCalls(ToolCallFormat::kQwen3Coder, text, &types);
+  ASSERT_EQ(p.calls.size(), 1u);
+  // Declared strings stay strings ("02139", "2", "42"); an undeclared value is JSON where it parses.
+  EXPECT_EQ(p.calls[0].arguments, R"({"zip":"02139","n":7,"on":true,"tag":"2","o":{"a":[1,"b"]},"maybe":"42","other":3.5})");
+  // Without the tools: JSON where it parses.
+  EXPECT_EQ(ParseToolCalls(ToolCallFormat::kQwen3Coder, text).calls[0].arguments,
+            R"({"zip":"02139","n":7,"on":"True","tag":2,"o":{"a":[1,"b"]},"maybe":42,"other":3.5})");
+  // Streamed, with the types: the same.
+  MessageStream ms(ToolCallFormat::kQwen3Coder, false, false, false, std::make_shared<const ToolParamTypes>(types));
+  for (char c : text) EXPECT_EQ(ms.Push(std::string(1, c)).content, "");
+  EXPECT_EQ(ms.Finish().calls[0].arguments, p.calls[0].arguments);
+}
+
 TEST(ToolCalls, Llama3Json) {
   const auto f = ToolCallFormat::kLlama3Json;
   ExpectParsed(f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", {"", {{"get_weather", R"({"city":"Oslo"})"}}});
   ExpectParsed(f, "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"x;y\"}}; {\"name\": \"b\", \"parameters\": {}}",
                {"", {{"a", R"({"s":"x;y"})"}, {"b", "{}"}}});
   ExpectParsed(f, "The answer is {\"name\": 1}", {"The answer is {\"name\": 1}", {}});
-  ExpectParsed(f, "{\"name\": \"a\", \"parameters\": {}} and then text", {"{\"name\": \"a\", \"parameters\": {}} and then text", {}});
+  // A call followed by prose: the call (the prose goes, as in vLLM's parser).
+  ExpectParsed(f, "{\"name\": \"a\", \"parameters\": {}} and then text", {"", {{"a", "{}"}}});
+  // A name without parameters is not a call.
+  ExpectParsed(f, "{\"name\": \"a\"}", {"{\"name\": \"a\"}", {}});
+  // Calls inside prose, when the whole message is parsed at once (streaming has sent the prose
+  // by then, as vLLM's does).
+  const ParsedMessage p = ParseToolCalls(f, "Results: {\"name\": \"s\", \"parameters\": {\"q\": 1}}; {\"name\": \"t\", "
+                                            "\"parameters\": {}} Anything else?");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[1].name, "t");
+  EXPECT_EQ(p.content, "");
 }
 
 TEST(ToolCalls, Mistral) {
@@ -98,6 +146,15 @@ TEST(ToolCalls, Mistral) {
   // The control token missing from the text: a bare leading array of calls.
   ExpectParsed(f, "[{\"name\": \"a\", \"arguments\": {}}]", {"", {{"a", "{}"}}});
   ExpectParsed(f, "[1, 2, 3] are numbers", {"[1, 2, 3] are numbers", {}});
+  // v11+ text whose [ARGS] the decoder dropped: NAME{...}, one per [TOOL_CALLS].
+  ExpectParsed(f, "Ok[TOOL_CALLS]add{\"a\": 1}[TOOL_CALLS]mul{\"b\": 2}", {"Ok", {{"add", R"({"a":1})"}, {"mul", R"({"b":2})"}}});
+  // Arguments cut off come back as written; a name alone is no call.
+  ExpectParsed(f, "[TOOL_CALLS]sh{\"cmd\": \"ls", {"", {{"sh", "{\"cmd\": \"ls"}}});
+  EXPECT_EQ(ParseToolCalls(f, "[TOOL_CALLS]just_a_name").content, "");
+  EXPECT_TRUE(ParseToolCalls(f, "[TOOL_CALLS]just_a_name").calls.empty());
+  // Before v11: the array past any junk, and text that is no call loses the marker only.
+  ExpectParsed(f, "[TOOL_CALLS] oh [{\"name\": \"a\", \"arguments\": {}}] trailing", {"", {{"a", "{}"}}});
+  EXPECT_EQ(ParseToolCalls(f, "[TOOL_CALLS] not json").content, "not json");
 }
 
 TEST(ToolCalls, DeepSeek) {
@@ -113,6 +170,9 @@ TEST(ToolCalls, DeepSeek) {
                {"", {{"add", R"({"a":1,"b":2})"}}});
   const std::string broken = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{oops<｜tool▁call▁end｜>";
   ExpectParsed(f, broken, {broken, {}});
+  // Text after the closed block of calls goes.
+  ExpectParsed(f, "Hi<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜> bye",
+               {"Hi", {{"a", "{}"}}});
 }
 
 TEST(ToolCalls, GptOssHarmony) {
@@ -137,10 +197,22 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_EQ(p.reasoning, "think");
   EXPECT_EQ(p.content, "Four.");
   EXPECT_TRUE(p.calls.empty());
-  // A bad call body is content; plain text without channels is content.
+  // A call whose body is not JSON keeps its body as the arguments, as vLLM returns it; plain text
+  // without channels is content.
   p = ParseToolCalls(f, "<|channel|>commentary to=functions.x<|message|>{oops<|call|>");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, "{oops");
+  EXPECT_EQ(p.content, "");
+  // Recipients without functions. (bare, dotted) are calls; one addressed to the assistant is dropped.
+  p = ParseToolCalls(f, " to=math.sum<|channel|>commentary json<|message|>{\"a\": 2}<|call|><|start|>assistant to=now"
+                        "<|channel|>commentary<|message|>{}<|call|>");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "math.sum");
+  EXPECT_EQ(p.calls[1].name, "now");
+  p = ParseToolCalls(f, " to=assistant<|channel|>commentary<|message|>echo<|call|><|start|>assistant<|channel|>final"
+                        "<|message|>Done.<|end|>");
   EXPECT_TRUE(p.calls.empty());
-  EXPECT_EQ(p.content, "{oops");
+  EXPECT_EQ(p.content, "Done.");
   EXPECT_EQ(ParseToolCalls(f, "Hello").content, "Hello");
   // Streamed: everything comes at the end, the same.
   MessageStream ms(f, /*reasoning=*/true, false);
