@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "grammar/compiler.h"
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "jinja/value.h"
@@ -789,6 +790,83 @@ ParsedMessage MessageStream::Finish() {
   return out;
 }
 
+namespace {
+
+// One parameter of a call in Qwen3-Coder's XML: its value is raw text (a string), one of some
+// texts (a string enum), or JSON by a rule of the converted schema (anything else with one type).
+struct XmlParam {
+  std::string name;
+  bool required = false;
+  enum class Kind { kText, kChoice, kJson } kind = Kind::kText;
+  std::vector<std::string> choices;  // kChoice
+  Json schema;                       // kJson
+};
+
+// A tool's parameters as XML parameters, or nothing when the schema says more than XML can hold
+// (a string with a pattern, format or length, a union, a reference, keys beyond properties and
+// required): that tool's calls are then JSON inside <tool_call>, which the parser also takes.
+std::optional<std::vector<XmlParam>> XmlParams(const Json& params) {
+  static const std::vector<std::string> kObjectKeys = {"type", "properties", "required", "additionalProperties",
+                                                       "description", "title", "$schema"};
+  static const std::vector<std::string> kNotes = {"description", "title", "default", "examples"};
+  if (!params.is_object()) return std::nullopt;
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    if (std::find(kObjectKeys.begin(), kObjectKeys.end(), it.key()) == kObjectKeys.end()) return std::nullopt;
+  }
+  if (params.contains("type") && params["type"] != "object") return std::nullopt;
+  const Json props = params.value("properties", Json::object());
+  const Json required = params.value("required", Json::array());
+  if (!props.is_object() || !required.is_array()) return std::nullopt;
+  for (const Json& r : required) {
+    if (!r.is_string() || !props.contains(r.get<std::string>())) return std::nullopt;
+  }
+  std::vector<XmlParam> out;
+  for (auto it = props.begin(); it != props.end(); ++it) {
+    const Json& p = it.value();
+    if (!p.is_object() || it.key().empty() || it.key().find_first_of("<>\n") != std::string::npos) return std::nullopt;
+    XmlParam x;
+    x.name = it.key();
+    x.required = std::find(required.begin(), required.end(), Json(it.key())) != required.end();
+    const Json* values = p.contains("enum") ? &p["enum"] : nullptr;
+    Json one;
+    if (p.contains("const")) {
+      one = Json::array({p["const"]});
+      values = &one;
+    }
+    const bool only_notes = [&] {
+      for (auto k = p.begin(); k != p.end(); ++k) {
+        if (k.key() != "type" && k.key() != "enum" && k.key() != "const" &&
+            std::find(kNotes.begin(), kNotes.end(), k.key()) == kNotes.end()) {
+          return false;
+        }
+      }
+      return true;
+    }();
+    if (values != nullptr && values->is_array() && !values->empty() && only_notes &&
+        std::all_of(values->begin(), values->end(), [](const Json& v) { return v.is_string(); }) &&
+        (!p.contains("type") || p["type"] == "string")) {
+      x.kind = XmlParam::Kind::kChoice;
+      for (const Json& v : *values) {
+        if (v.get<std::string>().find("\n</parameter>") != std::string::npos) return std::nullopt;
+        x.choices.push_back(v.get<std::string>());
+      }
+    } else if (p.contains("type") && p["type"] == "string") {
+      if (!only_notes || values != nullptr) return std::nullopt;
+      x.kind = XmlParam::Kind::kText;
+    } else if (p.contains("type") && p["type"].is_string() && !p.contains("$ref") && !p.contains("anyOf") &&
+               !p.contains("oneOf") && !p.contains("allOf")) {
+      x.kind = XmlParam::Kind::kJson;  // integer, number, boolean, object, array, null
+      x.schema = p;
+    } else {
+      return std::nullopt;
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+}  // namespace
+
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
                                       bool parallel, const std::function<int32_t(std::string_view)>& token_id) {
   // Harmony's call syntax is made of control tokens: the grammar names them by id (<[N]>).
@@ -805,6 +883,7 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
   // so one conversion writes all argument rules: tool<i>-params.
   Json combined = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
   std::vector<std::string> names;
+  std::vector<std::optional<std::vector<XmlParam>>> xml;  // qwen3_coder: each tool's XML parameters
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& t = tools[i];
     if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
@@ -846,6 +925,19 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
         params.erase(defs);
       }
     }
+    if (f == ToolCallFormat::kQwen3Coder) {
+      // Its parameters' JSON values get rules of their own: tool<i>-p<k>.
+      xml.push_back(XmlParams(params));
+      if (xml.back()) {
+        for (size_t k = 0; k < xml.back()->size(); ++k) {
+          const XmlParam& x = (*xml.back())[k];
+          if (x.kind != XmlParam::Kind::kJson) continue;
+          const std::string def = fmt::format("{}p{}", prefix, k);
+          combined["$defs"][def] = x.schema;
+          combined["anyOf"].push_back({{"$ref", "#/$defs/" + def}});
+        }
+      }
+    }
     combined["$defs"][prefix + "params"] = params;
     combined["anyOf"].push_back({{"$ref", "#/$defs/" + prefix + "params"}});
     names.push_back(fname);
@@ -879,6 +971,33 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
                grammar::GbnfLiteral("json") + " " + message + " " + args + " " + call;
         break;
       case ToolCallFormat::kQwen3Coder:
+        if (xml[i]) {
+          // <function=NAME>\n, then each parameter in declaration order (optional ones may be
+          // left out) as <parameter=P>\nVALUE\n</parameter>\n, then </function>.
+          body = grammar::GbnfLiteral("<function=" + names[i] + ">\n");
+          for (size_t k = 0; k < xml[i]->size(); ++k) {
+            const XmlParam& x = (*xml[i])[k];
+            const std::string rule = fmt::format("tool{}-x{}", i, k);
+            std::string value;
+            switch (x.kind) {
+              case XmlParam::Kind::kText:
+                out += grammar::TextWithoutGbnf(rule + "-text", "\n</parameter>");
+                value = rule + "-text-0";
+                break;
+              case XmlParam::Kind::kChoice:
+                for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
+                value += ")";
+                break;
+              case XmlParam::Kind::kJson: value = fmt::format("tool{}-p{}", i, k); break;
+            }
+            out += fmt::format("{} ::= {} {} {}\n", rule, grammar::GbnfLiteral("<parameter=" + x.name + ">\n"), value,
+                               grammar::GbnfLiteral("\n</parameter>\n"));
+            body += " " + rule + (x.required ? "" : "?");
+          }
+          body += " " + grammar::GbnfLiteral("</function>");
+          break;
+        }
+        [[fallthrough]];
       case ToolCallFormat::kHermes:
       case ToolCallFormat::kMistral:
       case ToolCallFormat::kLlama3Json: {

@@ -225,6 +225,42 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_FALSE(ToolCallGrammar(f, nlohmann::ordered_json::array(), "", true).ok());
 }
 
+// tool_choice required for Qwen3-Coder: calls in its own XML, each value by its parameter's
+// schema (raw text for strings, one of the texts for string enums, JSON for the rest); a tool
+// whose schema XML cannot hold is written as JSON inside <tool_call>, which the parser takes too.
+TEST(ToolCalls, Qwen3CoderRequiredCallIsItsOwnXml) {
+  const auto f = ToolCallFormat::kQwen3Coder;
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {
+          "query": {"type": "string", "description": "what"}, "limit": {"type": "integer"},
+          "zone": {"enum": ["utc", "local"]}, "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["query", "zone"]}}},
+      {"type": "function", "function": {"name": "mail", "parameters": {"type": "object", "properties": {
+          "to": {"type": "string", "format": "email"}}, "required": ["to"]}}}])");
+  auto g = ToolCallGrammar(f, tools, "", /*parallel=*/false);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::string call = "<tool_call>\n<function=find>\n<parameter=query>\nbest\npizza <b>\n</parameter>\n"
+                           "<parameter=zone>\nlocal\n</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(GrammarAccepts(*g, call));
+  EXPECT_TRUE(GrammarAccepts(*g, "<tool_call>\n<function=find>\n<parameter=query>\nx\n</parameter>\n<parameter=limit>\n3\n"
+                                 "</parameter>\n<parameter=zone>\nutc\n</parameter>\n</function>\n</tool_call>"));
+  // A required parameter left out, a value off the enum or of the wrong type, or JSON for this tool.
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n<function=find>\n<parameter=query>\nx\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n<function=find>\n<parameter=query>\nx\n</parameter>\n<parameter=zone>\nmars\n"
+                                  "</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n<function=find>\n<parameter=query>\nx\n</parameter>\n<parameter=limit>\nmany\n"
+                                  "</parameter>\n<parameter=zone>\nutc\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n{\"name\":\"find\",\"arguments\":{\"query\":\"x\",\"zone\":\"utc\"}}\n</tool_call>"));
+  // The e-mail format needs JSON's string rules: that tool is JSON inside the tags.
+  EXPECT_TRUE(GrammarAccepts(*g, "<tool_call>\n{\"name\":\"mail\",\"arguments\":{\"to\":\"a@b.org\"}}\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n{\"name\":\"mail\",\"arguments\":{\"to\":\"nobody\"}}\n</tool_call>"));
+  // What the grammar lets through parses back to arguments valid for the schema.
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const ParsedMessage p = ParseToolCalls(f, call, &types);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, R"({"query":"best\npizza <b>","zone":"local","tags":["a"]})");
+}
+
 // tool_choice required under harmony: the grammar names <|channel|>, <|constrain|>, <|message|> and
 // <|call|> by id (control tokens no text spells), so the call is those tokens around text, and the
 // arguments are valid against the schema; nothing else may start the output.
