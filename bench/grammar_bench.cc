@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
       static std::shared_ptr<const grammar::CompiledGrammar> compiled;
       if (pass == 0) {
         grammar::GrammarCompiler compiler(trie);
-        compiled = compiler.Compile({grammar::Constraint::Kind::kJsonSchema, kSchema}).value();
+        compiled = compiler.Compile({grammar::Constraint::Kind::kJsonSchema, kSchema, ""}).value();
       }
       grammar::GrammarMatcher m(compiled, {(*tok)->eos_id()});
       for (int32_t id : ids) {

@@ -18,7 +18,7 @@
 
 namespace gale::grammar {
 
-StatusOr<std::string> ConstraintToGbnf(const Constraint& c) {
+StatusOr<std::string> ConstraintToGbnf(const Constraint& c, ThreadCpuClock::time_point deadline) {
   using Json = nlohmann::ordered_json;
   switch (c.kind) {
     case Constraint::Kind::kJsonObject: return JsonObjectGbnf();
@@ -26,7 +26,7 @@ StatusOr<std::string> ConstraintToGbnf(const Constraint& c) {
       Json schema = Json::parse(c.text, nullptr, /*allow_exceptions=*/false);
       if (schema.is_discarded()) return InvalidArgument("the JSON schema is not valid JSON");
       try {
-        return JsonSchemaToGbnf(schema);
+        return JsonSchemaToGbnf(schema, "root", deadline);
       } catch (const nlohmann::json::exception& e) {
         return InvalidArgument("the JSON schema has a field of an unexpected type ({})", e.what());
       }
@@ -123,8 +123,19 @@ std::optional<StatusOr<std::shared_ptr<const CompiledGrammar>>> GrammarCompiler:
 }
 
 StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileUncached(const Constraint& c) {
-  const auto deadline = std::chrono::steady_clock::now() + time_limit_;
-  ASSIGN_OR_RETURN(std::string gbnf, ConstraintToGbnf(c));
+  const auto deadline = ThreadCpuClock::now() + time_limit_;
+  // Every stage counts against the limit: a schema of tens of thousands of parts takes a while to
+  // convert and parse before its first state is built.
+  auto too_long = [&](const std::string& what) {
+    return InvalidArgument("compiling the constraint took longer than the server's limit of {} ms of CPU time "
+                           "(gale serve --max-constraint-compile-ms); {}", time_limit_.count(), what);
+  };
+  auto converted = ConstraintToGbnf(c, deadline);
+  if (!converted.ok()) {
+    if (converted.status().code() == StatusCode::kResourceExhausted) return too_long(converted.status().message());
+    return converted.status();
+  }
+  std::string gbnf = std::move(*converted);
   std::string start = "root";
   if (!c.after.empty()) {
     // Free text up to the marker's first occurrence, then the constraint.
@@ -133,12 +144,10 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileUncache
     start = "gale-start";
   }
   ASSIGN_OR_RETURN(Grammar g, ParseGbnf(gbnf, start));
+  if (ThreadCpuClock::now() > deadline) return too_long("its grammar was still being read");
   auto compiled = std::make_shared<CompiledGrammar>(std::move(g), trie_);
   if (Status s = compiled->Prepare(deadline); !s.ok()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      return InvalidArgument("compiling the constraint took longer than the server's limit of {} ms "
-                             "(gale serve --max-constraint-compile-ms); {}", time_limit_.count(), s.message());
-    }
+    if (ThreadCpuClock::now() > deadline) return too_long(s.message());
     return InvalidArgument("the constraint cannot be followed: {}", s.message());
   }
   return std::shared_ptr<const CompiledGrammar>(std::move(compiled));

@@ -41,7 +41,9 @@ struct Constraint {
 std::string TextWithoutGbnf(const std::string& name, const std::string& marker);
 
 // The constraint as GBNF (errors name what is wrong: the schema path, the regex position).
-StatusOr<std::string> ConstraintToGbnf(const Constraint& c);
+// ResourceExhausted past the deadline.
+StatusOr<std::string> ConstraintToGbnf(
+    const Constraint& c, ThreadCpuClock::time_point deadline = ThreadCpuClock::time_point::max());
 
 // The default bound on one compilation (gale serve --max-constraint-compile-ms).
 inline constexpr std::chrono::milliseconds kDefaultCompileTime{2000};

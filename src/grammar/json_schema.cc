@@ -121,7 +121,8 @@ std::string UnsignedRange(int64_t lo, std::optional<int64_t> hi) {
 
 class Converter {
  public:
-  Converter(const Json& root, std::string root_name) : root_(root), root_name_(std::move(root_name)) {
+  Converter(const Json& root, std::string root_name, ThreadCpuClock::time_point deadline)
+      : root_(root), root_name_(std::move(root_name)), deadline_(deadline) {
     used_names_.insert(root_name_);
   }
 
@@ -208,6 +209,9 @@ class Converter {
 
   StatusOr<std::string> Visit(const Json& s, const std::string& hint, const std::string& path) {
     if (++depth_ > 128) return Error(path, "the schema nests too deep");
+    if (++visits_ % 64 == 0 && ThreadCpuClock::now() > deadline_) {
+      return ResourceExhausted("converting the schema ran out of time at '{}'", path.empty() ? "/" : path);
+    }
     auto r = VisitInner(s, hint, path);
     --depth_;
     return r;
@@ -562,7 +566,9 @@ class Converter {
 
   const Json& root_;
   std::string root_name_;
+  ThreadCpuClock::time_point deadline_;
   int depth_ = 0;
+  int64_t visits_ = 0;
   std::vector<std::pair<std::string, std::string>> rules_;  // in the order written
   std::map<std::string, std::string> by_body_;
   std::map<std::string, std::string> ref_rules_;
@@ -587,8 +593,9 @@ std::string PrimitiveGrammar(const std::string& top) {
 
 }  // namespace
 
-StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name) {
-  Converter c(schema, root_name);
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name,
+                                       ThreadCpuClock::time_point deadline) {
+  Converter c(schema, root_name, deadline);
   return c.Convert();
 }
 

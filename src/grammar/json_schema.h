@@ -17,16 +17,22 @@
 
 #include <string>
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "base/thread_clock.h"
 
 namespace gale::grammar {
 
 // The grammar's start rule is root_name. Errors name the schema path ("/properties/a/items").
 // A $ref to #/$defs/NAME becomes a rule named NAME (sanitized, and made unique), so a caller can
-// build on the rules of the definitions it put there.
-StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name = "root");
+// build on the rules of the definitions it put there. Past the deadline: DeadlineExceeded (a
+// schema of tens of thousands of parts takes a while to convert).
+StatusOr<std::string> JsonSchemaToGbnf(
+    const nlohmann::ordered_json& schema, const std::string& root_name = "root",
+    ThreadCpuClock::time_point deadline = ThreadCpuClock::time_point::max());
 
 // Any JSON object (response_format json_object) and any JSON value.
 std::string JsonObjectGbnf();

@@ -69,12 +69,12 @@ CompiledGrammar::CompiledGrammar(Grammar g, std::shared_ptr<const TokenTrie> tri
 
 CompiledGrammar::~CompiledGrammar() = default;
 
-Status CompiledGrammar::Prepare(std::chrono::steady_clock::time_point deadline) {
+Status CompiledGrammar::Prepare(ThreadCpuClock::time_point deadline) {
   auto start = std::unique_ptr<GrammarMatcher>(new GrammarMatcher(this, deadline));
   start->ExpandStart();
   start->TextMask();  // the first mask, into the shared cache
   RETURN_IF_ERROR(start->status_);
-  start->deadline_ = std::chrono::steady_clock::time_point::max();
+  start->deadline_ = ThreadCpuClock::time_point::max();
   start->text_mask_.reset();
   start_ = std::move(start);
   return Status::Ok();

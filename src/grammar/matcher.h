@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/thread_clock.h"
 #include "grammar/grammar.h"
 
 namespace gale::grammar {
@@ -87,7 +88,7 @@ class CompiledGrammar {
   const GrammarMatcher* start() const { return start_.get(); }
   // Builds the start within `deadline`; an error (the grammar too ambiguous, or too slow to
   // follow) leaves the grammar without one. Not thread-safe: call before sharing the grammar.
-  Status Prepare(std::chrono::steady_clock::time_point deadline);
+  Status Prepare(ThreadCpuClock::time_point deadline);
 
  private:
   struct KeyHash {
@@ -148,7 +149,7 @@ class GrammarMatcher {
 
  private:
   friend class CompiledGrammar;  // builds the start (Prepare)
-  using Clock = std::chrono::steady_clock;
+  using Clock = ThreadCpuClock;
   static constexpr int32_t kAccept = 0;  // the empty stack: the grammar is complete
   static constexpr int32_t kNone = -1;
   struct StackNode {

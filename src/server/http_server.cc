@@ -418,6 +418,9 @@ class Session : public std::enable_shared_from_this<Session> {
                        /*close=*/true);
     }
     if (ec == http::error::end_of_stream || ec) return Close();
+    // The idle timeout covers waiting for a request, not preparing it: a constraint may compile
+    // for seconds, and an answer must not find its connection timed out.
+    stream_.expires_never();
     Request req = parser_->release();
     keep_alive_ = req.keep_alive();
     Route(std::move(req));
@@ -440,6 +443,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive_ && !close);
     res->body() = std::move(body);
     res->prepare_payload();
+    stream_.expires_after(server_->opt.idle_timeout);  // a client that stops reading
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
       if (ec || !res->keep_alive()) return self->Close();
       self->DoRead();

@@ -34,8 +34,9 @@ struct ServerOptions {
   int64_t max_waiting_tokens = 0;
   int num_work_threads = 2;          // parse, render and tokenize requests off the I/O threads
   int num_compile_threads = 1;       // compile output constraints (grammar::GrammarCompiler)
-  // An idle kept-alive connection, or a request whose header and body have not all arrived, is
-  // closed after this.
+  // An idle kept-alive connection, a request whose header and body have not all arrived, or an
+  // answer the client does not read, is closed after this (preparing and generating take as long
+  // as they take).
   std::chrono::seconds idle_timeout{30};
   // Open connections beyond this are answered 503 and closed (0: no cap).
   int64_t max_connections = 4096;

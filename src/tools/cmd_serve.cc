@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "base/memory.h"
 #include "model/chat_template.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
@@ -56,7 +57,8 @@ CommandFn RegisterServe(CLI::App& app) {
          "seconds an idle or half-sent connection is kept (default 30)")
       ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   app.add_option("--max-constraint-compile-ms", o->constraint_compile_ms,
-                 "longest a response_format / guided_* / tool_choice constraint may take to compile; past it: 400")
+                 "CPU time a response_format / guided_* / tool_choice constraint may take to compile "
+                 "(its thread's own: a loaded machine does not shorten it); past it: 400")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
       ->capture_default_str();
   app.add_option("--constraint-compile-threads", o->http.num_compile_threads,
@@ -124,6 +126,7 @@ CommandFn RegisterServe(CLI::App& app) {
       fds.rlim_cur = fds.rlim_max;
       setrlimit(RLIMIT_NOFILE, &fds);
     }
+    KeepLargeAllocationsMapped();  // a burst of large bodies leaves nothing behind
     server::HttpServer http(o->http);
     // Bound first, so a taken port fails at once and /health answers 503 while loading; said
     // only once the model has loaded, so a file that fails to load never reads as a server up.

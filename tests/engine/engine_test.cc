@@ -422,7 +422,7 @@ TEST(EngineTest, GrammarConstrainedOutputsAreExactAndValid) {
   const char* schema = R"({"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]},
       "count": {"type": "integer", "minimum": 0, "maximum": 20}, "ok": {"type": "boolean"}},
       "required": ["mood", "count", "ok"]})";
-  auto g = compiler.Compile({grammar::Constraint::Kind::kJsonSchema, schema});
+  auto g = compiler.Compile({grammar::Constraint::Kind::kJsonSchema, schema, ""});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/true, {}, std::nullopt, *g);
   SpecConfig ngram;
@@ -453,7 +453,7 @@ TEST(EngineTest, AGrammarTheVocabularyCannotFollowFailsOnlyItsRequest) {
   const TestModel m = Stories();
   grammar::GrammarCompiler compiler(MakeTokenTrie(*m.tok));
   // After "a", an empty class: nothing can follow, and the grammar cannot end either.
-  auto g = compiler.Compile({grammar::Constraint::Kind::kGbnf, "root ::= \"a\" []"});
+  auto g = compiler.Compile({grammar::Constraint::Kind::kGbnf, "root ::= \"a\" []", ""});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   ThreadPool pool(2);
   EngineConfig cfg;

@@ -14,7 +14,7 @@
 namespace gale::grammar {
 namespace {
 
-Constraint Gbnf(const std::string& text) { return {Constraint::Kind::kGbnf, text}; }
+Constraint Gbnf(const std::string& text) { return {Constraint::Kind::kGbnf, text, ""}; }
 
 // ("a"{0,9999}){0,9999} is ambiguous past counting (every split of a run of a's into groups is
 // a parse): its first state alone would take ~10^8 stacks.
@@ -40,6 +40,30 @@ TEST(GrammarCompiler, TheTimeLimitIsNamed) {
       << g.status().message();
   GrammarCompiler roomy(test::ByteTrie());
   EXPECT_TRUE(roomy.Compile(Gbnf(R"(root ::= ("a"{0,30}){0,30})")).ok());
+}
+
+// The limit covers converting a schema, not only building the first state: a schema of 100,000
+// parts is refused about when the limit is reached, naming where the conversion stopped.
+TEST(GrammarCompiler, TheTimeLimitCoversConvertingTheSchema) {
+  nlohmann::ordered_json any = nlohmann::ordered_json::array();
+  for (int i = 0; i < 100000; ++i) {
+    any.push_back({{"type", "object"}, {"properties", {{"k" + std::to_string(i), {{"type", "integer"}}}}}});
+  }
+  const Constraint c{Constraint::Kind::kJsonSchema, nlohmann::ordered_json{{"anyOf", any}}.dump(), ""};
+  GrammarCompiler quick(test::ByteTrie(), 64, std::chrono::milliseconds(20));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = quick.Compile(c);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("took longer than the server's limit of 20 ms"), std::string::npos)
+      << g.status().message();
+  EXPECT_NE(g.status().message().find("/anyOf/"), std::string::npos) << g.status().message();
+  // Parsing the schema's 3 MB of JSON comes first and is not bounded; the conversion after it is.
+  const auto p0 = std::chrono::steady_clock::now();
+  const auto parsed = nlohmann::ordered_json::parse(c.text);
+  EXPECT_TRUE(parsed.is_object());
+  const double parse_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+  EXPECT_LT(ms, 3 * parse_ms + 500) << "refused after " << ms << " ms";
 }
 
 // A grammar whose first state is cheap and whose second explodes: the compiler cannot see it, so
@@ -72,7 +96,7 @@ TEST(GrammarCompiler, ALargeEnumIsFollowedWithOneStack) {
   nlohmann::ordered_json schema;
   for (int i = 0; i < 20000; ++i) schema["enum"].push_back("value" + std::to_string(i));
   GrammarCompiler c(test::ByteTrie());
-  auto g = c.Compile({Constraint::Kind::kJsonSchema, schema.dump()});
+  auto g = c.Compile({Constraint::Kind::kJsonSchema, schema.dump(), ""});
   ASSERT_TRUE(g.ok()) << g.status().message();
   ASSERT_NE((*g)->start(), nullptr);
   EXPECT_LT((*g)->start()->num_nodes(), 64);
@@ -156,7 +180,7 @@ TEST(GrammarCompiler, TextWithoutAMarker) {
 // newlines, then the constraint; the constraint never inside the thought.
 TEST(GrammarCompiler, AConstraintAfterTheThought) {
   GrammarCompiler c(test::ByteTrie());
-  Constraint k{Constraint::Kind::kJsonSchema, R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})"};
+  Constraint k{Constraint::Kind::kJsonSchema, R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})", ""};
   k.after = "</think>";
   auto g = c.Compile(k);
   ASSERT_TRUE(g.ok()) << g.status().message();
@@ -167,7 +191,7 @@ TEST(GrammarCompiler, AConstraintAfterTheThought) {
   EXPECT_FALSE(test::AcceptsText(*g, "x</think>y</think>{\"a\":1}"));      // the first </think> ends it
   EXPECT_FALSE(test::AcceptsText(*g, "x</think>\n\n\n{\"a\":1}"));         // two newlines at most
   // A different marker is a different grammar (the cache key holds it).
-  Constraint plain{Constraint::Kind::kJsonSchema, k.text};
+  Constraint plain{Constraint::Kind::kJsonSchema, k.text, ""};
   auto p = c.Compile(plain);
   ASSERT_TRUE(p.ok());
   EXPECT_NE(p->get(), g->get());
