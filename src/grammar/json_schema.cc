@@ -100,6 +100,30 @@ std::string SameLength(const std::string& x, const std::string& y) {
   return out + ")";
 }
 
+// A name's JSON-encoded text in units: a character (its UTF-8 bytes) or an escape as JSON writes
+// it (\" \\ \n ... \u001f).
+std::vector<std::string> EncodedUnits(const std::string& name) {
+  const std::string text = Json(name).dump(-1, ' ', false, Json::error_handler_t::replace);
+  std::vector<std::string> units;
+  for (size_t i = 1; i + 1 < text.size();) {
+    const unsigned char b = static_cast<unsigned char>(text[i]);
+    size_t len = b == '\\' ? (text[i + 1] == 'u' ? 6 : 2) : b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+    len = std::min(len, text.size() - 1 - i);
+    units.push_back(text.substr(i, len));
+    i += len;
+  }
+  return units;
+}
+
+uint32_t FirstCodePoint(const std::string& u) {
+  const unsigned char b = static_cast<unsigned char>(u[0]);
+  if (b < 0x80) return b;
+  const int len = (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+  uint32_t cp = len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
+  for (int k = 1; k < len && k < static_cast<int>(u.size()); ++k) cp = (cp << 6) | (static_cast<unsigned char>(u[k]) & 0x3F);
+  return cp;
+}
+
 constexpr int64_t kMaxBound = 999999999999999;  // 15 digits: what `integral-part` writes at most
 
 // Unsigned integers in [lo, hi] (hi unset: up to 16 digits), written without leading zeros.
@@ -394,7 +418,9 @@ class Converter {
       if (has_ap && !s["additionalProperties"].is_boolean()) {
         ASSIGN_OR_RETURN(value, Visit(s["additionalProperties"], hint + "-additional", path + "/additionalProperties"));
       }
-      extra = Rule(hint + "-additional-kv", UsePrimitive("string") + " \":\" " + sp + " " + value);
+      // A declared name cannot come again through here (with any value): its key is excluded.
+      const std::string key = declared.empty() ? UsePrimitive("string") : KeyExcept(declared, hint);
+      extra = Rule(hint + "-additional-kv", key + " \":\" " + sp + " " + value);
     }
     // after[i]: properties i.. once one has been written (each needs a comma); first[i]: the
     // same before any has been.
@@ -410,6 +436,63 @@ class Converter {
       first = Rule(fmt::format("{}-from-{}", hint, i), new_first);
     }
     return Rule(hint, "\"{\" " + sp + (first.empty() ? "" : " " + first) + " \"}\" " + sp);
+  }
+
+  // A JSON string (with its quotes, then space) that is none of `names` once decoded: a property
+  // written through additionalProperties must not be a declared one again. Built over a trie of
+  // the names' encoded texts: along it, a key may end only where no name does, and it leaves the
+  // trie by a character or an escape no name continues with, after which anything goes. Along the
+  // trie \u escapes and \/ are not allowed (they would spell a name's character another way).
+  std::string KeyExcept(const std::set<std::string>& names, const std::string& hint) {
+    struct Node {
+      std::map<std::string, int> next;
+      bool name_ends = false;
+    };
+    std::vector<Node> trie(1);
+    for (const std::string& name : names) {
+      int at = 0;
+      for (const std::string& u : EncodedUnits(name)) {
+        auto it = trie[at].next.find(u);
+        if (it == trie[at].next.end()) {
+          trie.push_back({});
+          it = trie[at].next.emplace(u, static_cast<int>(trie.size()) - 1).first;
+        }
+        at = it->second;
+      }
+      trie[at].name_ends = true;
+    }
+    const std::string rest = Rule(hint + "-rest", UsePrimitive("char") + "* \"\\\"\" " + UsePrimitive("space"));
+    std::vector<std::string> names_of(trie.size());
+    for (size_t k = 0; k < trie.size(); ++k) names_of[k] = FreshName(fmt::format("{}-key-{}", hint, k));
+    for (size_t k = 0; k < trie.size(); ++k) {
+      std::vector<std::string> alts;
+      if (!trie[k].name_ends) alts.push_back("\"\\\"\" " + UsePrimitive("space"));
+      CharSet plain;  // a character leaving the trie: not a quote, backslash or control
+      plain.AddRange(0, 0x1F);
+      plain.AddRange('"', '"');
+      plain.AddRange('\\', '\\');
+      std::string escapes = "\"bfnrt\\";  // those leaving it: the escapes no name continues with
+      for (const auto& [u, child] : trie[k].next) {
+        alts.push_back(GbnfLiteral(u) + " " + names_of[child]);
+        if (u[0] != '\\') {
+          plain.AddRange(FirstCodePoint(u), FirstCodePoint(u));
+        } else if (u.size() == 2) {
+          escapes.erase(std::remove(escapes.begin(), escapes.end(), u[1]), escapes.end());
+        }
+      }
+      plain.Negate();
+      plain.Normalize();
+      alts.push_back(CharSetGbnf(plain) + " " + rest);
+      if (!escapes.empty()) {
+        std::string set = "[";
+        for (char c : escapes) set += c == '\\' ? "\\\\" : c == '"' ? "\"" : std::string(1, c);
+        alts.push_back("\"\\\\\" " + set + "] " + rest);
+      }
+      std::string body;
+      for (const std::string& a : alts) body += (body.empty() ? "" : " | ") + a;
+      rules_.emplace_back(names_of[k], body);
+    }
+    return Rule(hint + "-key", "\"\\\"\" " + names_of[0]);
   }
 
   StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& path, int64_t dflt) {

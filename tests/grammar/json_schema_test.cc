@@ -27,8 +27,13 @@ std::string Compact(const std::string& text) {
   bool in_string = false, escaped = false;
   for (char ch : text) {
     if (in_string) {
-      escaped = !escaped && ch == '\\';
-      if (ch == '"' && !escaped) in_string = false;
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
     } else if (ch == '"') {
       in_string = true;
     } else if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
@@ -52,7 +57,14 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}})",
        {"{}", R"({"b": 1})", R"({"a": 1, "c": 3})", R"({"a": 1, "b": 2, "c": 3})"}, {R"({, "b": 1})", R"({"c": 1, "a": 1})"}},
       {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}})",
-       {R"({"a": 1, "x": true})", R"({"x": false})"}, {R"({"x": 1})"}},
+       {R"({"a": 1, "x": true})", R"({"x": false})"}, {R"({"x": 1})", R"({"a": true})", R"({"a": 1, "a": true})"}},
+      // A declared property cannot come again through additionalProperties, however it is spelled.
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "integer"}, "\u00e9": {"type": "integer"},
+           "q\"": {"type": "integer"}, "t\n": {"type": "integer"}}, "additionalProperties": true})",
+       {R"({"a": 1, "abc": "x"})", R"({"b": 2})", R"({"": 1})", R"({"a": 1, "ab": 2, "aa": 3})", R"({"\n": 1})",
+        "{\"\xC3\xA9\xC3\xA9\": 1}", R"({"q": 1})", R"({"q\"r": 1})", R"({"t\t": 1})", R"({"x": 1, "y": 2})"},
+       {R"({"a": "x"})", R"({"a": 1, "a": 2})", R"({"ab": "x"})", "{\"\xC3\xA9\": \"x\"}", R"({"q\"": "x"})",
+        R"({"\u0061": "x"})", R"({"t\n": "x"})", R"({"x": 1, "ab": "y"})"}},
       {R"({"type": "object"})", {"{}", R"({"k": [1, {"z": null}]})"}, {"[]"}},
       {R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3})",
        {"[1]", "[1, 2, 3]"}, {"[]", "[1, 2, 3, 4]", R"(["a"])"}},
