@@ -372,6 +372,7 @@ struct Generation {
   std::vector<std::string> echo_prefix;  // completions with echo: the prompt text, sent first
   std::vector<std::vector<int32_t>> echo_tokens;  // echo with logprobs: the prompt's tokens
   std::vector<std::optional<MessageStream>> messages;  // [choices] chat with tools or reasoning
+  std::vector<std::vector<std::string>> call_ids;      // [choices][call index] streamed calls' ids
   bool final_sent = false;
   const Tokenizer* tok = nullptr;
   std::string constraint_param;  // the request field its output constraint came from
@@ -725,6 +726,7 @@ class Session : public std::enable_shared_from_this<Session> {
     gen->cached_tokens.assign(n, 0);
     gen->evicted_tokens.assign(n, 0);
     gen->messages.resize(n);
+    gen->call_ids.resize(n);
     for (Choice& c : gen->choices) c.forced_calls = p.constraint_param == "tools";
     // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning),
     // and so are Functionary v3.2's (every message starts with its recipient, "all" for text).
@@ -860,6 +862,27 @@ class Session : public std::enable_shared_from_this<Session> {
     return u;
   }
 
+  static std::string NewCallId() { return "call_" + RandomHex() + RandomHex().substr(0, 8); }
+
+  // OpenAI's streamed tool_calls: a call's first delta has its id, type and name (and the start of
+  // its arguments); later ones only more arguments. Consecutive pieces of one call are one entry.
+  static Json CallDeltasJson(const std::vector<CallDelta>& deltas, std::vector<std::string>* ids) {
+    Json out = Json::array();
+    for (const CallDelta& d : deltas) {
+      if (!d.name.empty()) {
+        if (ids->size() <= d.index) ids->resize(d.index + 1);
+        (*ids)[d.index] = NewCallId();
+        out.push_back({{"index", d.index}, {"id", (*ids)[d.index]}, {"type", "function"},
+                       {"function", {{"name", d.name}, {"arguments", d.arguments}}}});
+      } else if (!out.empty() && out.back()["index"] == d.index) {
+        out.back()["function"]["arguments"] = out.back()["function"]["arguments"].get<std::string>() + d.arguments;
+      } else if (!d.arguments.empty()) {
+        out.push_back({{"index", d.index}, {"function", {{"arguments", d.arguments}}}});
+      }
+    }
+    return out;
+  }
+
   // Takes what the engine pushed; streams it (SSE) or, when everything is done, sends the whole
   // response. Runs on the session's strand.
   void Pump() {
@@ -881,15 +904,19 @@ class Session : public std::enable_shared_from_this<Session> {
         Choice& ch = g.choices[i];
         // A chat message with tools or reasoning: the text is taken apart as it comes.
         std::string reasoning_delta;
+        std::vector<CallDelta> call_deltas;  // streamed: each call's name, then its arguments as written
         ParsedMessage tail;
         std::optional<MessageStream>& ms = g.messages[i];
         if (ms) {
           MessageStream::Delta d = ms->Push(delta);
+          call_deltas = std::move(d.calls);
           if (u.finished) {
-            tail = ms->Finish();
+            std::vector<CallDelta> rest;
+            tail = ms->Finish(&rest);
+            call_deltas.insert(call_deltas.end(), rest.begin(), rest.end());
             d.content += tail.content;
             d.reasoning += tail.reasoning;
-            for (ToolCall& c : tail.calls) c.id = "call_" + RandomHex() + RandomHex().substr(0, 8);
+            for (ToolCall& c : tail.calls) c.id = NewCallId();
             ch.tool_calls = tail.calls;
           }
           delta = std::move(d.content);
@@ -937,8 +964,8 @@ class Session : public std::enable_shared_from_this<Session> {
             sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)) +
                    "\n\n";
           }
-          if (!ch.tool_calls.empty()) {
-            Json d = {{"tool_calls", ToolCallsJson(ch.tool_calls, /*with_index=*/true)}};
+          if (Json calls = CallDeltasJson(call_deltas, &g.call_ids[i]); !calls.empty()) {
+            Json d = {{"tool_calls", std::move(calls)}};
             sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
           }
           if (u.finished) {

@@ -65,39 +65,116 @@ std::optional<Json> ParseJson(std::string_view text) {
   return j;
 }
 
-// Arguments as OpenAI wants them: a JSON object, as text. A string holding an object (models
+bool IsJsonSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+size_t SkipSpace(std::string_view s, size_t i) {
+  while (i < s.size() && IsJsonSpace(s[i])) ++i;
+  return i;
+}
+
+// Follows a JSON value a character at a time (a stream's arguments, as the model writes them):
+// appends c to out, and says false once the value has closed.
+struct JsonScanState {
+  bool in_string = false, escape = false;
+  int depth = 0;
+};
+bool JsonScanStep(JsonScanState* m, char c, std::string* out) {
+  *out += c;
+  if (m->in_string) {
+    if (m->escape) {
+      m->escape = false;
+    } else if (c == '\\') {
+      m->escape = true;
+    } else if (c == '"') {
+      m->in_string = false;
+    }
+    return true;
+  }
+  if (c == '"') {
+    m->in_string = true;
+  } else if (c == '{' || c == '[') {
+    ++m->depth;
+  } else if (c == '}' || c == ']') {
+    return --m->depth > 0;
+  }
+  return true;
+}
+
+// Arguments as OpenAI wants them: a JSON object, as text, as the model wrote it (so a stream can
+// send it as it is written, and the whole is the same text). A string holding an object (models
 // sometimes encode twice) is taken apart once.
-std::optional<std::string> Arguments(const Json& args) {
-  if (args.is_object()) return args.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (args.is_string()) {
-    auto inner = ParseJson(args.get<std::string>());
-    if (inner && inner->is_object()) return inner->dump(-1, ' ', false, Json::error_handler_t::replace);
+std::optional<std::string> ArgumentsText(std::string_view raw) {
+  raw = Trim(raw);
+  auto j = ParseJson(raw);
+  if (!j) return std::nullopt;
+  if (j->is_object()) return std::string(raw);
+  if (j->is_string()) {
+    const std::string inner = j->get<std::string>();
+    auto o = ParseJson(inner);
+    if (o && o->is_object()) return std::string(Trim(inner));
   }
   return std::nullopt;
 }
 
-// {"name": ..., "arguments" | "parameters": {...}}; need_args: without either key it is no call.
-std::optional<ToolCall> CallFromJson(const Json& j, bool need_args = false) {
-  if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty()) {
-    return std::nullopt;
+// Where the JSON value at s[i] ends (one past it), or npos when it does not end within s.
+size_t ValueEnd(std::string_view s, size_t i) {
+  if (i >= s.size()) return std::string_view::npos;
+  if (s[i] == '{' || s[i] == '[') return JsonValueEnd(s, i);
+  if (s[i] == '"') {
+    for (size_t j = i + 1; j < s.size(); ++j) {
+      if (s[j] == '\\') {
+        ++j;
+      } else if (s[j] == '"') {
+        return j + 1;
+      }
+    }
+    return std::string_view::npos;
   }
-  const Json* args = nullptr;
-  for (const char* k : {"arguments", "parameters"}) {
-    if (j.contains(k)) args = &j[k];
-  }
-  if (args == nullptr) {
-    if (need_args) return std::nullopt;
-    return ToolCall{j["name"].get<std::string>(), "{}", ""};
-  }
-  auto a = Arguments(*args);
-  if (!a) return std::nullopt;
-  return ToolCall{j["name"].get<std::string>(), *a, ""};
+  size_t j = i;
+  while (j < s.size() && !IsJsonSpace(s[j]) && s[j] != ',' && s[j] != '}' && s[j] != ']') ++j;
+  return j == i ? std::string_view::npos : j;
 }
 
+// The text of a valid JSON object's member `key` (the last one of that name), as written.
+std::optional<std::string_view> MemberText(std::string_view obj, std::string_view key) {
+  std::optional<std::string_view> found;
+  size_t i = SkipSpace(obj, 0);
+  if (i >= obj.size() || obj[i] != '{') return std::nullopt;
+  i = SkipSpace(obj, i + 1);
+  while (i < obj.size() && obj[i] == '"') {
+    const size_t key_end = ValueEnd(obj, i);
+    if (key_end == std::string_view::npos) return found;
+    const std::string_view k = obj.substr(i + 1, key_end - i - 2);
+    i = SkipSpace(obj, key_end);
+    if (i >= obj.size() || obj[i] != ':') return found;
+    i = SkipSpace(obj, i + 1);
+    const size_t value_end = ValueEnd(obj, i);
+    if (value_end == std::string_view::npos) return found;
+    if (k == key) found = obj.substr(i, value_end - i);
+    i = SkipSpace(obj, value_end);
+    if (i < obj.size() && obj[i] == ',') i = SkipSpace(obj, i + 1);
+  }
+  return found;
+}
+
+// {"name": ..., "arguments" | "parameters": {...}} (parameters if both); need_args: without
+// either key it is no call.
 std::optional<ToolCall> CallFromText(std::string_view text, bool need_args = false) {
-  auto j = ParseJson(Trim(text));
-  if (!j) return std::nullopt;
-  return CallFromJson(*j, need_args);
+  text = Trim(text);
+  auto j = ParseJson(text);
+  if (!j || !j->is_object() || !j->contains("name") || !(*j)["name"].is_string() ||
+      (*j)["name"].get<std::string>().empty()) {
+    return std::nullopt;
+  }
+  std::optional<std::string_view> args = MemberText(text, "parameters");
+  if (!args) args = MemberText(text, "arguments");
+  if (!args) {
+    if (need_args) return std::nullopt;
+    return ToolCall{(*j)["name"].get<std::string>(), "{}", ""};
+  }
+  auto a = ArgumentsText(*args);
+  if (!a) return std::nullopt;
+  return ToolCall{(*j)["name"].get<std::string>(), *a, ""};
 }
 
 // A Python literal (what a model trained on Python writes for a dict: single quotes, True, None)
@@ -257,10 +334,14 @@ std::optional<std::vector<ToolCall>> JsonCalls(std::string_view text, bool need_
   if (StartsWith(text, "[")) {
     auto j = ParseJson(text);
     if (!j || !j->is_array() || j->empty()) return std::nullopt;
-    for (const auto& e : *j) {
-      auto c = CallFromJson(e, need_args);
+    // Each element as written.
+    for (size_t i = SkipSpace(text, 1); i < text.size() && text[i] != ']';) {
+      const size_t end = ValueEnd(text, i);
+      auto c = CallFromText(text.substr(i, end - i), need_args);
       if (!c) return std::nullopt;
       calls.push_back(std::move(*c));
+      i = SkipSpace(text, end);
+      if (i < text.size() && text[i] == ',') i = SkipSpace(text, i + 1);
     }
     return calls;
   }
@@ -335,8 +416,7 @@ ParsedMessage ParseMistral(std::string_view text) {
       if (name.empty() || !StartsWith(args, "{")) break;
       const size_t end = JsonValueEnd(args, 0);
       const std::string_view obj = args.substr(0, end);  // to the text's end when it never closes
-      auto j = ParseJson(obj);
-      auto a = j ? Arguments(*j) : std::nullopt;
+      auto a = ArgumentsText(obj);
       out.calls.push_back({name, a ? *a : std::string(obj), ""});
       if (end == std::string_view::npos) break;
       const size_t next = args.find(kMistralCalls, end);
@@ -393,8 +473,7 @@ ParsedMessage ParseDeepSeek(std::string_view text) {
       if (StartsWith(args, "```json")) args.remove_prefix(7);
       if (args.size() >= 3 && args.substr(args.size() - 3) == "```") args.remove_suffix(3);
     }
-    auto j = ParseJson(Trim(args));
-    auto a = j ? Arguments(*j) : std::nullopt;
+    auto a = ArgumentsText(args);
     if (name.empty() || !a) {
       ok = false;
       break;
@@ -458,8 +537,7 @@ ParsedMessage ParseHarmony(std::string_view text) {
       // A call: to=functions.NAME, or a bare or dotted name (math.sum). Arguments that are not a
       // JSON object come back as written, as vLLM returns them.
       const std::string name = StartsWith(recipient, "functions.") ? recipient.substr(10) : recipient;
-      auto j = ParseJson(Trim(body));
-      auto a = j ? Arguments(*j) : std::nullopt;
+      auto a = ArgumentsText(body);
       out.calls.push_back({name, a ? *a : std::string(Trim(body)), ""});
     } else if (channel == "analysis") {
       out.reasoning += std::string(body);
@@ -490,8 +568,7 @@ ParsedMessage ParseFunctionary(std::string_view text) {
       break;
     }
     const std::string name(Trim(text.substr(start + kOpen.size(), name_end - start - kOpen.size())));
-    auto j = ParseJson(text.substr(obj, end - obj));
-    auto a = j ? Arguments(*j) : std::nullopt;
+    auto a = ArgumentsText(text.substr(obj, end - obj));
     size_t next = end;
     if (StartsWith(text.substr(next), kClose)) next += kClose.size();
     if (name.empty() || !a) {
@@ -531,8 +608,7 @@ ParsedMessage ParseFunctionaryV32(std::string_view text) {
     if (recipient == "all") {
       out.content += std::string(body);
     } else if (nl != std::string_view::npos && is_name(recipient)) {
-      auto j = ParseJson(Trim(body));
-      auto a = j ? Arguments(*j) : std::nullopt;
+      auto a = ArgumentsText(body);
       if (a) {
         out.calls.push_back({std::string(recipient), *a, ""});
       } else if (recipient == "python" && !Trim(body).empty()) {
@@ -548,6 +624,180 @@ ParsedMessage ParseFunctionaryV32(std::string_view text) {
     first = false;
   }
   return out;
+}
+
+// Where the next call of a streamed message starts (ScanCalls): its name, and where its
+// arguments begin (a JSON object's '{', or just past Qwen3-Coder's <function=NAME>).
+enum class Found { kYes, kNeedMore, kNo };
+struct CallHeader {
+  Found found = Found::kNeedMore;
+  std::string name;
+  size_t next = 0;
+  bool xml = false, wrapped = false, array = false;
+};
+
+// Matches lit at s[*i] (advancing *i), or says the text ends inside it, or that it is not there.
+Found Expect(std::string_view s, size_t* i, std::string_view lit) {
+  const std::string_view rest = s.substr(std::min(*i, s.size()));
+  if (StartsWith(rest, lit)) {
+    *i += lit.size();
+    return Found::kYes;
+  }
+  return rest.size() < lit.size() && lit.substr(0, rest.size()) == rest ? Found::kNeedMore : Found::kNo;
+}
+
+CallHeader NotYet(Found f) {
+  CallHeader h;
+  h.found = f;
+  return h;
+}
+
+// {"name": "X", "arguments" | "parameters": {   at s[i] (name first: otherwise the call goes whole
+// at the end).
+CallHeader WrapperHeader(std::string_view s, size_t i) {
+  for (std::string_view lit : {std::string_view("{"), std::string_view("\"name\""), std::string_view(":")}) {
+    i = SkipSpace(s, i);
+    if (Found f = Expect(s, &i, lit); f != Found::kYes) return NotYet(f);
+  }
+  i = SkipSpace(s, i);
+  if (i >= s.size()) return NotYet(Found::kNeedMore);
+  if (s[i] != '"') return NotYet(Found::kNo);
+  const size_t name_end = ValueEnd(s, i);
+  if (name_end == std::string_view::npos) return NotYet(Found::kNeedMore);
+  auto name = ParseJson(s.substr(i, name_end - i));
+  if (!name || !name->is_string() || name->get<std::string>().empty()) return NotYet(Found::kNo);
+  i = SkipSpace(s, name_end);
+  if (Found f = Expect(s, &i, ","); f != Found::kYes) return NotYet(f);
+  i = SkipSpace(s, i);
+  if (i >= s.size()) return NotYet(Found::kNeedMore);
+  const size_t key_end = s[i] == '"' ? ValueEnd(s, i) : std::string_view::npos;
+  if (s[i] != '"') return NotYet(Found::kNo);
+  if (key_end == std::string_view::npos) return NotYet(Found::kNeedMore);
+  const std::string_view key = s.substr(i + 1, key_end - i - 2);
+  if (key != "arguments" && key != "parameters") return NotYet(Found::kNo);
+  i = SkipSpace(s, key_end);
+  if (Found f = Expect(s, &i, ":"); f != Found::kYes) return NotYet(f);
+  i = SkipSpace(s, i);
+  if (i >= s.size()) return NotYet(Found::kNeedMore);
+  if (s[i] != '{') return NotYet(Found::kNo);  // arguments encoded as a string: whole at the end
+  CallHeader h;
+  h.found = Found::kYes;
+  h.name = name->get<std::string>();
+  h.next = i;
+  h.wrapped = true;
+  return h;
+}
+
+// A name up to `end` (a '>' or a separator) from s[i]: found, or more text needed (a name is short).
+CallHeader NameUntil(std::string_view s, size_t i, std::string_view end) {
+  const size_t e = s.find(end, i);
+  if (e == std::string_view::npos) return NotYet(s.size() - i > 256 ? Found::kNo : Found::kNeedMore);
+  CallHeader h;
+  h.name = std::string(Trim(s.substr(i, e - i)));
+  h.found = h.name.empty() || h.name.find_first_of("<\n") != std::string::npos ? Found::kNo : Found::kYes;
+  h.next = e + end.size();
+  return h;
+}
+
+// Arguments as a JSON object at s[i] (after spaces): found there, more text needed, or not.
+CallHeader ObjectAt(CallHeader h, std::string_view s) {
+  if (h.found != Found::kYes) return h;
+  const size_t i = SkipSpace(s, h.next);
+  if (i >= s.size()) return NotYet(Found::kNeedMore);
+  if (s[i] != '{') return NotYet(Found::kNo);
+  h.next = i;
+  return h;
+}
+
+bool IsNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'; }
+
+// The next call's header in s from pos on, in format f (first: no call seen yet; array: inside
+// mistral's array of calls, after one).
+CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool first, bool array) {
+  switch (f) {
+    case ToolCallFormat::kHermes: {
+      const size_t at = s.find(kHermesOpen, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      return WrapperHeader(s, at + kHermesOpen.size());
+    }
+    case ToolCallFormat::kQwen3Coder: {
+      const size_t tag = s.find(kHermesOpen, pos), bare = s.find(kXmlFunction, pos);
+      if (tag == std::string_view::npos && bare == std::string_view::npos) return NotYet(Found::kNeedMore);
+      size_t i = bare;
+      if (tag < bare) {
+        i = SkipSpace(s, tag + kHermesOpen.size());
+        if (i < s.size() && s[i] == '{') return WrapperHeader(s, i);
+        if (Found e = Expect(s, &i, kXmlFunction); e != Found::kYes) return NotYet(e);
+        i -= kXmlFunction.size();
+      }
+      CallHeader h = NameUntil(s, i + kXmlFunction.size(), ">");
+      h.xml = true;
+      return h;
+    }
+    case ToolCallFormat::kLlama3Json: {
+      size_t i = SkipSpace(s, pos);
+      while (i < s.size() && s[i] == ';') i = SkipSpace(s, i + 1);
+      if (Expect(s, &i, kPythonTag) == Found::kNeedMore) return NotYet(Found::kNeedMore);
+      i = SkipSpace(s, i);
+      if (i >= s.size()) return NotYet(Found::kNeedMore);
+      return WrapperHeader(s, i);
+    }
+    case ToolCallFormat::kMistral: {
+      size_t i = SkipSpace(s, pos);
+      if (array) {
+        if (i >= s.size()) return NotYet(Found::kNeedMore);
+        if (s[i] != ',') return NotYet(Found::kNo);  // ']': the array ends
+        CallHeader h = WrapperHeader(s, i + 1);
+        h.array = true;
+        return h;
+      }
+      const size_t at = s.find(kMistralCalls, pos);
+      if (size_t m = i; at == std::string_view::npos && Expect(s, &m, kMistralCalls) == Found::kNeedMore) {
+        return NotYet(Found::kNeedMore);  // the marker may be coming
+      }
+      if (at != std::string_view::npos) {
+        i = SkipSpace(s, at + kMistralCalls.size());
+      } else if (!first || i >= s.size() || s[i] != '[') {
+        return NotYet(Found::kNeedMore);
+      }
+      if (i >= s.size()) return NotYet(Found::kNeedMore);
+      if (s[i] == '[') {
+        CallHeader h = WrapperHeader(s, i + 1);
+        h.array = true;
+        return h;
+      }
+      size_t e = i;
+      while (e < s.size() && IsNameChar(s[e])) ++e;
+      if (e >= s.size()) return NotYet(Found::kNeedMore);
+      if (e == i) return NotYet(Found::kNo);
+      CallHeader h;
+      h.found = Found::kYes;
+      h.name = std::string(s.substr(i, e - i));
+      h.next = SkipSpace(s, e);
+      if (Found a = Expect(s, &h.next, kMistralArgs); a == Found::kNeedMore) return NotYet(a);
+      return ObjectAt(h, s);
+    }
+    case ToolCallFormat::kDeepSeekV3: {
+      const size_t at = s.find(kDsCallBegin, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      CallHeader h = NameUntil(s, at + kDsCallBegin.size(), kDsSep);
+      if (h.found == Found::kYes && h.name == "function") {  // V3: function<sep>NAME\n```json\n{...}
+        h = NameUntil(s, h.next, "\n");
+        if (h.found != Found::kYes) return h;
+        h.next = SkipSpace(s, h.next);
+        if (Found e = Expect(s, &h.next, "```json"); e == Found::kNeedMore) return NotYet(e);
+      }
+      return ObjectAt(h, s);
+    }
+    case ToolCallFormat::kFunctionary: {
+      const size_t at = s.find(kXmlFunction, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      return ObjectAt(NameUntil(s, at + kXmlFunction.size(), ">"), s);
+    }
+    case ToolCallFormat::kGptOss:
+    case ToolCallFormat::kFunctionaryV32: break;
+  }
+  return NotYet(Found::kNo);
 }
 
 // The texts that may start a call in each format (held back while they might be one).
@@ -688,7 +938,109 @@ MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning
       types_(std::move(types)),
       reasoning_(reasoning),
       forced_calls_(forced_calls),
-      thinking_(reasoning && starts_thinking) {}
+      thinking_(reasoning && starts_thinking) {
+  if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) scan_ = Scan::kStopped;
+}
+
+void MessageStream::SendArguments(std::string_view piece, std::vector<CallDelta>* out) {
+  if (piece.empty()) return;
+  CallDelta& call = streamed_.back();
+  call.arguments += piece;
+  if (out->empty() || out->back().index != call.index) out->push_back({call.index, "", ""});
+  out->back().arguments += piece;
+}
+
+void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
+  const std::string_view s = call_text_;
+  while (scan_ != Scan::kStopped) {
+    switch (scan_) {
+      case Scan::kSeek: {
+        const CallHeader h = FindCallHeader(*tools_, s, scan_pos_, streamed_.empty(), scan_array_);
+        if (h.found == Found::kNeedMore) return;
+        if (h.found == Found::kNo) {
+          scan_ = Scan::kStopped;  // what follows goes whole at the end
+          return;
+        }
+        streamed_.push_back({streamed_.size(), h.name, ""});
+        out->push_back(streamed_.back());
+        scan_pos_ = h.next;
+        scan_wrapped_ = h.wrapped;
+        scan_array_ = h.array;
+        scan_depth_ = 0;
+        scan_in_string_ = scan_escape_ = false;
+        scan_any_param_ = false;
+        scan_ = h.xml ? Scan::kXmlParameters : Scan::kJsonArguments;
+        break;
+      }
+      case Scan::kJsonArguments: {
+        JsonScanState m{scan_in_string_, scan_escape_, scan_depth_};
+        std::string piece;
+        bool open = true;
+        size_t i = scan_pos_;
+        while (i < s.size() && open) open = JsonScanStep(&m, s[i++], &piece);
+        scan_pos_ = i;
+        scan_in_string_ = m.in_string;
+        scan_escape_ = m.escape;
+        scan_depth_ = m.depth;
+        SendArguments(piece, out);
+        if (open) return;
+        scan_ = scan_wrapped_ ? Scan::kWrapperEnd : Scan::kSeek;
+        break;
+      }
+      case Scan::kWrapperEnd: {
+        const size_t i = SkipSpace(s, scan_pos_);
+        if (i >= s.size()) return;
+        if (s[i] != '}') {
+          scan_ = Scan::kStopped;
+          return;
+        }
+        scan_pos_ = i + 1;
+        scan_ = Scan::kSeek;
+        break;
+      }
+      case Scan::kXmlParameters: {
+        // As CallFromXml reads them: a value ends at </parameter>, the next <parameter= or </function>.
+        const size_t i = SkipSpace(s, scan_pos_);
+        size_t at = i;
+        const Found end = Expect(s, &at, "</function>");
+        if (end == Found::kYes) {
+          SendArguments(scan_any_param_ ? "}" : "{}", out);
+          scan_pos_ = at;
+          scan_ = Scan::kSeek;
+          break;
+        }
+        at = i;
+        const Found param = Expect(s, &at, "<parameter=");
+        if (param == Found::kNeedMore || end == Found::kNeedMore) return;
+        if (param == Found::kNo) {
+          scan_ = Scan::kStopped;
+          return;
+        }
+        const size_t key_end = s.find('>', at);
+        if (key_end == std::string_view::npos) return;
+        const size_t close = s.find("</parameter>", key_end);
+        const size_t next = std::min({close, s.find("<parameter=", key_end), s.find("</function>", key_end)});
+        if (next == std::string_view::npos) return;
+        const std::string key(Trim(s.substr(at, key_end - at)));
+        std::string_view value = s.substr(key_end + 1, next - key_end - 1);
+        if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+        if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+        std::string type;
+        if (types_) {
+          if (auto fn = types_->find(streamed_.back().name); fn != types_->end()) {
+            if (auto t = fn->second.find(key); t != fn->second.end()) type = t->second;
+          }
+        }
+        const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+        SendArguments((scan_any_param_ ? "," : "{") + dump(Json(key)) + ":" + dump(XmlValue(value, type)), out);
+        scan_any_param_ = true;
+        scan_pos_ = next == close ? close + 12 : next;
+        break;
+      }
+      case Scan::kStopped: break;
+    }
+  }
+}
 
 MessageStream::Delta MessageStream::Push(std::string_view text) {
   Delta d = PushText(text);
@@ -725,6 +1077,7 @@ MessageStream::Delta MessageStream::PushText(std::string_view text) {
     }
     if (in_calls_) {
       call_text_ += buf;
+      ScanCalls(&d.calls);
       break;
     }
     const std::string_view lead = Trim(buf);
@@ -749,6 +1102,7 @@ MessageStream::Delta MessageStream::PushText(std::string_view text) {
         d.content += buf.substr(0, at);
         call_text_ = buf.substr(at);
         in_calls_ = true;
+        ScanCalls(&d.calls);
         break;
       }
       size_t keep = 0;
@@ -766,7 +1120,7 @@ MessageStream::Delta MessageStream::PushText(std::string_view text) {
   return d;
 }
 
-ParsedMessage MessageStream::Finish() {
+ParsedMessage MessageStream::Finish(std::vector<CallDelta>* rest) {
   ParsedMessage out;
   if (thinking_) {
     out.reasoning = pending_;
@@ -781,6 +1135,26 @@ ParsedMessage MessageStream::Finish() {
     out.content += p.content;
     out.reasoning += p.reasoning;
     out.calls = std::move(p.calls);
+    // What the stream has not sent: the rest of each call it began (the whole parse and the scan
+    // read the same text the same way, so what was sent is the start of the arguments; where it
+    // is not, as when a call began streaming and then did not parse, nothing more can be said),
+    // then the calls it never saw.
+    // A streamed call that did not parse after all (cut off, or not JSON) is skipped: the calls
+    // after it keep their places.
+    size_t k = 0, fresh = streamed_.size();
+    for (size_t j = 0; rest != nullptr && j < out.calls.size(); ++j) {
+      const ToolCall& c = out.calls[j];
+      size_t m = k;
+      while (m < streamed_.size() && !(streamed_[m].name == c.name && StartsWith(c.arguments, streamed_[m].arguments))) ++m;
+      if (m == streamed_.size()) {
+        rest->push_back({fresh++, c.name, c.arguments});
+        continue;
+      }
+      if (c.arguments.size() > streamed_[m].arguments.size()) {
+        rest->push_back({m, "", c.arguments.substr(streamed_[m].arguments.size())});
+      }
+      k = m + 1;
+    }
     call_text_.clear();
     in_calls_ = false;
   }

@@ -68,8 +68,18 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const Tool
 // think block (the template opened it), so the text starts with reasoning.
 std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking);
 
-// Streams a message: Push gives what may be sent now as content or reasoning; text that could be
-// (the start of) a tool call is held back and parsed at Finish.
+// A piece of a streamed call, as OpenAI's tool_calls deltas carry it: the first of a call names it
+// (its arguments may be empty), later ones add to its arguments' text.
+struct CallDelta {
+  size_t index = 0;
+  std::string name;  // set in the call's first delta only
+  std::string arguments;
+};
+
+// Streams a message: Push gives what may be sent now as content or reasoning, and of the calls
+// their names as soon as they are written and their arguments as they grow (hermes, qwen3_coder
+// XML or JSON, llama3_json, mistral, deepseek_v3, functionary; gpt_oss and functionary_v3_2 are
+// taken apart at the end). Text that could be (the start of) a call is not content.
 class MessageStream {
  public:
   // tools: parse tool calls; reasoning: split <think> blocks (starts_thinking as above).
@@ -80,13 +90,18 @@ class MessageStream {
                 std::shared_ptr<const ToolParamTypes> types = nullptr);
   struct Delta {
     std::string content, reasoning;
+    std::vector<CallDelta> calls;
   };
   Delta Push(std::string_view text);
-  // The end: what was held back, and the calls.
-  ParsedMessage Finish();
+  // The end: what was held back, and the calls, whole. rest (may be null): what of the calls was
+  // not sent yet as deltas (a streamed call's remaining arguments; a call not yet streamed whole).
+  ParsedMessage Finish(std::vector<CallDelta>* rest = nullptr);
 
  private:
   Delta PushText(std::string_view text);
+  // Follows the calls in call_text_ from scan_pos_ on, adding what can be sent to `out`.
+  void ScanCalls(std::vector<CallDelta>* out);
+  void SendArguments(std::string_view piece, std::vector<CallDelta>* out);
 
   std::optional<ToolCallFormat> tools_;
   std::shared_ptr<const ToolParamTypes> types_;
@@ -98,6 +113,16 @@ class MessageStream {
   std::string call_text_;  // from the first call marker on
   bool in_calls_ = false;
   std::string reasoning_all_, content_all_;
+  // The call scanner: where it is in call_text_, and in what.
+  enum class Scan { kSeek, kJsonArguments, kWrapperEnd, kXmlParameters, kStopped };
+  Scan scan_ = Scan::kSeek;
+  size_t scan_pos_ = 0;
+  int scan_depth_ = 0;  // kJsonArguments: brackets open
+  bool scan_in_string_ = false, scan_escape_ = false;
+  bool scan_wrapped_ = false;    // the arguments are a member of {"name": ..., "arguments": ...}
+  bool scan_any_param_ = false;  // kXmlParameters: a parameter was sent
+  bool scan_array_ = false;      // mistral's [{...}, {...}]
+  std::vector<CallDelta> streamed_;  // per call: its name and the arguments sent so far
 };
 
 // The most calls one constrained answer may hold (tool_choice required with parallel calls): the

@@ -397,6 +397,32 @@ function validateAll(label, outs) {
         assert.ok(n >= 1 && n <= 8, `${n} calls`);
         assert.ok(par.usage.completion_tokens < 1500);
       });
+      await check('a call streams as it is written: its name first, then its arguments in pieces (the SDK\'s stream helper)', async () => {
+        const both = { type: 'function', function: { name: 'set_light_in', description: 'Switch a light in a zone', parameters: {
+          type: 'object', properties: { zone: { enum: ['utc', 'local'] }, on: { type: 'boolean' } }, required: ['zone', 'on'] } } };
+        const events = [];
+        let firstCallChunk = null;
+        const stream = client(th.port).beta.chat.completions.stream({
+          messages: [{ role: 'user', content: 'Light?' }], tools: [both], max_tokens: 200, seed: 1,
+          tool_choice: { type: 'function', function: { name: 'set_light_in' } }, chat_template_kwargs: { enable_thinking: false } });
+        stream.on('chunk', (chunk) => {
+          const t = chunk.choices[0].delta.tool_calls;
+          if (t && !firstCallChunk) firstCallChunk = t[0];
+        });
+        stream.on('tool_calls.function.arguments.delta', (e) => events.push(e));
+        const done = await stream.finalChatCompletion();
+        const call = done.choices[0].message.tool_calls[0];
+        assert.strictEqual(done.choices[0].finish_reason, 'tool_calls');
+        assert.strictEqual(call.function.name, 'set_light_in');
+        const args = JSON.parse(call.function.arguments);
+        assert.ok(['utc', 'local'].includes(args.zone) && typeof args.on === 'boolean', call.function.arguments);
+        // The first piece names the call (with its id), before its arguments are whole.
+        assert.ok(firstCallChunk && firstCallChunk.id && firstCallChunk.type === 'function' &&
+                  firstCallChunk.function.name === 'set_light_in', JSON.stringify(firstCallChunk));
+        assert.ok(events.length >= 2, `${events.length} argument deltas`);
+        assert.ok(events[0].arguments.length < call.function.arguments.length, JSON.stringify(events[0]));
+        assert.strictEqual(events.map((e) => e.arguments_delta).join(''), call.function.arguments);
+      });
     } finally {
       th.proc.kill('SIGTERM');
       fs.rmSync(qwen, { force: true });

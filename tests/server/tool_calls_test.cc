@@ -16,8 +16,15 @@ using Json = nlohmann::ordered_json;
 
 struct Expected {
   std::string content;
-  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments (compact JSON)
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments (any JSON spacing)
 };
+
+// Arguments are sent as the model wrote them: compared as JSON values.
+// (Text that is not JSON, such as a cut call's raw arguments, is compared as text.)
+Json Args(const std::string& text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? Json(text) : j;
+}
 
 void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& want) {
   SCOPED_TRACE(std::string(ToolCallFormatName(f)) + ": " + text);
@@ -26,17 +33,45 @@ void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& wan
   ASSERT_EQ(got.calls.size(), want.calls.size());
   for (size_t i = 0; i < want.calls.size(); ++i) {
     EXPECT_EQ(got.calls[i].name, want.calls[i].first);
-    EXPECT_EQ(got.calls[i].arguments, want.calls[i].second);
+    EXPECT_EQ(Args(got.calls[i].arguments), Args(want.calls[i].second)) << got.calls[i].arguments;
   }
-  // Streamed in pieces of every size up to 7 bytes: the same message.
+  // Streamed in pieces of every size up to 7 bytes: the same message, and the calls' deltas (as
+  // they come and what Finish adds) add up to the same calls.
   for (size_t piece = 1; piece <= 7; ++piece) {
     MessageStream ms(f, /*reasoning=*/false, /*starts_thinking=*/false);
     std::string content;
-    for (size_t at = 0; at < text.size(); at += piece) content += ms.Push(text.substr(at, piece)).content;
-    ParsedMessage tail = ms.Finish();
+    std::vector<std::pair<std::string, std::string>> streamed;
+    auto take = [&](const std::vector<CallDelta>& deltas) {
+      for (const CallDelta& d : deltas) {
+        if (d.index == streamed.size()) {
+          EXPECT_FALSE(d.name.empty()) << "piece " << piece << ": a call's first delta names it";
+          streamed.push_back({d.name, ""});
+        }
+        ASSERT_LT(d.index, streamed.size());
+        if (d.index + 1 == streamed.size() && !d.name.empty()) continue;
+        EXPECT_TRUE(d.name.empty() || d.index + 1 == streamed.size());
+      }
+      for (const CallDelta& d : deltas) streamed[d.index].second += d.arguments;
+    };
+    for (size_t at = 0; at < text.size(); at += piece) {
+      MessageStream::Delta d = ms.Push(text.substr(at, piece));
+      content += d.content;
+      take(d.calls);
+    }
+    std::vector<CallDelta> rest;
+    ParsedMessage tail = ms.Finish(&rest);
+    take(rest);
     content += tail.content;
     ASSERT_EQ(tail.calls.size(), want.calls.size()) << "piece " << piece;
-    for (size_t i = 0; i < want.calls.size(); ++i) EXPECT_EQ(tail.calls[i].arguments, want.calls[i].second);
+    for (size_t i = 0; i < want.calls.size(); ++i) EXPECT_EQ(tail.calls[i].arguments, got.calls[i].arguments);
+    // (A call that began streaming and then did not parse has been sent in part: nothing to check.)
+    if (!want.calls.empty()) {
+      ASSERT_EQ(streamed.size(), want.calls.size()) << "piece " << piece;
+      for (size_t i = 0; i < want.calls.size(); ++i) {
+        EXPECT_EQ(streamed[i].first, want.calls[i].first) << "piece " << piece;
+        EXPECT_EQ(streamed[i].second, got.calls[i].arguments) << "piece " << piece;
+      }
+    }
     if (want.calls.empty()) {
       EXPECT_EQ(content, text) << "piece " << piece;
     }
@@ -78,6 +113,55 @@ TEST(ToolCalls, HermesAndQwen) {
                "<tool_call>\n<function=search>\n<parameter=query>\nbest pizza\n</parameter>\n<parameter=limit>\n5\n</parameter>\n"
                "</function>\n</tool_call>",
                {"", {{"search", R"({"query":"best pizza","limit":5})"}}});
+}
+
+// Streamed calls go out as they are written: the name once it is complete, then the arguments
+// in pieces, each format's text pushed a byte at a time.
+TEST(ToolCalls, CallsStreamAsTheyAreWritten) {
+  struct Case {
+    ToolCallFormat f;
+    std::string text;
+    std::string arguments;
+  };
+  const std::vector<Case> cases = {
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"path\": \"a.txt\", \"text\": \"x y\"}}\n</tool_call>",
+       R"({"path": "a.txt", "text": "x y"})"},
+      {ToolCallFormat::kQwen3Coder,
+       "<tool_call>\n<function=write>\n<parameter=path>\na.txt\n</parameter>\n<parameter=text>\nx y\n</parameter>\n</function>\n</tool_call>",
+       R"({"path":"a.txt","text":"x y"})"},  // built from the parameters
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"write\", \"parameters\": {\"path\": \"a.txt\", \"text\": \"x y\"}}",
+       R"({"path": "a.txt", "text": "x y"})"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS]write[ARGS]{\"path\": \"a.txt\", \"text\": \"x y\"}", R"({"path": "a.txt", "text": "x y"})"},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write<｜tool▁sep｜>{\"path\": \"a.txt\", \"text\": \"x y\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       R"({"path": "a.txt", "text": "x y"})"},
+      {ToolCallFormat::kFunctionary, "<function=write>{\"path\": \"a.txt\", \"text\": \"x y\"}</function>", R"({"path": "a.txt", "text": "x y"})"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(ToolCallFormatName(c.f));
+    MessageStream ms(c.f, false, false);
+    size_t named_at = 0, pieces = 0, closed_at = c.text.size();
+    std::string args;
+    for (size_t at = 0; at < c.text.size(); ++at) {
+      for (const CallDelta& d : ms.Push(c.text.substr(at, 1)).calls) {
+        EXPECT_EQ(d.index, 0u);
+        if (!d.name.empty()) {
+          EXPECT_EQ(d.name, "write");
+          named_at = at;
+        }
+        if (!d.arguments.empty()) ++pieces;
+        args += d.arguments;
+      }
+      if (args == c.arguments && closed_at == c.text.size()) closed_at = at;
+    }
+    std::vector<CallDelta> rest;
+    ms.Finish(&rest);
+    EXPECT_TRUE(rest.empty());
+    EXPECT_EQ(args, c.arguments);
+    EXPECT_GT(named_at, 0u);
+    EXPECT_LT(named_at + 8, closed_at);  // named well before the arguments are complete
+    EXPECT_GE(pieces, 2u);
+  }
 }
 
 TEST(ToolCalls, Qwen3CoderXmlEdges) {
@@ -185,7 +269,7 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_EQ(p.content, "");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].name, "get_weather");
-  EXPECT_EQ(p.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city": "Oslo"})");
   // The recipient in the role's header, a preamble, and a final answer.
   p = ParseToolCalls(f,
       "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
