@@ -163,6 +163,10 @@ class Converter {
   static Status Error(const std::string& path, fmt::format_string<Args...> f, Args&&... args) {
     return InvalidArgument("schema at '{}': {}", path.empty() ? "/" : path, fmt::format(f, std::forward<Args>(args)...));
   }
+  // A schema no value satisfies (OutOfRange): an optional property with it is left out.
+  static Status MatchesNothing(const std::string& path, const std::string& why) {
+    return Status(StatusCode::kOutOfRange, fmt::format("schema at '{}': {}: no value matches", path.empty() ? "/" : path, why));
+  }
 
   std::string UsePrimitive(const std::string& name) {
     if (have_primitive_.insert(name).second) {
@@ -243,7 +247,7 @@ class Converter {
 
   StatusOr<std::string> VisitInner(const Json& s, const std::string& hint, const std::string& path) {
     if (s.is_boolean()) {
-      if (!s.get<bool>()) return Error(path, "the schema false matches nothing");
+      if (!s.get<bool>()) return MatchesNothing(path, "the schema false");
       return UsePrimitive("value");
     }
     if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
@@ -274,11 +278,17 @@ class Converter {
       ASSIGN_OR_RETURN(std::string inner, Visit(copy, hint, path));
       return Rule(hint, inner + " | " + UsePrimitive("null"));
     }
-    if (s.contains("const")) return Rule(hint, JsonLiteral(s["const"]) + " " + UsePrimitive("space"));
+    if (s.contains("const")) {
+      if (!OfType(s["const"], s)) return MatchesNothing(path, "'const' is not of the schema's 'type'");
+      return Rule(hint, JsonLiteral(s["const"]) + " " + UsePrimitive("space"));
+    }
     if (s.contains("enum")) {
       if (!s["enum"].is_array() || s["enum"].empty()) return Error(path, "'enum' must be a non-empty array");
       std::string body;
-      for (const auto& v : s["enum"]) body += (body.empty() ? "" : " | ") + JsonLiteral(v);
+      for (const auto& v : s["enum"]) {
+        if (OfType(v, s)) body += (body.empty() ? "" : " | ") + JsonLiteral(v);
+      }
+      if (body.empty()) return MatchesNothing(path, "no value of 'enum' is of the schema's 'type'");
       return Rule(hint, "(" + body + ") " + UsePrimitive("space"));
     }
     for (const char* kw : {"anyOf", "oneOf"}) {
@@ -369,6 +379,26 @@ class Converter {
     return Error(path, "unknown type '{}'", type);
   }
 
+  // Whether v is of the schema's "type" (a name or a list of names; no type: any).
+  static bool OfType(const Json& v, const Json& s) {
+    if (!s.contains("type")) return true;
+    auto is = [&v](const Json& t) {
+      if (!t.is_string()) return true;
+      const std::string n = t.get<std::string>();
+      if (n == "string") return v.is_string();
+      if (n == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+      if (n == "number") return v.is_number();
+      if (n == "boolean") return v.is_boolean();
+      if (n == "null") return v.is_null();
+      if (n == "object") return v.is_object();
+      if (n == "array") return v.is_array();
+      return true;
+    };
+    const Json& t = s["type"];
+    if (!t.is_array()) return is(t);
+    return std::any_of(t.begin(), t.end(), is);
+  }
+
   static bool HasConstraints(const Json& s) {
     for (auto it = s.begin(); it != s.end(); ++it) {
       const std::string& k = it.key();
@@ -399,25 +429,36 @@ class Converter {
       for (auto it = props.begin(); it != props.end(); ++it) {
         declared.insert(it.key());
         const std::string ppath = path + "/properties/" + it.key();
-        ASSIGN_OR_RETURN(std::string value, Visit(it.value(), hint + "-" + it.key(), ppath));
+        auto visited = Visit(it.value(), hint + "-" + it.key(), ppath);
+        // An optional property no value can satisfy cannot be present (nor come as an extra key).
+        if (!visited.ok() && visited.status().code() == StatusCode::kOutOfRange && !req.count(it.key())) continue;
+        ASSIGN_OR_RETURN(std::string value, std::move(visited));
         kvs.push_back(Rule(hint + "-" + it.key() + "-kv",
                            JsonLiteral(Json(it.key())) + " " + sp + " \":\" " + sp + " " + value));
         required.push_back(req.count(it.key()) > 0);
       }
     }
-    for (const auto& k : req) {
-      if (!declared.count(k)) return Error(path, "required property '{}' is not in 'properties'", k);
-    }
     // Extra keys: additionalProperties true or a schema; absent means none when properties are
     // declared (strict), any otherwise.
     std::string extra;
     const bool has_ap = s.contains("additionalProperties");
-    if ((has_ap && !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) ||
-        (!has_ap && !s.contains("properties"))) {
-      std::string value = UsePrimitive("value");
-      if (has_ap && !s["additionalProperties"].is_boolean()) {
-        ASSIGN_OR_RETURN(value, Visit(s["additionalProperties"], hint + "-additional", path + "/additionalProperties"));
+    const bool extra_allowed = (has_ap && !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) ||
+                               (!has_ap && !s.contains("properties"));
+    std::string value = UsePrimitive("value");
+    if (extra_allowed && has_ap && !s["additionalProperties"].is_boolean()) {
+      ASSIGN_OR_RETURN(value, Visit(s["additionalProperties"], hint + "-additional", path + "/additionalProperties"));
+    }
+    // A required property the schema does not declare: present, with what additional keys take.
+    for (const auto& k : req) {
+      if (declared.count(k)) continue;
+      if (!extra_allowed) {
+        return Error(path, "required property '{}' is not in 'properties' and no other key is allowed: no object matches", k);
       }
+      declared.insert(k);
+      kvs.push_back(Rule(hint + "-" + k + "-kv", JsonLiteral(Json(k)) + " " + sp + " \":\" " + sp + " " + value));
+      required.push_back(true);
+    }
+    if (extra_allowed) {
       // A declared name cannot come again through here (with any value): its key is excluded.
       const std::string key = declared.empty() ? UsePrimitive("string") : KeyExcept(declared, hint);
       extra = Rule(hint + "-additional-kv", key + " \":\" " + sp + " " + value);
@@ -679,7 +720,9 @@ std::string PrimitiveGrammar(const std::string& top) {
 StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name,
                                        ThreadCpuClock::time_point deadline) {
   Converter c(schema, root_name, deadline);
-  return c.Convert();
+  auto out = c.Convert();
+  if (!out.ok() && out.status().code() == StatusCode::kOutOfRange) return InvalidArgument("{}", out.status().message());
+  return out;
 }
 
 std::string JsonObjectGbnf() { return PrimitiveGrammar("object"); }

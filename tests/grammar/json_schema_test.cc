@@ -58,6 +58,14 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
        {"{}", R"({"b": 1})", R"({"a": 1, "c": 3})", R"({"a": 1, "b": 2, "c": 3})"}, {R"({, "b": 1})", R"({"c": 1, "a": 1})"}},
       {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}})",
        {R"({"a": 1, "x": true})", R"({"x": false})"}, {R"({"x": 1})", R"({"a": true})", R"({"a": 1, "a": true})"}},
+      // enum and const values of another type than the schema's match nothing.
+      {R"({"enum": ["a", 1, 2.0, null], "type": ["integer", "null"]})", {"1", "2.0", "null"}, {R"("a")"}},
+      {R"({"type": "object", "properties": {"b": {"enum": ["X"], "type": "object"}, "c": {"type": "integer"}}})", {R"({"c": 1})", "{}"},
+       {R"({"b": "X"})"}},
+      // A required property not in 'properties': present, with what additional keys take.
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": {"type": "boolean"}})",
+       {R"({"a": 1, "b": true})", R"({"a": 1, "b": false, "c": true})"}, {R"({"a": 1})", R"({"a": 1, "b": 1})", R"({"b": true})"}},
+      {R"({"type": "object", "required": ["id"]})", {R"({"id": 1})", R"({"id": "x", "k": [2]})"}, {"{}", R"({"k": 1})", R"({"id": 1, "id": 2})"}},
       // A declared property cannot come again through additionalProperties, however it is spelled.
       {R"({"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "integer"}, "\u00e9": {"type": "integer"},
            "q\"": {"type": "integer"}, "t\n": {"type": "integer"}}, "additionalProperties": true})",
@@ -142,7 +150,7 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "integer", "minimum": 5, "maximum": 4})").find("no integer"), std::string::npos);
   EXPECT_NE(err(R"({"type": "number", "minimum": 0.5})").find("bounds on 'number'"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 99999})").find("'maxItems' above"), std::string::npos);
-  EXPECT_NE(err("false").find("matches nothing"), std::string::npos);
+  EXPECT_NE(err("false").find("no value matches"), std::string::npos);
   EXPECT_NE(err("3").find("must be an object or a boolean"), std::string::npos);
 }
 

@@ -1,0 +1,241 @@
+// JSONSchemaBench's MaskBench on gale's JSON Schema grammars: per schema, does the grammar compile,
+// accept every valid instance in full and reject every invalid one? (The benchmark's own rule; no
+// model, no tokenizer: the grammar runs over single bytes.) Prints the counts beside the published
+// figures of LLGuidance, XGrammar and llama.cpp, and compile times; writes JSON.
+//
+// gale writes compact JSON (no whitespace between tokens, an optional space before the value), so
+// each instance is compacted first: whitespace outside strings removed. An instance that differs
+// only in whitespace is the same document; nothing else about it changes.
+//
+// Usage: build/maskbench [path/to/maskbench-all.jsonl.gz] [--json out.json] [--limit N] [--threads N]
+// (MASKBENCH_LIST=1 in the environment lists the schemas that accepted an invalid instance)
+// (default path: ../shared/bench/maskbench/maskbench-all.jsonl.gz beside the source tree).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "grammar/compiler.h"
+
+namespace gale {
+namespace {
+
+using Json = nlohmann::json;
+
+std::shared_ptr<const grammar::TokenTrie> ByteTrie() {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  return std::make_shared<const grammar::TokenTrie>(bytes, std::vector<bool>(256, true));
+}
+
+std::string Compact(const std::string& text) {
+  std::string out;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+bool Accepts(const std::shared_ptr<const grammar::CompiledGrammar>& g, const std::string& text) {
+  grammar::GrammarMatcher m(g, {});
+  for (unsigned char b : text) {
+    if (!m.Accept(b).ok()) return false;
+  }
+  return m.CanEnd();
+}
+
+struct Result {
+  std::string id;
+  bool compiled = false, valid_rejected = false, invalid_accepted = false;
+  std::string accepted;  // an invalid instance accepted (the first)
+  double compile_ms = 0;
+  std::string error;  // the compile error's message
+};
+
+Result Run(const std::shared_ptr<const grammar::TokenTrie>& trie, const std::string& line) {
+  Result r;
+  const Json row = Json::parse(line);
+  r.id = row["id"].get<std::string>();
+  // One compiler per schema: nothing cached between them.
+  grammar::GrammarCompiler compiler(trie, 1);
+  const grammar::Constraint c{grammar::Constraint::Kind::kJsonSchema, row["schema_text"].get<std::string>(), ""};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = compiler.Compile(c);
+  r.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!g.ok()) {
+    r.error = g.status().message();
+    return r;
+  }
+  r.compiled = true;
+  for (const Json& t : row["tests"]) {
+    const bool ok = Accepts(*g, Compact(t["text"].get<std::string>()));
+    if (t["valid"].get<bool>() && !ok) r.valid_rejected = true;
+    if (!t["valid"].get<bool>() && ok && !r.invalid_accepted) {
+      r.invalid_accepted = true;
+      r.accepted = t["text"].get<std::string>();
+    }
+  }
+  return r;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+int Main(int argc, char** argv) {
+  std::string path = std::string(GALE_SOURCE_DIR) + "/../shared/bench/maskbench/maskbench-all.jsonl.gz";
+  std::string json_out;
+  size_t limit = 0;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json_out = argv[++i];
+    } else if (a == "--limit" && i + 1 < argc) {
+      limit = std::stoul(argv[++i]);
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::max(1, std::stoi(argv[++i]));
+    } else {
+      path = a;
+    }
+  }
+  FILE* in = popen(("gzip -dc '" + path + "'").c_str(), "r");
+  if (in == nullptr) {
+    fmt::print(stderr, "cannot read {}\n", path);
+    return 1;
+  }
+  std::vector<std::string> rows;  // parsed one at a time by the workers
+  std::string line;
+  for (int ch; (ch = std::fgetc(in)) != EOF;) {
+    if (ch != '\n') {
+      line += static_cast<char>(ch);
+      continue;
+    }
+    if (!line.empty()) rows.push_back(std::move(line));
+    line.clear();
+    if (limit > 0 && rows.size() >= limit) break;
+  }
+  if (!line.empty() && (limit == 0 || rows.size() < limit)) rows.push_back(std::move(line));
+  pclose(in);
+  if (rows.empty()) {
+    fmt::print(stderr, "no schemas in {} (the set-up step's ../shared/bench/maskbench)\n", path);
+    return 1;
+  }
+  const auto trie = ByteTrie();
+  std::vector<Result> results(rows.size());
+  std::atomic<size_t> next{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < rows.size();) results[i] = Run(trie, rows[i]);
+    });
+  }
+  for (auto& t : pool) t.join();
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  size_t compiled = 0, passing = 0, valid_rejected = 0, invalid_accepted = 0;
+  std::vector<double> compile_ms;
+  std::map<std::string, size_t> errors;  // the refusal's message up to its first ':' or quote
+  for (const Result& r : results) {
+    compile_ms.push_back(r.compile_ms);
+    if (!r.compiled) {
+      // The kind of refusal: the message without its schema path (the first quoted part), names
+      // quoted after a keyword's (keywords kept), or numbers.
+      std::string key;
+      bool quoted = false;
+      int quotes = 0;
+      std::string part;
+      for (char ch : r.error) {
+        if (ch == '\'') {
+          quoted = !quoted;
+          if (!quoted) {
+            ++quotes;
+            const bool keyword = quotes > 1 && part.find_first_of("/ .") == std::string::npos && part.size() < 24;
+            key += keyword ? "'" + part + "'" : "'..'";
+            part.clear();
+          }
+        } else if (quoted) {
+          part += ch;
+        } else {
+          key += (ch >= '0' && ch <= '9') ? 'N' : ch;
+        }
+      }
+      ++errors[key.substr(0, 90)];
+      continue;
+    }
+    ++compiled;
+    valid_rejected += r.valid_rejected;
+    invalid_accepted += r.invalid_accepted;
+    passing += !r.valid_rejected && !r.invalid_accepted;
+  }
+  const size_t n = rows.size();
+  fmt::print("MaskBench: {} schemas ({}), {:.0f} s on {} threads\n", n, path, wall_s, threads);
+  fmt::print("| engine | passing | compile errors | a valid instance rejected | an invalid instance accepted |\n");
+  fmt::print("|---|---|---|---|---|\n");
+  fmt::print("| gale | {} | {} | {} | {} |\n", passing, n - compiled, valid_rejected, invalid_accepted);
+  if (n == 11305) {
+    fmt::print("| LLGuidance (published) | 8,909 | 2,377 | 20 | 0 |\n");
+    fmt::print("| XGrammar (published) | 8,122 | 90 | 1,408 | 1,368 |\n");
+    fmt::print("| llama.cpp (published) | 6,505 | 1,301 | 2,850 | 649 |\n");
+  }
+  fmt::print("compile time: median {:.2f} ms, p99 {:.2f} ms, max {:.0f} ms\n", Percentile(compile_ms, 0.5),
+             Percentile(compile_ms, 0.99), Percentile(compile_ms, 1.0));
+  std::vector<std::pair<size_t, std::string>> top;
+  for (const auto& [k, v] : errors) top.push_back({v, k});
+  std::sort(top.rbegin(), top.rend());
+  fmt::print("most frequent compile errors:\n");
+  for (size_t i = 0; i < std::min<size_t>(20, top.size()); ++i) fmt::print("  {:5} {}\n", top[i].first, top[i].second);
+  if (std::getenv("MASKBENCH_LIST") != nullptr) {
+    for (const Result& r : results) {
+      if (r.invalid_accepted) fmt::print("invalid accepted: {}: {}\n", r.id, r.accepted.substr(0, 200));
+    }
+  }
+  if (!json_out.empty()) {
+    Json j = {{"schemas", n},
+              {"passing", passing},
+              {"compile_errors", n - compiled},
+              {"valid_rejected", valid_rejected},
+              {"invalid_accepted", invalid_accepted},
+              {"compile_ms_median", Percentile(compile_ms, 0.5)},
+              {"compile_ms_p99", Percentile(compile_ms, 0.99)},
+              {"wall_s", wall_s}};
+    Json errs = Json::object();
+    for (const auto& [v, k] : top) errs[k] = v;
+    j["compile_errors_by_kind"] = errs;
+    std::ofstream(json_out) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace gale
+
+int main(int argc, char** argv) { return gale::Main(argc, argv); }
