@@ -8,7 +8,8 @@
 // only in whitespace is the same document; nothing else about it changes.
 //
 // Usage: build/maskbench [path/to/maskbench-all.jsonl.gz] [--json out.json] [--limit N] [--threads N]
-// (MASKBENCH_LIST=1 in the environment lists the schemas that accepted an invalid instance)
+// (MASKBENCH_LIST=1 in the environment lists the schemas that accepted an invalid instance;
+// MASKBENCH_ERRORS=TEXT those refused with TEXT in the message)
 // (default path: ../shared/bench/maskbench/maskbench-all.jsonl.gz beside the source tree).
 #include <algorithm>
 #include <atomic>
@@ -216,6 +217,11 @@ int Main(int argc, char** argv) {
   if (std::getenv("MASKBENCH_LIST") != nullptr) {
     for (const Result& r : results) {
       if (r.invalid_accepted) fmt::print("invalid accepted: {}: {}\n", r.id, r.accepted.substr(0, 200));
+    }
+  }
+  if (const char* want = std::getenv("MASKBENCH_ERRORS"); want != nullptr) {
+    for (const Result& r : results) {
+      if (!r.compiled && r.error.find(want) != std::string::npos) fmt::print("refused: {}: {}\n", r.id, r.error.substr(0, 300));
     }
   }
   if (!json_out.empty()) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -155,7 +156,22 @@ using Sequence = std::vector<Element>;
 
 class GbnfParser {
  public:
-  explicit GbnfParser(std::string_view text) : s_(text) {}
+  explicit GbnfParser(std::string_view text) : s_(text) {
+    // The names the text defines, so a rule made up for a group never takes one defined later
+    // (a JSON Schema's rules are named "parent-N" too).
+    for (size_t at = 0; at < text.size();) {
+      size_t end = text.find('\n', at);
+      if (end == std::string_view::npos) end = text.size();
+      size_t i = at;
+      while (i < end && (text[i] == ' ' || text[i] == '\t')) ++i;
+      const size_t name_start = i;
+      while (i < end && IsNameChar(text[i])) ++i;
+      const size_t name_end = i;
+      while (i < end && (text[i] == ' ' || text[i] == '\t')) ++i;
+      if (name_end > name_start && text.substr(i, 3) == "::=") defined_names_.insert(std::string(text.substr(name_start, name_end - name_start)));
+      at = end + 1;
+    }
+  }
 
   StatusOr<Grammar> Parse(std::string_view root_name) {
     SkipSpace(true);
@@ -221,7 +237,7 @@ class GbnfParser {
     std::string name;
     do {
       name = fmt::format("{}-{}", base, ++anon_count_);
-    } while (ids_.count(name));
+    } while (ids_.count(name) || defined_names_.count(name));
     const int32_t id = RuleId(name);
     defined_[id] = true;
     return id;
@@ -599,6 +615,7 @@ class GbnfParser {
   size_t pos_ = 0;
   int depth_ = 0;
   int anon_count_ = 0;
+  std::set<std::string> defined_names_;  // every name the text defines (NewRule avoids them)
   size_t num_elements_ = 0;
   std::map<std::string, int32_t> ids_;
   std::vector<std::string> names_;

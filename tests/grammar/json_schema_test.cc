@@ -44,6 +44,23 @@ std::string Compact(const std::string& text) {
   return out;
 }
 
+// Objects nested 28 deep (each "parent-N" named rule beside the parser's own group rules).
+TEST(JsonSchema, ObjectsNestedDeepCompile) {
+  Json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  std::string text = "{\"a\":1}";
+  for (int i = 0; i < 28; ++i) {
+    schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}}}, {"child", schema}}}};
+    text = "{\"a\":2,\"child\":" + text + "}";
+  }
+  auto gbnf = JsonSchemaToGbnf(schema);
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
+  auto g = ParseGbnf(*gbnf);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  CompiledGrammar compiled(std::move(*g), test::ByteTrie());
+  EXPECT_TRUE(Accepts(&compiled, text));
+  EXPECT_FALSE(Accepts(&compiled, text.substr(0, text.size() - 1)));
+}
+
 TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
   const std::vector<Case> cases = {
       {R"({"type": "string"})", {R"("hi")", R"("a\"b\\c\u00e9\n")", "\"\xC3\xA9\""}, {R"(hi)", "\"a\nb\"", R"("\ud800")", R"("\q")"}},
