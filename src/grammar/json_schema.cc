@@ -540,11 +540,29 @@ class Converter {
     if (!s.contains(key)) return dflt;
     const Json& v = s[key];
     if (!v.is_number_integer() || v.get<int64_t>() < 0) return Error(path, "'{}' must be a non-negative integer", key);
-    if (v.get<int64_t>() > kMaxRepetition) return Error(path, "'{}' above {} is not supported", key, kMaxRepetition);
+    if (v.get<int64_t>() > kMaxCount) return Error(path, "'{}' above {} is not supported", key, kMaxCount);
     return v.get<int64_t>();
   }
 
+  // Lengths and item counts up to a billion; past GBNF's 10,000 per {m,n} they are counts of
+  // groups of 100 (Repeat).
+  static constexpr int64_t kMaxCount = 1000000000;
+
   static std::string Repeat(const std::string& x, int64_t lo, int64_t hi) {  // hi < 0: unbounded
+    if (lo > kMaxRepetition || hi > kMaxRepetition) {
+      // x{lo,hi} = x{lo} x{0,n}; x{lo} = (x{100}){lo/100} x{lo%100}; x{0,n} with n = 100q + r is
+      // either fewer than q hundreds and up to 99 more, or q hundreds and up to r more: one parse
+      // for every length.
+      const std::string h = "(" + x + "){100}";
+      auto join = [](const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + " " + b; };
+      const std::string exact = join(Repeat(h, lo / 100, lo / 100), Repeat(x, lo % 100, lo % 100));
+      if (hi < 0) return join(exact, Repeat(x, 0, -1));
+      const int64_t n = hi - lo, q = n / 100, r = n % 100;
+      if (q == 0) return join(exact, Repeat(x, 0, r));
+      const std::string fewer = join(q > 1 ? Repeat(h, 0, q - 1) : "", Repeat(x, 0, 99));
+      const std::string most = join(Repeat(h, q, q), Repeat(x, 0, r));
+      return join(exact, "(" + fewer + " | " + most + ")");
+    }
     if (hi == lo) return lo == 0 ? "" : lo == 1 ? x : fmt::format("({}){{{}}}", x, lo);
     if (hi < 0) return fmt::format("({}){{{},}}", x, lo);
     return fmt::format("({}){{{},{}}}", x, lo, hi);
