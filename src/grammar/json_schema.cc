@@ -124,6 +124,54 @@ uint32_t FirstCodePoint(const std::string& u) {
   return cp;
 }
 
+// A pattern that is one character's class repeated ("^[a-z0-9_]+$", "\\d{4,8}", ".*"): the class
+// as its own regex, and the counts (hi < 0: unbounded). Anything else: nullopt.
+struct ClassRepeat {
+  std::string atom;
+  int64_t lo = 0, hi = -1;
+};
+std::optional<ClassRepeat> AsClassRepeat(std::string_view p) {
+  if (!p.empty() && p.front() == '^') p.remove_prefix(1);
+  if (p.size() >= 2 && p.back() == '$' && p[p.size() - 2] != '\\') p.remove_suffix(1);
+  if (p.empty()) return std::nullopt;
+  size_t i = 0;
+  if (p[0] == '[') {
+    i = 1;
+    if (i < p.size() && p[i] == '^') ++i;
+    if (i < p.size() && p[i] == ']') ++i;
+    while (i < p.size() && p[i] != ']') i += p[i] == '\\' ? 2 : 1;
+    if (i >= p.size()) return std::nullopt;
+    ++i;
+  } else if (p[0] == '\\') {
+    if (p.size() < 2 || std::string_view("wdsWDS").find(p[1]) == std::string_view::npos) return std::nullopt;
+    i = 2;
+  } else if (p[0] == '.') {
+    i = 1;
+  } else {
+    return std::nullopt;
+  }
+  ClassRepeat r;
+  r.atom = std::string(p.substr(0, i));
+  std::string_view q = p.substr(i);
+  if (q.size() > 1 && q.back() == '?') q.remove_suffix(1);  // lazy: the same strings
+  if (q == "*") return r;
+  if (q == "+") return r.lo = 1, r;
+  if (q == "?") return r.hi = 1, r;
+  if (q.size() < 3 || q.front() != '{' || q.back() != '}') return std::nullopt;
+  q = q.substr(1, q.size() - 2);
+  const size_t comma = q.find(',');
+  auto num = [](std::string_view d, int64_t* out) {
+    if (d.empty() || d.size() > 9 || d.find_first_not_of("0123456789") != std::string_view::npos) return false;
+    *out = std::stoll(std::string(d));
+    return true;
+  };
+  if (!num(q.substr(0, comma), &r.lo)) return std::nullopt;
+  if (comma == std::string_view::npos) return r.hi = r.lo, r;
+  if (comma + 1 == q.size()) return r;
+  if (!num(q.substr(comma + 1), &r.hi) || r.hi < r.lo) return std::nullopt;
+  return r;
+}
+
 constexpr int64_t kMaxBound = 999999999999999;  // 15 digits: what `integral-part` writes at most
 
 // Unsigned integers in [lo, hi] (hi unset: up to 16 digits), written without leading zeros.
@@ -625,7 +673,22 @@ class Converter {
     const bool bounded = s.contains("minLength") || s.contains("maxLength");
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
-      if (bounded || s.contains("format")) return Error(path, "'pattern' together with lengths or 'format' is not supported");
+      if (bounded && !s.contains("format")) {
+        // One class repeated: its counts and the lengths intersect.
+        if (auto cr = AsClassRepeat(s["pattern"].get<std::string>())) {
+          const int64_t lo = std::max(min_len, cr->lo);
+          const int64_t hi = max_len < 0 ? cr->hi : cr->hi < 0 ? max_len : std::min(max_len, cr->hi);
+          if (hi >= 0 && hi < lo) return MatchesNothing(path, "the pattern's counts and the lengths do not meet");
+          auto atom = RegexToGbnf(cr->atom, JsonStringCharSet);
+          if (!atom.ok()) return Error(path, "{}", atom.status().message());
+          const std::string body = Repeat("(" + *atom + ")", lo, hi);
+          return Rule(hint, "\"\\\"\" " + (body.empty() ? "" : body + " ") + "\"\\\"\" " + sp);
+        }
+      }
+      if (bounded || s.contains("format")) {
+        return Error(path, "'pattern' together with lengths (unless it is one character class repeated) or 'format' "
+                           "is not supported");
+      }
       auto re = RegexToGbnf(s["pattern"].get<std::string>(), JsonStringCharSet);
       if (!re.ok()) return Error(path, "{}", re.status().message());
       return Rule(hint, "\"\\\"\" " + *re + " \"\\\"\" " + sp);

@@ -93,6 +93,11 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
        {"{}", R"({"b": 1})", R"({"a": 1, "c": 3})", R"({"a": 1, "b": 2, "c": 3})"}, {R"({, "b": 1})", R"({"c": 1, "a": 1})"}},
       {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}})",
        {R"({"a": 1, "x": true})", R"({"x": false})"}, {R"({"x": 1})", R"({"a": true})", R"({"a": 1, "a": true})"}},
+      // A pattern of one class repeated, with lengths: both hold.
+      {R"({"type": "string", "pattern": "^[a-z0-9_]+$", "minLength": 3, "maxLength": 5})", {R"("abc")", R"("a_9zz")"},
+       {R"("ab")", R"("abcdef")", R"("ABC")", R"("")"}},
+      {R"({"type": "string", "pattern": "\\d{4,8}", "maxLength": 6})", {R"("1234")", R"("123456")"}, {R"("123")", R"("1234567")", R"("12a4")"}},
+      {R"({"type": "string", "pattern": "^.*$", "minLength": 2})", {R"("a\"")", R"("xyz")"}, {R"("a")"}},
       // enum and const values of another type than the schema's match nothing.
       {R"({"enum": ["a", 1, 2.0, null], "type": ["integer", "null"]})", {"1", "2.0", "null"}, {R"("a")"}},
       {R"({"type": "object", "properties": {"b": {"enum": ["X"], "type": "object"}, "c": {"type": "integer"}}})", {R"({"c": 1})", "{}"},
