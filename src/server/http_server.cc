@@ -985,8 +985,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!g.req.stream) {
       if (!all_done) return;
       if (!error.ok()) {
+        const ApiError e = EngineError(error, request_error, g.constraint_param);  // before g goes
         FinishGeneration("error");
-        return SendError(EngineError(error, request_error, g.constraint_param));
+        return SendError(e);
       }
       Json body;
       if (g.req.embeddings) {
