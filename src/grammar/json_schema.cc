@@ -345,17 +345,48 @@ class Converter {
       Json siblings = s;
       siblings.erase(kw);
       std::string body;
+      std::vector<Json> branches;
       for (size_t i = 0; i < s[kw].size(); ++i) {
         const Json& alt = s[kw][i];
-        const Json* use = &alt;
-        Json merged;
+        const std::string bpath = fmt::format("{}/{}/{}", path, kw, i);
+        Json use = alt;
         if (alt.is_object() && HasConstraints(siblings)) {
-          merged = siblings;
-          for (auto it = alt.begin(); it != alt.end(); ++it) merged[it.key()] = it.value();
-          use = &merged;
+          // Both the siblings and the branch hold: their required keys add up, their properties
+          // join (one property constrained by both is not taken apart).
+          use = siblings;
+          for (auto it = alt.begin(); it != alt.end(); ++it) {
+            if (it.key() == "required" && it.value().is_array() && use.contains("required") && use["required"].is_array()) {
+              for (const auto& k : it.value()) use["required"].push_back(k);
+            } else if (it.key() == "properties" && it.value().is_object() && use.contains("properties") &&
+                       use["properties"].is_object()) {
+              for (auto p = it.value().begin(); p != it.value().end(); ++p) {
+                if (use["properties"].contains(p.key()) && use["properties"][p.key()] != p.value() &&
+                    HasConstraints(use["properties"][p.key()])) {
+                  return Error(bpath, "property '{}' is constrained both here and beside the '{}'", p.key(), kw);
+                }
+                use["properties"][p.key()] = p.value();
+              }
+            } else {
+              use[it.key()] = it.value();
+            }
+          }
         }
-        ASSIGN_OR_RETURN(std::string e, Visit(*use, fmt::format("{}-{}", hint, i), fmt::format("{}/{}/{}", path, kw, i)));
+        ASSIGN_OR_RETURN(std::string e, Visit(use, fmt::format("{}-{}", hint, i), bpath));
         body += (body.empty() ? "" : " | ") + e;
+        branches.push_back(std::move(use));
+      }
+      // oneOf: exactly one branch. A grammar cannot exclude a value two branches both match, so
+      // the branches must be disjoint, as far as can be shown (types, or consts and enums, at the
+      // top or at a key both require).
+      if (std::string(kw) == "oneOf") {
+        for (size_t i = 0; i < branches.size(); ++i) {
+          for (size_t j = i + 1; j < branches.size(); ++j) {
+            if (!Disjoint(branches[i], branches[j])) {
+              return Error(path, "'oneOf' branches {} and {} may both match a value (a grammar cannot exclude it); "
+                                 "use anyOf if either may", i, j);
+            }
+          }
+        }
       }
       return Rule(hint, body);
     }
@@ -425,6 +456,140 @@ class Converter {
     if (type == "boolean") return UsePrimitive("boolean");
     if (type == "null") return UsePrimitive("null");
     return Error(path, "unknown type '{}'", type);
+  }
+
+  // The schema behind a chain of local $refs (itself when it has none, or one does not resolve).
+  const Json& Deref(const Json& s) {
+    const Json* at = &s;
+    for (int hops = 0; at->is_object() && at->contains("$ref") && (*at)["$ref"].is_string() && hops < 16; ++hops) {
+      auto next = Resolve((*at)["$ref"].get<std::string>(), "");
+      if (!next.ok()) break;
+      at = *next;
+    }
+    return *at;
+  }
+
+  // The kinds of JSON value a schema lets through as the grammar writes it (a bit each: string,
+  // integer, other number, boolean, null, object, array).
+  static unsigned KindsOf(const Json& v) {
+    if (v.is_string()) return 1;
+    if (v.is_number_integer() || v.is_number_unsigned() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>())) return 2;
+    if (v.is_number()) return 4;
+    if (v.is_boolean()) return 8;
+    if (v.is_null()) return 16;
+    if (v.is_object()) return 32;
+    return 64;
+  }
+  unsigned Kinds(const Json& schema) {
+    const Json& s = Deref(schema);
+    if (!s.is_object()) return s.is_boolean() && !s.get<bool>() ? 0 : 127;
+    unsigned out = 127;
+    if (s.contains("type")) {
+      unsigned t = 0;
+      auto add = [&t](const Json& n) {
+        if (!n.is_string()) return void(t = 127);
+        const std::string k = n.get<std::string>();
+        t |= k == "string" ? 1 : k == "integer" ? 2 : k == "number" ? 6 : k == "boolean" ? 8 : k == "null" ? 16
+             : k == "object" ? 32 : k == "array" ? 64 : 127;
+      };
+      if (s["type"].is_array()) {
+        for (const auto& n : s["type"]) add(n);
+      } else {
+        add(s["type"]);
+      }
+      out &= t;
+    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+      out &= 32;  // written as an object (ObjectRule)
+    } else if (s.contains("items") || s.contains("prefixItems")) {
+      out &= 64;
+    }
+    if (const Json* vals = Values(s)) {
+      unsigned v = 0;
+      for (const auto& x : *vals) v |= KindsOf(x);
+      out &= v;
+    }
+    if (s.contains("nullable") && s["nullable"] == true) out |= 16;
+    return out;
+  }
+  // The values a schema allows when it lists them (const or enum, or branches that all do), else
+  // null. The list lives until the next call.
+  const Json* Values(const Json& schema, int depth = 0) {
+    const Json& s = Deref(schema);
+    if (!s.is_object() || depth > 8) return nullptr;
+    Json out = Json::array();
+    if (s.contains("const")) {
+      out.push_back(s["const"]);
+    } else if (s.contains("enum") && s["enum"].is_array()) {
+      out = s["enum"];
+    } else {
+      const char* kw = s.contains("anyOf") ? "anyOf" : s.contains("oneOf") ? "oneOf" : nullptr;
+      if (kw == nullptr || !s[kw].is_array()) return nullptr;
+      for (const auto& b : s[kw]) {
+        const Json* v = Values(b, depth + 1);
+        if (v == nullptr) return nullptr;
+        const Json copy = *v;
+        for (const auto& x : copy) out.push_back(x);
+      }
+    }
+    values_ = std::move(out);
+    return &values_;
+  }
+  Json values_;
+  static bool ValuesDisjoint(const Json& a, const Json& b) {
+    for (const auto& x : a) {
+      for (const auto& y : b) {
+        if (x == y) return false;
+      }
+    }
+    return true;
+  }
+  bool Disjoint(const Json& a_in, const Json& b_in) {
+    const Json& a = Deref(a_in);
+    const Json& b = Deref(b_in);
+    if ((Kinds(a) & Kinds(b)) == 0) return true;
+    if (!a.is_object() || !b.is_object()) return false;
+    const Json* va = Values(a);
+    if (va != nullptr) {
+      const Json copy = *va;
+      const Json* vb = Values(b);
+      if (vb != nullptr && ValuesDisjoint(copy, *vb)) return true;
+    }
+    // Objects one requires a key of that the other does not allow.
+    auto forbids = [](const Json& o, const Json& key) {
+      return o.contains("additionalProperties") && o["additionalProperties"] == false &&
+             !(o.contains("properties") && o["properties"].is_object() && o["properties"].contains(key.get<std::string>()));
+    };
+    if ((Kinds(a) | Kinds(b)) == 32) {
+      for (const auto* pair : {&a, &b}) {
+        const Json& x = *pair;
+        const Json& y = pair == &a ? b : a;
+        if (!x.contains("required") || !x["required"].is_array()) continue;
+        for (const auto& k : x["required"]) {
+          if (k.is_string() && forbids(y, k)) return true;
+        }
+      }
+    }
+    // Objects told apart by a key both require, whose allowed values do not meet.
+    if ((Kinds(a) | Kinds(b)) != 32 || !a.contains("required") || !b.contains("required") || !a.contains("properties") ||
+        !b.contains("properties") || !a["required"].is_array() || !b["required"].is_array()) {
+      return false;
+    }
+    for (const auto& k : a["required"]) {
+      if (!k.is_string() || !a["properties"].contains(k.get<std::string>())) continue;
+      bool in_b = false;
+      for (const auto& k2 : b["required"]) in_b = in_b || k2 == k;
+      if (!in_b || !b["properties"].contains(k.get<std::string>())) continue;
+      const Json& pa = Deref(a["properties"][k.get<std::string>()]);
+      const Json& pb = Deref(b["properties"][k.get<std::string>()]);
+      if (!pa.is_object() || !pb.is_object()) continue;
+      if ((Kinds(pa) & Kinds(pb)) == 0) return true;
+      const Json* xa = Values(pa);
+      if (xa == nullptr) continue;
+      const Json copy = *xa;
+      const Json* xb = Values(pb);
+      if (xb != nullptr && ValuesDisjoint(copy, *xb)) return true;
+    }
+    return false;
   }
 
   // Whether v is of the schema's "type" (a name or a list of names; no type: any).

@@ -93,6 +93,18 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
        {"{}", R"({"b": 1})", R"({"a": 1, "c": 3})", R"({"a": 1, "b": 2, "c": 3})"}, {R"({, "b": 1})", R"({"c": 1, "a": 1})"}},
       {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}})",
        {R"({"a": 1, "x": true})", R"({"x": false})"}, {R"({"x": 1})", R"({"a": true})", R"({"a": 1, "a": true})"}},
+      // oneOf whose branches are disjoint: by type, by a discriminating key both require, by a key
+      // one requires that the other does not allow; the siblings' required keys still hold.
+      {R"({"oneOf": [{"type": "string"}, {"type": "integer"}]})", {R"("a")", "3"}, {"true"}},
+      {R"({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}, "required": ["k", "x"]},
+                     {"type": "object", "properties": {"k": {"enum": ["b", "c"]}, "y": {"type": "string"}}, "required": ["k"]}]})",
+       {R"({"k": "a", "x": 1})", R"({"k": "c", "y": "s"})"}, {R"({"k": "a", "y": "s"})", R"({"x": 1})"}},
+      {R"({"type": "object", "oneOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false},
+                                       {"properties": {"b": {"type": "integer"}}, "required": ["b"], "additionalProperties": false}]})",
+       {R"({"a": 1})", R"({"b": 2})"}, {"{}", R"({"a": 1, "b": 2})"}},
+      {R"({"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"],
+           "oneOf": [{"properties": {"k": {"const": "x"}}, "required": ["k"]}, {"properties": {"k": {"const": "y"}}, "required": ["k"]}]})",
+       {R"({"n": "s", "k": "x"})", R"({"n": "s", "k": "y"})"}, {R"({"k": "x"})", R"({"n": "s"})", R"({"n": "s", "k": "z"})"}},
       // A pattern of one class repeated, with lengths: both hold.
       {R"({"type": "string", "pattern": "^[a-z0-9_]+$", "minLength": 3, "maxLength": 5})", {R"("abc")", R"("a_9zz")"},
        {R"("ab")", R"("abcdef")", R"("ABC")", R"("")"}},
@@ -191,6 +203,10 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "number", "minimum": 0.5})").find("bounds on 'number'"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
+  // oneOf branches a value could match both of: refused (anyOf would take them).
+  EXPECT_NE(err(R"({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]})").find("'oneOf' branches 0 and 1 may both match"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})").find("may both match"), std::string::npos);
   EXPECT_NE(err("3").find("must be an object or a boolean"), std::string::npos);
 }
 
