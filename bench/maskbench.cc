@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "grammar/compiler.h"
+#include "grammar/json_schema.h"
 
 namespace gale {
 namespace {
@@ -40,27 +41,7 @@ std::shared_ptr<const grammar::TokenTrie> ByteTrie() {
   return std::make_shared<const grammar::TokenTrie>(bytes, std::vector<bool>(256, true));
 }
 
-std::string Compact(const std::string& text) {
-  std::string out;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
-      continue;
-    }
-    out += ch;
-  }
-  return out;
-}
+std::string Compact(const std::string& text) { return grammar::CompactJsonText(text); }
 
 bool Accepts(const std::shared_ptr<const grammar::CompiledGrammar>& g, const std::string& text) {
   grammar::GrammarMatcher m(g, {});

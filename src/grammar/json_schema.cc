@@ -971,6 +971,28 @@ StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, con
   return out;
 }
 
+std::string CompactJsonText(std::string_view text) {
+  std::string out;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
 std::string JsonObjectGbnf() { return PrimitiveGrammar("object"); }
 std::string JsonValueGbnf() { return PrimitiveGrammar("value"); }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <chrono>
 
@@ -33,6 +34,10 @@ namespace gale::grammar {
 StatusOr<std::string> JsonSchemaToGbnf(
     const nlohmann::ordered_json& schema, const std::string& root_name = "root",
     ThreadCpuClock::time_point deadline = ThreadCpuClock::time_point::max());
+
+// JSON text without the whitespace outside strings: the compact form the grammars write (for
+// checking a document written with spaces against one).
+std::string CompactJsonText(std::string_view text);
 
 // Any JSON object (response_format json_object) and any JSON value.
 std::string JsonObjectGbnf();

@@ -22,27 +22,7 @@ bool Accepts(const CompiledGrammar* c, const std::string& text) {
 }
 
 // The text without whitespace outside string literals: the compact JSON the grammars write.
-std::string Compact(const std::string& text) {
-  std::string out;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') {
-      continue;
-    }
-    out += ch;
-  }
-  return out;
-}
+std::string Compact(const std::string& text) { return grammar::CompactJsonText(text); }
 
 // Lengths past GBNF's 10,000 per repetition: groups of 100, every length between the bounds.
 TEST(JsonSchema, LongLengthsAreCountsOfGroups) {
