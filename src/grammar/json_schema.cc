@@ -480,30 +480,31 @@ class Converter {
     if (v.is_object()) return 32;
     return 64;
   }
+  // The kinds a "type" (a name or a list of names) allows; a name not known allows any.
+  static unsigned TypeKinds(const Json& type) {
+    auto of = [](const Json& n) -> unsigned {
+      if (!n.is_string()) return 127;
+      const std::string k = n.get<std::string>();
+      return k == "string" ? 1 : k == "integer" ? 2 : k == "number" ? 6 : k == "boolean" ? 8 : k == "null" ? 16
+             : k == "object" ? 32 : k == "array" ? 64 : 127;
+    };
+    if (!type.is_array()) return of(type);
+    unsigned t = 0;
+    for (const auto& n : type) t |= of(n);
+    return t;
+  }
   unsigned Kinds(const Json& schema) {
     const Json& s = Deref(schema);
     if (!s.is_object()) return s.is_boolean() && !s.get<bool>() ? 0 : 127;
     unsigned out = 127;
     if (s.contains("type")) {
-      unsigned t = 0;
-      auto add = [&t](const Json& n) {
-        if (!n.is_string()) return void(t = 127);
-        const std::string k = n.get<std::string>();
-        t |= k == "string" ? 1 : k == "integer" ? 2 : k == "number" ? 6 : k == "boolean" ? 8 : k == "null" ? 16
-             : k == "object" ? 32 : k == "array" ? 64 : 127;
-      };
-      if (s["type"].is_array()) {
-        for (const auto& n : s["type"]) add(n);
-      } else {
-        add(s["type"]);
-      }
-      out &= t;
+      out &= TypeKinds(s["type"]);
     } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
       out &= 32;  // written as an object (ObjectRule)
     } else if (s.contains("items") || s.contains("prefixItems")) {
       out &= 64;
     }
-    if (const Json* vals = Values(s)) {
+    if (const auto vals = Values(s)) {
       unsigned v = 0;
       for (const auto& x : *vals) v |= KindsOf(x);
       out &= v;
@@ -511,11 +512,10 @@ class Converter {
     if (s.contains("nullable") && s["nullable"] == true) out |= 16;
     return out;
   }
-  // The values a schema allows when it lists them (const or enum, or branches that all do), else
-  // null. The list lives until the next call.
-  const Json* Values(const Json& schema, int depth = 0) {
+  // The values a schema allows when it lists them (const or enum, or branches that all do).
+  std::optional<Json> Values(const Json& schema, int depth = 0) {
     const Json& s = Deref(schema);
-    if (!s.is_object() || depth > 8) return nullptr;
+    if (!s.is_object() || depth > 8) return std::nullopt;
     Json out = Json::array();
     if (s.contains("const")) {
       out.push_back(s["const"]);
@@ -523,18 +523,15 @@ class Converter {
       out = s["enum"];
     } else {
       const char* kw = s.contains("anyOf") ? "anyOf" : s.contains("oneOf") ? "oneOf" : nullptr;
-      if (kw == nullptr || !s[kw].is_array()) return nullptr;
+      if (kw == nullptr || !s[kw].is_array()) return std::nullopt;
       for (const auto& b : s[kw]) {
-        const Json* v = Values(b, depth + 1);
-        if (v == nullptr) return nullptr;
-        const Json copy = *v;
-        for (const auto& x : copy) out.push_back(x);
+        const auto v = Values(b, depth + 1);
+        if (!v) return std::nullopt;
+        for (const auto& x : *v) out.push_back(x);
       }
     }
-    values_ = std::move(out);
-    return &values_;
+    return out;
   }
-  Json values_;
   static bool ValuesDisjoint(const Json& a, const Json& b) {
     for (const auto& x : a) {
       for (const auto& y : b) {
@@ -548,11 +545,9 @@ class Converter {
     const Json& b = Deref(b_in);
     if ((Kinds(a) & Kinds(b)) == 0) return true;
     if (!a.is_object() || !b.is_object()) return false;
-    const Json* va = Values(a);
-    if (va != nullptr) {
-      const Json copy = *va;
-      const Json* vb = Values(b);
-      if (vb != nullptr && ValuesDisjoint(copy, *vb)) return true;
+    if (const auto va = Values(a)) {
+      const auto vb = Values(b);
+      if (vb && ValuesDisjoint(*va, *vb)) return true;
     }
     // Objects one requires a key of that the other does not allow.
     auto forbids = [](const Json& o, const Json& key) {
@@ -583,33 +578,16 @@ class Converter {
       const Json& pb = Deref(b["properties"][k.get<std::string>()]);
       if (!pa.is_object() || !pb.is_object()) continue;
       if ((Kinds(pa) & Kinds(pb)) == 0) return true;
-      const Json* xa = Values(pa);
-      if (xa == nullptr) continue;
-      const Json copy = *xa;
-      const Json* xb = Values(pb);
-      if (xb != nullptr && ValuesDisjoint(copy, *xb)) return true;
+      const auto xa = Values(pa);
+      const auto xb = xa ? Values(pb) : std::nullopt;
+      if (xb && ValuesDisjoint(*xa, *xb)) return true;
     }
     return false;
   }
 
-  // Whether v is of the schema's "type" (a name or a list of names; no type: any).
+  // Whether v is of the schema's "type" (no type: any).
   static bool OfType(const Json& v, const Json& s) {
-    if (!s.contains("type")) return true;
-    auto is = [&v](const Json& t) {
-      if (!t.is_string()) return true;
-      const std::string n = t.get<std::string>();
-      if (n == "string") return v.is_string();
-      if (n == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-      if (n == "number") return v.is_number();
-      if (n == "boolean") return v.is_boolean();
-      if (n == "null") return v.is_null();
-      if (n == "object") return v.is_object();
-      if (n == "array") return v.is_array();
-      return true;
-    };
-    const Json& t = s["type"];
-    if (!t.is_array()) return is(t);
-    return std::any_of(t.begin(), t.end(), is);
+    return !s.contains("type") || (KindsOf(v) & TypeKinds(s["type"])) != 0;
   }
 
   static bool HasConstraints(const Json& s) {

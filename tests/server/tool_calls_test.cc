@@ -26,6 +26,28 @@ Json Args(const std::string& text) {
   return j.is_discarded() ? Json(text) : j;
 }
 
+// A message pushed to a stream in pieces of `piece` bytes, then finished: what came out.
+struct Streamed {
+  std::string content, reasoning;
+  std::vector<CallDelta> calls;  // every call delta, those of Finish last
+  ParsedMessage tail;            // what Finish returned (its content and reasoning are in the above too)
+};
+Streamed StreamInPieces(MessageStream& ms, const std::string& text, size_t piece) {
+  Streamed out;
+  for (size_t at = 0; at < text.size(); at += piece) {
+    MessageStream::Delta d = ms.Push(text.substr(at, piece));
+    out.content += d.content;
+    out.reasoning += d.reasoning;
+    out.calls.insert(out.calls.end(), d.calls.begin(), d.calls.end());
+  }
+  std::vector<CallDelta> rest;
+  out.tail = ms.Finish(&rest);
+  out.calls.insert(out.calls.end(), rest.begin(), rest.end());
+  out.content += out.tail.content;
+  out.reasoning += out.tail.reasoning;
+  return out;
+}
+
 void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& want) {
   SCOPED_TRACE(std::string(ToolCallFormatName(f)) + ": " + text);
   const ParsedMessage got = ParseToolCalls(f, text);
@@ -39,7 +61,6 @@ void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& wan
   // they come and what Finish adds) add up to the same calls.
   for (size_t piece = 1; piece <= 7; ++piece) {
     MessageStream ms(f, /*reasoning=*/false, /*starts_thinking=*/false);
-    std::string content;
     std::vector<std::pair<std::string, std::string>> streamed;
     auto take = [&](const std::vector<CallDelta>& deltas) {
       for (const CallDelta& d : deltas) {
@@ -53,15 +74,10 @@ void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& wan
       }
       for (const CallDelta& d : deltas) streamed[d.index].second += d.arguments;
     };
-    for (size_t at = 0; at < text.size(); at += piece) {
-      MessageStream::Delta d = ms.Push(text.substr(at, piece));
-      content += d.content;
-      take(d.calls);
-    }
-    std::vector<CallDelta> rest;
-    ParsedMessage tail = ms.Finish(&rest);
-    take(rest);
-    content += tail.content;
+    const Streamed out = StreamInPieces(ms, text, piece);
+    take(out.calls);
+    const std::string& content = out.content;
+    const ParsedMessage& tail = out.tail;
     ASSERT_EQ(tail.calls.size(), want.calls.size()) << "piece " << piece;
     for (size_t i = 0; i < want.calls.size(); ++i) EXPECT_EQ(tail.calls[i].arguments, got.calls[i].arguments);
     // (A call that began streaming and then did not parse has been sent in part: nothing to check.)
@@ -484,19 +500,11 @@ TEST(ToolCalls, ReasoningIsSplitStreamedOrNot) {
   const std::string text = "<think>plan: call a</think>Calling.<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>";
   for (size_t piece = 1; piece <= 9; ++piece) {
     MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/true, false);
-    std::string content, reasoning;
-    for (size_t at = 0; at < text.size(); at += piece) {
-      auto d = ms.Push(text.substr(at, piece));
-      content += d.content;
-      reasoning += d.reasoning;
-    }
-    ParsedMessage tail = ms.Finish();
-    content += tail.content;
-    reasoning += tail.reasoning;
-    EXPECT_EQ(reasoning, "plan: call a") << piece;
-    EXPECT_EQ(content, "Calling.") << piece;
-    ASSERT_EQ(tail.calls.size(), 1u) << piece;
-    EXPECT_EQ(tail.calls[0].name, "a");
+    const Streamed out = StreamInPieces(ms, text, piece);
+    EXPECT_EQ(out.reasoning, "plan: call a") << piece;
+    EXPECT_EQ(out.content, "Calling.") << piece;
+    ASSERT_EQ(out.tail.calls.size(), 1u) << piece;
+    EXPECT_EQ(out.tail.calls[0].name, "a");
   }
 }
 
@@ -606,19 +614,11 @@ TEST(ToolCalls, AForcedCallAfterTheThoughtIsACallNotReasoning) {
   const std::string text = "I should call ping.</think>\n\n<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>";
   for (size_t piece : {size_t{1}, size_t{3}, text.size()}) {
     MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/true, /*starts_thinking=*/true, /*forced_calls=*/true);
-    std::string content, reasoning;
-    for (size_t i = 0; i < text.size(); i += piece) {
-      const MessageStream::Delta d = ms.Push(text.substr(i, piece));
-      content += d.content;
-      reasoning += d.reasoning;
-    }
-    const ParsedMessage tail = ms.Finish();
-    content += tail.content;
-    reasoning += tail.reasoning;
-    EXPECT_EQ(reasoning, "I should call ping.") << piece;
-    EXPECT_EQ(content, "") << piece;
-    ASSERT_EQ(tail.calls.size(), 1u) << piece;
-    EXPECT_EQ(tail.calls[0].name, "ping");
+    const Streamed out = StreamInPieces(ms, text, piece);
+    EXPECT_EQ(out.reasoning, "I should call ping.") << piece;
+    EXPECT_EQ(out.content, "") << piece;
+    ASSERT_EQ(out.tail.calls.size(), 1u) << piece;
+    EXPECT_EQ(out.tail.calls[0].name, "ping");
   }
 }
 
