@@ -228,10 +228,50 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
 
 namespace {
 
-std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat, bool strict) {
-  auto parsed = ParseObject(body);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
-  Json j = std::move(std::get<Json>(parsed));
+// Typed, range-checked reads of a request's optional fields: absent or null leaves *out as is.
+class FieldReader {
+ public:
+  explicit FieldReader(const Json& j) : j_(j) {}
+
+  bool Has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  std::optional<ApiError> Num(const char* key, double lo, double hi, double* out) const {
+    if (!Has(key)) return std::nullopt;
+    if (!j_[key].is_number()) return Bad(key, fmt::format("'{}' must be a number", key));
+    const double v = j_[key].get<double>();
+    if (!(v >= lo && v <= hi)) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    *out = v;
+    return std::nullopt;
+  }
+  std::optional<ApiError> Float(const char* key, double lo, double hi, float* out) const {
+    double d = *out;
+    if (auto e = Num(key, lo, hi, &d)) return e;
+    *out = static_cast<float>(d);
+    return std::nullopt;
+  }
+  std::optional<ApiError> Integer(const char* key, int64_t lo, int64_t hi, int64_t* out) const {
+    if (!Has(key)) return std::nullopt;
+    if (!j_[key].is_number_integer()) return Bad(key, fmt::format("'{}' must be an integer", key));
+    if (j_[key].is_number_unsigned() && j_[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j_[key].get<uint64_t>()));
+    }
+    const int64_t v = j_[key].get<int64_t>();
+    if (v < lo || v > hi) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    *out = v;
+    return std::nullopt;
+  }
+  std::optional<ApiError> Boolean(const char* key, bool* out) const {
+    if (!Has(key)) return std::nullopt;
+    if (!j_[key].is_boolean()) return Bad(key, fmt::format("'{}' must be true or false", key));
+    *out = j_[key].get<bool>();
+    return std::nullopt;
+  }
+
+ private:
+  const Json& j_;
+};
+
+std::optional<ApiError> CheckKnownFields(const Json& j, bool chat, bool strict, CompletionRequest* r) {
   static const std::set<std::string> kCommon = {
       "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
       "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
@@ -242,120 +282,93 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
   static const std::set<std::string> kCompletion = {"prompt", "echo", "suffix", "best_of"};
   static const std::set<std::string> kChat = {"messages", "tools", "tool_choice",
                                               "parallel_tool_calls", "chat_template_kwargs"};
-  CompletionRequest r;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (!kCommon.count(k) && !(chat ? kChat.count(k) : kCompletion.count(k))) {
       if (strict) return Bad(k, fmt::format("unknown field '{}'", k));
-      r.ignored_fields.push_back(k);
+      r->ignored_fields.push_back(k);
     }
   }
-  r.chat = chat;
-  r.sampling.temperature = 1.0f;  // OpenAI's defaults, not the CLI's
-  r.sampling.top_k = 0;
-  r.sampling.top_p = 1.0f;
-  r.sampling.min_p = 0.0f;
-  auto num = [&](const char* key, double lo, double hi, double* out) -> std::optional<ApiError> {
-    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-    if (!j[key].is_number()) return Bad(key, fmt::format("'{}' must be a number", key));
-    const double v = j[key].get<double>();
-    if (!(v >= lo && v <= hi)) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
-    *out = v;
-    return std::nullopt;
-  };
-  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t* out) -> std::optional<ApiError> {
-    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-    if (!j[key].is_number_integer()) return Bad(key, fmt::format("'{}' must be an integer", key));
-    if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j[key].get<uint64_t>()));
-    }
-    const int64_t v = j[key].get<int64_t>();
-    if (v < lo || v > hi) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
-    *out = v;
-    return std::nullopt;
-  };
-  auto boolean = [&](const char* key, bool* out) -> std::optional<ApiError> {
-    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-    if (!j[key].is_boolean()) return Bad(key, fmt::format("'{}' must be true or false", key));
-    *out = j[key].get<bool>();
-    return std::nullopt;
-  };
-  if (j.contains("model")) {
-    if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
-    r.model = j["model"].get<std::string>();
-  }
-  double d;
-  int64_t i;
-  d = r.sampling.temperature;
-  if (auto e = num("temperature", 0.0, 2.0, &d)) return *e;
-  r.sampling.temperature = static_cast<float>(d);
-  d = r.sampling.top_p;
-  if (auto e = num("top_p", 0.0, 1.0, &d)) return *e;
-  if (d <= 0.0) return Bad("top_p", "'top_p' must be in (0, 1]");
-  r.sampling.top_p = static_cast<float>(d);
-  i = 0;
-  if (auto e = integer("top_k", -1, 1 << 20, &i)) return *e;
-  r.sampling.top_k = i < 0 ? 0 : static_cast<int32_t>(i);
-  d = 0.0;
-  if (auto e = num("min_p", 0.0, 1.0, &d)) return *e;
-  r.sampling.min_p = static_cast<float>(d);
-  d = 0.0;
-  if (auto e = num("presence_penalty", -2.0, 2.0, &d)) return *e;
-  r.sampling.presence_penalty = static_cast<float>(d);
-  d = 0.0;
-  if (auto e = num("frequency_penalty", -2.0, 2.0, &d)) return *e;
-  r.sampling.frequency_penalty = static_cast<float>(d);
-  d = 1.0;
-  if (auto e = num("repetition_penalty", 0.01, 10.0, &d)) return *e;
-  r.sampling.repeat_penalty = static_cast<float>(d);
-  r.sampling.repeat_last_n = -1;
-  if (j.contains("seed") && !j["seed"].is_null()) {
-    if (!j["seed"].is_number_integer()) return Bad("seed", "'seed' must be an integer");
+  return std::nullopt;
+}
+
+// temperature ... seed, over OpenAI's defaults (not the CLI's).
+std::optional<ApiError> ParseSampling(const Json& j, SamplingParams* s, bool* has_seed) {
+  const FieldReader f(j);
+  s->temperature = 1.0f;
+  s->top_k = 0;
+  s->top_p = 1.0f;
+  s->min_p = 0.0f;
+  s->presence_penalty = 0.0f;
+  s->frequency_penalty = 0.0f;
+  s->repeat_penalty = 1.0f;
+  s->repeat_last_n = -1;
+  if (auto e = f.Float("temperature", 0.0, 2.0, &s->temperature)) return e;
+  if (auto e = f.Float("top_p", 0.0, 1.0, &s->top_p)) return e;
+  if (s->top_p <= 0.0f) return Bad("top_p", "'top_p' must be in (0, 1]");
+  int64_t top_k = 0;
+  if (auto e = f.Integer("top_k", -1, 1 << 20, &top_k)) return e;
+  s->top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);
+  if (auto e = f.Float("min_p", 0.0, 1.0, &s->min_p)) return e;
+  if (auto e = f.Float("presence_penalty", -2.0, 2.0, &s->presence_penalty)) return e;
+  if (auto e = f.Float("frequency_penalty", -2.0, 2.0, &s->frequency_penalty)) return e;
+  if (auto e = f.Float("repetition_penalty", 0.01, 10.0, &s->repeat_penalty)) return e;
+  if (f.Has("seed")) {
+    const Json& seed = j["seed"];
+    if (!seed.is_number_integer()) return Bad("seed", "'seed' must be an integer");
     // -1 asks for a random seed (llama.cpp's meaning); any other value is used as given,
     // negative ones as their two's complement.
-    if (j["seed"].is_number_unsigned() || j["seed"].get<int64_t>() != -1) {
-      r.sampling.seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>()
-                                                         : static_cast<uint64_t>(j["seed"].get<int64_t>());
-      r.has_seed = true;
+    if (seed.is_number_unsigned() || seed.get<int64_t>() != -1) {
+      s->seed = seed.is_number_unsigned() ? seed.get<uint64_t>() : static_cast<uint64_t>(seed.get<int64_t>());
+      *has_seed = true;
     }
   }
-  i = 0;
-  if (auto e = integer("max_tokens", 1, int64_t{1} << 30, &i)) return *e;
-  if (auto e = integer("max_completion_tokens", 1, int64_t{1} << 30, &i)) return *e;
-  r.max_tokens = i;
+  return std::nullopt;
+}
+
+// max_tokens, n, stream and its options, ignore_eos.
+std::optional<ApiError> ParseLengthAndStream(const Json& j, CompletionRequest* r) {
+  const FieldReader f(j);
+  int64_t i = 0;
+  if (auto e = f.Integer("max_tokens", 1, int64_t{1} << 30, &i)) return e;
+  if (auto e = f.Integer("max_completion_tokens", 1, int64_t{1} << 30, &i)) return e;
+  r->max_tokens = i;
   i = 1;
-  if (auto e = integer("n", 1, 16, &i)) return *e;
-  r.n = static_cast<int>(i);
-  if (auto e = boolean("stream", &r.stream)) return *e;
-  if (auto e = boolean("ignore_eos", &r.ignore_eos)) return *e;
-  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
-    const Json& so = j["stream_options"];
-    if (!so.is_object()) return Bad("stream_options", "'stream_options' must be an object");
-    for (auto it = so.begin(); it != so.end(); ++it) {
-      if (it.key() != "include_usage" && it.key() != "continuous_usage_stats") {
-        return Bad("stream_options", fmt::format("unknown field 'stream_options.{}'", it.key()));
-      }
+  if (auto e = f.Integer("n", 1, 16, &i)) return e;
+  r->n = static_cast<int>(i);
+  if (auto e = f.Boolean("stream", &r->stream)) return e;
+  if (auto e = f.Boolean("ignore_eos", &r->ignore_eos)) return e;
+  if (!f.Has("stream_options")) return std::nullopt;
+  const Json& so = j["stream_options"];
+  if (!so.is_object()) return Bad("stream_options", "'stream_options' must be an object");
+  for (auto it = so.begin(); it != so.end(); ++it) {
+    if (it.key() != "include_usage" && it.key() != "continuous_usage_stats") {
+      return Bad("stream_options", fmt::format("unknown field 'stream_options.{}'", it.key()));
     }
-    if (so.contains("include_usage")) {
-      if (!so["include_usage"].is_boolean()) return Bad("stream_options", "'include_usage' must be true or false");
-      r.include_usage = so["include_usage"].get<bool>();
-    }
-    if (!r.stream) return Bad("stream_options", "'stream_options' is only allowed with 'stream': true");
   }
+  if (so.contains("include_usage")) {
+    if (!so["include_usage"].is_boolean()) return Bad("stream_options", "'include_usage' must be true or false");
+    r->include_usage = so["include_usage"].get<bool>();
+  }
+  if (!r->stream) return Bad("stream_options", "'stream_options' is only allowed with 'stream': true");
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStops(const Json& j, CompletionRequest* r) {
   if (j.contains("stop") && !j["stop"].is_null()) {
     const Json& s = j["stop"];
     if (s.is_string()) {
-      r.stop.push_back(s.get<std::string>());
+      r->stop.push_back(s.get<std::string>());
     } else if (s.is_array()) {
       for (const auto& e : s) {
         if (!e.is_string()) return Bad("stop", "'stop' must be a string or an array of strings");
-        r.stop.push_back(e.get<std::string>());
+        r->stop.push_back(e.get<std::string>());
       }
     } else {
       return Bad("stop", "'stop' must be a string or an array of strings");
     }
-    if (r.stop.size() > 16) return Bad("stop", "at most 16 stop sequences");
-    for (const auto& s2 : r.stop) {
+    if (r->stop.size() > 16) return Bad("stop", "at most 16 stop sequences");
+    for (const auto& s2 : r->stop) {
       if (s2.empty()) return Bad("stop", "stop sequences must not be empty");
     }
   }
@@ -365,157 +378,202 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
       if (!e.is_number_integer()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
       const auto id = TokenId(e);
       if (!id) return Bad("stop_token_ids", fmt::format("stop token id {} is not a token id", e.dump()));
-      r.stop_token_ids.push_back(*id);
+      r->stop_token_ids.push_back(*id);
     }
   }
+  return std::nullopt;
+}
+
+// Chat: logprobs (bool) + top_logprobs; completions: logprobs N.
+std::optional<ApiError> ParseLogprobs(const Json& j, bool chat, CompletionRequest* r) {
+  const FieldReader f(j);
   if (chat) {
     bool on = false;
-    if (auto e = boolean("logprobs", &on)) return *e;
-    i = 0;
-    if (auto e = integer("top_logprobs", 0, 20, &i)) return *e;
-    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null() && !on) {
-      return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    }
-    r.top_logprobs = on ? static_cast<int>(i) : -1;
-  } else {
-    i = -1;
-    if (auto e = integer("logprobs", 0, 20, &i)) return *e;
-    r.top_logprobs = static_cast<int>(i);
-    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
-      return Bad("top_logprobs", "completions take 'logprobs': N (top_logprobs is for chat)");
-    }
+    if (auto e = f.Boolean("logprobs", &on)) return e;
+    int64_t i = 0;
+    if (auto e = f.Integer("top_logprobs", 0, 20, &i)) return e;
+    if (f.Has("top_logprobs") && !on) return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r->top_logprobs = on ? static_cast<int>(i) : -1;
+    return std::nullopt;
   }
-  if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
-    // {"token id": bias in [-100, 100]}; the vocabulary bound is checked by the server.
-    if (!j["logit_bias"].is_object()) return Bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
-    for (auto it = j["logit_bias"].begin(); it != j["logit_bias"].end(); ++it) {
-      const std::string& key = it.key();
-      int64_t id = -1;
-      if (!key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), ::isdigit)) id = std::stoll(key);
-      if (id < 0 || id > INT32_MAX) return Bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id", key));
-      if (!it.value().is_number()) return Bad("logit_bias", fmt::format("logit_bias for token {} must be a number", key));
-      const double bias = it.value().get<double>();
-      if (!(bias >= -100.0 && bias <= 100.0)) {
-        return Bad("logit_bias", fmt::format("logit_bias for token {} must be in [-100, 100], got {}", key, bias));
+  int64_t i = -1;
+  if (auto e = f.Integer("logprobs", 0, 20, &i)) return e;
+  r->top_logprobs = static_cast<int>(i);
+  if (f.Has("top_logprobs")) return Bad("top_logprobs", "completions take 'logprobs': N (top_logprobs is for chat)");
+  return std::nullopt;
+}
+
+// {"token id": bias in [-100, 100]}; the vocabulary bound is checked by the server.
+std::optional<ApiError> ParseLogitBias(const Json& j, SamplingParams* s) {
+  if (!j.contains("logit_bias") || j["logit_bias"].is_null()) return std::nullopt;
+  if (!j["logit_bias"].is_object()) return Bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  for (auto it = j["logit_bias"].begin(); it != j["logit_bias"].end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), ::isdigit)) id = std::stoll(key);
+    if (id < 0 || id > INT32_MAX) return Bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id", key));
+    if (!it.value().is_number()) return Bad("logit_bias", fmt::format("logit_bias for token {} must be a number", key));
+    const double bias = it.value().get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return Bad("logit_bias", fmt::format("logit_bias for token {} must be in [-100, 100], got {}", key, bias));
+    }
+    if (s->logit_bias.size() >= 1024) return Bad("logit_bias", "at most 1024 logit_bias entries");
+    s->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return std::nullopt;
+}
+
+// truncate_prompt_tokens, cache_salt, user, and the KV retention fields.
+std::optional<ApiError> ParseCacheFields(const Json& j, CompletionRequest* r) {
+  const FieldReader f(j);
+  int64_t i = -1;
+  if (auto e = f.Integer("truncate_prompt_tokens", 1, int64_t{1} << 30, &i)) return e;
+  r->truncate_prompt_tokens = i;
+  if (f.Has("cache_salt")) {
+    if (!j["cache_salt"].is_string()) return Bad("cache_salt", "'cache_salt' must be a string");
+    r->cache_salt = j["cache_salt"].get<std::string>();
+  }
+  if (f.Has("user") && !j["user"].is_string()) return Bad("user", "'user' must be a string");
+  if (!f.Has("kv_retention")) {
+    for (const char* k : {"kv_budget", "kv_budget_ratio", "kv_sink_tokens"}) {
+      if (f.Has(k)) return Bad(k, fmt::format("'{}' needs 'kv_retention'", k));
+    }
+    return std::nullopt;
+  }
+  if (!j["kv_retention"].is_string()) return Bad("kv_retention", "'kv_retention' must be a string");
+  auto policy = ParseRetentionPolicy(j["kv_retention"].get<std::string>());
+  if (!policy.ok()) return Bad("kv_retention", policy.status().message());
+  RetentionConfig rc;
+  rc.policy = *policy;
+  i = 0;
+  if (auto e = f.Integer("kv_budget", 1, int64_t{1} << 30, &i)) return e;
+  rc.budget = i;
+  double d = 0.0;
+  if (auto e = f.Num("kv_budget_ratio", 0.0, 1.0, &d)) return e;
+  rc.budget_ratio = d;
+  i = rc.sink_tokens;
+  if (auto e = f.Integer("kv_sink_tokens", 0, int64_t{1} << 20, &i)) return e;
+  rc.sink_tokens = i;
+  if (Status st = rc.Validate(); !st.ok()) return Bad("kv_retention", st.message());
+  r->retention = rc;
+  return std::nullopt;
+}
+
+// Checked messages; text parts become one string (templates expect content to be a string).
+std::optional<ApiError> ParseMessages(const Json& j, CompletionRequest* r) {
+  if (!j.contains("messages")) return Bad("messages", "'messages' is required");
+  const Json& m = j["messages"];
+  if (!m.is_array() || m.empty()) return Bad("messages", "'messages' must be a non-empty array");
+  for (const auto& msg : m) {
+    if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
+      return Bad("messages", "every message must be an object with a string 'role'");
+    }
+    const std::string role = msg["role"];
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer") {
+      return Bad("messages", fmt::format("unknown role '{}'", role));
+    }
+    if (msg.contains("content") && !msg["content"].is_null() && !msg["content"].is_string()) {
+      // Content parts: only text parts, which are joined.
+      if (!msg["content"].is_array()) return Bad("messages", "'content' must be a string or an array of text parts");
+      for (const auto& part : msg["content"]) {
+        // NOTE: no Json::value() on request data: it throws when the field has another type.
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          return Bad("messages", "only text content parts are supported");
+        }
       }
-      if (r.sampling.logit_bias.size() >= 1024) return Bad("logit_bias", "at most 1024 logit_bias entries");
-      r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
     }
   }
+  r->messages = Json::array();
+  for (const auto& msg : m) {
+    Json copy = msg;
+    if (copy.contains("content") && copy["content"].is_array()) {
+      std::string text;
+      for (const auto& part : copy["content"]) text += part["text"].get<std::string>();
+      copy["content"] = text;
+    }
+    r->messages.push_back(std::move(copy));
+  }
+  return std::nullopt;
+}
+
+// tools, tool_choice, parallel_tool_calls, chat_template_kwargs.
+std::optional<ApiError> ParseToolFields(const Json& j, CompletionRequest* r) {
+  const FieldReader f(j);
+  if (f.Has("tools")) {
+    if (!j["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+    for (const auto& t : j["tools"]) {
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
+          !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+        return Bad("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
+      }
+    }
+    r->tools = j["tools"];
+  }
+  if (f.Has("tool_choice")) {
+    const Json& tc = j["tool_choice"];
+    if (tc.is_string()) {
+      const std::string c = tc.get<std::string>();
+      if (c != "auto" && c != "none" && c != "required") {
+        return Bad("tool_choice", fmt::format("tool_choice '{}' is not one of auto, none, required", c));
+      }
+      r->tool_choice = c;
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name") &&
+               tc["function"]["name"].is_string()) {
+      r->tool_choice = "function";
+      r->tool_choice_name = tc["function"]["name"].get<std::string>();
+    } else {
+      return Bad("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if ((r->tool_choice == "required" || r->tool_choice == "function") && !r->tools.is_array()) {
+      return Bad("tool_choice", fmt::format("tool_choice {} needs 'tools'", r->tool_choice));
+    }
+  }
+  if (auto e = f.Boolean("parallel_tool_calls", &r->parallel_tool_calls)) return e;
+  if (f.Has("chat_template_kwargs")) {
+    if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    r->chat_template_kwargs = j["chat_template_kwargs"];
+  }
+  return std::nullopt;
+}
+
+// prompt, echo, best_of, suffix.
+std::optional<ApiError> ParseCompletionFields(const Json& j, CompletionRequest* r) {
+  if (!j.contains("prompt")) return Bad("prompt", "'prompt' is required");
+  if (auto e = ParsePrompts(j["prompt"], "prompt", r)) return e;
+  if (r->prompts.size() + r->prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
+  if (auto e = FieldReader(j).Boolean("echo", &r->echo)) return e;
+  r->parse_special = true;  // a raw prompt is the caller's own template text, as llama.cpp and vLLM read it
+  return std::nullopt;
+}
+
+std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, bool chat, bool strict) {
+  auto parsed = ParseObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  Json j = std::move(std::get<Json>(parsed));
+  CompletionRequest r;
+  r.chat = chat;
+  if (auto e = CheckKnownFields(j, chat, strict, &r)) return *e;
+  if (j.contains("model")) {
+    if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
+    r.model = j["model"].get<std::string>();
+  }
+  if (auto e = ParseSampling(j, &r.sampling, &r.has_seed)) return *e;
+  if (auto e = ParseLengthAndStream(j, &r)) return *e;
+  if (auto e = ParseStops(j, &r)) return *e;
+  if (auto e = ParseLogprobs(j, chat, &r)) return *e;
+  if (auto e = ParseLogitBias(j, &r.sampling)) return *e;
   if (j.contains("best_of") && !j["best_of"].is_null() && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1)) {
     return Bad("best_of", "'best_of' other than 1 is not supported");
   }
   if (j.contains("suffix") && !j["suffix"].is_null()) return Bad("suffix", "'suffix' is not supported");
   if (auto e = ParseConstraintFields(j, &r)) return *e;
-  i = -1;
-  if (auto e = integer("truncate_prompt_tokens", 1, int64_t{1} << 30, &i)) return *e;
-  r.truncate_prompt_tokens = i;
-  if (j.contains("cache_salt") && !j["cache_salt"].is_null()) {
-    if (!j["cache_salt"].is_string()) return Bad("cache_salt", "'cache_salt' must be a string");
-    r.cache_salt = j["cache_salt"].get<std::string>();
-  }
-  if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return Bad("user", "'user' must be a string");
-  if (j.contains("kv_retention") && !j["kv_retention"].is_null()) {
-    if (!j["kv_retention"].is_string()) return Bad("kv_retention", "'kv_retention' must be a string");
-    auto policy = ParseRetentionPolicy(j["kv_retention"].get<std::string>());
-    if (!policy.ok()) return Bad("kv_retention", policy.status().message());
-    RetentionConfig rc;
-    rc.policy = *policy;
-    i = 0;
-    if (auto e = integer("kv_budget", 1, int64_t{1} << 30, &i)) return *e;
-    rc.budget = i;
-    d = 0.0;
-    if (auto e = num("kv_budget_ratio", 0.0, 1.0, &d)) return *e;
-    rc.budget_ratio = d;
-    i = rc.sink_tokens;
-    if (auto e = integer("kv_sink_tokens", 0, int64_t{1} << 20, &i)) return *e;
-    rc.sink_tokens = i;
-    if (Status st = rc.Validate(); !st.ok()) return Bad("kv_retention", st.message());
-    r.retention = rc;
-  } else {
-    for (const char* k : {"kv_budget", "kv_budget_ratio", "kv_sink_tokens"}) {
-      if (j.contains(k) && !j[k].is_null()) return Bad(k, fmt::format("'{}' needs 'kv_retention'", k));
-    }
-  }
-
+  if (auto e = ParseCacheFields(j, &r)) return *e;
+  if (auto e = chat ? ParseMessages(j, &r) : ParseCompletionFields(j, &r)) return *e;
   if (chat) {
-    if (!j.contains("messages")) return Bad("messages", "'messages' is required");
-    const Json& m = j["messages"];
-    if (!m.is_array() || m.empty()) return Bad("messages", "'messages' must be a non-empty array");
-    for (const auto& msg : m) {
-      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
-        return Bad("messages", "every message must be an object with a string 'role'");
-      }
-      const std::string role = msg["role"];
-      if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer") {
-        return Bad("messages", fmt::format("unknown role '{}'", role));
-      }
-      if (msg.contains("content") && !msg["content"].is_null() && !msg["content"].is_string()) {
-        // Content parts: only text parts, which are joined.
-        if (!msg["content"].is_array()) return Bad("messages", "'content' must be a string or an array of text parts");
-        for (const auto& part : msg["content"]) {
-          // NOTE: no Json::value() on request data: it throws when the field has another type.
-          if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-              !part["text"].is_string()) {
-            return Bad("messages", "only text content parts are supported");
-          }
-        }
-      }
-    }
-    // Text parts become one string: templates expect content to be a string.
-    r.messages = Json::array();
-    for (const auto& msg : m) {
-      Json copy = msg;
-      if (copy.contains("content") && copy["content"].is_array()) {
-        std::string text;
-        for (const auto& part : copy["content"]) text += part["text"].get<std::string>();
-        copy["content"] = text;
-      }
-      r.messages.push_back(std::move(copy));
-    }
-    if (j.contains("tools") && !j["tools"].is_null()) {
-      if (!j["tools"].is_array()) return Bad("tools", "'tools' must be an array");
-      for (const auto& t : j["tools"]) {
-        if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
-            !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string()) {
-          return Bad("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
-        }
-      }
-      r.tools = j["tools"];
-    }
-    if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
-      const Json& tc = j["tool_choice"];
-      if (tc.is_string()) {
-        const std::string c = tc.get<std::string>();
-        if (c != "auto" && c != "none" && c != "required") {
-          return Bad("tool_choice", fmt::format("tool_choice '{}' is not one of auto, none, required", c));
-        }
-        r.tool_choice = c;
-      } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name") &&
-                 tc["function"]["name"].is_string()) {
-        r.tool_choice = "function";
-        r.tool_choice_name = tc["function"]["name"].get<std::string>();
-      } else {
-        return Bad("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-      }
-      if ((r.tool_choice == "required" || r.tool_choice == "function") && !r.tools.is_array()) {
-        return Bad("tool_choice", fmt::format("tool_choice {} needs 'tools'", r.tool_choice));
-      }
-    }
-    if (auto e = boolean("parallel_tool_calls", &r.parallel_tool_calls)) return *e;
-    if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
-      if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      r.chat_template_kwargs = j["chat_template_kwargs"];
-    }
-  } else {
-    if (!j.contains("prompt")) return Bad("prompt", "'prompt' is required");
-    if (auto e = ParsePrompts(j["prompt"], "prompt", &r)) return *e;
-    if (r.prompts.size() + r.prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
-    if (auto e = boolean("echo", &r.echo)) return *e;
-    r.parse_special = true;  // a raw prompt is the caller's own template text, as llama.cpp and vLLM read it
-
+    if (auto e = ParseToolFields(j, &r)) return *e;
   }
-  if (auto e = boolean("parse_special", &r.parse_special)) return *e;
+  if (auto e = FieldReader(j).Boolean("parse_special", &r.parse_special)) return *e;
   return r;
 }
 
