@@ -125,289 +125,7 @@ float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 class Deepseek4Model final : public Model {
  public:
-  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
-    std::unique_ptr<Deepseek4Model> m(new Deepseek4Model());
-    m->hp_ = std::move(hp);
-    ModelHParams& h = m->hp_;
-    const std::string p = h.arch + ".";
-    Deepseek4Model& d = *m;
-    d.v41_ = h.arch == "deepseek41";
-    // As llama.cpp: nextn_predict_layers without the multi-token-prediction layer's tensors
-    // (blk.N.nextn.eh_proj) counts for nothing; every layer runs.
-    if (h.num_nextn_layers > 0 && file.FindTensor(fmt::format("blk.{}.nextn.eh_proj.weight", h.num_layers)) == nullptr) {
-      h.num_layers += h.num_nextn_layers;
-      h.num_nextn_layers = 0;
-    }
-    d.q_lora_ = file.GetInt(p + "attention.q_lora_rank", 0);
-    d.window_ = file.GetInt(p + "attention.sliding_window", 0);
-    d.idx_heads_ = file.GetInt(p + "attention.indexer.head_count", 0);
-    d.idx_dim_ = file.GetInt(p + "attention.indexer.key_length", 0);
-    d.idx_top_k_ = file.GetInt(p + "attention.indexer.top_k", 0);
-    // V4.1's two-level index (gale's keys; files without them attend as if every block were a
-    // candidate, which they are until the rows pass candidate_top_k_blocks x candidate_block_size).
-    d.cand_layer_ = d.v41_ ? file.GetInt(p + "attention.indexer.candidate_source_layer", -1) : -1;
-    d.cand_blocks_ = file.GetInt(p + "attention.indexer.candidate_top_k_blocks", 0);
-    d.cand_bs_ = file.GetInt(p + "attention.indexer.candidate_block_size", 0);
-    d.out_groups_ = file.GetInt(p + "attention.output_group_count", 0);
-    d.out_lora_ = file.GetInt(p + "attention.output_lora_rank", 0);
-    d.compress_base_ = static_cast<float>(file.GetDouble(p + "attention.compress_rope_freq_base", 0.0));
-    const int64_t hc = file.GetInt(p + "hyper_connection.count", 0);
-    d.sinkhorn_iters_ = file.GetInt(p + "hyper_connection.sinkhorn_iterations", 0);
-    d.hc_eps_ = static_cast<float>(file.GetDouble(p + "hyper_connection.epsilon", 0.0));
-    d.hash_layers_ = file.GetInt(p + "hash_layer_count", 0);
-    const int64_t head = h.head_dim, rope = h.rope_dims;
-    if (hc != kHc || d.sinkhorn_iters_ < 1 || d.sinkhorn_iters_ > 1000 || !(d.hc_eps_ >= 0.0f) || h.num_kv_heads != 1 ||
-        h.value_head() != head || rope <= 0 || rope % 2 != 0 || rope > head || d.q_lora_ <= 0 || d.window_ <= 0 ||
-        d.out_groups_ <= 0 || h.num_heads % d.out_groups_ != 0 || d.out_lora_ <= 0 || d.hash_layers_ < 0 ||
-        d.hash_layers_ > h.num_layers || !(d.compress_base_ > 0.0f)) {
-      return InvalidArgument("deepseek4: inconsistent file (hyper_connection.count {} = 4?, sinkhorn_iterations {}, "
-                             "head_count_kv {} = 1?, key_length {} = value_length {}?, rope dims {}, q_lora_rank {}, "
-                             "sliding_window {}, output_group_count {} dividing {} heads, output_lora_rank {}, "
-                             "hash_layer_count {}, compress_rope_freq_base {})",
-                             hc, d.sinkhorn_iters_, h.num_kv_heads, head, h.value_head(), rope, d.q_lora_, d.window_,
-                             d.out_groups_, h.num_heads, d.out_lora_, d.hash_layers_, d.compress_base_);
-    }
-    MoeHParams& moe = h.moe;
-    if (!moe.enabled() || moe.expert_ffn <= 0 || moe.num_shared != 1) {
-      return InvalidArgument("deepseek4: needs experts, expert_feed_forward_length and one shared expert");
-    }
-    if (moe.gating != ExpertGating::kSqrtSoftplus) {
-      return Unimplemented("deepseek4: expert_gating_func {} (DeepSeek-V4 scores by sqrt(softplus), 4)",
-                           static_cast<int>(moe.gating));
-    }
-    moe.shared_ffn = moe.expert_ffn * moe.num_shared;
-    // The ratios: an array of block_count (or more) values of 0, 4 or 128 (V4.1: 0, 1, 2 or a
-    // multiple of 4).
-    const GgufValue* ratios = file.Find(p + "attention.compress_ratios");
-    if (ratios == nullptr || static_cast<int64_t>(ratios->array.size()) < h.num_layers) {
-      return InvalidArgument("deepseek4: attention.compress_ratios needs a value per layer");
-    }
-    // The experts' clamp: an array per layer or one value; the shared expert's defaults to it.
-    auto clamps = [&](const std::string& key, std::vector<float> fallback) -> StatusOr<std::vector<float>> {
-      const GgufValue* v = file.Find(key);
-      if (v == nullptr) return fallback;
-      std::vector<float> out(h.num_layers);
-      for (int64_t l = 0; l < h.num_layers; ++l) {
-        const GgufValue* e = v->array.empty() ? v : l < static_cast<int64_t>(v->array.size()) ? &v->array[l] : nullptr;
-        auto f = e != nullptr ? e->AsDouble() : std::nullopt;
-        if (!f) return InvalidArgument("deepseek4: {} has no number for layer {}", key, l);
-        out[l] = static_cast<float>(*f);
-      }
-      return out;
-    };
-    ASSIGN_OR_RETURN(std::vector<float> clamp_exp, clamps(p + "swiglu_clamp_exp", std::vector<float>(h.num_layers, 0.0f)));
-    ASSIGN_OR_RETURN(std::vector<float> clamp_shexp, clamps(p + "swiglu_clamp_shexp", clamp_exp));
-
-    // RoPE: normal (adjacent pairs) on the last rope dims. Layers without compression use the
-    // file's base and no scaling; the compressed ones (and the indexer, and the compressed rows)
-    // the compression base and the file's scaling (YaRN: the correction dims of that base; cos and
-    // sin unscaled, as llama.cpp's attention factor cancels YaRN's).
-    h.rope_style = RopeStyle::kNormal;
-    h.kv_latent = true;
-    if (h.rope_freq_scale != 1.0f && h.yarn_ext_factor == 0.0f) {
-      return Unimplemented("deepseek4: RoPE scaling other than YaRN is not supported");
-    }
-    if (h.yarn_ext_factor != 0.0f) {
-      std::tie(d.corr_low_, d.corr_high_) =
-          YarnCorrDims(rope, d.compress_base_, h.yarn_orig_ctx, h.yarn_beta_fast, h.yarn_beta_slow);
-    }
-
-    TensorLoader tensors(file);
-    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
-    if (m->tied_output()) return InvalidArgument("deepseek4: the file has no output.weight");
-    const int64_t dim = h.dim, heads = h.num_heads, gdim = heads * head / d.out_groups_;
-    auto hc_weights = [&](const std::string& prefix, int64_t mix, int64_t num_scales, HcWeights* w) -> Status {
-      RETURN_IF_ERROR(tensors.Matrix(prefix + "fn.weight", kHc * dim, mix, &w->fn));
-      if (w->fn.view.type != GgmlType::kF32) return InvalidArgument("deepseek4: {}fn.weight must be f32", prefix);
-      RETURN_IF_ERROR(tensors.Vector(prefix + "base.weight", mix, &w->base));
-      return tensors.Vector(prefix + "scale.weight", num_scales, &w->scale);
-    };
-    if (!d.v41_) RETURN_IF_ERROR(hc_weights("output_hc_", kHc, 1, &d.hc_head_));
-    d.layers_.resize(h.num_layers);
-    int64_t kv_layers = 0;
-    auto kv_layer = [&](int64_t count, int64_t window) {
-      const int64_t first = kv_layers;
-      for (int64_t i = 0; i < count; ++i) h.kv_windows.push_back(window);
-      kv_layers += count;
-      return first;
-    };
-    // Packed compressed rows: a new full cache layer whenever the last one's lanes are taken.
-    struct Packer {
-      int64_t layer = -1, used = 0;
-    } csa_pack, hca_pack, idx_pack;
-    std::map<int64_t, Packer> v41_rows_pack, v41_keys_pack;  // by ratio
-    int64_t last_source = -1, last_index = -1;
-    RETURN_IF_ERROR(d.LoadEngram(file, tensors, kv_layer));
-    auto pack = [&](int64_t width, int64_t ratio, Packer* pk, PackedRows* at) -> Status {
-      at->width = width;
-      at->ratio = ratio;
-      const int64_t part = width % at->slots() == 0 ? at->part() : 0;
-      if (part == 0 || head % part != 0) {
-        return InvalidArgument("deepseek4: rows of {} (ratio {}) do not pack into cache rows of {}", width, ratio, head);
-      }
-      const int64_t lanes = head / part;
-      if (pk->layer < 0 || pk->used == lanes) {
-        pk->layer = kv_layer(1, 0);
-        pk->used = 0;
-      }
-      at->layer = pk->layer;
-      at->lane = pk->used++;
-      return Status::Ok();
-    };
-    for (int64_t l = 0; l < h.num_layers; ++l) {
-      const std::string b = "blk." + std::to_string(l) + ".";
-      Ds4Layer& w = d.layers_[l];
-      auto r = ratios->array[l].AsInt();
-      if (!d.v41_ && (!r || (*r != 0 && *r != 4 && *r != 128))) {
-        return InvalidArgument("deepseek4: layer {}'s compression ratio must be 0, 4 or 128", l);
-      }
-      if (d.v41_ && (!r || *r < 0 || (*r > 2 && *r % 4 != 0))) {
-        return InvalidArgument("deepseek41: layer {}'s compression ratio must be 0, 1, 2 or a multiple of 4", l);
-      }
-      w.ratio = *r;
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", dim, &w.attn_norm));
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_sinks.weight", heads, &w.sinks));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_a.weight", dim, d.q_lora_, &w.wq_a));
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_q_a_norm.weight", d.q_lora_, &w.q_a_norm));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_b.weight", d.q_lora_, heads * head, &w.wq_b));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_kv.weight", dim, head, &w.wkv));
-      RETURN_IF_ERROR(tensors.Vector(b + "attn_kv_a_norm.weight", head, &w.kv_norm));
-      w.wo_a.resize(d.out_groups_);
-      std::vector<std::pair<int64_t, MatrixWeight*>> groups;
-      for (MatrixWeight& g : w.wo_a) groups.emplace_back(d.out_lora_, &g);
-      RETURN_IF_ERROR(tensors.SplitMatrix(b + "attn_output_a.weight", gdim, groups));
-      RETURN_IF_ERROR(tensors.Matrix(b + "attn_output_b.weight", d.out_groups_ * d.out_lora_, dim, &w.wo_b));
-      RETURN_IF_ERROR(hc_weights(b + "hc_attn_", kMix, 3, &w.hc_attn));
-      RETURN_IF_ERROR(hc_weights(b + "hc_ffn_", kMix, 3, &w.hc_ffn));
-      auto compressor = [&](const std::string& prefix, int64_t width, int64_t coff, Compressor* c) -> Status {
-        c->width = width;
-        c->coff = coff;
-        RETURN_IF_ERROR(tensors.Matrix(prefix + "kv.weight", dim, coff * width, &c->kv));
-        RETURN_IF_ERROR(tensors.Matrix(prefix + "gate.weight", dim, coff * width, &c->gate));
-        RETURN_IF_ERROR(tensors.Get(prefix + "ape.weight", {coff * width, w.ratio}, &c->ape));
-        if (c->ape.type != GgmlType::kF32) return InvalidArgument("deepseek4: {}ape.weight must be f32", prefix);
-        return tensors.Vector(prefix + "norm.weight", width, &c->norm);
-      };
-      w.kv_raw = kv_layer(1, d.window_);
-      auto indexer_shape = [&]() -> Status {
-        if (d.idx_heads_ <= 0 || d.idx_dim_ < rope || d.idx_dim_ > head || d.idx_top_k_ <= 0) {
-          return InvalidArgument("{}: the indexer's heads {}, key length {} (in [rope dims {}, head size {}]) "
-                                 "and top_k {}", h.arch, d.idx_heads_, d.idx_dim_, rope, head, d.idx_top_k_);
-        }
-        return Status::Ok();
-      };
-      if (d.v41_) {
-        // The roles follow from the tensors a layer carries (as llama.cpp's port reads them).
-        const std::string cp = b + "attn_compressor_";
-        w.kv_source = tensors.Has(cp + "kv.weight");
-        w.key_owner = tensors.Has(b + "indexer.attn_k.weight");
-        w.index_source = tensors.Has(b + "indexer.attn_q_b.weight");
-        if ((w.kv_source || w.key_owner || w.index_source) && w.ratio == 0) {
-          return InvalidArgument("deepseek41: layer {} has a compressor or indexer but compression ratio 0", l);
-        }
-        if (w.key_owner && !w.kv_source) {
-          return InvalidArgument("deepseek41: layer {} has indexer.attn_k but no compressor to derive keys from", l);
-        }
-        if (w.kv_source) {
-          Compressor& c = w.comp_w;
-          c.width = head;
-          c.has_gate = tensors.Has(cp + "gate.weight");
-          if (!c.has_gate && w.ratio != 1) {
-            return InvalidArgument("deepseek41: layer {} pools {} positions per row but has no {}gate.weight", l, w.ratio, cp);
-          }
-          RETURN_IF_ERROR(tensors.Matrix(cp + "kv.weight", dim, head, &c.kv));
-          if (c.has_gate) RETURN_IF_ERROR(tensors.Matrix(cp + "gate.weight", dim, head, &c.gate));
-          RETURN_IF_ERROR(tensors.Vector(cp + "norm.weight", head, &c.norm));
-          w.kv_state = kv_layer(2, w.ratio);
-          RETURN_IF_ERROR(pack(head, w.ratio, &v41_rows_pack[w.ratio], &w.comp));
-        }
-        if (w.key_owner) {
-          RETURN_IF_ERROR(indexer_shape());
-          RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_k.weight", head, d.idx_dim_, &w.idx_k));
-          RETURN_IF_ERROR(tensors.Vector(b + "indexer.k_norm.weight", d.idx_dim_, &w.idx_k_norm));
-          RETURN_IF_ERROR(pack(d.idx_dim_, w.ratio, &v41_keys_pack[w.ratio], &w.idx_keys));
-        }
-        if (w.index_source) {
-          RETURN_IF_ERROR(indexer_shape());
-          RETURN_IF_ERROR(tensors.Matrix(b + "indexer.proj.weight", dim, d.idx_heads_, &w.idx_proj));
-          RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_q_b.weight", d.q_lora_, d.idx_heads_ * d.idx_dim_, &w.idx_q_b));
-        }
-        // A compressed layer reads the last source's rows and keys and the last index source's
-        // picks, all of one stream: the rows stand for the positions of its own ratio.
-        if (w.kv_source) last_source = l;
-        if (w.index_source) last_index = l;
-        if (w.ratio != 0) {
-          if (last_source < 0 || last_index < 0 || !d.layers_[last_source].key_owner) {
-            return InvalidArgument("deepseek41: layer {} reads compressed rows, index keys and picks before a layer "
-                                   "(with attn_compressor_kv, indexer.attn_k, indexer.attn_q_b) makes them", l);
-          }
-          w.rows_from = last_source;
-          w.picks_from = last_index;
-          if (d.layers_[last_source].ratio != w.ratio || d.layers_[last_index].rows_from != last_source) {
-            return InvalidArgument("deepseek41: layer {} (ratio {}) reads layer {}'s rows (ratio {}) with layer {}'s picks",
-                                   l, w.ratio, last_source, d.layers_[last_source].ratio, last_index);
-          }
-        }
-      } else if (w.ratio != 0) {
-        const int64_t coff = w.ratio == 4 ? 2 : 1;
-        RETURN_IF_ERROR(compressor(b + "attn_compressor_", head, coff, &w.comp_w));
-        // A block of ratio positions completes at its last one and reads its own positions (and,
-        // overlapping, the block before): coff * ratio positions of state.
-        w.kv_state = kv_layer(2 * coff, coff * w.ratio);
-        RETURN_IF_ERROR(pack(head, w.ratio, w.ratio == 4 ? &csa_pack : &hca_pack, &w.comp));
-      }
-      if (!d.v41_ && w.ratio == 4) {
-        RETURN_IF_ERROR(indexer_shape());
-        RETURN_IF_ERROR(tensors.Matrix(b + "indexer.proj.weight", dim, d.idx_heads_, &w.idx_proj));
-        RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_q_b.weight", d.q_lora_, d.idx_heads_ * d.idx_dim_, &w.idx_q_b));
-        RETURN_IF_ERROR(compressor(b + "indexer_compressor_", d.idx_dim_, 2, &w.idx_comp));
-        w.kv_idx_state = kv_layer(4, 2 * w.ratio);
-        RETURN_IF_ERROR(pack(d.idx_dim_, w.ratio, &idx_pack, &w.idx_keys));
-      }
-      RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", dim, &w.ffn_norm));
-      RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
-      w.moe.clamp = clamp_exp[l];
-      w.moe.shared_clamp = clamp_shexp[l];
-      if (l < d.hash_layers_) {
-        if (w.moe.selection_bias.data != nullptr) return InvalidArgument("deepseek4: hash-routed layer {} has exp_probs_b", l);
-        // An index table (ggml's i32, type 26), not a weight: read as it is.
-        const std::string name = b + "ffn_gate_tid2eid.weight";
-        const GgufTensorInfo* table = file.FindTensor(name);
-        if (table == nullptr || table->type_id != 26 || table->shape != std::vector<int64_t>{moe.num_used, h.vocab_size}) {
-          return InvalidArgument("deepseek4: {} must be i32 [{}, {}]", name, moe.num_used, h.vocab_size);
-        }
-        tensors.MarkUsed(name);
-        w.hash_table.resize(static_cast<size_t>(moe.num_used * h.vocab_size));
-        std::memcpy(w.hash_table.data(), table->data, w.hash_table.size() * sizeof(int32_t));
-        for (int32_t e : w.hash_table) {
-          if (e < 0 || e >= moe.num_experts) return InvalidArgument("deepseek4: {} names expert {}", name, e);
-        }
-        w.moe.token_experts = w.hash_table.data();
-        w.moe.token_experts_vocab = h.vocab_size;
-      } else if (w.moe.selection_bias.data == nullptr) {
-        return InvalidArgument("deepseek4: layer {} (routed by its router) has no {}exp_probs_b.bias", l, b);
-      }
-    }
-    if (d.cand_layer_ >= 0) {
-      // The candidate source picks blocks of its stream's rows; the index sources after it pick
-      // only inside them, so they must read the same stream (and the blocks hold top_k rows).
-      if (d.cand_layer_ >= h.num_layers || !d.layers_[d.cand_layer_].index_source || d.cand_blocks_ < 1 ||
-          d.cand_bs_ < 1 || d.cand_blocks_ * d.cand_bs_ - (d.cand_bs_ - 1) < d.idx_top_k_) {
-        return InvalidArgument("deepseek41: the candidate source layer {} must be an index source, and {} candidate "
-                               "blocks of {} must hold the indexer's top {}", d.cand_layer_, d.cand_blocks_, d.cand_bs_,
-                               d.idx_top_k_);
-      }
-      for (int64_t l = d.cand_layer_ + 1; l < h.num_layers; ++l) {
-        if (d.layers_[l].index_source && d.layers_[l].rows_from != d.layers_[d.cand_layer_].rows_from) {
-          return InvalidArgument("deepseek41: index source {} reads layer {}'s rows, the candidate source {} layer {}'s",
-                                 l, d.layers_[l].rows_from, d.cand_layer_, d.layers_[d.cand_layer_].rows_from);
-        }
-      }
-    }
-    d.ones_.assign(static_cast<size_t>(std::max({kHc * dim, head, d.idx_dim_})), 1.0f);
-    m->FinishLoad(tensors);
-    return std::unique_ptr<Model>(std::move(m));
-  }
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp);
 
  protected:
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override;
@@ -452,6 +170,11 @@ class Deepseek4Model final : public Model {
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
                  ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
                  std::vector<std::vector<int64_t>>& candidates) const;
+  // Loading, in order: the keys (checked; the RoPE and expert setup), each layer's tensors and
+  // cache layers (LayerLoader), V4.1's candidate blocks.
+  struct LayerLoader;
+  Status ReadKeys(const GgufFile& file);
+  Status CheckCandidates() const;
   Status LoadEngram(const GgufFile& file, TensorLoader& tensors, const std::function<int64_t(int64_t, int64_t)>& kv_layer);
   // V4.1: each token's id into the history cache layer; Engram at layer l, added to the streams.
   void WriteTokens(const ForwardBatch& batch, KvStorage& kv) const;
@@ -475,6 +198,352 @@ class Deepseek4Model final : public Model {
   std::vector<EngramLayer> engrams_;
   std::vector<float> ones_;  // unweighted RMSNorms
 };
+
+Status Deepseek4Model::ReadKeys(const GgufFile& file) {
+  ModelHParams& h = hp_;
+  const std::string p = h.arch + ".";
+  v41_ = h.arch == "deepseek41";
+  // As llama.cpp: nextn_predict_layers without the multi-token-prediction layer's tensors
+  // (blk.N.nextn.eh_proj) counts for nothing; every layer runs.
+  if (h.num_nextn_layers > 0 && file.FindTensor(fmt::format("blk.{}.nextn.eh_proj.weight", h.num_layers)) == nullptr) {
+    h.num_layers += h.num_nextn_layers;
+    h.num_nextn_layers = 0;
+  }
+  q_lora_ = file.GetInt(p + "attention.q_lora_rank", 0);
+  window_ = file.GetInt(p + "attention.sliding_window", 0);
+  idx_heads_ = file.GetInt(p + "attention.indexer.head_count", 0);
+  idx_dim_ = file.GetInt(p + "attention.indexer.key_length", 0);
+  idx_top_k_ = file.GetInt(p + "attention.indexer.top_k", 0);
+  // V4.1's two-level index (gale's keys; files without them attend as if every block were a
+  // candidate, which they are until the rows pass candidate_top_k_blocks x candidate_block_size).
+  cand_layer_ = v41_ ? file.GetInt(p + "attention.indexer.candidate_source_layer", -1) : -1;
+  cand_blocks_ = file.GetInt(p + "attention.indexer.candidate_top_k_blocks", 0);
+  cand_bs_ = file.GetInt(p + "attention.indexer.candidate_block_size", 0);
+  out_groups_ = file.GetInt(p + "attention.output_group_count", 0);
+  out_lora_ = file.GetInt(p + "attention.output_lora_rank", 0);
+  compress_base_ = static_cast<float>(file.GetDouble(p + "attention.compress_rope_freq_base", 0.0));
+  const int64_t hc = file.GetInt(p + "hyper_connection.count", 0);
+  sinkhorn_iters_ = file.GetInt(p + "hyper_connection.sinkhorn_iterations", 0);
+  hc_eps_ = static_cast<float>(file.GetDouble(p + "hyper_connection.epsilon", 0.0));
+  hash_layers_ = file.GetInt(p + "hash_layer_count", 0);
+  const int64_t head = h.head_dim, rope = h.rope_dims;
+  if (hc != kHc || sinkhorn_iters_ < 1 || sinkhorn_iters_ > 1000 || !(hc_eps_ >= 0.0f) || h.num_kv_heads != 1 ||
+      h.value_head() != head || rope <= 0 || rope % 2 != 0 || rope > head || q_lora_ <= 0 || window_ <= 0 ||
+      out_groups_ <= 0 || h.num_heads % out_groups_ != 0 || out_lora_ <= 0 || hash_layers_ < 0 ||
+      hash_layers_ > h.num_layers || !(compress_base_ > 0.0f)) {
+    return InvalidArgument("deepseek4: inconsistent file (hyper_connection.count {} = 4?, sinkhorn_iterations {}, "
+                           "head_count_kv {} = 1?, key_length {} = value_length {}?, rope dims {}, q_lora_rank {}, "
+                           "sliding_window {}, output_group_count {} dividing {} heads, output_lora_rank {}, "
+                           "hash_layer_count {}, compress_rope_freq_base {})",
+                           hc, sinkhorn_iters_, h.num_kv_heads, head, h.value_head(), rope, q_lora_, window_,
+                           out_groups_, h.num_heads, out_lora_, hash_layers_, compress_base_);
+  }
+  MoeHParams& moe = h.moe;
+  if (!moe.enabled() || moe.expert_ffn <= 0 || moe.num_shared != 1) {
+    return InvalidArgument("deepseek4: needs experts, expert_feed_forward_length and one shared expert");
+  }
+  if (moe.gating != ExpertGating::kSqrtSoftplus) {
+    return Unimplemented("deepseek4: expert_gating_func {} (DeepSeek-V4 scores by sqrt(softplus), 4)",
+                         static_cast<int>(moe.gating));
+  }
+  moe.shared_ffn = moe.expert_ffn * moe.num_shared;
+  // RoPE: normal (adjacent pairs) on the last rope dims. Layers without compression use the
+  // file's base and no scaling; the compressed ones (and the indexer, and the compressed rows)
+  // the compression base and the file's scaling (YaRN: the correction dims of that base; cos and
+  // sin unscaled, as llama.cpp's attention factor cancels YaRN's).
+  h.rope_style = RopeStyle::kNormal;
+  h.kv_latent = true;
+  if (h.rope_freq_scale != 1.0f && h.yarn_ext_factor == 0.0f) {
+    return Unimplemented("deepseek4: RoPE scaling other than YaRN is not supported");
+  }
+  if (h.yarn_ext_factor != 0.0f) {
+    std::tie(corr_low_, corr_high_) = YarnCorrDims(rope, compress_base_, h.yarn_orig_ctx, h.yarn_beta_fast, h.yarn_beta_slow);
+  }
+  return Status::Ok();
+}
+
+// One layer's tensors at a time, with the cache layers they take: the raw rows' (windowed), the
+// compressors' state, and lanes of packed compressed rows (a new full cache layer whenever the
+// last one's lanes are taken).
+struct Deepseek4Model::LayerLoader {
+  struct Packer {
+    int64_t layer = -1, used = 0;
+  };
+
+  LayerLoader(Deepseek4Model& d, const GgufFile& file, TensorLoader& tensors)
+      : d(d), h(d.hp_), file(file), tensors(tensors) {}
+
+  Deepseek4Model& d;
+  ModelHParams& h;
+  const GgufFile& file;
+  TensorLoader& tensors;
+  int64_t kv_layers = 0;
+  Packer csa_pack, hca_pack, idx_pack;
+  std::map<int64_t, Packer> v41_rows_pack, v41_keys_pack;  // by ratio
+  int64_t last_source = -1, last_index = -1;               // V4.1: the last KV and index sources
+  std::vector<float> clamp_exp, clamp_shexp;
+
+  int64_t KvLayer(int64_t count, int64_t window) {
+    const int64_t first = kv_layers;
+    for (int64_t i = 0; i < count; ++i) h.kv_windows.push_back(window);
+    kv_layers += count;
+    return first;
+  }
+
+  Status Pack(int64_t width, int64_t ratio, Packer* pk, PackedRows* at) {
+    const int64_t head = h.head_dim;
+    at->width = width;
+    at->ratio = ratio;
+    const int64_t part = width % at->slots() == 0 ? at->part() : 0;
+    if (part == 0 || head % part != 0) {
+      return InvalidArgument("deepseek4: rows of {} (ratio {}) do not pack into cache rows of {}", width, ratio, head);
+    }
+    const int64_t lanes = head / part;
+    if (pk->layer < 0 || pk->used == lanes) {
+      pk->layer = KvLayer(1, 0);
+      pk->used = 0;
+    }
+    at->layer = pk->layer;
+    at->lane = pk->used++;
+    return Status::Ok();
+  }
+
+  Status Hc(const std::string& prefix, int64_t mix, int64_t num_scales, HcWeights* w) {
+    RETURN_IF_ERROR(tensors.Matrix(prefix + "fn.weight", kHc * h.dim, mix, &w->fn));
+    if (w->fn.view.type != GgmlType::kF32) return InvalidArgument("deepseek4: {}fn.weight must be f32", prefix);
+    RETURN_IF_ERROR(tensors.Vector(prefix + "base.weight", mix, &w->base));
+    return tensors.Vector(prefix + "scale.weight", num_scales, &w->scale);
+  }
+
+  Status V4Compressor(const std::string& prefix, int64_t width, int64_t coff, int64_t ratio, Compressor* c) {
+    c->width = width;
+    c->coff = coff;
+    RETURN_IF_ERROR(tensors.Matrix(prefix + "kv.weight", h.dim, coff * width, &c->kv));
+    RETURN_IF_ERROR(tensors.Matrix(prefix + "gate.weight", h.dim, coff * width, &c->gate));
+    RETURN_IF_ERROR(tensors.Get(prefix + "ape.weight", {coff * width, ratio}, &c->ape));
+    if (c->ape.type != GgmlType::kF32) return InvalidArgument("deepseek4: {}ape.weight must be f32", prefix);
+    return tensors.Vector(prefix + "norm.weight", width, &c->norm);
+  }
+
+  Status IndexerShape() const {
+    if (d.idx_heads_ <= 0 || d.idx_dim_ < h.rope_dims || d.idx_dim_ > h.head_dim || d.idx_top_k_ <= 0) {
+      return InvalidArgument("{}: the indexer's heads {}, key length {} (in [rope dims {}, head size {}]) "
+                             "and top_k {}", h.arch, d.idx_heads_, d.idx_dim_, h.rope_dims, h.head_dim, d.idx_top_k_);
+    }
+    return Status::Ok();
+  }
+
+  Status IndexerQueries(const std::string& b, Ds4Layer& w) {
+    RETURN_IF_ERROR(IndexerShape());
+    RETURN_IF_ERROR(tensors.Matrix(b + "indexer.proj.weight", h.dim, d.idx_heads_, &w.idx_proj));
+    return tensors.Matrix(b + "indexer.attn_q_b.weight", d.q_lora_, d.idx_heads_ * d.idx_dim_, &w.idx_q_b);
+  }
+
+  // The experts' clamp: an array per layer or one value; the shared expert's defaults to it.
+  StatusOr<std::vector<float>> Clamps(const std::string& key, std::vector<float> fallback) const {
+    const GgufValue* v = file.Find(key);
+    if (v == nullptr) return fallback;
+    std::vector<float> out(h.num_layers);
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const GgufValue* e = v->array.empty() ? v : l < static_cast<int64_t>(v->array.size()) ? &v->array[l] : nullptr;
+      auto f = e != nullptr ? e->AsDouble() : std::nullopt;
+      if (!f) return InvalidArgument("deepseek4: {} has no number for layer {}", key, l);
+      out[l] = static_cast<float>(*f);
+    }
+    return out;
+  }
+
+  Status Layer(int64_t l);
+  Status Attention(const std::string& b, Ds4Layer& w);
+  Status V41Roles(int64_t l, const std::string& b, Ds4Layer& w);
+  Status V4Compressors(const std::string& b, Ds4Layer& w);
+  Status Ffn(int64_t l, const std::string& b, Ds4Layer& w);
+};
+
+Status Deepseek4Model::LayerLoader::Layer(int64_t l) {
+  const std::string p = h.arch + ".";
+  if (l == 0) {
+    ASSIGN_OR_RETURN(clamp_exp, Clamps(p + "swiglu_clamp_exp", std::vector<float>(h.num_layers, 0.0f)));
+    ASSIGN_OR_RETURN(clamp_shexp, Clamps(p + "swiglu_clamp_shexp", clamp_exp));
+  }
+  // The ratios: an array of block_count (or more) values of 0, 4 or 128 (V4.1: 0, 1, 2 or a
+  // multiple of 4).
+  const GgufValue* ratios = file.Find(p + "attention.compress_ratios");
+  if (ratios == nullptr || static_cast<int64_t>(ratios->array.size()) < h.num_layers) {
+    return InvalidArgument("deepseek4: attention.compress_ratios needs a value per layer");
+  }
+  const std::string b = "blk." + std::to_string(l) + ".";
+  Ds4Layer& w = d.layers_[l];
+  auto r = ratios->array[l].AsInt();
+  if (!d.v41_ && (!r || (*r != 0 && *r != 4 && *r != 128))) {
+    return InvalidArgument("deepseek4: layer {}'s compression ratio must be 0, 4 or 128", l);
+  }
+  if (d.v41_ && (!r || *r < 0 || (*r > 2 && *r % 4 != 0))) {
+    return InvalidArgument("deepseek41: layer {}'s compression ratio must be 0, 1, 2 or a multiple of 4", l);
+  }
+  w.ratio = *r;
+  RETURN_IF_ERROR(Attention(b, w));
+  w.kv_raw = KvLayer(1, d.window_);
+  RETURN_IF_ERROR(d.v41_ ? V41Roles(l, b, w) : V4Compressors(b, w));
+  return Ffn(l, b, w);
+}
+
+// The norms, the low-rank query, the shared KV row, the grouped output and the hyper-connections.
+Status Deepseek4Model::LayerLoader::Attention(const std::string& b, Ds4Layer& w) {
+  const int64_t dim = h.dim, heads = h.num_heads, head = h.head_dim, gdim = heads * head / d.out_groups_;
+  RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", dim, &w.attn_norm));
+  RETURN_IF_ERROR(tensors.Vector(b + "attn_sinks.weight", heads, &w.sinks));
+  RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_a.weight", dim, d.q_lora_, &w.wq_a));
+  RETURN_IF_ERROR(tensors.Vector(b + "attn_q_a_norm.weight", d.q_lora_, &w.q_a_norm));
+  RETURN_IF_ERROR(tensors.Matrix(b + "attn_q_b.weight", d.q_lora_, heads * head, &w.wq_b));
+  RETURN_IF_ERROR(tensors.Matrix(b + "attn_kv.weight", dim, head, &w.wkv));
+  RETURN_IF_ERROR(tensors.Vector(b + "attn_kv_a_norm.weight", head, &w.kv_norm));
+  w.wo_a.resize(d.out_groups_);
+  std::vector<std::pair<int64_t, MatrixWeight*>> groups;
+  for (MatrixWeight& g : w.wo_a) groups.emplace_back(d.out_lora_, &g);
+  RETURN_IF_ERROR(tensors.SplitMatrix(b + "attn_output_a.weight", gdim, groups));
+  RETURN_IF_ERROR(tensors.Matrix(b + "attn_output_b.weight", d.out_groups_ * d.out_lora_, dim, &w.wo_b));
+  RETURN_IF_ERROR(Hc(b + "hc_attn_", kMix, 3, &w.hc_attn));
+  return Hc(b + "hc_ffn_", kMix, 3, &w.hc_ffn);
+}
+
+// V4.1: the roles follow from the tensors a layer carries (as llama.cpp's port reads them).
+Status Deepseek4Model::LayerLoader::V41Roles(int64_t l, const std::string& b, Ds4Layer& w) {
+  const int64_t dim = h.dim, head = h.head_dim;
+  const std::string cp = b + "attn_compressor_";
+  w.kv_source = tensors.Has(cp + "kv.weight");
+  w.key_owner = tensors.Has(b + "indexer.attn_k.weight");
+  w.index_source = tensors.Has(b + "indexer.attn_q_b.weight");
+  if ((w.kv_source || w.key_owner || w.index_source) && w.ratio == 0) {
+    return InvalidArgument("deepseek41: layer {} has a compressor or indexer but compression ratio 0", l);
+  }
+  if (w.key_owner && !w.kv_source) {
+    return InvalidArgument("deepseek41: layer {} has indexer.attn_k but no compressor to derive keys from", l);
+  }
+  if (w.kv_source) {
+    Compressor& c = w.comp_w;
+    c.width = head;
+    c.has_gate = tensors.Has(cp + "gate.weight");
+    if (!c.has_gate && w.ratio != 1) {
+      return InvalidArgument("deepseek41: layer {} pools {} positions per row but has no {}gate.weight", l, w.ratio, cp);
+    }
+    RETURN_IF_ERROR(tensors.Matrix(cp + "kv.weight", dim, head, &c.kv));
+    if (c.has_gate) RETURN_IF_ERROR(tensors.Matrix(cp + "gate.weight", dim, head, &c.gate));
+    RETURN_IF_ERROR(tensors.Vector(cp + "norm.weight", head, &c.norm));
+    w.kv_state = KvLayer(2, w.ratio);
+    RETURN_IF_ERROR(Pack(head, w.ratio, &v41_rows_pack[w.ratio], &w.comp));
+  }
+  if (w.key_owner) {
+    RETURN_IF_ERROR(IndexerShape());
+    RETURN_IF_ERROR(tensors.Matrix(b + "indexer.attn_k.weight", head, d.idx_dim_, &w.idx_k));
+    RETURN_IF_ERROR(tensors.Vector(b + "indexer.k_norm.weight", d.idx_dim_, &w.idx_k_norm));
+    RETURN_IF_ERROR(Pack(d.idx_dim_, w.ratio, &v41_keys_pack[w.ratio], &w.idx_keys));
+  }
+  if (w.index_source) RETURN_IF_ERROR(IndexerQueries(b, w));
+  // A compressed layer reads the last source's rows and keys and the last index source's
+  // picks, all of one stream: the rows stand for the positions of its own ratio.
+  if (w.kv_source) last_source = l;
+  if (w.index_source) last_index = l;
+  if (w.ratio == 0) return Status::Ok();
+  if (last_source < 0 || last_index < 0 || !d.layers_[last_source].key_owner) {
+    return InvalidArgument("deepseek41: layer {} reads compressed rows, index keys and picks before a layer "
+                           "(with attn_compressor_kv, indexer.attn_k, indexer.attn_q_b) makes them", l);
+  }
+  w.rows_from = last_source;
+  w.picks_from = last_index;
+  if (d.layers_[last_source].ratio != w.ratio || d.layers_[last_index].rows_from != last_source) {
+    return InvalidArgument("deepseek41: layer {} (ratio {}) reads layer {}'s rows (ratio {}) with layer {}'s picks",
+                           l, w.ratio, last_source, d.layers_[last_source].ratio, last_index);
+  }
+  return Status::Ok();
+}
+
+// V4: a compressor at ratios 4 and 128, and at 4 the lightning indexer with its own compressor.
+Status Deepseek4Model::LayerLoader::V4Compressors(const std::string& b, Ds4Layer& w) {
+  const int64_t head = h.head_dim;
+  if (w.ratio == 0) return Status::Ok();
+  const int64_t coff = w.ratio == 4 ? 2 : 1;
+  RETURN_IF_ERROR(V4Compressor(b + "attn_compressor_", head, coff, w.ratio, &w.comp_w));
+  // A block of ratio positions completes at its last one and reads its own positions (and,
+  // overlapping, the block before): coff * ratio positions of state.
+  w.kv_state = KvLayer(2 * coff, coff * w.ratio);
+  RETURN_IF_ERROR(Pack(head, w.ratio, w.ratio == 4 ? &csa_pack : &hca_pack, &w.comp));
+  if (w.ratio != 4) return Status::Ok();
+  RETURN_IF_ERROR(IndexerQueries(b, w));
+  RETURN_IF_ERROR(V4Compressor(b + "indexer_compressor_", d.idx_dim_, 2, w.ratio, &w.idx_comp));
+  w.kv_idx_state = KvLayer(4, 2 * w.ratio);
+  return Pack(d.idx_dim_, w.ratio, &idx_pack, &w.idx_keys);
+}
+
+// The experts, and the first hash_layer_count layers' routing table.
+Status Deepseek4Model::LayerLoader::Ffn(int64_t l, const std::string& b, Ds4Layer& w) {
+  const MoeHParams& moe = h.moe;
+  RETURN_IF_ERROR(tensors.Vector(b + "ffn_norm.weight", h.dim, &w.ffn_norm));
+  RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+  w.moe.clamp = clamp_exp[l];
+  w.moe.shared_clamp = clamp_shexp[l];
+  if (l >= d.hash_layers_) {
+    if (w.moe.selection_bias.data == nullptr) {
+      return InvalidArgument("deepseek4: layer {} (routed by its router) has no {}exp_probs_b.bias", l, b);
+    }
+    return Status::Ok();
+  }
+  if (w.moe.selection_bias.data != nullptr) return InvalidArgument("deepseek4: hash-routed layer {} has exp_probs_b", l);
+  // An index table (ggml's i32, type 26), not a weight: read as it is.
+  const std::string name = b + "ffn_gate_tid2eid.weight";
+  const GgufTensorInfo* table = file.FindTensor(name);
+  if (table == nullptr || table->type_id != 26 || table->shape != std::vector<int64_t>{moe.num_used, h.vocab_size}) {
+    return InvalidArgument("deepseek4: {} must be i32 [{}, {}]", name, moe.num_used, h.vocab_size);
+  }
+  tensors.MarkUsed(name);
+  w.hash_table.resize(static_cast<size_t>(moe.num_used * h.vocab_size));
+  std::memcpy(w.hash_table.data(), table->data, w.hash_table.size() * sizeof(int32_t));
+  for (int32_t e : w.hash_table) {
+    if (e < 0 || e >= moe.num_experts) return InvalidArgument("deepseek4: {} names expert {}", name, e);
+  }
+  w.moe.token_experts = w.hash_table.data();
+  w.moe.token_experts_vocab = h.vocab_size;
+  return Status::Ok();
+}
+
+// The candidate source picks blocks of its stream's rows; the index sources after it pick only
+// inside them, so they must read the same stream (and the blocks hold top_k rows).
+Status Deepseek4Model::CheckCandidates() const {
+  if (cand_layer_ < 0) return Status::Ok();
+  const int64_t n = hp_.num_layers;
+  if (cand_layer_ >= n || !layers_[cand_layer_].index_source || cand_blocks_ < 1 || cand_bs_ < 1 ||
+      cand_blocks_ * cand_bs_ - (cand_bs_ - 1) < idx_top_k_) {
+    return InvalidArgument("deepseek41: the candidate source layer {} must be an index source, and {} candidate "
+                           "blocks of {} must hold the indexer's top {}", cand_layer_, cand_blocks_, cand_bs_,
+                           idx_top_k_);
+  }
+  for (int64_t l = cand_layer_ + 1; l < n; ++l) {
+    if (layers_[l].index_source && layers_[l].rows_from != layers_[cand_layer_].rows_from) {
+      return InvalidArgument("deepseek41: index source {} reads layer {}'s rows, the candidate source {} layer {}'s",
+                             l, layers_[l].rows_from, cand_layer_, layers_[cand_layer_].rows_from);
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Model>> Deepseek4Model::Load(const GgufFile& file, ModelHParams hp) {
+  std::unique_ptr<Deepseek4Model> m(new Deepseek4Model());
+  m->hp_ = std::move(hp);
+  Deepseek4Model& d = *m;
+  RETURN_IF_ERROR(d.ReadKeys(file));
+  TensorLoader tensors(file);
+  RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+  if (m->tied_output()) return InvalidArgument("deepseek4: the file has no output.weight");
+  LayerLoader loader(d, file, tensors);
+  if (!d.v41_) RETURN_IF_ERROR(loader.Hc("output_hc_", kHc, 1, &d.hc_head_));
+  d.layers_.resize(d.hp_.num_layers);
+  RETURN_IF_ERROR(d.LoadEngram(file, tensors, [&](int64_t count, int64_t window) { return loader.KvLayer(count, window); }));
+  for (int64_t l = 0; l < d.hp_.num_layers; ++l) RETURN_IF_ERROR(loader.Layer(l));
+  RETURN_IF_ERROR(d.CheckCandidates());
+  d.ones_.assign(static_cast<size_t>(std::max({kHc * d.hp_.dim, d.hp_.head_dim, d.idx_dim_})), 1.0f);
+  m->FinishLoad(tensors);
+  return std::unique_ptr<Model>(std::move(m));
+}
 
 void Deepseek4Model::Angles(bool compressed, int64_t pos, float* cos_sin) const {
   const int rope = static_cast<int>(hp_.rope_dims);
