@@ -167,6 +167,23 @@ class Deepseek4Model final : public Model {
              ThreadPool& pool, const float* pre_in = nullptr, float* pre_out = nullptr) const;
   // picks: per token of the batch, the compressed rows the last V4.1 index source picked;
   // candidates: per token, the blocks of rows the candidate source chose (empty: all).
+  // Attention's parts: the per-batch inputs, the compressors, the indexer's queries, the rows a
+  // token sees, and the heads over them.
+  struct AttnInputs {
+    std::vector<float> qr, q, kvr, cs, cs_back, iq, iw;
+  };
+  void Project(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n, AttnInputs& a,
+               ThreadPool& pool) const;
+  void PoolBlock(const Compressor& c, int64_t state_layer, int64_t ratio, const ForwardBatch& batch,
+                 const KvStorage& kv, int32_t seq, int64_t pos, std::vector<float>& scratch, float* row) const;
+  void Compress(const Ds4Layer& w, const Compressor& c, int64_t state_layer, const PackedRows& packed,
+                const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, ThreadPool& pool) const;
+  void IndexerQueries(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n, AttnInputs& a,
+                      ThreadPool& pool) const;
+  void ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch, const KvStorage& kv, const AttnInputs& a,
+                  const PackedRows& keys_at, std::vector<int64_t>& blocks, std::vector<int64_t>& chosen) const;
+  void AttendRows(const Ds4Layer& w, const float* q, const float* rows, int64_t m, const float* cs_back,
+                  std::vector<float>& sc, float* out) const;
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
                  ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
                  std::vector<std::vector<int64_t>>& candidates) const;
@@ -850,150 +867,257 @@ void RopeTail(float* x, int64_t num_rows, int64_t width, int64_t rope, const flo
                      cos_sin);
 }
 
+// Queries: wq_b(RmsNorm(wq_a x) * q_a_norm), each head RMS-normed (V4, not V4.1), RoPE on the
+// tail; the shared KV row, normed and rotated; each token's angles (cs_back: sin negated, to
+// rotate the output back).
+void Deepseek4Model::Project(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n,
+                             AttnInputs& a, ThreadPool& pool) const {
+  const int64_t head = hp_.head_dim, heads = hp_.num_heads, rope = hp_.rope_dims;
+  a.qr.resize(static_cast<size_t>(n * q_lora_));
+  a.q.resize(static_cast<size_t>(n * heads * head));
+  a.kvr.resize(static_cast<size_t>(n * head));
+  a.cs.resize(static_cast<size_t>(n * rope));
+  a.cs_back.resize(a.cs.size());
+  MatMul(w.wq_a, in, n, a.qr.data(), pool);
+  for (int64_t t = 0; t < n; ++t) {
+    kernels::RmsNorm(a.qr.data() + t * q_lora_, reinterpret_cast<const float*>(w.q_a_norm.data), q_lora_, hp_.rms_eps,
+                     a.qr.data() + t * q_lora_);
+  }
+  MatMul(w.wq_b, a.qr.data(), n, a.q.data(), pool);
+  MatMul(w.wkv, in, n, a.kvr.data(), pool);
+  for (int64_t t = 0; t < n; ++t) {
+    float* cs = a.cs.data() + t * rope;
+    Angles(w.ratio != 0, batch.positions[t], cs);
+    for (int64_t i = 0; i < rope; ++i) a.cs_back[t * rope + i] = i % 2 == 0 ? cs[i] : -cs[i];
+    float* qt = a.q.data() + t * heads * head;
+    for (int64_t h = 0; h < heads && !v41_; ++h) kernels::RmsNorm(qt + h * head, ones_.data(), head, hp_.rms_eps, qt + h * head);
+    RopeTail(qt, heads, head, rope, cs);
+    float* k = a.kvr.data() + t * head;
+    kernels::RmsNorm(k, reinterpret_cast<const float*>(w.kv_norm.data), head, hp_.rms_eps, k);
+    RopeTail(k, 1, head, rope, cs);
+  }
+}
+
+// Block b (positions [ratio b, ratio b + ratio)) completes at its last position `pos`. Channel i
+// pools over the block's positions (their part coff - 1 of kv and scores) and, overlapping
+// (coff 2), the previous block's (part 0; none before block 0) by a softmax of the scores; then
+// RmsNorm * norm. `scratch`: room for coff * ratio rows of values and of scores, and their weights.
+void Deepseek4Model::PoolBlock(const Compressor& c, int64_t state_layer, int64_t ratio, const ForwardBatch& batch,
+                               const KvStorage& kv, int32_t seq, int64_t pos, std::vector<float>& scratch,
+                               float* row) const {
+  const int64_t window = c.coff * ratio, start = pos + 1 - ratio;
+  float* vals = scratch.data();
+  float* scores = vals + window * c.width;
+  float* ex = scores + window * c.width;
+  int64_t m = 0;  // entries pooled: (block before) then this block
+  for (int64_t part = 0; part < c.coff; ++part) {
+    const int64_t from = start - (c.coff - 1 - part) * ratio;
+    if (from < 0) continue;
+    for (int64_t j = 0; j < ratio; ++j, ++m) {
+      ReadRow(kv, batch, state_layer + part, seq, from + j, vals + m * c.width, c.width);
+      ReadRow(kv, batch, state_layer + c.coff + part, seq, from + j, scores + m * c.width, c.width);
+    }
+  }
+  for (int64_t i = 0; i < c.width; ++i) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t e = 0; e < m; ++e) top = std::max(top, scores[e * c.width + i]);
+    double sum = 0.0;
+    float acc = 0.0f;
+    for (int64_t e = 0; e < m; ++e) sum += ex[e] = std::exp(scores[e * c.width + i] - top);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t e = 0; e < m; ++e) acc += vals[e * c.width + i] * (ex[e] * inv);
+    row[i] = acc;
+  }
+  kernels::RmsNorm(row, reinterpret_cast<const float*>(c.norm.data), c.width, hp_.rms_eps, row);
+}
+
+// The compressors' state per position: kv rows and scores (+ the positional bias of pos % ratio),
+// then every block completed in this batch compressed from the cache's state rows and rotated to
+// the block's first position. V4.1: no positional bias, and at ratio 1 no gate (the scores are the
+// kv rows); a key owner also derives the index keys of the batch's new rows (normed, not yet
+// rotated) in one product.
+void Deepseek4Model::Compress(const Ds4Layer& w, const Compressor& c, int64_t state_layer, const PackedRows& packed,
+                              const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
+                              ThreadPool& pool) const {
+  const int64_t ratio = w.ratio, rope = hp_.rope_dims, cw = c.coff * c.width;
+  std::vector<float> sk(static_cast<size_t>(n * cw)), sg(static_cast<size_t>(n * cw));
+  MatMul(c.kv, in, n, sk.data(), pool);
+  if (c.has_gate) {
+    MatMul(c.gate, in, n, sg.data(), pool);
+  } else {
+    sg = sk;
+  }
+  const float* ape = reinterpret_cast<const float*>(c.ape.data);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = batch.positions[t];
+    float* g = sg.data() + t * cw;
+    for (int64_t i = 0; i < cw && ape != nullptr; ++i) g[i] += ape[(pos % ratio) * cw + i];
+    for (int64_t j = 0; j < c.coff; ++j) {
+      WriteRow(kv, batch, state_layer + j, batch.seq(t), pos, sk.data() + t * cw + j * c.width, c.width);
+      WriteRow(kv, batch, state_layer + c.coff + j, batch.seq(t), pos, g + j * c.width, c.width);
+    }
+  }
+  std::vector<float> scratch(static_cast<size_t>(c.coff * ratio * (2 * c.width + 1)));
+  std::vector<float> row(static_cast<size_t>(c.width)), angles(static_cast<size_t>(rope));
+  const bool keys = v41_ && w.key_owner;
+  std::vector<float> key_rows;  // keys: the new rows before their rotation
+  std::vector<int64_t> key_of;  // keys: the batch token that completed each
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = batch.positions[t];
+    if ((pos + 1) % ratio != 0) continue;
+    PoolBlock(c, state_layer, ratio, batch, kv, batch.seq(t), pos, scratch, row.data());
+    Angles(true, pos + 1 - ratio, angles.data());
+    if (keys) {
+      key_rows.insert(key_rows.end(), row.begin(), row.end());
+      key_of.push_back(t);
+    }
+    RopeTail(row.data(), 1, c.width, rope, angles.data());
+    WritePacked(kv, batch, packed, batch.seq(t), pos / ratio, row.data());
+  }
+  if (key_of.empty()) return;
+  const int64_t nk = static_cast<int64_t>(key_of.size());
+  std::vector<float> ikeys(static_cast<size_t>(nk * idx_dim_));
+  MatMul(w.idx_k, key_rows.data(), nk, ikeys.data(), pool);
+  for (int64_t j = 0; j < nk; ++j) {
+    const int64_t pos = batch.positions[key_of[j]];
+    float* k = ikeys.data() + j * idx_dim_;
+    kernels::RmsNorm(k, reinterpret_cast<const float*>(w.idx_k_norm.data), idx_dim_, hp_.rms_eps, k);
+    Angles(true, pos + 1 - ratio, angles.data());
+    RopeTail(k, 1, idx_dim_, rope, angles.data());
+    WritePacked(kv, batch, w.idx_keys, batch.seq(key_of[j]), pos / ratio, k);
+  }
+}
+
+// The indexer's queries and head weights: RoPE'd like the compressed rows. NOTE: llama.cpp also
+// multiplies the indexer's queries and keys by one orthonormal Hadamard matrix (for its quantized
+// indexer cache); q . k is unchanged by it, so it is left out here.
+void Deepseek4Model::IndexerQueries(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n,
+                                    AttnInputs& a, ThreadPool& pool) const {
+  const int64_t rope = hp_.rope_dims;
+  a.iq.resize(static_cast<size_t>(n * idx_heads_ * idx_dim_));
+  a.iw.resize(static_cast<size_t>(n * idx_heads_));
+  MatMul(w.idx_q_b, a.qr.data(), n, a.iq.data(), pool);
+  MatMul(w.idx_proj, in, n, a.iw.data(), pool);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(idx_dim_ * idx_heads_));
+  std::vector<float> angles(static_cast<size_t>(rope));
+  for (int64_t t = 0; t < n; ++t) {
+    Angles(true, batch.positions[t], angles.data());
+    RopeTail(a.iq.data() + t * idx_heads_ * idx_dim_, idx_heads_, idx_dim_, rope, angles.data());
+    for (int64_t h = 0; h < idx_heads_; ++h) a.iw[t * idx_heads_ + h] *= scale;
+  }
+}
+
+// The compressed rows token t of layer l sees (into chosen). V4.1's two-level index: the index
+// sources after the candidate source score only the rows of the blocks it chose for this token
+// (blocks); the candidate source chooses them (when its rows make more blocks than it keeps) from
+// its own scores: each block's best row, the block of the newest row always kept. An index source
+// (V4: ratio 4) keeps the indexer's top_k: score(c) = sum over heads of relu(q_h . k_c) * w_h.
+void Deepseek4Model::ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch, const KvStorage& kv,
+                                const AttnInputs& a, const PackedRows& keys_at, std::vector<int64_t>& blocks,
+                                std::vector<int64_t>& chosen) const {
+  const Ds4Layer& w = layers_[l];
+  const int64_t pos = batch.positions[t];
+  const int64_t visible = (pos + 1) / w.ratio;
+  const bool picks_rows = v41_ ? w.index_source : w.ratio == 4;
+  const bool filtered = w.index_source && cand_layer_ >= 0 && l > cand_layer_ && !blocks.empty();
+  const int64_t num_blocks = cand_bs_ > 0 ? (visible + cand_bs_ - 1) / cand_bs_ : 0;
+  const bool choose_blocks = w.index_source && l == cand_layer_ && num_blocks > cand_blocks_;
+  if (filtered) {
+    for (int64_t b : blocks) {
+      for (int64_t c = b * cand_bs_; c < std::min(visible, (b + 1) * cand_bs_); ++c) chosen.push_back(c);
+    }
+  } else {
+    for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
+  }
+  if (!picks_rows || (static_cast<int64_t>(chosen.size()) <= idx_top_k_ && !choose_blocks)) return;
+  std::vector<float> idx_scores(static_cast<size_t>(visible)), key(static_cast<size_t>(idx_dim_));
+  for (int64_t c : chosen) {
+    ReadPacked(kv, batch, keys_at, batch.seq(t), c, key.data());
+    float s = 0.0f;
+    for (int64_t h = 0; h < idx_heads_; ++h) {
+      const float* qh = a.iq.data() + (t * idx_heads_ + h) * idx_dim_;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < idx_dim_; ++i) dot += qh[i] * key[i];
+      s += std::max(dot, 0.0f) * a.iw[t * idx_heads_ + h];
+    }
+    idx_scores[c] = s;
+  }
+  if (choose_blocks) {
+    std::vector<float> best(static_cast<size_t>(num_blocks), -std::numeric_limits<float>::infinity());
+    for (int64_t c = 0; c < visible; ++c) best[c / cand_bs_] = std::max(best[c / cand_bs_], idx_scores[c]);
+    best[(visible - 1) / cand_bs_] = std::numeric_limits<float>::infinity();
+    blocks.resize(static_cast<size_t>(num_blocks));
+    for (int64_t b = 0; b < num_blocks; ++b) blocks[b] = b;
+    std::stable_sort(blocks.begin(), blocks.end(), [&](int64_t x, int64_t y) { return best[x] > best[y]; });
+    blocks.resize(static_cast<size_t>(cand_blocks_));
+    std::sort(blocks.begin(), blocks.end());
+  }
+  if (static_cast<int64_t>(chosen.size()) > idx_top_k_) {
+    std::stable_sort(chosen.begin(), chosen.end(), [&](int64_t x, int64_t y) { return idx_scores[x] > idx_scores[y]; });
+    chosen.resize(static_cast<size_t>(idx_top_k_));
+    std::sort(chosen.begin(), chosen.end());
+  }
+}
+
+// Each head of token t over m rows (K = V) and its sink, the output rotated back.
+void Deepseek4Model::AttendRows(const Ds4Layer& w, const float* q, const float* rows, int64_t m, const float* cs_back,
+                                std::vector<float>& sc, float* out) const {
+  const int64_t head = hp_.head_dim, heads = hp_.num_heads;
+  const float* sinks = reinterpret_cast<const float*>(w.sinks.data);
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(head));
+  sc.resize(static_cast<size_t>(m));
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = q + h * head;
+    float top = sinks[h];
+    for (int64_t j = 0; j < m; ++j) {
+      float dot = 0.0f;
+      const float* r = rows + j * head;
+      for (int64_t i = 0; i < head; ++i) dot += qh[i] * r[i];
+      sc[j] = dot * kq_scale;
+      top = std::max(top, sc[j]);
+    }
+    double sum = std::exp(static_cast<double>(sinks[h] - top));
+    for (int64_t j = 0; j < m; ++j) {
+      sc[j] = std::exp(sc[j] - top);
+      sum += sc[j];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    float* o = out + h * head;
+    std::fill(o, o + head, 0.0f);
+    for (int64_t j = 0; j < m; ++j) {
+      const float p = sc[j] * inv;
+      const float* r = rows + j * head;
+      for (int64_t i = 0; i < head; ++i) o[i] += p * r[i];
+    }
+    RopeTail(o, 1, head, hp_.rope_dims, cs_back);
+  }
+}
+
 void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
                                float* out, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
                                std::vector<std::vector<int64_t>>& candidates) const {
   const Ds4Layer& w = layers_[l];
   const int64_t head = hp_.head_dim, heads = hp_.num_heads, rope = hp_.rope_dims;
-  const int64_t ratio = w.ratio;
-  const bool compressed = ratio != 0;
-  std::vector<float> qr(static_cast<size_t>(n * q_lora_)), q(static_cast<size_t>(n * heads * head));
-  // cs: each token's angles; cs_back: the same with sin negated (rotating the output back).
-  std::vector<float> kvr(static_cast<size_t>(n * head)), cs(static_cast<size_t>(n * rope)), cs_back(cs.size());
-  // Queries: wq_b(RmsNorm(wq_a x) * q_a_norm), each head RMS-normed (V4, not V4.1), RoPE on the tail.
-  MatMul(w.wq_a, in, n, qr.data(), pool);
-  for (int64_t t = 0; t < n; ++t) {
-    kernels::RmsNorm(qr.data() + t * q_lora_, reinterpret_cast<const float*>(w.q_a_norm.data), q_lora_, hp_.rms_eps,
-                     qr.data() + t * q_lora_);
-  }
-  MatMul(w.wq_b, qr.data(), n, q.data(), pool);
-  MatMul(w.wkv, in, n, kvr.data(), pool);
-  for (int64_t t = 0; t < n; ++t) {
-    Angles(compressed, batch.positions[t], cs.data() + t * rope);
-    for (int64_t i = 0; i < rope; ++i) cs_back[t * rope + i] = i % 2 == 0 ? cs[t * rope + i] : -cs[t * rope + i];
-    float* qt = q.data() + t * heads * head;
-    for (int64_t h = 0; h < heads && !v41_; ++h) kernels::RmsNorm(qt + h * head, ones_.data(), head, hp_.rms_eps, qt + h * head);
-    RopeTail(qt, heads, head, rope, cs.data() + t * rope);
-    float* k = kvr.data() + t * head;
-    kernels::RmsNorm(k, reinterpret_cast<const float*>(w.kv_norm.data), head, hp_.rms_eps, k);
-    RopeTail(k, 1, head, rope, cs.data() + t * rope);
-  }
-  for (int64_t t = 0; t < n; ++t) WriteRow(kv, batch, w.kv_raw, batch.seq(t), batch.positions[t], kvr.data() + t * head, head);
-
-  // The compressors' state per position: kv rows and scores (+ the positional bias of pos % ratio),
-  // then every block completed in this batch compressed from the cache's state rows.
-  // V4.1: no positional bias, and at ratio 1 no gate (the scores are the kv rows); a key owner
-  // also derives the index keys of the batch's new rows (normed, not yet rotated) in one product.
-  auto compress = [&](const Compressor& c, int64_t state_layer, const PackedRows& packed) {
-    const int64_t cw = c.coff * c.width;
-    std::vector<float> sk(static_cast<size_t>(n * cw)), sg(static_cast<size_t>(n * cw));
-    MatMul(c.kv, in, n, sk.data(), pool);
-    if (c.has_gate) {
-      MatMul(c.gate, in, n, sg.data(), pool);
-    } else {
-      sg = sk;
-    }
-    const float* ape = reinterpret_cast<const float*>(c.ape.data);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = batch.positions[t];
-      float* g = sg.data() + t * cw;
-      for (int64_t i = 0; i < cw && ape != nullptr; ++i) g[i] += ape[(pos % ratio) * cw + i];
-      for (int64_t j = 0; j < c.coff; ++j) {
-        WriteRow(kv, batch, state_layer + j, batch.seq(t), pos, sk.data() + t * cw + j * c.width, c.width);
-        WriteRow(kv, batch, state_layer + c.coff + j, batch.seq(t), pos, g + j * c.width, c.width);
-      }
-    }
-    // Block b (positions [ratio b, ratio b + ratio)) completes at its last position. Channel i
-    // pools over the block's positions (their part coff - 1 of kv and scores) and, overlapping
-    // (coff 2), the previous block's (part 0; none before block 0) by a softmax of the scores;
-    // then RmsNorm * norm, RoPE at position ratio b.
-    const int64_t window = c.coff * ratio;
-    std::vector<float> vals(static_cast<size_t>(window * c.width)), scores(static_cast<size_t>(window * c.width));
-    std::vector<float> row(static_cast<size_t>(c.width)), angles(static_cast<size_t>(rope)), ex(static_cast<size_t>(window));
-    const bool keys = v41_ && w.key_owner;
-    std::vector<float> key_rows;     // keys: the new rows before their rotation
-    std::vector<int64_t> key_of;     // keys: the batch token that completed each
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = batch.positions[t];
-      if ((pos + 1) % ratio != 0) continue;
-      const int64_t start = pos + 1 - ratio;
-      const int32_t seq = batch.seq(t);
-      int64_t m = 0;  // entries pooled: (block before) then this block
-      for (int64_t part = 0; part < c.coff; ++part) {
-        const int64_t from = start - (c.coff - 1 - part) * ratio;
-        if (from < 0) continue;
-        for (int64_t j = 0; j < ratio; ++j, ++m) {
-          ReadRow(kv, batch, state_layer + part, seq, from + j, vals.data() + m * c.width, c.width);
-          ReadRow(kv, batch, state_layer + c.coff + part, seq, from + j, scores.data() + m * c.width, c.width);
-        }
-      }
-      for (int64_t i = 0; i < c.width; ++i) {
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t e = 0; e < m; ++e) top = std::max(top, scores[e * c.width + i]);
-        double sum = 0.0;
-        float acc = 0.0f;
-        for (int64_t e = 0; e < m; ++e) sum += ex[e] = std::exp(scores[e * c.width + i] - top);
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t e = 0; e < m; ++e) acc += vals[e * c.width + i] * (ex[e] * inv);
-        row[i] = acc;
-      }
-      kernels::RmsNorm(row.data(), reinterpret_cast<const float*>(c.norm.data), c.width, hp_.rms_eps, row.data());
-      Angles(true, start, angles.data());
-      if (keys) {
-        key_rows.insert(key_rows.end(), row.begin(), row.end());
-        key_of.push_back(t);
-      }
-      RopeTail(row.data(), 1, c.width, rope, angles.data());
-      WritePacked(kv, batch, packed, seq, pos / ratio, row.data());
-    }
-    if (key_of.empty()) return;
-    const int64_t nk = static_cast<int64_t>(key_of.size());
-    std::vector<float> ikeys(static_cast<size_t>(nk * idx_dim_));
-    MatMul(w.idx_k, key_rows.data(), nk, ikeys.data(), pool);
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t pos = batch.positions[key_of[j]];
-      float* k = ikeys.data() + j * idx_dim_;
-      kernels::RmsNorm(k, reinterpret_cast<const float*>(w.idx_k_norm.data), idx_dim_, hp_.rms_eps, k);
-      Angles(true, pos + 1 - ratio, angles.data());
-      RopeTail(k, 1, idx_dim_, rope, angles.data());
-      WritePacked(kv, batch, w.idx_keys, batch.seq(key_of[j]), pos / ratio, k);
-    }
-  };
+  const bool compressed = w.ratio != 0;
+  AttnInputs a;
+  Project(w, batch, in, n, a, pool);
+  for (int64_t t = 0; t < n; ++t) WriteRow(kv, batch, w.kv_raw, batch.seq(t), batch.positions[t], a.kvr.data() + t * head, head);
   if (v41_) {
-    if (w.kv_source) compress(w.comp_w, w.kv_state, w.comp);
+    if (w.kv_source) Compress(w, w.comp_w, w.kv_state, w.comp, batch, kv, in, n, pool);
   } else {
-    if (compressed) compress(w.comp_w, w.kv_state, w.comp);
-    if (ratio == 4) compress(w.idx_comp, w.kv_idx_state, w.idx_keys);
+    if (compressed) Compress(w, w.comp_w, w.kv_state, w.comp, batch, kv, in, n, pool);
+    if (w.ratio == 4) Compress(w, w.idx_comp, w.kv_idx_state, w.idx_keys, batch, kv, in, n, pool);
   }
   // Where this layer's compressed rows and index keys are (V4.1: its source's), whether it picks
   // rows itself (V4: ratio 4 with more rows than top_k; V4.1: an index source).
   const PackedRows& rows_at = v41_ && compressed ? layers_[w.rows_from].comp : w.comp;
   const PackedRows& keys_at = v41_ && compressed ? layers_[w.rows_from].idx_keys : w.idx_keys;
-  const bool picks_rows = v41_ ? w.index_source : ratio == 4;
+  if (v41_ ? w.index_source : w.ratio == 4) IndexerQueries(w, batch, in, n, a, pool);
 
-  // The indexer's queries and head weights (ratio 4): RoPE'd like the compressed rows. NOTE:
-  // llama.cpp also multiplies the indexer's queries and keys by one orthonormal Hadamard matrix
-  // (for its quantized indexer cache); q . k is unchanged by it, so it is left out here.
-  std::vector<float> iq, iw;
-  if (picks_rows) {
-    iq.resize(static_cast<size_t>(n * idx_heads_ * idx_dim_));
-    iw.resize(static_cast<size_t>(n * idx_heads_));
-    MatMul(w.idx_q_b, qr.data(), n, iq.data(), pool);
-    MatMul(w.idx_proj, in, n, iw.data(), pool);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(idx_dim_ * idx_heads_));
-    std::vector<float> angles(static_cast<size_t>(rope));
-    for (int64_t t = 0; t < n; ++t) {
-      Angles(true, batch.positions[t], angles.data());
-      RopeTail(iq.data() + t * idx_heads_ * idx_dim_, idx_heads_, idx_dim_, rope, angles.data());
-      for (int64_t h = 0; h < idx_heads_; ++h) iw[t * idx_heads_ + h] *= scale;
-    }
-  }
-
-  // Attention, one token per item: the raw rows of its window, then the compressed rows it sees.
-  const float* sinks = reinterpret_cast<const float*>(w.sinks.data);
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(head));
+  // Attention, one token per item: the raw rows of its window, then the compressed rows it sees
+  // (V4.1 layers that do not pick: the last index source's picks).
   pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows, key, sc, idx_scores;
+    std::vector<float> rows, sc;
     std::vector<int64_t> chosen;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pos = batch.positions[t];
@@ -1001,87 +1125,16 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
       const int64_t first = std::max<int64_t>(0, pos - window_ + 1);
       chosen.clear();
       if (v41_ && compressed && !w.index_source) {
-        chosen = picks[t];  // the last index source's
+        chosen = picks[t];
       } else if (compressed) {
-        const int64_t visible = (pos + 1) / ratio;
-        // V4.1's two-level index: the index sources after the candidate source score only the
-        // rows of the blocks it chose for this token; the candidate source chooses them (when its
-        // rows make more blocks than it keeps) from its own scores: each block's best row, the
-        // block of the newest row always kept.
-        const bool filtered = w.index_source && cand_layer_ >= 0 && l > cand_layer_ && !candidates[t].empty();
-        const int64_t num_blocks = cand_bs_ > 0 ? (visible + cand_bs_ - 1) / cand_bs_ : 0;
-        const bool choose_blocks = w.index_source && l == cand_layer_ && num_blocks > cand_blocks_;
-        if (filtered) {
-          for (int64_t b : candidates[t]) {
-            for (int64_t c = b * cand_bs_; c < std::min(visible, (b + 1) * cand_bs_); ++c) chosen.push_back(c);
-          }
-        } else {
-          for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
-        }
-        if (picks_rows && (static_cast<int64_t>(chosen.size()) > idx_top_k_ || choose_blocks)) {
-          // The indexer: score(c) = sum over heads of relu(q_h . k_c) * w_h; the top_k rows.
-          idx_scores.resize(static_cast<size_t>(visible));
-          key.resize(static_cast<size_t>(idx_dim_));
-          for (int64_t c : chosen) {
-            ReadPacked(kv, batch, keys_at, seq, c, key.data());
-            float s = 0.0f;
-            for (int64_t h = 0; h < idx_heads_; ++h) {
-              const float* qh = iq.data() + (t * idx_heads_ + h) * idx_dim_;
-              float dot = 0.0f;
-              for (int64_t i = 0; i < idx_dim_; ++i) dot += qh[i] * key[i];
-              s += std::max(dot, 0.0f) * iw[t * idx_heads_ + h];
-            }
-            idx_scores[c] = s;
-          }
-          if (choose_blocks) {
-            std::vector<float> best(static_cast<size_t>(num_blocks), -std::numeric_limits<float>::infinity());
-            for (int64_t c = 0; c < visible; ++c) best[c / cand_bs_] = std::max(best[c / cand_bs_], idx_scores[c]);
-            best[(visible - 1) / cand_bs_] = std::numeric_limits<float>::infinity();
-            std::vector<int64_t>& blocks = candidates[t];
-            blocks.resize(static_cast<size_t>(num_blocks));
-            for (int64_t b = 0; b < num_blocks; ++b) blocks[b] = b;
-            std::stable_sort(blocks.begin(), blocks.end(), [&](int64_t a, int64_t b) { return best[a] > best[b]; });
-            blocks.resize(static_cast<size_t>(cand_blocks_));
-            std::sort(blocks.begin(), blocks.end());
-          }
-          if (static_cast<int64_t>(chosen.size()) > idx_top_k_) {
-            std::stable_sort(chosen.begin(), chosen.end(), [&](int64_t a, int64_t b) { return idx_scores[a] > idx_scores[b]; });
-            chosen.resize(static_cast<size_t>(idx_top_k_));
-            std::sort(chosen.begin(), chosen.end());
-          }
-        }
+        ChooseRows(l, t, batch, kv, a, keys_at, candidates[t], chosen);
         if (v41_) picks[t] = chosen;
       }
       const int64_t num_raw = pos - first + 1, m = num_raw + static_cast<int64_t>(chosen.size());
       rows.resize(static_cast<size_t>(m * head));
       for (int64_t j = 0; j < num_raw; ++j) ReadRow(kv, batch, w.kv_raw, seq, first + j, rows.data() + j * head, head);
       for (size_t j = 0; j < chosen.size(); ++j) ReadPacked(kv, batch, rows_at, seq, chosen[j], rows.data() + (num_raw + j) * head);
-      sc.resize(static_cast<size_t>(m));
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* qh = q.data() + (t * heads + h) * head;
-        float top = sinks[h];
-        for (int64_t j = 0; j < m; ++j) {
-          float dot = 0.0f;
-          const float* r = rows.data() + j * head;
-          for (int64_t i = 0; i < head; ++i) dot += qh[i] * r[i];
-          sc[j] = dot * kq_scale;
-          top = std::max(top, sc[j]);
-        }
-        double sum = std::exp(static_cast<double>(sinks[h] - top));
-        for (int64_t j = 0; j < m; ++j) {
-          sc[j] = std::exp(sc[j] - top);
-          sum += sc[j];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        float* o = out + (t * heads + h) * head;
-        std::fill(o, o + head, 0.0f);
-        for (int64_t j = 0; j < m; ++j) {
-          const float p = sc[j] * inv;
-          const float* r = rows.data() + j * head;
-          for (int64_t i = 0; i < head; ++i) o[i] += p * r[i];
-        }
-        RopeTail(o, 1, head, rope, cs_back.data() + t * rope);
-      }
+      AttendRows(w, a.q.data() + t * heads * head, rows.data(), m, a.cs_back.data() + t * rope, sc, out + t * heads * head);
     }
   }, /*min_items_per_thread=*/1);
 }
