@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -638,265 +639,341 @@ std::string HtmlEscape(const std::string& s) {
   return out;
 }
 
+// The filters: each takes the filter's name (for those registered under several), the value and
+// the call's arguments.
+namespace {
+
+using FilterFn = StatusOr<Value> (*)(const std::string& n, const Value& v, CallArgs& a);
+
+StatusOr<Value> FilterToJson(const std::string&, const Value& v, CallArgs& a) {
+  const Value indent = a.Get(0, "indent");
+  const Value seps = a.Get(99, "separators");
+  const Value sort = a.Get(99, "sort_keys");
+  std::string item_sep = indent.is_int() ? "," : ", ", key_sep = ": ";
+  if (seps.is_list() && seps.list().size() == 2) {
+    item_sep = seps.list()[0].Str();
+    key_sep = seps.list()[1].Str();
+  }
+  ASSIGN_OR_RETURN(std::string s, v.ToJson(indent.is_int() ? static_cast<int>(indent.as_int()) : -1, item_sep,
+                                           key_sep, sort.Truthy()));
+  return Value(s);
+}
+
+StatusOr<Value> FilterLength(const std::string&, const Value& v, CallArgs&) {
+  const int64_t len = LengthOf(v);
+  if (len < 0) return TypeError("object of type '" + KindName(v) + "' has no len()");
+  return Value(len);
+}
+
+StatusOr<Value> FilterDefault(const std::string&, const Value& v, CallArgs& a) {
+  const bool boolean = a.Get(1, "boolean").Truthy();
+  if (v.is_undefined() || (boolean && !v.Truthy())) return a.Has(0, "default_value") ? a.Get(0, "default_value") : Value("");
+  return v;
+}
+
+StatusOr<Value> FilterInt(const std::string&, const Value& v, CallArgs& a) {
+  if (v.is_number()) return Value(v.as_int());
+  if (v.is_string()) {
+    try {
+      return Value(static_cast<int64_t>(std::stoll(Strip(v.as_string(), Value(), true, true))));
+    } catch (...) {
+    }
+  }
+  return a.Has(0, "default") ? a.Get(0, "default") : Value(int64_t{0});
+}
+
+StatusOr<Value> FilterFloat(const std::string&, const Value& v, CallArgs& a) {
+  if (v.is_number()) return Value(v.as_float());
+  if (v.is_string()) {
+    try {
+      return Value(std::stod(v.as_string()));
+    } catch (...) {
+    }
+  }
+  return a.Has(0, "default") ? a.Get(0, "default") : Value(0.0);
+}
+
+StatusOr<Value> FilterAbs(const std::string&, const Value& v, CallArgs&) {
+  if (v.is_int()) return Value(static_cast<int64_t>(std::llabs(v.as_int())));
+  if (v.is_float()) return Value(std::fabs(v.as_float()));
+  return TypeError("bad operand type for abs()");
+}
+
+StatusOr<Value> FilterRound(const std::string&, const Value& v, CallArgs& a) {
+  const int64_t prec = a.Has(0, "precision") ? a.Get(0, "precision").as_int() : 0;
+  const std::string method = a.Has(1, "method") ? a.Get(1, "method").Str() : "common";
+  const double m = std::pow(10.0, static_cast<double>(prec));
+  double x = v.as_float() * m;
+  x = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
+  return Value(x / m);
+}
+
+StatusOr<Value> FilterJoin(const std::string&, const Value& v, CallArgs& a) {
+  ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  const std::string sep = a.Has(0, "d") ? a.Get(0, "d").Str() : "";
+  const Value attr = a.Get(1, "attribute");
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    if (attr.is_string()) {
+      ASSIGN_OR_RETURN(Value x, AttrPath(items[i], attr.as_string()));
+      out += x.Str();
+    } else {
+      out += items[i].Str();
+    }
+  }
+  return Value(out);
+}
+
+StatusOr<Value> FilterItems(const std::string&, const Value& v, CallArgs&) {
+  if (v.is_undefined()) return Value::List();
+  if (!v.is_dict()) return TypeError("items needs a mapping");
+  ValueList out;
+  for (const auto& [k, x] : v.dict().items) out.push_back(Value::List({k, x}));
+  return Value::List(std::move(out));
+}
+
+StatusOr<Value> FilterDictSort(const std::string&, const Value& v, CallArgs& a) {
+  if (!v.is_dict()) return TypeError("dictsort needs a mapping");
+  const bool case_sensitive = a.Get(0, "case_sensitive").Truthy();
+  const bool by_value = a.Get(1, "by").Str() == "value";
+  const bool reverse = a.Get(2, "reverse").Truthy();
+  ValueList sorted;
+  for (const auto& [k, x] : v.dict().items) sorted.push_back(Value::List({k, x}));
+  Status err;
+  std::stable_sort(sorted.begin(), sorted.end(), [&](const Value& p, const Value& q) {
+    Value x = p.list()[by_value ? 1 : 0], y = q.list()[by_value ? 1 : 0];
+    if (!case_sensitive && x.is_string()) x = Value(MapCase(x.as_string(), 0));
+    if (!case_sensitive && y.is_string()) y = Value(MapCase(y.as_string(), 0));
+    auto lt = reverse ? y.Less(x) : x.Less(y);
+    if (!lt.ok()) err = lt.status();
+    return lt.ok() && *lt;
+  });
+  if (!err.ok()) return err;
+  return Value::List(std::move(sorted));
+}
+
+StatusOr<Value> FilterFirstLast(const std::string& n, const Value& v, CallArgs&) {
+  ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  if (items.empty()) return Value::Undefined(n);
+  return n == "first" ? items.front() : items.back();
+}
+
+StatusOr<Value> FilterReverse(const std::string&, const Value& v, CallArgs&) {
+  if (v.is_string()) {
+    std::u32string u = ToU32(v.as_string());
+    std::reverse(u.begin(), u.end());
+    return Value(FromU32(u));
+  }
+  ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  std::reverse(items.begin(), items.end());
+  return Value::List(std::move(items));
+}
+
+StatusOr<Value> FilterUnique(const std::string&, const Value& v, CallArgs&) {
+  ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  ValueList out;
+  for (auto& x : items) {
+    if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return y.Equals(x); })) out.push_back(x);
+  }
+  return Value::List(std::move(out));
+}
+
+StatusOr<Value> FilterMinMax(const std::string& n, const Value& v, CallArgs& a) {
+  ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  if (items.empty()) return Value::Undefined(n);
+  ASSIGN_OR_RETURN(Value sorted, SortValues(std::move(items), false, a.Get(0, "case_sensitive").Truthy(),
+                                            a.Get(1, "attribute")));
+  return n == "min" ? sorted.list().front() : sorted.list().back();
+}
+
+StatusOr<Value> FilterSum(const std::string&, const Value& v, CallArgs& a) {
+  ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+  const Value attr = a.Get(0, "attribute");
+  Value total = a.Has(1, "start") ? a.Get(1, "start") : Value(int64_t{0});
+  for (auto& x : items) {
+    Value y = x;
+    if (attr.is_string()) {
+      ASSIGN_OR_RETURN(y, AttrPath(x, attr.as_string()));
+    }
+    if (!y.is_number()) return TypeError("sum needs numbers");
+    total = total.is_float() || y.is_float() ? Value(total.as_float() + y.as_float()) : Value(total.as_int() + y.as_int());
+  }
+  return total;
+}
+
+// selectattr, rejectattr, select, reject.
+StatusOr<Value> FilterSelect(const std::string& n, const Value& v, CallArgs& a) {
+  // Jinja2 iterates only a truthy sequence: none gives nothing.
+  ASSIGN_OR_RETURN(ValueList items, v.Truthy() ? Iterate(v) : StatusOr<ValueList>(ValueList{}));
+  const bool by_attr = n == "selectattr" || n == "rejectattr";
+  const bool keep_if = n == "selectattr" || n == "select";
+  const size_t test_pos = by_attr ? 1 : 0;
+  ValueList out;
+  for (auto& x : items) {
+    Value subject = x;
+    if (by_attr) {
+      ASSIGN_OR_RETURN(subject, AttrPath(x, a.Get(0, "attribute").Str()));
+    }
+    bool pass;
+    if (a.args.size() > test_pos) {
+      CallArgs test_args;
+      for (size_t i = test_pos + 1; i < a.args.size(); ++i) test_args.args.push_back(a.args[i]);
+      ASSIGN_OR_RETURN(pass, ApplyTest(a.args[test_pos].Str(), subject, test_args));
+    } else {
+      pass = subject.Truthy();
+    }
+    if (pass == keep_if) out.push_back(x);
+  }
+  return Value::List(std::move(out));
+}
+
+StatusOr<Value> FilterMap(const std::string&, const Value& v, CallArgs& a) {
+  ASSIGN_OR_RETURN(ValueList items, v.Truthy() ? Iterate(v) : StatusOr<ValueList>(ValueList{}));
+  ValueList out;
+  const Value attr = a.Get(99, "attribute");
+  for (auto& x : items) {
+    if (attr.is_string()) {
+      ASSIGN_OR_RETURN(Value y, AttrPath(x, attr.as_string()));
+      if (y.is_undefined() && a.Has(99, "default")) y = a.Get(99, "default");
+      out.push_back(y);
+    } else {
+      if (a.args.empty()) return TypeError("map needs a filter name or attribute=");
+      CallArgs fa;
+      for (size_t i = 1; i < a.args.size(); ++i) fa.args.push_back(a.args[i]);
+      ASSIGN_OR_RETURN(Value y, ApplyFilter(a.args[0].Str(), x, fa));
+      out.push_back(y);
+    }
+  }
+  return Value::List(std::move(out));
+}
+
+StatusOr<Value> FilterIndent(const std::string&, const Value& v, CallArgs& a) {
+  const Value w = a.Get(0, "width");
+  const int64_t width = w.is_number() ? std::max<int64_t>(0, w.as_int()) : 4;
+  if (!w.is_string() && !CanBuild(static_cast<size_t>(std::min<int64_t>(width, int64_t{1} << 40)))) {
+    return ResourceExhausted("indent width {} too large", width);
+  }
+  const std::string pad = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(width), ' ');
+  const bool first = a.Get(1, "first").Truthy(), blank = a.Get(2, "blank").Truthy();
+  const std::string s = v.Str();
+  if (!CanBuild(s.size() + pad.size() * (std::count(s.begin(), s.end(), '\n') + 1))) {
+    return ResourceExhausted("indent result too large");
+  }
+  std::string out;
+  size_t start = 0;
+  bool is_first = true;
+  while (true) {
+    const size_t nl = s.find('\n', start);
+    const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+    if ((!is_first || first) && (blank || !line.empty())) out += pad;
+    out += line;
+    if (nl == std::string::npos) break;
+    out += '\n';
+    start = nl + 1;
+    is_first = false;
+  }
+  return Value(out);
+}
+
+StatusOr<Value> FilterCenter(const std::string&, const Value& v, CallArgs& a) {
+  const int64_t width = a.Has(0, "width") ? a.Get(0, "width").as_int() : 80;
+  std::string s = v.Str();
+  const int64_t len = static_cast<int64_t>(ToU32(s).size());
+  if (len >= width) return Value(s);
+  if (!CanBuild(static_cast<size_t>(std::min<int64_t>(width, int64_t{1} << 40)) + s.size())) {
+    return ResourceExhausted("center width {} too large", width);
+  }
+  const int64_t total = width - len, left = total / 2 + (total & width & 1);
+  return Value(std::string(left, ' ') + s + std::string(total - left, ' '));
+}
+
+const std::unordered_map<std::string, FilterFn>& Filters() {
+  static const std::unordered_map<std::string, FilterFn> kFilters = {
+      {"safe", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> {
+         return v.is_markup() ? v : Value::Markup(v.Str());
+       }},
+      {"string", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> {
+         return v.is_markup() ? v : Value(v.Str());
+       }},
+      {"e", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> {
+         return v.is_markup() ? v : Value::Markup(HtmlEscape(v.Str()));
+       }},
+      {"escape", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> {
+         return v.is_markup() ? v : Value::Markup(HtmlEscape(v.Str()));
+       }},
+      {"tojson", FilterToJson},
+      {"length", FilterLength},
+      {"count", FilterLength},
+      {"default", FilterDefault},
+      {"d", FilterDefault},
+      {"trim", [](const std::string&, const Value& v, CallArgs& a) -> StatusOr<Value> {
+         return Value(Strip(v.Str(), a.Get(0, "chars"), true, true));
+       }},
+      {"upper", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> { return Value(MapCase(v.Str(), 1)); }},
+      {"lower", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> { return Value(MapCase(v.Str(), 0)); }},
+      {"capitalize", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> { return Value(MapCase(v.Str(), 3)); }},
+      {"title", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> { return Value(MapCase(v.Str(), 2)); }},
+      {"replace", [](const std::string&, const Value& v, CallArgs& a) -> StatusOr<Value> {
+         const Value c = a.Get(2, "count");
+         return Value(Replace(v.Str(), a.Get(0, "old").Str(), a.Get(1, "new").Str(), c.is_int() ? c.as_int() : -1));
+       }},
+      {"int", FilterInt},
+      {"float", FilterFloat},
+      {"bool", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> { return Value(v.Truthy()); }},
+      {"abs", FilterAbs},
+      {"round", FilterRound},
+      {"join", FilterJoin},
+      {"list", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> {
+         ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+         return Value::List(std::move(items));
+       }},
+      {"items", FilterItems},
+      {"dictsort", FilterDictSort},
+      {"first", FilterFirstLast},
+      {"last", FilterFirstLast},
+      {"reverse", FilterReverse},
+      {"sort", [](const std::string&, const Value& v, CallArgs& a) -> StatusOr<Value> {
+         ASSIGN_OR_RETURN(ValueList items, Iterate(v));
+         return SortValues(std::move(items), a.Get(0, "reverse").Truthy(), a.Get(1, "case_sensitive").Truthy(),
+                           a.Get(2, "attribute"));
+       }},
+      {"unique", FilterUnique},
+      {"min", FilterMinMax},
+      {"max", FilterMinMax},
+      {"sum", FilterSum},
+      {"selectattr", FilterSelect},
+      {"rejectattr", FilterSelect},
+      {"select", FilterSelect},
+      {"reject", FilterSelect},
+      {"map", FilterMap},
+      {"attr", [](const std::string&, const Value& v, CallArgs& a) -> StatusOr<Value> {
+         return GetAttribute(v, a.Get(0, "name").Str());
+       }},
+      {"indent", FilterIndent},
+      {"wordcount", [](const std::string&, const Value& v, CallArgs&) -> StatusOr<Value> {
+         return Value(static_cast<int64_t>(Split(v.Str(), Value(), -1).size()));
+       }},
+      {"center", FilterCenter},
+      {"format", [](const std::string&, const Value& v, CallArgs& a) -> StatusOr<Value> {
+         ValueList args = a.args;
+         ASSIGN_OR_RETURN(std::string s, PercentFormat(v.Str(), Value::List(std::move(args))));
+         return Value(s);
+       }},
+  };
+  return kFilters;
+}
+
+}  // namespace
+
 StatusOr<Value> ApplyFilter(const std::string& n, const Value& v, CallArgs& a) {
   // Filters run per item inside other filters (map, select): stop as soon as the render is over
   // budget. Work counts the bytes a string filter reads, so the time limit is checked often enough.
   if (!ChargeWork(1 + static_cast<int64_t>(v.as_string().size() >> 8))) {
     return ResourceExhausted("{}", CurrentBudget()->exceeded);
   }
-  if (n == "safe") return v.is_markup() ? v : Value::Markup(v.Str());
-  if (n == "string") return v.is_markup() ? v : Value(v.Str());
-  if (n == "tojson") {
-    const Value indent = a.Get(0, "indent");
-    const Value seps = a.Get(99, "separators");
-    const Value sort = a.Get(99, "sort_keys");
-    std::string item_sep = indent.is_int() ? "," : ", ", key_sep = ": ";
-    if (seps.is_list() && seps.list().size() == 2) {
-      item_sep = seps.list()[0].Str();
-      key_sep = seps.list()[1].Str();
-    }
-    ASSIGN_OR_RETURN(std::string s, v.ToJson(indent.is_int() ? static_cast<int>(indent.as_int()) : -1, item_sep,
-                                             key_sep, sort.Truthy()));
-    return Value(s);
-  }
-  if (n == "length" || n == "count") {
-    const int64_t len = LengthOf(v);
-    if (len < 0) return TypeError("object of type '" + KindName(v) + "' has no len()");
-    return Value(len);
-  }
-  if (n == "default" || n == "d") {
-    const bool boolean = a.Get(1, "boolean").Truthy();
-    if (v.is_undefined() || (boolean && !v.Truthy())) return a.Has(0, "default_value") ? a.Get(0, "default_value") : Value("");
-    return v;
-  }
-  if (n == "trim") return Value(Strip(v.Str(), a.Get(0, "chars"), true, true));
-  if (n == "upper") return Value(MapCase(v.Str(), 1));
-  if (n == "lower") return Value(MapCase(v.Str(), 0));
-  if (n == "capitalize") return Value(MapCase(v.Str(), 3));
-  if (n == "title") return Value(MapCase(v.Str(), 2));
-  if (n == "e" || n == "escape") return v.is_markup() ? v : Value::Markup(HtmlEscape(v.Str()));
-  if (n == "replace") {
-    const Value c = a.Get(2, "count");
-    return Value(Replace(v.Str(), a.Get(0, "old").Str(), a.Get(1, "new").Str(), c.is_int() ? c.as_int() : -1));
-  }
-  if (n == "int") {
-    if (v.is_number()) return Value(v.as_int());
-    if (v.is_string()) {
-      try {
-        return Value(static_cast<int64_t>(std::stoll(Strip(v.as_string(), Value(), true, true))));
-      } catch (...) {
-      }
-    }
-    return a.Has(0, "default") ? a.Get(0, "default") : Value(int64_t{0});
-  }
-  if (n == "float") {
-    if (v.is_number()) return Value(v.as_float());
-    if (v.is_string()) {
-      try {
-        return Value(std::stod(v.as_string()));
-      } catch (...) {
-      }
-    }
-    return a.Has(0, "default") ? a.Get(0, "default") : Value(0.0);
-  }
-  if (n == "bool") return Value(v.Truthy());
-  if (n == "abs") {
-    if (v.is_int()) return Value(static_cast<int64_t>(std::llabs(v.as_int())));
-    if (v.is_float()) return Value(std::fabs(v.as_float()));
-    return TypeError("bad operand type for abs()");
-  }
-  if (n == "round") {
-    const int64_t prec = a.Has(0, "precision") ? a.Get(0, "precision").as_int() : 0;
-    const std::string method = a.Has(1, "method") ? a.Get(1, "method").Str() : "common";
-    const double m = std::pow(10.0, static_cast<double>(prec));
-    double x = v.as_float() * m;
-    x = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
-    return Value(x / m);
-  }
-  if (n == "join") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    const std::string sep = a.Has(0, "d") ? a.Get(0, "d").Str() : "";
-    const Value attr = a.Get(1, "attribute");
-    std::string out;
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out += sep;
-      if (attr.is_string()) {
-        ASSIGN_OR_RETURN(Value x, AttrPath(items[i], attr.as_string()));
-        out += x.Str();
-      } else {
-        out += items[i].Str();
-      }
-    }
-    return Value(out);
-  }
-  if (n == "list") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    return Value::List(std::move(items));
-  }
-  if (n == "items") {
-    if (v.is_undefined()) return Value::List();
-    if (!v.is_dict()) return TypeError("items needs a mapping");
-    ValueList out;
-    for (const auto& [k, x] : v.dict().items) out.push_back(Value::List({k, x}));
-    return Value::List(std::move(out));
-  }
-  if (n == "dictsort") {
-    if (!v.is_dict()) return TypeError("dictsort needs a mapping");
-    const bool case_sensitive = a.Get(0, "case_sensitive").Truthy();
-    const bool by_value = a.Get(1, "by").Str() == "value";
-    const bool reverse = a.Get(2, "reverse").Truthy();
-    ValueList pairs;
-    for (const auto& [k, x] : v.dict().items) pairs.push_back(Value::List({k, x}));
-    ValueList sorted = pairs;
-    Status err;
-    std::stable_sort(sorted.begin(), sorted.end(), [&](const Value& p, const Value& q) {
-      Value x = p.list()[by_value ? 1 : 0], y = q.list()[by_value ? 1 : 0];
-      if (!case_sensitive && x.is_string()) x = Value(MapCase(x.as_string(), 0));
-      if (!case_sensitive && y.is_string()) y = Value(MapCase(y.as_string(), 0));
-      auto lt = reverse ? y.Less(x) : x.Less(y);
-      if (!lt.ok()) err = lt.status();
-      return lt.ok() && *lt;
-    });
-    if (!err.ok()) return err;
-    return Value::List(std::move(sorted));
-  }
-  if (n == "first" || n == "last") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    if (items.empty()) return Value::Undefined(n);
-    return n == "first" ? items.front() : items.back();
-  }
-  if (n == "reverse") {
-    if (v.is_string()) {
-      std::u32string u = ToU32(v.as_string());
-      std::reverse(u.begin(), u.end());
-      return Value(FromU32(u));
-    }
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    std::reverse(items.begin(), items.end());
-    return Value::List(std::move(items));
-  }
-  if (n == "sort") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    return SortValues(std::move(items), a.Get(0, "reverse").Truthy(), a.Get(1, "case_sensitive").Truthy(),
-                      a.Get(2, "attribute"));
-  }
-  if (n == "unique") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    ValueList out;
-    for (auto& x : items) {
-      if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return y.Equals(x); })) out.push_back(x);
-    }
-    return Value::List(std::move(out));
-  }
-  if (n == "min" || n == "max") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    if (items.empty()) return Value::Undefined(n);
-    ASSIGN_OR_RETURN(Value sorted, SortValues(std::move(items), false, a.Get(0, "case_sensitive").Truthy(),
-                                              a.Get(1, "attribute")));
-    return n == "min" ? sorted.list().front() : sorted.list().back();
-  }
-  if (n == "sum") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(v));
-    const Value attr = a.Get(0, "attribute");
-    Value total = a.Has(1, "start") ? a.Get(1, "start") : Value(int64_t{0});
-    for (auto& x : items) {
-      Value y = x;
-      if (attr.is_string()) {
-        ASSIGN_OR_RETURN(y, AttrPath(x, attr.as_string()));
-      }
-      if (!y.is_number()) return TypeError("sum needs numbers");
-      total = total.is_float() || y.is_float() ? Value(total.as_float() + y.as_float()) : Value(total.as_int() + y.as_int());
-    }
-    return total;
-  }
-  if (n == "selectattr" || n == "rejectattr" || n == "select" || n == "reject") {
-    // Jinja2 iterates only a truthy sequence: none gives nothing.
-    ASSIGN_OR_RETURN(ValueList items, v.Truthy() ? Iterate(v) : StatusOr<ValueList>(ValueList{}));
-    const bool by_attr = n == "selectattr" || n == "rejectattr";
-    const bool keep_if = n == "selectattr" || n == "select";
-    const size_t test_pos = by_attr ? 1 : 0;
-    ValueList out;
-    for (auto& x : items) {
-      Value subject = x;
-      if (by_attr) {
-        ASSIGN_OR_RETURN(subject, AttrPath(x, a.Get(0, "attribute").Str()));
-      }
-      bool pass;
-      if (a.args.size() > test_pos) {
-        CallArgs test_args;
-        for (size_t i = test_pos + 1; i < a.args.size(); ++i) test_args.args.push_back(a.args[i]);
-        ASSIGN_OR_RETURN(pass, ApplyTest(a.args[test_pos].Str(), subject, test_args));
-      } else {
-        pass = subject.Truthy();
-      }
-      if (pass == keep_if) out.push_back(x);
-    }
-    return Value::List(std::move(out));
-  }
-  if (n == "map") {
-    ASSIGN_OR_RETURN(ValueList items, v.Truthy() ? Iterate(v) : StatusOr<ValueList>(ValueList{}));
-    ValueList out;
-    const Value attr = a.Get(99, "attribute");
-    for (auto& x : items) {
-      if (attr.is_string()) {
-        ASSIGN_OR_RETURN(Value y, AttrPath(x, attr.as_string()));
-        if (y.is_undefined() && a.Has(99, "default")) y = a.Get(99, "default");
-        out.push_back(y);
-      } else {
-        if (a.args.empty()) return TypeError("map needs a filter name or attribute=");
-        CallArgs fa;
-        for (size_t i = 1; i < a.args.size(); ++i) fa.args.push_back(a.args[i]);
-        ASSIGN_OR_RETURN(Value y, ApplyFilter(a.args[0].Str(), x, fa));
-        out.push_back(y);
-      }
-    }
-    return Value::List(std::move(out));
-  }
-  if (n == "attr") return GetAttribute(v, a.Get(0, "name").Str());
-  if (n == "indent") {
-    const Value w = a.Get(0, "width");
-    const int64_t width = w.is_number() ? std::max<int64_t>(0, w.as_int()) : 4;
-    if (!w.is_string() && !CanBuild(static_cast<size_t>(std::min<int64_t>(width, int64_t{1} << 40)))) {
-      return ResourceExhausted("indent width {} too large", width);
-    }
-    const std::string pad = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(width), ' ');
-    const bool first = a.Get(1, "first").Truthy(), blank = a.Get(2, "blank").Truthy();
-    const std::string s = v.Str();
-    if (!CanBuild(s.size() + pad.size() * (std::count(s.begin(), s.end(), '\n') + 1))) {
-      return ResourceExhausted("indent result too large");
-    }
-    std::string out;
-    size_t start = 0;
-    bool is_first = true;
-    while (true) {
-      const size_t nl = s.find('\n', start);
-      const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-      if ((!is_first || first) && (blank || !line.empty())) out += pad;
-      out += line;
-      if (nl == std::string::npos) break;
-      out += '\n';
-      start = nl + 1;
-      is_first = false;
-    }
-    return Value(out);
-  }
-  if (n == "wordcount") return Value(static_cast<int64_t>(Split(v.Str(), Value(), -1).size()));
-  if (n == "center") {
-    const int64_t width = a.Has(0, "width") ? a.Get(0, "width").as_int() : 80;
-    std::string s = v.Str();
-    const int64_t len = static_cast<int64_t>(ToU32(s).size());
-    if (len >= width) return Value(s);
-    if (!CanBuild(static_cast<size_t>(std::min<int64_t>(width, int64_t{1} << 40)) + s.size())) {
-      return ResourceExhausted("center width {} too large", width);
-    }
-    const int64_t total = width - len, left = total / 2 + (total & width & 1);
-    return Value(std::string(left, ' ') + s + std::string(total - left, ' '));
-  }
-  if (n == "format") {
-    ValueList args = a.args;
-    ASSIGN_OR_RETURN(std::string s, PercentFormat(v.Str(), Value::List(std::move(args))));
-    return Value(s);
-  }
+  const auto& filters = Filters();
+  if (auto it = filters.find(n); it != filters.end()) return it->second(n, v, a);
   return InvalidArgument("TemplateAssertionError: filter '{}' is not supported", n);
 }
 
