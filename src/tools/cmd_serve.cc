@@ -22,212 +22,250 @@
 
 namespace gale {
 
-CommandFn RegisterServe(CLI::App& app) {
-  struct Opts {
-    std::string model, isa, chat_template, served_name, tool_call_parser, pooling, kv_events_endpoint, kv_events_topic,
-        kv_events_replay;
-    int threads = ThreadPool::DefaultNumThreads();
-    bool no_warmup = false;
-    double shutdown_timeout = 10.0;
-    int64_t constraint_compile_ms = grammar::kDefaultCompileTime.count();
-    LoadOptions load;
-    EngineOptions engine;
-    server::ServerOptions http;
-    ParallelFlags parallel;
-  };
-  auto o = std::make_shared<Opts>();
-  app.add_option("-m,--model", o->model, "GGUF model (default: the bundled stories260K)");
-  app.add_option("--host", o->http.host, "address to listen on")->capture_default_str();
-  app.add_option("--port", o->http.port, "port (0: any free port, printed at start)")->capture_default_str();
-  app.add_option("--api-key", o->http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
-  app.add_option("--served-model-name", o->served_name, "model name in the API (default: the file name)");
-  app.add_option("--chat-template", o->chat_template, "Jinja chat template file (default: the model's)");
-  app.add_option("--max-body-bytes", o->http.max_body_bytes, "largest request body; larger gets 413")->capture_default_str();
-  app.add_option("--max-waiting", o->http.max_waiting,
+namespace {
+
+struct ServeOpts {
+  std::string model, isa, chat_template, served_name, tool_call_parser, pooling, kv_events_endpoint, kv_events_topic,
+      kv_events_replay;
+  int threads = ThreadPool::DefaultNumThreads();
+  bool no_warmup = false;
+  double shutdown_timeout = 10.0;
+  int64_t constraint_compile_ms = grammar::kDefaultCompileTime.count();
+  LoadOptions load;
+  EngineOptions engine;
+  server::ServerOptions http;
+  ParallelFlags parallel;
+};
+
+void AddServeOptions(CLI::App& app, ServeOpts& o) {
+  app.add_option("-m,--model", o.model, "GGUF model (default: the bundled stories260K)");
+  app.add_option("--host", o.http.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", o.http.port, "port (0: any free port, printed at start)")->capture_default_str();
+  app.add_option("--api-key", o.http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  app.add_option("--served-model-name", o.served_name, "model name in the API (default: the file name)");
+  app.add_option("--chat-template", o.chat_template, "Jinja chat template file (default: the model's)");
+  app.add_option("--max-body-bytes", o.http.max_body_bytes, "largest request body; larger gets 413")->capture_default_str();
+  app.add_option("--max-waiting", o.http.max_waiting,
                  "sequences (prompts x n) waiting beyond the running batch before 429")->capture_default_str();
-  app.add_option("--max-waiting-tokens", o->http.max_waiting_tokens,
+  app.add_option("--max-waiting-tokens", o.http.max_waiting_tokens,
                  "tokens of work (prompt + max_tokens of every sequence) in flight before 429; 0: no limit")
       ->capture_default_str();
-  app.add_option("--http-threads", o->http.num_threads, "I/O threads")->capture_default_str();
-  app.add_option("--max-connections", o->http.max_connections, "open connections past this get 503 (0: no cap)")
+  app.add_option("--http-threads", o.http.num_threads, "I/O threads")->capture_default_str();
+  app.add_option("--max-connections", o.http.max_connections, "open connections past this get 503 (0: no cap)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option_function<int64_t>(
-         "--idle-timeout", [o](int64_t s) { o->http.idle_timeout = std::chrono::seconds(s); },
+         "--idle-timeout", [&o](int64_t s) { o.http.idle_timeout = std::chrono::seconds(s); },
          "seconds an idle or half-sent connection is kept (default 30)")
       ->check(CLI::Range(int64_t{1}, int64_t{86400}));
-  app.add_option("--max-constraint-compile-ms", o->constraint_compile_ms,
+  app.add_option("--max-constraint-compile-ms", o.constraint_compile_ms,
                  "CPU time a response_format / guided_* / tool_choice constraint may take to compile "
                  "(its thread's own: a loaded machine does not shorten it); past it: 400")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
       ->capture_default_str();
-  app.add_option("--constraint-compile-threads", o->http.num_compile_threads,
+  app.add_option("--constraint-compile-threads", o.http.num_compile_threads,
                  "threads compiling constraints (apart from the engine's and the request threads)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("-t,--threads", o->threads, "compute threads")->capture_default_str();
-  app.add_flag("--no-warmup", o->no_warmup, "skip the warm-up request before /health says ready");
-  app.add_option("--tool-call-parser", o->tool_call_parser,
+  app.add_option("-t,--threads", o.threads, "compute threads")->capture_default_str();
+  app.add_flag("--no-warmup", o.no_warmup, "skip the warm-up request before /health says ready");
+  app.add_option("--tool-call-parser", o.tool_call_parser,
                  "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | qwen3_coder | gpt_oss | "
                  "functionary | functionary_v3_2 "
                  "(default: from the chat template)");
-  app.add_option("--pooling", o->pooling,
+  app.add_option("--pooling", o.pooling,
                  "/v1/embeddings: pool hidden states this way (mean | cls | last | none; default: the model's pooling_type)");
-  app.add_option("--cors-origins", o->http.cors_origins,
+  app.add_option("--cors-origins", o.http.cors_origins,
                  "origins browsers may call from, comma-separated, or * for any (default: no CORS headers)")
       ->delimiter(',');
-  app.add_option("--kv-events-endpoint", o->kv_events_endpoint,
+  app.add_option("--kv-events-endpoint", o.kv_events_endpoint,
                  "publish KV-cache events (blocks stored / removed) as vLLM does, ZeroMQ PUB + msgpack, e.g. tcp://*:5557");
-  app.add_option("--kv-events-topic", o->kv_events_topic, "the events' topic frame (default: empty, as vLLM's)");
-  app.add_option("--kv-events-replay-endpoint", o->kv_events_replay,
+  app.add_option("--kv-events-topic", o.kv_events_topic, "the events' topic frame (default: empty, as vLLM's)");
+  app.add_option("--kv-events-replay-endpoint", o.kv_events_replay,
                  "also answer replay requests for missed event batches (vLLM's ROUTER socket), e.g. tcp://*:5558");
-  app.add_flag("--strict-api", o->http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
-  app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
+  app.add_flag("--strict-api", o.http.strict_api, "refuse requests with unknown fields (default: ignore them, as vLLM does)");
+  app.add_option("--shutdown-timeout", o.shutdown_timeout, "seconds requests in flight get to finish on SIGTERM")
       ->capture_default_str();
-  o->engine.Register(app);
-  o->load.Register(app);
-  o->parallel.Register(app);
-  app.add_option("--isa", o->isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
-  return [o]() {
-    auto fail = [](const Status& s) {
-      std::fprintf(stderr, "gale serve: %s\n", s.ToString().c_str());
-      return 1;
-    };
-    if (Status s = SelectIsa(o->isa); !s.ok()) return fail(s);
-    if (o->threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-    auto rank = StartParallelRank(o->parallel, o->model, &o->load, o->threads, "serve");
-    if (!rank.ok()) return fail(rank.status());
-    if (rank->exit_code) return *rank->exit_code;
-    ParallelGuard parallel(rank->comm);  // outlives the engine
-    auto cfg = o->engine.Resolve();
-    if (!cfg.ok()) return fail(cfg.status());
-    std::optional<Pooling> pooling;
-    if (!o->pooling.empty()) {
-      auto p = ParsePooling(o->pooling);
-      if (!p.ok()) return fail(p.status());
-      pooling = *p;
-    }
-    std::optional<server::ToolCallFormat> tool_format;
-    if (!o->tool_call_parser.empty()) {
-      auto f = server::ParseToolCallFormat(o->tool_call_parser);
-      if (!f.ok()) return fail(f.status());
-      tool_format = *f;
-    }
-    // SIGTERM/SIGINT are taken by sigwait below; every thread started from here inherits the mask.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGTERM);
-    sigaddset(&signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  o.engine.Register(app);
+  o.load.Register(app);
+  o.parallel.Register(app);
+  app.add_option("--isa", o.isa, "force kernels: scalar | avx2 | avx512 (default: best for this CPU)");
+}
 
-    // Every connection is a file descriptor: allow as many as the hard limit permits.
-    rlimit fds{};
-    if (getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
-      fds.rlim_cur = fds.rlim_max;
-      setrlimit(RLIMIT_NOFILE, &fds);
-    }
-    KeepLargeAllocationsMapped();  // a burst of large bodies leaves nothing behind
-    server::HttpServer http(o->http);
-    // Bound first, so a taken port fails at once and /health answers 503 while loading; said
-    // only once the model has loaded, so a file that fails to load never reads as a server up.
-    if (Status s = http.Start(); !s.ok()) return fail(s);
+// SIGTERM/SIGINT are taken by sigwait; every thread started after this inherits the mask.
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
 
-    auto loaded = LoadModel(o->model, o->load);
-    if (!loaded.ok()) return fail(loaded.status());
-    std::fprintf(stderr, "listening on http://%s:%u\n", o->http.host.c_str(), http.port());
-    std::fflush(stderr);
-    std::unique_ptr<ChatTemplate> chat_template;
-    {
-      auto t = o->chat_template.empty() ? ChatTemplate::FromGguf(*loaded->file) : ChatTemplate::FromFile(o->chat_template);
-      if (t.ok()) {
-        chat_template = std::make_unique<ChatTemplate>(std::move(t).value());
-      } else if (!o->chat_template.empty() || t.status().code() != StatusCode::kNotFound) {
-        return fail(t.status());
-      } else {
-        std::fprintf(stderr, "note: the model has no chat template; /v1/chat/completions needs --chat-template\n");
-      }
-    }
-    ThreadPool pool(o->threads);
-    std::unique_ptr<server::KvEventPublisher> kv_events;  // outlives the engine, which calls it
-    if (!o->kv_events_replay.empty() && o->kv_events_endpoint.empty()) {
-      return fail(InvalidArgument("--kv-events-replay-endpoint needs --kv-events-endpoint"));
-    }
-    if (!o->kv_events_endpoint.empty()) {
-      if (!cfg->enable_prefix_caching) return fail(InvalidArgument("--kv-events-endpoint needs the prefix cache"));
-      auto p = server::KvEventPublisher::Create(o->kv_events_endpoint, o->kv_events_topic, cfg->block_size,
-                                                o->kv_events_replay);
-      if (!p.ok()) return fail(p.status());
-      kv_events = std::move(p).value();
-      cfg->kv_events = [pub = kv_events.get()](std::vector<KvCacheEvent> events) { pub->Publish(events); };
-      std::fprintf(stderr, "publishing KV-cache events on %s\n", o->kv_events_endpoint.c_str());
-    }
-    if (Status s = parallel.Connect(o->parallel, *loaded->model, &*cfg); !s.ok()) return fail(s);
-    auto engine = Engine::Create(*loaded->model, loaded->tok.get(), *cfg, pool);
-    if (!engine.ok()) return fail(engine.status());
-    std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
-    if (!o->no_warmup) {
-      GenerationRequest warm;
-      warm.prompt = loaded->tok->Encode("Hello");
-      if (warm.prompt.empty()) warm.prompt.push_back(0);
-      warm.max_tokens = 2;
-      if (!loaded->model->hparams().causal) {  // an encoder: an embedding
-        warm.pooling = pooling.value_or(loaded->model->hparams().pooling);
-        if (warm.pooling == Pooling::kNone) warm.pooling = Pooling::kMean;
-      }
-      auto s = (*engine)->Submit(warm);
-      if (!s.ok()) return fail(s.status().WithContext("warm-up"));
-      StreamUpdate u;
-      while ((*s)->Next(&u)) {
-      }
-    }
-    std::string name = o->served_name;
-    if (name.empty()) {
-      name = loaded->path.substr(loaded->path.find_last_of('/') + 1);
-      if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
-    }
-    grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok), 64, std::chrono::milliseconds(o->constraint_compile_ms));
-    server::ServingState state;
-    state.grammars = &grammars;
-    if (tool_format) {
-      state.tool_format = *tool_format;
-    } else if (chat_template) {
-      state.tool_format = server::DetectToolCallFormat(chat_template->source());
-    }
-    state.pooling = pooling.value_or(loaded->model->hparams().pooling);
-    state.embedding_dim = loaded->model->hparams().dim;
-    state.reasoning = chat_template && chat_template->source().find("</think>") != std::string::npos;
-    state.engine = engine->get();
-    state.tokenizer = loaded->tok.get();
-    state.chat_template = chat_template.get();
-    state.model_name = name;
-    state.created = static_cast<int64_t>(std::time(nullptr));
-    http.SetReady(state);
-    if (chat_template) {
-      std::fprintf(stderr, "tool calls: the %s parser (%s)%s\n", server::ToolCallFormatName(state.tool_format),
-                   tool_format ? "--tool-call-parser" : "from the chat template",
-                   state.reasoning ? "; reasoning in <think> blocks" : "");
-    }
-    std::fprintf(stderr, "ready: serving '%s'\n", name.c_str());
-    std::fflush(stderr);
+// Every connection is a file descriptor: allow as many as the hard limit permits.
+void RaiseFileLimit() {
+  rlimit fds{};
+  if (getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+    fds.rlim_cur = fds.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &fds);
+  }
+}
 
-    int sig = 0;
-    sigwait(&signals, &sig);
-    const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
-    if (parallel.connected()) {
-      std::fprintf(stderr, "%s: stopping the other ranks; requests in flight end with an error\n", sig_name);
-      parallel.Abort(fmt::format("the server is stopping ({}; under mpirun another rank may have exited)", sig_name));
-    }
-    std::fprintf(stderr, "%s: draining (up to %.0f s)\n", sig_name, o->shutdown_timeout);
-    const int64_t left = http.Drain(std::chrono::milliseconds(static_cast<int64_t>(o->shutdown_timeout * 1000)));
-    if (left > 0) std::fprintf(stderr, "cancelling %lld requests still running\n", static_cast<long long>(left));
-    // Cancels whatever is still in flight (their streams end); the engine object stays until the
-    // HTTP threads are done with it (it is destroyed after http.Stop, on the way out).
-    (*engine)->Shutdown();
-    http.Drain(std::chrono::milliseconds(2000));
-    http.Stop();
-    std::fprintf(stderr, "stopped\n");
-    return 0;
-  };
+// --chat-template's, else the model's; none (null) only when the model has none.
+StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const ServeOpts& o, const GgufFile& file) {
+  auto t = o.chat_template.empty() ? ChatTemplate::FromGguf(file) : ChatTemplate::FromFile(o.chat_template);
+  if (t.ok()) return std::make_unique<ChatTemplate>(std::move(t).value());
+  if (!o.chat_template.empty() || t.status().code() != StatusCode::kNotFound) return t.status();
+  std::fprintf(stderr, "note: the model has no chat template; /v1/chat/completions needs --chat-template\n");
+  return std::unique_ptr<ChatTemplate>();
+}
+
+// --kv-events-endpoint: the publisher the engine calls (null without it).
+StatusOr<std::unique_ptr<server::KvEventPublisher>> StartKvEvents(const ServeOpts& o, EngineConfig* cfg) {
+  if (!o.kv_events_replay.empty() && o.kv_events_endpoint.empty()) {
+    return InvalidArgument("--kv-events-replay-endpoint needs --kv-events-endpoint");
+  }
+  if (o.kv_events_endpoint.empty()) return std::unique_ptr<server::KvEventPublisher>();
+  if (!cfg->enable_prefix_caching) return InvalidArgument("--kv-events-endpoint needs the prefix cache");
+  ASSIGN_OR_RETURN(auto pub, server::KvEventPublisher::Create(o.kv_events_endpoint, o.kv_events_topic, cfg->block_size,
+                                                              o.kv_events_replay));
+  cfg->kv_events = [p = pub.get()](std::vector<KvCacheEvent> events) { p->Publish(events); };
+  std::fprintf(stderr, "publishing KV-cache events on %s\n", o.kv_events_endpoint.c_str());
+  return pub;
+}
+
+// One short request (an embedding for an encoder) before /health says ready.
+Status WarmUp(Engine& engine, const LoadedModel& loaded, std::optional<Pooling> pooling) {
+  GenerationRequest warm;
+  warm.prompt = loaded.tok->Encode("Hello");
+  if (warm.prompt.empty()) warm.prompt.push_back(0);
+  warm.max_tokens = 2;
+  if (!loaded.model->hparams().causal) {
+    warm.pooling = pooling.value_or(loaded.model->hparams().pooling);
+    if (warm.pooling == Pooling::kNone) warm.pooling = Pooling::kMean;
+  }
+  auto s = engine.Submit(warm);
+  if (!s.ok()) return s.status().WithContext("warm-up");
+  StreamUpdate u;
+  while ((*s)->Next(&u)) {
+  }
+  return Status::Ok();
+}
+
+// --served-model-name, else the file's name without .gguf.
+std::string ServedName(const ServeOpts& o, const std::string& path) {
+  if (!o.served_name.empty()) return o.served_name;
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
+  return name;
+}
+
+// Until SIGTERM or SIGINT; then drain, cancel what is left and stop.
+void ServeUntilSignalled(const ServeOpts& o, const sigset_t& signals, server::HttpServer& http, Engine& engine,
+                         ParallelGuard& parallel) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+  if (parallel.connected()) {
+    std::fprintf(stderr, "%s: stopping the other ranks; requests in flight end with an error\n", sig_name);
+    parallel.Abort(fmt::format("the server is stopping ({}; under mpirun another rank may have exited)", sig_name));
+  }
+  std::fprintf(stderr, "%s: draining (up to %.0f s)\n", sig_name, o.shutdown_timeout);
+  const int64_t left = http.Drain(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout * 1000)));
+  if (left > 0) std::fprintf(stderr, "cancelling %lld requests still running\n", static_cast<long long>(left));
+  // Cancels whatever is still in flight (their streams end); the engine object stays until the
+  // HTTP threads are done with it (it is destroyed after http.Stop, on the way out).
+  engine.Shutdown();
+  http.Drain(std::chrono::milliseconds(2000));
+  http.Stop();
+  std::fprintf(stderr, "stopped\n");
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "gale serve: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int RunServe(ServeOpts& o) {
+  if (Status s = SelectIsa(o.isa); !s.ok()) return Fail(s);
+  if (o.threads < 1) return Fail(InvalidArgument("-t must be >= 1"));
+  auto rank = StartParallelRank(o.parallel, o.model, &o.load, o.threads, "serve");
+  if (!rank.ok()) return Fail(rank.status());
+  if (rank->exit_code) return *rank->exit_code;
+  ParallelGuard parallel(rank->comm);  // outlives the engine
+  auto cfg = o.engine.Resolve();
+  if (!cfg.ok()) return Fail(cfg.status());
+  std::optional<Pooling> pooling;
+  if (!o.pooling.empty()) {
+    auto p = ParsePooling(o.pooling);
+    if (!p.ok()) return Fail(p.status());
+    pooling = *p;
+  }
+  std::optional<server::ToolCallFormat> tool_format;
+  if (!o.tool_call_parser.empty()) {
+    auto f = server::ParseToolCallFormat(o.tool_call_parser);
+    if (!f.ok()) return Fail(f.status());
+    tool_format = *f;
+  }
+  const sigset_t signals = BlockStopSignals();
+  RaiseFileLimit();
+  KeepLargeAllocationsMapped();  // a burst of large bodies leaves nothing behind
+  server::HttpServer http(o.http);
+  // Bound first, so a taken port fails at once and /health answers 503 while loading; said
+  // only once the model has loaded, so a file that fails to load never reads as a server up.
+  if (Status s = http.Start(); !s.ok()) return Fail(s);
+  auto loaded = LoadModel(o.model, o.load);
+  if (!loaded.ok()) return Fail(loaded.status());
+  std::fprintf(stderr, "listening on http://%s:%u\n", o.http.host.c_str(), http.port());
+  std::fflush(stderr);
+  auto chat_template = LoadChatTemplate(o, *loaded->file);
+  if (!chat_template.ok()) return Fail(chat_template.status());
+  ThreadPool pool(o.threads);
+  auto kv_events = StartKvEvents(o, &*cfg);  // outlives the engine, which calls it
+  if (!kv_events.ok()) return Fail(kv_events.status());
+  if (Status s = parallel.Connect(o.parallel, *loaded->model, &*cfg); !s.ok()) return Fail(s);
+  auto engine = Engine::Create(*loaded->model, loaded->tok.get(), *cfg, pool);
+  if (!engine.ok()) return Fail(engine.status());
+  std::fprintf(stderr, "%s\n", (*engine)->Describe().c_str());
+  if (!o.no_warmup) {
+    if (Status s = WarmUp(**engine, *loaded, pooling); !s.ok()) return Fail(s);
+  }
+  const std::string name = ServedName(o, loaded->path);
+  grammar::GrammarCompiler grammars(MakeTokenTrie(*loaded->tok), 64, std::chrono::milliseconds(o.constraint_compile_ms));
+  const ChatTemplate* tmpl = chat_template->get();
+  server::ServingState state;
+  state.grammars = &grammars;
+  if (tool_format) {
+    state.tool_format = *tool_format;
+  } else if (tmpl) {
+    state.tool_format = server::DetectToolCallFormat(tmpl->source());
+  }
+  state.pooling = pooling.value_or(loaded->model->hparams().pooling);
+  state.embedding_dim = loaded->model->hparams().dim;
+  state.reasoning = tmpl && tmpl->source().find("</think>") != std::string::npos;
+  state.engine = engine->get();
+  state.tokenizer = loaded->tok.get();
+  state.chat_template = tmpl;
+  state.model_name = name;
+  state.created = static_cast<int64_t>(std::time(nullptr));
+  http.SetReady(state);
+  if (tmpl) {
+    std::fprintf(stderr, "tool calls: the %s parser (%s)%s\n", server::ToolCallFormatName(state.tool_format),
+                 tool_format ? "--tool-call-parser" : "from the chat template",
+                 state.reasoning ? "; reasoning in <think> blocks" : "");
+  }
+  std::fprintf(stderr, "ready: serving '%s'\n", name.c_str());
+  std::fflush(stderr);
+  ServeUntilSignalled(o, signals, http, **engine, parallel);
+  return 0;
+}
+
+}  // namespace
+
+CommandFn RegisterServe(CLI::App& app) {
+  auto o = std::make_shared<ServeOpts>();
+  AddServeOptions(app, *o);
+  return [o]() { return RunServe(*o); };
 }
 
 }  // namespace gale
