@@ -78,90 +78,101 @@ int Utf8CharLength(std::string_view s) {
   return len;
 }
 
-StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
-  std::unique_ptr<Tokenizer> t(new Tokenizer());
+// A BPE vocabulary's pre-tokenizer (tokenizer.ggml.pre).
+Status Tokenizer::ReadPreTokenizer(const GgufFile& file) {
+  // No pre-tokenizer named: llama.cpp's default one (gpt-neox's files have none).
+  const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "default";
+  if (pre == "gpt-2" || pre == "mpt") {
+    split_ = BpeSplit::kGpt2;
+  } else if (pre == "default") {
+    split_ = BpeSplit::kDefault;
+  } else if (pre == "starcoder" || pre == "refact" || pre == "command-r") {
+    split_ = BpeSplit::kDigitsThenGpt2;  // every digit its own piece before the GPT-2 split
+  } else if (pre == "falcon") {
+    split_ = BpeSplit::kFalcon;
+  } else if (pre == "deepseek-coder") {
+    split_ = BpeSplit::kDeepseekCoder;
+  } else if (pre == "deepseek-llm") {
+    split_ = BpeSplit::kDeepseekLlm;
+  } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "dbrx" || pre == "smaug-bpe" ||
+             pre == "falcon3" || pre == "pixtral") {
+    split_ = BpeSplit::kLlama3;
+    llama3_digits_ = 3;
+    ignore_merges_ = true;  // Llama 3's tokenizer.json: a word that is a token is not merged
+  } else if (pre == "glm4" || pre == "chatglm-bpe") {
+    split_ = BpeSplit::kLlama3;
+    llama3_digits_ = 3;  // Llama 3's expression, merges applied to every word
+  } else if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "qwen35") {
+    split_ = BpeSplit::kLlama3;
+    llama3_digits_ = 1;
+    llama3_marks_ = pre == "qwen35";
+    // Qwen2/2.5/3's tokenizer.json normalizes to NFC first (llama.cpp does not); Qwen3.5's
+    // does not (its vectors keep decomposed accents), its letter runs take the marks instead.
+    nfc_ = pre != "qwen35";
+  } else if (pre == "deepseek-v3") {
+    split_ = BpeSplit::kDeepseekV3;
+  } else if (pre == "gpt-4o" || pre == "llama4") {
+    split_ = BpeSplit::kGpt4o;
+    ignore_merges_ = true;  // o200k's tokenizer.json: a word that is a token is not merged
+  } else {
+    return Unimplemented(
+        "pre-tokenizer '{}' is not supported yet (gale has default, gpt-2, mpt, starcoder, refact, command-r, falcon, "
+        "deepseek-coder, deepseek-llm, deepseek-v3, llama3/llama-bpe, glm4, qwen2, qwen35, gpt-4o)", pre);
+  }
+  return Status::Ok();
+}
+
+// The tokenizer model (SPM, BPE with its pre-tokenizer and merges, WordPiece).
+Status Tokenizer::ReadModel(const GgufFile& file) {
   ASSIGN_OR_RETURN(std::string model, file.GetString("tokenizer.ggml.model"));
   if (model == "gpt2") {
-    t->kind_ = Kind::kBpe;
-    // No pre-tokenizer named: llama.cpp's default one (gpt-neox's files have none).
-    const std::string pre = file.GetString("tokenizer.ggml.pre").ok() ? *file.GetString("tokenizer.ggml.pre") : "default";
-    if (pre == "gpt-2" || pre == "mpt") {
-      t->split_ = BpeSplit::kGpt2;
-    } else if (pre == "default") {
-      t->split_ = BpeSplit::kDefault;
-    } else if (pre == "starcoder" || pre == "refact" || pre == "command-r") {
-      t->split_ = BpeSplit::kDigitsThenGpt2;  // every digit its own piece before the GPT-2 split
-    } else if (pre == "falcon") {
-      t->split_ = BpeSplit::kFalcon;
-    } else if (pre == "deepseek-coder") {
-      t->split_ = BpeSplit::kDeepseekCoder;
-    } else if (pre == "deepseek-llm") {
-      t->split_ = BpeSplit::kDeepseekLlm;
-    } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "dbrx" || pre == "smaug-bpe" ||
-               pre == "falcon3" || pre == "pixtral") {
-      t->split_ = BpeSplit::kLlama3;
-      t->llama3_digits_ = 3;
-      t->ignore_merges_ = true;  // Llama 3's tokenizer.json: a word that is a token is not merged
-    } else if (pre == "glm4" || pre == "chatglm-bpe") {
-      t->split_ = BpeSplit::kLlama3;
-      t->llama3_digits_ = 3;  // Llama 3's expression, merges applied to every word
-    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "qwen35") {
-      t->split_ = BpeSplit::kLlama3;
-      t->llama3_digits_ = 1;
-      t->llama3_marks_ = pre == "qwen35";
-      // Qwen2/2.5/3's tokenizer.json normalizes to NFC first (llama.cpp does not); Qwen3.5's
-      // does not (its vectors keep decomposed accents), its letter runs take the marks instead.
-      t->nfc_ = pre != "qwen35";
-    } else if (pre == "deepseek-v3") {
-      t->split_ = BpeSplit::kDeepseekV3;
-    } else if (pre == "gpt-4o" || pre == "llama4") {
-      t->split_ = BpeSplit::kGpt4o;
-      t->ignore_merges_ = true;  // o200k's tokenizer.json: a word that is a token is not merged
-    } else {
-      return Unimplemented(
-          "pre-tokenizer '{}' is not supported yet (gale has default, gpt-2, mpt, starcoder, refact, command-r, falcon, "
-          "deepseek-coder, deepseek-llm, deepseek-v3, llama3/llama-bpe, glm4, qwen2, qwen35, gpt-4o)", pre);
-    }
+    kind_ = Kind::kBpe;
+    RETURN_IF_ERROR(ReadPreTokenizer(file));
     const GgufValue* merges = file.Find("tokenizer.ggml.merges");
     if (merges == nullptr || !merges->IsArrayOf(GgufValueType::kString)) {
       return InvalidArgument("tokenizer.ggml.merges is missing or not an array of strings (needed for BPE)");
     }
-    t->merge_rank_.reserve(merges->array.size());
+    merge_rank_.reserve(merges->array.size());
     for (size_t i = 0; i < merges->array.size(); ++i) {
       const std::string& m = merges->array[i].str;
       if (m.find(' ') == std::string::npos || m.find(' ') == 0 || m.find(' ') + 1 == m.size()) {
         return InvalidArgument("tokenizer.ggml.merges[{}] = '{}' is not two symbols separated by a space", i, m);
       }
-      t->merge_rank_.emplace(m, static_cast<int32_t>(i));
+      merge_rank_.emplace(m, static_cast<int32_t>(i));
     }
-    t->add_space_prefix_ = false;
-    t->add_bos_ = false;  // BPE vocabs that want BOS say so with add_bos_token (Llama 3 does)
+    add_space_prefix_ = false;
+    add_bos_ = false;  // BPE vocabs that want BOS say so with add_bos_token (Llama 3 does)
   } else if (model == "bert") {
-    t->kind_ = Kind::kWpm;
-    t->add_space_prefix_ = false;
+    kind_ = Kind::kWpm;
+    add_space_prefix_ = false;
     // [CLS] text [SEP], as llama.cpp frames a WordPiece input with add_special (its add_bos and
     // add_sep; the file's add_bos_token / add_sep_token keys turn them off).
-    t->add_bos_ = true;
-    t->add_sep_ = true;
+    add_bos_ = true;
+    add_sep_ = true;
   } else if (model != "llama") {
     return Unimplemented("tokenizer model '{}' is not supported yet (gale reads 'llama', 'gpt2' and 'bert')", model);
   }
+  return Status::Ok();
+}
+
+// The tokens, their scores and types.
+Status Tokenizer::ReadVocab(const GgufFile& file) {
   const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
   if (tokens == nullptr || !tokens->IsArrayOf(GgufValueType::kString)) {
     return InvalidArgument("tokenizer.ggml.tokens is missing or not an array of strings");
   }
   const size_t n = tokens->array.size();
   if (n == 0 || n > (1u << 24)) return InvalidArgument("tokenizer.ggml.tokens has {} entries", n);
-  t->tokens_.reserve(n);
-  for (const auto& v : tokens->array) t->tokens_.push_back(v.str);
-  t->scores_.assign(n, 0.0f);
+  tokens_.reserve(n);
+  for (const auto& v : tokens->array) tokens_.push_back(v.str);
+  scores_.assign(n, 0.0f);
   if (const GgufValue* s = file.Find("tokenizer.ggml.scores")) {
     if (!s->IsArrayOf(GgufValueType::kFloat32) || s->array.size() != n) {
       return InvalidArgument("tokenizer.ggml.scores must be {} float32 values", n);
     }
-    for (size_t i = 0; i < n; ++i) t->scores_[i] = static_cast<float>(*s->array[i].AsDouble());
+    for (size_t i = 0; i < n; ++i) scores_[i] = static_cast<float>(*s->array[i].AsDouble());
   }
-  t->types_.assign(n, TokenType::kNormal);
+  types_.assign(n, TokenType::kNormal);
   if (const GgufValue* ty = file.Find("tokenizer.ggml.token_type")) {
     if (ty->type != GgufValueType::kArray || ty->array.size() != n) {
       return InvalidArgument("tokenizer.ggml.token_type must have {} entries", n);
@@ -169,7 +180,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     for (size_t i = 0; i < n; ++i) {
       const auto v = ty->array[i].AsInt();
       if (!v || *v < 0 || *v > 6) return InvalidArgument("tokenizer.ggml.token_type[{}] is not a token type", i);
-      t->types_[i] = static_cast<TokenType>(*v);
+      types_[i] = static_cast<TokenType>(*v);
     }
   }
   // User-defined tokens with these texts are control tokens (llama.cpp's end-of-generation and
@@ -189,16 +200,22 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
       "<|code_middle|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>",
       "<｜fim▁end｜>"};
   for (size_t i = 0; i < n; ++i) {
-    if (t->types_[i] == TokenType::kUserDefined &&
-        std::find(std::begin(kControlLooking), std::end(kControlLooking), t->tokens_[i]) != std::end(kControlLooking)) {
-      t->types_[i] = TokenType::kControl;
+    if (types_[i] == TokenType::kUserDefined &&
+        std::find(std::begin(kControlLooking), std::end(kControlLooking), tokens_[i]) != std::end(kControlLooking)) {
+      types_[i] = TokenType::kControl;
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    t->token_to_id_.emplace(t->tokens_[i], static_cast<int32_t>(i));
-    t->max_token_bytes_ = std::max(t->max_token_bytes_, t->tokens_[i].size());
+    token_to_id_.emplace(tokens_[i], static_cast<int32_t>(i));
+    max_token_bytes_ = std::max(max_token_bytes_, tokens_[i].size());
   }
 
+  return Status::Ok();
+}
+
+// The special ids and the add_* flags.
+Status Tokenizer::ReadSpecialIds(const GgufFile& file) {
+  const size_t n = tokens_.size();
   auto read_id = [&](const char* key, int32_t def) -> StatusOr<int32_t> {
     const GgufValue* v = file.Find(key);
     if (v == nullptr) return def;
@@ -208,70 +225,85 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
     if (*id < 0 || *id >= static_cast<int64_t>(n)) return InvalidArgument("{} = {} is outside the vocab of {}", key, *id, n);
     return static_cast<int32_t>(*id);
   };
-  if (t->kind_ == Kind::kWpm) {
+  if (kind_ == Kind::kWpm) {
     // BERT: the "BOS" is [CLS] (cls_token_id), the separator [SEP]; no end-of-sequence token.
     ASSIGN_OR_RETURN(const int32_t cls, read_id("tokenizer.ggml.cls_token_id", -1));
-    ASSIGN_OR_RETURN(t->bos_id_, read_id("tokenizer.ggml.bos_token_id", cls));
-    ASSIGN_OR_RETURN(t->sep_id_, read_id("tokenizer.ggml.seperator_token_id", -1));
-    ASSIGN_OR_RETURN(t->eos_id_, read_id("tokenizer.ggml.eos_token_id", -1));
+    ASSIGN_OR_RETURN(bos_id_, read_id("tokenizer.ggml.bos_token_id", cls));
+    ASSIGN_OR_RETURN(sep_id_, read_id("tokenizer.ggml.seperator_token_id", -1));
+    ASSIGN_OR_RETURN(eos_id_, read_id("tokenizer.ggml.eos_token_id", -1));
   } else {
-    ASSIGN_OR_RETURN(t->bos_id_, read_id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1));
-    ASSIGN_OR_RETURN(t->eos_id_, read_id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1));
+    ASSIGN_OR_RETURN(bos_id_, read_id("tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1));
+    ASSIGN_OR_RETURN(eos_id_, read_id("tokenizer.ggml.eos_token_id", n > 2 ? 2 : -1));
   }
-  ASSIGN_OR_RETURN(t->unk_id_, read_id("tokenizer.ggml.unknown_token_id", 0));
-  ASSIGN_OR_RETURN(t->eot_id_, read_id("tokenizer.ggml.eot_token_id", -1));
-  if (const GgufValue* v = file.Find("tokenizer.ggml.add_bos_token"); v && v->AsBool()) t->add_bos_ = *v->AsBool();
-  if (const GgufValue* v = file.Find("tokenizer.ggml.add_eos_token"); v && v->AsBool()) t->add_eos_ = *v->AsBool();
-  if (const GgufValue* v = file.Find("tokenizer.ggml.add_sep_token"); v && v->AsBool()) t->add_sep_ = *v->AsBool();
+  ASSIGN_OR_RETURN(unk_id_, read_id("tokenizer.ggml.unknown_token_id", 0));
+  ASSIGN_OR_RETURN(eot_id_, read_id("tokenizer.ggml.eot_token_id", -1));
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_bos_token"); v && v->AsBool()) add_bos_ = *v->AsBool();
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_eos_token"); v && v->AsBool()) add_eos_ = *v->AsBool();
+  if (const GgufValue* v = file.Find("tokenizer.ggml.add_sep_token"); v && v->AsBool()) add_sep_ = *v->AsBool();
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_space_prefix"); v && v->AsBool()) {
-    t->add_space_prefix_ = *v->AsBool();
+    add_space_prefix_ = *v->AsBool();
   }
 
+  return Status::Ok();
+}
+
+// What encoding looks up: byte tokens, special tokens (longest first), Phi-3's right-stripping
+// ones, whether SPM text may be encoded in chunks.
+void Tokenizer::BuildTables(const GgufFile& file) {
+  const size_t n = tokens_.size();
   for (int b = 0; b < 256; ++b) {
-    if (t->kind_ == Kind::kBpe) {  // byte-level vocab: every byte is a printable character
-      auto it = t->token_to_id_.find(ByteToBpeChar(static_cast<uint8_t>(b)));
-      t->byte_token_[b] = it != t->token_to_id_.end() ? it->second : t->unk_id_;
+    if (kind_ == Kind::kBpe) {  // byte-level vocab: every byte is a printable character
+      auto it = token_to_id_.find(ByteToBpeChar(static_cast<uint8_t>(b)));
+      byte_token_[b] = it != token_to_id_.end() ? it->second : unk_id_;
       continue;
     }
     char hex[8];
     std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
-    auto it = t->token_to_id_.find(hex);
-    if (it == t->token_to_id_.end()) it = t->token_to_id_.find(std::string(1, static_cast<char>(b)));
-    t->byte_token_[b] = it != t->token_to_id_.end() ? it->second : t->unk_id_;
+    auto it = token_to_id_.find(hex);
+    if (it == token_to_id_.end()) it = token_to_id_.find(std::string(1, static_cast<char>(b)));
+    byte_token_[b] = it != token_to_id_.end() ? it->second : unk_id_;
   }
   for (size_t i = 0; i < n; ++i) {
-    const TokenType ty = t->types_[i];
+    const TokenType ty = types_[i];
     if ((ty == TokenType::kControl || ty == TokenType::kUserDefined || ty == TokenType::kUnknown) &&
-        !t->tokens_[i].empty()) {
-      t->special_ids_.push_back(static_cast<int32_t>(i));
+        !tokens_[i].empty()) {
+      special_ids_.push_back(static_cast<int32_t>(i));
     }
   }
   // Phi-3's special tokens swallow the whitespace after them (llama.cpp sets that by the model's
   // name: its tokenizer.json strips right of them), except <unk>, <s> and <|endoftext|>.
-  t->rstrip_.assign(n, false);
+  rstrip_.assign(n, false);
   if (auto name = file.GetString("general.name"); name.ok()) {
     std::string lower = *name;
     std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
     if (lower.find("phi-3") != std::string::npos || lower.find("phi3") != std::string::npos) {
-      for (int32_t id : t->special_ids_) t->rstrip_[static_cast<size_t>(id)] = true;
+      for (int32_t id : special_ids_) rstrip_[static_cast<size_t>(id)] = true;
       for (const char* keep : {"<unk>", "<s>", "<|endoftext|>"}) {
-        if (auto it = t->token_to_id_.find(keep); it != t->token_to_id_.end()) t->rstrip_[static_cast<size_t>(it->second)] = false;
+        if (auto it = token_to_id_.find(keep); it != token_to_id_.end()) rstrip_[static_cast<size_t>(it->second)] = false;
       }
     }
   }
   // SPM texts may be encoded chunk by chunk when no token has a '▁' after another character.
-  t->spm_chunkable_ = t->kind_ == Kind::kSpm;
-  for (const std::string& tok : t->tokens_) {
+  spm_chunkable_ = kind_ == Kind::kSpm;
+  for (const std::string& tok : tokens_) {
     size_t i = 0;
     while (tok.compare(i, kSpaceMarker.size(), kSpaceMarker) == 0) i += kSpaceMarker.size();
     if (tok.find(kSpaceMarker, i) != std::string::npos) {
-      t->spm_chunkable_ = false;
+      spm_chunkable_ = false;
       break;
     }
   }
-  std::stable_sort(t->special_ids_.begin(), t->special_ids_.end(), [&](int32_t a, int32_t b) {
-    return t->tokens_[a].size() > t->tokens_[b].size();
+  std::stable_sort(special_ids_.begin(), special_ids_.end(), [&](int32_t a, int32_t b) {
+    return tokens_[a].size() > tokens_[b].size();
   });
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  RETURN_IF_ERROR(t->ReadModel(file));
+  RETURN_IF_ERROR(t->ReadVocab(file));
+  RETURN_IF_ERROR(t->ReadSpecialIds(file));
+  t->BuildTables(file);
   return t;
 }
 

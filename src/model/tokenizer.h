@@ -88,6 +88,12 @@ class Tokenizer {
   };
 
   Tokenizer() = default;
+  // FromGguf's steps, in order.
+  Status ReadModel(const GgufFile& file);
+  Status ReadPreTokenizer(const GgufFile& file);
+  Status ReadVocab(const GgufFile& file);
+  Status ReadSpecialIds(const GgufFile& file);
+  void BuildTables(const GgufFile& file);
   void EncodeSpm(std::string_view text, std::vector<int32_t>* out) const;
   void EncodeSpmChunk(std::string_view escaped, std::vector<int32_t>* out) const;
   void EncodeBpe(std::string_view text, std::vector<int32_t>* out) const;
