@@ -1268,198 +1268,230 @@ Status SynthCheck(const SynthShape& s) {
   return Status::Ok();
 }
 
-Status SynthWrite(SynthWriter& w) {
-  const SynthShape& s = w.s;
-  GgufWriter& out = w.w;
-  const std::string& p = w.p;
-  const bool ds41 = s.arch == "deepseek41";
-  if (ds41 && !s.engram_layers.empty() && s.engram_dim % TypeTraits(w.type).block_size != 0) {
-    return InvalidArgument("synth: --engram-dim {} is not a multiple of {}'s block of {}", s.engram_dim,
-                           TypeTraits(w.type).name, TypeTraits(w.type).block_size);
+// The synthetic file's parts: the keys, V4.1's roles and Engram constants, each layer's tensors.
+class Ds4Synth {
+ public:
+  explicit Ds4Synth(SynthWriter& w) : w_(w), s_(w.s), p_(w.p), ds41_(w.s.arch == "deepseek41") {}
+
+  Status Write() {
+    if (ds41_ && !s_.engram_layers.empty() && s_.engram_dim % TypeTraits(w_.type).block_size != 0) {
+      return InvalidArgument("synth: --engram-dim {} is not a multiple of {}'s block of {}", s_.engram_dim,
+                             TypeTraits(w_.type).name, TypeTraits(w_.type).block_size);
+    }
+    WriteKeys();
+    if (ds41_) WriteV41Roles();
+    const int64_t hc = s_.hc_count;
+    RETURN_IF_ERROR(w_.Vector("output_norm.weight", s_.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w_.Matrix("output.weight", s_.dim, s_.vocab_size, w_.type));
+    if (!ds41_) {  // V4.1 collapses with the last FFN's mix
+      RETURN_IF_ERROR(w_.Matrix("output_hc_fn.weight", hc * s_.dim, hc, GgmlType::kF32));
+      RETURN_IF_ERROR(w_.Vector("output_hc_base.weight", hc, 0.0f, 0.5f));
+      RETURN_IF_ERROR(w_.Vector("output_hc_scale.weight", 1, 0.5f, 0.2f));
+    }
+    for (int64_t l = 0; l < s_.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      RETURN_IF_ERROR(Attention(b));
+      RETURN_IF_ERROR(ds41_ ? V41Layer(l, b) : V4Compressors(l, b));
+      RETURN_IF_ERROR(Ffn(l, b));
+    }
+    return Status::Ok();
   }
-  out.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
-  out.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
-  out.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+
+ private:
+  // Shorter lists of ratios repeat their last value.
+  int64_t RatioOf(int64_t l) const {
+    if (s_.compress_ratios.empty()) return 0;
+    return s_.compress_ratios[std::min<size_t>(static_cast<size_t>(l), s_.compress_ratios.size() - 1)];
+  }
+
   // DeepSeek-V4's keys (as llama.cpp's loader reads them): per-layer compression ratios, the
   // indexer, the grouped low-rank output, hyper-connections, hash routing, sqrt-softplus scores.
-  auto ratio_of = [&](int64_t l) -> int64_t {
-    if (s.compress_ratios.empty()) return 0;
-    return s.compress_ratios[std::min<size_t>(static_cast<size_t>(l), s.compress_ratios.size() - 1)];
-  };
-  {
-    out.SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(s.q_lora_rank));
-    out.SetU32(p + "attention.sliding_window", static_cast<uint32_t>(s.sliding_window));
-    out.SetU32(p + "expert_shared_count", static_cast<uint32_t>(s.shared_experts));
-    out.SetF32(p + "expert_weights_scale", 1.5f);
-    out.SetBool(p + "expert_weights_norm", true);
-    out.SetU32(p + "expert_gating_func", 4);  // sqrt(softplus)
-    std::vector<float> clamp(s.num_layers, s.swiglu_clamp);
-    out.SetValue(p + "swiglu_clamp_exp", GgufValue::F32Array(clamp));
-    out.SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(s.indexer_heads));
-    out.SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(s.indexer_dim));
-    out.SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(s.indexer_top_k));
-    if (ds41 && s.candidate_layer >= 0) {
-      out.SetU32(p + "attention.indexer.candidate_source_layer", static_cast<uint32_t>(s.candidate_layer));
-      out.SetU32(p + "attention.indexer.candidate_top_k_blocks", static_cast<uint32_t>(s.candidate_blocks));
-      out.SetU32(p + "attention.indexer.candidate_block_size", static_cast<uint32_t>(s.candidate_block_size));
+  void WriteKeys() {
+    GgufWriter& out = w_.w;
+    out.SetU32(p_ + "rope.dimension_count", static_cast<uint32_t>(s_.rope_dim));
+    out.SetF32(p_ + "attention.layer_norm_rms_epsilon", 1e-6f);
+    out.SetU32(p_ + "expert_feed_forward_length", static_cast<uint32_t>(w_.expert_ffn));
+    out.SetU32(p_ + "attention.q_lora_rank", static_cast<uint32_t>(s_.q_lora_rank));
+    out.SetU32(p_ + "attention.sliding_window", static_cast<uint32_t>(s_.sliding_window));
+    out.SetU32(p_ + "expert_shared_count", static_cast<uint32_t>(s_.shared_experts));
+    out.SetF32(p_ + "expert_weights_scale", 1.5f);
+    out.SetBool(p_ + "expert_weights_norm", true);
+    out.SetU32(p_ + "expert_gating_func", 4);  // sqrt(softplus)
+    std::vector<float> clamp(s_.num_layers, s_.swiglu_clamp);
+    out.SetValue(p_ + "swiglu_clamp_exp", GgufValue::F32Array(clamp));
+    out.SetU32(p_ + "attention.indexer.head_count", static_cast<uint32_t>(s_.indexer_heads));
+    out.SetU32(p_ + "attention.indexer.key_length", static_cast<uint32_t>(s_.indexer_dim));
+    out.SetU32(p_ + "attention.indexer.top_k", static_cast<uint32_t>(s_.indexer_top_k));
+    if (ds41_ && s_.candidate_layer >= 0) {
+      out.SetU32(p_ + "attention.indexer.candidate_source_layer", static_cast<uint32_t>(s_.candidate_layer));
+      out.SetU32(p_ + "attention.indexer.candidate_top_k_blocks", static_cast<uint32_t>(s_.candidate_blocks));
+      out.SetU32(p_ + "attention.indexer.candidate_block_size", static_cast<uint32_t>(s_.candidate_block_size));
     }
-    out.SetU32(p + "attention.output_group_count", static_cast<uint32_t>(s.out_groups));
-    out.SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(s.out_lora_rank));
-    out.SetF32(p + "attention.compress_rope_freq_base", 160000.0f);
-    out.SetU32(p + "hyper_connection.count", static_cast<uint32_t>(s.hc_count));
-    out.SetU32(p + "hyper_connection.sinkhorn_iterations", 20);
-    out.SetF32(p + "hyper_connection.epsilon", 1e-6f);
-    out.SetU32(p + "hash_layer_count", static_cast<uint32_t>(s.hash_layers));
-    std::vector<int32_t> ratios(s.num_layers);
-    for (int64_t l = 0; l < s.num_layers; ++l) ratios[l] = static_cast<int32_t>(ratio_of(l));
-    out.SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
+    out.SetU32(p_ + "attention.output_group_count", static_cast<uint32_t>(s_.out_groups));
+    out.SetU32(p_ + "attention.output_lora_rank", static_cast<uint32_t>(s_.out_lora_rank));
+    out.SetF32(p_ + "attention.compress_rope_freq_base", 160000.0f);
+    out.SetU32(p_ + "hyper_connection.count", static_cast<uint32_t>(s_.hc_count));
+    out.SetU32(p_ + "hyper_connection.sinkhorn_iterations", 20);
+    out.SetF32(p_ + "hyper_connection.epsilon", 1e-6f);
+    out.SetU32(p_ + "hash_layer_count", static_cast<uint32_t>(s_.hash_layers));
+    std::vector<int32_t> ratios(s_.num_layers);
+    for (int64_t l = 0; l < s_.num_layers; ++l) ratios[l] = static_cast<int32_t>(RatioOf(l));
+    out.SetValue(p_ + "attention.compress_ratios", GgufValue::I32Array(ratios));
   }
+
   // DeepSeek-V4.1's roles and Engram constants (as llama.cpp's deepseek41 port reads them): the
   // multipliers odd, each head's bucket a distinct prime from about engram_rows up, the buckets of
   // a layer's table side by side; the token map folds the top quarter of the vocab onto the rest.
-  std::vector<int64_t> sources = s.kv_source_layers, pickers = s.index_source_layers;
-  std::vector<std::vector<uint64_t>> eng_primes;  // per site
-  if (ds41) {
-    if (sources.empty()) {
-      for (int64_t l = 0; l < s.num_layers; ++l) {
-        if (ratio_of(l) != 0 && (l == 0 || ratio_of(l - 1) != ratio_of(l))) sources.push_back(l);
+  void WriteV41Roles() {
+    sources_ = s_.kv_source_layers;
+    if (sources_.empty()) {
+      for (int64_t l = 0; l < s_.num_layers; ++l) {
+        if (RatioOf(l) != 0 && (l == 0 || RatioOf(l - 1) != RatioOf(l))) sources_.push_back(l);
       }
     }
-    if (pickers.empty()) pickers = sources;
-    if (!s.engram_layers.empty()) {
-      const int64_t cols = (s.engram_ngram - 1) * s.engram_heads;
-      auto is_prime = [](uint64_t v) {
-        if (v < 2) return false;
-        for (uint64_t d = 2; d * d <= v; ++d) {
-          if (v % d == 0) return false;
-        }
-        return true;
-      };
-      std::vector<GgufValue> ids, mult, primes, offsets, map;
-      uint64_t candidate = static_cast<uint64_t>(s.engram_rows);
-      Rng rng(w.seed() ^ 0x5eed5eedull);
-      for (int64_t e = 0; e < static_cast<int64_t>(s.engram_layers.size()); ++e) {
-        ids.push_back(GgufValue::U32(static_cast<uint32_t>(s.engram_layers[e])));
-        for (int64_t k = 0; k < s.engram_ngram; ++k) {
-          mult.push_back(GgufValue::U64(2 * static_cast<uint64_t>(rng.Uniform(0.0f, 1.0f) * (1 << 20)) + 1));
-        }
-        uint64_t offset = 0;
-        eng_primes.emplace_back();
-        for (int64_t c = 0; c < cols; ++c) {
-          do ++candidate; while (!is_prime(candidate));
-          primes.push_back(GgufValue::U64(candidate));
-          offsets.push_back(GgufValue::U64(offset));
-          eng_primes.back().push_back(candidate);
-          offset += candidate;
-        }
+    pickers_ = s_.index_source_layers.empty() ? sources_ : s_.index_source_layers;
+    if (s_.engram_layers.empty()) return;
+    const int64_t cols = (s_.engram_ngram - 1) * s_.engram_heads;
+    auto is_prime = [](uint64_t v) {
+      if (v < 2) return false;
+      for (uint64_t d = 2; d * d <= v; ++d) {
+        if (v % d == 0) return false;
       }
-      const int64_t folded = std::max<int64_t>(3, s.vocab_size - s.vocab_size / 4);
-      for (int64_t t = 0; t < s.vocab_size; ++t) map.push_back(GgufValue::U32(static_cast<uint32_t>(t % folded)));
-      out.SetValue(p + "engram.layer_ids", GgufValue::Array(GgufValueType::kUint32, std::move(ids)));
-      out.SetU32(p + "engram.head_count", static_cast<uint32_t>(s.engram_heads));
-      out.SetU32(p + "engram.key_length", static_cast<uint32_t>(s.engram_dim));
-      out.SetU32(p + "engram.max_ngram_size", static_cast<uint32_t>(s.engram_ngram));
-      out.SetU32(p + "engram.pad_id", 2);
-      out.SetValue(p + "engram.multipliers", GgufValue::Array(GgufValueType::kUint64, std::move(mult)));
-      out.SetValue(p + "engram.primes", GgufValue::Array(GgufValueType::kUint64, std::move(primes)));
-      out.SetValue(p + "engram.offsets", GgufValue::Array(GgufValueType::kUint64, std::move(offsets)));
-      out.SetValue(p + "engram.token_map", GgufValue::Array(GgufValueType::kUint32, std::move(map)));
+      return true;
+    };
+    std::vector<GgufValue> ids, mult, primes, offsets, map;
+    uint64_t candidate = static_cast<uint64_t>(s_.engram_rows);
+    Rng rng(w_.seed() ^ 0x5eed5eedull);
+    for (int64_t e = 0; e < static_cast<int64_t>(s_.engram_layers.size()); ++e) {
+      ids.push_back(GgufValue::U32(static_cast<uint32_t>(s_.engram_layers[e])));
+      for (int64_t k = 0; k < s_.engram_ngram; ++k) {
+        mult.push_back(GgufValue::U64(2 * static_cast<uint64_t>(rng.Uniform(0.0f, 1.0f) * (1 << 20)) + 1));
+      }
+      uint64_t offset = 0;
+      eng_primes_.emplace_back();
+      for (int64_t c = 0; c < cols; ++c) {
+        do ++candidate; while (!is_prime(candidate));
+        primes.push_back(GgufValue::U64(candidate));
+        offsets.push_back(GgufValue::U64(offset));
+        eng_primes_.back().push_back(candidate);
+        offset += candidate;
+      }
     }
+    const int64_t folded = std::max<int64_t>(3, s_.vocab_size - s_.vocab_size / 4);
+    for (int64_t t = 0; t < s_.vocab_size; ++t) map.push_back(GgufValue::U32(static_cast<uint32_t>(t % folded)));
+    GgufWriter& out = w_.w;
+    out.SetValue(p_ + "engram.layer_ids", GgufValue::Array(GgufValueType::kUint32, std::move(ids)));
+    out.SetU32(p_ + "engram.head_count", static_cast<uint32_t>(s_.engram_heads));
+    out.SetU32(p_ + "engram.key_length", static_cast<uint32_t>(s_.engram_dim));
+    out.SetU32(p_ + "engram.max_ngram_size", static_cast<uint32_t>(s_.engram_ngram));
+    out.SetU32(p_ + "engram.pad_id", 2);
+    out.SetValue(p_ + "engram.multipliers", GgufValue::Array(GgufValueType::kUint64, std::move(mult)));
+    out.SetValue(p_ + "engram.primes", GgufValue::Array(GgufValueType::kUint64, std::move(primes)));
+    out.SetValue(p_ + "engram.offsets", GgufValue::Array(GgufValueType::kUint64, std::move(offsets)));
+    out.SetValue(p_ + "engram.token_map", GgufValue::Array(GgufValueType::kUint32, std::move(map)));
   }
-    auto listed = [](const std::vector<int64_t>& v, int64_t l) { return std::find(v.begin(), v.end(), l) != v.end(); };
-  const int64_t hc = s.hc_count, mix = (2 + hc) * hc, qk = w.head_dim;
-  RETURN_IF_ERROR(w.Vector("output_norm.weight", s.dim, 1.0f, 0.5f));
-  RETURN_IF_ERROR(w.Matrix("output.weight", s.dim, s.vocab_size, w.type));
-  if (!ds41) {  // V4.1 collapses with the last FFN's mix
-    RETURN_IF_ERROR(w.Matrix("output_hc_fn.weight", hc * s.dim, hc, GgmlType::kF32));
-    RETURN_IF_ERROR(w.Vector("output_hc_base.weight", hc, 0.0f, 0.5f));
-    RETURN_IF_ERROR(w.Vector("output_hc_scale.weight", 1, 0.5f, 0.2f));
-  }
-  for (int64_t l = 0; l < s.num_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    const int64_t ratio = ratio_of(l);
-    RETURN_IF_ERROR(w.Vector(b + "attn_norm.weight", s.dim, 1.0f, 0.5f));
-    RETURN_IF_ERROR(w.Vector(b + "attn_sinks.weight", s.num_heads, 0.0f, 2.0f));
-    RETURN_IF_ERROR(w.Matrix(b + "attn_q_a.weight", s.dim, s.q_lora_rank, w.type));
-    RETURN_IF_ERROR(w.Vector(b + "attn_q_a_norm.weight", s.q_lora_rank, 1.0f, 0.5f));
-    RETURN_IF_ERROR(w.Matrix(b + "attn_q_b.weight", s.q_lora_rank, s.num_heads * qk, w.type));
-    RETURN_IF_ERROR(w.Matrix(b + "attn_kv.weight", s.dim, qk, w.type));
-    RETURN_IF_ERROR(w.Vector(b + "attn_kv_a_norm.weight", qk, 1.0f, 0.5f));
+
+  Status Attention(const std::string& b) {
+    const int64_t hc = s_.hc_count, mix = (2 + hc) * hc, qk = w_.head_dim;
+    RETURN_IF_ERROR(w_.Vector(b + "attn_norm.weight", s_.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w_.Vector(b + "attn_sinks.weight", s_.num_heads, 0.0f, 2.0f));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_q_a.weight", s_.dim, s_.q_lora_rank, w_.type));
+    RETURN_IF_ERROR(w_.Vector(b + "attn_q_a_norm.weight", s_.q_lora_rank, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_q_b.weight", s_.q_lora_rank, s_.num_heads * qk, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_kv.weight", s_.dim, qk, w_.type));
+    RETURN_IF_ERROR(w_.Vector(b + "attn_kv_a_norm.weight", qk, 1.0f, 0.5f));
     // f32: llama.cpp's CPU backend (the prebuilt release the tests compare with) runs its
     // grouped product of this matrix on f32 only (q8_0 and f16 fail its scheduler's assert).
     // (V4.1, which that llama.cpp cannot run: the file's w.type.)
-    RETURN_IF_ERROR(w.Matrix(b + "attn_output_a.weight", s.num_heads * qk / s.out_groups, s.out_lora_rank * s.out_groups,
-                           ds41 ? w.type : GgmlType::kF32));
-    RETURN_IF_ERROR(w.Matrix(b + "attn_output_b.weight", s.out_groups * s.out_lora_rank, s.dim, w.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_output_a.weight", s_.num_heads * qk / s_.out_groups,
+                              s_.out_lora_rank * s_.out_groups, ds41_ ? w_.type : GgmlType::kF32));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_output_b.weight", s_.out_groups * s_.out_lora_rank, s_.dim, w_.type));
     for (const char* sub : {"attn", "ffn"}) {
-      RETURN_IF_ERROR(w.Matrix(b + "hc_" + sub + "_fn.weight", hc * s.dim, mix, GgmlType::kF32));
-      RETURN_IF_ERROR(w.Vector(b + "hc_" + sub + "_base.weight", mix, 0.0f, 0.5f));
-      RETURN_IF_ERROR(w.Vector(b + "hc_" + sub + "_scale.weight", 3, 0.5f, 0.2f));
+      RETURN_IF_ERROR(w_.Matrix(b + "hc_" + sub + "_fn.weight", hc * s_.dim, mix, GgmlType::kF32));
+      RETURN_IF_ERROR(w_.Vector(b + "hc_" + sub + "_base.weight", mix, 0.0f, 0.5f));
+      RETURN_IF_ERROR(w_.Vector(b + "hc_" + sub + "_scale.weight", 3, 0.5f, 0.2f));
     }
-    if (ds41) {
-      if (listed(sources, l) && ratio != 0) {  // a KV source: compressor and index keys
-        RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_kv.weight", s.dim, qk, w.type));
-        if (ratio != 1) RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_gate.weight", s.dim, qk, w.type));
-        RETURN_IF_ERROR(w.Vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
-        RETURN_IF_ERROR(w.Matrix(b + "indexer.attn_k.weight", qk, s.indexer_dim, w.type));
-        RETURN_IF_ERROR(w.Vector(b + "indexer.k_norm.weight", s.indexer_dim, 1.0f, 0.5f));
-      }
-      if (listed(pickers, l) && ratio != 0) {
-        RETURN_IF_ERROR(w.Matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, w.type));
-        RETURN_IF_ERROR(w.Matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, w.type));
-      }
-      const auto site = std::find(s.engram_layers.begin(), s.engram_layers.end(), l);
-      if (site != s.engram_layers.end()) {
-        const std::vector<uint64_t>& pr = eng_primes[site - s.engram_layers.begin()];
-        int64_t rows = 0;
-        for (uint64_t v : pr) rows += static_cast<int64_t>(v);
-        const int64_t cols = (s.engram_ngram - 1) * s.engram_heads;
-        RETURN_IF_ERROR(w.Matrix(b + "engram_embd.weight", s.engram_dim, rows, w.type));
-        RETURN_IF_ERROR(w.Matrix(b + "engram_wkv.weight", cols * s.engram_dim, (hc + 1) * s.dim, w.type));
-        RETURN_IF_ERROR(w.Vector(b + "engram_q.weight", s.dim, 1.0f, 0.5f, hc));
-        RETURN_IF_ERROR(w.Vector(b + "engram_k.weight", s.dim, 1.0f, 0.5f, hc));
-      }
-    } else if (ratio != 0) {
-      const int64_t coff = ratio == 4 ? 2 : 1;
-      RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_kv.weight", s.dim, coff * qk, w.type));
-      RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_gate.weight", s.dim, coff * qk, w.type));
-      RETURN_IF_ERROR(w.Matrix(b + "attn_compressor_ape.weight", coff * qk, ratio, GgmlType::kF32));
-      RETURN_IF_ERROR(w.Vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+    return Status::Ok();
+  }
+
+  Status V41Layer(int64_t l, const std::string& b) {
+    const int64_t ratio = RatioOf(l), qk = w_.head_dim, hc = s_.hc_count;
+    auto listed = [](const std::vector<int64_t>& v, int64_t l) { return std::find(v.begin(), v.end(), l) != v.end(); };
+    if (listed(sources_, l) && ratio != 0) {  // a KV source: compressor and index keys
+      RETURN_IF_ERROR(w_.Matrix(b + "attn_compressor_kv.weight", s_.dim, qk, w_.type));
+      if (ratio != 1) RETURN_IF_ERROR(w_.Matrix(b + "attn_compressor_gate.weight", s_.dim, qk, w_.type));
+      RETURN_IF_ERROR(w_.Vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+      RETURN_IF_ERROR(w_.Matrix(b + "indexer.attn_k.weight", qk, s_.indexer_dim, w_.type));
+      RETURN_IF_ERROR(w_.Vector(b + "indexer.k_norm.weight", s_.indexer_dim, 1.0f, 0.5f));
     }
-    if (!ds41 && ratio == 4) {
-      RETURN_IF_ERROR(w.Matrix(b + "indexer.proj.weight", s.dim, s.indexer_heads, w.type));
-      RETURN_IF_ERROR(w.Matrix(b + "indexer.attn_q_b.weight", s.q_lora_rank, s.indexer_heads * s.indexer_dim, w.type));
-      RETURN_IF_ERROR(w.Matrix(b + "indexer_compressor_kv.weight", s.dim, 2 * s.indexer_dim, w.type));
-      RETURN_IF_ERROR(w.Matrix(b + "indexer_compressor_gate.weight", s.dim, 2 * s.indexer_dim, w.type));
-      RETURN_IF_ERROR(w.Matrix(b + "indexer_compressor_ape.weight", 2 * s.indexer_dim, ratio, GgmlType::kF32));
-      RETURN_IF_ERROR(w.Vector(b + "indexer_compressor_norm.weight", s.indexer_dim, 1.0f, 0.5f));
+    if (listed(pickers_, l) && ratio != 0) {
+      RETURN_IF_ERROR(w_.Matrix(b + "indexer.proj.weight", s_.dim, s_.indexer_heads, w_.type));
+      RETURN_IF_ERROR(w_.Matrix(b + "indexer.attn_q_b.weight", s_.q_lora_rank, s_.indexer_heads * s_.indexer_dim, w_.type));
     }
-    RETURN_IF_ERROR(w.Vector(b + "ffn_norm.weight", s.dim, 1.0f, 0.5f));
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_gate_inp.weight", s.dim, s.num_experts, GgmlType::kF32));
-    if (l < s.hash_layers) {
+    const auto site = std::find(s_.engram_layers.begin(), s_.engram_layers.end(), l);
+    if (site == s_.engram_layers.end()) return Status::Ok();
+    const std::vector<uint64_t>& pr = eng_primes_[site - s_.engram_layers.begin()];
+    int64_t rows = 0;
+    for (uint64_t v : pr) rows += static_cast<int64_t>(v);
+    const int64_t cols = (s_.engram_ngram - 1) * s_.engram_heads;
+    RETURN_IF_ERROR(w_.Matrix(b + "engram_embd.weight", s_.engram_dim, rows, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "engram_wkv.weight", cols * s_.engram_dim, (hc + 1) * s_.dim, w_.type));
+    RETURN_IF_ERROR(w_.Vector(b + "engram_q.weight", s_.dim, 1.0f, 0.5f, hc));
+    return w_.Vector(b + "engram_k.weight", s_.dim, 1.0f, 0.5f, hc);
+  }
+
+  Status V4Compressors(int64_t l, const std::string& b) {
+    const int64_t ratio = RatioOf(l), qk = w_.head_dim;
+    if (ratio == 0) return Status::Ok();
+    const int64_t coff = ratio == 4 ? 2 : 1;
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_compressor_kv.weight", s_.dim, coff * qk, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_compressor_gate.weight", s_.dim, coff * qk, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "attn_compressor_ape.weight", coff * qk, ratio, GgmlType::kF32));
+    RETURN_IF_ERROR(w_.Vector(b + "attn_compressor_norm.weight", qk, 1.0f, 0.5f));
+    if (ratio != 4) return Status::Ok();
+    RETURN_IF_ERROR(w_.Matrix(b + "indexer.proj.weight", s_.dim, s_.indexer_heads, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "indexer.attn_q_b.weight", s_.q_lora_rank, s_.indexer_heads * s_.indexer_dim, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "indexer_compressor_kv.weight", s_.dim, 2 * s_.indexer_dim, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "indexer_compressor_gate.weight", s_.dim, 2 * s_.indexer_dim, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "indexer_compressor_ape.weight", 2 * s_.indexer_dim, ratio, GgmlType::kF32));
+    return w_.Vector(b + "indexer_compressor_norm.weight", s_.indexer_dim, 1.0f, 0.5f);
+  }
+
+  Status Ffn(int64_t l, const std::string& b) {
+    RETURN_IF_ERROR(w_.Vector(b + "ffn_norm.weight", s_.dim, 1.0f, 0.5f));
+    RETURN_IF_ERROR(w_.Matrix(b + "ffn_gate_inp.weight", s_.dim, s_.num_experts, GgmlType::kF32));
+    if (l < s_.hash_layers) {
       // [num_used, vocab] i32: token t's experts, distinct, from a per-layer stride.
-      std::vector<int32_t> ids(static_cast<size_t>(s.experts_used * s.vocab_size));
-      for (int64_t t = 0; t < s.vocab_size; ++t) {
-        for (int64_t k = 0; k < s.experts_used; ++k) {
-          ids[t * s.experts_used + k] = static_cast<int32_t>((t * (2 * l + 3) + k) % s.num_experts);
+      std::vector<int32_t> ids(static_cast<size_t>(s_.experts_used * s_.vocab_size));
+      for (int64_t t = 0; t < s_.vocab_size; ++t) {
+        for (int64_t k = 0; k < s_.experts_used; ++k) {
+          ids[t * s_.experts_used + k] = static_cast<int32_t>((t * (2 * l + 3) + k) % s_.num_experts);
         }
       }
       std::vector<uint8_t> bytes(ids.size() * 4);
       std::memcpy(bytes.data(), ids.data(), bytes.size());
-      RETURN_IF_ERROR(out.AddTensor(b + "ffn_gate_tid2eid.weight", kGgmlTypeI32,
-                                  {s.experts_used, s.vocab_size}, std::move(bytes)));
+      RETURN_IF_ERROR(w_.w.AddTensor(b + "ffn_gate_tid2eid.weight", kGgmlTypeI32, {s_.experts_used, s_.vocab_size},
+                                     std::move(bytes)));
     } else {
-      RETURN_IF_ERROR(w.Vector(b + "exp_probs_b.bias", s.num_experts, 0.0f, 0.1f));
+      RETURN_IF_ERROR(w_.Vector(b + "exp_probs_b.bias", s_.num_experts, 0.0f, 0.1f));
     }
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_gate_exps.weight", s.dim, w.expert_ffn, w.expert_type, s.num_experts));
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_up_exps.weight", s.dim, w.expert_ffn, w.expert_type, s.num_experts));
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_down_exps.weight", w.expert_ffn, s.dim, w.expert_type, s.num_experts));
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_gate_shexp.weight", s.dim, w.expert_ffn, w.type));
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_up_shexp.weight", s.dim, w.expert_ffn, w.type));
-    RETURN_IF_ERROR(w.Matrix(b + "ffn_down_shexp.weight", w.expert_ffn, s.dim, w.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "ffn_gate_exps.weight", s_.dim, w_.expert_ffn, w_.expert_type, s_.num_experts));
+    RETURN_IF_ERROR(w_.Matrix(b + "ffn_up_exps.weight", s_.dim, w_.expert_ffn, w_.expert_type, s_.num_experts));
+    RETURN_IF_ERROR(w_.Matrix(b + "ffn_down_exps.weight", w_.expert_ffn, s_.dim, w_.expert_type, s_.num_experts));
+    RETURN_IF_ERROR(w_.Matrix(b + "ffn_gate_shexp.weight", s_.dim, w_.expert_ffn, w_.type));
+    RETURN_IF_ERROR(w_.Matrix(b + "ffn_up_shexp.weight", s_.dim, w_.expert_ffn, w_.type));
+    return w_.Matrix(b + "ffn_down_shexp.weight", w_.expert_ffn, s_.dim, w_.type);
   }
-  return Status::Ok();
-}
+
+  SynthWriter& w_;
+  const SynthShape& s_;
+  const std::string& p_;
+  const bool ds41_;
+  std::vector<int64_t> sources_, pickers_;     // V4.1: KV and index source layers
+  std::vector<std::vector<uint64_t>> eng_primes_;  // V4.1: per Engram site, its buckets' primes
+};
+
+Status SynthWrite(SynthWriter& w) { return Ds4Synth(w).Write(); }
 
 std::vector<SynthShape> SynthShapesV4() {
   // DeepSeek-V4-Flash's per-layer shapes (its config as llama.cpp reads it), 3 of its 43 layers:
