@@ -21,134 +21,132 @@ struct TaskOpts {
   int threads = ThreadPool::DefaultNumThreads();
 };
 
-int RunTasks(const TaskOpts& t) {
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "gale eval tasks: %s\n", s.ToString().c_str());
-    return 1;
-  };
-  if (t.output != "text" && t.output != "json") return fail(InvalidArgument("-o must be text or json"));
-  if (t.threads < 1) return fail(InvalidArgument("-t must be >= 1"));
-  auto kv = ParseKvTypeFlag("--kv-type", t.kv_type);
-  if (!kv.ok()) return fail(kv.status());
-  auto base_kv = ParseKvTypeFlag("--base-kv-type", t.base_kv_type);
-  if (!base_kv.ok()) return fail(base_kv.status());
+int TasksFail(const Status& s) {
+  std::fprintf(stderr, "gale eval tasks: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+// The cache flags of the model under test and of the base, checked.
+struct TaskCacheFlags {
+  kernels::KvType kv, base_kv;
   std::optional<kernels::KvType> v;
+  RetentionConfig retention;
+  std::optional<bool> key_channels;
+};
+
+StatusOr<TaskCacheFlags> ResolveTaskCacheFlags(const TaskOpts& t) {
+  TaskCacheFlags f;
+  ASSIGN_OR_RETURN(f.kv, ParseKvTypeFlag("--kv-type", t.kv_type));
+  ASSIGN_OR_RETURN(f.base_kv, ParseKvTypeFlag("--base-kv-type", t.base_kv_type));
   if (!t.v_type.empty()) {
-    auto vv = ParseKvTypeFlag("--v-cache-dtype", t.v_type);
-    if (!vv.ok()) return fail(vv.status());
-    v = *vv;
+    ASSIGN_OR_RETURN(kernels::KvType v, ParseKvTypeFlag("--v-cache-dtype", t.v_type));
+    f.v = v;
   }
-  auto retention = t.retention.Resolve();
-  if (!retention.ok()) return fail(retention.status());
-  auto key_channels = ParseKeyChannelsFlag(t.key_channels);
-  if (!key_channels.ok()) return fail(key_channels.status());
-  auto text = ReadTextFile(t.file);
-  if (!text.ok()) return fail(text.status());
-  auto parsed = ParseTasks(*text);
-  if (!parsed.ok()) return fail(parsed.status().WithContext(t.file));
-  const std::vector<EvalTask>& list = *parsed;
+  ASSIGN_OR_RETURN(f.retention, t.retention.Resolve());
+  ASSIGN_OR_RETURN(f.key_channels, ParseKeyChannelsFlag(t.key_channels));
+  return f;
+}
 
-  auto m = LoadTextModel(t.model, LoadOptions{});
-  if (!m.ok()) return fail(m.status());
-  std::optional<LoadedModel> b;
-  const LoadedModel* base = &*m;
-  if (!t.base.empty() && t.base != m->path) {
-    auto bl = LoadTextModel(t.base, LoadOptions{});
-    if (!bl.ok()) return fail(bl.status().WithContext("--base"));
-    if (bl->model->hparams().vocab_size != m->model->hparams().vocab_size) {
-      return fail(InvalidArgument("the base's vocabulary ({}) differs from the model's ({})", bl->model->hparams().vocab_size,
-                                  m->model->hparams().vocab_size));
-    }
-    b.emplace(std::move(*bl));
-    base = &*b;
+// Every task's turns through the base and the model under test, greedily: turn r's prompt is the
+// user turns so far with the base's replies between them.
+class TaskRunner {
+ public:
+  TaskRunner(const std::vector<EvalTask>& list, const LoadedModel& m, Engine& base, Engine& engine)
+      : list_(list), tok_(*m.tok), chat_(ChatTemplate::FromGguf(*m.file)), base_(base), engine_(engine),
+        replies_(list.size()), outcomes_(list.size()) {}
+
+  Status Run() {
+    size_t max_turns = 0;
+    for (const auto& task : list_) max_turns = std::max(max_turns, task.turns.size());
+    for (size_t r = 0; r < max_turns; ++r) RETURN_IF_ERROR(RunTurn(r));
+    return Status::Ok();
   }
-  ThreadPool pool(t.threads);
-  auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt,
-                         const RetentionConfig& rc = {}, std::optional<bool> kc = std::nullopt) {
-    EngineConfig cfg;
-    cfg.retention = rc;
-    cfg.key_channels = kc;
-    cfg.kv_type = k;
-    cfg.v_kv_type = vt;
-    cfg.kv_cache_memory_bytes = 256ull << 20;
-    return Engine::Create(*lm.model, lm.tok.get(), cfg, pool);
-  };
-  auto base_engine = make_engine(*base, *base_kv, std::nullopt);
-  if (!base_engine.ok()) return fail(base_engine.status());
-  auto engine = make_engine(*m, *kv, v, *retention, *key_channels);
-  if (!engine.ok()) return fail(engine.status());
-  auto chat = ChatTemplate::FromGguf(*m->file);
-  const Tokenizer& tok = *m->tok;
 
-  // Prompt of turn r of a task: the user turns so far with the base's replies between them.
-  std::vector<std::vector<std::string>> replies(list.size());
-  auto prompt_of = [&](size_t i, size_t r) -> StatusOr<std::vector<int32_t>> {
-    const EvalTask& task = list[i];
-    if (task.turns.size() == 1) return tok.Encode(task.turns[0]);
+  std::vector<TaskOutcome>& outcomes() { return outcomes_; }
+
+ private:
+  StatusOr<std::vector<int32_t>> PromptOf(size_t i, size_t r) const {
+    const EvalTask& task = list_[i];
+    if (task.turns.size() == 1) return tok_.Encode(task.turns[0]);
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     std::string plain;
     for (size_t k = 0; k <= r; ++k) {
       messages.push_back({{"role", "user"}, {"content", task.turns[k]}});
       plain += "User: " + task.turns[k] + "\nAssistant:";
       if (k < r) {
-        messages.push_back({{"role", "assistant"}, {"content", replies[i][k]}});
-        plain += replies[i][k] + "\n";
+        messages.push_back({{"role", "assistant"}, {"content", replies_[i][k]}});
+        plain += replies_[i][k] + "\n";
       }
     }
-    if (!chat.ok()) return tok.Encode(plain);
-    const std::string bos = tok.bos_id() >= 0 ? tok.TokenToPiece(tok.bos_id()) : "";
-    const std::string eos = tok.eos_id() >= 0 ? tok.TokenToPiece(tok.eos_id()) : "";
-    ASSIGN_OR_RETURN(std::string text, chat->Apply(MarkLiteralSpecialTexts(tok, messages), true, bos, eos));
-    return TokenizeChatPrompt(tok, text);
-  };
-  std::vector<TaskOutcome> outcomes(list.size());
-  size_t max_turns = 0;
-  for (const auto& task : list) max_turns = std::max(max_turns, task.turns.size());
-  for (size_t r = 0; r < max_turns; ++r) {
+    if (!chat_.ok()) return tok_.Encode(plain);
+    const std::string bos = tok_.bos_id() >= 0 ? tok_.TokenToPiece(tok_.bos_id()) : "";
+    const std::string eos = tok_.eos_id() >= 0 ? tok_.TokenToPiece(tok_.eos_id()) : "";
+    ASSIGN_OR_RETURN(std::string text, chat_->Apply(MarkLiteralSpecialTexts(tok_, messages), true, bos, eos));
+    return TokenizeChatPrompt(tok_, text);
+  }
+
+  static Status Collect(RequestStream& s, std::vector<int32_t>* ids, std::string* text) {
+    StreamUpdate u;
+    while (s.Next(&u)) {
+      ids->insert(ids->end(), u.token_ids.begin(), u.token_ids.end());
+      *text += u.text;
+      if (u.finished && u.finish_reason == FinishReason::kError) return u.status;
+    }
+    return Status::Ok();
+  }
+
+  // Turn r of every task that has one, all submitted at once to both engines.
+  Status RunTurn(size_t r) {
     struct Pending {
       size_t task;
       std::shared_ptr<RequestStream> base, got;
     };
     std::vector<Pending> pending;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (r >= list[i].turns.size()) continue;
-      auto prompt = prompt_of(i, r);
-      if (!prompt.ok()) return fail(prompt.status().WithContext("task " + list[i].id));
+    for (size_t i = 0; i < list_.size(); ++i) {
+      if (r >= list_[i].turns.size()) continue;
+      const std::string what = "task " + list_[i].id;
+      auto prompt = PromptOf(i, r);
+      if (!prompt.ok()) return prompt.status().WithContext(what);
       GenerationRequest req;
       req.prompt = *prompt;
-      req.max_tokens = list[i].max_tokens;
+      req.max_tokens = list_[i].max_tokens;
       req.sampling.temperature = 0.0f;
-      for (int32_t id : {tok.eos_id(), tok.bos_id(), tok.eot_id()}) {
+      for (int32_t id : {tok_.eos_id(), tok_.bos_id(), tok_.eot_id()}) {
         if (id >= 0) req.stop_ids.push_back(id);
       }
-      auto bs = (*base_engine)->Submit(req);
-      if (!bs.ok()) return fail(bs.status().WithContext("task " + list[i].id));
-      auto gs = (*engine)->Submit(req);
-      if (!gs.ok()) return fail(gs.status().WithContext("task " + list[i].id));
+      auto bs = base_.Submit(req);
+      if (!bs.ok()) return bs.status().WithContext(what);
+      auto gs = engine_.Submit(req);
+      if (!gs.ok()) return gs.status().WithContext(what);
       pending.push_back({i, *bs, *gs});
     }
     for (auto& p : pending) {
-      auto collect = [](RequestStream& s, std::vector<int32_t>* ids, std::string* text) -> Status {
-        StreamUpdate u;
-        while (s.Next(&u)) {
-          ids->insert(ids->end(), u.token_ids.begin(), u.token_ids.end());
-          *text += u.text;
-          if (u.finished && u.finish_reason == FinishReason::kError) return u.status;
-        }
-        return Status::Ok();
-      };
       std::vector<int32_t> bt, gt;
       std::string btext, gtext;
-      if (Status s = collect(*p.base, &bt, &btext); !s.ok()) return fail(s);
-      if (Status s = collect(*p.got, &gt, &gtext); !s.ok()) return fail(s);
-      TaskOutcome& o = outcomes[p.task];
+      RETURN_IF_ERROR(Collect(*p.base, &bt, &btext));
+      RETURN_IF_ERROR(Collect(*p.got, &gt, &gtext));
+      TaskOutcome& o = outcomes_[p.task];
       o.base.insert(o.base.end(), bt.begin(), bt.end());
       o.got.insert(o.got.end(), gt.begin(), gt.end());
       o.base_text += (r > 0 ? "\n" : "") + btext;
       o.got_text += (r > 0 ? "\n" : "") + gtext;
-      replies[p.task].push_back(btext);
+      replies_[p.task].push_back(btext);
     }
+    return Status::Ok();
   }
+
+  const std::vector<EvalTask>& list_;
+  const Tokenizer& tok_;
+  const StatusOr<ChatTemplate> chat_;
+  Engine& base_;
+  Engine& engine_;
+  std::vector<std::vector<std::string>> replies_;
+  std::vector<TaskOutcome> outcomes_;
+};
+
+// Each outcome's agreement with the base (exact, first divergence, whether structured ones
+// parse), as the JSON report's per-task entries.
+nlohmann::json CompareOutcomes(const std::vector<EvalTask>& list, std::vector<TaskOutcome>& outcomes) {
   nlohmann::json per_task = nlohmann::json::array();
   for (size_t i = 0; i < list.size(); ++i) {
     TaskOutcome& o = outcomes[i];
@@ -173,7 +171,11 @@ int RunTasks(const TaskOpts& t) {
       per_task.back()["parses"] = o.got_parses;
     }
   }
-  const std::vector<CategoryScore> scores = ScoreTasks(list, outcomes);
+  return per_task;
+}
+
+void PrintTaskScores(const TaskOpts& t, const std::vector<CategoryScore>& scores, const nlohmann::json& per_task,
+                     const std::string& model_path, const std::string& base_path) {
   if (t.output == "json") {
     nlohmann::json cats = nlohmann::json::array();
     for (const auto& c : scores) {
@@ -185,12 +187,12 @@ int RunTasks(const TaskOpts& t) {
                       {"base_parses", c.base_parses},
                       {"no_longer_parse", c.no_longer_parse}});
     }
-    std::printf("%s\n", nlohmann::json({{"model", m->path}, {"base", base->path}, {"kv_type", t.kv_type},
+    std::printf("%s\n", nlohmann::json({{"model", model_path}, {"base", base_path}, {"kv_type", t.kv_type},
                                         {"base_kv_type", t.base_kv_type},
                                         {"kv_retention", t.retention.Describe()}, {"categories", cats}, {"tasks", per_task}})
                             .dump(2)
                             .c_str());
-    return 0;
+    return;
   }
   std::printf("| category | tasks | exact match | mean first divergence (tokens) | tokens agreeing before it | structured: no longer parse |\n");
   std::printf("|---|---|---|---|---|---|\n");
@@ -200,6 +202,51 @@ int RunTasks(const TaskOpts& t) {
                 100.0 * c.token_agreement,
                 c.base_parses > 0 ? fmt::format("{} of {}", c.no_longer_parse, c.base_parses).c_str() : "-");
   }
+}
+
+int RunTasks(const TaskOpts& t) {
+  if (t.output != "text" && t.output != "json") return TasksFail(InvalidArgument("-o must be text or json"));
+  if (t.threads < 1) return TasksFail(InvalidArgument("-t must be >= 1"));
+  auto flags = ResolveTaskCacheFlags(t);
+  if (!flags.ok()) return TasksFail(flags.status());
+  auto text = ReadTextFile(t.file);
+  if (!text.ok()) return TasksFail(text.status());
+  auto parsed = ParseTasks(*text);
+  if (!parsed.ok()) return TasksFail(parsed.status().WithContext(t.file));
+  const std::vector<EvalTask>& list = *parsed;
+  auto m = LoadTextModel(t.model, LoadOptions{});
+  if (!m.ok()) return TasksFail(m.status());
+  std::optional<LoadedModel> b;
+  const LoadedModel* base = &*m;
+  if (!t.base.empty() && t.base != m->path) {
+    auto bl = LoadTextModel(t.base, LoadOptions{});
+    if (!bl.ok()) return TasksFail(bl.status().WithContext("--base"));
+    if (bl->model->hparams().vocab_size != m->model->hparams().vocab_size) {
+      return TasksFail(InvalidArgument("the base's vocabulary ({}) differs from the model's ({})",
+                                       bl->model->hparams().vocab_size, m->model->hparams().vocab_size));
+    }
+    b.emplace(std::move(*bl));
+    base = &*b;
+  }
+  ThreadPool pool(t.threads);
+  auto make_engine = [&](const LoadedModel& lm, kernels::KvType k, std::optional<kernels::KvType> vt,
+                         const RetentionConfig& rc = {}, std::optional<bool> kc = std::nullopt) {
+    EngineConfig cfg;
+    cfg.retention = rc;
+    cfg.key_channels = kc;
+    cfg.kv_type = k;
+    cfg.v_kv_type = vt;
+    cfg.kv_cache_memory_bytes = 256ull << 20;
+    return Engine::Create(*lm.model, lm.tok.get(), cfg, pool);
+  };
+  auto base_engine = make_engine(*base, flags->base_kv, std::nullopt);
+  if (!base_engine.ok()) return TasksFail(base_engine.status());
+  auto engine = make_engine(*m, flags->kv, flags->v, flags->retention, flags->key_channels);
+  if (!engine.ok()) return TasksFail(engine.status());
+  TaskRunner runner(list, *m, **base_engine, **engine);
+  if (Status s = runner.Run(); !s.ok()) return TasksFail(s);
+  const nlohmann::json per_task = CompareOutcomes(list, runner.outcomes());
+  PrintTaskScores(t, ScoreTasks(list, runner.outcomes()), per_task, m->path, base->path);
   return 0;
 }
 
