@@ -1239,25 +1239,67 @@ std::optional<std::vector<XmlParam>> XmlParams(const Json& params) {
   return out;
 }
 
-}  // namespace
-
-StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
-                                      bool parallel, const std::function<int32_t(std::string_view)>& token_id) {
-  // Harmony's call syntax is made of control tokens: the grammar names them by id (<[N]>).
+// Harmony's call syntax is made of control tokens: the grammar names them by id (<[N]>).
+struct HarmonyTokens {
   std::string channel, constrain, message, call;
-  if (f == ToolCallFormat::kGptOss) {
-    for (auto [text, out] : {std::pair<const char*, std::string*>{"<|channel|>", &channel}, {"<|constrain|>", &constrain},
-                             {"<|message|>", &message}, {"<|call|>", &call}}) {
-      const int32_t id = token_id ? token_id(text) : -1;
-      if (id < 0) return InvalidArgument("tool_choice: the vocabulary has no {} token for gpt_oss's calls", text);
-      *out = fmt::format("<[{}]>", id);
+};
+
+StatusOr<HarmonyTokens> FindHarmonyTokens(const std::function<int32_t(std::string_view)>& token_id) {
+  HarmonyTokens h;
+  for (auto [text, out] : {std::pair<const char*, std::string*>{"<|channel|>", &h.channel}, {"<|constrain|>", &h.constrain},
+                           {"<|message|>", &h.message}, {"<|call|>", &h.call}}) {
+    const int32_t id = token_id ? token_id(text) : -1;
+    if (id < 0) return InvalidArgument("tool_choice: the vocabulary has no {} token for gpt_oss's calls", text);
+    *out = fmt::format("<[{}]>", id);
+  }
+  return h;
+}
+
+// A tool's parameters with its local references pointing into the combined $defs (prefix +
+// "params" for the root, prefix + "d-" + name for its own definitions, which move there).
+Json AbsorbDefinitions(Json params, const std::string& prefix, Json& defs) {
+  std::vector<Json*> todo = {&params};
+  while (!todo.empty()) {
+    Json* n = todo.back();
+    todo.pop_back();
+    if (n->is_object()) {
+      for (auto it = n->begin(); it != n->end(); ++it) {
+        if (it.key() == "$ref" && it.value().is_string()) {
+          std::string ref = it.value().get<std::string>();
+          if (ref == "#") {
+            ref = "#/$defs/" + prefix + "params";
+          } else if (StartsWith(ref, "#/$defs/") || StartsWith(ref, "#/definitions/")) {
+            ref = "#/$defs/" + prefix + "d-" + ref.substr(ref.find('/', 2) + 1);
+          }
+          it.value() = ref;
+        } else {
+          todo.push_back(&it.value());
+        }
+      }
+    } else if (n->is_array()) {
+      for (auto& e : *n) todo.push_back(&e);
     }
   }
-  // Every chosen tool's parameters go into one schema's $defs (their own $defs renamed into it),
-  // so one conversion writes all argument rules: tool<i>-params.
+  for (const char* key : {"$defs", "definitions"}) {
+    if (params.is_object() && params.contains(key) && params[key].is_object()) {
+      for (auto it = params[key].begin(); it != params[key].end(); ++it) defs[prefix + "d-" + it.key()] = it.value();
+      params.erase(key);
+    }
+  }
+  return params;
+}
+
+// The tools a call may name. Every chosen tool's parameters go into one schema's $defs, so one
+// conversion writes all argument rules: tool<i>-params (qwen3_coder's XML parameters with JSON
+// values also tool<i>-p<k>).
+struct ChosenTools {
   Json combined = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
   std::vector<std::string> names;
   std::vector<std::optional<std::vector<XmlParam>>> xml;  // qwen3_coder: each tool's XML parameters
+};
+
+StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name) {
+  ChosenTools c;
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& t = tools[i];
     if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
@@ -1265,159 +1307,138 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
     if (!fn.contains("name") || !fn["name"].is_string()) return InvalidArgument("tools[{}] has no function name", i);
     const std::string fname = fn["name"].get<std::string>();
     if (!name.empty() && fname != name) continue;
-    const std::string prefix = fmt::format("tool{}-", names.size());
-    Json params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"]
-                                                                            : Json{{"type", "object"}, {"properties", Json::object()}};
-    // Its local references now point into the combined $defs.
-    std::vector<Json*> todo = {&params};
-    while (!todo.empty()) {
-      Json* n = todo.back();
-      todo.pop_back();
-      if (n->is_object()) {
-        for (auto it = n->begin(); it != n->end(); ++it) {
-          if (it.key() == "$ref" && it.value().is_string()) {
-            std::string ref = it.value().get<std::string>();
-            if (ref == "#") {
-              ref = "#/$defs/" + prefix + "params";
-            } else if (StartsWith(ref, "#/$defs/") || StartsWith(ref, "#/definitions/")) {
-              ref = "#/$defs/" + prefix + "d-" + ref.substr(ref.find('/', 2) + 1);
-            }
-            it.value() = ref;
-          } else {
-            todo.push_back(&it.value());
-          }
-        }
-      } else if (n->is_array()) {
-        for (auto& e : *n) todo.push_back(&e);
-      }
-    }
-    for (const char* defs : {"$defs", "definitions"}) {
-      if (params.is_object() && params.contains(defs) && params[defs].is_object()) {
-        for (auto it = params[defs].begin(); it != params[defs].end(); ++it) {
-          combined["$defs"][prefix + "d-" + it.key()] = it.value();
-        }
-        params.erase(defs);
-      }
-    }
+    const std::string prefix = fmt::format("tool{}-", c.names.size());
+    const Json params = AbsorbDefinitions(fn.contains("parameters") && !fn["parameters"].is_null()
+                                              ? fn["parameters"]
+                                              : Json{{"type", "object"}, {"properties", Json::object()}},
+                                          prefix, c.combined["$defs"]);
     if (f == ToolCallFormat::kQwen3Coder) {
-      // Its parameters' JSON values get rules of their own: tool<i>-p<k>.
-      xml.push_back(XmlParams(params));
-      if (xml.back()) {
-        for (size_t k = 0; k < xml.back()->size(); ++k) {
-          const XmlParam& x = (*xml.back())[k];
-          if (x.kind != XmlParam::Kind::kJson) continue;
-          const std::string def = fmt::format("{}p{}", prefix, k);
-          combined["$defs"][def] = x.schema;
-          combined["anyOf"].push_back({{"$ref", "#/$defs/" + def}});
-        }
+      c.xml.push_back(XmlParams(params));
+      for (size_t k = 0; c.xml.back() && k < c.xml.back()->size(); ++k) {
+        const XmlParam& x = (*c.xml.back())[k];
+        if (x.kind != XmlParam::Kind::kJson) continue;
+        const std::string def = fmt::format("{}p{}", prefix, k);
+        c.combined["$defs"][def] = x.schema;
+        c.combined["anyOf"].push_back({{"$ref", "#/$defs/" + def}});
       }
     }
-    combined["$defs"][prefix + "params"] = params;
-    combined["anyOf"].push_back({{"$ref", "#/$defs/" + prefix + "params"}});
-    names.push_back(fname);
+    c.combined["$defs"][prefix + "params"] = params;
+    c.combined["anyOf"].push_back({{"$ref", "#/$defs/" + prefix + "params"}});
+    c.names.push_back(fname);
   }
-  if (names.empty()) {
+  if (c.names.empty()) {
     return name.empty() ? InvalidArgument("tool_choice needs at least one function in 'tools'")
                         : InvalidArgument("tool_choice names function '{}', which is not in 'tools'", name);
   }
-  auto rules = grammar::JsonSchemaToGbnf(combined, "tool_arguments_any");
+  return c;
+}
+
+// qwen3_coder's XML call of tool i: <function=NAME>\n, then each parameter in declaration order
+// (optional ones may be left out) as <parameter=P>\nVALUE\n</parameter>\n, then </function>. The
+// parameters' rules are appended to *rules.
+std::string XmlCallBody(size_t i, const std::string& name, const std::vector<XmlParam>& params, std::string* rules) {
+  std::string body = grammar::GbnfLiteral("<function=" + name + ">\n");
+  for (size_t k = 0; k < params.size(); ++k) {
+    const XmlParam& x = params[k];
+    const std::string rule = fmt::format("tool{}-x{}", i, k);
+    std::string value;
+    switch (x.kind) {
+      case XmlParam::Kind::kText:
+        *rules += grammar::TextWithoutGbnf(rule + "-text", "\n</parameter>");
+        value = rule + "-text-0";
+        break;
+      case XmlParam::Kind::kChoice:
+        for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
+        value += ")";
+        break;
+      case XmlParam::Kind::kJson: value = fmt::format("tool{}-p{}", i, k); break;
+    }
+    *rules += fmt::format("{} ::= {} {} {}\n", rule, grammar::GbnfLiteral("<parameter=" + x.name + ">\n"), value,
+                          grammar::GbnfLiteral("\n</parameter>\n"));
+    body += " " + rule + (x.required ? "" : "?");
+  }
+  return body + " " + grammar::GbnfLiteral("</function>");
+}
+
+// One call of tool i in the format's syntax, its arguments the rule tool<i>-params.
+std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const HarmonyTokens& h, std::string* rules) {
+  const std::string& name = c.names[i];
+  const std::string args = fmt::format("tool{}-params", i);
+  switch (f) {
+    case ToolCallFormat::kDeepSeekV3:
+      return grammar::GbnfLiteral(std::string(kDsCallBegin) + name + std::string(kDsSep)) + " " + args + " " +
+             grammar::GbnfLiteral(kDsCallEnd);
+    case ToolCallFormat::kFunctionary:
+      return grammar::GbnfLiteral("<function=" + name + ">") + " " + args + " " + grammar::GbnfLiteral("</function>");
+    case ToolCallFormat::kFunctionaryV32:  // the prompt ends with ">>>"
+      return grammar::GbnfLiteral(name + "\n") + " " + args;
+    case ToolCallFormat::kGptOss:
+      return h.channel + " " + grammar::GbnfLiteral("commentary to=functions." + name + " ") + " " + h.constrain + " " +
+             grammar::GbnfLiteral("json") + " " + h.message + " " + args + " " + h.call;
+    case ToolCallFormat::kQwen3Coder:
+      if (c.xml[i]) return XmlCallBody(i, name, *c.xml[i], rules);
+      [[fallthrough]];
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kMistral:
+    case ToolCallFormat::kLlama3Json: {
+      const char* key = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+      const std::string quoted = Json(name).dump(-1, ' ', false, Json::error_handler_t::replace);
+      return "\"{\" space " + grammar::GbnfLiteral("\"name\"") + " space \":\" space " + grammar::GbnfLiteral(quoted) +
+             " space \",\" space " + grammar::GbnfLiteral(fmt::format("\"{}\"", key)) + " space \":\" space " + args +
+             " \"}\" space";
+    }
+  }
+  return "";
+}
+
+// The calls around tool_call_one: more calls after the first only when `many` (parallel calls
+// allowed and no function named), at most kMaxParallelToolCalls in all; then the grammar is
+// complete and generation ends.
+std::string RootRules(ToolCallFormat f, bool many) {
+  const std::string more = fmt::format("{{0,{}}}", kMaxParallelToolCalls - 1);
+  switch (f) {
+    case ToolCallFormat::kGptOss:  // one call: generation ends at <|call|>
+      return "root ::= tool_call_one\n";
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kQwen3Coder:
+      // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.
+      return "tool_block ::= \"<tool_call>\\n\" tool_call_one \"\\n</tool_call>\"\n" +
+             fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\" tool_block)" + more : "");
+    case ToolCallFormat::kLlama3Json:
+      return fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)" + more : "");
+    case ToolCallFormat::kMistral:
+      return fmt::format("root ::= \"[\" tool_call_one{} \"]\"\n", many ? " (\",\" \" \"? tool_call_one)" + more : "");
+    case ToolCallFormat::kFunctionary:
+      return fmt::format("root ::= tool_call_one{}\n", many ? " (\"\\n\"? tool_call_one)" + more : "");
+    case ToolCallFormat::kFunctionaryV32:
+      return fmt::format("root ::= tool_call_one{}\n", many ? " (\">>>\" tool_call_one)" + more : "");
+    case ToolCallFormat::kDeepSeekV3:
+      return fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),
+                         many ? " tool_call_one" + more : "", grammar::GbnfLiteral(kDsCallsEnd));
+  }
+  return "";
+}
+
+}  // namespace
+
+StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
+                                      bool parallel, const std::function<int32_t(std::string_view)>& token_id) {
+  HarmonyTokens harmony;
+  if (f == ToolCallFormat::kGptOss) {
+    ASSIGN_OR_RETURN(harmony, FindHarmonyTokens(token_id));
+  }
+  ASSIGN_OR_RETURN(const ChosenTools chosen, ChooseTools(f, tools, name));
+  auto rules = grammar::JsonSchemaToGbnf(chosen.combined, "tool_arguments_any");
   if (!rules.ok()) return InvalidArgument("tool parameters: {}", rules.status().message());
   std::string out = *rules;
-  // One call per chosen tool, in the format's syntax.
   std::string any;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string args = fmt::format("tool{}-params", i);
-    const std::string quoted = Json(names[i]).dump(-1, ' ', false, Json::error_handler_t::replace);
-    std::string body;
-    switch (f) {
-      case ToolCallFormat::kDeepSeekV3:
-        body = grammar::GbnfLiteral(std::string(kDsCallBegin) + names[i] + std::string(kDsSep)) + " " + args + " " +
-               grammar::GbnfLiteral(kDsCallEnd);
-        break;
-      case ToolCallFormat::kFunctionary:
-        body = grammar::GbnfLiteral("<function=" + names[i] + ">") + " " + args + " " + grammar::GbnfLiteral("</function>");
-        break;
-      case ToolCallFormat::kFunctionaryV32:  // the prompt ends with ">>>"
-        body = grammar::GbnfLiteral(names[i] + "\n") + " " + args;
-        break;
-      case ToolCallFormat::kGptOss:
-        body = channel + " " + grammar::GbnfLiteral("commentary to=functions." + names[i] + " ") + " " + constrain + " " +
-               grammar::GbnfLiteral("json") + " " + message + " " + args + " " + call;
-        break;
-      case ToolCallFormat::kQwen3Coder:
-        if (xml[i]) {
-          // <function=NAME>\n, then each parameter in declaration order (optional ones may be
-          // left out) as <parameter=P>\nVALUE\n</parameter>\n, then </function>.
-          body = grammar::GbnfLiteral("<function=" + names[i] + ">\n");
-          for (size_t k = 0; k < xml[i]->size(); ++k) {
-            const XmlParam& x = (*xml[i])[k];
-            const std::string rule = fmt::format("tool{}-x{}", i, k);
-            std::string value;
-            switch (x.kind) {
-              case XmlParam::Kind::kText:
-                out += grammar::TextWithoutGbnf(rule + "-text", "\n</parameter>");
-                value = rule + "-text-0";
-                break;
-              case XmlParam::Kind::kChoice:
-                for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
-                value += ")";
-                break;
-              case XmlParam::Kind::kJson: value = fmt::format("tool{}-p{}", i, k); break;
-            }
-            out += fmt::format("{} ::= {} {} {}\n", rule, grammar::GbnfLiteral("<parameter=" + x.name + ">\n"), value,
-                               grammar::GbnfLiteral("\n</parameter>\n"));
-            body += " " + rule + (x.required ? "" : "?");
-          }
-          body += " " + grammar::GbnfLiteral("</function>");
-          break;
-        }
-        [[fallthrough]];
-      case ToolCallFormat::kHermes:
-      case ToolCallFormat::kMistral:
-      case ToolCallFormat::kLlama3Json: {
-        const char* key = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-        body = "\"{\" space " + grammar::GbnfLiteral("\"name\"") + " space \":\" space " + grammar::GbnfLiteral(quoted) +
-               " space \",\" space " + grammar::GbnfLiteral(fmt::format("\"{}\"", key)) + " space \":\" space " + args +
-               " \"}\" space";
-        break;
-      }
-    }
+  for (size_t i = 0; i < chosen.names.size(); ++i) {
+    const std::string body = CallBody(f, i, chosen, harmony, &out);
     out += fmt::format("tool_call_{} ::= {}\n", i, body);
     any += (any.empty() ? "" : " | ") + fmt::format("tool_call_{}", i);
   }
   out += "tool_call_one ::= " + any + "\n";
-  // More calls after the first only when parallel calls are allowed and no function is named, at
-  // most kMaxParallelToolCalls in all: then the grammar is complete and generation ends.
-  const bool many = parallel && name.empty();
-  const std::string more = fmt::format("{{0,{}}}", kMaxParallelToolCalls - 1);
-  switch (f) {
-    case ToolCallFormat::kGptOss:  // one call: generation ends at <|call|>
-      out += "root ::= tool_call_one\n";
-      break;
-    case ToolCallFormat::kHermes:
-    case ToolCallFormat::kQwen3Coder:
-      // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.
-      out += "tool_block ::= \"<tool_call>\\n\" tool_call_one \"\\n</tool_call>\"\n";
-      out += fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\" tool_block)" + more : "");
-      break;
-    case ToolCallFormat::kLlama3Json:
-      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)" + more : "");
-      break;
-    case ToolCallFormat::kMistral:
-      out += fmt::format("root ::= \"[\" tool_call_one{} \"]\"\n", many ? " (\",\" \" \"? tool_call_one)" + more : "");
-      break;
-    case ToolCallFormat::kFunctionary:
-      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\"\\n\"? tool_call_one)" + more : "");
-      break;
-    case ToolCallFormat::kFunctionaryV32:
-      out += fmt::format("root ::= tool_call_one{}\n", many ? " (\">>>\" tool_call_one)" + more : "");
-      break;
-    case ToolCallFormat::kDeepSeekV3:
-      out += fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),
-                         many ? " tool_call_one" + more : "", grammar::GbnfLiteral(kDsCallsEnd));
-      break;
-  }
-  return out;
+  return out + RootRules(f, parallel && name.empty());
 }
 
 }  // namespace gale::server
