@@ -73,9 +73,9 @@ void Logprobs(std::span<const float> logits, int32_t token, int k, TokenLogprobs
 
 }  // namespace
 
-Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
-                            std::vector<std::vector<TokenLogprobs>>* logprobs,
-                            std::vector<PromptLogprobs>* prompt_logprobs) {
+// Fills batch_ with the chunks of seqs (every layer group's block tables), pool_jobs_ with the
+// rows a pooling reads and sample_jobs_ with the rows to sample.
+Status ModelRunner::BuildBatch(std::span<const RunnerSeq> seqs) {
   ForwardBatch& b = batch_;
   b.tokens.clear();
   b.positions.clear();
@@ -86,13 +86,12 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
   pool_jobs_.clear();
   b.slots.clear();
   b.attn_acc.clear();
+  sample_jobs_.clear();
   bool any_slots = false, any_acc = false;
   for (const RunnerSeq& q : seqs) {
     any_slots = any_slots || (q.slot_start >= 0 && q.slot_start != q.start);
     any_acc = any_acc || q.attn_acc != nullptr;
   }
-  std::vector<SampleJob>& jobs = sample_jobs_;
-  jobs.clear();
   for (size_t s = 0; s < seqs.size(); ++s) {
     const RunnerSeq& q = seqs[s];
     if (q.start < 0 || q.num_new < 1 || q.start + q.num_new > static_cast<int64_t>(q.tokens.size())) {
@@ -127,7 +126,7 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
     }
     if (q.sample) {
       if (req == nullptr) return Internal("request {} has no sampler", q.request_id);
-      jobs.push_back({s, static_cast<int64_t>(b.logit_rows.size()), req});
+      sample_jobs_.push_back({s, static_cast<int64_t>(b.logit_rows.size()), req});
       const int64_t end = static_cast<int64_t>(b.tokens.size());
       for (int64_t row = end - 1 - q.num_spec; row < end; ++row) b.logit_rows.push_back(static_cast<int32_t>(row));
     }
@@ -144,31 +143,28 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
       b.block_tables.push_back(q.group_tables[g]);
     }
   }
-  // Prompt rows after every sampled row (so the sampled rows keep their places): the chunk's
-  // positions before the prompt's last token.
-  struct PromptJob {
-    size_t seq;
-    int64_t row, first, count;
-  };
+  return Status::Ok();
+}
+
+// Prompt rows after every sampled row (so the sampled rows keep their places): the chunk's
+// positions before the prompt's last token.
+std::vector<ModelRunner::PromptJob> ModelRunner::AddPromptRows(std::span<const RunnerSeq> seqs) {
   std::vector<PromptJob> prompt_jobs;
-  if (prompt_logprobs != nullptr) {
-    int64_t base = 0;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const RunnerSeq& q = seqs[s];
-      const int64_t end = std::min(q.start + q.num_new, q.num_prompt - 1);
-      if (q.prompt_logprobs >= 0 && end > q.start) {
-        prompt_jobs.push_back({s, static_cast<int64_t>(b.logit_rows.size()), q.start, end - q.start});
-        for (int64_t p = q.start; p < end; ++p) b.logit_rows.push_back(static_cast<int32_t>(base + p - q.start));
-      }
-      base += q.num_new;
+  int64_t base = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const RunnerSeq& q = seqs[s];
+    const int64_t end = std::min(q.start + q.num_new, q.num_prompt - 1);
+    if (q.prompt_logprobs >= 0 && end > q.start) {
+      prompt_jobs.push_back({s, static_cast<int64_t>(batch_.logit_rows.size()), q.start, end - q.start});
+      for (int64_t p = q.start; p < end; ++p) batch_.logit_rows.push_back(static_cast<int32_t>(base + p - q.start));
     }
+    base += q.num_new;
   }
-  // A step of only partial prefills wants no logits, but Forward always computes at least one
-  // row: ask for the last token's and ignore it.
-  const bool any_sample = !jobs.empty();
-  if (b.logit_rows.empty()) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
-  RETURN_IF_ERROR(forward_ ? forward_(b, kv_, ws_, pool_) : model_.Forward(b, kv_, ws_, pool_));
-  const int64_t vocab = model_.hparams().vocab_size;
+  return prompt_jobs;
+}
+
+// The pooled requests' hidden rows added to their sums (mean) or kept (cls, last).
+void ModelRunner::AccumulatePooling() {
   const int64_t dim = model_.hparams().dim;
   for (const PoolJob& pj : pool_jobs_) {
     PerRequest& r = *pj.req;
@@ -186,32 +182,32 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
       ++r.num_pooled;
     }
   }
-  if (prompt_logprobs != nullptr) {
-    prompt_logprobs->assign(seqs.size(), PromptLogprobs{});
-    for (const PromptJob& pj : prompt_jobs) {
-      const RunnerSeq& q = seqs[pj.seq];
-      PromptLogprobs& out = (*prompt_logprobs)[pj.seq];
-      out.first = pj.first;
-      out.entries.resize(static_cast<size_t>(pj.count));
-      pool_.ParallelFor(pj.count, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          std::span<const float> logits(ws_.logits.data() + (pj.row + i) * vocab, vocab);
-          Logprobs(logits, q.tokens[pj.first + i + 1], q.prompt_logprobs, &out.entries[i]);
-        }
-      });
-    }
-  }
+}
 
-  sampled->resize(seqs.size());
-  for (auto& v : *sampled) v.clear();
-  if (logprobs != nullptr) {
-    logprobs->resize(seqs.size());
-    for (auto& v : *logprobs) v.clear();
+void ModelRunner::PromptLogprobsOf(std::span<const RunnerSeq> seqs, const std::vector<PromptJob>& prompt_jobs,
+                                   std::vector<PromptLogprobs>* prompt_logprobs) {
+  const int64_t vocab = model_.hparams().vocab_size;
+  prompt_logprobs->assign(seqs.size(), PromptLogprobs{});
+  for (const PromptJob& pj : prompt_jobs) {
+    const RunnerSeq& q = seqs[pj.seq];
+    PromptLogprobs& out = (*prompt_logprobs)[pj.seq];
+    out.first = pj.first;
+    out.entries.resize(static_cast<size_t>(pj.count));
+    pool_.ParallelFor(pj.count, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        std::span<const float> logits(ws_.logits.data() + (pj.row + i) * vocab, vocab);
+        Logprobs(logits, q.tokens[pj.first + i + 1], q.prompt_logprobs, &out.entries[i]);
+      }
+    });
   }
-  if (!any_sample) return Status::Ok();
-  ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
-  // Each request has its own sampler, so requests can be sampled in parallel with the same
-  // results; a request's rows are sampled in order.
+}
+
+// Each request has its own sampler, so requests can be sampled in parallel with the same
+// results; a request's rows are sampled in order, drafts accepted while they match.
+void ModelRunner::SampleAll(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
+                            std::vector<std::vector<TokenLogprobs>>* logprobs) {
+  const int64_t vocab = model_.hparams().vocab_size;
+  const std::vector<SampleJob>& jobs = sample_jobs_;
   pool_.ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> raw;  // [vocab] the row before penalties touch it
     for (int64_t j = begin; j < end; ++j) {
@@ -244,6 +240,30 @@ Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::ve
       }
     }
   });
+}
+
+Status ModelRunner::Execute(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
+                            std::vector<std::vector<TokenLogprobs>>* logprobs,
+                            std::vector<PromptLogprobs>* prompt_logprobs) {
+  RETURN_IF_ERROR(BuildBatch(seqs));
+  std::vector<PromptJob> prompt_jobs;
+  if (prompt_logprobs != nullptr) prompt_jobs = AddPromptRows(seqs);
+  // A step of only partial prefills wants no logits, but Forward always computes at least one
+  // row: ask for the last token's and ignore it.
+  ForwardBatch& b = batch_;
+  if (b.logit_rows.empty()) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+  RETURN_IF_ERROR(forward_ ? forward_(b, kv_, ws_, pool_) : model_.Forward(b, kv_, ws_, pool_));
+  AccumulatePooling();
+  if (prompt_logprobs != nullptr) PromptLogprobsOf(seqs, prompt_jobs, prompt_logprobs);
+  sampled->resize(seqs.size());
+  for (auto& v : *sampled) v.clear();
+  if (logprobs != nullptr) {
+    logprobs->resize(seqs.size());
+    for (auto& v : *logprobs) v.clear();
+  }
+  if (sample_jobs_.empty()) return Status::Ok();
+  ProfileSpan span("sample", "cpu", static_cast<int64_t>(b.logit_rows.size()));
+  SampleAll(seqs, sampled, logprobs);
   return Status::Ok();
 }
 

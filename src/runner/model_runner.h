@@ -137,6 +137,19 @@ class ModelRunner {
     PerRequest* req;
   };
   std::vector<SampleJob> sample_jobs_;  // [seqs sampled this step]
+  struct PromptJob {
+    size_t seq;
+    int64_t row, first, count;  // its first logits row; the positions [first, first + count)
+  };
+
+  // Execute's steps, in order.
+  Status BuildBatch(std::span<const RunnerSeq> seqs);
+  std::vector<PromptJob> AddPromptRows(std::span<const RunnerSeq> seqs);
+  void AccumulatePooling();
+  void PromptLogprobsOf(std::span<const RunnerSeq> seqs, const std::vector<PromptJob>& prompt_jobs,
+                        std::vector<PromptLogprobs>* prompt_logprobs);
+  void SampleAll(std::span<const RunnerSeq> seqs, std::vector<std::vector<int32_t>>* sampled,
+                 std::vector<std::vector<TokenLogprobs>>* logprobs);
 };
 
 }  // namespace gale
