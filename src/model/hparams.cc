@@ -88,54 +88,16 @@ StatusOr<int64_t> PerLayerInt(const GgufFile& file, const std::string& key, int6
   return *first;
 }
 
-StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
-  ModelHParams hp;
-  ASSIGN_OR_RETURN(hp.arch, file.GetString("general.architecture"));
-  const std::string p = hp.arch + ".";
-  ASSIGN_OR_RETURN(hp.dim, file.GetInt(p + "embedding_length"));
-  ASSIGN_OR_RETURN(const int64_t block_count, file.GetInt(p + "block_count"));
-  if (block_count <= 0 || block_count > 4096) return InvalidArgument("model hyperparameters: block_count {} out of range", block_count);
-  // The last nextn_predict_layers layers are multi-token-prediction heads: not part of the
-  // forward pass (their tensors stay unread), as llama.cpp's n_layer() leaves them out.
-  ASSIGN_OR_RETURN(const int64_t nextn, OptionalInt(file, p + "nextn_predict_layers", 0));
-  if (nextn < 0 || nextn >= block_count) {
-    return InvalidArgument("model hyperparameters: nextn_predict_layers {} of {} layers", nextn, block_count);
-  }
-  hp.num_layers = block_count - nextn;
-  hp.num_nextn_layers = nextn;
-  ASSIGN_OR_RETURN(hp.ffn_dim, PerLayerInt(file, p + "feed_forward_length", block_count));
-  ASSIGN_OR_RETURN(hp.num_heads, PerLayerInt(file, p + "attention.head_count", block_count));
-  ASSIGN_OR_RETURN(hp.num_kv_heads, PerLayerInt(file, p + "attention.head_count_kv", block_count, hp.num_heads));
-  ASSIGN_OR_RETURN(hp.context_length, OptionalInt(file, p + "context_length", 2048));
-  ASSIGN_OR_RETURN(const double rms_eps, OptionalDouble(file, p + "attention.layer_norm_rms_epsilon", 1e-5));
-  hp.rms_eps = static_cast<float>(rms_eps);
-  ASSIGN_OR_RETURN(const double freq_base, OptionalDouble(file, p + "rope.freq_base", 10000.0));
-  hp.rope_freq_base = static_cast<float>(freq_base);
-  // What llama.cpp reads for every architecture and gale does not run: refused unless the file
-  // leaves them at their meaning-free defaults (docs/model-layer.md lists every key).
-  if (const int64_t out = file.GetInt(p + "embedding_length_out", hp.dim); out != hp.dim) {
-    return Unimplemented("{}embedding_length_out {} differs from embedding_length {}: output projections to another "
-                         "width are not supported", p, out, hp.dim);
-  }
-  if (const GgufValue* labels = file.Find(p + "classifier.output_labels"); labels != nullptr && !labels->array.empty()) {
-    return Unimplemented("{}classifier.output_labels: classification heads are not supported (gale pools embeddings "
-                         "or generates)", p);
-  }
-  if (const GgufValue* causal = file.Find(p + "attention.causal"); causal != nullptr) {
-    if (!causal->AsBool()) return InvalidArgument("metadata key '{}attention.causal' is not a bool", p);
-    hp.causal_key = *causal->AsBool();
-  }
+namespace {
 
-  auto bad = [&](const char* what) {
-    return InvalidArgument("model hyperparameters: {} (dim {}, heads {}, kv heads {}, layers {}, ffn {})",
-                           what, hp.dim, hp.num_heads, hp.num_kv_heads, hp.num_layers, hp.ffn_dim);
-  };
-  constexpr int64_t kLimit = 1 << 20;
-  if (hp.dim <= 0 || hp.dim > kLimit) return bad("embedding_length out of range");
-  if (hp.ffn_dim <= 0 || hp.ffn_dim > 16 * kLimit) return bad("feed_forward_length out of range");
-  if (hp.num_heads <= 0 || hp.num_heads > 4096) return bad("head_count out of range");
-  if (hp.num_kv_heads <= 0 || hp.num_heads % hp.num_kv_heads != 0) return bad("head_count_kv must divide head_count");
-  if (hp.context_length <= 0) return bad("context_length must be positive");
+Status BadHParams(const ModelHParams& hp, const char* what) {
+  return InvalidArgument("model hyperparameters: {} (dim {}, heads {}, kv heads {}, layers {}, ffn {})", what, hp.dim,
+                         hp.num_heads, hp.num_kv_heads, hp.num_layers, hp.ffn_dim);
+}
+
+// The head sizes (K, V, the windowed layers'), the rotated dims and the pooling.
+Status ReadHeadKeys(const GgufFile& file, const std::string& p, ModelHParams& hp) {
+  auto bad = [&](const char* what) { return BadHParams(hp, what); };
   // The head size: attention.key_length where the file sets it (Qwen3, Gemma: not dim / heads).
   ASSIGN_OR_RETURN(const int64_t key_length, OptionalInt(file, p + "attention.key_length", 0));
   ASSIGN_OR_RETURN(const int64_t value_length, OptionalInt(file, p + "attention.value_length", key_length));
@@ -170,52 +132,59 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
   }
   hp.pooling = static_cast<Pooling>(pooling);
 
-  MoeHParams& moe = hp.moe;
-  ASSIGN_OR_RETURN(moe.num_experts, OptionalInt(file, p + "expert_count", 0));
-  if (moe.num_experts != 0) {
-    ASSIGN_OR_RETURN(moe.num_used, PerLayerInt(file, p + "expert_used_count", block_count, 0));
-    ASSIGN_OR_RETURN(moe.expert_ffn, PerLayerInt(file, p + "expert_feed_forward_length", block_count, 0));
-    moe.num_shared = file.GetInt(p + "expert_shared_count", 0);
-    moe.shared_ffn = file.GetInt(p + "expert_shared_feed_forward_length", 0);
-    moe.leading_dense = file.GetInt(p + "leading_dense_block_count", 0);
-    moe.num_groups = file.GetInt(p + "expert_group_count", 0);
-    moe.groups_used = file.GetInt(p + "expert_group_used_count", 0);
-    if (const GgufValue* norm = file.Find(p + "expert_weights_norm"); norm != nullptr) {
-      moe.norm_weights = norm->AsBool().value_or(norm->AsInt().value_or(0) != 0);
-    }
-    const double scale = file.GetDouble(p + "expert_weights_scale", 0.0);
-    moe.weights_scale = scale == 0.0 ? 1.0f : static_cast<float>(scale);
-    const int64_t gating = file.GetInt(p + "expert_gating_func", 0);
-    if (gating < 0 || gating > 4) {
-      return Unimplemented("{}expert_gating_func {} is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen, 4 "
-                           "sqrt of softplus)", p, gating);
-    }
-    if (gating != 0) moe.gating = static_cast<ExpertGating>(gating);
-    auto bad_moe = [&](const char* what) {
-      return InvalidArgument("model hyperparameters: {} (experts {}, used {}, expert ffn {}, groups {} using {})", what,
-                             moe.num_experts, moe.num_used, moe.expert_ffn, moe.num_groups, moe.groups_used);
-    };
-    if (moe.num_experts < 0 || moe.num_experts > 4096) return bad_moe("expert_count out of range");
-    if (moe.num_used <= 0 || moe.num_used > moe.num_experts) return bad_moe("expert_used_count must be in [1, expert_count]");
-    if (moe.expert_ffn < 0 || moe.expert_ffn > 16 * kLimit) return bad_moe("expert_feed_forward_length out of range");
-    if (moe.num_shared < 0 || moe.num_shared > 64 || moe.shared_ffn < 0 || moe.shared_ffn > 16 * kLimit) {
-      return bad_moe("expert_shared_count or its feed_forward_length out of range");
-    }
-    if (moe.leading_dense < 0 || moe.leading_dense > hp.num_layers) return bad_moe("leading_dense_block_count out of range");
-    if (!std::isfinite(moe.weights_scale) || !(moe.weights_scale > 0.0f)) return bad_moe("expert_weights_scale must be positive");
-    if (moe.num_groups > 1) {
-      if (moe.num_experts % moe.num_groups != 0 || moe.groups_used <= 0 || moe.groups_used > moe.num_groups ||
-          moe.num_used > moe.groups_used * (moe.num_experts / moe.num_groups)) {
-        return bad_moe("expert groups must divide expert_count, and the groups used must hold expert_used_count experts");
-      }
-    } else {
-      moe.num_groups = moe.groups_used = 0;
-    }
-  }
+  return Status::Ok();
+}
 
-  // RoPE scaling as llama.cpp reads it: the type defaults to linear (a factor alone scales
-  // linearly; rope.scale_linear is its older name), "none" never scales, and attn_factor scales
-  // cos and sin whatever the type.
+// A mixture of experts' keys (expert_count set), checked.
+Status ReadExpertKeys(const GgufFile& file, const std::string& p, int64_t block_count, ModelHParams& hp) {
+  constexpr int64_t kLimit = 1 << 20;
+  MoeHParams& moe = hp.moe;
+  ASSIGN_OR_RETURN(moe.num_used, PerLayerInt(file, p + "expert_used_count", block_count, 0));
+  ASSIGN_OR_RETURN(moe.expert_ffn, PerLayerInt(file, p + "expert_feed_forward_length", block_count, 0));
+  moe.num_shared = file.GetInt(p + "expert_shared_count", 0);
+  moe.shared_ffn = file.GetInt(p + "expert_shared_feed_forward_length", 0);
+  moe.leading_dense = file.GetInt(p + "leading_dense_block_count", 0);
+  moe.num_groups = file.GetInt(p + "expert_group_count", 0);
+  moe.groups_used = file.GetInt(p + "expert_group_used_count", 0);
+  if (const GgufValue* norm = file.Find(p + "expert_weights_norm"); norm != nullptr) {
+    moe.norm_weights = norm->AsBool().value_or(norm->AsInt().value_or(0) != 0);
+  }
+  const double scale = file.GetDouble(p + "expert_weights_scale", 0.0);
+  moe.weights_scale = scale == 0.0 ? 1.0f : static_cast<float>(scale);
+  const int64_t gating = file.GetInt(p + "expert_gating_func", 0);
+  if (gating < 0 || gating > 4) {
+    return Unimplemented("{}expert_gating_func {} is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen, 4 "
+                         "sqrt of softplus)", p, gating);
+  }
+  if (gating != 0) moe.gating = static_cast<ExpertGating>(gating);
+  auto bad_moe = [&](const char* what) {
+    return InvalidArgument("model hyperparameters: {} (experts {}, used {}, expert ffn {}, groups {} using {})", what,
+                           moe.num_experts, moe.num_used, moe.expert_ffn, moe.num_groups, moe.groups_used);
+  };
+  if (moe.num_experts < 0 || moe.num_experts > 4096) return bad_moe("expert_count out of range");
+  if (moe.num_used <= 0 || moe.num_used > moe.num_experts) return bad_moe("expert_used_count must be in [1, expert_count]");
+  if (moe.expert_ffn < 0 || moe.expert_ffn > 16 * kLimit) return bad_moe("expert_feed_forward_length out of range");
+  if (moe.num_shared < 0 || moe.num_shared > 64 || moe.shared_ffn < 0 || moe.shared_ffn > 16 * kLimit) {
+    return bad_moe("expert_shared_count or its feed_forward_length out of range");
+  }
+  if (moe.leading_dense < 0 || moe.leading_dense > hp.num_layers) return bad_moe("leading_dense_block_count out of range");
+  if (!std::isfinite(moe.weights_scale) || !(moe.weights_scale > 0.0f)) return bad_moe("expert_weights_scale must be positive");
+  if (moe.num_groups > 1) {
+    if (moe.num_experts % moe.num_groups != 0 || moe.groups_used <= 0 || moe.groups_used > moe.num_groups ||
+        moe.num_used > moe.groups_used * (moe.num_experts / moe.num_groups)) {
+      return bad_moe("expert groups must divide expert_count, and the groups used must hold expert_used_count experts");
+    }
+  } else {
+    moe.num_groups = moe.groups_used = 0;
+  }
+  return Status::Ok();
+}
+
+// RoPE scaling as llama.cpp reads it: the type defaults to linear (a factor alone scales
+// linearly; rope.scale_linear is its older name), "none" never scales, and attn_factor scales
+// cos and sin whatever the type.
+Status ReadRopeScaling(const GgufFile& file, const std::string& p, ModelHParams& hp) {
+  auto bad = [&](const char* what) { return BadHParams(hp, what); };
   std::string type = "linear";
   if (const GgufValue* t = file.Find(p + "rope.scaling.type"); t != nullptr) {
     if (t->AsString() == nullptr) return InvalidArgument("metadata key '{}rope.scaling.type' is not a string", p);
@@ -258,6 +227,60 @@ StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
     return Unimplemented("{}rope.scaling.type '{}' is not supported yet (gale supports none, linear, yarn, and "
                          "llama3 through the rope_freqs tensor)", p, type);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<ModelHParams> ReadHParams(const GgufFile& file) {
+  ModelHParams hp;
+  ASSIGN_OR_RETURN(hp.arch, file.GetString("general.architecture"));
+  const std::string p = hp.arch + ".";
+  ASSIGN_OR_RETURN(hp.dim, file.GetInt(p + "embedding_length"));
+  ASSIGN_OR_RETURN(const int64_t block_count, file.GetInt(p + "block_count"));
+  if (block_count <= 0 || block_count > 4096) return InvalidArgument("model hyperparameters: block_count {} out of range", block_count);
+  // The last nextn_predict_layers layers are multi-token-prediction heads: not part of the
+  // forward pass (their tensors stay unread), as llama.cpp's n_layer() leaves them out.
+  ASSIGN_OR_RETURN(const int64_t nextn, OptionalInt(file, p + "nextn_predict_layers", 0));
+  if (nextn < 0 || nextn >= block_count) {
+    return InvalidArgument("model hyperparameters: nextn_predict_layers {} of {} layers", nextn, block_count);
+  }
+  hp.num_layers = block_count - nextn;
+  hp.num_nextn_layers = nextn;
+  ASSIGN_OR_RETURN(hp.ffn_dim, PerLayerInt(file, p + "feed_forward_length", block_count));
+  ASSIGN_OR_RETURN(hp.num_heads, PerLayerInt(file, p + "attention.head_count", block_count));
+  ASSIGN_OR_RETURN(hp.num_kv_heads, PerLayerInt(file, p + "attention.head_count_kv", block_count, hp.num_heads));
+  ASSIGN_OR_RETURN(hp.context_length, OptionalInt(file, p + "context_length", 2048));
+  ASSIGN_OR_RETURN(const double rms_eps, OptionalDouble(file, p + "attention.layer_norm_rms_epsilon", 1e-5));
+  hp.rms_eps = static_cast<float>(rms_eps);
+  ASSIGN_OR_RETURN(const double freq_base, OptionalDouble(file, p + "rope.freq_base", 10000.0));
+  hp.rope_freq_base = static_cast<float>(freq_base);
+  // What llama.cpp reads for every architecture and gale does not run: refused unless the file
+  // leaves them at their meaning-free defaults (docs/model-layer.md lists every key).
+  if (const int64_t out = file.GetInt(p + "embedding_length_out", hp.dim); out != hp.dim) {
+    return Unimplemented("{}embedding_length_out {} differs from embedding_length {}: output projections to another "
+                         "width are not supported", p, out, hp.dim);
+  }
+  if (const GgufValue* labels = file.Find(p + "classifier.output_labels"); labels != nullptr && !labels->array.empty()) {
+    return Unimplemented("{}classifier.output_labels: classification heads are not supported (gale pools embeddings "
+                         "or generates)", p);
+  }
+  if (const GgufValue* causal = file.Find(p + "attention.causal"); causal != nullptr) {
+    if (!causal->AsBool()) return InvalidArgument("metadata key '{}attention.causal' is not a bool", p);
+    hp.causal_key = *causal->AsBool();
+  }
+
+  auto bad = [&](const char* what) { return BadHParams(hp, what); };
+  constexpr int64_t kLimit = 1 << 20;
+  if (hp.dim <= 0 || hp.dim > kLimit) return bad("embedding_length out of range");
+  if (hp.ffn_dim <= 0 || hp.ffn_dim > 16 * kLimit) return bad("feed_forward_length out of range");
+  if (hp.num_heads <= 0 || hp.num_heads > 4096) return bad("head_count out of range");
+  if (hp.num_kv_heads <= 0 || hp.num_heads % hp.num_kv_heads != 0) return bad("head_count_kv must divide head_count");
+  if (hp.context_length <= 0) return bad("context_length must be positive");
+  RETURN_IF_ERROR(ReadHeadKeys(file, p, hp));
+  ASSIGN_OR_RETURN(hp.moe.num_experts, OptionalInt(file, p + "expert_count", 0));
+  if (hp.moe.num_experts != 0) RETURN_IF_ERROR(ReadExpertKeys(file, p, block_count, hp));
+  RETURN_IF_ERROR(ReadRopeScaling(file, p, hp));
   return hp;
 }
 
