@@ -474,45 +474,146 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   live_.erase(it);
 }
 
-void Engine::Loop() {
-  std::vector<PendingRequest> submitted;
-  std::vector<int64_t> cancelled;
-  std::vector<RunnerSeq> seqs;
-  std::vector<std::vector<int32_t>> spec_inputs;  // [seq] tokens followed by drafts
-  RunnerOutput out;
-  std::vector<std::vector<TokenLogprobs>> logprobs;
-  std::vector<PromptLogprobs> prompt_logprobs;
-  std::vector<std::pair<std::unique_ptr<SeqRequest>, Status>> failed;  // grammar errors of a step
-  bool idle_released = true;  // memory given back since the last step
-  while (true) {
-    submitted.clear();
-    cancelled.clear();
-    if (!sched_.HasWork() && !idle_released && !queue_.WaitFor(kIdleReleaseDelay)) {
-      // Idle a while: what the finished requests freed goes back to the system (a burst's memory
-      // must not stay with an idle server). Not at every idle moment: malloc_trim walks every
-      // arena, holding each one's lock, and under a stream of short requests the engine thread
-      // would spend its time there while the next request waits.
-      ReleaseFreeMemory();
-      idle_released = true;
+// Takes what was submitted and cancelled (waiting for it when there is no work); false once the
+// queue has closed, every request in flight then cancelled.
+bool Engine::TakeRequests(StepBuffers& b) {
+  b.submitted.clear();
+  b.cancelled.clear();
+  if (!sched_.HasWork() && !b.idle_released && !queue_.WaitFor(kIdleReleaseDelay)) {
+    // Idle a while: what the finished requests freed goes back to the system (a burst's memory
+    // must not stay with an idle server). Not at every idle moment: malloc_trim walks every
+    // arena, holding each one's lock, and under a stream of short requests the engine thread
+    // would spend its time there while the next request waits.
+    ReleaseFreeMemory();
+    b.idle_released = true;
+  }
+  const bool open = queue_.Drain(/*wait=*/!sched_.HasWork(), &b.submitted, &b.cancelled);
+  for (auto& p : b.submitted) Admit(p);
+  for (int64_t id : b.cancelled) {
+    if (auto r = sched_.Abort(id, FinishReason::kCancelled)) {
+      PublishStats();
+      Finish(*r, FinishReason::kCancelled, Status::Ok());
     }
-    const bool open = queue_.Drain(/*wait=*/!sched_.HasWork(), &submitted, &cancelled);
-    for (auto& p : submitted) Admit(p);
-    for (int64_t id : cancelled) {
-      if (auto r = sched_.Abort(id, FinishReason::kCancelled)) {
-        PublishStats();
-        Finish(*r, FinishReason::kCancelled, Status::Ok());
-      }
-    }
-    if (!open) {
-      std::vector<int64_t> ids;
-      for (const auto& [id, l] : live_) ids.push_back(id);
-      for (int64_t id : ids) {
-        if (auto r = sched_.Abort(id, FinishReason::kCancelled)) Finish(*r, FinishReason::kCancelled, Status::Ok());
-      }
-      return;
-    }
-    if (!sched_.HasWork()) continue;
+  }
+  if (open) return true;
+  std::vector<int64_t> ids;
+  for (const auto& [id, l] : live_) ids.push_back(id);
+  for (int64_t id : ids) {
+    if (auto r = sched_.Abort(id, FinishReason::kCancelled)) Finish(*r, FinishReason::kCancelled, Status::Ok());
+  }
+  return false;
+}
 
+// The runner's view of the plan's chunks (drafts after a request's tokens, retention's slots and
+// attention accumulators); true when any wants prompt logprobs.
+bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
+  bool any_prompt_logprobs = false;
+  b.seqs.clear();
+  b.spec_inputs.resize(plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    std::span<const int32_t> tokens = s.req->tokens;
+    if (s.num_spec > 0) {
+      // The chunk's drafts follow the request's tokens.
+      b.spec_inputs[i].assign(s.req->tokens.begin(), s.req->tokens.end());
+      b.spec_inputs[i].insert(b.spec_inputs[i].end(), s.req->spec_tokens.begin(), s.req->spec_tokens.begin() + s.num_spec);
+      tokens = b.spec_inputs[i];
+    }
+    b.seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
+    Live& l = *live_.at(s.req->id);
+    RunnerSeq& q = b.seqs.back();
+    q.num_prompt = s.req->num_prompt_tokens;
+    if (kv_.num_groups() > 1) q.group_tables = kv_.BlockTables(s.req->id);
+    q.prompt_logprobs = l.prompt_logprobs;
+    any_prompt_logprobs = any_prompt_logprobs || l.prompt_logprobs >= 0;
+    if (l.retention) {
+      if (l.retention_fresh) {
+        l.retention->Reset(s.req->num_pinned_slots);
+        l.retention_fresh = false;
+      }
+      q.slot_start = s.start - s.req->num_evicted;
+      q.attn_acc = l.retention->Accumulator(q.slot_start + q.num_new);
+      q.attn_acc_stride = l.retention->stride();
+    }
+  }
+  return any_prompt_logprobs;
+}
+
+Status Engine::RunStep(const StepPlan& plan, StepBuffers& b, bool any_prompt_logprobs) {
+  // A step with any prompt chunk counts as prefill in the profile, one of decodes only as decode.
+  bool decode_only = true;
+  for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 + q.num_spec && q.sample;
+  ProfileSpan span(decode_only ? "decode" : "prefill", "step", plan.num_tokens);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = runner_.Execute(b.seqs, &b.out.tokens, &b.logprobs, any_prompt_logprobs ? &b.prompt_logprobs : nullptr);
+  // The fit is of decode steps: a prompt chunk's tokens cost less each (one weight read for many).
+  if (decode_only && config_.spec.method != SpecMethod::kOff) {
+    spec_cost_.AddStep(plan.num_tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return st;
+}
+
+// Kept in order; a chunk computed again after preemption adds only what is new.
+void Engine::KeepPromptLogprobs(const StepPlan& plan, const std::vector<PromptLogprobs>& prompt_logprobs) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    Live& l = *live_.at(plan.seqs[i].req->id);
+    const PromptLogprobs& p = prompt_logprobs[i];
+    if (l.num_emitted_tokens > 0) continue;  // sent already (this is a recomputation)
+    for (size_t e = 0; e < p.entries.size(); ++e) {
+      if (p.first + static_cast<int64_t>(e) == static_cast<int64_t>(l.prompt_lps.size())) l.prompt_lps.push_back(p.entries[e]);
+    }
+  }
+}
+
+// Streams the new tokens (those Update kept: up to a stop token or the length limit); a stop
+// string or a complete grammar ends its request here, a grammar error fails it (into b.failed).
+void Engine::StreamStep(const StepPlan& plan, std::vector<std::unique_ptr<SeqRequest>>& finished, StepBuffers& b) {
+  auto take = [&](int64_t id, FinishReason reason) -> std::unique_ptr<SeqRequest> {
+    auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& f) { return f->id == id; });
+    if (it == finished.end()) return sched_.Abort(id, reason);
+    std::unique_ptr<SeqRequest> owned = std::move(*it);
+    finished.erase(it);
+    return owned;
+  };
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (!plan.seqs[i].sample) continue;
+    const SeqRequest& r = *plan.seqs[i].req;  // still alive: running, or owned by `finished`
+    Live& l = *live_.at(r.id);
+    const ModelRunner::GrammarState gs = runner_.grammar_state(r.id);
+    if (!gs.status.ok()) {
+      // No token could continue the grammar: the request ends with that error, the placeholder
+      // token unseen.
+      if (auto owned = take(r.id, FinishReason::kError)) b.failed.emplace_back(std::move(owned), gs.status);
+      continue;
+    }
+    const int64_t first = l.num_emitted_tokens;
+    if (l.embed) continue;  // its one sampled token is not output
+    for (int64_t g = first; g < r.num_generated(); ++g) {
+      ++stats_.num_generated_tokens;
+      const size_t j = static_cast<size_t>(g - first);
+      if (!EmitToken(l, r.tokens[r.num_prompt_tokens + g], j < b.logprobs[i].size() ? &b.logprobs[i][j] : nullptr)) continue;
+      const int64_t id = r.id;
+      auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& f) { return f->id == id; });
+      if (it != finished.end()) {
+        (*it)->finish_reason = FinishReason::kStop;
+      } else if (auto a = sched_.Abort(id, FinishReason::kStop)) {
+        finished.push_back(std::move(a));
+      }
+      break;
+    }
+    if (gs.done) {
+      // The grammar is complete and nothing may follow: the output is whole (Abort finds
+      // nothing when the request finished already).
+      if (auto a = sched_.Abort(r.id, FinishReason::kStop)) finished.push_back(std::move(a));
+    }
+  }
+}
+
+void Engine::Loop() {
+  StepBuffers b;
+  while (true) {
+    if (!TakeRequests(b)) return;
+    if (!sched_.HasWork()) continue;
     if (Status ps = Propose(); !ps.ok()) {
       // The draft model failed: its guesses are dropped, target decoding carries on.
       for (SeqRequest* r : sched_.running()) r->spec_tokens.clear();
@@ -524,50 +625,9 @@ void Engine::Loop() {
     }
     for (int64_t id : plan.preempted) live_.at(id)->retention_fresh = true;
     if (plan.empty()) continue;
-    idle_released = false;
-    bool any_prompt_logprobs = false;
-    seqs.clear();
-    spec_inputs.resize(plan.seqs.size());
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      const ScheduledSeq& s = plan.seqs[i];
-      std::span<const int32_t> tokens = s.req->tokens;
-      if (s.num_spec > 0) {
-        // The chunk's drafts follow the request's tokens.
-        spec_inputs[i].assign(s.req->tokens.begin(), s.req->tokens.end());
-        spec_inputs[i].insert(spec_inputs[i].end(), s.req->spec_tokens.begin(), s.req->spec_tokens.begin() + s.num_spec);
-        tokens = spec_inputs[i];
-      }
-      seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
-      Live& l = *live_.at(s.req->id);
-      seqs.back().num_prompt = s.req->num_prompt_tokens;
-      if (kv_.num_groups() > 1) seqs.back().group_tables = kv_.BlockTables(s.req->id);
-      seqs.back().prompt_logprobs = l.prompt_logprobs;
-      any_prompt_logprobs = any_prompt_logprobs || l.prompt_logprobs >= 0;
-      if (l.retention) {
-        if (l.retention_fresh) {
-          l.retention->Reset(s.req->num_pinned_slots);
-          l.retention_fresh = false;
-        }
-        RunnerSeq& q = seqs.back();
-        q.slot_start = s.start - s.req->num_evicted;
-        q.attn_acc = l.retention->Accumulator(q.slot_start + q.num_new);
-        q.attn_acc_stride = l.retention->stride();
-      }
-    }
-    Status st;
-    {
-      // A step with any prompt chunk counts as prefill in the profile, one of decodes only as decode.
-      bool decode_only = true;
-      for (const ScheduledSeq& q : plan.seqs) decode_only = decode_only && q.num_new_tokens == 1 + q.num_spec && q.sample;
-      ProfileSpan span(decode_only ? "decode" : "prefill", "step", plan.num_tokens);
-      const auto t0 = std::chrono::steady_clock::now();
-      st = runner_.Execute(seqs, &out.tokens, &logprobs, any_prompt_logprobs ? &prompt_logprobs : nullptr);
-      // The fit is of decode steps: a prompt chunk's tokens cost less each (one weight read for many).
-      if (decode_only && config_.spec.method != SpecMethod::kOff) {
-        spec_cost_.AddStep(plan.num_tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-    }
-    if (!st.ok()) {
+    b.idle_released = false;
+    const bool any_prompt_logprobs = BuildSeqs(plan, b);
+    if (Status st = RunStep(plan, b, any_prompt_logprobs); !st.ok()) {
       // The model refused the batch: fail its requests (never the engine).
       for (const ScheduledSeq& s : plan.seqs) {
         if (auto r = sched_.Abort(s.req->id, FinishReason::kError)) Finish(*r, FinishReason::kError, st);
@@ -575,74 +635,20 @@ void Engine::Loop() {
       PublishStats();
       continue;
     }
-    if (any_prompt_logprobs) {
-      // Kept in order; a chunk computed again after preemption adds only what is new.
-      for (size_t i = 0; i < plan.seqs.size(); ++i) {
-        Live& l = *live_.at(plan.seqs[i].req->id);
-        const PromptLogprobs& p = prompt_logprobs[i];
-        if (l.num_emitted_tokens > 0) continue;  // sent already (this is a recomputation)
-        for (size_t e = 0; e < p.entries.size(); ++e) {
-          if (p.first + static_cast<int64_t>(e) == static_cast<int64_t>(l.prompt_lps.size())) {
-            l.prompt_lps.push_back(p.entries[e]);
-          }
-        }
-      }
-    }
+    if (any_prompt_logprobs) KeepPromptLogprobs(plan, b.prompt_logprobs);
     ++stats_.num_steps;
     stats_.num_step_tokens += plan.num_tokens;
     stats_.running_step_sum += static_cast<int64_t>(plan.seqs.size());
     stats_.max_running = std::max<int64_t>(stats_.max_running, static_cast<int64_t>(plan.seqs.size()));
-    auto finished = sched_.Update(plan, out);
-    AfterSpecStep(plan, out);
-    // Stream the new tokens (those Update kept: up to a stop token or the length limit); a stop
-    // string ends its request here.
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (!plan.seqs[i].sample) continue;
-      const SeqRequest& r = *plan.seqs[i].req;  // still alive: running, or owned by `finished`
-      Live& l = *live_.at(r.id);
-      const ModelRunner::GrammarState gs = runner_.grammar_state(r.id);
-      if (!gs.status.ok()) {
-        // No token could continue the grammar: the request ends with that error, the placeholder
-        // token unseen.
-        const int64_t id = r.id;
-        auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& f) { return f->id == id; });
-        std::unique_ptr<SeqRequest> owned;
-        if (it != finished.end()) {
-          owned = std::move(*it);
-          finished.erase(it);
-        } else {
-          owned = sched_.Abort(id, FinishReason::kError);
-        }
-        if (owned) failed.emplace_back(std::move(owned), gs.status);
-        continue;
-      }
-      const int64_t first = l.num_emitted_tokens;
-      if (l.embed) continue;  // its one sampled token is not output
-      for (int64_t g = first; g < r.num_generated(); ++g) {
-        ++stats_.num_generated_tokens;
-        const size_t j = static_cast<size_t>(g - first);
-        if (!EmitToken(l, r.tokens[r.num_prompt_tokens + g], j < logprobs[i].size() ? &logprobs[i][j] : nullptr)) continue;
-        const int64_t id = r.id;
-        auto it = std::find_if(finished.begin(), finished.end(), [id](const auto& f) { return f->id == id; });
-        if (it != finished.end()) {
-          (*it)->finish_reason = FinishReason::kStop;
-        } else if (auto a = sched_.Abort(id, FinishReason::kStop)) {
-          finished.push_back(std::move(a));
-        }
-        break;
-      }
-      if (gs.done) {
-        // The grammar is complete and nothing may follow: the output is whole (Abort finds
-        // nothing when the request finished already).
-        if (auto a = sched_.Abort(r.id, FinishReason::kStop)) finished.push_back(std::move(a));
-      }
-    }
+    auto finished = sched_.Update(plan, b.out);
+    AfterSpecStep(plan, b.out);
+    StreamStep(plan, finished, b);
     Evict();
     // Counters first: a client that sees its request finish sees its blocks free.
     PublishStats();
     for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
-    for (const auto& [r, status] : failed) Finish(*r, FinishReason::kError, status, /*request_error=*/true);
-    failed.clear();
+    for (const auto& [r, status] : b.failed) Finish(*r, FinishReason::kError, status, /*request_error=*/true);
+    b.failed.clear();
   }
 }
 

@@ -158,7 +158,24 @@ class Engine {
   struct Live;  // engine-thread state of a request in flight
   Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfig& config, ThreadPool& pool,
          int64_t num_blocks, std::unique_ptr<DraftProposer> draft);
+  // The engine thread's loop; its per-step buffers (reused) and steps.
+  struct StepBuffers {
+    std::vector<PendingRequest> submitted;
+    std::vector<int64_t> cancelled;
+    std::vector<RunnerSeq> seqs;
+    std::vector<std::vector<int32_t>> spec_inputs;  // [seq] tokens followed by drafts
+    RunnerOutput out;
+    std::vector<std::vector<TokenLogprobs>> logprobs;
+    std::vector<PromptLogprobs> prompt_logprobs;
+    std::vector<std::pair<std::unique_ptr<SeqRequest>, Status>> failed;  // grammar errors of a step
+    bool idle_released = true;  // memory given back since the last step
+  };
   void Loop();
+  bool TakeRequests(StepBuffers& b);
+  bool BuildSeqs(const StepPlan& plan, StepBuffers& b);
+  Status RunStep(const StepPlan& plan, StepBuffers& b, bool any_prompt_logprobs);
+  void KeepPromptLogprobs(const StepPlan& plan, const std::vector<PromptLogprobs>& prompt_logprobs);
+  void StreamStep(const StepPlan& plan, std::vector<std::unique_ptr<SeqRequest>>& finished, StepBuffers& b);
   void Admit(PendingRequest& p);
   // Appends a generated token's text to the stream; true when a stop string ended the request.
   bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
