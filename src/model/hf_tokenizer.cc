@@ -17,72 +17,58 @@ std::string TokenContent(const Json& v) {
   return "";
 }
 
-StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& config, int64_t vocab) {
-  // Tokenizer.
-  if (!tj.contains("model") || !tj["model"].is_object() || tj["model"].value("type", "") != "BPE") {
-    return InvalidArgument("tokenizer.json: only BPE tokenizers are supported");
-  }
-  const Json& tm = tj["model"];
-  // SentencePiece-style (Llama 2, Mistral, TinyLlama): byte fallback, "▁" for spaces. GGUF's
-  // "llama" tokenizer merges by token score; a merge's rank gives its result's score.
-  const bool spm = tm.value("byte_fallback", false);
-  HfTokenizer t;
-  t.spm = spm;
-  // Pre-tokenizer: GPT-2's byte-level regex, or Llama 3's split regex then byte level.
-  const Json& pt = tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : Json();
+// The pre-tokenizer's llama.cpp name: GPT-2's byte-level regex, Llama 3's, Qwen2's, gpt-4o's or
+// DeepSeek-V3's splits ("" when none of these).
+std::string PreTokenizerName(const Json& pt) {
   auto is_byte_level = [](const Json& p) { return p.is_object() && p.value("type", "") == "ByteLevel"; };
-  if (spm) {
-    t.pre = "sentencepiece";
-  } else if (is_byte_level(pt) && pt.value("use_regex", true)) {
-    t.pre = "gpt-2";
-  } else if (pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
-             pt["pretokenizers"].is_array()) {
-    std::vector<std::string> splits;
-    for (const auto& p : pt["pretokenizers"]) {
-      if (p.value("type", "") == "Split" && p.contains("pattern")) splits.push_back(p["pattern"].value("Regex", ""));
+  if (is_byte_level(pt) && pt.value("use_regex", true)) return "gpt-2";
+  if (!pt.is_object() || pt.value("type", "") != "Sequence" || !pt.contains("pretokenizers") ||
+      !pt["pretokenizers"].is_array()) {
+    return "";
+  }
+  std::vector<std::string> splits;
+  for (const auto& p : pt["pretokenizers"]) {
+    if (p.value("type", "") == "Split" && p.contains("pattern")) splits.push_back(p["pattern"].value("Regex", ""));
+  }
+  // DeepSeek-V3 (and R1): three splits, digit groups, CJK and kana runs, then its word expression.
+  if (splits.size() == 3 && splits[0] == "\\p{N}{1,3}" && splits[1] == "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+" &&
+      splits[2].find("[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+") != std::string::npos) {
+    return "deepseek-v3";
+  }
+  for (const std::string& re : splits) {
+    // o200k (gpt-oss, Llama 4): letter runs by case category. Checked first: it also has
+    // Llama 3's contractions and digit groups.
+    if (re.find("[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+") != std::string::npos &&
+        re.find("\\p{N}{1,3}") != std::string::npos) {
+      return "gpt-4o";
     }
-    // DeepSeek-V3 (and R1): three splits, digit groups, CJK and kana runs, then its word expression.
-    if (splits.size() == 3 && splits[0] == "\\p{N}{1,3}" &&
-        splits[1] == "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+" &&
-        splits[2].find("[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+") != std::string::npos) {
-      t.pre = "deepseek-v3";
+    // Llama 3 groups up to three digits; Qwen2 (Qwen2.5, Qwen3 too) splits every digit.
+    if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos && re.find("\\p{N}{1,3}") != std::string::npos) {
+      return "llama-bpe";
     }
-    for (const std::string& re : splits) {
-      if (!t.pre.empty()) break;
-      // o200k (gpt-oss, Llama 4): letter runs by case category. Checked first: it also has
-      // Llama 3's contractions and digit groups.
-      if (re.find("[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+") != std::string::npos &&
-          re.find("\\p{N}{1,3}") != std::string::npos) {
-        t.pre = "gpt-4o";
-      // Llama 3 groups up to three digits; Qwen2 (Qwen2.5, Qwen3 too) splits every digit.
-      } else if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos && re.find("\\p{N}{1,3}") != std::string::npos) {
-        t.pre = "llama-bpe";
-      } else if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos &&
-                 re.find("\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+") != std::string::npos) {
-        t.pre = "qwen2";
-      }
+    if (re.find("(?i:'s|'t|'re|'ve|'m|'ll|'d)") != std::string::npos &&
+        re.find("\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+") != std::string::npos) {
+      return "qwen2";
     }
   }
-  if (t.pre.empty()) {
-    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's, "
-                           "Qwen2's, gpt-4o's and DeepSeek-V3's splits)");
-  }
-  if (!tm.contains("vocab") || !tm["vocab"].is_object() || !tm.contains("merges") || !tm["merges"].is_array()) {
-    return InvalidArgument("tokenizer.json: model.vocab and model.merges are required");
-  }
-  std::vector<std::string> tokens;
-  std::vector<int32_t> types;
+  return "";
+}
+
+// The vocabulary by id with llama.cpp's token types (1 normal, 2 unknown, 3 control, 4 user
+// defined, 5 unused: the [PADn] fillers up to the model's vocab_size, 6 byte).
+Status ReadVocab(const Json& tj, bool spm, const std::string& unk, int64_t vocab, std::vector<std::string>* tokens,
+                 std::vector<int32_t>* types) {
+  const Json& tm = tj["model"];
   auto place = [&](int64_t id, const std::string& tok, int32_t ty) -> Status {
     if (id < 0 || id >= (int64_t{1} << 24)) return InvalidArgument("tokenizer.json: token id {} out of range", id);
-    if (static_cast<int64_t>(tokens.size()) <= id) {
-      tokens.resize(static_cast<size_t>(id + 1));
-      types.resize(static_cast<size_t>(id + 1), 0);
+    if (static_cast<int64_t>(tokens->size()) <= id) {
+      tokens->resize(static_cast<size_t>(id + 1));
+      types->resize(static_cast<size_t>(id + 1), 0);
     }
-    tokens[id] = tok;
-    types[id] = ty;
+    (*tokens)[id] = tok;
+    (*types)[id] = ty;
     return Status::Ok();
   };
-  const std::string unk = tm.contains("unk_token") ? TokenContent(tm["unk_token"]) : "";
   for (auto it = tm["vocab"].begin(); it != tm["vocab"].end(); ++it) {
     if (!it.value().is_number_integer()) return InvalidArgument("tokenizer.json: vocab entry '{}' has no id", it.key());
     const std::string& k = it.key();
@@ -97,19 +83,23 @@ StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& confi
       RETURN_IF_ERROR(place(a["id"].get<int64_t>(), content, ty));
     }
   }
-  if (static_cast<int64_t>(tokens.size()) > vocab) {
-    return InvalidArgument("tokenizer.json has {} tokens, the model's vocab_size is {}", tokens.size(), vocab);
+  if (static_cast<int64_t>(tokens->size()) > vocab) {
+    return InvalidArgument("tokenizer.json has {} tokens, the model's vocab_size is {}", tokens->size(), vocab);
   }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (types[i] == 0) {
-      tokens[i] = fmt::format("[PAD{}]", i);
-      types[i] = 5;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    if ((*types)[i] == 0) {
+      (*tokens)[i] = fmt::format("[PAD{}]", i);
+      (*types)[i] = 5;
     }
   }
-  for (int64_t i = static_cast<int64_t>(tokens.size()); i < vocab; ++i) {
-    tokens.push_back(fmt::format("[PAD{}]", i));
-    types.push_back(5);
+  for (int64_t i = static_cast<int64_t>(tokens->size()); i < vocab; ++i) {
+    tokens->push_back(fmt::format("[PAD{}]", i));
+    types->push_back(5);
   }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<std::string>> ReadMerges(const Json& tm) {
   std::vector<std::string> merges;
   for (const auto& m : tm["merges"]) {
     if (m.is_string()) {
@@ -120,33 +110,41 @@ StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& confi
       return InvalidArgument("tokenizer.json: merge {} is not a pair", merges.size());
     }
   }
-  // SentencePiece scores: a merge of rank r makes a token of score -r (the first merge that makes
-  // it); tokens no merge makes are never merged to (lowest score).
-  std::vector<float> scores;
-  if (spm) {
-    std::unordered_map<std::string, int64_t> ids;
-    for (size_t i = 0; i < tokens.size(); ++i) ids.emplace(tokens[i], static_cast<int64_t>(i));
-    scores.assign(tokens.size(), -1e9f);
-    for (size_t r = 0; r < merges.size(); ++r) {
-      const size_t sp = merges[r].find(' ');
-      if (sp == std::string::npos) return InvalidArgument("tokenizer.json: merge {} is not a pair", r);
-      auto it = ids.find(merges[r].substr(0, sp) + merges[r].substr(sp + 1));
-      if (it != ids.end() && scores[it->second] == -1e9f) scores[it->second] = -static_cast<float>(r);
-    }
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (types[i] != 1) scores[i] = 0.0f;
-    }
+  return merges;
+}
+
+// SentencePiece scores: a merge of rank r makes a token of score -r (the first merge that makes
+// it); tokens no merge makes are never merged to (lowest score).
+StatusOr<std::vector<float>> SpmScores(const std::vector<std::string>& tokens, const std::vector<int32_t>& types,
+                                       const std::vector<std::string>& merges) {
+  std::unordered_map<std::string, int64_t> ids;
+  for (size_t i = 0; i < tokens.size(); ++i) ids.emplace(tokens[i], static_cast<int64_t>(i));
+  std::vector<float> scores(tokens.size(), -1e9f);
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const size_t sp = merges[r].find(' ');
+    if (sp == std::string::npos) return InvalidArgument("tokenizer.json: merge {} is not a pair", r);
+    auto it = ids.find(merges[r].substr(0, sp) + merges[r].substr(sp + 1));
+    if (it != ids.end() && scores[it->second] == -1e9f) scores[it->second] = -static_cast<float>(r);
   }
-  auto id_of = [&](const std::string& content) -> int64_t {
-    if (content.empty()) return -1;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] == content) return static_cast<int64_t>(i);
-    }
-    return -1;
-  };
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (types[i] != 1) scores[i] = 0.0f;
+  }
+  return scores;
+}
+
+int64_t IdOf(const std::vector<std::string>& tokens, const std::string& content) {
+  if (content.empty()) return -1;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == content) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// BOS and EOS: tokenizer_config.json's token, else config.json's id; whether BOS is added.
+Status ReadSpecialTokens(const Json& tj, const Json& tcfg, const Json& config, HfTokenizer& t) {
   auto special_id = [&](const char* tok_key, const char* cfg_key) -> int64_t {
     if (tcfg.is_object() && tcfg.contains(tok_key)) {
-      if (const int64_t id = id_of(TokenContent(tcfg[tok_key])); id >= 0) return id;
+      if (const int64_t id = IdOf(t.tokens, TokenContent(tcfg[tok_key])); id >= 0) return id;
     }
     if (config.contains(cfg_key)) {
       const Json& v = config[cfg_key];
@@ -155,32 +153,53 @@ StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& confi
     }
     return -1;
   };
-  const int64_t bos = special_id("bos_token", "bos_token_id"), eos = special_id("eos_token", "eos_token_id");
-  for (const auto& [what, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
-    if (id >= static_cast<int64_t>(tokens.size())) {
-      return InvalidArgument("config.json: {}_token_id {} outside the vocabulary of {} tokens", what, id, tokens.size());
+  t.bos = special_id("bos_token", "bos_token_id");
+  t.eos = special_id("eos_token", "eos_token_id");
+  for (const auto& [what, id] : {std::pair{"bos", t.bos}, std::pair{"eos", t.eos}}) {
+    if (id >= static_cast<int64_t>(t.tokens.size())) {
+      return InvalidArgument("config.json: {}_token_id {} outside the vocabulary of {} tokens", what, id, t.tokens.size());
     }
   }
-  bool add_bos = false;
+  t.add_bos = false;
   if (tcfg.is_object() && tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) {
-    add_bos = tcfg["add_bos_token"].get<bool>();
-  } else if (bos >= 0 && tj.contains("post_processor") && !tj["post_processor"].is_null()) {
-    add_bos = tj["post_processor"].dump().find(Json(tokens[bos]).dump()) != std::string::npos;
+    t.add_bos = tcfg["add_bos_token"].get<bool>();
+  } else if (t.bos >= 0 && tj.contains("post_processor") && !tj["post_processor"].is_null()) {
+    t.add_bos = tj["post_processor"].dump().find(Json(t.tokens[t.bos]).dump()) != std::string::npos;
   }
+  return Status::Ok();
+}
 
-  t.tokens = std::move(tokens);
-  t.types = std::move(types);
-  t.scores = std::move(scores);
-  t.merges = std::move(merges);
-  t.bos = bos;
-  t.eos = eos;
-  t.add_bos = add_bos;
+StatusOr<HfTokenizer> Import(const Json& tj, const Json& tcfg, const Json& config, int64_t vocab) {
+  if (!tj.contains("model") || !tj["model"].is_object() || tj["model"].value("type", "") != "BPE") {
+    return InvalidArgument("tokenizer.json: only BPE tokenizers are supported");
+  }
+  const Json& tm = tj["model"];
+  // SentencePiece-style (Llama 2, Mistral, TinyLlama): byte fallback, "▁" for spaces. GGUF's
+  // "llama" tokenizer merges by token score; a merge's rank gives its result's score.
+  HfTokenizer t;
+  t.spm = tm.value("byte_fallback", false);
+  const Json& pt = tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : Json();
+  t.pre = t.spm ? "sentencepiece" : PreTokenizerName(pt);
+  if (t.pre.empty()) {
+    return InvalidArgument("tokenizer.json: pre-tokenizer not recognized (supported: GPT-2's byte level, Llama 3's, "
+                           "Qwen2's, gpt-4o's and DeepSeek-V3's splits)");
+  }
+  if (!tm.contains("vocab") || !tm["vocab"].is_object() || !tm.contains("merges") || !tm["merges"].is_array()) {
+    return InvalidArgument("tokenizer.json: model.vocab and model.merges are required");
+  }
+  const std::string unk = tm.contains("unk_token") ? TokenContent(tm["unk_token"]) : "";
+  RETURN_IF_ERROR(ReadVocab(tj, t.spm, unk, vocab, &t.tokens, &t.types));
+  ASSIGN_OR_RETURN(t.merges, ReadMerges(tm));
+  if (t.spm) {
+    ASSIGN_OR_RETURN(t.scores, SpmScores(t.tokens, t.types, t.merges));
+  }
+  RETURN_IF_ERROR(ReadSpecialTokens(tj, tcfg, config, t));
   if (t.spm) {
     // A space prefix when the normalizer prepends "▁" (or a Metaspace pre-tokenizer does).
     const std::string norm = tj.contains("normalizer") ? tj["normalizer"].dump() : "";
     t.add_space_prefix = norm.find("\"Prepend\"") != std::string::npos ||
                          (pt.is_object() && pt.value("type", "") == "Metaspace" && pt.value("prepend_scheme", "always") != "never");
-    t.unk = id_of(unk);
+    t.unk = IdOf(t.tokens, unk);
   }
   if (tcfg.is_object() && tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) {
     t.chat_template = tcfg["chat_template"].get<std::string>();
