@@ -305,21 +305,7 @@ class Converter {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
     if (s.contains("uniqueItems") && s["uniqueItems"] == true) return Error(path, "'uniqueItems' is not supported");
-    if (s.contains("$ref")) {
-      if (!s["$ref"].is_string()) return Error(path, "'$ref' must be a string");
-      const std::string ref = s["$ref"].get<std::string>();
-      auto it = ref_rules_.find(ref);
-      if (it != ref_rules_.end()) return it->second;
-      ASSIGN_OR_RETURN(const Json* target, Resolve(ref, path));
-      // Named before it is visited, so a recursive schema refers to itself.
-      const std::string name = FreshName(ref.size() > 2 ? ref.substr(ref.rfind('/') + 1) : "root-ref");
-      ref_rules_.emplace(ref, name);
-      const size_t slot = rules_.size();
-      rules_.emplace_back(name, "");
-      ASSIGN_OR_RETURN(std::string body, Visit(*target, name, ref.substr(1)));
-      rules_[slot].second = body;
-      return name;
-    }
+    if (s.contains("$ref")) return RefRule(s, path);
     if (s.contains("nullable") && s["nullable"] == true) {
       Json copy = s;
       copy.erase("nullable");
@@ -340,122 +326,151 @@ class Converter {
       return Rule(hint, "(" + body + ") " + UsePrimitive("space"));
     }
     for (const char* kw : {"anyOf", "oneOf"}) {
-      if (!s.contains(kw)) continue;
-      if (!s[kw].is_array() || s[kw].empty()) return Error(path, "'{}' must be a non-empty array", kw);
-      Json siblings = s;
-      siblings.erase(kw);
-      std::string body;
-      std::vector<Json> branches;
-      for (size_t i = 0; i < s[kw].size(); ++i) {
-        const Json& alt = s[kw][i];
-        const std::string bpath = fmt::format("{}/{}/{}", path, kw, i);
-        Json use = alt;
-        if (alt.is_object() && HasConstraints(siblings)) {
-          // Both the siblings and the branch hold: their required keys add up, their properties
-          // join (one property constrained by both is not taken apart).
-          use = siblings;
-          for (auto it = alt.begin(); it != alt.end(); ++it) {
-            if (it.key() == "required" && it.value().is_array() && use.contains("required") && use["required"].is_array()) {
-              for (const auto& k : it.value()) use["required"].push_back(k);
-            } else if (it.key() == "properties" && it.value().is_object() && use.contains("properties") &&
-                       use["properties"].is_object()) {
-              for (auto p = it.value().begin(); p != it.value().end(); ++p) {
-                if (use["properties"].contains(p.key()) && use["properties"][p.key()] != p.value() &&
-                    HasConstraints(use["properties"][p.key()])) {
-                  return Error(bpath, "property '{}' is constrained both here and beside the '{}'", p.key(), kw);
-                }
-                use["properties"][p.key()] = p.value();
+      if (s.contains(kw)) return UnionRule(s, kw, hint, path);
+    }
+    if (s.contains("allOf")) return AllOfRule(s, hint, path);
+    return TypedRule(s, hint, path);
+  }
+
+  // A $ref's rule, named before its target is visited so that a recursive schema refers to itself.
+  StatusOr<std::string> RefRule(const Json& s, const std::string& path) {
+    if (!s["$ref"].is_string()) return Error(path, "'$ref' must be a string");
+    const std::string ref = s["$ref"].get<std::string>();
+    auto it = ref_rules_.find(ref);
+    if (it != ref_rules_.end()) return it->second;
+    ASSIGN_OR_RETURN(const Json* target, Resolve(ref, path));
+    // Named before it is visited, so a recursive schema refers to itself.
+    const std::string name = FreshName(ref.size() > 2 ? ref.substr(ref.rfind('/') + 1) : "root-ref");
+    ref_rules_.emplace(ref, name);
+    const size_t slot = rules_.size();
+    rules_.emplace_back(name, "");
+    ASSIGN_OR_RETURN(std::string body, Visit(*target, name, ref.substr(1)));
+    rules_[slot].second = body;
+    return name;
+  }
+
+  // anyOf / oneOf (kw): a rule per branch, each with the schema's other keys (siblings) merged in.
+  StatusOr<std::string> UnionRule(const Json& s, const char* kw, const std::string& hint, const std::string& path) {
+    if (!s[kw].is_array() || s[kw].empty()) return Error(path, "'{}' must be a non-empty array", kw);
+    Json siblings = s;
+    siblings.erase(kw);
+    std::string body;
+    std::vector<Json> branches;
+    for (size_t i = 0; i < s[kw].size(); ++i) {
+      const Json& alt = s[kw][i];
+      const std::string bpath = fmt::format("{}/{}/{}", path, kw, i);
+      Json use = alt;
+      if (alt.is_object() && HasConstraints(siblings)) {
+        // Both the siblings and the branch hold: their required keys add up, their properties
+        // join (one property constrained by both is not taken apart).
+        use = siblings;
+        for (auto it = alt.begin(); it != alt.end(); ++it) {
+          if (it.key() == "required" && it.value().is_array() && use.contains("required") && use["required"].is_array()) {
+            for (const auto& k : it.value()) use["required"].push_back(k);
+          } else if (it.key() == "properties" && it.value().is_object() && use.contains("properties") &&
+                     use["properties"].is_object()) {
+            for (auto p = it.value().begin(); p != it.value().end(); ++p) {
+              if (use["properties"].contains(p.key()) && use["properties"][p.key()] != p.value() &&
+                  HasConstraints(use["properties"][p.key()])) {
+                return Error(bpath, "property '{}' is constrained both here and beside the '{}'", p.key(), kw);
               }
-            } else {
-              use[it.key()] = it.value();
+              use["properties"][p.key()] = p.value();
             }
+          } else {
+            use[it.key()] = it.value();
           }
         }
-        ASSIGN_OR_RETURN(std::string e, Visit(use, fmt::format("{}-{}", hint, i), bpath));
-        body += (body.empty() ? "" : " | ") + e;
-        branches.push_back(std::move(use));
       }
-      // oneOf: exactly one branch. A grammar cannot exclude a value two branches both match, so
-      // the branches must be disjoint, as far as can be shown (types, or consts and enums, at the
-      // top or at a key both require).
-      if (std::string(kw) == "oneOf") {
-        for (size_t i = 0; i < branches.size(); ++i) {
-          for (size_t j = i + 1; j < branches.size(); ++j) {
-            if (!Disjoint(branches[i], branches[j])) {
-              return Error(path, "'oneOf' branches {} and {} may both match a value (a grammar cannot exclude it); "
-                                 "use anyOf if either may", i, j);
-            }
+      ASSIGN_OR_RETURN(std::string e, Visit(use, fmt::format("{}-{}", hint, i), bpath));
+      body += (body.empty() ? "" : " | ") + e;
+      branches.push_back(std::move(use));
+    }
+    // oneOf: exactly one branch. A grammar cannot exclude a value two branches both match, so
+    // the branches must be disjoint, as far as can be shown (types, or consts and enums, at the
+    // top or at a key both require).
+    if (std::string(kw) == "oneOf") {
+      for (size_t i = 0; i < branches.size(); ++i) {
+        for (size_t j = i + 1; j < branches.size(); ++j) {
+          if (!Disjoint(branches[i], branches[j])) {
+            return Error(path, "'oneOf' branches {} and {} may both match a value (a grammar cannot exclude it); "
+                               "use anyOf if either may", i, j);
           }
         }
+      }
+    }
+    return Rule(hint, body);
+  }
+
+  // allOf: its parts merged into one schema (properties joined, required added up).
+  StatusOr<std::string> AllOfRule(const Json& s, const std::string& hint, const std::string& path) {
+    if (!s["allOf"].is_array() || s["allOf"].empty()) return Error(path, "'allOf' must be a non-empty array");
+    Json merged = s;
+    merged.erase("allOf");
+    for (size_t i = 0; i < s["allOf"].size(); ++i) {
+      const Json* part = &s["allOf"][i];
+      const std::string ppath = fmt::format("{}/allOf/{}", path, i);
+      for (int hops = 0; part->is_object() && part->contains("$ref") && hops < 32; ++hops) {
+        if (!(*part)["$ref"].is_string()) return Error(ppath, "'$ref' must be a string");
+        ASSIGN_OR_RETURN(part, Resolve((*part)["$ref"].get<std::string>(), ppath));
+      }
+      if (!part->is_object()) return Error(ppath, "allOf parts must be objects");
+      for (const char* kw : {"anyOf", "oneOf", "allOf", "$ref"}) {
+        if (part->contains(kw)) return Error(ppath, "'{}' inside allOf is not supported", kw);
+      }
+      for (auto it = part->begin(); it != part->end(); ++it) {
+        if (it.key() == "properties" && it.value().is_object()) {
+          if (!merged.contains("properties")) merged["properties"] = Json::object();
+          for (auto p = it.value().begin(); p != it.value().end(); ++p) merged["properties"][p.key()] = p.value();
+        } else if (it.key() == "required" && it.value().is_array()) {
+          if (!merged.contains("required")) merged["required"] = Json::array();
+          for (const auto& k : it.value()) merged["required"].push_back(k);
+        } else if (merged.contains(it.key()) && merged[it.key()] != it.value() && it.key() != "description" &&
+                   it.key() != "title") {
+          return Error(ppath, "allOf parts disagree on '{}'", it.key());
+        } else {
+          merged[it.key()] = it.value();
+        }
+      }
+    }
+    return Visit(merged, hint, path);
+  }
+
+  // By 'type' (or the keywords that imply one); a list of types is a union.
+  StatusOr<std::string> TypedRule(const Json& s, const std::string& hint, const std::string& path) {
+  std::string type;
+  if (s.contains("type")) {
+    const Json& t = s["type"];
+    if (t.is_array()) {
+      if (t.empty()) return Error(path, "'type' must not be an empty list");
+      std::string body;
+      for (const auto& one : t) {
+        if (!one.is_string()) return Error(path, "'type' entries must be strings");
+        Json copy = s;
+        copy["type"] = one;
+        ASSIGN_OR_RETURN(std::string e, Visit(copy, hint + "-" + one.get<std::string>(), path));
+        body += (body.empty() ? "" : " | ") + e;
       }
       return Rule(hint, body);
     }
-    if (s.contains("allOf")) {
-      if (!s["allOf"].is_array() || s["allOf"].empty()) return Error(path, "'allOf' must be a non-empty array");
-      Json merged = s;
-      merged.erase("allOf");
-      for (size_t i = 0; i < s["allOf"].size(); ++i) {
-        const Json* part = &s["allOf"][i];
-        const std::string ppath = fmt::format("{}/allOf/{}", path, i);
-        for (int hops = 0; part->is_object() && part->contains("$ref") && hops < 32; ++hops) {
-          if (!(*part)["$ref"].is_string()) return Error(ppath, "'$ref' must be a string");
-          ASSIGN_OR_RETURN(part, Resolve((*part)["$ref"].get<std::string>(), ppath));
-        }
-        if (!part->is_object()) return Error(ppath, "allOf parts must be objects");
-        for (const char* kw : {"anyOf", "oneOf", "allOf", "$ref"}) {
-          if (part->contains(kw)) return Error(ppath, "'{}' inside allOf is not supported", kw);
-        }
-        for (auto it = part->begin(); it != part->end(); ++it) {
-          if (it.key() == "properties" && it.value().is_object()) {
-            if (!merged.contains("properties")) merged["properties"] = Json::object();
-            for (auto p = it.value().begin(); p != it.value().end(); ++p) merged["properties"][p.key()] = p.value();
-          } else if (it.key() == "required" && it.value().is_array()) {
-            if (!merged.contains("required")) merged["required"] = Json::array();
-            for (const auto& k : it.value()) merged["required"].push_back(k);
-          } else if (merged.contains(it.key()) && merged[it.key()] != it.value() && it.key() != "description" &&
-                     it.key() != "title") {
-            return Error(ppath, "allOf parts disagree on '{}'", it.key());
-          } else {
-            merged[it.key()] = it.value();
-          }
-        }
-      }
-      return Visit(merged, hint, path);
-    }
-    std::string type;
-    if (s.contains("type")) {
-      const Json& t = s["type"];
-      if (t.is_array()) {
-        if (t.empty()) return Error(path, "'type' must not be an empty list");
-        std::string body;
-        for (const auto& one : t) {
-          if (!one.is_string()) return Error(path, "'type' entries must be strings");
-          Json copy = s;
-          copy["type"] = one;
-          ASSIGN_OR_RETURN(std::string e, Visit(copy, hint + "-" + one.get<std::string>(), path));
-          body += (body.empty() ? "" : " | ") + e;
-        }
-        return Rule(hint, body);
-      }
-      if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
-      type = t.get<std::string>();
-    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
-      type = "object";
-    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
-      type = "array";
-    } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
-      type = "string";
-    } else {
-      return UsePrimitive("value");
-    }
-    if (type == "object") return ObjectRule(s, hint, path);
-    if (type == "array") return ArrayRule(s, hint, path);
-    if (type == "string") return StringRule(s, hint, path);
-    if (type == "integer") return IntegerRule(s, hint, path);
-    if (type == "number") return NumberRule(s, hint, path);
-    if (type == "boolean") return UsePrimitive("boolean");
-    if (type == "null") return UsePrimitive("null");
-    return Error(path, "unknown type '{}'", type);
+    if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
+    type = t.get<std::string>();
+  } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+    type = "object";
+  } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
+    type = "array";
+  } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
+    type = "string";
+  } else {
+    return UsePrimitive("value");
+  }
+  if (type == "object") return ObjectRule(s, hint, path);
+  if (type == "array") return ArrayRule(s, hint, path);
+  if (type == "string") return StringRule(s, hint, path);
+  if (type == "integer") return IntegerRule(s, hint, path);
+  if (type == "number") return NumberRule(s, hint, path);
+  if (type == "boolean") return UsePrimitive("boolean");
+  if (type == "null") return UsePrimitive("null");
+  return Error(path, "unknown type '{}'", type);
   }
 
   // The schema behind a chain of local $refs (itself when it has none, or one does not resolve).
