@@ -640,19 +640,15 @@ void ForwardPass::SumPartials(int64_t l) {
   batch_.partial_sums->Sum(ws_.xb2.data(), n_ * hp_.dim);
 }
 
-void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, GateActivation act,
-                         const TensorView* post_norm) {
+// Routing, one token per item: each token's k experts and their weights (ws_.moe_chosen,
+// ws_.moe_weight).
+void ForwardPass::MoeRoute(int64_t l, const MoeWeights& w, ProfileSpan& span) {
   const MoeHParams& moe = hp_.moe;
-  const int64_t n = n_, dim = hp_.dim, num = moe.num_experts, k = moe.num_used, ffn = moe.expert_ffn;
-  const int64_t rows = n * k;
-  ProfileSpan span("rms_norm", "op", n, 0, l);
-  NormRows(l, norm_w, LinearInput::kFfnIn);
-
-  // Routing: one token per item.
+  const int64_t n = n_, num = moe.num_experts, k = moe.num_used;
   span.Next("moe_router", n, WeightBytes(w.router), l);
   Grow(ws_.moe_logits, n * num);
-  ws_.moe_chosen.resize(rows);
-  ws_.moe_weight.resize(rows);
+  ws_.moe_chosen.resize(n * k);
+  ws_.moe_weight.resize(n * k);
   MatMul(w.router, ws_.xb.data(), n, ws_.moe_logits.data(), pool_);
   if (w.router_bias.data != nullptr) AddBias(ws_.moe_logits.data(), w.router_bias, num);
   const float* selection_bias = w.selection_bias.data != nullptr ? Floats(w.selection_bias) : nullptr;
@@ -672,9 +668,14 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
     }
   }, /*min_items_per_thread=*/16);
   if (batch_.observer) batch_.observer->ObserveRouting(l, ws_.moe_logits.data(), n, num, ws_.moe_chosen.data(), k);
+}
 
-  // Group the routed rows by expert (experts in id order, each one's tokens in batch order): row
-  // moe_row[t * k + j] of the grouped buffers is token t's j-th choice.
+// Groups the routed rows by expert (experts in id order, each one's tokens in batch order): row
+// moe_row[t * k + j] of the grouped buffers is token t's j-th choice. Returns where each expert's
+// rows start ([num + 1]); the rows are gathered into ws_.moe_x.
+std::vector<int64_t> ForwardPass::MoeGather(int64_t l, ProfileSpan& span) {
+  const MoeHParams& moe = hp_.moe;
+  const int64_t dim = hp_.dim, num = moe.num_experts, k = moe.num_used, ffn = moe.expert_ffn, rows = n_ * k;
   std::vector<int64_t> first(num + 1, 0);
   for (int64_t i = 0; i < rows; ++i) ++first[ws_.moe_chosen[i] + 1];
   for (int64_t e = 0; e < num; ++e) first[e + 1] += first[e];
@@ -697,8 +698,15 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
                   dim * sizeof(float));
     }
   }, /*min_items_per_thread=*/64);
+  return first;
+}
 
-  // The active experts' products, each over its rows only.
+// The active experts' products, each over its rows only (into ws_.moe_y), with their biases
+// (gpt-oss: each grouped row takes its expert's; one row per item).
+void ForwardPass::MoeExperts(int64_t l, const MoeWeights& w, GateActivation act, const std::vector<int64_t>& first,
+                             ProfileSpan& span) {
+  const MoeHParams& moe = hp_.moe;
+  const int64_t dim = hp_.dim, num = moe.num_experts, ffn = moe.expert_ffn, rows = n_ * moe.num_used;
   std::vector<kernels::GroupedProduct> products;
   products.reserve(2 * num);
   int64_t active_bytes = 0;
@@ -712,7 +720,6 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
   }
   span.Next("moe_gate_up", rows, active_bytes, l);
   kernels::MatMulGrouped(products, ws_.moe_x.data(), rows, pool_);
-  // Expert biases (gpt-oss): each grouped row takes its expert's; one row per item.
   const bool biased = w.experts[0].gate_bias != nullptr;
   std::vector<int32_t> row_expert;
   if (biased) {
@@ -755,26 +762,27 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
       }
     }, /*min_items_per_thread=*/16);
   }
+}
 
-  // The shared experts: a dense FFN of the same normed rows, into ws.xb2.
-  if (w.has_shared()) {
-    const int64_t shared = w.shared_gate.view.shape[1];
-    Grow(ws_.hb, n * shared);
-    Grow(ws_.hb2, n * shared);
-    span.Next("shexp_gate_up", n, WeightBytes(w.shared_gate) + WeightBytes(w.shared_up), l);
-    const SameInput gate_up{{&w.shared_gate, ws_.hb.data()}, {&w.shared_up, ws_.hb2.data()}};
-    kernels::MatMulSameInput(gate_up.span(), ws_.xb.data(), n, pool_);
-    if (w.shared_clamp > 1e-6f) ClampGateUp(w.shared_clamp, ws_.hb.data(), ws_.hb2.data(), n * shared);
-    ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, shared, pool_);
-    span.Next("shexp_down", n, WeightBytes(w.shared_down), l);
-    MatMul(w.shared_down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
-  }
+// The shared experts: a dense FFN of the same normed rows, into ws_.xb2.
+void ForwardPass::MoeShared(int64_t l, const MoeWeights& w, GateActivation act, ProfileSpan& span) {
+  const int64_t n = n_, shared = w.shared_gate.view.shape[1];
+  Grow(ws_.hb, n * shared);
+  Grow(ws_.hb2, n * shared);
+  span.Next("shexp_gate_up", n, WeightBytes(w.shared_gate) + WeightBytes(w.shared_up), l);
+  const SameInput gate_up{{&w.shared_gate, ws_.hb.data()}, {&w.shared_up, ws_.hb2.data()}};
+  kernels::MatMulSameInput(gate_up.span(), ws_.xb.data(), n, pool_);
+  if (w.shared_clamp > 1e-6f) ClampGateUp(w.shared_clamp, ws_.hb.data(), ws_.hb2.data(), n * shared);
+  ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, shared, pool_);
+  span.Next("shexp_down", n, WeightBytes(w.shared_down), l);
+  MatMul(w.shared_down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
+}
 
-  // Each token's weighted sum of its experts' outputs, best first (then + the shared experts'),
-  // in the order llama.cpp adds them; one token per item.
-  span.Next("moe_combine", n, 0, l);
-  const bool shared = w.has_shared();
-  pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+// Each token's weighted sum of its experts' outputs, best first (then + the shared experts'),
+// in the order llama.cpp adds them; one token per item.
+void ForwardPass::MoeCombine(bool shared) {
+  const int64_t dim = hp_.dim, k = hp_.moe.num_used;
+  pool_.ParallelFor(n_, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> acc;
     if (acc.size() < static_cast<size_t>(dim)) acc.resize(dim);
     for (int64_t t = begin; t < end; ++t) {
@@ -795,6 +803,18 @@ void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, Ga
       }
     }
   }, /*min_items_per_thread=*/4);
+}
+
+void ForwardPass::MoeFfn(int64_t l, const float* norm_w, const MoeWeights& w, GateActivation act,
+                         const TensorView* post_norm) {
+  ProfileSpan span("rms_norm", "op", n_, 0, l);
+  NormRows(l, norm_w, LinearInput::kFfnIn);
+  MoeRoute(l, w, span);
+  const std::vector<int64_t> first = MoeGather(l, span);
+  MoeExperts(l, w, act, first, span);
+  if (w.has_shared()) MoeShared(l, w, act, span);
+  span.Next("moe_combine", n_, 0, l);
+  MoeCombine(w.has_shared());
   Residual(l, post_norm);
 }
 

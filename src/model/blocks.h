@@ -24,6 +24,8 @@
 
 namespace gale {
 
+class ProfileSpan;
+
 // Products of one input, given as the matrices and their outputs.
 struct SameInput {
   kernels::MatMulOutput o[3];
@@ -240,6 +242,13 @@ class ForwardPass {
   void NormRows(int64_t layer, const float* norm_w, LinearInput which);
   // Tensor parallelism: ws.xb2's rows summed over the ranks (ForwardBatch::partial_sums).
   void SumPartials(int64_t layer);
+  // MoeFfn's steps, in order.
+  void MoeRoute(int64_t layer, const MoeWeights& w, ProfileSpan& span);
+  std::vector<int64_t> MoeGather(int64_t layer, ProfileSpan& span);
+  void MoeExperts(int64_t layer, const MoeWeights& w, GateActivation act, const std::vector<int64_t>& first,
+                  ProfileSpan& span);
+  void MoeShared(int64_t layer, const MoeWeights& w, GateActivation act, ProfileSpan& span);
+  void MoeCombine(bool shared);
   // ws.x += ws.xb2, through RmsNorm(.) * post_norm where given.
   void Residual(int64_t layer, const TensorView* post_norm);
 
