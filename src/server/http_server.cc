@@ -621,24 +621,10 @@ class Session : public std::enable_shared_from_this<Session> {
     SendError(e, false, retry_after);
   }
 
-  void Launch(std::variant<Prepared, ApiError> prepared, const ServingState& state) {
-    if (auto* e = std::get_if<ApiError>(&prepared)) return Reject(*e);
-    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
-    Prepared& p = std::get<Prepared>(prepared);
-    CompletionRequest& req = p.req;
-    Engine& engine = *state.engine;
-    const Tokenizer& tok = *state.tokenizer;
-    const std::vector<std::vector<int32_t>>& prompts = p.prompts;
-    const std::vector<std::string>& prompt_texts = p.prompt_texts;
-    const int64_t num_seqs = static_cast<int64_t>(prompts.size()) * req.n;
-    const int64_t most = engine.config().sched.max_batch_size + server_->opt.max_waiting;
-    if (num_seqs > most) {
-      return Reject({400, fmt::format("this request asks for {} sequences (prompts x n); the server takes at most {} at "
-                                      "once (--max-batch-size + --max-waiting)", num_seqs, most),
-                     "invalid_request_error", req.chat ? "n" : "prompt"});
-    }
-    // Tokens of work: each sequence's prompt and what it may generate (for chat's default, all
-    // that fits in the per-request limit).
+  // Tokens of work of a request: each sequence's prompt and what it may generate (for chat's
+  // default, all that fits in the per-request limit).
+  static int64_t WorkTokens(const CompletionRequest& req, const std::vector<std::vector<int32_t>>& prompts,
+                            const Engine& engine) {
     int64_t num_tokens = 0;
     for (const auto& prompt : prompts) {
       const int64_t len = static_cast<int64_t>(prompt.size());
@@ -647,29 +633,23 @@ class Session : public std::enable_shared_from_this<Session> {
                                                : 16;
       num_tokens += (len + out) * req.n;
     }
-    if (server_->opt.max_waiting_tokens > 0 && num_tokens > server_->opt.max_waiting_tokens) {
-      return Reject({400, fmt::format("this request asks for {} tokens of work (prompt + max_tokens of each sequence); "
-                                      "the server takes at most {} at once (--max-waiting-tokens)",
-                                      num_tokens, server_->opt.max_waiting_tokens),
-                     "invalid_request_error", "max_tokens"});
-    }
-    if (AtCapacity(num_seqs, state, num_tokens)) {
-      return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
-    }
-    auto gen = std::make_shared<Generation>();
-    gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
-    gen->tok = &tok;
-    gen->constraint_param = p.constraint_param;
-    gen->created = static_cast<int64_t>(std::time(nullptr));
+    return num_tokens;
+  }
+
+  // The engine's requests for the API request's prompts x n, seeds consecutive from the request's
+  // (or a random) seed; each one's echo in gen.
+  std::vector<GenerationRequest> SubRequests(const Prepared& p, const ServingState& state, Generation& gen) {
+    const CompletionRequest& req = p.req;
+    const Tokenizer& tok = *state.tokenizer;
     const uint64_t base_seed = req.has_seed ? req.sampling.seed : std::random_device{}();
     std::vector<GenerationRequest> subs;
     // All sequences of this API request form one group: the engine admits fairly between groups.
     const int64_t group = static_cast<int64_t>(server_->next_id.fetch_add(1));
-    for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    for (size_t pi = 0; pi < p.prompts.size(); ++pi) {
       for (int k = 0; k < req.n; ++k) {
         GenerationRequest g;
         g.group = group;
-        g.prompt = prompts[pi];
+        g.prompt = p.prompts[pi];
         if (req.truncate_prompt_tokens > 0 && static_cast<int64_t>(g.prompt.size()) > req.truncate_prompt_tokens) {
           // Keep the last tokens, as vLLM's truncate_prompt_tokens does.
           g.prompt.erase(g.prompt.begin(), g.prompt.end() - req.truncate_prompt_tokens);
@@ -701,12 +681,93 @@ class Session : public std::enable_shared_from_this<Session> {
           g.stop_ids.clear();
           g.retention.reset();
         }
-        gen->echo_tokens.push_back(req.echo && req.top_logprobs >= 0 ? g.prompt : std::vector<int32_t>{});
+        gen.echo_tokens.push_back(req.echo && req.top_logprobs >= 0 ? g.prompt : std::vector<int32_t>{});
         subs.push_back(std::move(g));
-        gen->echo_prefix.push_back(req.echo ? prompt_texts[pi] : "");
+        gen.echo_prefix.push_back(req.echo ? p.prompt_texts[pi] : "");
       }
     }
-    for (auto& g : subs) {
+    return subs;
+  }
+
+  // Per choice: its state, and a message stream where tool calls or reasoning are taken apart.
+  // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning), and
+  // so are Functionary v3.2's (every message starts with its recipient, "all" for text).
+  static void InitChoices(Generation& gen, const Prepared& p, const ServingState& state) {
+    const size_t n = gen.streams.size();
+    gen.choices.resize(n);
+    gen.done.assign(n, false);
+    gen.started.assign(n, false);
+    gen.generated.assign(n, 0);
+    gen.prompt_tokens.assign(n, 0);
+    gen.cached_tokens.assign(n, 0);
+    gen.evicted_tokens.assign(n, 0);
+    gen.messages.resize(n);
+    gen.call_ids.resize(n);
+    for (Choice& c : gen.choices) c.forced_calls = p.constraint_param == "tools";
+    const bool harmony = state.tool_format == ToolCallFormat::kGptOss || state.tool_format == ToolCallFormat::kFunctionaryV32;
+    if (!p.req.chat || !(p.parse_tools || state.reasoning || harmony)) return;
+    auto types = std::make_shared<const ToolParamTypes>(ParamTypesOf(p.req.tools));
+    for (auto& m : gen.messages) {
+      m.emplace(p.parse_tools || harmony ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
+                p.starts_thinking, /*forced_calls=*/p.constraint_param == "tools", types);
+    }
+  }
+
+  // Streamed: the event-stream header first, then chunks as they come; otherwise the answer when
+  // it is whole, the socket watched meanwhile.
+  void StartAnswer() {
+    if (!gen_->req.stream) {
+      WatchClosed();
+      Pump();
+      return;
+    }
+    auto res = std::make_shared<http::response<http::empty_body>>(http::status::ok, 11);
+    res->set(http::field::server, "gale");
+    res->set(http::field::content_type, "text/event-stream");
+    res->set(http::field::cache_control, "no-cache");
+    // Kept alive after the last chunk (HTTP/1.1 clients reuse the connection for their next request).
+    res->keep_alive(keep_alive_);
+    res->chunked(true);
+    Cors(*res);
+    auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
+    writing_ = true;
+    http::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      if (ec) return self->Abort();
+      self->WatchDisconnect();
+      self->Pump();
+    });
+  }
+
+  void Launch(std::variant<Prepared, ApiError> prepared, const ServingState& state) {
+    if (auto* e = std::get_if<ApiError>(&prepared)) return Reject(*e);
+    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
+    Prepared& p = std::get<Prepared>(prepared);
+    const CompletionRequest& req = p.req;
+    Engine& engine = *state.engine;
+    const int64_t num_seqs = static_cast<int64_t>(p.prompts.size()) * req.n;
+    const int64_t most = engine.config().sched.max_batch_size + server_->opt.max_waiting;
+    if (num_seqs > most) {
+      return Reject({400, fmt::format("this request asks for {} sequences (prompts x n); the server takes at most {} at "
+                                      "once (--max-batch-size + --max-waiting)", num_seqs, most),
+                     "invalid_request_error", req.chat ? "n" : "prompt"});
+    }
+    const int64_t num_tokens = WorkTokens(req, p.prompts, engine);
+    if (server_->opt.max_waiting_tokens > 0 && num_tokens > server_->opt.max_waiting_tokens) {
+      return Reject({400, fmt::format("this request asks for {} tokens of work (prompt + max_tokens of each sequence); "
+                                      "the server takes at most {} at once (--max-waiting-tokens)",
+                                      num_tokens, server_->opt.max_waiting_tokens),
+                     "invalid_request_error", "max_tokens"});
+    }
+    if (AtCapacity(num_seqs, state, num_tokens)) {
+      return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    }
+    auto gen = std::make_shared<Generation>();
+    gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    gen->tok = state.tokenizer;
+    gen->constraint_param = p.constraint_param;
+    gen->created = static_cast<int64_t>(std::time(nullptr));
+    for (auto& g : SubRequests(p, state, *gen)) {
       auto s = engine.Submit(std::move(g));
       if (!s.ok()) {
         for (auto& st : gen->streams) engine.Cancel(st->id());
@@ -717,32 +778,12 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       gen->streams.push_back(*s);
     }
-    const size_t n = gen->streams.size();
-    gen->choices.resize(n);
-    gen->done.assign(n, false);
-    gen->started.assign(n, false);
-    gen->generated.assign(n, 0);
-    gen->prompt_tokens.assign(n, 0);
-    gen->cached_tokens.assign(n, 0);
-    gen->evicted_tokens.assign(n, 0);
-    gen->messages.resize(n);
-    gen->call_ids.resize(n);
-    for (Choice& c : gen->choices) c.forced_calls = p.constraint_param == "tools";
-    // gpt-oss's harmony messages are always taken apart (their channels say what is reasoning),
-    // and so are Functionary v3.2's (every message starts with its recipient, "all" for text).
-    const bool harmony = state.tool_format == ToolCallFormat::kGptOss || state.tool_format == ToolCallFormat::kFunctionaryV32;
-    if (req.chat && (p.parse_tools || state.reasoning || harmony)) {
-      auto types = std::make_shared<const ToolParamTypes>(ParamTypesOf(req.tools));
-      for (auto& m : gen->messages) {
-        m.emplace(p.parse_tools || harmony ? std::optional<ToolCallFormat>(state.tool_format) : std::nullopt, state.reasoning,
-                  p.starts_thinking, /*forced_calls=*/p.constraint_param == "tools", types);
-      }
-    }
-    gen->req = std::move(req);
+    InitChoices(*gen, p, state);
+    gen->req = std::move(p.req);
     gen_ = gen;
     self_hold_ = shared_from_this();  // no I/O is pending while a non-streamed answer is computed
     engine_ = state.engine;
-    gen_seqs_ = static_cast<int64_t>(n);
+    gen_seqs_ = static_cast<int64_t>(gen->streams.size());
     gen_tokens_ = num_tokens;
     server_->in_flight_seqs += gen_seqs_;
     server_->in_flight_tokens += gen_tokens_;
@@ -756,27 +797,7 @@ class Session : public std::enable_shared_from_this<Session> {
         });
       });
     }
-    if (gen->req.stream) {
-      auto res = std::make_shared<http::response<http::empty_body>>(http::status::ok, 11);
-      res->set(http::field::server, "gale");
-      res->set(http::field::content_type, "text/event-stream");
-      res->set(http::field::cache_control, "no-cache");
-      // Kept alive after the last chunk (HTTP/1.1 clients reuse the connection for their next request).
-      res->keep_alive(keep_alive_);
-      res->chunked(true);
-      Cors(*res);
-      auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
-      writing_ = true;
-      http::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
-        self->writing_ = false;
-        if (ec) return self->Abort();
-        self->WatchDisconnect();
-        self->Pump();
-      });
-    } else {
-      WatchClosed();
-      Pump();
-    }
+    StartAnswer();
   }
 
   // A non-streamed request has no read pending (a pipelined next request must stay unread), so
