@@ -700,6 +700,131 @@ void QuantizeRowRef(GgmlType type, const float* src, void* dst, int64_t n) {
   CHECK(false && "QuantizeRowRef: unsupported type");
 }
 
+namespace {
+
+// Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 (ggml's first block types).
+void DequantizeLegacy(GgmlType type, const void* src, float* dst, int64_t n) {
+  if (type == GgmlType::kQ8_0) {
+    const auto* b = static_cast<const BlockQ8_0*>(src);
+    for (int64_t i = 0; i < n / kQK8_0; ++i) {
+      const float d = Fp16ToFp32(b[i].d);
+      for (int j = 0; j < kQK8_0; ++j) dst[i * kQK8_0 + j] = d * b[i].qs[j];
+    }
+    return;
+  }
+  if (type == GgmlType::kQ4_0) {
+    const auto* b = static_cast<const BlockQ4_0*>(src);
+    for (int64_t i = 0; i < n / kQK4_0; ++i) {
+      const float d = Fp16ToFp32(b[i].d);
+      for (int j = 0; j < kQK4_0 / 2; ++j) {
+        dst[i * kQK4_0 + j] = d * ((b[i].qs[j] & 0x0f) - 8);
+        dst[i * kQK4_0 + j + kQK4_0 / 2] = d * ((b[i].qs[j] >> 4) - 8);
+      }
+    }
+    return;
+  }
+  if (type == GgmlType::kQ4_1) {
+    const auto* b = static_cast<const BlockQ4_1*>(src);
+    for (int64_t i = 0; i < n / 32; ++i) {
+      const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
+      for (int j = 0; j < 16; ++j) {
+        dst[i * 32 + j] = d * static_cast<float>(b[i].qs[j] & 0x0f) + m;
+        dst[i * 32 + j + 16] = d * static_cast<float>(b[i].qs[j] >> 4) + m;
+      }
+    }
+    return;
+  }
+  if (type == GgmlType::kQ5_0) {
+    const auto* b = static_cast<const BlockQ5_0*>(src);
+    uint8_t q[32];
+    for (int64_t i = 0; i < n / 32; ++i) {
+      const float d = Fp16ToFp32(b[i].d);
+      UnpackQ5(b[i].qh, b[i].qs, q);
+      for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j] - 16);
+    }
+    return;
+  }
+  if (type == GgmlType::kQ5_1) {
+    const auto* b = static_cast<const BlockQ5_1*>(src);
+    uint8_t q[32];
+    for (int64_t i = 0; i < n / 32; ++i) {
+      const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
+      UnpackQ5(b[i].qh, b[i].qs, q);
+      for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j]) + m;
+    }
+    return;
+  }
+}
+
+// Q2_K and Q3_K.
+void DequantizeLowK(GgmlType type, const void* src, float* dst, int64_t n) {
+  if (type == GgmlType::kQ2_K) {
+    const auto* b = static_cast<const BlockQ2_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+      const float d = Fp16ToFp32(b[i].d), dmin = Fp16ToFp32(b[i].dmin);
+      for (int e = 0; e < 256; ++e) {
+        const uint8_t sc = b[i].scales[e / 16];
+        dst[i * 256 + e] = (d * static_cast<float>(sc & 15)) * static_cast<float>(KLow2(b[i].qs, e)) -
+                           dmin * static_cast<float>(sc >> 4);
+      }
+    }
+    return;
+  }
+  if (type == GgmlType::kQ3_K) {
+    const auto* b = static_cast<const BlockQ3_K*>(src);
+    int8_t sc[16];
+    uint8_t q[256];
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+      const float d = Fp16ToFp32(b[i].d);
+      Q3KScales(b[i].scales, sc);
+      Q3KValues(b[i], q);
+      for (int e = 0; e < 256; ++e) dst[i * 256 + e] = (d * static_cast<float>(sc[e / 16])) * static_cast<float>(q[e] - 4);
+    }
+    return;
+  }
+}
+
+// IQ4_NL / IQ4_XS (a non-linear grid), MXFP4 and f8_e4m3 (values under a power-of-two scale).
+void DequantizeTables(GgmlType type, const void* src, float* dst, int64_t n) {
+  if (type == GgmlType::kIQ4_NL || type == GgmlType::kIQ4_XS) {
+    int8_t v[32];
+    for (int64_t r = 0; r < n / 32; ++r) {  // run r: block r of IQ4_NL, run r % 8 of IQ4_XS's r / 8
+      float d;
+      if (type == GgmlType::kIQ4_NL) {
+        const auto& b = static_cast<const BlockIQ4_NL*>(src)[r];
+        IQ4RunValues(b.qs, v);
+        d = Fp16ToFp32(b.d);
+      } else {
+        const auto& b = static_cast<const BlockIQ4_XS*>(src)[r / 8];
+        IQ4RunValues(b.qs + 16 * (r % 8), v);
+        d = IQ4XSRunScale(b, static_cast<int>(r % 8));
+      }
+      for (int j = 0; j < 32; ++j) dst[r * 32 + j] = d * static_cast<float>(v[j]);
+    }
+    return;
+  }
+  if (type == GgmlType::kMXFP4) {
+    int8_t v[32];
+    for (int64_t r = 0; r < n / 32; ++r) {
+      const auto& b = static_cast<const BlockMXFP4*>(src)[r];
+      MXFP4RunValues(b.qs, v);
+      const float d = E8M0HalfToFp32(b.e);
+      for (int j = 0; j < 32; ++j) dst[r * 32 + j] = static_cast<float>(v[j]) * d;
+    }
+    return;
+  }
+  if (type == GgmlType::kF8E4M3) {
+    for (int64_t r = 0; r < n / 32; ++r) {
+      const auto& b = static_cast<const BlockF8E4M3*>(src)[r];
+      const float d = E8M0ToFp32(b.e);
+      for (int j = 0; j < 32; ++j) dst[r * 32 + j] = E4M3ToFp32(b.qs[j]) * d;
+    }
+    return;
+  }
+}
+
+}  // namespace
+
 void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
   switch (type) {
     case GgmlType::kF32:
@@ -715,116 +840,20 @@ void DequantizeRowRef(GgmlType type, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFp32(s[i]);
       return;
     }
-    case GgmlType::kQ8_0: {
-      const auto* b = static_cast<const BlockQ8_0*>(src);
-      for (int64_t i = 0; i < n / kQK8_0; ++i) {
-        const float d = Fp16ToFp32(b[i].d);
-        for (int j = 0; j < kQK8_0; ++j) dst[i * kQK8_0 + j] = d * b[i].qs[j];
-      }
-      return;
-    }
-    case GgmlType::kQ4_0: {
-      const auto* b = static_cast<const BlockQ4_0*>(src);
-      for (int64_t i = 0; i < n / kQK4_0; ++i) {
-        const float d = Fp16ToFp32(b[i].d);
-        for (int j = 0; j < kQK4_0 / 2; ++j) {
-          dst[i * kQK4_0 + j] = d * ((b[i].qs[j] & 0x0f) - 8);
-          dst[i * kQK4_0 + j + kQK4_0 / 2] = d * ((b[i].qs[j] >> 4) - 8);
-        }
-      }
-      return;
-    }
-    case GgmlType::kQ4_1: {
-      const auto* b = static_cast<const BlockQ4_1*>(src);
-      for (int64_t i = 0; i < n / 32; ++i) {
-        const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
-        for (int j = 0; j < 16; ++j) {
-          dst[i * 32 + j] = d * static_cast<float>(b[i].qs[j] & 0x0f) + m;
-          dst[i * 32 + j + 16] = d * static_cast<float>(b[i].qs[j] >> 4) + m;
-        }
-      }
-      return;
-    }
-    case GgmlType::kQ5_0: {
-      const auto* b = static_cast<const BlockQ5_0*>(src);
-      uint8_t q[32];
-      for (int64_t i = 0; i < n / 32; ++i) {
-        const float d = Fp16ToFp32(b[i].d);
-        UnpackQ5(b[i].qh, b[i].qs, q);
-        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j] - 16);
-      }
-      return;
-    }
-    case GgmlType::kQ5_1: {
-      const auto* b = static_cast<const BlockQ5_1*>(src);
-      uint8_t q[32];
-      for (int64_t i = 0; i < n / 32; ++i) {
-        const float d = Fp16ToFp32(b[i].d), m = Fp16ToFp32(b[i].m);
-        UnpackQ5(b[i].qh, b[i].qs, q);
-        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * static_cast<float>(q[j]) + m;
-      }
-      return;
-    }
-    case GgmlType::kQ2_K: {
-      const auto* b = static_cast<const BlockQ2_K*>(src);
-      for (int64_t i = 0; i < n / kQK_K; ++i) {
-        const float d = Fp16ToFp32(b[i].d), dmin = Fp16ToFp32(b[i].dmin);
-        for (int e = 0; e < 256; ++e) {
-          const uint8_t sc = b[i].scales[e / 16];
-          dst[i * 256 + e] = (d * static_cast<float>(sc & 15)) * static_cast<float>(KLow2(b[i].qs, e)) -
-                             dmin * static_cast<float>(sc >> 4);
-        }
-      }
-      return;
-    }
-    case GgmlType::kQ3_K: {
-      const auto* b = static_cast<const BlockQ3_K*>(src);
-      int8_t sc[16];
-      uint8_t q[256];
-      for (int64_t i = 0; i < n / kQK_K; ++i) {
-        const float d = Fp16ToFp32(b[i].d);
-        Q3KScales(b[i].scales, sc);
-        Q3KValues(b[i], q);
-        for (int e = 0; e < 256; ++e) dst[i * 256 + e] = (d * static_cast<float>(sc[e / 16])) * static_cast<float>(q[e] - 4);
-      }
-      return;
-    }
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+      return DequantizeLegacy(type, src, dst, n);
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+      return DequantizeLowK(type, src, dst, n);
     case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS: {
-      int8_t v[32];
-      for (int64_t r = 0; r < n / 32; ++r) {  // run r: block r of IQ4_NL, run r % 8 of IQ4_XS's r / 8
-        float d;
-        if (type == GgmlType::kIQ4_NL) {
-          const auto& b = static_cast<const BlockIQ4_NL*>(src)[r];
-          IQ4RunValues(b.qs, v);
-          d = Fp16ToFp32(b.d);
-        } else {
-          const auto& b = static_cast<const BlockIQ4_XS*>(src)[r / 8];
-          IQ4RunValues(b.qs + 16 * (r % 8), v);
-          d = IQ4XSRunScale(b, static_cast<int>(r % 8));
-        }
-        for (int j = 0; j < 32; ++j) dst[r * 32 + j] = d * static_cast<float>(v[j]);
-      }
-      return;
-    }
-    case GgmlType::kMXFP4: {
-      int8_t v[32];
-      for (int64_t r = 0; r < n / 32; ++r) {
-        const auto& b = static_cast<const BlockMXFP4*>(src)[r];
-        MXFP4RunValues(b.qs, v);
-        const float d = E8M0HalfToFp32(b.e);
-        for (int j = 0; j < 32; ++j) dst[r * 32 + j] = static_cast<float>(v[j]) * d;
-      }
-      return;
-    }
-    case GgmlType::kF8E4M3: {
-      for (int64_t r = 0; r < n / 32; ++r) {
-        const auto& b = static_cast<const BlockF8E4M3*>(src)[r];
-        const float d = E8M0ToFp32(b.e);
-        for (int j = 0; j < 32; ++j) dst[r * 32 + j] = E4M3ToFp32(b.qs[j]) * d;
-      }
-      return;
-    }
+    case GgmlType::kIQ4_XS:
+    case GgmlType::kMXFP4:
+    case GgmlType::kF8E4M3:
+      return DequantizeTables(type, src, dst, n);
     case GgmlType::kQ4_K:
       DequantizeQ4_K(static_cast<const BlockQ4_K*>(src), dst, n);
       return;
