@@ -451,118 +451,113 @@ Status WriteEngram(const Json& cfg, const HfTokenizerFiles& tokenizer_files, con
   return Status::Ok();
 }
 
-}  // namespace
+// config.json's DeepSeek-V4 sizes (flat in V4, under text_config in V4.1).
+struct Ds4Config {
+  bool v41 = false;
+  int64_t dim, layers, heads, kv_heads, head_dim, rope_dim, q_rank, o_rank, o_groups, idx_heads, idx_dim, idx_topk;
+  int64_t experts, used, expert_ffn, shared, hash_layers, hc, sinkhorn, window, vocab, ctx;
+  std::vector<int32_t> ratios;  // per layer
+};
 
-StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, const Json& outer, GgmlType type,
-                                             GgufWriter* out) {
-  const bool nested = outer.contains("text_config") && outer["text_config"].is_object();
-  const Json& cfg = nested ? outer["text_config"] : outer;
-  const bool v41 = nested || cfg.contains("kv_source_layer_ids") || cfg.value("model_type", "") == "deepseek_v41";
-  const std::string arch = v41 ? "deepseek41" : "deepseek4";
-  const std::string p = arch + ".";
-  ASSIGN_OR_RETURN(const int64_t dim, Int(cfg, "hidden_size"));
-  ASSIGN_OR_RETURN(const int64_t layers, Int(cfg, "num_hidden_layers"));
-  ASSIGN_OR_RETURN(const int64_t heads, Int(cfg, "num_attention_heads"));
-  ASSIGN_OR_RETURN(const int64_t kv_heads, Int(cfg, "num_key_value_heads", 1));
-  ASSIGN_OR_RETURN(const int64_t head_dim, Int(cfg, "head_dim"));
-  ASSIGN_OR_RETURN(const int64_t rope_dim, Int(cfg, "qk_rope_head_dim"));
-  ASSIGN_OR_RETURN(const int64_t q_rank, Int(cfg, "q_lora_rank"));
-  ASSIGN_OR_RETURN(const int64_t o_rank, Int(cfg, "o_lora_rank"));
-  ASSIGN_OR_RETURN(const int64_t o_groups, Int(cfg, "o_groups"));
-  ASSIGN_OR_RETURN(const int64_t idx_heads, Int(cfg, "index_n_heads"));
-  ASSIGN_OR_RETURN(const int64_t idx_dim, Int(cfg, "index_head_dim"));
-  ASSIGN_OR_RETURN(const int64_t idx_topk, Int(cfg, "index_topk"));
-  ASSIGN_OR_RETURN(const int64_t experts, Int(cfg, "n_routed_experts"));
-  ASSIGN_OR_RETURN(const int64_t used, Int(cfg, "num_experts_per_tok"));
-  ASSIGN_OR_RETURN(const int64_t expert_ffn, Int(cfg, "moe_intermediate_size"));
-  ASSIGN_OR_RETURN(const int64_t shared, Int(cfg, "n_shared_experts", 1));
-  ASSIGN_OR_RETURN(const int64_t hash_layers, Int(cfg, "num_hash_layers", 0));
-  ASSIGN_OR_RETURN(const int64_t hc, Int(cfg, "hc_mult"));
-  ASSIGN_OR_RETURN(const int64_t sinkhorn, Int(cfg, "hc_sinkhorn_iters", 20));
-  ASSIGN_OR_RETURN(const int64_t window, Int(cfg, "sliding_window"));
-  ASSIGN_OR_RETURN(const int64_t vocab, Int(cfg, "vocab_size"));
-  ASSIGN_OR_RETURN(const int64_t ctx, Int(cfg, "max_position_embeddings", 4096));
-  if (dim == 0 || layers == 0 || heads == 0 || kv_heads != 1 || head_dim == 0 || rope_dim > head_dim || experts == 0 ||
-      used == 0 || used > experts || hc == 0 || vocab == 0 || o_groups == 0 || heads % o_groups != 0) {
+StatusOr<Ds4Config> ReadDs4Config(const Json& cfg, bool v41) {
+  Ds4Config c;
+  c.v41 = v41;
+  ASSIGN_OR_RETURN(c.dim, Int(cfg, "hidden_size"));
+  ASSIGN_OR_RETURN(c.layers, Int(cfg, "num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.heads, Int(cfg, "num_attention_heads"));
+  ASSIGN_OR_RETURN(c.kv_heads, Int(cfg, "num_key_value_heads", 1));
+  ASSIGN_OR_RETURN(c.head_dim, Int(cfg, "head_dim"));
+  ASSIGN_OR_RETURN(c.rope_dim, Int(cfg, "qk_rope_head_dim"));
+  ASSIGN_OR_RETURN(c.q_rank, Int(cfg, "q_lora_rank"));
+  ASSIGN_OR_RETURN(c.o_rank, Int(cfg, "o_lora_rank"));
+  ASSIGN_OR_RETURN(c.o_groups, Int(cfg, "o_groups"));
+  ASSIGN_OR_RETURN(c.idx_heads, Int(cfg, "index_n_heads"));
+  ASSIGN_OR_RETURN(c.idx_dim, Int(cfg, "index_head_dim"));
+  ASSIGN_OR_RETURN(c.idx_topk, Int(cfg, "index_topk"));
+  ASSIGN_OR_RETURN(c.experts, Int(cfg, "n_routed_experts"));
+  ASSIGN_OR_RETURN(c.used, Int(cfg, "num_experts_per_tok"));
+  ASSIGN_OR_RETURN(c.expert_ffn, Int(cfg, "moe_intermediate_size"));
+  ASSIGN_OR_RETURN(c.shared, Int(cfg, "n_shared_experts", 1));
+  ASSIGN_OR_RETURN(c.hash_layers, Int(cfg, "num_hash_layers", 0));
+  ASSIGN_OR_RETURN(c.hc, Int(cfg, "hc_mult"));
+  ASSIGN_OR_RETURN(c.sinkhorn, Int(cfg, "hc_sinkhorn_iters", 20));
+  ASSIGN_OR_RETURN(c.window, Int(cfg, "sliding_window"));
+  ASSIGN_OR_RETURN(c.vocab, Int(cfg, "vocab_size"));
+  ASSIGN_OR_RETURN(c.ctx, Int(cfg, "max_position_embeddings", 4096));
+  if (c.dim == 0 || c.layers == 0 || c.heads == 0 || c.kv_heads != 1 || c.head_dim == 0 || c.rope_dim > c.head_dim ||
+      c.experts == 0 || c.used == 0 || c.used > c.experts || c.hc == 0 || c.vocab == 0 || c.o_groups == 0 ||
+      c.heads % c.o_groups != 0) {
     return InvalidArgument("config.json: not a DeepSeek-V4 shape (hidden {}, {} layers, {} heads of {} with {} KV, "
-                           "{} of {} experts, hc_mult {}, o_groups {})", dim, layers, heads, head_dim, kv_heads, used,
-                           experts, hc, o_groups);
+                           "{} of {} experts, hc_mult {}, o_groups {})", c.dim, c.layers, c.heads, c.head_dim,
+                           c.kv_heads, c.used, c.experts, c.hc, c.o_groups);
   }
   const std::string scoring = cfg.value("scoring_func", "sqrtsoftplus");
   if (scoring != "sqrtsoftplus") return InvalidArgument("config.json: scoring_func '{}' (DeepSeek-V4's is sqrtsoftplus)", scoring);
   if (!cfg.contains("compress_ratios") || !cfg["compress_ratios"].is_array() ||
-      static_cast<int64_t>(cfg["compress_ratios"].size()) < layers) {
+      static_cast<int64_t>(cfg["compress_ratios"].size()) < c.layers) {
     return InvalidArgument("config.json: compress_ratios must list a ratio per layer");
   }
-  std::vector<int32_t> ratios;
-  for (int64_t l = 0; l < layers; ++l) {
+  for (int64_t l = 0; l < c.layers; ++l) {
     const Json& r = cfg["compress_ratios"][l];
     if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() > 65536) {
       return InvalidArgument("config.json: compress_ratios[{}] is not a ratio", l);
     }
-    ratios.push_back(static_cast<int32_t>(r.get<int64_t>()));
+    c.ratios.push_back(static_cast<int32_t>(r.get<int64_t>()));
   }
+  return c;
+}
 
-  // FP8 tiles: quantization_config.weight_block_size (V4: 128 x 128, V4.1: 32 x 32).
+// FP8 tiles: quantization_config.weight_block_size (V4: 128 x 128, V4.1: 32 x 32).
+StatusOr<std::pair<int64_t, int64_t>> ReadTileShape(const Json& outer, const Json& cfg) {
   const Json* quant = outer.contains("quantization_config") ? &outer["quantization_config"]
                       : cfg.contains("quantization_config") ? &cfg["quantization_config"] : nullptr;
-  int64_t br = 128, bc = 128;
-  if (quant != nullptr && quant->is_object() && quant->contains("weight_block_size")) {
-    const Json& b = (*quant)["weight_block_size"];
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
-        b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 32 || b[1].get<int64_t>() % 32 != 0) {
-      return InvalidArgument("config.json: weight_block_size must be [rows, cols] with cols a multiple of 32");
-    }
-    br = b[0].get<int64_t>();
-    bc = b[1].get<int64_t>();
+  if (quant == nullptr || !quant->is_object() || !quant->contains("weight_block_size")) return std::pair<int64_t, int64_t>{128, 128};
+  const Json& b = (*quant)["weight_block_size"];
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 32 || b[1].get<int64_t>() % 32 != 0) {
+    return InvalidArgument("config.json: weight_block_size must be [rows, cols] with cols a multiple of 32");
   }
+  return std::pair<int64_t, int64_t>{b[0].get<int64_t>(), b[1].get<int64_t>()};
+}
 
-  ASSIGN_OR_RETURN(HfTensors tensors, LoadHfTensors(dir));
-  ASSIGN_OR_RETURN(const HfTokenizerFiles tokenizer_files, ReadHfTokenizerFiles(dir));
-  ASSIGN_OR_RETURN(const HfTokenizer tokenizer,
-                   ImportHfTokenizer(tokenizer_files.tokenizer, tokenizer_files.config, cfg, vocab));
-  HfConvertReport report;
-  report.pre = tokenizer.pre;
-
-  out->SetString("general.architecture", arch);
-  out->SetString("general.name", HfModelName(dir));
-  out->SetU32("general.file_type", 1024);
-  out->SetU32(p + "context_length", static_cast<uint32_t>(ctx));
-  out->SetU32(p + "embedding_length", static_cast<uint32_t>(dim));
-  out->SetU32(p + "feed_forward_length", static_cast<uint32_t>(expert_ffn));
-  out->SetU32(p + "block_count", static_cast<uint32_t>(layers));
-  out->SetU32(p + "attention.head_count", static_cast<uint32_t>(heads));
+// The GGUF keys of llama.cpp's deepseek4 / deepseek41 layout (and gale's two-level index keys).
+Status WriteDs4Keys(const Json& cfg, const Ds4Config& c, const std::string& p, GgufWriter* out) {
+  out->SetU32(p + "context_length", static_cast<uint32_t>(c.ctx));
+  out->SetU32(p + "embedding_length", static_cast<uint32_t>(c.dim));
+  out->SetU32(p + "feed_forward_length", static_cast<uint32_t>(c.expert_ffn));
+  out->SetU32(p + "block_count", static_cast<uint32_t>(c.layers));
+  out->SetU32(p + "attention.head_count", static_cast<uint32_t>(c.heads));
   out->SetU32(p + "attention.head_count_kv", 1);
-  out->SetU32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
-  out->SetU32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
-  out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dim));
+  out->SetU32(p + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+  out->SetU32(p + "attention.value_length", static_cast<uint32_t>(c.head_dim));
+  out->SetU32(p + "rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
   out->SetF32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(Num(cfg, "rms_norm_eps", 1e-6)));
   out->SetF32(p + "rope.freq_base", static_cast<float>(Num(cfg, "rope_theta", 10000.0)));
-  out->SetU32(p + "vocab_size", static_cast<uint32_t>(vocab));
-  out->SetU32(p + "expert_count", static_cast<uint32_t>(experts));
-  out->SetU32(p + "expert_used_count", static_cast<uint32_t>(used));
-  out->SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
-  out->SetU32(p + "expert_shared_count", static_cast<uint32_t>(shared));
+  out->SetU32(p + "vocab_size", static_cast<uint32_t>(c.vocab));
+  out->SetU32(p + "expert_count", static_cast<uint32_t>(c.experts));
+  out->SetU32(p + "expert_used_count", static_cast<uint32_t>(c.used));
+  out->SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(c.expert_ffn));
+  out->SetU32(p + "expert_shared_count", static_cast<uint32_t>(c.shared));
   out->SetF32(p + "expert_weights_scale", static_cast<float>(Num(cfg, "routed_scaling_factor", 1.0)));
   out->SetBool(p + "expert_weights_norm", cfg.value("norm_topk_prob", true));
   out->SetU32(p + "expert_gating_func", 4);  // sqrt(softplus)
-  out->SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(q_rank));
-  out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(window));
+  out->SetU32(p + "attention.q_lora_rank", static_cast<uint32_t>(c.q_rank));
+  out->SetU32(p + "attention.sliding_window", static_cast<uint32_t>(c.window));
   out->SetValue(p + "swiglu_clamp_exp",
-                GgufValue::F32Array(std::vector<float>(layers, static_cast<float>(Num(cfg, "swiglu_limit", 0.0)))));
-  out->SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(idx_heads));
-  out->SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(idx_dim));
-  out->SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(idx_topk));
-  out->SetU32(p + "attention.output_group_count", static_cast<uint32_t>(o_groups));
-  out->SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(o_rank));
+                GgufValue::F32Array(std::vector<float>(c.layers, static_cast<float>(Num(cfg, "swiglu_limit", 0.0)))));
+  out->SetU32(p + "attention.indexer.head_count", static_cast<uint32_t>(c.idx_heads));
+  out->SetU32(p + "attention.indexer.key_length", static_cast<uint32_t>(c.idx_dim));
+  out->SetU32(p + "attention.indexer.top_k", static_cast<uint32_t>(c.idx_topk));
+  out->SetU32(p + "attention.output_group_count", static_cast<uint32_t>(c.o_groups));
+  out->SetU32(p + "attention.output_lora_rank", static_cast<uint32_t>(c.o_rank));
   out->SetF32(p + "attention.compress_rope_freq_base", static_cast<float>(Num(cfg, "compress_rope_theta", 160000.0)));
-  out->SetU32(p + "hyper_connection.count", static_cast<uint32_t>(hc));
-  out->SetU32(p + "hyper_connection.sinkhorn_iterations", static_cast<uint32_t>(sinkhorn));
+  out->SetU32(p + "hyper_connection.count", static_cast<uint32_t>(c.hc));
+  out->SetU32(p + "hyper_connection.sinkhorn_iterations", static_cast<uint32_t>(c.sinkhorn));
   out->SetF32(p + "hyper_connection.epsilon", static_cast<float>(Num(cfg, "hc_eps", 1e-6)));
-  out->SetU32(p + "hash_layer_count", static_cast<uint32_t>(hash_layers));
-  out->SetValue(p + "attention.compress_ratios", GgufValue::I32Array(ratios));
+  out->SetU32(p + "hash_layer_count", static_cast<uint32_t>(c.hash_layers));
+  out->SetValue(p + "attention.compress_ratios", GgufValue::I32Array(c.ratios));
   // V4.1's two-level index (candidate_source_layer_id null or absent: none).
-  if (v41 && cfg.contains("candidate_source_layer_id") && !cfg["candidate_source_layer_id"].is_null()) {
+  if (c.v41 && cfg.contains("candidate_source_layer_id") && !cfg["candidate_source_layer_id"].is_null()) {
     ASSIGN_OR_RETURN(const int64_t layer, Int(cfg, "candidate_source_layer_id"));
     ASSIGN_OR_RETURN(const int64_t blocks, Int(cfg, "candidate_topk_blocks"));
     ASSIGN_OR_RETURN(const int64_t block_size, Int(cfg, "candidate_block_size"));
@@ -582,26 +577,49 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
     out->SetF32(p + "rope.scaling.yarn_beta_fast", static_cast<float>(Num(rs, "beta_fast", 32.0)));
     out->SetF32(p + "rope.scaling.yarn_beta_slow", static_cast<float>(Num(rs, "beta_slow", 1.0)));
   }
-  WriteHfTokenizer(tokenizer, out);
-  RETURN_IF_ERROR(WriteEngram(cfg, tokenizer_files, tensors, vocab, layers, p, out));
+  return Status::Ok();
+}
 
-  Converter c(std::move(tensors), type, br, bc, out);
+}  // namespace
+
+StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, const Json& outer, GgmlType type,
+                                             GgufWriter* out) {
+  const bool nested = outer.contains("text_config") && outer["text_config"].is_object();
+  const Json& cfg = nested ? outer["text_config"] : outer;
+  const bool v41 = nested || cfg.contains("kv_source_layer_ids") || cfg.value("model_type", "") == "deepseek_v41";
+  const std::string arch = v41 ? "deepseek41" : "deepseek4";
+  ASSIGN_OR_RETURN(const Ds4Config c, ReadDs4Config(cfg, v41));
+  ASSIGN_OR_RETURN(const auto tile, ReadTileShape(outer, cfg));
+  ASSIGN_OR_RETURN(HfTensors tensors, LoadHfTensors(dir));
+  ASSIGN_OR_RETURN(const HfTokenizerFiles tokenizer_files, ReadHfTokenizerFiles(dir));
+  ASSIGN_OR_RETURN(const HfTokenizer tokenizer,
+                   ImportHfTokenizer(tokenizer_files.tokenizer, tokenizer_files.config, cfg, c.vocab));
+  HfConvertReport report;
+  report.pre = tokenizer.pre;
+  out->SetString("general.architecture", arch);
+  out->SetString("general.name", HfModelName(dir));
+  out->SetU32("general.file_type", 1024);
+  RETURN_IF_ERROR(WriteDs4Keys(cfg, c, arch + ".", out));
+  WriteHfTokenizer(tokenizer, out);
+  RETURN_IF_ERROR(WriteEngram(cfg, tokenizer_files, tensors, c.vocab, c.layers, arch + ".", out));
+
+  Converter conv(std::move(tensors), type, tile.first, tile.second, out);
   for (const char* required : {"embed.weight", "head.weight", "norm.weight"}) {
-    if (!c.Has(required)) return InvalidArgument("tensor '{}' is missing from the checkpoint", required);
+    if (!conv.Has(required)) return InvalidArgument("tensor '{}' is missing from the checkpoint", required);
   }
   // Every tensor with a GGUF name, by name; the loader checks shapes and which layers carry what
   // (compressors, indexers, hash tables) against the ratios.
-  for (const auto& [hf, t] : c.tensors()) {
+  for (const auto& [hf, t] : conv.tensors()) {
     const std::string gguf = GgufName(hf);
-    if (!gguf.empty()) RETURN_IF_ERROR(c.Add(hf, gguf));
+    if (!gguf.empty()) RETURN_IF_ERROR(conv.Add(hf, gguf));
   }
-  for (int64_t l = 0; l < layers; ++l) RETURN_IF_ERROR(c.AddExperts(l, experts, dim, expert_ffn));
-  for (const auto& [hf, t] : c.tensors()) {
-    if (!c.Used(hf)) report.skipped.push_back(hf);
+  for (int64_t l = 0; l < c.layers; ++l) RETURN_IF_ERROR(conv.AddExperts(l, c.experts, c.dim, c.expert_ffn));
+  for (const auto& [hf, t] : conv.tensors()) {
+    if (!conv.Used(hf)) report.skipped.push_back(hf);
   }
-  report.num_tensors = c.num_tensors();
-  report.vocab = vocab;
-  report.layers = layers;
+  report.num_tensors = conv.num_tensors();
+  report.vocab = c.vocab;
+  report.layers = c.layers;
   return report;
 }
 
