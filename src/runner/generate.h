@@ -1,6 +1,7 @@
 // Single-sequence generation: prefill the prompt in one batch, then decode token by token with
 // the sampler until N tokens, an end-of-generation token, or the caller says stop. The batched
-// engine (sched/, engine/) replaces this loop for serving; `gale run` and tests use it directly.
+// engine (sched/, engine/) runs every request of the tools and the server; tests use this loop as
+// the single-sequence reference the engine must agree with.
 #pragma once
 
 #include <cstdint>

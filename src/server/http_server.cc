@@ -621,16 +621,14 @@ class Session : public std::enable_shared_from_this<Session> {
     SendError(e, false, retry_after);
   }
 
-  // Tokens of work of a request: each sequence's prompt and what it may generate (for chat's
-  // default, all that fits in the per-request limit).
+  // Tokens of work of a request: each sequence's prompt and what it may generate (max_tokens 0:
+  // all that fits in the per-request limit).
   static int64_t WorkTokens(const CompletionRequest& req, const std::vector<std::vector<int32_t>>& prompts,
                             const Engine& engine) {
     int64_t num_tokens = 0;
     for (const auto& prompt : prompts) {
       const int64_t len = static_cast<int64_t>(prompt.size());
-      const int64_t out = req.max_tokens > 0 ? req.max_tokens
-                          : req.chat           ? std::max<int64_t>(0, engine.max_request_tokens() - len)
-                                               : 16;
+      const int64_t out = req.max_tokens > 0 ? req.max_tokens : std::max<int64_t>(0, engine.max_request_tokens() - len);
       num_tokens += (len + out) * req.n;
     }
     return num_tokens;
@@ -654,7 +652,7 @@ class Session : public std::enable_shared_from_this<Session> {
           // Keep the last tokens, as vLLM's truncate_prompt_tokens does.
           g.prompt.erase(g.prompt.begin(), g.prompt.end() - req.truncate_prompt_tokens);
         }
-        g.max_tokens = req.max_tokens > 0 ? req.max_tokens : (req.chat ? 0 : 16);
+        g.max_tokens = req.max_tokens;
         g.sampling = req.sampling;
         g.sampling.seed = base_seed + static_cast<uint64_t>(subs.size());
         g.stop = req.stop;

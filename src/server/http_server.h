@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/engine.h"
+#include "engine/api.h"
 #include "grammar/compiler.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"

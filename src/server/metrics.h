@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/api.h"
 
 namespace gale::server {
 

@@ -332,7 +332,8 @@ std::optional<ApiError> ParseLengthAndStream(const Json& j, CompletionRequest* r
   int64_t i = 0;
   if (auto e = f.Integer("max_tokens", 1, int64_t{1} << 30, &i)) return e;
   if (auto e = f.Integer("max_completion_tokens", 1, int64_t{1} << 30, &i)) return e;
-  r->max_tokens = i;
+  // Unset: OpenAI's completions default; chat generates as much as fits (0).
+  r->max_tokens = i > 0 ? i : r->chat ? 0 : kCompletionsDefaultMaxTokens;
   i = 1;
   if (auto e = f.Integer("n", 1, 16, &i)) return e;
   r->n = static_cast<int>(i);

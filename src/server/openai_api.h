@@ -13,9 +13,7 @@
 
 #include "grammar/compiler.h"
 #include "kv/retention.h"
-#include "runner/model_runner.h"
-#include "runner/sampler.h"
-#include "sched/scheduler.h"
+#include "engine/api.h"
 #include "server/tool_calls.h"
 
 namespace gale::server {
@@ -25,6 +23,9 @@ using Json = nlohmann::ordered_json;
 // Deepest nesting of arrays and objects a request body may have (tool schemas included): far past
 // what real clients send, well inside what the recursive walks over it (copies, templates) take.
 inline constexpr int kMaxRequestDepth = 64;
+
+// max_tokens of a completions request that does not set it (OpenAI's default).
+inline constexpr int64_t kCompletionsDefaultMaxTokens = 16;
 
 struct ApiError {
   int status = 400;
@@ -49,7 +50,7 @@ struct CompletionRequest {
   std::string tool_choice_name;
   bool parallel_tool_calls = true;
   Json chat_template_kwargs;                   // chat: extra template variables
-  int64_t max_tokens = 0;                      // 0: the default (16 for completions, all that fits for chat)
+  int64_t max_tokens = 0;                      // 0: all that fits (chat's default); parsing sets completions'
   int n = 1;
   bool stream = false;
   bool include_usage = false;

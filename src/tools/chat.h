@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runner/sampler.h"
+#include "engine/api.h"
 #include "tools/cli_common.h"
 
 namespace gale {

@@ -12,7 +12,7 @@
 #include "dist/communicator.h"
 #include "dist/pipeline.h"
 #include "dist/tensor_parallel.h"
-#include "engine/engine.h"
+#include "engine/api.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "model/tokenizer.h"

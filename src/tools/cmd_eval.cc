@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/engine.h"
+#include "engine/api.h"
 #include "model/chat_template.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"

@@ -12,7 +12,6 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
-#include "runner/generate.h"
 #include "tools/chat.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
