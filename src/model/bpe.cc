@@ -3,15 +3,14 @@
 #include "model/bpe.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
+#include <cstdlib>
+#include <functional>
 
 #include <utf8proc.h>
 
-#include <array>
-#include <functional>
-#include <cstdlib>
-
-#include "model/tokenizer.h"
+#include "base/utf8.h"
 
 namespace gale {
 namespace {

@@ -14,7 +14,8 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
-#include "model/blocks.h"
+
+#include "model/sharding.h"
 #include "model/weights.h"
 
 namespace gale {

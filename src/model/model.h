@@ -19,24 +19,9 @@
 #include "kernels/kernels.h"
 #include "kv/kv_storage.h"
 #include "model/hparams.h"
+#include "model/weights.h"
 
 namespace gale {
-
-// Tensor parallelism (dist/tensor_parallel.h): every layer's attention heads and FFN rows are cut
-// into `slices` equal slices and rank `rank` of `ranks` holds slices [first_slice(),
-// first_slice() + num_slices()): Q, K, V, gate and up keep the rows of its slices (its heads, its
-// part of the FFN's width); the output projection and down keep the matching columns, as one
-// matrix per slice. A row-parallel product is the sum of its slices' products, added in a fixed
-// pairwise tree (base/tree_sum.h): first the rank's own slices (MatMul), then the ranks'
-// partial sums (PartialSums). Wherever slices / ranks is a power of two, the numbers are added
-// in the same tree as one process with the same slices adds them: the same bits (so slices 4
-// gives one answer with 1, 2 or 4 ranks).
-struct TensorSplit {
-  int rank = 0, ranks = 1, slices = 1;
-  int num_slices() const { return slices / ranks; }
-  int first_slice() const { return rank * num_slices(); }
-  bool on() const { return slices > 1; }
-};
 
 // Sums a row-parallel product's partial rows over a tensor-parallel group, in place, in the
 // tree TensorSplit describes: every rank gets the same bits. A failure (a rank gone) is the
@@ -200,16 +185,6 @@ struct Workspace {
   // Tokens routed to each expert over the steps since the counters were last read (gale bench
   // --profile's load balance), [num_layers * num_experts]; empty unless a caller sized it.
   std::vector<int64_t> expert_tokens;
-};
-
-// A weight matrix: its view into the file, and optionally a copy packed for the active ISA.
-// A tensor-parallel rank with more than one slice keeps a row-parallel matrix (output
-// projection, FFN down) as its slices' column blocks: `parts`, each [rows, in / parts]; view then
-// has the whole shape and type but no data, and MatMul sums the parts' products in a fixed tree.
-struct MatrixWeight {
-  TensorView view;
-  std::unique_ptr<kernels::PackedWeights> packed;
-  std::vector<MatrixWeight> parts;
 };
 
 class Model {

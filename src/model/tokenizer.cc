@@ -3,6 +3,8 @@
 // leftmost), then emit ids, resegmenting or byte-falling-back what is not in the vocab.
 #include "model/tokenizer.h"
 
+#include "base/utf8.h"
+
 #include <algorithm>
 #include <cctype>
 #include <climits>
@@ -54,29 +56,6 @@ class PieceCache {
 
 }  // namespace
 
-int Utf8CharLength(std::string_view s) {
-  if (s.empty()) return 0;
-  const auto c = static_cast<uint8_t>(s[0]);
-  int len;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) len = 2;
-  else if (c >= 0xe0 && c <= 0xef) len = 3;
-  else if (c >= 0xf0 && c <= 0xf4) len = 4;
-  else return -1;
-  for (int i = 1; i < len; ++i) {
-    if (i >= static_cast<int>(s.size())) return 0;
-    const auto b = static_cast<uint8_t>(s[i]);
-    if ((b & 0xc0) != 0x80) return -1;
-    // Reject overlong 3/4-byte forms, surrogates and code points past U+10FFFF.
-    if (i == 1) {
-      if (c == 0xe0 && b < 0xa0) return -1;
-      if (c == 0xed && b > 0x9f) return -1;
-      if (c == 0xf0 && b < 0x90) return -1;
-      if (c == 0xf4 && b > 0x8f) return -1;
-    }
-  }
-  return len;
-}
 
 // A BPE vocabulary's pre-tokenizer (tokenizer.ggml.pre).
 Status Tokenizer::ReadPreTokenizer(const GgufFile& file) {

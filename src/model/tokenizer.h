@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "base/utf8.h"
 #include "base/thread_pool.h"
 #include "gguf/gguf_file.h"
 #include "grammar/matcher.h"
@@ -168,7 +169,5 @@ class Detokenizer {
 // unused tokens are never produced by text.
 std::shared_ptr<const grammar::TokenTrie> MakeTokenTrie(const Tokenizer& tok);
 
-// Length of the valid UTF-8 character starting s[0] (1-4), 0 if incomplete, -1 if invalid.
-int Utf8CharLength(std::string_view s);
 
 }  // namespace gale

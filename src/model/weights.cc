@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/model.h"
+#include "model/hparams.h"
 
 namespace gale {
 

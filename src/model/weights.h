@@ -1,20 +1,48 @@
 // Reading an architecture's tensors from a GGUF file by name and shape, keeping count of which
-// ones were consumed so that Load can name every tensor of the file it did not use. Owns no
-// bytes: views point into the file's mapping.
+// ones were consumed so that Load can name every tensor of the file it did not use (views point
+// into the file's mapping); the weight matrix type, and how tensor parallelism splits it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "gguf/gguf_file.h"
+#include "kernels/kernels.h"
 
 namespace gale {
 
-struct MatrixWeight;
 struct ModelHParams;
+
+// Tensor parallelism (dist/tensor_parallel.h): every layer's attention heads and FFN rows are cut
+// into `slices` equal slices and rank `rank` of `ranks` holds slices [first_slice(),
+// first_slice() + num_slices()): Q, K, V, gate and up keep the rows of its slices (its heads, its
+// part of the FFN's width); the output projection and down keep the matching columns, as one
+// matrix per slice. A row-parallel product is the sum of its slices' products, added in a fixed
+// pairwise tree (base/tree_sum.h): first the rank's own slices (MatMul), then the ranks'
+// partial sums (PartialSums). Wherever slices / ranks is a power of two, the numbers are added
+// in the same tree as one process with the same slices adds them: the same bits (so slices 4
+// gives one answer with 1, 2 or 4 ranks).
+struct TensorSplit {
+  int rank = 0, ranks = 1, slices = 1;
+  int num_slices() const { return slices / ranks; }
+  int first_slice() const { return rank * num_slices(); }
+  bool on() const { return slices > 1; }
+};
+
+// A weight matrix: its view into the file, and optionally a copy packed for the active ISA.
+// A tensor-parallel rank with more than one slice keeps a row-parallel matrix (output
+// projection, FFN down) as its slices' column blocks: `parts`, each [rows, in / parts]; view then
+// has the whole shape and type but no data, and MatMul sums the parts' products in a fixed tree.
+struct MatrixWeight {
+  TensorView view;
+  std::unique_ptr<kernels::PackedWeights> packed;
+  std::vector<MatrixWeight> parts;
+};
+
 
 class TensorLoader {
  public:
