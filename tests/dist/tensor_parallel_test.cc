@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <latch>
 #include <thread>
 
 #include "../test_util.h"
@@ -329,26 +330,45 @@ TEST(TensorParallelTest, ASilentRankOrAnAbortEndsClearly) {
     EXPECT_FALSE(s.ok());
   }
   {
-    dist::TensorParallelOptions slow = opt;
-    slow.timeout = std::chrono::milliseconds(20000);
-    Workers w(m, slow);
-    auto driver = dist::TensorParallelDriver::Connect(*m.ranks[0], w.rank0(), slow);
+    // Aborted before a step: the step fails at once with the reason, and Stop still ends the live
+    // ranks cleanly.
+    Workers w(m, opt);
+    auto driver = dist::TensorParallelDriver::Connect(*m.ranks[0], w.rank0(), opt);
     ASSERT_TRUE(driver.ok());
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      (*driver)->Abort("the server is stopping");
-    });
+    (*driver)->Abort("the server is stopping");
     Status s = (*driver)->Forward(b, kv, ws, pool);
-    aborter.join();
-    if (!s.ok()) {  // the abort may come after the step ended
-      EXPECT_NE(s.message().find("the server is stopping"), std::string::npos) << s.ToString();
-    }
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+    EXPECT_NE(s.message().find("the server is stopping"), std::string::npos) << s.ToString();
     EXPECT_FALSE((*driver)->Forward(b, kv, ws, pool).ok());
     const auto start = std::chrono::steady_clock::now();
     EXPECT_TRUE((*driver)->Stop().ok());
     w.Join();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
     for (const Status& r : w.results()) EXPECT_TRUE(r.ok()) << r.ToString();
+  }
+  {
+    // Aborted while a step waits on a rank that is gone: the wait ends with the reason, long
+    // before the timeout (the abort lands just before the step or during it: the same answer).
+    dist::TensorParallelOptions slow = opt;
+    slow.timeout = std::chrono::milliseconds(20000);
+    Workers w(m, slow);
+    auto driver = dist::TensorParallelDriver::Connect(*m.ranks[0], w.rank0(), slow);
+    ASSERT_TRUE(driver.ok());
+    (void)dist::StopWorkers(w.rank0(), std::chrono::milliseconds(1000));
+    w.Join();
+    std::latch stepping(1);
+    std::thread aborter([&] {
+      stepping.wait();
+      (*driver)->Abort("the server is stopping");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    stepping.count_down();
+    Status s = (*driver)->Forward(b, kv, ws, pool);
+    aborter.join();
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+    EXPECT_NE(s.message().find("the server is stopping"), std::string::npos) << s.ToString();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_FALSE((*driver)->Forward(b, kv, ws, pool).ok());
   }
 }
 
