@@ -46,6 +46,26 @@ const std::map<std::string, std::string>& Primitives() {
       {"uri-string", "\"\\\"\" (\"https\" | \"http\") \"://\" dns-label (\".\" dns-label)* (\"/\" [a-zA-Z0-9._~-]*)* \"\\\"\" space"},
       {"dec-octet", "\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]"},
       {"ipv4-string", "\"\\\"\" dec-octet \".\" dec-octet \".\" dec-octet \".\" dec-octet \"\\\"\" space"},
+      // RFC 3986's characters (unreserved, reserved, percent-encoded); a relative reference's first
+      // segment has no ':' (else it would read as a scheme).
+      {"pct-encoded", "\"%\" [0-9a-fA-F] [0-9a-fA-F]"},
+      {"uri-scheme", "[a-zA-Z] [a-zA-Z0-9+.-]*"},
+      {"uri-ref-char", "[a-zA-Z0-9._~!$&'()*+,;=:@/?#-] | \"[\" | \"]\" | pct-encoded"},
+      {"uri-nc-char", "[a-zA-Z0-9._~!$&'()*+,;=@-] | pct-encoded"},
+      {"uri-reference-string", "\"\\\"\" (uri-scheme \":\" uri-ref-char* | uri-nc-char+ ([/?#] uri-ref-char*)? | [/?#] uri-ref-char*)? \"\\\"\" space"},
+      // RFC 3987: an IRI is a URI whose characters may also be any non-ASCII character.
+      {"iri-string", "\"\\\"\" uri-scheme \":\" (uri-ref-char | [^\\x00-\\x7F])* \"\\\"\" space"},
+      // RFC 6570: literals and {expressions} with an optional operator and variables with modifiers.
+      {"uri-template-string", "\"\\\"\" ([!#$&(-;=?-Z_a-z~] | \"[\" | \"]\" | [^\\x00-\\x7F] | pct-encoded | uri-template-expr)* \"\\\"\" space"},
+      {"uri-template-expr", "\"{\" [-+#./;?&=,!@|]? uri-template-var (\",\" uri-template-var)* \"}\""},
+      {"uri-template-var", "([a-zA-Z0-9_] | pct-encoded) (\".\"? ([a-zA-Z0-9_] | pct-encoded))* (\":\" [1-9] [0-9]{0,3} | \"*\")?"},
+      // RFC 4291's text forms (RFC 3986's IPv6address).
+      {"h16", "[0-9a-fA-F]{1,4}"},
+      {"ls32", "h16 \":\" h16 | dec-octet \".\" dec-octet \".\" dec-octet \".\" dec-octet"},
+      {"ipv6-string", "\"\\\"\" ((h16 \":\"){6} ls32 | \"::\" (h16 \":\"){5} ls32 | h16? \"::\" (h16 \":\"){4} ls32 | ((h16 \":\")? h16)? \"::\" (h16 \":\"){3} ls32 | ((h16 \":\"){0,2} h16)? \"::\" (h16 \":\"){2} ls32 | ((h16 \":\"){0,3} h16)? \"::\" h16 \":\" ls32 | ((h16 \":\"){0,4} h16)? \"::\" ls32 | ((h16 \":\"){0,5} h16)? \"::\" h16 | ((h16 \":\"){0,6} h16)? \"::\") \"\\\"\" space"},
+      // RFC 3339's duration (its appendix A): years, months, days in that order, or weeks, and a time.
+      {"dur-time", "\"T\" ([0-9]+ \"H\" ([0-9]+ \"M\" ([0-9]+ \"S\")?)? | [0-9]+ \"M\" ([0-9]+ \"S\")? | [0-9]+ \"S\")"},
+      {"duration-string", "\"\\\"\" \"P\" (([0-9]+ \"D\" | [0-9]+ \"M\" ([0-9]+ \"D\")? | [0-9]+ \"Y\" ([0-9]+ \"M\" ([0-9]+ \"D\")?)?) dur-time? | dur-time | [0-9]+ \"W\") \"\\\"\" space"},
       {"date-string", "\"\\\"\" date \"\\\"\" space"},
       {"time-string", "\"\\\"\" time \"\\\"\" space"},
       {"date-time-string", "\"\\\"\" date \"T\" time \"\\\"\" space"},
@@ -69,6 +89,16 @@ const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
       {"hostname-string", {"dns-label", "space"}},
       {"uri-string", {"dns-label", "space"}},
       {"ipv4-string", {"dec-octet", "space"}},
+      {"uri-ref-char", {"pct-encoded"}},
+      {"uri-nc-char", {"pct-encoded"}},
+      {"uri-reference-string", {"uri-scheme", "uri-ref-char", "uri-nc-char", "space"}},
+      {"iri-string", {"uri-scheme", "uri-ref-char", "space"}},
+      {"uri-template-var", {"pct-encoded"}},
+      {"uri-template-expr", {"uri-template-var"}},
+      {"uri-template-string", {"pct-encoded", "uri-template-expr", "space"}},
+      {"ls32", {"h16", "dec-octet"}},
+      {"ipv6-string", {"h16", "ls32", "space"}},
+      {"duration-string", {"dur-time", "space"}},
       {"time-string", {"time", "space"}},
       {"date-time-string", {"date", "time", "space"}},
   };
@@ -370,21 +400,25 @@ class Converter {
           } else if (it.key() == "properties" && it.value().is_object() && use.contains("properties") &&
                      use["properties"].is_object()) {
             for (auto p = it.value().begin(); p != it.value().end(); ++p) {
-              if (use["properties"].contains(p.key()) && use["properties"][p.key()] != p.value() &&
-                  HasConstraints(use["properties"][p.key()])) {
-                return Error(bpath, "property '{}' is constrained both here and beside the '{}'", p.key(), kw);
-              }
-              use["properties"][p.key()] = p.value();
+              Json& at = use["properties"][p.key()];
+              at = at.is_null() ? p.value() : Conjoin(at, p.value());
             }
           } else {
             use[it.key()] = it.value();
           }
         }
       }
-      ASSIGN_OR_RETURN(std::string e, Visit(use, fmt::format("{}-{}", hint, i), bpath));
-      body += (body.empty() ? "" : " | ") + e;
+      // A branch no value satisfies (with the siblings) drops out of the union.
+      Status closed = alt.is_object() && HasConstraints(siblings) ? CloseMerged({&siblings, &alt}, bpath, use) : Status::Ok();
+      if (closed.code() == StatusCode::kOutOfRange) continue;
+      RETURN_IF_ERROR(closed);
+      auto e = Visit(use, fmt::format("{}-{}", hint, i), bpath);
+      if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) continue;
+      if (!e.ok()) return e.status();
+      body += (body.empty() ? "" : " | ") + *e;
       branches.push_back(std::move(use));
     }
+    if (branches.empty()) return MatchesNothing(path, fmt::format("no '{}' branch matches a value", kw));
     // oneOf: exactly one branch. A grammar cannot exclude a value two branches both match, so
     // the branches must be disjoint, as far as can be shown (types, or consts and enums, at the
     // top or at a key both require).
@@ -406,6 +440,7 @@ class Converter {
     if (!s["allOf"].is_array() || s["allOf"].empty()) return Error(path, "'allOf' must be a non-empty array");
     Json merged = s;
     merged.erase("allOf");
+    std::vector<const Json*> parts = {&s};
     for (size_t i = 0; i < s["allOf"].size(); ++i) {
       const Json* part = &s["allOf"][i];
       const std::string ppath = fmt::format("{}/allOf/{}", path, i);
@@ -417,10 +452,16 @@ class Converter {
       for (const char* kw : {"anyOf", "oneOf", "allOf", "$ref"}) {
         if (part->contains(kw)) return Error(ppath, "'{}' inside allOf is not supported", kw);
       }
+      parts.push_back(part);
       for (auto it = part->begin(); it != part->end(); ++it) {
         if (it.key() == "properties" && it.value().is_object()) {
           if (!merged.contains("properties")) merged["properties"] = Json::object();
-          for (auto p = it.value().begin(); p != it.value().end(); ++p) merged["properties"][p.key()] = p.value();
+          for (auto p = it.value().begin(); p != it.value().end(); ++p) {
+            Json& at = merged["properties"][p.key()];
+            at = at.is_null() ? p.value() : Conjoin(at, p.value());
+          }
+        } else if (it.key() == "additionalProperties") {
+          continue;  // each part's own: CloseMerged
         } else if (it.key() == "required" && it.value().is_array()) {
           if (!merged.contains("required")) merged["required"] = Json::array();
           for (const auto& k : it.value()) merged["required"].push_back(k);
@@ -432,45 +473,113 @@ class Converter {
         }
       }
     }
+    RETURN_IF_ERROR(CloseMerged(parts, path, merged));
     return Visit(merged, hint, path);
+  }
+
+  // One schema both a and b hold for (a property two merged schemas constrain): either alone when
+  // the other constrains nothing, their keywords side by side when no keyword is in both with
+  // another value and none reads the others (properties, items, references, combinators), else
+  // {"allOf": [a, b]}.
+  static Json Conjoin(const Json& a, const Json& b) {
+    if (a == b || !HasConstraints(b)) return a;
+    if (!HasConstraints(a)) return b;
+    static const std::set<std::string> kReading = {"properties", "additionalProperties", "patternProperties", "items",
+                                                   "prefixItems", "$ref", "allOf", "anyOf", "oneOf", "required"};
+    bool side_by_side = a.is_object() && b.is_object();
+    for (auto it = b.begin(); side_by_side && it != b.end(); ++it) {
+      if (it.key() == "description" || it.key() == "title") continue;
+      if (a.contains(it.key()) ? a[it.key()] != it.value() : kReading.count(it.key()) > 0) side_by_side = false;
+    }
+    for (auto it = a.begin(); side_by_side && it != a.end(); ++it) {
+      if (kReading.count(it.key()) > 0 && !b.contains(it.key())) side_by_side = false;
+    }
+    if (!side_by_side) return Json{{"allOf", Json::array({a, b})}};
+    Json out = a;
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      if (!out.contains(it.key())) out[it.key()] = it.value();
+    }
+    return out;
+  }
+
+  // Schemas merged into one (allOf's parts, or a union's siblings and branch) where one or more of
+  // them has additionalProperties false: as a validator reads each of them apart, an instance may
+  // only have the keys every closed one declares in its own properties. The merged schema keeps
+  // just those properties and is closed; a key it requires that one of them forbids matches nothing.
+  Status CloseMerged(const std::vector<const Json*>& parts, const std::string& path, Json& merged) {
+    std::optional<std::set<std::string>> allowed;
+    for (const Json* part : parts) {
+      if (!part->is_object() || !part->contains("additionalProperties") || (*part)["additionalProperties"] != false) continue;
+      std::set<std::string> keys;
+      if (part->contains("properties") && (*part)["properties"].is_object()) {
+        for (auto it = (*part)["properties"].begin(); it != (*part)["properties"].end(); ++it) keys.insert(it.key());
+      }
+      if (allowed) {
+        std::set<std::string> both;
+        for (const std::string& k : keys) {
+          if (allowed->count(k)) both.insert(k);
+        }
+        allowed = std::move(both);
+      } else {
+        allowed = std::move(keys);
+      }
+    }
+    if (!allowed) return Status::Ok();
+    merged["additionalProperties"] = false;
+    if (merged.contains("properties") && merged["properties"].is_object()) {
+      Json kept = Json::object();
+      for (auto it = merged["properties"].begin(); it != merged["properties"].end(); ++it) {
+        if (allowed->count(it.key())) kept[it.key()] = it.value();
+      }
+      merged["properties"] = std::move(kept);
+    }
+    if (merged.contains("required") && merged["required"].is_array()) {
+      for (const Json& k : merged["required"]) {
+        if (k.is_string() && !allowed->count(k.get<std::string>())) {
+          return MatchesNothing(path, fmt::format("required property '{}' is forbidden by a part with "
+                                                  "additionalProperties false", k.get<std::string>()));
+        }
+      }
+    }
+    return Status::Ok();
   }
 
   // By 'type' (or the keywords that imply one); a list of types is a union.
   StatusOr<std::string> TypedRule(const Json& s, const std::string& hint, const std::string& path) {
-  std::string type;
-  if (s.contains("type")) {
-    const Json& t = s["type"];
-    if (t.is_array()) {
-      if (t.empty()) return Error(path, "'type' must not be an empty list");
-      std::string body;
-      for (const auto& one : t) {
-        if (!one.is_string()) return Error(path, "'type' entries must be strings");
-        Json copy = s;
-        copy["type"] = one;
-        ASSIGN_OR_RETURN(std::string e, Visit(copy, hint + "-" + one.get<std::string>(), path));
-        body += (body.empty() ? "" : " | ") + e;
+    std::string type;
+    if (s.contains("type")) {
+      const Json& t = s["type"];
+      if (t.is_array()) {
+        if (t.empty()) return Error(path, "'type' must not be an empty list");
+        std::string body;
+        for (const auto& one : t) {
+          if (!one.is_string()) return Error(path, "'type' entries must be strings");
+          Json copy = s;
+          copy["type"] = one;
+          ASSIGN_OR_RETURN(std::string e, Visit(copy, hint + "-" + one.get<std::string>(), path));
+          body += (body.empty() ? "" : " | ") + e;
+        }
+        return Rule(hint, body);
       }
-      return Rule(hint, body);
+      if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
+      type = t.get<std::string>();
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      type = "object";
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
+      type = "array";
+    } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
+      type = "string";
+    } else {
+      return UsePrimitive("value");
     }
-    if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
-    type = t.get<std::string>();
-  } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
-    type = "object";
-  } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
-    type = "array";
-  } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
-    type = "string";
-  } else {
-    return UsePrimitive("value");
-  }
-  if (type == "object") return ObjectRule(s, hint, path);
-  if (type == "array") return ArrayRule(s, hint, path);
-  if (type == "string") return StringRule(s, hint, path);
-  if (type == "integer") return IntegerRule(s, hint, path);
-  if (type == "number") return NumberRule(s, hint, path);
-  if (type == "boolean") return UsePrimitive("boolean");
-  if (type == "null") return UsePrimitive("null");
-  return Error(path, "unknown type '{}'", type);
+    if (type == "object") return ObjectRule(s, hint, path);
+    if (type == "array") return ArrayRule(s, hint, path);
+    if (type == "string") return StringRule(s, hint, path);
+    if (type == "integer") return IntegerRule(s, hint, path);
+    if (type == "number") return NumberRule(s, hint, path);
+    if (type == "boolean") return UsePrimitive("boolean");
+    if (type == "null") return UsePrimitive("null");
+    return Error(path, "unknown type '{}'", type);
   }
 
   // The schema behind a chain of local $refs (itself when it has none, or one does not resolve).
@@ -791,7 +900,10 @@ class Converter {
     std::string item;
     if (s.contains("items") && !(s["items"].is_boolean() && !s["items"].get<bool>())) {
       if (s["items"].is_array()) return Error(path, "'items' as an array (draft 4 tuples) is not supported; use prefixItems");
-      ASSIGN_OR_RETURN(item, Visit(s["items"], hint + "-item", path + "/items"));
+      auto visited = Visit(s["items"], hint + "-item", path + "/items");
+      // Items no value satisfies: as items false (only the prefix, or an empty array).
+      if (!visited.ok() && visited.status().code() != StatusCode::kOutOfRange) return visited.status();
+      if (visited.ok()) item = *visited;
     } else if (!s.contains("items") && prefix.empty()) {
       item = UsePrimitive("value");
     }
@@ -855,11 +967,19 @@ class Converter {
       const std::string f = s["format"].get<std::string>();
       const char* rule = f == "date" ? "date-string" : f == "time" ? "time-string" : f == "date-time" ? "date-time-string"
                          : f == "uuid" ? "uuid" : f == "email" ? "email-string" : f == "hostname" ? "hostname-string"
-                         : f == "uri" ? "uri-string" : f == "ipv4" ? "ipv4-string" : nullptr;
+                         : f == "uri" ? "uri-string" : f == "ipv4" ? "ipv4-string" : f == "ipv6" ? "ipv6-string"
+                         : f == "uri-reference" ? "uri-reference-string" : f == "iri" ? "iri-string"
+                         : f == "uri-template" ? "uri-template-string" : f == "duration" ? "duration-string" : nullptr;
       if (rule != nullptr) {
         if (bounded) return Error(path, "'format' together with lengths is not supported");
         return UsePrimitive(rule);
       }
+      // The other formats JSON Schema defines are assertions a validator checks, which gale has no
+      // grammar for: refused rather than generated unchecked. Formats it does not define are
+      // annotations (a plain string).
+      static const std::set<std::string> kUnsupported = {"regex", "iri-reference", "idn-email", "idn-hostname",
+                                                          "json-pointer", "relative-json-pointer"};
+      if (kUnsupported.count(f) > 0) return Error(path, "'format' '{}' is not supported", f);
     }
     if (!bounded) return UsePrimitive("string");
     UsePrimitive("char");

@@ -121,6 +121,34 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"type": "string", "format": "uri"})", {R"("https://example.com/a/b.html")", R"("http://x.io")"}, {R"("example.com")"}},
       {R"({"type": "string", "format": "ipv4"})", {R"("192.168.0.255")"}, {R"("256.1.1.1")", R"("1.2.3")"}},
       {R"({"type": "string", "format": "uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567")"}},
+      {R"({"type": "string", "format": "ipv6"})", {R"("::1")", R"("2001:db8::8a2e:370:7334")", R"("::ffff:192.0.2.1")", R"("1:2:3:4:5:6:7:8")", R"("::")"},
+       {R"("1:2:3:4:5:6:7:8:9")", R"("2001:db8:::1")", R"("12345::")", R"("1::2::3")", R"("g::1")"}},
+      {R"({"type": "string", "format": "duration"})", {R"("P3Y6M4DT12H30M5S")", R"("PT20M")", R"("P2W")", R"("P1D")", R"("P1M2D")"},
+       {R"("P")", R"("PT")", R"("3Y")", R"("P1S")", R"("P1Y2W")"}},
+      {R"({"type": "string", "format": "uri-reference"})", {R"("/a/b?c=d#e")", R"("../x")", R"("mailto:ada@example.org")", R"("")", R"("a%20b")"},
+       {R"("://")", R"("a b")", R"(":x")", R"("%zz")"}},
+      {R"({"type": "string", "format": "iri"})", {R"("https://example.org/résumé")", "\"urn:isbn:0451450523\"", "\"http://\xC3\xA9x.org/\""},
+       {R"("not-an-iri")", R"("//x.org")"}},
+      {R"({"type": "string", "format": "uri-template"})", {R"("http://example.com/{id}/items{?page,per_page}")", R"("/static")", R"("{+path:3}/x{#frag*}")"},
+       {R"("http://example.com/resource/{")", R"("{}")", R"("a b")", R"("{a b}")"}},
+      // allOf: a property two parts constrain satisfies both; a closed part allows only its own keys.
+      {R"({"allOf": [{"properties": {"n": {"type": "integer", "minimum": 1}}}, {"properties": {"n": {"type": "integer", "maximum": 9}}}], "required": ["n"]})",
+       {R"({"n": 1})", R"({"n": 9})"}, {R"({"n": 0})", R"({"n": 10})"}},
+      {R"({"allOf": [{"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}], "properties": {"a": {}}, "additionalProperties": false})",
+       {R"({"a": 1})", "{}"}, {R"({"a": 1, "b": 2})", R"({"b": 2})"}},
+      // A discriminator the siblings declare and each oneOf branch narrows to a const.
+      {R"({"type": "object", "properties": {"kind": {"type": "string"}, "v": {}}, "required": ["kind"],
+           "oneOf": [{"properties": {"kind": {"const": "a"}, "v": {"type": "integer"}}}, {"properties": {"kind": {"const": "b"}, "v": {"type": "string"}}}]})",
+       {R"({"kind": "a", "v": 1})", R"({"kind": "b", "v": "x"})", R"({"kind": "a"})"}, {R"({"kind": "a", "v": "x"})", R"({"kind": "c"})", R"({"v": 1})"}},
+      // A branch closed by additionalProperties false keeps only its own keys; one that can match
+      // nothing with the siblings drops out.
+      {R"({"properties": {"x": {"type": "integer"}}, "required": ["x"],
+           "anyOf": [{"properties": {"y": {"type": "integer"}}, "additionalProperties": false}, {"properties": {"x": {}, "z": {"type": "boolean"}}, "additionalProperties": false}]})",
+       {R"({"x": 1, "z": true})", R"({"x": 1})"}, {R"({"x": 1, "y": 2})", R"({"y": 2})"}},
+      // Items no value satisfies: only the empty array.
+      {R"({"type": "array", "items": {"allOf": [{"properties": {"w": {"type": "number"}}, "required": ["w"], "additionalProperties": false}],
+           "properties": {"id": {"type": "string"}}, "required": ["id"], "additionalProperties": false}})",
+       {"[]"}, {R"([{"id": "x"}])", R"([{"w": 1}])", R"([{"id": "x", "w": 1}])"}},
       {R"({"type": "integer", "minimum": 10, "maximum": 250})", {"10", "99", "100", "250"}, {"9", "251", "300", "-10", "1000"}},
       {R"({"type": "integer", "minimum": -5, "exclusiveMaximum": 3})", {"-5", "-1", "0", "2"}, {"-6", "3", "-0"}},
       {R"({"type": "integer", "exclusiveMinimum": 0})", {"1", "12345678"}, {"0", "-1"}},
@@ -173,6 +201,9 @@ TEST(JsonSchema, RefusalsNameThePath) {
     return r.ok() ? std::string("ok") : r.status().message();
   };
   EXPECT_NE(err(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})").find("'/properties/a': 'uniqueItems' is not supported"), std::string::npos);
+  // Formats JSON Schema defines and gale has no grammar for are refused; others are annotations.
+  EXPECT_NE(err(R"({"properties": {"r": {"type": "string", "format": "regex"}}})").find("'/properties/r': 'format' 'regex' is not supported"), std::string::npos);
+  EXPECT_EQ(err(R"({"type": "string", "format": "int32"})"), "ok");
   EXPECT_NE(err(R"({"type": "number", "multipleOf": 2})").find("'multipleOf'"), std::string::npos);
   EXPECT_NE(err(R"({"$ref": "#/$defs/missing"})").find("points at nothing"), std::string::npos);
   EXPECT_NE(err(R"({"$ref": "http://example.com/s.json"})").find("only local $refs"), std::string::npos);
