@@ -333,16 +333,12 @@ StatusOr<HfConvertReport> Convert(const std::string& dir_name, GgmlType type, Gg
   // Tensors from every safetensors file in the folder (sharded checkpoints too).
   // The writer fills tensors later: each callback keeps its file alive.
   ASSIGN_OR_RETURN(const HfTensors tensors, LoadHfTensors(dir));
-  ASSIGN_OR_RETURN(const HfTokenizerFiles tokenizer_files, ReadHfTokenizerFiles(dir));
-  ASSIGN_OR_RETURN(const HfTokenizer tokenizer,
-                   ImportHfTokenizer(tokenizer_files.tokenizer, tokenizer_files.config, config, s.vocab));
+  ASSIGN_OR_RETURN(const HfFileStart start, StartHfFile(dir, config, s.vocab, gguf_arch,
+                                                       type == GgmlType::kF32 ? 0 : type == GgmlType::kF16 ? 1 : 32, out));
   HfConvertReport report;
-  report.pre = tokenizer.pre;
-  out->SetString("general.architecture", gguf_arch);
-  out->SetString("general.name", HfModelName(dir));
-  out->SetU32("general.file_type", type == GgmlType::kF32 ? 0 : type == GgmlType::kF16 ? 1 : 32);
+  report.pre = start.tokenizer.pre;
   RETURN_IF_ERROR(WriteHParams(config, gguf_arch, family, s, out));
-  WriteHfTokenizer(tokenizer, out);
+  WriteHfTokenizer(start.tokenizer, out);
 
   TensorCopier copier(tensors, type, out, &report);
   RETURN_IF_ERROR(copier.Add("model.embed_tokens.weight", "token_embd.weight", {s.vocab, s.dim}, 0));

@@ -42,6 +42,17 @@ std::string HfModelName(const std::filesystem::path& dir) {
   return dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
 }
 
+StatusOr<HfFileStart> StartHfFile(const std::filesystem::path& dir, const nlohmann::json& config, int64_t vocab,
+                                  const std::string& arch, uint32_t file_type, GgufWriter* out) {
+  HfFileStart start;
+  ASSIGN_OR_RETURN(start.files, ReadHfTokenizerFiles(dir));
+  ASSIGN_OR_RETURN(start.tokenizer, ImportHfTokenizer(start.files.tokenizer, start.files.config, config, vocab));
+  out->SetString("general.architecture", arch);
+  out->SetString("general.name", HfModelName(dir));
+  out->SetU32("general.file_type", file_type);
+  return start;
+}
+
 StatusOr<HfTensors> LoadHfTensors(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   HfTensors tensors;

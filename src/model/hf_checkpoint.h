@@ -20,6 +20,7 @@
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_writer.h"
 #include "gguf/safetensors.h"
+#include "model/hf_tokenizer.h"
 
 namespace gale {
 
@@ -45,6 +46,15 @@ StatusOr<HfTokenizerFiles> ReadHfTokenizerFiles(const std::filesystem::path& dir
 
 // general.name of a converted folder: its last path component.
 std::string HfModelName(const std::filesystem::path& dir);
+
+// What every converter does first: the folder's tokenizer files and tokenizer (config.json's ids
+// as fallbacks, padded to vocab), and the file's general.* keys (architecture, name, file type).
+struct HfFileStart {
+  HfTokenizerFiles files;
+  HfTokenizer tokenizer;
+};
+StatusOr<HfFileStart> StartHfFile(const std::filesystem::path& dir, const nlohmann::json& config, int64_t vocab,
+                                  const std::string& arch, uint32_t file_type, GgufWriter* out);
 
 // Every tensor of the folder's .safetensors files by name, each with the file that holds it (the
 // writer fills tensors later, so each fill keeps its file mapped).

@@ -591,17 +591,12 @@ StatusOr<HfConvertReport> ConvertDeepseek4Hf(const std::filesystem::path& dir, c
   ASSIGN_OR_RETURN(const Ds4Config c, ReadDs4Config(cfg, v41));
   ASSIGN_OR_RETURN(const auto tile, ReadTileShape(outer, cfg));
   ASSIGN_OR_RETURN(HfTensors tensors, LoadHfTensors(dir));
-  ASSIGN_OR_RETURN(const HfTokenizerFiles tokenizer_files, ReadHfTokenizerFiles(dir));
-  ASSIGN_OR_RETURN(const HfTokenizer tokenizer,
-                   ImportHfTokenizer(tokenizer_files.tokenizer, tokenizer_files.config, cfg, c.vocab));
+  ASSIGN_OR_RETURN(const HfFileStart start, StartHfFile(dir, cfg, c.vocab, arch, 1024, out));
   HfConvertReport report;
-  report.pre = tokenizer.pre;
-  out->SetString("general.architecture", arch);
-  out->SetString("general.name", HfModelName(dir));
-  out->SetU32("general.file_type", 1024);
+  report.pre = start.tokenizer.pre;
   RETURN_IF_ERROR(WriteDs4Keys(cfg, c, arch + ".", out));
-  WriteHfTokenizer(tokenizer, out);
-  RETURN_IF_ERROR(WriteEngram(cfg, tokenizer_files, tensors, c.vocab, c.layers, arch + ".", out));
+  WriteHfTokenizer(start.tokenizer, out);
+  RETURN_IF_ERROR(WriteEngram(cfg, start.files, tensors, c.vocab, c.layers, arch + ".", out));
 
   Converter conv(std::move(tensors), type, tile.first, tile.second, out);
   for (const char* required : {"embed.weight", "head.weight", "norm.weight"}) {
