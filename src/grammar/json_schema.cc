@@ -369,7 +369,6 @@ class Converter {
     auto it = ref_rules_.find(ref);
     if (it != ref_rules_.end()) return it->second;
     ASSIGN_OR_RETURN(const Json* target, Resolve(ref, path));
-    // Named before it is visited, so a recursive schema refers to itself.
     const std::string name = FreshName(ref.size() > 2 ? ref.substr(ref.rfind('/') + 1) : "root-ref");
     ref_rules_.emplace(ref, name);
     const size_t slot = rules_.size();
@@ -390,7 +389,8 @@ class Converter {
       const Json& alt = s[kw][i];
       const std::string bpath = fmt::format("{}/{}/{}", path, kw, i);
       Json use = alt;
-      if (alt.is_object() && HasConstraints(siblings)) {
+      const bool merged = alt.is_object() && HasConstraints(siblings);
+      if (merged) {
         // Both the siblings and the branch hold: their required keys add up, their properties
         // join (one property constrained by both is not taken apart).
         use = siblings;
@@ -409,7 +409,7 @@ class Converter {
         }
       }
       // A branch no value satisfies (with the siblings) drops out of the union.
-      Status closed = alt.is_object() && HasConstraints(siblings) ? CloseMerged({&siblings, &alt}, bpath, use) : Status::Ok();
+      Status closed = merged ? CloseMerged({&siblings, &alt}, bpath, use) : Status::Ok();
       if (closed.code() == StatusCode::kOutOfRange) continue;
       RETURN_IF_ERROR(closed);
       auto e = Visit(use, fmt::format("{}-{}", hint, i), bpath);

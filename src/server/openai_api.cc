@@ -2,6 +2,7 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <set>
 #include <variant>
 
@@ -109,10 +110,6 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
     return Bad("", fmt::format("the request body has a field of an unexpected type ({})", e.what()));
   }
 }
-
-namespace {
-
-}  // namespace
 
 // The structured-output fields, all forms of one thing: at most one may be set.
 std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* r) {
@@ -271,6 +268,21 @@ class FieldReader {
   const Json& j_;
 };
 
+// Fields in none of the `known` sets: a 400 with --strict-api, else listed as ignored (vLLM
+// ignores them).
+std::optional<ApiError> CheckFields(const Json& j, std::initializer_list<const std::set<std::string>*> known,
+                                    bool strict, CompletionRequest* r) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (std::any_of(known.begin(), known.end(), [&](const std::set<std::string>* set) { return set->count(k) > 0; })) {
+      continue;
+    }
+    if (strict) return Bad(k, fmt::format("unknown field '{}'", k));
+    r->ignored_fields.push_back(k);
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> CheckKnownFields(const Json& j, bool chat, bool strict, CompletionRequest* r) {
   static const std::set<std::string> kCommon = {
       "model", "max_tokens", "n", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -282,14 +294,7 @@ std::optional<ApiError> CheckKnownFields(const Json& j, bool chat, bool strict, 
   static const std::set<std::string> kCompletion = {"prompt", "echo", "suffix", "best_of"};
   static const std::set<std::string> kChat = {"messages", "tools", "tool_choice",
                                               "parallel_tool_calls", "chat_template_kwargs"};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    if (!kCommon.count(k) && !(chat ? kChat.count(k) : kCompletion.count(k))) {
-      if (strict) return Bad(k, fmt::format("unknown field '{}'", k));
-      r->ignored_fields.push_back(k);
-    }
-  }
-  return std::nullopt;
+  return CheckFields(j, {&kCommon, chat ? &kChat : &kCompletion}, strict, r);
 }
 
 // temperature ... seed, over OpenAI's defaults (not the CLI's).
@@ -587,11 +592,7 @@ std::variant<CompletionRequest, ApiError> ParseEmbeddingRequest(const std::strin
   CompletionRequest r;
   r.embeddings = true;
   static const std::set<std::string> kKnown = {"input", "model", "encoding_format", "dimensions", "user"};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (kKnown.count(it.key())) continue;
-    if (strict) return Bad(it.key(), fmt::format("unknown field '{}'", it.key()));
-    r.ignored_fields.push_back(it.key());
-  }
+  if (auto e = CheckFields(j, {&kKnown}, strict, &r)) return *e;
   if (j.contains("model") && !j["model"].is_null()) {
     if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
     r.model = j["model"].get<std::string>();

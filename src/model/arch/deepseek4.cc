@@ -181,7 +181,8 @@ class Deepseek4Model final : public Model {
   void IndexerQueries(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n, AttnInputs& a,
                       ThreadPool& pool) const;
   void ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch, const KvStorage& kv, const AttnInputs& a,
-                  const PackedRows& keys_at, std::vector<int64_t>& blocks, std::vector<int64_t>& chosen) const;
+                  const PackedRows& keys_at, std::vector<int64_t>& blocks, std::vector<int64_t>& chosen,
+                  std::vector<float>& idx_scores, std::vector<float>& key) const;
   void AttendRows(const Ds4Layer& w, const float* q, const float* rows, int64_t m, const float* cs_back,
                   std::vector<float>& sc, float* out) const;
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
@@ -298,6 +299,7 @@ struct Deepseek4Model::LayerLoader {
   Packer csa_pack, hca_pack, idx_pack;
   std::map<int64_t, Packer> v41_rows_pack, v41_keys_pack;  // by ratio
   int64_t last_source = -1, last_index = -1;               // V4.1: the last KV and index sources
+  const GgufValue* ratios = nullptr;  // Begin
   std::vector<float> clamp_exp, clamp_shexp;
 
   int64_t KvLayer(int64_t count, int64_t window) {
@@ -370,6 +372,7 @@ struct Deepseek4Model::LayerLoader {
     return out;
   }
 
+  Status Begin();
   Status Layer(int64_t l);
   Status Attention(const std::string& b, Ds4Layer& w);
   Status V41Roles(int64_t l, const std::string& b, Ds4Layer& w);
@@ -377,18 +380,20 @@ struct Deepseek4Model::LayerLoader {
   Status Ffn(int64_t l, const std::string& b, Ds4Layer& w);
 };
 
-Status Deepseek4Model::LayerLoader::Layer(int64_t l) {
+// The keys every layer reads: the ratios (an array of block_count or more values of 0, 4 or 128;
+// V4.1: 0, 1, 2 or a multiple of 4) and the experts' clamps.
+Status Deepseek4Model::LayerLoader::Begin() {
   const std::string p = h.arch + ".";
-  if (l == 0) {
-    ASSIGN_OR_RETURN(clamp_exp, Clamps(p + "swiglu_clamp_exp", std::vector<float>(h.num_layers, 0.0f)));
-    ASSIGN_OR_RETURN(clamp_shexp, Clamps(p + "swiglu_clamp_shexp", clamp_exp));
-  }
-  // The ratios: an array of block_count (or more) values of 0, 4 or 128 (V4.1: 0, 1, 2 or a
-  // multiple of 4).
-  const GgufValue* ratios = file.Find(p + "attention.compress_ratios");
+  ratios = file.Find(p + "attention.compress_ratios");
   if (ratios == nullptr || static_cast<int64_t>(ratios->array.size()) < h.num_layers) {
     return InvalidArgument("deepseek4: attention.compress_ratios needs a value per layer");
   }
+  ASSIGN_OR_RETURN(clamp_exp, Clamps(p + "swiglu_clamp_exp", std::vector<float>(h.num_layers, 0.0f)));
+  ASSIGN_OR_RETURN(clamp_shexp, Clamps(p + "swiglu_clamp_shexp", clamp_exp));
+  return Status::Ok();
+}
+
+Status Deepseek4Model::LayerLoader::Layer(int64_t l) {
   const std::string b = "blk." + std::to_string(l) + ".";
   Ds4Layer& w = d.layers_[l];
   auto r = ratios->array[l].AsInt();
@@ -549,9 +554,10 @@ StatusOr<std::unique_ptr<Model>> Deepseek4Model::Load(const GgufFile& file, Mode
   Deepseek4Model& d = *m;
   RETURN_IF_ERROR(d.ReadKeys(file));
   TensorLoader tensors(file);
+  LayerLoader loader(d, file, tensors);
+  RETURN_IF_ERROR(loader.Begin());
   RETURN_IF_ERROR(m->LoadCommon(file, tensors));
   if (m->tied_output()) return InvalidArgument("deepseek4: the file has no output.weight");
-  LayerLoader loader(d, file, tensors);
   if (!d.v41_) RETURN_IF_ERROR(loader.Hc("output_hc_", kHc, 1, &d.hc_head_));
   d.layers_.resize(d.hp_.num_layers);
   RETURN_IF_ERROR(d.LoadEngram(file, tensors, [&](int64_t count, int64_t window) { return loader.KvLayer(count, window); }));
@@ -1014,7 +1020,8 @@ void Deepseek4Model::IndexerQueries(const Ds4Layer& w, const ForwardBatch& batch
 // (V4: ratio 4) keeps the indexer's top_k: score(c) = sum over heads of relu(q_h . k_c) * w_h.
 void Deepseek4Model::ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch, const KvStorage& kv,
                                 const AttnInputs& a, const PackedRows& keys_at, std::vector<int64_t>& blocks,
-                                std::vector<int64_t>& chosen) const {
+                                std::vector<int64_t>& chosen, std::vector<float>& idx_scores,
+                                std::vector<float>& key) const {
   const Ds4Layer& w = layers_[l];
   const int64_t pos = batch.positions[t];
   const int64_t visible = (pos + 1) / w.ratio;
@@ -1030,7 +1037,8 @@ void Deepseek4Model::ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch,
     for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
   }
   if (!picks_rows || (static_cast<int64_t>(chosen.size()) <= idx_top_k_ && !choose_blocks)) return;
-  std::vector<float> idx_scores(static_cast<size_t>(visible)), key(static_cast<size_t>(idx_dim_));
+  idx_scores.resize(static_cast<size_t>(visible));
+  key.resize(static_cast<size_t>(idx_dim_));
   for (int64_t c : chosen) {
     ReadPacked(kv, batch, keys_at, batch.seq(t), c, key.data());
     float s = 0.0f;
@@ -1117,7 +1125,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   // Attention, one token per item: the raw rows of its window, then the compressed rows it sees
   // (V4.1 layers that do not pick: the last index source's picks).
   pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows, sc;
+    std::vector<float> rows, sc, idx_scores, key;  // per thread, reused across its tokens
     std::vector<int64_t> chosen;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pos = batch.positions[t];
@@ -1127,7 +1135,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
       if (v41_ && compressed && !w.index_source) {
         chosen = picks[t];
       } else if (compressed) {
-        ChooseRows(l, t, batch, kv, a, keys_at, candidates[t], chosen);
+        ChooseRows(l, t, batch, kv, a, keys_at, candidates[t], chosen, idx_scores, key);
         if (v41_) picks[t] = chosen;
       }
       const int64_t num_raw = pos - first + 1, m = num_raw + static_cast<int64_t>(chosen.size());
