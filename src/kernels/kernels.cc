@@ -74,8 +74,19 @@ const KernelTable* GetKernelTable(Isa isa) {
   const CpuFeatures& cpu = GetCpuFeatures();
   switch (isa) {
     case Isa::kScalar: return &ScalarTable();
-    case Isa::kAvx2: return cpu.HasAvx2() ? &Avx2Table() : nullptr;
-    case Isa::kAvx512: return cpu.HasAvx512() ? &Avx512Table() : nullptr;
+    // A table this build left out (CMake's GALE_KERNEL_ISAS) is absent, as on a CPU without it.
+    case Isa::kAvx2:
+#if GALE_KERNELS_AVX2
+      return cpu.HasAvx2() ? &Avx2Table() : nullptr;
+#else
+      return nullptr;
+#endif
+    case Isa::kAvx512:
+#if GALE_KERNELS_AVX512
+      return cpu.HasAvx512() ? &Avx512Table() : nullptr;
+#else
+      return nullptr;
+#endif
   }
   return nullptr;
 }

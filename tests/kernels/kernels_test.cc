@@ -1530,6 +1530,9 @@ TEST(KernelsTest, F8E4M3ProductsEqualTheDequantizedF32Ones) {
 // With AVX-VNNI, AVX2's int8-activation products (vpdpbusd) are bitwise those without it
 // (maddubs + madd): the same integers, the same float steps.
 TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
+#if !GALE_KERNELS_AVX2
+  GTEST_SKIP() << "this build has no AVX2 kernels (GALE_KERNEL_ISAS)";
+#else
   if (!GetCpuFeatures().HasAvxVnni()) GTEST_SKIP() << "no AVX-VNNI here";
   const KernelTable& vnni = Avx2Table();
   const KernelTable& plain = Avx2TableWithoutVnni();
@@ -1573,6 +1576,7 @@ TEST(KernelsTest, AvxVnniProductsEqualTheMaddubsOnes) {
     plain.gemm_quant[slot](w.data(), RowBytes(t, k), rows, qa, tokens, b.data(), rows);
     for (int64_t i = 0; i < rows * tokens; ++i) ASSERT_EQ(F32Bits(a[i]), F32Bits(b[i])) << TypeTraits(t).name;
   }
+#endif
 }
 
 // AVX2's W4A16 products (each weight d * q + m as the dequantizer rounds it, inside the f32 tile)
