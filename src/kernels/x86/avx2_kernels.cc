@@ -408,19 +408,27 @@ using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const fl
 template <GgmlType kType>
 void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
                float* y, int64_t ldy) {
-  static constexpr TileFloatFn kTiles[2][2] = {{TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>},
-                                               {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>}};
-  if constexpr (kDecodedFloat<kType>) {
-    // More than one token tile: each row would be decoded once per tile, so decode blocks of rows
-    // to f32 once (the same values) and run the f32 tiles over them; bitwise the same sums.
-    if (num_tokens > 2) {
-      constexpr int64_t kRowBlock = 16;
+  // Up to 3 rows x 4 tokens: 12 accumulators, 3 weight registers and 1 activation register of
+  // AVX2's 16, so 7 loads feed 12 FMAs.
+  static constexpr TileFloatFn kTiles[3][4] = {
+      {TileFloat<kType, 1, 1>, TileFloat<kType, 1, 2>, TileFloat<kType, 1, 3>, TileFloat<kType, 1, 4>},
+      {TileFloat<kType, 2, 1>, TileFloat<kType, 2, 2>, TileFloat<kType, 2, 3>, TileFloat<kType, 2, 4>},
+      {TileFloat<kType, 3, 1>, TileFloat<kType, 3, 2>, TileFloat<kType, 3, 3>, TileFloat<kType, 3, 4>}};
+  if constexpr (kType != GgmlType::kF32) {
+    // More than one token tile: each row would be converted once per tile, so convert blocks of
+    // rows to f32 once (the same values: conversion to f32 is exact) and run the f32 tiles over
+    // them; bitwise the same sums, tail included (ScalarW converts, then multiplies).
+    if (num_tokens > 4) {
+      constexpr int64_t kRowBlock = 24;
       float* rows = TileScratch(kRowBlock * k);
       for (int64_t r0 = 0; r0 < num_rows; r0 += kRowBlock) {
         const int64_t n = num_rows - r0 < kRowBlock ? num_rows - r0 : kRowBlock;
         for (int64_t r = 0; r < n; ++r) {
-          for (int64_t i = 0; i < k; i += 8) {
-            _mm256_storeu_ps(rows + r * k + i, LoadW8<kType>(w + (r0 + r) * row_bytes, i));
+          const uint8_t* src = w + (r0 + r) * row_bytes;
+          int64_t i = 0;
+          for (; i + 8 <= k; i += 8) _mm256_storeu_ps(rows + r * k + i, LoadW8<kType>(src, i));
+          if constexpr (!kDecodedFloat<kType>) {
+            for (; i < k; ++i) rows[r * k + i] = ScalarW<kType>(src, i);
           }
         }
         GemmFloat<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(rows), k * 4, n, x, k, num_tokens, y + r0, ldy);
