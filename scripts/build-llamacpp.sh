@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench from source for this CPU (GGML_NATIVE, CPU only) into DIR and
-# prints its path. The source is the llama.cpp release that the npm package node-llama-cpp ships
+# Builds llama.cpp's llama-bench and its shared libraries (libllama.so, libggml*.so, beside it in
+# DIR/build/bin) from source for this CPU (GGML_NATIVE, CPU only) and prints llama-bench's path. The source is the llama.cpp release that the npm package node-llama-cpp ships
 # as a git bundle (llama/gitRelease.bundle; the same release as the prebuilt libraries of
 # scripts/fetch-llamacpp.sh), unpacked with `npm pack`, nothing installed. A DIR that already holds
 # the binary is reused. For scripts/bench-vs-llamacpp.sh: LLAMA_BENCH="$(scripts/build-llamacpp.sh DIR)".
@@ -17,6 +17,6 @@ if [[ ! -x "$bench" ]]; then
   fi
   cmake -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF > /dev/null
-  cmake --build "$dir/build" --target llama-bench -j"$(nproc)" > /dev/null
+  cmake --build "$dir/build" --target llama-bench llama ggml -j"$(nproc)" > /dev/null
 fi
 realpath "$bench"
