@@ -365,21 +365,27 @@ inline float ScalarW(const uint8_t* row, int64_t i) {
   else return Bf16ToFp32(reinterpret_cast<const uint16_t*>(row)[i]);
 }
 
-template <GgmlType kType, int R, int T>
-void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-               int64_t ldy) {
+// A float tile over elements [k0, k1) only: its R x T lane accumulators start from part (or zero
+// when k0 == 0) and go back there, except after the last range (k1 == k), which reduces them and
+// adds the scalar tail into y. Ranges end at multiples of 8 but the last, so chained over
+// ascending ranges every output sees the operations of one pass over [0, k) in the same order:
+// bitwise the same result. kWhole: that one pass, prefetching the next tile's rows.
+template <GgmlType kType, int R, int T, bool kWhole>
+void TileFloatRange(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k,
+                    int64_t k0, int64_t k1, __m256* part, float* y, int64_t ldy) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < T; ++t)
+      acc[r][t] = kWhole || k0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(reinterpret_cast<float*>(part + r * T + t));
   const uint8_t* rows = w + r0 * row_bytes;
   const float* xs = x + t0 * k;
-  int64_t i = 0;
+  int64_t i = k0;
   // Elements per 64-byte line (W4A16: about two per byte, F8: about one) and a line's byte offset
   // in a row.
   constexpr int64_t kPerLine = kType == GgmlType::kF32 ? 16 : kW4A16Group<kType> > 0 ? 128
                                                          : kType == GgmlType::kF8E4M3 ? 64 : 32;
-  for (; i + 8 <= k; i += 8) {
-    if ((i & (kPerLine - 1)) == 0) {  // the next tile's rows, a line at a time (see the AVX-512 tile)
+  for (; i + 8 <= k1; i += 8) {
+    if (kWhole && (i & (kPerLine - 1)) == 0) {  // the next tile's rows, a line at a time (see the AVX-512 tile)
       const int64_t at = kType == GgmlType::kF8E4M3 ? i / 32 * 33 : i / kPerLine * 64;
       for (int r = 0; r < R; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + at), _MM_HINT_T0);
@@ -392,6 +398,11 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
       for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
     }
   }
+  if (!kWhole && k1 < k) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) _mm256_store_ps(reinterpret_cast<float*>(part + r * T + t), acc[r][t]);
+    return;
+  }
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
       float sum = HSum(acc[r][t]);
@@ -403,7 +414,55 @@ void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
   }
 }
 
+template <GgmlType kType, int R, int T>
+void TileFloat(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+               int64_t ldy) {
+  TileFloatRange<kType, R, T, true>(r0, t0, w, row_bytes, x, k, 0, k, nullptr, y, ldy);
+}
+
+using TileFloatRangeFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, int64_t, int64_t,
+                                  __m256*, float*, int64_t);
+
 using TileFloatFn = void (*)(int64_t, int64_t, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+
+constexpr int64_t kKc = 1024;  // elements per range of a blocked float product
+
+// Several token tiles over long f32 rows (or rows converted to f32): a tile's rows and activations
+// no longer fit L1 and a 64-token block of activations overflows L2 (TinyLlama's 5,632-long rows:
+// 1.4 MB). Blocked as the AVX-512 product is: per token block, block of kMc rows and range of kKc
+// elements, the lane accumulators waiting in scratch between ranges.
+void GemmFloatBlocked(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k,
+                      int64_t num_tokens, float* y, int64_t ldy) {
+  constexpr GgmlType kType = GgmlType::kF32;
+  static constexpr TileFloatRangeFn kRange[3][4] = {
+      {TileFloatRange<kType, 1, 1, false>, TileFloatRange<kType, 1, 2, false>, TileFloatRange<kType, 1, 3, false>,
+       TileFloatRange<kType, 1, 4, false>},
+      {TileFloatRange<kType, 2, 1, false>, TileFloatRange<kType, 2, 2, false>, TileFloatRange<kType, 2, 3, false>,
+       TileFloatRange<kType, 2, 4, false>},
+      {TileFloatRange<kType, 3, 1, false>, TileFloatRange<kType, 3, 2, false>, TileFloatRange<kType, 3, 3, false>,
+       TileFloatRange<kType, 3, 4, false>}};
+  constexpr int64_t kR = 3, kT = 4, kTokenBlock = 64, kMc = 48;
+  constexpr int64_t kTokenTiles = kTokenBlock / kT, kRowTiles = kMc / kR;
+  // [row tile][token tile][R*T]
+  __m256* parts = reinterpret_cast<__m256*>(TileScratch(kRowTiles * kTokenTiles * kR * kT * 8));
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += kTokenBlock) {
+    const int64_t t1 = t0 + kTokenBlock < num_tokens ? t0 + kTokenBlock : num_tokens;
+    for (int64_t m0 = 0; m0 < num_rows; m0 += kMc) {
+      const int64_t m1 = m0 + kMc < num_rows ? m0 + kMc : num_rows;
+      for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+        const int64_t k1 = k0 + kKc < k ? k0 + kKc : k;
+        for (int64_t t = t0; t < t1; t += kT) {
+          const int tt = static_cast<int>(t1 - t < kT ? t1 - t : kT);
+          for (int64_t r = m0; r < m1; r += kR) {
+            const int rr = static_cast<int>(m1 - r < kR ? m1 - r : kR);
+            __m256* part = parts + (((r - m0) / kR) * kTokenTiles + (t - t0) / kT) * (kR * kT);
+            kRange[rr - 1][tt - 1](r, t, w, row_bytes, x, k, k0, k1, part, y, ldy);
+          }
+        }
+      }
+    }
+  }
+}
 
 template <GgmlType kType>
 void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const float* x, int64_t k, int64_t num_tokens,
@@ -420,7 +479,7 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
     // them; bitwise the same sums, tail included (ScalarW converts, then multiplies).
     if (num_tokens > 4) {
       constexpr int64_t kRowBlock = 24;
-      float* rows = TileScratch(kRowBlock * k);
+      float* rows = TileScratch<1>(kRowBlock * k);  // slot 0: the f32 product's accumulators
       for (int64_t r0 = 0; r0 < num_rows; r0 += kRowBlock) {
         const int64_t n = num_rows - r0 < kRowBlock ? num_rows - r0 : kRowBlock;
         for (int64_t r = 0; r < n; ++r) {
@@ -436,7 +495,11 @@ void GemmFloat(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const floa
       return;
     }
   }
-  ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+  if (kType != GgmlType::kF32 || num_tokens <= 4 || k <= kKc) {
+    ForEachTile(num_rows, num_tokens, kTiles, w, row_bytes, x, k, y, ldy);
+    return;
+  }
+  if constexpr (kType == GgmlType::kF32) GemmFloatBlocked(w, row_bytes, num_rows, x, k, num_tokens, y, ldy);
 }
 
 // F16C conversion: round to nearest even, NaNs quieted with their top payload bits, as
