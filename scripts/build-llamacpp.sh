@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench and its shared libraries (libllama.so, libggml*.so, beside it in
-# DIR/build/bin) from source for this CPU (GGML_NATIVE, CPU only) and prints llama-bench's path. The source is the llama.cpp release that the npm package node-llama-cpp ships
-# as a git bundle (llama/gitRelease.bundle; the same release as the prebuilt libraries of
+# DIR/build/bin) from source for this CPU (GGML_NATIVE, CPU only) and prints llama-bench's path.
+# The source is the llama.cpp release that the npm package node-llama-cpp ships as a git bundle
+# (llama/gitRelease.bundle; the same release as the prebuilt libraries of
 # scripts/fetch-llamacpp.sh), unpacked with `npm pack`, nothing installed. A DIR that already holds
-# the binary is reused. For scripts/bench-vs-llamacpp.sh: LLAMA_BENCH="$(scripts/build-llamacpp.sh DIR)".
+# the binary is reused. scripts/bench-vs-llamacpp.sh calls it (LLAMA_DIR, default
+# build/llamacpp-native).
 set -euo pipefail
 dir="${1:?usage: build-llamacpp.sh DIR}"
 version="${NODE_LLAMA_CPP_VERSION:-3.22.1}"
