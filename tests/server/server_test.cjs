@@ -643,15 +643,27 @@ function rawStream(port, cutAfter) {
       const values = Array.from({ length: 20000 }, (_, i) => `value${i}`);
       const body = JSON.stringify({ prompt: 'x', max_tokens: 4, temperature: 0,
                                     response_format: { type: 'json_schema', json_schema: { name: 'e', schema: { enum: values } } } });
-      for (let i = 0; i < 3; ++i) {
+      for (let i = 0, late = 0; i < 3; ++i) {
         const first = await on('GET', '/health');
         assert.strictEqual(first.status, 200);
-        await new Promise((r) => setTimeout(r, 970));
+        await new Promise((r) => setTimeout(r, 950));
         const t0 = Date.now();
-        const r = await on('POST', '/v1/completions', body);
+        let r;
+        try {
+          r = await on('POST', '/v1/completions', body);
+        } catch (e) {
+          // On a loaded machine (the sanitized suite) the timer above can fire late enough that the
+          // request reaches the server after a full idle second: closing was then right. Such a
+          // miss is tried again; a server that closes connections while it prepares their request
+          // fails every try.
+          if (e.code !== 'ECONNRESET' || ++late > 4) throw e;
+          console.log(`     the request left ${Date.now() - t0} ms late and met a closed connection; again`);
+          --i;
+          continue;
+        }
         assert.strictEqual(r.status, 200, r.body);
         assert.strictEqual(first.socket, r.socket, 'the same connection');
-        if (i === 0) console.log(`     a request 0.97 s into a 1 s idle timeout, answered in ${Date.now() - t0} ms`);
+        if (i === 0) console.log(`     a request 0.95 s into a 1 s idle timeout, answered in ${Date.now() - t0} ms`);
       }
       agent.destroy();
       // A connection that sends nothing is closed after the timeout.
