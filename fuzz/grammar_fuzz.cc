@@ -70,7 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: {
       using gale::server::ToolCallFormat;
       for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                     ToolCallFormat::kQwen3Coder}) {
+                     ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kGptOss,
+                     ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
         gale::server::ParseToolCalls(f, in);
         gale::server::MessageStream ms(f, true, in.size() % 2 == 0);
         for (size_t i = 0; i < in.size(); i += 5) ms.Push(in.substr(i, 5));

@@ -24,6 +24,8 @@ constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>", kDsCall
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kXmlFunction = "<function=";
+constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
+constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_value>";
 constexpr int kMaxArgumentDepth = 64;
 
 std::string_view Trim(std::string_view s) {
@@ -633,7 +635,7 @@ struct CallHeader {
   Found found = Found::kNeedMore;
   std::string name;
   size_t next = 0;
-  bool xml = false, wrapped = false, array = false;
+  bool xml = false, glm = false, wrapped = false, array = false;
 };
 
 // Matches lit at s[*i] (advancing *i), or says the text ends inside it, or that it is not there.
@@ -650,6 +652,81 @@ CallHeader NotYet(Found f) {
   CallHeader h;
   h.found = f;
   return h;
+}
+
+// One GLM argument value (trimmed text) as JSON, as vLLM's glm45 parser reads it: a declared
+// string's value is its text; any other value is JSON, else a Python literal, else its text.
+Json GlmValue(std::string_view value, std::string_view type) {
+  if (type == "string") return Json(std::string(value));
+  if (auto j = ParseJson(value)) return *j;
+  if (auto j = PythonLiteral(value)) return *j;
+  return Json(std::string(value));
+}
+
+std::string DeclaredType(const ToolParamTypes* types, const std::string& fn, const std::string& key) {
+  if (types == nullptr) return "";
+  const auto f = types->find(fn);
+  if (f == types->end()) return "";
+  const auto t = f->second.find(key);
+  return t == f->second.end() ? "" : t->second;
+}
+
+// One GLM key/value pair at s[i] (after white space): <arg_key>K</arg_key> <arg_value>V</arg_value>.
+// found: kYes with *key, *value (trimmed) and *end set; kNeedMore when s ends inside it; kNo when
+// something else is there.
+Found GlmPair(std::string_view s, size_t i, std::string_view* key, std::string_view* value, size_t* end) {
+  i = SkipSpace(s, i);
+  if (Found f = Expect(s, &i, kGlmKey); f != Found::kYes) return f;
+  const size_t key_end = s.find(kGlmKeyEnd, i);
+  if (key_end == std::string_view::npos) return Found::kNeedMore;
+  size_t v = SkipSpace(s, key_end + kGlmKeyEnd.size());
+  if (Found f = Expect(s, &v, kGlmValue); f != Found::kYes) return f;
+  const size_t value_end = s.find(kGlmValueEnd, v);
+  if (value_end == std::string_view::npos) return Found::kNeedMore;
+  *key = Trim(s.substr(i, key_end - i));
+  *value = Trim(s.substr(v, value_end - v));
+  *end = value_end + kGlmValueEnd.size();
+  return Found::kYes;
+}
+
+// GLM-4.5's call, the text between <tool_call> and </tool_call>: the name (up to a line break or
+// the first <arg_key>), then key/value pairs with white space between, each value converted by
+// its declared type (GlmValue). Anything else inside makes it no call.
+std::optional<ToolCall> CallFromGlm(std::string_view inner, const ToolParamTypes* types) {
+  const size_t name_end = std::min({inner.find('\n'), inner.find(kGlmKey), inner.size()});
+  ToolCall call{std::string(Trim(inner.substr(0, name_end))), "", ""};
+  if (call.name.empty() || call.name.find_first_of("<>") != std::string::npos) return std::nullopt;
+  Json args = Json::object();
+  size_t pos = name_end;
+  while (SkipSpace(inner, pos) < inner.size()) {
+    std::string_view key, value;
+    if (GlmPair(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
+    args[std::string(key)] = GlmValue(value, DeclaredType(types, call.name, std::string(key)));
+  }
+  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return call;
+}
+
+// GLM-4.5 to 4.7: calls are <tool_call>...</tool_call> (CallFromGlm); the text around them is
+// content, and so is a call that does not parse or is cut off before </tool_call>.
+ParsedMessage ParseGlm(std::string_view text, const ToolParamTypes* types) {
+  ParsedMessage out;
+  size_t pos = 0;
+  while (true) {
+    const size_t start = text.find(kHermesOpen, pos);
+    const size_t close = start == std::string_view::npos ? start : text.find(kHermesClose, start);
+    if (close == std::string_view::npos) break;
+    out.content += text.substr(pos, start - pos);
+    const size_t inner = start + kHermesOpen.size(), next = close + kHermesClose.size();
+    if (auto call = CallFromGlm(text.substr(inner, close - inner), types)) {
+      out.calls.push_back(std::move(*call));
+    } else {
+      out.content += text.substr(start, next - start);
+    }
+    pos = next;
+  }
+  out.content += text.substr(pos);
+  return out;
 }
 
 // {"name": "X", "arguments" | "parameters": {   at s[i] (name first: otherwise the call goes whole
@@ -734,6 +811,20 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
       h.xml = true;
       return h;
     }
+    case ToolCallFormat::kGlm45: {
+      const size_t at = s.find(kHermesOpen, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      // The name ends at a line break, the first <arg_key> or </tool_call> (no arguments).
+      const size_t i = at + kHermesOpen.size();
+      const size_t e = std::min({s.find('\n', i), s.find(kGlmKey, i), s.find(kHermesClose, i)});
+      if (e == std::string_view::npos) return NotYet(s.size() - i > 256 ? Found::kNo : Found::kNeedMore);
+      CallHeader h;
+      h.name = std::string(Trim(s.substr(i, e - i)));
+      h.found = h.name.empty() || h.name.find_first_of("<>") != std::string::npos ? Found::kNo : Found::kYes;
+      h.next = e;
+      h.glm = true;
+      return h;
+    }
     case ToolCallFormat::kLlama3Json: {
       size_t i = SkipSpace(s, pos);
       while (i < s.size() && s[i] == ';') i = SkipSpace(s, i + 1);
@@ -807,7 +898,8 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
                                     kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
                                     kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="};
   switch (f) {
-    case ToolCallFormat::kHermes: return kTagged;
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kGlm45: return kTagged;
     case ToolCallFormat::kQwen3Coder: return kQwenXml;
     case ToolCallFormat::kLlama3Json: return kLlama;
     case ToolCallFormat::kMistral: return kMistral;
@@ -836,6 +928,7 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kMistral: return "mistral";
     case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
     case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
+    case ToolCallFormat::kGlm45: return "glm45";
     case ToolCallFormat::kGptOss: return "gpt_oss";
     case ToolCallFormat::kFunctionary: return "functionary";
     case ToolCallFormat::kFunctionaryV32: return "functionary_v3_2";
@@ -845,17 +938,18 @@ const char* ToolCallFormatName(ToolCallFormat f) {
 
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGptOss, ToolCallFormat::kFunctionary,
-                 ToolCallFormat::kFunctionaryV32}) {
+                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kGptOss,
+                 ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
     if (name == ToolCallFormatName(f)) return f;
   }
   return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, "
-                         "gpt_oss, functionary, functionary_v3_2", name);
+                         "glm45, gpt_oss, functionary, functionary_v3_2", name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
   if (src.find("<|channel|>") != std::string_view::npos) return ToolCallFormat::kGptOss;
   if (src.find(">>>all") != std::string_view::npos) return ToolCallFormat::kFunctionaryV32;
+  if (src.find(kGlmKey) != std::string_view::npos) return ToolCallFormat::kGlm45;
   if (src.find("<function=") != std::string_view::npos && src.find("<tool_call>") != std::string_view::npos) {
     return ToolCallFormat::kQwen3Coder;
   }
@@ -909,6 +1003,7 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const Tool
   switch (f) {
     case ToolCallFormat::kHermes: out = ParseTagged(text, /*xml=*/false, types); break;
     case ToolCallFormat::kQwen3Coder: out = ParseTagged(text, /*xml=*/true, types); break;
+    case ToolCallFormat::kGlm45: out = ParseGlm(text, types); break;
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
     case ToolCallFormat::kMistral: out = ParseMistral(text); break;
     case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
@@ -969,7 +1064,7 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         scan_depth_ = 0;
         scan_in_string_ = scan_escape_ = false;
         scan_any_param_ = false;
-        scan_ = h.xml ? Scan::kXmlParameters : Scan::kJsonArguments;
+        scan_ = h.xml ? Scan::kXmlParameters : h.glm ? Scan::kGlmArguments : Scan::kJsonArguments;
         break;
       }
       case Scan::kJsonArguments: {
@@ -1035,6 +1130,33 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         SendArguments((scan_any_param_ ? "," : "{") + dump(Json(key)) + ":" + dump(XmlValue(value, type)), out);
         scan_any_param_ = true;
         scan_pos_ = next == close ? close + 12 : next;
+        break;
+      }
+      case Scan::kGlmArguments: {
+        // As CallFromGlm reads them: key/value pairs until </tool_call>.
+        size_t at = SkipSpace(s, scan_pos_);
+        const Found end = Expect(s, &at, kHermesClose);
+        if (end == Found::kYes) {
+          SendArguments(scan_any_param_ ? "}" : "{}", out);
+          scan_pos_ = at;
+          scan_ = Scan::kSeek;
+          break;
+        }
+        std::string_view key, value;
+        size_t next = 0;
+        const Found pair = GlmPair(s, scan_pos_, &key, &value, &next);
+        if (pair == Found::kNeedMore || (pair == Found::kNo && end == Found::kNeedMore)) return;
+        if (pair == Found::kNo) {
+          scan_ = Scan::kStopped;
+          return;
+        }
+        const std::string k(key);
+        const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+        SendArguments((scan_any_param_ ? "," : "{") + dump(Json(k)) + ":" +
+                          dump(GlmValue(value, DeclaredType(types_.get(), streamed_.back().name, k))),
+                      out);
+        scan_any_param_ = true;
+        scan_pos_ = next;
         break;
       }
       case Scan::kStopped: break;
@@ -1176,10 +1298,25 @@ struct XmlParam {
   Json schema;                       // kJson
 };
 
+// A list of types whose only non-null member is "string" (ParamTypesOf reads it as a string).
+bool TypeListIsString(const Json& p) {
+  if (!p.contains("type") || !p["type"].is_array()) return false;
+  int strings = 0, others = 0;
+  for (const Json& t : p["type"]) {
+    if (t == "string") ++strings;
+    else if (t != "null") ++others;
+  }
+  return strings > 0 && others == 0;
+}
+
 // A tool's parameters as XML parameters, or nothing when the schema says more than XML can hold
 // (a string with a pattern, format or length, a union, a reference, keys beyond properties and
 // required): that tool's calls are then JSON inside <tool_call>, which the parser also takes.
-std::optional<std::vector<XmlParam>> XmlParams(const Json& params) {
+// glm: GLM's <arg_value>s instead, whose parser reads every value not declared a string as JSON:
+// a union or reference is then a JSON value (a nullable string, text); only a string with a
+// pattern, format or length has no form.
+std::optional<std::vector<XmlParam>> XmlParams(const Json& params, bool glm = false) {
+  const std::string_view value_end = glm ? kGlmValueEnd : std::string_view("\n</parameter>");
   static const std::vector<std::string> kObjectKeys = {"type", "properties", "required", "additionalProperties",
                                                        "description", "title", "$schema"};
   static const std::vector<std::string> kNotes = {"description", "title", "default", "examples"};
@@ -1221,7 +1358,7 @@ std::optional<std::vector<XmlParam>> XmlParams(const Json& params) {
         (!p.contains("type") || p["type"] == "string")) {
       x.kind = XmlParam::Kind::kChoice;
       for (const Json& v : *values) {
-        if (v.get<std::string>().find("\n</parameter>") != std::string::npos) return std::nullopt;
+        if (v.get<std::string>().find(value_end) != std::string::npos) return std::nullopt;
         x.choices.push_back(v.get<std::string>());
       }
     } else if (p.contains("type") && p["type"] == "string") {
@@ -1230,6 +1367,13 @@ std::optional<std::vector<XmlParam>> XmlParams(const Json& params) {
     } else if (p.contains("type") && p["type"].is_string() && !p.contains("$ref") && !p.contains("anyOf") &&
                !p.contains("oneOf") && !p.contains("allOf")) {
       x.kind = XmlParam::Kind::kJson;  // integer, number, boolean, object, array, null
+      x.schema = p;
+    } else if (glm && TypeListIsString(p)) {
+      // ["string", "null"]: the parser reads a string, so text (a subset: never null).
+      if (!only_notes || values != nullptr) return std::nullopt;
+      x.kind = XmlParam::Kind::kText;
+    } else if (glm) {
+      x.kind = XmlParam::Kind::kJson;  // a union, a reference, several types or none: JSON
       x.schema = p;
     } else {
       return std::nullopt;
@@ -1295,7 +1439,7 @@ Json AbsorbDefinitions(Json params, const std::string& prefix, Json& defs) {
 struct ChosenTools {
   Json combined = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
   std::vector<std::string> names;
-  std::vector<std::optional<std::vector<XmlParam>>> xml;  // qwen3_coder: each tool's XML parameters
+  std::vector<std::optional<std::vector<XmlParam>>> xml;  // qwen3_coder, glm45: each tool's parameters
 };
 
 StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name) {
@@ -1312,8 +1456,13 @@ StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json
                                               ? fn["parameters"]
                                               : Json{{"type", "object"}, {"properties", Json::object()}},
                                           prefix, c.combined["$defs"]);
-    if (f == ToolCallFormat::kQwen3Coder) {
-      c.xml.push_back(XmlParams(params));
+    if (f == ToolCallFormat::kQwen3Coder || f == ToolCallFormat::kGlm45) {
+      c.xml.push_back(XmlParams(params, f == ToolCallFormat::kGlm45));
+      if (f == ToolCallFormat::kGlm45 && !c.xml.back()) {
+        return InvalidArgument("tool '{}': its parameters cannot be written as glm45's <arg_key>/<arg_value> pairs "
+                               "(a string with a pattern, format or length, or keys beyond properties and required)",
+                               fname);
+      }
       for (size_t k = 0; c.xml.back() && k < c.xml.back()->size(); ++k) {
         const XmlParam& x = (*c.xml.back())[k];
         if (x.kind != XmlParam::Kind::kJson) continue;
@@ -1360,6 +1509,35 @@ std::string XmlCallBody(size_t i, const std::string& name, const std::vector<Xml
   return body + " " + grammar::GbnfLiteral("</function>");
 }
 
+// glm45's call of tool i (the text between <tool_call> and </tool_call>): NAME, then each
+// parameter in declaration order (optional ones may be left out) as <arg_key>P</arg_key>
+// <arg_value>VALUE</arg_value>, a line break after the name and each tag allowed (GLM-4.5/4.6
+// write them, 4.7 does not). The parameters' rules are appended to *rules.
+std::string GlmCallBody(size_t i, const std::string& name, const std::vector<XmlParam>& params, std::string* rules) {
+  std::string body = grammar::GbnfLiteral(name) + " \"\\n\"?";
+  for (size_t k = 0; k < params.size(); ++k) {
+    const XmlParam& x = params[k];
+    const std::string rule = fmt::format("tool{}-g{}", i, k);
+    std::string value;
+    switch (x.kind) {
+      case XmlParam::Kind::kText:
+        *rules += grammar::TextWithoutGbnf(rule + "-text", std::string(kGlmValueEnd));
+        value = rule + "-text-0";
+        break;
+      case XmlParam::Kind::kChoice:
+        for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
+        value += ")";
+        break;
+      case XmlParam::Kind::kJson: value = fmt::format("tool{}-p{}", i, k); break;
+    }
+    *rules += fmt::format("{} ::= {} \"\\n\"? {} {} {} \"\\n\"?\n", rule,
+                          grammar::GbnfLiteral(std::string(kGlmKey) + x.name + std::string(kGlmKeyEnd)),
+                          grammar::GbnfLiteral(kGlmValue), value, grammar::GbnfLiteral(kGlmValueEnd));
+    body += " " + rule + (x.required ? "" : "?");
+  }
+  return body;
+}
+
 // One call of tool i in the format's syntax, its arguments the rule tool<i>-params.
 std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const HarmonyTokens& h, std::string* rules) {
   const std::string& name = c.names[i];
@@ -1375,6 +1553,7 @@ std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const Har
     case ToolCallFormat::kGptOss:
       return h.channel + " " + grammar::GbnfLiteral("commentary to=functions." + name + " ") + " " + h.constrain + " " +
              grammar::GbnfLiteral("json") + " " + h.message + " " + args + " " + h.call;
+    case ToolCallFormat::kGlm45: return GlmCallBody(i, name, *c.xml[i], rules);
     case ToolCallFormat::kQwen3Coder:
       if (c.xml[i]) return XmlCallBody(i, name, *c.xml[i], rules);
       [[fallthrough]];
@@ -1404,6 +1583,9 @@ std::string RootRules(ToolCallFormat f, bool many) {
       // Qwen3-Coder's XML parameters are free text; JSON inside <tool_call> is parsed as well.
       return "tool_block ::= \"<tool_call>\\n\" tool_call_one \"\\n</tool_call>\"\n" +
              fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\" tool_block)" + more : "");
+    case ToolCallFormat::kGlm45:
+      return "tool_block ::= \"<tool_call>\" tool_call_one \"</tool_call>\"\n" +
+             fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\"? tool_block)" + more : "");
     case ToolCallFormat::kLlama3Json:
       return fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)" + more : "");
     case ToolCallFormat::kMistral:

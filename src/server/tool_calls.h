@@ -8,6 +8,9 @@
 //   deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
 //                (V3.1+), or function<｜tool▁sep｜>name\n```json\n{...}\n```  (V3)
 //   qwen3_coder  <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
+//   glm45        <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>value</arg_value>\n</tool_call> (GLM-4.5 to
+//                4.7, which writes no line breaks; Laguna): a value is text, or JSON where its
+//                parameter is not a string
 //   gpt_oss      OpenAI's harmony messages: <|channel|>analysis<|message|>... (reasoning),
 //                <|channel|>final<|message|>... (content), <|channel|>commentary to=functions.name
 //                <|constrain|>json<|message|>{...}<|call|> (a call); the control tokens must be in
@@ -36,7 +39,9 @@
 
 namespace gale::server {
 
-enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGptOss, kFunctionary, kFunctionaryV32 };
+enum class ToolCallFormat {
+  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGlm45, kGptOss, kFunctionary, kFunctionaryV32
+};
 const char* ToolCallFormatName(ToolCallFormat f);
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
 // From a chat template's source: the markers it writes calls with; hermes when it shows none.
@@ -78,8 +83,8 @@ struct CallDelta {
 
 // Streams a message: Push gives what may be sent now as content or reasoning, and of the calls
 // their names as soon as they are written and their arguments as they grow (hermes, qwen3_coder
-// XML or JSON, llama3_json, mistral, deepseek_v3, functionary; gpt_oss and functionary_v3_2 are
-// taken apart at the end). Text that could be (the start of) a call is not content.
+// XML or JSON, glm45 (a parameter at a time), llama3_json, mistral, deepseek_v3, functionary;
+// gpt_oss and functionary_v3_2 are taken apart at the end). Text that could be (the start of) a call is not content.
 class MessageStream {
  public:
   // tools: parse tool calls; reasoning: split <think> blocks (starts_thinking as above).
@@ -114,13 +119,13 @@ class MessageStream {
   bool in_calls_ = false;
   std::string reasoning_all_, content_all_;
   // The call scanner: where it is in call_text_, and in what.
-  enum class Scan { kSeek, kJsonArguments, kWrapperEnd, kXmlParameters, kStopped };
+  enum class Scan { kSeek, kJsonArguments, kWrapperEnd, kXmlParameters, kGlmArguments, kStopped };
   Scan scan_ = Scan::kSeek;
   size_t scan_pos_ = 0;
   int scan_depth_ = 0;  // kJsonArguments: brackets open
   bool scan_in_string_ = false, scan_escape_ = false;
   bool scan_wrapped_ = false;    // the arguments are a member of {"name": ..., "arguments": ...}
-  bool scan_any_param_ = false;  // kXmlParameters: a parameter was sent
+  bool scan_any_param_ = false;  // kXmlParameters, kGlmArguments: a parameter was sent
   bool scan_array_ = false;      // mistral's [{...}, {...}]
   std::vector<CallDelta> streamed_;  // per call: its name and the arguments sent so far
 };

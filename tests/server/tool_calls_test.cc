@@ -2,12 +2,17 @@
 // whole-text parse, reasoning blocks, and the tool-call grammars (src/server/tool_calls.h).
 #include "server/tool_calls.h"
 
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
 #include "grammar/matcher.h"
+#include "jinja/template.h"
 #include "../grammar/byte_trie.h"
+#include "../test_util.h"
 
 namespace gale::server {
 namespace {
@@ -216,6 +221,136 @@ TEST(ToolCalls, Qwen3CoderValuesFollowTheDeclaredTypes) {
   MessageStream ms(ToolCallFormat::kQwen3Coder, false, false, false, std::make_shared<const ToolParamTypes>(types));
   for (char c : text) EXPECT_EQ(ms.Push(std::string(1, c)).content, "");
   EXPECT_EQ(ms.Finish().calls[0].arguments, p.calls[0].arguments);
+}
+
+TEST(ToolCalls, Glm45) {
+  const auto f = ToolCallFormat::kGlm45;
+  // GLM-4.5/4.6 write line breaks, with text before the call.
+  ExpectParsed(f,
+               "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+               "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+               {"Let me check.", {{"get_weather", R"({"city":"Paris","days":3})"}}});
+  // GLM-4.7 writes none; a call without arguments.
+  ExpectParsed(f, "<tool_call>a<arg_key>x</arg_key><arg_value>[1, 2]</arg_value></tool_call><tool_call>b</tool_call>",
+               {"", {{"a", R"({"x":[1,2]})"}, {"b", "{}"}}});
+  // A Python dict for a value is an object; keys and values are trimmed.
+  ExpectParsed(f, "<tool_call>f\n<arg_key> o </arg_key>\n<arg_value>\n{'k': True}\n</arg_value>\n</tool_call>",
+               {"", {{"f", R"({"o":{"k":true}})"}}});
+  // Cut off before </tool_call>, or with other text inside: no call, the text stays content.
+  const std::string cut = "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1";
+  ExpectParsed(f, cut, {cut, {}});
+  const std::string stray = "<tool_call>f\nhello</tool_call>";
+  ExpectParsed(f, stray, {stray, {}});
+  const std::string hermes = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+  ExpectParsed(f, hermes, {hermes, {}});
+}
+
+TEST(ToolCalls, Glm45ValuesFollowTheDeclaredTypes) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+      "type": "object", "properties": {"zip": {"type": "string"}, "n": {"type": "integer"},
+      "maybe": {"type": ["string", "null"]}, "tag": {"enum": ["1", "2"]}}}}}])");
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const std::string text =
+      "<tool_call>f\n<arg_key>zip</arg_key>\n<arg_value>02139</arg_value>\n<arg_key>n</arg_key>\n<arg_value>7</arg_value>\n"
+      "<arg_key>maybe</arg_key>\n<arg_value>42</arg_value>\n<arg_key>tag</arg_key>\n<arg_value>2</arg_value>\n"
+      "<arg_key>s</arg_key>\n<arg_value>\"q\"</arg_value>\n</tool_call>";
+  const ParsedMessage p = ParseToolCalls(ToolCallFormat::kGlm45, text, &types);
+  ASSERT_EQ(p.calls.size(), 1u);
+  // Declared strings stay text; anything else is JSON where it parses (an undeclared "q" too).
+  EXPECT_EQ(p.calls[0].arguments, R"({"zip":"02139","n":7,"maybe":"42","tag":"2","s":"q"})");
+  EXPECT_EQ(ParseToolCalls(ToolCallFormat::kGlm45, text).calls[0].arguments,
+            R"({"zip":"02139","n":7,"maybe":42,"tag":2,"s":"q"})");
+  MessageStream ms(ToolCallFormat::kGlm45, false, false, false, std::make_shared<const ToolParamTypes>(types));
+  std::string streamed;
+  for (char c : text) {
+    const MessageStream::Delta d = ms.Push(std::string(1, c));
+    EXPECT_EQ(d.content, "");
+    for (const CallDelta& cd : d.calls) streamed += cd.arguments;
+  }
+  EXPECT_EQ(streamed, p.calls[0].arguments);
+  EXPECT_EQ(ms.Finish().calls[0].arguments, p.calls[0].arguments);
+}
+
+TEST(ToolCalls, Glm45RequiredCallIsItsOwnArgPairs) {
+  const auto f = ToolCallFormat::kGlm45;
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {
+          "query": {"type": "string"}, "limit": {"type": "integer"}, "zone": {"enum": ["utc", "local"]},
+          "tags": {"type": "array", "items": {"type": "string"}}, "near": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+          "required": ["query", "zone"]}}}])");
+  auto g = ToolCallGrammar(f, tools, "", /*parallel=*/true);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::string call = "<tool_call>find\n<arg_key>query</arg_key>\n<arg_value>best\npizza <b></arg_value>\n"
+                           "<arg_key>zone</arg_key>\n<arg_value>local</arg_value>\n<arg_key>tags</arg_key>\n"
+                           "<arg_value>[\"a\"]</arg_value>\n<arg_key>near</arg_key>\n<arg_value>null</arg_value>\n</tool_call>";
+  EXPECT_TRUE(GrammarAccepts(*g, call));
+  EXPECT_TRUE(GrammarAccepts(*g, call + "\n" + call));  // parallel calls
+  // GLM-4.7's form, without line breaks.
+  EXPECT_TRUE(GrammarAccepts(*g, "<tool_call>find<arg_key>query</arg_key><arg_value>x</arg_value><arg_key>limit</arg_key>"
+                                 "<arg_value>3</arg_value><arg_key>zone</arg_key><arg_value>utc</arg_value></tool_call>"));
+  // A required parameter left out, a value off the enum or of the wrong type, hermes JSON.
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>find\n<arg_key>query</arg_key>\n<arg_value>x</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>find\n<arg_key>query</arg_key>\n<arg_value>x</arg_value>\n<arg_key>zone"
+                                  "</arg_key>\n<arg_value>mars</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>find\n<arg_key>query</arg_key>\n<arg_value>x</arg_value>\n<arg_key>limit"
+                                  "</arg_key>\n<arg_value>many</arg_value>\n<arg_key>zone</arg_key>\n<arg_value>utc"
+                                  "</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<tool_call>\n{\"name\":\"find\",\"arguments\":{\"query\":\"x\",\"zone\":\"utc\"}}\n</tool_call>"));
+  // Named: exactly one call.
+  auto one = ToolCallGrammar(f, tools, "find", /*parallel=*/true);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_TRUE(GrammarAccepts(*one, call));
+  EXPECT_FALSE(GrammarAccepts(*one, call + "\n" + call));
+  // What the grammar lets through parses back to arguments valid for the schema.
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const ParsedMessage p = ParseToolCalls(f, call, &types);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, R"({"query":"best\npizza <b>","zone":"local","tags":["a"],"near":null})");
+  // A string with a format has no <arg_value> form: refused, naming the tool.
+  const auto mail = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "mail", "parameters": {
+      "type": "object", "properties": {"to": {"type": "string", "format": "email"}}}}}])");
+  auto refused = ToolCallGrammar(f, mail, "", false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'mail'"), std::string::npos) << refused.status().message();
+}
+
+// GLM-4.6's and GLM-4.7-Flash's own templates (llama.cpp's models/templates, derived at set-up):
+// the format is detected, and a call they render in a conversation parses back to its arguments
+// and is one the required-call grammar allows.
+TEST(ToolCalls, Glm45ReadsWhatTheRealTemplatesWrite) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "days": {"type": "integer"}, "units": {"type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}])");
+  const auto args = nlohmann::ordered_json::parse(R"({"city": "São Paulo", "days": 3, "units": ["c"]})");
+  for (const char* name : {"GLM-4.6.jinja", "GLM-4.7-Flash.jinja"}) {
+    SCOPED_TRACE(name);
+    const std::string path = test::DataDir() + "/chat-templates/templates/" + name;
+    GALE_SKIP_UNLESS_FILE(path);
+    std::ifstream in(path);
+    std::stringstream src;
+    src << in.rdbuf();
+    EXPECT_EQ(DetectToolCallFormat(src.str()), ToolCallFormat::kGlm45);
+    auto tmpl = jinja::Template::Parse(src.str());
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+    nlohmann::ordered_json ctx = {{"tools", tools}, {"add_generation_prompt", false}};
+    ctx["messages"] = nlohmann::ordered_json::array(
+        {{{"role", "user"}, {"content", "Weather?"}},
+         {{"role", "assistant"}, {"content", ""},
+          {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}}}}}});
+    auto text = tmpl->Render(ctx);
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    const size_t start = text->find("<tool_call>get_weather"), end = text->find("</tool_call>", start);
+    ASSERT_NE(end, std::string::npos) << *text;
+    const std::string rendered = text->substr(start, end + 12 - start);
+    const ToolParamTypes types = ParamTypesOf(tools);
+    const ParsedMessage p = ParseToolCalls(ToolCallFormat::kGlm45, rendered, &types);
+    ASSERT_EQ(p.calls.size(), 1u) << rendered;
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(nlohmann::ordered_json::parse(p.calls[0].arguments), args) << rendered;
+    auto g = ToolCallGrammar(ToolCallFormat::kGlm45, tools, "get_weather", false);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    EXPECT_TRUE(GrammarAccepts(*g, rendered)) << rendered;
+  }
 }
 
 TEST(ToolCalls, Llama3Json) {
@@ -483,7 +618,9 @@ TEST(ToolCalls, FormatFromTheChatTemplate) {
   EXPECT_EQ(DetectToolCallFormat("{{- '[TOOL_CALLS]' + name }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(DetectToolCallFormat("{{- \"<|python_tag|>\" + name }}"), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(DetectToolCallFormat("{{ messages }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(DetectToolCallFormat("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>"), ToolCallFormat::kGlm45);
   EXPECT_TRUE(ParseToolCallFormat("mistral").ok());
+  EXPECT_TRUE(ParseToolCallFormat("glm45").ok());
   EXPECT_FALSE(ParseToolCallFormat("pythonic").ok());
 }
 
