@@ -1482,6 +1482,23 @@ StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json
   return c;
 }
 
+// The GBNF for parameter k of tool i's value: free text up to `end` (its rule appended to
+// *rules), one of the string choices, or the JSON rule tool<i>-p<k> of the combined schema.
+std::string ParamValue(const XmlParam& x, size_t i, size_t k, const std::string& rule, const std::string& end,
+                       std::string* rules) {
+  std::string value;
+  switch (x.kind) {
+    case XmlParam::Kind::kText:
+      *rules += grammar::TextWithoutGbnf(rule + "-text", end);
+      return rule + "-text-0";
+    case XmlParam::Kind::kChoice:
+      for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
+      return value + ")";
+    case XmlParam::Kind::kJson: return fmt::format("tool{}-p{}", i, k);
+  }
+  return value;
+}
+
 // qwen3_coder's XML call of tool i: <function=NAME>\n, then each parameter in declaration order
 // (optional ones may be left out) as <parameter=P>\nVALUE\n</parameter>\n, then </function>. The
 // parameters' rules are appended to *rules.
@@ -1490,18 +1507,7 @@ std::string XmlCallBody(size_t i, const std::string& name, const std::vector<Xml
   for (size_t k = 0; k < params.size(); ++k) {
     const XmlParam& x = params[k];
     const std::string rule = fmt::format("tool{}-x{}", i, k);
-    std::string value;
-    switch (x.kind) {
-      case XmlParam::Kind::kText:
-        *rules += grammar::TextWithoutGbnf(rule + "-text", "\n</parameter>");
-        value = rule + "-text-0";
-        break;
-      case XmlParam::Kind::kChoice:
-        for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
-        value += ")";
-        break;
-      case XmlParam::Kind::kJson: value = fmt::format("tool{}-p{}", i, k); break;
-    }
+    const std::string value = ParamValue(x, i, k, rule, "\n</parameter>", rules);
     *rules += fmt::format("{} ::= {} {} {}\n", rule, grammar::GbnfLiteral("<parameter=" + x.name + ">\n"), value,
                           grammar::GbnfLiteral("\n</parameter>\n"));
     body += " " + rule + (x.required ? "" : "?");
@@ -1518,18 +1524,7 @@ std::string GlmCallBody(size_t i, const std::string& name, const std::vector<Xml
   for (size_t k = 0; k < params.size(); ++k) {
     const XmlParam& x = params[k];
     const std::string rule = fmt::format("tool{}-g{}", i, k);
-    std::string value;
-    switch (x.kind) {
-      case XmlParam::Kind::kText:
-        *rules += grammar::TextWithoutGbnf(rule + "-text", std::string(kGlmValueEnd));
-        value = rule + "-text-0";
-        break;
-      case XmlParam::Kind::kChoice:
-        for (const std::string& c : x.choices) value += (value.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
-        value += ")";
-        break;
-      case XmlParam::Kind::kJson: value = fmt::format("tool{}-p{}", i, k); break;
-    }
+    const std::string value = ParamValue(x, i, k, rule, std::string(kGlmValueEnd), rules);
     *rules += fmt::format("{} ::= {} \"\\n\"? {} {} {} \"\\n\"?\n", rule,
                           grammar::GbnfLiteral(std::string(kGlmKey) + x.name + std::string(kGlmKeyEnd)),
                           grammar::GbnfLiteral(kGlmValue), value, grammar::GbnfLiteral(kGlmValueEnd));
