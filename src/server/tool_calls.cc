@@ -1120,12 +1120,7 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         std::string_view value = s.substr(key_end + 1, next - key_end - 1);
         if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
         if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-        std::string type;
-        if (types_) {
-          if (auto fn = types_->find(streamed_.back().name); fn != types_->end()) {
-            if (auto t = fn->second.find(key); t != fn->second.end()) type = t->second;
-          }
-        }
+        const std::string type = DeclaredType(types_.get(), streamed_.back().name, key);
         const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
         SendArguments((scan_any_param_ ? "," : "{") + dump(Json(key)) + ":" + dump(XmlValue(value, type)), out);
         scan_any_param_ = true;
