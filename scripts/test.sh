@@ -5,7 +5,7 @@
 #   3. libFuzzer targets (clang) for every untrusted parser: GGUF reader, chat templates, OpenAI
 #      request bodies (down to template rendering), safetensors, tokenizer.json import, grammars
 #      (GBNF, JSON Schema, regex) and tool-call parsing of model output; bounded
-#      runs on their seed corpora
+#      runs on their seed corpora, one per core at a time
 # GALE_FUZZ_SECONDS (default 45) bounds each fuzz run; GALE_SKIP_SANITIZE=1 skips step 2 (local use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,21 +50,29 @@ targets=(gguf_reader_fuzz:corpus:65536 jinja_fuzz:corpus-jinja:8192 openai_reque
          grammar_fuzz:corpus-grammar:8192)
 cmake --build build-fuzz --target "${targets[@]%%:*}" -j "$jobs"
 mkdir -p fuzz/artifacts
+# One fuzzer per core at a time (each is single-threaded); each writes its log and exit status.
 for t in "${targets[@]}"; do
   IFS=: read -r name corpus max_len <<<"$t"
-  echo "-- $name"
   mkdir -p "build-fuzz/$corpus"
-  # Exit status of the fuzzer, not of tail: a crash fails the run.
-  set +o pipefail
-  "build-fuzz/$name" -max_total_time="${GALE_FUZZ_SECONDS:-45}" -max_len="$max_len" -timeout=10 \
-    -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
-    "build-fuzz/$corpus" "fuzz/$corpus" > "build-fuzz/$name.log" 2>&1
-  rc=$?
-  set -o pipefail
+  rm -f "build-fuzz/$name.rc"
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  ( rc=0
+    "build-fuzz/$name" -max_total_time="${GALE_FUZZ_SECONDS:-45}" -max_len="$max_len" -timeout=10 \
+      -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/ -print_final_stats=1 \
+      "build-fuzz/$corpus" "fuzz/$corpus" > "build-fuzz/$name.log" 2>&1 || rc=$?
+    echo "$rc" > "build-fuzz/$name.rc" ) &
+done
+wait
+failed=0
+for t in "${targets[@]}"; do
+  name="${t%%:*}"
+  echo "-- $name"
   tail -n 12 "build-fuzz/$name.log"
+  rc="$(cat "build-fuzz/$name.rc" 2>/dev/null || echo missing)"
   if [ "$rc" != 0 ]; then
     echo "FAIL: $name exited $rc (artifacts in fuzz/artifacts/)"
-    exit 1
+    failed=1
   fi
 done
+[ "$failed" = 0 ] || exit 1
 echo "fuzz: no crash"
