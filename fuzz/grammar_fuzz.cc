@@ -1,7 +1,8 @@
 // libFuzzer target for constrained decoding's untrusted inputs: the first byte picks one, the
 // rest is the input. 0: GBNF text (parsed, compiled, then the rest of the input walked through the
-// matcher byte by byte with a mask at each step); 1: a JSON Schema (to GBNF, parsed); 2: a regex
-// (to GBNF, parsed); 3: model output through every tool-call parser, whole and streamed. Any
+// matcher byte by byte with a mask at each step); 1: a JSON Schema (to GBNF, parsed; objects open
+// when bit 2 is set); 2: a regex (to GBNF whole and searched, parsed, and to an automaton with a
+// word list); 3: model output through every tool-call parser, whole and streamed. Any
 // crash, exception, hang or sanitizer report is a bug; errors are fine.
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto j = nlohmann::ordered_json::parse(in.begin(), in.end(), nullptr, false);
       if (j.is_discarded()) break;
       gale::grammar::Constraint c{gale::grammar::Constraint::Kind::kJsonSchema, j.dump()};
+      if (data[0] & 4) c.objects = gale::grammar::ObjectKeys::kOpen;
       auto gbnf = gale::grammar::ConstraintToGbnf(c);
       if (gbnf.ok()) Walk(*gbnf, "{\"a\": 1}");
       break;
@@ -63,8 +65,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2: {
       auto e = gale::grammar::RegexToGbnf(in, gale::grammar::CharSetGbnf);
       if (e.ok()) Walk("root ::= " + *e, "abc123");
-      auto j = gale::grammar::RegexToGbnf(in, gale::grammar::JsonStringCharSet);
+      auto j = gale::grammar::RegexToGbnf(in, gale::grammar::JsonStringCharSet, gale::grammar::RegexMatch::kSearch);
       if (j.ok()) (void)gale::grammar::ParseGbnf("root ::= " + *j);
+      using gale::grammar::DfaLanguage;
+      (void)gale::grammar::BuildDfa({DfaLanguage{std::string(in), gale::grammar::RegexMatch::kSearch, std::nullopt},
+                                     DfaLanguage{"", gale::grammar::RegexMatch::kWhole, std::vector<std::string>{"ab", "b"}}},
+                                    200);
       break;
     }
     default: {

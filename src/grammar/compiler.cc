@@ -26,7 +26,7 @@ StatusOr<std::string> ConstraintToGbnf(const Constraint& c, ThreadCpuClock::time
       Json schema = Json::parse(c.text, nullptr, /*allow_exceptions=*/false);
       if (schema.is_discarded()) return InvalidArgument("the JSON schema is not valid JSON");
       try {
-        return JsonSchemaToGbnf(schema, "root", deadline);
+        return JsonSchemaToGbnf(schema, "root", deadline, c.objects);
       } catch (const nlohmann::json::exception& e) {
         return InvalidArgument("the JSON schema has a field of an unexpected type ({})", e.what());
       }
@@ -107,6 +107,8 @@ GrammarCompiler::Key GrammarCompiler::KeyOf(const Constraint& c) {
   const uint64_t after_bytes = c.after.size();
   XXH3_128bits_update(st, &after_bytes, sizeof(after_bytes));
   XXH3_128bits_update(st, c.after.data(), c.after.size());
+  const int32_t objects = static_cast<int32_t>(c.objects);
+  XXH3_128bits_update(st, &objects, sizeof(objects));
   const XXH128_hash_t h = XXH3_128bits_digest(st);
   XXH3_freeState(st);
   return {h.low64, h.high64};

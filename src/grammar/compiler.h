@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "base/status.h"
+#include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 
 namespace gale::grammar {
@@ -33,6 +34,8 @@ struct Constraint {
   // Set: the output is free text up to the first occurrence of this marker (a reasoning model's
   // "</think>": the thought is the model's own), then up to two newlines, then the constraint.
   std::string after;
+  // kJsonSchema: objects without additionalProperties closed (the default) or open (json_schema.h).
+  ObjectKeys objects = ObjectKeys::kClosed;
 };
 
 // GBNF rules `name-0` .. `name-(n-1)` matching exactly the texts that do not contain `marker`

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -154,16 +156,17 @@ uint32_t FirstCodePoint(const std::string& u) {
   return cp;
 }
 
-// A pattern that is one character's class repeated ("^[a-z0-9_]+$", "\\d{4,8}", ".*"): the class
-// as its own regex, and the counts (hi < 0: unbounded). Anything else: nullopt.
+// A pattern that is one character's class repeated, anchored at both ends ("^[a-z0-9_]+$",
+// "^\\d{4,8}$"): the class as its own regex, and the counts (hi < 0: unbounded). Anything else:
+// nullopt.
 struct ClassRepeat {
   std::string atom;
   int64_t lo = 0, hi = -1;
 };
 std::optional<ClassRepeat> AsClassRepeat(std::string_view p) {
-  if (!p.empty() && p.front() == '^') p.remove_prefix(1);
-  if (p.size() >= 2 && p.back() == '$' && p[p.size() - 2] != '\\') p.remove_suffix(1);
-  if (p.empty()) return std::nullopt;
+  if (p.size() < 3 || p.front() != '^' || p.back() != '$' || p[p.size() - 2] == '\\') return std::nullopt;
+  p.remove_prefix(1);
+  p.remove_suffix(1);
   size_t i = 0;
   if (p[0] == '[') {
     i = 1;
@@ -223,8 +226,8 @@ std::string UnsignedRange(int64_t lo, std::optional<int64_t> hi) {
 
 class Converter {
  public:
-  Converter(const Json& root, std::string root_name, ThreadCpuClock::time_point deadline)
-      : root_(root), root_name_(std::move(root_name)), deadline_(deadline) {
+  Converter(const Json& root, std::string root_name, ThreadCpuClock::time_point deadline, ObjectKeys objects)
+      : root_(root), root_name_(std::move(root_name)), deadline_(deadline), objects_(objects) {
     used_names_.insert(root_name_);
   }
 
@@ -267,8 +270,10 @@ class Converter {
       if (base.size() >= 48) break;
     }
     if (base.empty() || Primitives().count(base)) base = "r-" + base;
+    // Suffixes go on from the last one a base took: many rules share a base (names are cut at 48
+    // characters), and probing from 1 each time was quadratic in them.
     std::string name = base;
-    for (int i = 1; used_names_.count(name); ++i) name = fmt::format("{}-{}", base, i);
+    for (int& i = next_suffix_[base]; used_names_.count(name);) name = fmt::format("{}-{}", base, ++i);
     used_names_.insert(name);
     return name;
   }
@@ -330,7 +335,7 @@ class Converter {
     }
     if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
     for (const char* kw : {"multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-                           "dependencies", "patternProperties", "minProperties", "maxProperties", "contains",
+                           "dependencies", "minProperties", "maxProperties", "contains",
                            "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
@@ -403,6 +408,8 @@ class Converter {
               Json& at = use["properties"][p.key()];
               at = at.is_null() ? p.value() : Conjoin(at, p.value());
             }
+          } else if (it.key() == "patternProperties" && use.contains(it.key()) && use[it.key()] != it.value()) {
+            return Error(bpath, "'patternProperties' both beside and inside '{}' are not supported", kw);
           } else {
             use[it.key()] = it.value();
           }
@@ -525,6 +532,12 @@ class Converter {
       }
     }
     if (!allowed) return Status::Ok();
+    for (const Json* part : parts) {
+      // Keys a pattern allows are not in `allowed`: rather than drop them, refuse.
+      if (part->is_object() && part->contains("patternProperties")) {
+        return Error(path, "'patternProperties' merged with additionalProperties false is not supported");
+      }
+    }
     merged["additionalProperties"] = false;
     if (merged.contains("properties") && merged["properties"].is_object()) {
       Json kept = Json::object();
@@ -563,7 +576,8 @@ class Converter {
       }
       if (!t.is_string()) return Error(path, "'type' must be a string or a list of strings");
       type = t.get<std::string>();
-    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required") ||
+               s.contains("patternProperties")) {
       type = "object";
     } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
       type = "array";
@@ -623,7 +637,8 @@ class Converter {
     unsigned out = 127;
     if (s.contains("type")) {
       out &= TypeKinds(s["type"]);
-    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties") ||
+               s.contains("patternProperties")) {
       out &= 32;  // written as an object (ObjectRule)
     } else if (s.contains("items") || s.contains("prefixItems")) {
       out &= 64;
@@ -725,6 +740,106 @@ class Converter {
     return false;
   }
 
+  // patternProperties: each pattern's schema, and an automaton reading the patterns (language i:
+  // pattern i, as JSON Schema's search) and the names the object declares or requires (the last
+  // language). A key's signature is the set of patterns it matches.
+  struct PatternKeys {
+    std::vector<Json> schemas;
+    Dfa dfa;
+    uint32_t names_bit = 0;
+
+    uint32_t Signature(const std::string& key) const {
+      int32_t q = 0;
+      for (size_t i = 0; i < key.size() && q >= 0;) {
+        const uint32_t cp = FirstCodePoint(key.substr(i));
+        const unsigned char b = static_cast<unsigned char>(key[i]);
+        i += b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+        int32_t to = -1;
+        for (const Dfa::Edge& e : dfa.states[q].edges) {
+          if (e.chars.Contains(cp)) to = e.to;
+        }
+        q = to;
+      }
+      return q < 0 ? 0 : dfa.states[q].accepts & (names_bit - 1);
+    }
+    // `own` and the schema of every pattern in `sig`.
+    Json With(Json own, uint32_t sig) const {
+      for (size_t i = 0; i < schemas.size(); ++i) {
+        if (sig >> i & 1) own = Both(own, schemas[i]);
+      }
+      return own;
+    }
+  };
+
+  static Json Both(const Json& a, const Json& b) {
+    if (a.is_boolean() || b.is_boolean()) {
+      if (a == false || b == false) return false;
+      return a.is_boolean() ? b : a;
+    }
+    return Conjoin(a, b);
+  }
+
+  StatusOr<std::optional<PatternKeys>> ReadPatternKeys(const Json& s, const std::set<std::string>& names,
+                                                       bool others_take_any, const std::string& path) {
+    if (!s.contains("patternProperties")) return std::optional<PatternKeys>();
+    const Json& pp = s["patternProperties"];
+    if (!pp.is_object()) return Error(path, "'patternProperties' must be an object");
+    if (pp.size() > 31) return Error(path, "more than 31 'patternProperties' are not supported");
+    PatternKeys pk;
+    std::vector<DfaLanguage> langs;
+    bool all_trivial = true;
+    for (auto it = pp.begin(); it != pp.end(); ++it) {
+      if (!it.value().is_object() && !it.value().is_boolean()) return Error(path, "a pattern's schema must be a schema");
+      all_trivial = all_trivial && (it.value() == true || (it.value().is_object() && !HasConstraints(it.value())));
+      pk.schemas.push_back(it.value());
+      langs.push_back(DfaLanguage{it.key(), RegexMatch::kSearch, std::nullopt});
+    }
+    // Patterns whose keys may hold anything, where every other key may too, change nothing.
+    if (all_trivial && others_take_any) return std::optional<PatternKeys>();
+    langs.push_back(DfaLanguage{"", RegexMatch::kWhole, std::vector<std::string>(names.begin(), names.end())});
+    pk.names_bit = uint32_t{1} << pk.schemas.size();
+    auto dfa = BuildDfa(langs, kMaxDfaStates);
+    if (!dfa.ok()) return Error(path + "/patternProperties", "{}", dfa.status().message());
+    pk.dfa = std::move(*dfa);
+    return std::optional<PatternKeys>(std::move(pk));
+  }
+
+  // One key-value pair of an object beyond its declared and required names: with patterns, per
+  // signature the keys that have it and the value its patterns (or, for none, `others`) allow;
+  // without, any key but those names. "" when no such pair can occur.
+  StatusOr<std::string> ExtraPair(const std::optional<PatternKeys>& pk, const std::set<std::string>& names,
+                                  const std::optional<std::string>& others, const std::string& hint,
+                                  const std::string& path) {
+    const std::string sp = UsePrimitive("space");
+    if (!pk) {
+      if (!others) return std::string();
+      // A declared name cannot come again through here (with any value): its key is excluded.
+      const std::string key = names.empty() ? UsePrimitive("string") : KeyExcept(names, hint);
+      return Rule(hint + "-additional-kv", key + " \":\" " + sp + " " + *others);
+    }
+    std::set<uint32_t> sigs = {0};
+    for (const Dfa::State& q : pk->dfa.states) {
+      if (!(q.accepts & pk->names_bit)) sigs.insert(q.accepts);
+    }
+    std::string body;
+    for (uint32_t sig : sigs) {
+      std::string value;
+      if (sig == 0) {
+        if (!others) continue;
+        value = *others;
+      } else {
+        auto v = Visit(pk->With(true, sig), fmt::format("{}-pattern-{}", hint, sig), path + "/patternProperties");
+        if (!v.ok() && v.status().code() == StatusCode::kOutOfRange) continue;
+        ASSIGN_OR_RETURN(value, std::move(v));
+      }
+      auto key = DfaString(pk->dfa, [&](uint32_t a) { return a == sig; }, 0, -1, fmt::format("{}-key-{}", hint, sig), path);
+      if (!key.ok() && key.status().code() == StatusCode::kOutOfRange) continue;
+      ASSIGN_OR_RETURN(std::string k, std::move(key));
+      body += (body.empty() ? "" : " | ") + k + " \":\" " + sp + " " + value;
+    }
+    return body.empty() ? std::string() : Rule(hint + "-additional-kv", body);
+  }
+
   StatusOr<std::string> ObjectRule(const Json& s, const std::string& hint, const std::string& path) {
     const std::string sp = UsePrimitive("space");
     std::vector<std::string> kvs;
@@ -737,14 +852,26 @@ class Converter {
         req.insert(k.get<std::string>());
       }
     }
-    std::set<std::string> declared;
+    if (s.contains("properties") && !s["properties"].is_object()) return Error(path, "'properties' must be an object");
+    std::set<std::string> declared, names = req;
+    if (s.contains("properties")) {
+      for (auto it = s["properties"].begin(); it != s["properties"].end(); ++it) names.insert(it.key());
+    }
+    // Keys matching no pattern: additionalProperties true or a schema; absent means none when
+    // properties are declared and objects are closed (strict), any otherwise.
+    const bool has_ap = s.contains("additionalProperties");
+    const bool extra_allowed = (has_ap && !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) ||
+                               (!has_ap && (objects_ == ObjectKeys::kOpen || !s.contains("properties")));
+    const bool any_extra = extra_allowed && (!has_ap || s["additionalProperties"] == true ||
+                                             (s["additionalProperties"].is_object() && !HasConstraints(s["additionalProperties"])));
+    ASSIGN_OR_RETURN(std::optional<PatternKeys> pk, ReadPatternKeys(s, names, any_extra, path));
     if (s.contains("properties")) {
       const Json& props = s["properties"];
-      if (!props.is_object()) return Error(path, "'properties' must be an object");
       for (auto it = props.begin(); it != props.end(); ++it) {
         declared.insert(it.key());
         const std::string ppath = path + "/properties/" + it.key();
-        auto visited = Visit(it.value(), hint + "-" + it.key(), ppath);
+        const Json own = pk ? pk->With(it.value(), pk->Signature(it.key())) : it.value();
+        auto visited = Visit(own, hint + "-" + it.key(), ppath);
         // An optional property no value can satisfy cannot be present (nor come as an extra key).
         if (!visited.ok() && visited.status().code() == StatusCode::kOutOfRange && !req.count(it.key())) continue;
         ASSIGN_OR_RETURN(std::string value, std::move(visited));
@@ -753,31 +880,31 @@ class Converter {
         required.push_back(req.count(it.key()) > 0);
       }
     }
-    // Extra keys: additionalProperties true or a schema; absent means none when properties are
-    // declared (strict), any otherwise.
-    std::string extra;
-    const bool has_ap = s.contains("additionalProperties");
-    const bool extra_allowed = (has_ap && !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) ||
-                               (!has_ap && !s.contains("properties"));
-    std::string value = UsePrimitive("value");
-    if (extra_allowed && has_ap && !s["additionalProperties"].is_boolean()) {
-      ASSIGN_OR_RETURN(value, Visit(s["additionalProperties"], hint + "-additional", path + "/additionalProperties"));
+    std::optional<std::string> others;  // the value of a key matching no pattern, when allowed
+    if (extra_allowed) {
+      others = UsePrimitive("value");
+      if (has_ap && !s["additionalProperties"].is_boolean()) {
+        ASSIGN_OR_RETURN(others, Visit(s["additionalProperties"], hint + "-additional", path + "/additionalProperties"));
+      }
     }
-    // A required property the schema does not declare: present, with what additional keys take.
+    // A required property the schema does not declare: present, with what its patterns, or
+    // additional keys, take.
     for (const auto& k : req) {
       if (declared.count(k)) continue;
-      if (!extra_allowed) {
+      const uint32_t sig = pk ? pk->Signature(k) : 0;
+      std::string value;
+      if (sig != 0) {
+        ASSIGN_OR_RETURN(value, Visit(pk->With(true, sig), hint + "-" + k, path + "/patternProperties"));
+      } else if (others) {
+        value = *others;
+      } else {
         return Error(path, "required property '{}' is not in 'properties' and no other key is allowed: no object matches", k);
       }
       declared.insert(k);
       kvs.push_back(Rule(hint + "-" + k + "-kv", JsonLiteral(Json(k)) + " " + sp + " \":\" " + sp + " " + value));
       required.push_back(true);
     }
-    if (extra_allowed) {
-      // A declared name cannot come again through here (with any value): its key is excluded.
-      const std::string key = declared.empty() ? UsePrimitive("string") : KeyExcept(declared, hint);
-      extra = Rule(hint + "-additional-kv", key + " \":\" " + sp + " " + value);
-    }
+    ASSIGN_OR_RETURN(const std::string extra, ExtraPair(pk, declared, others, hint, path));
     // after[i]: properties i.. once one has been written (each needs a comma); first[i]: the
     // same before any has been.
     const size_t n = kvs.size();
@@ -794,12 +921,76 @@ class Converter {
     return Rule(hint, "\"{\" " + sp + (first.empty() ? "" : " " + first) + " \"}\" " + sp);
   }
 
+  // Automata become grammars of at most this many states (counts of lengths included).
+  static constexpr size_t kMaxDfaStates = 2000;
+
+  // The JSON strings (with their quotes, then space) whose text the automaton reads into a state
+  // whose accepts satisfy `keep`, of min_len to max_len code points (max_len < 0: unbounded): a
+  // rule per pair of a state and a count that can still reach such an end, the count going up to
+  // max_len (or min_len, past which it stops mattering). MatchesNothing when no string qualifies.
+  StatusOr<std::string> DfaString(const Dfa& dfa, const std::function<bool(uint32_t)>& keep, int64_t min_len,
+                                  int64_t max_len, const std::string& hint, const std::string& path) {
+    const int64_t cap = max_len >= 0 ? max_len : min_len;
+    auto next_count = [&](int64_t n) -> int64_t { return max_len >= 0 ? (n < max_len ? n + 1 : -1) : std::min(n + 1, min_len); };
+    // The pairs reachable from (start, 0), numbered as found.
+    std::map<std::pair<int32_t, int64_t>, int32_t> ids = {{{0, 0}, 0}};
+    std::vector<std::pair<int32_t, int64_t>> pairs = {{0, 0}};
+    std::vector<std::vector<std::pair<const CharSet*, int32_t>>> edges(1);
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      if (pairs.size() > kMaxDfaStates) {
+        return Error(path, "the string's automaton needs more than {} states (pattern and lengths together)", kMaxDfaStates);
+      }
+      const auto [q, n] = pairs[i];
+      const int64_t m = next_count(n);
+      if (m < 0 || m > cap + 1) continue;
+      for (const Dfa::Edge& e : dfa.states[q].edges) {
+        auto [it, added] = ids.emplace(std::make_pair(e.to, m), static_cast<int32_t>(pairs.size()));
+        if (added) {
+          pairs.emplace_back(e.to, m);
+          edges.emplace_back();
+        }
+        edges[i].emplace_back(&e.chars, it->second);
+      }
+    }
+    auto ends = [&](size_t i) { return keep(dfa.states[pairs[i].first].accepts) && pairs[i].second >= min_len; };
+    // Live: can still reach an end (backwards from the ends).
+    std::vector<bool> live(pairs.size(), false);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = pairs.size(); i-- > 0;) {
+        if (live[i]) continue;
+        bool l = ends(i);
+        for (const auto& [chars, to] : edges[i]) l = l || live[to];
+        if (l) live[i] = true, changed = true;
+      }
+    }
+    if (!live[0]) return MatchesNothing(path, "no string matches the pattern within the lengths");
+    std::vector<std::string> names(pairs.size());
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      if (live[i]) names[i] = FreshName(fmt::format("{}-s{}", hint, i));
+    }
+    const std::string close = "\"\\\"\" " + UsePrimitive("space");
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      if (!live[i]) continue;
+      std::string body = ends(i) ? close : "";
+      for (const auto& [chars, to] : edges[i]) {
+        if (live[to]) body += (body.empty() ? "" : " | ") + JsonStringCharSet(*chars) + " " + names[to];
+      }
+      rules_.emplace_back(names[i], body);
+    }
+    return Rule(hint, "\"\\\"\" " + names[0]);
+  }
+
   // A JSON string (with its quotes, then space) that is none of `names` once decoded: a property
   // written through additionalProperties must not be a declared one again. Built over a trie of
   // the names' encoded texts: along it, a key may end only where no name does, and it leaves the
   // trie by a character or an escape no name continues with, after which anything goes. Along the
   // trie \u escapes and \/ are not allowed (they would spell a name's character another way).
   std::string KeyExcept(const std::set<std::string>& names, const std::string& hint) {
+    // One trie per set of names: big schemas repeat their objects (a set's trie is thousands of
+    // rules in Kubernetes' schemas).
+    auto known = key_except_.find(names);
+    if (known != key_except_.end()) return known->second;
     struct Node {
       std::map<std::string, int> next;
       bool name_ends = false;
@@ -848,7 +1039,7 @@ class Converter {
       for (const std::string& a : alts) body += (body.empty() ? "" : " | ") + a;
       rules_.emplace_back(names_of[k], body);
     }
-    return Rule(hint + "-key", "\"\\\"\" " + names_of[0]);
+    return key_except_[names] = Rule(hint + "-key", "\"\\\"\" " + names_of[0]);
   }
 
   StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& path, int64_t dflt) {
@@ -954,12 +1145,14 @@ class Converter {
           const std::string body = Repeat("(" + *atom + ")", lo, hi);
           return Rule(hint, "\"\\\"\" " + (body.empty() ? "" : body + " ") + "\"\\\"\" " + sp);
         }
+        // Otherwise the pattern's automaton, its states counted up to the lengths.
+        const DfaLanguage pattern{s["pattern"].get<std::string>(), RegexMatch::kSearch, std::nullopt};
+        auto dfa = BuildDfa({pattern}, kMaxDfaStates);
+        if (!dfa.ok()) return Error(path, "'pattern' with lengths: {}", dfa.status().message());
+        return DfaString(*dfa, [](uint32_t accepts) { return accepts != 0; }, min_len, max_len, hint, path);
       }
-      if (bounded || s.contains("format")) {
-        return Error(path, "'pattern' together with lengths (unless it is one character class repeated) or 'format' "
-                           "is not supported");
-      }
-      auto re = RegexToGbnf(s["pattern"].get<std::string>(), JsonStringCharSet);
+      if (s.contains("format")) return Error(path, "'pattern' together with 'format' is not supported");
+      auto re = RegexToGbnf(s["pattern"].get<std::string>(), JsonStringCharSet, RegexMatch::kSearch);
       if (!re.ok()) return Error(path, "{}", re.status().message());
       return Rule(hint, "\"\\\"\" " + *re + " \"\\\"\" " + sp);
     }
@@ -1050,6 +1243,9 @@ class Converter {
   const Json& root_;
   std::string root_name_;
   ThreadCpuClock::time_point deadline_;
+  ObjectKeys objects_;
+  std::unordered_map<std::string, int> next_suffix_;  // FreshName's last suffix per base
+  std::map<std::set<std::string>, std::string> key_except_;  // KeyExcept's rule per set of names
   int depth_ = 0;
   int64_t visits_ = 0;
   std::vector<std::pair<std::string, std::string>> rules_;  // in the order written
@@ -1077,8 +1273,8 @@ std::string PrimitiveGrammar(const std::string& top) {
 }  // namespace
 
 StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema, const std::string& root_name,
-                                       ThreadCpuClock::time_point deadline) {
-  Converter c(schema, root_name, deadline);
+                                       ThreadCpuClock::time_point deadline, ObjectKeys objects) {
+  Converter c(schema, root_name, deadline, objects);
   auto out = c.Convert();
   if (!out.ok() && out.status().code() == StatusCode::kOutOfRange) return InvalidArgument("{}", out.status().message());
   return out;

@@ -1,6 +1,9 @@
 // A recursive-descent regex reader that writes GBNF as it goes.
 #include "grammar/regex.h"
 
+#include <algorithm>
+#include <map>
+
 #include <fmt/format.h>
 
 namespace gale::grammar {
@@ -28,15 +31,44 @@ std::string JsonStringCharSet(const CharSet& s) {
 
 namespace {
 
+// The parsed pattern: nodes in one array, children by index.
+struct Node {
+  enum class Kind : uint8_t { kSet, kSeq, kAlt, kRepeat };
+  Kind kind = Kind::kSeq;
+  CharSet set;                  // kSet
+  std::vector<int32_t> kids;    // kSeq, kAlt; kRepeat: one
+  int32_t lo = 0, hi = -1;      // kRepeat (hi < 0: unbounded)
+};
+
+// A top-level alternative and whether ^ / $ anchor its sides.
+struct Branch {
+  int32_t node = -1;
+  bool start_anchored = false, end_anchored = false;
+};
+
+struct Ast {
+  std::vector<Node> nodes;
+  std::vector<Branch> branches;
+};
+
 class RegexReader {
  public:
-  RegexReader(std::string_view p, const CharSetWriter& w) : p_(p), write_(w) {}
+  RegexReader(std::string_view p, RegexMatch how) : p_(p), how_(how) {}
 
-  StatusOr<std::string> Read() {
-    if (Peek() == '^') ++pos_;
-    ASSIGN_OR_RETURN(std::string e, Alternation());
+  StatusOr<Ast> Read() {
+    while (true) {
+      Branch b;
+      if (Peek() == '^') {
+        ++pos_;
+        b.start_anchored = true;
+      }
+      ASSIGN_OR_RETURN(b.node, Sequence(&b.end_anchored));
+      ast_.branches.push_back(b);
+      if (Peek() != '|') break;
+      ++pos_;
+    }
     if (pos_ < p_.size()) return Error("unexpected '{}'", p_[pos_]);
-    return e;
+    return std::move(ast_);
   }
 
  private:
@@ -46,50 +78,82 @@ class RegexReader {
   }
   char Peek() const { return pos_ < p_.size() ? p_[pos_] : '\0'; }
 
-  StatusOr<std::string> Alternation() {
-    std::vector<std::string> alts;
+  int32_t Add(Node n) {
+    ast_.nodes.push_back(std::move(n));
+    return static_cast<int32_t>(ast_.nodes.size()) - 1;
+  }
+  int32_t AddSet(CharSet s) {
+    s.Normalize();
+    Node n;
+    n.kind = Node::Kind::kSet;
+    n.set = std::move(s);
+    return Add(std::move(n));
+  }
+
+  StatusOr<int32_t> Alternation() {
+    Node alt;
+    alt.kind = Node::Kind::kAlt;
     while (true) {
-      ASSIGN_OR_RETURN(std::string s, Sequence());
-      alts.push_back(s.empty() ? "\"\"" : s);
+      ASSIGN_OR_RETURN(int32_t s, Sequence(nullptr));
+      alt.kids.push_back(s);
       if (Peek() != '|') break;
       ++pos_;
     }
-    if (alts.size() == 1) return alts[0];
-    std::string out = "(";
-    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
-    return out + ")";
+    if (alt.kids.size() == 1) return alt.kids[0];
+    return Add(std::move(alt));
   }
 
-  StatusOr<std::string> Sequence() {
-    std::string out;
+  // `end_anchored`: where a top-level alternative records a closing $ (null inside groups).
+  StatusOr<int32_t> Sequence(bool* end_anchored) {
+    Node seq;
+    seq.kind = Node::Kind::kSeq;
     while (pos_ < p_.size() && Peek() != '|' && Peek() != ')') {
       if (Peek() == '$') {
         ++pos_;
         if (pos_ != p_.size() && Peek() != ')' && Peek() != '|') return Error("'$' is supported only at the end");
+        if (end_anchored != nullptr) {
+          *end_anchored = true;
+        } else if (how_ == RegexMatch::kSearch) {
+          return Error("'$' inside a group is not supported");
+        }
         continue;
       }
       if (Peek() == '^') return Error("'^' is supported only at the start");
-      ASSIGN_OR_RETURN(std::string atom, Atom());
-      ASSIGN_OR_RETURN(atom, Quantified(std::move(atom)));
-      if (!out.empty()) out += " ";
-      out += atom;
+      ASSIGN_OR_RETURN(int32_t atom, Atom());
+      ASSIGN_OR_RETURN(atom, Quantified(atom));
+      seq.kids.push_back(atom);
     }
-    return out;
+    if (seq.kids.size() == 1) return seq.kids[0];
+    return Add(std::move(seq));
   }
 
-  StatusOr<std::string> Quantified(std::string atom) {
+  StatusOr<int32_t> Quantified(int32_t atom) {
     while (true) {
       const char c = Peek();
-      std::string q;
+      Node rep;
+      rep.kind = Node::Kind::kRepeat;
       if (c == '*' || c == '+' || c == '?') {
-        q = std::string(1, c);
+        rep.lo = c == '+' ? 1 : 0;
+        rep.hi = c == '?' ? 1 : -1;
         ++pos_;
       } else if (c == '{' && pos_ + 1 < p_.size() && std::isdigit(static_cast<unsigned char>(p_[pos_ + 1]))) {
         const size_t close = p_.find('}', pos_);
         if (close == std::string_view::npos) return Error("unterminated '{{'");
-        q = std::string(p_.substr(pos_, close - pos_ + 1));
-        for (char d : q.substr(1, q.size() - 2)) {
-          if (!std::isdigit(static_cast<unsigned char>(d)) && d != ',') return Error("bad repetition '{}'", q);
+        const std::string_view q = p_.substr(pos_ + 1, close - pos_ - 1);
+        const size_t comma = q.find(',');
+        auto count = [](std::string_view d, int32_t* out) {
+          if (d.empty() || d.size() > 6 || d.find_first_not_of("0123456789") != std::string_view::npos) return false;
+          *out = std::stoi(std::string(d));
+          return *out <= kMaxRepetition;
+        };
+        bool ok = count(q.substr(0, comma), &rep.lo);
+        if (comma == std::string_view::npos) {
+          rep.hi = rep.lo;
+        } else if (comma + 1 < q.size()) {
+          ok = ok && count(q.substr(comma + 1), &rep.hi);
+        }
+        if (!ok || (rep.hi >= 0 && rep.hi < rep.lo)) {
+          return Error("bad repetition '{{{}}}' (counts up to {})", q, kMaxRepetition);
         }
         pos_ = close + 1;
       } else {
@@ -97,11 +161,12 @@ class RegexReader {
       }
       if (Peek() == '?' || Peek() == '+') ++pos_;  // lazy / possessive: the same strings
       if (++quantifiers_ > 1000) return Error("too many quantifiers");
-      atom = "(" + atom + ")" + q;
+      rep.kids.push_back(atom);
+      atom = Add(std::move(rep));
     }
   }
 
-  StatusOr<std::string> Atom() {
+  StatusOr<int32_t> Atom() {
     const char c = p_[pos_];
     if (c == '(') {
       ++pos_;
@@ -111,11 +176,11 @@ class RegexReader {
         return Error("lookarounds and named groups are not supported");
       }
       if (++depth_ > kMaxGrammarNesting) return Error("groups nest too deep");
-      ASSIGN_OR_RETURN(std::string inner, Alternation());
+      ASSIGN_OR_RETURN(int32_t inner, Alternation());
       --depth_;
       if (Peek() != ')') return Error("expected ')'");
       ++pos_;
-      return fmt::format("({})", inner.empty() ? std::string("\"\"") : inner);
+      return inner;
     }
     if (c == '[') return Class();
     if (c == '.') {
@@ -123,7 +188,7 @@ class RegexReader {
       CharSet s;
       s.AddRange('\n', '\n');
       s.Negate();
-      return write_(s);
+      return AddSet(std::move(s));
     }
     if (c == '*' || c == '+' || c == '?' || c == '{') return Error("nothing to repeat");
     CharSet s;
@@ -133,8 +198,7 @@ class RegexReader {
       ASSIGN_OR_RETURN(uint32_t cp, Utf8());
       s.AddRange(cp, cp);
     }
-    s.Normalize();
-    return write_(s);
+    return AddSet(std::move(s));
   }
 
   StatusOr<uint32_t> Utf8() {
@@ -205,7 +269,7 @@ class RegexReader {
     }
   }
 
-  StatusOr<std::string> Class() {
+  StatusOr<int32_t> Class() {
     ++pos_;
     CharSet s;
     const bool negate = Peek() == '^';
@@ -258,22 +322,392 @@ class RegexReader {
     }
     s.Normalize();
     if (negate) s.Negate();
-    return write_(s);
+    return AddSet(std::move(s));
   }
 
   std::string_view p_;
-  const CharSetWriter& write_;
+  RegexMatch how_;
+  Ast ast_;
   size_t pos_ = 0;
   int depth_ = 0;
   int quantifiers_ = 0;
 };
 
+// The pattern's GBNF: a set through the writer; groups in parentheses only where needed.
+class GbnfWriter {
+ public:
+  GbnfWriter(const Ast& ast, const CharSetWriter& w) : ast_(ast), write_(w) {}
+
+  std::string Write(int32_t id) const {
+    const Node& n = ast_.nodes[id];
+    switch (n.kind) {
+      case Node::Kind::kSet:
+        return write_(n.set);
+      case Node::Kind::kSeq: {
+        std::string out;
+        for (int32_t k : n.kids) {
+          const std::string e = Write(k);
+          if (!e.empty()) out += (out.empty() ? "" : " ") + e;
+        }
+        return out;
+      }
+      case Node::Kind::kAlt: {
+        std::string out = "(";
+        for (size_t i = 0; i < n.kids.size(); ++i) out += (i ? " | " : "") + NonEmpty(Write(n.kids[i]));
+        return out + ")";
+      }
+      case Node::Kind::kRepeat: {
+        std::string inner = "(";
+        if (n.hi < 0 && Nullable(n.kids[0])) {
+          // (x)* with x able to match nothing is left-recursive in GBNF: repeat x's non-empty
+          // strings instead (the same language, as the empty copies add nothing).
+          const std::optional<std::string> ne = WriteNonEmpty(n.kids[0]);
+          if (!ne) return "";
+          return inner + *ne + ")*";
+        }
+        inner += NonEmpty(Write(n.kids[0]));
+        inner += ")";
+        if (n.lo == 0 && n.hi < 0) return inner + "*";
+        if (n.lo == 1 && n.hi < 0) return inner + "+";
+        if (n.lo == 0 && n.hi == 1) return inner + "?";
+        if (n.hi == n.lo) return fmt::format("{}{{{}}}", inner, n.lo);
+        if (n.hi < 0) return fmt::format("{}{{{},}}", inner, n.lo);
+        return fmt::format("{}{{{},{}}}", inner, n.lo, n.hi);
+      }
+    }
+    return "";
+  }
+
+  static std::string NonEmpty(std::string e) { return e.empty() ? "\"\"" : e; }
+
+  bool Nullable(int32_t id) const {
+    const Node& n = ast_.nodes[id];
+    switch (n.kind) {
+      case Node::Kind::kSet: return false;
+      case Node::Kind::kSeq: return std::all_of(n.kids.begin(), n.kids.end(), [&](int32_t k) { return Nullable(k); });
+      case Node::Kind::kAlt: return std::any_of(n.kids.begin(), n.kids.end(), [&](int32_t k) { return Nullable(k); });
+      case Node::Kind::kRepeat: return n.lo == 0 || Nullable(n.kids[0]);
+    }
+    return false;
+  }
+
+  // The node's strings but the empty one (nullopt: there are none).
+  std::optional<std::string> WriteNonEmpty(int32_t id) const {
+    const Node& n = ast_.nodes[id];
+    if (!Nullable(id)) return Write(id);
+    std::vector<std::string> alts;
+    switch (n.kind) {
+      case Node::Kind::kSet:
+        break;
+      case Node::Kind::kSeq:
+        // Every part can be empty: the first non-empty one is part i, then the rest as they are.
+        for (size_t i = 0; i < n.kids.size(); ++i) {
+          const std::optional<std::string> first = WriteNonEmpty(n.kids[i]);
+          if (!first) continue;
+          std::string alt = *first;
+          for (size_t j = i + 1; j < n.kids.size(); ++j) {
+            const std::string e = Write(n.kids[j]);
+            if (!e.empty()) alt += " " + e;
+          }
+          alts.push_back(alt);
+        }
+        break;
+      case Node::Kind::kAlt:
+        for (int32_t k : n.kids) {
+          if (auto e = WriteNonEmpty(k)) alts.push_back(*e);
+        }
+        break;
+      case Node::Kind::kRepeat: {
+        // x{lo,hi} with x nullable is x's non-empty strings 0..hi times; x not nullable, lo == 0.
+        if (n.hi == 0) break;
+        const std::optional<std::string> x = Nullable(n.kids[0]) ? WriteNonEmpty(n.kids[0]) : Write(n.kids[0]);
+        if (!x) break;
+        const std::string inner = "(" + *x + ")";
+        alts.push_back(n.hi < 0 ? inner + "+" : n.hi == 1 ? inner : fmt::format("{}{{1,{}}}", inner, n.hi));
+        break;
+      }
+    }
+    if (alts.empty()) return std::nullopt;
+    if (alts.size() == 1) return alts[0];
+    std::string out = "(";
+    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+    return out + ")";
+  }
+
+ private:
+  const Ast& ast_;
+  const CharSetWriter& write_;
+};
+
+CharSet AllCodePoints() {
+  CharSet all;
+  all.AddRange(0, 0x10FFFF);
+  all.Normalize();
+  return all;
+}
+
+
+// Thompson's construction over the parsed pattern: sets on edges, epsilon moves, a cap on states.
+class Nfa {
+ public:
+  struct State {
+    std::vector<std::pair<int32_t, int32_t>> edges;  // (index into sets, to)
+    std::vector<int32_t> eps;
+    int32_t accepts = -1;  // the language this state completes
+  };
+  explicit Nfa(size_t max_states) : max_states_(max_states) {}
+
+  int32_t New() {
+    if (states_.size() >= max_states_) {
+      too_big_ = true;
+      return 0;
+    }
+    states_.push_back({});
+    return static_cast<int32_t>(states_.size()) - 1;
+  }
+  void Edge(int32_t from, const CharSet& set, int32_t to) {
+    sets_.push_back(set);
+    states_[from].edges.emplace_back(static_cast<int32_t>(sets_.size()) - 1, to);
+  }
+  void Eps(int32_t from, int32_t to) { states_[from].eps.push_back(to); }
+  void Loop(int32_t at) { Edge(at, AllCodePoints(), at); }
+
+  // The fragment for node `id` from state `from`; returns its exit.
+  int32_t Build(const Ast& ast, int32_t id, int32_t from) {
+    if (too_big_) return from;
+    const Node& n = ast.nodes[id];
+    switch (n.kind) {
+      case Node::Kind::kSet: {
+        const int32_t to = New();
+        if (!too_big_) Edge(from, n.set, to);
+        return to;
+      }
+      case Node::Kind::kSeq:
+        for (int32_t k : n.kids) from = Build(ast, k, from);
+        return from;
+      case Node::Kind::kAlt: {
+        const int32_t end = New();
+        for (int32_t k : n.kids) {
+          const int32_t start = New();
+          if (too_big_) return from;
+          Eps(from, start);
+          Eps(Build(ast, k, start), end);
+        }
+        return end;
+      }
+      case Node::Kind::kRepeat: {
+        for (int32_t i = 0; i < n.lo && !too_big_; ++i) from = Build(ast, n.kids[0], from);
+        if (n.hi < 0) {
+          const int32_t loop = New();
+          if (too_big_) return from;
+          Eps(from, loop);
+          Eps(Build(ast, n.kids[0], loop), loop);
+          return loop;
+        }
+        const int32_t out = New();
+        if (too_big_) return from;
+        Eps(from, out);
+        for (int32_t i = n.lo; i < n.hi && !too_big_; ++i) {
+          from = Build(ast, n.kids[0], from);
+          if (!too_big_) Eps(from, out);
+        }
+        return out;
+      }
+    }
+    return from;
+  }
+
+  bool too_big() const { return too_big_; }
+  const std::vector<State>& states() const { return states_; }
+  std::vector<State>& states() { return states_; }
+  const std::vector<CharSet>& sets() const { return sets_; }
+
+ private:
+  size_t max_states_;
+  bool too_big_ = false;
+  std::vector<State> states_;
+  std::vector<CharSet> sets_;
+};
+
+std::vector<std::pair<uint32_t, uint32_t>> Ranges(const CharSet& s) {
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  for (uint32_t c = 0; c < 128; ++c) {
+    if (!s.Contains(c)) continue;
+    if (!out.empty() && out.back().second + 1 == c) {
+      out.back().second = c;
+    } else {
+      out.emplace_back(c, c);
+    }
+  }
+  for (const auto& r : s.high) {
+    if (!out.empty() && out.back().second + 1 == r.first) {
+      out.back().second = r.second;
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-StatusOr<std::string> RegexToGbnf(std::string_view pattern, const CharSetWriter& write_set) {
-  RegexReader r(pattern, write_set);
-  ASSIGN_OR_RETURN(std::string e, r.Read());
-  return e.empty() ? std::string("\"\"") : e;
+StatusOr<std::string> RegexToGbnf(std::string_view pattern, const CharSetWriter& write_set, RegexMatch how) {
+  ASSIGN_OR_RETURN(Ast ast, RegexReader(pattern, how).Read());
+  const GbnfWriter w(ast, write_set);
+  std::string any = "(";
+  any += write_set(AllCodePoints());
+  any += ")*";
+  std::vector<std::string> alts;
+  for (const Branch& b : ast.branches) {
+    std::string e = w.Write(b.node);
+    if (how == RegexMatch::kSearch) {
+      if (!b.start_anchored) e = e.empty() ? any : any + " " + e;
+      if (!b.end_anchored && !(e == any)) e = e.empty() ? any : e + " " + any;
+    }
+    alts.push_back(GbnfWriter::NonEmpty(e));
+  }
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+StatusOr<Dfa> BuildDfa(const std::vector<DfaLanguage>& languages, size_t max_states) {
+  if (languages.size() > 32) return InvalidArgument("more than 32 patterns to combine");
+  Nfa nfa(max_states * 16);
+  const int32_t start = nfa.New();
+  for (size_t li = 0; li < languages.size(); ++li) {
+    const DfaLanguage& lang = languages[li];
+    const int32_t from = nfa.New();
+    nfa.Eps(start, from);
+    std::vector<int32_t> ends;
+    if (lang.words) {
+      for (const std::string& w : *lang.words) {
+        int32_t at = from;
+        for (size_t i = 0; i < w.size() && !nfa.too_big();) {
+          const unsigned char b = static_cast<unsigned char>(w[i]);
+          const int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+          uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
+          for (int k = 1; k < len && i + k < w.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(w[i + k]) & 0x3F);
+          i += len;
+          CharSet one;
+          one.AddRange(cp, cp);
+          one.Normalize();
+          const int32_t next = nfa.New();
+          if (!nfa.too_big()) nfa.Edge(at, one, next);
+          at = next;
+        }
+        ends.push_back(at);
+      }
+    } else {
+      ASSIGN_OR_RETURN(Ast ast, RegexReader(lang.pattern, lang.how).Read());
+      for (const Branch& b : ast.branches) {
+        int32_t at = nfa.New();
+        if (nfa.too_big()) break;
+        nfa.Eps(from, at);
+        if (lang.how == RegexMatch::kSearch && !b.start_anchored) nfa.Loop(at);
+        at = nfa.Build(ast, b.node, at);
+        if (lang.how == RegexMatch::kSearch && !b.end_anchored) {
+          const int32_t tail = nfa.New();
+          if (nfa.too_big()) break;
+          nfa.Eps(at, tail);
+          nfa.Loop(tail);
+          at = tail;
+        }
+        ends.push_back(at);
+      }
+    }
+    if (nfa.too_big()) break;
+    const int32_t accept = nfa.New();
+    if (nfa.too_big()) break;
+    for (int32_t e : ends) nfa.Eps(e, accept);
+    nfa.states()[accept].accepts = static_cast<int32_t>(li);
+  }
+  if (nfa.too_big()) return InvalidArgument("the patterns together need more than {} automaton states", max_states * 16);
+
+  // The alphabet in intervals no set splits; each set as the intervals it covers.
+  std::vector<uint32_t> cuts = {0};
+  for (const CharSet& set : nfa.sets()) {
+    for (const auto& [lo, hi] : Ranges(set)) {
+      cuts.push_back(lo);
+      cuts.push_back(hi + 1);
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  while (!cuts.empty() && cuts.back() > 0x10FFFF) cuts.pop_back();
+  auto interval_end = [&](size_t j) { return j + 1 < cuts.size() ? cuts[j + 1] - 1 : 0x10FFFF; };
+  std::vector<std::vector<int32_t>> covers(nfa.sets().size());
+  for (size_t k = 0; k < nfa.sets().size(); ++k) {
+    for (const auto& [lo, hi] : Ranges(nfa.sets()[k])) {
+      for (size_t j = std::lower_bound(cuts.begin(), cuts.end(), lo) - cuts.begin(); j < cuts.size() && cuts[j] <= hi; ++j) {
+        covers[k].push_back(static_cast<int32_t>(j));
+      }
+    }
+  }
+
+  const auto& ns = nfa.states();
+  auto closure = [&](std::vector<int32_t> set) {
+    std::vector<int32_t> stack = set;
+    std::vector<bool> seen(ns.size(), false);
+    for (int32_t s : set) seen[s] = true;
+    while (!stack.empty()) {
+      const int32_t s = stack.back();
+      stack.pop_back();
+      for (int32_t t : ns[s].eps) {
+        if (!seen[t]) seen[t] = true, set.push_back(t), stack.push_back(t);
+      }
+    }
+    std::sort(set.begin(), set.end());
+    return set;
+  };
+  // Subset construction, with a budget of work proportional to the states allowed.
+  Dfa dfa;
+  std::map<std::vector<int32_t>, int32_t> ids;
+  std::vector<std::vector<int32_t>> pending;
+  auto id_of = [&](std::vector<int32_t> set) -> int32_t {
+    auto [it, added] = ids.emplace(std::move(set), static_cast<int32_t>(dfa.states.size()));
+    if (added) {
+      dfa.states.push_back({});
+      for (int32_t s : it->first) {
+        if (ns[s].accepts >= 0) dfa.states.back().accepts |= uint32_t{1} << ns[s].accepts;
+      }
+      pending.push_back(it->first);
+    }
+    return it->second;
+  };
+  id_of(closure({start}));
+  int64_t work = 0;
+  const int64_t work_limit = static_cast<int64_t>(max_states) * 20000;
+  std::vector<std::vector<int32_t>> targets(cuts.size());
+  for (size_t d = 0; d < pending.size(); ++d) {
+    if (dfa.states.size() > max_states || work > work_limit) {
+      return InvalidArgument("the patterns together need more than {} automaton states", max_states);
+    }
+    const std::vector<int32_t> set = pending[d];
+    for (auto& t : targets) t.clear();
+    for (int32_t s : set) {
+      for (const auto& [k, to] : ns[s].edges) {
+        work += static_cast<int64_t>(covers[k].size());
+        for (int32_t j : covers[k]) targets[j].push_back(to);
+      }
+    }
+    // Complete: a code point no state reads leads to the empty set, a state no language accepts
+    // from (which a grammar of the strings no pattern matches needs).
+    std::map<int32_t, CharSet> by_target;
+    for (size_t j = 0; j < cuts.size(); ++j) {
+      std::sort(targets[j].begin(), targets[j].end());
+      targets[j].erase(std::unique(targets[j].begin(), targets[j].end()), targets[j].end());
+      work += static_cast<int64_t>(targets[j].size());
+      const int32_t to = id_of(closure(targets[j]));
+      by_target[to].AddRange(cuts[j], interval_end(j));
+    }
+    for (auto& [to, chars] : by_target) {
+      chars.Normalize();
+      dfa.states[d].edges.push_back({std::move(chars), to});
+    }
+  }
+  return dfa;
 }
 
 }  // namespace gale::grammar

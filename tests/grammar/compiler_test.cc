@@ -198,5 +198,23 @@ TEST(GrammarCompiler, AConstraintAfterTheThought) {
   EXPECT_TRUE(test::AcceptsText(*p, "{\"a\":1}"));
 }
 
+// Open objects (JSON Schema's reading of a schema without additionalProperties) are another
+// grammar: other keys pass, a declared one keeps its schema.
+TEST(GrammarCompiler, OpenObjectsAreTheirOwnGrammar) {
+  GrammarCompiler c(test::ByteTrie());
+  Constraint closed{Constraint::Kind::kJsonSchema, R"({"properties":{"a":{"type":"integer"}}})", ""};
+  Constraint open = closed;
+  open.objects = ObjectKeys::kOpen;
+  auto gc = c.Compile(closed);
+  auto go = c.Compile(open);
+  ASSERT_TRUE(gc.ok() && go.ok());
+  EXPECT_NE(gc->get(), go->get());
+  EXPECT_FALSE(test::AcceptsText(*gc, "{\"a\":1,\"b\":[true]}"));
+  EXPECT_TRUE(test::AcceptsText(*go, "{\"a\":1,\"b\":[true]}"));
+  EXPECT_TRUE(test::AcceptsText(*go, "{\"b\":\"x\"}"));
+  EXPECT_FALSE(test::AcceptsText(*go, "{\"a\":\"x\"}"));
+  EXPECT_FALSE(test::AcceptsText(*go, "{\"b\":1,\"a\":\"x\"}"));
+}
+
 }  // namespace
 }  // namespace gale::grammar

@@ -290,9 +290,64 @@ TEST(Regex, TranslatesTheCommonSyntax) {
   EXPECT_TRUE(re("[A-Z][a-z]*?\\w{0,2}", "Abc_9"));
   EXPECT_TRUE(re("x|", ""));
   EXPECT_TRUE(re("[\\-+]?\\u0041\\x42", "-AB"));
+  // Repetitions of what can be empty (left-recursive if written as they stand).
+  EXPECT_TRUE(re("(a*)*b", "aab"));
+  EXPECT_TRUE(re("(a*)*b", "b"));
+  EXPECT_TRUE(re("([a-z]*|x?)+", ""));
+  EXPECT_TRUE(re("(a?b?)*c", "abbac"));
+  EXPECT_FALSE(re("(a?b?)*c", "abd"));
+  EXPECT_TRUE(re("^(https?://)?([a-z.-]+)\\.([a-z.]{2,6})([/\\w .-]*)*/?$", "http://x.org/a b/c"));
   for (const char* bad : {"(a", "a)", "(?=a)", "\\1", "a**b{", "\\bx", "a^b", "[b-a]"}) {
     EXPECT_FALSE(RegexToGbnf(bad, CharSetGbnf).ok()) << bad;
   }
+}
+
+TEST(Regex, SearchMatchesAnywhereUnlessAnchored) {
+  auto re = [](const std::string& pattern, const std::string& text) {
+    auto e = RegexToGbnf(pattern, CharSetGbnf, RegexMatch::kSearch);
+    EXPECT_TRUE(e.ok()) << pattern << ": " << e.status().message();
+    return e.ok() && Matches("root ::= " + *e, text);
+  };
+  EXPECT_TRUE(re("\\d{3}", "ab123cd"));
+  EXPECT_FALSE(re("\\d{3}", "ab12cd"));
+  EXPECT_TRUE(re("^ab", "abz"));
+  EXPECT_FALSE(re("^ab", "zab"));
+  EXPECT_TRUE(re("ab$", "zab"));
+  EXPECT_FALSE(re("ab$", "abz"));
+  EXPECT_TRUE(re("^x$|y", "zyz"));
+  EXPECT_FALSE(re("^x$|y", "xx"));
+  EXPECT_TRUE(re("", "anything"));
+  EXPECT_FALSE(RegexToGbnf("(a$)", CharSetGbnf, RegexMatch::kSearch).ok());
+  EXPECT_TRUE(RegexToGbnf("(a$)", CharSetGbnf).ok());
+}
+
+// The automaton of several languages at once: each state says which hold for the text read.
+TEST(Regex, AutomatonReadsSeveralLanguagesAtOnce) {
+  auto dfa = BuildDfa({DfaLanguage{"^a+$", RegexMatch::kSearch, std::nullopt}, DfaLanguage{"b", RegexMatch::kSearch, std::nullopt},
+                       DfaLanguage{"", RegexMatch::kWhole, std::vector<std::string>{"ab", "\xC3\xA9"}}},
+                      100);
+  ASSERT_TRUE(dfa.ok()) << dfa.status().message();
+  auto accepts = [&](const std::string& text) {
+    int32_t q = 0;
+    for (unsigned char c : text) {  // ASCII texts and U+00E9 (C3 A9)
+      if (c == 0xC3) continue;
+      const uint32_t cp = c == 0xA9 ? 0xE9 : c;
+      int32_t to = -1;
+      for (const Dfa::Edge& e : dfa->states[q].edges) {
+        if (e.chars.Contains(cp)) to = e.to;
+      }
+      if (to < 0) return uint32_t{0};
+      q = to;
+    }
+    return dfa->states[q].accepts;
+  };
+  EXPECT_EQ(accepts("aaa"), 1u);
+  EXPECT_EQ(accepts("ab"), 6u);
+  EXPECT_EQ(accepts("xbx"), 2u);
+  EXPECT_EQ(accepts("\xC3\xA9"), 4u);
+  EXPECT_EQ(accepts(""), 0u);
+  EXPECT_EQ(accepts("c"), 0u);
+  EXPECT_FALSE(BuildDfa({DfaLanguage{"(a|b)*a(a|b){12}", RegexMatch::kWhole, std::nullopt}}, 100).ok());  // 2^13 states
 }
 
 TEST(Regex, InsideJsonStringsQuotesAndControlsAreEscaped) {
