@@ -8,8 +8,12 @@
 // only in whitespace is the same document; nothing else about it changes.
 //
 // Usage: build/maskbench [path/to/maskbench-all.jsonl.gz] [--json out.json] [--limit N] [--threads N]
-// (MASKBENCH_LIST=1 in the environment lists the schemas that accepted an invalid instance;
-// MASKBENCH_ERRORS=TEXT those refused with TEXT in the message)
+//        [--objects closed|open]
+// --objects: how an object schema without additionalProperties is read: closed (the server's
+// default, as llama.cpp and XGrammar's strict mode) or open (JSON Schema's rule, which the
+// benchmark's instances follow; a request asks for it with json_schema's "strict": false).
+// (MASKBENCH_LIST=1 in the environment lists the schemas that accepted an invalid instance or
+// rejected a valid one; MASKBENCH_ERRORS=TEXT those refused with TEXT in the message)
 // (default path: ../shared/bench/maskbench/maskbench-all.jsonl.gz beside the source tree).
 #include <algorithm>
 #include <atomic>
@@ -55,17 +59,19 @@ struct Result {
   std::string id;
   bool compiled = false, valid_rejected = false, invalid_accepted = false;
   std::string accepted;  // an invalid instance accepted (the first)
+  std::string rejected;  // a valid instance rejected (the first)
   double compile_ms = 0;
   std::string error;  // the compile error's message
 };
 
-Result Run(const std::shared_ptr<const grammar::TokenTrie>& trie, const std::string& line) {
+Result Run(const std::shared_ptr<const grammar::TokenTrie>& trie, const std::string& line, grammar::ObjectKeys objects) {
   Result r;
   const Json row = Json::parse(line);
   r.id = row["id"].get<std::string>();
   // One compiler per schema: nothing cached between them.
   grammar::GrammarCompiler compiler(trie, 1);
-  const grammar::Constraint c{grammar::Constraint::Kind::kJsonSchema, row["schema_text"].get<std::string>(), ""};
+  grammar::Constraint c{grammar::Constraint::Kind::kJsonSchema, row["schema_text"].get<std::string>(), ""};
+  c.objects = objects;
   const auto t0 = std::chrono::steady_clock::now();
   auto g = compiler.Compile(c);
   r.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -76,7 +82,10 @@ Result Run(const std::shared_ptr<const grammar::TokenTrie>& trie, const std::str
   r.compiled = true;
   for (const Json& t : row["tests"]) {
     const bool ok = Accepts(*g, Compact(t["text"].get<std::string>()));
-    if (t["valid"].get<bool>() && !ok) r.valid_rejected = true;
+    if (t["valid"].get<bool>() && !ok && !r.valid_rejected) {
+      r.valid_rejected = true;
+      r.rejected = t["text"].get<std::string>();
+    }
     if (!t["valid"].get<bool>() && ok && !r.invalid_accepted) {
       r.invalid_accepted = true;
       r.accepted = t["text"].get<std::string>();
@@ -96,9 +105,17 @@ int Main(int argc, char** argv) {
   std::string json_out;
   size_t limit = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  grammar::ObjectKeys objects = grammar::ObjectKeys::kClosed;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) {
+    if (a == "--objects" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "open" && v != "closed") {
+        fmt::print(stderr, "--objects takes open or closed\n");
+        return 1;
+      }
+      objects = v == "open" ? grammar::ObjectKeys::kOpen : grammar::ObjectKeys::kClosed;
+    } else if (a == "--json" && i + 1 < argc) {
       json_out = argv[++i];
     } else if (a == "--limit" && i + 1 < argc) {
       limit = std::stoul(argv[++i]);
@@ -137,7 +154,7 @@ int Main(int argc, char** argv) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
-      for (size_t i; (i = next++) < rows.size();) results[i] = Run(trie, rows[i]);
+      for (size_t i; (i = next++) < rows.size();) results[i] = Run(trie, rows[i], objects);
     });
   }
   for (auto& t : pool) t.join();
@@ -179,7 +196,9 @@ int Main(int argc, char** argv) {
     passing += !r.valid_rejected && !r.invalid_accepted;
   }
   const size_t n = rows.size();
-  fmt::print("MaskBench: {} schemas ({}), {:.0f} s on {} threads\n", n, path, wall_s, threads);
+  const char* mode = objects == grammar::ObjectKeys::kOpen ? "open" : "closed";
+  fmt::print("MaskBench: {} schemas ({}), objects without additionalProperties {}, {:.0f} s on {} threads\n", n, path,
+             mode, wall_s, threads);
   fmt::print("| engine | passing | compile errors | a valid instance rejected | an invalid instance accepted |\n");
   fmt::print("|---|---|---|---|---|\n");
   fmt::print("| gale | {} | {} | {} | {} |\n", passing, n - compiled, valid_rejected, invalid_accepted);
@@ -196,8 +215,13 @@ int Main(int argc, char** argv) {
   fmt::print("most frequent compile errors:\n");
   for (size_t i = 0; i < std::min<size_t>(20, top.size()); ++i) fmt::print("  {:5} {}\n", top[i].first, top[i].second);
   if (std::getenv("MASKBENCH_LIST") != nullptr) {
+    std::vector<std::pair<double, std::string>> slow;
+    for (const Result& r : results) slow.emplace_back(r.compile_ms, r.id);
+    std::sort(slow.rbegin(), slow.rend());
+    for (size_t i = 0; i < std::min<size_t>(15, slow.size()); ++i) fmt::print("slow: {:.1f} ms {}\n", slow[i].first, slow[i].second);
     for (const Result& r : results) {
       if (r.invalid_accepted) fmt::print("invalid accepted: {}: {}\n", r.id, r.accepted.substr(0, 200));
+      if (r.valid_rejected) fmt::print("valid rejected: {}: {}\n", r.id, Json(r.rejected.substr(0, 300)).dump(-1, ' ', false, Json::error_handler_t::replace));
     }
   }
   if (const char* want = std::getenv("MASKBENCH_ERRORS"); want != nullptr) {
@@ -207,6 +231,7 @@ int Main(int argc, char** argv) {
   }
   if (!json_out.empty()) {
     Json j = {{"schemas", n},
+              {"objects", mode},
               {"passing", passing},
               {"compile_errors", n - compiled},
               {"valid_rejected", valid_rejected},

@@ -142,6 +142,9 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
         return Bad("response_format", "'json_schema.schema' must be a JSON Schema object");
       }
       if (auto e = set("response_format", Kind::kJsonSchema, schema_text(js["schema"]))) return e;
+      // "strict": false asks for the schema as JSON Schema reads it: an object without
+      // additionalProperties takes other keys too (strict, or no word, closes it).
+      if (js.contains("strict") && js["strict"] == false) r->constraint->objects = grammar::ObjectKeys::kOpen;
     } else if (type == "json_object") {
       // llama-server takes a schema here too.
       if (has(rf, "schema")) {

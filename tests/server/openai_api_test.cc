@@ -44,6 +44,15 @@ TEST(OpenAiRequest, StructuredOutputFields) {
   EXPECT_EQ(kind(R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": "object", "b": 1, "a": 2}}})"),
             k(Kind::kJsonSchema) + R"(:{"type":"object","b":1,"a":2})");
   EXPECT_EQ(kind(R"("response_format": {"type": "text"})"), "none");
+  // "strict": false reads objects without additionalProperties as JSON Schema does (open).
+  auto objects = [&](const std::string& strict) {
+    auto r = parse(R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", )" + strict +
+                   R"("schema": {"type": "object"}}})");
+    return std::get<CompletionRequest>(r).constraint->objects;
+  };
+  EXPECT_EQ(objects(R"("strict": false, )"), grammar::ObjectKeys::kOpen);
+  EXPECT_EQ(objects(R"("strict": true, )"), grammar::ObjectKeys::kClosed);
+  EXPECT_EQ(objects(""), grammar::ObjectKeys::kClosed);
   EXPECT_EQ(kind(R"("guided_json": "{\"type\": \"integer\"}")"), k(Kind::kJsonSchema) + R"(:{"type":"integer"})");
   EXPECT_EQ(kind(R"("guided_regex": "a+")"), k(Kind::kRegex) + ":a+");
   EXPECT_EQ(kind(R"("guided_choice": ["x", "y"])"), k(Kind::kChoice) + R"(:["x","y"])");
