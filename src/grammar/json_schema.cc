@@ -334,7 +334,11 @@ class Converter {
       return UsePrimitive("value");
     }
     if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
-    for (const char* kw : {"multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    if (s.contains("not")) {
+      ASSIGN_OR_RETURN(Json folded, FoldNot(s, path));
+      return VisitInner(folded, hint, path);
+    }
+    for (const char* kw : {"multipleOf", "if", "then", "else", "dependentRequired", "dependentSchemas",
                            "dependencies", "minProperties", "maxProperties", "contains",
                            "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
@@ -365,6 +369,58 @@ class Converter {
     }
     if (s.contains("allOf")) return AllOfRule(s, hint, path);
     return TypedRule(s, hint, path);
+  }
+
+  // The schema with its `not` folded into keywords a grammar has, for the forms that allow it:
+  // not of a schema every value matches ({} or true): nothing; not of false: nothing added;
+  // not not X: X as well; not {type}: the other types; not {required: [k]}: no key k. Other forms
+  // are refused.
+  StatusOr<Json> FoldNot(const Json& s, const std::string& path) {
+    Json out = s;
+    const Json n = out["not"];
+    out.erase("not");
+    if (n.is_boolean()) {
+      if (n.get<bool>()) return MatchesNothing(path, "'not' of a schema every value matches");
+      return out;
+    }
+    if (!n.is_object()) return Error(path, "'not' must be a schema");
+    std::set<std::string> keys;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (it.key() != "description" && it.key() != "title" && it.key() != "$comment") keys.insert(it.key());
+    }
+    if (keys.empty()) return MatchesNothing(path, "'not' of a schema every value matches");
+    if (keys == std::set<std::string>{"not"}) return Both(out, n["not"]);
+    if (keys == std::set<std::string>{"type"}) {
+      const unsigned left = Kinds(out) & ~TypeKinds(n["type"]);
+      if (left == 0) return MatchesNothing(path, "'not' excludes every type the schema allows");
+      if ((left & 6) == 4) return Error(path, "'not' leaving numbers that are not integers is not supported");
+      Json types = Json::array();
+      for (const auto& [bits, name] : std::vector<std::pair<unsigned, const char*>>{
+               {1, "string"}, {6, "number"}, {2, "integer"}, {8, "boolean"}, {16, "null"}, {32, "object"}, {64, "array"}}) {
+        if ((left & bits) == bits && !(bits == 2 && (left & 4))) types.push_back(name);
+      }
+      out["type"] = types.size() == 1 ? types[0] : types;
+      return out;
+    }
+    if (keys == std::set<std::string>{"required"} && n["required"].is_array() && n["required"].size() == 1 &&
+        n["required"][0].is_string()) {
+      const std::string k = n["required"][0].get<std::string>();
+      const unsigned kinds = Kinds(out);
+      if (out.contains("required") && out["required"].is_array()) {
+        for (const Json& r : out["required"]) {
+          if (r == k) return MatchesNothing(path, fmt::format("'{}' is both required and, by 'not', absent", k));
+        }
+      }
+      // An object that took any key still does (but k): declaring k must not close it.
+      if (!out.contains("properties") && !out.contains("additionalProperties")) out["additionalProperties"] = true;
+      if (!out.contains("properties")) out["properties"] = Json::object();
+      out["properties"][k] = false;
+      // A value that is no object passes {required} (it applies to objects only), so fails 'not'.
+      if (!(kinds & 32)) return MatchesNothing(path, "'not' of 'required' leaves only objects");
+      out["type"] = "object";
+      return out;
+    }
+    return Error(path, "'not' is not supported (beyond not of: true, false, {{}}, not, type, one required key)");
   }
 
   // A $ref's rule, named before its target is visited so that a recursive schema refers to itself.

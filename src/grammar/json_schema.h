@@ -11,8 +11,8 @@
 //   format date, time, date-time, uuid, email, hostname, uri, ipv4, ipv6, uri-reference, iri,
 //   uri-template, duration (subsets of what those allow; other formats are plain strings), integer
 //   minimum / maximum / exclusiveMinimum / exclusiveMaximum, number minimum / maximum with integer
-//   bounds >= 0, nullable.
-// Refused: uniqueItems, multipleOf, not, if/then/else, dependent*, propertyNames,
+//   bounds >= 0, nullable, not (of true, false, {}, not X, a type, one required key).
+// Refused: uniqueItems, multipleOf, other forms of not, if/then/else, dependent*, propertyNames,
 // minProperties / maxProperties, and any other bound on numbers.
 // Properties are written in the schema's order. The JSON is compact: no whitespace between
 // tokens, one optional space before the value.

@@ -111,6 +111,13 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
        {R"({"x-id": "s"})", R"({"x-id": "s", "x-k": "t"})"}, {"{}", R"({"x-id": 1})"}},
       {R"({"patternProperties": {"^n": {"type": "integer"}}, "additionalProperties": {"type": "string"}})",
        {R"({"n1": 1, "s": "x"})", "{}"}, {R"({"n1": "x"})", R"({"s": 1})"}},
+      // 'not' where a grammar can say it: another type, a key absent, a double negation, nothing.
+      {R"({"not": {"type": "string"}})", {"1", "1.5", "true", "null", "[]", R"({"a": "s"})"}, {R"("s")"}},
+      {R"({"type": ["integer", "string"], "not": {"type": "number"}})", {R"("s")"}, {"1", "null"}},
+      {R"({"type": "object", "additionalProperties": true, "not": {"required": ["b"]}})", {R"({"a": 1})", "{}"}, {R"({"b": 1})", "[]"}},
+      {R"({"not": {"not": {"type": "integer", "minimum": 3}}})", {"3", "40"}, {"2", R"("a")"}},
+      {R"({"type": "object", "properties": {"x": {"not": {}}, "y": {"not": false, "type": "integer"}}, "additionalProperties": true})",
+       {"{}", R"({"y": 1})", R"({"z": 1})"}, {R"({"x": 1})", R"({"y": "s"})"}},
       {R"({"type": "object", "properties": {"id": {"type": "string"}}, "patternProperties": {".*": true}})",
        {R"({"id": "a", "other": [1]})"}, {R"({"id": 1})"}},
       // enum and const values of another type than the schema's match nothing.
