@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 namespace gale {
 
@@ -30,6 +31,17 @@ inline int Utf8CharLength(std::string_view s) {
     }
   }
   return len;
+}
+
+// The code point starting s[0] (s not empty) and its length in bytes. A byte that starts no valid
+// character is taken as itself, one byte long; check with Utf8CharLength where that matters.
+inline std::pair<uint32_t, int> Utf8Decode(std::string_view s) {
+  const int len = Utf8CharLength(s);
+  const auto c = static_cast<uint8_t>(s[0]);
+  if (len <= 1) return {c, 1};
+  uint32_t cp = len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+  for (int i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<uint8_t>(s[i]) & 0x3F);
+  return {cp, len};
 }
 
 }  // namespace gale

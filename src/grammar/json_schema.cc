@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "base/utf8.h"
 #include "grammar/regex.h"
 
 namespace gale::grammar {
@@ -807,9 +808,8 @@ class Converter {
     uint32_t Signature(const std::string& key) const {
       int32_t q = 0;
       for (size_t i = 0; i < key.size() && q >= 0;) {
-        const uint32_t cp = FirstCodePoint(key.substr(i));
-        const unsigned char b = static_cast<unsigned char>(key[i]);
-        i += b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+        const auto [cp, len] = Utf8Decode(std::string_view(key).substr(i));
+        i += static_cast<size_t>(len);
         int32_t to = -1;
         for (const Dfa::Edge& e : dfa.states[q].edges) {
           if (e.chars.Contains(cp)) to = e.to;

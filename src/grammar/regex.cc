@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "base/utf8.h"
+
 namespace gale::grammar {
 
 std::string JsonStringCharSet(const CharSet& s) {
@@ -549,82 +551,54 @@ std::vector<std::pair<uint32_t, uint32_t>> Ranges(const CharSet& s) {
   return out;
 }
 
-}  // namespace
-
-StatusOr<std::string> RegexToGbnf(std::string_view pattern, const CharSetWriter& write_set, RegexMatch how) {
-  ASSIGN_OR_RETURN(Ast ast, RegexReader(pattern, how).Read());
-  const GbnfWriter w(ast, write_set);
-  std::string any = "(";
-  any += write_set(AllCodePoints());
-  any += ")*";
-  std::vector<std::string> alts;
-  for (const Branch& b : ast.branches) {
-    std::string e = w.Write(b.node);
-    if (how == RegexMatch::kSearch) {
-      if (!b.start_anchored) e = e.empty() ? any : any + " " + e;
-      if (!b.end_anchored && !(e == any)) e = e.empty() ? any : e + " " + any;
+// Language li from state `from`: its words, or its pattern's branches (a searched side reads
+// anything first or after), all ending in one accepting state.
+Status AddLanguage(Nfa& nfa, const DfaLanguage& lang, int32_t from, int32_t li) {
+  std::vector<int32_t> ends;
+  if (lang.words) {
+    for (const std::string& w : *lang.words) {
+      int32_t at = from;
+      for (size_t i = 0; i < w.size() && !nfa.too_big();) {
+        const auto [cp, len] = Utf8Decode(std::string_view(w).substr(i));
+        i += static_cast<size_t>(len);
+        CharSet one;
+        one.AddRange(cp, cp);
+        one.Normalize();
+        const int32_t next = nfa.New();
+        if (!nfa.too_big()) nfa.Edge(at, one, next);
+        at = next;
+      }
+      ends.push_back(at);
     }
-    alts.push_back(GbnfWriter::NonEmpty(e));
+  } else {
+    ASSIGN_OR_RETURN(Ast ast, RegexReader(lang.pattern, lang.how).Read());
+    for (const Branch& b : ast.branches) {
+      int32_t at = nfa.New();
+      if (nfa.too_big()) break;
+      nfa.Eps(from, at);
+      if (lang.how == RegexMatch::kSearch && !b.start_anchored) nfa.Loop(at);
+      at = nfa.Build(ast, b.node, at);
+      if (lang.how == RegexMatch::kSearch && !b.end_anchored) {
+        const int32_t tail = nfa.New();
+        if (nfa.too_big()) break;
+        nfa.Eps(at, tail);
+        nfa.Loop(tail);
+        at = tail;
+      }
+      ends.push_back(at);
+    }
   }
-  if (alts.size() == 1) return alts[0];
-  std::string out = "(";
-  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
-  return out + ")";
+  if (nfa.too_big()) return Status::Ok();
+  const int32_t accept = nfa.New();
+  if (nfa.too_big()) return Status::Ok();
+  for (int32_t e : ends) nfa.Eps(e, accept);
+  nfa.states()[accept].accepts = li;
+  return Status::Ok();
 }
 
-StatusOr<Dfa> BuildDfa(const std::vector<DfaLanguage>& languages, size_t max_states) {
-  if (languages.size() > 32) return InvalidArgument("more than 32 patterns to combine");
-  Nfa nfa(max_states * 16);
-  const int32_t start = nfa.New();
-  for (size_t li = 0; li < languages.size(); ++li) {
-    const DfaLanguage& lang = languages[li];
-    const int32_t from = nfa.New();
-    nfa.Eps(start, from);
-    std::vector<int32_t> ends;
-    if (lang.words) {
-      for (const std::string& w : *lang.words) {
-        int32_t at = from;
-        for (size_t i = 0; i < w.size() && !nfa.too_big();) {
-          const unsigned char b = static_cast<unsigned char>(w[i]);
-          const int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
-          uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
-          for (int k = 1; k < len && i + k < w.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(w[i + k]) & 0x3F);
-          i += len;
-          CharSet one;
-          one.AddRange(cp, cp);
-          one.Normalize();
-          const int32_t next = nfa.New();
-          if (!nfa.too_big()) nfa.Edge(at, one, next);
-          at = next;
-        }
-        ends.push_back(at);
-      }
-    } else {
-      ASSIGN_OR_RETURN(Ast ast, RegexReader(lang.pattern, lang.how).Read());
-      for (const Branch& b : ast.branches) {
-        int32_t at = nfa.New();
-        if (nfa.too_big()) break;
-        nfa.Eps(from, at);
-        if (lang.how == RegexMatch::kSearch && !b.start_anchored) nfa.Loop(at);
-        at = nfa.Build(ast, b.node, at);
-        if (lang.how == RegexMatch::kSearch && !b.end_anchored) {
-          const int32_t tail = nfa.New();
-          if (nfa.too_big()) break;
-          nfa.Eps(at, tail);
-          nfa.Loop(tail);
-          at = tail;
-        }
-        ends.push_back(at);
-      }
-    }
-    if (nfa.too_big()) break;
-    const int32_t accept = nfa.New();
-    if (nfa.too_big()) break;
-    for (int32_t e : ends) nfa.Eps(e, accept);
-    nfa.states()[accept].accepts = static_cast<int32_t>(li);
-  }
-  if (nfa.too_big()) return InvalidArgument("the patterns together need more than {} automaton states", max_states * 16);
-
+// Subset construction over the code-point intervals no set splits, with a budget of work
+// proportional to the states allowed.
+StatusOr<Dfa> Determinize(const Nfa& nfa, int32_t start, size_t max_states) {
   // The alphabet in intervals no set splits; each set as the intervals it covers.
   std::vector<uint32_t> cuts = {0};
   for (const CharSet& set : nfa.sets()) {
@@ -708,6 +682,42 @@ StatusOr<Dfa> BuildDfa(const std::vector<DfaLanguage>& languages, size_t max_sta
     }
   }
   return dfa;
+}
+
+}  // namespace
+
+StatusOr<std::string> RegexToGbnf(std::string_view pattern, const CharSetWriter& write_set, RegexMatch how) {
+  ASSIGN_OR_RETURN(Ast ast, RegexReader(pattern, how).Read());
+  const GbnfWriter w(ast, write_set);
+  std::string any = "(";
+  any += write_set(AllCodePoints());
+  any += ")*";
+  std::vector<std::string> alts;
+  for (const Branch& b : ast.branches) {
+    std::string e = w.Write(b.node);
+    if (how == RegexMatch::kSearch) {
+      if (!b.start_anchored) e = e.empty() ? any : any + " " + e;
+      if (!b.end_anchored && !(e == any)) e = e.empty() ? any : e + " " + any;
+    }
+    alts.push_back(GbnfWriter::NonEmpty(e));
+  }
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+StatusOr<Dfa> BuildDfa(const std::vector<DfaLanguage>& languages, size_t max_states) {
+  if (languages.size() > 32) return InvalidArgument("more than 32 patterns to combine");
+  Nfa nfa(max_states * 16);
+  const int32_t start = nfa.New();
+  for (size_t li = 0; li < languages.size() && !nfa.too_big(); ++li) {
+    const int32_t from = nfa.New();
+    nfa.Eps(start, from);
+    RETURN_IF_ERROR(AddLanguage(nfa, languages[li], from, static_cast<int32_t>(li)));
+  }
+  if (nfa.too_big()) return InvalidArgument("the patterns together need more than {} automaton states", max_states * 16);
+  return Determinize(nfa, start, max_states);
 }
 
 }  // namespace gale::grammar
