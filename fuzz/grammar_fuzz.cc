@@ -76,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: {
       using gale::server::ToolCallFormat;
       for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                     ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kGptOss,
+                     ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kGptOss,
                      ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
         gale::server::ParseToolCalls(f, in);
         gale::server::MessageStream ms(f, true, in.size() % 2 == 0);

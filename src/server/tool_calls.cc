@@ -26,6 +26,9 @@ constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kXmlFunction = "<function=";
 constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
 constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_value>";
+constexpr std::string_view kMinimaxOpen = "<minimax:tool_call>", kMinimaxClose = "</minimax:tool_call>";
+constexpr std::string_view kInvoke = "<invoke name=", kInvokeEnd = "</invoke>";
+constexpr std::string_view kNamedParam = "<parameter name=", kParamEnd = "</parameter>";
 constexpr int kMaxArgumentDepth = 64;
 
 std::string_view Trim(std::string_view s) {
@@ -729,6 +732,83 @@ ParsedMessage ParseGlm(std::string_view text, const ToolParamTypes* types) {
   return out;
 }
 
+// A name as MiniMax writes it in a tag's attribute: trimmed, its quotes (double or single) removed.
+std::string_view Unquoted(std::string_view s) {
+  s = Trim(s);
+  if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+// One MiniMax parameter at s[i] (after white space): <parameter name="K">V</parameter>.
+Found NamedParam(std::string_view s, size_t i, std::string_view* key, std::string_view* value, size_t* end) {
+  i = SkipSpace(s, i);
+  if (Found f = Expect(s, &i, kNamedParam); f != Found::kYes) return f;
+  const size_t key_end = s.find('>', i);
+  if (key_end == std::string_view::npos) return Found::kNeedMore;
+  const size_t value_end = s.find(kParamEnd, key_end);
+  if (value_end == std::string_view::npos) return Found::kNeedMore;
+  *key = Unquoted(s.substr(i, key_end - i));
+  *value = Trim(s.substr(key_end + 1, value_end - key_end - 1));
+  *end = value_end + kParamEnd.size();
+  return key->empty() ? Found::kNo : Found::kYes;
+}
+
+// MiniMax-M2's call, the text between <invoke name= and </invoke>: the quoted name, then
+// parameters with white space between, each value converted by its declared type as glm45's are
+// (GlmValue). Anything else inside makes it no call.
+std::optional<ToolCall> CallFromInvoke(std::string_view inner, const ToolParamTypes* types) {
+  const size_t name_end = inner.find('>');
+  if (name_end == std::string_view::npos) return std::nullopt;
+  ToolCall call{std::string(Unquoted(inner.substr(0, name_end))), "", ""};
+  if (call.name.empty() || call.name.find_first_of("<>\n\"") != std::string::npos) return std::nullopt;
+  Json args = Json::object();
+  size_t pos = name_end + 1;
+  while (SkipSpace(inner, pos) < inner.size()) {
+    std::string_view key, value;
+    if (NamedParam(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
+    args[std::string(key)] = GlmValue(value, DeclaredType(types, call.name, std::string(key)));
+  }
+  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return call;
+}
+
+// MiniMax-M2: calls are <invoke>s inside <minimax:tool_call>...</minimax:tool_call> blocks; the
+// text around the blocks is content, and so is a block that does not parse whole or is cut off.
+ParsedMessage ParseMinimax(std::string_view text, const ToolParamTypes* types) {
+  ParsedMessage out;
+  size_t pos = 0;
+  while (true) {
+    const size_t start = text.find(kMinimaxOpen, pos);
+    const size_t close = start == std::string_view::npos ? start : text.find(kMinimaxClose, start);
+    if (close == std::string_view::npos) break;
+    out.content += text.substr(pos, start - pos);
+    const std::string_view inner = text.substr(start + kMinimaxOpen.size(), close - start - kMinimaxOpen.size());
+    const size_t next = close + kMinimaxClose.size();
+    std::vector<ToolCall> calls;
+    size_t i = 0;
+    bool whole = true;
+    while (whole && SkipSpace(inner, i) < inner.size()) {
+      i = SkipSpace(inner, i);
+      const size_t end = inner.find(kInvokeEnd, i);
+      std::optional<ToolCall> call;
+      if (Expect(inner, &i, kInvoke) == Found::kYes && end != std::string_view::npos) {
+        call = CallFromInvoke(inner.substr(i, end - i), types);
+      }
+      if (!call) whole = false;
+      if (call) calls.push_back(std::move(*call));
+      i = end == std::string_view::npos ? inner.size() : end + kInvokeEnd.size();
+    }
+    if (whole && !calls.empty()) {
+      for (ToolCall& c : calls) out.calls.push_back(std::move(c));
+    } else {
+      out.content += text.substr(start, next - start);
+    }
+    pos = next;
+  }
+  out.content += text.substr(pos);
+  return out;
+}
+
 // {"name": "X", "arguments" | "parameters": {   at s[i] (name first: otherwise the call goes whole
 // at the end).
 CallHeader WrapperHeader(std::string_view s, size_t i) {
@@ -825,6 +905,16 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
       h.glm = true;
       return h;
     }
+    case ToolCallFormat::kMinimaxM2: {
+      const size_t at = s.find(kInvoke, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      CallHeader h = NameUntil(s, at + kInvoke.size(), ">");
+      if (h.found != Found::kYes) return h;
+      h.name = std::string(Unquoted(h.name));
+      if (h.name.empty() || h.name.find('"') != std::string::npos) return NotYet(Found::kNo);
+      h.glm = true;  // parameter pairs, as glm45's
+      return h;
+    }
     case ToolCallFormat::kLlama3Json: {
       size_t i = SkipSpace(s, pos);
       while (i < s.size() && s[i] == ';') i = SkipSpace(s, i + 1);
@@ -896,11 +986,13 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
 std::span<const std::string_view> Markers(ToolCallFormat f) {
   static constexpr std::string_view kTagged[] = {kHermesOpen}, kQwenXml[] = {kHermesOpen, kXmlFunction},
                                     kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
-                                    kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="};
+                                    kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="},
+                                    kMinimax[] = {kMinimaxOpen};
   switch (f) {
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kGlm45: return kTagged;
     case ToolCallFormat::kQwen3Coder: return kQwenXml;
+    case ToolCallFormat::kMinimaxM2: return kMinimax;
     case ToolCallFormat::kLlama3Json: return kLlama;
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
@@ -929,6 +1021,7 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
     case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
     case ToolCallFormat::kGlm45: return "glm45";
+    case ToolCallFormat::kMinimaxM2: return "minimax_m2";
     case ToolCallFormat::kGptOss: return "gpt_oss";
     case ToolCallFormat::kFunctionary: return "functionary";
     case ToolCallFormat::kFunctionaryV32: return "functionary_v3_2";
@@ -938,18 +1031,19 @@ const char* ToolCallFormatName(ToolCallFormat f) {
 
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kGptOss,
+                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kGptOss,
                  ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
     if (name == ToolCallFormatName(f)) return f;
   }
   return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, "
-                         "glm45, gpt_oss, functionary, functionary_v3_2", name);
+                         "glm45, minimax_m2, gpt_oss, functionary, functionary_v3_2", name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
   if (src.find("<|channel|>") != std::string_view::npos) return ToolCallFormat::kGptOss;
   if (src.find(">>>all") != std::string_view::npos) return ToolCallFormat::kFunctionaryV32;
   if (src.find(kGlmKey) != std::string_view::npos) return ToolCallFormat::kGlm45;
+  if (src.find(kMinimaxOpen) != std::string_view::npos) return ToolCallFormat::kMinimaxM2;
   if (src.find("<function=") != std::string_view::npos && src.find("<tool_call>") != std::string_view::npos) {
     return ToolCallFormat::kQwen3Coder;
   }
@@ -1004,6 +1098,7 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const Tool
     case ToolCallFormat::kHermes: out = ParseTagged(text, /*xml=*/false, types); break;
     case ToolCallFormat::kQwen3Coder: out = ParseTagged(text, /*xml=*/true, types); break;
     case ToolCallFormat::kGlm45: out = ParseGlm(text, types); break;
+    case ToolCallFormat::kMinimaxM2: out = ParseMinimax(text, types); break;
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
     case ToolCallFormat::kMistral: out = ParseMistral(text); break;
     case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
@@ -1128,9 +1223,10 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         break;
       }
       case Scan::kGlmArguments: {
-        // As CallFromGlm reads them: key/value pairs until </tool_call>.
+        // As CallFromGlm (CallFromInvoke) reads them: key/value pairs until </tool_call> (</invoke>).
+        const bool minimax = *tools_ == ToolCallFormat::kMinimaxM2;
         size_t at = SkipSpace(s, scan_pos_);
-        const Found end = Expect(s, &at, kHermesClose);
+        const Found end = Expect(s, &at, minimax ? kInvokeEnd : kHermesClose);
         if (end == Found::kYes) {
           SendArguments(scan_any_param_ ? "}" : "{}", out);
           scan_pos_ = at;
@@ -1139,7 +1235,7 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         }
         std::string_view key, value;
         size_t next = 0;
-        const Found pair = GlmPair(s, scan_pos_, &key, &value, &next);
+        const Found pair = (minimax ? NamedParam : GlmPair)(s, scan_pos_, &key, &value, &next);
         if (pair == Found::kNeedMore || (pair == Found::kNo && end == Found::kNeedMore)) return;
         if (pair == Found::kNo) {
           scan_ = Scan::kStopped;
@@ -1307,11 +1403,11 @@ bool TypeListIsString(const Json& p) {
 // A tool's parameters as XML parameters, or nothing when the schema says more than XML can hold
 // (a string with a pattern, format or length, a union, a reference, keys beyond properties and
 // required): that tool's calls are then JSON inside <tool_call>, which the parser also takes.
-// glm: GLM's <arg_value>s instead, whose parser reads every value not declared a string as JSON:
-// a union or reference is then a JSON value (a nullable string, text); only a string with a
-// pattern, format or length has no form.
-std::optional<std::vector<XmlParam>> XmlParams(const Json& params, bool glm = false) {
-  const std::string_view value_end = glm ? kGlmValueEnd : std::string_view("\n</parameter>");
+// value_end: what ends a value (a text value must not contain it). glm: values as GLM's
+// <arg_value>s (and MiniMax's parameters) are read, every value not declared a string as JSON: a
+// union or reference is then a JSON value (a nullable string, text); only a string with a pattern,
+// format or length has no form. Names with <, >, a quote or a line break have none either.
+std::optional<std::vector<XmlParam>> XmlParams(const Json& params, std::string_view value_end, bool glm) {
   static const std::vector<std::string> kObjectKeys = {"type", "properties", "required", "additionalProperties",
                                                        "description", "title", "$schema"};
   static const std::vector<std::string> kNotes = {"description", "title", "default", "examples"};
@@ -1329,7 +1425,7 @@ std::optional<std::vector<XmlParam>> XmlParams(const Json& params, bool glm = fa
   std::vector<XmlParam> out;
   for (auto it = props.begin(); it != props.end(); ++it) {
     const Json& p = it.value();
-    if (!p.is_object() || it.key().empty() || it.key().find_first_of("<>\n") != std::string::npos) return std::nullopt;
+    if (!p.is_object() || it.key().empty() || it.key().find_first_of("<>\n\"") != std::string::npos) return std::nullopt;
     XmlParam x;
     x.name = it.key();
     x.required = std::find(required.begin(), required.end(), Json(it.key())) != required.end();
@@ -1451,12 +1547,17 @@ StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json
                                               ? fn["parameters"]
                                               : Json{{"type", "object"}, {"properties", Json::object()}},
                                           prefix, c.combined["$defs"]);
-    if (f == ToolCallFormat::kQwen3Coder || f == ToolCallFormat::kGlm45) {
-      c.xml.push_back(XmlParams(params, f == ToolCallFormat::kGlm45));
-      if (f == ToolCallFormat::kGlm45 && !c.xml.back()) {
-        return InvalidArgument("tool '{}': its parameters cannot be written as glm45's <arg_key>/<arg_value> pairs "
-                               "(a string with a pattern, format or length, or keys beyond properties and required)",
-                               fname);
+    if (f == ToolCallFormat::kQwen3Coder || f == ToolCallFormat::kGlm45 || f == ToolCallFormat::kMinimaxM2) {
+      const bool pairs = f != ToolCallFormat::kQwen3Coder;  // every value not a string is JSON
+      c.xml.push_back(XmlParams(params, f == ToolCallFormat::kGlm45   ? kGlmValueEnd
+                                        : f == ToolCallFormat::kMinimaxM2 ? kParamEnd
+                                                                          : std::string_view("\n</parameter>"),
+                                pairs));
+      if (pairs && (!c.xml.back() || fname.find_first_of("<>\n\"") != std::string::npos)) {
+        return InvalidArgument("tool '{}': its parameters cannot be written as {}'s key/value pairs (a string with a "
+                               "pattern, format or length, keys beyond properties and required, or a name with "
+                               "<, >, a quote or a line break)",
+                               fname, ToolCallFormatName(f));
       }
       for (size_t k = 0; c.xml.back() && k < c.xml.back()->size(); ++k) {
         const XmlParam& x = (*c.xml.back())[k];
@@ -1528,6 +1629,23 @@ std::string GlmCallBody(size_t i, const std::string& name, const std::vector<Xml
   return body;
 }
 
+// minimax_m2's call of tool i: <invoke name="NAME">, then each parameter in declaration order
+// (optional ones may be left out) as <parameter name="P">VALUE</parameter>, then </invoke>, a line
+// break after the opening tag and each parameter allowed (MiniMax-M2's template writes them).
+std::string InvokeCallBody(size_t i, const std::string& name, const std::vector<XmlParam>& params, std::string* rules) {
+  std::string body = grammar::GbnfLiteral(std::string(kInvoke) + "\"" + name + "\">") + " \"\\n\"?";
+  for (size_t k = 0; k < params.size(); ++k) {
+    const XmlParam& x = params[k];
+    const std::string rule = fmt::format("tool{}-m{}", i, k);
+    const std::string value = ParamValue(x, i, k, rule, std::string(kParamEnd), rules);
+    *rules += fmt::format("{} ::= {} {} {} \"\\n\"?\n", rule,
+                          grammar::GbnfLiteral(std::string(kNamedParam) + "\"" + x.name + "\">"), value,
+                          grammar::GbnfLiteral(kParamEnd));
+    body += " " + rule + (x.required ? "" : "?");
+  }
+  return body + " " + grammar::GbnfLiteral(kInvokeEnd);
+}
+
 // One call of tool i in the format's syntax, its arguments the rule tool<i>-params.
 std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const HarmonyTokens& h, std::string* rules) {
   const std::string& name = c.names[i];
@@ -1544,6 +1662,7 @@ std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const Har
       return h.channel + " " + grammar::GbnfLiteral("commentary to=functions." + name + " ") + " " + h.constrain + " " +
              grammar::GbnfLiteral("json") + " " + h.message + " " + args + " " + h.call;
     case ToolCallFormat::kGlm45: return GlmCallBody(i, name, *c.xml[i], rules);
+    case ToolCallFormat::kMinimaxM2: return InvokeCallBody(i, name, *c.xml[i], rules);
     case ToolCallFormat::kQwen3Coder:
       if (c.xml[i]) return XmlCallBody(i, name, *c.xml[i], rules);
       [[fallthrough]];
@@ -1576,6 +1695,10 @@ std::string RootRules(ToolCallFormat f, bool many) {
     case ToolCallFormat::kGlm45:
       return "tool_block ::= \"<tool_call>\" tool_call_one \"</tool_call>\"\n" +
              fmt::format("root ::= tool_block{}\n", many ? " (\"\\n\"? tool_block)" + more : "");
+    case ToolCallFormat::kMinimaxM2:  // several <invoke>s in one block, as the template writes them
+      return fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(std::string(kMinimaxOpen) + "\n"),
+                         many ? " (\"\\n\" tool_call_one)" + more : "",
+                         grammar::GbnfLiteral("\n" + std::string(kMinimaxClose)));
     case ToolCallFormat::kLlama3Json:
       return fmt::format("root ::= tool_call_one{}\n", many ? " (\";\" \" \"? tool_call_one)" + more : "");
     case ToolCallFormat::kMistral:

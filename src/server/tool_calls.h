@@ -11,6 +11,8 @@
 //   glm45        <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>value</arg_value>\n</tool_call> (GLM-4.5 to
 //                4.7, which writes no line breaks; Laguna): a value is text, or JSON where its
 //                parameter is not a string
+//   minimax_m2   <minimax:tool_call>\n<invoke name="name"><parameter name="p">value</parameter>...</invoke>
+//                ...</minimax:tool_call> (MiniMax-M2, M2.1): values as glm45's
 //   gpt_oss      OpenAI's harmony messages: <|channel|>analysis<|message|>... (reasoning),
 //                <|channel|>final<|message|>... (content), <|channel|>commentary to=functions.name
 //                <|constrain|>json<|message|>{...}<|call|> (a call); the control tokens must be in
@@ -40,7 +42,7 @@
 namespace gale::server {
 
 enum class ToolCallFormat {
-  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGlm45, kGptOss, kFunctionary, kFunctionaryV32
+  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGlm45, kMinimaxM2, kGptOss, kFunctionary, kFunctionaryV32
 };
 const char* ToolCallFormatName(ToolCallFormat f);
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
@@ -83,7 +85,7 @@ struct CallDelta {
 
 // Streams a message: Push gives what may be sent now as content or reasoning, and of the calls
 // their names as soon as they are written and their arguments as they grow (hermes, qwen3_coder
-// XML or JSON, glm45 (a parameter at a time), llama3_json, mistral, deepseek_v3, functionary;
+// XML or JSON, glm45 and minimax_m2 (a parameter at a time), llama3_json, mistral, deepseek_v3, functionary;
 // gpt_oss and functionary_v3_2 are taken apart at the end). Text that could be (the start of) a call is not content.
 class MessageStream {
  public:

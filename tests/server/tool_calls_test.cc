@@ -353,6 +353,112 @@ TEST(ToolCalls, Glm45ReadsWhatTheRealTemplatesWrite) {
   }
 }
 
+TEST(ToolCalls, MinimaxM2) {
+  const auto f = ToolCallFormat::kMinimaxM2;
+  // Text before a block of two calls (one without parameters), with the template's line breaks.
+  ExpectParsed(f,
+               "Let me check.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n"
+               "<parameter name=\"days\">3</parameter>\n</invoke>\n<invoke name=\"now\"></invoke>\n</minimax:tool_call>",
+               {"Let me check.", {{"get_weather", R"({"city":"Paris","days":3})"}, {"now", "{}"}}});
+  // Single quotes, no line breaks, two blocks; a Python dict is an object; values are trimmed.
+  ExpectParsed(f,
+               "<minimax:tool_call><invoke name='a'><parameter name='x'>[1, 2]</parameter></invoke></minimax:tool_call>"
+               "<minimax:tool_call><invoke name=\"b\"><parameter name=\"o\">\n{'k': True}\n</parameter></invoke>"
+               "</minimax:tool_call>",
+               {"", {{"a", R"({"x":[1,2]})"}, {"b", R"({"o":{"k":true}})"}}});
+  // Cut off before </minimax:tool_call>, or other text inside an invoke: no call, the text stays.
+  const std::string cut = "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">1";
+  ExpectParsed(f, cut, {cut, {}});
+  const std::string stray = "<minimax:tool_call><invoke name=\"f\">hello</invoke></minimax:tool_call>";
+  ExpectParsed(f, stray, {stray, {}});
+  EXPECT_EQ(*ParseToolCallFormat("minimax_m2"), f);
+  EXPECT_EQ(DetectToolCallFormat("{%- set t = '<minimax:tool_call>' -%}<invoke name=\"{{ n }}\">"), f);
+}
+
+TEST(ToolCalls, MinimaxM2RequiredCallIsItsOwnInvoke) {
+  const auto f = ToolCallFormat::kMinimaxM2;
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {
+          "query": {"type": "string"}, "limit": {"type": "integer"}, "zone": {"enum": ["utc", "local"]},
+          "near": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["query", "zone"]}}}])");
+  auto g = ToolCallGrammar(f, tools, "", /*parallel=*/true);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::string invoke = "<invoke name=\"find\">\n<parameter name=\"query\">best\npizza <b></parameter>\n"
+                             "<parameter name=\"limit\">3</parameter>\n<parameter name=\"zone\">local</parameter>\n"
+                             "<parameter name=\"near\">null</parameter>\n</invoke>";
+  const std::string call = "<minimax:tool_call>\n" + invoke + "\n</minimax:tool_call>";
+  EXPECT_TRUE(GrammarAccepts(*g, call));
+  EXPECT_TRUE(GrammarAccepts(*g, "<minimax:tool_call>\n" + invoke + "\n" + invoke + "\n</minimax:tool_call>"));
+  // A required parameter left out, a value off the enum or of the wrong type.
+  EXPECT_FALSE(GrammarAccepts(*g, "<minimax:tool_call>\n<invoke name=\"find\">\n<parameter name=\"query\">x</parameter>\n"
+                                  "</invoke>\n</minimax:tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<minimax:tool_call>\n<invoke name=\"find\"><parameter name=\"query\">x</parameter>"
+                                  "<parameter name=\"zone\">mars</parameter></invoke>\n</minimax:tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<minimax:tool_call>\n<invoke name=\"find\"><parameter name=\"query\">x</parameter>"
+                                  "<parameter name=\"limit\">many</parameter><parameter name=\"zone\">utc</parameter>"
+                                  "</invoke>\n</minimax:tool_call>"));
+  // Named: exactly one call.
+  auto one = ToolCallGrammar(f, tools, "find", /*parallel=*/true);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_TRUE(GrammarAccepts(*one, call));
+  EXPECT_FALSE(GrammarAccepts(*one, "<minimax:tool_call>\n" + invoke + "\n" + invoke + "\n</minimax:tool_call>"));
+  // What the grammar lets through parses back to arguments valid for the schema.
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const ParsedMessage p = ParseToolCalls(f, call, &types);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, R"({"query":"best\npizza <b>","limit":3,"zone":"local","near":null})");
+  // Streamed with the types, a parameter at a time: the same arguments.
+  MessageStream ms(f, false, false, false, std::make_shared<const ToolParamTypes>(types));
+  std::string streamed;
+  for (char c : call) {
+    const MessageStream::Delta d = ms.Push(std::string(1, c));
+    EXPECT_EQ(d.content, "");
+    for (const CallDelta& cd : d.calls) streamed += cd.arguments;
+  }
+  EXPECT_EQ(streamed, p.calls[0].arguments);
+  // A string with a format has no form: refused, naming the tool.
+  const auto mail = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "mail", "parameters": {
+      "type": "object", "properties": {"to": {"type": "string", "format": "email"}}}}}])");
+  auto refused = ToolCallGrammar(f, mail, "", false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'mail'"), std::string::npos) << refused.status().message();
+}
+
+// MiniMax-M2's own template (llama.cpp's models/templates, derived at set-up): the format is
+// detected, and a call it renders parses back to its arguments and is one the grammar allows.
+TEST(ToolCalls, MinimaxM2ReadsWhatTheRealTemplateWrites) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "days": {"type": "integer"}, "units": {"type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}])");
+  const auto args = nlohmann::ordered_json::parse(R"({"city": "São Paulo", "days": 3, "units": ["c"]})");
+  const std::string path = test::DataDir() + "/chat-templates/templates/MiniMax-M2.jinja";
+  GALE_SKIP_UNLESS_FILE(path);
+  std::ifstream in(path);
+  std::stringstream src;
+  src << in.rdbuf();
+  EXPECT_EQ(DetectToolCallFormat(src.str()), ToolCallFormat::kMinimaxM2);
+  auto tmpl = jinja::Template::Parse(src.str());
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+  nlohmann::ordered_json ctx = {{"tools", tools}, {"add_generation_prompt", false}};
+  ctx["messages"] = nlohmann::ordered_json::array(
+      {{{"role", "user"}, {"content", "Weather?"}},
+       {{"role", "assistant"}, {"content", ""},
+        {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}}}}}});
+  auto text = tmpl->Render(ctx);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  const size_t start = text->rfind("<minimax:tool_call>"), end = text->find("</minimax:tool_call>", start);
+  ASSERT_NE(end, std::string::npos) << *text;
+  const std::string rendered = text->substr(start, end + 20 - start);
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const ParsedMessage p = ParseToolCalls(ToolCallFormat::kMinimaxM2, rendered, &types);
+  ASSERT_EQ(p.calls.size(), 1u) << rendered;
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::ordered_json::parse(p.calls[0].arguments), args) << rendered;
+  auto g = ToolCallGrammar(ToolCallFormat::kMinimaxM2, tools, "get_weather", false);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(GrammarAccepts(*g, rendered)) << rendered;
+}
+
 TEST(ToolCalls, Llama3Json) {
   const auto f = ToolCallFormat::kLlama3Json;
   ExpectParsed(f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", {"", {{"get_weather", R"({"city":"Oslo"})"}}});
