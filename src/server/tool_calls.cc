@@ -40,6 +40,9 @@ std::string_view Trim(std::string_view s) {
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
+// Compact JSON text, invalid UTF-8 replaced (what a call's arguments are sent as).
+std::string JsonText(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
 // Where the JSON object or array starting at s[start] ends (one past its closing bracket), or
 // npos when it does not close.
 size_t JsonValueEnd(std::string_view s, size_t start) {
@@ -200,7 +203,7 @@ std::optional<Json> PythonLiteral(std::string_view text) {
         }
       }
       if (j >= text.size()) return std::nullopt;
-      out += Json(str).dump(-1, ' ', false, Json::error_handler_t::replace);
+      out += JsonText(Json(str));
       i = j + 1;
     } else if (std::isalpha(static_cast<unsigned char>(c))) {
       size_t j = i;
@@ -273,7 +276,7 @@ std::optional<ToolCall> CallFromXml(std::string_view text, const ToolParamTypes*
     args[key] = XmlValue(value, type);
     pos = next == closed ? closed + 12 : next;
   }
-  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  call.arguments = JsonText(args);
   return call;
 }
 
@@ -617,7 +620,7 @@ ParsedMessage ParseFunctionaryV32(std::string_view text) {
       if (a) {
         out.calls.push_back({std::string(recipient), *a, ""});
       } else if (recipient == "python" && !Trim(body).empty()) {
-        out.calls.push_back({"python", Json{{"code", std::string(body)}}.dump(-1, ' ', false, Json::error_handler_t::replace), ""});
+        out.calls.push_back({"python", JsonText(Json{{"code", std::string(body)}}), ""});
       } else {
         raw();
       }
@@ -706,7 +709,7 @@ std::optional<ToolCall> CallFromGlm(std::string_view inner, const ToolParamTypes
     if (GlmPair(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
     args[std::string(key)] = GlmValue(value, DeclaredType(types, call.name, std::string(key)));
   }
-  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  call.arguments = JsonText(args);
   return call;
 }
 
@@ -768,7 +771,7 @@ std::optional<ToolCall> CallFromInvoke(std::string_view inner, const ToolParamTy
     if (NamedParam(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
     args[std::string(key)] = GlmValue(value, DeclaredType(types, call.name, std::string(key)));
   }
-  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  call.arguments = JsonText(args);
   return call;
 }
 
@@ -868,6 +871,45 @@ CallHeader ObjectAt(CallHeader h, std::string_view s) {
 
 bool IsNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'; }
 
+// mistral's next call from s[pos]: [TOOL_CALLS]name[ARGS]{...}, or an array of {"name": ...,
+// "arguments": ...} after [TOOL_CALLS] (or leading the message: the marker is a control token);
+// inside the array (array), the next one after a comma.
+CallHeader MistralHeader(std::string_view s, size_t pos, bool first, bool array) {
+    size_t i = SkipSpace(s, pos);
+    if (array) {
+      if (i >= s.size()) return NotYet(Found::kNeedMore);
+      if (s[i] != ',') return NotYet(Found::kNo);  // ']': the array ends
+      CallHeader h = WrapperHeader(s, i + 1);
+      h.array = true;
+      return h;
+    }
+    const size_t at = s.find(kMistralCalls, pos);
+    if (size_t m = i; at == std::string_view::npos && Expect(s, &m, kMistralCalls) == Found::kNeedMore) {
+      return NotYet(Found::kNeedMore);  // the marker may be coming
+    }
+    if (at != std::string_view::npos) {
+      i = SkipSpace(s, at + kMistralCalls.size());
+    } else if (!first || i >= s.size() || s[i] != '[') {
+      return NotYet(Found::kNeedMore);
+    }
+    if (i >= s.size()) return NotYet(Found::kNeedMore);
+    if (s[i] == '[') {
+      CallHeader h = WrapperHeader(s, i + 1);
+      h.array = true;
+      return h;
+    }
+    size_t e = i;
+    while (e < s.size() && IsNameChar(s[e])) ++e;
+    if (e >= s.size()) return NotYet(Found::kNeedMore);
+    if (e == i) return NotYet(Found::kNo);
+    CallHeader h;
+    h.found = Found::kYes;
+    h.name = std::string(s.substr(i, e - i));
+    h.next = SkipSpace(s, e);
+    if (Found a = Expect(s, &h.next, kMistralArgs); a == Found::kNeedMore) return NotYet(a);
+    return ObjectAt(h, s);
+}
+
 // The next call's header in s from pos on, in format f (first: no call seen yet; array: inside
 // mistral's array of calls, after one).
 CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool first, bool array) {
@@ -923,41 +965,7 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
       if (i >= s.size()) return NotYet(Found::kNeedMore);
       return WrapperHeader(s, i);
     }
-    case ToolCallFormat::kMistral: {
-      size_t i = SkipSpace(s, pos);
-      if (array) {
-        if (i >= s.size()) return NotYet(Found::kNeedMore);
-        if (s[i] != ',') return NotYet(Found::kNo);  // ']': the array ends
-        CallHeader h = WrapperHeader(s, i + 1);
-        h.array = true;
-        return h;
-      }
-      const size_t at = s.find(kMistralCalls, pos);
-      if (size_t m = i; at == std::string_view::npos && Expect(s, &m, kMistralCalls) == Found::kNeedMore) {
-        return NotYet(Found::kNeedMore);  // the marker may be coming
-      }
-      if (at != std::string_view::npos) {
-        i = SkipSpace(s, at + kMistralCalls.size());
-      } else if (!first || i >= s.size() || s[i] != '[') {
-        return NotYet(Found::kNeedMore);
-      }
-      if (i >= s.size()) return NotYet(Found::kNeedMore);
-      if (s[i] == '[') {
-        CallHeader h = WrapperHeader(s, i + 1);
-        h.array = true;
-        return h;
-      }
-      size_t e = i;
-      while (e < s.size() && IsNameChar(s[e])) ++e;
-      if (e >= s.size()) return NotYet(Found::kNeedMore);
-      if (e == i) return NotYet(Found::kNo);
-      CallHeader h;
-      h.found = Found::kYes;
-      h.name = std::string(s.substr(i, e - i));
-      h.next = SkipSpace(s, e);
-      if (Found a = Expect(s, &h.next, kMistralArgs); a == Found::kNeedMore) return NotYet(a);
-      return ObjectAt(h, s);
-    }
+    case ToolCallFormat::kMistral: return MistralHeader(s, pos, first, array);
     case ToolCallFormat::kDeepSeekV3: {
       const size_t at = s.find(kDsCallBegin, pos);
       if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
@@ -1140,6 +1148,72 @@ void MessageStream::SendArguments(std::string_view piece, std::vector<CallDelta>
   out->back().arguments += piece;
 }
 
+// One Qwen3-Coder parameter of the call being streamed, or its end (ScanCalls): true to go on
+// scanning, false to wait for more text (or stop).
+bool MessageStream::ScanXmlParameter(std::string_view s, std::vector<CallDelta>* out) {
+  // As CallFromXml reads them: a value ends at </parameter>, the next <parameter= or </function>.
+  const size_t i = SkipSpace(s, scan_pos_);
+  size_t at = i;
+  const Found end = Expect(s, &at, "</function>");
+  if (end == Found::kYes) {
+    SendArguments(scan_any_param_ ? "}" : "{}", out);
+    scan_pos_ = at;
+    scan_ = Scan::kSeek;
+    return true;
+  }
+  at = i;
+  const Found param = Expect(s, &at, "<parameter=");
+  if (param == Found::kNeedMore || end == Found::kNeedMore) return false;
+  if (param == Found::kNo) {
+    scan_ = Scan::kStopped;
+    return false;
+  }
+  const size_t key_end = s.find('>', at);
+  if (key_end == std::string_view::npos) return false;
+  const size_t close = s.find("</parameter>", key_end);
+  const size_t next = std::min({close, s.find("<parameter=", key_end), s.find("</function>", key_end)});
+  if (next == std::string_view::npos) return false;
+  const std::string key(Trim(s.substr(at, key_end - at)));
+  std::string_view value = s.substr(key_end + 1, next - key_end - 1);
+  if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+  if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+  const std::string type = DeclaredType(types_.get(), streamed_.back().name, key);
+  SendArguments((scan_any_param_ ? "," : "{") + JsonText(Json(key)) + ":" + JsonText(XmlValue(value, type)), out);
+  scan_any_param_ = true;
+  scan_pos_ = next == close ? close + 12 : next;
+  return true;
+}
+
+// One glm45 (minimax_m2) key/value pair of the call being streamed, or its end (ScanCalls): true to
+// go on scanning, false to wait for more text (or stop).
+bool MessageStream::ScanPair(std::string_view s, std::vector<CallDelta>* out) {
+  // As CallFromGlm (CallFromInvoke) reads them: key/value pairs until </tool_call> (</invoke>).
+  const bool minimax = *tools_ == ToolCallFormat::kMinimaxM2;
+  size_t at = SkipSpace(s, scan_pos_);
+  const Found end = Expect(s, &at, minimax ? kInvokeEnd : kHermesClose);
+  if (end == Found::kYes) {
+    SendArguments(scan_any_param_ ? "}" : "{}", out);
+    scan_pos_ = at;
+    scan_ = Scan::kSeek;
+    return true;
+  }
+  std::string_view key, value;
+  size_t next = 0;
+  const Found pair = (minimax ? NamedParam : GlmPair)(s, scan_pos_, &key, &value, &next);
+  if (pair == Found::kNeedMore || (pair == Found::kNo && end == Found::kNeedMore)) return false;
+  if (pair == Found::kNo) {
+    scan_ = Scan::kStopped;
+    return false;
+  }
+  const std::string k(key);
+  SendArguments((scan_any_param_ ? "," : "{") + JsonText(Json(k)) + ":" +
+                    JsonText(GlmValue(value, DeclaredType(types_.get(), streamed_.back().name, k))),
+                out);
+  scan_any_param_ = true;
+  scan_pos_ = next;
+  return true;
+}
+
 void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
   const std::string_view s = call_text_;
   while (scan_ != Scan::kStopped) {
@@ -1188,68 +1262,12 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         scan_ = Scan::kSeek;
         break;
       }
-      case Scan::kXmlParameters: {
-        // As CallFromXml reads them: a value ends at </parameter>, the next <parameter= or </function>.
-        const size_t i = SkipSpace(s, scan_pos_);
-        size_t at = i;
-        const Found end = Expect(s, &at, "</function>");
-        if (end == Found::kYes) {
-          SendArguments(scan_any_param_ ? "}" : "{}", out);
-          scan_pos_ = at;
-          scan_ = Scan::kSeek;
-          break;
-        }
-        at = i;
-        const Found param = Expect(s, &at, "<parameter=");
-        if (param == Found::kNeedMore || end == Found::kNeedMore) return;
-        if (param == Found::kNo) {
-          scan_ = Scan::kStopped;
-          return;
-        }
-        const size_t key_end = s.find('>', at);
-        if (key_end == std::string_view::npos) return;
-        const size_t close = s.find("</parameter>", key_end);
-        const size_t next = std::min({close, s.find("<parameter=", key_end), s.find("</function>", key_end)});
-        if (next == std::string_view::npos) return;
-        const std::string key(Trim(s.substr(at, key_end - at)));
-        std::string_view value = s.substr(key_end + 1, next - key_end - 1);
-        if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
-        if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-        const std::string type = DeclaredType(types_.get(), streamed_.back().name, key);
-        const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
-        SendArguments((scan_any_param_ ? "," : "{") + dump(Json(key)) + ":" + dump(XmlValue(value, type)), out);
-        scan_any_param_ = true;
-        scan_pos_ = next == close ? close + 12 : next;
+      case Scan::kXmlParameters:
+        if (!ScanXmlParameter(s, out)) return;
         break;
-      }
-      case Scan::kGlmArguments: {
-        // As CallFromGlm (CallFromInvoke) reads them: key/value pairs until </tool_call> (</invoke>).
-        const bool minimax = *tools_ == ToolCallFormat::kMinimaxM2;
-        size_t at = SkipSpace(s, scan_pos_);
-        const Found end = Expect(s, &at, minimax ? kInvokeEnd : kHermesClose);
-        if (end == Found::kYes) {
-          SendArguments(scan_any_param_ ? "}" : "{}", out);
-          scan_pos_ = at;
-          scan_ = Scan::kSeek;
-          break;
-        }
-        std::string_view key, value;
-        size_t next = 0;
-        const Found pair = (minimax ? NamedParam : GlmPair)(s, scan_pos_, &key, &value, &next);
-        if (pair == Found::kNeedMore || (pair == Found::kNo && end == Found::kNeedMore)) return;
-        if (pair == Found::kNo) {
-          scan_ = Scan::kStopped;
-          return;
-        }
-        const std::string k(key);
-        const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
-        SendArguments((scan_any_param_ ? "," : "{") + dump(Json(k)) + ":" +
-                          dump(GlmValue(value, DeclaredType(types_.get(), streamed_.back().name, k))),
-                      out);
-        scan_any_param_ = true;
-        scan_pos_ = next;
+      case Scan::kGlmArguments:
+        if (!ScanPair(s, out)) return;
         break;
-      }
       case Scan::kStopped: break;
     }
   }
@@ -1670,7 +1688,7 @@ std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const Har
     case ToolCallFormat::kMistral:
     case ToolCallFormat::kLlama3Json: {
       const char* key = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-      const std::string quoted = Json(name).dump(-1, ' ', false, Json::error_handler_t::replace);
+      const std::string quoted = JsonText(Json(name));
       return "\"{\" space " + grammar::GbnfLiteral("\"name\"") + " space \":\" space " + grammar::GbnfLiteral(quoted) +
              " space \",\" space " + grammar::GbnfLiteral(fmt::format("\"{}\"", key)) + " space \":\" space " + args +
              " \"}\" space";

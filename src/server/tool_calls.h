@@ -108,6 +108,8 @@ class MessageStream {
   Delta PushText(std::string_view text);
   // Follows the calls in call_text_ from scan_pos_ on, adding what can be sent to `out`.
   void ScanCalls(std::vector<CallDelta>* out);
+  bool ScanXmlParameter(std::string_view s, std::vector<CallDelta>* out);
+  bool ScanPair(std::string_view s, std::vector<CallDelta>* out);
   void SendArguments(std::string_view piece, std::vector<CallDelta>* out);
 
   std::optional<ToolCallFormat> tools_;
