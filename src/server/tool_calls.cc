@@ -695,6 +695,21 @@ Found GlmPair(std::string_view s, size_t i, std::string_view* key, std::string_v
   return Found::kYes;
 }
 
+// Key/value pairs from inner[pos] to its end, read by `pair` (GlmPair, NamedParam) with white
+// space between, each value converted by its declared type (GlmValue); nullopt when anything else
+// is there.
+using PairReader = Found (*)(std::string_view, size_t, std::string_view*, std::string_view*, size_t*);
+std::optional<Json> PairArguments(std::string_view inner, size_t pos, PairReader pair, const std::string& fn,
+                                  const ToolParamTypes* types) {
+  Json args = Json::object();
+  while (SkipSpace(inner, pos) < inner.size()) {
+    std::string_view key, value;
+    if (pair(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
+    args[std::string(key)] = GlmValue(value, DeclaredType(types, fn, std::string(key)));
+  }
+  return args;
+}
+
 // GLM-4.5's call, the text between <tool_call> and </tool_call>: the name (up to a line break or
 // the first <arg_key>), then key/value pairs with white space between, each value converted by
 // its declared type (GlmValue). Anything else inside makes it no call.
@@ -702,14 +717,9 @@ std::optional<ToolCall> CallFromGlm(std::string_view inner, const ToolParamTypes
   const size_t name_end = std::min({inner.find('\n'), inner.find(kGlmKey), inner.size()});
   ToolCall call{std::string(Trim(inner.substr(0, name_end))), "", ""};
   if (call.name.empty() || call.name.find_first_of("<>") != std::string::npos) return std::nullopt;
-  Json args = Json::object();
-  size_t pos = name_end;
-  while (SkipSpace(inner, pos) < inner.size()) {
-    std::string_view key, value;
-    if (GlmPair(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
-    args[std::string(key)] = GlmValue(value, DeclaredType(types, call.name, std::string(key)));
-  }
-  call.arguments = JsonText(args);
+  auto args = PairArguments(inner, name_end, GlmPair, call.name, types);
+  if (!args) return std::nullopt;
+  call.arguments = JsonText(*args);
   return call;
 }
 
@@ -764,14 +774,9 @@ std::optional<ToolCall> CallFromInvoke(std::string_view inner, const ToolParamTy
   if (name_end == std::string_view::npos) return std::nullopt;
   ToolCall call{std::string(Unquoted(inner.substr(0, name_end))), "", ""};
   if (call.name.empty() || call.name.find_first_of("<>\n\"") != std::string::npos) return std::nullopt;
-  Json args = Json::object();
-  size_t pos = name_end + 1;
-  while (SkipSpace(inner, pos) < inner.size()) {
-    std::string_view key, value;
-    if (NamedParam(inner, pos, &key, &value, &pos) != Found::kYes) return std::nullopt;
-    args[std::string(key)] = GlmValue(value, DeclaredType(types, call.name, std::string(key)));
-  }
-  call.arguments = JsonText(args);
+  auto args = PairArguments(inner, name_end + 1, NamedParam, call.name, types);
+  if (!args) return std::nullopt;
+  call.arguments = JsonText(*args);
   return call;
 }
 

@@ -314,42 +314,47 @@ TEST(ToolCalls, Glm45RequiredCallIsItsOwnArgPairs) {
   EXPECT_NE(refused.status().message().find("'mail'"), std::string::npos) << refused.status().message();
 }
 
-// GLM-4.6's and GLM-4.7-Flash's own templates (llama.cpp's models/templates, derived at set-up):
-// the format is detected, and a call they render in a conversation parses back to its arguments
-// and is one the required-call grammar allows.
-TEST(ToolCalls, Glm45ReadsWhatTheRealTemplatesWrite) {
+// A template's own rendering of an assistant message with one get_weather call (llama.cpp's
+// models/templates, derived at set-up): the format is detected, the call (from the last `open` to
+// its `close`) parses back to its arguments, and the named-call grammar allows it.
+void ExpectTemplateCallParsesBack(const std::string& file, ToolCallFormat f, const std::string& open,
+                                  const std::string& close) {
+  SCOPED_TRACE(file);
   const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
       "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
       "days": {"type": "integer"}, "units": {"type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}])");
   const auto args = nlohmann::ordered_json::parse(R"({"city": "São Paulo", "days": 3, "units": ["c"]})");
+  const std::string path = test::DataDir() + "/chat-templates/templates/" + file;
+  GALE_SKIP_UNLESS_FILE(path);
+  std::ifstream in(path);
+  std::stringstream src;
+  src << in.rdbuf();
+  EXPECT_EQ(DetectToolCallFormat(src.str()), f);
+  auto tmpl = jinja::Template::Parse(src.str());
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+  nlohmann::ordered_json ctx = {{"tools", tools}, {"add_generation_prompt", false}};
+  ctx["messages"] = nlohmann::ordered_json::array(
+      {{{"role", "user"}, {"content", "Weather?"}},
+       {{"role", "assistant"}, {"content", ""},
+        {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}}}}}});
+  auto text = tmpl->Render(ctx);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  const size_t start = text->rfind(open), end = text->find(close, start);
+  ASSERT_NE(end, std::string::npos) << *text;
+  const std::string rendered = text->substr(start, end + close.size() - start);
+  const ToolParamTypes types = ParamTypesOf(tools);
+  const ParsedMessage p = ParseToolCalls(f, rendered, &types);
+  ASSERT_EQ(p.calls.size(), 1u) << rendered;
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::ordered_json::parse(p.calls[0].arguments), args) << rendered;
+  auto g = ToolCallGrammar(f, tools, "get_weather", false);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(GrammarAccepts(*g, rendered)) << rendered;
+}
+
+TEST(ToolCalls, Glm45ReadsWhatTheRealTemplatesWrite) {
   for (const char* name : {"GLM-4.6.jinja", "GLM-4.7-Flash.jinja"}) {
-    SCOPED_TRACE(name);
-    const std::string path = test::DataDir() + "/chat-templates/templates/" + name;
-    GALE_SKIP_UNLESS_FILE(path);
-    std::ifstream in(path);
-    std::stringstream src;
-    src << in.rdbuf();
-    EXPECT_EQ(DetectToolCallFormat(src.str()), ToolCallFormat::kGlm45);
-    auto tmpl = jinja::Template::Parse(src.str());
-    ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
-    nlohmann::ordered_json ctx = {{"tools", tools}, {"add_generation_prompt", false}};
-    ctx["messages"] = nlohmann::ordered_json::array(
-        {{{"role", "user"}, {"content", "Weather?"}},
-         {{"role", "assistant"}, {"content", ""},
-          {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}}}}}});
-    auto text = tmpl->Render(ctx);
-    ASSERT_TRUE(text.ok()) << text.status().message();
-    const size_t start = text->find("<tool_call>get_weather"), end = text->find("</tool_call>", start);
-    ASSERT_NE(end, std::string::npos) << *text;
-    const std::string rendered = text->substr(start, end + 12 - start);
-    const ToolParamTypes types = ParamTypesOf(tools);
-    const ParsedMessage p = ParseToolCalls(ToolCallFormat::kGlm45, rendered, &types);
-    ASSERT_EQ(p.calls.size(), 1u) << rendered;
-    EXPECT_EQ(p.calls[0].name, "get_weather");
-    EXPECT_EQ(nlohmann::ordered_json::parse(p.calls[0].arguments), args) << rendered;
-    auto g = ToolCallGrammar(ToolCallFormat::kGlm45, tools, "get_weather", false);
-    ASSERT_TRUE(g.ok()) << g.status().message();
-    EXPECT_TRUE(GrammarAccepts(*g, rendered)) << rendered;
+    ExpectTemplateCallParsesBack(name, ToolCallFormat::kGlm45, "<tool_call>get_weather", "</tool_call>");
   }
 }
 
@@ -424,39 +429,8 @@ TEST(ToolCalls, MinimaxM2RequiredCallIsItsOwnInvoke) {
   EXPECT_NE(refused.status().message().find("'mail'"), std::string::npos) << refused.status().message();
 }
 
-// MiniMax-M2's own template (llama.cpp's models/templates, derived at set-up): the format is
-// detected, and a call it renders parses back to its arguments and is one the grammar allows.
 TEST(ToolCalls, MinimaxM2ReadsWhatTheRealTemplateWrites) {
-  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
-      "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-      "days": {"type": "integer"}, "units": {"type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}])");
-  const auto args = nlohmann::ordered_json::parse(R"({"city": "São Paulo", "days": 3, "units": ["c"]})");
-  const std::string path = test::DataDir() + "/chat-templates/templates/MiniMax-M2.jinja";
-  GALE_SKIP_UNLESS_FILE(path);
-  std::ifstream in(path);
-  std::stringstream src;
-  src << in.rdbuf();
-  EXPECT_EQ(DetectToolCallFormat(src.str()), ToolCallFormat::kMinimaxM2);
-  auto tmpl = jinja::Template::Parse(src.str());
-  ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
-  nlohmann::ordered_json ctx = {{"tools", tools}, {"add_generation_prompt", false}};
-  ctx["messages"] = nlohmann::ordered_json::array(
-      {{{"role", "user"}, {"content", "Weather?"}},
-       {{"role", "assistant"}, {"content", ""},
-        {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}}}}}});
-  auto text = tmpl->Render(ctx);
-  ASSERT_TRUE(text.ok()) << text.status().message();
-  const size_t start = text->rfind("<minimax:tool_call>"), end = text->find("</minimax:tool_call>", start);
-  ASSERT_NE(end, std::string::npos) << *text;
-  const std::string rendered = text->substr(start, end + 20 - start);
-  const ToolParamTypes types = ParamTypesOf(tools);
-  const ParsedMessage p = ParseToolCalls(ToolCallFormat::kMinimaxM2, rendered, &types);
-  ASSERT_EQ(p.calls.size(), 1u) << rendered;
-  EXPECT_EQ(p.calls[0].name, "get_weather");
-  EXPECT_EQ(nlohmann::ordered_json::parse(p.calls[0].arguments), args) << rendered;
-  auto g = ToolCallGrammar(ToolCallFormat::kMinimaxM2, tools, "get_weather", false);
-  ASSERT_TRUE(g.ok()) << g.status().message();
-  EXPECT_TRUE(GrammarAccepts(*g, rendered)) << rendered;
+  ExpectTemplateCallParsesBack("MiniMax-M2.jinja", ToolCallFormat::kMinimaxM2, "<minimax:tool_call>", "</minimax:tool_call>");
 }
 
 TEST(ToolCalls, Llama3Json) {
