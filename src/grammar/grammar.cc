@@ -46,6 +46,22 @@ void CharSet::Normalize() {
   high = std::move(merged);
 }
 
+std::vector<std::pair<uint32_t, uint32_t>> CharSet::Ranges() const {
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  auto add = [&](uint32_t lo, uint32_t hi) {
+    if (!out.empty() && out.back().second + 1 == lo) {
+      out.back().second = hi;
+    } else {
+      out.emplace_back(lo, hi);
+    }
+  };
+  for (uint32_t c = 0; c < 128; ++c) {
+    if (Contains(c)) add(c, c);
+  }
+  for (const auto& [lo, hi] : high) add(lo, hi);
+  return out;
+}
+
 void CharSet::Negate() {
   ascii[0] = ~ascii[0];
   ascii[1] = ~ascii[1];
@@ -76,22 +92,7 @@ std::string CodePointText(uint32_t c, bool in_class) {
 }
 
 std::string CharSetText(const CharSet& s) {
-  std::vector<std::pair<uint32_t, uint32_t>> ranges;
-  for (uint32_t c = 0; c < 128; ++c) {
-    if (!s.Contains(c)) continue;
-    if (!ranges.empty() && ranges.back().second + 1 == c) {
-      ranges.back().second = c;
-    } else {
-      ranges.emplace_back(c, c);
-    }
-  }
-  for (const auto& r : s.high) {
-    if (!ranges.empty() && ranges.back().second + 1 == r.first) {
-      ranges.back().second = r.second;
-    } else {
-      ranges.push_back(r);
-    }
-  }
+  const std::vector<std::pair<uint32_t, uint32_t>> ranges = s.Ranges();
   if (ranges.size() == 1 && ranges[0].first == ranges[0].second) {
     return fmt::format("\"{}\"", CodePointText(ranges[0].first, false));
   }

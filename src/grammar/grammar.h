@@ -28,6 +28,8 @@ struct CharSet {
   void AddRange(uint32_t lo, uint32_t hi);
   void Negate();      // the complement within [0, 0x10FFFF]
   void Normalize();   // sorts and merges `high`
+  // The set as sorted, disjoint, non-adjacent inclusive ranges of code points (`high` normalized).
+  std::vector<std::pair<uint32_t, uint32_t>> Ranges() const;
 };
 
 // One element of an alternative: a code point from a set, a rule, the alternative's end, or one

@@ -531,26 +531,6 @@ class Nfa {
   std::vector<CharSet> sets_;
 };
 
-std::vector<std::pair<uint32_t, uint32_t>> Ranges(const CharSet& s) {
-  std::vector<std::pair<uint32_t, uint32_t>> out;
-  for (uint32_t c = 0; c < 128; ++c) {
-    if (!s.Contains(c)) continue;
-    if (!out.empty() && out.back().second + 1 == c) {
-      out.back().second = c;
-    } else {
-      out.emplace_back(c, c);
-    }
-  }
-  for (const auto& r : s.high) {
-    if (!out.empty() && out.back().second + 1 == r.first) {
-      out.back().second = r.second;
-    } else {
-      out.push_back(r);
-    }
-  }
-  return out;
-}
-
 // Language li from state `from`: its words, or its pattern's branches (a searched side reads
 // anything first or after), all ending in one accepting state.
 Status AddLanguage(Nfa& nfa, const DfaLanguage& lang, int32_t from, int32_t li) {
@@ -602,7 +582,7 @@ StatusOr<Dfa> Determinize(const Nfa& nfa, int32_t start, size_t max_states) {
   // The alphabet in intervals no set splits; each set as the intervals it covers.
   std::vector<uint32_t> cuts = {0};
   for (const CharSet& set : nfa.sets()) {
-    for (const auto& [lo, hi] : Ranges(set)) {
+    for (const auto& [lo, hi] : set.Ranges()) {
       cuts.push_back(lo);
       cuts.push_back(hi + 1);
     }
@@ -613,7 +593,7 @@ StatusOr<Dfa> Determinize(const Nfa& nfa, int32_t start, size_t max_states) {
   auto interval_end = [&](size_t j) { return j + 1 < cuts.size() ? cuts[j + 1] - 1 : 0x10FFFF; };
   std::vector<std::vector<int32_t>> covers(nfa.sets().size());
   for (size_t k = 0; k < nfa.sets().size(); ++k) {
-    for (const auto& [lo, hi] : Ranges(nfa.sets()[k])) {
+    for (const auto& [lo, hi] : nfa.sets()[k].Ranges()) {
       for (size_t j = std::lower_bound(cuts.begin(), cuts.end(), lo) - cuts.begin(); j < cuts.size() && cuts[j] <= hi; ++j) {
         covers[k].push_back(static_cast<int32_t>(j));
       }
