@@ -668,8 +668,8 @@ class Session : public std::enable_shared_from_this<Session> {
         if (req.echo && req.top_logprobs >= 0) g.prompt_logprobs = req.top_logprobs;
         g.retention = req.retention;
         g.grammar = p.grammar;
-        g.render_special = req.chat && state.tool_format == ToolCallFormat::kGptOss;
-        if (g.render_special && g.grammar) {
+        g.render_special = req.chat && RendersControlTokens(state.tool_format);
+        if (state.tool_format == ToolCallFormat::kGptOss && g.render_special && g.grammar) {
           // gpt-oss's call grammar ends with <|call|> itself (ToolCallGrammar): not a stop token then.
           const int32_t call = tok.TokenId("<|call|>");
           g.stop_ids.erase(std::remove(g.stop_ids.begin(), g.stop_ids.end(), call), g.stop_ids.end());

@@ -22,6 +22,9 @@ constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS
 constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>", kDsCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kKimiCallsBegin = "<|tool_calls_section_begin|>", kKimiCallsEnd = "<|tool_calls_section_end|>";
+constexpr std::string_view kKimiCallBegin = "<|tool_call_begin|>", kKimiCallEnd = "<|tool_call_end|>";
+constexpr std::string_view kKimiArgs = "<|tool_call_argument_begin|>";
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kXmlFunction = "<function=";
 constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
@@ -447,10 +450,34 @@ ParsedMessage ParseMistral(std::string_view text) {
   return out;
 }
 
-ParsedMessage ParseDeepSeek(std::string_view text) {
+// Formats whose calls sit between markers: a block of calls, each call's name and arguments
+// between a begin and an end, split by a separator.
+struct SectionMarkers {
+  std::string_view calls_begin, call_begin, sep, call_end, calls_end;
+  bool kimi_ids;  // the name is an id: functions.NAME:INDEX
+};
+constexpr SectionMarkers kDeepSeekMarkers{kDsCallsBegin, kDsCallBegin, kDsSep, kDsCallEnd, kDsCallsEnd, false};
+constexpr SectionMarkers kKimiMarkers{kKimiCallsBegin, kKimiCallBegin, kKimiArgs, kKimiCallEnd, kKimiCallsEnd, true};
+
+// Kimi-K2's call id, functions.NAME:INDEX, as the function's name (the id's "functions." prefix
+// and ":INDEX" suffix are optional, as vLLM's parser reads them).
+std::string KimiName(std::string_view id) {
+  id = Trim(id);
+  if (StartsWith(id, "functions.")) id.remove_prefix(10);
+  const size_t colon = id.rfind(':');
+  if (colon != std::string_view::npos && colon + 1 < id.size() &&
+      std::all_of(id.begin() + colon + 1, id.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    id = id.substr(0, colon);
+  }
+  return std::string(id);
+}
+
+// DeepSeek-V3 (and V3.1+) and Kimi-K2: the text before the block is content, the calls in it
+// each a name and JSON arguments; text after the closed block goes.
+ParsedMessage ParseSections(std::string_view text, const SectionMarkers& m) {
   ParsedMessage out;
-  size_t first = text.find(kDsCallsBegin);
-  if (first == std::string_view::npos) first = text.find(kDsCallBegin);
+  size_t first = text.find(m.calls_begin);
+  if (first == std::string_view::npos) first = text.find(m.call_begin);
   if (first == std::string_view::npos) {
     out.content = std::string(text);
     return out;
@@ -460,19 +487,19 @@ ParsedMessage ParseDeepSeek(std::string_view text) {
   size_t pos = first;
   bool ok = true;
   while (true) {
-    const size_t b = text.find(kDsCallBegin, pos);
+    const size_t b = text.find(m.call_begin, pos);
     if (b == std::string_view::npos) break;
-    const size_t e = text.find(kDsCallEnd, b);
-    const size_t inner_begin = b + kDsCallBegin.size();
+    const size_t e = text.find(m.call_end, b);
+    const size_t inner_begin = b + m.call_begin.size();
     const std::string_view inner = text.substr(inner_begin, (e == std::string_view::npos ? text.size() : e) - inner_begin);
-    const size_t sep = inner.find(kDsSep);
+    const size_t sep = inner.find(m.sep);
     if (sep == std::string_view::npos) {
       ok = false;
       break;
     }
-    std::string name(Trim(inner.substr(0, sep)));
-    std::string_view args = inner.substr(sep + kDsSep.size());
-    if (name == "function") {
+    std::string name = m.kimi_ids ? KimiName(inner.substr(0, sep)) : std::string(Trim(inner.substr(0, sep)));
+    std::string_view args = inner.substr(sep + m.sep.size());
+    if (!m.kimi_ids && name == "function") {
       // V3: function<sep>NAME\n```json\n{...}\n```
       const size_t nl = args.find('\n');
       name = std::string(Trim(args.substr(0, nl)));
@@ -491,11 +518,11 @@ ParsedMessage ParseDeepSeek(std::string_view text) {
       pos = text.size();
       break;
     }
-    pos = e + kDsCallEnd.size();
+    pos = e + m.call_end.size();
   }
   std::string_view tail = text.substr(std::min(pos, text.size()));
   // Text after the closed block of calls goes (vLLM's parser drops it too).
-  if (StartsWith(Trim(tail), kDsCallsEnd)) tail = {};
+  if (StartsWith(Trim(tail), m.calls_end)) tail = {};
   if (!ok || calls.empty()) {
     out.content += std::string(text.substr(first));
     return out;
@@ -983,6 +1010,16 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
       }
       return ObjectAt(h, s);
     }
+    case ToolCallFormat::kKimiK2: {
+      const size_t at = s.find(kKimiCallBegin, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      CallHeader h = NameUntil(s, at + kKimiCallBegin.size(), kKimiArgs);
+      if (h.found == Found::kYes) {
+        h.name = KimiName(h.name);
+        if (h.name.empty()) return NotYet(Found::kNo);
+      }
+      return ObjectAt(h, s);
+    }
     case ToolCallFormat::kFunctionary: {
       const size_t at = s.find(kXmlFunction, pos);
       if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
@@ -1000,7 +1037,7 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
   static constexpr std::string_view kTagged[] = {kHermesOpen}, kQwenXml[] = {kHermesOpen, kXmlFunction},
                                     kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
                                     kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="},
-                                    kMinimax[] = {kMinimaxOpen};
+                                    kMinimax[] = {kMinimaxOpen}, kKimi[] = {kKimiCallsBegin, kKimiCallBegin};
   switch (f) {
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kGlm45: return kTagged;
@@ -1009,6 +1046,7 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
     case ToolCallFormat::kLlama3Json: return kLlama;
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
+    case ToolCallFormat::kKimiK2: return kKimi;
     case ToolCallFormat::kFunctionary: return kFunctionary;
     case ToolCallFormat::kGptOss:
     case ToolCallFormat::kFunctionaryV32: break;  // taken apart whole at the end
@@ -1032,6 +1070,7 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kLlama3Json: return "llama3_json";
     case ToolCallFormat::kMistral: return "mistral";
     case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
+    case ToolCallFormat::kKimiK2: return "kimi_k2";
     case ToolCallFormat::kQwen3Coder: return "qwen3_coder";
     case ToolCallFormat::kGlm45: return "glm45";
     case ToolCallFormat::kMinimaxM2: return "minimax_m2";
@@ -1044,16 +1083,17 @@ const char* ToolCallFormatName(ToolCallFormat f) {
 
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                 ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kGptOss,
+                 ToolCallFormat::kKimiK2, ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kGptOss,
                  ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
     if (name == ToolCallFormatName(f)) return f;
   }
-  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, "
+  return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, kimi_k2, qwen3_coder, "
                          "glm45, minimax_m2, gpt_oss, functionary, functionary_v3_2", name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
   if (src.find("<|channel|>") != std::string_view::npos) return ToolCallFormat::kGptOss;
+  if (src.find(kKimiCallsBegin) != std::string_view::npos) return ToolCallFormat::kKimiK2;
   if (src.find(">>>all") != std::string_view::npos) return ToolCallFormat::kFunctionaryV32;
   if (src.find(kGlmKey) != std::string_view::npos) return ToolCallFormat::kGlm45;
   if (src.find(kMinimaxOpen) != std::string_view::npos) return ToolCallFormat::kMinimaxM2;
@@ -1114,7 +1154,8 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const Tool
     case ToolCallFormat::kMinimaxM2: out = ParseMinimax(text, types); break;
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
     case ToolCallFormat::kMistral: out = ParseMistral(text); break;
-    case ToolCallFormat::kDeepSeekV3: out = ParseDeepSeek(text); break;
+    case ToolCallFormat::kDeepSeekV3: out = ParseSections(text, kDeepSeekMarkers); break;
+    case ToolCallFormat::kKimiK2: out = ParseSections(text, kKimiMarkers); break;
     case ToolCallFormat::kGptOss: out = ParseHarmony(text); break;
     case ToolCallFormat::kFunctionary: out = ParseFunctionary(text); break;
     case ToolCallFormat::kFunctionaryV32: out = ParseFunctionaryV32(text); break;
@@ -1497,20 +1538,31 @@ std::optional<std::vector<XmlParam>> XmlParams(const Json& params, std::string_v
   return out;
 }
 
-// Harmony's call syntax is made of control tokens: the grammar names them by id (<[N]>).
-struct HarmonyTokens {
-  std::string channel, constrain, message, call;
+// The control tokens a format's calls are made of, as grammar elements: by id (<[N]>). gpt_oss's
+// must be in the vocabulary; kimi_k2's are written as their text where it has no such token.
+struct SyntaxTokens {
+  std::string channel, constrain, message, call;                   // gpt_oss (harmony)
+  std::string calls_begin, call_begin, args, call_end, calls_end;  // kimi_k2
 };
 
-StatusOr<HarmonyTokens> FindHarmonyTokens(const std::function<int32_t(std::string_view)>& token_id) {
-  HarmonyTokens h;
-  for (auto [text, out] : {std::pair<const char*, std::string*>{"<|channel|>", &h.channel}, {"<|constrain|>", &h.constrain},
-                           {"<|message|>", &h.message}, {"<|call|>", &h.call}}) {
-    const int32_t id = token_id ? token_id(text) : -1;
-    if (id < 0) return InvalidArgument("tool_choice: the vocabulary has no {} token for gpt_oss's calls", text);
-    *out = fmt::format("<[{}]>", id);
+StatusOr<SyntaxTokens> FindSyntaxTokens(ToolCallFormat f, const std::function<int32_t(std::string_view)>& token_id) {
+  SyntaxTokens t;
+  using Slot = std::pair<std::string_view, std::string*>;
+  if (f == ToolCallFormat::kGptOss) {
+    for (auto [text, out] : {Slot{"<|channel|>", &t.channel}, Slot{"<|constrain|>", &t.constrain},
+                             Slot{"<|message|>", &t.message}, Slot{"<|call|>", &t.call}}) {
+      const int32_t id = token_id ? token_id(text) : -1;
+      if (id < 0) return InvalidArgument("tool_choice: the vocabulary has no {} token for gpt_oss's calls", text);
+      *out = fmt::format("<[{}]>", id);
+    }
+  } else if (f == ToolCallFormat::kKimiK2) {
+    for (auto [text, out] : {Slot{kKimiCallsBegin, &t.calls_begin}, Slot{kKimiCallBegin, &t.call_begin},
+                             Slot{kKimiArgs, &t.args}, Slot{kKimiCallEnd, &t.call_end}, Slot{kKimiCallsEnd, &t.calls_end}}) {
+      const int32_t id = token_id ? token_id(text) : -1;
+      *out = id >= 0 ? fmt::format("<[{}]>", id) : grammar::GbnfLiteral(text);
+    }
   }
-  return h;
+  return t;
 }
 
 // A tool's parameters with its local references pointing into the combined $defs (prefix +
@@ -1670,13 +1722,16 @@ std::string InvokeCallBody(size_t i, const std::string& name, const std::vector<
 }
 
 // One call of tool i in the format's syntax, its arguments the rule tool<i>-params.
-std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const HarmonyTokens& h, std::string* rules) {
+std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const SyntaxTokens& h, std::string* rules) {
   const std::string& name = c.names[i];
   const std::string args = fmt::format("tool{}-params", i);
   switch (f) {
     case ToolCallFormat::kDeepSeekV3:
       return grammar::GbnfLiteral(std::string(kDsCallBegin) + name + std::string(kDsSep)) + " " + args + " " +
              grammar::GbnfLiteral(kDsCallEnd);
+    case ToolCallFormat::kKimiK2:  // the id's index: the template counts calls over the conversation
+      return h.call_begin + " " + grammar::GbnfLiteral("functions." + name + ":") + " [0-9]{1,4} " + h.args + " " + args +
+             " " + h.call_end;
     case ToolCallFormat::kFunctionary:
       return grammar::GbnfLiteral("<function=" + name + ">") + " " + args + " " + grammar::GbnfLiteral("</function>");
     case ToolCallFormat::kFunctionaryV32:  // the prompt ends with ">>>"
@@ -1705,7 +1760,7 @@ std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const Har
 // The calls around tool_call_one: more calls after the first only when `many` (parallel calls
 // allowed and no function named), at most kMaxParallelToolCalls in all; then the grammar is
 // complete and generation ends.
-std::string RootRules(ToolCallFormat f, bool many) {
+std::string RootRules(ToolCallFormat f, bool many, const SyntaxTokens& t) {
   const std::string more = fmt::format("{{0,{}}}", kMaxParallelToolCalls - 1);
   switch (f) {
     case ToolCallFormat::kGptOss:  // one call: generation ends at <|call|>
@@ -1733,6 +1788,8 @@ std::string RootRules(ToolCallFormat f, bool many) {
     case ToolCallFormat::kDeepSeekV3:
       return fmt::format("root ::= {} tool_call_one{} {}\n", grammar::GbnfLiteral(kDsCallsBegin),
                          many ? " tool_call_one" + more : "", grammar::GbnfLiteral(kDsCallsEnd));
+    case ToolCallFormat::kKimiK2:
+      return fmt::format("root ::= {} tool_call_one{} {}\n", t.calls_begin, many ? " tool_call_one" + more : "", t.calls_end);
   }
   return "";
 }
@@ -1741,22 +1798,19 @@ std::string RootRules(ToolCallFormat f, bool many) {
 
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
                                       bool parallel, const std::function<int32_t(std::string_view)>& token_id) {
-  HarmonyTokens harmony;
-  if (f == ToolCallFormat::kGptOss) {
-    ASSIGN_OR_RETURN(harmony, FindHarmonyTokens(token_id));
-  }
+  ASSIGN_OR_RETURN(const SyntaxTokens tokens, FindSyntaxTokens(f, token_id));
   ASSIGN_OR_RETURN(const ChosenTools chosen, ChooseTools(f, tools, name));
   auto rules = grammar::JsonSchemaToGbnf(chosen.combined, "tool_arguments_any");
   if (!rules.ok()) return InvalidArgument("tool parameters: {}", rules.status().message());
   std::string out = *rules;
   std::string any;
   for (size_t i = 0; i < chosen.names.size(); ++i) {
-    const std::string body = CallBody(f, i, chosen, harmony, &out);
+    const std::string body = CallBody(f, i, chosen, tokens, &out);
     out += fmt::format("tool_call_{} ::= {}\n", i, body);
     any += (any.empty() ? "" : " | ") + fmt::format("tool_call_{}", i);
   }
   out += "tool_call_one ::= " + any + "\n";
-  return out + RootRules(f, parallel && name.empty());
+  return out + RootRules(f, parallel && name.empty(), tokens);
 }
 
 }  // namespace gale::server

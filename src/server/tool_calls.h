@@ -7,6 +7,9 @@
 //                (the marker is a control token, so a bare leading JSON array counts too)
 //   deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
 //                (V3.1+), or function<｜tool▁sep｜>name\n```json\n{...}\n```  (V3)
+//   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
+//                <|tool_call_end|>...<|tool_calls_section_end|> (Kimi-K2, K2-Thinking): control
+//                tokens, rendered into the text as gpt_oss's are
 //   qwen3_coder  <tool_call>\n<function=name>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>
 //   glm45        <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>value</arg_value>\n</tool_call> (GLM-4.5 to
 //                4.7, which writes no line breaks; Laguna): a value is text, or JSON where its
@@ -42,12 +45,15 @@
 namespace gale::server {
 
 enum class ToolCallFormat {
-  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder, kGlm45, kMinimaxM2, kGptOss, kFunctionary, kFunctionaryV32
+  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kKimiK2, kQwen3Coder, kGlm45, kMinimaxM2, kGptOss, kFunctionary, kFunctionaryV32
 };
 const char* ToolCallFormatName(ToolCallFormat f);
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
 // From a chat template's source: the markers it writes calls with; hermes when it shows none.
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
+// Whether the format's markers are control tokens, which the engine must then render into the
+// text it returns (gpt_oss, kimi_k2).
+inline bool RendersControlTokens(ToolCallFormat f) { return f == ToolCallFormat::kGptOss || f == ToolCallFormat::kKimiK2; }
 
 struct ToolCall {
   std::string name;
@@ -85,7 +91,7 @@ struct CallDelta {
 
 // Streams a message: Push gives what may be sent now as content or reasoning, and of the calls
 // their names as soon as they are written and their arguments as they grow (hermes, qwen3_coder
-// XML or JSON, glm45 and minimax_m2 (a parameter at a time), llama3_json, mistral, deepseek_v3, functionary;
+// XML or JSON, glm45 and minimax_m2 (a parameter at a time), llama3_json, mistral, deepseek_v3, kimi_k2, functionary;
 // gpt_oss and functionary_v3_2 are taken apart at the end). Text that could be (the start of) a call is not content.
 class MessageStream {
  public:

@@ -70,7 +70,7 @@ void AddServeOptions(CLI::App& app, ServeOpts& o) {
   app.add_option("-t,--threads", o.threads, "compute threads")->capture_default_str();
   app.add_flag("--no-warmup", o.no_warmup, "skip the warm-up request before /health says ready");
   app.add_option("--tool-call-parser", o.tool_call_parser,
-                 "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | qwen3_coder | glm45 | "
+                 "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | kimi_k2 | qwen3_coder | glm45 | "
                  "minimax_m2 | gpt_oss | functionary | functionary_v3_2 "
                  "(default: from the chat template)");
   app.add_option("--pooling", o.pooling,

@@ -156,6 +156,10 @@ TEST(ToolCalls, CallsStreamAsTheyAreWritten) {
       {ToolCallFormat::kDeepSeekV3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write<｜tool▁sep｜>{\"path\": \"a.txt\", \"text\": \"x y\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
        R"({"path": "a.txt", "text": "x y"})"},
+      {ToolCallFormat::kKimiK2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.write:0<|tool_call_argument_begin|>{\"path\": \"a.txt\", "
+       "\"text\": \"x y\"}<|tool_call_end|><|tool_calls_section_end|>",
+       R"({"path": "a.txt", "text": "x y"})"},
       {ToolCallFormat::kFunctionary, "<function=write>{\"path\": \"a.txt\", \"text\": \"x y\"}</function>", R"({"path": "a.txt", "text": "x y"})"},
   };
   for (const Case& c : cases) {
@@ -635,6 +639,127 @@ TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
   auto none = ToolCallGrammar(f, tools, "", true, [](std::string_view) { return -1; });
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("<|channel|>"), std::string::npos);
+}
+
+TEST(ToolCalls, KimiK2) {
+  const auto f = ToolCallFormat::kKimiK2;
+  // Text, then a block of two calls whose ids carry the names.
+  ExpectParsed(f,
+               "Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+               "<|tool_call_argument_begin|>{\"city\": \"Lima\"}<|tool_call_end|><|tool_call_begin|> functions.now:1 "
+               "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+               {"Let me look.", {{"get_weather", R"({"city":"Lima"})"}, {"now", "{}"}}});
+  // An id without the prefix or the index is the name as written; text after the block goes.
+  ExpectParsed(f,
+               "<|tool_calls_section_begin|>\n<|tool_call_begin|>add<|tool_call_argument_begin|>{\"a\": 1}"
+               "<|tool_call_end|>\n<|tool_calls_section_end|> done",
+               {"", {{"add", R"({"a":1})"}}});
+  // Arguments that are no JSON, or an empty name: no call, the text stays.
+  const std::string broken = "<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>"
+                             "{oops<|tool_call_end|>";
+  ExpectParsed(f, broken, {broken, {}});
+  const std::string nameless = "<|tool_calls_section_begin|><|tool_call_begin|>functions.:0<|tool_call_argument_begin|>"
+                               "{}<|tool_call_end|><|tool_calls_section_end|>";
+  ExpectParsed(f, nameless, {nameless, {}});
+  EXPECT_EQ(*ParseToolCallFormat("kimi_k2"), f);
+  EXPECT_EQ(DetectToolCallFormat("{{ '<|tool_calls_section_begin|>' }}<|tool_call_begin|>"), f);
+  EXPECT_TRUE(RendersControlTokens(f));
+  EXPECT_FALSE(RendersControlTokens(ToolCallFormat::kDeepSeekV3));
+}
+
+// Kimi-K2's real templates are detected; the call the template writes for an assistant message
+// parses back to the same call, and the required-call grammar accepts the same call written
+// compactly. (Kimi-K2-Instruct's and K2-Thinking's templates cannot render a call: they append to
+// a list, which Jinja2's sandbox, as transformers runs templates, refuses, and gale's as well.)
+TEST(ToolCalls, KimiK2ReadsWhatTheRealTemplatesWrite) {
+  for (const char* file : {"Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja"}) {
+    SCOPED_TRACE(file);
+    const std::string path = test::DataDir() + "/chat-templates/templates/" + file;
+    GALE_SKIP_UNLESS_FILE(path);
+    std::ifstream in(path);
+    std::stringstream src;
+    src << in.rdbuf();
+    EXPECT_EQ(DetectToolCallFormat(src.str()), ToolCallFormat::kKimiK2);
+    if (std::string(file) != "moonshotai-Kimi-K2.jinja") continue;
+    auto tmpl = jinja::Template::Parse(src.str());
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+    const auto args = nlohmann::ordered_json::parse(R"({"city": "São Paulo", "days": 3})");
+    nlohmann::ordered_json ctx = {{"add_generation_prompt", false}};
+    ctx["messages"] = nlohmann::ordered_json::array(
+        {{{"role", "user"}, {"content", "Weather?"}},
+         {{"role", "assistant"}, {"content", ""},
+          {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}},
+                          {{"type", "function"}, {"function", {{"name", "now"}, {"arguments", "{}"}}}}}}}});
+    auto text = tmpl->Render(ctx);
+    ASSERT_TRUE(text.ok()) << text.status().message();
+    const size_t start = text->find("<|tool_calls_section_begin|>");
+    const size_t end = text->find("<|tool_calls_section_end|>", start);
+    ASSERT_NE(end, std::string::npos) << *text;
+    const ParsedMessage p = ParseToolCalls(ToolCallFormat::kKimiK2, text->substr(start, end + 26 - start));
+    ASSERT_EQ(p.calls.size(), 2u) << *text;
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(nlohmann::ordered_json::parse(p.calls[0].arguments), args);
+    EXPECT_EQ(p.calls[1].name, "now");
+    EXPECT_EQ(p.calls[1].arguments, "{}");
+  }
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+      "required": ["city"]}}}, {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}])");
+  auto g = ToolCallGrammar(ToolCallFormat::kKimiK2, tools, "", /*parallel=*/true);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::string call = "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\":\"Lima\"}"
+                           "<|tool_call_end|>";
+  const std::string now = "<|tool_call_begin|>functions.now:12<|tool_call_argument_begin|>{}<|tool_call_end|>";
+  EXPECT_TRUE(GrammarAccepts(*g, "<|tool_calls_section_begin|>" + call + "<|tool_calls_section_end|>"));
+  EXPECT_TRUE(GrammarAccepts(*g, "<|tool_calls_section_begin|>" + call + now + "<|tool_calls_section_end|>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<|tool_calls_section_begin|>" + call));  // the block must close
+  EXPECT_FALSE(GrammarAccepts(*g, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                                  "<|tool_call_argument_begin|>{\"days\":2}<|tool_call_end|><|tool_calls_section_end|>"));
+  EXPECT_FALSE(GrammarAccepts(*g, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:"
+                                  "<|tool_call_argument_begin|>{\"city\":\"x\"}<|tool_call_end|><|tool_calls_section_end|>"));
+}
+
+// Kimi-K2's markers are control tokens: where the vocabulary has them, the grammar names them by id
+// and their text is refused.
+TEST(ToolCalls, KimiK2RequiredCallUsesTheControlTokens) {
+  std::vector<std::string> toks;
+  for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string> control = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                                            "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>"};
+  toks.insert(toks.end(), control.begin(), control.end());
+  std::vector<bool> usable(toks.size(), true);
+  for (size_t i = 256; i < toks.size(); ++i) usable[i] = false;
+  auto trie = std::make_shared<const grammar::TokenTrie>(toks, usable);
+  auto id = [&](std::string_view text) -> int32_t {
+    for (size_t i = 256; i < toks.size(); ++i) if (toks[i] == text) return static_cast<int32_t>(i);
+    return -1;
+  };
+  const auto tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}])");
+  auto gbnf = ToolCallGrammar(ToolCallFormat::kKimiK2, tools, "ping", false, id);
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
+  auto parsed = grammar::ParseGbnf(*gbnf);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), trie);
+  auto accepts = [&](const std::vector<std::string>& parts) {
+    grammar::GrammarMatcher m(compiled, {});
+    for (const std::string& p : parts) {
+      if (id(p) >= 0) {
+        if (!m.Accept(id(p)).ok()) return false;
+        continue;
+      }
+      for (unsigned char b : p) {
+        if (!m.Accept(b).ok()) return false;
+      }
+    }
+    return m.Done();
+  };
+  EXPECT_TRUE(accepts({"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.ping:0", "<|tool_call_argument_begin|>",
+                       R"({"n":3})", "<|tool_call_end|>", "<|tool_calls_section_end|>"}));
+  EXPECT_FALSE(accepts({"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.ping:0", "<|tool_call_argument_begin|>",
+                        R"({"n":3})", "<|tool_call_end|>"}));  // one call: the block closes after it
+  EXPECT_FALSE(accepts({"<|tool_calls_section_begin|><|tool_call_begin|>functions.ping:0<|tool_call_argument_begin|>{\"n\":3}"
+                        "<|tool_call_end|><|tool_calls_section_end|>"}));  // the markers as text
 }
 
 TEST(ToolCalls, Functionary) {
