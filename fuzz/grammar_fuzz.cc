@@ -56,7 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 1: {
       auto j = nlohmann::ordered_json::parse(in.begin(), in.end(), nullptr, false);
       if (j.is_discarded()) break;
-      gale::grammar::Constraint c{gale::grammar::Constraint::Kind::kJsonSchema, j.dump()};
+      gale::grammar::Constraint c{gale::grammar::Constraint::Kind::kJsonSchema, j.dump(), ""};
       if (data[0] & 4) c.objects = gale::grammar::ObjectKeys::kOpen;
       auto gbnf = gale::grammar::ConstraintToGbnf(c);
       if (gbnf.ok()) Walk(*gbnf, "{\"a\": 1}");

@@ -21,8 +21,7 @@ StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const Model& draf
 
 DraftProposer::DraftProposer(const Model& draft, int64_t num_blocks, int64_t block_size,
                              kernels::KvType kv_type, kernels::KvType v_type, ThreadPool& pool)
-    : model_(draft),
-      storage_(draft.kv_layout(), draft.kv_layout().Groups(false), num_blocks, block_size, kv_type, v_type),
+    : storage_(draft.kv_layout(), draft.kv_layout().Groups(false), num_blocks, block_size, kv_type, v_type),
       kv_(static_cast<int32_t>(num_blocks), block_size, /*enable_prefix_caching=*/false),
       runner_(draft, storage_, pool) {}
 

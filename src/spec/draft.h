@@ -51,7 +51,6 @@ class DraftProposer {
   DraftProposer(const Model& draft, int64_t num_blocks, int64_t block_size, kernels::KvType kv_type,
                 kernels::KvType v_type, ThreadPool& pool);
 
-  const Model& model_;
   KvStorage storage_;
   KvCacheManager kv_;
   ModelRunner runner_;

@@ -291,7 +291,7 @@ CommandFn RegisterEval(CLI::App& app) {
   tasks->add_option("-t,--threads", t->threads, "threads")->capture_default_str();
   tasks->add_option("-o,--output", t->output, "text | json")->capture_default_str();
   t->retention.Register(*tasks, "KV retention: positions kept as a share of each request (prompt + max_tokens)");
-  return [o, t, ppl, tasks]() {
+  return [o, t, tasks]() {
     if (tasks->parsed()) return RunTasks(*t);
     auto fail = [](const Status& s) {
       std::fprintf(stderr, "gale eval: %s\n", s.ToString().c_str());

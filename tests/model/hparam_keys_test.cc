@@ -294,7 +294,9 @@ TEST(HParamKeysTest, EveryKeyLlamaCppReadsIsHonouredOrRefused) {
   ASSERT_TRUE(in.good());
   const nlohmann::json keys = nlohmann::json::parse(in);
   int checked = 0;
-  for (const auto& [arch, own] : keys["arch"].items()) {
+  for (const auto& item : keys["arch"].items()) {
+    const std::string arch = item.key();  // named copies: lambdas capture them (not bindings)
+    const nlohmann::json& own = item.value();
     std::vector<std::string> all;
     for (const auto& k : keys["generic"]) all.push_back(Strip(k.get<std::string>()));
     for (const auto& k : own) all.push_back(Strip(k.get<std::string>()));

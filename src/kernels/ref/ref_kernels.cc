@@ -2,6 +2,7 @@
 // element order, no tricks; the rms_norm and silu follow llama2.c's run.c expression for expression.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/fp16.h"
@@ -382,8 +383,11 @@ void QuantizeBlocks(const float* x, int64_t k, int64_t k_stride, int qmax, float
     for (int j = 0; j < 32; ++j) {
       // Round half to even, like the SIMD conversions: adding 1.5 * 2^23 leaves the integer part
       // in the mantissa under the default rounding mode (|v| <= qmax here, plus rounding).
+      // A NaN (a NaN or infinite activation) gives INT_MIN, as the SIMD conversions' "integer
+      // indefinite" does, and so -qmax: a defined result where a plain cast would be undefined.
       const float v = xb[j] * inv;
-      int q = static_cast<int>((v + 12582912.0f) - 12582912.0f);
+      const float r = (v + 12582912.0f) - 12582912.0f;
+      int q = r >= -2147483648.0f && r < 2147483648.0f ? static_cast<int>(r) : std::numeric_limits<int>::min();
       q = q < -qmax ? -qmax : q > qmax ? qmax : q;
       store(b * 32 + j, q);
       sum += q;

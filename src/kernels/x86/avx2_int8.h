@@ -170,9 +170,13 @@ void TileQuant(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes, cons
     if (b % kPrefetchEvery == 0) {
       for (int r = 0; r < R; ++r) {
         const uint8_t* next = rows + (4 * R + r) * row_bytes;
-        _mm_prefetch(reinterpret_cast<const char*>(kW4Group<kType> > 0 ? W4Group<kType>(next, b)
-                                                   : next + b * (row_bytes / nb)),
-                     _MM_HINT_T0);
+        const uint8_t* at;
+        if constexpr (kW4Group<kType> > 0) {
+          at = W4Group<kType>(next, b);
+        } else {
+          at = next + b * (row_bytes / nb);
+        }
+        _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
       }
     }
     __m256i wv[R];
