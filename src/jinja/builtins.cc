@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -694,7 +695,10 @@ StatusOr<Value> FilterFloat(const std::string&, const Value& v, CallArgs& a) {
 }
 
 StatusOr<Value> FilterAbs(const std::string&, const Value& v, CallArgs&) {
-  if (v.is_int()) return Value(static_cast<int64_t>(std::llabs(v.as_int())));
+  if (v.is_int()) {
+    if (v.as_int() == std::numeric_limits<int64_t>::min()) return InvalidArgument("OverflowError: abs() out of range");
+    return Value(static_cast<int64_t>(std::llabs(v.as_int())));
+  }
   if (v.is_float()) return Value(std::fabs(v.as_float()));
   return TypeError("bad operand type for abs()");
 }
@@ -797,7 +801,13 @@ StatusOr<Value> FilterSum(const std::string&, const Value& v, CallArgs& a) {
       ASSIGN_OR_RETURN(y, AttrPath(x, attr.as_string()));
     }
     if (!y.is_number()) return TypeError("sum needs numbers");
-    total = total.is_float() || y.is_float() ? Value(total.as_float() + y.as_float()) : Value(total.as_int() + y.as_int());
+    if (total.is_float() || y.is_float()) {
+      total = Value(total.as_float() + y.as_float());
+      continue;
+    }
+    int64_t t = 0;
+    if (__builtin_add_overflow(total.as_int(), y.as_int(), &t)) return InvalidArgument("OverflowError: sum out of range");
+    total = Value(t);
   }
   return total;
 }

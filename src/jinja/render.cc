@@ -72,10 +72,11 @@ class Renderer {
       }
       if (step == 0) return InvalidArgument("ValueError: range() arg 3 must not be zero");
       ValueList out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (out.size() >= 1000000) return ResourceExhausted("range() longer than 1000000 items");
         if ((out.size() & 1023) == 0 && !ChargeWork(1024)) return ResourceExhausted("{}", CurrentBudget()->exceeded);
         out.emplace_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;  // past int64's end: past stop too
       }
       return Value::List(std::move(out));
     });
@@ -354,6 +355,25 @@ class Renderer {
     return a;
   }
 
+  // Python's integers grow without bound; a template's are int64, and a result past it is an
+  // error rather than a wrapped (undefined) value.
+  static StatusOr<Value> IntResult(bool overflow, int64_t v, const std::string& op) {
+    if (overflow) return InvalidArgument("OverflowError: integer result of '{}' out of range", op);
+    return Value(v);
+  }
+
+  static StatusOr<Value> IntPower(int64_t base, int64_t e) {
+    int64_t v = 1;
+    bool overflow = false;
+    while (e > 0 && !overflow) {
+      if (e & 1) overflow |= __builtin_mul_overflow(v, base, &v);
+      e >>= 1;
+      // The squared base is a factor of the result whenever bits remain.
+      if (e > 0) overflow |= __builtin_mul_overflow(base, base, &base);
+    }
+    return IntResult(overflow, v, "**");
+  }
+
   StatusOr<Value> Arith(const std::string& op, const Value& l, const Value& r) {
     if (op == "~") return Value(l.Str() + r.Str());
     if (l.is_undefined()) return Undefined(l);
@@ -361,7 +381,12 @@ class Renderer {
     const bool nums = l.is_number() && r.is_number();
     const bool floats = nums && (l.is_float() || r.is_float());
     if (op == "+") {
-      if (nums) return floats ? Value(l.as_float() + r.as_float()) : Value(l.as_int() + r.as_int());
+      if (nums && floats) return Value(l.as_float() + r.as_float());
+      if (nums) {
+        int64_t v = 0;
+        const bool overflow = __builtin_add_overflow(l.as_int(), r.as_int(), &v);
+        return IntResult(overflow, v, op);
+      }
       if (l.is_string() && r.is_string()) {
         if (l.is_markup() || r.is_markup()) {
           return Value::Markup((l.is_markup() ? l.as_string() : HtmlEscape(l.as_string())) +
@@ -375,9 +400,19 @@ class Renderer {
         return Value::List(std::move(v));
       }
     } else if (op == "-") {
-      if (nums) return floats ? Value(l.as_float() - r.as_float()) : Value(l.as_int() - r.as_int());
+      if (nums && floats) return Value(l.as_float() - r.as_float());
+      if (nums) {
+        int64_t v = 0;
+        const bool overflow = __builtin_sub_overflow(l.as_int(), r.as_int(), &v);
+        return IntResult(overflow, v, op);
+      }
     } else if (op == "*") {
-      if (nums) return floats ? Value(l.as_float() * r.as_float()) : Value(l.as_int() * r.as_int());
+      if (nums && floats) return Value(l.as_float() * r.as_float());
+      if (nums) {
+        int64_t v = 0;
+        const bool overflow = __builtin_mul_overflow(l.as_int(), r.as_int(), &v);
+        return IntResult(overflow, v, op);
+      }
       const Value* s = l.is_string() || l.is_list() ? &l : &r;
       const Value* k = s == &l ? &r : &l;
       if ((s->is_string() || s->is_list()) && k->is_int()) {
@@ -414,17 +449,19 @@ class Renderer {
           return op == "//" ? Value(q) : Value(l.as_float() - q * r.as_float());
         }
         const int64_t a = l.as_int(), b = r.as_int();
+        if (b == -1) {  // a / -1 overflows for the smallest a; the remainder is always 0
+          if (op == "%") return Value(int64_t{0});
+          int64_t q = 0;
+          const bool overflow = __builtin_sub_overflow(int64_t{0}, a, &q);
+          return IntResult(overflow, q, op);
+        }
         int64_t q = a / b;
         if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-        return op == "//" ? Value(q) : Value(a - q * b);
+        return op == "//" ? Value(q) : Value(a - q * b);  // |a - q * b| < |b|: no overflow
       }
     } else if (op == "**") {
       if (nums) {
-        if (!floats && r.as_int() >= 0) {
-          int64_t v = 1;
-          for (int64_t i = 0; i < r.as_int() && i < 64; ++i) v *= l.as_int();
-          return Value(v);
-        }
+        if (!floats && r.as_int() >= 0) return IntPower(l.as_int(), r.as_int());
         return Value(std::pow(l.as_float(), r.as_float()));
       }
     }
@@ -535,7 +572,10 @@ class Renderer {
         if (v.is_undefined()) return Undefined(v);
         if (!v.is_number()) return InvalidArgument("TypeError: bad operand type for unary {}: {}", e.name, v.Repr());
         if (e.name == "+") return v;
-        return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
+        if (v.is_float()) return Value(-v.as_float());
+        int64_t neg = 0;
+        const bool overflow = __builtin_sub_overflow(int64_t{0}, v.as_int(), &neg);
+        return IntResult(overflow, neg, "-");
       }
       case Expr::Kind::kBinary: {
         ASSIGN_OR_RETURN(Value l, Eval(*e.args[0]));

@@ -156,6 +156,38 @@ TEST(TemplateTest, ErrorsNameTheLine) {
   EXPECT_FALSE(r->Render(nlohmann::ordered_json::array()).ok());  // context must be an object
 }
 
+// Integers are int64: results inside it are Python's (floor division and modulo included), a
+// result past it is an OverflowError, never a wrapped value (found by the fuzzer: 2**63 - 2 minus
+// -(2**63 - 1) was undefined behaviour).
+TEST(TemplateTest, IntegerArithmeticStaysInRange) {
+  auto render = [](const std::string& src) -> StatusOr<std::string> {
+    auto t = Template::Parse(src);
+    if (!t.ok()) return t.status();
+    return t->Render(nlohmann::ordered_json::object());
+  };
+  const std::string min = "(-9223372036854775807 - 1)";
+  for (const auto& [src, want] : std::vector<std::pair<std::string, std::string>>{
+           {"{{ 9223372036854775806 + 1 }}", "9223372036854775807"},
+           {"{{ 2 ** 62 }}|{{ (-2) ** 63 }}|{{ (-1) ** 65 }}|{{ 0 ** 100 }}|{{ 1 ** 1000000000000 }}",
+            "4611686018427387904|-9223372036854775808|-1|0|1"},
+           {"{{ " + min + " // 1 }}|{{ " + min + " % -1 }}|{{ -7 // -1 }}|{{ 7 % -1 }}", "-9223372036854775808|0|7|0"},
+           {"{{ range(9223372036854775805, 9223372036854775807, 5) | list }}", "[9223372036854775805]"},
+           {"{{ [9223372036854775806, 1] | sum }}", "9223372036854775807"}}) {
+    auto out = render(src);
+    ASSERT_TRUE(out.ok()) << src << ": " << out.status().ToString();
+    EXPECT_EQ(*out, want) << src;
+  }
+  for (const std::string& src :
+       {std::string("{{ 9223372036854775807 + 1 }}"), std::string("{{ 9223372036854775806 - -9223372036854775807 }}"),
+        std::string("{{ 4294967296 * 4294967296 }}"), std::string("{{ 2 ** 63 }}"), std::string("{{ 3 ** 100 }}"),
+        "{{ " + min + " // -1 }}", "{{ -" + min + " }}", "{{ " + min + " | abs }}",
+        std::string("{{ [9223372036854775807, 1] | sum }}")}) {
+    auto out = render(src);
+    ASSERT_FALSE(out.ok()) << src << " gave " << *out;
+    EXPECT_NE(out.status().message().find("OverflowError"), std::string::npos) << out.status().ToString();
+  }
+}
+
 // Templates come from downloaded files: output, recursion and work are bounded, and there is
 // nothing to reach outside the values passed in.
 TEST(TemplateTest, SandboxLimitsHold) {
