@@ -216,6 +216,37 @@ Status Tokenizer::ReadSpecialIds(const GgufFile& file) {
   }
   ASSIGN_OR_RETURN(unk_id_, read_id("tokenizer.ggml.unknown_token_id", 0));
   ASSIGN_OR_RETURN(eot_id_, read_id("tokenizer.ggml.eot_token_id", -1));
+  // End of generation: the ids the file names, then special tokens by text (llama.cpp's list in
+  // its release of 2026-09-28, llama-vocab.cpp).
+  for (const char* key : {"tokenizer.ggml.eom_token_id", "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
+                          "tokenizer.ggml.fim_sep_token_id"}) {
+    ASSIGN_OR_RETURN(const int32_t id, read_id(key, -1));
+    if (id >= 0) eog_ids_.push_back(id);
+  }
+  static constexpr std::string_view kEogTexts[] = {
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+      "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
+      "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~["};
+  auto special = [&](int32_t id) { return types_[id] == TokenType::kControl || types_[id] == TokenType::kUserDefined; };
+  for (std::string_view text : kEogTexts) {
+    auto it = token_to_id_.find(text);
+    if (it != token_to_id_.end() && special(it->second)) eog_ids_.push_back(it->second);
+  }
+  // harmony (gpt-oss) and solar-open end a turn's message with <|end|> and the turn with
+  // <|return|> / <|call|> (<|flush|> / <|calls|>): <|end|> then does not end generation.
+  auto eog_text = [&](std::string_view text) {
+    auto it = token_to_id_.find(text);
+    return it != token_to_id_.end() && std::find(eog_ids_.begin(), eog_ids_.end(), it->second) != eog_ids_.end();
+  };
+  if (eog_text("<|end|>") && ((eog_text("<|return|>") && eog_text("<|call|>")) || (eog_text("<|flush|>") && eog_text("<|calls|>")))) {
+    const int32_t end = token_to_id_.find(std::string_view("<|end|>"))->second;
+    eog_ids_.erase(std::remove(eog_ids_.begin(), eog_ids_.end(), end), eog_ids_.end());
+  }
+  for (int32_t id : {eos_id_, eot_id_}) {
+    if (id >= 0) eog_ids_.push_back(id);
+  }
+  std::sort(eog_ids_.begin(), eog_ids_.end());
+  eog_ids_.erase(std::unique(eog_ids_.begin(), eog_ids_.end()), eog_ids_.end());
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_bos_token"); v && v->AsBool()) add_bos_ = *v->AsBool();
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_eos_token"); v && v->AsBool()) add_eos_ = *v->AsBool();
   if (const GgufValue* v = file.Find("tokenizer.ggml.add_sep_token"); v && v->AsBool()) add_sep_ = *v->AsBool();

@@ -6,6 +6,7 @@
 // Also the incremental Detokenizer, which never emits a broken UTF-8 sequence.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,7 +73,13 @@ class Tokenizer {
   int32_t eot_id() const { return eot_id_; }
   bool add_bos() const { return add_bos_; }
   bool add_space_prefix() const { return add_space_prefix_; }
-  bool IsEog(int32_t id) const { return id == eos_id_ || id == eot_id_; }
+  // The tokens that end generation, as llama.cpp's loader marks them: eos, eot, eom and the
+  // fill-in-the-middle pad/repository/separator ids the file sets, and special (control or
+  // user-defined) tokens whose text is an end-of-turn name ("<|im_end|>", "<end_of_turn>", GLM's
+  // "<|observation|>" comes as eom). Sorted. A normal token never ends generation (gale: "</s>" in a
+  // BPE vocabulary is text, where llama.cpp ends on it).
+  const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
+  bool IsEog(int32_t id) const { return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id); }
   const std::string& TokenText(int32_t id) const { return tokens_[id]; }
   // The id of the token whose text is exactly `text` (special tokens included); -1 when none.
   int32_t TokenId(std::string_view text) const {
@@ -138,6 +145,7 @@ class Tokenizer {
   std::vector<bool> rstrip_;          // by id: whitespace after this special token is dropped
   int32_t bos_id_ = -1, eos_id_ = -1, eot_id_ = -1, unk_id_ = -1;
   int32_t sep_id_ = -1;  // WordPiece's [SEP], appended with add_special (add_sep_)
+  std::vector<int32_t> eog_ids_;
   bool add_sep_ = false;
   bool add_bos_ = true;
   bool add_eos_ = false;

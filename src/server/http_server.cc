@@ -657,11 +657,7 @@ class Session : public std::enable_shared_from_this<Session> {
         g.sampling.seed = base_seed + static_cast<uint64_t>(subs.size());
         g.stop = req.stop;
         g.stop_ids = req.stop_token_ids;
-        if (!req.ignore_eos) {
-          for (int32_t id : {tok.eos_id(), tok.eot_id()}) {
-            if (id >= 0) g.stop_ids.push_back(id);
-          }
-        }
+        if (!req.ignore_eos) g.stop_ids.insert(g.stop_ids.end(), tok.eog_ids().begin(), tok.eog_ids().end());
         g.cache_salt = req.cache_salt;
         g.top_logprobs = req.top_logprobs;
         // Echo with logprobs reports the prompt's tokens too: the engine computes them.

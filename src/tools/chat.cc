@@ -45,9 +45,7 @@ int RunChat(const LoadedModel& m, const ChatOptions& o) {
     req.sampling.seed = o.sampling.seed + turn++;
     req.truncate = true;  // a long conversation keeps its start and its latest turns
     if (!o.ignore_eos) {
-      for (int32_t id : {tok.eos_id(), tok.eot_id()}) {
-        if (id >= 0) req.stop_ids.push_back(id);
-      }
+      req.stop_ids = tok.eog_ids();
     }
     if (static_cast<int64_t>(req.prompt.size()) + req.max_tokens > (*engine)->max_request_tokens()) {
       req.max_tokens = std::max<int64_t>(1, (*engine)->max_request_tokens() / 4);

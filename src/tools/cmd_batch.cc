@@ -142,10 +142,9 @@ std::vector<Item> ReadItems(std::istream& in, const BatchOpts& o, const Tokenize
   defaults.sampling = o.sp;
   defaults.truncate = o.truncate;
   if (!o.ignore_eos) {
-    // End of sequence; llama2.c-style models also end a story by emitting BOS.
-    for (int32_t id : {tok.eos_id(), tok.bos_id()}) {
-      if (id >= 0) defaults.stop_ids.push_back(id);
-    }
+    // End of generation; llama2.c-style models also end a story by emitting BOS.
+    defaults.stop_ids = tok.eog_ids();
+    if (tok.bos_id() >= 0) defaults.stop_ids.push_back(tok.bos_id());
   }
   grammar::GrammarCompiler grammars(MakeTokenTrie(tok));
   std::vector<Item> items;

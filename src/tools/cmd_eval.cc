@@ -111,9 +111,8 @@ class TaskRunner {
       req.prompt = *prompt;
       req.max_tokens = list_[i].max_tokens;
       req.sampling.temperature = 0.0f;
-      for (int32_t id : {tok_.eos_id(), tok_.bos_id(), tok_.eot_id()}) {
-        if (id >= 0) req.stop_ids.push_back(id);
-      }
+      req.stop_ids = tok_.eog_ids();
+      if (tok_.bos_id() >= 0) req.stop_ids.push_back(tok_.bos_id());
       auto bs = base_.Submit(req);
       if (!bs.ok()) return bs.status().WithContext(what);
       auto gs = engine_.Submit(req);

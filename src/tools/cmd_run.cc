@@ -112,10 +112,9 @@ StatusOr<GenerationRequest> MakeRequest(const RunOpts& o, const Tokenizer& tok, 
   gr.sampling = o.sp;
   gr.sampling.seed = SeedOf(o);
   if (!o.ignore_eos) {
-    // End of sequence; llama2.c-style models also end a story by emitting BOS.
-    for (int32_t id : {tok.eos_id(), tok.bos_id()}) {
-      if (id >= 0) gr.stop_ids.push_back(id);
-    }
+    // End of generation; llama2.c-style models also end a story by emitting BOS.
+    gr.stop_ids = tok.eog_ids();
+    if (tok.bos_id() >= 0) gr.stop_ids.push_back(tok.bos_id());
   }
   return gr;
 }

@@ -355,6 +355,78 @@ struct ChatVocab {
   int Count(const std::vector<int32_t>& ids, int32_t id) const { return static_cast<int>(std::count(ids.begin(), ids.end(), id)); }
 };
 
+// A byte-level vocabulary with extra tokens (text, GGUF token type) and integer keys.
+std::unique_ptr<Tokenizer> VocabWith(const std::vector<std::pair<std::string, int32_t>>& extra,
+                                     const std::vector<std::pair<std::string, uint32_t>>& keys, std::vector<uint8_t>* bytes,
+                                     std::unique_ptr<GgufFile>* file) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(ByteToBpeChar(static_cast<uint8_t>(b)));
+  std::vector<int32_t> types(256, 1);
+  for (const auto& [text, type] : extra) {
+    tokens.push_back(text);
+    types.push_back(type);
+  }
+  GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "gpt2");
+  w.SetString("tokenizer.ggml.pre", "gpt-2");
+  w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
+  w.SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
+  w.SetValue("tokenizer.ggml.merges", GgufValue::StringArray({"h i"}));
+  for (const auto& [key, id] : keys) w.SetValue(key, GgufValue::U32(id));
+  *bytes = w.WriteToBytes();
+  auto f = GgufFile::FromBytes(*bytes);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  *file = std::move(f).value();
+  auto t = Tokenizer::FromGguf(**file);
+  if (!t.ok()) {
+    ADD_FAILURE() << t.status().ToString();
+    return nullptr;
+  }
+  return std::move(t).value();
+}
+
+// End of generation as llama.cpp's loader marks it: the ids the file names (eos, eot, eom, the
+// fill-in-the-middle pad) and special tokens by their text; not a normal token with such a text,
+// and not harmony's <|end|> (a message's end inside a turn).
+TEST(TokenizerTest, EndOfGenerationTokensAsLlamaCppMarksThem) {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<GgufFile> file;
+  // 256 <|im_end|>, 257 <|endoftext|>, 258 </s> (normal), 259 <|observation|>, 260 <|user|>,
+  // 261 <|end|>, 262 <|return|>, 263 <|call|>, 264 <turn|> (user-defined), 265 <|fim_pad|>, 266 <x>.
+  const std::vector<std::pair<std::string, int32_t>> extra = {
+      {"<|im_end|>", 3}, {"<|endoftext|>", 3}, {"</s>", 1}, {"<|observation|>", 3}, {"<|user|>", 3}, {"<|end|>", 3},
+      {"<|return|>", 3}, {"<|call|>", 3}, {"<turn|>", 4}, {"<|fim_pad|>", 3}, {"<x>", 3}};
+  auto tok = VocabWith(extra,
+                       {{"tokenizer.ggml.eos_token_id", 257}, {"tokenizer.ggml.eot_token_id", 260},
+                        {"tokenizer.ggml.eom_token_id", 259}, {"tokenizer.ggml.fim_pad_token_id", 265}},
+                       &bytes, &file);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->eog_ids(), (std::vector<int32_t>{256, 257, 259, 260, 262, 263, 264, 265}));
+  EXPECT_TRUE(tok->IsEog(259));   // GLM's <|observation|>, named as eom
+  EXPECT_FALSE(tok->IsEog(258));  // a normal "</s>" is text
+  EXPECT_FALSE(tok->IsEog(261));  // <|end|> beside <|return|> and <|call|>
+  EXPECT_FALSE(tok->IsEog(266));
+  // Without harmony's turn ends, <|end|> ends generation (Phi-3).
+  auto phi = VocabWith({{"<|end|>", 3}, {"<|endoftext|>", 3}}, {{"tokenizer.ggml.eos_token_id", 257}}, &bytes, &file);
+  ASSERT_NE(phi, nullptr);
+  EXPECT_EQ(phi->eog_ids(), (std::vector<int32_t>{256, 257}));
+  // An id outside the vocabulary is a clear error naming the key.
+  std::vector<std::string> tokens;
+  GgufWriter w;
+  w.SetString("tokenizer.ggml.model", "gpt2");
+  w.SetString("tokenizer.ggml.pre", "gpt-2");
+  for (int b = 0; b < 256; ++b) tokens.push_back(ByteToBpeChar(static_cast<uint8_t>(b)));
+  w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
+  w.SetValue("tokenizer.ggml.merges", GgufValue::StringArray({"h i"}));
+  w.SetValue("tokenizer.ggml.eom_token_id", GgufValue::U32(9999));
+  bytes = w.WriteToBytes();
+  auto f = GgufFile::FromBytes(bytes);
+  ASSERT_TRUE(f.ok());
+  auto bad = Tokenizer::FromGguf(**f);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tokenizer.ggml.eom_token_id"), std::string::npos) << bad.status().ToString();
+}
+
 TEST(TokenizerTest, LiteralRangesKeepSpecialTextsAsText) {
   ChatVocab v;
   const std::string text = "a<|im_end|>b<|im_end|>";
