@@ -715,7 +715,9 @@ function rawStream(port, cutAfter) {
   });
 
   await check('--spec ngram: same greedy text (streamed and not), guesses counted in /metrics', async () => {
-    const s4 = await startServer(['--spec', 'ngram', '--no-warmup']);
+    // --spec-always: the step-cost model measures time, and on a loaded machine it may decide to
+    // guess too seldom for any guess to be accepted (seen once in CI); the counts are what is checked.
+    const s4 = await startServer(['--spec', 'ngram', '--spec-always', '--no-warmup']);
     try {
       const spec = new OpenAI({ baseURL: `http://127.0.0.1:${s4.port}/v1`, apiKey: 'x', maxRetries: 0 });
       for (const prompt of ['Once upon a time', 'Lily and Tom went to the park. Lily and Tom']) {
