@@ -209,7 +209,9 @@ TEST(TokenizerTest, LlamaCppVectors) {
       const auto ids = (*tok)->Encode(inputs[i], false, false);
       EXPECT_EQ(ids, outputs[i]) << name << " input #" << i << ": '" << inputs[i] << "'";
       // Byte-level BPE is lossless: decoding gives the input back, byte for byte.
-      if (byte_level) EXPECT_EQ((*tok)->Decode(ids), inputs[i]) << name << " input #" << i;
+      if (byte_level) {
+        EXPECT_EQ((*tok)->Decode(ids), inputs[i]) << name << " input #" << i;
+      }
     }
     std::printf("vocab %-15s: %zu of llama.cpp's vectors\n", name.c_str(), inputs.size());
     ++checked;
@@ -327,36 +329,8 @@ namespace gale {
 namespace {
 
 // A byte-level vocab with ChatML's control tokens and one user-defined token.
-struct ChatVocab {
-  std::vector<uint8_t> bytes;
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Tokenizer> tok;
-  int32_t start = 256, end = 257, user = 258;
-  ChatVocab() {
-    std::vector<std::string> tokens;
-    for (int b = 0; b < 256; ++b) tokens.push_back(ByteToBpeChar(static_cast<uint8_t>(b)));
-    tokens.insert(tokens.end(), {"<|im_start|>", "<|im_end|>", "<tool>"});
-    std::vector<int32_t> types(256, 1);
-    types.insert(types.end(), {3, 3, 4});
-    GgufWriter w;
-    w.SetString("tokenizer.ggml.model", "gpt2");
-    w.SetString("tokenizer.ggml.pre", "gpt-2");
-    w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
-    w.SetValue("tokenizer.ggml.token_type", GgufValue::I32Array(types));
-    w.SetValue("tokenizer.ggml.merges", GgufValue::StringArray({"h i"}));
-    bytes = w.WriteToBytes();
-    auto f = GgufFile::FromBytes(bytes);
-    EXPECT_TRUE(f.ok()) << f.status().ToString();
-    file = std::move(f).value();
-    auto t = Tokenizer::FromGguf(*file);
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    tok = std::move(t).value();
-  }
-  int Count(const std::vector<int32_t>& ids, int32_t id) const { return static_cast<int>(std::count(ids.begin(), ids.end(), id)); }
-};
-
 // A byte-level vocabulary with extra tokens (text, GGUF token type) and integer keys.
-std::unique_ptr<Tokenizer> VocabWith(const std::vector<std::pair<std::string, int32_t>>& extra,
+StatusOr<std::unique_ptr<Tokenizer>> VocabWith(const std::vector<std::pair<std::string, int32_t>>& extra,
                                      const std::vector<std::pair<std::string, uint32_t>>& keys, std::vector<uint8_t>* bytes,
                                      std::unique_ptr<GgufFile>* file) {
   std::vector<std::string> tokens;
@@ -375,15 +349,23 @@ std::unique_ptr<Tokenizer> VocabWith(const std::vector<std::pair<std::string, in
   for (const auto& [key, id] : keys) w.SetValue(key, GgufValue::U32(id));
   *bytes = w.WriteToBytes();
   auto f = GgufFile::FromBytes(*bytes);
-  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  if (!f.ok()) return f.status();
   *file = std::move(f).value();
-  auto t = Tokenizer::FromGguf(**file);
-  if (!t.ok()) {
-    ADD_FAILURE() << t.status().ToString();
-    return nullptr;
-  }
-  return std::move(t).value();
+  return Tokenizer::FromGguf(**file);
 }
+
+struct ChatVocab {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Tokenizer> tok;
+  int32_t start = 256, end = 257, user = 258;
+  ChatVocab() {
+    auto t = VocabWith({{"<|im_start|>", 3}, {"<|im_end|>", 3}, {"<tool>", 4}}, {}, &bytes, &file);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (t.ok()) tok = std::move(t).value();
+  }
+  int Count(const std::vector<int32_t>& ids, int32_t id) const { return static_cast<int>(std::count(ids.begin(), ids.end(), id)); }
+};
 
 // End of generation as llama.cpp's loader marks it: the ids the file names (eos, eot, eom, the
 // fill-in-the-middle pad) and special tokens by their text; not a normal token with such a text,
@@ -396,11 +378,12 @@ TEST(TokenizerTest, EndOfGenerationTokensAsLlamaCppMarksThem) {
   const std::vector<std::pair<std::string, int32_t>> extra = {
       {"<|im_end|>", 3}, {"<|endoftext|>", 3}, {"</s>", 1}, {"<|observation|>", 3}, {"<|user|>", 3}, {"<|end|>", 3},
       {"<|return|>", 3}, {"<|call|>", 3}, {"<turn|>", 4}, {"<|fim_pad|>", 3}, {"<x>", 3}};
-  auto tok = VocabWith(extra,
-                       {{"tokenizer.ggml.eos_token_id", 257}, {"tokenizer.ggml.eot_token_id", 260},
-                        {"tokenizer.ggml.eom_token_id", 259}, {"tokenizer.ggml.fim_pad_token_id", 265}},
-                       &bytes, &file);
-  ASSERT_NE(tok, nullptr);
+  auto made = VocabWith(extra,
+                        {{"tokenizer.ggml.eos_token_id", 257}, {"tokenizer.ggml.eot_token_id", 260},
+                         {"tokenizer.ggml.eom_token_id", 259}, {"tokenizer.ggml.fim_pad_token_id", 265}},
+                        &bytes, &file);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const auto& tok = *made;
   EXPECT_EQ(tok->eog_ids(), (std::vector<int32_t>{256, 257, 259, 260, 262, 263, 264, 265}));
   EXPECT_TRUE(tok->IsEog(259));   // GLM's <|observation|>, named as eom
   EXPECT_FALSE(tok->IsEog(258));  // a normal "</s>" is text
@@ -408,21 +391,10 @@ TEST(TokenizerTest, EndOfGenerationTokensAsLlamaCppMarksThem) {
   EXPECT_FALSE(tok->IsEog(266));
   // Without harmony's turn ends, <|end|> ends generation (Phi-3).
   auto phi = VocabWith({{"<|end|>", 3}, {"<|endoftext|>", 3}}, {{"tokenizer.ggml.eos_token_id", 257}}, &bytes, &file);
-  ASSERT_NE(phi, nullptr);
-  EXPECT_EQ(phi->eog_ids(), (std::vector<int32_t>{256, 257}));
+  ASSERT_TRUE(phi.ok()) << phi.status().ToString();
+  EXPECT_EQ((*phi)->eog_ids(), (std::vector<int32_t>{256, 257}));
   // An id outside the vocabulary is a clear error naming the key.
-  std::vector<std::string> tokens;
-  GgufWriter w;
-  w.SetString("tokenizer.ggml.model", "gpt2");
-  w.SetString("tokenizer.ggml.pre", "gpt-2");
-  for (int b = 0; b < 256; ++b) tokens.push_back(ByteToBpeChar(static_cast<uint8_t>(b)));
-  w.SetValue("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
-  w.SetValue("tokenizer.ggml.merges", GgufValue::StringArray({"h i"}));
-  w.SetValue("tokenizer.ggml.eom_token_id", GgufValue::U32(9999));
-  bytes = w.WriteToBytes();
-  auto f = GgufFile::FromBytes(bytes);
-  ASSERT_TRUE(f.ok());
-  auto bad = Tokenizer::FromGguf(**f);
+  auto bad = VocabWith({}, {{"tokenizer.ggml.eom_token_id", 9999}}, &bytes, &file);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("tokenizer.ggml.eom_token_id"), std::string::npos) << bad.status().ToString();
 }

@@ -583,20 +583,45 @@ TEST(ToolCalls, Qwen3CoderRequiredCallIsItsOwnXml) {
 // tool_choice required under harmony: the grammar names <|channel|>, <|constrain|>, <|message|> and
 // <|call|> by id (control tokens no text spells), so the call is those tokens around text, and the
 // arguments are valid against the schema; nothing else may start the output.
-TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
-  const auto f = ToolCallFormat::kGptOss;
-  // The 256 bytes as text tokens, then the four control tokens (ids 256-259).
+// The 256 bytes as text tokens, then control tokens (ids from 256 on, not usable as text): the
+// vocabulary a format made of control tokens is constrained over.
+struct ControlVocab {
   std::vector<std::string> toks;
-  for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
-  const std::vector<std::string> control = {"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"};
-  toks.insert(toks.end(), control.begin(), control.end());
-  std::vector<bool> usable(toks.size(), true);
-  for (size_t i = 256; i < toks.size(); ++i) usable[i] = false;
-  auto trie = std::make_shared<const grammar::TokenTrie>(toks, usable);
-  auto id = [&](std::string_view text) -> int32_t {
+  std::shared_ptr<const grammar::TokenTrie> trie;
+  explicit ControlVocab(const std::vector<std::string>& control) {
+    for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
+    toks.insert(toks.end(), control.begin(), control.end());
+    std::vector<bool> usable(toks.size(), true);
+    for (size_t i = 256; i < toks.size(); ++i) usable[i] = false;
+    trie = std::make_shared<const grammar::TokenTrie>(toks, usable);
+  }
+  int32_t Id(std::string_view text) const {
     for (size_t i = 256; i < toks.size(); ++i) if (toks[i] == text) return static_cast<int32_t>(i);
     return -1;
-  };
+  }
+  std::function<int32_t(std::string_view)> IdFn() const { return [this](std::string_view t) { return Id(t); }; }
+  // Whether the grammar takes the parts in order, control tokens by id and text byte by byte.
+  static bool Accepts(const ControlVocab& v, const std::shared_ptr<const grammar::CompiledGrammar>& g,
+                      const std::vector<std::string>& parts) {
+    grammar::GrammarMatcher m(g, {});
+    for (const std::string& p : parts) {
+      if (v.Id(p) >= 0) {
+        if (!m.Accept(v.Id(p)).ok()) return false;
+        continue;
+      }
+      for (unsigned char b : p) {
+        if (!m.Accept(b).ok()) return false;
+      }
+    }
+    return m.Done();
+  }
+};
+
+TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
+  const auto f = ToolCallFormat::kGptOss;
+  const ControlVocab v({"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"});  // ids 256-259
+  const auto& toks = v.toks;
+  auto id = [&](std::string_view text) { return v.Id(text); };
   const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
       R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
           {"type": "function", "function": {"name": "pong", "parameters": {"type": "object", "properties": {}}}}])");
@@ -605,21 +630,8 @@ TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
   ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
   auto parsed = grammar::ParseGbnf(*gbnf);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
-  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), trie);
-  // A token sequence: control tokens by id, text byte by byte.
-  auto accepts = [&](const std::vector<std::string>& parts) {
-    grammar::GrammarMatcher m(compiled, {});
-    for (const std::string& p : parts) {
-      if (id(p) >= 0) {
-        if (!m.Accept(id(p)).ok()) return false;
-        continue;
-      }
-      for (unsigned char b : p) {
-        if (!m.Accept(b).ok()) return false;
-      }
-    }
-    return m.Done();
-  };
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), v.trie);
+  auto accepts = [&](const std::vector<std::string>& parts) { return ControlVocab::Accepts(v, compiled, parts); };
   EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n":3})", "<|call|>"}));
   EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.pong ", "<|constrain|>", "json", "<|message|>", "{}", "<|call|>"}));
   EXPECT_FALSE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n":"3"})", "<|call|>"}));
@@ -722,38 +734,16 @@ TEST(ToolCalls, KimiK2ReadsWhatTheRealTemplatesWrite) {
 // Kimi-K2's markers are control tokens: where the vocabulary has them, the grammar names them by id
 // and their text is refused.
 TEST(ToolCalls, KimiK2RequiredCallUsesTheControlTokens) {
-  std::vector<std::string> toks;
-  for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
-  const std::vector<std::string> control = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>",
-                                            "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>"};
-  toks.insert(toks.end(), control.begin(), control.end());
-  std::vector<bool> usable(toks.size(), true);
-  for (size_t i = 256; i < toks.size(); ++i) usable[i] = false;
-  auto trie = std::make_shared<const grammar::TokenTrie>(toks, usable);
-  auto id = [&](std::string_view text) -> int32_t {
-    for (size_t i = 256; i < toks.size(); ++i) if (toks[i] == text) return static_cast<int32_t>(i);
-    return -1;
-  };
+  const ControlVocab v({"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                        "<|tool_call_end|>", "<|tool_calls_section_end|>"});
   const auto tools = nlohmann::ordered_json::parse(
       R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}])");
-  auto gbnf = ToolCallGrammar(ToolCallFormat::kKimiK2, tools, "ping", false, id);
+  auto gbnf = ToolCallGrammar(ToolCallFormat::kKimiK2, tools, "ping", false, v.IdFn());
   ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
   auto parsed = grammar::ParseGbnf(*gbnf);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
-  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), trie);
-  auto accepts = [&](const std::vector<std::string>& parts) {
-    grammar::GrammarMatcher m(compiled, {});
-    for (const std::string& p : parts) {
-      if (id(p) >= 0) {
-        if (!m.Accept(id(p)).ok()) return false;
-        continue;
-      }
-      for (unsigned char b : p) {
-        if (!m.Accept(b).ok()) return false;
-      }
-    }
-    return m.Done();
-  };
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), v.trie);
+  auto accepts = [&](const std::vector<std::string>& parts) { return ControlVocab::Accepts(v, compiled, parts); };
   EXPECT_TRUE(accepts({"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.ping:0", "<|tool_call_argument_begin|>",
                        R"({"n":3})", "<|tool_call_end|>", "<|tool_calls_section_end|>"}));
   EXPECT_FALSE(accepts({"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.ping:0", "<|tool_call_argument_begin|>",
