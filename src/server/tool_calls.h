@@ -151,7 +151,8 @@ inline constexpr int kMaxParallelToolCalls = 8;
 // token_id: a control token's id by its text (-1: not in the vocabulary), for formats whose
 // calls are made of control tokens (gpt_oss: <|channel|>commentary to=functions.NAME
 // <|constrain|>json<|message|>{...}<|call|>, one call, the grammar ending with <|call|>, which
-// must then not be a stop token).
+// must then not be a stop token; kimi_k2: its section and call markers, written as text where
+// the vocabulary has no such token).
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
                                       bool parallel, const std::function<int32_t(std::string_view)>& token_id = nullptr);
 
