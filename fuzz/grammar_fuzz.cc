@@ -1,7 +1,7 @@
 // libFuzzer target for constrained decoding's untrusted inputs: the first byte picks one, the
 // rest is the input. 0: GBNF text (parsed, compiled, then the rest of the input walked through the
 // matcher byte by byte with a mask at each step); 1: a JSON Schema (to GBNF, parsed; objects open
-// when bit 2 is set); 2: a regex (to GBNF whole and searched, parsed, and to an automaton with a
+// when bit 2 is set; also as a tool's parameters for the formats with their own value syntax); 2: a regex (to GBNF whole and searched, parsed, and to an automaton with a
 // word list); 3: model output through every tool-call parser, whole and streamed. Any
 // crash, exception, hang or sanitizer report is a bug; errors are fine.
 #include <cstddef>
@@ -60,6 +60,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (data[0] & 4) c.objects = gale::grammar::ObjectKeys::kOpen;
       auto gbnf = gale::grammar::ConstraintToGbnf(c);
       if (gbnf.ok()) Walk(*gbnf, "{\"a\": 1}");
+      // The same schema as a tool's parameters, written in the formats with their own value syntax.
+      const nlohmann::ordered_json tools = {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", j}}}}};
+      using gale::server::ToolCallFormat;
+      for (auto f : {ToolCallFormat::kGemma4, ToolCallFormat::kGlm45, ToolCallFormat::kQwen3Coder}) {
+        auto calls = gale::server::ToolCallGrammar(f, tools, "", true);
+        if (calls.ok()) Walk(*calls, "<|tool_call>call:f{a:<|\"|>x<|\"|>}<tool_call|>");
+      }
       break;
     }
     case 2: {
@@ -76,14 +83,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: {
       using gale::server::ToolCallFormat;
       for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
-                     ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kGptOss,
-                     ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
+                     ToolCallFormat::kKimiK2, ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2,
+                     ToolCallFormat::kGptOss, ToolCallFormat::kGemma4, ToolCallFormat::kFunctionary,
+                     ToolCallFormat::kFunctionaryV32}) {
         gale::server::ParseToolCalls(f, in);
-        gale::server::MessageStream ms(f, true, in.size() % 2 == 0);
+        gale::server::MessageStream ms(f, f == ToolCallFormat::kGemma4 ? gale::server::kGemma4Thought : gale::server::kThinkTags,
+                                       in.size() % 2 == 0);
         for (size_t i = 0; i < in.size(); i += 5) ms.Push(in.substr(i, 5));
         ms.Finish();
       }
       gale::server::SplitReasoning(in, false);
+      gale::server::SplitReasoning(in, true, gale::server::kGemma4Thought);
     }
   }
   return 0;

@@ -114,7 +114,7 @@ struct Prepared {
   std::string constraint_param;  // the request field it came from, for errors
   std::shared_ptr<const grammar::CompiledGrammar> grammar;  // compiled
   bool parse_tools = false;      // take tool calls out of the output
-  bool starts_thinking = false;  // the prompt opened a <think> block
+  bool starts_thinking = false;  // the prompt opened a reasoning block
 };
 
 // Messages as templates expect them: an assistant's tool call arguments as objects (templates
@@ -259,13 +259,14 @@ std::variant<Prepared, ApiError> PrepareUnguarded(const std::string& body, int k
     if (!text.ok()) return ApiError{400, text.status().message(), "invalid_request_error", "messages"};
     const std::string shown = StripLiteralMarks(*text);
     if (state.reasoning) {
+      const std::string_view open = state.reasoning->open;
       const size_t end = shown.find_last_not_of(" \n\t\r");
-      p.starts_thinking = end != std::string::npos && end >= 6 && shown.compare(end - 6, 7, "<think>") == 0;
+      p.starts_thinking = end != std::string::npos && end + 1 >= open.size() && shown.compare(end + 1 - open.size(), open.size(), open) == 0;
     }
     // The template opened a think block (thinking on, as the template and enable_thinking say):
     // the model thinks freely, and the constraint (JSON, the forced call) applies to the answer
     // after it, which then comes back as content or tool_calls, not inside reasoning_content.
-    if (p.starts_thinking && p.constraint) p.constraint->after = "</think>";
+    if (p.starts_thinking && p.constraint) p.constraint->after = state.reasoning->close;
     if (auto e = CertainlyTooLong(req, state, text->size())) return *e;
     p.prompts.push_back(TokenizeChatPrompt(tok, *text));
     p.prompt_texts.push_back(shown);

@@ -52,7 +52,8 @@ struct ServingState {
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
   grammar::GrammarCompiler* grammars = nullptr;  // null: structured outputs answer 400
   ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
-  bool reasoning = false;  // the model thinks in <think> blocks (reasoning_content)
+  // How the model marks its reasoning (returned as reasoning_content), if it does.
+  std::optional<ReasoningMarkers> reasoning;
   Pooling pooling = Pooling::kNone;  // /v1/embeddings pools hidden states this way; kNone: 400
   int64_t embedding_dim = 0;         // the model's hidden size
   std::string model_name;

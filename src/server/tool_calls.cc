@@ -25,13 +25,14 @@ constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kKimiCallsBegin = "<|tool_calls_section_begin|>", kKimiCallsEnd = "<|tool_calls_section_end|>";
 constexpr std::string_view kKimiCallBegin = "<|tool_call_begin|>", kKimiCallEnd = "<|tool_call_end|>";
 constexpr std::string_view kKimiArgs = "<|tool_call_argument_begin|>";
-constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kXmlFunction = "<function=";
 constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyEnd = "</arg_key>";
 constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_value>";
 constexpr std::string_view kMinimaxOpen = "<minimax:tool_call>", kMinimaxClose = "</minimax:tool_call>";
 constexpr std::string_view kInvoke = "<invoke name=", kInvokeEnd = "</invoke>";
 constexpr std::string_view kNamedParam = "<parameter name=", kParamEnd = "</parameter>";
+constexpr std::string_view kGemmaCall = "<|tool_call>call:", kGemmaCallEnd = "<tool_call|>";
+constexpr std::string_view kGemmaQuote = "<|\"|>", kGemmaResponse = "<|tool_response>";
 constexpr int kMaxArgumentDepth = 64;
 
 std::string_view Trim(std::string_view s) {
@@ -668,7 +669,7 @@ struct CallHeader {
   Found found = Found::kNeedMore;
   std::string name;
   size_t next = 0;
-  bool xml = false, glm = false, wrapped = false, array = false;
+  bool xml = false, glm = false, gemma = false, wrapped = false, array = false;
 };
 
 // Matches lit at s[*i] (advancing *i), or says the text ends inside it, or that it is not there.
@@ -839,6 +840,51 @@ ParsedMessage ParseMinimax(std::string_view text, const ToolParamTypes* types) {
       out.content += text.substr(start, next - start);
     }
     pos = next;
+  }
+  out.content += text.substr(pos);
+  return out;
+}
+
+// Gemma 4's call at text[i] (just past <|tool_call>call:): the name up to '{', then the arguments
+// read by GemmaArgsReader, then <tool_call|> (or the text's end, or the next call: the end
+// marker may be cut off). *end: one past it.
+std::optional<ToolCall> CallFromGemma(std::string_view text, size_t i, size_t* end) {
+  const size_t brace = text.find('{', i);
+  if (brace == std::string_view::npos) return std::nullopt;
+  ToolCall call;
+  call.name = std::string(Trim(text.substr(i, brace - i)));
+  if (call.name.empty() || call.name.find_first_of("<>{}\n ") != std::string::npos) return std::nullopt;
+  GemmaArgsReader reader;
+  size_t k = brace;
+  while (k < text.size() && reader.state() == GemmaArgsReader::State::kMore) reader.Feed(text[k++], &call.arguments);
+  if (reader.state() != GemmaArgsReader::State::kDone) return std::nullopt;
+  const Found close = Expect(text, &k, kGemmaCallEnd);
+  if (close == Found::kNeedMore) k = text.size();
+  if (close == Found::kNo && k < text.size() && !StartsWith(text.substr(k), kGemmaCall)) return std::nullopt;
+  *end = k;
+  return call;
+}
+
+// Gemma 4: calls are <|tool_call>call:NAME{...}<tool_call|>; the text around them is content, and
+// so is a call that does not read whole. The message ends at <|tool_response> (where the model
+// expects the tools' answers).
+ParsedMessage ParseGemma4(std::string_view text) {
+  ParsedMessage out;
+  text = text.substr(0, text.find(kGemmaResponse));
+  size_t pos = 0;
+  while (true) {
+    const size_t start = text.find(kGemmaCall, pos);
+    if (start == std::string_view::npos) break;
+    size_t end = 0;
+    std::optional<ToolCall> call = CallFromGemma(text, start + kGemmaCall.size(), &end);
+    if (!call) {
+      out.content += text.substr(pos, start + kGemmaCall.size() - pos);
+      pos = start + kGemmaCall.size();
+      continue;
+    }
+    out.content += text.substr(pos, start - pos);
+    out.calls.push_back(std::move(*call));
+    pos = end;
   }
   out.content += text.substr(pos);
   return out;
@@ -1025,6 +1071,16 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
       if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
       return ObjectAt(NameUntil(s, at + kXmlFunction.size(), ">"), s);
     }
+    case ToolCallFormat::kGemma4: {
+      const size_t at = s.find(kGemmaCall, pos);
+      if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
+      CallHeader h = NameUntil(s, at + kGemmaCall.size(), "{");
+      if (h.found != Found::kYes) return h;
+      if (h.name.empty() || h.name.find_first_of("<> \n") != std::string::npos) return NotYet(Found::kNo);
+      h.next -= 1;  // the arguments start at their '{'
+      h.gemma = true;
+      return h;
+    }
     case ToolCallFormat::kGptOss:
     case ToolCallFormat::kFunctionaryV32: break;
   }
@@ -1037,7 +1093,8 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
   static constexpr std::string_view kTagged[] = {kHermesOpen}, kQwenXml[] = {kHermesOpen, kXmlFunction},
                                     kLlama[] = {kPythonTag}, kMistral[] = {kMistralCalls},
                                     kDeepSeek[] = {kDsCallsBegin, kDsCallBegin}, kFunctionary[] = {"<function="},
-                                    kMinimax[] = {kMinimaxOpen}, kKimi[] = {kKimiCallsBegin, kKimiCallBegin};
+                                    kMinimax[] = {kMinimaxOpen}, kKimi[] = {kKimiCallsBegin, kKimiCallBegin},
+                                    kGemma[] = {kGemmaCall, kGemmaResponse};
   switch (f) {
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kGlm45: return kTagged;
@@ -1047,6 +1104,7 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
     case ToolCallFormat::kKimiK2: return kKimi;
+    case ToolCallFormat::kGemma4: return kGemma;
     case ToolCallFormat::kFunctionary: return kFunctionary;
     case ToolCallFormat::kGptOss:
     case ToolCallFormat::kFunctionaryV32: break;  // taken apart whole at the end
@@ -1075,6 +1133,7 @@ const char* ToolCallFormatName(ToolCallFormat f) {
     case ToolCallFormat::kGlm45: return "glm45";
     case ToolCallFormat::kMinimaxM2: return "minimax_m2";
     case ToolCallFormat::kGptOss: return "gpt_oss";
+    case ToolCallFormat::kGemma4: return "gemma4";
     case ToolCallFormat::kFunctionary: return "functionary";
     case ToolCallFormat::kFunctionaryV32: return "functionary_v3_2";
   }
@@ -1084,16 +1143,17 @@ const char* ToolCallFormatName(ToolCallFormat f) {
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name) {
   for (auto f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral, ToolCallFormat::kDeepSeekV3,
                  ToolCallFormat::kKimiK2, ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kGptOss,
-                 ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
+                 ToolCallFormat::kGemma4, ToolCallFormat::kFunctionary, ToolCallFormat::kFunctionaryV32}) {
     if (name == ToolCallFormatName(f)) return f;
   }
   return InvalidArgument("tool call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, kimi_k2, qwen3_coder, "
-                         "glm45, minimax_m2, gpt_oss, functionary, functionary_v3_2", name);
+                         "glm45, minimax_m2, gpt_oss, gemma4, functionary, functionary_v3_2", name);
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view src) {
   if (src.find("<|channel|>") != std::string_view::npos) return ToolCallFormat::kGptOss;
   if (src.find(kKimiCallsBegin) != std::string_view::npos) return ToolCallFormat::kKimiK2;
+  if (src.find(kGemmaCall) != std::string_view::npos) return ToolCallFormat::kGemma4;
   if (src.find(">>>all") != std::string_view::npos) return ToolCallFormat::kFunctionaryV32;
   if (src.find(kGlmKey) != std::string_view::npos) return ToolCallFormat::kGlm45;
   if (src.find(kMinimaxOpen) != std::string_view::npos) return ToolCallFormat::kMinimaxM2;
@@ -1157,6 +1217,7 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const Tool
     case ToolCallFormat::kDeepSeekV3: out = ParseSections(text, kDeepSeekMarkers); break;
     case ToolCallFormat::kKimiK2: out = ParseSections(text, kKimiMarkers); break;
     case ToolCallFormat::kGptOss: out = ParseHarmony(text); break;
+    case ToolCallFormat::kGemma4: out = ParseGemma4(text); break;
     case ToolCallFormat::kFunctionary: out = ParseFunctionary(text); break;
     case ToolCallFormat::kFunctionaryV32: out = ParseFunctionaryV32(text); break;
   }
@@ -1164,25 +1225,217 @@ ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const Tool
   return out;
 }
 
-std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking) {
+namespace {
+
+// One character of a JSON string's text, escaped as JSON needs.
+void AppendJsonChar(char c, std::string* out) {
+  switch (c) {
+    case '"': *out += "\\\""; break;
+    case '\\': *out += "\\\\"; break;
+    case '\n': *out += "\\n"; break;
+    case '\r': *out += "\\r"; break;
+    case '\t': *out += "\\t"; break;
+    default:
+      if (static_cast<unsigned char>(c) < 0x20) {
+        *out += fmt::format("\\u{:04x}", static_cast<int>(c));
+      } else {
+        *out += c;
+      }
+  }
+}
+
+}  // namespace
+
+GemmaArgsReader::State GemmaArgsReader::Feed(char c, std::string* out) {
+  if (state_ != State::kMore) return state_;
+  // A <|"|> mark may start wherever a '<' is read; held until it is one or is not.
+  if (!held_.empty() || c == '<') {
+    held_ += c;
+    if (held_ == kGemmaQuote) {
+      held_.clear();
+      Mark(out);
+    } else if (!StartsWith(kGemmaQuote, held_)) {
+      const std::string held = std::move(held_);
+      held_.clear();
+      Char(held[0], out);
+      for (size_t i = 1; i < held.size() && state_ == State::kMore; ++i) Feed(held[i], out);
+    }
+    return state_;
+  }
+  Char(c, out);
+  return state_;
+}
+
+void GemmaArgsReader::Mark(std::string* out) {
+  switch (mode_) {
+    case Mode::kValue:
+    case Mode::kValueOrClose:
+      *out += '"';
+      key_string_ = false;
+      mode_ = Mode::kString;
+      break;
+    case Mode::kKey:
+    case Mode::kKeyOrClose:
+      word_.clear();
+      key_string_ = true;
+      mode_ = Mode::kString;
+      break;
+    case Mode::kString:
+      if (key_string_) {
+        *out += JsonText(Json(word_));
+        mode_ = Mode::kAfterKey;
+      } else {
+        *out += '"';
+        mode_ = Mode::kAfterValue;
+      }
+      break;
+    default: state_ = State::kError;
+  }
+}
+
+void GemmaArgsReader::EndBare(std::string* out) {
+  static const std::pair<std::string_view, std::string_view> kPython[] = {{"None", "null"}, {"True", "true"}, {"False", "false"}};
+  const std::string_view word = Trim(word_);
+  std::optional<Json> v = ParseJson(word);
+  if (v && (v->is_number() || v->is_boolean() || v->is_null())) {
+    *out += word;
+  } else if (auto it = std::find_if(std::begin(kPython), std::end(kPython), [&](const auto& p) { return p.first == word; });
+             it != std::end(kPython)) {
+    *out += it->second;
+  } else {
+    *out += JsonText(Json(std::string(word)));
+  }
+  word_.clear();
+  mode_ = Mode::kAfterValue;
+}
+
+void GemmaArgsReader::Close(char c, std::string* out) {
+  if (stack_.empty() || (c == '}') != (stack_.back() == 'o')) {
+    state_ = State::kError;
+    return;
+  }
+  *out += c;
+  stack_.pop_back();
+  mode_ = Mode::kAfterValue;
+  if (stack_.empty()) state_ = State::kDone;
+}
+
+void GemmaArgsReader::Char(char c, std::string* out) {
+  const bool space = IsJsonSpace(c);
+  switch (mode_) {
+    case Mode::kString:
+      if (key_string_) {
+        word_ += c;
+      } else {
+        AppendJsonChar(c, out);
+      }
+      return;
+    case Mode::kBare:
+      if (space || c == ',' || c == '}' || c == ']') {
+        EndBare(out);
+        Char(c, out);
+      } else {
+        word_ += c;
+      }
+      return;
+    case Mode::kBareKey:
+      if (c == ':') {
+        *out += JsonText(Json(std::string(Trim(word_)))) + ":";
+        word_.clear();
+        mode_ = Mode::kValue;
+      } else if (c == ',' || c == '{' || c == '}' || c == '[' || c == ']') {
+        state_ = State::kError;
+      } else {
+        word_ += c;
+      }
+      return;
+    default: break;
+  }
+  if (space) return;
+  switch (mode_) {
+    case Mode::kStart:
+    case Mode::kValue:
+    case Mode::kValueOrClose:
+      if (c == ']' && mode_ == Mode::kValueOrClose) {
+        Close(c, out);
+      } else if (c == '{' || c == '[') {
+        if (mode_ == Mode::kStart && c != '{') {
+          state_ = State::kError;
+          return;
+        }
+        if (stack_.size() >= static_cast<size_t>(kMaxArgumentDepth)) {
+          state_ = State::kError;
+          return;
+        }
+        *out += c;
+        stack_ += c == '{' ? 'o' : 'a';
+        mode_ = c == '{' ? Mode::kKeyOrClose : Mode::kValueOrClose;
+      } else if (mode_ == Mode::kStart || c == ',' || c == ':' || c == '}' || c == ']') {
+        state_ = State::kError;
+      } else {
+        word_.assign(1, c);
+        mode_ = Mode::kBare;
+      }
+      return;
+    case Mode::kKey:
+    case Mode::kKeyOrClose:
+      if (c == '}' && mode_ == Mode::kKeyOrClose) {
+        Close(c, out);
+      } else if (c == ',' || c == ':' || c == '{' || c == '}' || c == '[' || c == ']') {
+        state_ = State::kError;
+      } else {
+        word_.assign(1, c);
+        mode_ = Mode::kBareKey;
+      }
+      return;
+    case Mode::kAfterKey:
+      if (c != ':') {
+        state_ = State::kError;
+        return;
+      }
+      *out += ':';
+      mode_ = Mode::kValue;
+      return;
+    case Mode::kAfterValue:
+      if (c == ',') {
+        *out += ',';
+        mode_ = stack_.back() == 'o' ? Mode::kKey : Mode::kValue;
+      } else if (c == '}' || c == ']') {
+        Close(c, out);
+      } else {
+        state_ = State::kError;
+      }
+      return;
+    default: state_ = State::kError;
+  }
+}
+
+std::optional<ReasoningMarkers> DetectReasoning(std::string_view src) {
+  if (src.find(kGemma4Thought.open) != std::string_view::npos) return kGemma4Thought;
+  if (src.find(kThinkTags.close) != std::string_view::npos) return kThinkTags;
+  return std::nullopt;
+}
+
+std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking, ReasoningMarkers markers) {
   std::string_view t = text;
   const std::string_view lead = Trim(t);
   if (!starts_thinking) {
-    if (!StartsWith(lead, kThinkOpen)) return {"", std::string(text)};
-    t = lead.substr(kThinkOpen.size());
+    if (!StartsWith(lead, markers.open)) return {"", std::string(text)};
+    t = lead.substr(markers.open.size());
   }
-  const size_t close = t.find(kThinkClose);
+  const size_t close = t.find(markers.close);
   if (close == std::string_view::npos) return {std::string(t), ""};  // cut while thinking
-  return {std::string(t.substr(0, close)), std::string(t.substr(close + kThinkClose.size()))};
+  return {std::string(t.substr(0, close)), std::string(t.substr(close + markers.close.size()))};
 }
 
-MessageStream::MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls,
+MessageStream::MessageStream(std::optional<ToolCallFormat> tools, std::optional<ReasoningMarkers> reasoning,
+                             bool starts_thinking, bool forced_calls,
                              std::shared_ptr<const ToolParamTypes> types)
     : tools_(tools),
       types_(std::move(types)),
       reasoning_(reasoning),
       forced_calls_(forced_calls),
-      thinking_(reasoning && starts_thinking) {
+      thinking_(reasoning.has_value() && starts_thinking) {
   if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) scan_ = Scan::kStopped;
 }
 
@@ -1279,7 +1532,24 @@ void MessageStream::ScanCalls(std::vector<CallDelta>* out) {
         scan_depth_ = 0;
         scan_in_string_ = scan_escape_ = false;
         scan_any_param_ = false;
-        scan_ = h.xml ? Scan::kXmlParameters : h.glm ? Scan::kGlmArguments : Scan::kJsonArguments;
+        scan_ = h.xml ? Scan::kXmlParameters : h.glm ? Scan::kGlmArguments : h.gemma ? Scan::kGemmaArguments : Scan::kJsonArguments;
+        gemma_ = GemmaArgsReader();
+        break;
+      }
+      case Scan::kGemmaArguments: {
+        std::string piece;
+        size_t i = scan_pos_;
+        while (i < s.size() && gemma_.state() == GemmaArgsReader::State::kMore) gemma_.Feed(s[i++], &piece);
+        scan_pos_ = i;
+        SendArguments(piece, out);
+        if (gemma_.state() == GemmaArgsReader::State::kMore) return;
+        scan_ = gemma_.state() == GemmaArgsReader::State::kDone ? Scan::kCallEnd : Scan::kStopped;
+        break;
+      }
+      case Scan::kCallEnd: {  // gemma4's <tool_call|>
+        const Found end = Expect(s, &scan_pos_, kGemmaCallEnd);
+        if (end == Found::kNeedMore) return;
+        scan_ = Scan::kSeek;  // without it, the next call or the text's end
         break;
       }
       case Scan::kJsonArguments: {
@@ -1340,14 +1610,14 @@ MessageStream::Delta MessageStream::PushText(std::string_view text) {
   pending_.clear();
   while (!buf.empty()) {
     if (thinking_) {
-      const size_t close = buf.find(kThinkClose);
+      const size_t close = buf.find(reasoning_->close);
       if (close != std::string::npos) {
         d.reasoning += buf.substr(0, close);
-        buf.erase(0, close + kThinkClose.size());
+        buf.erase(0, close + reasoning_->close.size());
         thinking_ = false;
         continue;
       }
-      const size_t keep = PartialMarker(buf, kThinkClose);
+      const size_t keep = PartialMarker(buf, reasoning_->close);
       d.reasoning += buf.substr(0, buf.size() - keep);
       pending_ = buf.substr(buf.size() - keep);
       break;
@@ -1358,12 +1628,15 @@ MessageStream::Delta MessageStream::PushText(std::string_view text) {
       break;
     }
     const std::string_view lead = Trim(buf);
-    if (!seen_content_ && (lead.empty() || (reasoning_ && kThinkOpen.substr(0, lead.size()) == lead && lead.size() < kThinkOpen.size()))) {
-      pending_ = buf;  // only whitespace, or the start of <think>, so far
+    if (!seen_content_ && (lead.empty() || (reasoning_ && reasoning_->open.substr(0, lead.size()) == lead &&
+                                            lead.size() < reasoning_->open.size()))) {
+      pending_ = buf;  // only whitespace, or the start of the reasoning's marker, so far
       break;
     }
-    if (!seen_content_ && reasoning_ && StartsWith(lead, kThinkOpen)) {
-      buf = std::string(lead.substr(kThinkOpen.size()));
+    if (!seen_content_ && reasoning_ && StartsWith(lead, reasoning_->open)) {
+      // (Only the white space before the marker goes: what follows it is the reasoning's, even when
+      // a piece ends with it.)
+      buf.erase(0, buf.find_first_not_of(" \n\r\t") + reasoning_->open.size());
       thinking_ = true;
       continue;
     }
@@ -1543,6 +1816,7 @@ std::optional<std::vector<XmlParam>> XmlParams(const Json& params, std::string_v
 struct SyntaxTokens {
   std::string channel, constrain, message, call;                   // gpt_oss (harmony)
   std::string calls_begin, call_begin, args, call_end, calls_end;  // kimi_k2
+  std::string quote;                                               // gemma4 (call_begin, call_end too)
 };
 
 StatusOr<SyntaxTokens> FindSyntaxTokens(ToolCallFormat f, const std::function<int32_t(std::string_view)>& token_id) {
@@ -1558,6 +1832,11 @@ StatusOr<SyntaxTokens> FindSyntaxTokens(ToolCallFormat f, const std::function<in
   } else if (f == ToolCallFormat::kKimiK2) {
     for (auto [text, out] : {Slot{kKimiCallsBegin, &t.calls_begin}, Slot{kKimiCallBegin, &t.call_begin},
                              Slot{kKimiArgs, &t.args}, Slot{kKimiCallEnd, &t.call_end}, Slot{kKimiCallsEnd, &t.calls_end}}) {
+      const int32_t id = token_id ? token_id(text) : -1;
+      *out = id >= 0 ? fmt::format("<[{}]>", id) : grammar::GbnfLiteral(text);
+    }
+  } else if (f == ToolCallFormat::kGemma4) {
+    for (auto [text, out] : {Slot{"<|tool_call>", &t.call_begin}, Slot{kGemmaCallEnd, &t.call_end}, Slot{kGemmaQuote, &t.quote}}) {
       const int32_t id = token_id ? token_id(text) : -1;
       *out = id >= 0 ? fmt::format("<[{}]>", id) : grammar::GbnfLiteral(text);
     }
@@ -1599,6 +1878,246 @@ Json AbsorbDefinitions(Json params, const std::string& prefix, Json& defs) {
   return params;
 }
 
+// A value in Gemma 4's syntax, by its schema: a string (free text or one of some), a JSON-syntax
+// scalar (a number, boolean or null: the rule of the converted schema), an object of declared
+// members, an array of one kind of item, or any value at all (the schema says nothing more).
+struct GemmaNode {
+  enum class Kind { kText, kChoice, kJson, kObject, kArray, kAny, kAnyObject, kAnyArray } kind = Kind::kAny;
+  bool nullable = false;
+  std::vector<std::string> choices;                        // kChoice
+  std::string rule;                                        // kJson
+  std::vector<std::string> keys;                           // kObject, in the template's order
+  std::vector<GemmaNode> members;                          // kObject, per key
+  std::vector<bool> required;                              // kObject, per key
+  std::vector<GemmaNode> item;                             // kArray: its one element
+};
+
+// Reads a tool's parameter schema as Gemma 4 values (GemmaNode); scalars' schemas go into defs
+// (named prefix + "v" + a count, listed in any_of so the conversion writes their rules). What
+// the syntax cannot hold or check is refused, naming the place: a string with a pattern, format
+// or length, unions, references, open objects with declared members, array bounds.
+class GemmaShaper {
+ public:
+  GemmaShaper(std::string prefix, Json* defs, Json* any_of) : prefix_(std::move(prefix)), defs_(defs), any_of_(any_of) {}
+  StatusOr<GemmaNode> Shape(const Json& s, const std::string& at, int depth = 0);
+
+ private:
+  StatusOr<GemmaNode> Object(const Json& s, const std::string& at, int depth);
+  GemmaNode Scalar(const Json& s) {
+    GemmaNode n;
+    n.kind = GemmaNode::Kind::kJson;
+    n.rule = fmt::format("{}v{}", prefix_, count_++);
+    (*defs_)[n.rule] = s;
+    any_of_->push_back({{"$ref", "#/$defs/" + n.rule}});
+    return n;
+  }
+  std::string prefix_;
+  Json* defs_;
+  Json* any_of_;
+  int count_ = 0;
+};
+
+StatusOr<GemmaNode> GemmaShaper::Shape(const Json& s, const std::string& at, int depth) {
+  static const std::vector<std::string> kNotes = {"description", "title", "default", "examples", "$schema"};
+  static const std::vector<std::string> kKnown = {"type", "enum", "const", "properties", "required", "additionalProperties",
+                                                  "items", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+  auto refuse = [&](std::string_view what) {
+    return InvalidArgument("{}: {} cannot be written in gemma4's call syntax", at.empty() ? "the parameters" : at, what);
+  };
+  if (depth > kMaxArgumentDepth) return refuse("a schema this deep");
+  if (s.is_boolean() && s.get<bool>()) return GemmaNode{};
+  if (!s.is_object()) return refuse("this schema");
+  Json core = Json::object();
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    if (std::find(kNotes.begin(), kNotes.end(), it.key()) != kNotes.end()) continue;
+    if (std::find(kKnown.begin(), kKnown.end(), it.key()) == kKnown.end()) return refuse("'" + it.key() + "'");
+    core[it.key()] = it.value();
+  }
+  if (core.empty()) return GemmaNode{};
+  std::string type;
+  bool nullable = false;
+  if (core.contains("type") && core["type"].is_array()) {
+    for (const Json& t : core["type"]) {
+      if (t == "null") {
+        nullable = true;
+      } else if (t.is_string() && type.empty()) {
+        type = t.get<std::string>();
+      } else {
+        return refuse("a union of types");
+      }
+    }
+  } else if (core.contains("type")) {
+    if (!core["type"].is_string()) return refuse("this 'type'");
+    type = core["type"].get<std::string>();
+  } else if (core.contains("properties")) {
+    type = "object";
+  } else if (core.contains("items")) {
+    type = "array";
+  }
+  GemmaNode n;
+  const Json* values = core.contains("enum") ? &core["enum"] : nullptr;
+  Json one;
+  if (core.contains("const")) {
+    one = Json::array({core["const"]});
+    values = &one;
+  }
+  if (values != nullptr) {
+    if (!values->is_array() || values->empty()) return refuse("this 'enum'");
+    if (std::all_of(values->begin(), values->end(), [](const Json& v) { return v.is_string(); })) {
+      n.kind = GemmaNode::Kind::kChoice;
+      for (const Json& v : *values) {
+        if (v.get<std::string>().find(kGemmaQuote) != std::string::npos) return refuse("a value holding <|\"|>");
+        n.choices.push_back(v.get<std::string>());
+      }
+    } else if (std::all_of(values->begin(), values->end(), [](const Json& v) { return v.is_primitive(); }) &&
+               std::none_of(values->begin(), values->end(), [](const Json& v) { return v.is_string(); })) {
+      n = Scalar(s);
+    } else {
+      return refuse("an enum of strings and other values");
+    }
+  } else if (type == "string") {
+    for (auto it = core.begin(); it != core.end(); ++it) {
+      if (it.key() != "type") return refuse("'" + it.key() + "' on a string");
+    }
+    n.kind = GemmaNode::Kind::kText;
+  } else if (type == "integer" || type == "number" || type == "boolean" || type == "null") {
+    Json scalar = core;
+    scalar["type"] = type;
+    n = Scalar(scalar);
+  } else if (type == "object") {
+    ASSIGN_OR_RETURN(n, Object(core, at, depth));
+  } else if (type == "array") {
+    for (auto it = core.begin(); it != core.end(); ++it) {
+      if (it.key() != "type" && it.key() != "items") return refuse("'" + it.key() + "' on an array");
+    }
+    n.kind = GemmaNode::Kind::kAnyArray;
+    if (core.contains("items")) {
+      ASSIGN_OR_RETURN(GemmaNode item, Shape(core["items"], at + "[]", depth + 1));
+      n.kind = GemmaNode::Kind::kArray;
+      n.item.push_back(std::move(item));
+    }
+  } else {
+    return refuse(type.empty() ? "a schema without a type" : "type '" + type + "'");
+  }
+  n.nullable = n.nullable || nullable;
+  return n;
+}
+
+StatusOr<GemmaNode> GemmaShaper::Object(const Json& core, const std::string& at, int depth) {
+  auto refuse = [&](std::string_view what) {
+    return InvalidArgument("{}: {} cannot be written in gemma4's call syntax", at.empty() ? "the parameters" : at, what);
+  };
+  for (auto it = core.begin(); it != core.end(); ++it) {
+    if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && it.key() != "additionalProperties") {
+      return refuse("'" + it.key() + "' on an object");
+    }
+  }
+  GemmaNode n;
+  const Json props = core.value("properties", Json::object());
+  const Json required = core.value("required", Json::array());
+  const Json extra = core.value("additionalProperties", Json());
+  if (!props.is_object() || !required.is_array()) return refuse("these 'properties' or 'required'");
+  // No members declared: any object, unless other keys are closed out (gale closes an object
+  // that declares its properties, even none, as OpenAI's strict mode does).
+  if (!core.contains("properties") && required.empty() && (extra.is_null() || extra == true)) {
+    n.kind = GemmaNode::Kind::kAnyObject;
+    return n;
+  }
+  if (!extra.is_null() && extra != false) return refuse("other keys beside declared ones");
+  n.kind = GemmaNode::Kind::kObject;
+  for (const Json& r : required) {
+    if (!r.is_string() || !props.contains(r.get<std::string>())) return refuse("a required key it does not declare");
+  }
+  std::vector<std::string> keys;
+  for (auto it = props.begin(); it != props.end(); ++it) keys.push_back(it.key());
+  // The template writes keys sorted as Jinja's dictsort does: case folded, stable.
+  auto folded = [](std::string k) {
+    for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return k;
+  };
+  std::stable_sort(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) { return folded(a) < folded(b); });
+  for (const std::string& k : keys) {
+    if (k.empty() || k.find_first_of(":,{}[]<>\"\n\t ") != std::string::npos) return refuse("the key '" + k + "'");
+    ASSIGN_OR_RETURN(GemmaNode m, Shape(props[k], at.empty() ? k : at + "." + k, depth + 1));
+    n.keys.push_back(k);
+    n.members.push_back(std::move(m));
+    n.required.push_back(std::find(required.begin(), required.end(), Json(k)) != required.end());
+  }
+  return n;
+}
+
+// Writes a GemmaNode's grammar: Value gives its expression, adding rules (named from `name`) to
+// *rules; the rules for any value are written once, when first needed.
+class GemmaRules {
+ public:
+  GemmaRules(const SyntaxTokens& t, std::string* rules) : q_(t.quote), rules_(rules) {}
+  std::string Value(const GemmaNode& n, const std::string& name);
+
+ private:
+  std::string Text() {
+    if (!text_) *rules_ += grammar::TextWithoutGbnf("gemma-text", std::string(kGemmaQuote));
+    text_ = true;
+    return q_ + " gemma-text-0 " + q_;
+  }
+  std::string Any();
+  const std::string q_;
+  std::string* rules_;
+  bool text_ = false, any_ = false;
+};
+
+std::string GemmaRules::Any() {
+  if (!any_) {
+    *rules_ += "gemma-value ::= gemma-string | gemma-object | gemma-array | gemma-number | \"true\" | \"false\" | \"null\"\n";
+    *rules_ += "gemma-string ::= " + Text() + "\n";
+    *rules_ += "gemma-object ::= \"{\" (gemma-member (\",\" gemma-member)*)? \"}\"\n";
+    *rules_ += "gemma-member ::= [^:{}\\[\\],<\"\\n ]+ \":\" gemma-value\n";
+    *rules_ += "gemma-array ::= \"[\" (gemma-value (\",\" gemma-value)*)? \"]\"\n";
+    *rules_ += "gemma-number ::= \"-\"? ([0-9] | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n";
+  }
+  any_ = true;
+  return "gemma-value";
+}
+
+std::string GemmaRules::Value(const GemmaNode& n, const std::string& name) {
+  std::string v;
+  switch (n.kind) {
+    case GemmaNode::Kind::kText: v = Text(); break;
+    case GemmaNode::Kind::kChoice:
+      for (const std::string& c : n.choices) v += (v.empty() ? "(" : " | ") + grammar::GbnfLiteral(c);
+      v = q_ + " " + v + ") " + q_;
+      break;
+    case GemmaNode::Kind::kJson: v = n.rule; break;
+    case GemmaNode::Kind::kAny: v = Any(); break;
+    case GemmaNode::Kind::kAnyObject: Any(); v = "gemma-object"; break;
+    case GemmaNode::Kind::kAnyArray: Any(); v = "gemma-array"; break;
+    case GemmaNode::Kind::kArray: {
+      const std::string item = Value(n.item[0], name + "-i");
+      v = fmt::format("\"[\" ({} (\",\" {})*)? \"]\"", item, item);
+      break;
+    }
+    case GemmaNode::Kind::kObject: {
+      // Members in order, optional ones left out, a comma between two written: head<k> starts at
+      // member k with none written yet, tail<k> after one was.
+      const size_t m = n.members.size();
+      for (size_t k = m; k-- > 0;) {
+        const std::string member =
+            grammar::GbnfLiteral(n.keys[k] + ":") + " " + Value(n.members[k], fmt::format("{}-{}", name, k));
+        const std::string tail_next = k + 1 < m ? fmt::format("{}-t{}", name, k + 1) : "";
+        const std::string head_next = k + 1 < m ? fmt::format("{}-h{}", name, k + 1) : "";
+        *rules_ += fmt::format("{}-t{} ::= {}\n", name, k,
+                               n.required[k] ? fmt::format("\",\" {} {}", member, tail_next)
+                                             : fmt::format("(\",\" {})? {}", member, tail_next));
+        *rules_ += fmt::format("{}-h{} ::= {}\n", name, k,
+                               n.required[k] ? fmt::format("{} {}", member, tail_next)
+                                             : fmt::format("{} {} | {}", member, tail_next, head_next.empty() ? "\"\"" : head_next));
+      }
+      v = m == 0 ? "\"{}\"" : fmt::format("\"{{\" {}-h0 \"}}\"", name);
+      break;
+    }
+  }
+  return n.nullable ? "(" + v + " | \"null\")" : v;
+}
+
 // The tools a call may name. Every chosen tool's parameters go into one schema's $defs, so one
 // conversion writes all argument rules: tool<i>-params (qwen3_coder's XML parameters with JSON
 // values also tool<i>-p<k>).
@@ -1606,6 +2125,7 @@ struct ChosenTools {
   Json combined = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
   std::vector<std::string> names;
   std::vector<std::optional<std::vector<XmlParam>>> xml;  // qwen3_coder, glm45: each tool's parameters
+  std::vector<GemmaNode> gemma;                           // gemma4: each tool's parameters
 };
 
 StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name) {
@@ -1641,6 +2161,15 @@ StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json
         c.combined["$defs"][def] = x.schema;
         c.combined["anyOf"].push_back({{"$ref", "#/$defs/" + def}});
       }
+    }
+    if (f == ToolCallFormat::kGemma4) {
+      if (fname.find_first_of("{}<> \n") != std::string::npos) return InvalidArgument("tool '{}': its name cannot be written in gemma4's call syntax", fname);
+      GemmaShaper shaper(prefix, &c.combined["$defs"], &c.combined["anyOf"]);
+      auto shape = shaper.Shape(params, "");
+      if (!shape.ok()) return InvalidArgument("tool '{}': {}", fname, shape.status().message());
+      c.gemma.push_back(std::move(*shape));
+      c.names.push_back(fname);
+      continue;
     }
     c.combined["$defs"][prefix + "params"] = params;
     c.combined["anyOf"].push_back({{"$ref", "#/$defs/" + prefix + "params"}});
@@ -1722,7 +2251,8 @@ std::string InvokeCallBody(size_t i, const std::string& name, const std::vector<
 }
 
 // One call of tool i in the format's syntax, its arguments the rule tool<i>-params.
-std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const SyntaxTokens& h, std::string* rules) {
+std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const SyntaxTokens& h, std::string* rules,
+                     GemmaRules* gemma) {
   const std::string& name = c.names[i];
   const std::string args = fmt::format("tool{}-params", i);
   switch (f) {
@@ -1739,6 +2269,9 @@ std::string CallBody(ToolCallFormat f, size_t i, const ChosenTools& c, const Syn
     case ToolCallFormat::kGptOss:
       return h.channel + " " + grammar::GbnfLiteral("commentary to=functions." + name + " ") + " " + h.constrain + " " +
              grammar::GbnfLiteral("json") + " " + h.message + " " + args + " " + h.call;
+    case ToolCallFormat::kGemma4:
+      return h.call_begin + " " + grammar::GbnfLiteral("call:" + name) + " " +
+             gemma->Value(c.gemma[i], fmt::format("tool{}-gemma", i)) + " " + h.call_end;
     case ToolCallFormat::kGlm45: return GlmCallBody(i, name, *c.xml[i], rules);
     case ToolCallFormat::kMinimaxM2: return InvokeCallBody(i, name, *c.xml[i], rules);
     case ToolCallFormat::kQwen3Coder:
@@ -1790,6 +2323,7 @@ std::string RootRules(ToolCallFormat f, bool many, const SyntaxTokens& t) {
                          many ? " tool_call_one" + more : "", grammar::GbnfLiteral(kDsCallsEnd));
     case ToolCallFormat::kKimiK2:
       return fmt::format("root ::= {} tool_call_one{} {}\n", t.calls_begin, many ? " tool_call_one" + more : "", t.calls_end);
+    case ToolCallFormat::kGemma4: return fmt::format("root ::= tool_call_one{}\n", many ? " tool_call_one" + more : "");
   }
   return "";
 }
@@ -1800,12 +2334,16 @@ StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_
                                       bool parallel, const std::function<int32_t(std::string_view)>& token_id) {
   ASSIGN_OR_RETURN(const SyntaxTokens tokens, FindSyntaxTokens(f, token_id));
   ASSIGN_OR_RETURN(const ChosenTools chosen, ChooseTools(f, tools, name));
-  auto rules = grammar::JsonSchemaToGbnf(chosen.combined, "tool_arguments_any");
-  if (!rules.ok()) return InvalidArgument("tool parameters: {}", rules.status().message());
-  std::string out = *rules;
+  std::string out;
+  if (!chosen.combined["anyOf"].empty()) {  // (gemma4's tools may have no JSON-syntax values)
+    auto rules = grammar::JsonSchemaToGbnf(chosen.combined, "tool_arguments_any");
+    if (!rules.ok()) return InvalidArgument("tool parameters: {}", rules.status().message());
+    out = std::move(*rules);
+  }
   std::string any;
+  GemmaRules gemma(tokens, &out);
   for (size_t i = 0; i < chosen.names.size(); ++i) {
-    const std::string body = CallBody(f, i, chosen, tokens, &out);
+    const std::string body = CallBody(f, i, chosen, tokens, &out, &gemma);
     out += fmt::format("tool_call_{} ::= {}\n", i, body);
     any += (any.empty() ? "" : " | ") + fmt::format("tool_call_{}", i);
   }

@@ -20,6 +20,9 @@
 //                <|channel|>final<|message|>... (content), <|channel|>commentary to=functions.name
 //                <|constrain|>json<|message|>{...}<|call|> (a call); the control tokens must be in
 //                the text (the server asks the engine to render them for this format)
+//   gemma4       <|tool_call>call:name{key:value,...}<tool_call|>... (Gemma 4): values in Gemma's own
+//                syntax (strings between <|"|> marks, keys bare, objects and arrays as JSON's),
+//                control tokens rendered into the text; reasoning in <|channel>thought...<channel|>
 //   functionary  <function=name>{...}</function> (Functionary v3.1; Granite 4 writes hermes)
 //   functionary_v3_2  the prompt ends with ">>>"; parts "all\ntext" (content) and "name\n{...}" (a
 //                call; python's may be raw code), joined by ">>>" (Functionary v3.2)
@@ -45,15 +48,26 @@
 namespace gale::server {
 
 enum class ToolCallFormat {
-  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kKimiK2, kQwen3Coder, kGlm45, kMinimaxM2, kGptOss, kFunctionary, kFunctionaryV32
+  kHermes, kLlama3Json, kMistral, kDeepSeekV3, kKimiK2, kQwen3Coder, kGlm45, kMinimaxM2, kGptOss, kGemma4, kFunctionary, kFunctionaryV32
 };
 const char* ToolCallFormatName(ToolCallFormat f);
 StatusOr<ToolCallFormat> ParseToolCallFormat(const std::string& name);
 // From a chat template's source: the markers it writes calls with; hermes when it shows none.
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 // Whether the format's markers are control tokens, which the engine must then render into the
-// text it returns (gpt_oss, kimi_k2).
-inline bool RendersControlTokens(ToolCallFormat f) { return f == ToolCallFormat::kGptOss || f == ToolCallFormat::kKimiK2; }
+// text it returns (gpt_oss, kimi_k2, gemma4).
+inline bool RendersControlTokens(ToolCallFormat f) {
+  return f == ToolCallFormat::kGptOss || f == ToolCallFormat::kKimiK2 || f == ToolCallFormat::kGemma4;
+}
+
+// How a model marks its reasoning: a block from `open` to `close` at the start of its message.
+struct ReasoningMarkers {
+  std::string_view open, close;
+};
+inline constexpr ReasoningMarkers kThinkTags{"<think>", "</think>"};
+inline constexpr ReasoningMarkers kGemma4Thought{"<|channel>thought", "<channel|>"};
+// From a chat template's source: the reasoning markers its model writes, if any.
+std::optional<ReasoningMarkers> DetectReasoning(std::string_view template_source);
 
 struct ToolCall {
   std::string name;
@@ -77,9 +91,35 @@ ToolParamTypes ParamTypesOf(const nlohmann::ordered_json& tools);
 // null: a value is then taken as JSON where it parses, else as a string).
 ParsedMessage ParseToolCalls(ToolCallFormat f, std::string_view text, const ToolParamTypes* types = nullptr);
 
-// `<think>...</think>`: the reasoning and the rest. starts_thinking: the prompt ended inside a
-// think block (the template opened it), so the text starts with reasoning.
-std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking);
+// `<think>...</think>` (or other markers): the reasoning and the rest. starts_thinking: the prompt
+// ended inside a think block (the template opened it), so the text starts with reasoning.
+std::pair<std::string, std::string> SplitReasoning(std::string_view text, bool starts_thinking,
+                                                   ReasoningMarkers markers = kThinkTags);
+
+// Reads Gemma 4's argument syntax a character at a time and writes the same value as JSON text:
+// strings between <|"|> marks (raw text, no escapes), object keys bare (or marked), numbers,
+// true, false and null as JSON's; a bare word that is none of these is read as a string (None,
+// True, False as Python's). Output is written as soon as it is certain, so a stream sends it as
+// it is read. The value must be an object.
+class GemmaArgsReader {
+ public:
+  enum class State { kMore, kDone, kError };
+  State Feed(char c, std::string* out);
+  State state() const { return state_; }
+
+ private:
+  enum class Mode { kStart, kValue, kValueOrClose, kKey, kKeyOrClose, kBareKey, kAfterKey, kString, kBare, kAfterValue };
+  void Char(char c, std::string* out);
+  void Mark(std::string* out);  // a <|"|> mark
+  void EndBare(std::string* out);
+  void Close(char c, std::string* out);
+  State state_ = State::kMore;
+  Mode mode_ = Mode::kStart;
+  bool key_string_ = false;  // kString: the string is a key
+  std::string stack_;        // open containers: 'o' object, 'a' array
+  std::string held_;         // the start of a possible <|"|> mark
+  std::string word_;         // a key or bare value being read
+};
 
 // A piece of a streamed call, as OpenAI's tool_calls deltas carry it: the first of a call names it
 // (its arguments may be empty), later ones add to its arguments' text.
@@ -91,15 +131,17 @@ struct CallDelta {
 
 // Streams a message: Push gives what may be sent now as content or reasoning, and of the calls
 // their names as soon as they are written and their arguments as they grow (hermes, qwen3_coder
-// XML or JSON, glm45 and minimax_m2 (a parameter at a time), llama3_json, mistral, deepseek_v3, kimi_k2, functionary;
+// XML or JSON, glm45 and minimax_m2 (a parameter at a time), llama3_json, mistral, deepseek_v3, kimi_k2, gemma4,
+// functionary;
 // gpt_oss and functionary_v3_2 are taken apart at the end). Text that could be (the start of) a call is not content.
 class MessageStream {
  public:
-  // tools: parse tool calls; reasoning: split <think> blocks (starts_thinking as above).
+  // tools: parse tool calls; reasoning: split reasoning blocks (starts_thinking as above).
   // forced_calls: the output was constrained to calls (tool_choice required or named): it has no
   // content, so what of a call did not parse (a call cut by max_tokens) and the newlines between
   // a thought and the calls are dropped, never returned as content.
-  MessageStream(std::optional<ToolCallFormat> tools, bool reasoning, bool starts_thinking, bool forced_calls = false,
+  MessageStream(std::optional<ToolCallFormat> tools, std::optional<ReasoningMarkers> reasoning, bool starts_thinking,
+                bool forced_calls = false,
                 std::shared_ptr<const ToolParamTypes> types = nullptr);
   struct Delta {
     std::string content, reasoning;
@@ -120,16 +162,16 @@ class MessageStream {
 
   std::optional<ToolCallFormat> tools_;
   std::shared_ptr<const ToolParamTypes> types_;
-  bool reasoning_;
+  std::optional<ReasoningMarkers> reasoning_;
   bool forced_calls_;
   bool thinking_;          // inside a think block now
   bool seen_content_ = false;
-  std::string pending_;    // held back: a possible <think> / </think> marker's start
+  std::string pending_;    // held back: a possible reasoning marker's start
   std::string call_text_;  // from the first call marker on
   bool in_calls_ = false;
   std::string reasoning_all_, content_all_;
   // The call scanner: where it is in call_text_, and in what.
-  enum class Scan { kSeek, kJsonArguments, kWrapperEnd, kXmlParameters, kGlmArguments, kStopped };
+  enum class Scan { kSeek, kJsonArguments, kWrapperEnd, kXmlParameters, kGlmArguments, kGemmaArguments, kCallEnd, kStopped };
   Scan scan_ = Scan::kSeek;
   size_t scan_pos_ = 0;
   int scan_depth_ = 0;  // kJsonArguments: brackets open
@@ -137,6 +179,7 @@ class MessageStream {
   bool scan_wrapped_ = false;    // the arguments are a member of {"name": ..., "arguments": ...}
   bool scan_any_param_ = false;  // kXmlParameters, kGlmArguments: a parameter was sent
   bool scan_array_ = false;      // mistral's [{...}, {...}]
+  GemmaArgsReader gemma_;        // kGemmaArguments
   std::vector<CallDelta> streamed_;  // per call: its name and the arguments sent so far
 };
 
@@ -151,8 +194,8 @@ inline constexpr int kMaxParallelToolCalls = 8;
 // token_id: a control token's id by its text (-1: not in the vocabulary), for formats whose
 // calls are made of control tokens (gpt_oss: <|channel|>commentary to=functions.NAME
 // <|constrain|>json<|message|>{...}<|call|>, one call, the grammar ending with <|call|>, which
-// must then not be a stop token; kimi_k2: its section and call markers, written as text where
-// the vocabulary has no such token).
+// must then not be a stop token; kimi_k2 and gemma4: their markers, written as text where the
+// vocabulary has no such token).
 StatusOr<std::string> ToolCallGrammar(ToolCallFormat f, const nlohmann::ordered_json& tools, const std::string& name,
                                       bool parallel, const std::function<int32_t(std::string_view)>& token_id = nullptr);
 

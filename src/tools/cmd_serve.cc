@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include <fmt/format.h>
+
 #include "base/memory.h"
 #include "model/chat_template.h"
 #include "server/http_server.h"
@@ -71,7 +73,7 @@ void AddServeOptions(CLI::App& app, ServeOpts& o) {
   app.add_flag("--no-warmup", o.no_warmup, "skip the warm-up request before /health says ready");
   app.add_option("--tool-call-parser", o.tool_call_parser,
                  "how the model writes tool calls: hermes | llama3_json | mistral | deepseek_v3 | kimi_k2 | qwen3_coder | glm45 | "
-                 "minimax_m2 | gpt_oss | functionary | functionary_v3_2 "
+                 "minimax_m2 | gpt_oss | gemma4 | functionary | functionary_v3_2 "
                  "(default: from the chat template)");
   app.add_option("--pooling", o.pooling,
                  "/v1/embeddings: pool hidden states this way (mean | cls | last | none; default: the model's pooling_type)");
@@ -242,7 +244,7 @@ int RunServe(ServeOpts& o) {
   }
   state.pooling = pooling.value_or(loaded->model->hparams().pooling);
   state.embedding_dim = loaded->model->hparams().dim;
-  state.reasoning = tmpl && tmpl->source().find("</think>") != std::string::npos;
+  if (tmpl) state.reasoning = server::DetectReasoning(tmpl->source());
   state.engine = engine->get();
   state.tokenizer = loaded->tok.get();
   state.chat_template = tmpl;
@@ -250,9 +252,10 @@ int RunServe(ServeOpts& o) {
   state.created = static_cast<int64_t>(std::time(nullptr));
   http.SetReady(state);
   if (tmpl) {
+    const std::string thinks =
+        state.reasoning ? fmt::format("; reasoning in {}...{} blocks", state.reasoning->open, state.reasoning->close) : "";
     std::fprintf(stderr, "tool calls: the %s parser (%s)%s\n", server::ToolCallFormatName(state.tool_format),
-                 tool_format ? "--tool-call-parser" : "from the chat template",
-                 state.reasoning ? "; reasoning in <think> blocks" : "");
+                 tool_format ? "--tool-call-parser" : "from the chat template", thinks.c_str());
   }
   std::fprintf(stderr, "ready: serving '%s'\n", name.c_str());
   std::fflush(stderr);

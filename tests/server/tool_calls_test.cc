@@ -65,7 +65,7 @@ void ExpectParsed(ToolCallFormat f, const std::string& text, const Expected& wan
   // Streamed in pieces of every size up to 7 bytes: the same message, and the calls' deltas (as
   // they come and what Finish adds) add up to the same calls.
   for (size_t piece = 1; piece <= 7; ++piece) {
-    MessageStream ms(f, /*reasoning=*/false, /*starts_thinking=*/false);
+    MessageStream ms(f, /*reasoning=*/std::nullopt, /*starts_thinking=*/false);
     std::vector<std::pair<std::string, std::string>> streamed;
     auto take = [&](const std::vector<CallDelta>& deltas) {
       for (const CallDelta& d : deltas) {
@@ -161,10 +161,12 @@ TEST(ToolCalls, CallsStreamAsTheyAreWritten) {
        "\"text\": \"x y\"}<|tool_call_end|><|tool_calls_section_end|>",
        R"({"path": "a.txt", "text": "x y"})"},
       {ToolCallFormat::kFunctionary, "<function=write>{\"path\": \"a.txt\", \"text\": \"x y\"}</function>", R"({"path": "a.txt", "text": "x y"})"},
+      {ToolCallFormat::kGemma4, "<|tool_call>call:write{path:<|\"|>a.txt<|\"|>,text:<|\"|>x y<|\"|>}<tool_call|>",
+       R"({"path":"a.txt","text":"x y"})"},  // converted as it is read
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(ToolCallFormatName(c.f));
-    MessageStream ms(c.f, false, false);
+    MessageStream ms(c.f, std::nullopt, false);
     size_t named_at = 0, pieces = 0, closed_at = c.text.size();
     std::string args;
     for (size_t at = 0; at < c.text.size(); ++at) {
@@ -222,7 +224,7 @@ TEST(ToolCalls, Qwen3CoderValuesFollowTheDeclaredTypes) {
   EXPECT_EQ(ParseToolCalls(ToolCallFormat::kQwen3Coder, text).calls[0].arguments,
             R"({"zip":"02139","n":7,"on":"True","tag":2,"o":{"a":[1,"b"]},"maybe":42,"other":3.5})");
   // Streamed, with the types: the same.
-  MessageStream ms(ToolCallFormat::kQwen3Coder, false, false, false, std::make_shared<const ToolParamTypes>(types));
+  MessageStream ms(ToolCallFormat::kQwen3Coder, std::nullopt, false, false, std::make_shared<const ToolParamTypes>(types));
   for (char c : text) EXPECT_EQ(ms.Push(std::string(1, c)).content, "");
   EXPECT_EQ(ms.Finish().calls[0].arguments, p.calls[0].arguments);
 }
@@ -264,7 +266,7 @@ TEST(ToolCalls, Glm45ValuesFollowTheDeclaredTypes) {
   EXPECT_EQ(p.calls[0].arguments, R"({"zip":"02139","n":7,"maybe":"42","tag":"2","s":"q"})");
   EXPECT_EQ(ParseToolCalls(ToolCallFormat::kGlm45, text).calls[0].arguments,
             R"({"zip":"02139","n":7,"maybe":42,"tag":2,"s":"q"})");
-  MessageStream ms(ToolCallFormat::kGlm45, false, false, false, std::make_shared<const ToolParamTypes>(types));
+  MessageStream ms(ToolCallFormat::kGlm45, std::nullopt, false, false, std::make_shared<const ToolParamTypes>(types));
   std::string streamed;
   for (char c : text) {
     const MessageStream::Delta d = ms.Push(std::string(1, c));
@@ -417,7 +419,7 @@ TEST(ToolCalls, MinimaxM2RequiredCallIsItsOwnInvoke) {
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].arguments, R"({"query":"best\npizza <b>","limit":3,"zone":"local","near":null})");
   // Streamed with the types, a parameter at a time: the same arguments.
-  MessageStream ms(f, false, false, false, std::make_shared<const ToolParamTypes>(types));
+  MessageStream ms(f, std::nullopt, false, false, std::make_shared<const ToolParamTypes>(types));
   std::string streamed;
   for (char c : call) {
     const MessageStream::Delta d = ms.Push(std::string(1, c));
@@ -534,7 +536,7 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_EQ(p.content, "Done.");
   EXPECT_EQ(ParseToolCalls(f, "Hello").content, "Hello");
   // Streamed: everything comes at the end, the same.
-  MessageStream ms(f, /*reasoning=*/true, false);
+  MessageStream ms(f, kThinkTags, false);
   EXPECT_TRUE(ms.Push("<|channel|>analysis<|message|>hm<|end|>").content.empty());
   ms.Push("<|start|>assistant<|channel|>final<|message|>Yes.");
   ParsedMessage tail = ms.Finish();
@@ -752,6 +754,144 @@ TEST(ToolCalls, KimiK2RequiredCallUsesTheControlTokens) {
                         "<|tool_call_end|><|tool_calls_section_end|>"}));  // the markers as text
 }
 
+TEST(ToolCalls, Gemma4) {
+  const auto f = ToolCallFormat::kGemma4;
+  const std::string q = "<|\"|>";
+  // Text, then a call; the message ends where the model expects the tools' answers.
+  ExpectParsed(f, "Let me check.<|tool_call>call:get_weather{city:" + q + "São Paulo" + q + ",days:3}<tool_call|><|tool_response>",
+               {"Let me check.", {{"get_weather", R"({"city":"São Paulo","days":3})"}}});
+  // Two calls; nested objects and arrays; quotes and backslashes in a string escaped as JSON.
+  ExpectParsed(f,
+               "<|tool_call>call:a{n:-1.5e3,opts:{deep:true,tags:[" + q + "x" + q + "," + q + "y \"q\"\\" + q +
+                   "]}}<tool_call|><|tool_call>call:b{}<tool_call|>",
+               {"", {{"a", R"({"n":-1.5e3,"opts":{"deep":true,"tags":["x","y \"q\"\\"]}})"}, {"b", "{}"}}});
+  // A string is raw text: '<', '<|' and line breaks are its own.
+  ExpectParsed(f, "<|tool_call>call:run{code:" + q + "if a<b:\n  print(\"<|x\")" + q + "}<tool_call|>",
+               {"", {{"run", R"j({"code":"if a<b:\n  print(\"<|x\")"})j"}}});
+  // Marked keys; Python's None and True; a bare word is a string.
+  ExpectParsed(f, "<|tool_call>call:f{" + q + "my key" + q + ":None,flag:True,word:hello}<tool_call|>",
+               {"", {{"f", R"({"my key":null,"flag":true,"word":"hello"})"}}});
+  // The end marker cut off: the call is whole without it.
+  ExpectParsed(f, "<|tool_call>call:f{a:1}", {"", {{"f", R"({"a":1})"}}});
+  // A string never closed, arguments that are not an object, a name missing: no call, the text stays.
+  for (const std::string& broken : {"<|tool_call>call:f{a:" + q + "open}<tool_call|>", std::string("<|tool_call>call:f[1]<tool_call|>"),
+                                    std::string("<|tool_call>call:{a:1}<tool_call|>"), std::string("<|tool_call>call:f{a:1,}<tool_call|>")}) {
+    ExpectParsed(f, broken, {broken, {}});
+  }
+  EXPECT_EQ(*ParseToolCallFormat("gemma4"), f);
+  EXPECT_TRUE(RendersControlTokens(f));
+  // Deeper than the arguments' bound: no call.
+  std::string deep = "<|tool_call>call:f{a:";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  EXPECT_TRUE(ParseToolCalls(f, deep + "]<tool_call|>").calls.empty());
+}
+
+// Gemma 4 thinks in <|channel>thought ... <channel|>: split off as reasoning, whole or streamed.
+TEST(ToolCalls, Gemma4Reasoning) {
+  const std::string text = "<|channel>thought\nThe user wants X.<channel|>Here is X.";
+  auto [r, rest] = SplitReasoning(text, false, kGemma4Thought);
+  EXPECT_EQ(r, "\nThe user wants X.");
+  EXPECT_EQ(rest, "Here is X.");
+  for (size_t piece = 1; piece <= 7; ++piece) {
+    MessageStream ms(ToolCallFormat::kGemma4, kGemma4Thought, false);
+    const Streamed got = StreamInPieces(ms, text + "<|tool_call>call:f{}<tool_call|>", piece);
+    EXPECT_EQ(got.reasoning, "\nThe user wants X.");
+    EXPECT_EQ(got.content, "Here is X.");
+    ASSERT_FALSE(got.calls.empty());
+    EXPECT_EQ(got.calls[0].name, "f");
+    std::string args;
+    for (const CallDelta& d : got.calls) args += d.arguments;
+    EXPECT_EQ(args, "{}");
+  }
+  EXPECT_FALSE(DetectReasoning("{{ messages }}").has_value());
+  EXPECT_EQ(DetectReasoning("{{ '</think>' }}")->close, "</think>");
+}
+
+// Gemma 4's real template: detected, its thinking markers too; the calls it writes for an
+// assistant message parse back to the same arguments, and the required-call grammar accepts
+// exactly that text (keys sorted as the template's dictsort writes them).
+TEST(ToolCalls, Gemma4ReadsWhatTheRealTemplateWrites) {
+  const std::string path = test::DataDir() + "/chat-templates/templates/google-gemma-4-31B-it.jinja";
+  GALE_SKIP_UNLESS_FILE(path);
+  std::ifstream in(path);
+  std::stringstream src;
+  src << in.rdbuf();
+  EXPECT_EQ(DetectToolCallFormat(src.str()), ToolCallFormat::kGemma4);
+  ASSERT_TRUE(DetectReasoning(src.str()).has_value());
+  EXPECT_EQ(DetectReasoning(src.str())->open, kGemma4Thought.open);
+  auto tmpl = jinja::Template::Parse(src.str());
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+  const auto args = Json::parse(R"({"city": "São Paulo", "Days": 3, "opts": {"units": "C", "hourly": false},
+                                    "tags": ["a \"b\"", "c\nd"]})");
+  Json ctx = {{"add_generation_prompt", false}, {"bos_token", "<bos>"}};
+  ctx["messages"] = Json::array({{{"role", "user"}, {"content", "Weather?"}},
+                                 {{"role", "assistant"}, {"content", ""},
+                                  {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"arguments", args}}}},
+                                                  {{"type", "function"}, {"function", {{"name", "now"}, {"arguments", Json::object()}}}}}}}});
+  auto text = tmpl->Render(ctx);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  const size_t start = text->find("<|tool_call>");
+  const size_t end = text->rfind("<tool_call|>");
+  ASSERT_NE(end, std::string::npos) << *text;
+  const std::string calls = text->substr(start, end + 12 - start);
+  const ParsedMessage p = ParseToolCalls(ToolCallFormat::kGemma4, calls);
+  ASSERT_EQ(p.calls.size(), 2u) << calls;
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(p.calls[0].arguments), nlohmann::json(args)) << calls;  // keys sorted
+  EXPECT_EQ(p.calls[1].name, "now");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  const auto tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}, "Days": {"type": "integer", "minimum": 1},
+        "opts": {"type": "object", "properties": {"units": {"enum": ["C", "F"]}, "hourly": {"type": "boolean"}}},
+        "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["city"]}}}, {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}])");
+  auto g = ToolCallGrammar(ToolCallFormat::kGemma4, tools, "", /*parallel=*/true);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(GrammarAccepts(*g, calls)) << calls;
+  const std::string q = "<|\"|>";
+  auto call = [&](const std::string& body) { return "<|tool_call>call:get_weather{" + body + "}<tool_call|>"; };
+  EXPECT_TRUE(GrammarAccepts(*g, call("city:" + q + "Lima" + q)));
+  EXPECT_TRUE(GrammarAccepts(*g, call("city:" + q + "Lima" + q + ",tags:[]")));
+  EXPECT_FALSE(GrammarAccepts(*g, call("Days:2")));                                       // city is required
+  EXPECT_FALSE(GrammarAccepts(*g, call("city:" + q + "Lima" + q + ",Days:0")));           // below the minimum
+  EXPECT_FALSE(GrammarAccepts(*g, call("city:" + q + "Lima" + q + ",Days:" + q + "2" + q)));  // a string
+  EXPECT_FALSE(GrammarAccepts(*g, call("Days:2,city:" + q + "Lima" + q)));                // not the template's order
+  EXPECT_FALSE(GrammarAccepts(*g, call("city:" + q + "Lima" + q + ",zone:1")));           // undeclared
+  EXPECT_FALSE(GrammarAccepts(*g, call("city:" + q + "Lima" + q + ",opts:{units:" + q + "K" + q + "}")));
+  EXPECT_FALSE(GrammarAccepts(*g, "<|tool_call>call:now{a:1}<tool_call|>"));
+  // Named: exactly one call of it.
+  auto one = ToolCallGrammar(ToolCallFormat::kGemma4, tools, "now", /*parallel=*/true);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_TRUE(GrammarAccepts(*one, "<|tool_call>call:now{}<tool_call|>"));
+  EXPECT_FALSE(GrammarAccepts(*one, "<|tool_call>call:now{}<tool_call|><|tool_call>call:now{}<tool_call|>"));
+  // A free-form object parameter takes any Gemma value; a string with a pattern is refused, by name.
+  auto free = ToolCallGrammar(ToolCallFormat::kGemma4, Json::parse(R"([{"type": "function", "function": {"name": "put",
+      "parameters": {"type": "object", "properties": {"doc": {"type": "object"}}, "required": ["doc"]}}}])"), "", false);
+  ASSERT_TRUE(free.ok()) << free.status().message();
+  EXPECT_TRUE(GrammarAccepts(*free, "<|tool_call>call:put{doc:{a:[1,{b:" + q + "x" + q + "}],c:null}}<tool_call|>"));
+  auto refused = ToolCallGrammar(ToolCallFormat::kGemma4, Json::parse(R"([{"type": "function", "function": {"name": "mail",
+      "parameters": {"type": "object", "properties": {"to": {"type": "string", "format": "email"}}}}}])"), "", false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'mail'"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("to: 'format'"), std::string::npos) << refused.status().message();
+}
+
+// Gemma 4's markers are control tokens: the grammar names them by id, and their text is refused.
+TEST(ToolCalls, Gemma4RequiredCallUsesTheControlTokens) {
+  const ControlVocab v({"<|tool_call>", "<tool_call|>", "<|\"|>"});
+  const auto tools = Json::parse(
+      R"([{"type": "function", "function": {"name": "say", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}])");
+  auto gbnf = ToolCallGrammar(ToolCallFormat::kGemma4, tools, "say", false, v.IdFn());
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
+  auto parsed = grammar::ParseGbnf(*gbnf);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), v.trie);
+  auto accepts = [&](const std::vector<std::string>& parts) { return ControlVocab::Accepts(v, compiled, parts); };
+  EXPECT_TRUE(accepts({"<|tool_call>", "call:say{text:", "<|\"|>", "hi there", "<|\"|>", "}", "<tool_call|>"}));
+  EXPECT_FALSE(accepts({"<|tool_call>", "call:say{text:", "<|\"|>", "hi", "<|\"|>", "}"}));  // the end marker
+  EXPECT_FALSE(accepts({"<|tool_call>call:say{text:<|\"|>hi<|\"|>}<tool_call|>"}));           // the markers as text
+}
+
 TEST(ToolCalls, Functionary) {
   const auto f = ToolCallFormat::kFunctionary;
   ExpectParsed(f, "Let me see.<function=get_weather>{\"city\": \"Lima\"}</function>",
@@ -786,7 +926,7 @@ TEST(ToolCalls, FunctionaryV32) {
     SCOPED_TRACE(text);
     EXPECT_EQ(ParseToolCalls(f, text).content, content);
     EXPECT_TRUE(ParseToolCalls(f, text).calls.empty());
-    MessageStream ms(f, false, false);
+    MessageStream ms(f, std::nullopt, false);
     std::string streamed;
     for (size_t at = 0; at < text.size(); at += 3) streamed += ms.Push(text.substr(at, 3)).content;
     const ParsedMessage tail = ms.Finish();
@@ -831,7 +971,7 @@ TEST(ToolCalls, ReasoningIsSplitStreamedOrNot) {
   EXPECT_EQ(rest, "");
   const std::string text = "<think>plan: call a</think>Calling.<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>";
   for (size_t piece = 1; piece <= 9; ++piece) {
-    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/true, false);
+    MessageStream ms(ToolCallFormat::kHermes, kThinkTags, false);
     const Streamed out = StreamInPieces(ms, text, piece);
     EXPECT_EQ(out.reasoning, "plan: call a") << piece;
     EXPECT_EQ(out.content, "Calling.") << piece;
@@ -920,7 +1060,7 @@ namespace {
 TEST(ToolCalls, AForcedAnswerCutInACallDropsTheCutCall) {
   const std::string text = "<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n{\"name\":\"pi";
   for (bool forced : {true, false}) {
-    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/false, /*starts_thinking=*/false, forced);
+    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/std::nullopt, /*starts_thinking=*/false, forced);
     std::string content = ms.Push(text).content;
     const ParsedMessage tail = ms.Finish();
     content += tail.content;
@@ -945,7 +1085,7 @@ namespace {
 TEST(ToolCalls, AForcedCallAfterTheThoughtIsACallNotReasoning) {
   const std::string text = "I should call ping.</think>\n\n<tool_call>\n{\"name\":\"ping\",\"arguments\":{}}\n</tool_call>";
   for (size_t piece : {size_t{1}, size_t{3}, text.size()}) {
-    MessageStream ms(ToolCallFormat::kHermes, /*reasoning=*/true, /*starts_thinking=*/true, /*forced_calls=*/true);
+    MessageStream ms(ToolCallFormat::kHermes, kThinkTags, /*starts_thinking=*/true, /*forced_calls=*/true);
     const Streamed out = StreamInPieces(ms, text, piece);
     EXPECT_EQ(out.reasoning, "I should call ping.") << piece;
     EXPECT_EQ(out.content, "") << piece;
