@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,7 +67,12 @@ struct Result {
 
 Result Run(const std::shared_ptr<const grammar::TokenTrie>& trie, const std::string& line, grammar::ObjectKeys objects) {
   Result r;
-  const Json row = Json::parse(line);
+  const Json row = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!row.is_object() || !row.contains("id") || !row["id"].is_string() || !row.contains("schema_text") ||
+      !row["schema_text"].is_string() || !row.contains("tests") || !row["tests"].is_array()) {
+    r.error = "not a MaskBench row (id, schema_text, tests)";
+    return r;
+  }
   r.id = row["id"].get<std::string>();
   // One compiler per schema: nothing cached between them.
   grammar::GrammarCompiler compiler(trie, 1);
@@ -81,6 +87,7 @@ Result Run(const std::shared_ptr<const grammar::TokenTrie>& trie, const std::str
   }
   r.compiled = true;
   for (const Json& t : row["tests"]) {
+    if (!t.is_object() || !t.contains("text") || !t["text"].is_string() || !t.contains("valid") || !t["valid"].is_boolean()) continue;
     const bool ok = Accepts(*g, Compact(t["text"].get<std::string>()));
     if (t["valid"].get<bool>() && !ok && !r.valid_rejected) {
       r.valid_rejected = true;
@@ -106,8 +113,24 @@ int Main(int argc, char** argv) {
   size_t limit = 0;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   grammar::ObjectKeys objects = grammar::ObjectKeys::kClosed;
+  const char* usage =
+      "usage: maskbench [path/to/maskbench-all.jsonl.gz] [--json out.json] [--limit N] [--threads N] "
+      "[--objects closed|open]\n";
+  auto count = [&](const char* flag, const std::string& v) -> std::optional<long> {
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 0) {
+      fmt::print(stderr, "{} takes a count, not '{}'\n", flag, v);
+      return std::nullopt;
+    }
+    return n;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      fmt::print("{}", usage);
+      return 0;
+    }
     if (a == "--objects" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "open" && v != "closed") {
@@ -118,9 +141,16 @@ int Main(int argc, char** argv) {
     } else if (a == "--json" && i + 1 < argc) {
       json_out = argv[++i];
     } else if (a == "--limit" && i + 1 < argc) {
-      limit = std::stoul(argv[++i]);
+      auto n = count("--limit", argv[++i]);
+      if (!n) return 1;
+      limit = static_cast<size_t>(*n);
     } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::max(1, std::stoi(argv[++i]));
+      auto n = count("--threads", argv[++i]);
+      if (!n) return 1;
+      threads = static_cast<int>(std::clamp<long>(*n, 1, 1024));
+    } else if (!a.empty() && a[0] == '-') {
+      fmt::print(stderr, "unknown option {}\n{}", a, usage);
+      return 1;
     } else {
       path = a;
     }

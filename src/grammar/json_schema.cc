@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -225,6 +226,155 @@ std::string UnsignedRange(int64_t lo, std::optional<int64_t> hi) {
   return out + ")";
 }
 
+// A bound on a number's magnitude: its integer part and fraction digits (no trailing zeros),
+// and whether the bound itself is excluded.
+struct DecimalBound {
+  int64_t integer = 0;
+  std::string fraction;
+  bool strict = false;
+};
+
+// |v| as a DecimalBound, from the shortest text that reads back as v (so 0.1 is "1" after the
+// point, not the binary value's 55 digits). An upper bound past 15 integer digits is lowered to
+// what `integral-part` writes; a lower bound there, or a bound finer than 20 digits after the
+// point, cannot be written (nullopt).
+std::optional<DecimalBound> Magnitude(double v, bool strict, bool upper) {
+  std::string t = fmt::format("{}", std::abs(v));
+  int exp = 0;
+  if (const size_t e = t.find_first_of("eE"); e != std::string::npos) {
+    exp = std::stoi(t.substr(e + 1));
+    t.resize(e);
+  }
+  std::string digits = t;
+  int point = static_cast<int>(t.size());
+  if (const size_t dot = t.find('.'); dot != std::string::npos) {
+    digits = t.substr(0, dot) + t.substr(dot + 1);
+    point = static_cast<int>(dot);
+  }
+  point += exp;
+  std::string whole, fraction;
+  if (point <= 0) {
+    whole = "0";
+    fraction = std::string(static_cast<size_t>(-point), '0') + digits;
+  } else if (point >= static_cast<int>(digits.size())) {
+    whole = digits + std::string(static_cast<size_t>(point) - digits.size(), '0');
+  } else {
+    whole = digits.substr(0, static_cast<size_t>(point));
+    fraction = digits.substr(static_cast<size_t>(point));
+  }
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  whole.erase(0, std::min(whole.find_first_not_of('0'), whole.size() - 1));
+  if (whole.size() > 15) {
+    if (!upper) return std::nullopt;
+    return DecimalBound{kMaxBound, "", false};
+  }
+  if (fraction.size() > 20) return std::nullopt;
+  return DecimalBound{std::stoll(whole), fraction, strict};
+}
+
+// A bound on the digits after a number's point, as those digits without trailing zeros.
+struct FractionBound {
+  bool present = false;
+  std::string digits;
+  bool strict = false;
+  FractionBound Rest() const { return {present, digits.empty() ? "" : digits.substr(1), strict}; }
+};
+// Digit strings after the point: whether none at all is one, and GBNF alternatives for the others.
+struct FractionSet {
+  bool empty_ok = false;
+  std::vector<std::string> alts;
+};
+
+std::string JoinAlternatives(const std::vector<std::string>& alts) {
+  std::string out;
+  for (const std::string& a : alts) out += (out.empty() ? "" : " | ") + a;
+  return alts.size() > 1 ? "(" + out + ")" : out;
+}
+
+// Digit strings after the point, at least `min` of them (0 or 1), where only the first `free` may
+// be other than 0 (free < 0: any).
+std::string FreeDigits(int free, int min) {
+  if (free < 0) return fmt::format("[0-9]{{{},16}}", min);
+  if (free == 0) return fmt::format("\"0\"{{{},16}}", min);
+  return fmt::format("[0-9]{{{},{}}} \"0\"{{0,16}}", min, free);
+}
+
+// The digit strings g after the point with lo <= 0.g <= hi (< or > where strict), of which only
+// the first `free` digits may be other than 0 (free < 0: any; a multipleOf of 10^-free), a digit
+// at a time: a first digit strictly between the bounds' first digits leaves the rest free, one
+// equal to a bound's first digit leaves the rest bounded by that bound's rest.
+FractionSet Fractions(FractionBound lo, FractionBound hi, int free = -1) {
+  if (lo.present && lo.digits.empty() && !lo.strict) lo.present = false;  // >= 0: no bound
+  if (hi.present && hi.digits.empty()) {  // <= 0 (only zeros), or < 0 (nothing)
+    if (hi.strict || lo.present) return {};
+    return {true, {"\"0\"{1,16}"}};
+  }
+  if (free == 0) {  // only zeros: 0, which satisfies hi (> 0 here) and lo only when lo is unset
+    if (lo.present) return {};
+    return {true, {"\"0\"{1,16}"}};
+  }
+  if (!lo.present && !hi.present) return {true, {FreeDigits(free, 1)}};
+  if (lo.present && lo.digits.empty() && !hi.present) {  // > 0: a digit other than 0 among the free ones
+    if (free < 0) return {false, {"\"0\"{0,15} [1-9] [0-9]{0,15}"}};
+    FractionSet out;
+    for (int zeros = 0; zeros < free; ++zeros) {
+      out.alts.push_back(fmt::format("\"0\"{{{}}} [1-9] {}", zeros, FreeDigits(free - zeros - 1, 0)));
+    }
+    return out;
+  }
+  FractionSet out;
+  out.empty_ok = !lo.present;
+  const int l = lo.present ? (lo.digits.empty() ? 0 : lo.digits[0] - '0') : -1;
+  const int h = hi.present ? hi.digits[0] - '0' : 10;
+  const int rest_free = free < 0 ? -1 : free - 1;
+  auto then = [&](int d, const FractionSet& rest) {
+    const std::string digit = fmt::format("\"{}\"", d);
+    if (rest.alts.empty()) {
+      if (rest.empty_ok) out.alts.push_back(digit);
+      return;
+    }
+    out.alts.push_back(digit + " " + (rest.alts.size() > 1 || rest.empty_ok ? "(" + JoinAlternatives(rest.alts) + ")" : rest.alts[0]) +
+                       (rest.empty_ok ? "?" : ""));
+  };
+  if (l + 1 <= h - 1) {
+    out.alts.push_back((l + 1 == h - 1 ? fmt::format("\"{}\"", l + 1) : fmt::format("[{}-{}]", l + 1, h - 1)) + " " +
+                       FreeDigits(rest_free, 0));
+  }
+  if (l == h) {
+    then(l, Fractions(lo.Rest(), hi.Rest(), rest_free));
+  } else {
+    if (l >= 0) then(l, Fractions(lo.Rest(), {}, rest_free));
+    if (h <= 9) then(h, Fractions({}, hi.Rest(), rest_free));
+  }
+  return out;
+}
+
+// Decimal magnitudes m (no sign, no exponent) with lo <= m <= hi (lo unset: from 0; hi unset:
+// no end), as GBNF alternatives: the integer parts strictly between the bounds' with any
+// fraction, and each bound's own integer part with the fractions its bound allows (free: as
+// Fractions').
+std::vector<std::string> Magnitudes(const std::optional<DecimalBound>& lo, const std::optional<DecimalBound>& hi, int free) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& whole, const FractionSet& f) {
+    if (f.alts.empty() && !f.empty_ok) return;
+    if (f.alts.empty()) return out.push_back(whole);
+    out.push_back(whole + " (\".\" " + JoinAlternatives(f.alts) + ")" + (f.empty_ok ? "?" : ""));
+  };
+  const int64_t li = lo ? lo->integer : 0;
+  const FractionBound lf = lo ? FractionBound{true, lo->fraction, lo->strict} : FractionBound{};
+  if (hi && li > hi->integer) return out;
+  if (hi && li == hi->integer) {
+    add(GbnfLiteral(std::to_string(li)), Fractions(lf, {true, hi->fraction, hi->strict}, free));
+    return out;
+  }
+  add(GbnfLiteral(std::to_string(li)), Fractions(lf, {}, free));
+  if (!hi || li + 1 <= hi->integer - 1) {
+    add(UnsignedRange(li + 1, hi ? std::optional<int64_t>(hi->integer - 1) : std::nullopt), Fractions({}, {}, free));
+  }
+  if (hi) add(GbnfLiteral(std::to_string(hi->integer)), Fractions({}, {true, hi->fraction, hi->strict}, free));
+  return out;
+}
+
 class Converter {
  public:
   Converter(const Json& root, std::string root_name, ThreadCpuClock::time_point deadline, ObjectKeys objects)
@@ -339,7 +489,7 @@ class Converter {
       ASSIGN_OR_RETURN(Json folded, FoldNot(s, path));
       return VisitInner(folded, hint, path);
     }
-    for (const char* kw : {"multipleOf", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    for (const char* kw : {"if", "then", "else", "dependentRequired", "dependentSchemas",
                            "dependencies", "minProperties", "maxProperties", "contains",
                            "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
@@ -640,6 +790,13 @@ class Converter {
       type = "array";
     } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
       type = "string";
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
+      // Number keywords constrain numbers only: any other value passes them.
+      ASSIGN_OR_RETURN(const std::string number, NumberRule(s, hint + "-number", path));
+      std::string body;
+      for (const char* other : {"object", "array", "string", "boolean", "null"}) body += UsePrimitive(other) + " | ";
+      return Rule(hint, body + number);
     } else {
       return UsePrimitive("value");
     }
@@ -1253,10 +1410,107 @@ class Converter {
     return Status::Ok();
   }
 
+  // multipleOf as p / 10^k (nullopt: none); refused when not a number above 0 or finer than 10^-6.
+  StatusOr<std::optional<std::pair<int64_t, int>>> MultipleOf(const Json& s, const std::string& path) {
+    using Multiple = std::optional<std::pair<int64_t, int>>;
+    if (!s.contains("multipleOf")) return Multiple();
+    const Json& m = s["multipleOf"];
+    if (!m.is_number() || !(m.get<double>() > 0)) return Error(path, "'multipleOf' must be a number above 0");
+    const auto d = Magnitude(m.get<double>(), false, false);
+    if (!d || d->fraction.size() > 6) return Error(path, "'multipleOf' {} is not supported (finer than 10^-6)", m.dump());
+    std::string digits = std::to_string(d->integer) + d->fraction;
+    if (digits.size() > 18) return Error(path, "'multipleOf' {} is not supported (too many digits)", m.dump());
+    return Multiple(std::pair<int64_t, int>(std::stoll(digits), static_cast<int>(d->fraction.size())));
+  }
+
+  // Numbers whose value times 10^k is a multiple of p (multipleOf p/10^k), with no bounds: the
+  // remainder mod p as the digits are read, the integer part's and then (numbers) the first k
+  // after the point; any after those must be 0. Integers (number false) have k 0 and no point.
+  StatusOr<std::string> MultipleRule(int64_t p, int k, bool number, const std::string& hint, const std::string& path) {
+    if (p > 1000 || p * (k + 1) > 4000) return Error(path, "'multipleOf' needs more than 4,000 grammar states here");
+    auto pow10 = [&](int e) {
+      int64_t v = 1 % p;
+      for (int i = 0; i < e; ++i) v = v * 10 % p;
+      return v;
+    };
+    // alive[j][r]: j digits after the point read with remainder r can still end a multiple.
+    std::vector<std::vector<bool>> alive(static_cast<size_t>(k + 1), std::vector<bool>(static_cast<size_t>(p)));
+    for (int j = k; j >= 1; --j) {
+      for (int64_t r = 0; r < p; ++r) {
+        bool ok = j == k ? r == 0 : r * pow10(k - j) % p == 0;
+        for (int d = 0; d < 10 && !ok && j < k; ++d) ok = alive[static_cast<size_t>(j + 1)][static_cast<size_t>((10 * r + d) % p)];
+        alive[static_cast<size_t>(j)][static_cast<size_t>(r)] = ok;
+      }
+    }
+    std::vector<std::vector<std::string>> names(static_cast<size_t>(k + 1), std::vector<std::string>(static_cast<size_t>(p)));
+    for (int j = 0; j <= k; ++j) {
+      for (int64_t r = 0; r < p; ++r) {
+        if (j == 0 || alive[static_cast<size_t>(j)][static_cast<size_t>(r)]) {
+          names[static_cast<size_t>(j)][static_cast<size_t>(r)] = FreshName(fmt::format("mult{}-{}-{}", p, j, r));
+        }
+      }
+    }
+    // Digits from remainder r into the states of `next` (digits grouped by the state they reach).
+    auto digits_into = [&](int64_t r, const std::vector<std::string>& next, int from) {
+      std::map<int64_t, std::string> by_state;
+      for (int d = from; d < 10; ++d) {
+        const int64_t t = (10 * r + d) % p;
+        if (!next[static_cast<size_t>(t)].empty()) by_state[t] += static_cast<char>('0' + d);
+      }
+      std::vector<std::string> alts;
+      for (const auto& [t, ds] : by_state) alts.push_back(fmt::format("[{}] {}", ds, next[static_cast<size_t>(t)]));
+      return alts;
+    };
+    auto body = [](const std::vector<std::string>& alts, bool may_end) {
+      if (alts.empty()) return std::string("\"\"");
+      return "(" + fmt::format("{}", fmt::join(alts, " | ")) + ")" + (may_end ? "?" : "");
+    };
+    // After the integer part with remainder r: the point and more digits, or the end.
+    auto after_integer = [&](int64_t r) {
+      std::vector<std::string> alts;
+      if (number && k > 0) {
+        for (std::string& a : digits_into(r, names[1], 0)) alts.push_back("\".\" " + a);
+      }
+      const bool may_end = r * pow10(k) % p == 0;
+      if (number && k == 0 && may_end) alts.push_back("\".\" \"0\"{1,16}");
+      return std::pair(alts, may_end);
+    };
+    for (int64_t r = 0; r < p; ++r) {
+      std::vector<std::string> alts = digits_into(r, names[0], 0);
+      auto [tail, may_end] = after_integer(r);
+      alts.insert(alts.end(), tail.begin(), tail.end());
+      rules_.emplace_back(names[0][static_cast<size_t>(r)], body(alts, may_end));
+    }
+    for (int j = 1; j <= k; ++j) {
+      for (int64_t r = 0; r < p; ++r) {
+        const std::string& name = names[static_cast<size_t>(j)][static_cast<size_t>(r)];
+        if (name.empty()) continue;
+        if (j == k) {
+          rules_.emplace_back(name, "\"0\"{0,16}");
+        } else {
+          rules_.emplace_back(name, body(digits_into(r, names[static_cast<size_t>(j + 1)], 0), r * pow10(k - j) % p == 0));
+        }
+      }
+    }
+    auto [zero_tail, zero_ends] = after_integer(0);
+    std::vector<std::string> first = digits_into(0, names[0], 1);  // [1-9] then the integer part's rest
+    first.push_back("\"0\" " + body(zero_tail, zero_ends));
+    return Rule(hint, "\"-\"? " + body(first, false) + " " + UsePrimitive("space"));
+  }
+
   StatusOr<std::string> IntegerRule(const Json& s, const std::string& hint, const std::string& path) {
     std::optional<double> lo, lo_excl, hi, hi_excl;
     RETURN_IF_ERROR(Bounds(s, path, &lo, &lo_excl, &hi, &hi_excl));
-    if (!lo && !lo_excl && !hi && !hi_excl) return UsePrimitive("integer");
+    ASSIGN_OR_RETURN(const auto multiple, MultipleOf(s, path));
+    const bool bounded = lo || lo_excl || hi || hi_excl;
+    if (multiple) {  // an integer is a multiple of p/10^k when it is one of p/gcd(p, 10^k)
+      int64_t ten_k = 1;
+      for (int i = 0; i < multiple->second; ++i) ten_k *= 10;
+      const int64_t q = multiple->first / std::gcd(multiple->first, ten_k);
+      if (q > 1 && bounded) return Error(path, "'multipleOf' {} together with bounds is not supported", s["multipleOf"].dump());
+      if (q > 1) return MultipleRule(q, 0, /*number=*/false, hint, path);
+    }
+    if (!bounded) return UsePrimitive("integer");
     std::optional<int64_t> a, b;  // inclusive integer bounds
     auto clamp = [](double v) { return static_cast<int64_t>(std::clamp(v, -1e15 + 1, 1e15 - 1)); };
     if (lo) a = clamp(std::ceil(*lo));
@@ -1277,23 +1531,56 @@ class Converter {
     return Rule(hint, body + " " + UsePrimitive("space"));
   }
 
+  // A number within bounds (and a multiple of 10^-k), written without an exponent: the
+  // non-negative side's magnitudes, and "-" before the negative side's (never "-0").
   StatusOr<std::string> NumberRule(const Json& s, const std::string& hint, const std::string& path) {
     std::optional<double> lo, lo_excl, hi, hi_excl;
     RETURN_IF_ERROR(Bounds(s, path, &lo, &lo_excl, &hi, &hi_excl));
-    if (!lo && !lo_excl && !hi && !hi_excl) return UsePrimitive("number");
-    auto integral = [](const std::optional<double>& v) { return !v || (*v == std::floor(*v) && std::abs(*v) <= 1e15); };
-    if (lo_excl || hi_excl || !lo || *lo < 0 || !integral(lo) || !integral(hi) || (hi && *hi < *lo)) {
-      return Error(path, "bounds on 'number' are supported only as an integer minimum >= 0 with an optional integer maximum");
+    ASSIGN_OR_RETURN(const auto multiple, MultipleOf(s, path));
+    const bool bounded = lo || lo_excl || hi || hi_excl;
+    int free = -1;  // digits after the point that may be other than 0 (multipleOf 10^-k: k)
+    if (multiple && multiple->first == 1) {
+      free = multiple->second;
+    } else if (multiple) {
+      if (bounded) return Error(path, "'multipleOf' {} together with bounds is not supported", s["multipleOf"].dump());
+      return MultipleRule(multiple->first, multiple->second, /*number=*/true, hint, path);
     }
-    const std::string sp = UsePrimitive("space");
-    const std::string frac = "(\".\" [0-9]{1,16})?";
-    const int64_t a = static_cast<int64_t>(*lo);
-    if (!hi) return Rule(hint, UnsignedRange(a, std::nullopt) + " " + frac + " " + sp);
-    const int64_t b = static_cast<int64_t>(*hi);
-    // [a, b): any fraction; b itself only with zeros after the point.
-    std::string body = GbnfLiteral(std::to_string(b)) + " (\".\" \"0\"{1,16})?";
-    if (b > a) body = "(" + UnsignedRange(a, b - 1) + " " + frac + " | " + body + ")";
-    return Rule(hint, body + " " + sp);
+    if (!bounded && free < 0) return UsePrimitive("number");
+    // The tighter of each pair of bounds (the exclusive one where they tie).
+    std::optional<std::pair<double, bool>> lower, upper;
+    if (lo) lower = std::pair(*lo, false);
+    if (lo_excl && (!lower || *lo_excl >= lower->first)) lower = std::pair(*lo_excl, true);
+    if (hi) upper = std::pair(*hi, false);
+    if (hi_excl && (!upper || *hi_excl <= upper->first)) upper = std::pair(*hi_excl, true);
+    auto magnitude = [&](const std::pair<double, bool>& b, bool is_upper) -> StatusOr<DecimalBound> {
+      auto m = Magnitude(b.first, b.second, is_upper);
+      if (!m) return Error(path, "the bound {} cannot be written (more than 15 digits before the point or 20 after)", b.first);
+      return *m;
+    };
+    std::vector<std::string> alts;
+    if (!upper || upper->first > 0 || (upper->first == 0 && !upper->second)) {  // x >= 0
+      std::optional<DecimalBound> mlo, mhi;
+      if (lower && lower->first >= 0) {
+        ASSIGN_OR_RETURN(mlo, magnitude(*lower, false));
+      }
+      if (upper) {
+        ASSIGN_OR_RETURN(mhi, magnitude(*upper, true));
+      }
+      for (std::string& a : Magnitudes(mlo, mhi, free)) alts.push_back(std::move(a));
+    }
+    if (!lower || lower->first < 0) {  // x < 0: -x from -upper (or above 0) to -lower
+      std::optional<DecimalBound> mlo = DecimalBound{0, "", true}, mhi;
+      if (upper && upper->first < 0) {
+        ASSIGN_OR_RETURN(mlo, magnitude(*upper, false));
+      }
+      if (lower) {
+        ASSIGN_OR_RETURN(mhi, magnitude(*lower, true));
+      }
+      const std::vector<std::string> negative = Magnitudes(mlo, mhi, free);
+      if (!negative.empty()) alts.push_back("\"-\" " + JoinAlternatives(negative));
+    }
+    if (alts.empty()) return Error(path, "no number lies within the bounds");
+    return Rule(hint, JoinAlternatives(alts) + " " + UsePrimitive("space"));
   }
 
   const Json& root_;

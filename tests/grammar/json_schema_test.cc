@@ -24,6 +24,128 @@ bool Accepts(const CompiledGrammar* c, const std::string& text) {
 // The text without whitespace outside string literals: the compact JSON the grammars write.
 std::string Compact(const std::string& text) { return grammar::CompactJsonText(text); }
 
+// Two decimal texts ("-"?, digits, "." digits?) compared exactly: <0, 0, >0.
+int CompareDecimal(std::string_view a, std::string_view b) {
+  struct D {
+    bool neg;
+    std::string whole, frac;
+  };
+  auto parse = [](std::string_view t) {
+    D d{!t.empty() && t[0] == '-', "", ""};
+    if (d.neg) t.remove_prefix(1);
+    const size_t dot = t.find('.');
+    d.whole = std::string(t.substr(0, dot));
+    if (dot != std::string_view::npos) d.frac = std::string(t.substr(dot + 1));
+    d.whole.erase(0, d.whole.find_first_not_of('0') == std::string::npos ? d.whole.size() : d.whole.find_first_not_of('0'));
+    while (!d.frac.empty() && d.frac.back() == '0') d.frac.pop_back();
+    if (d.whole.empty() && d.frac.empty()) d.neg = false;
+    return d;
+  };
+  const D x = parse(a), y = parse(b);
+  auto magnitude = [](const D& p, const D& q) {
+    if (p.whole.size() != q.whole.size()) return p.whole.size() < q.whole.size() ? -1 : 1;
+    if (int c = p.whole.compare(q.whole)) return c < 0 ? -1 : 1;
+    if (int c = p.frac.compare(q.frac)) return c < 0 ? -1 : 1;  // no trailing zeros: string order is value order
+    return 0;
+  };
+  if (x.neg != y.neg) return x.neg ? -1 : 1;
+  return x.neg ? -magnitude(x, y) : magnitude(x, y);
+}
+
+// Numbers within bounds of every kind (negative, fractional, exclusive, one-sided, a single
+// point): the grammar accepts a decimal text exactly when its value is within them (checked by
+// exact decimal comparison over numbers around the bounds; exponents and "-0" are not written).
+TEST(JsonSchema, NumberBoundsAcceptExactlyTheNumbersWithin) {
+  struct Bounds {
+    const char *lo, *hi;
+    bool lo_strict, hi_strict;
+  };
+  const std::vector<Bounds> bounds = {
+      {"-1.5", "2.25", false, false}, {"0", nullptr, true, false},        {"0", "1", false, true},
+      {"0.1", "0.1", false, false},   {"-10", "-0.5", false, false},      {"-0.05", "0.05", true, true},
+      {nullptr, "3.14159", false, false}, {"0.001", nullptr, false, false}, {"12.5", "130.75", false, false},
+      {nullptr, "-2", false, true},   {"9.99", "10.01", true, false}};
+  std::vector<std::string> numbers;
+  for (const char* whole : {"0", "1", "2", "3", "9", "10", "12", "13", "99", "100", "129", "130", "131"}) {
+    for (const char* frac : {"", "0", "00", "001", "0009", "05", "049", "051", "1", "14159", "141589", "1416", "2", "25",
+                             "250", "251", "24999", "5", "49", "51", "75", "749", "751", "9", "99", "999", "01"}) {
+      for (const char* sign : {"", "-"}) numbers.push_back(std::string(sign) + whole + (*frac ? "." : "") + frac);
+    }
+  }
+  for (const Bounds& b : bounds) {
+    Json schema = {{"type", "number"}};
+    if (b.lo) schema[b.lo_strict ? "exclusiveMinimum" : "minimum"] = Json::parse(b.lo);
+    if (b.hi) schema[b.hi_strict ? "exclusiveMaximum" : "maximum"] = Json::parse(b.hi);
+    SCOPED_TRACE(schema.dump());
+    auto gbnf = JsonSchemaToGbnf(schema);
+    ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
+    auto g = ParseGbnf(*gbnf);
+    ASSERT_TRUE(g.ok()) << g.status().message() << "\n" << *gbnf;
+    CompiledGrammar compiled(std::move(*g), test::ByteTrie());
+    int within = 0;
+    for (const std::string& n : numbers) {
+      if (n[0] == '-' && CompareDecimal(n, "0") == 0) continue;  // "-0": JSON, but not written
+      const bool in = (!b.lo || (b.lo_strict ? CompareDecimal(n, b.lo) > 0 : CompareDecimal(n, b.lo) >= 0)) &&
+                      (!b.hi || (b.hi_strict ? CompareDecimal(n, b.hi) < 0 : CompareDecimal(n, b.hi) <= 0));
+      within += in;
+      EXPECT_EQ(Accepts(&compiled, n), in) << n;
+    }
+    EXPECT_GT(within, 0);
+  }
+}
+
+// multipleOf p/10^k: the grammar accepts a decimal text exactly when its value times 10^k is an
+// integer multiple of p (with bounds for the powers of ten, which compose with them).
+TEST(JsonSchema, MultiplesAcceptExactlyTheMultiples) {
+  struct Multiple {
+    const char* m;
+    int64_t p;
+    int k;
+    const char *lo, *hi;
+  };
+  const std::vector<Multiple> multiples = {{"0.01", 1, 2, nullptr, nullptr}, {"0.01", 1, 2, "-2.5", "130.75"},
+                                           {"0.1", 1, 1, "0.05", nullptr},   {"1", 1, 0, "-3.5", "12.5"},
+                                           {"7", 7, 0, nullptr, nullptr},    {"0.25", 25, 2, nullptr, nullptr},
+                                           {"1.5", 15, 1, nullptr, nullptr}, {"12", 12, 0, nullptr, nullptr}};
+  auto is_multiple = [](const std::string& n, int64_t p, int k) {
+    std::string digits;
+    const size_t dot = n.find('.');
+    const std::string whole = n.substr(n[0] == '-', dot == std::string::npos ? std::string::npos : dot - (n[0] == '-'));
+    std::string frac = dot == std::string::npos ? "" : n.substr(dot + 1);
+    while (!frac.empty() && frac.back() == '0') frac.pop_back();
+    if (static_cast<int>(frac.size()) > k) return false;
+    digits = whole + frac + std::string(static_cast<size_t>(k) - frac.size(), '0');
+    int64_t r = 0;
+    for (char c : digits) r = (r * 10 + (c - '0')) % p;
+    return r == 0;
+  };
+  std::vector<std::string> numbers;
+  for (const char* whole : {"0", "1", "2", "3", "7", "12", "14", "21", "24", "36", "45", "130", "131", "1000"}) {
+    for (const char* frac : {"", "0", "00", "01", "001", "05", "1", "25", "250", "3", "5", "50", "75", "749", "99", "999"}) {
+      for (const char* sign : {"", "-"}) numbers.push_back(std::string(sign) + whole + (*frac ? "." : "") + frac);
+    }
+  }
+  for (const Multiple& m : multiples) {
+    Json schema = {{"type", "number"}, {"multipleOf", Json::parse(m.m)}};
+    if (m.lo) schema["minimum"] = Json::parse(m.lo);
+    if (m.hi) schema["maximum"] = Json::parse(m.hi);
+    SCOPED_TRACE(schema.dump());
+    auto gbnf = JsonSchemaToGbnf(schema);
+    ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
+    auto g = ParseGbnf(*gbnf);
+    ASSERT_TRUE(g.ok()) << g.status().message() << "\n" << *gbnf;
+    CompiledGrammar compiled(std::move(*g), test::ByteTrie());
+    int within = 0;
+    for (const std::string& n : numbers) {
+      if (n[0] == '-' && CompareDecimal(n, "0") == 0) continue;  // "-0": neither written nor refused
+      const bool in = is_multiple(n, m.p, m.k) && (!m.lo || CompareDecimal(n, m.lo) >= 0) && (!m.hi || CompareDecimal(n, m.hi) <= 0);
+      within += in;
+      EXPECT_EQ(Accepts(&compiled, n), in) << n;
+    }
+    EXPECT_GT(within, 0);
+  }
+}
+
 // Lengths past GBNF's 10,000 per repetition: groups of 100, every length between the bounds.
 TEST(JsonSchema, LongLengthsAreCountsOfGroups) {
   auto g = ParseGbnf(*JsonSchemaToGbnf(Json::parse(R"({"type": "string", "minLength": 10150, "maxLength": 30237})")));
@@ -184,6 +306,14 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"type": "integer", "exclusiveMinimum": 0})", {"1", "12345678"}, {"0", "-1"}},
       {R"({"type": "integer", "maximum": -10})", {"-10", "-99999"}, {"-9", "0", "5"}},
       {R"({"type": "number", "minimum": 0, "maximum": 1})", {"0", "0.25", "1", "1.000"}, {"1.5", "-0.1", "2"}},
+      // multipleOf: 10^-k as digits after the point (with bounds), others by remainder (without).
+      {R"({"type": "number", "minimum": 0, "multipleOf": 0.01})", {"0", "19.99", "0.5", "3", "1.10", "100.000"}, {"0.001", "-1", "19.999"}},
+      {R"({"type": "integer", "multipleOf": 5})", {"0", "5", "-15", "1000"}, {"3", "12", "5.5"}},
+      {R"({"type": "number", "multipleOf": 2.5})", {"0", "2.5", "5", "-7.5", "10.0", "12.50"}, {"1", "2.4", "3.75"}},
+      {R"({"type": "number", "multipleOf": 1})", {"3", "3.0", "-2"}, {"3.5", "0.1"}},
+      // Number keywords without a type constrain numbers only.
+      {R"({"multipleOf": 3})", {"9", "-12", R"("x")", "null"}, {"10", "4"}},
+      {R"({"minimum": 5})", {"5", "7.5", R"("s")", "[1]"}, {"4", "-1"}},
       {R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["v", "next"]}}, "$ref": "#/$defs/node"})",
        {R"({"v": 1, "next": {"v": 2, "next": null}})"}, {R"({"v": 1, "next": {"v": 2}})"}},
       {R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"b": {"type": "string"}}}]})",
@@ -234,14 +364,19 @@ TEST(JsonSchema, RefusalsNameThePath) {
   // Formats JSON Schema defines and gale has no grammar for are refused; others are annotations.
   EXPECT_NE(err(R"({"properties": {"r": {"type": "string", "format": "regex"}}})").find("'/properties/r': 'format' 'regex' is not supported"), std::string::npos);
   EXPECT_EQ(err(R"({"type": "string", "format": "int32"})"), "ok");
-  EXPECT_NE(err(R"({"type": "number", "multipleOf": 2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "multipleOf": 2, "minimum": 1})").find("'multipleOf' 2 together with bounds"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "multipleOf": 0})").find("'multipleOf' must be a number above 0"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "multipleOf": 1e-9})").find("finer than"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "integer", "multipleOf": 1234567})").find("grammar states"), std::string::npos);
   EXPECT_NE(err(R"({"$ref": "#/$defs/missing"})").find("points at nothing"), std::string::npos);
   EXPECT_NE(err(R"({"$ref": "http://example.com/s.json"})").find("only local $refs"), std::string::npos);
   EXPECT_NE(err(R"({"type": "wat"})").find("unknown type 'wat'"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "properties": {}, "required": ["x"]})").find("'x' is not in 'properties'"), std::string::npos);
   EXPECT_NE(err(R"x({"type": "string", "pattern": "(?=x)"})x").find("lookarounds"), std::string::npos);
   EXPECT_NE(err(R"({"type": "integer", "minimum": 5, "maximum": 4})").find("no integer"), std::string::npos);
-  EXPECT_NE(err(R"({"type": "number", "minimum": 0.5})").find("bounds on 'number'"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.5})").find("no number"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "minimum": 1e-30})").find("cannot be written"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "minimum": 1e20})").find("cannot be written"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
   // oneOf branches a value could match both of: refused (anyOf would take them).
