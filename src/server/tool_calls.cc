@@ -536,53 +536,84 @@ ParsedMessage ParseSections(std::string_view text, const SectionMarkers& m) {
 // gpt-oss's harmony: messages of a header (<|channel|>NAME, maybe to=functions.X and
 // <|constrain|>json) and a body after <|message|>, each ended by <|end|>, <|call|> or <|return|>
 // (or the text's end: the stop token that ended generation is not in the text).
+constexpr std::string_view kHarmonyMessage = "<|message|>";
+constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|call|>", "<|return|>", "<|start|>"};
+
+// One harmony message from text[pos]: its header, its body up to its end marker (or the text's
+// end: `whole` false), and where the next message's header starts.
+struct HarmonyMessage {
+  enum class Kind { kContent, kReasoning, kCall, kEcho } kind = Kind::kContent;
+  std::string name;  // kCall
+  size_t body_begin = 0, body_end = 0, next = 0;
+  bool whole = false;
+};
+
+std::optional<HarmonyMessage> NextHarmonyMessage(std::string_view text, size_t pos) {
+  const size_t msg = text.find(kHarmonyMessage, pos);
+  if (msg == std::string_view::npos) return std::nullopt;  // a header without a body: nothing to say
+  const std::string_view header = text.substr(pos, msg - pos);
+  HarmonyMessage m;
+  m.body_begin = msg + kHarmonyMessage.size();
+  m.body_end = m.next = text.size();
+  for (std::string_view term : kHarmonyEnds) {
+    const size_t at = text.find(term, m.body_begin);
+    if (at < m.body_end) {
+      m.body_end = at;
+      m.next = at + (term == "<|start|>" ? 0 : term.size());
+      m.whole = true;
+    }
+  }
+  auto word_after = [&](std::string_view key) -> std::string {
+    const size_t at = header.find(key);
+    if (at == std::string_view::npos) return "";
+    size_t b = at + key.size(), e = b;
+    while (e < header.size() && header[e] != ' ' && header[e] != '<' && header[e] != '\n') ++e;
+    return std::string(header.substr(b, e - b));
+  };
+  const std::string channel = word_after("<|channel|>");
+  const std::string recipient = word_after("to=");
+  if (recipient == "assistant") {
+    m.kind = HarmonyMessage::Kind::kEcho;  // a tool's answer echoed back: neither a call nor text
+  } else if (!recipient.empty() && recipient != "functions.") {
+    // A call: to=functions.NAME, or a bare or dotted name (math.sum).
+    m.kind = HarmonyMessage::Kind::kCall;
+    m.name = StartsWith(recipient, "functions.") ? recipient.substr(10) : recipient;
+  } else if (channel == "analysis") {
+    m.kind = HarmonyMessage::Kind::kReasoning;
+  }  // else final, or a commentary preamble: content
+  return m;
+}
+
+// Where the message after one ending at `next` starts (past <|start|>assistant).
+size_t HarmonyNext(std::string_view text, size_t next) {
+  if (StartsWith(text.substr(next), "<|start|>")) next += 9;
+  if (StartsWith(text.substr(next), "assistant")) next += 9;
+  return next;
+}
+
 ParsedMessage ParseHarmony(std::string_view text) {
-  constexpr std::string_view kMessage = "<|message|>", kChannel = "<|channel|>";
   ParsedMessage out;
-  if (text.find(kMessage) == std::string_view::npos) {
+  if (text.find(kHarmonyMessage) == std::string_view::npos) {
     out.content = std::string(text);
     return out;
   }
   size_t pos = 0;
   while (pos < text.size()) {
-    const size_t msg = text.find(kMessage, pos);
-    if (msg == std::string_view::npos) break;  // a header without a body: nothing to say
-    const std::string_view header = text.substr(pos, msg - pos);
-    const size_t body_begin = msg + kMessage.size();
-    size_t end = text.size(), next = text.size();
-    for (std::string_view term : {"<|end|>", "<|call|>", "<|return|>", "<|start|>"}) {
-      const size_t at = text.find(term, body_begin);
-      if (at < end) {
-        end = at;
-        next = at + (term == "<|start|>" ? 0 : term.size());
+    const auto m = NextHarmonyMessage(text, pos);
+    if (!m) break;
+    const std::string_view body = text.substr(m->body_begin, m->body_end - m->body_begin);
+    switch (m->kind) {
+      case HarmonyMessage::Kind::kEcho: break;
+      case HarmonyMessage::Kind::kCall: {
+        // Arguments that are not a JSON object come back as written, as vLLM returns them.
+        auto a = ArgumentsText(body);
+        out.calls.push_back({m->name, a ? *a : std::string(Trim(body)), ""});
+        break;
       }
+      case HarmonyMessage::Kind::kReasoning: out.reasoning += std::string(body); break;
+      case HarmonyMessage::Kind::kContent: out.content += std::string(body); break;
     }
-    const std::string_view body = text.substr(body_begin, end - body_begin);
-    auto word_after = [&](std::string_view key) -> std::string {
-      const size_t at = header.find(key);
-      if (at == std::string_view::npos) return "";
-      size_t b = at + key.size(), e = b;
-      while (e < header.size() && header[e] != ' ' && header[e] != '<' && header[e] != '\n') ++e;
-      return std::string(header.substr(b, e - b));
-    };
-    const std::string channel = word_after(kChannel);
-    const std::string recipient = word_after("to=");
-    if (recipient == "assistant") {
-      // A message addressed back to the assistant (a tool's answer echoed): neither a call nor text.
-    } else if (!recipient.empty() && recipient != "functions.") {
-      // A call: to=functions.NAME, or a bare or dotted name (math.sum). Arguments that are not a
-      // JSON object come back as written, as vLLM returns them.
-      const std::string name = StartsWith(recipient, "functions.") ? recipient.substr(10) : recipient;
-      auto a = ArgumentsText(body);
-      out.calls.push_back({name, a ? *a : std::string(Trim(body)), ""});
-    } else if (channel == "analysis") {
-      out.reasoning += std::string(body);
-    } else {
-      out.content += std::string(body);  // final, or a commentary preamble
-    }
-    pos = next;
-    if (StartsWith(text.substr(pos), "<|start|>")) pos += 9;
-    if (StartsWith(text.substr(pos), "assistant")) pos += 9;
+    pos = HarmonyNext(text, m->next);
   }
   return out;
 }
@@ -1439,6 +1470,57 @@ MessageStream::MessageStream(std::optional<ToolCallFormat> tools, std::optional<
   if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) scan_ = Scan::kStopped;
 }
 
+// gpt_oss: the harmony messages in call_text_ from harmony_pos_ on, each sent as it is written
+// (as ParseHarmony reads them): an analysis body as reasoning, a final or commentary body as
+// content, a call's name once its header is whole and its arguments as they grow (when they are a
+// JSON object: otherwise they go whole at the end). What could start an end marker is held back.
+void MessageStream::ScanHarmony(Delta* d) {
+  const std::string_view s = call_text_;
+  while (harmony_pos_ < s.size()) {
+    const auto m = NextHarmonyMessage(s, harmony_pos_);
+    if (!m) return;
+    size_t avail = m->body_end;
+    if (!m->whole) {
+      size_t keep = 0;
+      for (std::string_view term : kHarmonyEnds) keep = std::max(keep, PartialMarker(s.substr(m->body_begin), term));
+      avail -= keep;
+    }
+    const std::string_view body = s.substr(m->body_begin, avail - m->body_begin);
+    const std::string_view fresh = body.substr(std::min(harmony_sent_, body.size()));
+    switch (m->kind) {
+      case HarmonyMessage::Kind::kEcho: break;
+      case HarmonyMessage::Kind::kReasoning:
+        d->reasoning += fresh;
+        harmony_reasoning_ += fresh.size();
+        break;
+      case HarmonyMessage::Kind::kContent:
+        d->content += fresh;
+        harmony_content_ += fresh.size();
+        break;
+      case HarmonyMessage::Kind::kCall: {
+        if (!harmony_call_open_) {
+          streamed_.push_back({streamed_.size(), m->name, ""});
+          d->calls.push_back(streamed_.back());
+          harmony_call_open_ = true;
+        }
+        // A JSON object's text as written, without the white space around it (ArgumentsText's).
+        const size_t lead = body.find_first_not_of(" \n\r\t");
+        if (lead != std::string_view::npos && body[lead] == '{') {
+          const size_t end = body.find_last_not_of(" \n\r\t") + 1;
+          const size_t from = lead + streamed_.back().arguments.size();
+          if (end > from) SendArguments(body.substr(from, end - from), &d->calls);
+        }
+        break;
+      }
+    }
+    harmony_sent_ = body.size();
+    if (!m->whole) return;
+    harmony_pos_ = HarmonyNext(s, m->next);
+    harmony_sent_ = 0;
+    harmony_call_open_ = false;
+  }
+}
+
 void MessageStream::SendArguments(std::string_view piece, std::vector<CallDelta>* out) {
   if (piece.empty()) return;
   CallDelta& call = streamed_.back();
@@ -1598,10 +1680,18 @@ MessageStream::Delta MessageStream::Push(std::string_view text) {
 
 MessageStream::Delta MessageStream::PushText(std::string_view text) {
   Delta d;
-  if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) {
-    // Harmony's channels (Functionary v3.2's recipients) decide what every part is: the message
-    // is taken apart at the end.
-    // NOTE: so nothing streams before the message ends for this format.
+  if (tools_ == ToolCallFormat::kGptOss) {
+    // Harmony's headers say what each message is: each is sent as it is written.
+    call_text_ += text;
+    in_calls_ = true;
+    ScanHarmony(&d);
+    content_all_ += d.content;
+    reasoning_all_ += d.reasoning;
+    return d;
+  }
+  if (tools_ == ToolCallFormat::kFunctionaryV32) {
+    // Functionary v3.2's recipients decide what every part is: the message is taken apart at the
+    // end (so nothing of it streams before it ends).
     call_text_ += text;
     in_calls_ = true;
     return d;
@@ -1681,7 +1771,15 @@ ParsedMessage MessageStream::Finish(std::vector<CallDelta>* rest) {
   }
   pending_.clear();
   if (in_calls_) {
-    ParsedMessage p = ParseToolCalls(*tools_, call_text_, types_.get());
+    ParsedMessage p;
+    if (tools_ == ToolCallFormat::kGptOss) {
+      // What the stream sent of the content and reasoning is where they start (the same reading).
+      p = ParseHarmony(call_text_);
+      p.content.erase(0, std::min(harmony_content_, p.content.size()));
+      p.reasoning.erase(0, std::min(harmony_reasoning_, p.reasoning.size()));
+    } else {
+      p = ParseToolCalls(*tools_, call_text_, types_.get());
+    }
     out.content += p.content;
     out.reasoning += p.reasoning;
     out.calls = std::move(p.calls);

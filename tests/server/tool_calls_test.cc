@@ -163,6 +163,9 @@ TEST(ToolCalls, CallsStreamAsTheyAreWritten) {
       {ToolCallFormat::kFunctionary, "<function=write>{\"path\": \"a.txt\", \"text\": \"x y\"}</function>", R"({"path": "a.txt", "text": "x y"})"},
       {ToolCallFormat::kGemma4, "<|tool_call>call:write{path:<|\"|>a.txt<|\"|>,text:<|\"|>x y<|\"|>}<tool_call|>",
        R"({"path":"a.txt","text":"x y"})"},  // converted as it is read
+      {ToolCallFormat::kGptOss,
+       "<|channel|>commentary to=functions.write <|constrain|>json<|message|>{\"path\": \"a.txt\", \"text\": \"x y\"}<|call|>",
+       R"({"path": "a.txt", "text": "x y"})"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(ToolCallFormatName(c.f));
@@ -535,13 +538,15 @@ TEST(ToolCalls, GptOssHarmony) {
   EXPECT_TRUE(p.calls.empty());
   EXPECT_EQ(p.content, "Done.");
   EXPECT_EQ(ParseToolCalls(f, "Hello").content, "Hello");
-  // Streamed: everything comes at the end, the same.
+  // Streamed: each message as it comes (the last one's end is the stop token, not in the text).
   MessageStream ms(f, kThinkTags, false);
-  EXPECT_TRUE(ms.Push("<|channel|>analysis<|message|>hm<|end|>").content.empty());
-  ms.Push("<|start|>assistant<|channel|>final<|message|>Yes.");
+  const MessageStream::Delta first = ms.Push("<|channel|>analysis<|message|>hm<|end|>");
+  EXPECT_TRUE(first.content.empty());
+  EXPECT_EQ(first.reasoning, "hm");
+  EXPECT_EQ(ms.Push("<|start|>assistant<|channel|>final<|message|>Yes.").content, "Yes.");
   ParsedMessage tail = ms.Finish();
-  EXPECT_EQ(tail.reasoning, "hm");
-  EXPECT_EQ(tail.content, "Yes.");
+  EXPECT_EQ(tail.reasoning, "");
+  EXPECT_EQ(tail.content, "");
   EXPECT_EQ(DetectToolCallFormat("{{- '<|start|>assistant<|channel|>final<|message|>' }}"), f);
   EXPECT_FALSE(ToolCallGrammar(f, nlohmann::ordered_json::array(), "", true).ok());
 }
@@ -653,6 +658,29 @@ TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
   auto none = ToolCallGrammar(f, tools, "", true, [](std::string_view) { return -1; });
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("<|channel|>"), std::string::npos);
+}
+
+// gpt-oss's harmony messages stream as they are written: the analysis as reasoning and the final
+// message as content before the message ends, each piece once.
+TEST(ToolCalls, GptOssStreamsEachMessageAsItIsWritten) {
+  const std::string text = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>final"
+                           "<|message|>It is sunny in Lima.<|return|>";
+  MessageStream ms(ToolCallFormat::kGptOss, std::nullopt, false);
+  std::string reasoning, content;
+  size_t reasoning_done_at = 0, content_started_at = 0;
+  for (size_t at = 0; at < text.size(); ++at) {
+    const MessageStream::Delta d = ms.Push(text.substr(at, 1));
+    reasoning += d.reasoning;
+    content += d.content;
+    if (reasoning == "Need the weather." && reasoning_done_at == 0) reasoning_done_at = at;
+    if (!content.empty() && content_started_at == 0) content_started_at = at;
+    EXPECT_EQ(content.find('<'), std::string::npos) << content;  // no marker's start sent as text
+  }
+  const ParsedMessage tail = ms.Finish();
+  EXPECT_EQ(reasoning + tail.reasoning, "Need the weather.");
+  EXPECT_EQ(content + tail.content, "It is sunny in Lima.");
+  EXPECT_GT(reasoning_done_at, 0u);
+  EXPECT_LT(content_started_at + 15, text.size());  // the final message streams, not at the end
 }
 
 TEST(ToolCalls, KimiK2) {
