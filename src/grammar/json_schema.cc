@@ -226,6 +226,37 @@ std::string UnsignedRange(int64_t lo, std::optional<int64_t> hi) {
   return out + ")";
 }
 
+// The formats with a grammar as regexes over the string's text, the same languages as their
+// GBNF primitives (a test compares them): where a format meets a `pattern` or lengths, an
+// automaton reads them together. Formats without one here: nullopt.
+std::optional<std::string> FormatRegex(const std::string& f) {
+  static const std::string dns = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?";
+  static const std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
+  static const std::string date =
+      "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))";
+  static const std::string time =
+      "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+  if (f == "date") return date;
+  if (f == "time") return time;
+  if (f == "date-time") return date + "T" + time;
+  if (f == "uuid") return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+  if (f == "email") return "[a-zA-Z0-9_+-]+(?:\\.[a-zA-Z0-9_+-]+)*@" + dns + "(?:\\." + dns + ")+";
+  if (f == "hostname") return dns + "(?:\\." + dns + ")*";
+  if (f == "uri") return "https?://" + dns + "(?:\\." + dns + ")*(?:/[a-zA-Z0-9._~-]*)*";
+  if (f == "ipv4") return octet + "\\." + octet + "\\." + octet + "\\." + octet;
+  return std::nullopt;
+}
+
+// Formats JSON Schema defines, which are checked (by a grammar) or refused; any other is an
+// annotation.
+bool IsCheckedFormat(const std::string& f) {
+  static const std::set<std::string> kChecked = {"date", "time", "date-time", "uuid", "email", "hostname", "uri", "ipv4",
+                                                 "ipv6", "uri-reference", "iri", "uri-template", "duration", "regex",
+                                                 "iri-reference", "idn-email", "idn-hostname", "json-pointer",
+                                                 "relative-json-pointer"};
+  return kChecked.count(f) > 0;
+}
+
 // A bound on a number's magnitude: its integer part and fraction digits (no trailing zeros),
 // and whether the bound itself is excluded.
 struct DecimalBound {
@@ -1345,9 +1376,28 @@ class Converter {
     ASSIGN_OR_RETURN(int64_t max_len, Count(s, "maxLength", path, -1));
     if (max_len >= 0 && max_len < min_len) return Error(path, "'maxLength' is below 'minLength'");
     const bool bounded = s.contains("minLength") || s.contains("maxLength");
+    // A format with a grammar beside a pattern or lengths: one automaton reads them together.
+    const std::optional<std::string> format =
+        s.contains("format") && s["format"].is_string() ? FormatRegex(s["format"].get<std::string>()) : std::nullopt;
+    if (format && (s.contains("pattern") || bounded)) {
+      std::vector<DfaLanguage> languages = {{*format, RegexMatch::kWhole, std::nullopt}};
+      if (s.contains("pattern")) {
+        if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
+        languages.push_back({s["pattern"].get<std::string>(), RegexMatch::kSearch, std::nullopt});
+      }
+      auto dfa = BuildDfa(languages, kMaxDfaStates);
+      if (!dfa.ok()) return Error(path, "'format' with a pattern or lengths: {}", dfa.status().message());
+      const uint32_t all = (1u << languages.size()) - 1;
+      return DfaString(*dfa, [all](uint32_t accepts) { return accepts == all; }, min_len, max_len, hint, path);
+    }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
-      if (bounded && !s.contains("format")) {
+      // (A format JSON Schema defines and FormatRegex has not: refused beside a pattern; other
+      // formats are annotations.)
+      if (s.contains("format") && s["format"].is_string() && IsCheckedFormat(s["format"].get<std::string>())) {
+        return Error(path, "'pattern' together with 'format' '{}' is not supported", s["format"].get<std::string>());
+      }
+      if (bounded) {
         // One class repeated: its counts and the lengths intersect.
         if (auto cr = AsClassRepeat(s["pattern"].get<std::string>())) {
           const int64_t lo = std::max(min_len, cr->lo);
@@ -1364,7 +1414,7 @@ class Converter {
         if (!dfa.ok()) return Error(path, "'pattern' with lengths: {}", dfa.status().message());
         return DfaString(*dfa, [](uint32_t accepts) { return accepts != 0; }, min_len, max_len, hint, path);
       }
-      if (s.contains("format")) return Error(path, "'pattern' together with 'format' is not supported");
+
       auto re = RegexToGbnf(s["pattern"].get<std::string>(), JsonStringCharSet, RegexMatch::kSearch);
       if (!re.ok()) return Error(path, "{}", re.status().message());
       return Rule(hint, "\"\\\"\" " + *re + " \"\\\"\" " + sp);
@@ -1377,7 +1427,7 @@ class Converter {
                          : f == "uri-reference" ? "uri-reference-string" : f == "iri" ? "iri-string"
                          : f == "uri-template" ? "uri-template-string" : f == "duration" ? "duration-string" : nullptr;
       if (rule != nullptr) {
-        if (bounded) return Error(path, "'format' together with lengths is not supported");
+        if (bounded) return Error(path, "'format' '{}' together with lengths is not supported", f);
         return UsePrimitive(rule);
       }
       // The other formats JSON Schema defines are assertions a validator checks, which gale has no

@@ -2,6 +2,8 @@
 // checked by matching texts byte by byte; the refusals name the schema path.
 #include "grammar/json_schema.h"
 
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "grammar/matcher.h"
@@ -143,6 +145,63 @@ TEST(JsonSchema, MultiplesAcceptExactlyTheMultiples) {
       EXPECT_EQ(Accepts(&compiled, n), in) << n;
     }
     EXPECT_GT(within, 0);
+  }
+}
+
+// A format beside a pattern or lengths is read by an automaton from the format's regex: the same
+// language as the format's own grammar (compared over valid and invalid texts of each), and then
+// only what the pattern and lengths allow too.
+TEST(JsonSchema, FormatsWithPatternsOrLengthsKeepTheFormat) {
+  const std::map<std::string, std::vector<std::string>> texts = {
+      {"date", {"2024-02-28", "2024-02-29", "1999-12-31", "2024-13-01", "2024-04-31", "2024-4-01", "20240101"}},
+      {"time", {"12:30:00Z", "23:59:59.123456+05:30", "24:00:00Z", "12:30:00", "12:30:00.1234567Z", "1:30:00Z"}},
+      {"date-time", {"2024-01-02T03:04:05Z", "2024-01-02T03:04:05.5-08:00", "2024-01-02 03:04:05Z", "2024-01-02T03:04Z"}},
+      {"uuid", {"123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000", "123e4567e89b12d3a456426614174000",
+                "123e4567-e89b-12d3-a456-42661417400g"}},
+      {"email", {"a@b.co", "first.last+tag@mail.example.org", "a@b", "a..b@c.de", ".a@b.cd", "a@-b.cd", "a@b-.cd", "a b@c.de"}},
+      {"hostname", {"example.com", "a", "a-b.c-d", "-a.com", "a_b.com", "a..b"}},
+      {"uri", {"https://example.com/a/b", "http://x", "ftp://x.y", "https://x.y/a b", "https://", "https://x.y/~a_b.c-d"}},
+      {"ipv4", {"0.0.0.0", "255.255.255.255", "256.1.1.1", "01.2.3.4", "1.2.3", "192.168.1.100"}}};
+  for (const auto& [format, samples] : texts) {
+    SCOPED_TRACE(format);
+    auto plain = ParseGbnf(*JsonSchemaToGbnf(Json{{"type", "string"}, {"format", format}}));
+    auto with_lengths = JsonSchemaToGbnf(Json{{"type", "string"}, {"format", format}, {"minLength", 0}});
+    ASSERT_TRUE(plain.ok() && with_lengths.ok()) << with_lengths.status().message();
+    auto automaton = ParseGbnf(*with_lengths);
+    ASSERT_TRUE(automaton.ok()) << automaton.status().message();
+    CompiledGrammar a(std::move(*plain), test::ByteTrie()), b(std::move(*automaton), test::ByteTrie());
+    int valid = 0;
+    for (const std::string& t : samples) {
+      const std::string text = Json(t).dump();
+      valid += Accepts(&a, text);
+      EXPECT_EQ(Accepts(&a, text), Accepts(&b, text)) << t;
+    }
+    EXPECT_GT(valid, 0);
+    EXPECT_LT(valid, static_cast<int>(samples.size()));
+  }
+  // zod 4's z.email(), z.uuid(), z.iso.datetime(): a format with zod's own pattern beside it; and
+  // a format with lengths.
+  const std::vector<Case> cases = {
+      {R"({"type": "string", "format": "email", "pattern": "^(?:[A-Za-z0-9_'+\\-]+\\.)*[A-Za-z0-9_'+\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"})",
+       {R"("jane@acme.dev")", R"("a.b+c@mail.example.org")"},
+       {R"("jane@acme.d")", R"("jane@acme")", R"("jane@acme.d3v")", R"("o'neil@x.io")", R"("a..b@c.de")"}},
+      {R"({"type": "string", "format": "uuid", "pattern": "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"})",
+       {R"("123e4567-e89b-42d3-a456-426614174000")", R"("00000000-0000-0000-0000-000000000000")"},
+       {R"("123e4567-e89b-02d3-a456-426614174000")", R"("123e4567-e89b-42d3-c456-426614174000")"}},
+      {R"({"type": "string", "format": "date-time", "pattern": "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d+)?(?:Z))$"})",
+       {R"("2024-05-06T07:08:09Z")", R"("2024-05-06T07:08:09.25Z")"},
+       {R"("2024-05-06T07:08:09+01:00")", R"("2024-05-06T07:08Z")", R"("2024-02-30T00:00:00Z")"}},
+      {R"({"type": "string", "format": "email", "maxLength": 8})", {R"("a@b.co")", R"("ab@cd.ef")"}, {R"("abc@de.fg")", R"("a@b")"}},
+      {R"({"type": "string", "format": "int32", "pattern": "^[0-9]+$"})", {R"("42")"}, {R"("x")"}},  // an annotation
+  };
+  for (const Case& c : cases) {
+    auto gbnf = JsonSchemaToGbnf(Json::parse(c.schema));
+    ASSERT_TRUE(gbnf.ok()) << c.schema << ": " << gbnf.status().message();
+    auto g = ParseGbnf(*gbnf);
+    ASSERT_TRUE(g.ok()) << c.schema << ": " << g.status().message();
+    CompiledGrammar compiled(std::move(*g), test::ByteTrie());
+    for (const char* t : c.good) EXPECT_TRUE(Accepts(&compiled, t)) << c.schema << " should accept " << t;
+    for (const char* t : c.bad) EXPECT_FALSE(Accepts(&compiled, t)) << c.schema << " should reject " << t;
   }
 }
 
