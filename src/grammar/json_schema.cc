@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -561,7 +562,7 @@ class Converter {
       return VisitInner(folded, hint, path);
     }
     for (const char* kw : {"if", "then", "else", "dependentRequired", "dependentSchemas",
-                           "dependencies", "minProperties", "maxProperties", "contains",
+                           "dependencies", "contains",
                            "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
@@ -669,10 +670,23 @@ class Converter {
     std::string body;
     std::vector<Json> branches;
     for (size_t i = 0; i < s[kw].size(); ++i) {
-      const Json& alt = s[kw][i];
       const std::string bpath = fmt::format("{}/{}/{}", path, kw, i);
+      const bool merged = s[kw][i].is_object() && HasConstraints(siblings);
+      // A branch that is a $ref merges as its target: a $ref's rule would not see the siblings.
+      Json alt = s[kw][i];
+      std::string merged_ref;  // the ref and the siblings, when the branch is a $ref merged with them
+      if (merged && alt.contains("$ref")) {
+        for (auto it = alt.begin(); it != alt.end(); ++it) {
+          if (it.key() != "$ref" && HasConstraints(Json{{it.key(), it.value()}})) {
+            return Error(bpath, "a '$ref' beside other keywords, in a '{}' with keywords beside it, is not supported", kw);
+          }
+        }
+        const Json& target = Deref(alt);
+        if (&target == &alt || !target.is_object()) return Error(bpath, "'$ref' does not resolve to a schema object");
+        merged_ref = alt["$ref"].dump() + "\x01" + siblings.dump();
+        alt = target;
+      }
       Json use = alt;
-      const bool merged = alt.is_object() && HasConstraints(siblings);
       if (merged) {
         // Both the siblings and the branch hold: their required keys add up, their properties
         // join (one property constrained by both is not taken apart).
@@ -697,6 +711,22 @@ class Converter {
       Status closed = merged ? CloseMerged({&siblings, &alt}, bpath, use) : Status::Ok();
       if (closed.code() == StatusCode::kOutOfRange) continue;
       RETURN_IF_ERROR(closed);
+      if (!merged_ref.empty()) {
+        // One rule per ref and siblings, named before it is visited: a recursive schema (a ref
+        // whose target holds the same union) refers to it again.
+        auto it = merged_refs_.find(merged_ref);
+        if (it == merged_refs_.end()) {
+          const std::string name = FreshName(fmt::format("{}-{}-ref", hint, i));
+          it = merged_refs_.emplace(merged_ref, name).first;
+          const size_t slot = rules_.size();
+          rules_.emplace_back(name, "");
+          ASSIGN_OR_RETURN(std::string inner, Visit(use, name + "-body", bpath));
+          rules_[slot].second = inner;
+        }
+        body += (body.empty() ? "" : " | ") + it->second;
+        branches.push_back(std::move(use));
+        continue;
+      }
       auto e = Visit(use, fmt::format("{}-{}", hint, i), bpath);
       if (!e.ok() && e.status().code() == StatusCode::kOutOfRange) continue;
       if (!e.ok()) return e.status();
@@ -1189,6 +1219,7 @@ class Converter {
       required.push_back(true);
     }
     ASSIGN_OR_RETURN(const std::string extra, ExtraPair(pk, declared, others, hint, path));
+    if (s.contains("minProperties") || s.contains("maxProperties")) return CountedMembers(s, kvs, required, extra, hint, path);
     // after[i]: properties i.. once one has been written (each needs a comma); first[i]: the
     // same before any has been.
     const size_t n = kvs.size();
@@ -1203,6 +1234,61 @@ class Converter {
       first = Rule(fmt::format("{}-from-{}", hint, i), new_first);
     }
     return Rule(hint, "\"{\" " + sp + (first.empty() ? "" : " " + first) + " \"}\" " + sp);
+  }
+
+  // An object's members (ObjectRule's: kvs in order, then any number of `extra` pairs) with
+  // minProperties/maxProperties: the members written so far counted (up to the larger bound; past
+  // maxProperties nothing more), a rule per place and count, ending only at a count within the
+  // bounds. Places and counts that cannot reach such an end are left out.
+  StatusOr<std::string> CountedMembers(const Json& s, const std::vector<std::string>& kvs, const std::vector<bool>& required,
+                                       const std::string& extra, const std::string& hint, const std::string& path) {
+    ASSIGN_OR_RETURN(const int64_t min_p, Count(s, "minProperties", path, 0));
+    ASSIGN_OR_RETURN(const int64_t max_p, Count(s, "maxProperties", path, -1));
+    if (max_p >= 0 && max_p < min_p) return MatchesNothing(path, "'maxProperties' is below 'minProperties'");
+    const int64_t n = static_cast<int64_t>(kvs.size());
+    const int64_t cap = max_p >= 0 ? max_p : min_p;  // counts past it are the same (or not allowed)
+    if ((n + 2) * (cap + 1) > 4000) return Error(path, "'minProperties'/'maxProperties' need more than 4,000 grammar rules here");
+    const std::string sp = UsePrimitive("space");
+    auto next = [&](int64_t c) -> std::optional<int64_t> {
+      if (max_p >= 0) return c < max_p ? std::optional<int64_t>(c + 1) : std::nullopt;
+      return std::min(c + 1, cap);
+    };
+    // member(i, c, first): members i.. (i == n: the extra pairs) with c written, `first` when none
+    // has been (no comma before the next).
+    std::map<std::tuple<int64_t, int64_t, bool>, std::optional<std::string>> memo;
+    std::function<std::optional<std::string>(int64_t, int64_t, bool)> member = [&](int64_t i, int64_t c, bool first) {
+      const auto key = std::make_tuple(i, c, first);
+      if (auto it = memo.find(key); it != memo.end()) return it->second;
+      memo[key] = std::nullopt;  // (a loop back to itself, through the extra pairs, is found below)
+      const std::string comma = first ? "" : "\",\" " + sp + " ";
+      std::vector<std::string> alts;
+      bool may_end = false;
+      const std::string name = FreshName(fmt::format("{}-m{}-{}{}", hint, i, c, first ? "f" : ""));
+      if (i < n) {
+        if (auto c2 = next(c)) {
+          if (auto rest = member(i + 1, *c2, false)) alts.push_back(comma + kvs[static_cast<size_t>(i)] + " " + *rest);
+        }
+        if (!required[static_cast<size_t>(i)]) {
+          if (auto rest = member(i + 1, c, first)) alts.push_back(*rest);
+        }
+      } else {
+        may_end = c >= min_p;
+        if (!extra.empty()) {
+          if (auto c2 = next(c)) {
+            const std::string rest = *c2 == c && !first ? name : member(n, *c2, false).value_or("");
+            if (!rest.empty() || (*c2 == c && !first)) alts.push_back(comma + extra + " " + rest);
+          }
+        }
+      }
+      if (alts.empty() && !may_end) return memo[key] = std::nullopt;
+      std::string body = alts.empty() ? "\"\"" : alts.size() == 1 && !may_end ? alts[0] : "(" + fmt::format("{}", fmt::join(alts, " | ")) + ")";
+      if (!alts.empty() && may_end) body += "?";
+      rules_.emplace_back(name, body);
+      return memo[key] = name;
+    };
+    const auto members = member(0, 0, true);
+    if (!members) return MatchesNothing(path, "no object has a number of properties within 'minProperties' and 'maxProperties'");
+    return Rule(hint, "\"{\" " + sp + " " + *members + " \"}\" " + sp);
   }
 
   // Automata become grammars of at most this many states (counts of lengths included).
@@ -1702,6 +1788,7 @@ class Converter {
   std::vector<std::pair<std::string, std::string>> rules_;  // in the order written
   std::map<std::string, std::string> by_body_;
   std::map<std::string, std::string> ref_rules_;
+  std::map<std::string, std::string> merged_refs_;  // UnionRule's $ref branches with siblings
   std::set<std::string> used_names_ = {"root"};
   std::set<std::string> have_primitive_;
 };

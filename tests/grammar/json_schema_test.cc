@@ -380,6 +380,22 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"type": "integer", "multipleOf": 5})", {"0", "5", "-15", "1000"}, {"3", "12", "5.5"}},
       {R"({"type": "number", "multipleOf": 2.5})", {"0", "2.5", "5", "-7.5", "10.0", "12.50"}, {"1", "2.4", "3.75"}},
       {R"({"type": "number", "multipleOf": 1})", {"3", "3.0", "-2"}, {"3.5", "0.1"}},
+      // minProperties / maxProperties: the members written are counted, extra keys too.
+      {R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2})",
+       {R"({"a": 1, "b": 2})", R"({"a": 1, "c": 3})", R"({"a": 1, "b": 2, "c": 3})"}, {"{}", R"({"a": 1})", R"({"c": 1})"}},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"], "maxProperties": 1})", {R"({"a": 1})"},
+       {R"({"a": 1, "b": 2})", R"({"b": 2})", "{}"}},
+      {R"({"type": "object", "minProperties": 1, "additionalProperties": {"type": "integer"}})", {R"({"x": 1})", R"({"x": 1, "y": 2, "z": 3})"},
+       {"{}", R"({"x": "s"})"}},
+      {R"({"type": "object", "maxProperties": 2})", {"{}", R"({"a": 1, "b": []})"}, {R"({"a": 1, "b": 2, "c": 3})"}},
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": true, "minProperties": 2, "maxProperties": 3})",
+       {R"({"a": 1, "x": 2})", R"({"x": 1, "y": 2, "z": 3})"}, {R"({"a": 1})", R"({"a": 1, "x": 1, "y": 2, "z": 3})", R"({"a": "s", "x": 1})"}},
+      // A union's $ref branch takes the keywords beside the union too (recursively, too).
+      {R"({"maxLength": 3, "anyOf": [{"$ref": "#/$defs/s"}, {"type": "integer"}], "$defs": {"s": {"type": "string"}}})",
+       {R"("abc")", "7"}, {R"("abcd")"}},
+      {R"({"type": "object", "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"}, {"$ref": "#/definitions/r"}]},
+           "definitions": {"r": {"type": "object", "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"}, {"$ref": "#/definitions/r"}]}}}})",
+       {R"({"a": "x", "b": {"c": "y", "d": {"e": "z"}}})"}, {R"({"a": {}})", R"({"a": {"b": {}}})"}},
       // Number keywords without a type constrain numbers only.
       {R"({"multipleOf": 3})", {"9", "-12", R"("x")", "null"}, {"10", "4"}},
       {R"({"minimum": 5})", {"5", "7.5", R"("s")", "[1]"}, {"4", "-1"}},
@@ -448,6 +464,8 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "number", "minimum": 1e20})").find("cannot be written"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "minProperties": 3, "maxProperties": 2})").find("no value matches"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "properties": {"a": {}}, "minProperties": 2})").find("no value matches"), std::string::npos);
   // oneOf branches a value could match both of: refused (anyOf would take them).
   EXPECT_NE(err(R"({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]})").find("'oneOf' branches 0 and 1 may both match"),
             std::string::npos);
