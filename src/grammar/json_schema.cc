@@ -755,18 +755,20 @@ class Converter {
     if (!s["allOf"].is_array() || s["allOf"].empty()) return Error(path, "'allOf' must be a non-empty array");
     Json merged = s;
     merged.erase("allOf");
+    // The parts, flattened: an allOf inside a part adds its parts; an anyOf or oneOf inside one is
+    // taken out, and becomes the merged schema's own (its branches then take the merged keywords;
+    // one such union in all).
+    std::vector<Json> flat;
+    std::optional<std::pair<std::string, Json>> union_kw;
+    for (const char* kw : {"anyOf", "oneOf"}) {
+      if (merged.contains(kw)) union_kw = std::pair(std::string(kw), merged[kw]);
+    }
+    RETURN_IF_ERROR(FlattenAllOf(s["allOf"], path + "/allOf", 0, &flat, &union_kw));
+    if (union_kw) merged[union_kw->first] = union_kw->second;
     std::vector<const Json*> parts = {&s};
-    for (size_t i = 0; i < s["allOf"].size(); ++i) {
-      const Json* part = &s["allOf"][i];
+    for (size_t i = 0; i < flat.size(); ++i) {
+      const Json* part = &flat[i];
       const std::string ppath = fmt::format("{}/allOf/{}", path, i);
-      for (int hops = 0; part->is_object() && part->contains("$ref") && hops < 32; ++hops) {
-        if (!(*part)["$ref"].is_string()) return Error(ppath, "'$ref' must be a string");
-        ASSIGN_OR_RETURN(part, Resolve((*part)["$ref"].get<std::string>(), ppath));
-      }
-      if (!part->is_object()) return Error(ppath, "allOf parts must be objects");
-      for (const char* kw : {"anyOf", "oneOf", "allOf", "$ref"}) {
-        if (part->contains(kw)) return Error(ppath, "'{}' inside allOf is not supported", kw);
-      }
       parts.push_back(part);
       for (auto it = part->begin(); it != part->end(); ++it) {
         if (it.key() == "properties" && it.value().is_object()) {
@@ -790,6 +792,38 @@ class Converter {
     }
     RETURN_IF_ERROR(CloseMerged(parts, path, merged));
     return Visit(merged, hint, path);
+  }
+
+  // allOf's parts (items of `all`), each resolved through its $refs, into *flat: a part's own
+  // allOf adds its parts in turn; its anyOf or oneOf goes to *union_kw (at most one in all).
+  Status FlattenAllOf(const Json& all, const std::string& path, int depth, std::vector<Json>* flat,
+                      std::optional<std::pair<std::string, Json>>* union_kw) {
+    if (depth > 16) return Error(path, "'allOf' nests too deep");
+    for (size_t i = 0; i < all.size(); ++i) {
+      const Json* part = &all[i];
+      const std::string ppath = fmt::format("{}/{}", path, i);
+      for (int hops = 0; part->is_object() && part->contains("$ref") && hops < 32; ++hops) {
+        if (!(*part)["$ref"].is_string()) return Error(ppath, "'$ref' must be a string");
+        ASSIGN_OR_RETURN(part, Resolve((*part)["$ref"].get<std::string>(), ppath));
+      }
+      if (part->is_boolean() && part->get<bool>()) continue;
+      if (!part->is_object()) return Error(ppath, "allOf parts must be objects");
+      if (part->contains("$ref")) return Error(ppath, "'$ref' inside allOf is not supported");
+      Json own = *part;
+      if (own.contains("allOf")) {
+        if (!own["allOf"].is_array() || own["allOf"].empty()) return Error(ppath, "'allOf' must be a non-empty array");
+        RETURN_IF_ERROR(FlattenAllOf(own["allOf"], ppath + "/allOf", depth + 1, flat, union_kw));
+        own.erase("allOf");
+      }
+      for (const char* kw : {"anyOf", "oneOf"}) {
+        if (!own.contains(kw)) continue;
+        if (*union_kw) return Error(ppath, "two unions ('anyOf'/'oneOf') under one allOf are not supported");
+        *union_kw = std::pair(std::string(kw), own[kw]);
+        own.erase(kw);
+      }
+      flat->push_back(std::move(own));
+    }
+    return Status::Ok();
   }
 
   // One schema both a and b hold for (a property two merged schemas constrain): either alone when

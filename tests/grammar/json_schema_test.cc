@@ -396,6 +396,12 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"type": "object", "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"}, {"$ref": "#/definitions/r"}]},
            "definitions": {"r": {"type": "object", "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"}, {"$ref": "#/definitions/r"}]}}}})",
        {R"({"a": "x", "b": {"c": "y", "d": {"e": "z"}}})"}, {R"({"a": {}})", R"({"a": {"b": {}}})"}},
+      // allOf inside allOf: its parts join; a union inside a part becomes the merged schema's own.
+      {R"({"allOf": [{"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}]}, {"properties": {"b": {"type": "string"}}}]})",
+       {R"({"a": 1, "b": "x"})", R"({"a": 1})"}, {R"({"b": "x"})", R"({"a": "1"})"}},
+      {R"({"allOf": [{"type": "object", "properties": {"kind": {"type": "string"}, "v": {}}, "required": ["kind"]},
+                     {"oneOf": [{"properties": {"kind": {"const": "a"}, "v": {"type": "integer"}}}, {"properties": {"kind": {"const": "b"}, "v": {"type": "string"}}}]}]})",
+       {R"({"kind": "a", "v": 1})", R"({"kind": "b", "v": "x"})"}, {R"({"kind": "a", "v": "x"})", R"({"kind": "c"})"}},
       // Number keywords without a type constrain numbers only.
       {R"({"multipleOf": 3})", {"9", "-12", R"("x")", "null"}, {"10", "4"}},
       {R"({"minimum": 5})", {"5", "7.5", R"("s")", "[1]"}, {"4", "-1"}},
