@@ -561,8 +561,8 @@ class Converter {
       ASSIGN_OR_RETURN(Json folded, FoldNot(s, path));
       return VisitInner(folded, hint, path);
     }
-    for (const char* kw : {"if", "then", "else", "dependentRequired", "dependentSchemas",
-                           "dependencies", "contains",
+    for (const char* kw : {"if", "then", "else", "dependentSchemas",
+                           "contains",
                            "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
@@ -1190,7 +1190,7 @@ class Converter {
 
   StatusOr<std::string> ObjectRule(const Json& s, const std::string& hint, const std::string& path) {
     const std::string sp = UsePrimitive("space");
-    std::vector<std::string> kvs;
+    std::vector<std::string> kvs, kv_names;
     std::vector<bool> required;
     std::set<std::string> req;
     if (s.contains("required")) {
@@ -1225,6 +1225,7 @@ class Converter {
         ASSIGN_OR_RETURN(std::string value, std::move(visited));
         kvs.push_back(Rule(hint + "-" + it.key() + "-kv",
                            JsonLiteral(Json(it.key())) + " " + sp + " \":\" " + sp + " " + value));
+        kv_names.push_back(it.key());
         required.push_back(req.count(it.key()) > 0);
       }
     }
@@ -1250,10 +1251,14 @@ class Converter {
       }
       declared.insert(k);
       kvs.push_back(Rule(hint + "-" + k + "-kv", JsonLiteral(Json(k)) + " " + sp + " \":\" " + sp + " " + value));
+      kv_names.push_back(k);
       required.push_back(true);
     }
     ASSIGN_OR_RETURN(const std::string extra, ExtraPair(pk, declared, others, hint, path));
-    if (s.contains("minProperties") || s.contains("maxProperties")) return CountedMembers(s, kvs, required, extra, hint, path);
+    ASSIGN_OR_RETURN(const std::vector<uint64_t> needs, Dependencies(s, kv_names, !extra.empty(), path));
+    if (s.contains("minProperties") || s.contains("maxProperties") || !needs.empty()) {
+      return CountedMembers(s, kvs, required, needs, extra, hint, path);
+    }
     // after[i]: properties i.. once one has been written (each needs a comma); first[i]: the
     // same before any has been.
     const size_t n = kvs.size();
@@ -1270,12 +1275,46 @@ class Converter {
     return Rule(hint, "\"{\" " + sp + (first.empty() ? "" : " " + first) + " \"}\" " + sp);
   }
 
+  // dependentRequired (and draft 4's `dependencies` with arrays): per member (by its place among
+  // `names`), the members that must be present when it is; empty when there are none. A schema
+  // form is refused; so is a key outside `names` where other keys may come (a member that needs a
+  // key no object can have is never present).
+  StatusOr<std::vector<uint64_t>> Dependencies(const Json& s, const std::vector<std::string>& names, bool extra_keys,
+                                               const std::string& path) {
+    std::vector<uint64_t> needs;
+    for (const char* kw : {"dependencies", "dependentRequired"}) {
+      if (!s.contains(kw)) continue;
+      if (!s[kw].is_object()) return Error(path, "'{}' must be an object", kw);
+      if (names.size() > 64) return Error(path, "'{}' on an object of more than 64 properties is not supported", kw);
+      needs.resize(names.size(), 0);
+      auto index = [&](const std::string& k) -> int {
+        auto it = std::find(names.begin(), names.end(), k);
+        return it == names.end() ? -1 : static_cast<int>(it - names.begin());
+      };
+      for (auto it = s[kw].begin(); it != s[kw].end(); ++it) {
+        if (!it.value().is_array()) return Error(path, "'{}' with a schema (not a list of keys) is not supported", kw);
+        const int a = index(it.key());
+        for (const Json& b : it.value()) {
+          if (!b.is_string()) return Error(path, "'{}' lists must hold strings", kw);
+          const int bi = index(b.get<std::string>());
+          if ((a < 0 || bi < 0) && extra_keys) {
+            return Error(path, "'{}' naming a key the object does not declare, where other keys may come, is not supported", kw);
+          }
+          if (a < 0 || a == bi) continue;  // a key no object has needs nothing
+          needs[static_cast<size_t>(a)] |= bi < 0 ? (uint64_t{1} << a) : (uint64_t{1} << bi);  // needs itself: never present
+        }
+      }
+    }
+    return needs;
+  }
+
   // An object's members (ObjectRule's: kvs in order, then any number of `extra` pairs) with
   // minProperties/maxProperties: the members written so far counted (up to the larger bound; past
   // maxProperties nothing more), a rule per place and count, ending only at a count within the
   // bounds. Places and counts that cannot reach such an end are left out.
   StatusOr<std::string> CountedMembers(const Json& s, const std::vector<std::string>& kvs, const std::vector<bool>& required,
-                                       const std::string& extra, const std::string& hint, const std::string& path) {
+                                       const std::vector<uint64_t>& needs, const std::string& extra, const std::string& hint,
+                                       const std::string& path) {
     ASSIGN_OR_RETURN(const int64_t min_p, Count(s, "minProperties", path, 0));
     ASSIGN_OR_RETURN(const int64_t max_p, Count(s, "maxProperties", path, -1));
     if (max_p >= 0 && max_p < min_p) return MatchesNothing(path, "'maxProperties' is below 'minProperties'");
@@ -1287,29 +1326,45 @@ class Converter {
       if (max_p >= 0) return c < max_p ? std::optional<int64_t>(c + 1) : std::nullopt;
       return std::min(c + 1, cap);
     };
-    // member(i, c, first): members i.. (i == n: the extra pairs) with c written, `first` when none
-    // has been (no comma before the next).
-    std::map<std::tuple<int64_t, int64_t, bool>, std::optional<std::string>> memo;
-    std::function<std::optional<std::string>(int64_t, int64_t, bool)> member = [&](int64_t i, int64_t c, bool first) {
-      const auto key = std::make_tuple(i, c, first);
+    // Dependencies: writing member i makes the later ones it needs required (`due`); leaving member
+    // b out rules out the later ones that need it (`barred`).
+    auto bit = [](int64_t i) { return uint64_t{1} << i; };
+    std::vector<uint64_t> bars(static_cast<size_t>(n), 0);
+    for (int64_t a = 0; a < static_cast<int64_t>(needs.size()); ++a) {
+      for (int64_t b = 0; b < n; ++b) {
+        if ((needs[static_cast<size_t>(a)] & bit(b)) && a > b) bars[static_cast<size_t>(b)] |= bit(a);
+        if ((needs[static_cast<size_t>(a)] & bit(b)) && a == b) bars[static_cast<size_t>(b)] |= bit(a);  // needs itself
+      }
+    }
+    auto later = [&](int64_t i) { return i < static_cast<int64_t>(needs.size()) ? needs[static_cast<size_t>(i)] & ~((bit(i) << 1) - 1) : 0; };
+    // member(i, c, first, due, barred): members i.. (i == n: the extra pairs) with c written,
+    // `first` when none has been (no comma before the next).
+    std::map<std::tuple<int64_t, int64_t, bool, uint64_t, uint64_t>, std::optional<std::string>> memo;
+    std::function<std::optional<std::string>(int64_t, int64_t, bool, uint64_t, uint64_t)> member =
+        [&](int64_t i, int64_t c, bool first, uint64_t due, uint64_t barred) -> std::optional<std::string> {
+      const auto key = std::make_tuple(i, c, first, due, barred);
       if (auto it = memo.find(key); it != memo.end()) return it->second;
+      if (memo.size() > 4000) return std::nullopt;  // (reported below)
       memo[key] = std::nullopt;  // (a loop back to itself, through the extra pairs, is found below)
       const std::string comma = first ? "" : "\",\" " + sp + " ";
       std::vector<std::string> alts;
       bool may_end = false;
       const std::string name = FreshName(fmt::format("{}-m{}-{}{}", hint, i, c, first ? "f" : ""));
       if (i < n) {
-        if (auto c2 = next(c)) {
-          if (auto rest = member(i + 1, *c2, false)) alts.push_back(comma + kvs[static_cast<size_t>(i)] + " " + *rest);
+        const bool needs_self = i < static_cast<int64_t>(needs.size()) && (needs[static_cast<size_t>(i)] & bit(i));
+        if (auto c2 = next(c); c2 && !(barred & bit(i)) && !needs_self) {
+          if (auto rest = member(i + 1, *c2, false, (due | later(i)) & ~bit(i), barred)) {
+            alts.push_back(comma + kvs[static_cast<size_t>(i)] + " " + *rest);
+          }
         }
-        if (!required[static_cast<size_t>(i)]) {
-          if (auto rest = member(i + 1, c, first)) alts.push_back(*rest);
+        if (!required[static_cast<size_t>(i)] && !(due & bit(i))) {
+          if (auto rest = member(i + 1, c, first, due, barred | bars[static_cast<size_t>(i)])) alts.push_back(*rest);
         }
       } else {
         may_end = c >= min_p;
         if (!extra.empty()) {
           if (auto c2 = next(c)) {
-            const std::string rest = *c2 == c && !first ? name : member(n, *c2, false).value_or("");
+            const std::string rest = *c2 == c && !first ? name : member(n, *c2, false, 0, 0).value_or("");
             if (!rest.empty() || (*c2 == c && !first)) alts.push_back(comma + extra + " " + rest);
           }
         }
@@ -1320,8 +1375,9 @@ class Converter {
       rules_.emplace_back(name, body);
       return memo[key] = name;
     };
-    const auto members = member(0, 0, true);
-    if (!members) return MatchesNothing(path, "no object has a number of properties within 'minProperties' and 'maxProperties'");
+    const auto members = member(0, 0, true, 0, 0);
+    if (memo.size() > 4000) return Error(path, "the object's member counts and dependencies need more than 4,000 grammar rules");
+    if (!members) return MatchesNothing(path, "no object satisfies 'minProperties', 'maxProperties' and the dependencies together");
     return Rule(hint, "\"{\" " + sp + " " + *members + " \"}\" " + sp);
   }
 

@@ -402,6 +402,16 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"allOf": [{"type": "object", "properties": {"kind": {"type": "string"}, "v": {}}, "required": ["kind"]},
                      {"oneOf": [{"properties": {"kind": {"const": "a"}, "v": {"type": "integer"}}}, {"properties": {"kind": {"const": "b"}, "v": {"type": "string"}}}]}]})",
        {R"({"kind": "a", "v": 1})", R"({"kind": "b", "v": "x"})"}, {R"({"kind": "a", "v": "x"})", R"({"kind": "c"})"}},
+      // dependentRequired / dependencies (lists): a member present makes others required, before
+      // or after it in the order written; one needing a key no object has is never present.
+      {R"({"type": "object", "properties": {"card": {"type": "string"}, "billing": {"type": "string"}, "name": {}}, "dependentRequired": {"card": ["billing"]}})",
+       {R"({"name": 1})", R"({"card": "x", "billing": "y"})", R"({"billing": "y"})"}, {R"({"card": "x"})", R"({"card": "x", "name": 1})"}},
+      {R"({"type": "object", "properties": {"billing": {}, "card": {}}, "dependencies": {"card": ["billing"]}})",
+       {R"({"billing": 1, "card": 2})", R"({"billing": 1})", "{}"}, {R"({"card": 2})"}},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": false, "dependencies": {"a": ["zzz"]}})",
+       {"{}", R"({"b": 1})"}, {R"({"a": 1})"}},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependentRequired": {"a": ["c"], "c": ["b"]}, "minProperties": 1})",
+       {R"({"a": 1, "b": 2, "c": 3})", R"({"b": 2})", R"({"b": 2, "c": 3})"}, {"{}", R"({"a": 1, "c": 3})", R"({"c": 3})"}},
       // Number keywords without a type constrain numbers only.
       {R"({"multipleOf": 3})", {"9", "-12", R"("x")", "null"}, {"10", "4"}},
       {R"({"minimum": 5})", {"5", "7.5", R"("s")", "[1]"}, {"4", "-1"}},
@@ -470,6 +480,10 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "number", "minimum": 1e20})").find("cannot be written"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}})").find("with a schema"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "additionalProperties": true, "dependencies": {"x": ["y"]}})").find("does not declare"),
+            std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "minProperties": 3, "maxProperties": 2})").find("no value matches"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "properties": {"a": {}}, "minProperties": 2})").find("no value matches"), std::string::npos);
   // oneOf branches a value could match both of: refused (anyOf would take them).
