@@ -142,6 +142,11 @@ class MessageStream {
   MessageStream(std::optional<ToolCallFormat> tools, std::optional<ReasoningMarkers> reasoning, bool starts_thinking,
                 bool forced_calls = false,
                 std::shared_ptr<const ToolParamTypes> types = nullptr);
+  // The same, reasoning in <think> blocks or none (the form tools outside the server call).
+  MessageStream(std::optional<ToolCallFormat> tools, bool think_tags, bool starts_thinking, bool forced_calls = false,
+                std::shared_ptr<const ToolParamTypes> types = nullptr)
+      : MessageStream(tools, think_tags ? std::optional<ReasoningMarkers>(kThinkTags) : std::nullopt, starts_thinking,
+                      forced_calls, std::move(types)) {}
   struct Delta {
     std::string content, reasoning;
     std::vector<CallDelta> calls;
