@@ -285,6 +285,25 @@ Lookaheads LeadingLookaheads(const std::string& pattern) {
     i = j;
   }
   out.rest = "^" + pattern.substr(i);
+  // A top-level alternative after them would not be under them (^(?!a)b|c): left unsplit.
+  int depth = 0;
+  bool in_class = false;
+  for (size_t j = 1; j < out.rest.size(); ++j) {
+    const char c = out.rest[j];
+    if (c == '\\') {
+      ++j;
+    } else if (in_class) {
+      in_class = c != ']';
+    } else if (c == '[') {
+      in_class = true;
+    } else if (c == '(') {
+      ++depth;
+    } else if (c == ')') {
+      --depth;
+    } else if (c == '|' && depth == 0) {
+      return {pattern, {}};
+    }
+  }
   return out;
 }
 

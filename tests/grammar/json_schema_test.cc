@@ -480,6 +480,8 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "number", "minimum": 1e20})").find("cannot be written"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
+  // A lookahead over only the first of the top-level alternatives: not taken apart, refused.
+  EXPECT_NE(err(R"({"type": "string", "pattern": "^(?!a)b|c"})").find("lookaround"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}})").find("with a schema"),
             std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "additionalProperties": true, "dependencies": {"x": ["y"]}})").find("does not declare"),
