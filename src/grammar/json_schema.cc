@@ -581,7 +581,7 @@ class Converter {
       return VisitInner(folded, hint, path);
     }
     for (const char* kw : {"if", "then", "else", "dependentSchemas",
-                           "contains",
+                           "minContains", "maxContains",
                            "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
@@ -940,7 +940,8 @@ class Converter {
     } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required") ||
                s.contains("patternProperties")) {
       type = "object";
-    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems") ||
+               s.contains("contains")) {
       type = "array";
     } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
       type = "string";
@@ -1578,6 +1579,16 @@ class Converter {
       item = UsePrimitive("value");
     }
     const std::string comma = "\",\" " + sp + " ";
+    if (s.contains("contains")) {
+      // At least one item matches `contains` too: items, then one matching both, then items.
+      if (!prefix.empty() || s.contains("minItems") || s.contains("maxItems")) {
+        return Error(path, "'contains' together with prefixItems, minItems or maxItems is not supported");
+      }
+      if (item.empty()) return MatchesNothing(path, "'contains' needs an item, and no item is allowed");
+      const Json items = s.contains("items") ? s["items"] : Json::object();
+      ASSIGN_OR_RETURN(const std::string both, Visit(Conjoin(items, s["contains"]), hint + "-contains", path + "/contains"));
+      return Rule(hint, "\"[\" " + sp + " (" + item + " " + comma + ")* " + both + " (" + comma + item + ")* \"]\" " + sp);
+    }
     if (!prefix.empty()) {
       const int64_t k = static_cast<int64_t>(prefix.size());
       if ((max_items >= 0 && max_items < k) || (min_items > k && item.empty())) {
@@ -1801,6 +1812,54 @@ class Converter {
     return Rule(hint, "\"-\"? " + body(first, false) + " " + UsePrimitive("space"));
   }
 
+  // Multiples of p/10^k within both bounds (given as lower/upper with their strictness), when at
+  // most 1,000: each written as a literal (an integer's digits; a number's may end in zeros after
+  // the point). integer: only those that are integers.
+  StatusOr<std::string> BoundedMultiples(int64_t p, int k, const std::optional<std::pair<double, bool>>& lower,
+                                         const std::optional<std::pair<double, bool>>& upper, bool integer,
+                                         const std::string& hint, const std::string& path) {
+    if (!lower || !upper) return Error(path, "'multipleOf' other than a power of ten with only one bound is not supported");
+    if (std::abs(lower->first) > 1e15 || std::abs(upper->first) > 1e15) {
+      return Error(path, "'multipleOf' with bounds past 10^15 is not supported");
+    }
+    int64_t ten_k = 1;
+    for (int i = 0; i < k; ++i) ten_k *= 10;
+    const double step = static_cast<double>(p) / static_cast<double>(ten_k);
+    const double first = std::ceil(lower->first / step), last = std::floor(upper->first / step);
+    if (!(last - first < 1000.0)) return Error(path, "'multipleOf' within these bounds has more than 1,000 values");
+    std::vector<std::string> alts;
+    for (auto m = static_cast<int64_t>(first) - 1; m <= static_cast<int64_t>(last) + 1; ++m) {
+      const double v = static_cast<double>(m * p) / static_cast<double>(ten_k);
+      if (v < lower->first || (lower->second && v == lower->first) || v > upper->first || (upper->second && v == upper->first)) continue;
+      const int64_t scaled = m * p;  // v times 10^k
+      if (integer && scaled % ten_k != 0) continue;
+      std::string digits = std::to_string(scaled < 0 ? -scaled : scaled);
+      if (static_cast<int>(digits.size()) <= k) digits.insert(0, static_cast<size_t>(k) + 1 - digits.size(), '0');
+      std::string whole = digits.substr(0, digits.size() - static_cast<size_t>(k)), frac = digits.substr(whole.size());
+      while (!frac.empty() && frac.back() == '0') frac.pop_back();
+      const std::string text = (scaled < 0 ? "-" : "") + whole + (frac.empty() ? "" : "." + frac);
+      if (integer) {
+        alts.push_back(GbnfLiteral(text));
+      } else {
+        alts.push_back(GbnfLiteral(text) + (frac.empty() ? " (\".\" \"0\"{1,16})?" : " \"0\"{0,16}"));
+      }
+    }
+    if (alts.empty()) return MatchesNothing(path, "no multiple of 'multipleOf' lies within the bounds");
+    return Rule(hint, JoinAlternatives(alts) + " " + UsePrimitive("space"));
+  }
+
+  // The tighter of each pair of bounds, with whether it is exclusive (where they tie, exclusive).
+  static std::pair<std::optional<std::pair<double, bool>>, std::optional<std::pair<double, bool>>> Tightest(
+      const std::optional<double>& lo, const std::optional<double>& lo_excl, const std::optional<double>& hi,
+      const std::optional<double>& hi_excl) {
+    std::optional<std::pair<double, bool>> lower, upper;
+    if (lo) lower = std::pair(*lo, false);
+    if (lo_excl && (!lower || *lo_excl >= lower->first)) lower = std::pair(*lo_excl, true);
+    if (hi) upper = std::pair(*hi, false);
+    if (hi_excl && (!upper || *hi_excl <= upper->first)) upper = std::pair(*hi_excl, true);
+    return {lower, upper};
+  }
+
   StatusOr<std::string> IntegerRule(const Json& s, const std::string& hint, const std::string& path) {
     std::optional<double> lo, lo_excl, hi, hi_excl;
     RETURN_IF_ERROR(Bounds(s, path, &lo, &lo_excl, &hi, &hi_excl));
@@ -1810,7 +1869,10 @@ class Converter {
       int64_t ten_k = 1;
       for (int i = 0; i < multiple->second; ++i) ten_k *= 10;
       const int64_t q = multiple->first / std::gcd(multiple->first, ten_k);
-      if (q > 1 && bounded) return Error(path, "'multipleOf' {} together with bounds is not supported", s["multipleOf"].dump());
+      if (q > 1 && bounded) {
+        const auto [lower, upper] = Tightest(lo, lo_excl, hi, hi_excl);
+        return BoundedMultiples(multiple->first, multiple->second, lower, upper, /*integer=*/true, hint, path);
+      }
       if (q > 1) return MultipleRule(q, 0, /*number=*/false, hint, path);
     }
     if (!bounded) return UsePrimitive("integer");
@@ -1845,16 +1907,14 @@ class Converter {
     if (multiple && multiple->first == 1) {
       free = multiple->second;
     } else if (multiple) {
-      if (bounded) return Error(path, "'multipleOf' {} together with bounds is not supported", s["multipleOf"].dump());
+      if (bounded) {
+        const auto [lower, upper] = Tightest(lo, lo_excl, hi, hi_excl);
+        return BoundedMultiples(multiple->first, multiple->second, lower, upper, /*integer=*/false, hint, path);
+      }
       return MultipleRule(multiple->first, multiple->second, /*number=*/true, hint, path);
     }
     if (!bounded && free < 0) return UsePrimitive("number");
-    // The tighter of each pair of bounds (the exclusive one where they tie).
-    std::optional<std::pair<double, bool>> lower, upper;
-    if (lo) lower = std::pair(*lo, false);
-    if (lo_excl && (!lower || *lo_excl >= lower->first)) lower = std::pair(*lo_excl, true);
-    if (hi) upper = std::pair(*hi, false);
-    if (hi_excl && (!upper || *hi_excl <= upper->first)) upper = std::pair(*hi_excl, true);
+    const auto [lower, upper] = Tightest(lo, lo_excl, hi, hi_excl);
     auto magnitude = [&](const std::pair<double, bool>& b, bool is_upper) -> StatusOr<DecimalBound> {
       auto m = Magnitude(b.first, b.second, is_upper);
       if (!m) return Error(path, "the bound {} cannot be written (more than 15 digits before the point or 20 after)", b.first);

@@ -412,6 +412,13 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
        {"{}", R"({"b": 1})"}, {R"({"a": 1})"}},
       {R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependentRequired": {"a": ["c"], "c": ["b"]}, "minProperties": 1})",
        {R"({"a": 1, "b": 2, "c": 3})", R"({"b": 2})", R"({"b": 2, "c": 3})"}, {"{}", R"({"a": 1, "c": 3})", R"({"c": 3})"}},
+      // contains: at least one item matches it too.
+      {R"({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 10}})", {"[10]", "[1, 2, 30]", "[11, 1]"},
+       {"[]", "[1, 2]", R"(["x", 10])"}},
+      {R"({"contains": {"const": "admin"}})", {R"(["admin"])", R"([1, "admin", null])"}, {"[]", R"(["user"])"}},
+      // Other multiples within two bounds: each one written.
+      {R"({"type": "integer", "minimum": 16, "maximum": 100, "multipleOf": 4})", {"16", "20", "100"}, {"12", "18", "104", "16.0"}},
+      {R"({"type": "number", "exclusiveMinimum": -5, "maximum": 5, "multipleOf": 2.5})", {"-2.5", "0", "5", "2.50", "5.0"}, {"-5", "1", "7.5"}},
       // Number keywords without a type constrain numbers only.
       {R"({"multipleOf": 3})", {"9", "-12", R"("x")", "null"}, {"10", "4"}},
       {R"({"minimum": 5})", {"5", "7.5", R"("s")", "[1]"}, {"4", "-1"}},
@@ -465,7 +472,9 @@ TEST(JsonSchema, RefusalsNameThePath) {
   // Formats JSON Schema defines and gale has no grammar for are refused; others are annotations.
   EXPECT_NE(err(R"({"properties": {"r": {"type": "string", "format": "regex"}}})").find("'/properties/r': 'format' 'regex' is not supported"), std::string::npos);
   EXPECT_EQ(err(R"({"type": "string", "format": "int32"})"), "ok");
-  EXPECT_NE(err(R"({"type": "number", "multipleOf": 2, "minimum": 1})").find("'multipleOf' 2 together with bounds"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "number", "multipleOf": 2, "minimum": 1})").find("only one bound"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "integer", "multipleOf": 3, "minimum": 0, "maximum": 100000})").find("more than 1,000 values"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})").find("no value matches"), std::string::npos);
   EXPECT_NE(err(R"({"type": "number", "multipleOf": 0})").find("'multipleOf' must be a number above 0"), std::string::npos);
   EXPECT_NE(err(R"({"type": "number", "multipleOf": 1e-9})").find("finer than"), std::string::npos);
   EXPECT_NE(err(R"({"type": "integer", "multipleOf": 1234567})").find("grammar states"), std::string::npos);
