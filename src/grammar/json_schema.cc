@@ -257,53 +257,42 @@ struct Lookaheads {
   std::vector<std::pair<std::string, bool>> checks;  // body, must match
 };
 
-Lookaheads LeadingLookaheads(const std::string& pattern) {
-  Lookaheads out{pattern, {}};
-  if (pattern.empty() || pattern[0] != '^') return out;
-  size_t i = 1;
-  while (pattern.compare(i, 3, "(?!") == 0 || pattern.compare(i, 3, "(?=") == 0) {
-    const bool must = pattern[i + 2] == '=';
-    int depth = 1;
-    bool in_class = false;
-    size_t j = i + 3;
-    for (; j < pattern.size() && depth > 0; ++j) {
-      const char c = pattern[j];
-      if (c == '\\') {
-        ++j;
-      } else if (in_class) {
-        in_class = c != ']';
-      } else if (c == '[') {
-        in_class = true;
-      } else if (c == '(') {
-        ++depth;
-      } else if (c == ')') {
-        --depth;
-      }
-    }
-    if (depth != 0) return {pattern, {}};  // not closed: left to the reader's error
-    out.checks.emplace_back(pattern.substr(i + 3, j - 1 - (i + 3)), must);
-    i = j;
-  }
-  out.rest = "^" + pattern.substr(i);
-  // A top-level alternative after them would not be under them (^(?!a)b|c): left unsplit.
-  int depth = 0;
+// Where, from `from` on, a regex's structure reaches `stop` outside escapes and classes with
+// `depth` groups open (the depth counted from `depth` at `from`): that character's place, or npos.
+size_t RegexFind(std::string_view p, size_t from, int depth, char stop) {
   bool in_class = false;
-  for (size_t j = 1; j < out.rest.size(); ++j) {
-    const char c = out.rest[j];
+  for (size_t j = from; j < p.size(); ++j) {
+    const char c = p[j];
     if (c == '\\') {
       ++j;
     } else if (in_class) {
       in_class = c != ']';
     } else if (c == '[') {
       in_class = true;
+    } else if (c == ')' && --depth == 0 && stop == ')') {
+      return j;
     } else if (c == '(') {
       ++depth;
-    } else if (c == ')') {
-      --depth;
-    } else if (c == '|' && depth == 0) {
-      return {pattern, {}};
+    } else if (c == stop && stop != ')' && depth == 0) {
+      return j;
     }
   }
+  return std::string_view::npos;
+}
+
+Lookaheads LeadingLookaheads(const std::string& pattern) {
+  Lookaheads out{pattern, {}};
+  if (pattern.empty() || pattern[0] != '^') return out;
+  size_t i = 1;
+  while (pattern.compare(i, 3, "(?!") == 0 || pattern.compare(i, 3, "(?=") == 0) {
+    const size_t close = RegexFind(pattern, i + 3, 1, ')');
+    if (close == std::string::npos) return {pattern, {}};  // not closed: left to the reader's error
+    out.checks.emplace_back(pattern.substr(i + 3, close - (i + 3)), pattern[i + 2] == '=');
+    i = close + 1;
+  }
+  out.rest = "^" + pattern.substr(i);
+  // A top-level alternative after them would not be under them (^(?!a)b|c): left unsplit.
+  if (RegexFind(out.rest, 1, 0, '|') != std::string::npos) return {pattern, {}};
   return out;
 }
 

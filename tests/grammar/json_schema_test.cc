@@ -3,6 +3,7 @@
 #include "grammar/json_schema.h"
 
 #include <map>
+#include <memory>
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,22 @@ struct Case {
 
 bool Accepts(const CompiledGrammar* c, const std::string& text) {
   return test::AcceptsText(std::shared_ptr<const CompiledGrammar>(std::shared_ptr<const CompiledGrammar>{}, c), text);
+}
+
+// A schema's grammar compiled over single bytes; null (the failure reported) when it does not
+// convert or parse.
+std::unique_ptr<CompiledGrammar> CompileSchema(const Json& schema) {
+  auto gbnf = JsonSchemaToGbnf(schema);
+  if (!gbnf.ok()) {
+    ADD_FAILURE() << schema.dump() << ": " << gbnf.status().message();
+    return nullptr;
+  }
+  auto g = ParseGbnf(*gbnf);
+  if (!g.ok()) {
+    ADD_FAILURE() << schema.dump() << ": " << g.status().message() << "\n" << *gbnf;
+    return nullptr;
+  }
+  return std::make_unique<CompiledGrammar>(std::move(*g), test::ByteTrie());
 }
 
 // The text without whitespace outside string literals: the compact JSON the grammars write.
@@ -79,18 +96,15 @@ TEST(JsonSchema, NumberBoundsAcceptExactlyTheNumbersWithin) {
     if (b.lo) schema[b.lo_strict ? "exclusiveMinimum" : "minimum"] = Json::parse(b.lo);
     if (b.hi) schema[b.hi_strict ? "exclusiveMaximum" : "maximum"] = Json::parse(b.hi);
     SCOPED_TRACE(schema.dump());
-    auto gbnf = JsonSchemaToGbnf(schema);
-    ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
-    auto g = ParseGbnf(*gbnf);
-    ASSERT_TRUE(g.ok()) << g.status().message() << "\n" << *gbnf;
-    CompiledGrammar compiled(std::move(*g), test::ByteTrie());
+    const auto compiled = CompileSchema(schema);
+    ASSERT_NE(compiled, nullptr);
     int within = 0;
     for (const std::string& n : numbers) {
       if (n[0] == '-' && CompareDecimal(n, "0") == 0) continue;  // "-0": JSON, but not written
       const bool in = (!b.lo || (b.lo_strict ? CompareDecimal(n, b.lo) > 0 : CompareDecimal(n, b.lo) >= 0)) &&
                       (!b.hi || (b.hi_strict ? CompareDecimal(n, b.hi) < 0 : CompareDecimal(n, b.hi) <= 0));
       within += in;
-      EXPECT_EQ(Accepts(&compiled, n), in) << n;
+      EXPECT_EQ(Accepts(compiled.get(), n), in) << n;
     }
     EXPECT_GT(within, 0);
   }
@@ -132,17 +146,14 @@ TEST(JsonSchema, MultiplesAcceptExactlyTheMultiples) {
     if (m.lo) schema["minimum"] = Json::parse(m.lo);
     if (m.hi) schema["maximum"] = Json::parse(m.hi);
     SCOPED_TRACE(schema.dump());
-    auto gbnf = JsonSchemaToGbnf(schema);
-    ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
-    auto g = ParseGbnf(*gbnf);
-    ASSERT_TRUE(g.ok()) << g.status().message() << "\n" << *gbnf;
-    CompiledGrammar compiled(std::move(*g), test::ByteTrie());
+    const auto compiled = CompileSchema(schema);
+    ASSERT_NE(compiled, nullptr);
     int within = 0;
     for (const std::string& n : numbers) {
       if (n[0] == '-' && CompareDecimal(n, "0") == 0) continue;  // "-0": neither written nor refused
       const bool in = is_multiple(n, m.p, m.k) && (!m.lo || CompareDecimal(n, m.lo) >= 0) && (!m.hi || CompareDecimal(n, m.hi) <= 0);
       within += in;
-      EXPECT_EQ(Accepts(&compiled, n), in) << n;
+      EXPECT_EQ(Accepts(compiled.get(), n), in) << n;
     }
     EXPECT_GT(within, 0);
   }
