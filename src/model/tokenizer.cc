@@ -242,6 +242,12 @@ Status Tokenizer::ReadSpecialIds(const GgufFile& file) {
     const int32_t end = token_to_id_.find(std::string_view("<|end|>"))->second;
     eog_ids_.erase(std::remove(eog_ids_.begin(), eog_ids_.end(), end), eog_ids_.end());
   }
+  // Gemma 4's vocabularies end a call's turn with <|tool_response>; their "</s>" is then text
+  // (llama.cpp's loader drops it from the ends as well).
+  if (eog_text("<|tool_response>") && eog_text("</s>")) {
+    const int32_t s = token_to_id_.find(std::string_view("</s>"))->second;
+    eog_ids_.erase(std::remove(eog_ids_.begin(), eog_ids_.end(), s), eog_ids_.end());
+  }
   for (int32_t id : {eos_id_, eot_id_}) {
     if (id >= 0) eog_ids_.push_back(id);
   }

@@ -393,6 +393,11 @@ TEST(TokenizerTest, EndOfGenerationTokensAsLlamaCppMarksThem) {
   auto phi = VocabWith({{"<|end|>", 3}, {"<|endoftext|>", 3}}, {{"tokenizer.ggml.eos_token_id", 257}}, &bytes, &file);
   ASSERT_TRUE(phi.ok()) << phi.status().ToString();
   EXPECT_EQ((*phi)->eog_ids(), (std::vector<int32_t>{256, 257}));
+  // Gemma 4: beside <|tool_response>, a special "</s>" is text (unless it is the file's eos).
+  auto gemma = VocabWith({{"<eos>", 3}, {"</s>", 3}, {"<turn|>", 3}, {"<|tool_response>", 3}},
+                         {{"tokenizer.ggml.eos_token_id", 256}}, &bytes, &file);
+  ASSERT_TRUE(gemma.ok()) << gemma.status().ToString();
+  EXPECT_EQ((*gemma)->eog_ids(), (std::vector<int32_t>{256, 258, 259}));
   // An id outside the vocabulary is a clear error naming the key.
   auto bad = VocabWith({}, {{"tokenizer.ggml.eom_token_id", 9999}}, &bytes, &file);
   ASSERT_FALSE(bad.ok());
