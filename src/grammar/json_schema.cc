@@ -571,7 +571,7 @@ class Converter {
     }
     for (const char* kw : {"if", "then", "else", "dependentSchemas",
                            "minContains", "maxContains",
-                           "unevaluatedProperties", "unevaluatedItems", "propertyNames"}) {
+                           "unevaluatedProperties", "unevaluatedItems"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
     if (s.contains("uniqueItems") && s["uniqueItems"] == true) return Error(path, "'uniqueItems' is not supported");
@@ -1166,12 +1166,12 @@ class Converter {
   // without, any key but those names. "" when no such pair can occur.
   StatusOr<std::string> ExtraPair(const std::optional<PatternKeys>& pk, const std::set<std::string>& names,
                                   const std::optional<std::string>& others, const std::string& hint,
-                                  const std::string& path) {
+                                  const std::string& path, const std::optional<std::string>& key_rule = std::nullopt) {
     const std::string sp = UsePrimitive("space");
     if (!pk) {
       if (!others) return std::string();
       // A declared name cannot come again through here (with any value): its key is excluded.
-      const std::string key = names.empty() ? UsePrimitive("string") : KeyExcept(names, hint);
+      const std::string key = key_rule ? *key_rule : names.empty() ? UsePrimitive("string") : KeyExcept(names, hint);
       return Rule(hint + "-additional-kv", key + " \":\" " + sp + " " + *others);
     }
     std::set<uint32_t> sigs = {0};
@@ -1222,9 +1222,15 @@ class Converter {
     const bool any_extra = extra_allowed && (!has_ap || s["additionalProperties"] == true ||
                                              (s["additionalProperties"].is_object() && !HasConstraints(s["additionalProperties"])));
     ASSIGN_OR_RETURN(std::optional<PatternKeys> pk, ReadPatternKeys(s, names, any_extra, path));
+    ASSIGN_OR_RETURN(const std::optional<KeyNames> key_names, ReadPropertyNames(s, path));
+    if (key_names && pk) return Error(path, "'propertyNames' together with 'patternProperties' is not supported");
+    for (const auto& k : req) {
+      if (key_names && !key_names->Allows(k)) return MatchesNothing(path, fmt::format("required '{}' is not a name 'propertyNames' allows", k));
+    }
     if (s.contains("properties")) {
       const Json& props = s["properties"];
       for (auto it = props.begin(); it != props.end(); ++it) {
+        if (key_names && !key_names->Allows(it.key())) continue;  // a name it refuses never comes
         declared.insert(it.key());
         const std::string ppath = path + "/properties/" + it.key();
         const Json own = pk ? pk->With(it.value(), pk->Signature(it.key())) : it.value();
@@ -1263,7 +1269,13 @@ class Converter {
       kv_names.push_back(k);
       required.push_back(true);
     }
-    ASSIGN_OR_RETURN(const std::string extra, ExtraPair(pk, declared, others, hint, path));
+    std::optional<std::string> key_rule;  // the extra keys' rule where propertyNames says what they are
+    if (key_names && others) {
+      ASSIGN_OR_RETURN(std::string k, key_names->KeyRule(*this, declared, hint + "-name", path));
+      key_rule = std::move(k);
+    }
+    ASSIGN_OR_RETURN(const std::string extra,
+                     key_names && others && key_rule->empty() ? std::string() : ExtraPair(pk, declared, others, hint, path, key_rule));
     ASSIGN_OR_RETURN(const std::vector<uint64_t> needs, Dependencies(s, kv_names, !extra.empty(), path));
     if (s.contains("minProperties") || s.contains("maxProperties") || !needs.empty()) {
       return CountedMembers(s, kvs, required, needs, extra, hint, path);
@@ -1315,6 +1327,99 @@ class Converter {
       }
     }
     return needs;
+  }
+
+  // propertyNames: a string schema every key must satisfy (pattern, lengths, a format with a
+  // regex, enum/const). Allows checks a declared name; KeyRule writes the rule of the keys other
+  // than `declared` that it allows ("" when none is).
+  struct KeyNames {
+    Json schema;
+    std::optional<Dfa> dfa;  // pattern (bit 0) and format (bit 1), when either is given
+    uint32_t all = 0;
+    int64_t min_len = 0, max_len = -1;
+
+    bool Allows(const std::string& k) const {
+      if (schema.contains("enum") && std::find(schema["enum"].begin(), schema["enum"].end(), Json(k)) == schema["enum"].end()) return false;
+      if (schema.contains("const") && schema["const"] != Json(k)) return false;
+      int64_t n = 0;
+      int32_t q = 0;
+      for (size_t i = 0; i < k.size(); ++n) {
+        const auto [cp, len] = Utf8Decode(std::string_view(k).substr(i));
+        i += static_cast<size_t>(len);
+        if (!dfa) continue;
+        int32_t to = -1;
+        for (const Dfa::Edge& e : dfa->states[static_cast<size_t>(q)].edges) {
+          if (e.chars.Contains(cp)) to = e.to;
+        }
+        if (to < 0) return false;
+        q = to;
+      }
+      if (n < min_len || (max_len >= 0 && n > max_len)) return false;
+      return !dfa || (dfa->states[static_cast<size_t>(q)].accepts & all) == all;
+    }
+
+    StatusOr<std::string> KeyRule(Converter& c, const std::set<std::string>& declared, const std::string& hint,
+                                  const std::string& path) const {
+      if (schema.contains("enum") || schema.contains("const")) {
+        std::vector<std::string> alts;
+        const Json values = schema.contains("const") ? Json::array({schema["const"]}) : schema["enum"];
+        for (const Json& v : values) {
+          if (v.is_string() && !declared.count(v.get<std::string>()) && Allows(v.get<std::string>())) alts.push_back(JsonLiteral(v));
+        }
+        if (alts.empty()) return std::string();
+        return c.Rule(hint, JoinAlternatives(alts) + " " + c.UsePrimitive("space"));
+      }
+      // The allowed strings, but not the declared names (a language of their own).
+      std::vector<DfaLanguage> languages;
+      std::string p = schema.contains("pattern") ? schema["pattern"].get<std::string>() : "";
+      languages.push_back({p.empty() ? "[\\s\\S]*" : p, p.empty() ? RegexMatch::kWhole : RegexMatch::kSearch, std::nullopt});
+      if (schema.contains("format")) languages.push_back({*FormatRegex(schema["format"].get<std::string>()), RegexMatch::kWhole, std::nullopt});
+      const uint32_t want = (1u << languages.size()) - 1, names_bit = 1u << languages.size();
+      languages.push_back({"", RegexMatch::kWhole, std::vector<std::string>(declared.begin(), declared.end())});
+      auto both = BuildDfa(languages, kMaxDfaStates);
+      if (!both.ok()) return c.Error(path, "'propertyNames': {}", both.status().message());
+      auto rule = c.DfaString(*both, [&](uint32_t a) { return (a & want) == want && !(a & names_bit); }, min_len, max_len, hint, path);
+      if (!rule.ok() && rule.status().code() == StatusCode::kOutOfRange) return std::string();
+      return rule;
+    }
+  };
+
+  StatusOr<std::optional<KeyNames>> ReadPropertyNames(const Json& s, const std::string& path) {
+    if (!s.contains("propertyNames") || Deref(s["propertyNames"]) == true) return std::optional<KeyNames>();
+    const Json& pn = Deref(s["propertyNames"]);  // (through its $refs)
+    const std::string at = path + "/propertyNames";
+    KeyNames k;
+    if (pn == false) {  // no key at all
+      k.schema = {{"enum", Json::array()}};
+      return std::optional<KeyNames>(std::move(k));
+    }
+    if (!pn.is_object()) return Error(at, "'propertyNames' must be a schema");
+    for (auto it = pn.begin(); it != pn.end(); ++it) {
+      static const std::set<std::string> kKnown = {"type", "pattern", "minLength", "maxLength", "format", "enum", "const",
+                                                   "description", "title", "$comment", "examples"};
+      if (!kKnown.count(it.key())) return Error(at, "'{}' in 'propertyNames' is not supported", it.key());
+    }
+    if (pn.contains("type") && pn["type"] != "string") return Error(at, "'propertyNames' must describe strings");
+    if (pn.contains("pattern") && !pn["pattern"].is_string()) return Error(at, "'pattern' must be a string");
+    if (pn.contains("enum") && !pn["enum"].is_array()) return Error(at, "'enum' must be an array");
+    if (pn.contains("format") && !(pn["format"].is_string() && (FormatRegex(pn["format"].get<std::string>()) ||
+                                                                !IsCheckedFormat(pn["format"].get<std::string>())))) {
+      return Error(at, "this 'format' in 'propertyNames' is not supported");
+    }
+    k.schema = pn;
+    if (pn.contains("format") && !FormatRegex(pn["format"].get<std::string>())) k.schema.erase("format");  // an annotation
+    ASSIGN_OR_RETURN(k.min_len, Count(pn, "minLength", at, 0));
+    ASSIGN_OR_RETURN(k.max_len, Count(pn, "maxLength", at, -1));
+    std::vector<DfaLanguage> languages;
+    if (k.schema.contains("pattern")) languages.push_back({k.schema["pattern"].get<std::string>(), RegexMatch::kSearch, std::nullopt});
+    if (k.schema.contains("format")) languages.push_back({*FormatRegex(k.schema["format"].get<std::string>()), RegexMatch::kWhole, std::nullopt});
+    if (!languages.empty()) {
+      auto dfa = BuildDfa(languages, kMaxDfaStates);
+      if (!dfa.ok()) return Error(at, "{}", dfa.status().message());
+      k.dfa = std::move(*dfa);
+      k.all = (1u << languages.size()) - 1;
+    }
+    return std::optional<KeyNames>(std::move(k));
   }
 
   // An object's members (ObjectRule's: kvs in order, then any number of `extra` pairs) with

@@ -430,6 +430,15 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       // Other multiples within two bounds: each one written.
       {R"({"type": "integer", "minimum": 16, "maximum": 100, "multipleOf": 4})", {"16", "20", "100"}, {"12", "18", "104", "16.0"}},
       {R"({"type": "number", "exclusiveMinimum": -5, "maximum": 5, "multipleOf": 2.5})", {"-2.5", "0", "5", "2.50", "5.0"}, {"-5", "1", "7.5"}},
+      // propertyNames: every key, declared or not, is a string it allows.
+      {R"({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "additionalProperties": {"type": "integer"}})",
+       {R"({"abc": 1})", "{}", R"({"a": 1, "b": 2})"}, {R"({"Abc": 1})", R"({"a1": 2})", R"({"a": "x"})"}},
+      {R"({"type": "object", "properties": {"id": {}, "long": {}}, "propertyNames": {"maxLength": 3}})", {R"({"id": 1})", "{}"},
+       {R"({"long": 1})"}},
+      {R"({"type": "object", "propertyNames": {"$ref": "#/$defs/ab"}, "$defs": {"ab": {"enum": ["a", "b"]}}})", {R"({"a": 1, "b": 2})", "{}"},
+       {R"({"c": 1})"}},
+      {R"({"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": true, "propertyNames": {"format": "email"}})",
+       {R"({"a@b.co": 1})", "{}"}, {R"({"name": "x"})", R"({"x": 1})"}},
       // Number keywords without a type constrain numbers only.
       {R"({"multipleOf": 3})", {"9", "-12", R"("x")", "null"}, {"10", "4"}},
       {R"({"minimum": 5})", {"5", "7.5", R"("s")", "[1]"}, {"4", "-1"}},
@@ -500,6 +509,10 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "number", "minimum": 1e20})").find("cannot be written"), std::string::npos);
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "required": ["Zed"], "propertyNames": {"pattern": "^[a-z]+$"}})").find("no value matches"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "propertyNames": {"type": "string", "not": {"const": "x"}}})").find("'not' in 'propertyNames'"),
+            std::string::npos);
   // A lookahead over only the first of the top-level alternatives: not taken apart, refused.
   EXPECT_NE(err(R"({"type": "string", "pattern": "^(?!a)b|c"})").find("lookaround"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}})").find("with a schema"),
