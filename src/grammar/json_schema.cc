@@ -43,7 +43,8 @@ const std::map<std::string, std::string>& Primitives() {
       {"uuid", "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\" space"},
       // Days that exist in every year (no February 29: a leap day needs the year).
       {"date", "[0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | (\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02\" \"-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8]))"},
-      {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
+      {"hms", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})?"},
+      {"time", "hms (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
       // Subsets of the RFC forms (what validators accept; not all they accept).
       {"dns-label", "[a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?"},
       {"email-string", "\"\\\"\" [a-zA-Z0-9_+-]+ (\".\" [a-zA-Z0-9_+-]+)* \"@\" dns-label (\".\" dns-label)* \".\" [a-zA-Z]{2,63} \"\\\"\" space"},
@@ -74,7 +75,7 @@ const std::map<std::string, std::string>& Primitives() {
       {"date-string", "\"\\\"\" date \"\\\"\" space"},
       {"time-string", "\"\\\"\" time \"\\\"\" space"},
       {"date-time-string", "\"\\\"\" date \"T\" time-utc \"\\\"\" space"},
-      {"time-utc", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? \"Z\""},
+      {"time-utc", "hms \"Z\""},
   };
   return kRules;
 }
@@ -107,6 +108,8 @@ const std::map<std::string, std::vector<std::string>>& PrimitiveDeps() {
       {"duration-string", {"dur-time", "space"}},
       {"time-string", {"time", "space"}},
       {"date-time-string", {"date", "time-utc", "space"}},
+      {"time", {"hms"}},
+      {"time-utc", {"hms"}},
   };
   return kDeps;
 }
@@ -236,11 +239,10 @@ std::optional<std::string> FormatRegex(const std::string& f) {
   static const std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
   static const std::string date =
       "[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))";
-  static const std::string time =
-      "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+  static const std::string hms = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?";
   if (f == "date") return date;
-  if (f == "time") return time;
-  if (f == "date-time") return date + "T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?Z";
+  if (f == "time") return hms + "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+  if (f == "date-time") return date + "T" + hms + "Z";
   if (f == "uuid") return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
   if (f == "email") return "[a-zA-Z0-9_+-]+(?:\\.[a-zA-Z0-9_+-]+)*@" + dns + "(?:\\." + dns + ")*\\.[a-zA-Z]{2,63}";
   if (f == "hostname") return dns + "(?:\\." + dns + ")*";
@@ -254,7 +256,9 @@ std::optional<std::string> FormatRegex(const std::string& f) {
 // match (?=) or must not (?!). A lookahead anywhere else stays, and the regex reader refuses it.
 struct Lookaheads {
   std::string rest;
-  std::vector<std::pair<std::string, bool>> checks;  // body, must match
+  // Per lookahead: the texts it matches at the start, as a regex searched (a prefix matching its
+  // body, the whole text where the body ends with $), and whether the text must be among them.
+  std::vector<std::pair<std::string, bool>> checks;
 };
 
 // Where, from `from` on, a regex's structure reaches `stop` outside escapes and classes with
@@ -287,7 +291,12 @@ Lookaheads LeadingLookaheads(const std::string& pattern) {
   while (pattern.compare(i, 3, "(?!") == 0 || pattern.compare(i, 3, "(?=") == 0) {
     const size_t close = RegexFind(pattern, i + 3, 1, ')');
     if (close == std::string::npos) return {pattern, {}};  // not closed: left to the reader's error
-    out.checks.emplace_back(pattern.substr(i + 3, close - (i + 3)), pattern[i + 2] == '=');
+    std::string body = pattern.substr(i + 3, close - (i + 3));
+    size_t slashes = 0;
+    while (body.size() > slashes + 1 && body[body.size() - 2 - slashes] == '\\') ++slashes;
+    const bool anchored = !body.empty() && body.back() == '$' && slashes % 2 == 0;
+    if (anchored) body.pop_back();
+    out.checks.emplace_back("^(?:" + body + ")" + (anchored ? "$" : ""), pattern[i + 2] == '=');
     i = close + 1;
   }
   out.rest = "^" + pattern.substr(i);
@@ -304,6 +313,13 @@ bool IsCheckedFormat(const std::string& f) {
                                                  "iri-reference", "idn-email", "idn-hostname", "json-pointer",
                                                  "relative-json-pointer"};
   return kChecked.count(f) > 0;
+}
+
+// 10^k, for k up to 18.
+int64_t Pow10(int k) {
+  int64_t v = 1;
+  for (int i = 0; i < k; ++i) v *= 10;
+  return v;
 }
 
 // A bound on a number's magnitude: its integer part and fraction digits (no trailing zeros),
@@ -1163,13 +1179,14 @@ class Converter {
 
   // One key-value pair of an object beyond its declared and required names: with patterns, per
   // signature the keys that have it and the value its patterns (or, for none, `others`) allow;
-  // without, any key but those names. "" when no such pair can occur.
+  // without, any key but those names, or the keys of `key_rule` where propertyNames gives them
+  // ("" there: none). "" when no such pair can occur.
   StatusOr<std::string> ExtraPair(const std::optional<PatternKeys>& pk, const std::set<std::string>& names,
                                   const std::optional<std::string>& others, const std::string& hint,
                                   const std::string& path, const std::optional<std::string>& key_rule = std::nullopt) {
     const std::string sp = UsePrimitive("space");
     if (!pk) {
-      if (!others) return std::string();
+      if (!others || (key_rule && key_rule->empty())) return std::string();  // (no key can come)
       // A declared name cannot come again through here (with any value): its key is excluded.
       const std::string key = key_rule ? *key_rule : names.empty() ? UsePrimitive("string") : KeyExcept(names, hint);
       return Rule(hint + "-additional-kv", key + " \":\" " + sp + " " + *others);
@@ -1274,8 +1291,7 @@ class Converter {
       ASSIGN_OR_RETURN(std::string k, key_names->KeyRule(*this, declared, hint + "-name", path));
       key_rule = std::move(k);
     }
-    ASSIGN_OR_RETURN(const std::string extra,
-                     key_names && others && key_rule->empty() ? std::string() : ExtraPair(pk, declared, others, hint, path, key_rule));
+    ASSIGN_OR_RETURN(const std::string extra, ExtraPair(pk, declared, others, hint, path, key_rule));
     ASSIGN_OR_RETURN(const std::vector<uint64_t> needs, Dependencies(s, kv_names, !extra.empty(), path));
     if (s.contains("minProperties") || s.contains("maxProperties") || !needs.empty()) {
       return CountedMembers(s, kvs, required, needs, extra, hint, path);
@@ -1735,13 +1751,7 @@ class Converter {
       };
       if (format) add(*format, RegexMatch::kWhole, true);
       if (s.contains("pattern")) add(pattern.rest, RegexMatch::kSearch, true);
-      for (const auto& [body, in] : pattern.checks) {
-        // A prefix of the text matches the body (the whole text, where the body ends with $).
-        size_t slashes = 0;
-        while (body.size() > slashes + 1 && body[body.size() - 2 - slashes] == '\\') ++slashes;
-        const bool anchored = !body.empty() && body.back() == '$' && slashes % 2 == 0;
-        add("^(?:" + (anchored ? body.substr(0, body.size() - 1) + ")$" : body + ")"), RegexMatch::kSearch, in);
-      }
+      for (const auto& [regex, in] : pattern.checks) add(regex, RegexMatch::kSearch, in);
       if (languages.size() > 32) return Error(path, "'pattern' has too many lookaheads");
       auto dfa = BuildDfa(languages, kMaxDfaStates);
       if (!dfa.ok()) return Error(path, "'format' or lookaheads with a pattern or lengths: {}", dfa.status().message());
@@ -1749,7 +1759,6 @@ class Converter {
                        max_len, hint, path);
     }
     if (s.contains("pattern")) {
-      if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
       // (A format JSON Schema defines and FormatRegex has not: refused beside a pattern; other
       // formats are annotations.)
       if (s.contains("format") && s["format"].is_string() && IsCheckedFormat(s["format"].get<std::string>())) {
@@ -1772,7 +1781,6 @@ class Converter {
         if (!dfa.ok()) return Error(path, "'pattern' with lengths: {}", dfa.status().message());
         return DfaString(*dfa, [](uint32_t accepts) { return accepts != 0; }, min_len, max_len, hint, path);
       }
-
       auto re = RegexToGbnf(s["pattern"].get<std::string>(), JsonStringCharSet, RegexMatch::kSearch);
       if (!re.ok()) return Error(path, "{}", re.status().message());
       return Rule(hint, "\"\\\"\" " + *re + " \"\\\"\" " + sp);
@@ -1791,9 +1799,7 @@ class Converter {
       // The other formats JSON Schema defines are assertions a validator checks, which gale has no
       // grammar for: refused rather than generated unchecked. Formats it does not define are
       // annotations (a plain string).
-      static const std::set<std::string> kUnsupported = {"regex", "iri-reference", "idn-email", "idn-hostname",
-                                                          "json-pointer", "relative-json-pointer"};
-      if (kUnsupported.count(f) > 0) return Error(path, "'format' '{}' is not supported", f);
+      if (IsCheckedFormat(f)) return Error(path, "'format' '{}' is not supported", f);
     }
     if (!bounded) return UsePrimitive("string");
     UsePrimitive("char");
@@ -1916,8 +1922,7 @@ class Converter {
     if (std::abs(lower->first) > 1e15 || std::abs(upper->first) > 1e15) {
       return Error(path, "'multipleOf' with bounds past 10^15 is not supported");
     }
-    int64_t ten_k = 1;
-    for (int i = 0; i < k; ++i) ten_k *= 10;
+    const int64_t ten_k = Pow10(k);
     const double step = static_cast<double>(p) / static_cast<double>(ten_k);
     const double first = std::ceil(lower->first / step), last = std::floor(upper->first / step);
     if (!(last - first < 1000.0)) return Error(path, "'multipleOf' within these bounds has more than 1,000 values");
@@ -1960,9 +1965,7 @@ class Converter {
     ASSIGN_OR_RETURN(const auto multiple, MultipleOf(s, path));
     const bool bounded = lo || lo_excl || hi || hi_excl;
     if (multiple) {  // an integer is a multiple of p/10^k when it is one of p/gcd(p, 10^k)
-      int64_t ten_k = 1;
-      for (int i = 0; i < multiple->second; ++i) ten_k *= 10;
-      const int64_t q = multiple->first / std::gcd(multiple->first, ten_k);
+      const int64_t q = multiple->first / std::gcd(multiple->first, Pow10(multiple->second));
       if (q > 1 && bounded) {
         const auto [lower, upper] = Tightest(lo, lo_excl, hi, hi_excl);
         return BoundedMultiples(multiple->first, multiple->second, lower, upper, /*integer=*/true, hint, path);
