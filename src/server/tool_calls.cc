@@ -31,7 +31,7 @@ constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueEnd = "</arg_valu
 constexpr std::string_view kMinimaxOpen = "<minimax:tool_call>", kMinimaxClose = "</minimax:tool_call>";
 constexpr std::string_view kInvoke = "<invoke name=", kInvokeEnd = "</invoke>";
 constexpr std::string_view kNamedParam = "<parameter name=", kParamEnd = "</parameter>";
-constexpr std::string_view kGemmaCall = "<|tool_call>call:", kGemmaCallEnd = "<tool_call|>";
+constexpr std::string_view kGemmaCallOpen = "<|tool_call>", kGemmaCall = "<|tool_call>call:", kGemmaCallEnd = "<tool_call|>";
 constexpr std::string_view kGemmaQuote = "<|\"|>", kGemmaResponse = "<|tool_response>";
 constexpr int kMaxArgumentDepth = 64;
 
@@ -876,6 +876,9 @@ ParsedMessage ParseMinimax(std::string_view text, const ToolParamTypes* types) {
   return out;
 }
 
+// A function name Gemma 4's call syntax can hold: not empty, none of < > { } space or line break.
+bool IsGemmaName(std::string_view name) { return !name.empty() && name.find_first_of("<>{} \n") == std::string_view::npos; }
+
 // Gemma 4's call at text[i] (just past <|tool_call>call:): the name up to '{', then the arguments
 // read by GemmaArgsReader, then <tool_call|> (or the text's end, or the next call: the end
 // marker may be cut off). *end: one past it.
@@ -884,7 +887,7 @@ std::optional<ToolCall> CallFromGemma(std::string_view text, size_t i, size_t* e
   if (brace == std::string_view::npos) return std::nullopt;
   ToolCall call;
   call.name = std::string(Trim(text.substr(i, brace - i)));
-  if (call.name.empty() || call.name.find_first_of("<>{}\n ") != std::string::npos) return std::nullopt;
+  if (!IsGemmaName(call.name)) return std::nullopt;
   GemmaArgsReader reader;
   size_t k = brace;
   while (k < text.size() && reader.state() == GemmaArgsReader::State::kMore) reader.Feed(text[k++], &call.arguments);
@@ -1107,7 +1110,7 @@ CallHeader FindCallHeader(ToolCallFormat f, std::string_view s, size_t pos, bool
       if (at == std::string_view::npos) return NotYet(Found::kNeedMore);
       CallHeader h = NameUntil(s, at + kGemmaCall.size(), "{");
       if (h.found != Found::kYes) return h;
-      if (h.name.empty() || h.name.find_first_of("<> \n") != std::string::npos) return NotYet(Found::kNo);
+      if (!IsGemmaName(h.name)) return NotYet(Found::kNo);
       h.next -= 1;  // the arguments start at their '{'
       h.gemma = true;
       return h;
@@ -1927,17 +1930,19 @@ StatusOr<SyntaxTokens> FindSyntaxTokens(ToolCallFormat f, const std::function<in
       if (id < 0) return InvalidArgument("tool_choice: the vocabulary has no {} token for gpt_oss's calls", text);
       *out = fmt::format("<[{}]>", id);
     }
-  } else if (f == ToolCallFormat::kKimiK2) {
-    for (auto [text, out] : {Slot{kKimiCallsBegin, &t.calls_begin}, Slot{kKimiCallBegin, &t.call_begin},
-                             Slot{kKimiArgs, &t.args}, Slot{kKimiCallEnd, &t.call_end}, Slot{kKimiCallsEnd, &t.calls_end}}) {
-      const int32_t id = token_id ? token_id(text) : -1;
-      *out = id >= 0 ? fmt::format("<[{}]>", id) : grammar::GbnfLiteral(text);
-    }
+    return t;
+  }
+  // kimi_k2's and gemma4's markers: by id where the vocabulary has them, else as text.
+  std::vector<Slot> slots;
+  if (f == ToolCallFormat::kKimiK2) {
+    slots = {Slot{kKimiCallsBegin, &t.calls_begin}, Slot{kKimiCallBegin, &t.call_begin}, Slot{kKimiArgs, &t.args},
+             Slot{kKimiCallEnd, &t.call_end}, Slot{kKimiCallsEnd, &t.calls_end}};
   } else if (f == ToolCallFormat::kGemma4) {
-    for (auto [text, out] : {Slot{"<|tool_call>", &t.call_begin}, Slot{kGemmaCallEnd, &t.call_end}, Slot{kGemmaQuote, &t.quote}}) {
-      const int32_t id = token_id ? token_id(text) : -1;
-      *out = id >= 0 ? fmt::format("<[{}]>", id) : grammar::GbnfLiteral(text);
-    }
+    slots = {Slot{kGemmaCallOpen, &t.call_begin}, Slot{kGemmaCallEnd, &t.call_end}, Slot{kGemmaQuote, &t.quote}};
+  }
+  for (auto [text, out] : slots) {
+    const int32_t id = token_id ? token_id(text) : -1;
+    *out = id >= 0 ? fmt::format("<[{}]>", id) : grammar::GbnfLiteral(text);
   }
   return t;
 }
@@ -2001,6 +2006,9 @@ class GemmaShaper {
 
  private:
   StatusOr<GemmaNode> Object(const Json& s, const std::string& at, int depth);
+  static Status Refuse(const std::string& at, std::string_view what) {
+    return InvalidArgument("{}: {} cannot be written in gemma4's call syntax", at.empty() ? "the parameters" : at, what);
+  }
   GemmaNode Scalar(const Json& s) {
     GemmaNode n;
     n.kind = GemmaNode::Kind::kJson;
@@ -2019,9 +2027,7 @@ StatusOr<GemmaNode> GemmaShaper::Shape(const Json& s, const std::string& at, int
   static const std::vector<std::string> kNotes = {"description", "title", "default", "examples", "$schema"};
   static const std::vector<std::string> kKnown = {"type", "enum", "const", "properties", "required", "additionalProperties",
                                                   "items", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-  auto refuse = [&](std::string_view what) {
-    return InvalidArgument("{}: {} cannot be written in gemma4's call syntax", at.empty() ? "the parameters" : at, what);
-  };
+  auto refuse = [&](std::string_view what) { return Refuse(at, what); };
   if (depth > kMaxArgumentDepth) return refuse("a schema this deep");
   if (s.is_boolean() && s.get<bool>()) return GemmaNode{};
   if (!s.is_object()) return refuse("this schema");
@@ -2102,9 +2108,7 @@ StatusOr<GemmaNode> GemmaShaper::Shape(const Json& s, const std::string& at, int
 }
 
 StatusOr<GemmaNode> GemmaShaper::Object(const Json& core, const std::string& at, int depth) {
-  auto refuse = [&](std::string_view what) {
-    return InvalidArgument("{}: {} cannot be written in gemma4's call syntax", at.empty() ? "the parameters" : at, what);
-  };
+  auto refuse = [&](std::string_view what) { return Refuse(at, what); };
   for (auto it = core.begin(); it != core.end(); ++it) {
     if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && it.key() != "additionalProperties") {
       return refuse("'" + it.key() + "' on an object");
@@ -2261,7 +2265,7 @@ StatusOr<ChosenTools> ChooseTools(ToolCallFormat f, const nlohmann::ordered_json
       }
     }
     if (f == ToolCallFormat::kGemma4) {
-      if (fname.find_first_of("{}<> \n") != std::string::npos) return InvalidArgument("tool '{}': its name cannot be written in gemma4's call syntax", fname);
+      if (!IsGemmaName(fname)) return InvalidArgument("tool '{}': its name cannot be written in gemma4's call syntax", fname);
       GemmaShaper shaper(prefix, &c.combined["$defs"], &c.combined["anyOf"]);
       auto shape = shaper.Shape(params, "");
       if (!shape.ok()) return InvalidArgument("tool '{}': {}", fname, shape.status().message());

@@ -607,6 +607,15 @@ struct ControlVocab {
     return -1;
   }
   std::function<int32_t(std::string_view)> IdFn() const { return [this](std::string_view t) { return Id(t); }; }
+  // A grammar compiled over this vocabulary; null (the failure reported) when it does not parse.
+  std::shared_ptr<const grammar::CompiledGrammar> Compile(const std::string& gbnf) const {
+    auto parsed = grammar::ParseGbnf(gbnf);
+    if (!parsed.ok()) {
+      ADD_FAILURE() << parsed.status().message() << "\n" << gbnf;
+      return nullptr;
+    }
+    return std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), trie);
+  }
   // Whether the grammar takes the parts in order, control tokens by id and text byte by byte.
   static bool Accepts(const ControlVocab& v, const std::shared_ptr<const grammar::CompiledGrammar>& g,
                       const std::vector<std::string>& parts) {
@@ -635,9 +644,8 @@ TEST(ToolCalls, GptOssRequiredCallIsItsControlTokensAroundValidArguments) {
   EXPECT_FALSE(ToolCallGrammar(f, tools, "", true).ok());  // no vocabulary to name the tokens by
   auto gbnf = ToolCallGrammar(f, tools, "", true, id);
   ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
-  auto parsed = grammar::ParseGbnf(*gbnf);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
-  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), v.trie);
+  const auto compiled = v.Compile(*gbnf);
+  ASSERT_NE(compiled, nullptr);
   auto accepts = [&](const std::vector<std::string>& parts) { return ControlVocab::Accepts(v, compiled, parts); };
   EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.ping ", "<|constrain|>", "json", "<|message|>", R"({"n":3})", "<|call|>"}));
   EXPECT_TRUE(accepts({"<|channel|>", "commentary to=functions.pong ", "<|constrain|>", "json", "<|message|>", "{}", "<|call|>"}));
@@ -770,9 +778,8 @@ TEST(ToolCalls, KimiK2RequiredCallUsesTheControlTokens) {
       R"([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}])");
   auto gbnf = ToolCallGrammar(ToolCallFormat::kKimiK2, tools, "ping", false, v.IdFn());
   ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
-  auto parsed = grammar::ParseGbnf(*gbnf);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
-  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), v.trie);
+  const auto compiled = v.Compile(*gbnf);
+  ASSERT_NE(compiled, nullptr);
   auto accepts = [&](const std::vector<std::string>& parts) { return ControlVocab::Accepts(v, compiled, parts); };
   EXPECT_TRUE(accepts({"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.ping:0", "<|tool_call_argument_begin|>",
                        R"({"n":3})", "<|tool_call_end|>", "<|tool_calls_section_end|>"}));
@@ -911,9 +918,8 @@ TEST(ToolCalls, Gemma4RequiredCallUsesTheControlTokens) {
       R"([{"type": "function", "function": {"name": "say", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}])");
   auto gbnf = ToolCallGrammar(ToolCallFormat::kGemma4, tools, "say", false, v.IdFn());
   ASSERT_TRUE(gbnf.ok()) << gbnf.status().message();
-  auto parsed = grammar::ParseGbnf(*gbnf);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\n" << *gbnf;
-  auto compiled = std::make_shared<const grammar::CompiledGrammar>(std::move(*parsed), v.trie);
+  const auto compiled = v.Compile(*gbnf);
+  ASSERT_NE(compiled, nullptr);
   auto accepts = [&](const std::vector<std::string>& parts) { return ControlVocab::Accepts(v, compiled, parts); };
   EXPECT_TRUE(accepts({"<|tool_call>", "call:say{text:", "<|\"|>", "hi there", "<|\"|>", "}", "<tool_call|>"}));
   EXPECT_FALSE(accepts({"<|tool_call>", "call:say{text:", "<|\"|>", "hi", "<|\"|>", "}"}));  // the end marker
