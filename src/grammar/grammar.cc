@@ -2,10 +2,12 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -169,7 +171,7 @@ class GbnfParser {
       while (i < end && IsNameChar(text[i])) ++i;
       const size_t name_end = i;
       while (i < end && (text[i] == ' ' || text[i] == '\t')) ++i;
-      if (name_end > name_start && text.substr(i, 3) == "::=") defined_names_.insert(std::string(text.substr(name_start, name_end - name_start)));
+      if (name_end > name_start && text.substr(i, 3) == "::=") defined_names_.insert(text.substr(name_start, name_end - name_start));
       at = end + 1;
     }
   }
@@ -237,7 +239,9 @@ class GbnfParser {
   int32_t NewRule(const std::string& base) {
     std::string name;
     do {
-      name = fmt::format("{}-{}", base, ++anon_count_);
+      name = base;
+      name += '-';
+      name += std::to_string(++anon_count_);
     } while (ids_.count(name) || defined_names_.count(name));
     const int32_t id = RuleId(name);
     defined_[id] = true;
@@ -288,9 +292,7 @@ class GbnfParser {
             break;
           }
           ASSIGN_OR_RETURN(uint32_t cp, ParseChar(false));
-          CharSet set;
-          set.AddRange(cp, cp);
-          atom.push_back(AddChars(std::move(set)));
+          atom.push_back(AddCodePoint(cp));
         }
       } else if (c == '[') {
         ++pos_;
@@ -400,6 +402,16 @@ class GbnfParser {
     return v;
   }
 
+  // One code point (a literal's character): ASCII ones are looked up without building a set.
+  Element AddCodePoint(uint32_t cp) {
+    if (cp < 128 && ascii_ids_[cp] >= 0) return {Element::Kind::kChars, ascii_ids_[cp]};
+    CharSet set;
+    set.AddRange(cp, cp);
+    const Element e = AddChars(std::move(set));
+    if (cp < 128) ascii_ids_[cp] = e.index;
+    return e;
+  }
+
   // One index per distinct set, so that equal terminals are equal elements (LeftFactor).
   Element AddChars(CharSet set) {
     set.Normalize();
@@ -424,10 +436,22 @@ class GbnfParser {
       const int32_t r = work.back();
       work.pop_back();
       if (bodies_[r].size() < 2) continue;
-      std::vector<Sequence> alts = std::move(bodies_[r]);  // NewRule below may move bodies_
       auto key = [](const Element& e) {
         return (static_cast<uint64_t>(e.kind) << 32) | static_cast<uint32_t>(e.index);
       };
+      {
+        // Most rules have nothing to factor: no two alternatives start with one terminal, and at
+        // most one is empty. Those are left as they are without building the maps below.
+        std::vector<uint64_t> firsts;
+        int empties = 0;
+        for (const Sequence& a : bodies_[r]) {
+          if (a.empty()) ++empties;
+          else if (a[0].terminal()) firsts.push_back(key(a[0]));
+        }
+        std::sort(firsts.begin(), firsts.end());
+        if (empties < 2 && std::adjacent_find(firsts.begin(), firsts.end()) == firsts.end()) continue;
+      }
+      std::vector<Sequence> alts = std::move(bodies_[r]);  // NewRule below may move bodies_
       std::unordered_map<uint64_t, int32_t> count;
       for (const Sequence& a : alts) {
         if (!a.empty() && a[0].terminal()) ++count[key(a[0])];
@@ -537,9 +561,9 @@ class GbnfParser {
   StatusOr<Grammar> Flatten(int32_t root) {
     Grammar g;
     g.root = root;
-    g.rule_names = names_;
+    g.rule_names = std::move(names_);
     g.char_sets = std::move(char_sets_);
-    g.alternatives.resize(names_.size());
+    g.alternatives.resize(g.rule_names.size());
     for (size_t r = 0; r < bodies_.size(); ++r) {
       for (const Sequence& seq : bodies_[r]) {
         g.alternatives[r].push_back(static_cast<int32_t>(g.elements.size()));
@@ -616,14 +640,20 @@ class GbnfParser {
   size_t pos_ = 0;
   int depth_ = 0;
   int anon_count_ = 0;
-  std::set<std::string> defined_names_;  // every name the text defines (NewRule avoids them)
+  std::unordered_set<std::string_view> defined_names_;  // every name the text defines (NewRule avoids them)
   size_t num_elements_ = 0;
-  std::map<std::string, int32_t> ids_;
+  std::unordered_map<std::string, int32_t> ids_;
   std::vector<std::string> names_;
   std::vector<bool> defined_;
   std::vector<std::vector<Sequence>> bodies_;  // [rule][alternative]
   std::vector<CharSet> char_sets_;
   std::unordered_map<std::string, int32_t> set_ids_;  // a set's content -> its index
+  std::array<int32_t, 128> ascii_ids_ = MinusOnes();   // an ASCII code point's one-element set
+  static std::array<int32_t, 128> MinusOnes() {
+    std::array<int32_t, 128> a;
+    a.fill(-1);
+    return a;
+  }
 };
 
 }  // namespace

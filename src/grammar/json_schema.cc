@@ -1560,11 +1560,15 @@ class Converter {
       if (live[i]) names[i] = FreshName(fmt::format("{}-s{}", hint, i));
     }
     const std::string close = "\"\\\"\" " + UsePrimitive("space");
+    std::unordered_map<const CharSet*, std::string> texts;  // an edge's set as GBNF, written once
     for (size_t i = 0; i < pairs.size(); ++i) {
       if (!live[i]) continue;
       std::string body = ends(i) ? close : "";
       for (const auto& [chars, to] : edges[i]) {
-        if (live[to]) body += (body.empty() ? "" : " | ") + JsonStringCharSet(*chars) + " " + names[to];
+        if (!live[to]) continue;
+        auto [t, added] = texts.emplace(chars, "");
+        if (added) t->second = JsonStringCharSet(*chars);
+        body += (body.empty() ? "" : " | ") + t->second + " " + names[to];
       }
       rules_.emplace_back(names[i], body);
     }
