@@ -653,17 +653,19 @@ ParsedMessage ParseFunctionary(std::string_view text) {
 // every later part starts with ">>>" and its own. "all\n" + text is content; "NAME\n" + a JSON
 // object a call; "python\n" + code (not JSON) a call of python with {"code": ...}. A part that is
 // none of these stays in the content as it was written.
+// A functionary_v3_2 recipient that names a function.
+bool IsFunctionaryName(std::string_view n) {
+  if (n.empty()) return false;
+  for (char c : n) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
+  }
+  return true;
+}
+
 ParsedMessage ParseFunctionaryV32(std::string_view text) {
   constexpr std::string_view kSep = ">>>";
   ParsedMessage out;
   if (StartsWith(text, kSep)) text.remove_prefix(kSep.size());
-  auto is_name = [](std::string_view n) {
-    if (n.empty()) return false;
-    for (char c : n) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
-    }
-    return true;
-  };
   bool first = true;
   while (true) {
     const size_t end = text.find(kSep);
@@ -674,7 +676,7 @@ ParsedMessage ParseFunctionaryV32(std::string_view text) {
     auto raw = [&] { out.content += (first ? "" : std::string(kSep)) + std::string(part); };
     if (recipient == "all") {
       out.content += std::string(body);
-    } else if (nl != std::string_view::npos && is_name(recipient)) {
+    } else if (nl != std::string_view::npos && IsFunctionaryName(recipient)) {
       auto a = ArgumentsText(body);
       if (a) {
         out.calls.push_back({std::string(recipient), *a, ""});
@@ -1141,7 +1143,7 @@ std::span<const std::string_view> Markers(ToolCallFormat f) {
     case ToolCallFormat::kGemma4: return kGemma;
     case ToolCallFormat::kFunctionary: return kFunctionary;
     case ToolCallFormat::kGptOss:
-    case ToolCallFormat::kFunctionaryV32: break;  // taken apart whole at the end
+    case ToolCallFormat::kFunctionaryV32: break;  // read a part (message) at a time
   }
   return {};
 }
@@ -1473,14 +1475,14 @@ MessageStream::MessageStream(std::optional<ToolCallFormat> tools, std::optional<
   if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) scan_ = Scan::kStopped;
 }
 
-// gpt_oss: the harmony messages in call_text_ from harmony_pos_ on, each sent as it is written
+// gpt_oss: the harmony messages in call_text_ from part_pos_ on, each sent as it is written
 // (as ParseHarmony reads them): an analysis body as reasoning, a final or commentary body as
 // content, a call's name once its header is whole and its arguments as they grow (when they are a
 // JSON object: otherwise they go whole at the end). What could start an end marker is held back.
 void MessageStream::ScanHarmony(Delta* d) {
   const std::string_view s = call_text_;
-  while (harmony_pos_ < s.size()) {
-    const auto m = NextHarmonyMessage(s, harmony_pos_);
+  while (part_pos_ < s.size()) {
+    const auto m = NextHarmonyMessage(s, part_pos_);
     if (!m) return;
     size_t avail = m->body_end;
     if (!m->whole) {
@@ -1489,22 +1491,22 @@ void MessageStream::ScanHarmony(Delta* d) {
       avail -= keep;
     }
     const std::string_view body = s.substr(m->body_begin, avail - m->body_begin);
-    const std::string_view fresh = body.substr(std::min(harmony_sent_, body.size()));
+    const std::string_view fresh = body.substr(std::min(part_sent_, body.size()));
     switch (m->kind) {
       case HarmonyMessage::Kind::kEcho: break;
       case HarmonyMessage::Kind::kReasoning:
         d->reasoning += fresh;
-        harmony_reasoning_ += fresh.size();
+        parts_reasoning_ += fresh.size();
         break;
       case HarmonyMessage::Kind::kContent:
         d->content += fresh;
-        harmony_content_ += fresh.size();
+        parts_content_ += fresh.size();
         break;
       case HarmonyMessage::Kind::kCall: {
-        if (!harmony_call_open_) {
+        if (!part_call_open_) {
           streamed_.push_back({streamed_.size(), m->name, ""});
           d->calls.push_back(streamed_.back());
-          harmony_call_open_ = true;
+          part_call_open_ = true;
         }
         // A JSON object's text as written, without the white space around it (ArgumentsText's).
         const size_t lead = body.find_first_not_of(" \n\r\t");
@@ -1516,11 +1518,65 @@ void MessageStream::ScanHarmony(Delta* d) {
         break;
       }
     }
-    harmony_sent_ = body.size();
+    part_sent_ = body.size();
     if (!m->whole) return;
-    harmony_pos_ = HarmonyNext(s, m->next);
-    harmony_sent_ = 0;
-    harmony_call_open_ = false;
+    part_pos_ = HarmonyNext(s, m->next);
+    part_sent_ = 0;
+    part_call_open_ = false;
+  }
+}
+
+// functionary_v3_2: the parts in call_text_ from part_pos_ on (as ParseFunctionaryV32 reads them,
+// split at every ">>>"), each sent as it is written: an "all" part's body as content, a call's name
+// once its recipient line is whole and its arguments as they grow (when they are a JSON object:
+// python's raw code goes whole at the end). A part that turns out to be neither (no recipient line,
+// arguments that do not parse) stops the stream: from there the end says what the rest is, so
+// what was sent stays the start of what the whole reading gives.
+void MessageStream::ScanFunctionaryV32(Delta* d) {
+  constexpr std::string_view kSep = ">>>";
+  const std::string_view s = call_text_;
+  if (part_pos_ == 0 && !parts_stopped_) {
+    // The prompt ends with ">>>"; a model that writes it again starts with it.
+    if (s.size() < kSep.size() && kSep.substr(0, s.size()) == s) return;
+    if (StartsWith(s, kSep)) part_pos_ = kSep.size();
+  }
+  while (!parts_stopped_ && part_pos_ < s.size()) {
+    const size_t sep = s.find(kSep, part_pos_);
+    const size_t nl = s.find('\n', part_pos_);
+    if (nl == std::string_view::npos || (sep != std::string_view::npos && sep < nl)) {
+      if (sep != std::string_view::npos) parts_stopped_ = true;  // a part with no recipient line
+      return;
+    }
+    const std::string_view recipient = s.substr(part_pos_, nl - part_pos_);
+    const bool whole = sep != std::string_view::npos;
+    const size_t avail = whole ? sep : s.size() - PartialMarker(s.substr(nl + 1), kSep);
+    const std::string_view body = s.substr(nl + 1, avail - (nl + 1));
+    if (recipient == "all") {
+      const std::string_view fresh = body.substr(std::min(part_sent_, body.size()));
+      d->content += fresh;
+      parts_content_ += fresh.size();
+      part_sent_ = body.size();
+    } else if (IsFunctionaryName(recipient)) {
+      if (!part_call_open_) {
+        streamed_.push_back({streamed_.size(), std::string(recipient), ""});
+        d->calls.push_back(streamed_.back());
+        part_call_open_ = true;
+      }
+      // A JSON object's text as written, without the white space around it (ArgumentsText's).
+      const size_t lead = body.find_first_not_of(" \n\r\t");
+      if (lead != std::string_view::npos && body[lead] == '{') {
+        const size_t end = body.find_last_not_of(" \n\r\t") + 1;
+        const size_t from = lead + streamed_.back().arguments.size();
+        if (end > from) SendArguments(body.substr(from, end - from), &d->calls);
+      }
+      if (whole && !ArgumentsText(body) && !(recipient == "python" && !Trim(body).empty())) parts_stopped_ = true;
+    } else {
+      parts_stopped_ = true;
+    }
+    if (!whole || parts_stopped_) return;
+    part_pos_ = sep + kSep.size();
+    part_sent_ = 0;
+    part_call_open_ = false;
   }
 }
 
@@ -1693,10 +1749,11 @@ MessageStream::Delta MessageStream::PushText(std::string_view text) {
     return d;
   }
   if (tools_ == ToolCallFormat::kFunctionaryV32) {
-    // Functionary v3.2's recipients decide what every part is: the message is taken apart at the
-    // end (so nothing of it streams before it ends).
+    // Functionary v3.2's recipients say what every part is: each is sent as it is written.
     call_text_ += text;
     in_calls_ = true;
+    ScanFunctionaryV32(&d);
+    content_all_ += d.content;
     return d;
   }
   std::string buf = pending_ + std::string(text);
@@ -1775,11 +1832,11 @@ ParsedMessage MessageStream::Finish(std::vector<CallDelta>* rest) {
   pending_.clear();
   if (in_calls_) {
     ParsedMessage p;
-    if (tools_ == ToolCallFormat::kGptOss) {
+    if (tools_ == ToolCallFormat::kGptOss || tools_ == ToolCallFormat::kFunctionaryV32) {
       // What the stream sent of the content and reasoning is where they start (the same reading).
-      p = ParseHarmony(call_text_);
-      p.content.erase(0, std::min(harmony_content_, p.content.size()));
-      p.reasoning.erase(0, std::min(harmony_reasoning_, p.reasoning.size()));
+      p = tools_ == ToolCallFormat::kGptOss ? ParseHarmony(call_text_) : ParseFunctionaryV32(call_text_);
+      p.content.erase(0, std::min(parts_content_, p.content.size()));
+      p.reasoning.erase(0, std::min(parts_reasoning_, p.reasoning.size()));
     } else {
       p = ParseToolCalls(*tools_, call_text_, types_.get());
     }

@@ -132,7 +132,8 @@ struct CallDelta {
 // Streams a message: Push gives what may be sent now as content or reasoning, and of the calls
 // their names as soon as they are written and their arguments as they grow (hermes, qwen3_coder
 // XML or JSON, glm45 and minimax_m2 (a parameter at a time), llama3_json, mistral, deepseek_v3, kimi_k2, gemma4,
-// functionary, gpt_oss (a harmony message at a time); functionary_v3_2 is taken apart at the end). Text that could be (the start of) a call is not content.
+// functionary, gpt_oss (a harmony message at a time), functionary_v3_2 (a part at a time)). Text that
+// could be (the start of) a call is not content.
 class MessageStream {
  public:
   // tools: parse tool calls; reasoning: split reasoning blocks (starts_thinking as above).
@@ -163,6 +164,7 @@ class MessageStream {
   bool ScanXmlParameter(std::string_view s, std::vector<CallDelta>* out);
   bool ScanPair(std::string_view s, std::vector<CallDelta>* out);
   void ScanHarmony(Delta* d);
+  void ScanFunctionaryV32(Delta* d);
   void SendArguments(std::string_view piece, std::vector<CallDelta>* out);
 
   std::optional<ToolCallFormat> tools_;
@@ -185,10 +187,12 @@ class MessageStream {
   bool scan_any_param_ = false;  // kXmlParameters, kGlmArguments: a parameter was sent
   bool scan_array_ = false;      // mistral's [{...}, {...}]
   GemmaArgsReader gemma_;        // kGemmaArguments
-  // gpt_oss (ScanHarmony): where the message being written starts, how much of its body was sent,
-  // whether its call was named, and how much content and reasoning went out in all.
-  size_t harmony_pos_ = 0, harmony_sent_ = 0, harmony_content_ = 0, harmony_reasoning_ = 0;
-  bool harmony_call_open_ = false;
+  // gpt_oss and functionary_v3_2 (ScanHarmony, ScanFunctionaryV32): where the message (part) being
+  // written starts, how much of its body was sent, whether its call was named, and how much content
+  // and reasoning went out in all.
+  size_t part_pos_ = 0, part_sent_ = 0, parts_content_ = 0, parts_reasoning_ = 0;
+  bool part_call_open_ = false;
+  bool parts_stopped_ = false;  // functionary_v3_2: a part that is neither text nor a call; the rest goes at the end
   std::vector<CallDelta> streamed_;  // per call: its name and the arguments sent so far
 };
 

@@ -980,6 +980,63 @@ TEST(ToolCalls, FunctionaryV32) {
   EXPECT_EQ(*ParseToolCallFormat("functionary_v3_2"), f);
 }
 
+// Functionary v3.2 streams a part at a time: text as content, a call's name once its recipient
+// line is whole and its arguments as they grow; what was sent and what the end adds make the
+// whole reading, in pieces of any size.
+TEST(ToolCalls, FunctionaryV32StreamsEachPartAsItIsWritten) {
+  const auto f = ToolCallFormat::kFunctionaryV32;
+  const std::string text = "all\nLet me check the weather first.>>>get_weather\n{\"city\": \"Lima\", \"days\": 3}\n>>>"
+                           "python\nprint(1)>>>all\nDone.";
+  const ParsedMessage whole = ParseToolCalls(f, text);
+  ASSERT_EQ(whole.calls.size(), 2u);
+  for (size_t piece : {1, 2, 5, 64}) {
+    SCOPED_TRACE(piece);
+    MessageStream ms(f, std::nullopt, false);
+    std::string content;
+    std::vector<std::string> names, args;
+    size_t named_at = 0, args_at = 0;
+    for (size_t at = 0; at < text.size(); at += piece) {
+      const MessageStream::Delta d = ms.Push(text.substr(at, piece));
+      content += d.content;
+      EXPECT_EQ(content.find('>'), std::string::npos) << content;  // no separator's start as text
+      for (const CallDelta& c : d.calls) {
+        if (c.index >= names.size()) names.resize(c.index + 1), args.resize(c.index + 1);
+        if (!c.name.empty()) names[c.index] = c.name, named_at = named_at ? named_at : at;
+        if (!c.arguments.empty() && c.index == 0 && args_at == 0) args_at = at;
+        args[c.index] += c.arguments;
+      }
+    }
+    std::vector<CallDelta> rest;
+    const ParsedMessage tail = ms.Finish(&rest);
+    for (const CallDelta& c : rest) {
+      if (c.index >= names.size()) names.resize(c.index + 1), args.resize(c.index + 1);
+      if (!c.name.empty()) names[c.index] = c.name;
+      args[c.index] += c.arguments;
+    }
+    EXPECT_EQ(content + tail.content, "Let me check the weather first.Done.");
+    ASSERT_EQ(names, (std::vector<std::string>{"get_weather", "python"}));
+    EXPECT_EQ(args[0], whole.calls[0].arguments);
+    EXPECT_EQ(args[1], whole.calls[1].arguments);
+    if (piece < 10) {
+      EXPECT_LT(named_at, text.find("{\"city"));     // named before its arguments are written
+      EXPECT_LT(args_at, text.find("\"days"));       // arguments go out as they are written
+      EXPECT_FALSE(content.empty());
+    }
+  }
+  // A part that is neither text nor a call stops the stream there; the end gives the rest as the
+  // whole reading does.
+  const std::string odd = "all\nA>>>broken\n{oops>>>all\nB>>>get_time\n{}";
+  MessageStream ms(f, std::nullopt, false);
+  std::string content;
+  for (char ch : odd) content += ms.Push(std::string(1, ch)).content;
+  std::vector<CallDelta> rest;
+  const ParsedMessage tail = ms.Finish(&rest);
+  EXPECT_EQ(content + tail.content, ParseToolCalls(f, odd).content);
+  EXPECT_EQ(content, "A");
+  ASSERT_EQ(tail.calls.size(), 1u);
+  EXPECT_EQ(tail.calls[0].name, "get_time");
+}
+
 TEST(ToolCalls, FormatFromTheChatTemplate) {
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("<tool_call>\\n<function=example>"), ToolCallFormat::kQwen3Coder);
