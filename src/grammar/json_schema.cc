@@ -618,13 +618,84 @@ class Converter {
     return TypedRule(s, hint, path);
   }
 
+  // The type names of a set of kinds (Kinds' bits), for `type`.
+  static Json TypeNames(unsigned kinds) {
+    Json types = Json::array();
+    for (const auto& [bits, name] : std::vector<std::pair<unsigned, const char*>>{
+             {1, "string"}, {6, "number"}, {2, "integer"}, {8, "boolean"}, {16, "null"}, {32, "object"}, {64, "array"}}) {
+      if ((kinds & bits) == bits && !(bits == 2 && (kinds & 4))) types.push_back(name);
+    }
+    return types.size() == 1 ? types[0] : types;
+  }
+
+  // `required` alone, or allOf/anyOf of such (annotations and properties that constrain nothing
+  // beside them): the key sets an object must hold one of (the schema in disjunctive form).
+  std::optional<std::vector<std::set<std::string>>> RequiredSets(const Json& schema, int depth = 0) {
+    const Json& s = Deref(schema);
+    if (!s.is_object() || depth > 8) return std::nullopt;
+    std::vector<std::set<std::string>> out = {{}};
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "description" || k == "title" || k == "$comment") continue;
+      if (k == "properties" && it.value().is_object()) {
+        for (auto p = it.value().begin(); p != it.value().end(); ++p) {
+          if (!(p.value() == true || (p.value().is_object() && !HasConstraints(p.value())))) return std::nullopt;
+        }
+        continue;
+      }
+      std::vector<std::set<std::string>> part;  // this keyword's sets, then joined with the others'
+      if (k == "required" && it.value().is_array()) {
+        std::set<std::string> keys;
+        for (const Json& r : it.value()) {
+          if (!r.is_string()) return std::nullopt;
+          keys.insert(r.get<std::string>());
+        }
+        part = {keys};
+      } else if ((k == "allOf" || k == "anyOf") && it.value().is_array() && !it.value().empty()) {
+        if (k == "allOf") part = {{}};
+        for (const Json& b : it.value()) {
+          auto sets = RequiredSets(b, depth + 1);
+          if (!sets) return std::nullopt;
+          if (k == "anyOf") {
+            part.insert(part.end(), sets->begin(), sets->end());
+            continue;
+          }
+          std::vector<std::set<std::string>> joined;
+          for (const auto& a : part) {
+            for (const auto& c : *sets) {
+              joined.push_back(a);
+              joined.back().insert(c.begin(), c.end());
+            }
+          }
+          part = std::move(joined);
+          if (part.size() > 64) return std::nullopt;
+        }
+      } else {
+        return std::nullopt;
+      }
+      std::vector<std::set<std::string>> joined;
+      for (const auto& a : out) {
+        for (const auto& c : part) {
+          joined.push_back(a);
+          joined.back().insert(c.begin(), c.end());
+        }
+      }
+      out = std::move(joined);
+      if (out.size() > 64) return std::nullopt;
+    }
+    return out;
+  }
+
   // The schema with its `not` folded into keywords a grammar has, for the forms that allow it:
   // not of a schema every value matches ({} or true): nothing; not of false: nothing added;
-  // not not X: X as well; not {type}: the other types; not {required: [k]}: no key k. Other forms
-  // are refused.
+  // not not X: X as well; not {type}: the other types; not of `required` (or allOf/anyOf of
+  // such): objects without key k, or never with every key of a set (kForbiddenKeys, which
+  // ObjectRule reads); not {enum/const} of strings (and null): other strings (kNotStrings, which
+  // StringRule reads), other values unchanged; not {pattern} (with type string or none): strings
+  // that do not match it (kNotPatterns). A $ref is followed. Other forms are refused.
   StatusOr<Json> FoldNot(const Json& s, const std::string& path) {
     Json out = s;
-    const Json n = out["not"];
+    const Json n = Deref(out["not"]);
     out.erase("not");
     if (n.is_boolean()) {
       if (n.get<bool>()) return MatchesNothing(path, "'not' of a schema every value matches");
@@ -637,37 +708,79 @@ class Converter {
     }
     if (keys.empty()) return MatchesNothing(path, "'not' of a schema every value matches");
     if (keys == std::set<std::string>{"not"}) return Both(out, n["not"]);
+    const unsigned kinds = Kinds(out);
     if (keys == std::set<std::string>{"type"}) {
-      const unsigned left = Kinds(out) & ~TypeKinds(n["type"]);
+      const unsigned left = kinds & ~TypeKinds(n["type"]);
       if (left == 0) return MatchesNothing(path, "'not' excludes every type the schema allows");
       if ((left & 6) == 4) return Error(path, "'not' leaving numbers that are not integers is not supported");
-      Json types = Json::array();
-      for (const auto& [bits, name] : std::vector<std::pair<unsigned, const char*>>{
-               {1, "string"}, {6, "number"}, {2, "integer"}, {8, "boolean"}, {16, "null"}, {32, "object"}, {64, "array"}}) {
-        if ((left & bits) == bits && !(bits == 2 && (left & 4))) types.push_back(name);
-      }
-      out["type"] = types.size() == 1 ? types[0] : types;
+      out["type"] = TypeNames(left);
       return out;
     }
-    if (keys == std::set<std::string>{"required"} && n["required"].is_array() && n["required"].size() == 1 &&
-        n["required"][0].is_string()) {
-      const std::string k = n["required"][0].get<std::string>();
-      const unsigned kinds = Kinds(out);
+    const bool composed = out.contains("$ref") || out.contains("anyOf") || out.contains("oneOf") || out.contains("allOf");
+    if (auto sets = RequiredSets(n)) {
+      // A value that is no object passes `required` (it applies to objects only), so fails 'not'.
+      if (!(kinds & 32)) return MatchesNothing(path, "'not' of 'required' leaves only objects");
+      std::set<std::string> req;
       if (out.contains("required") && out["required"].is_array()) {
         for (const Json& r : out["required"]) {
-          if (r == k) return MatchesNothing(path, fmt::format("'{}' is both required and, by 'not', absent", k));
+          if (r.is_string()) req.insert(r.get<std::string>());
         }
       }
-      // An object that took any key still does (but k): declaring k must not close it.
-      if (!out.contains("properties") && !out.contains("additionalProperties")) out["additionalProperties"] = true;
-      if (!out.contains("properties")) out["properties"] = Json::object();
-      out["properties"][k] = false;
-      // A value that is no object passes {required} (it applies to objects only), so fails 'not'.
-      if (!(kinds & 32)) return MatchesNothing(path, "'not' of 'required' leaves only objects");
+      Json forbidden = out.value(kForbiddenKeys, Json::array());
+      for (const auto& set : *sets) {
+        if (std::includes(req.begin(), req.end(), set.begin(), set.end())) {
+          return MatchesNothing(path, "'not' forbids keys that are required");
+        }
+        if (set.size() > 1) {
+          forbidden.push_back(Json(std::vector<std::string>(set.begin(), set.end())));
+          continue;
+        }
+        const std::string k = *set.begin();
+        // An object that took any key still does (but k): declaring k must not close it.
+        if (!out.contains("properties") && !out.contains("additionalProperties")) out["additionalProperties"] = true;
+        if (!out.contains("properties")) out["properties"] = Json::object();
+        out["properties"][k] = false;
+      }
+      if (!forbidden.empty()) {
+        if (composed) return Error(path, "'not' of several required keys beside '$ref', 'anyOf', 'oneOf' or 'allOf' is not supported");
+        if (!out.contains("properties") && !out.contains("additionalProperties")) out["additionalProperties"] = true;
+        out[kForbiddenKeys] = std::move(forbidden);
+      }
       out["type"] = "object";
       return out;
     }
-    return Error(path, "'not' is not supported (beyond not of: true, false, {{}}, not, type, one required key)");
+    const bool strings_only = keys == std::set<std::string>{"enum"} || keys == std::set<std::string>{"const"};
+    const bool pattern = keys == std::set<std::string>{"pattern"} ||
+                         (keys == std::set<std::string>{"pattern", "type"} && n["type"] == "string");
+    if ((strings_only || pattern) && !composed && !out.contains("enum") && !out.contains("const")) {
+      unsigned left = kinds;
+      if (pattern) {
+        if (!n["pattern"].is_string()) return Error(path, "'pattern' must be a string");
+        // Without a type, a value that is no string passes the pattern, so fails 'not'.
+        if (!n.contains("type")) left &= 1;
+        Json list = out.value(kNotPatterns, Json::array());
+        list.push_back(n["pattern"]);
+        out[kNotPatterns] = std::move(list);
+      } else {
+        const Json values = n.contains("const") ? Json::array({n["const"]}) : n["enum"];
+        if (!values.is_array()) return Error(path, "'enum' must be an array");
+        Json list = out.value(kNotStrings, Json::array());
+        for (const Json& v : values) {
+          if (v.is_null()) {
+            left &= ~16u;
+          } else if (v.is_string()) {
+            list.push_back(v);
+          } else if (KindsOf(v) & kinds) {
+            return Error(path, "'not' of an 'enum' or 'const' holding values other than strings and null is not supported");
+          }
+        }
+        out[kNotStrings] = std::move(list);
+      }
+      if (left == 0) return MatchesNothing(path, "'not' leaves no value");
+      if (left != kinds || !out.contains("type")) out["type"] = TypeNames(left);
+      return out;
+    }
+    return Error(path, "'not' is not supported (beyond not of: true, false, {{}}, not, type, required keys, string enum or const, pattern)");
   }
 
   // A $ref's rule, named before its target is visited so that a recursive schema refers to itself.
@@ -1293,8 +1406,9 @@ class Converter {
     }
     ASSIGN_OR_RETURN(const std::string extra, ExtraPair(pk, declared, others, hint, path, key_rule));
     ASSIGN_OR_RETURN(const std::vector<uint64_t> needs, Dependencies(s, kv_names, !extra.empty(), path));
-    if (s.contains("minProperties") || s.contains("maxProperties") || !needs.empty()) {
-      return CountedMembers(s, kvs, required, needs, extra, hint, path);
+    ASSIGN_OR_RETURN(const std::vector<uint64_t> forbidden, ForbiddenSets(s, kv_names, !extra.empty(), path));
+    if (s.contains("minProperties") || s.contains("maxProperties") || !needs.empty() || !forbidden.empty()) {
+      return CountedMembers(s, kvs, required, needs, forbidden, extra, hint, path);
     }
     // after[i]: properties i.. once one has been written (each needs a comma); first[i]: the
     // same before any has been.
@@ -1343,6 +1457,32 @@ class Converter {
       }
     }
     return needs;
+  }
+
+  // The key sets 'not' forbids together (kForbiddenKeys, FoldNot's), as masks over `names`. A set
+  // with a key no object can have never comes whole; one with a key outside `names` where other
+  // keys may come is refused (extra keys are not tracked).
+  StatusOr<std::vector<uint64_t>> ForbiddenSets(const Json& s, const std::vector<std::string>& names, bool extra_keys,
+                                                const std::string& path) {
+    std::vector<uint64_t> out;
+    if (!s.contains(kForbiddenKeys)) return out;
+    if (names.size() > 64) return Error(path, "'not' of several required keys on an object of more than 64 properties is not supported");
+    for (const Json& set : s[kForbiddenKeys]) {
+      uint64_t mask = 0;
+      bool possible = true;
+      for (const Json& k : set) {
+        auto it = std::find(names.begin(), names.end(), k.get<std::string>());
+        if (it != names.end()) {
+          mask |= uint64_t{1} << (it - names.begin());
+        } else if (extra_keys) {
+          return Error(path, "'not' of required keys the object does not declare, where other keys may come, is not supported");
+        } else {
+          possible = false;
+        }
+      }
+      if (possible) out.push_back(mask);
+    }
+    return out;
   }
 
   // propertyNames: a string schema every key must satisfy (pattern, lengths, a format with a
@@ -1443,8 +1583,8 @@ class Converter {
   // maxProperties nothing more), a rule per place and count, ending only at a count within the
   // bounds. Places and counts that cannot reach such an end are left out.
   StatusOr<std::string> CountedMembers(const Json& s, const std::vector<std::string>& kvs, const std::vector<bool>& required,
-                                       const std::vector<uint64_t>& needs, const std::string& extra, const std::string& hint,
-                                       const std::string& path) {
+                                       const std::vector<uint64_t>& needs, const std::vector<uint64_t>& forbidden,
+                                       const std::string& extra, const std::string& hint, const std::string& path) {
     ASSIGN_OR_RETURN(const int64_t min_p, Count(s, "minProperties", path, 0));
     ASSIGN_OR_RETURN(const int64_t max_p, Count(s, "maxProperties", path, -1));
     if (max_p >= 0 && max_p < min_p) return MatchesNothing(path, "'maxProperties' is below 'minProperties'");
@@ -1467,12 +1607,19 @@ class Converter {
       }
     }
     auto later = [&](int64_t i) { return i < static_cast<int64_t>(needs.size()) ? needs[static_cast<size_t>(i)] & ~((bit(i) << 1) - 1) : 0; };
-    // member(i, c, first, due, barred): members i.. (i == n: the extra pairs) with c written,
+    // Forbidden sets ('not'): which of their members were written (`seen`); a member that would
+    // complete one is left out.
+    uint64_t watched = 0;
+    for (uint64_t f : forbidden) watched |= f;
+    auto completes = [&](uint64_t seen) {
+      return std::any_of(forbidden.begin(), forbidden.end(), [&](uint64_t f) { return (seen & f) == f; });
+    };
+    // member(i, c, first, due, barred, seen): members i.. (i == n: the extra pairs) with c written,
     // `first` when none has been (no comma before the next).
-    std::map<std::tuple<int64_t, int64_t, bool, uint64_t, uint64_t>, std::optional<std::string>> memo;
-    std::function<std::optional<std::string>(int64_t, int64_t, bool, uint64_t, uint64_t)> member =
-        [&](int64_t i, int64_t c, bool first, uint64_t due, uint64_t barred) -> std::optional<std::string> {
-      const auto key = std::make_tuple(i, c, first, due, barred);
+    std::map<std::tuple<int64_t, int64_t, bool, uint64_t, uint64_t, uint64_t>, std::optional<std::string>> memo;
+    std::function<std::optional<std::string>(int64_t, int64_t, bool, uint64_t, uint64_t, uint64_t)> member =
+        [&](int64_t i, int64_t c, bool first, uint64_t due, uint64_t barred, uint64_t seen) -> std::optional<std::string> {
+      const auto key = std::make_tuple(i, c, first, due, barred, seen);
       if (auto it = memo.find(key); it != memo.end()) return it->second;
       if (memo.size() > 4000) return std::nullopt;  // (reported below)
       memo[key] = std::nullopt;  // (a loop back to itself, through the extra pairs, is found below)
@@ -1482,19 +1629,20 @@ class Converter {
       const std::string name = FreshName(fmt::format("{}-m{}-{}{}", hint, i, c, first ? "f" : ""));
       if (i < n) {
         const bool needs_self = i < static_cast<int64_t>(needs.size()) && (needs[static_cast<size_t>(i)] & bit(i));
-        if (auto c2 = next(c); c2 && !(barred & bit(i)) && !needs_self) {
-          if (auto rest = member(i + 1, *c2, false, (due | later(i)) & ~bit(i), barred)) {
+        const uint64_t seen2 = seen | (bit(i) & watched);
+        if (auto c2 = next(c); c2 && !(barred & bit(i)) && !needs_self && !completes(seen2)) {
+          if (auto rest = member(i + 1, *c2, false, (due | later(i)) & ~bit(i), barred, seen2)) {
             alts.push_back(comma + kvs[static_cast<size_t>(i)] + " " + *rest);
           }
         }
         if (!required[static_cast<size_t>(i)] && !(due & bit(i))) {
-          if (auto rest = member(i + 1, c, first, due, barred | bars[static_cast<size_t>(i)])) alts.push_back(*rest);
+          if (auto rest = member(i + 1, c, first, due, barred | bars[static_cast<size_t>(i)], seen)) alts.push_back(*rest);
         }
       } else {
         may_end = c >= min_p;
         if (!extra.empty()) {
           if (auto c2 = next(c)) {
-            const std::string rest = *c2 == c && !first ? name : member(n, *c2, false, 0, 0).value_or("");
+            const std::string rest = *c2 == c && !first ? name : member(n, *c2, false, 0, 0, 0).value_or("");
             if (!rest.empty() || (*c2 == c && !first)) alts.push_back(comma + extra + " " + rest);
           }
         }
@@ -1505,14 +1653,18 @@ class Converter {
       rules_.emplace_back(name, body);
       return memo[key] = name;
     };
-    const auto members = member(0, 0, true, 0, 0);
-    if (memo.size() > 4000) return Error(path, "the object's member counts and dependencies need more than 4,000 grammar rules");
-    if (!members) return MatchesNothing(path, "no object satisfies 'minProperties', 'maxProperties' and the dependencies together");
+    const auto members = member(0, 0, true, 0, 0, 0);
+    if (memo.size() > 4000) return Error(path, "the object's member counts, dependencies and 'not' need more than 4,000 grammar rules");
+    if (!members) return MatchesNothing(path, "no object satisfies 'minProperties', 'maxProperties', the dependencies and 'not' together");
     return Rule(hint, "\"{\" " + sp + " " + *members + " \"}\" " + sp);
   }
 
   // Automata become grammars of at most this many states (counts of lengths included).
   static constexpr size_t kMaxDfaStates = 2000;
+  // Keywords FoldNot writes for ObjectRule and StringRule (no schema's own: '$' then a space).
+  static constexpr const char* kForbiddenKeys = "$ forbidden key sets";  // [[k, ...], ...]: never all present
+  static constexpr const char* kNotStrings = "$ not strings";            // [s, ...]: a string is none of them
+  static constexpr const char* kNotPatterns = "$ not patterns";          // [p, ...]: a string matches none
 
   // The JSON strings (with their quotes, then space) whose text the automaton reads into a state
   // whose accepts satisfy `keep`, of min_len to max_len code points (max_len < 0: unbounded): a
@@ -1746,7 +1898,12 @@ class Converter {
       if (!s["pattern"].is_string()) return Error(path, "'pattern' must be a string");
       pattern = LeadingLookaheads(s["pattern"].get<std::string>());
     }
-    if ((format && (s.contains("pattern") || bounded)) || !pattern.checks.empty()) {
+    // Strings 'not' excludes (FoldNot): by value and by pattern.
+    const bool excluded = s.contains(kNotStrings) || s.contains(kNotPatterns);
+    if (excluded && !format && s.contains("format") && s["format"].is_string() && IsCheckedFormat(s["format"].get<std::string>())) {
+      return Error(path, "'not' beside 'format' '{}' is not supported", s["format"].get<std::string>());
+    }
+    if ((format && (s.contains("pattern") || bounded)) || !pattern.checks.empty() || excluded) {
       std::vector<DfaLanguage> languages;
       uint32_t must = 0, must_not = 0;
       auto add = [&](std::string regex, RegexMatch how, bool in) {
@@ -1756,6 +1913,11 @@ class Converter {
       if (format) add(*format, RegexMatch::kWhole, true);
       if (s.contains("pattern")) add(pattern.rest, RegexMatch::kSearch, true);
       for (const auto& [regex, in] : pattern.checks) add(regex, RegexMatch::kSearch, in);
+      for (const Json& p : s.value(kNotPatterns, Json::array())) add(p.get<std::string>(), RegexMatch::kSearch, false);
+      if (s.contains(kNotStrings)) {
+        must_not |= 1u << languages.size();
+        languages.push_back({"", RegexMatch::kWhole, s[kNotStrings].get<std::vector<std::string>>()});
+      }
       if (languages.size() > 32) return Error(path, "'pattern' has too many lookaheads");
       auto dfa = BuildDfa(languages, kMaxDfaStates);
       if (!dfa.ok()) return Error(path, "'format' or lookaheads with a pattern or lengths: {}", dfa.status().message());

@@ -316,6 +316,18 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"not": {"not": {"type": "integer", "minimum": 3}}})", {"3", "40"}, {"2", R"("a")"}},
       {R"({"type": "object", "properties": {"x": {"not": {}}, "y": {"not": false, "type": "integer"}}, "additionalProperties": true})",
        {"{}", R"({"y": 1})", R"({"z": 1})"}, {R"({"x": 1})", R"({"y": "s"})"}},
+      // ... never every key of a set (required keys together, allOf/anyOf of required), through a $ref
+      {R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "not": {"required": ["a", "b"]}})",
+       {"{}", R"({"a": 1, "c": 2})", R"({"b": 1, "c": 2})"}, {R"({"a": 1, "b": 2})", R"({"a": 1, "b": 2, "c": 3})", "[]", "1"}},
+      {R"({"properties": {"a": {}, "b": {}, "c": {}}, "required": ["a"], "$defs": {"r": {"required": ["c"]}},
+           "not": {"anyOf": [{"allOf": [{"required": ["b"]}, {"$ref": "#/$defs/r"}]}, {"required": ["a", "c"]}]}})",
+       {R"({"a": 1, "b": 2})", R"({"a": 1})"}, {R"({"a": 1, "c": 2})", R"({"a": 1, "b": 2, "c": 3})", "{}"}},
+      // ... a string but these (non-strings pass; null excluded too), a string matching no pattern
+      {R"({"not": {"enum": ["a", "b\"", null]}})", {R"("c")", R"("ab")", R"("")", "1", "true", "[]"}, {R"("a")", R"("b"")", "null"}},
+      {R"({"type": "string", "maxLength": 3, "not": {"const": "ab"}})", {R"("a")", R"("abc")"}, {R"("ab")", R"("abcd")", "1"}},
+      {R"({"type": ["string", "integer"], "not": {"type": "string", "pattern": "^x"}})", {R"("ax")", "7"}, {R"("x")", R"("xy")"}},
+      {R"({"not": {"pattern": "[0-9]"}})", {R"("abc")", R"("")"}, {R"("a1")", "1", "null"}},
+      {R"({"type": "string", "format": "email", "not": {"enum": ["a@b.co"]}})", {R"("c@b.co")"}, {R"("a@b.co")", R"("nope")"}},
       {R"({"type": "object", "properties": {"id": {"type": "string"}}, "patternProperties": {".*": true}})",
        {R"({"id": "a", "other": [1]})"}, {R"({"id": 1})"}},
       // enum and const values of another type than the schema's match nothing.
@@ -510,6 +522,9 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "required": ["Zed"], "propertyNames": {"pattern": "^[a-z]+$"}})").find("no value matches"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"not": {"enum": [1, 2]}})").find("'not' of an 'enum' or 'const' holding values other than strings"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "object", "additionalProperties": true, "not": {"required": ["a", "b"]}})").find("where other keys may come"),
             std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "propertyNames": {"type": "string", "not": {"const": "x"}}})").find("'not' in 'propertyNames'"),
             std::string::npos);
