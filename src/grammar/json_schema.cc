@@ -3,6 +3,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -590,7 +591,6 @@ class Converter {
                            "unevaluatedProperties", "unevaluatedItems"}) {
       if (s.contains(kw)) return Error(path, "'{}' is not supported", kw);
     }
-    if (s.contains("uniqueItems") && s["uniqueItems"] == true) return Error(path, "'uniqueItems' is not supported");
     if (s.contains("$ref")) return RefRule(s, path);
     if (s.contains("nullable") && s["nullable"] == true) {
       Json copy = s;
@@ -599,16 +599,22 @@ class Converter {
       return Rule(hint, inner + " | " + UsePrimitive("null"));
     }
     if (s.contains("const")) {
-      if (!OfType(s["const"], s)) return MatchesNothing(path, "'const' is not of the schema's 'type'");
+      Json rest = s;
+      rest.erase("const");
+      ASSIGN_OR_RETURN(const bool ok, Satisfies(s["const"], rest, path));
+      if (!ok) return MatchesNothing(path, "'const' is not a value the rest of the schema allows");
       return Rule(hint, JsonLiteral(s["const"]) + " " + UsePrimitive("space"));
     }
     if (s.contains("enum")) {
       if (!s["enum"].is_array() || s["enum"].empty()) return Error(path, "'enum' must be a non-empty array");
+      Json rest = s;
+      rest.erase("enum");
       std::string body;
       for (const auto& v : s["enum"]) {
-        if (OfType(v, s)) body += (body.empty() ? "" : " | ") + JsonLiteral(v);
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(v, rest, path));
+        if (ok) body += (body.empty() ? "" : " | ") + JsonLiteral(v);
       }
-      if (body.empty()) return MatchesNothing(path, "no value of 'enum' is of the schema's 'type'");
+      if (body.empty()) return MatchesNothing(path, "no value of 'enum' is one the rest of the schema allows");
       return Rule(hint, "(" + body + ") " + UsePrimitive("space"));
     }
     for (const char* kw : {"anyOf", "oneOf"}) {
@@ -616,6 +622,234 @@ class Converter {
     }
     if (s.contains("allOf")) return AllOfRule(s, hint, path);
     return TypedRule(s, hint, path);
+  }
+
+  // Whether the value v satisfies the schema (an enum's or const's value against the keywords
+  // beside it): the keywords of scalars, `enum`/`const`, and allOf/anyOf/oneOf/not/$ref over them.
+  // A keyword that applies to v's kind and is not read here (an object's or array's structure,
+  // `if`, a number's multipleOf other than integers') is refused, naming it.
+  StatusOr<bool> Satisfies(const Json& v, const Json& schema, const std::string& path, int depth = 0) {
+    if (depth > 16) return Error(path, "'enum' or 'const' beside keywords nested deeper than 16 is not supported");
+    if (schema.is_boolean()) return schema.get<bool>();
+    if (!schema.is_object()) return Error(path, "a schema must be an object or a boolean");
+    const Json& s = schema;
+    auto refuse = [&](const std::string& k) -> StatusOr<bool> {
+      return Error(path, "'enum' or 'const' beside '{}' is not supported", k);
+    };
+    const bool nullable = s.contains("nullable") && s["nullable"] == true;
+    if (s.contains("type") && !(nullable && v.is_null()) && !OfType(v, s)) return false;
+    if (s.contains("const") && s["const"] != v) return false;
+    if (s.contains("enum") && s["enum"].is_array() && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) {
+      return false;
+    }
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const std::string& k = it.key();
+      const Json& x = it.value();
+      if (k == "$ref") {
+        if (!x.is_string()) return Error(path, "'$ref' must be a string");
+        ASSIGN_OR_RETURN(const Json* target, Resolve(x.get<std::string>(), path));
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(v, *target, path, depth + 1));
+        if (!ok) return false;
+      } else if (k == "allOf" || k == "anyOf" || k == "oneOf") {
+        if (!x.is_array()) return Error(path, "'{}' must be an array", k);
+        size_t n = 0;
+        for (const Json& b : x) {
+          ASSIGN_OR_RETURN(const bool ok, Satisfies(v, b, path, depth + 1));
+          n += ok;
+        }
+        if (k == "allOf" ? n != x.size() : k == "anyOf" ? n == 0 : n != 1) return false;
+      } else if (k == "not") {
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(v, x, path, depth + 1));
+        if (ok) return false;
+      } else if (k == "if" || k == "then" || k == "else" || k == "dependentSchemas") {
+        return refuse(k);
+      } else if (v.is_string() && (k == "minLength" || k == "maxLength")) {
+        if (!x.is_number_unsigned() && !x.is_number_integer()) return Error(path, "'{}' must be a count", k);
+        int64_t n = 0;
+        const std::string& t = v.get_ref<const std::string&>();
+        for (size_t i = 0; i < t.size(); ++n) i += static_cast<size_t>(Utf8Decode(std::string_view(t).substr(i)).second);
+        if (k == "minLength" ? n < x.get<int64_t>() : n > x.get<int64_t>()) return false;
+      } else if (v.is_string() && (k == "pattern" || k == "format" || k == kNotPatterns || k == kNotStrings)) {
+        const std::string& text = v.get_ref<const std::string&>();
+        if (k == "pattern") {
+          if (!x.is_string()) return Error(path, "'pattern' must be a string");
+          ASSIGN_OR_RETURN(const bool in, Matches(x.get<std::string>(), RegexMatch::kSearch, text, path));
+          if (!in) return false;
+        } else if (k == "format") {
+          const std::optional<std::string> re = x.is_string() ? FormatRegex(x.get<std::string>()) : std::nullopt;
+          if (!re) {
+            if (x.is_string() && IsCheckedFormat(x.get<std::string>())) return refuse("format' '" + x.get<std::string>());
+            continue;  // an annotation
+          }
+          ASSIGN_OR_RETURN(const bool in, Matches(*re, RegexMatch::kWhole, text, path));
+          if (!in) return false;
+        } else if (k == kNotStrings) {
+          if (std::find(x.begin(), x.end(), v) != x.end()) return false;
+        } else {
+          for (const Json& p : x) {
+            ASSIGN_OR_RETURN(const bool in, Matches(p.get<std::string>(), RegexMatch::kSearch, text, path));
+            if (in) return false;
+          }
+        }
+      } else if (v.is_number() && (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum")) {
+        if (x.is_boolean()) continue;  // draft 4's form, read with minimum/maximum below
+        if (!x.is_number()) return Error(path, "'{}' must be a number", k);
+        const double a = v.get<double>(), b = x.get<double>();
+        const bool draft4_exclusive = (k == "minimum" && s.value("exclusiveMinimum", Json(false)) == true) ||
+                                      (k == "maximum" && s.value("exclusiveMaximum", Json(false)) == true);
+        const bool below = k == "minimum" || k == "exclusiveMinimum";
+        const bool strict = k[0] == 'e' || draft4_exclusive;
+        if (below ? (strict ? a <= b : a < b) : (strict ? a >= b : a > b)) return false;
+      } else if (v.is_number() && k == "multipleOf") {
+        if (!(v.is_number_integer() || v.is_number_unsigned()) || !(x.is_number_integer() || x.is_number_unsigned()) ||
+            x.get<int64_t>() <= 0) {
+          return refuse("multipleOf");
+        }
+        if (v.get<int64_t>() % x.get<int64_t>() != 0) return false;
+      } else if (v.is_object() && (k == "properties" || k == "required" || k == "additionalProperties" ||
+                                   k == "patternProperties" || k == "minProperties" || k == "maxProperties" ||
+                                   k == "propertyNames" || k == "dependencies" || k == "dependentRequired" ||
+                                   k == kForbiddenKeys)) {
+        ASSIGN_OR_RETURN(const bool ok, ObjectSatisfies(v, s, k, path, depth));
+        if (!ok) return false;
+      } else if (v.is_array() && (k == "items" || k == "prefixItems" || k == "minItems" || k == "maxItems" ||
+                                  k == "uniqueItems" || k == "contains")) {
+        ASSIGN_OR_RETURN(const bool ok, ArraySatisfies(v, s, k, path, depth));
+        if (!ok) return false;
+      }
+    }
+    return true;
+  }
+
+  // Satisfies for one keyword of an object value, as JSON Schema reads it (keys beyond
+  // `properties` allowed unless additionalProperties says otherwise).
+  StatusOr<bool> ObjectSatisfies(const Json& v, const Json& s, const std::string& k, const std::string& path, int depth) {
+    const Json& x = s[k];
+    auto count = [&](const char* kw) -> StatusOr<int64_t> { return Count(s, kw, path, 0); };
+    if (k == "required" || k == kForbiddenKeys) {
+      if (!x.is_array()) return Error(path, "'{}' must be an array", k);
+      if (k == "required") return std::all_of(x.begin(), x.end(), [&](const Json& r) { return r.is_string() && v.contains(r.get<std::string>()); });
+      for (const Json& set : x) {
+        if (std::all_of(set.begin(), set.end(), [&](const Json& r) { return v.contains(r.get<std::string>()); })) return false;
+      }
+      return true;
+    }
+    if (k == "minProperties" || k == "maxProperties") {
+      ASSIGN_OR_RETURN(const int64_t n, count(k.c_str()));
+      return k == "minProperties" ? static_cast<int64_t>(v.size()) >= n : static_cast<int64_t>(v.size()) <= n;
+    }
+    if (k == "dependencies" || k == "dependentRequired") {
+      if (!x.is_object()) return Error(path, "'{}' must be an object", k);
+      for (auto d = x.begin(); d != x.end(); ++d) {
+        if (!v.contains(d.key())) continue;
+        if (d.value().is_array()) {
+          for (const Json& r : d.value()) {
+            if (!r.is_string() || !v.contains(r.get<std::string>())) return false;
+          }
+        } else {
+          ASSIGN_OR_RETURN(const bool ok, Satisfies(v, d.value(), path, depth + 1));
+          if (!ok) return false;
+        }
+      }
+      return true;
+    }
+    if (k == "propertyNames") {
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(Json(m.key()), x, path, depth + 1));
+        if (!ok) return false;
+      }
+      return true;
+    }
+    if (k == "patternProperties" && s.contains("additionalProperties")) return true;  // (read with it, below)
+    // properties, patternProperties and additionalProperties: each member against the schemas
+    // its key selects.
+    const Json props = s.value("properties", Json::object());
+    const Json pats = s.value("patternProperties", Json::object());
+    if (!props.is_object() || !pats.is_object()) return Error(path, "'properties' and 'patternProperties' must be objects");
+    for (auto m = v.begin(); m != v.end(); ++m) {
+      bool matched = false;
+      if (k == "properties" && props.contains(m.key())) {
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(m.value(), props[m.key()], path, depth + 1));
+        if (!ok) return false;
+      }
+      if (k == "properties") continue;
+      for (auto p = pats.begin(); p != pats.end(); ++p) {
+        auto dfa = BuildDfa({{p.key(), RegexMatch::kSearch, std::nullopt}}, kMaxDfaStates);
+        if (!dfa.ok()) return Error(path, "'patternProperties' beside 'enum' or 'const': {}", dfa.status().message());
+        if (RunDfa(*dfa, m.key()) == 0) continue;
+        matched = true;
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(m.value(), p.value(), path, depth + 1));
+        if (!ok) return false;
+      }
+      if (k == "additionalProperties" && !matched && !props.contains(m.key())) {
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(m.value(), x, path, depth + 1));
+        if (!ok) return false;
+      }
+    }
+    return true;
+  }
+
+  // Satisfies for one keyword of an array value.
+  StatusOr<bool> ArraySatisfies(const Json& v, const Json& s, const std::string& k, const std::string& path, int depth) {
+    const Json& x = s[k];
+    if (k == "minItems" || k == "maxItems") {
+      ASSIGN_OR_RETURN(const int64_t n, Count(s, k.c_str(), path, 0));
+      return k == "minItems" ? static_cast<int64_t>(v.size()) >= n : static_cast<int64_t>(v.size()) <= n;
+    }
+    if (k == "uniqueItems") {
+      if (x != true) return true;
+      for (size_t i = 0; i < v.size(); ++i) {
+        for (size_t j = i + 1; j < v.size(); ++j) {
+          if (v[i] == v[j]) return false;
+        }
+      }
+      return true;
+    }
+    if (k == "contains") {
+      for (const Json& e : v) {
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(e, x, path, depth + 1));
+        if (ok) return true;
+      }
+      return false;
+    }
+    // items and prefixItems (draft 4's items as an array: a prefix too, then additionalItems).
+    const Json prefix = s.contains("prefixItems") ? s["prefixItems"] : s.contains("items") && s["items"].is_array() ? s["items"] : Json::array();
+    const Json rest = s.contains("items") && !s["items"].is_array() ? s["items"] : s.contains("prefixItems") ? Json(true)
+                                                                       : s.value("additionalItems", Json(true));
+    if (k == "prefixItems" && s.contains("items")) return true;  // (read with items)
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSIGN_OR_RETURN(const bool ok, Satisfies(v[i], i < prefix.size() ? prefix[i] : rest, path, depth + 1));
+      if (!ok) return false;
+    }
+    return true;
+  }
+
+  // Whether a regex matches a text (Satisfies'), its automaton built once per schema.
+  StatusOr<bool> Matches(const std::string& regex, RegexMatch how, const std::string& text, const std::string& path) {
+    const std::string key = (how == RegexMatch::kWhole ? "w" : "s") + regex;
+    auto it = value_dfas_.find(key);
+    if (it == value_dfas_.end()) {
+      auto dfa = BuildDfa({{regex, how, std::nullopt}}, kMaxDfaStates);
+      if (!dfa.ok()) return Error(path, "a pattern or format beside 'enum' or 'const': {}", dfa.status().message());
+      it = value_dfas_.emplace(key, std::move(*dfa)).first;
+    }
+    return RunDfa(it->second, text) != 0;
+  }
+
+  // The accepts of the automaton's state after reading a string (0 where it leaves the automaton).
+  static uint32_t RunDfa(const Dfa& dfa, const std::string& text) {
+    int32_t q = 0;
+    for (size_t i = 0; i < text.size();) {
+      const auto [cp, len] = Utf8Decode(std::string_view(text).substr(i));
+      i += static_cast<size_t>(len);
+      int32_t to = -1;
+      for (const Dfa::Edge& e : dfa.states[static_cast<size_t>(q)].edges) {
+        if (e.chars.Contains(cp)) to = e.to;
+      }
+      if (to < 0) return 0;
+      q = to;
+    }
+    return dfa.states[static_cast<size_t>(q)].accepts;
   }
 
   // The type names of a set of kinds (Kinds' bits), for `type`.
@@ -1845,6 +2079,7 @@ class Converter {
       item = UsePrimitive("value");
     }
     const std::string comma = "\",\" " + sp + " ";
+    if (s.contains("uniqueItems") && s["uniqueItems"] == true) return UniqueItems(s, min_items, max_items, hint, path);
     if (s.contains("contains")) {
       // At least one item matches `contains` too: items, then one matching both, then items.
       if (!prefix.empty() || s.contains("minItems") || s.contains("maxItems")) {
@@ -1880,6 +2115,70 @@ class Converter {
     std::string inner = item + (rest.empty() ? "" : " " + rest);
     if (min_items == 0) inner = "(" + inner + ")?";
     return Rule(hint, "\"[\" " + sp + " " + inner + " \"]\" " + sp);
+  }
+
+  // An array of distinct items, where the items are a few values (an enum or const, booleans,
+  // null): a rule per set of values written so far, each going on with a value not in it. Items
+  // of any other kind (strings, numbers, objects: no grammar can remember them all) are refused.
+  StatusOr<std::string> UniqueItems(const Json& s, int64_t min_items, int64_t max_items, const std::string& hint,
+                                    const std::string& path) {
+    constexpr size_t kMaxValues = 8;
+    if (s.contains("prefixItems") || s.contains("contains") || (s.contains("items") && s["items"].is_array())) {
+      return Error(path, "'uniqueItems' together with prefixItems, contains or tuple items is not supported");
+    }
+    const Json own = s.value("items", Json(true));
+    const Json& items = Deref(own);
+    // The values an item may be: listed, or a type with a few values.
+    Json values = Json::array();
+    if (items.is_object() && (items.contains("enum") || items.contains("const"))) {
+      Json rest = items;
+      rest.erase("enum");
+      rest.erase("const");
+      const Json listed = items.contains("const") ? Json::array({items["const"]}) : items["enum"];
+      if (!listed.is_array()) return Error(path + "/items", "'enum' must be an array");
+      for (const Json& v : listed) {
+        if (items.contains("const") && items.contains("enum") && std::find(items["enum"].begin(), items["enum"].end(), v) == items["enum"].end()) continue;
+        ASSIGN_OR_RETURN(const bool ok, Satisfies(v, rest, path + "/items"));
+        if (ok && std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
+      }
+    } else if (items.is_object() && items.contains("type") && (items["type"] == "boolean" || items["type"] == "null") &&
+               !HasConstraints([&] { Json t = items; t.erase("type"); return t; }())) {
+      values = items["type"] == "null" ? Json::array({nullptr}) : Json::array({false, true});
+    } else {
+      return Error(path, "'uniqueItems' is supported only over items with a few listed values (an enum or const of up to {}), "
+                         "booleans or null",
+                   kMaxValues);
+    }
+    if (values.size() > kMaxValues) return Error(path, "'uniqueItems' over more than {} item values is not supported", kMaxValues);
+    const int64_t k = static_cast<int64_t>(values.size());
+    const int64_t most = max_items < 0 ? k : std::min(max_items, k);
+    if (min_items > most) return MatchesNothing(path, "'minItems' asks for more distinct items than there are values");
+    const std::string sp = UsePrimitive("space");
+    // after(set): the items after the ones in `set` (each with its comma), then the end.
+    std::map<uint32_t, std::string> after;
+    std::function<std::string(uint32_t)> rule = [&](uint32_t set) -> std::string {
+      if (auto it = after.find(set); it != after.end()) return it->second;
+      const int64_t n = std::popcount(set);
+      std::vector<std::string> alts;
+      if (n < most) {
+        for (int64_t i = 0; i < k; ++i) {
+          if (set & (1u << i)) continue;
+          std::string next = rule(set | (1u << i));
+          alts.push_back("\",\" " + sp + " " + JsonLiteral(values[static_cast<size_t>(i)]) + " " + sp + (next.empty() ? "" : " " + next));
+        }
+      }
+      std::string body = alts.empty() ? "" : "(" + fmt::format("{}", fmt::join(alts, " | ")) + ")";
+      if (n >= min_items && !body.empty()) body += "?";
+      return after[set] = body.empty() ? "" : Rule(fmt::format("{}-u{}", hint, set), body);
+    };
+    std::vector<std::string> alts;
+    for (int64_t i = 0; i < k && most > 0; ++i) {
+      std::string next = rule(1u << i);
+      alts.push_back(JsonLiteral(values[static_cast<size_t>(i)]) + " " + sp + (next.empty() ? "" : " " + next));
+    }
+    std::string inner = alts.empty() ? "" : "(" + fmt::format("{}", fmt::join(alts, " | ")) + ")";
+    if (min_items == 0 && !inner.empty()) inner += "?";
+    return Rule(hint, "\"[\" " + sp + (inner.empty() ? "" : " " + inner) + " \"]\" " + sp);
   }
 
   StatusOr<std::string> StringRule(const Json& s, const std::string& hint, const std::string& path) {
@@ -2214,6 +2513,7 @@ class Converter {
   ThreadCpuClock::time_point deadline_;
   ObjectKeys objects_;
   std::unordered_map<std::string, int> next_suffix_;  // FreshName's last suffix per base
+  std::unordered_map<std::string, Dfa> value_dfas_;     // Matches' automata, by how and regex
   std::map<std::set<std::string>, std::string> key_except_;  // KeyExcept's rule per set of names
   int depth_ = 0;
   int64_t visits_ = 0;

@@ -330,6 +330,19 @@ TEST(JsonSchema, KeywordsAcceptAndRefuseWhatTheyShould) {
       {R"({"type": "string", "format": "email", "not": {"enum": ["a@b.co"]}})", {R"("c@b.co")"}, {R"("a@b.co")", R"("nope")"}},
       {R"({"type": "object", "properties": {"id": {"type": "string"}}, "patternProperties": {".*": true}})",
        {R"({"id": "a", "other": [1]})"}, {R"({"id": 1})"}},
+      // enum and const values the schema's other keywords refuse match nothing.
+      {R"({"enum": ["a", "bb", 3, 30], "minLength": 2, "maximum": 10})", {R"("bb")", "3"}, {R"("a")", "30"}},
+      {R"({"type": "object", "properties": {"k": {"const": "a", "pattern": "b"}}})", {"{}"}, {R"({"k": "a"})"}},
+      // uniqueItems over a few values: each at most once, in any order, within the counts.
+      {R"({"type": "array", "uniqueItems": true, "items": {"enum": ["r", "g", "b", 1, 1.0]}})",
+       {"[]", R"(["g"])", R"(["b", "r", 1])", R"(["r", "g", "b", 1])"}, {R"(["r", "r"])", R"(["g", 1, "g"])", "[1, 1.0]", R"(["x"])"}},
+      {R"({"type": "array", "uniqueItems": true, "minItems": 2, "items": {"type": "boolean"}})",
+       {"[true, false]", "[false, true]"}, {"[true]", "[true, true]", "[]"}},
+      {R"({"type": "array", "uniqueItems": true, "maxItems": 1, "items": {"$ref": "#/$defs/c"}, "$defs": {"c": {"enum": ["a", "b"]}}})",
+       {"[]", R"(["b"])"}, {R"(["a", "b"])"}},
+      {R"({"enum": [{"a": 1}, {"a": "x"}, {"b": 2}, [1, 1], [1, 2], [3]], "properties": {"a": {"type": "integer"}},
+           "required": ["a"], "uniqueItems": true, "items": {"maximum": 2}})",
+       {R"({"a": 1})", "[1, 2]"}, {R"({"a": "x"})", R"({"b": 2})", "[1, 1]", "[3]"}},
       // enum and const values of another type than the schema's match nothing.
       {R"({"enum": ["a", 1, 2.0, null], "type": ["integer", "null"]})", {"1", "2.0", "null"}, {R"("a")"}},
       {R"({"type": "object", "properties": {"b": {"enum": ["X"], "type": "object"}, "c": {"type": "integer"}}})", {R"({"c": 1})", "{}"},
@@ -500,7 +513,7 @@ TEST(JsonSchema, RefusalsNameThePath) {
     auto r = JsonSchemaToGbnf(Json::parse(schema));
     return r.ok() ? std::string("ok") : r.status().message();
   };
-  EXPECT_NE(err(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})").find("'/properties/a': 'uniqueItems' is not supported"), std::string::npos);
+  EXPECT_NE(err(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})").find("'/properties/a': 'uniqueItems' is supported only over"), std::string::npos);
   // Formats JSON Schema defines and gale has no grammar for are refused; others are annotations.
   EXPECT_NE(err(R"({"properties": {"r": {"type": "string", "format": "regex"}}})").find("'/properties/r': 'format' 'regex' is not supported"), std::string::npos);
   EXPECT_EQ(err(R"({"type": "string", "format": "int32"})"), "ok");
@@ -522,6 +535,8 @@ TEST(JsonSchema, RefusalsNameThePath) {
   EXPECT_NE(err(R"({"type": "array", "items": {"type": "string"}, "maxItems": 9999999999})").find("'maxItems' above"), std::string::npos);
   EXPECT_NE(err("false").find("no value matches"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "required": ["Zed"], "propertyNames": {"pattern": "^[a-z]+$"}})").find("no value matches"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"type": "array", "uniqueItems": true, "items": {"type": "string"}})").find("'uniqueItems' is supported only over"),
             std::string::npos);
   EXPECT_NE(err(R"({"not": {"enum": [1, 2]}})").find("'not' of an 'enum' or 'const' holding values other than strings"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "additionalProperties": true, "not": {"required": ["a", "b"]}})").find("where other keys may come"),
