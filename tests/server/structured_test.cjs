@@ -200,7 +200,7 @@ function validateAll(label, outs) {
                              (e) => e instanceof OpenAI.BadRequestError && e.message.includes(want) ? true : (() => { throw e; })());
       };
       await bad({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { t: { type: 'array', uniqueItems: true } } } } } },
-                "'/properties/t': 'uniqueItems' is not supported");
+                "'/properties/t': 'uniqueItems' is supported only over");
       await bad({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { $ref: '#/$defs/nope' } } } }, 'points at nothing');
       await bad({ guided_grammar: 'root ::= foo' }, "'foo' is used but never defined");
       await bad({ guided_regex: '(?<=a)b' }, 'lookarounds');
