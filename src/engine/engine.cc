@@ -83,6 +83,7 @@ struct Engine::Live {
   std::optional<Detokenizer> detok;
   std::vector<std::string> stop;
   size_t max_stop_bytes = 0;
+  std::string matched_stop;  // the stop string that ended it, if one did
   std::string text;        // generated text so far
   size_t emitted = 0;      // bytes of text already pushed to the stream
   int64_t num_prompt_tokens = 0;
@@ -428,7 +429,7 @@ bool Engine::EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs) {
       size_t cut = std::string::npos;
       for (const auto& s : l.stop) {
         const size_t at = l.text.find(s, from);
-        if (at != std::string::npos) cut = std::min(cut, at);
+        if (at != std::string::npos && at < cut) cut = at, l.matched_stop = s;
       }
       if (cut != std::string::npos) {
         l.text.resize(cut);
@@ -462,6 +463,7 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   u.num_cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
   u.num_evicted_tokens = r.num_evicted;
   u.kv_budget = r.kv_budget;
+  if (reason == FinishReason::kStop) u.stop_string = l.matched_stop;
   if (l.embed) {
     u.embedding = runner_.Embedding(r.id);
     if (reason == FinishReason::kLength) u.finish_reason = FinishReason::kStop;  // the prompt is all there was to do

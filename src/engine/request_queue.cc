@@ -35,6 +35,9 @@ void RequestStream::Push(StreamUpdate u) {
         pending_.finished = true;
         pending_.finish_reason = u.finish_reason;
         pending_.status = std::move(u.status);
+        pending_.request_error = u.request_error;
+        pending_.stop_string = std::move(u.stop_string);
+        pending_.embedding = std::move(u.embedding);
       }
       pending_.num_prompt_tokens = u.num_prompt_tokens;
       pending_.num_truncated_tokens = u.num_truncated_tokens;

@@ -74,6 +74,7 @@ struct StreamUpdate {
   int64_t num_evicted_tokens = 0;  // positions KV retention dropped from the cache (final update)
   int64_t kv_budget = 0;           // the request's KV budget in tokens, 0 without retention (final update)
   std::vector<float> embedding;    // an embedding request's (final update)
+  std::string stop_string;         // the stop string that ended it (final update; "" for none)
 };
 
 class RequestStream {

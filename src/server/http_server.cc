@@ -26,6 +26,7 @@
 
 #include "base/memory.h"
 #include "jinja/value.h"
+#include "server/anthropic_api.h"
 #include "server/openai_api.h"
 
 namespace gale::server {
@@ -115,6 +116,7 @@ struct Prepared {
   std::shared_ptr<const grammar::CompiledGrammar> grammar;  // compiled
   bool parse_tools = false;      // take tool calls out of the output
   bool starts_thinking = false;  // the prompt opened a reasoning block
+  bool anthropic = false;        // a Messages API request (its answer in Anthropic's shape)
 };
 
 // Messages as templates expect them: an assistant's tool call arguments as objects (templates
@@ -375,6 +377,7 @@ struct Generation {
   std::vector<std::optional<MessageStream>> messages;  // [choices] chat with tools or reasoning
   std::vector<std::vector<std::string>> call_ids;      // [choices][call index] streamed calls' ids
   bool final_sent = false;
+  std::optional<AnthropicEvents> anthropic;  // a Messages API request's (streamed or not)
   const Tokenizer* tok = nullptr;
   std::string constraint_param;  // the request field its output constraint came from
   std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
@@ -472,7 +475,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendJson(const Json& j) { Send(http::status::ok, "application/json", j.dump(-1, ' ', false, Json::error_handler_t::replace)); }
 
   void SendError(const ApiError& e, bool close = false, const std::string& retry_after = "") {
-    Send(static_cast<http::status>(e.status), "application/json", ErrorBody(e), close, retry_after);
+    Send(static_cast<http::status>(e.status), "application/json", anthropic_ ? AnthropicErrorBody(e) : ErrorBody(e), close,
+         retry_after);
   }
 
   void Route(Request req) {
@@ -482,6 +486,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
+    const bool messages = path == "/v1/messages", count_tokens = path == "/v1/messages/count_tokens";
+    anthropic_ = messages || count_tokens;  // errors in Anthropic's shape
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
     cors_origin_ = AllowedOrigin(req);
     if (req.method() == http::verb::options && !cors_origin_.empty()) {
@@ -517,9 +523,10 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     }
     if (!server_->opt.api_key.empty()) {
+      // OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
       const auto auth = req[http::field::authorization];
-      if (auth != "Bearer " + server_->opt.api_key) {
-        return SendError({401, "missing or wrong API key (Authorization: Bearer <key>)", "authentication_error", ""});
+      if (auth != "Bearer " + server_->opt.api_key && req["x-api-key"] != server_->opt.api_key) {
+        return SendError({401, "missing or wrong API key (Authorization: Bearer <key>, or x-api-key)", "authentication_error", ""});
       }
     }
     if (!state) return SendError({503, "the model is still loading", "service_unavailable", ""}, false, "5");
@@ -547,7 +554,8 @@ class Session : public std::enable_shared_from_this<Session> {
       m["max_model_len"] = state->engine->max_request_tokens();
       return SendJson(Json{{"object", "list"}, {"data", Json::array({m})}});
     }
-    const bool chat = path == "/v1/chat/completions", embed = path == "/v1/embeddings";
+    if (count_tokens) return CountTokens(std::move(req), state);
+    const bool chat = path == "/v1/chat/completions" || messages, embed = path == "/v1/embeddings";
     if (!chat && !embed && path != "/v1/completions") {
       return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     }
@@ -560,8 +568,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
     if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
     net::io_context& lane = server_->LaneFor(req.body().size());  // before the body moves
-    net::post(lane, [self = shared_from_this(), req = std::move(req), kind, state]() mutable {
-      auto prepared = Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
+    net::post(lane, [self = shared_from_this(), req = std::move(req), kind, state, messages]() mutable {
+      auto prepared = messages ? PrepareMessages(req.body(), *state, self->server_->opt.strict_api)
+                               : Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
       Prepared* p = std::get_if<Prepared>(&prepared);
       if (p == nullptr || !p->constraint || self->TakeCachedGrammar(*p, *state, &prepared)) {
@@ -581,6 +590,40 @@ class Session : public std::enable_shared_from_this<Session> {
           prepared = ApiError{400, g.status().message(), "invalid_request_error", p.constraint_param};
         }
         self->PostLaunch(std::move(prepared), state);
+      });
+    });
+  }
+
+  // A Messages API body: translated to a chat completions body, then prepared as one.
+  static std::variant<Prepared, ApiError> PrepareMessages(const std::string& body, const ServingState& state, bool strict) {
+    auto chat = AnthropicToChat(body, /*count_tokens=*/false);
+    if (auto* e = std::get_if<ApiError>(&chat)) return *e;
+    auto prepared = Prepare(std::get<Json>(chat).dump(), 1, state, strict);
+    if (auto* p = std::get_if<Prepared>(&prepared)) p->anthropic = true;
+    return prepared;
+  }
+
+  // /v1/messages/count_tokens: the prompt the template renders for the body, counted (prepared
+  // off the I/O thread, as a generation's is; nothing is generated).
+  void CountTokens(Request req, std::shared_ptr<const ServingState> state) {
+    if (req.method() != http::verb::post) return SendError({405, "use POST", "invalid_request_error", ""});
+    net::io_context& lane = server_->LaneFor(req.body().size());
+    net::post(lane, [self = shared_from_this(), body = std::move(req.body()), state]() mutable {
+      std::variant<Json, ApiError> r;
+      auto chat = AnthropicToChat(body, /*count_tokens=*/true);
+      if (auto* e = std::get_if<ApiError>(&chat)) {
+        r = *e;
+      } else {
+        auto prepared = Prepare(std::get<Json>(chat).dump(), 1, *state, self->server_->opt.strict_api);
+        if (auto* e = std::get_if<ApiError>(&prepared)) {
+          r = *e;
+        } else {
+          r = Json{{"input_tokens", std::get<Prepared>(prepared).prompts.at(0).size()}};
+        }
+      }
+      net::post(self->stream_.get_executor(), [self, r = std::move(r)]() {
+        if (const auto* e = std::get_if<ApiError>(&r)) return self->SendError(*e);
+        self->SendJson(std::get<Json>(r));
       });
     });
   }
@@ -758,7 +801,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
     }
     auto gen = std::make_shared<Generation>();
-    gen->id = (req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    gen->id = (p.anthropic ? "msg_" : req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    if (p.anthropic) gen->anthropic.emplace(gen->id, state.model_name);
     gen->tok = state.tokenizer;
     gen->constraint_param = p.constraint_param;
     gen->created = static_cast<int64_t>(std::time(nullptr));
@@ -963,12 +1007,21 @@ class Session : public std::enable_shared_from_this<Session> {
           g.cached_tokens[i] = u.num_cached_tokens;
           g.evicted_tokens[i] = u.num_evicted_tokens;
           g.retained = g.retained || u.kv_budget > 0;
+          g.choices[i].stop_string = u.stop_string;
           if (u.finish_reason == FinishReason::kError) {
             error = u.status;
             request_error = u.request_error;
           }
         }
-        if (g.req.stream) {
+        if (g.req.stream && g.anthropic) {
+          AnthropicEvents& ev = *g.anthropic;
+          if (!g.started[i]) sse += ev.Start(Usage{u.num_prompt_tokens, 0, 0, std::nullopt});
+          // (One statement each: the events' order is the calls' order.)
+          sse += ev.Thinking(reasoning_delta);
+          sse += ev.Text(delta);
+          sse += ev.Calls(call_deltas);
+          if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(ch, TotalUsage());
+        } else if (g.req.stream) {
           auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
           if (!reasoning_delta.empty()) {
             Json d = {{"reasoning_content", reasoning_delta}};
@@ -1010,6 +1063,8 @@ class Session : public std::enable_shared_from_this<Session> {
         std::vector<std::vector<float>> vectors;
         for (auto& c : g.choices) vectors.push_back(std::move(c.embedding));
         body = EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
+      } else if (g.anthropic) {
+        body = AnthropicMessage(g.id, g.req.model, g.choices.at(0), TotalUsage());
       } else {
         body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(), [&g](int32_t id) { return g.Piece(id); });
       }
@@ -1017,7 +1072,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(body);
     }
     bool last = false;
-    if (all_done && !g.final_sent) {
+    if (all_done && !g.final_sent && g.anthropic) {
+      if (!error.ok()) sse += AnthropicEvents::Error(EngineError(error, request_error, g.constraint_param));
+      g.final_sent = true;
+      last = true;
+    } else if (all_done && !g.final_sent) {
       if (!error.ok()) {
         sse += "data: " + ErrorBody(EngineError(error, request_error, g.constraint_param)) + "\n\n";
       }
@@ -1069,6 +1128,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool resume_reading_ = false;  // a kept-alive stream has ended: the watch read hands over
   std::string cors_origin_;      // this request's allowed Origin, echoed in CORS headers
+  bool anthropic_ = false;       // this request is Anthropic's Messages API: its errors in that shape
   std::shared_ptr<Generation> gen_;
   std::shared_ptr<Session> self_hold_;  // set while a generation is in flight
   Engine* engine_ = nullptr;

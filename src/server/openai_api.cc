@@ -76,6 +76,8 @@ std::optional<ApiError> ParsePrompts(const Json& p, const std::string& field, Co
 
 }  // namespace
 
+std::variant<Json, ApiError> ParseRequestObject(const std::string& body) { return ParseObject(body); }
+
 std::string ErrorBody(const ApiError& e) {
   Json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,10 @@ struct ApiError {
 
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
 std::string ErrorBody(const ApiError& e);
+
+// A request body as a JSON object (valid JSON, an object, nested at most kMaxRequestDepth deep),
+// or a 400 saying which it is not.
+std::variant<Json, ApiError> ParseRequestObject(const std::string& body);
 
 struct CompletionRequest {
   bool chat = false;
@@ -121,6 +126,7 @@ struct Choice {
   std::string reasoning;
   std::vector<ToolCall> tool_calls;
   bool forced_calls = false;  // tool_choice required or named: the answer is calls, content null
+  std::string stop_string;    // the stop string that ended it ("" for none)
   std::vector<float> embedding;  // /v1/embeddings
 };
 

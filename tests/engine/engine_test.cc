@@ -69,6 +69,7 @@ struct Result {
   int64_t num_prompt_tokens = 0, num_truncated_tokens = 0;
   std::vector<TokenLogprobs> logprobs;  // when the request asked for them
   std::vector<TokenLogprobs> prompt_logprobs;
+  std::string stop_string;
 };
 
 Result Collect(RequestStream& s) {
@@ -84,6 +85,7 @@ Result Collect(RequestStream& s) {
     if (u.finished) {
       r.reason = u.finish_reason;
       r.status = u.status;
+      r.stop_string = u.stop_string;
     }
   }
   return r;
@@ -752,6 +754,33 @@ TEST(EngineTest, TruncatesTheMiddleWhenAsked) {
   EXPECT_EQ(Collect(**(*engine)->Submit(cut)).tokens, got.tokens);
 }
 
+// Updates the reader has not taken yet are merged: the final one's facts (the stop string, a
+// request's own error, an embedding) survive the merge.
+TEST(EngineTest, MergedUpdatesKeepTheFinalOnesFacts) {
+  RequestStream s(1);
+  StreamUpdate first;
+  first.token_ids = {5};
+  first.text = "a";
+  s.Push(std::move(first));
+  StreamUpdate last;
+  last.token_ids = {6};
+  last.text = "b";
+  last.finished = true;
+  last.finish_reason = FinishReason::kError;
+  last.request_error = true;
+  last.stop_string = "zz";
+  last.embedding = {1.0f};
+  s.Push(std::move(last));
+  StreamUpdate u;
+  ASSERT_TRUE(s.TryNext(&u));
+  EXPECT_EQ(u.token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(u.text, "ab");
+  EXPECT_TRUE(u.finished);
+  EXPECT_TRUE(u.request_error);
+  EXPECT_EQ(u.stop_string, "zz");
+  EXPECT_EQ(u.embedding, std::vector<float>{1.0f});
+}
+
 TEST(EngineTest, StopStringsCutTheText) {
   const TestModel m = Stories();
   ThreadPool pool(1);
@@ -772,6 +801,8 @@ TEST(EngineTest, StopStringsCutTheText) {
   r.stop = {"never-appears-here", stop};
   const Result cut = Collect(**(*engine)->Submit(r));
   EXPECT_EQ(cut.reason, FinishReason::kStop);
+  EXPECT_EQ(cut.stop_string, stop);  // which one ended it (Anthropic's stop_sequence)
+  EXPECT_EQ(full.stop_string, "");
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
   EXPECT_LT(cut.tokens.size(), full.tokens.size());
   EXPECT_EQ(std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + cut.tokens.size()), cut.tokens);
