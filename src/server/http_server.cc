@@ -28,6 +28,7 @@
 #include "jinja/value.h"
 #include "server/anthropic_api.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 namespace gale::server {
 
@@ -40,6 +41,7 @@ using tcp = net::ip::tcp;
 // which the Impl destroys (and them with it) before it goes; a shared_ptr would be a cycle.
 struct HttpServer::Impl {
   ServerOptions opt;
+  ResponseStore responses;  // the Responses API's stored responses (bounded, expiring)
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
@@ -117,6 +119,7 @@ struct Prepared {
   bool parse_tools = false;      // take tool calls out of the output
   bool starts_thinking = false;  // the prompt opened a reasoning block
   bool anthropic = false;        // a Messages API request (its answer in Anthropic's shape)
+  std::shared_ptr<const ResponsesRequest> responses;  // a Responses API request, translated
 };
 
 // Messages as templates expect them: an assistant's tool call arguments as objects (templates
@@ -378,6 +381,8 @@ struct Generation {
   std::vector<std::vector<std::string>> call_ids;      // [choices][call index] streamed calls' ids
   bool final_sent = false;
   std::optional<AnthropicEvents> anthropic;  // a Messages API request's (streamed or not)
+  std::shared_ptr<const ResponsesRequest> responses;  // a Responses API request's
+  std::optional<ResponsesEvents> responses_events;    // ... when streamed
   const Tokenizer* tok = nullptr;
   std::string constraint_param;  // the request field its output constraint came from
   std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
@@ -495,7 +500,7 @@ class Session : public std::enable_shared_from_this<Session> {
       auto res = std::make_shared<http::response<http::string_body>>(http::status::no_content, 11);
       res->set(http::field::server, "gale");
       Cors(*res);
-      res->set(http::field::access_control_allow_methods, "GET, POST, OPTIONS");
+      res->set(http::field::access_control_allow_methods, "GET, POST, DELETE, OPTIONS");
       const auto asked = req[http::field::access_control_request_headers];
       res->set(http::field::access_control_allow_headers, asked.empty() ? "Authorization, Content-Type" : std::string(asked));
       res->set(http::field::access_control_max_age, "600");
@@ -555,7 +560,9 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(Json{{"object", "list"}, {"data", Json::array({m})}});
     }
     if (count_tokens) return CountTokens(std::move(req), state);
-    const bool chat = path == "/v1/chat/completions" || messages, embed = path == "/v1/embeddings";
+    if (path.rfind("/v1/responses/", 0) == 0) return StoredResponse(req, path.substr(14));
+    const bool responses = path == "/v1/responses";
+    const bool chat = path == "/v1/chat/completions" || messages || responses, embed = path == "/v1/embeddings";
     if (!chat && !embed && path != "/v1/completions") {
       return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     }
@@ -568,9 +575,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
     if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
     net::io_context& lane = server_->LaneFor(req.body().size());  // before the body moves
-    net::post(lane, [self = shared_from_this(), req = std::move(req), kind, state, messages]() mutable {
-      auto prepared = messages ? PrepareMessages(req.body(), *state, self->server_->opt.strict_api)
-                               : Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
+    net::post(lane, [self = shared_from_this(), req = std::move(req), kind, state, messages, responses]() mutable {
+      auto prepared = messages    ? PrepareMessages(req.body(), *state, self->server_->opt.strict_api)
+                      : responses ? self->PrepareResponses(req.body(), *state)
+                                  : Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
       Prepared* p = std::get_if<Prepared>(&prepared);
       if (p == nullptr || !p->constraint || self->TakeCachedGrammar(*p, *state, &prepared)) {
@@ -601,6 +609,43 @@ class Session : public std::enable_shared_from_this<Session> {
     auto prepared = Prepare(std::get<Json>(chat).dump(), 1, state, strict);
     if (auto* p = std::get_if<Prepared>(&prepared)) p->anthropic = true;
     return prepared;
+  }
+
+  // A Responses API body: translated to a chat completions body (with a stored response's
+  // conversation before it), then prepared as one.
+  std::variant<Prepared, ApiError> PrepareResponses(const std::string& body, const ServingState& state) {
+    auto r = ResponsesToChat(body, server_->responses);
+    if (auto* e = std::get_if<ApiError>(&r)) return *e;
+    auto shared = std::make_shared<const ResponsesRequest>(std::move(std::get<ResponsesRequest>(r)));
+    auto prepared = Prepare(shared->chat.dump(), 1, state, server_->opt.strict_api);
+    if (auto* p = std::get_if<Prepared>(&prepared)) p->responses = std::move(shared);
+    return prepared;
+  }
+
+  // GET /v1/responses/{id}: a stored response; DELETE removes it.
+  void StoredResponse(const Request& req, const std::string& id) {
+    const bool get = req.method() == http::verb::get, del = req.method() == http::verb::delete_;
+    if (!get && !del) return SendError({405, "use GET or DELETE", "invalid_request_error", ""});
+    const std::string missing = fmt::format("no stored response '{}' (stored responses expire, and only with store: true)", id);
+    if (del) {
+      if (!server_->responses.Delete(id)) return SendError({404, missing, "invalid_request_error", ""});
+      return SendJson(Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+    }
+    auto entry = server_->responses.Get(id);
+    if (!entry) return SendError({404, missing, "invalid_request_error", ""});
+    SendJson(entry->response);
+  }
+
+  // The Response of a finished Responses API request, stored when it asked to be.
+  Json FinishResponse(const Generation& g, const Usage& usage) {
+    const Choice& c = g.choices.at(0);
+    Json response = ResponseObject(g.id, g.created, g.req.model, *g.responses, c, usage);
+    if (g.responses->store) {
+      Json messages = g.responses->messages;
+      messages.push_back(AssistantChatMessage(g.id, c));
+      server_->responses.Put(g.id, {response, std::move(messages)});
+    }
+    return response;
   }
 
   // /v1/messages/count_tokens: the prompt the template renders for the body, counted (prepared
@@ -801,11 +846,15 @@ class Session : public std::enable_shared_from_this<Session> {
       return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
     }
     auto gen = std::make_shared<Generation>();
-    gen->id = (p.anthropic ? "msg_" : req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    gen->id = (p.anthropic ? "msg_" : p.responses ? "resp_" : req.chat ? "chatcmpl-" : "cmpl-") + RandomHex();
+    gen->created = static_cast<int64_t>(std::time(nullptr));
     if (p.anthropic) gen->anthropic.emplace(gen->id, state.model_name);
+    if (p.responses) {
+      gen->responses = p.responses;
+      if (req.stream) gen->responses_events.emplace(gen->id, gen->created, state.model_name);
+    }
     gen->tok = state.tokenizer;
     gen->constraint_param = p.constraint_param;
-    gen->created = static_cast<int64_t>(std::time(nullptr));
     for (auto& g : SubRequests(p, state, *gen)) {
       auto s = engine.Submit(std::move(g));
       if (!s.ok()) {
@@ -1013,7 +1062,14 @@ class Session : public std::enable_shared_from_this<Session> {
             request_error = u.request_error;
           }
         }
-        if (g.req.stream && g.anthropic) {
+        if (g.req.stream && g.responses) {
+          ResponsesEvents& ev = *g.responses_events;
+          if (!g.started[i]) sse += ev.Start(*g.responses);
+          sse += ev.Thinking(reasoning_delta);
+          sse += ev.Text(delta);
+          sse += ev.Calls(call_deltas);
+          if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(FinishResponse(g, TotalUsage()));
+        } else if (g.req.stream && g.anthropic) {
           AnthropicEvents& ev = *g.anthropic;
           if (!g.started[i]) sse += ev.Start(Usage{u.num_prompt_tokens, 0, 0, std::nullopt});
           // (One statement each: the events' order is the calls' order.)
@@ -1065,6 +1121,8 @@ class Session : public std::enable_shared_from_this<Session> {
         body = EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
       } else if (g.anthropic) {
         body = AnthropicMessage(g.id, g.req.model, g.choices.at(0), TotalUsage());
+      } else if (g.responses) {
+        body = FinishResponse(g, TotalUsage());
       } else {
         body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(), [&g](int32_t id) { return g.Piece(id); });
       }
@@ -1072,7 +1130,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(body);
     }
     bool last = false;
-    if (all_done && !g.final_sent && g.anthropic) {
+    if (all_done && !g.final_sent && g.responses) {
+      if (!error.ok()) sse += g.responses_events->Error(EngineError(error, request_error, g.constraint_param));
+      g.final_sent = true;
+      last = true;
+    } else if (all_done && !g.final_sent && g.anthropic) {
       if (!error.ok()) sse += AnthropicEvents::Error(EngineError(error, request_error, g.constraint_param));
       g.final_sent = true;
       last = true;
