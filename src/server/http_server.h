@@ -16,6 +16,7 @@
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "server/metrics.h"
+#include "server/ollama_api.h"
 #include "server/tool_calls.h"
 
 namespace gale::server {
@@ -58,6 +59,7 @@ struct ServingState {
   int64_t embedding_dim = 0;         // the model's hidden size
   std::string model_name;
   int64_t created = 0;  // unix seconds, for /v1/models
+  OllamaModel ollama;   // what Ollama's /api/tags, /api/show and /api/ps say of the model
 };
 
 class HttpServer {

@@ -9,13 +9,17 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "base/memory.h"
+#include "gguf/ggml_types.h"
+#include "gguf/gguf_file.h"
 #include "model/chat_template.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
@@ -183,6 +187,35 @@ void ServeUntilSignalled(const ServeOpts& o, const sigset_t& signals, server::Ht
   std::fprintf(stderr, "stopped\n");
 }
 
+// What Ollama's info endpoints say of the served file.
+server::OllamaModel OllamaFacts(const GgufFile& file, const std::string& name, const Engine& engine, const server::ServingState& state) {
+  server::OllamaModel m;
+  m.name = name;
+  auto arch = file.GetString("general.architecture");
+  m.architecture = arch.ok() ? *arch : "unknown";
+  std::map<uint32_t, uint64_t> bytes_by_type;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    m.parameters += t.NumElements();
+    bytes_by_type[t.type_id] += t.num_bytes;
+  }
+  uint32_t most = 0;
+  for (const auto& [type, bytes] : bytes_by_type) {
+    if (bytes > bytes_by_type[most]) most = type;
+  }
+  std::string quant(TypeName(most));
+  for (char& c : quant) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  m.quantization = quant;
+  m.file_bytes = static_cast<int64_t>(file.file_bytes());
+  m.context_length = engine.max_request_tokens();
+  m.chat = state.chat_template != nullptr;
+  m.template_source = m.chat ? state.chat_template->source() : "";
+  m.tools = m.chat && m.template_source.find("tools") != std::string::npos;
+  m.thinking = state.reasoning.has_value();
+  m.embedding = state.pooling != Pooling::kNone;
+  m.loaded_at = state.created;
+  return m;
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "gale serve: %s\n", s.ToString().c_str());
   return 1;
@@ -250,6 +283,7 @@ int RunServe(ServeOpts& o) {
   state.chat_template = tmpl;
   state.model_name = name;
   state.created = static_cast<int64_t>(std::time(nullptr));
+  state.ollama = OllamaFacts(*loaded->file, name, **engine, state);
   http.SetReady(state);
   if (tmpl) {
     const std::string thinks =
