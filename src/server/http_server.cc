@@ -575,37 +575,52 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const int kind = embed ? 2 : chat ? 1 : 0;
     if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
-    // Counted in flight from here, so a drain waits for it and the engine outlives it.
-    ++server_->in_flight;
-    bulk_ = req.body().size() > HttpServer::Impl::kBulkBodyBytes;
-    if (bulk_) ++server_->bulk_in_flight;
-    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
-    if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    if (!Admit(*state, req.body().size())) return;
     net::io_context& lane = server_->LaneFor(req.body().size());  // before the body moves
     net::post(lane, [self = shared_from_this(), req = std::move(req), kind, state, messages, responses]() mutable {
       auto prepared = messages    ? PrepareMessages(req.body(), *state, self->server_->opt.strict_api)
                       : responses ? self->PrepareResponses(req.body(), *state)
                                   : Prepare(req.body(), kind, *state, self->server_->opt.strict_api);
       req = {};  // the body's memory goes now, not when the generation ends
-      Prepared* p = std::get_if<Prepared>(&prepared);
-      if (p == nullptr || !p->constraint || self->TakeCachedGrammar(*p, *state, &prepared)) {
-        return self->PostLaunch(std::move(prepared), state);
+      self->CompileThenLaunch(std::move(prepared), std::move(state));
+    });
+  }
+
+  // Counts a request that will generate in flight (so a drain waits for it and the engine
+  // outlives it), or refuses it when the server is stopping or full: false then (answered).
+  bool Admit(const ServingState& state, size_t body_bytes) {
+    ++server_->in_flight;
+    bulk_ = body_bytes > HttpServer::Impl::kBulkBodyBytes;
+    if (bulk_) ++server_->bulk_in_flight;
+    if (!server_->accepting.load()) {
+      Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
+      return false;
+    }
+    if (AtCapacity(1, state)) {
+      Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+      return false;
+    }
+    return true;
+  }
+
+  // Launches a prepared request (or answers its error) once its constraint is compiled: from the
+  // compiler's cache, or on the compile threads (compiling may take up to the server's limit, so
+  // neither other requests' preparation nor the engine waits for it).
+  void CompileThenLaunch(std::variant<Prepared, ApiError> prepared, std::shared_ptr<const ServingState> state) {
+    Prepared* p = std::get_if<Prepared>(&prepared);
+    if (p == nullptr || !p->constraint || TakeCachedGrammar(*p, *state, &prepared)) return PostLaunch(std::move(prepared), state);
+    net::post(server_->compile, [self = shared_from_this(), prepared = std::move(prepared), state]() mutable {
+      Prepared& p = std::get<Prepared>(prepared);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto g = CompileGuarded(*state->grammars, *p.constraint);
+      // A costly compilation (kept or refused) leaves much freed memory behind.
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(20)) ReleaseFreeMemory();
+      if (g.ok()) {
+        p.grammar = std::move(*g);
+      } else {
+        prepared = ApiError{400, g.status().message(), "invalid_request_error", p.constraint_param};
       }
-      // Compiling may take up to the server's limit: on threads of its own, so neither other
-      // requests' preparation nor the engine waits for it.
-      net::post(self->server_->compile, [self, prepared = std::move(prepared), state]() mutable {
-        Prepared& p = std::get<Prepared>(prepared);
-        const auto t0 = std::chrono::steady_clock::now();
-        auto g = CompileGuarded(*state->grammars, *p.constraint);
-        // A costly compilation (kept or refused) leaves much freed memory behind.
-        if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(20)) ReleaseFreeMemory();
-        if (g.ok()) {
-          p.grammar = std::move(*g);
-        } else {
-          prepared = ApiError{400, g.status().message(), "invalid_request_error", p.constraint_param};
-        }
-        self->PostLaunch(std::move(prepared), state);
-      });
+      self->PostLaunch(std::move(prepared), state);
     });
   }
 
@@ -644,11 +659,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path == "/api/embeddings") ep = OllamaEndpoint::kEmbeddings;
     if (!ep) return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
-    ++server_->in_flight;
-    bulk_ = req.body().size() > HttpServer::Impl::kBulkBodyBytes;
-    if (bulk_) ++server_->bulk_in_flight;
-    if (!server_->accepting.load()) return Reject({503, "the server is shutting down", "service_unavailable", ""}, "5");
-    if (AtCapacity(1, *state)) return Reject({429, "the server is at capacity; retry later", "rate_limit_error", ""}, "1");
+    if (!Admit(*state, req.body().size())) return;
     net::io_context& lane = server_->LaneFor(req.body().size());
     net::post(lane, [self = shared_from_this(), body = std::move(req.body()), endpoint = *ep, state]() mutable {
       std::variant<Prepared, ApiError> prepared = ApiError{};
@@ -677,20 +688,7 @@ class Session : public std::enable_shared_from_this<Session> {
           self->SendJson(load);
         });
       }
-      Prepared* p = std::get_if<Prepared>(&prepared);
-      if (p == nullptr || !p->constraint || self->TakeCachedGrammar(*p, *state, &prepared)) {
-        return self->PostLaunch(std::move(prepared), state);
-      }
-      net::post(self->server_->compile, [self, prepared = std::move(prepared), state]() mutable {
-        Prepared& p = std::get<Prepared>(prepared);
-        auto g = CompileGuarded(*state->grammars, *p.constraint);
-        if (g.ok()) {
-          p.grammar = std::move(*g);
-        } else {
-          prepared = ApiError{400, g.status().message(), "invalid_request_error", p.constraint_param};
-        }
-        self->PostLaunch(std::move(prepared), state);
-      });
+      self->CompileThenLaunch(std::move(prepared), std::move(state));
     });
   }
 

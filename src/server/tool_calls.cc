@@ -1502,21 +1502,7 @@ void MessageStream::ScanHarmony(Delta* d) {
         d->content += fresh;
         parts_content_ += fresh.size();
         break;
-      case HarmonyMessage::Kind::kCall: {
-        if (!part_call_open_) {
-          streamed_.push_back({streamed_.size(), m->name, ""});
-          d->calls.push_back(streamed_.back());
-          part_call_open_ = true;
-        }
-        // A JSON object's text as written, without the white space around it (ArgumentsText's).
-        const size_t lead = body.find_first_not_of(" \n\r\t");
-        if (lead != std::string_view::npos && body[lead] == '{') {
-          const size_t end = body.find_last_not_of(" \n\r\t") + 1;
-          const size_t from = lead + streamed_.back().arguments.size();
-          if (end > from) SendArguments(body.substr(from, end - from), &d->calls);
-        }
-        break;
-      }
+      case HarmonyMessage::Kind::kCall: StreamPartCall(m->name, body, d); break;
     }
     part_sent_ = body.size();
     if (!m->whole) return;
@@ -1557,18 +1543,7 @@ void MessageStream::ScanFunctionaryV32(Delta* d) {
       parts_content_ += fresh.size();
       part_sent_ = body.size();
     } else if (IsFunctionaryName(recipient)) {
-      if (!part_call_open_) {
-        streamed_.push_back({streamed_.size(), std::string(recipient), ""});
-        d->calls.push_back(streamed_.back());
-        part_call_open_ = true;
-      }
-      // A JSON object's text as written, without the white space around it (ArgumentsText's).
-      const size_t lead = body.find_first_not_of(" \n\r\t");
-      if (lead != std::string_view::npos && body[lead] == '{') {
-        const size_t end = body.find_last_not_of(" \n\r\t") + 1;
-        const size_t from = lead + streamed_.back().arguments.size();
-        if (end > from) SendArguments(body.substr(from, end - from), &d->calls);
-      }
+      StreamPartCall(recipient, body, d);
       if (whole && !ArgumentsText(body) && !(recipient == "python" && !Trim(body).empty())) parts_stopped_ = true;
     } else {
       parts_stopped_ = true;
@@ -1578,6 +1553,22 @@ void MessageStream::ScanFunctionaryV32(Delta* d) {
     part_sent_ = 0;
     part_call_open_ = false;
   }
+}
+
+// A call in a part (a harmony message, a functionary_v3_2 part) whose body so far is `body`: named
+// once, then its arguments sent as they grow when they are a JSON object, without the white space
+// around it (ArgumentsText's reading).
+void MessageStream::StreamPartCall(std::string_view name, std::string_view body, Delta* d) {
+  if (!part_call_open_) {
+    streamed_.push_back({streamed_.size(), std::string(name), ""});
+    d->calls.push_back(streamed_.back());
+    part_call_open_ = true;
+  }
+  const size_t lead = body.find_first_not_of(" \n\r\t");
+  if (lead == std::string_view::npos || body[lead] != '{') return;
+  const size_t end = body.find_last_not_of(" \n\r\t") + 1;
+  const size_t from = lead + streamed_.back().arguments.size();
+  if (end > from) SendArguments(body.substr(from, end - from), &d->calls);
 }
 
 void MessageStream::SendArguments(std::string_view piece, std::vector<CallDelta>* out) {

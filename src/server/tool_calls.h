@@ -165,6 +165,7 @@ class MessageStream {
   bool ScanPair(std::string_view s, std::vector<CallDelta>* out);
   void ScanHarmony(Delta* d);
   void ScanFunctionaryV32(Delta* d);
+  void StreamPartCall(std::string_view name, std::string_view body, Delta* d);
   void SendArguments(std::string_view piece, std::vector<CallDelta>* out);
 
   std::optional<ToolCallFormat> tools_;
