@@ -1084,6 +1084,105 @@ class Session : public std::enable_shared_from_this<Session> {
     return out;
   }
 
+  // One update of choice i as its API streams it (OpenAI's chunks, Anthropic's or the Responses
+  // API's events, Ollama's lines).
+  std::string StreamPiece(size_t i, const StreamUpdate& u, const std::string& delta, const std::string& reasoning_delta,
+                          const std::vector<CallDelta>& call_deltas, const Json& lp) {
+    Generation& g = *gen_;
+    const Choice& ch = g.choices[i];
+    std::string sse;
+    if (g.ollama) {
+      // Ollama's stream: a line per piece; tool calls whole, then the final line.
+      if (!delta.empty() || !reasoning_delta.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, delta, reasoning_delta, {});
+      if (u.finished && u.finish_reason != FinishReason::kError) {
+        if (!ch.tool_calls.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, "", "", ch.tool_calls);
+        sse += OllamaFinal(*g.ollama, g.ollama_model, ch, TotalUsage(), Timings(i), /*whole=*/false).dump(-1, ' ', false,
+                                                                                                          Json::error_handler_t::replace) + "\n";
+      }
+    } else if (g.responses) {
+      ResponsesEvents& ev = *g.responses_events;
+      if (!g.started[i]) sse += ev.Start(*g.responses);
+      sse += ev.Thinking(reasoning_delta);
+      sse += ev.Text(delta);
+      sse += ev.Calls(call_deltas);
+      if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(FinishResponse(g, TotalUsage()));
+    } else if (g.anthropic) {
+      AnthropicEvents& ev = *g.anthropic;
+      if (!g.started[i]) sse += ev.Start(Usage{u.num_prompt_tokens, 0, 0, std::nullopt});
+      // (One statement each: the events' order is the calls' order.)
+      sse += ev.Thinking(reasoning_delta);
+      sse += ev.Text(delta);
+      sse += ev.Calls(call_deltas);
+      if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(ch, TotalUsage());
+    } else {
+      auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+      if (!reasoning_delta.empty()) {
+        Json d = {{"reasoning_content", reasoning_delta}};
+        if (!g.started[i]) d["role"] = "assistant";
+        sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
+        g.started[i] = true;
+      }
+      if (!delta.empty() || !g.started[i] || !lp.is_null()) {
+        sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)) +
+               "\n\n";
+      }
+      if (Json calls = CallDeltasJson(call_deltas, &g.call_ids[i]); !calls.empty()) {
+        Json d = {{"tool_calls", std::move(calls)}};
+        sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
+      }
+      if (u.finished) {
+        const bool ended = u.finish_reason == FinishReason::kStop || u.finish_reason == FinishReason::kEos;
+        if (g.req.chat) {
+          sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), Json::object(), u.finish_reason,
+                                                ended && !ch.tool_calls.empty())) + "\n\n";
+        } else {
+          sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)) + "\n\n";
+        }
+      }
+    }
+    return sse;
+  }
+
+  // The whole answer of a non-streamed generation, in its API's shape.
+  Json WholeBody() {
+    Generation& g = *gen_;
+    Json body;
+    if (g.req.embeddings) {
+      std::vector<std::vector<float>> vectors;
+      for (auto& c : g.choices) vectors.push_back(std::move(c.embedding));
+      body = g.ollama ? OllamaEmbedResponse(*g.ollama, g.ollama_model, vectors, TotalUsage().prompt_tokens, Timings(0))
+                      : EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
+    } else if (g.ollama) {
+      body = OllamaFinal(*g.ollama, g.ollama_model, g.choices.at(0), TotalUsage(), Timings(0), /*whole=*/true);
+    } else if (g.anthropic) {
+      body = AnthropicMessage(g.id, g.req.model, g.choices.at(0), TotalUsage());
+    } else if (g.responses) {
+      body = FinishResponse(g, TotalUsage());
+    } else {
+      body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(), [&g](int32_t id) { return g.Piece(id); });
+    }
+    return body;
+  }
+
+  // What a stream sends after its choices end: an engine error, then OpenAI's usage chunk and
+  // [DONE] (the other APIs' streams end with their choices' final events).
+  std::string StreamEnd(const Status& error, bool request_error) {
+    Generation& g = *gen_;
+    std::string sse;
+    if (!error.ok()) {
+      const ApiError e = EngineError(error, request_error, g.constraint_param);
+      if (g.ollama) return OllamaErrorBody(e.message) + "\n";
+      if (g.responses) return g.responses_events->Error(e);
+      if (g.anthropic) return AnthropicEvents::Error(e);
+      sse += "data: " + ErrorBody(e) + "\n\n";
+    }
+    if (g.ollama || g.responses || g.anthropic) return sse;
+    if (g.req.include_usage) {
+      sse += "data: " + UsageChunk(g.req, g.id, g.created, TotalUsage()).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+    }
+    return sse + "data: [DONE]\n\n";
+  }
+
   // Takes what the engine pushed; streams it (SSE) or, when everything is done, sends the whole
   // response. Runs on the session's strand.
   void Pump() {
@@ -1154,55 +1253,7 @@ class Session : public std::enable_shared_from_this<Session> {
             request_error = u.request_error;
           }
         }
-        if (g.req.stream && g.ollama) {
-          // Ollama's stream: a line per piece; tool calls whole, then the final line.
-          if (!delta.empty() || !reasoning_delta.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, delta, reasoning_delta, {});
-          if (u.finished && u.finish_reason != FinishReason::kError) {
-            if (!ch.tool_calls.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, "", "", ch.tool_calls);
-            sse += OllamaFinal(*g.ollama, g.ollama_model, ch, TotalUsage(), Timings(i), /*whole=*/false).dump(-1, ' ', false,
-                                                                                                              Json::error_handler_t::replace) + "\n";
-          }
-        } else if (g.req.stream && g.responses) {
-          ResponsesEvents& ev = *g.responses_events;
-          if (!g.started[i]) sse += ev.Start(*g.responses);
-          sse += ev.Thinking(reasoning_delta);
-          sse += ev.Text(delta);
-          sse += ev.Calls(call_deltas);
-          if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(FinishResponse(g, TotalUsage()));
-        } else if (g.req.stream && g.anthropic) {
-          AnthropicEvents& ev = *g.anthropic;
-          if (!g.started[i]) sse += ev.Start(Usage{u.num_prompt_tokens, 0, 0, std::nullopt});
-          // (One statement each: the events' order is the calls' order.)
-          sse += ev.Thinking(reasoning_delta);
-          sse += ev.Text(delta);
-          sse += ev.Calls(call_deltas);
-          if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(ch, TotalUsage());
-        } else if (g.req.stream) {
-          auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
-          if (!reasoning_delta.empty()) {
-            Json d = {{"reasoning_content", reasoning_delta}};
-            if (!g.started[i]) d["role"] = "assistant";
-            sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
-            g.started[i] = true;
-          }
-          if (!delta.empty() || !g.started[i] || !lp.is_null()) {
-            sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)) +
-                   "\n\n";
-          }
-          if (Json calls = CallDeltasJson(call_deltas, &g.call_ids[i]); !calls.empty()) {
-            Json d = {{"tool_calls", std::move(calls)}};
-            sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
-          }
-          if (u.finished) {
-            const bool ended = u.finish_reason == FinishReason::kStop || u.finish_reason == FinishReason::kEos;
-            if (g.req.chat) {
-              sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), Json::object(), u.finish_reason,
-                                                    ended && !ch.tool_calls.empty())) + "\n\n";
-            } else {
-              sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)) + "\n\n";
-            }
-          }
-        }
+        if (g.req.stream) sse += StreamPiece(i, u, delta, reasoning_delta, call_deltas, lp);
         g.started[i] = true;
       }
     }
@@ -1214,45 +1265,13 @@ class Session : public std::enable_shared_from_this<Session> {
         FinishGeneration("error");
         return SendError(e);
       }
-      Json body;
-      if (g.req.embeddings) {
-        std::vector<std::vector<float>> vectors;
-        for (auto& c : g.choices) vectors.push_back(std::move(c.embedding));
-        body = g.ollama ? OllamaEmbedResponse(*g.ollama, g.ollama_model, vectors, TotalUsage().prompt_tokens, Timings(0))
-                        : EmbeddingResponse(g.req, vectors, TotalUsage().prompt_tokens);
-      } else if (g.ollama) {
-        body = OllamaFinal(*g.ollama, g.ollama_model, g.choices.at(0), TotalUsage(), Timings(0), /*whole=*/true);
-      } else if (g.anthropic) {
-        body = AnthropicMessage(g.id, g.req.model, g.choices.at(0), TotalUsage());
-      } else if (g.responses) {
-        body = FinishResponse(g, TotalUsage());
-      } else {
-        body = CompletionResponse(g.req, g.id, g.created, g.choices, TotalUsage(), [&g](int32_t id) { return g.Piece(id); });
-      }
+      Json body = WholeBody();
       FinishGeneration("ok");
       return SendJson(body);
     }
     bool last = false;
-    if (all_done && !g.final_sent && g.ollama) {
-      if (!error.ok()) sse += OllamaErrorBody(EngineError(error, request_error, g.constraint_param).message) + "\n";
-      g.final_sent = true;
-      last = true;
-    } else if (all_done && !g.final_sent && g.responses) {
-      if (!error.ok()) sse += g.responses_events->Error(EngineError(error, request_error, g.constraint_param));
-      g.final_sent = true;
-      last = true;
-    } else if (all_done && !g.final_sent && g.anthropic) {
-      if (!error.ok()) sse += AnthropicEvents::Error(EngineError(error, request_error, g.constraint_param));
-      g.final_sent = true;
-      last = true;
-    } else if (all_done && !g.final_sent) {
-      if (!error.ok()) {
-        sse += "data: " + ErrorBody(EngineError(error, request_error, g.constraint_param)) + "\n\n";
-      }
-      if (g.req.include_usage) {
-        sse += "data: " + UsageChunk(g.req, g.id, g.created, TotalUsage()).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
-      }
-      sse += "data: [DONE]\n\n";
+    if (all_done && !g.final_sent) {
+      sse += StreamEnd(error, request_error);
       g.final_sent = true;
       last = true;
     }

@@ -132,6 +132,53 @@ Json CallItem(const std::string& id, size_t i, const std::string& name, const st
           {"name", name}, {"arguments", arguments}};
 }
 
+// Function tools (flat, as the Responses API writes them), tool_choice and text.format into the
+// chat body.
+std::optional<ApiError> AddTools(const Json& a, Json* c) {
+  if (a.contains("tools") && !a["tools"].is_null()) {
+    if (!a["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+    Json tools = Json::array();
+    for (size_t i = 0; i < a["tools"].size(); ++i) {
+      const Json& t = a["tools"][i];
+      const std::string at = fmt::format("tools[{}]", i);
+      if (!t.is_object() || t.value("type", "") != "function") {
+        return Bad(at + ".type", "only function tools are supported (no built-in tools such as web_search or file_search)");
+      }
+      if (!t.contains("name") || !t["name"].is_string()) return Bad(at + ".name", "a function tool needs a 'name'");
+      Json fn = {{"name", t["name"]}, {"parameters", t.value("parameters", Json({{"type", "object"}, {"properties", Json::object()}}))}};
+      if (t.contains("description") && !t["description"].is_null()) fn["description"] = t["description"];
+      if (t.contains("strict") && !t["strict"].is_null()) fn["strict"] = t["strict"];
+      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    if (!tools.empty()) (*c)["tools"] = std::move(tools);
+  }
+  if (a.contains("tool_choice") && !a["tool_choice"].is_null()) {
+    const Json& tc = a["tool_choice"];
+    if (tc.is_string()) {
+      (*c)["tool_choice"] = tc;
+    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name") && tc["name"].is_string()) {
+      (*c)["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
+    } else {
+      return Bad("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}");
+    }
+  }
+  if (a.contains("text") && a["text"].is_object() && a["text"].contains("format")) {
+    const Json& f = a["text"]["format"];
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) return Bad("text.format", "'text.format' needs a 'type'");
+    const std::string type = f["type"].get<std::string>();
+    if (type == "json_schema") {
+      Json js = {{"name", f.value("name", "response")}, {"schema", f.value("schema", Json::object())}};
+      if (f.contains("strict")) js["strict"] = f["strict"];
+      (*c)["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
+    } else if (type == "json_object") {
+      (*c)["response_format"] = {{"type", "json_object"}};
+    } else if (type != "text") {
+      return Bad("text.format.type", "'text.format' type must be text, json_object or json_schema");
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void ResponseStore::Evict(std::chrono::steady_clock::time_point now) {
@@ -237,47 +284,7 @@ std::variant<ResponsesRequest, ApiError> ResponsesToChat(const std::string& body
     if (!a["store"].is_boolean()) return Bad("store", "'store' must be a boolean");
     r.store = a["store"].get<bool>();
   }
-  if (a.contains("tools") && !a["tools"].is_null()) {
-    if (!a["tools"].is_array()) return Bad("tools", "'tools' must be an array");
-    Json tools = Json::array();
-    for (size_t i = 0; i < a["tools"].size(); ++i) {
-      const Json& t = a["tools"][i];
-      const std::string at = fmt::format("tools[{}]", i);
-      if (!t.is_object() || t.value("type", "") != "function") {
-        return Bad(at + ".type", "only function tools are supported (no built-in tools such as web_search or file_search)");
-      }
-      if (!t.contains("name") || !t["name"].is_string()) return Bad(at + ".name", "a function tool needs a 'name'");
-      Json fn = {{"name", t["name"]}, {"parameters", t.value("parameters", Json({{"type", "object"}, {"properties", Json::object()}}))}};
-      if (t.contains("description") && !t["description"].is_null()) fn["description"] = t["description"];
-      if (t.contains("strict") && !t["strict"].is_null()) fn["strict"] = t["strict"];
-      tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
-    }
-    if (!tools.empty()) c["tools"] = std::move(tools);
-  }
-  if (a.contains("tool_choice") && !a["tool_choice"].is_null()) {
-    const Json& tc = a["tool_choice"];
-    if (tc.is_string()) {
-      c["tool_choice"] = tc;
-    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name") && tc["name"].is_string()) {
-      c["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
-    } else {
-      return Bad("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}");
-    }
-  }
-  if (a.contains("text") && a["text"].is_object() && a["text"].contains("format")) {
-    const Json& f = a["text"]["format"];
-    if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) return Bad("text.format", "'text.format' needs a 'type'");
-    const std::string type = f["type"].get<std::string>();
-    if (type == "json_schema") {
-      Json js = {{"name", f.value("name", "response")}, {"schema", f.value("schema", Json::object())}};
-      if (f.contains("strict")) js["strict"] = f["strict"];
-      c["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
-    } else if (type == "json_object") {
-      c["response_format"] = {{"type", "json_object"}};
-    } else if (type != "text") {
-      return Bad("text.format.type", "'text.format' type must be text, json_object or json_schema");
-    }
-  }
+  if (auto e = AddTools(a, &c)) return *e;
   if (a.contains("reasoning") && a["reasoning"].is_object() && a["reasoning"].contains("effort") && a["reasoning"]["effort"].is_string()) {
     // The chat template decides what thinking means for its model (Qwen3's enable_thinking).
     c["chat_template_kwargs"] = {{"enable_thinking", a["reasoning"]["effort"] != "none" && a["reasoning"]["effort"] != "minimal"}};
