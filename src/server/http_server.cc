@@ -679,6 +679,7 @@ class Session : public std::enable_shared_from_this<Session> {
           if (auto* p = std::get_if<Prepared>(&prepared)) {
             p->ollama = endpoint;
             p->ollama_model = model;
+            if (o.all_that_fits) p->req.max_tokens = 0;
           }
         }
       }

@@ -212,7 +212,7 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
   if (a.value("raw", false) == true) {
     r.chat = false;  // the prompt as written, no template
     c["prompt"] = a["prompt"];
-    if (!c.contains("max_tokens")) c["max_tokens"] = 1 << 30;  // (completions default to 16; Ollama to all that fits)
+    r.all_that_fits = !c.contains("max_tokens");  // (completions default to 16; Ollama to all that fits)
     return r;
   }
   Json messages = Json::array();

@@ -45,6 +45,9 @@ struct OllamaRequest {
   bool chat = true;     // the body is a chat completions body (else completions or embeddings)
   bool stream = true;
   bool load_only = false;  // /api/generate or /api/chat without a prompt or messages: just "load"
+  // A raw generate without num_predict: all that fits (the completions body cannot say so; the
+  // server sets it on the parsed request).
+  bool all_that_fits = false;
 };
 std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, const std::string& body, const OllamaModel& served);
 

@@ -56,6 +56,8 @@ TEST(OllamaApi, BodiesBecomeOpenAiBodies) {
   const OllamaRequest raw = Translate(OllamaEndpoint::kGenerate, R"({"model": "qwen3", "prompt": "Hi", "raw": true})");
   EXPECT_FALSE(raw.chat);
   EXPECT_EQ(raw.body["prompt"], "Hi");
+  EXPECT_TRUE(raw.all_that_fits);  // no num_predict: Ollama generates until the end or the context
+  EXPECT_FALSE(Translate(OllamaEndpoint::kGenerate, R"({"model": "qwen3", "prompt": "Hi", "raw": true, "options": {"num_predict": 3}})").all_that_fits);
   EXPECT_TRUE(Translate(OllamaEndpoint::kChat, R"({"model": "qwen3"})").load_only);
   EXPECT_TRUE(Translate(OllamaEndpoint::kGenerate, R"({"model": "qwen3", "prompt": ""})").load_only);
   EXPECT_EQ(Translate(OllamaEndpoint::kEmbed, R"({"model": "qwen3", "input": ["a", "b"]})").body["input"], Json::array({"a", "b"}));

@@ -46,6 +46,9 @@ const { check } = harness;
       assert.strictEqual(whole.response, chat.message.content, 'generate renders the chat template as chat does');
       const raw = await o.generate({ model: 'stories260K', prompt: 'Once upon a time', raw: true, options, stream: false });
       assert.ok(raw.response.length > 0 && raw.eval_count === 16);
+      // Without num_predict, until the end of text or of the context (as Ollama's default).
+      const open = await o.generate({ model: 'stories260K', prompt: 'Once upon a time', raw: true, stream: false });
+      assert.ok(open.eval_count > 16, JSON.stringify(open));
       const sys = await o.generate({ model: 'stories260K', prompt: 'Once upon a time', system: 'Be brief.', options: { num_predict: 2 }, stream: false });
       assert.ok(sys.prompt_eval_count >= whole.prompt_eval_count);
     });
