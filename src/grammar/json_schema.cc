@@ -630,6 +630,10 @@ class Converter {
   // `if`, a number's multipleOf other than integers') is refused, naming it.
   StatusOr<bool> Satisfies(const Json& v, const Json& schema, const std::string& path, int depth = 0) {
     if (depth > 16) return Error(path, "'enum' or 'const' beside keywords nested deeper than 16 is not supported");
+    // (Values times keywords can be many: the conversion's time bound covers them too.)
+    if (++visits_ % 64 == 0 && ThreadCpuClock::now() > deadline_) {
+      return ResourceExhausted("converting the schema ran out of time at '{}'", path.empty() ? "/" : path);
+    }
     if (schema.is_boolean()) return schema.get<bool>();
     if (!schema.is_object()) return Error(path, "a schema must be an object or a boolean");
     const Json& s = schema;

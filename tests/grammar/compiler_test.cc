@@ -66,6 +66,22 @@ TEST(GrammarCompiler, TheTimeLimitCoversConvertingTheSchema) {
   EXPECT_LT(ms, 3 * parse_ms + 500) << "refused after " << ms << " ms";
 }
 
+// Values checked against the keywords beside them (an enum of 20,000 against 2,000 branches) are
+// inside the bound as well.
+TEST(GrammarCompiler, TheTimeLimitCoversCheckingEnumValues) {
+  nlohmann::ordered_json values = nlohmann::ordered_json::array(), any = nlohmann::ordered_json::array();
+  for (int i = 0; i < 20000; ++i) values.push_back("v" + std::to_string(i));
+  for (int i = 0; i < 2000; ++i) any.push_back({{"maxLength", i}});
+  const Constraint c{Constraint::Kind::kJsonSchema, nlohmann::ordered_json{{"enum", values}, {"anyOf", any}}.dump(), ""};
+  GrammarCompiler quick(test::ByteTrie(), 64, std::chrono::milliseconds(20));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = quick.Compile(c);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("took longer than the server's limit of 20 ms"), std::string::npos) << g.status().message();
+  EXPECT_LT(ms, 500) << "refused after " << ms << " ms";
+}
+
 // A grammar whose first state is cheap and whose second explodes: the compiler cannot see it, so
 // the matcher stops at its work bound and the request (only it) ends with that error.
 TEST(GrammarMatcherBounds, AnExplosionAfterTheFirstTokenStopsAtTheWorkBound) {
