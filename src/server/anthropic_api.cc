@@ -7,23 +7,19 @@ namespace gale::server {
 
 namespace {
 
-ApiError Bad(const std::string& param, const std::string& message) { return {400, message, "invalid_request_error", param}; }
-
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 // The text of a string or of an array of text blocks (system, tool_result content); a block of
 // another type is a 400 (images and documents are not read).
 std::variant<std::string, ApiError> TextOf(const Json& v, const std::string& field) {
   if (v.is_string()) return v.get<std::string>();
-  if (!v.is_array()) return Bad(field, fmt::format("'{}' must be a string or an array of content blocks", field));
+  if (!v.is_array()) return BadRequest(field, fmt::format("'{}' must be a string or an array of content blocks", field));
   std::string out;
   for (const Json& b : v) {
     if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) {
-      return Bad(field, fmt::format("each block of '{}' must be an object with a 'type'", field));
+      return BadRequest(field, fmt::format("each block of '{}' must be an object with a 'type'", field));
     }
     const std::string type = b["type"].get<std::string>();
-    if (type != "text") return Bad(field, fmt::format("'{}' blocks of type '{}' are not supported here (text only)", field, type));
-    if (!b.contains("text") || !b["text"].is_string()) return Bad(field, fmt::format("a text block of '{}' needs 'text'", field));
+    if (type != "text") return BadRequest(field, fmt::format("'{}' blocks of type '{}' are not supported here (text only)", field, type));
+    if (!b.contains("text") || !b["text"].is_string()) return BadRequest(field, fmt::format("a text block of '{}' needs 'text'", field));
     if (!out.empty()) out += "\n";
     out += b["text"].get<std::string>();
   }
@@ -35,17 +31,17 @@ std::variant<std::string, ApiError> TextOf(const Json& v, const std::string& fie
 // blocks its tool_calls and its thinking blocks its reasoning_content.
 std::optional<ApiError> AddMessage(const Json& m, size_t i, Json* out) {
   const std::string field = fmt::format("messages[{}]", i);
-  if (!m.is_object()) return Bad(field, "each message must be an object");
-  if (!m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", "each message needs a 'role'");
+  if (!m.is_object()) return BadRequest(field, "each message must be an object");
+  if (!m.contains("role") || !m["role"].is_string()) return BadRequest(field + ".role", "each message needs a 'role'");
   const std::string role = m["role"].get<std::string>();
-  if (role != "user" && role != "assistant") return Bad(field + ".role", "'role' must be 'user' or 'assistant'");
-  if (!m.contains("content")) return Bad(field + ".content", "each message needs 'content'");
+  if (role != "user" && role != "assistant") return BadRequest(field + ".role", "'role' must be 'user' or 'assistant'");
+  if (!m.contains("content")) return BadRequest(field + ".content", "each message needs 'content'");
   const Json& content = m["content"];
   if (content.is_string()) {
     out->push_back({{"role", role}, {"content", content}});
     return std::nullopt;
   }
-  if (!content.is_array()) return Bad(field + ".content", "'content' must be a string or an array of content blocks");
+  if (!content.is_array()) return BadRequest(field + ".content", "'content' must be a string or an array of content blocks");
   std::string text, thinking;
   Json calls = Json::array();
   auto flush_user_text = [&] {
@@ -55,21 +51,21 @@ std::optional<ApiError> AddMessage(const Json& m, size_t i, Json* out) {
   for (size_t j = 0; j < content.size(); ++j) {
     const Json& b = content[j];
     const std::string at = fmt::format("{}.content[{}]", field, j);
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) return Bad(at, "each content block needs a 'type'");
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) return BadRequest(at, "each content block needs a 'type'");
     const std::string type = b["type"].get<std::string>();
     if (type == "text") {
-      if (!b.contains("text") || !b["text"].is_string()) return Bad(at, "a text block needs 'text'");
+      if (!b.contains("text") || !b["text"].is_string()) return BadRequest(at, "a text block needs 'text'");
       if (!text.empty()) text += "\n";
       text += b["text"].get<std::string>();
     } else if (type == "tool_use" && role == "assistant") {
       if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string()) {
-        return Bad(at, "a tool_use block needs 'id' and 'name'");
+        return BadRequest(at, "a tool_use block needs 'id' and 'name'");
       }
       const Json input = b.value("input", Json::object());
-      if (!input.is_object()) return Bad(at + ".input", "'input' must be an object");
-      calls.push_back({{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", Dump(input)}}}});
+      if (!input.is_object()) return BadRequest(at + ".input", "'input' must be an object");
+      calls.push_back({{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", JsonText(input)}}}});
     } else if (type == "tool_result" && role == "user") {
-      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) return Bad(at, "a tool_result block needs 'tool_use_id'");
+      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) return BadRequest(at, "a tool_result block needs 'tool_use_id'");
       std::string result;
       if (b.contains("content")) {
         auto t = TextOf(b["content"], at + ".content");
@@ -82,9 +78,9 @@ std::optional<ApiError> AddMessage(const Json& m, size_t i, Json* out) {
     } else if ((type == "thinking" || type == "redacted_thinking") && role == "assistant") {
       if (type == "thinking" && b.contains("thinking") && b["thinking"].is_string()) thinking += b["thinking"].get<std::string>();
     } else if (type == "image" || type == "document") {
-      return Bad(at, fmt::format("'{}' blocks are not supported (text-only models)", type));
+      return BadRequest(at, fmt::format("'{}' blocks are not supported (text-only models)", type));
     } else {
-      return Bad(at, fmt::format("a {} message cannot hold a '{}' block", role, type));
+      return BadRequest(at, fmt::format("a {} message cannot hold a '{}' block", role, type));
     }
   }
   if (role == "user") {
@@ -130,7 +126,7 @@ std::string ToolUseId(const std::string& message_id, size_t i) {
   return fmt::format("toolu_{}_{}", message_id.rfind("msg_", 0) == 0 ? message_id.substr(4) : message_id, i);
 }
 
-std::string Event(const char* type, const Json& data) { return fmt::format("event: {}\ndata: {}\n\n", type, Dump(data)); }
+std::string Event(const char* type, const Json& data) { return fmt::format("event: {}\ndata: {}\n\n", type, JsonText(data)); }
 
 }  // namespace
 
@@ -141,11 +137,11 @@ std::variant<Json, ApiError> AnthropicToChat(const std::string& body, bool count
   Json c = Json::object();
   // (The model is the one the server has, whatever 'model' names: Anthropic's clients send their
   // own model names, as they do to llama-server.)
-  if (a.contains("model") && !a["model"].is_string()) return Bad("model", "'model' must be a string");
+  if (a.contains("model") && !a["model"].is_string()) return BadRequest("model", "'model' must be a string");
   if (!count_tokens) {
-    if (!a.contains("max_tokens")) return Bad("max_tokens", "'max_tokens' is required");
+    if (!a.contains("max_tokens")) return BadRequest("max_tokens", "'max_tokens' is required");
     if (!a["max_tokens"].is_number_integer() || a["max_tokens"].get<int64_t>() < 1) {
-      return Bad("max_tokens", "'max_tokens' must be a positive integer");
+      return BadRequest("max_tokens", "'max_tokens' must be a positive integer");
     }
     c["max_tokens"] = a["max_tokens"];
   } else {
@@ -157,8 +153,8 @@ std::variant<Json, ApiError> AnthropicToChat(const std::string& body, bool count
     if (auto* e = std::get_if<ApiError>(&t)) return *e;
     if (!std::get<std::string>(t).empty()) messages.push_back({{"role", "system"}, {"content", std::get<std::string>(t)}});
   }
-  if (!a.contains("messages") || !a["messages"].is_array()) return Bad("messages", "'messages' must be an array");
-  if (a["messages"].empty()) return Bad("messages", "'messages' must not be empty");
+  if (!a.contains("messages") || !a["messages"].is_array()) return BadRequest("messages", "'messages' must be an array");
+  if (a["messages"].empty()) return BadRequest("messages", "'messages' must not be empty");
   for (size_t i = 0; i < a["messages"].size(); ++i) {
     if (auto e = AddMessage(a["messages"][i], i, &messages)) return *e;
   }
@@ -168,21 +164,21 @@ std::variant<Json, ApiError> AnthropicToChat(const std::string& body, bool count
   }
   if (count_tokens) c.erase("stream");
   if (a.contains("stop_sequences")) {
-    if (!a["stop_sequences"].is_array()) return Bad("stop_sequences", "'stop_sequences' must be an array of strings");
+    if (!a["stop_sequences"].is_array()) return BadRequest("stop_sequences", "'stop_sequences' must be an array of strings");
     c["stop"] = a["stop_sequences"];
   }
   if (a.contains("tools")) {
-    if (!a["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+    if (!a["tools"].is_array()) return BadRequest("tools", "'tools' must be an array");
     Json tools = Json::array();
     for (size_t i = 0; i < a["tools"].size(); ++i) {
       const Json& t = a["tools"][i];
       const std::string at = fmt::format("tools[{}]", i);
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return Bad(at, "each tool needs a 'name'");
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) return BadRequest(at, "each tool needs a 'name'");
       if (t.contains("type") && t["type"] != "custom") {
-        return Bad(at + ".type", fmt::format("server tools ('{}') are not supported; tools with an input_schema are",
+        return BadRequest(at + ".type", fmt::format("server tools ('{}') are not supported; tools with an input_schema are",
                                              t["type"].is_string() ? t["type"].get<std::string>() : t["type"].dump()));
       }
-      if (!t.contains("input_schema") || !t["input_schema"].is_object()) return Bad(at + ".input_schema", "each tool needs an 'input_schema' object");
+      if (!t.contains("input_schema") || !t["input_schema"].is_object()) return BadRequest(at + ".input_schema", "each tool needs an 'input_schema' object");
       Json fn = {{"name", t["name"]}, {"parameters", t["input_schema"]}};
       if (t.contains("description")) fn["description"] = t["description"];
       tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
@@ -192,7 +188,7 @@ std::variant<Json, ApiError> AnthropicToChat(const std::string& body, bool count
   if (a.contains("tool_choice")) {
     const Json& tc = a["tool_choice"];
     if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string()) {
-      return Bad("tool_choice", "'tool_choice' must be an object with a 'type'");
+      return BadRequest("tool_choice", "'tool_choice' must be an object with a 'type'");
     }
     const std::string type = tc["type"].get<std::string>();
     if (type == "auto") {
@@ -202,19 +198,19 @@ std::variant<Json, ApiError> AnthropicToChat(const std::string& body, bool count
     } else if (type == "none") {
       c["tool_choice"] = "none";
     } else if (type == "tool") {
-      if (!tc.contains("name") || !tc["name"].is_string()) return Bad("tool_choice.name", "a 'tool' tool_choice needs a 'name'");
+      if (!tc.contains("name") || !tc["name"].is_string()) return BadRequest("tool_choice.name", "a 'tool' tool_choice needs a 'name'");
       c["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
-      return Bad("tool_choice.type", "'tool_choice' type must be auto, any, tool or none");
+      return BadRequest("tool_choice.type", "'tool_choice' type must be auto, any, tool or none");
     }
     if (tc.value("disable_parallel_tool_use", false) == true) c["parallel_tool_calls"] = false;
-    if (!c.contains("tools") && type != "none" && type != "auto") return Bad("tool_choice", "'tool_choice' needs 'tools'");
+    if (!c.contains("tools") && type != "none" && type != "auto") return BadRequest("tool_choice", "'tool_choice' needs 'tools'");
   }
   if (a.contains("thinking")) {
     const Json& th = a["thinking"];
-    if (!th.is_object() || !th.contains("type") || !th["type"].is_string()) return Bad("thinking", "'thinking' must be an object with a 'type'");
+    if (!th.is_object() || !th.contains("type") || !th["type"].is_string()) return BadRequest("thinking", "'thinking' must be an object with a 'type'");
     const std::string type = th["type"].get<std::string>();
-    if (type != "enabled" && type != "disabled" && type != "adaptive") return Bad("thinking.type", "'thinking' type must be enabled or disabled");
+    if (type != "enabled" && type != "disabled" && type != "adaptive") return BadRequest("thinking.type", "'thinking' type must be enabled or disabled");
     // The chat template decides what thinking means for its model (Qwen3's enable_thinking).
     c["chat_template_kwargs"] = {{"enable_thinking", type != "disabled"}};
   }
@@ -222,7 +218,7 @@ std::variant<Json, ApiError> AnthropicToChat(const std::string& body, bool count
 }
 
 std::string AnthropicErrorBody(const ApiError& e) {
-  return Dump({{"type", "error"}, {"error", {{"type", ErrorType(e.status)}, {"message", e.message}}}});
+  return JsonText({{"type", "error"}, {"error", {{"type", ErrorType(e.status)}, {"message", e.message}}}});
 }
 
 std::string AnthropicStopReason(const Choice& c) {

@@ -482,7 +482,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res.set(http::field::vary, "Origin");
   }
 
-  void SendJson(const Json& j) { Send(http::status::ok, "application/json", j.dump(-1, ' ', false, Json::error_handler_t::replace)); }
+  void SendJson(const Json& j) { Send(http::status::ok, "application/json", JsonText(j)); }
 
   void SendError(const ApiError& e, bool close = false, const std::string& retry_after = "") {
     Send(static_cast<http::status>(e.status), "application/json",
@@ -1097,8 +1097,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!delta.empty() || !reasoning_delta.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, delta, reasoning_delta, {});
       if (u.finished && u.finish_reason != FinishReason::kError) {
         if (!ch.tool_calls.empty()) sse += OllamaDeltaLine(*g.ollama, g.ollama_model, "", "", ch.tool_calls);
-        sse += OllamaFinal(*g.ollama, g.ollama_model, ch, TotalUsage(), Timings(i), /*whole=*/false).dump(-1, ' ', false,
-                                                                                                          Json::error_handler_t::replace) + "\n";
+        sse += JsonText(OllamaFinal(*g.ollama, g.ollama_model, ch, TotalUsage(), Timings(i), /*whole=*/false)) + "\n";
       }
     } else if (g.responses) {
       ResponsesEvents& ev = *g.responses_events;
@@ -1116,28 +1115,27 @@ class Session : public std::enable_shared_from_this<Session> {
       sse += ev.Calls(call_deltas);
       if (u.finished && u.finish_reason != FinishReason::kError) sse += ev.End(ch, TotalUsage());
     } else {
-      auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
       if (!reasoning_delta.empty()) {
         Json d = {{"reasoning_content", reasoning_delta}};
         if (!g.started[i]) d["role"] = "assistant";
-        sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
+        sse += "data: " + JsonText(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
         g.started[i] = true;
       }
       if (!delta.empty() || !g.started[i] || !lp.is_null()) {
-        sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)) +
+        sse += "data: " + JsonText(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), delta, std::nullopt, !g.started[i], lp)) +
                "\n\n";
       }
       if (Json calls = CallDeltasJson(call_deltas, &g.call_ids[i]); !calls.empty()) {
         Json d = {{"tool_calls", std::move(calls)}};
-        sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
+        sse += "data: " + JsonText(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), d, std::nullopt)) + "\n\n";
       }
       if (u.finished) {
         const bool ended = u.finish_reason == FinishReason::kStop || u.finish_reason == FinishReason::kEos;
         if (g.req.chat) {
-          sse += "data: " + dump(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), Json::object(), u.finish_reason,
+          sse += "data: " + JsonText(ChatDeltaChunk(g.req, g.id, g.created, static_cast<int>(i), Json::object(), u.finish_reason,
                                                 ended && !ch.tool_calls.empty())) + "\n\n";
         } else {
-          sse += "data: " + dump(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)) + "\n\n";
+          sse += "data: " + JsonText(StreamChunk(g.req, g.id, g.created, static_cast<int>(i), "", u.finish_reason, false)) + "\n\n";
         }
       }
     }
@@ -1179,7 +1177,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (g.ollama || g.responses || g.anthropic) return sse;
     if (g.req.include_usage) {
-      sse += "data: " + UsageChunk(g.req, g.id, g.created, TotalUsage()).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+      sse += "data: " + JsonText(UsageChunk(g.req, g.id, g.created, TotalUsage())) + "\n\n";
     }
     return sse + "data: [DONE]\n\n";
   }

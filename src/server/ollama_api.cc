@@ -9,10 +9,6 @@ namespace gale::server {
 
 namespace {
 
-ApiError Bad(const std::string& param, const std::string& message) { return {400, message, "invalid_request_error", param}; }
-
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 // Now as RFC 3339 in UTC with nanoseconds, as Ollama writes created_at.
 std::string Now() {
   const auto now = std::chrono::system_clock::now();
@@ -61,7 +57,7 @@ Json Details(const OllamaModel& m) {
 std::optional<ApiError> AddOptions(const Json& a, Json* c) {
   if (!a.contains("options") || a["options"].is_null()) return std::nullopt;
   const Json& o = a["options"];
-  if (!o.is_object()) return Bad("options", "'options' must be an object");
+  if (!o.is_object()) return BadRequest("options", "'options' must be an object");
   for (const auto& [from, to] : std::vector<std::pair<const char*, const char*>>{
            {"temperature", "temperature"}, {"top_k", "top_k"}, {"top_p", "top_p"}, {"min_p", "min_p"}, {"seed", "seed"},
            {"stop", "stop"}, {"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"},
@@ -69,10 +65,10 @@ std::optional<ApiError> AddOptions(const Json& a, Json* c) {
     if (o.contains(from) && !o[from].is_null()) (*c)[to] = o[from];
   }
   if (o.contains("num_predict") && !o["num_predict"].is_null()) {
-    if (!o["num_predict"].is_number_integer()) return Bad("options.num_predict", "'num_predict' must be an integer");
+    if (!o["num_predict"].is_number_integer()) return BadRequest("options.num_predict", "'num_predict' must be an integer");
     const int64_t n = o["num_predict"].get<int64_t>();
     if (n > 0) (*c)["max_tokens"] = n;  // -1 (no limit) and -2 (fill the context): all that fits
-    if (n == 0) return Bad("options.num_predict", "'num_predict' must not be 0");
+    if (n == 0) return BadRequest("options.num_predict", "'num_predict' must not be 0");
   }
   return std::nullopt;
 }
@@ -85,7 +81,7 @@ std::optional<ApiError> AddFormat(const Json& a, Json* c) {
   } else if (f.is_object()) {
     (*c)["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "format"}, {"schema", f}, {"strict", true}}}};
   } else {
-    return Bad("format", "'format' must be \"json\" or a JSON schema");
+    return BadRequest("format", "'format' must be \"json\" or a JSON schema");
   }
   return std::nullopt;
 }
@@ -93,7 +89,7 @@ std::optional<ApiError> AddFormat(const Json& a, Json* c) {
 std::optional<ApiError> AddThink(const Json& a, Json* c) {
   if (!a.contains("think") || a["think"].is_null()) return std::nullopt;
   const Json& t = a["think"];
-  if (!t.is_boolean() && !t.is_string()) return Bad("think", "'think' must be a boolean (or low, medium, high)");
+  if (!t.is_boolean() && !t.is_string()) return BadRequest("think", "'think' must be a boolean (or low, medium, high)");
   // The chat template decides what thinking means for its model (Qwen3's enable_thinking).
   (*c)["chat_template_kwargs"] = {{"enable_thinking", t.is_boolean() ? t.get<bool>() : true}};
   return std::nullopt;
@@ -107,12 +103,12 @@ std::variant<Json, ApiError> Messages(const Json& in) {
   for (size_t i = 0; i < in.size(); ++i) {
     const Json& m = in[i];
     const std::string at = fmt::format("messages[{}]", i);
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return Bad(at, "each message needs a 'role'");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return BadRequest(at, "each message needs a 'role'");
     if (m.contains("images") && m["images"].is_array() && !m["images"].empty()) {
-      return Bad(at + ".images", "images are not supported (text-only models)");
+      return BadRequest(at + ".images", "images are not supported (text-only models)");
     }
     Json o = {{"role", m["role"]}, {"content", m.value("content", Json(""))}};
-    if (!o["content"].is_string()) return Bad(at + ".content", "'content' must be a string");
+    if (!o["content"].is_string()) return BadRequest(at + ".content", "'content' must be a string");
     if (m.contains("thinking") && m["thinking"].is_string() && !m["thinking"].get<std::string>().empty()) {
       o["reasoning_content"] = m["thinking"];
     }
@@ -123,13 +119,13 @@ std::variant<Json, ApiError> Messages(const Json& in) {
         const Json& call = m["tool_calls"][k];
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
             !call["function"].contains("name") || !call["function"]["name"].is_string()) {
-          return Bad(fmt::format("{}.tool_calls[{}]", at, k), "a tool call needs function.name");
+          return BadRequest(fmt::format("{}.tool_calls[{}]", at, k), "a tool call needs function.name");
         }
         const Json args = call["function"].value("arguments", Json::object());
         const std::string id = call.contains("id") && call["id"].is_string() ? call["id"].get<std::string>() : fmt::format("call_{}_{}", i, k);
         calls.emplace_back(call["function"]["name"].get<std::string>(), id);
         tc.push_back({{"id", id}, {"type", "function"},
-                      {"function", {{"name", call["function"]["name"]}, {"arguments", args.is_string() ? args.get<std::string>() : Dump(args)}}}});
+                      {"function", {{"name", call["function"]["name"]}, {"arguments", args.is_string() ? args.get<std::string>() : JsonText(args)}}}});
       }
       o["tool_calls"] = std::move(tc);
     }
@@ -158,7 +154,7 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
   auto parsed = ParseRequestObject(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const Json& a = std::get<Json>(parsed);
-  if (!a.contains("model") || !a["model"].is_string() || a["model"].get<std::string>().empty()) return Bad("model", "model is required");
+  if (!a.contains("model") || !a["model"].is_string() || a["model"].get<std::string>().empty()) return BadRequest("model", "model is required");
   const std::string model = a["model"].get<std::string>();
   if (!OllamaModelMatches(model, served)) {
     return ApiError{404, fmt::format("model '{}' not found; this server has '{}'", model, Tagged(served.name)), "not_found_error", "model"};
@@ -170,16 +166,16 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
     r.chat = false;
     r.stream = false;
     const char* field = endpoint == OllamaEndpoint::kEmbed ? "input" : "prompt";
-    if (!a.contains(field)) return Bad(field, fmt::format("'{}' is required", field));
+    if (!a.contains(field)) return BadRequest(field, fmt::format("'{}' is required", field));
     const Json& in = a[field];
     if (!in.is_string() && !(in.is_array() && !in.empty() && std::all_of(in.begin(), in.end(), [](const Json& x) { return x.is_string(); }))) {
-      return Bad(field, fmt::format("'{}' must be a string or an array of strings", field));
+      return BadRequest(field, fmt::format("'{}' must be a string or an array of strings", field));
     }
     c["input"] = in;
     return r;
   }
   if (a.contains("stream")) {
-    if (!a["stream"].is_boolean()) return Bad("stream", "'stream' must be a boolean");
+    if (!a["stream"].is_boolean()) return BadRequest("stream", "'stream' must be a boolean");
     r.stream = a["stream"].get<bool>();
   }
   if (auto e = AddOptions(a, &c)) return *e;
@@ -191,7 +187,7 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
       r.load_only = true;  // Ollama's way to load a model
       return r;
     }
-    if (!a["messages"].is_array()) return Bad("messages", "'messages' must be an array");
+    if (!a["messages"].is_array()) return BadRequest("messages", "'messages' must be an array");
     auto m = Messages(a["messages"]);
     if (auto* e = std::get_if<ApiError>(&m)) return *e;
     c["messages"] = std::move(std::get<Json>(m));
@@ -200,15 +196,15 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
   // /api/generate
   for (const char* k : {"suffix", "template", "context"}) {
     if (a.contains(k) && !a[k].is_null() && !(a[k].is_string() && a[k].get<std::string>().empty()) && !(a[k].is_array() && a[k].empty())) {
-      return Bad(k, fmt::format("'{}' is not supported (the model's own chat template is used; no fill-in-the-middle)", k));
+      return BadRequest(k, fmt::format("'{}' is not supported (the model's own chat template is used; no fill-in-the-middle)", k));
     }
   }
-  if (a.contains("images") && a["images"].is_array() && !a["images"].empty()) return Bad("images", "images are not supported (text-only models)");
+  if (a.contains("images") && a["images"].is_array() && !a["images"].empty()) return BadRequest("images", "images are not supported (text-only models)");
   if (!a.contains("prompt") || a["prompt"].is_null() || a["prompt"] == "") {
     r.load_only = true;
     return r;
   }
-  if (!a["prompt"].is_string()) return Bad("prompt", "'prompt' must be a string");
+  if (!a["prompt"].is_string()) return BadRequest("prompt", "'prompt' must be a string");
   if (a.value("raw", false) == true) {
     r.chat = false;  // the prompt as written, no template
     c["prompt"] = a["prompt"];
@@ -224,7 +220,7 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
   return r;
 }
 
-std::string OllamaErrorBody(const std::string& message) { return Dump({{"error", message}}); }
+std::string OllamaErrorBody(const std::string& message) { return JsonText({{"error", message}}); }
 
 std::string OllamaDeltaLine(OllamaEndpoint endpoint, const std::string& model, const std::string& content,
                             const std::string& thinking, const std::vector<ToolCall>& calls) {
@@ -246,7 +242,7 @@ std::string OllamaDeltaLine(OllamaEndpoint endpoint, const std::string& model, c
     if (!thinking.empty()) line["thinking"] = thinking;
   }
   line["done"] = false;
-  return Dump(line) + "\n";
+  return JsonText(line) + "\n";
 }
 
 Json OllamaFinal(OllamaEndpoint endpoint, const std::string& model, const Choice& c, const Usage& usage, const OllamaTimings& t,

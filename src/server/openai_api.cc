@@ -13,7 +13,6 @@
 namespace gale::server {
 namespace {
 
-ApiError Bad(const std::string& param, const std::string& msg) { return ApiError{400, msg, "invalid_request_error", param}; }
 
 // A JSON integer that can be a token id (0 <= id < 2^31); nullopt otherwise. The vocabulary's
 // own size is checked by whoever knows it (the server, the engine).
@@ -31,10 +30,10 @@ std::optional<int32_t> TokenId(const Json& e) {
 // rendering walk it recursively).
 std::variant<Json, ApiError> ParseObject(const std::string& body) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
+  if (j.is_discarded()) return BadRequest("", "the request body is not valid JSON");
+  if (!j.is_object()) return BadRequest("", "the request body must be a JSON object");
   if (jinja::JsonDeeperThan(j, kMaxRequestDepth)) {
-    return Bad("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
+    return BadRequest("", fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxRequestDepth));
   }
   return j;
 }
@@ -46,9 +45,9 @@ std::optional<ApiError> ParsePrompts(const Json& p, const std::string& field, Co
   auto ids_of = [&](const Json& a) -> std::optional<ApiError> {
     std::vector<int32_t> ids;
     for (const auto& x : a) {
-      if (!x.is_number_integer()) return Bad(field, fmt::format("token id {}s must be integers", field));
+      if (!x.is_number_integer()) return BadRequest(field, fmt::format("token id {}s must be integers", field));
       const auto id = TokenId(x);
-      if (!id) return Bad(field, fmt::format("{} token id {} is not a token id", field, x.dump()));
+      if (!id) return BadRequest(field, fmt::format("{} token id {} is not a token id", field, x.dump()));
       ids.push_back(*id);
     }
     r->prompt_ids.push_back(std::move(ids));
@@ -58,18 +57,18 @@ std::optional<ApiError> ParsePrompts(const Json& p, const std::string& field, Co
     r->prompts.push_back(p.get<std::string>());
   } else if (p.is_array() && !p.empty() && p[0].is_string()) {
     for (const auto& e : p) {
-      if (!e.is_string()) return Bad(field, shape);
+      if (!e.is_string()) return BadRequest(field, shape);
       r->prompts.push_back(e.get<std::string>());
     }
   } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
     return ids_of(p);
   } else if (p.is_array() && !p.empty() && p[0].is_array()) {
     for (const auto& e : p) {
-      if (!e.is_array() || e.empty()) return Bad(field, fmt::format("token id {}s must be non-empty arrays of integers", field));
+      if (!e.is_array() || e.empty()) return BadRequest(field, fmt::format("token id {}s must be non-empty arrays of integers", field));
       if (auto err = ids_of(e)) return err;
     }
   } else {
-    return Bad(field, fmt::format("'{}' must be a non-empty string, an array of strings or of token ids", field));
+    return BadRequest(field, fmt::format("'{}' must be a non-empty string, an array of strings or of token ids", field));
   }
   return std::nullopt;
 }
@@ -78,11 +77,15 @@ std::optional<ApiError> ParsePrompts(const Json& p, const std::string& field, Co
 
 std::variant<Json, ApiError> ParseRequestObject(const std::string& body) { return ParseObject(body); }
 
+ApiError BadRequest(const std::string& param, const std::string& message) {
+  return ApiError{400, message, "invalid_request_error", param};
+}
+
 std::string ErrorBody(const ApiError& e) {
   Json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
   if (e.status >= 400) err["code"] = e.status;
-  return Json{{"error", err}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return JsonText(Json{{"error", err}});
 }
 
 const char* FinishReasonForApi(FinishReason r) {
@@ -109,7 +112,7 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(const std::stri
   try {
     return ParseBody(body, chat, strict);
   } catch (const nlohmann::json::exception& e) {
-    return Bad("", fmt::format("the request body has a field of an unexpected type ({})", e.what()));
+    return BadRequest("", fmt::format("the request body has a field of an unexpected type ({})", e.what()));
   }
 }
 
@@ -118,64 +121,63 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
   using Kind = grammar::Constraint::Kind;
   auto set = [&](const std::string& param, Kind kind, std::string text) -> std::optional<ApiError> {
     if (r->constraint) {
-      return Bad(param, fmt::format("'{}' and '{}' both constrain the output; give one", r->constraint_param, param));
+      return BadRequest(param, fmt::format("'{}' and '{}' both constrain the output; give one", r->constraint_param, param));
     }
     r->constraint = grammar::Constraint{kind, std::move(text), ""};
     r->constraint_param = param;
     return std::nullopt;
   };
-  auto schema_text = [](const Json& s) { return s.dump(-1, ' ', false, Json::error_handler_t::replace); };
   auto has = [&](const Json& o, const char* k) { return o.contains(k) && !o[k].is_null(); };
   if (has(j, "response_format")) {
     const Json& rf = j["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
-      return Bad("response_format", "'response_format' must be an object with a string 'type'");
+      return BadRequest("response_format", "'response_format' must be an object with a string 'type'");
     }
     const std::string type = rf["type"].get<std::string>();
     if (type == "json_schema") {
       if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) {
-        return Bad("response_format", "response_format json_schema needs a 'json_schema' object");
+        return BadRequest("response_format", "response_format json_schema needs a 'json_schema' object");
       }
       const Json& js = rf["json_schema"];
       if (!js.contains("schema")) {
-        return Bad("response_format", "response_format json_schema needs 'json_schema.schema'");
+        return BadRequest("response_format", "response_format json_schema needs 'json_schema.schema'");
       }
       if (!js["schema"].is_object() && !js["schema"].is_boolean()) {
-        return Bad("response_format", "'json_schema.schema' must be a JSON Schema object");
+        return BadRequest("response_format", "'json_schema.schema' must be a JSON Schema object");
       }
-      if (auto e = set("response_format", Kind::kJsonSchema, schema_text(js["schema"]))) return e;
+      if (auto e = set("response_format", Kind::kJsonSchema, JsonText(js["schema"]))) return e;
       // "strict": false asks for the schema as JSON Schema reads it: an object without
       // additionalProperties takes other keys too (strict, or no word, closes it).
       if (js.contains("strict") && js["strict"] == false) r->constraint->objects = grammar::ObjectKeys::kOpen;
     } else if (type == "json_object") {
       // llama-server takes a schema here too.
       if (has(rf, "schema")) {
-        if (auto e = set("response_format", Kind::kJsonSchema, schema_text(rf["schema"]))) return e;
+        if (auto e = set("response_format", Kind::kJsonSchema, JsonText(rf["schema"]))) return e;
       } else if (auto e = set("response_format", Kind::kJsonObject, "")) {
         return e;
       }
     } else if (type != "text") {
-      return Bad("response_format", fmt::format("unknown response_format type '{}' (text, json_object, json_schema)", type));
+      return BadRequest("response_format", fmt::format("unknown response_format type '{}' (text, json_object, json_schema)", type));
     }
   }
   // A schema given as an object or as JSON text (vLLM takes both).
   auto schema_field = [&](const std::string& param, const Json& v) -> std::optional<ApiError> {
     if (v.is_string()) {
       Json parsed = Json::parse(v.get<std::string>(), nullptr, false);
-      if (parsed.is_discarded()) return Bad(param, fmt::format("'{}' is not valid JSON", param));
-      return set(param, Kind::kJsonSchema, schema_text(parsed));
+      if (parsed.is_discarded()) return BadRequest(param, fmt::format("'{}' is not valid JSON", param));
+      return set(param, Kind::kJsonSchema, JsonText(parsed));
     }
-    if (!v.is_object() && !v.is_boolean()) return Bad(param, fmt::format("'{}' must be a JSON Schema", param));
-    return set(param, Kind::kJsonSchema, schema_text(v));
+    if (!v.is_object() && !v.is_boolean()) return BadRequest(param, fmt::format("'{}' must be a JSON Schema", param));
+    return set(param, Kind::kJsonSchema, JsonText(v));
   };
   auto string_field = [&](const std::string& param, const Json& v, Kind kind) -> std::optional<ApiError> {
-    if (!v.is_string()) return Bad(param, fmt::format("'{}' must be a string", param));
+    if (!v.is_string()) return BadRequest(param, fmt::format("'{}' must be a string", param));
     return set(param, kind, v.get<std::string>());
   };
   auto choice_field = [&](const std::string& param, const Json& v) -> std::optional<ApiError> {
-    if (!v.is_array() || v.empty()) return Bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    if (!v.is_array() || v.empty()) return BadRequest(param, fmt::format("'{}' must be a non-empty array of strings", param));
     for (const auto& c : v) {
-      if (!c.is_string()) return Bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
+      if (!c.is_string()) return BadRequest(param, fmt::format("'{}' must be a non-empty array of strings", param));
     }
     return set(param, Kind::kChoice, v.dump());
   };
@@ -199,7 +201,7 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
   }
   if (has(j, "structured_outputs")) {
     const Json& so = j["structured_outputs"];
-    if (!so.is_object()) return Bad("structured_outputs", "'structured_outputs' must be an object");
+    if (!so.is_object()) return BadRequest("structured_outputs", "'structured_outputs' must be an object");
     for (auto it = so.begin(); it != so.end(); ++it) {
       const std::string& k = it.key();
       const std::string param = "structured_outputs." + k;
@@ -214,13 +216,13 @@ std::optional<ApiError> ParseConstraintFields(const Json& j, CompletionRequest* 
       } else if (k == "grammar") {
         e = string_field(param, it.value(), Kind::kGbnf);
       } else if (k == "json_object") {
-        if (!it.value().is_boolean()) return Bad(param, "'structured_outputs.json_object' must be true or false");
+        if (!it.value().is_boolean()) return BadRequest(param, "'structured_outputs.json_object' must be true or false");
         if (it.value().get<bool>()) e = set(param, Kind::kJsonObject, "");
       } else if (k == "backend" || k == "disable_fallback" || k == "disable_any_whitespace" ||
                  k == "disable_additional_properties" || k == "whitespace_pattern") {
         // Options of vLLM's backends; gale has one.
       } else {
-        return Bad(param, fmt::format("unknown field '{}'", param));
+        return BadRequest(param, fmt::format("unknown field '{}'", param));
       }
       if (e) return e;
     }
@@ -239,9 +241,9 @@ class FieldReader {
 
   std::optional<ApiError> Num(const char* key, double lo, double hi, double* out) const {
     if (!Has(key)) return std::nullopt;
-    if (!j_[key].is_number()) return Bad(key, fmt::format("'{}' must be a number", key));
+    if (!j_[key].is_number()) return BadRequest(key, fmt::format("'{}' must be a number", key));
     const double v = j_[key].get<double>();
-    if (!(v >= lo && v <= hi)) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    if (!(v >= lo && v <= hi)) return BadRequest(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
     *out = v;
     return std::nullopt;
   }
@@ -253,18 +255,18 @@ class FieldReader {
   }
   std::optional<ApiError> Integer(const char* key, int64_t lo, int64_t hi, int64_t* out) const {
     if (!Has(key)) return std::nullopt;
-    if (!j_[key].is_number_integer()) return Bad(key, fmt::format("'{}' must be an integer", key));
+    if (!j_[key].is_number_integer()) return BadRequest(key, fmt::format("'{}' must be an integer", key));
     if (j_[key].is_number_unsigned() && j_[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j_[key].get<uint64_t>()));
+      return BadRequest(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j_[key].get<uint64_t>()));
     }
     const int64_t v = j_[key].get<int64_t>();
-    if (v < lo || v > hi) return Bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+    if (v < lo || v > hi) return BadRequest(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
     *out = v;
     return std::nullopt;
   }
   std::optional<ApiError> Boolean(const char* key, bool* out) const {
     if (!Has(key)) return std::nullopt;
-    if (!j_[key].is_boolean()) return Bad(key, fmt::format("'{}' must be true or false", key));
+    if (!j_[key].is_boolean()) return BadRequest(key, fmt::format("'{}' must be true or false", key));
     *out = j_[key].get<bool>();
     return std::nullopt;
   }
@@ -282,7 +284,7 @@ std::optional<ApiError> CheckFields(const Json& j, std::initializer_list<const s
     if (std::any_of(known.begin(), known.end(), [&](const std::set<std::string>* set) { return set->count(k) > 0; })) {
       continue;
     }
-    if (strict) return Bad(k, fmt::format("unknown field '{}'", k));
+    if (strict) return BadRequest(k, fmt::format("unknown field '{}'", k));
     r->ignored_fields.push_back(k);
   }
   return std::nullopt;
@@ -315,7 +317,7 @@ std::optional<ApiError> ParseSampling(const Json& j, SamplingParams* s, bool* ha
   s->repeat_last_n = -1;
   if (auto e = f.Float("temperature", 0.0, 2.0, &s->temperature)) return e;
   if (auto e = f.Float("top_p", 0.0, 1.0, &s->top_p)) return e;
-  if (s->top_p <= 0.0f) return Bad("top_p", "'top_p' must be in (0, 1]");
+  if (s->top_p <= 0.0f) return BadRequest("top_p", "'top_p' must be in (0, 1]");
   int64_t top_k = 0;
   if (auto e = f.Integer("top_k", -1, 1 << 20, &top_k)) return e;
   s->top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);
@@ -325,7 +327,7 @@ std::optional<ApiError> ParseSampling(const Json& j, SamplingParams* s, bool* ha
   if (auto e = f.Float("repetition_penalty", 0.01, 10.0, &s->repeat_penalty)) return e;
   if (f.Has("seed")) {
     const Json& seed = j["seed"];
-    if (!seed.is_number_integer()) return Bad("seed", "'seed' must be an integer");
+    if (!seed.is_number_integer()) return BadRequest("seed", "'seed' must be an integer");
     // -1 asks for a random seed (llama.cpp's meaning); any other value is used as given,
     // negative ones as their two's complement.
     if (seed.is_number_unsigned() || seed.get<int64_t>() != -1) {
@@ -351,17 +353,17 @@ std::optional<ApiError> ParseLengthAndStream(const Json& j, CompletionRequest* r
   if (auto e = f.Boolean("ignore_eos", &r->ignore_eos)) return e;
   if (!f.Has("stream_options")) return std::nullopt;
   const Json& so = j["stream_options"];
-  if (!so.is_object()) return Bad("stream_options", "'stream_options' must be an object");
+  if (!so.is_object()) return BadRequest("stream_options", "'stream_options' must be an object");
   for (auto it = so.begin(); it != so.end(); ++it) {
     if (it.key() != "include_usage" && it.key() != "continuous_usage_stats") {
-      return Bad("stream_options", fmt::format("unknown field 'stream_options.{}'", it.key()));
+      return BadRequest("stream_options", fmt::format("unknown field 'stream_options.{}'", it.key()));
     }
   }
   if (so.contains("include_usage")) {
-    if (!so["include_usage"].is_boolean()) return Bad("stream_options", "'include_usage' must be true or false");
+    if (!so["include_usage"].is_boolean()) return BadRequest("stream_options", "'include_usage' must be true or false");
     r->include_usage = so["include_usage"].get<bool>();
   }
-  if (!r->stream) return Bad("stream_options", "'stream_options' is only allowed with 'stream': true");
+  if (!r->stream) return BadRequest("stream_options", "'stream_options' is only allowed with 'stream': true");
   return std::nullopt;
 }
 
@@ -372,23 +374,23 @@ std::optional<ApiError> ParseStops(const Json& j, CompletionRequest* r) {
       r->stop.push_back(s.get<std::string>());
     } else if (s.is_array()) {
       for (const auto& e : s) {
-        if (!e.is_string()) return Bad("stop", "'stop' must be a string or an array of strings");
+        if (!e.is_string()) return BadRequest("stop", "'stop' must be a string or an array of strings");
         r->stop.push_back(e.get<std::string>());
       }
     } else {
-      return Bad("stop", "'stop' must be a string or an array of strings");
+      return BadRequest("stop", "'stop' must be a string or an array of strings");
     }
-    if (r->stop.size() > 16) return Bad("stop", "at most 16 stop sequences");
+    if (r->stop.size() > 16) return BadRequest("stop", "at most 16 stop sequences");
     for (const auto& s2 : r->stop) {
-      if (s2.empty()) return Bad("stop", "stop sequences must not be empty");
+      if (s2.empty()) return BadRequest("stop", "stop sequences must not be empty");
     }
   }
   if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
-    if (!j["stop_token_ids"].is_array()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+    if (!j["stop_token_ids"].is_array()) return BadRequest("stop_token_ids", "'stop_token_ids' must be an array of integers");
     for (const auto& e : j["stop_token_ids"]) {
-      if (!e.is_number_integer()) return Bad("stop_token_ids", "'stop_token_ids' must be an array of integers");
+      if (!e.is_number_integer()) return BadRequest("stop_token_ids", "'stop_token_ids' must be an array of integers");
       const auto id = TokenId(e);
-      if (!id) return Bad("stop_token_ids", fmt::format("stop token id {} is not a token id", e.dump()));
+      if (!id) return BadRequest("stop_token_ids", fmt::format("stop token id {} is not a token id", e.dump()));
       r->stop_token_ids.push_back(*id);
     }
   }
@@ -403,32 +405,32 @@ std::optional<ApiError> ParseLogprobs(const Json& j, bool chat, CompletionReques
     if (auto e = f.Boolean("logprobs", &on)) return e;
     int64_t i = 0;
     if (auto e = f.Integer("top_logprobs", 0, 20, &i)) return e;
-    if (f.Has("top_logprobs") && !on) return Bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (f.Has("top_logprobs") && !on) return BadRequest("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     r->top_logprobs = on ? static_cast<int>(i) : -1;
     return std::nullopt;
   }
   int64_t i = -1;
   if (auto e = f.Integer("logprobs", 0, 20, &i)) return e;
   r->top_logprobs = static_cast<int>(i);
-  if (f.Has("top_logprobs")) return Bad("top_logprobs", "completions take 'logprobs': N (top_logprobs is for chat)");
+  if (f.Has("top_logprobs")) return BadRequest("top_logprobs", "completions take 'logprobs': N (top_logprobs is for chat)");
   return std::nullopt;
 }
 
 // {"token id": bias in [-100, 100]}; the vocabulary bound is checked by the server.
 std::optional<ApiError> ParseLogitBias(const Json& j, SamplingParams* s) {
   if (!j.contains("logit_bias") || j["logit_bias"].is_null()) return std::nullopt;
-  if (!j["logit_bias"].is_object()) return Bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  if (!j["logit_bias"].is_object()) return BadRequest("logit_bias", "'logit_bias' must be an object of token id -> bias");
   for (auto it = j["logit_bias"].begin(); it != j["logit_bias"].end(); ++it) {
     const std::string& key = it.key();
     int64_t id = -1;
     if (!key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), ::isdigit)) id = std::stoll(key);
-    if (id < 0 || id > INT32_MAX) return Bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id", key));
-    if (!it.value().is_number()) return Bad("logit_bias", fmt::format("logit_bias for token {} must be a number", key));
+    if (id < 0 || id > INT32_MAX) return BadRequest("logit_bias", fmt::format("logit_bias key '{}' is not a token id", key));
+    if (!it.value().is_number()) return BadRequest("logit_bias", fmt::format("logit_bias for token {} must be a number", key));
     const double bias = it.value().get<double>();
     if (!(bias >= -100.0 && bias <= 100.0)) {
-      return Bad("logit_bias", fmt::format("logit_bias for token {} must be in [-100, 100], got {}", key, bias));
+      return BadRequest("logit_bias", fmt::format("logit_bias for token {} must be in [-100, 100], got {}", key, bias));
     }
-    if (s->logit_bias.size() >= 1024) return Bad("logit_bias", "at most 1024 logit_bias entries");
+    if (s->logit_bias.size() >= 1024) return BadRequest("logit_bias", "at most 1024 logit_bias entries");
     s->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
   }
   return std::nullopt;
@@ -441,19 +443,19 @@ std::optional<ApiError> ParseCacheFields(const Json& j, CompletionRequest* r) {
   if (auto e = f.Integer("truncate_prompt_tokens", 1, int64_t{1} << 30, &i)) return e;
   r->truncate_prompt_tokens = i;
   if (f.Has("cache_salt")) {
-    if (!j["cache_salt"].is_string()) return Bad("cache_salt", "'cache_salt' must be a string");
+    if (!j["cache_salt"].is_string()) return BadRequest("cache_salt", "'cache_salt' must be a string");
     r->cache_salt = j["cache_salt"].get<std::string>();
   }
-  if (f.Has("user") && !j["user"].is_string()) return Bad("user", "'user' must be a string");
+  if (f.Has("user") && !j["user"].is_string()) return BadRequest("user", "'user' must be a string");
   if (!f.Has("kv_retention")) {
     for (const char* k : {"kv_budget", "kv_budget_ratio", "kv_sink_tokens"}) {
-      if (f.Has(k)) return Bad(k, fmt::format("'{}' needs 'kv_retention'", k));
+      if (f.Has(k)) return BadRequest(k, fmt::format("'{}' needs 'kv_retention'", k));
     }
     return std::nullopt;
   }
-  if (!j["kv_retention"].is_string()) return Bad("kv_retention", "'kv_retention' must be a string");
+  if (!j["kv_retention"].is_string()) return BadRequest("kv_retention", "'kv_retention' must be a string");
   auto policy = ParseRetentionPolicy(j["kv_retention"].get<std::string>());
-  if (!policy.ok()) return Bad("kv_retention", policy.status().message());
+  if (!policy.ok()) return BadRequest("kv_retention", policy.status().message());
   RetentionConfig rc;
   rc.policy = *policy;
   i = 0;
@@ -465,32 +467,32 @@ std::optional<ApiError> ParseCacheFields(const Json& j, CompletionRequest* r) {
   i = rc.sink_tokens;
   if (auto e = f.Integer("kv_sink_tokens", 0, int64_t{1} << 20, &i)) return e;
   rc.sink_tokens = i;
-  if (Status st = rc.Validate(); !st.ok()) return Bad("kv_retention", st.message());
+  if (Status st = rc.Validate(); !st.ok()) return BadRequest("kv_retention", st.message());
   r->retention = rc;
   return std::nullopt;
 }
 
 // Checked messages; text parts become one string (templates expect content to be a string).
 std::optional<ApiError> ParseMessages(const Json& j, CompletionRequest* r) {
-  if (!j.contains("messages")) return Bad("messages", "'messages' is required");
+  if (!j.contains("messages")) return BadRequest("messages", "'messages' is required");
   const Json& m = j["messages"];
-  if (!m.is_array() || m.empty()) return Bad("messages", "'messages' must be a non-empty array");
+  if (!m.is_array() || m.empty()) return BadRequest("messages", "'messages' must be a non-empty array");
   for (const auto& msg : m) {
     if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
-      return Bad("messages", "every message must be an object with a string 'role'");
+      return BadRequest("messages", "every message must be an object with a string 'role'");
     }
     const std::string role = msg["role"];
     if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer") {
-      return Bad("messages", fmt::format("unknown role '{}'", role));
+      return BadRequest("messages", fmt::format("unknown role '{}'", role));
     }
     if (msg.contains("content") && !msg["content"].is_null() && !msg["content"].is_string()) {
       // Content parts: only text parts, which are joined.
-      if (!msg["content"].is_array()) return Bad("messages", "'content' must be a string or an array of text parts");
+      if (!msg["content"].is_array()) return BadRequest("messages", "'content' must be a string or an array of text parts");
       for (const auto& part : msg["content"]) {
         // NOTE: no Json::value() on request data: it throws when the field has another type.
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
             !part["text"].is_string()) {
-          return Bad("messages", "only text content parts are supported");
+          return BadRequest("messages", "only text content parts are supported");
         }
       }
     }
@@ -512,11 +514,11 @@ std::optional<ApiError> ParseMessages(const Json& j, CompletionRequest* r) {
 std::optional<ApiError> ParseToolFields(const Json& j, CompletionRequest* r) {
   const FieldReader f(j);
   if (f.Has("tools")) {
-    if (!j["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+    if (!j["tools"].is_array()) return BadRequest("tools", "'tools' must be an array");
     for (const auto& t : j["tools"]) {
       if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
           !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string()) {
-        return Bad("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
+        return BadRequest("tools", "every tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
       }
     }
     r->tools = j["tools"];
@@ -526,7 +528,7 @@ std::optional<ApiError> ParseToolFields(const Json& j, CompletionRequest* r) {
     if (tc.is_string()) {
       const std::string c = tc.get<std::string>();
       if (c != "auto" && c != "none" && c != "required") {
-        return Bad("tool_choice", fmt::format("tool_choice '{}' is not one of auto, none, required", c));
+        return BadRequest("tool_choice", fmt::format("tool_choice '{}' is not one of auto, none, required", c));
       }
       r->tool_choice = c;
     } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name") &&
@@ -534,15 +536,15 @@ std::optional<ApiError> ParseToolFields(const Json& j, CompletionRequest* r) {
       r->tool_choice = "function";
       r->tool_choice_name = tc["function"]["name"].get<std::string>();
     } else {
-      return Bad("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      return BadRequest("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
     if ((r->tool_choice == "required" || r->tool_choice == "function") && !r->tools.is_array()) {
-      return Bad("tool_choice", fmt::format("tool_choice {} needs 'tools'", r->tool_choice));
+      return BadRequest("tool_choice", fmt::format("tool_choice {} needs 'tools'", r->tool_choice));
     }
   }
   if (auto e = f.Boolean("parallel_tool_calls", &r->parallel_tool_calls)) return e;
   if (f.Has("chat_template_kwargs")) {
-    if (!j["chat_template_kwargs"].is_object()) return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!j["chat_template_kwargs"].is_object()) return BadRequest("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     r->chat_template_kwargs = j["chat_template_kwargs"];
   }
   return std::nullopt;
@@ -550,9 +552,9 @@ std::optional<ApiError> ParseToolFields(const Json& j, CompletionRequest* r) {
 
 // prompt, echo, best_of, suffix.
 std::optional<ApiError> ParseCompletionFields(const Json& j, CompletionRequest* r) {
-  if (!j.contains("prompt")) return Bad("prompt", "'prompt' is required");
+  if (!j.contains("prompt")) return BadRequest("prompt", "'prompt' is required");
   if (auto e = ParsePrompts(j["prompt"], "prompt", r)) return e;
-  if (r->prompts.size() + r->prompt_ids.size() > 64) return Bad("prompt", "at most 64 prompts per request");
+  if (r->prompts.size() + r->prompt_ids.size() > 64) return BadRequest("prompt", "at most 64 prompts per request");
   if (auto e = FieldReader(j).Boolean("echo", &r->echo)) return e;
   r->parse_special = true;  // a raw prompt is the caller's own template text, as llama.cpp and vLLM read it
   return std::nullopt;
@@ -566,7 +568,7 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
   r.chat = chat;
   if (auto e = CheckKnownFields(j, chat, strict, &r)) return *e;
   if (j.contains("model")) {
-    if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
+    if (!j["model"].is_string()) return BadRequest("model", "'model' must be a string");
     r.model = j["model"].get<std::string>();
   }
   if (auto e = ParseSampling(j, &r.sampling, &r.has_seed)) return *e;
@@ -575,9 +577,9 @@ std::variant<CompletionRequest, ApiError> ParseBody(const std::string& body, boo
   if (auto e = ParseLogprobs(j, chat, &r)) return *e;
   if (auto e = ParseLogitBias(j, &r.sampling)) return *e;
   if (j.contains("best_of") && !j["best_of"].is_null() && !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1)) {
-    return Bad("best_of", "'best_of' other than 1 is not supported");
+    return BadRequest("best_of", "'best_of' other than 1 is not supported");
   }
-  if (j.contains("suffix") && !j["suffix"].is_null()) return Bad("suffix", "'suffix' is not supported");
+  if (j.contains("suffix") && !j["suffix"].is_null()) return BadRequest("suffix", "'suffix' is not supported");
   if (auto e = ParseConstraintFields(j, &r)) return *e;
   if (auto e = ParseCacheFields(j, &r)) return *e;
   if (auto e = chat ? ParseMessages(j, &r) : ParseCompletionFields(j, &r)) return *e;
@@ -599,28 +601,28 @@ std::variant<CompletionRequest, ApiError> ParseEmbeddingRequest(const std::strin
   static const std::set<std::string> kKnown = {"input", "model", "encoding_format", "dimensions", "user"};
   if (auto e = CheckFields(j, {&kKnown}, strict, &r)) return *e;
   if (j.contains("model") && !j["model"].is_null()) {
-    if (!j["model"].is_string()) return Bad("model", "'model' must be a string");
+    if (!j["model"].is_string()) return BadRequest("model", "'model' must be a string");
     r.model = j["model"].get<std::string>();
   }
   if (j.contains("encoding_format") && !j["encoding_format"].is_null()) {
     if (j["encoding_format"] == "base64") {
       r.base64 = true;
     } else if (j["encoding_format"] != "float") {
-      return Bad("encoding_format", "'encoding_format' must be float or base64");
+      return BadRequest("encoding_format", "'encoding_format' must be float or base64");
     }
   }
   if (j.contains("dimensions") && !j["dimensions"].is_null()) {
     if (!j["dimensions"].is_number_integer() || j["dimensions"].get<int64_t>() != dim) {
-      return Bad("dimensions", fmt::format("'dimensions' can only be this model's embedding size, {}", dim));
+      return BadRequest("dimensions", fmt::format("'dimensions' can only be this model's embedding size, {}", dim));
     }
   }
-  if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return Bad("user", "'user' must be a string");
-  if (!j.contains("input")) return Bad("input", "'input' is required");
+  if (j.contains("user") && !j["user"].is_null() && !j["user"].is_string()) return BadRequest("user", "'user' must be a string");
+  if (!j.contains("input")) return BadRequest("input", "'input' is required");
   if (auto e = ParsePrompts(j["input"], "input", &r)) return *e;
   for (const auto& p : r.prompts) {
-    if (p.empty()) return Bad("input", "an input string is empty");
+    if (p.empty()) return BadRequest("input", "an input string is empty");
   }
-  if (r.prompts.size() + r.prompt_ids.size() > 2048) return Bad("input", "at most 2048 inputs per request");
+  if (r.prompts.size() + r.prompt_ids.size() > 2048) return BadRequest("input", "at most 2048 inputs per request");
   r.max_tokens = 1;
   return r;
 }

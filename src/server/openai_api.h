@@ -35,6 +35,9 @@ struct ApiError {
   std::string param;  // the offending field, if any
 };
 
+// A 400 naming the offending field (param; "" for the body as a whole).
+ApiError BadRequest(const std::string& param, const std::string& message);
+
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
 std::string ErrorBody(const ApiError& e);
 

@@ -9,10 +9,6 @@ namespace gale::server {
 
 namespace {
 
-ApiError Bad(const std::string& param, const std::string& message) { return {400, message, "invalid_request_error", param}; }
-
-std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 // The response id's random part: item and call ids are made from it, so that a streamed response
 // and the stored one name their items alike.
 std::string Suffix(const std::string& id) { return id.rfind("resp_", 0) == 0 ? id.substr(5) : id; }
@@ -24,19 +20,19 @@ std::string CallId(const std::string& id, size_t i) { return fmt::format("call_{
 // A message item's content as text: a string, or input_text / output_text parts.
 std::variant<std::string, ApiError> ContentText(const Json& content, const std::string& field) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return Bad(field, fmt::format("'{}' must be a string or an array of content parts", field));
+  if (!content.is_array()) return BadRequest(field, fmt::format("'{}' must be a string or an array of content parts", field));
   std::string out;
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& p = content[i];
-    if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) return Bad(field, "each content part needs a 'type'");
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) return BadRequest(field, "each content part needs a 'type'");
     const std::string type = p["type"].get<std::string>();
     if (type == "input_text" || type == "output_text" || type == "text") {
-      if (!p.contains("text") || !p["text"].is_string()) return Bad(fmt::format("{}[{}]", field, i), "a text part needs 'text'");
+      if (!p.contains("text") || !p["text"].is_string()) return BadRequest(fmt::format("{}[{}]", field, i), "a text part needs 'text'");
       out += p["text"].get<std::string>();
     } else if (type == "refusal") {
       if (p.contains("refusal") && p["refusal"].is_string()) out += p["refusal"].get<std::string>();
     } else {
-      return Bad(fmt::format("{}[{}]", field, i), fmt::format("'{}' content is not supported (text-only models)", type));
+      return BadRequest(fmt::format("{}[{}]", field, i), fmt::format("'{}' content is not supported (text-only models)", type));
     }
   }
   return out;
@@ -46,7 +42,7 @@ std::variant<std::string, ApiError> ContentText(const Json& content, const std::
 // message's tool_calls; a reasoning item's text becomes the next assistant message's reasoning.
 std::optional<ApiError> AddItem(const Json& item, size_t i, Json* out, std::string* pending_reasoning) {
   const std::string field = fmt::format("input[{}]", i);
-  if (!item.is_object()) return Bad(field, "each input item must be an object");
+  if (!item.is_object()) return BadRequest(field, "each input item must be an object");
   const std::string type = item.contains("type") && item["type"].is_string() ? item["type"].get<std::string>() : "message";
   // The assistant message a function call joins: the turn's last one (its text, then its calls).
   auto assistant = [&]() -> Json& {
@@ -59,13 +55,13 @@ std::optional<ApiError> AddItem(const Json& item, size_t i, Json* out, std::stri
     return out->back();
   };
   if (type == "message") {
-    if (!item.contains("role") || !item["role"].is_string()) return Bad(field + ".role", "a message needs a 'role'");
+    if (!item.contains("role") || !item["role"].is_string()) return BadRequest(field + ".role", "a message needs a 'role'");
     std::string role = item["role"].get<std::string>();
     if (role == "developer") role = "system";
     if (role != "user" && role != "system" && role != "assistant") {
-      return Bad(field + ".role", "'role' must be user, system, developer or assistant");
+      return BadRequest(field + ".role", "'role' must be user, system, developer or assistant");
     }
-    if (!item.contains("content")) return Bad(field + ".content", "a message needs 'content'");
+    if (!item.contains("content")) return BadRequest(field + ".content", "a message needs 'content'");
     auto text = ContentText(item["content"], field + ".content");
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
     Json m = {{"role", role}, {"content", std::get<std::string>(text)}};
@@ -73,13 +69,13 @@ std::optional<ApiError> AddItem(const Json& item, size_t i, Json* out, std::stri
     out->push_back(std::move(m));
   } else if (type == "function_call") {
     for (const char* k : {"call_id", "name", "arguments"}) {
-      if (!item.contains(k) || !item[k].is_string()) return Bad(field + "." + k, fmt::format("a function_call needs '{}'", k));
+      if (!item.contains(k) || !item[k].is_string()) return BadRequest(field + "." + k, fmt::format("a function_call needs '{}'", k));
     }
     assistant()["tool_calls"].push_back(
         {{"id", item["call_id"]}, {"type", "function"}, {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
   } else if (type == "function_call_output") {
-    if (!item.contains("call_id") || !item["call_id"].is_string()) return Bad(field + ".call_id", "a function_call_output needs 'call_id'");
-    if (!item.contains("output")) return Bad(field + ".output", "a function_call_output needs 'output'");
+    if (!item.contains("call_id") || !item["call_id"].is_string()) return BadRequest(field + ".call_id", "a function_call_output needs 'call_id'");
+    if (!item.contains("output")) return BadRequest(field + ".output", "a function_call_output needs 'output'");
     std::string output;
     if (item["output"].is_string()) {
       output = item["output"].get<std::string>();
@@ -98,7 +94,7 @@ std::optional<ApiError> AddItem(const Json& item, size_t i, Json* out, std::stri
       if (!pending_reasoning->empty()) break;  // the full text where given, else the summary
     }
   } else {
-    return Bad(field + ".type", fmt::format("input items of type '{}' are not supported", type));
+    return BadRequest(field + ".type", fmt::format("input items of type '{}' are not supported", type));
   }
   return std::nullopt;
 }
@@ -136,15 +132,15 @@ Json CallItem(const std::string& id, size_t i, const std::string& name, const st
 // chat body.
 std::optional<ApiError> AddTools(const Json& a, Json* c) {
   if (a.contains("tools") && !a["tools"].is_null()) {
-    if (!a["tools"].is_array()) return Bad("tools", "'tools' must be an array");
+    if (!a["tools"].is_array()) return BadRequest("tools", "'tools' must be an array");
     Json tools = Json::array();
     for (size_t i = 0; i < a["tools"].size(); ++i) {
       const Json& t = a["tools"][i];
       const std::string at = fmt::format("tools[{}]", i);
       if (!t.is_object() || t.value("type", "") != "function") {
-        return Bad(at + ".type", "only function tools are supported (no built-in tools such as web_search or file_search)");
+        return BadRequest(at + ".type", "only function tools are supported (no built-in tools such as web_search or file_search)");
       }
-      if (!t.contains("name") || !t["name"].is_string()) return Bad(at + ".name", "a function tool needs a 'name'");
+      if (!t.contains("name") || !t["name"].is_string()) return BadRequest(at + ".name", "a function tool needs a 'name'");
       Json fn = {{"name", t["name"]}, {"parameters", t.value("parameters", Json({{"type", "object"}, {"properties", Json::object()}}))}};
       if (t.contains("description") && !t["description"].is_null()) fn["description"] = t["description"];
       if (t.contains("strict") && !t["strict"].is_null()) fn["strict"] = t["strict"];
@@ -159,12 +155,12 @@ std::optional<ApiError> AddTools(const Json& a, Json* c) {
     } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name") && tc["name"].is_string()) {
       (*c)["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
-      return Bad("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}");
+      return BadRequest("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}");
     }
   }
   if (a.contains("text") && a["text"].is_object() && a["text"].contains("format")) {
     const Json& f = a["text"]["format"];
-    if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) return Bad("text.format", "'text.format' needs a 'type'");
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) return BadRequest("text.format", "'text.format' needs a 'type'");
     const std::string type = f["type"].get<std::string>();
     if (type == "json_schema") {
       Json js = {{"name", f.value("name", "response")}, {"schema", f.value("schema", Json::object())}};
@@ -173,7 +169,7 @@ std::optional<ApiError> AddTools(const Json& a, Json* c) {
     } else if (type == "json_object") {
       (*c)["response_format"] = {{"type", "json_object"}};
     } else if (type != "text") {
-      return Bad("text.format.type", "'text.format' type must be text, json_object or json_schema");
+      return BadRequest("text.format.type", "'text.format' type must be text, json_object or json_schema");
     }
   }
   return std::nullopt;
@@ -196,7 +192,7 @@ void ResponseStore::Evict(std::chrono::steady_clock::time_point now) {
 }
 
 void ResponseStore::Put(const std::string& id, Entry entry) {
-  const size_t bytes = Dump(entry.response).size() + Dump(entry.messages).size();
+  const size_t bytes = JsonText(entry.response).size() + JsonText(entry.messages).size();
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = std::chrono::steady_clock::now();
   if (auto it = slots_.find(id); it != slots_.end()) {
@@ -243,7 +239,7 @@ std::variant<ResponsesRequest, ApiError> ResponsesToChat(const std::string& body
   // The conversation: a stored response's, then the instructions, then the input.
   Json conversation = Json::array();
   if (a.contains("previous_response_id") && !a["previous_response_id"].is_null()) {
-    if (!a["previous_response_id"].is_string()) return Bad("previous_response_id", "'previous_response_id' must be a string");
+    if (!a["previous_response_id"].is_string()) return BadRequest("previous_response_id", "'previous_response_id' must be a string");
     auto prev = store.Get(a["previous_response_id"].get<std::string>());
     if (!prev) {
       return ApiError{404, fmt::format("no stored response '{}' (stored responses expire, and only with store: true)",
@@ -254,10 +250,10 @@ std::variant<ResponsesRequest, ApiError> ResponsesToChat(const std::string& body
   }
   Json messages = Json::array();
   if (a.contains("instructions") && !a["instructions"].is_null()) {
-    if (!a["instructions"].is_string()) return Bad("instructions", "'instructions' must be a string");
+    if (!a["instructions"].is_string()) return BadRequest("instructions", "'instructions' must be a string");
     messages.push_back({{"role", "system"}, {"content", a["instructions"]}});
   }
-  if (!a.contains("input")) return Bad("input", "'input' is required");
+  if (!a.contains("input")) return BadRequest("input", "'input' is required");
   const Json& input = a["input"];
   Json sent = Json::array();  // this request's own messages (stored; instructions are not carried over)
   if (input.is_string()) {
@@ -268,12 +264,12 @@ std::variant<ResponsesRequest, ApiError> ResponsesToChat(const std::string& body
       if (auto e = AddItem(input[i], i, &sent, &reasoning)) return *e;
     }
   } else {
-    return Bad("input", "'input' must be a string or an array of items");
+    return BadRequest("input", "'input' must be a string or an array of items");
   }
   r.messages = conversation;
   for (const Json& m : sent) r.messages.push_back(m);
   for (const Json& m : r.messages) messages.push_back(m);
-  if (messages.empty()) return Bad("input", "'input' holds no message");
+  if (messages.empty()) return BadRequest("input", "'input' holds no message");
   c["messages"] = std::move(messages);
   if (a.contains("max_output_tokens") && !a["max_output_tokens"].is_null()) c["max_tokens"] = a["max_output_tokens"];
   for (const char* k : {"temperature", "top_p", "parallel_tool_calls", "stream"}) {
@@ -281,7 +277,7 @@ std::variant<ResponsesRequest, ApiError> ResponsesToChat(const std::string& body
   }
   r.stream = a.value("stream", false) == true;
   if (a.contains("store")) {
-    if (!a["store"].is_boolean()) return Bad("store", "'store' must be a boolean");
+    if (!a["store"].is_boolean()) return BadRequest("store", "'store' must be a boolean");
     r.store = a["store"].get<bool>();
   }
   if (auto e = AddTools(a, &c)) return *e;
@@ -340,7 +336,7 @@ Json AssistantChatMessage(const std::string& id, const Choice& c) {
 std::string ResponsesEvents::Event(const std::string& type, Json data) {
   data["type"] = type;
   data["sequence_number"] = sequence_++;
-  return fmt::format("event: {}\ndata: {}\n\n", type, Dump(data));
+  return fmt::format("event: {}\ndata: {}\n\n", type, JsonText(data));
 }
 
 std::string ResponsesEvents::Start(const ResponsesRequest& r) {

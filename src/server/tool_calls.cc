@@ -44,9 +44,6 @@ std::string_view Trim(std::string_view s) {
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-// Compact JSON text, invalid UTF-8 replaced (what a call's arguments are sent as).
-std::string JsonText(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
 // Where the JSON object or array starting at s[start] ends (one past its closing bracket), or
 // npos when it does not close.
 size_t JsonValueEnd(std::string_view s, size_t start) {

@@ -47,6 +47,11 @@
 
 namespace gale::server {
 
+// Compact JSON text, invalid UTF-8 replaced: what the server sends (a call's arguments, answers).
+inline std::string JsonText(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 enum class ToolCallFormat {
   kHermes, kLlama3Json, kMistral, kDeepSeekV3, kKimiK2, kQwen3Coder, kGlm45, kMinimaxM2, kGptOss, kGemma4, kFunctionary, kFunctionaryV32
 };
