@@ -316,6 +316,13 @@ bool IsCheckedFormat(const std::string& f) {
   return kChecked.count(f) > 0;
 }
 
+// A string's length in code points (JSON Schema's string length).
+int64_t CodePoints(std::string_view s) {
+  int64_t n = 0;
+  for (size_t i = 0; i < s.size(); ++n) i += static_cast<size_t>(Utf8Decode(s.substr(i)).second);
+  return n;
+}
+
 // 10^k, for k up to 18.
 int64_t Pow10(int k) {
   int64_t v = 1;
@@ -669,9 +676,7 @@ class Converter {
         return refuse(k);
       } else if (v.is_string() && (k == "minLength" || k == "maxLength")) {
         if (!x.is_number_unsigned() && !x.is_number_integer()) return Error(path, "'{}' must be a count", k);
-        int64_t n = 0;
-        const std::string& t = v.get_ref<const std::string&>();
-        for (size_t i = 0; i < t.size(); ++n) i += static_cast<size_t>(Utf8Decode(std::string_view(t).substr(i)).second);
+        const int64_t n = CodePoints(v.get_ref<const std::string&>());
         if (k == "minLength" ? n < x.get<int64_t>() : n > x.get<int64_t>()) return false;
       } else if (v.is_string() && (k == "pattern" || k == "format" || k == kNotPatterns || k == kNotStrings)) {
         const std::string& text = v.get_ref<const std::string&>();
@@ -729,7 +734,6 @@ class Converter {
   // `properties` allowed unless additionalProperties says otherwise).
   StatusOr<bool> ObjectSatisfies(const Json& v, const Json& s, const std::string& k, const std::string& path, int depth) {
     const Json& x = s[k];
-    auto count = [&](const char* kw) -> StatusOr<int64_t> { return Count(s, kw, path, 0); };
     if (k == "required" || k == kForbiddenKeys) {
       if (!x.is_array()) return Error(path, "'{}' must be an array", k);
       if (k == "required") return std::all_of(x.begin(), x.end(), [&](const Json& r) { return r.is_string() && v.contains(r.get<std::string>()); });
@@ -739,7 +743,7 @@ class Converter {
       return true;
     }
     if (k == "minProperties" || k == "maxProperties") {
-      ASSIGN_OR_RETURN(const int64_t n, count(k.c_str()));
+      ASSIGN_OR_RETURN(const int64_t n, Count(s, k.c_str(), path, 0));
       return k == "minProperties" ? static_cast<int64_t>(v.size()) >= n : static_cast<int64_t>(v.size()) <= n;
     }
     if (k == "dependencies" || k == "dependentRequired") {
@@ -778,9 +782,8 @@ class Converter {
       }
       if (k == "properties") continue;
       for (auto p = pats.begin(); p != pats.end(); ++p) {
-        auto dfa = BuildDfa({{p.key(), RegexMatch::kSearch, std::nullopt}}, kMaxDfaStates);
-        if (!dfa.ok()) return Error(path, "'patternProperties' beside 'enum' or 'const': {}", dfa.status().message());
-        if (RunDfa(*dfa, m.key()) == 0) continue;
+        ASSIGN_OR_RETURN(const bool in, Matches(p.key(), RegexMatch::kSearch, m.key(), path));
+        if (!in) continue;
         matched = true;
         ASSIGN_OR_RETURN(const bool ok, Satisfies(m.value(), p.value(), path, depth + 1));
         if (!ok) return false;
@@ -837,23 +840,7 @@ class Converter {
       if (!dfa.ok()) return Error(path, "a pattern or format beside 'enum' or 'const': {}", dfa.status().message());
       it = value_dfas_.emplace(key, std::move(*dfa)).first;
     }
-    return RunDfa(it->second, text) != 0;
-  }
-
-  // The accepts of the automaton's state after reading a string (0 where it leaves the automaton).
-  static uint32_t RunDfa(const Dfa& dfa, const std::string& text) {
-    int32_t q = 0;
-    for (size_t i = 0; i < text.size();) {
-      const auto [cp, len] = Utf8Decode(std::string_view(text).substr(i));
-      i += static_cast<size_t>(len);
-      int32_t to = -1;
-      for (const Dfa::Edge& e : dfa.states[static_cast<size_t>(q)].edges) {
-        if (e.chars.Contains(cp)) to = e.to;
-      }
-      if (to < 0) return 0;
-      q = to;
-    }
-    return dfa.states[static_cast<size_t>(q)].accepts;
+    return DfaAccepts(it->second, text) != 0;
   }
 
   // The type names of a set of kinds (Kinds' bits), for `type`.
@@ -896,32 +883,29 @@ class Converter {
           if (!sets) return std::nullopt;
           if (k == "anyOf") {
             part.insert(part.end(), sets->begin(), sets->end());
-            continue;
+          } else if (!JoinSets(*sets, &part)) {
+            return std::nullopt;
           }
-          std::vector<std::set<std::string>> joined;
-          for (const auto& a : part) {
-            for (const auto& c : *sets) {
-              joined.push_back(a);
-              joined.back().insert(c.begin(), c.end());
-            }
-          }
-          part = std::move(joined);
-          if (part.size() > 64) return std::nullopt;
         }
       } else {
         return std::nullopt;
       }
-      std::vector<std::set<std::string>> joined;
-      for (const auto& a : out) {
-        for (const auto& c : part) {
-          joined.push_back(a);
-          joined.back().insert(c.begin(), c.end());
-        }
-      }
-      out = std::move(joined);
-      if (out.size() > 64) return std::nullopt;
+      if (!JoinSets(part, &out)) return std::nullopt;
     }
     return out;
+  }
+
+  // Both: every set of `sets` with every set of *out, joined (false past 64 sets).
+  static bool JoinSets(const std::vector<std::set<std::string>>& sets, std::vector<std::set<std::string>>* out) {
+    std::vector<std::set<std::string>> joined;
+    for (const auto& a : *out) {
+      for (const auto& c : sets) {
+        joined.push_back(a);
+        joined.back().insert(c.begin(), c.end());
+      }
+    }
+    *out = std::move(joined);
+    return out->size() <= 64;
   }
 
   // The schema with its `not` folded into keywords a grammar has, for the forms that allow it:
@@ -1473,19 +1457,7 @@ class Converter {
     Dfa dfa;
     uint32_t names_bit = 0;
 
-    uint32_t Signature(const std::string& key) const {
-      int32_t q = 0;
-      for (size_t i = 0; i < key.size() && q >= 0;) {
-        const auto [cp, len] = Utf8Decode(std::string_view(key).substr(i));
-        i += static_cast<size_t>(len);
-        int32_t to = -1;
-        for (const Dfa::Edge& e : dfa.states[q].edges) {
-          if (e.chars.Contains(cp)) to = e.to;
-        }
-        q = to;
-      }
-      return q < 0 ? 0 : dfa.states[q].accepts & (names_bit - 1);
-    }
+    uint32_t Signature(const std::string& key) const { return DfaAccepts(dfa, key) & (names_bit - 1); }
     // `own` and the schema of every pattern in `sig`.
     Json With(Json own, uint32_t sig) const {
       for (size_t i = 0; i < schemas.size(); ++i) {
@@ -1735,21 +1707,9 @@ class Converter {
     bool Allows(const std::string& k) const {
       if (schema.contains("enum") && std::find(schema["enum"].begin(), schema["enum"].end(), Json(k)) == schema["enum"].end()) return false;
       if (schema.contains("const") && schema["const"] != Json(k)) return false;
-      int64_t n = 0;
-      int32_t q = 0;
-      for (size_t i = 0; i < k.size(); ++n) {
-        const auto [cp, len] = Utf8Decode(std::string_view(k).substr(i));
-        i += static_cast<size_t>(len);
-        if (!dfa) continue;
-        int32_t to = -1;
-        for (const Dfa::Edge& e : dfa->states[static_cast<size_t>(q)].edges) {
-          if (e.chars.Contains(cp)) to = e.to;
-        }
-        if (to < 0) return false;
-        q = to;
-      }
+      const int64_t n = CodePoints(k);
       if (n < min_len || (max_len >= 0 && n > max_len)) return false;
-      return !dfa || (dfa->states[static_cast<size_t>(q)].accepts & all) == all;
+      return !dfa || (DfaAccepts(*dfa, k) & all) == all;
     }
 
     StatusOr<std::string> KeyRule(Converter& c, const std::set<std::string>& declared, const std::string& hint,

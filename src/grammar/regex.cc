@@ -700,4 +700,17 @@ StatusOr<Dfa> BuildDfa(const std::vector<DfaLanguage>& languages, size_t max_sta
   return Determinize(nfa, start, max_states);
 }
 
+uint32_t DfaAccepts(const Dfa& dfa, std::string_view text) {
+  size_t q = 0;
+  for (size_t i = 0; i < text.size();) {
+    const auto [cp, len] = Utf8Decode(text.substr(i));
+    i += static_cast<size_t>(len);
+    const auto e = std::find_if(dfa.states[q].edges.begin(), dfa.states[q].edges.end(),
+                                [cp = cp](const Dfa::Edge& edge) { return edge.chars.Contains(cp); });
+    if (e == dfa.states[q].edges.end()) return 0;  // (a complete automaton always has one)
+    q = static_cast<size_t>(e->to);
+  }
+  return dfa.states[q].accepts;
+}
+
 }  // namespace gale::grammar

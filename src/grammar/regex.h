@@ -58,6 +58,10 @@ struct DfaLanguage {
 // proportional amount of work) is an error saying so.
 StatusOr<Dfa> BuildDfa(const std::vector<DfaLanguage>& languages, size_t max_states);
 
+// The accepts of the state the automaton reaches reading `text` (UTF-8) from the start (0 where
+// no edge reads a character).
+uint32_t DfaAccepts(const Dfa& dfa, std::string_view text);
+
 // The writer for characters inside a JSON string: the set's members, escaped as JSON requires.
 std::string JsonStringCharSet(const CharSet& s);
 
