@@ -543,21 +543,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!state) return SendError({503, "the model is still loading", "service_unavailable", ""}, false, "5");
     if (tokenize || detokenize) {
       if (!post) return SendError({405, "use POST", "invalid_request_error", ""});
-      // (The lane is chosen before the body moves into the task: argument order is unspecified.)
-      net::io_context& lane = server_->LaneFor(req.body().size());
-      net::post(lane, [self = shared_from_this(), body = std::move(req.body()), detokenize, state]() mutable {
-        std::variant<Json, ApiError> r;
-        try {
-          r = TokenizeRequest(body, detokenize, *state);
-        } catch (const std::exception& e) {
-          r = ApiError{500, fmt::format("tokenizing failed: {}", e.what()), "server_error", ""};
-        }
-        net::post(self->stream_.get_executor(), [self, r = std::move(r)]() {
-          if (const auto* e = std::get_if<ApiError>(&r)) return self->SendError(*e);
-          self->SendJson(std::get<Json>(r));
-        });
+      return AnswerOffThread(std::move(req.body()), "tokenizing", [detokenize, state](const std::string& body) {
+        return TokenizeRequest(body, detokenize, *state);
       });
-      return;
     }
     if (path == "/v1/models") {
       if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
@@ -669,16 +657,15 @@ class Session : public std::enable_shared_from_this<Session> {
         prepared = *e;
       } else {
         OllamaRequest& o = std::get<OllamaRequest>(r);
-        const std::string model = Json::parse(body)["model"].get<std::string>();
         if (o.load_only) {
-          load = OllamaFinal(endpoint, model, Choice{}, Usage{}, OllamaTimings{}, /*whole=*/true);
+          load = OllamaFinal(endpoint, o.model, Choice{}, Usage{}, OllamaTimings{}, /*whole=*/true);
         } else {
           o.body["stream"] = o.stream;
           const bool embed = endpoint == OllamaEndpoint::kEmbed || endpoint == OllamaEndpoint::kEmbeddings;
           prepared = Prepare(o.body.dump(), embed ? 2 : o.chat ? 1 : 0, *state, /*strict=*/false);
           if (auto* p = std::get_if<Prepared>(&prepared)) {
             p->ollama = endpoint;
-            p->ollama_model = model;
+            p->ollama_model = o.model;
             if (o.all_that_fits) p->req.max_tokens = 0;
           }
         }
@@ -734,19 +721,27 @@ class Session : public std::enable_shared_from_this<Session> {
   // off the I/O thread, as a generation's is; nothing is generated).
   void CountTokens(Request req, std::shared_ptr<const ServingState> state) {
     if (req.method() != http::verb::post) return SendError({405, "use POST", "invalid_request_error", ""});
-    net::io_context& lane = server_->LaneFor(req.body().size());
-    net::post(lane, [self = shared_from_this(), body = std::move(req.body()), state]() mutable {
-      std::variant<Json, ApiError> r;
+    const bool strict = server_->opt.strict_api;
+    AnswerOffThread(std::move(req.body()), "counting tokens", [state, strict](const std::string& body) -> std::variant<Json, ApiError> {
       auto chat = AnthropicToChat(body, /*count_tokens=*/true);
-      if (auto* e = std::get_if<ApiError>(&chat)) {
-        r = *e;
-      } else {
-        auto prepared = Prepare(std::get<Json>(chat).dump(), 1, *state, self->server_->opt.strict_api);
-        if (auto* e = std::get_if<ApiError>(&prepared)) {
-          r = *e;
-        } else {
-          r = Json{{"input_tokens", std::get<Prepared>(prepared).prompts.at(0).size()}};
-        }
+      if (auto* e = std::get_if<ApiError>(&chat)) return *e;
+      auto prepared = Prepare(std::get<Json>(chat).dump(), 1, *state, strict);
+      if (auto* e = std::get_if<ApiError>(&prepared)) return *e;
+      return Json{{"input_tokens", std::get<Prepared>(prepared).prompts.at(0).size()}};
+    });
+  }
+
+  // A request answered without the engine (tokenize, count_tokens): `work` runs on a preparation
+  // lane, never an I/O thread, and whatever it throws is this request's 500 ("<what> failed").
+  void AnswerOffThread(std::string body, const char* what, std::function<std::variant<Json, ApiError>(const std::string&)> work) {
+    // (The lane is chosen before the body moves into the task: argument order is unspecified.)
+    net::io_context& lane = server_->LaneFor(body.size());
+    net::post(lane, [self = shared_from_this(), body = std::move(body), what, work = std::move(work)]() {
+      std::variant<Json, ApiError> r;
+      try {
+        r = work(body);
+      } catch (const std::exception& e) {
+        r = ApiError{500, fmt::format("{} failed: {}", what, e.what()), "server_error", ""};
       }
       net::post(self->stream_.get_executor(), [self, r = std::move(r)]() {
         if (const auto* e = std::get_if<ApiError>(&r)) return self->SendError(*e);

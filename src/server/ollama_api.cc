@@ -9,23 +9,20 @@ namespace gale::server {
 
 namespace {
 
-// Now as RFC 3339 in UTC with nanoseconds, as Ollama writes created_at.
-std::string Now() {
-  const auto now = std::chrono::system_clock::now();
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  const std::time_t secs = static_cast<std::time_t>(ns / 1000000000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:09}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, ns % 1000000000);
-}
-
-std::string Rfc3339(int64_t unix_seconds) {
+// RFC 3339 in UTC, with nanoseconds when given (nanos >= 0), as Ollama writes times.
+std::string Rfc3339(int64_t unix_seconds, int64_t nanos = -1) {
   const std::time_t secs = static_cast<std::time_t>(unix_seconds);
   std::tm tm{};
   gmtime_r(&secs, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec);
+  const std::string fraction = nanos >= 0 ? fmt::format(".{:09}", nanos) : "";
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}{}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, fraction);
+}
+
+// Now, as Ollama writes created_at.
+std::string Now() {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return Rfc3339(ns / 1000000000, ns % 1000000000);
 }
 
 // The served name with a tag, as Ollama lists models ("name:latest").
@@ -160,6 +157,7 @@ std::variant<OllamaRequest, ApiError> OllamaToOpenAi(OllamaEndpoint endpoint, co
     return ApiError{404, fmt::format("model '{}' not found; this server has '{}'", model, Tagged(served.name)), "not_found_error", "model"};
   }
   OllamaRequest r;
+  r.model = model;
   Json& c = r.body;
   c = Json::object();
   if (endpoint == OllamaEndpoint::kEmbed || endpoint == OllamaEndpoint::kEmbeddings) {

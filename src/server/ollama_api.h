@@ -41,6 +41,7 @@ bool OllamaModelMatches(const std::string& model, const OllamaModel& served);
 // generate, embeddings for /api/embed and /api/embeddings) for an Ollama body, or a 400 (404 for
 // another model). stream: whether the answer streams (Ollama's default is yes).
 struct OllamaRequest {
+  std::string model;    // as the request names it (answers echo it)
   Json body;
   bool chat = true;     // the body is a chat completions body (else completions or embeddings)
   bool stream = true;

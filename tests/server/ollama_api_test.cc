@@ -36,6 +36,7 @@ TEST(OllamaApi, BodiesBecomeOpenAiBodies) {
     "messages": [{"role": "user", "content": "Weather?"},
                  {"role": "assistant", "content": "", "thinking": "call it", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Lima"}}}]},
                  {"role": "tool", "content": "Sunny", "tool_name": "get_weather"}]})");
+  EXPECT_EQ(chat.model, "qwen3:latest");  // echoed as named
   EXPECT_TRUE(chat.chat);
   EXPECT_TRUE(chat.stream);  // Ollama streams unless told not to
   const Json& c = chat.body;
