@@ -185,6 +185,22 @@ struct Workspace {
   // Tokens routed to each expert over the steps since the counters were last read (gale bench
   // --profile's load balance), [num_layers * num_experts]; empty unless a caller sized it.
   std::vector<int64_t> expert_tokens;
+
+  // An architecture's own buffers (a struct of its choosing), kept across steps as the ones above
+  // are: a prefill's buffers run to tens of MB, and a fresh allocation of that size is mapped,
+  // faulted in and zeroed again at every step. Owned by one model; another model's call starts anew.
+  template <typename T>
+  T& ArchBuffers(const void* owner) {
+    if (arch_owner_ != owner || arch_buffers_ == nullptr) {
+      arch_buffers_ = std::make_shared<T>();
+      arch_owner_ = owner;
+    }
+    return *static_cast<T*>(arch_buffers_.get());
+  }
+
+ private:
+  std::shared_ptr<void> arch_buffers_;
+  const void* arch_owner_ = nullptr;
 };
 
 class Model {

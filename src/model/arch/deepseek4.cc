@@ -41,7 +41,9 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 
+#include "base/profiler.h"
 #include "kernels/kernels.h"
 #include "model/arch/arch.h"
 #include "model/synth.h"
@@ -172,21 +174,34 @@ class Deepseek4Model final : public Model {
   struct AttnInputs {
     std::vector<float> qr, q, kvr, cs, cs_back, iq, iw;
   };
+  // A forward's buffers, kept in the workspace across steps (Workspace::ArchBuffers): the
+  // residual copies, the sublayers' inputs and outputs, the hyper-connection weights, the
+  // attention's inputs, the compressors' state rows, Engram's rows and products.
+  struct Buffers {
+    std::vector<float> streams, x, in, post, comb, attn, low, gin, gout, pre_next, pre_own;
+    AttnInputs a;
+    std::vector<float> sk, sg, emb, kvo;
+    std::vector<int32_t> ids;
+  };
   void Project(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n, AttnInputs& a,
                ThreadPool& pool) const;
   void PoolBlock(const Compressor& c, int64_t state_layer, int64_t ratio, const ForwardBatch& batch,
                  const KvStorage& kv, int32_t seq, int64_t pos, std::vector<float>& scratch, float* row) const;
   void Compress(const Ds4Layer& w, const Compressor& c, int64_t state_layer, const PackedRows& packed,
-                const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, ThreadPool& pool) const;
+                const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, Buffers& buf,
+                ThreadPool& pool) const;
   void IndexerQueries(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n, AttnInputs& a,
                       ThreadPool& pool) const;
   void ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch, const KvStorage& kv, const AttnInputs& a,
                   const PackedRows& keys_at, std::vector<int64_t>& blocks, std::vector<int64_t>& chosen,
-                  std::vector<float>& idx_scores, std::vector<float>& key) const;
+                  std::vector<float>& idx_scores, std::vector<float>& keys) const;
+  struct AttendScratch {
+    std::vector<float> scores, transposed;
+  };
   void AttendRows(const Ds4Layer& w, const float* q, const float* rows, int64_t m, const float* cs_back,
-                  std::vector<float>& sc, float* out) const;
+                  AttendScratch& s, float* out) const;
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
-                 ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
+                 Buffers& buf, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
                  std::vector<std::vector<int64_t>>& candidates) const;
   // Loading, in order: the keys (checked; the RoPE and expert setup), each layer's tensors and
   // cache layers (LayerLoader), V4.1's candidate blocks.
@@ -196,7 +211,8 @@ class Deepseek4Model final : public Model {
   Status LoadEngram(const GgufFile& file, TensorLoader& tensors, const std::function<int64_t(int64_t, int64_t)>& kv_layer);
   // V4.1: each token's id into the history cache layer; Engram at layer l, added to the streams.
   void WriteTokens(const ForwardBatch& batch, KvStorage& kv) const;
-  void Engram(int64_t l, const ForwardBatch& batch, const KvStorage& kv, float* streams, int64_t n, ThreadPool& pool) const;
+  void Engram(int64_t l, const ForwardBatch& batch, const KvStorage& kv, float* streams, int64_t n, Buffers& buf,
+              ThreadPool& pool) const;
   // cos/sin of the layer's RoPE at pos ([rope / 2, 2]); compressed: the compression's base and
   // scaling.
   void Angles(bool compressed, int64_t pos, float* cos_sin) const;
@@ -811,13 +827,14 @@ void Deepseek4Model::WriteTokens(const ForwardBatch& batch, KvStorage& kv) const
 // sigmoid(sgn(s) sqrt(max(|s|, 1e-6))), s = (RmsNorm(key_c) * k_c) . (RmsNorm(copy c) * q_c) /
 // sqrt(dim).
 void Deepseek4Model::Engram(int64_t l, const ForwardBatch& batch, const KvStorage& kv, float* streams, int64_t n,
-                            ThreadPool& pool) const {
+                            Buffers& buf, ThreadPool& pool) const {
   const EngramLayer& g = engrams_[layers_[l].engram];
   const int64_t cols = (eng_ngram_ - 1) * eng_heads_, dim = hp_.dim;
   auto mapped = [&](int64_t id) -> uint64_t {
     return id < 0 || id >= static_cast<int64_t>(eng_map_.size()) ? eng_pad_ : eng_map_[id];
   };
-  std::vector<int32_t> ids(static_cast<size_t>(n * cols));
+  std::vector<int32_t>& ids = buf.ids;
+  ids.resize(static_cast<size_t>(n * cols));
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = batch.positions[t];
     uint64_t ctx[8];
@@ -842,9 +859,15 @@ void Deepseek4Model::Engram(int64_t l, const ForwardBatch& batch, const KvStorag
       }
     }
   }
-  std::vector<float> emb(static_cast<size_t>(n * cols * eng_key_)), kvo(static_cast<size_t>(n * (kHc + 1) * dim));
+  std::vector<float>& emb = buf.emb;
+  std::vector<float>& kvo = buf.kvo;
+  emb.resize(static_cast<size_t>(n * cols * eng_key_));
+  kvo.resize(static_cast<size_t>(n * (kHc + 1) * dim));
+  ProfileSpan span("ds4_engram_rows", "op", n, 0, l);
   kernels::GetRows(g.table, ids.data(), n * cols, emb.data());
+  span.Next("ds4_engram_wkv", n, 0, l);
   MatMul(g.wkv, emb.data(), n, kvo.data(), pool);
+  span.Next("ds4_engram_gate", n, 0, l);
   const float* qw = reinterpret_cast<const float*>(g.q_norm.data);
   const float* kw = reinterpret_cast<const float*>(g.k_norm.data);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
@@ -943,10 +966,13 @@ void Deepseek4Model::PoolBlock(const Compressor& c, int64_t state_layer, int64_t
 // kv rows); a key owner also derives the index keys of the batch's new rows (normed, not yet
 // rotated) in one product.
 void Deepseek4Model::Compress(const Ds4Layer& w, const Compressor& c, int64_t state_layer, const PackedRows& packed,
-                              const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
+                              const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, Buffers& buf,
                               ThreadPool& pool) const {
   const int64_t ratio = w.ratio, rope = hp_.rope_dims, cw = c.coff * c.width;
-  std::vector<float> sk(static_cast<size_t>(n * cw)), sg(static_cast<size_t>(n * cw));
+  std::vector<float>& sk = buf.sk;
+  std::vector<float>& sg = buf.sg;
+  sk.resize(static_cast<size_t>(n * cw));
+  sg.resize(static_cast<size_t>(n * cw));
   MatMul(c.kv, in, n, sk.data(), pool);
   if (c.has_gate) {
     MatMul(c.gate, in, n, sg.data(), pool);
@@ -1021,7 +1047,7 @@ void Deepseek4Model::IndexerQueries(const Ds4Layer& w, const ForwardBatch& batch
 void Deepseek4Model::ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch, const KvStorage& kv,
                                 const AttnInputs& a, const PackedRows& keys_at, std::vector<int64_t>& blocks,
                                 std::vector<int64_t>& chosen, std::vector<float>& idx_scores,
-                                std::vector<float>& key) const {
+                                std::vector<float>& keys) const {
   const Ds4Layer& w = layers_[l];
   const int64_t pos = batch.positions[t];
   const int64_t visible = (pos + 1) / w.ratio;
@@ -1037,18 +1063,18 @@ void Deepseek4Model::ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch,
     for (int64_t c = 0; c < visible; ++c) chosen.push_back(c);
   }
   if (!picks_rows || (static_cast<int64_t>(chosen.size()) <= idx_top_k_ && !choose_blocks)) return;
+  // The candidates' keys as a matrix, every head's dot products with them as one product.
+  const int64_t nc = static_cast<int64_t>(chosen.size());
   idx_scores.resize(static_cast<size_t>(visible));
-  key.resize(static_cast<size_t>(idx_dim_));
-  for (int64_t c : chosen) {
-    ReadPacked(kv, batch, keys_at, batch.seq(t), c, key.data());
+  keys.resize(static_cast<size_t>(nc * idx_dim_ + idx_heads_ * nc));
+  float* dots = keys.data() + nc * idx_dim_;
+  for (int64_t j = 0; j < nc; ++j) ReadPacked(kv, batch, keys_at, batch.seq(t), chosen[j], keys.data() + j * idx_dim_);
+  kernels::Active().gemm_float[kernels::kSlotF32](reinterpret_cast<const uint8_t*>(keys.data()), idx_dim_ * 4, nc,
+                                                  a.iq.data() + t * idx_heads_ * idx_dim_, idx_dim_, idx_heads_, dots, nc);
+  for (int64_t j = 0; j < nc; ++j) {
     float s = 0.0f;
-    for (int64_t h = 0; h < idx_heads_; ++h) {
-      const float* qh = a.iq.data() + (t * idx_heads_ + h) * idx_dim_;
-      float dot = 0.0f;
-      for (int64_t i = 0; i < idx_dim_; ++i) dot += qh[i] * key[i];
-      s += std::max(dot, 0.0f) * a.iw[t * idx_heads_ + h];
-    }
-    idx_scores[c] = s;
+    for (int64_t h = 0; h < idx_heads_; ++h) s += std::max(dots[h * nc + j], 0.0f) * a.iw[t * idx_heads_ + h];
+    idx_scores[chosen[j]] = s;
   }
   if (choose_blocks) {
     std::vector<float> best(static_cast<size_t>(num_blocks), -std::numeric_limits<float>::infinity());
@@ -1067,65 +1093,72 @@ void Deepseek4Model::ChooseRows(int64_t l, int64_t t, const ForwardBatch& batch,
   }
 }
 
-// Each head of token t over m rows (K = V) and its sink, the output rotated back.
+// Each head of token t over m rows (K = V) and its sink, the output rotated back. As two matrix
+// products on the f32 GEMM kernel: the scores of every head at once (the rows as the matrix, the
+// heads as its inputs), a softmax per head, then the weighted sum (the rows transposed as the
+// matrix, each head's weights as its input). A token's result depends only on its own rows and
+// query (the kernel's sums do not depend on how many inputs it takes), so a prefill gives what
+// decoding one token at a time gives.
 void Deepseek4Model::AttendRows(const Ds4Layer& w, const float* q, const float* rows, int64_t m, const float* cs_back,
-                                std::vector<float>& sc, float* out) const {
+                                AttendScratch& s, float* out) const {
   const int64_t head = hp_.head_dim, heads = hp_.num_heads;
+  const kernels::KernelTable& kt = kernels::Active();
+  const kernels::GemmFloatFn gemm = kt.gemm_float[kernels::kSlotF32];
   const float* sinks = reinterpret_cast<const float*>(w.sinks.data);
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(head));
-  sc.resize(static_cast<size_t>(m));
+  s.scores.resize(static_cast<size_t>(heads * m));
+  s.transposed.resize(static_cast<size_t>(head * m));
+  gemm(reinterpret_cast<const uint8_t*>(rows), head * 4, m, q, head, heads, s.scores.data(), m);
   for (int64_t h = 0; h < heads; ++h) {
-    const float* qh = q + h * head;
+    float* sc = s.scores.data() + h * m;
     float top = sinks[h];
     for (int64_t j = 0; j < m; ++j) {
-      float dot = 0.0f;
-      const float* r = rows + j * head;
-      for (int64_t i = 0; i < head; ++i) dot += qh[i] * r[i];
-      sc[j] = dot * kq_scale;
+      sc[j] *= kq_scale;
       top = std::max(top, sc[j]);
     }
+    kt.exp_shifted(sc, top, sc, m);
     double sum = std::exp(static_cast<double>(sinks[h] - top));
-    for (int64_t j = 0; j < m; ++j) {
-      sc[j] = std::exp(sc[j] - top);
-      sum += sc[j];
-    }
+    for (int64_t j = 0; j < m; ++j) sum += sc[j];
     const float inv = static_cast<float>(1.0 / sum);
-    float* o = out + h * head;
-    std::fill(o, o + head, 0.0f);
-    for (int64_t j = 0; j < m; ++j) {
-      const float p = sc[j] * inv;
-      const float* r = rows + j * head;
-      for (int64_t i = 0; i < head; ++i) o[i] += p * r[i];
-    }
-    RopeTail(o, 1, head, hp_.rope_dims, cs_back);
+    for (int64_t j = 0; j < m; ++j) sc[j] *= inv;
   }
+  for (int64_t j = 0; j < m; ++j) {
+    for (int64_t i = 0; i < head; ++i) s.transposed[i * m + j] = rows[j * head + i];
+  }
+  gemm(reinterpret_cast<const uint8_t*>(s.transposed.data()), m * 4, head, s.scores.data(), m, heads, out, head);
+  RopeTail(out, heads, head, hp_.rope_dims, cs_back);
 }
 
 void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n,
-                               float* out, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
+                               float* out, Buffers& buf, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
                                std::vector<std::vector<int64_t>>& candidates) const {
   const Ds4Layer& w = layers_[l];
   const int64_t head = hp_.head_dim, heads = hp_.num_heads, rope = hp_.rope_dims;
   const bool compressed = w.ratio != 0;
-  AttnInputs a;
+  AttnInputs& a = buf.a;
+  ProfileSpan span("ds4_project", "op", n, 0, l);
   Project(w, batch, in, n, a, pool);
   for (int64_t t = 0; t < n; ++t) WriteRow(kv, batch, w.kv_raw, batch.seq(t), batch.positions[t], a.kvr.data() + t * head, head);
+  span.Next("ds4_compress", n, 0, l);
   if (v41_) {
-    if (w.kv_source) Compress(w, w.comp_w, w.kv_state, w.comp, batch, kv, in, n, pool);
+    if (w.kv_source) Compress(w, w.comp_w, w.kv_state, w.comp, batch, kv, in, n, buf, pool);
   } else {
-    if (compressed) Compress(w, w.comp_w, w.kv_state, w.comp, batch, kv, in, n, pool);
-    if (w.ratio == 4) Compress(w, w.idx_comp, w.kv_idx_state, w.idx_keys, batch, kv, in, n, pool);
+    if (compressed) Compress(w, w.comp_w, w.kv_state, w.comp, batch, kv, in, n, buf, pool);
+    if (w.ratio == 4) Compress(w, w.idx_comp, w.kv_idx_state, w.idx_keys, batch, kv, in, n, buf, pool);
   }
   // Where this layer's compressed rows and index keys are (V4.1: its source's), whether it picks
   // rows itself (V4: ratio 4 with more rows than top_k; V4.1: an index source).
   const PackedRows& rows_at = v41_ && compressed ? layers_[w.rows_from].comp : w.comp;
   const PackedRows& keys_at = v41_ && compressed ? layers_[w.rows_from].idx_keys : w.idx_keys;
+  span.Next("ds4_indexer_q", n, 0, l);
   if (v41_ ? w.index_source : w.ratio == 4) IndexerQueries(w, batch, in, n, a, pool);
+  span.Next("ds4_attend", n, 0, l);
 
   // Attention, one token per item: the raw rows of its window, then the compressed rows it sees
   // (V4.1 layers that do not pick: the last index source's picks).
   pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows, sc, idx_scores, key;  // per thread, reused across its tokens
+    std::vector<float> rows, idx_scores, key;  // per thread, reused across its tokens
+    AttendScratch scratch;
     std::vector<int64_t> chosen;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pos = batch.positions[t];
@@ -1142,7 +1175,7 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
       rows.resize(static_cast<size_t>(m * head));
       for (int64_t j = 0; j < num_raw; ++j) ReadRow(kv, batch, w.kv_raw, seq, first + j, rows.data() + j * head, head);
       for (size_t j = 0; j < chosen.size(); ++j) ReadPacked(kv, batch, rows_at, seq, chosen[j], rows.data() + (num_raw + j) * head);
-      AttendRows(w, a.q.data() + t * heads * head, rows.data(), m, a.cs_back.data() + t * rope, sc, out + t * heads * head);
+      AttendRows(w, a.q.data() + t * heads * head, rows.data(), m, a.cs_back.data() + t * rope, scratch, out + t * heads * head);
     }
   }, /*min_items_per_thread=*/1);
 }
@@ -1165,25 +1198,39 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   f.set_replace_residual(true);
   const int64_t n = f.num_tokens(), dim = hp_.dim, heads = hp_.num_heads, head = hp_.head_dim;
   f.Embed(token_embd_);
+  Buffers& buf = ws.ArchBuffers<Buffers>(this);
   // The residual stream's kHc copies: [n, kHc, dim].
-  std::vector<float> streams(static_cast<size_t>(n * kHc * dim));
+  std::vector<float>& streams = buf.streams;
+  streams.resize(static_cast<size_t>(n * kHc * dim));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < kHc; ++h) std::memcpy(streams.data() + (t * kHc + h) * dim, ws.x.data() + t * dim, dim * sizeof(float));
   }
-  std::vector<float> x(static_cast<size_t>(n * dim)), in(static_cast<size_t>(n * dim));
-  std::vector<float> post(static_cast<size_t>(n * kHc)), comb(static_cast<size_t>(n * kHc * kHc));
-  std::vector<float> attn(static_cast<size_t>(n * heads * head)), low(static_cast<size_t>(n * out_groups_ * out_lora_));
-  std::vector<float> gin, gout;
+  auto sized = [](std::vector<float>& v, int64_t size) -> std::vector<float>& {
+    v.resize(static_cast<size_t>(size));
+    return v;
+  };
+  std::vector<float>& x = sized(buf.x, n * dim);
+  std::vector<float>& in = sized(buf.in, n * dim);
+  std::vector<float>& post = sized(buf.post, n * kHc);
+  std::vector<float>& comb = sized(buf.comb, n * kHc * kHc);
+  std::vector<float>& attn = sized(buf.attn, n * heads * head);
+  std::vector<float>& low = sized(buf.low, n * out_groups_ * out_lora_);
+  std::vector<float>& gin = buf.gin;
+  std::vector<float>& gout = buf.gout;
   const int64_t gdim = heads * head / out_groups_;
   // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy)
   // and this sublayer's own; the picks of the last index source.
-  std::vector<float> pre_next(static_cast<size_t>(n * kHc), 0.0f), pre_own(pre_next.size());
+  std::vector<float>& pre_next = buf.pre_next;
+  pre_next.assign(static_cast<size_t>(n * kHc), 0.0f);
+  std::vector<float>& pre_own = sized(buf.pre_own, n * kHc);
   for (int64_t t = 0; t < n; ++t) pre_next[t * kHc] = 1.0f;
   std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n)), candidates(static_cast<size_t>(n));
   if (tok_layer_ >= 0) WriteTokens(batch, kv);
   for (int64_t l = 0; l < hp_.num_layers; ++l) {
     const Ds4Layer& w = layers_[l];
-    if (w.engram >= 0) Engram(l, batch, kv, streams.data(), n, pool);
+    std::optional<ProfileSpan> span(std::in_place, "ds4_engram", "op", n, 0, l);
+    if (w.engram >= 0) Engram(l, batch, kv, streams.data(), n, buf, pool);
+    span->Next("ds4_hc", n, 0, l);
     if (v41_) {
       HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool, pre_next.data(), pre_own.data());
     } else {
@@ -1193,7 +1240,9 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
       kernels::RmsNorm(x.data() + t * dim, reinterpret_cast<const float*>(w.attn_norm.data), dim, hp_.rms_eps,
                        in.data() + t * dim);
     }
-    Attention(l, batch, kv, in.data(), n, attn.data(), pool, picks, candidates);
+    span.reset();
+    Attention(l, batch, kv, in.data(), n, attn.data(), buf, pool, picks, candidates);
+    span.emplace("ds4_out", "op", n, 0, l);
     // The grouped low-rank output: group g's heads through wo_a[g], the groups' results side by
     // side through wo_b.
     gin.resize(static_cast<size_t>(n * gdim));
@@ -1209,6 +1258,7 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
       }
     }
     MatMul(w.wo_b, low.data(), n, x.data(), pool);
+    span->Next("ds4_hc", n, 0, l);
     HcPost(x.data(), post.data(), comb.data(), n, dim, streams.data());
 
     if (v41_) {
@@ -1216,7 +1266,9 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
     } else {
       HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool);
     }
+    span.reset();
     f.MoeFfn(l, reinterpret_cast<const float*>(w.ffn_norm.data), w.moe);  // ws.x = the FFN's output
+    span.emplace("ds4_hc", "op", n, 0, l);
     HcPost(ws.x.data(), post.data(), comb.data(), n, dim, streams.data());
   }
   if (v41_) {  // the last FFN's pre weights collapse the copies
