@@ -82,6 +82,38 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t num_layers, int num
   return out;
 }
 
+StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageLayers(const Model& model, int num_stages) {
+  const int64_t num_layers = model.hparams().num_layers;
+  std::vector<std::pair<int64_t, int64_t>> even = StageLayers(num_layers, num_stages);
+  std::vector<int64_t> allowed;  // layers after the first that may begin a stage
+  for (int64_t l = 1; l < num_layers; ++l) {
+    if (model.CanStartStage(l)) allowed.push_back(l);
+  }
+  const int64_t cuts = num_stages - 1;
+  if (static_cast<int64_t>(allowed.size()) < cuts) {
+    return InvalidArgument("{} pipeline stages: this {} model can be cut before {} of its layers only, so into at most {} "
+                           "stages (a layer reads the cache rows of an earlier one)",
+                           num_stages, model.hparams().arch, allowed.size(), allowed.size() + 1);
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t first = 0;
+  size_t from = 0;  // the first allowed cut still free
+  for (int64_t c = 0; c < cuts; ++c) {
+    const int64_t target = even[static_cast<size_t>(c)].second;
+    // Leave enough allowed cuts for the stages after this one.
+    const size_t last = allowed.size() - static_cast<size_t>(cuts - c);
+    size_t best = from;
+    for (size_t i = from; i <= last; ++i) {
+      if (std::llabs(allowed[i] - target) < std::llabs(allowed[best] - target)) best = i;
+    }
+    out.emplace_back(first, allowed[best]);
+    first = allowed[best];
+    from = best + 1;
+  }
+  out.emplace_back(first, num_layers);
+  return out;
+}
+
 std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int64_t num_groups, int max_parts) {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   // The wanted rows, explicit (ForwardBatch's defaults resolved).
@@ -148,8 +180,9 @@ std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int64_t num
   return out;
 }
 
-PipelineDriver::PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options)
-    : model_(model), comm_(comm), options_(options), stages_(StageLayers(model.hparams().num_layers, comm.size())) {
+PipelineDriver::PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options,
+                               std::vector<std::pair<int64_t, int64_t>> stages)
+    : model_(model), comm_(comm), options_(options), stages_(std::move(stages)) {
   if (options_.micro_batches <= 0) options_.micro_batches = comm.size();
 }
 
@@ -162,8 +195,9 @@ StatusOr<std::unique_ptr<PipelineDriver>> PipelineDriver::Connect(const Model& m
     return InvalidArgument("{} pipeline stages for a model of {} layers", comm.size(), model.hparams().num_layers);
   }
   if (!model.hparams().causal) return InvalidArgument("an encoder runs in one process (no pipeline stages)");
+  ASSIGN_OR_RETURN(auto stages, StageLayers(model, comm.size()));
   RETURN_IF_ERROR(AwaitHellos(model, comm, options.timeout, "pipeline"));
-  return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options));
+  return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options, std::move(stages)));
 }
 
 std::string PipelineDriver::Describe() const {
@@ -178,6 +212,7 @@ std::string PipelineDriver::Describe() const {
 Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) {
   RETURN_IF_ERROR(state_.CheckStep(batch));
   const ModelHParams& hp = model_.hparams();
+  const int64_t width = model_.StageWidth();
   const int last = comm_.size() - 1;
   const Wait wait{options_.timeout, state_.cancel()};
 
@@ -192,7 +227,7 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
     ForwardBatch sub = mb.batch;
     sub.end_layer = static_cast<int32_t>(stages_[0].second);
     Status s = first_error.ok() ? model_.Forward(sub, kv, stage_ws_, pool) : first_error;
-    const int64_t rows = static_cast<int64_t>(sub.tokens.size()) * hp.dim;
+    const int64_t rows = static_cast<int64_t>(sub.tokens.size()) * width;
     std::vector<uint8_t> msg = s.ok() ? EncodeRows(s, std::span<const float>(stage_ws_.x.data(), rows)) : EncodeRows(s, {});
     if (first_error.ok() && !s.ok()) first_error = s;
     if (Status sent = comm_.Send(1, kTagHidden, std::move(msg)); !sent.ok()) return state_.Fail(sent);
@@ -215,8 +250,8 @@ Status PipelineDriver::Forward(const ForwardBatch& batch, KvStorage& kv, Workspa
       continue;
     }
     const std::vector<int32_t> head_rows = HeadRows(mb.batch);
-    if (rows->x.size() != head_rows.size() * dim) {
-      return state_.Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->x.size(), head_rows.size(), dim));
+    if (rows->x.size() != head_rows.size() * width) {
+      return state_.Fail(DataLoss("pipeline stage {} sent {} floats for {} rows of {}", last, rows->x.size(), head_rows.size(), width));
     }
     // The head on rank 0: the same kernels on the same rows as one process.
     const ForwardBatch head = HeadBatch(mb.batch, head_rows, static_cast<int32_t>(hp.num_layers), rows->x.data());
@@ -250,7 +285,9 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
   if (rank == 0) return InvalidArgument("rank 0 drives the pipeline");
   const ModelHParams& hp = model.hparams();
   if (comm.size() > hp.num_layers) return InvalidArgument("{} pipeline stages for {} layers", comm.size(), hp.num_layers);
-  const auto [first_layer, end_layer] = StageLayers(hp.num_layers, comm.size())[rank];
+  ASSIGN_OR_RETURN(const auto stages, StageLayers(model, comm.size()));
+  const auto [first_layer, end_layer] = stages[rank];
+  const int64_t width = model.StageWidth();
   RETURN_IF_ERROR(SayHello(model, comm));
   std::unique_ptr<KvStorage> kv;
   Workspace ws;
@@ -264,7 +301,7 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
       ASSIGN_OR_RETURN(Rows rows, DecodeRows(in));
       const int64_t n = static_cast<int64_t>(mb.batch.tokens.size());
       Status s = rows.status;
-      if (s.ok() && static_cast<int64_t>(rows.x.size()) != n * hp.dim) {
+      if (s.ok() && static_cast<int64_t>(rows.x.size()) != n * width) {
         s = DataLoss("pipeline stage {} got {} floats for {} tokens", rank, rows.x.size(), n);
       }
       if (s.ok()) {
@@ -280,10 +317,10 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
         out = EncodeRows(s, {});
       } else if (rank == last) {  // the rows rank 0's head needs
         std::vector<float> head;
-        for (int32_t r : HeadRows(mb.batch)) head.insert(head.end(), ws.x.begin() + r * hp.dim, ws.x.begin() + (r + 1) * hp.dim);
+        for (int32_t r : HeadRows(mb.batch)) head.insert(head.end(), ws.x.begin() + r * width, ws.x.begin() + (r + 1) * width);
         out = EncodeRows(s, head);
       } else {
-        out = EncodeRows(s, std::span<const float>(ws.x.data(), n * hp.dim));
+        out = EncodeRows(s, std::span<const float>(ws.x.data(), n * width));
       }
       RETURN_IF_ERROR(comm.Send(rank == last ? 0 : rank + 1, rank == last ? kTagOutput : kTagHidden, std::move(out)));
     }

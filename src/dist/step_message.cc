@@ -96,7 +96,7 @@ Status CheckGroups(const KvLayerGroups& g, int64_t num_layers) {
   const int64_t num_groups = g.num_groups();
   if (g.num_layers() != num_layers || static_cast<int64_t>(g.slot_of.size()) != num_layers || num_groups <= 0 ||
       g.layers_per_block <= 0) {
-    return DataLoss("step plan: KV layer groups for {} layers, the model has {}", g.num_layers(), num_layers);
+    return DataLoss("step plan: KV layer groups for {} cache layers, the model has {}", g.num_layers(), num_layers);
   }
   for (int64_t l = 0; l < num_layers; ++l) {
     if (g.group_of[l] < 0 || g.group_of[l] >= num_groups || g.slot_of[l] < 0 || g.slot_of[l] >= g.layers_per_block) {
@@ -114,7 +114,7 @@ StatusOr<bool> NextStep(const Model& model, Communicator& comm, const Wait& flus
     return false;
   }
   RETURN_IF_ERROR(DecodeStep(bytes, plan).WithContext(fmt::format("rank {}", comm.rank())));
-  RETURN_IF_ERROR(CheckGroups(plan->groups, model.hparams().num_layers));
+  RETURN_IF_ERROR(CheckGroups(plan->groups, model.kv_layout().num_layers()));
   RETURN_IF_ERROR(StorageForStep(*plan, model.kv_layout(), kv));
   return true;
 }

@@ -105,7 +105,8 @@ struct StepPlan {
 std::vector<uint8_t> EncodeStep(const ForwardBatch& b, const KvStorage& kv, int micro_batches);
 // Errors on malformed bytes (DataLoss); p->batch's block tables view p->tables.
 Status DecodeStep(std::span<const uint8_t> bytes, StepPlan* p);
-// The groups a worker's storage needs to be laid out as rank 0's: the same layers in each.
+// The groups a worker's storage needs to be laid out as rank 0's: the same cache layers in each
+// (num_layers: the model's KvLayout's, which may hold more cache layers than model layers).
 Status CheckGroups(const KvLayerGroups& g, int64_t num_layers);
 // A worker's next step: waits for rank 0's next message (as long as it takes: an idle server
 // sends none); false where it says stop (the worker's sends flushed, at most flush_wait), else

@@ -64,10 +64,11 @@ struct ForwardBatch {
   // Calibration (gale quantize): when set, sees the input of every linear layer, [num_tokens, dim].
   class ActivationObserver* observer = nullptr;
   // A pipeline stage (dist/pipeline.h): only layers [first_layer, end_layer) run (end_layer < 0:
-  // to the last). A stage after the first reads its input rows ([num_tokens, dim], the residual
-  // stream) from `input` instead of the embedding; one before the last leaves its output rows in
-  // ws.x ([num_tokens, dim]) and computes no logits or hidden rows. first_layer == end_layer ==
-  // num_layers: the output head alone on the input rows. Decoders only.
+  // to the last). A stage after the first reads its input rows ([num_tokens, StageWidth()]: the
+  // residual stream, and whatever else of the forward's state an architecture hands on) from
+  // `input` instead of the embedding; one before the last leaves its output rows in ws.x
+  // ([num_tokens, StageWidth()]) and computes no logits or hidden rows. first_layer == end_layer
+  // == num_layers: the output head alone on the input rows. Decoders only.
   int32_t first_layer = 0;
   int32_t end_layer = -1;
   const float* input = nullptr;
@@ -248,6 +249,13 @@ class Model {
   // mlock of the packed copies' buffer (`--mlock`, with GgufFile::LockPages for what the file
   // still holds); the bytes locked, or an error naming the limit.
   StatusOr<uint64_t> LockPackedWeights();
+
+  // Pipeline stages (dist/pipeline.h): the floats per token one stage hands the next (the
+  // residual stream's dim, or more where the architecture carries more state from layer to
+  // layer), and whether a stage may begin at `layer` (no: a layer after it reads cache rows that
+  // a layer before it writes, which another process would hold).
+  virtual int64_t StageWidth() const { return hp_.dim; }
+  virtual bool CanStartStage(int64_t /*layer*/) const { return true; }
 
   // Runs one batch: each token's K/V are written to its sequence's blocks at its slot (its
   // position unless batch.slots says otherwise), then attention reads them back through the

@@ -2,7 +2,8 @@
 # One model over several processes under a real MPI launcher (Open MPI's mpirun, oversubscribed on
 # this machine), on an 8-layer qwen3 synth and the bundled stories260K: `gale batch` through 2 and 4
 # pipeline stages writes byte for byte what one process writes (greedy and seeded sampling,
-# several micro-batches); through 2 and 4 tensor-parallel ranks byte for byte what one process
+# several micro-batches), and so do small qwen3moe, gpt-oss, glm4moe, deepseek2, deepseek4 and
+# deepseek41 models; through 2 and 4 tensor-parallel ranks byte for byte what one process
 # with the same --tensor-parallel-slices writes; a world of the wrong size and a start without
 # mpirun fail with a clear error; and a `gale serve` (pipeline, then tensor-parallel) whose rank 1
 # is killed mid-stream ends that stream with an error event and the whole job within seconds.
@@ -44,6 +45,37 @@ for model in "$tmp/q.gguf" "$MODEL_DEFAULT"; do
     grep -q "pipeline parallel: $np stages" "$tmp/pp.log" || { cat "$tmp/pp.log"; fail "no pipeline line"; }
     cmp -s "$tmp/one.jsonl" "$tmp/pp.jsonl" || { diff "$tmp/one.jsonl" "$tmp/pp.jsonl" | head; fail "$model: $np stages, micro $micro differ"; }
     echo "ok: $(basename "$model"): $np stages, micro-batches $micro: the same output as one process"
+  done
+done
+
+# The mixtures and DeepSeek's architectures through 2 and 4 stages (2 micro-batches): qwen3moe,
+# gpt-oss (windows, sinks), glm4moe and deepseek2 (a dense leading layer, shared experts, deepseek2's
+# latent cache), deepseek4 (hyper-connection copies handed from stage to stage; ratio-4 and -128
+# compressors) and deepseek41 (its pre weights too; Engram; stages begin only where no later layer
+# reads an earlier source's rows: 8 layers whose sources are 1, 3, 5 and 7).
+C=(--shape custom --dim 128 --heads 4 --vocab 2048 --ffn 256 --type q8_0)
+E=(--experts 8 --experts-used 2 --expert-ffn 64)
+D4=(--kv-heads 1 --head-dim 64 --rope-dim 32 --q-lora-rank 64 --window 8 --indexer-heads 4 --indexer-dim 32
+  --indexer-top-k 3 --out-groups 2 --out-lora-rank 32 --shared-experts 1 --hash-layers 1 --swiglu-clamp 10)
+synth() { "$GALE" synth "${C[@]}" "${E[@]}" --arch "$@" >/dev/null; }
+synth qwen3moe --layers 4 --kv-heads 2 --head-dim 32 -o "$tmp/qwen3moe.gguf"
+synth gpt-oss --layers 4 --kv-heads 2 --head-dim 32 --window 8 -o "$tmp/gpt-oss.gguf"
+synth glm4moe --layers 4 --kv-heads 2 --head-dim 32 --leading-dense 1 --shared-experts 1 -o "$tmp/glm4moe.gguf"
+synth deepseek2 --layers 4 --kv-heads 4 --kv-lora-rank 64 --rope-dim 16 --v-head-dim 32 --nope-dim 32 \
+  --q-lora-rank 64 --leading-dense 1 --shared-experts 1 -o "$tmp/deepseek2.gguf"
+synth deepseek4 --layers 4 "${D4[@]}" --compress-ratios 0 4 128 4 -o "$tmp/deepseek4.gguf"
+synth deepseek41 --layers 8 "${D4[@]}" --compress-ratios 0 2 2 1 1 2 2 1 --engram-layers 0 4 --engram-heads 2 \
+  --engram-dim 32 --engram-ngram 3 --engram-rows 40 -o "$tmp/deepseek41.gguf"
+for arch in qwen3moe gpt-oss glm4moe deepseek2 deepseek4 deepseek41; do
+  model="$tmp/$arch.gguf"
+  "$GALE" batch -m "$model" -i "$tmp/in.jsonl" -o "$tmp/one.jsonl" -t 1 --no-progress --max-num-batched-tokens 64 \
+    --prefill-chunk-size 24 2>"$tmp/one.log" || { cat "$tmp/one.log"; fail "$arch: one process"; }
+  for np in 2 4; do
+    timeout 120 "${MPIRUN[@]}" -np "$np" "$GALE" batch -m "$model" -i "$tmp/in.jsonl" -o "$tmp/pp.jsonl" -t 1 \
+      --no-progress --max-num-batched-tokens 64 --prefill-chunk-size 24 --pipeline-parallel "$np" \
+      --pipeline-micro-batches 2 >"$tmp/pp.log" 2>&1 || { cat "$tmp/pp.log"; fail "$arch: mpirun -np $np"; }
+    cmp -s "$tmp/one.jsonl" "$tmp/pp.jsonl" || { diff "$tmp/one.jsonl" "$tmp/pp.jsonl" | head; fail "$arch: $np stages differ"; }
+    echo "ok: $arch: $(grep -o 'pipeline parallel: [^)]*)' "$tmp/pp.log"): the same output as one process"
   done
 done
 

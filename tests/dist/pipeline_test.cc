@@ -161,6 +161,28 @@ TEST(PipelineTest, StepsThroughStagesEqualOneProcessBitwise) {
   const TestModel ds = Synthetic("deepseek2", 3);
   ExpectStepsEqualOneProcess(ds, 3, 3, kernels::KvType::kF16);
   ExpectStepsEqualOneProcess(llama, 2, 2, kernels::KvType::kInt8);
+  // DeepSeek-V4: the hyper-connection copies cross the stages; V4.1: their pre weights too, and
+  // stages begin only where no later layer reads an earlier layer's compressed rows or picks.
+  const TestModel v4 = Synthetic("deepseek4", 3);
+  ExpectStepsEqualOneProcess(v4, 3, 2, kernels::KvType::kF16);
+  const TestModel v41 = Synthetic("deepseek41", 4);
+  ExpectStepsEqualOneProcess(v41, 2, 2, kernels::KvType::kF32);
+  ExpectStepsEqualOneProcess(v41, 3, 1, kernels::KvType::kF16);
+}
+
+// Where an architecture's layers read the cache rows of earlier ones, stages begin only where
+// the model allows, as near the even cut as it can; too many stages are refused with the reason.
+TEST(PipelineTest, StagesBeginWhereTheModelAllows) {
+  const TestModel llama = Synthetic("llama", 4);
+  EXPECT_EQ(*dist::StageLayers(*llama.model, 3), dist::StageLayers(4, 3));
+  // deepseek41's test shape: layer 2 reads layer 1's rows, so the cuts are before layers 1 and 3.
+  const TestModel v41 = Synthetic("deepseek41", 4);
+  EXPECT_FALSE(v41.model->CanStartStage(2));
+  EXPECT_EQ(*dist::StageLayers(*v41.model, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(*dist::StageLayers(*v41.model, 3), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 3}, {3, 4}}));
+  const auto four = dist::StageLayers(*v41.model, 4);
+  ASSERT_FALSE(four.ok());
+  EXPECT_NE(four.status().message().find("at most 3 stages"), std::string::npos) << four.status().ToString();
 }
 
 // The engine's workload (chunked prefill, preemption, the prefix cache, seeded sampling) through

@@ -132,6 +132,21 @@ class Deepseek4Model final : public Model {
  protected:
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override;
 
+  // A pipeline stage hands on the residual copies and the pre weights the next sublayer collapses
+  // them with (V4.1; zeros for V4): [kHc * dim, then kHc] per token.
+  int64_t StageWidth() const override { return kHc * (hp_.dim + 1); }
+  // V4.1: not where a later layer reads an earlier source's rows, keys or picks, or filters by
+  // an earlier candidate source's blocks (they live in the cache of the process running it).
+  bool CanStartStage(int64_t layer) const override {
+    if (!v41_) return true;
+    for (int64_t l = layer; l < hp_.num_layers; ++l) {
+      const Ds4Layer& w = layers_[l];
+      if (w.ratio != 0 && (w.rows_from < layer || w.picks_from < layer)) return false;
+      if (w.index_source && cand_layer_ >= 0 && cand_layer_ < layer) return false;
+    }
+    return true;
+  }
+
   std::vector<MatrixWeight*> LayerMatrices(int64_t l) override {
     std::vector<MatrixWeight*> all;
     Ds4Layer& w = layers_[l];
@@ -1181,9 +1196,6 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
 }
 
 Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const {
-  if (batch.first_layer != 0 || (batch.end_layer >= 0 && batch.end_layer != hp_.num_layers) || !batch.output_head) {
-    return Unimplemented("deepseek4: pipeline stages are not supported yet");
-  }
   if (kv.kv_dim() != hp_.head_dim || !kv.v_is_k()) {
     return InvalidArgument("deepseek4: the cache's rows are {} wide, the head is {}", kv.kv_dim(), hp_.head_dim);
   }
@@ -1197,13 +1209,28 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
   f.set_replace_residual(true);
   const int64_t n = f.num_tokens(), dim = hp_.dim, heads = hp_.num_heads, head = hp_.head_dim;
-  f.Embed(token_embd_);
+  // A pipeline stage runs layers [first, end); one after the first takes the copies and the pre
+  // weights from batch.input, one before the head leaves them in ws.x (StageWidth).
+  const int64_t first = batch.first_layer, end = batch.end_layer < 0 ? hp_.num_layers : batch.end_layer;
   Buffers& buf = ws.ArchBuffers<Buffers>(this);
   // The residual stream's kHc copies: [n, kHc, dim].
   std::vector<float>& streams = buf.streams;
   streams.resize(static_cast<size_t>(n * kHc * dim));
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t h = 0; h < kHc; ++h) std::memcpy(streams.data() + (t * kHc + h) * dim, ws.x.data() + t * dim, dim * sizeof(float));
+  // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy).
+  std::vector<float>& pre_next = buf.pre_next;
+  pre_next.assign(static_cast<size_t>(n * kHc), 0.0f);
+  if (first == 0) {
+    f.Embed(token_embd_);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < kHc; ++h) std::memcpy(streams.data() + (t * kHc + h) * dim, ws.x.data() + t * dim, dim * sizeof(float));
+      pre_next[t * kHc] = 1.0f;
+    }
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = batch.input + t * StageWidth();
+      std::memcpy(streams.data() + t * kHc * dim, row, kHc * dim * sizeof(float));
+      std::memcpy(pre_next.data() + t * kHc, row + kHc * dim, kHc * sizeof(float));
+    }
   }
   auto sized = [](std::vector<float>& v, int64_t size) -> std::vector<float>& {
     v.resize(static_cast<size_t>(size));
@@ -1218,15 +1245,12 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   std::vector<float>& gin = buf.gin;
   std::vector<float>& gout = buf.gout;
   const int64_t gdim = heads * head / out_groups_;
-  // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy)
-  // and this sublayer's own; the picks of the last index source.
-  std::vector<float>& pre_next = buf.pre_next;
-  pre_next.assign(static_cast<size_t>(n * kHc), 0.0f);
+  // V4.1: this sublayer's pre weights; the picks of the last index source, the candidate source's
+  // blocks.
   std::vector<float>& pre_own = sized(buf.pre_own, n * kHc);
-  for (int64_t t = 0; t < n; ++t) pre_next[t * kHc] = 1.0f;
   std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n)), candidates(static_cast<size_t>(n));
-  if (tok_layer_ >= 0) WriteTokens(batch, kv);
-  for (int64_t l = 0; l < hp_.num_layers; ++l) {
+  if (tok_layer_ >= 0 && first < end) WriteTokens(batch, kv);
+  for (int64_t l = first; l < end; ++l) {
     const Ds4Layer& w = layers_[l];
     std::optional<ProfileSpan> span(std::in_place, "ds4_engram", "op", n, 0, l);
     if (w.engram >= 0) Engram(l, batch, kv, streams.data(), n, buf, pool);
@@ -1270,6 +1294,15 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
     f.MoeFfn(l, reinterpret_cast<const float*>(w.ffn_norm.data), w.moe);  // ws.x = the FFN's output
     span.emplace("ds4_hc", "op", n, 0, l);
     HcPost(ws.x.data(), post.data(), comb.data(), n, dim, streams.data());
+  }
+  if (end < hp_.num_layers || !batch.output_head) {  // a stage before the head: hand on the state
+    ws.x.resize(static_cast<size_t>(n * StageWidth()));
+    for (int64_t t = 0; t < n; ++t) {
+      float* row = ws.x.data() + t * StageWidth();
+      std::memcpy(row, streams.data() + t * kHc * dim, kHc * dim * sizeof(float));
+      std::memcpy(row + kHc * dim, pre_next.data() + t * kHc, kHc * sizeof(float));
+    }
+    return Status::Ok();
   }
   if (v41_) {  // the last FFN's pre weights collapse the copies
     for (int64_t t = 0; t < n; ++t) {
