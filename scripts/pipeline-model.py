@@ -19,7 +19,17 @@ then two all-reduces per layer through rank 0 (the others' partial rows in, the 
 0's link (P - 1) rows each way, one after another); the head split by vocabulary rows, each
 host's logits sent to rank 0.
 
+DeepSeek-V4.1-Flash (--v41-layer FILE: one layer at its real shapes, as docs/deepseek-v4.md writes
+it with `gale synth`): `gale bench --trace` on that file measures one layer's decode and prefill
+cost (the trace's spans split the output head and Engram's projection from the layer), then the
+40-layer model (2 Engram layers) is laid out over 2-8 hosts of 128, 256 and 384 GB at 25 and 100
+Gb/s as pipeline stages: a stage hands on 4 * (dim + 1) floats per token (the hyper-connection
+copies and their pre weights). Per layout: whether the weights fit (300 GB with FP4 experts; the
+200 GB of Engram tables are mapped and may stay on disk), one stream's tokens/s, and the time to
+first token of a 1,024-token prompt (prefill cost per token as measured at 256 tokens).
+
   python3 scripts/pipeline-model.py --gale build/gale --dist-bench build/dist_bench [--out FILE.json]
+  python3 scripts/pipeline-model.py ... --v41-layer v41l1.gguf   # adds DeepSeek-V4.1-Flash
 """
 import argparse, json, os, re, subprocess, sys, tempfile
 
@@ -50,11 +60,86 @@ def bench_tg(gale, path):
     sys.exit("no tg32 row in:\n" + out)
 
 
+# DeepSeek-V4.1-Flash (its published config): layers, hidden size, Engram layers; weights with FP4
+# experts and FP8 dense tensors, the Engram tables apart.
+V41 = dict(layers=40, dim=5120, engram_layers=2, weights_gb=300.0, engram_tables_gb=200.0)
+V41_LINKS = {"25 Gb/s": 3.125e9, "100 Gb/s": 12.5e9}
+RESERVE_GB = 16.0  # per host: the OS, the KV cache of a few long requests, buffers
+
+
+def trace_costs(gale, path):
+    """ms per token of the layer, of Engram's part and of the head, at decode (tg32) and prefill (pp256)."""
+    tmp = tempfile.mkdtemp()
+    costs = {}
+    for test, args in (("decode", ["-p", "0", "-n", "32"]), ("prefill", ["-p", "256", "-n", "0"])):
+        trace = os.path.join(tmp, test + ".json")
+        run([gale, "bench", "-m", path, *args, "-r", "3", "-t", str(os.cpu_count() or 2), "--trace", trace])
+        events = json.load(open(trace))
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        steps = sorted((e for e in events if e.get("cat") == "step"), key=lambda e: e["ts"])
+        tokens = 32 if test == "decode" else 256
+        step_name = steps[-1]["name"]
+        runs = [e for e in steps if e["name"] == step_name]
+        # The repetitions after the warm-up: decode steps of one token each, or one prefill each.
+        per_run = tokens if test == "decode" else 1
+        timed = runs[len(runs) - 3 * per_run:]
+        t0, t1 = timed[0]["ts"], timed[-1]["ts"] + timed[-1]["dur"]
+        total = sum(e["dur"] for e in timed) / 1e3 / (3 * tokens)  # ms per token
+        head = engram = 0.0
+        for e in events:
+            if e.get("cat") != "op" or not t0 <= e["ts"] < t1:
+                continue
+            if e["name"] in ("lm_head", "output_norm", "embed"):
+                head += e["dur"]
+            elif e["name"] in ("ds4_engram_rows", "ds4_engram_wkv", "ds4_engram_gate"):
+                engram += e["dur"]
+        head, engram = head / 1e3 / (3 * tokens), engram / 1e3 / (3 * tokens)
+        costs[test] = dict(layer=total - head - engram, engram=engram, head=head)
+    return costs
+
+
+def v41_layouts(costs, software_us):
+    row_bytes = 4 * (V41["dim"] + 1) * 4
+    print(f"\nDeepSeek-V4.1-Flash: one layer {costs['decode']['layer']:.2f} ms per decoded token "
+          f"(Engram's part {costs['decode']['engram']:.2f}, head {costs['decode']['head']:.2f}); prefill "
+          f"{costs['prefill']['layer']:.3f} ms per token and layer at 256 tokens. A stage hands on "
+          f"{row_bytes / 1024:.0f} KiB per token.\n")
+    print("| hosts x memory | link | weights per host | fits | decode tok/s (one stream) | network share "
+          "| TTFT, 1,024 tokens | network share |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for p in (2, 3, 4, 6, 8):
+        for mem in (128, 256, 384):
+            per_host = V41["weights_gb"] / p
+            fits = per_host <= mem - RESERVE_GB
+            for link, rate in V41_LINKS.items():
+                def hops_ms(tokens):  # p hops (p - 1 forward, one back to rank 0's head)
+                    nbytes = tokens * row_bytes
+                    return p * (software_us(min(nbytes, 32768)) + WIRE_US + nbytes / rate * 1e6) / 1e3
+                d, f = costs["decode"], costs["prefill"]
+                decode_ms = V41["layers"] * d["layer"] + V41["engram_layers"] * d["engram"] + d["head"]
+                net_d = hops_ms(1)
+                prompt = 1024
+                prefill_ms = prompt * (V41["layers"] * f["layer"] + V41["engram_layers"] * f["engram"] + f["head"])
+                net_p = hops_ms(prompt)
+                row = dict(hosts=p, memory_gb=mem, link=link, weights_per_host_gb=per_host, fits=fits,
+                           decode_tokens_per_s=1e3 / (decode_ms + net_d), decode_network_share=net_d / (decode_ms + net_d),
+                           ttft_s=(prefill_ms + net_p) / 1e3, ttft_network_share=net_p / (prefill_ms + net_p))
+                rows.append(row)
+                if not fits:
+                    continue
+                print(f"| {p} x {mem} GB | {link} | {per_host:.0f} GB | yes | {row['decode_tokens_per_s']:.2f} | "
+                      f"{100 * row['decode_network_share']:.2f}% | {row['ttft_s']:.1f} s | {100 * row['ttft_network_share']:.1f}% |")
+    print("(layouts whose weights do not fit are left out of the table; the JSON has them)")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gale", default="build/gale")
     ap.add_argument("--dist-bench", default="build/dist_bench")
     ap.add_argument("--out", default="pipeline-model.json")
+    ap.add_argument("--v41-layer", help="a one-layer DeepSeek-V4.1-Flash-shaped GGUF (docs/deepseek-v4.md)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp()
     s7 = SHAPES["7B"]
@@ -131,8 +216,12 @@ def main():
                 tp_rows.append(row)
                 print(f"| {name} Q4_0 | {p} | {link} | {nbytes / 1024:.0f} KiB | {msgs} + {p - 1} plans | {net:.2f} | "
                       f"{compute:.0f} | {tps:.2f} | {100 * net / (compute + net):.1f}% |")
+    v41 = {}
+    if a.v41_layer:
+        v41["costs"] = trace_costs(a.gale, a.v41_layer)
+        v41["rows"] = v41_layouts(v41["costs"], software_us)
     json.dump(dict(t_layer_7b_ms=t_layer7, t_head_7b_ms=t_head7, tcp_one_way_us=hops, wire_us=WIRE_US, rows=rows,
-                   tensor_parallel_rows=tp_rows),
+                   tensor_parallel_rows=tp_rows, deepseek_v41_flash=v41),
               open(a.out, "w"), indent=1)
     print(f"\nwrote {a.out}")
 
