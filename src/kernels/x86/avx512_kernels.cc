@@ -445,6 +445,40 @@ inline void StepFloat(const uint8_t* rows, int64_t row_bytes, const float* xs, i
   }
 }
 
+// F8 (whole rows, 32 elements = one block per step): each row's 32 bytes widened and shifted as
+// one vector and its scale taken once, then the two halves as two 16-element steps would: every
+// lane sees the same multiply-adds in the same order as through LoadW16 (bitwise the same sums,
+// so the f32 path over decoded rows still matches). At one token the 16-byte steps spent more on
+// the widening and the per-half scale than the bytes take to arrive.
+template <int R, int T>
+inline void StepF8Block(const uint8_t* rows, int64_t row_bytes, const float* xs, int64_t k, int64_t i,
+                        __m512 (&acc)[R][T]) {
+  __m512 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    const auto* blk = reinterpret_cast<const BlockF8E4M3*>(rows + r * row_bytes) + i / 32;
+    const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs)));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi16(b, 7), _mm512_set1_epi16(-0x4001));
+    const __m512 v0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), v1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    if (blk->e <= 246) [[likely]] {
+      const __m512 sc = _mm512_set1_ps(E8M0ToFp32(static_cast<uint8_t>(blk->e + 8)));
+      lo[r] = _mm512_mul_ps(v0, sc);
+      hi[r] = _mm512_mul_ps(v1, sc);
+    } else {
+      const __m512 big = _mm512_set1_ps(256.0f), sc = _mm512_set1_ps(E8M0ToFp32(blk->e));
+      lo[r] = _mm512_mul_ps(_mm512_mul_ps(v0, big), sc);
+      hi[r] = _mm512_mul_ps(_mm512_mul_ps(v1, big), sc);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const __m512 xv = _mm512_loadu_ps(xs + t * k + i);
+    for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(lo[r], xv, acc[r][t]);
+  }
+  for (int t = 0; t < T; ++t) {
+    const __m512 xv = _mm512_loadu_ps(xs + t * k + i + 16);
+    for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(hi[r], xv, acc[r][t]);
+  }
+}
+
 // A float tile over elements [k0, k1) only: its R x T lane accumulators start from part (or zero
 // when k0 == 0) and go back there, except after the last range (k1 == k), which reduces them into
 // y. Chained over ascending ranges, every lane sees the FMAs of one pass over [0, k) in the same
@@ -464,6 +498,16 @@ void TileFloatRange(int64_t r0, int64_t t0, const uint8_t* w, int64_t row_bytes,
   const float* xs = x + t0 * k;
   constexpr int64_t kEl = kType == GgmlType::kF32 ? 4 : kType == GgmlType::kF8E4M3 ? 1 : 2;
   int64_t i = k0;
+  if constexpr (kType == GgmlType::kF8E4M3 && kWhole) {  // whole blocks (rows are whole blocks)
+    for (; i + 32 <= k1; i += 32) {
+      if ((i & 63) == 0) {
+        for (int r = 0; r < R; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(rows + (R + r) * row_bytes + i / 32 * 33), _MM_HINT_T0);
+        }
+      }
+      StepF8Block<R, T>(rows, row_bytes, xs, k, i, acc);
+    }
+  }
   for (; i + 16 <= k1; i += 16) {
     if (kWhole && (i & (64 / kEl - 1)) == 0) {
       // F8: 33 bytes per 32 elements.
