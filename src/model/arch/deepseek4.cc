@@ -180,8 +180,9 @@ class Deepseek4Model final : public Model {
 
   // pre_in: the copies' weights to collapse with (V4.1: the previous sublayer's; null: this
   // mix's own); pre_out: where this mix's pre weights go (V4.1; may be null).
+  // scratch: room for the normed copies and the mixes (kept across steps by the caller).
   void HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
-             ThreadPool& pool, const float* pre_in = nullptr, float* pre_out = nullptr) const;
+             std::vector<float>& scratch, ThreadPool& pool, const float* pre_in = nullptr, float* pre_out = nullptr) const;
   // picks: per token of the batch, the compressed rows the last V4.1 index source picked;
   // candidates: per token, the blocks of rows the candidate source chose (empty: all).
   // Attention's parts: the per-batch inputs, the compressors, the indexer's queries, the rows a
@@ -193,7 +194,7 @@ class Deepseek4Model final : public Model {
   // residual copies, the sublayers' inputs and outputs, the hyper-connection weights, the
   // attention's inputs, the compressors' state rows, Engram's rows and products.
   struct Buffers {
-    std::vector<float> streams, x, in, post, comb, attn, low, gin, gout, pre_next, pre_own;
+    std::vector<float> streams, x, in, post, comb, attn, low, gin, gout, pre_next, pre_own, hc_scratch;
     AttnInputs a;
     std::vector<float> sk, sg, emb, kvo;
     std::vector<int32_t> ids;
@@ -218,6 +219,15 @@ class Deepseek4Model final : public Model {
   void Attention(int64_t l, const ForwardBatch& batch, KvStorage& kv, const float* in, int64_t n, float* out,
                  Buffers& buf, ThreadPool& pool, std::vector<std::vector<int64_t>>& picks,
                  std::vector<std::vector<int64_t>>& candidates) const;
+  // The forward's ends: the copies and pre weights from the embedding (the first stage) or the
+  // stage before (batch.input); a stage before the head hands them on in ws.x (StageWidth); the
+  // head's input, the copies collapsed into ws.x.
+  void EnterStage(const ForwardBatch& batch, ForwardPass& f, const Workspace& ws, Buffers& buf, int64_t n) const;
+  void HandOn(Workspace& ws, const Buffers& buf, int64_t n) const;
+  void CollapseForHead(Workspace& ws, Buffers& buf, int64_t n, ThreadPool& pool) const;
+  // The grouped low-rank output of buf.attn into buf.x: group g's heads through wo_a[g], the
+  // groups' results side by side through wo_b.
+  void GroupedOutput(const Ds4Layer& w, int64_t n, Buffers& buf, ThreadPool& pool) const;
   // Loading, in order: the keys (checked; the RoPE and expert setup), each layer's tensors and
   // cache layers (LayerLoader), V4.1's candidate blocks.
   struct LayerLoader;
@@ -698,9 +708,11 @@ Status Deepseek4Model::LoadEngram(const GgufFile& file, TensorLoader& tensors,
 // One hyper-connection's mix for n tokens: streams [n, kHc, dim] -> x [n, dim] (the sublayer's
 // input), post [n, kHc], comb [n, kHc (dst), kHc (src)] as llama.cpp's build_hc_pre computes them.
 void Deepseek4Model::HcPre(const HcWeights& w, const float* streams, int64_t n, float* x, float* post, float* comb,
-                           ThreadPool& pool, const float* pre_in, float* pre_out) const {
+                           std::vector<float>& scratch, ThreadPool& pool, const float* pre_in, float* pre_out) const {
   const int64_t dim = hp_.dim, flat = kHc * dim, mix = w.fn.view.shape[1];
-  std::vector<float> normed(static_cast<size_t>(n * flat)), mixes(static_cast<size_t>(n * mix));
+  scratch.resize(static_cast<size_t>(n * (flat + mix)));
+  const std::span<float> normed(scratch.data(), static_cast<size_t>(n * flat));
+  const std::span<float> mixes(scratch.data() + n * flat, static_cast<size_t>(n * mix));
   pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       kernels::RmsNorm(streams + t * flat, ones_.data(), flat, hp_.rms_eps, normed.data() + t * flat);
@@ -1195,6 +1207,75 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   }, /*min_items_per_thread=*/1);
 }
 
+void Deepseek4Model::EnterStage(const ForwardBatch& batch, ForwardPass& f, const Workspace& ws, Buffers& buf,
+                                int64_t n) const {
+  const int64_t dim = hp_.dim;
+  buf.streams.resize(static_cast<size_t>(n * kHc * dim));  // [n, kHc, dim]
+  // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy).
+  buf.pre_next.assign(static_cast<size_t>(n * kHc), 0.0f);
+  if (batch.first_layer == 0) {
+    f.Embed(token_embd_);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < kHc; ++h) {
+        std::memcpy(buf.streams.data() + (t * kHc + h) * dim, ws.x.data() + t * dim, dim * sizeof(float));
+      }
+      buf.pre_next[t * kHc] = 1.0f;
+    }
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = batch.input + t * StageWidth();
+    std::memcpy(buf.streams.data() + t * kHc * dim, row, kHc * dim * sizeof(float));
+    std::memcpy(buf.pre_next.data() + t * kHc, row + kHc * dim, kHc * sizeof(float));
+  }
+}
+
+void Deepseek4Model::HandOn(Workspace& ws, const Buffers& buf, int64_t n) const {
+  const int64_t dim = hp_.dim;
+  ws.x.resize(static_cast<size_t>(n * StageWidth()));
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = ws.x.data() + t * StageWidth();
+    std::memcpy(row, buf.streams.data() + t * kHc * dim, kHc * dim * sizeof(float));
+    std::memcpy(row + kHc * dim, buf.pre_next.data() + t * kHc, kHc * sizeof(float));
+  }
+}
+
+void Deepseek4Model::CollapseForHead(Workspace& ws, Buffers& buf, int64_t n, ThreadPool& pool) const {
+  const int64_t dim = hp_.dim;
+  if (!v41_) {
+    HcPre(hc_head_, buf.streams.data(), n, ws.x.data(), nullptr, nullptr, buf.hc_scratch, pool);
+    return;
+  }
+  // V4.1: the last FFN's pre weights collapse the copies.
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = ws.x.data() + t * dim;
+    const float* s = buf.streams.data() + t * kHc * dim;
+    const float* pre = buf.pre_next.data() + t * kHc;
+    for (int64_t i = 0; i < dim; ++i) o[i] = s[i] * pre[0];
+    for (int64_t h = 1; h < kHc; ++h) {
+      for (int64_t i = 0; i < dim; ++i) o[i] += s[h * dim + i] * pre[h];
+    }
+  }
+}
+
+void Deepseek4Model::GroupedOutput(const Ds4Layer& w, int64_t n, Buffers& buf, ThreadPool& pool) const {
+  const int64_t width = hp_.num_heads * hp_.head_dim, gdim = width / out_groups_;
+  buf.gin.resize(static_cast<size_t>(n * gdim));
+  buf.gout.resize(static_cast<size_t>(n * out_lora_));
+  buf.low.resize(static_cast<size_t>(n * out_groups_ * out_lora_));
+  for (int64_t g = 0; g < out_groups_; ++g) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(buf.gin.data() + t * gdim, buf.attn.data() + t * width + g * gdim, gdim * sizeof(float));
+    }
+    MatMul(w.wo_a[g], buf.gin.data(), n, buf.gout.data(), pool);
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(buf.low.data() + (t * out_groups_ + g) * out_lora_, buf.gout.data() + t * out_lora_,
+                  out_lora_ * sizeof(float));
+    }
+  }
+  MatMul(w.wo_b, buf.low.data(), n, buf.x.data(), pool);
+}
+
 Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const {
   if (kv.kv_dim() != hp_.head_dim || !kv.v_is_k()) {
     return InvalidArgument("deepseek4: the cache's rows are {} wide, the head is {}", kv.kv_dim(), hp_.head_dim);
@@ -1208,114 +1289,50 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   }
   ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
   f.set_replace_residual(true);
-  const int64_t n = f.num_tokens(), dim = hp_.dim, heads = hp_.num_heads, head = hp_.head_dim;
-  // A pipeline stage runs layers [first, end); one after the first takes the copies and the pre
-  // weights from batch.input, one before the head leaves them in ws.x (StageWidth).
+  const int64_t n = f.num_tokens(), dim = hp_.dim;
+  // A pipeline stage runs layers [first, end) (EnterStage, HandOn).
   const int64_t first = batch.first_layer, end = batch.end_layer < 0 ? hp_.num_layers : batch.end_layer;
   Buffers& buf = ws.ArchBuffers<Buffers>(this);
-  // The residual stream's kHc copies: [n, kHc, dim].
-  std::vector<float>& streams = buf.streams;
-  streams.resize(static_cast<size_t>(n * kHc * dim));
-  // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy).
-  std::vector<float>& pre_next = buf.pre_next;
-  pre_next.assign(static_cast<size_t>(n * kHc), 0.0f);
-  if (first == 0) {
-    f.Embed(token_embd_);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t h = 0; h < kHc; ++h) std::memcpy(streams.data() + (t * kHc + h) * dim, ws.x.data() + t * dim, dim * sizeof(float));
-      pre_next[t * kHc] = 1.0f;
-    }
-  } else {
-    for (int64_t t = 0; t < n; ++t) {
-      const float* row = batch.input + t * StageWidth();
-      std::memcpy(streams.data() + t * kHc * dim, row, kHc * dim * sizeof(float));
-      std::memcpy(pre_next.data() + t * kHc, row + kHc * dim, kHc * sizeof(float));
-    }
-  }
-  auto sized = [](std::vector<float>& v, int64_t size) -> std::vector<float>& {
-    v.resize(static_cast<size_t>(size));
-    return v;
-  };
-  std::vector<float>& x = sized(buf.x, n * dim);
-  std::vector<float>& in = sized(buf.in, n * dim);
-  std::vector<float>& post = sized(buf.post, n * kHc);
-  std::vector<float>& comb = sized(buf.comb, n * kHc * kHc);
-  std::vector<float>& attn = sized(buf.attn, n * heads * head);
-  std::vector<float>& low = sized(buf.low, n * out_groups_ * out_lora_);
-  std::vector<float>& gin = buf.gin;
-  std::vector<float>& gout = buf.gout;
-  const int64_t gdim = heads * head / out_groups_;
-  // V4.1: this sublayer's pre weights; the picks of the last index source, the candidate source's
-  // blocks.
-  std::vector<float>& pre_own = sized(buf.pre_own, n * kHc);
+  EnterStage(batch, f, ws, buf, n);
+  float* streams = buf.streams.data();
+  float* pre_next = buf.pre_next.data();
+  buf.x.resize(static_cast<size_t>(n * dim));
+  buf.in.resize(static_cast<size_t>(n * dim));
+  buf.post.resize(static_cast<size_t>(n * kHc));
+  buf.comb.resize(static_cast<size_t>(n * kHc * kHc));
+  buf.attn.resize(static_cast<size_t>(n * hp_.num_heads * hp_.head_dim));
+  buf.pre_own.resize(static_cast<size_t>(n * kHc));  // V4.1: this sublayer's pre weights
+  float *x = buf.x.data(), *in = buf.in.data(), *post = buf.post.data(), *comb = buf.comb.data();
+  float* pre_own = buf.pre_own.data();
+  // V4.1: the picks of the last index source, the candidate source's blocks.
   std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n)), candidates(static_cast<size_t>(n));
   if (tok_layer_ >= 0 && first < end) WriteTokens(batch, kv);
   for (int64_t l = first; l < end; ++l) {
     const Ds4Layer& w = layers_[l];
     std::optional<ProfileSpan> span(std::in_place, "ds4_engram", "op", n, 0, l);
-    if (w.engram >= 0) Engram(l, batch, kv, streams.data(), n, buf, pool);
+    if (w.engram >= 0) Engram(l, batch, kv, streams, n, buf, pool);
     span->Next("ds4_hc", n, 0, l);
-    if (v41_) {
-      HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool, pre_next.data(), pre_own.data());
-    } else {
-      HcPre(w.hc_attn, streams.data(), n, x.data(), post.data(), comb.data(), pool);
-    }
+    HcPre(w.hc_attn, streams, n, x, post, comb, buf.hc_scratch, pool, v41_ ? pre_next : nullptr, v41_ ? pre_own : nullptr);
     for (int64_t t = 0; t < n; ++t) {
-      kernels::RmsNorm(x.data() + t * dim, reinterpret_cast<const float*>(w.attn_norm.data), dim, hp_.rms_eps,
-                       in.data() + t * dim);
+      kernels::RmsNorm(x + t * dim, reinterpret_cast<const float*>(w.attn_norm.data), dim, hp_.rms_eps, in + t * dim);
     }
     span.reset();
-    Attention(l, batch, kv, in.data(), n, attn.data(), buf, pool, picks, candidates);
+    Attention(l, batch, kv, in, n, buf.attn.data(), buf, pool, picks, candidates);
     span.emplace("ds4_out", "op", n, 0, l);
-    // The grouped low-rank output: group g's heads through wo_a[g], the groups' results side by
-    // side through wo_b.
-    gin.resize(static_cast<size_t>(n * gdim));
-    gout.resize(static_cast<size_t>(n * out_lora_));
-    for (int64_t g = 0; g < out_groups_; ++g) {
-      for (int64_t t = 0; t < n; ++t) {
-        std::memcpy(gin.data() + t * gdim, attn.data() + t * heads * head + g * gdim, gdim * sizeof(float));
-      }
-      MatMul(w.wo_a[g], gin.data(), n, gout.data(), pool);
-      for (int64_t t = 0; t < n; ++t) {
-        std::memcpy(low.data() + t * out_groups_ * out_lora_ + g * out_lora_, gout.data() + t * out_lora_,
-                    out_lora_ * sizeof(float));
-      }
-    }
-    MatMul(w.wo_b, low.data(), n, x.data(), pool);
+    GroupedOutput(w, n, buf, pool);
     span->Next("ds4_hc", n, 0, l);
-    HcPost(x.data(), post.data(), comb.data(), n, dim, streams.data());
-
-    if (v41_) {
-      HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool, pre_own.data(), pre_next.data());
-    } else {
-      HcPre(w.hc_ffn, streams.data(), n, ws.x.data(), post.data(), comb.data(), pool);
-    }
+    HcPost(x, post, comb, n, dim, streams);
+    HcPre(w.hc_ffn, streams, n, ws.x.data(), post, comb, buf.hc_scratch, pool, v41_ ? pre_own : nullptr, v41_ ? pre_next : nullptr);
     span.reset();
     f.MoeFfn(l, reinterpret_cast<const float*>(w.ffn_norm.data), w.moe);  // ws.x = the FFN's output
     span.emplace("ds4_hc", "op", n, 0, l);
-    HcPost(ws.x.data(), post.data(), comb.data(), n, dim, streams.data());
+    HcPost(ws.x.data(), post, comb, n, dim, streams);
   }
-  if (end < hp_.num_layers || !batch.output_head) {  // a stage before the head: hand on the state
-    ws.x.resize(static_cast<size_t>(n * StageWidth()));
-    for (int64_t t = 0; t < n; ++t) {
-      float* row = ws.x.data() + t * StageWidth();
-      std::memcpy(row, streams.data() + t * kHc * dim, kHc * dim * sizeof(float));
-      std::memcpy(row + kHc * dim, pre_next.data() + t * kHc, kHc * sizeof(float));
-    }
+  if (end < hp_.num_layers || !batch.output_head) {  // a stage before the head
+    HandOn(ws, buf, n);
     return Status::Ok();
   }
-  if (v41_) {  // the last FFN's pre weights collapse the copies
-    for (int64_t t = 0; t < n; ++t) {
-      float* o = ws.x.data() + t * dim;
-      const float* s = streams.data() + t * kHc * dim;
-      for (int64_t i = 0; i < dim; ++i) o[i] = s[i] * pre_next[t * kHc];
-      for (int64_t h = 1; h < kHc; ++h) {
-        for (int64_t i = 0; i < dim; ++i) o[i] += s[h * dim + i] * pre_next[t * kHc + h];
-      }
-    }
-  } else {
-    HcPre(hc_head_, streams.data(), n, ws.x.data(), nullptr, nullptr, pool);
-  }
+  CollapseForHead(ws, buf, n, pool);
   f.OutputHead(output_norm_, output_);
   return Status::Ok();
 }
