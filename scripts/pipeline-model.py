@@ -23,8 +23,9 @@ DeepSeek-V4.1-Flash (--v41-layer FILE: one layer at its real shapes, as docs/dee
 it with `gale synth`): `gale bench --trace` on that file measures one layer's decode and prefill
 cost (the trace's spans split the output head and Engram's projection from the layer), then the
 40-layer model (2 Engram layers) is laid out over 2-8 hosts of 128, 256 and 384 GB at 25 and 100
-Gb/s as pipeline stages: a stage hands on 4 * (dim + 1) floats per token (the hyper-connection
-copies and their pre weights). Per layout: whether the weights fit (300 GB with FP4 experts; the
+Gb/s as pipeline stages: a stage hands on per token the hyper-connection copies and their pre
+weights (4 * (dim + 1) floats), the picks (1 + top-k), the candidate blocks (1 + 2048) and each of
+the 4 KV sources' new row and index key (1 + 512 + 128). Per layout: whether the weights fit (300 GB with FP4 experts; the
 200 GB of Engram tables are mapped and may stay on disk), one stream's tokens/s, and the time to
 first token of a 1,024-token prompt (prefill cost per token as measured at 256 tokens).
 
@@ -62,7 +63,8 @@ def bench_tg(gale, path):
 
 # DeepSeek-V4.1-Flash (its published config): layers, hidden size, Engram layers; weights with FP4
 # experts and FP8 dense tensors, the Engram tables apart.
-V41 = dict(layers=40, dim=5120, engram_layers=2, weights_gb=300.0, engram_tables_gb=200.0)
+V41 = dict(layers=40, dim=5120, engram_layers=2, weights_gb=300.0, engram_tables_gb=200.0, top_k=512,
+           candidate_blocks=2048, sources=4, head_dim=512, index_dim=128)
 V41_LINKS = {"25 Gb/s": 3.125e9, "100 Gb/s": 12.5e9}
 RESERVE_GB = 16.0  # per host: the OS, the KV cache of a few long requests, buffers
 
@@ -99,7 +101,8 @@ def trace_costs(gale, path):
 
 
 def v41_layouts(costs, software_us):
-    row_bytes = 4 * (V41["dim"] + 1) * 4
+    row_bytes = 4 * (4 * (V41["dim"] + 1) + 1 + V41["top_k"] + 1 + V41["candidate_blocks"]
+                     + V41["sources"] * (1 + V41["head_dim"] + V41["index_dim"]))
     print(f"\nDeepSeek-V4.1-Flash: one layer {costs['decode']['layer']:.2f} ms per decoded token "
           f"(Engram's part {costs['decode']['engram']:.2f}, head {costs['decode']['head']:.2f}); prefill "
           f"{costs['prefill']['layer']:.3f} ms per token and layer at 256 tokens. A stage hands on "

@@ -82,38 +82,6 @@ std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t num_layers, int num
   return out;
 }
 
-StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageLayers(const Model& model, int num_stages) {
-  const int64_t num_layers = model.hparams().num_layers;
-  std::vector<std::pair<int64_t, int64_t>> even = StageLayers(num_layers, num_stages);
-  std::vector<int64_t> allowed;  // layers after the first that may begin a stage
-  for (int64_t l = 1; l < num_layers; ++l) {
-    if (model.CanStartStage(l)) allowed.push_back(l);
-  }
-  const int64_t cuts = num_stages - 1;
-  if (static_cast<int64_t>(allowed.size()) < cuts) {
-    return InvalidArgument("{} pipeline stages: this {} model can be cut before {} of its layers only, so into at most {} "
-                           "stages (a layer reads the cache rows of an earlier one)",
-                           num_stages, model.hparams().arch, allowed.size(), allowed.size() + 1);
-  }
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t first = 0;
-  size_t from = 0;  // the first allowed cut still free
-  for (int64_t c = 0; c < cuts; ++c) {
-    const int64_t target = even[static_cast<size_t>(c)].second;
-    // Leave enough allowed cuts for the stages after this one.
-    const size_t last = allowed.size() - static_cast<size_t>(cuts - c);
-    size_t best = from;
-    for (size_t i = from; i <= last; ++i) {
-      if (std::llabs(allowed[i] - target) < std::llabs(allowed[best] - target)) best = i;
-    }
-    out.emplace_back(first, allowed[best]);
-    first = allowed[best];
-    from = best + 1;
-  }
-  out.emplace_back(first, num_layers);
-  return out;
-}
-
 std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int64_t num_groups, int max_parts) {
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   // The wanted rows, explicit (ForwardBatch's defaults resolved).
@@ -180,9 +148,8 @@ std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int64_t num
   return out;
 }
 
-PipelineDriver::PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options,
-                               std::vector<std::pair<int64_t, int64_t>> stages)
-    : model_(model), comm_(comm), options_(options), stages_(std::move(stages)) {
+PipelineDriver::PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options)
+    : model_(model), comm_(comm), options_(options), stages_(StageLayers(model.hparams().num_layers, comm.size())) {
   if (options_.micro_batches <= 0) options_.micro_batches = comm.size();
 }
 
@@ -195,9 +162,8 @@ StatusOr<std::unique_ptr<PipelineDriver>> PipelineDriver::Connect(const Model& m
     return InvalidArgument("{} pipeline stages for a model of {} layers", comm.size(), model.hparams().num_layers);
   }
   if (!model.hparams().causal) return InvalidArgument("an encoder runs in one process (no pipeline stages)");
-  ASSIGN_OR_RETURN(auto stages, StageLayers(model, comm.size()));
   RETURN_IF_ERROR(AwaitHellos(model, comm, options.timeout, "pipeline"));
-  return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options, std::move(stages)));
+  return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options));
 }
 
 std::string PipelineDriver::Describe() const {
@@ -285,8 +251,7 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
   if (rank == 0) return InvalidArgument("rank 0 drives the pipeline");
   const ModelHParams& hp = model.hparams();
   if (comm.size() > hp.num_layers) return InvalidArgument("{} pipeline stages for {} layers", comm.size(), hp.num_layers);
-  ASSIGN_OR_RETURN(const auto stages, StageLayers(model, comm.size()));
-  const auto [first_layer, end_layer] = stages[rank];
+  const auto [first_layer, end_layer] = StageLayers(hp.num_layers, comm.size())[rank];
   const int64_t width = model.StageWidth();
   RETURN_IF_ERROR(SayHello(model, comm));
   std::unique_ptr<KvStorage> kv;

@@ -43,10 +43,6 @@ struct PipelineOptions {
 // The layers [first, end) of each of num_stages stages: as equal as whole layers allow, the first
 // stages one more where they do not divide.
 std::vector<std::pair<int64_t, int64_t>> StageLayers(int64_t num_layers, int num_stages);
-// The same for a model, whose layers may not all begin a stage (Model::CanStartStage): each cut
-// moves to the allowed layer nearest its place above (the earlier of two as near), in order, no
-// stage empty; an error where the model allows fewer cuts than the stages need.
-StatusOr<std::vector<std::pair<int64_t, int64_t>>> StageLayers(const Model& model, int num_stages);
 
 // A step's micro-batch: some of its sequences, whole, renumbered from 0, with the rows of the
 // step's logits (and hidden rows) each of its wanted rows fills (-1: one computed but not wanted).
@@ -83,8 +79,7 @@ class PipelineDriver {
   std::string Describe() const;
 
  private:
-  PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options,
-                 std::vector<std::pair<int64_t, int64_t>> stages);
+  PipelineDriver(const Model& model, Communicator& comm, PipelineOptions options);
 
   const Model& model_;
   Communicator& comm_;

@@ -252,10 +252,9 @@ class Model {
 
   // Pipeline stages (dist/pipeline.h): the floats per token one stage hands the next (the
   // residual stream's dim, or more where the architecture carries more state from layer to
-  // layer), and whether a stage may begin at `layer` (no: a layer after it reads cache rows that
-  // a layer before it writes, which another process would hold).
+  // layer: whatever a later layer reads of an earlier one's work, since another process holds
+  // that layer's cache).
   virtual int64_t StageWidth() const { return hp_.dim; }
-  virtual bool CanStartStage(int64_t /*layer*/) const { return true; }
 
   // Runs one batch: each token's K/V are written to its sequence's blocks at its slot (its
   // position unless batch.slots says otherwise), then attention reads them back through the

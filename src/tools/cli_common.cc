@@ -55,9 +55,8 @@ StatusOr<LoadedModel> LoadModel(const std::string& path_flag, const LoadOptions&
     if (Status s = m.model->ShardForTensorParallel(load.split); !s.ok()) return s.WithContext(m.path);
   }
   if (load.Pack(m.path)) {
-    auto stages = dist::StageLayers(*m.model, std::max(1, load.num_stages));
-    if (!stages.ok()) return stages.status().WithContext(m.path);
-    const auto [first_layer, end_layer] = (*stages)[std::max(0, load.stage)];
+    const auto [first_layer, end_layer] =
+        dist::StageLayers(m.model->hparams().num_layers, std::max(1, load.num_stages))[std::max(0, load.stage)];
     // A pipeline computes the output layer on rank 0 (dist/pipeline.h).
     m.model->PackWeights(load.keep_packed_sources ? nullptr : m.file.get(), first_layer, end_layer,
                          /*with_output=*/load.stage == 0);

@@ -51,8 +51,9 @@ done
 # The mixtures and DeepSeek's architectures through 2 and 4 stages (2 micro-batches): qwen3moe,
 # gpt-oss (windows, sinks), glm4moe and deepseek2 (a dense leading layer, shared experts, deepseek2's
 # latent cache), deepseek4 (hyper-connection copies handed from stage to stage; ratio-4 and -128
-# compressors) and deepseek41 (its pre weights too; Engram; stages begin only where no later layer
-# reads an earlier source's rows: 8 layers whose sources are 1, 3, 5 and 7).
+# compressors) and deepseek41 (its pre weights too, the picks, and the rows and index keys of KV
+# sources 1 and 4 that layers on later stages read; index source 6 scores inside candidate source
+# 4's blocks; Engram on layers 0 and 5).
 C=(--shape custom --dim 128 --heads 4 --vocab 2048 --ffn 256 --type q8_0)
 E=(--experts 8 --experts-used 2 --expert-ffn 64)
 D4=(--kv-heads 1 --head-dim 64 --rope-dim 32 --q-lora-rank 64 --window 8 --indexer-heads 4 --indexer-dim 32
@@ -64,8 +65,9 @@ synth glm4moe --layers 4 --kv-heads 2 --head-dim 32 --leading-dense 1 --shared-e
 synth deepseek2 --layers 4 --kv-heads 4 --kv-lora-rank 64 --rope-dim 16 --v-head-dim 32 --nope-dim 32 \
   --q-lora-rank 64 --leading-dense 1 --shared-experts 1 -o "$tmp/deepseek2.gguf"
 synth deepseek4 --layers 4 "${D4[@]}" --compress-ratios 0 4 128 4 -o "$tmp/deepseek4.gguf"
-synth deepseek41 --layers 8 "${D4[@]}" --compress-ratios 0 2 2 1 1 2 2 1 --engram-layers 0 4 --engram-heads 2 \
-  --engram-dim 32 --engram-ngram 3 --engram-rows 40 -o "$tmp/deepseek41.gguf"
+synth deepseek41 --layers 8 "${D4[@]}" --compress-ratios 0 1 1 1 2 2 2 2 --index-source-layers 1 4 6 \
+  --candidate-source-layer 4 --candidate-top-k-blocks 2 --candidate-block-size 2 --engram-layers 0 5 \
+  --engram-heads 2 --engram-dim 32 --engram-ngram 3 --engram-rows 40 -o "$tmp/deepseek41.gguf"
 for arch in qwen3moe gpt-oss glm4moe deepseek2 deepseek4 deepseek41; do
   model="$tmp/$arch.gguf"
   "$GALE" batch -m "$model" -i "$tmp/in.jsonl" -o "$tmp/one.jsonl" -t 1 --no-progress --max-num-batched-tokens 64 \

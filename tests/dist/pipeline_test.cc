@@ -106,7 +106,7 @@ void ExpectStepsEqualOneProcess(const TestModel& m, int num_stages, int micro_ba
   ASSERT_TRUE(driver.ok()) << driver.status().ToString();
   const KvLayout layout = model.kv_layout();
   const KvLayerGroups groups = layout.Groups(true);
-  const int64_t block_size = 4, num_blocks = 256;
+  const int64_t block_size = 4, num_blocks = 1024;
   KvStorage kv_pipe(layout, groups, num_blocks, block_size, kv_type, kv_type);
   KvStorage kv_one(layout, groups, num_blocks, block_size, kv_type, kv_type);
   ThreadPool pool(2);
@@ -161,28 +161,27 @@ TEST(PipelineTest, StepsThroughStagesEqualOneProcessBitwise) {
   const TestModel ds = Synthetic("deepseek2", 3);
   ExpectStepsEqualOneProcess(ds, 3, 3, kernels::KvType::kF16);
   ExpectStepsEqualOneProcess(llama, 2, 2, kernels::KvType::kInt8);
-  // DeepSeek-V4: the hyper-connection copies cross the stages; V4.1: their pre weights too, and
-  // stages begin only where no later layer reads an earlier layer's compressed rows or picks.
+  // DeepSeek-V4: the hyper-connection copies cross the stages; V4.1: their pre weights too, the
+  // picks, and the compressed rows and index keys of sources read by layers on later stages.
   const TestModel v4 = Synthetic("deepseek4", 3);
   ExpectStepsEqualOneProcess(v4, 3, 2, kernels::KvType::kF16);
   const TestModel v41 = Synthetic("deepseek41", 4);
   ExpectStepsEqualOneProcess(v41, 2, 2, kernels::KvType::kF32);
   ExpectStepsEqualOneProcess(v41, 3, 1, kernels::KvType::kF16);
-}
-
-// Where an architecture's layers read the cache rows of earlier ones, stages begin only where
-// the model allows, as near the even cut as it can; too many stages are refused with the reason.
-TEST(PipelineTest, StagesBeginWhereTheModelAllows) {
-  const TestModel llama = Synthetic("llama", 4);
-  EXPECT_EQ(*dist::StageLayers(*llama.model, 3), dist::StageLayers(4, 3));
-  // deepseek41's test shape: layer 2 reads layer 1's rows, so the cuts are before layers 1 and 3.
-  const TestModel v41 = Synthetic("deepseek41", 4);
-  EXPECT_FALSE(v41.model->CanStartStage(2));
-  EXPECT_EQ(*dist::StageLayers(*v41.model, 2), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 4}}));
-  EXPECT_EQ(*dist::StageLayers(*v41.model, 3), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 3}, {3, 4}}));
-  const auto four = dist::StageLayers(*v41.model, 4);
-  ASSERT_FALSE(four.ok());
-  EXPECT_NE(four.status().message().find("at most 3 stages"), std::string::npos) << four.status().ToString();
+  ExpectStepsEqualOneProcess(v41, 4, 2, kernels::KvType::kF16);
+  // The two-level index across stages: layer 3 picks candidate blocks that index source 5 (on
+  // the next stage) scores inside; sources 1 and 3, each read by a layer on the next stage.
+  SynthShape cand = test::ArchTestShape("deepseek41");
+  cand.num_layers = 6;
+  cand.compress_ratios = {0, 1, 1, 2, 2, 2};
+  cand.index_source_layers = {1, 3, 5};
+  cand.engram_layers = {0, 3};
+  cand.candidate_layer = 3;
+  cand.candidate_blocks = 2;
+  cand.candidate_block_size = 2;
+  const TestModel v41c = test::SynthModel(cand, GgmlType::kQ8_0);
+  ExpectStepsEqualOneProcess(v41c, 3, 2, kernels::KvType::kF16);
+  ExpectStepsEqualOneProcess(v41c, 6, 1, kernels::KvType::kF32);
 }
 
 // The engine's workload (chunked prefill, preemption, the prefix cache, seeded sampling) through

@@ -132,20 +132,17 @@ class Deepseek4Model final : public Model {
  protected:
   Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override;
 
-  // A pipeline stage hands on the residual copies and the pre weights the next sublayer collapses
-  // them with (V4.1; zeros for V4): [kHc * dim, then kHc] per token.
-  int64_t StageWidth() const override { return kHc * (hp_.dim + 1); }
-  // V4.1: not where a later layer reads an earlier source's rows, keys or picks, or filters by
-  // an earlier candidate source's blocks (they live in the cache of the process running it).
-  bool CanStartStage(int64_t layer) const override {
-    if (!v41_) return true;
-    for (int64_t l = layer; l < hp_.num_layers; ++l) {
-      const Ds4Layer& w = layers_[l];
-      if (w.ratio != 0 && (w.rows_from < layer || w.picks_from < layer)) return false;
-      if (w.index_source && cand_layer_ >= 0 && cand_layer_ < layer) return false;
-    }
-    return true;
+  // A pipeline stage hands on, per token: the residual copies and the pre weights the next
+  // sublayer collapses them with (V4.1; zeros for V4), [kHc * dim, then kHc]; V4.1 also what later
+  // layers read of earlier ones (CarryWidth): the last index source's picks, the candidate
+  // source's blocks, and each KV source's row and index key completed at this token, which the
+  // stages after it write into their own caches. So a stage may begin at any layer.
+  int64_t StageWidth() const override { return kHc * (hp_.dim + 1) + CarryWidth(); }
+  int64_t CarryWidth() const {
+    if (!v41_) return 0;
+    return (1 + idx_top_k_) + (1 + cand_blocks_) + static_cast<int64_t>(sources_.size()) * SourceCarry();
   }
+  int64_t SourceCarry() const { return 1 + hp_.head_dim + idx_dim_; }  // flag, row, key
 
   std::vector<MatrixWeight*> LayerMatrices(int64_t l) override {
     std::vector<MatrixWeight*> all;
@@ -198,6 +195,7 @@ class Deepseek4Model final : public Model {
     AttnInputs a;
     std::vector<float> sk, sg, emb, kvo;
     std::vector<int32_t> ids;
+    std::vector<float> carried;  // V4.1 stages: [n, CarryWidth()] (StageWidth)
   };
   void Project(const Ds4Layer& w, const ForwardBatch& batch, const float* in, int64_t n, AttnInputs& a,
                ThreadPool& pool) const;
@@ -222,8 +220,15 @@ class Deepseek4Model final : public Model {
   // The forward's ends: the copies and pre weights from the embedding (the first stage) or the
   // stage before (batch.input); a stage before the head hands them on in ws.x (StageWidth); the
   // head's input, the copies collapsed into ws.x.
-  void EnterStage(const ForwardBatch& batch, ForwardPass& f, const Workspace& ws, Buffers& buf, int64_t n) const;
-  void HandOn(Workspace& ws, const Buffers& buf, int64_t n) const;
+  // V4.1 stages also carry the picks, the candidate blocks and the sources' new rows and keys
+  // (CarryWidth); a stage writes the rows and keys of the sources before it into its cache.
+  void EnterStage(const ForwardBatch& batch, ForwardPass& f, const Workspace& ws, Buffers& buf, KvStorage& kv,
+                  int64_t n, std::vector<std::vector<int64_t>>& picks,
+                  std::vector<std::vector<int64_t>>& candidates) const;
+  void HandOn(Workspace& ws, const Buffers& buf, int64_t n, const std::vector<std::vector<int64_t>>& picks,
+              const std::vector<std::vector<int64_t>>& candidates) const;
+  // Where token t's carried row and key of source layer w go (null: V4, or not a source).
+  float* CarriedSource(Buffers& buf, int64_t t, const Ds4Layer& w) const;
   void CollapseForHead(Workspace& ws, Buffers& buf, int64_t n, ThreadPool& pool) const;
   // The grouped low-rank output of buf.attn into buf.x: group g's heads through wo_a[g], the
   // groups' results side by side through wo_b.
@@ -244,6 +249,8 @@ class Deepseek4Model final : public Model {
 
   int64_t q_lora_ = 0, window_ = 0, idx_heads_ = 0, idx_dim_ = 0, idx_top_k_ = 0, out_groups_ = 0, out_lora_ = 0;
   int64_t cand_layer_ = -1, cand_blocks_ = 0, cand_bs_ = 0;  // V4.1's candidate blocks (layer -1: none)
+  std::vector<int64_t> sources_;      // V4.1: the KV source layers, in order
+  std::vector<int64_t> source_of_;    // per layer: its index in sources_, or -1
   int64_t sinkhorn_iters_ = 0, hash_layers_ = 0;
   float compress_base_ = 0.0f, hc_eps_ = 0.0f, corr_low_ = 0.0f, corr_high_ = 0.0f;
   HcWeights hc_head_;
@@ -604,6 +611,13 @@ StatusOr<std::unique_ptr<Model>> Deepseek4Model::Load(const GgufFile& file, Mode
   RETURN_IF_ERROR(d.LoadEngram(file, tensors, [&](int64_t count, int64_t window) { return loader.KvLayer(count, window); }));
   for (int64_t l = 0; l < d.hp_.num_layers; ++l) RETURN_IF_ERROR(loader.Layer(l));
   RETURN_IF_ERROR(d.CheckCandidates());
+  d.source_of_.assign(static_cast<size_t>(d.hp_.num_layers), -1);
+  for (int64_t l = 0; l < d.hp_.num_layers && d.v41_; ++l) {
+    if (d.layers_[l].kv_source) {
+      d.source_of_[l] = static_cast<int64_t>(d.sources_.size());
+      d.sources_.push_back(l);
+    }
+  }
   d.ones_.assign(static_cast<size_t>(std::max({kHc * d.hp_.dim, d.hp_.head_dim, d.idx_dim_})), 1.0f);
   m->FinishLoad(tensors);
   return std::unique_ptr<Model>(std::move(m));
@@ -1032,6 +1046,10 @@ void Deepseek4Model::Compress(const Ds4Layer& w, const Compressor& c, int64_t st
     }
     RopeTail(row.data(), 1, c.width, rope, angles.data());
     WritePacked(kv, batch, packed, batch.seq(t), pos / ratio, row.data());
+    if (float* at = CarriedSource(buf, t, w); at != nullptr) {
+      at[0] = 1.0f;
+      std::copy(row.begin(), row.end(), at + 1);
+    }
   }
   if (key_of.empty()) return;
   const int64_t nk = static_cast<int64_t>(key_of.size());
@@ -1044,6 +1062,7 @@ void Deepseek4Model::Compress(const Ds4Layer& w, const Compressor& c, int64_t st
     Angles(true, pos + 1 - ratio, angles.data());
     RopeTail(k, 1, idx_dim_, rope, angles.data());
     WritePacked(kv, batch, w.idx_keys, batch.seq(key_of[j]), pos / ratio, k);
+    if (float* at = CarriedSource(buf, key_of[j], w); at != nullptr) std::copy(k, k + idx_dim_, at + 1 + hp_.head_dim);
   }
 }
 
@@ -1207,12 +1226,21 @@ void Deepseek4Model::Attention(int64_t l, const ForwardBatch& batch, KvStorage& 
   }, /*min_items_per_thread=*/1);
 }
 
+float* Deepseek4Model::CarriedSource(Buffers& buf, int64_t t, const Ds4Layer& w) const {
+  const int64_t src = v41_ ? source_of_[&w - layers_.data()] : -1;
+  if (src < 0) return nullptr;
+  const int64_t head = (1 + idx_top_k_) + (1 + cand_blocks_);
+  return buf.carried.data() + t * CarryWidth() + head + src * SourceCarry();
+}
+
 void Deepseek4Model::EnterStage(const ForwardBatch& batch, ForwardPass& f, const Workspace& ws, Buffers& buf,
-                                int64_t n) const {
-  const int64_t dim = hp_.dim;
+                                KvStorage& kv, int64_t n, std::vector<std::vector<int64_t>>& picks,
+                                std::vector<std::vector<int64_t>>& candidates) const {
+  const int64_t dim = hp_.dim, carry = CarryWidth();
   buf.streams.resize(static_cast<size_t>(n * kHc * dim));  // [n, kHc, dim]
   // V4.1: the pre weights the next sublayer collapses with (layer 0's attention: the first copy).
   buf.pre_next.assign(static_cast<size_t>(n * kHc), 0.0f);
+  buf.carried.assign(static_cast<size_t>(n * carry), 0.0f);
   if (batch.first_layer == 0) {
     f.Embed(token_embd_);
     for (int64_t t = 0; t < n; ++t) {
@@ -1227,16 +1255,42 @@ void Deepseek4Model::EnterStage(const ForwardBatch& batch, ForwardPass& f, const
     const float* row = batch.input + t * StageWidth();
     std::memcpy(buf.streams.data() + t * kHc * dim, row, kHc * dim * sizeof(float));
     std::memcpy(buf.pre_next.data() + t * kHc, row + kHc * dim, kHc * sizeof(float));
+    if (carry == 0) continue;
+    const float* in = row + kHc * (dim + 1);
+    std::copy(in, in + carry, buf.carried.data() + t * carry);
+    // The picks and candidate blocks: a count, then the indices (exact in f32).
+    picks[t].assign(in + 1, in + 1 + static_cast<int64_t>(in[0]));
+    const float* cand = in + 1 + idx_top_k_;
+    candidates[t].assign(cand + 1, cand + 1 + static_cast<int64_t>(cand[0]));
+    // The earlier stages' sources' new rows and keys, into this stage's cache.
+    for (int64_t l : sources_) {
+      if (l >= batch.first_layer) break;
+      const Ds4Layer& w = layers_[l];
+      const float* at = CarriedSource(buf, t, w);
+      if (at[0] == 0.0f) continue;
+      const int64_t b = batch.positions[t] / w.ratio;
+      WritePacked(kv, batch, w.comp, batch.seq(t), b, at + 1);
+      if (w.key_owner) WritePacked(kv, batch, w.idx_keys, batch.seq(t), b, at + 1 + hp_.head_dim);
+    }
   }
 }
 
-void Deepseek4Model::HandOn(Workspace& ws, const Buffers& buf, int64_t n) const {
-  const int64_t dim = hp_.dim;
+void Deepseek4Model::HandOn(Workspace& ws, const Buffers& buf, int64_t n, const std::vector<std::vector<int64_t>>& picks,
+                            const std::vector<std::vector<int64_t>>& candidates) const {
+  const int64_t dim = hp_.dim, carry = CarryWidth();
   ws.x.resize(static_cast<size_t>(n * StageWidth()));
   for (int64_t t = 0; t < n; ++t) {
     float* row = ws.x.data() + t * StageWidth();
     std::memcpy(row, buf.streams.data() + t * kHc * dim, kHc * dim * sizeof(float));
     std::memcpy(row + kHc * dim, buf.pre_next.data() + t * kHc, kHc * sizeof(float));
+    if (carry == 0) continue;
+    float* out = row + kHc * (dim + 1);
+    std::copy(buf.carried.begin() + t * carry, buf.carried.begin() + (t + 1) * carry, out);
+    out[0] = static_cast<float>(picks[t].size());
+    std::copy(picks[t].begin(), picks[t].end(), out + 1);
+    float* cand = out + 1 + idx_top_k_;
+    cand[0] = static_cast<float>(candidates[t].size());
+    std::copy(candidates[t].begin(), candidates[t].end(), cand + 1);
   }
 }
 
@@ -1293,7 +1347,9 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   // A pipeline stage runs layers [first, end) (EnterStage, HandOn).
   const int64_t first = batch.first_layer, end = batch.end_layer < 0 ? hp_.num_layers : batch.end_layer;
   Buffers& buf = ws.ArchBuffers<Buffers>(this);
-  EnterStage(batch, f, ws, buf, n);
+  // V4.1: the picks of the last index source, the candidate source's blocks.
+  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n)), candidates(static_cast<size_t>(n));
+  EnterStage(batch, f, ws, buf, kv, n, picks, candidates);
   float* streams = buf.streams.data();
   float* pre_next = buf.pre_next.data();
   buf.x.resize(static_cast<size_t>(n * dim));
@@ -1304,8 +1360,6 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
   buf.pre_own.resize(static_cast<size_t>(n * kHc));  // V4.1: this sublayer's pre weights
   float *x = buf.x.data(), *in = buf.in.data(), *post = buf.post.data(), *comb = buf.comb.data();
   float* pre_own = buf.pre_own.data();
-  // V4.1: the picks of the last index source, the candidate source's blocks.
-  std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n)), candidates(static_cast<size_t>(n));
   if (tok_layer_ >= 0 && first < end) WriteTokens(batch, kv);
   for (int64_t l = first; l < end; ++l) {
     const Ds4Layer& w = layers_[l];
@@ -1329,7 +1383,7 @@ Status Deepseek4Model::RunForward(const ForwardBatch& batch, KvStorage& kv, Work
     HcPost(ws.x.data(), post, comb, n, dim, streams);
   }
   if (end < hp_.num_layers || !batch.output_head) {  // a stage before the head
-    HandOn(ws, buf, n);
+    HandOn(ws, buf, n, picks, candidates);
     return Status::Ok();
   }
   CollapseForHead(ws, buf, n, pool);
