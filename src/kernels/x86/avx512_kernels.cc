@@ -371,20 +371,26 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 
 // ---- GEMM, float weights: 4 rows x 6 tokens per tile, 16 elements per step --------------------
 
+// F8: v (e4m3 patterns converted from f16: each weight times 2^-8) times 2^8 times the block's
+// scale 2^(e - 127), the dequantizer's one rounding: one factor while it is a float (scale
+// exponents to 2^119), else two.
+inline __m512 ScaleF8(__m512 v, uint8_t e) {
+  if (e <= 246) [[likely]] return _mm512_mul_ps(v, _mm512_set1_ps(E8M0ToFp32(static_cast<uint8_t>(e + 8))));
+  return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(256.0f)), _mm512_set1_ps(E8M0ToFp32(e)));
+}
+
 template <GgmlType kType, bool kMasked>
 inline __m512 LoadW16(const uint8_t* row, int64_t i, __mmask16 m) {
   if constexpr (kType == GgmlType::kF8E4M3) {
     // 16 e4m3 bytes of block i / 32 (i a multiple of 16), sign-extended to 16 bits and shifted
     // left 7: the sign lands in bit 15 (and 14, cleared), the 7 low bits in an f16's exponent and
     // mantissa, which is the value times 2^-8 (subnormals too: f16's exponent bias is 8 more), so
-    // the conversion is exact; times 2^8 times the scale (one factor while it is a float: scale
-    // exponents to 2^119), the dequantizer's one rounding. Rows are whole blocks: no mask.
+    // the conversion is exact; then ScaleF8. Rows are whole blocks: no mask.
     const auto* blk = reinterpret_cast<const BlockF8E4M3*>(row) + i / 32;
     const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs + i % 32)));
     const __m512 v = _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(-0x4001)));
     (void)m;
-    if (blk->e <= 246) [[likely]] return _mm512_mul_ps(v, _mm512_set1_ps(E8M0ToFp32(static_cast<uint8_t>(blk->e + 8))));
-    return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(256.0f)), _mm512_set1_ps(E8M0ToFp32(blk->e)));
+    return ScaleF8(v, blk->e);
   } else if constexpr (kType == GgmlType::kF32) {
     const float* p = reinterpret_cast<const float*>(row) + i;
     return kMasked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
@@ -458,16 +464,8 @@ inline void StepF8Block(const uint8_t* rows, int64_t row_bytes, const float* xs,
     const auto* blk = reinterpret_cast<const BlockF8E4M3*>(rows + r * row_bytes) + i / 32;
     const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs)));
     const __m512i h = _mm512_and_si512(_mm512_slli_epi16(b, 7), _mm512_set1_epi16(-0x4001));
-    const __m512 v0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), v1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    if (blk->e <= 246) [[likely]] {
-      const __m512 sc = _mm512_set1_ps(E8M0ToFp32(static_cast<uint8_t>(blk->e + 8)));
-      lo[r] = _mm512_mul_ps(v0, sc);
-      hi[r] = _mm512_mul_ps(v1, sc);
-    } else {
-      const __m512 big = _mm512_set1_ps(256.0f), sc = _mm512_set1_ps(E8M0ToFp32(blk->e));
-      lo[r] = _mm512_mul_ps(_mm512_mul_ps(v0, big), sc);
-      hi[r] = _mm512_mul_ps(_mm512_mul_ps(v1, big), sc);
-    }
+    lo[r] = ScaleF8(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), blk->e);
+    hi[r] = ScaleF8(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), blk->e);
   }
   for (int t = 0; t < T; ++t) {
     const __m512 xv = _mm512_loadu_ps(xs + t * k + i);
