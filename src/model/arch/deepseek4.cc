@@ -1262,9 +1262,10 @@ void Deepseek4Model::EnterStage(const ForwardBatch& batch, ForwardPass& f, const
     picks[t].assign(in + 1, in + 1 + static_cast<int64_t>(in[0]));
     const float* cand = in + 1 + idx_top_k_;
     candidates[t].assign(cand + 1, cand + 1 + static_cast<int64_t>(cand[0]));
-    // The earlier stages' sources' new rows and keys, into this stage's cache.
+    // The earlier stages' sources' new rows and keys, into this stage's cache (not for the head
+    // alone, on rank 0: no layer of it reads them).
     for (int64_t l : sources_) {
-      if (l >= batch.first_layer) break;
+      if (l >= batch.first_layer || batch.first_layer == hp_.num_layers) break;
       const Ds4Layer& w = layers_[l];
       const float* at = CarriedSource(buf, t, w);
       if (at[0] == 0.0f) continue;
