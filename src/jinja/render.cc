@@ -455,9 +455,12 @@ class Renderer {
           const bool overflow = __builtin_sub_overflow(int64_t{0}, a, &q);
           return IntResult(overflow, q, op);
         }
-        int64_t q = a / b;
-        if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-        return op == "//" ? Value(q) : Value(a - q * b);  // |a - q * b| < |b|: no overflow
+        // Python floors: the remainder takes the divisor's sign. Neither step can overflow (q * b
+        // can: floor(a / b) * b lies below a, which may already be near the smallest int64).
+        const int64_t rem = a % b;
+        const bool adjust = rem != 0 && ((rem < 0) != (b < 0));
+        if (op == "%") return Value(adjust ? rem + b : rem);
+        return Value(a / b - (adjust ? 1 : 0));
       }
     } else if (op == "**") {
       if (nums) {
