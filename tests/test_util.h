@@ -64,6 +64,7 @@ inline SynthShape ArchTestShape(const std::string& arch) {
   SynthShape s = *NamedSynthShape("tiny");
   s.arch = arch;
   if (arch == "qwen3") s.head_dim = 48;
+  if (arch == "qwen35") s.num_layers = 4;  // three Gated DeltaNet layers, then full attention
   if (arch == "qwen3moe") {  // eight experts of 64, two per token
     s.head_dim = 48;
     s.num_experts = 8;

@@ -98,6 +98,7 @@ struct Engine::Live {
   std::optional<SeqRetention> retention;
   bool retention_fresh = true;
   bool embed = false;  // an embedding request: no text, the embedding at the end
+  int32_t state_slot = -1;  // recurrent layers' state slot while running (-1: none held)
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Tokenizer* tokenizer,
@@ -123,6 +124,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     return Unimplemented("{}: its cache rows are written in parts (compressed rows packed side by side): f32, f16 or "
                          "bf16 only, not an int8/int4 cache", hp.arch);
   }
+  if (layout.state_floats > 0) {
+    // Recurrent layers keep one state per sequence, of everything it has read: a prefix cache hit
+    // or a rejected draft would need the state at an earlier token (not kept yet).
+    if (config.spec.method != SpecMethod::kOff) {
+      return Unimplemented("{}: speculative decoding is not supported for recurrent layers yet", hp.arch);
+    }
+    if (config.retention.active()) return Unimplemented("{}: KV retention is not supported for recurrent layers", hp.arch);
+  }
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
@@ -137,6 +146,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     if (avail == 0) return InvalidArgument("cannot read MemAvailable from /proc/meminfo: set --kv-cache-memory");
     budget = avail > workspace ? static_cast<uint64_t>(static_cast<double>(avail - workspace) * config.kv_cache_ratio) : 0;
   }
+  // Recurrent layers' states, one slot per running request, come out of the same budget.
+  const uint64_t state_bytes = static_cast<uint64_t>(config.sched.max_batch_size * layout.state_floats) * sizeof(float);
+  if (state_bytes > 0 && budget <= state_bytes) {
+    return ResourceExhausted("KV cache memory of {} bytes does not hold the recurrent states of {} requests ({} bytes)",
+                             budget, config.sched.max_batch_size, state_bytes);
+  }
+  budget -= state_bytes;
   int64_t num_blocks = static_cast<int64_t>(budget / block_bytes);
   // More than every running request at its longest could use is never touched: do not reserve it.
   const int64_t seq_cap = config.sched.max_seq_len > 0 ? config.sched.max_seq_len
@@ -151,6 +167,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   }
   if (num_blocks > (int64_t{1} << 30)) num_blocks = int64_t{1} << 30;
   EngineConfig cfg = config;
+  if (layout.state_floats > 0) cfg.enable_prefix_caching = false;  // no state checkpoints yet
   if (cfg.sched.max_seq_len == 0) cfg.sched.max_seq_len = seq_cap;
   std::unique_ptr<DraftProposer> draft;
   if (cfg.spec.method == SpecMethod::kDraft) {
@@ -174,6 +191,8 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       runner_(model, storage_, pool),
       draft_(std::move(draft)) {
   if (config.key_channels) storage_.set_key_channels(*config.key_channels);
+  storage_.ReserveStates(model.kv_layout().state_floats > 0 ? config.sched.max_batch_size : 0, model.kv_layout().state_floats);
+  for (int32_t s = static_cast<int32_t>(storage_.num_state_slots()) - 1; s >= 0; --s) free_state_slots_.push_back(s);
   if (config.forward) runner_.set_forward(config.forward);
   max_request_tokens_ = sched_.max_request_tokens();
   kv_capacity_ = kv_.capacity_tokens(config.sched.max_num_batched_tokens, /*retaining=*/true);
@@ -449,6 +468,12 @@ bool Engine::EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs) {
   return stopped;
 }
 
+void Engine::ReleaseStateSlot(Live& l) {
+  if (l.state_slot < 0) return;
+  free_state_slots_.push_back(l.state_slot);
+  l.state_slot = -1;
+}
+
 void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error) {
   auto it = live_.find(r.id);
   if (it == live_.end()) return;
@@ -473,6 +498,7 @@ void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& stat
   l.stream->Push(std::move(u));
   runner_.RemoveRequest(r.id);
   if (draft_) draft_->Release(r.id);
+  ReleaseStateSlot(l);
   live_.erase(it);
 }
 
@@ -524,6 +550,16 @@ bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
     b.seqs.push_back({s.req->id, tokens, s.start, s.num_new_tokens, kv_.BlockTable(s.req->id), s.sample, s.num_spec});
     Live& l = *live_.at(s.req->id);
     RunnerSeq& q = b.seqs.back();
+    if (storage_.num_state_slots() > 0) {
+      // Held from the first chunk until the request finishes or is preempted (it then starts
+      // again from its first token, as its blocks do); never more running than slots.
+      if (l.state_slot < 0) {
+        CHECK(!free_state_slots_.empty());  // never more running than slots
+        l.state_slot = free_state_slots_.back();
+        free_state_slots_.pop_back();
+      }
+      q.state_slot = l.state_slot;
+    }
     q.num_prompt = s.req->num_prompt_tokens;
     if (kv_.num_groups() > 1) q.group_tables = kv_.BlockTables(s.req->id);
     q.prompt_logprobs = l.prompt_logprobs;
@@ -625,7 +661,10 @@ void Engine::Loop() {
     if (draft_) {
       for (int64_t id : plan.preempted) draft_->Release(id);
     }
-    for (int64_t id : plan.preempted) live_.at(id)->retention_fresh = true;
+    for (int64_t id : plan.preempted) {
+      live_.at(id)->retention_fresh = true;
+      ReleaseStateSlot(*live_.at(id));
+    }
     if (plan.empty()) continue;
     b.idle_released = false;
     const bool any_prompt_logprobs = BuildSeqs(plan, b);

@@ -180,6 +180,7 @@ class Engine {
   // Appends a generated token's text to the stream; true when a stop string ended the request.
   bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
   void Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error = false);
+  void ReleaseStateSlot(Live& l);
   void PublishStats();
   // After a step: KV retention compacts the requests that reached their budget plus a block.
   void Evict();
@@ -202,6 +203,7 @@ class Engine {
   Scheduler sched_;
   ModelRunner runner_;
   std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
+  std::vector<int32_t> free_state_slots_;  // recurrent layers' state slots no running request holds
   std::unique_ptr<DraftProposer> draft_;
   SpecCostModel spec_cost_;
   std::vector<DraftProposer::Job> draft_jobs_;

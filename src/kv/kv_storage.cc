@@ -103,6 +103,14 @@ double KvStorage::Prefault() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+void KvStorage::ReserveStates(int64_t num_slots, int64_t floats) {
+  num_state_slots_ = num_slots;
+  state_floats_ = floats;
+  states_ = num_slots > 0 && floats > 0 ? AllocZeroed(static_cast<uint64_t>(num_slots * floats) * sizeof(float))
+                                        : std::unique_ptr<uint8_t, void (*)(void*)>{nullptr, nullptr};
+  state_tokens_.assign(static_cast<size_t>(num_slots), 0);
+}
+
 KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                      int64_t block_size, kernels::KvType k_type, kernels::KvType v_type, bool v_is_k,
                      std::optional<KvLayerGroups> groups, int64_t v_head_dim)

@@ -52,6 +52,10 @@ struct KvLayout {
   bool latent = false;
   std::vector<int64_t> windows;  // [num_layers]
 
+  // Floats of recurrent state per sequence (linear-attention layers' states, whatever the
+  // architecture keeps there; 0: none). A cache for such a model has state slots beside its blocks.
+  int64_t state_floats = 0;
+
   int64_t num_layers() const { return static_cast<int64_t>(windows.size()); }
   // Windowed layers in layer groups of their own (KvLayerGroups::ForWindows), or one group.
   KvLayerGroups Groups(bool window_groups) const;
@@ -104,7 +108,11 @@ class KvStorage {
   int64_t block_size() const { return block_size_; }
   kernels::KvType k_type() const { return k_type_; }
   kernels::KvType v_type() const { return v_type_; }
-  uint64_t num_bytes() const { return static_cast<uint64_t>(k_layer_bytes_ + v_layer_bytes_) * groups_.layers_per_block; }
+  // K and V's bytes, and the recurrent states'.
+  uint64_t num_bytes() const {
+    return static_cast<uint64_t>(k_layer_bytes_ + v_layer_bytes_) * groups_.layers_per_block +
+           static_cast<uint64_t>(num_state_slots_ * state_floats_) * sizeof(float);
+  }
 
   // Whether keys are stored in the model's calibrated per-channel form ((k - shift) / scale, with
   // queries times scale: attention's softmax is unchanged) when the model has the statistics
@@ -118,6 +126,18 @@ class KvStorage {
   // first written): the whole budget becomes resident at once and no step pays a page fault
   // later. Call before the first write (the contents stay zero). Returns the seconds it took.
   double Prefault();
+
+  // Recurrent state (KvLayout::state_floats): num_slots slots of `floats` f32 each, one per
+  // running sequence, reserved (pages committed as first written). A slot also records how many of
+  // its sequence's tokens its state has taken in, so that a step continuing elsewhere (a prefix
+  // cache hit, a rolled-back draft) is refused instead of computed on the wrong state.
+  void ReserveStates(int64_t num_slots, int64_t floats);
+  int64_t num_state_slots() const { return num_state_slots_; }
+  int64_t state_floats() const { return state_floats_; }
+  float* State(int64_t slot) { return states_.get() == nullptr ? nullptr : reinterpret_cast<float*>(states_.get()) + slot * state_floats_; }
+  // Tokens slot `slot`'s state has taken in; -1: unknown (a forward failed part way).
+  int64_t state_tokens(int64_t slot) const { return state_tokens_[slot]; }
+  void set_state_tokens(int64_t slot, int64_t n) { state_tokens_[slot] = n; }
 
   // The layer as the attention kernel reads it.
   kernels::KvLayer Layer(int64_t layer_idx) const;
@@ -151,6 +171,9 @@ class KvStorage {
   // [layers_per_block, num_blocks, block_size, row_bytes]: layer l at slot_of[l]
   std::unique_ptr<uint8_t, void (*)(void*)> k_{nullptr, nullptr};
   std::unique_ptr<uint8_t, void (*)(void*)> v_{nullptr, nullptr};  // same; null when V is K
+  int64_t num_state_slots_ = 0, state_floats_ = 0;
+  std::unique_ptr<uint8_t, void (*)(void*)> states_{nullptr, nullptr};  // [num_state_slots, state_floats]
+  std::vector<int64_t> state_tokens_;
 };
 
 }  // namespace gale

@@ -125,6 +125,9 @@ struct ModelHParams {
   // rows per layer; set by the architecture): each one's window (0: full). Empty: one per layer,
   // with LayerWindow's window.
   std::vector<int64_t> kv_windows;
+  // Floats of recurrent state each sequence keeps (linear-attention layers: Gated DeltaNet's
+  // state and its convolution's last inputs; set by the architecture). 0: none.
+  int64_t recurrent_state_floats = 0;
   int64_t kv_num_layers() const { return kv_windows.empty() ? num_layers : static_cast<int64_t>(kv_windows.size()); }
   int64_t KvLayerWindow(int64_t kv_layer) const { return kv_windows.empty() ? LayerWindow(kv_layer) : kv_windows[kv_layer]; }
 

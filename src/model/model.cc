@@ -27,6 +27,7 @@ KvLayout KvLayoutOf(const ModelHParams& hp) {
   l.v_head_dim = hp.value_head();
   l.latent = hp.kv_latent;
   for (int64_t i = 0; i < hp.kv_num_layers(); ++i) l.windows.push_back(hp.KvLayerWindow(i));
+  l.state_floats = hp.recurrent_state_floats;
   return l;
 }
 
@@ -46,6 +47,7 @@ KvCache::KvCache(const ModelHParams& hp, int64_t capacity_tokens, int64_t num_se
       storage_(FixedStorage(hp, (capacity_tokens + block_size - 1) / block_size, num_seqs, type, block_size,
                             v_type.value_or(type), window_groups)) {
   const int64_t per_seq = (capacity_tokens + block_size - 1) / block_size;
+  storage_.ReserveStates(num_seqs, hp.recurrent_state_floats);  // sequence s in slot s
   tables_.resize(storage_.num_groups() * num_seqs);
   for (size_t t = 0; t < tables_.size(); ++t) {
     for (int64_t i = 0; i < per_seq; ++i) tables_[t].push_back(static_cast<int32_t>(static_cast<int64_t>(t) * per_seq + i));
@@ -380,7 +382,50 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       }
     }
   }
-  return RunForward(batch, kv, ws, pool);
+  if (hp_.recurrent_state_floats == 0) return RunForward(batch, kv, ws, pool);
+  // Recurrent layers: each sequence's tokens continue its state slot's, in order.
+  if (kv.state_floats() != hp_.recurrent_state_floats) {
+    return InvalidArgument("KV storage keeps {} floats of recurrent state per sequence, the model {}", kv.state_floats(),
+                           hp_.recurrent_state_floats);
+  }
+  if (!batch.state_slots.empty() && static_cast<int64_t>(batch.state_slots.size()) != num_seqs) {
+    return InvalidArgument("batch: {} state slots for {} sequences", batch.state_slots.size(), num_seqs);
+  }
+  if (!batch.attn_acc.empty()) return Unimplemented("{}: KV retention is not supported for recurrent layers", hp_.arch);
+  std::vector<int64_t> next(num_seqs, -1);  // the position each sequence's next token must have
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = batch.seq(i);
+    const int32_t slot = batch.state_slot(s);
+    if (slot < 0 || slot >= kv.num_state_slots()) {
+      return InvalidArgument("state slot {} outside the cache's {}", slot, kv.num_state_slots());
+    }
+    if (batch.slot(i) != batch.positions[i]) return Unimplemented("{}: KV retention is not supported for recurrent layers", hp_.arch);
+    if (next[s] < 0) {
+      if (batch.positions[i] != 0 && batch.positions[i] != kv.state_tokens(slot)) {
+        return InvalidArgument("sequence {} continues at position {}, but its recurrent state (slot {}) has taken in {} "
+                               "tokens", s, batch.positions[i], slot, kv.state_tokens(slot));
+      }
+    } else if (batch.positions[i] != next[s]) {
+      return InvalidArgument("sequence {}'s tokens must be consecutive for recurrent layers: position {} after {}", s,
+                             batch.positions[i], next[s] - 1);
+    }
+    next[s] = batch.positions[i] + 1;
+  }
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    for (int64_t t = s + 1; t < num_seqs && next[s] >= 0; ++t) {
+      if (next[t] >= 0 && batch.state_slot(static_cast<int32_t>(s)) == batch.state_slot(static_cast<int32_t>(t))) {
+        return InvalidArgument("sequences {} and {} share state slot {}", s, t, batch.state_slot(static_cast<int32_t>(s)));
+      }
+    }
+  }
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    if (next[s] >= 0) kv.set_state_tokens(batch.state_slot(static_cast<int32_t>(s)), -1);
+  }
+  RETURN_IF_ERROR(RunForward(batch, kv, ws, pool));
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    if (next[s] >= 0) kv.set_state_tokens(batch.state_slot(static_cast<int32_t>(s)), next[s]);
+  }
+  return Status::Ok();
 }
 
 }  // namespace gale

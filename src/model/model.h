@@ -53,6 +53,12 @@ struct ForwardBatch {
   // behind its positions (evicted tokens' rows were compacted away); RoPE still uses positions.
   // Sliding-window layers in layer groups of their own (KvLayerGroups) always use positions.
   std::vector<int32_t> slots;
+  // [num_seqs] each sequence's recurrent-state slot (KvStorage::ReserveStates), for models with
+  // linear-attention layers; empty: sequence s uses slot s. A sequence whose first token here is at
+  // position 0 starts from a zero state; one at position p continues the slot's state, which must
+  // have taken in exactly p tokens (else the step is refused).
+  std::vector<int32_t> state_slots;
+  int32_t state_slot(int32_t seq) const { return state_slots.empty() ? seq : state_slots[seq]; }
   // KV retention's attention tracking, [num_seqs] or empty: for a sequence with an accumulator,
   // each layer l adds the attention probabilities of all its query heads, over its tokens in the
   // batch, to data[l * stride + slot] for every slot they attend to (stride > its last slot).

@@ -80,6 +80,10 @@ struct SynthShape {
   // deepseek41's two-level index: the candidate source layer (-1: none), its blocks and their size.
   int64_t candidate_layer = -1, candidate_blocks = 0, candidate_block_size = 0;
   int64_t engram_heads = 0, engram_dim = 0, engram_ngram = 0, engram_rows = 0;
+  // qwen35 (Gated DeltaNet): the convolution's taps (0: 4), each linear head's size (0: half the
+  // attention head), key heads (0: the KV heads) and value heads (0: twice the key heads), and
+  // the period of full-attention layers (0: 4). rope_dim above: rotated dims (0: a quarter head).
+  int64_t ssm_conv = 0, ssm_state = 0, ssm_k_heads = 0, ssm_v_heads = 0, full_attention_interval = 0;
   // Keys written last, each under the architecture's prefix ("{arch}." + name), replacing what the
   // shape wrote: any key a loader reads, at any value (tests of every key's honouring or refusal).
   std::vector<std::pair<std::string, GgufValue>> keys;

@@ -86,6 +86,7 @@ Status ModelRunner::BuildBatch(std::span<const RunnerSeq> seqs) {
   pool_jobs_.clear();
   b.slots.clear();
   b.attn_acc.clear();
+  b.state_slots.clear();
   sample_jobs_.clear();
   bool any_slots = false, any_acc = false;
   for (const RunnerSeq& q : seqs) {
@@ -110,6 +111,7 @@ Status ModelRunner::BuildBatch(std::span<const RunnerSeq> seqs) {
       if (any_slots) b.slots.push_back(static_cast<int32_t>(slot0 + i - q.start));
     }
     if (any_acc) b.attn_acc.push_back({q.attn_acc, q.attn_acc_stride});
+    if (q.state_slot >= 0) b.state_slots.push_back(q.state_slot);
     auto it = requests_.find(q.request_id);
     PerRequest* req = it == requests_.end() ? nullptr : &it->second;
     if (req != nullptr && req->pooling != Pooling::kNone) {

@@ -46,6 +46,8 @@ struct RunnerSeq {
   // A cache of several layer groups (KvLayerGroups): every group's table, group 0's first (then
   // block_table is not read). Empty: one group, block_table.
   std::span<const std::span<const int32_t>> group_tables = {};
+  // Models with recurrent layers: the sequence's state slot (ForwardBatch::state_slots); -1: none.
+  int32_t state_slot = -1;
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before

@@ -100,7 +100,7 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--kv-lora-rank", o->custom.kv_lora_rank, "custom deepseek2: the latent's rank");
   app.add_option("--q-lora-rank", o->custom.q_lora_rank, "custom deepseek2: the query's low rank (0: one wq)");
   app.add_option("--nope-dim", o->custom.nope_dim, "custom deepseek2: query/key dims per head without RoPE");
-  app.add_option("--rope-dim", o->custom.rope_dim, "custom deepseek2: RoPE dims (the shared key part); glm4moe: rotated dims per head (0: half)");
+  app.add_option("--rope-dim", o->custom.rope_dim, "custom deepseek2: RoPE dims (the shared key part); glm4moe, qwen35: rotated dims per head (0: half, a quarter)");
   app.add_option("--v-head-dim", o->custom.v_head_dim, "custom: value dims per head (deepseek2's value_length_mla; others: V's head size where it differs from K's)");
   app.add_option("--leading-dense", o->custom.leading_dense, "custom deepseek2, glm4moe: dense leading layers");
   app.add_option("--shared-experts", o->custom.shared_experts, "custom deepseek2, glm4moe: shared experts");
@@ -132,6 +132,12 @@ CommandFn RegisterSynth(CLI::App& app) {
   app.add_option("--engram-dim", o->custom.engram_dim, "custom deepseek41: an Engram table row's length");
   app.add_option("--engram-ngram", o->custom.engram_ngram, "custom deepseek41: the longest n-gram");
   app.add_option("--engram-rows", o->custom.engram_rows, "custom deepseek41: about this many table rows per head");
+  app.add_option("--ssm-conv", o->custom.ssm_conv, "custom qwen35: Gated DeltaNet's convolution taps (0: 4)");
+  app.add_option("--ssm-state", o->custom.ssm_state, "custom qwen35: a linear head's size (0: half the attention head)");
+  app.add_option("--ssm-k-heads", o->custom.ssm_k_heads, "custom qwen35: linear key heads (0: the KV heads)");
+  app.add_option("--ssm-v-heads", o->custom.ssm_v_heads, "custom qwen35: linear value heads (0: twice the key heads)");
+  app.add_option("--full-attention-interval", o->custom.full_attention_interval,
+                 "custom qwen35: every this many layers one is full attention (0: 4)");
   app.add_option("--rope-freqs-ctx", o->custom.rope_freqs_ctx,
                  "write Llama 3.1's rope_freqs tensor with this original context length (0: none)");
   app.add_option("--key", o->keys,

@@ -281,6 +281,15 @@ const std::vector<KeyCase>& KeyCases() {
       {"qwen3", "attention.layer_norm_rms_epsilon", How::kReference, "logits.gguf qwen3_gqa (1e-6)"},
       {"qwen3moe", "attention.layer_norm_rms_epsilon", How::kReference, "logits.gguf qwen3moe (1e-6)"},
       {"qwen3moe", "expert_feed_forward_length", How::kReference, "keys.gguf qwen3moe_arrays"},
+      {"qwen35", "attention.layer_norm_rms_epsilon", How::kReference, "qwen35.gguf qwen35 (1e-6)"},
+      {"qwen35", "attention.recurrent_layers", How::kReference, "qwen35.gguf qwen35_recurrent"},
+      {"qwen35", "full_attention_interval", How::kReference, "qwen35.gguf qwen35_odd (3)"},
+      {"qwen35", "rope.dimension_sections", How::kReference, "qwen35.gguf qwen35_sections"},
+      {"qwen35", "ssm.conv_kernel", How::kStructural, "every qwen35 shape"},
+      {"qwen35", "ssm.group_count", How::kStructural, "every qwen35 shape (key heads; 1 in qwen35_odd)"},
+      {"qwen35", "ssm.inner_size", How::kStructural, "every qwen35 shape (checked: value heads x state size)"},
+      {"qwen35", "ssm.state_size", How::kStructural, "every qwen35 shape (24 in qwen35_odd)"},
+      {"qwen35", "ssm.time_step_rank", How::kStructural, "every qwen35 shape (value heads; 3 in qwen35_odd)"},
   };
   return cases;
 }

@@ -1,0 +1,477 @@
+// Qwen3.5 / Qwen3.6 dense models (GGUF "qwen35"), as llama.cpp's converter writes them and its
+// graph computes them. Three of every four layers (attention.recurrent_layers, else every layer l
+// with (l + 1) % full_attention_interval != 0) are Gated DeltaNet linear attention; the others are
+// full attention. Every layer: RmsNorm -> mixer -> residual, then post_attention_norm -> SwiGLU FFN
+// -> residual.
+//
+// Full attention: Q's projection gives per head [query, gate] (2 * head_dim rows per head); Q and
+// K are RmsNormed per head, rotated by multi-section RoPE (rope.dimension_sections, interleaved:
+// pair i's section is i % sum(sections), taken by 3s; for text every section takes the token's
+// position except the fourth, which takes 0), attended, multiplied by sigmoid(gate), projected.
+//
+// Gated DeltaNet (ssm.*: conv_kernel K, state_size S = each head's key and value size,
+// group_count key heads, time_step_rank value heads, inner_size = value heads * S): attn_qkv gives
+// the mixed q, k, v rows, which go through a causal depthwise convolution over the last K inputs
+// (the state keeps K - 1 of them) and SiLU; q and k are L2-normed per head (x / sqrt(|x|^2 + eps));
+// value head h reads key head h % group_count. Per token and value head, with the state M
+// (S x S, row j = value element j over the key elements):
+//   g = softplus(alpha + ssm_dt) * ssm_a (ssm_a = -exp(A_log)), b = sigmoid(beta)
+//   M *= exp(g);  d_j = b * (v_j - M_j . k);  M_j += d_j * k;  o_j = M_j . q / sqrt(S)
+// then o is RmsNormed per head with ssm_norm, times SiLU(attn_gate x), and projected by ssm_out.
+// The recurrence runs token by token in every batch (prefill as decoding), so a sequence's logits
+// are the same bits however its tokens are batched. The state of each sequence lives in the
+// cache's state slots (KvStorage::ReserveStates): per recurrent layer the convolution's last K - 1
+// inputs, then the value heads' matrices.
+//
+// A multi-token-prediction block (nextn_predict_layers, after the model's layers) is skipped.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/arch/arch.h"
+#include "model/blocks.h"
+#include "model/synth.h"
+#include "model/weights.h"
+#include "base/profiler.h"
+
+namespace gale {
+namespace {
+
+struct Qwen35Layer {
+  bool recurrent = false;
+  int64_t index = 0;  // among its kind: the KV layer of an attention layer, the state of a recurrent one
+  TensorView attn_norm, post_norm;
+  // Full attention.
+  MatrixWeight wq, wk, wv, wo;  // wq: [num_heads * 2 * head_dim] rows (query, gate per head)
+  TensorView q_norm, k_norm;
+  // Gated DeltaNet.
+  MatrixWeight wqkv, wgate, wbeta, walpha, wout;
+  TensorView conv, dt_bias, a, ssm_norm;
+  MatrixWeight w_gate, w_up, w_down;
+};
+
+// Gated DeltaNet's sizes.
+struct DeltaNetShape {
+  int64_t conv_kernel = 0, head = 0, k_heads = 0, v_heads = 0;
+  int64_t key_dim() const { return k_heads * head; }
+  int64_t value_dim() const { return v_heads * head; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // One layer's state: the convolution's last K - 1 inputs, then the value heads' S x S matrices.
+  int64_t conv_floats() const { return (conv_kernel - 1) * conv_dim(); }
+  int64_t state_floats() const { return conv_floats() + v_heads * head * head; }
+};
+
+// The forward's own scratch (Workspace::ArchBuffers).
+struct Qwen35Buffers {
+  std::vector<float> qg;         // [n, num_heads * 2 * head_dim] query and gate rows
+  std::vector<float> gate;       // [n, q_dim]
+  std::vector<float> mixed;      // [n, conv_dim] attn_qkv's rows, then the convolution's outputs
+  std::vector<float> conv_out;   // [n, conv_dim]
+  std::vector<float> z;          // [n, value_dim]
+  std::vector<float> beta, alpha;  // [n, v_heads]
+  std::vector<float> core;       // [n, value_dim] the recurrence's outputs
+  std::vector<float> out;        // [n, dim]
+};
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // as ggml's
+
+class Qwen35Model final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+    std::unique_ptr<Qwen35Model> m(new Qwen35Model());
+    m->hp_ = std::move(hp);
+    ModelHParams& h = m->hp_;
+    h.rope_style = RopeStyle::kNeox;
+    const std::string p = h.arch + ".";
+    DeltaNetShape& d = m->dn_;
+    ASSIGN_OR_RETURN(d.conv_kernel, file.GetInt(p + "ssm.conv_kernel"));
+    ASSIGN_OR_RETURN(const int64_t inner, file.GetInt(p + "ssm.inner_size"));
+    ASSIGN_OR_RETURN(d.head, file.GetInt(p + "ssm.state_size"));
+    ASSIGN_OR_RETURN(d.v_heads, file.GetInt(p + "ssm.time_step_rank"));
+    ASSIGN_OR_RETURN(d.k_heads, file.GetInt(p + "ssm.group_count"));
+    if (d.conv_kernel < 1 || d.head < 1 || d.v_heads < 1 || d.k_heads < 1 || d.v_heads % d.k_heads != 0) {
+      return InvalidArgument("{}: ssm.conv_kernel {}, state_size {}, time_step_rank {}, group_count {}: all must be "
+                             "positive, the value heads a multiple of the key heads", h.arch, d.conv_kernel, d.head,
+                             d.v_heads, d.k_heads);
+    }
+    if (inner != d.v_heads * d.head) {
+      return InvalidArgument("{}: ssm.inner_size {} is not time_step_rank {} x state_size {} (value heads of the key "
+                             "heads' size)", h.arch, inner, d.v_heads, d.head);
+    }
+    RETURN_IF_ERROR(m->ReadLayerKinds(file));
+    RETURN_IF_ERROR(m->ReadSections(file));
+    if (h.value_head() != h.head_dim) return InvalidArgument("{}: attention.value_length must equal key_length", h.arch);
+    int64_t attention_layers = 0, recurrent_layers = 0;
+    for (bool r : m->recurrent_) (r ? recurrent_layers : attention_layers)++;
+    if (attention_layers == 0) {
+      return Unimplemented("{}: every layer is recurrent; a model without a full-attention layer is not supported",
+                           h.arch);
+    }
+    h.kv_windows.assign(static_cast<size_t>(attention_layers), 0);
+    h.recurrent_state_floats = recurrent_layers * d.state_floats();
+
+    TensorLoader tensors(file);
+    RETURN_IF_ERROR(m->LoadCommon(file, tensors));
+    m->layers_.resize(h.num_layers);
+    int64_t next_attention = 0, next_recurrent = 0;
+    for (int64_t l = 0; l < h.num_layers; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      Qwen35Layer& w = m->layers_[l];
+      w.recurrent = m->recurrent_[l];
+      w.index = w.recurrent ? next_recurrent++ : next_attention++;
+      RETURN_IF_ERROR(tensors.Vector(b + "attn_norm.weight", h.dim, &w.attn_norm));
+      RETURN_IF_ERROR(tensors.Vector(b + "post_attention_norm.weight", h.dim, &w.post_norm));
+      if (w.recurrent) {
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_qkv.weight", h.dim, d.conv_dim(), &w.wqkv));
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_gate.weight", h.dim, d.value_dim(), &w.wgate));
+        RETURN_IF_ERROR(tensors.Matrix(b + "ssm_beta.weight", h.dim, d.v_heads, &w.wbeta));
+        RETURN_IF_ERROR(tensors.Matrix(b + "ssm_alpha.weight", h.dim, d.v_heads, &w.walpha));
+        RETURN_IF_ERROR(tensors.Get(b + "ssm_conv1d.weight", {d.conv_kernel, d.conv_dim()}, &w.conv));
+        if (w.conv.type != GgmlType::kF32) return InvalidArgument("{}ssm_conv1d.weight must be f32", b);
+        RETURN_IF_ERROR(tensors.Vector(b + "ssm_dt.bias", d.v_heads, &w.dt_bias));
+        RETURN_IF_ERROR(tensors.Vector(b + "ssm_a", d.v_heads, &w.a));
+        RETURN_IF_ERROR(tensors.Vector(b + "ssm_norm.weight", d.head, &w.ssm_norm));
+        RETURN_IF_ERROR(tensors.Matrix(b + "ssm_out.weight", d.value_dim(), h.dim, &w.wout));
+      } else {
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_q.weight", h.dim, 2 * h.q_dim(), &w.wq));
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_k.weight", h.dim, h.kv_dim(), &w.wk));
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_v.weight", h.dim, h.v_dim(), &w.wv));
+        RETURN_IF_ERROR(tensors.Matrix(b + "attn_output.weight", h.q_dim(), h.dim, &w.wo));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_q_norm.weight", h.head_dim, &w.q_norm));
+        RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
+      }
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
+      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
+    }
+    m->FinishLoad(tensors);
+    return std::unique_ptr<Model>(std::move(m));
+  }
+
+ protected:
+  Status RunForward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, ThreadPool& pool) const override {
+    ForwardPass f(hp_, batch, kv, ws, pool, /*freq_factors=*/nullptr);
+    UnrotatedSections(ws, f.num_tokens());
+    Qwen35Buffers& buf = ws.ArchBuffers<Qwen35Buffers>(this);
+    f.Embed(token_embd_);
+    for (int64_t l = f.first_layer(); l < f.end_layer(); ++l) {
+      const Qwen35Layer& w = layers_[l];
+      if (w.recurrent) {
+        DeltaNet(f, batch, kv, pool, buf, l, w);
+      } else {
+        GatedAttention(f, buf, l, w);
+      }
+      f.GatedFfn(l, Floats(w.post_norm), w.w_gate, w.w_up, w.w_down);
+    }
+    f.OutputHead(output_norm_, output_);
+    return Status::Ok();
+  }
+
+  std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
+    Qwen35Layer& w = layers_[layer];
+    if (w.recurrent) return {&w.wqkv, &w.wgate, &w.wbeta, &w.walpha, &w.wout, &w.w_gate, &w.w_up, &w.w_down};
+    return {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down};
+  }
+
+ private:
+  Qwen35Model() = default;
+
+  // Which layers are recurrent: attention.recurrent_layers (a bool per layer of the file), else
+  // full_attention_interval (default 4), as llama.cpp reads them.
+  Status ReadLayerKinds(const GgufFile& file) {
+    const std::string key = hp_.arch + ".attention.recurrent_layers";
+    recurrent_.assign(static_cast<size_t>(hp_.num_layers), false);
+    if (const GgufValue* v = file.Find(key); v != nullptr) {
+      if (v->type != GgufValueType::kArray || static_cast<int64_t>(v->array.size()) < hp_.num_layers) {
+        return InvalidArgument("metadata key '{}' needs a bool per layer ({})", key, hp_.num_layers);
+      }
+      for (int64_t l = 0; l < hp_.num_layers; ++l) {
+        const std::optional<bool> b = v->array[l].AsBool();
+        const std::optional<int64_t> i = v->array[l].AsInt();
+        if (!b && !i) return InvalidArgument("metadata key '{}' holds a {}, expected bools", key, GgufValueTypeName(v->array[l].type));
+        recurrent_[l] = b ? *b : *i != 0;
+      }
+      return Status::Ok();
+    }
+    const int64_t interval = file.GetInt(hp_.arch + ".full_attention_interval", 4);
+    if (interval < 1) return InvalidArgument("metadata key '{}.full_attention_interval' must be >= 1", hp_.arch);
+    for (int64_t l = 0; l < hp_.num_layers; ++l) recurrent_[l] = (l + 1) % interval != 0;
+    return Status::Ok();
+  }
+
+  // rope.dimension_sections: four section sizes (in rotated pairs). For text the first three take
+  // the token's position and the fourth 0: the pairs that fall in the fourth are not rotated.
+  Status ReadSections(const GgufFile& file) {
+    const std::string key = hp_.arch + ".rope.dimension_sections";
+    const GgufValue* v = file.Find(key);
+    if (v == nullptr) return InvalidArgument("{}: the file has no {}", hp_.arch, key);
+    if (v->type != GgufValueType::kArray || v->array.size() < 4) return InvalidArgument("metadata key '{}' needs 4 sizes", key);
+    int64_t s[4];
+    for (int i = 0; i < 4; ++i) {
+      const std::optional<int64_t> x = v->array[i].AsInt();
+      if (!x || *x < 0) return InvalidArgument("metadata key '{}' holds a size that is not >= 0", key);
+      s[i] = *x;
+    }
+    const int64_t total = s[0] + s[1] + s[2] + s[3];
+    if (s[0] + s[1] + s[2] == 0 || total > hp_.rope_dims / 2) {
+      return InvalidArgument("metadata key '{}': sections of {} pairs for {} rotated dims (and one of the first three "
+                             "> 0)", key, total, hp_.rope_dims);
+    }
+    for (int64_t i = 0; i < hp_.rope_dims / 2; ++i) {
+      const int64_t sector = i % total;
+      const bool positioned = (sector % 3 == 0 && sector < 3 * s[0]) || (sector % 3 == 1 && sector < 3 * s[1]) ||
+                              (sector % 3 == 2 && sector < 3 * s[2]);
+      if (!positioned) unrotated_.push_back(i);
+    }
+    return Status::Ok();
+  }
+
+  // The pairs of the fourth section rotate by position 0: cos 1, sin 0.
+  void UnrotatedSections(Workspace& ws, int64_t n) const {
+    if (unrotated_.empty()) return;
+    for (int64_t t = 0; t < n; ++t) {
+      float* cs = ws.rope.data() + t * hp_.rope_dims;
+      for (int64_t i : unrotated_) cs[2 * i] = 1.0f, cs[2 * i + 1] = 0.0f;
+    }
+  }
+
+  void GatedAttention(ForwardPass& f, Qwen35Buffers& buf, int64_t l, const Qwen35Layer& w) const {
+    Workspace& ws = f.ws();
+    const int64_t n = f.num_tokens(), hd = hp_.head_dim, q_dim = hp_.q_dim();
+    buf.qg.resize(static_cast<size_t>(n * 2 * q_dim));
+    buf.gate.resize(static_cast<size_t>(n * q_dim));
+    f.NormedProducts(l, Floats(w.attn_norm), {{&w.wq, buf.qg.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}},
+                     LinearInput::kAttnIn, "matmul_qkv");
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < hp_.num_heads; ++h) {
+        const float* src = buf.qg.data() + (t * hp_.num_heads + h) * 2 * hd;
+        std::memcpy(ws.q.data() + t * q_dim + h * hd, src, static_cast<size_t>(hd) * sizeof(float));
+        std::memcpy(buf.gate.data() + t * q_dim + h * hd, src + hd, static_cast<size_t>(hd) * sizeof(float));
+      }
+    }
+    f.HeadNorm(ws.q.data(), hp_.num_heads, w.q_norm, "q_norm", l);
+    f.HeadNorm(ws.k.data(), hp_.num_kv_heads, w.k_norm, "k_norm", l);
+    f.Attention(w.index, nullptr);
+    for (int64_t i = 0; i < n * q_dim; ++i) ws.xb[i] *= 1.0f / (1.0f + std::exp(-buf.gate[i]));
+    f.OutputProjection(l, w.wo);
+  }
+
+  void DeltaNet(ForwardPass& f, const ForwardBatch& batch, KvStorage& kv, ThreadPool& pool, Qwen35Buffers& buf,
+                int64_t l, const Qwen35Layer& w) const {
+    Workspace& ws = f.ws();
+    const DeltaNetShape& d = dn_;
+    const int64_t n = f.num_tokens(), conv_dim = d.conv_dim(), value_dim = d.value_dim(), S = d.head;
+    buf.mixed.resize(static_cast<size_t>(n * conv_dim));
+    buf.conv_out.resize(static_cast<size_t>(n * conv_dim));
+    buf.z.resize(static_cast<size_t>(n * value_dim));
+    buf.beta.resize(static_cast<size_t>(n * d.v_heads));
+    buf.alpha.resize(static_cast<size_t>(n * d.v_heads));
+    buf.core.resize(static_cast<size_t>(n * value_dim));
+    buf.out.resize(static_cast<size_t>(n * hp_.dim));
+    f.NormedProducts(l, Floats(w.attn_norm), {{&w.wqkv, buf.mixed.data()}, {&w.wgate, buf.z.data()},
+                     {&w.wbeta, buf.beta.data()}}, LinearInput::kAttnIn, "matmul_qkvz");
+    f.NormedProducts(l, Floats(w.attn_norm), {{&w.walpha, buf.alpha.data()}}, LinearInput::kAttnIn, "matmul_alpha");
+    ProfileSpan span("delta_net", "op", n, 0, l);
+    // Each sequence's tokens of this batch, in order (Model::Forward checked they are consecutive).
+    std::vector<std::vector<int64_t>> seq_tokens;
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t s = batch.seq(static_cast<size_t>(t));
+      if (static_cast<size_t>(s) >= seq_tokens.size()) seq_tokens.resize(static_cast<size_t>(s) + 1);
+      seq_tokens[s].push_back(t);
+    }
+    const float* conv_w = Floats(w.conv);  // [conv_dim, K]
+    const float* dt = Floats(w.dt_bias);
+    const float* a = Floats(w.a);
+    const float eps = hp_.rms_eps, scale = 1.0f / std::sqrt(static_cast<float>(S));
+    const int64_t K = d.conv_kernel;
+    for (size_t s = 0; s < seq_tokens.size(); ++s) {
+      const std::vector<int64_t>& toks = seq_tokens[s];
+      if (toks.empty()) continue;
+      float* state = kv.State(batch.state_slot(static_cast<int32_t>(s))) + w.index * d.state_floats();
+      float* conv_state = state;                 // [K - 1, conv_dim], oldest first
+      float* ssm = state + d.conv_floats();      // [v_heads, S (value), S (key)]
+      const bool fresh = batch.positions[toks[0]] == 0;
+      if (fresh) std::memset(state, 0, static_cast<size_t>(d.state_floats()) * sizeof(float));
+      const int64_t m = static_cast<int64_t>(toks.size());
+      // The convolution, channel by channel over the sequence's tokens, then SiLU; the state keeps
+      // the last K - 1 inputs.
+      pool.ParallelFor(conv_dim, [&](int64_t c0, int64_t c1) {
+        std::vector<float> hist(static_cast<size_t>(K - 1 + m));
+        for (int64_t c = c0; c < c1; ++c) {
+          for (int64_t j = 0; j < K - 1; ++j) hist[j] = conv_state[j * conv_dim + c];
+          for (int64_t i = 0; i < m; ++i) hist[K - 1 + i] = buf.mixed[toks[i] * conv_dim + c];
+          const float* wc = conv_w + c * K;
+          for (int64_t i = 0; i < m; ++i) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K; ++j) acc += hist[i + j] * wc[j];
+            buf.conv_out[toks[i] * conv_dim + c] = Silu(acc);
+          }
+          for (int64_t j = 0; j < K - 1; ++j) conv_state[j * conv_dim + c] = hist[m + j];
+        }
+      }, /*min_items_per_thread=*/64);
+      // q and k L2-normed per key head.
+      pool.ParallelFor(m, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          float* row = buf.conv_out.data() + toks[i] * conv_dim;
+          for (int64_t h = 0; h < 2 * d.k_heads; ++h) {
+            float* x = row + h * S;
+            const float inv = 1.0f / std::sqrt(Dot(x, x, S) + eps);
+            for (int64_t e = 0; e < S; ++e) x[e] *= inv;
+          }
+        }
+      });
+      // The recurrence, value head by value head.
+      pool.ParallelFor(d.v_heads, [&](int64_t h0, int64_t h1) {
+        std::vector<float> delta(static_cast<size_t>(S));
+        for (int64_t h = h0; h < h1; ++h) {
+          float* M = ssm + h * S * S;
+          const int64_t kh = h % d.k_heads;
+          for (int64_t i = 0; i < m; ++i) {
+            const int64_t t = toks[i];
+            const float* row = buf.conv_out.data() + t * conv_dim;
+            const float* q = row + kh * S;
+            const float* k = row + d.key_dim() + kh * S;
+            const float* v = row + 2 * d.key_dim() + h * S;
+            const float g = std::exp(Softplus(buf.alpha[t * d.v_heads + h] + dt[h]) * a[h]);
+            const float b = 1.0f / (1.0f + std::exp(-buf.beta[t * d.v_heads + h]));
+            for (int64_t e = 0; e < S * S; ++e) M[e] *= g;
+            for (int64_t j = 0; j < S; ++j) delta[j] = (v[j] - Dot(M + j * S, k, S)) * b;
+            for (int64_t j = 0; j < S; ++j) {
+              float* Mj = M + j * S;
+              const float dj = delta[j];
+              for (int64_t e = 0; e < S; ++e) Mj[e] += dj * k[e];
+            }
+            float* o = buf.core.data() + t * value_dim + h * S;
+            for (int64_t j = 0; j < S; ++j) o[j] = Dot(M + j * S, q, S) * scale;
+          }
+        }
+      }, /*min_items_per_thread=*/1);
+    }
+    // RmsNorm per value head with ssm_norm, times SiLU(z).
+    const float* norm_w = Floats(w.ssm_norm);
+    pool.ParallelFor(n, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t h = 0; h < d.v_heads; ++h) {
+          float* o = buf.core.data() + t * value_dim + h * S;
+          const float* z = buf.z.data() + t * value_dim + h * S;
+          kernels::RmsNorm(o, norm_w, S, eps, o);
+          for (int64_t e = 0; e < S; ++e) o[e] *= Silu(z[e]);
+        }
+      }
+    });
+    span.Next("matmul_ssm_out", n, WeightBytes(w.wout), l);
+    MatMul(w.wout, buf.core.data(), n, buf.out.data(), pool);
+    for (int64_t i = 0; i < n * hp_.dim; ++i) ws.x[i] += buf.out[i];
+  }
+
+  DeltaNetShape dn_;
+  std::vector<bool> recurrent_;
+  std::vector<int64_t> unrotated_;  // RoPE pairs in the fourth section
+  std::vector<Qwen35Layer> layers_;
+};
+
+// gale synth: Qwen3.5's keys and tensors at the shape's sizes (defaults as SynthShape says: the
+// real models' proportions). A --key attention.recurrent_layers decides which layers get which
+// tensors, as it decides for the loader.
+Status SynthCheckQwen35(const SynthShape& s) {
+  if (s.num_experts > 0) return InvalidArgument("synth: qwen35 is dense (qwen35moe has the experts)");
+  if (s.ssm_state > 0 && (s.ssm_v_heads % std::max<int64_t>(1, s.ssm_k_heads) != 0)) {
+    return InvalidArgument("synth: qwen35: --ssm-v-heads must be a multiple of --ssm-k-heads");
+  }
+  return Status::Ok();
+}
+
+Status SynthWriteQwen35(SynthWriter& w) {
+  const SynthShape& s = w.s;
+  const std::string& p = w.p;
+  DeltaNetShape d;
+  d.conv_kernel = s.ssm_conv > 0 ? s.ssm_conv : 4;
+  d.head = s.ssm_state > 0 ? s.ssm_state : w.head_dim / 2;
+  d.k_heads = s.ssm_k_heads > 0 ? s.ssm_k_heads : s.num_kv_heads;
+  d.v_heads = s.ssm_v_heads > 0 ? s.ssm_v_heads : 2 * d.k_heads;
+  const int64_t rope_dims = s.rope_dim > 0 ? s.rope_dim : w.head_dim / 4;
+  const int64_t interval = s.full_attention_interval > 0 ? s.full_attention_interval : 4;
+  w.w.SetF32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.w.SetF32(p + "rope.freq_base", 10000000.0f);
+  w.w.SetU32(p + "rope.dimension_count", static_cast<uint32_t>(rope_dims));
+  // Qwen3.5's [11, 11, 10, 0] of 32 pairs, scaled to the shape's.
+  const int64_t pairs = rope_dims / 2, s0 = (pairs * 11 + 16) / 32, s1 = (pairs * 11 + 16) / 32;
+  w.w.SetValue(p + "rope.dimension_sections",
+               GgufValue::I32Array({static_cast<int32_t>(s0), static_cast<int32_t>(s1),
+                                    static_cast<int32_t>(pairs - s0 - s1), 0}));
+  w.w.SetU32(p + "full_attention_interval", static_cast<uint32_t>(interval));
+  w.w.SetU32(p + "ssm.conv_kernel", static_cast<uint32_t>(d.conv_kernel));
+  w.w.SetU32(p + "ssm.state_size", static_cast<uint32_t>(d.head));
+  w.w.SetU32(p + "ssm.group_count", static_cast<uint32_t>(d.k_heads));
+  w.w.SetU32(p + "ssm.time_step_rank", static_cast<uint32_t>(d.v_heads));
+  w.w.SetU32(p + "ssm.inner_size", static_cast<uint32_t>(d.value_dim()));
+  std::vector<bool> recurrent;
+  for (int64_t l = 0; l < s.num_layers; ++l) recurrent.push_back((l + 1) % interval != 0);
+  for (const auto& [key, v] : s.keys) {
+    if (key != "attention.recurrent_layers" || v.type != GgufValueType::kArray) continue;
+    for (size_t l = 0; l < recurrent.size() && l < v.array.size(); ++l) recurrent[l] = v.array[l].AsBool().value_or(false);
+  }
+  RETURN_IF_ERROR(w.Ones("output_norm.weight", s.dim));
+  RETURN_IF_ERROR(w.Matrix("output.weight", s.dim, s.vocab_size, w.type));
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    RETURN_IF_ERROR(w.Vector(b + "attn_norm.weight", s.dim, 1.0f, 0.3f));
+    RETURN_IF_ERROR(w.Vector(b + "post_attention_norm.weight", s.dim, 1.0f, 0.3f));
+    if (recurrent[l]) {
+      RETURN_IF_ERROR(w.Matrix(b + "attn_qkv.weight", s.dim, d.conv_dim(), w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_gate.weight", s.dim, d.value_dim(), w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "ssm_beta.weight", s.dim, d.v_heads, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "ssm_alpha.weight", s.dim, d.v_heads, w.type));
+      // Kernel taps around 1 / K; the decay's bias and -exp(A_log) as trained models have them
+      // (decays from about 0.5 to 0.99 per token).
+      RETURN_IF_ERROR(w.Vector(b + "ssm_conv1d.weight", d.conv_kernel, 0.0f, 0.6f, d.conv_dim()));
+      RETURN_IF_ERROR(w.Vector(b + "ssm_dt.bias", d.v_heads, 0.0f, 1.0f));
+      RETURN_IF_ERROR(w.Vector(b + "ssm_a", d.v_heads, -0.3f, 0.25f));
+      RETURN_IF_ERROR(w.Vector(b + "ssm_norm.weight", d.head, 1.0f, 0.3f));
+      RETURN_IF_ERROR(w.Matrix(b + "ssm_out.weight", d.value_dim(), s.dim, w.type));
+    } else {
+      RETURN_IF_ERROR(w.Matrix(b + "attn_q.weight", s.dim, 2 * w.q_dim, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_k.weight", s.dim, w.kv_dim, w.type));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_v.weight", s.dim, w.v_dim, w.type));
+      RETURN_IF_ERROR(w.Vector(b + "attn_q_norm.weight", w.head_dim, 1.0f, 0.3f));
+      RETURN_IF_ERROR(w.Vector(b + "attn_k_norm.weight", w.head_dim, 1.0f, 0.3f));
+      RETURN_IF_ERROR(w.Matrix(b + "attn_output.weight", w.q_dim, s.dim, w.type));
+    }
+    RETURN_IF_ERROR(w.GatedFfn(b, s.ffn_dim));
+  }
+  return Status::Ok();
+}
+
+std::vector<SynthShape> SynthShapesQwen35() {
+  SynthShape s;  // Qwen3.5-4B
+  s.name = "qwen3.5-4b", s.arch = "qwen35";
+  s.dim = 2560, s.num_layers = 32, s.num_heads = 16, s.num_kv_heads = 4, s.head_dim = 256, s.ffn_dim = 9216;
+  s.vocab_size = 248320, s.context_length = 262144, s.rope_dim = 64;
+  s.ssm_conv = 4, s.ssm_state = 128, s.ssm_k_heads = 16, s.ssm_v_heads = 32;
+  return {s};
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> LoadQwen35(const GgufFile& file, ModelHParams hp) {
+  return Qwen35Model::Load(file, std::move(hp));
+}
+
+const ArchSpec kQwen35Arch = {.name = "qwen35",
+                              .load = LoadQwen35,
+                              .synth_check = SynthCheckQwen35,
+                              .synth_write = SynthWriteQwen35,
+                              .synth_shapes = SynthShapesQwen35};
+
+}  // namespace gale
