@@ -116,6 +116,18 @@ inline constexpr int64_t kBf16ActPad = 32;
 using GemmBf16Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t num_rows, const uint16_t* x, int64_t k,
                             int64_t num_tokens, float* y, int64_t ldy);
 
+// The tokens of KernelTable::delta_rule: token i's k, q, v at k + i * stride (and q, v likewise),
+// its decay and beta, its output at out + i * out_stride.
+struct DeltaRuleTokens {
+  int64_t n = 0;
+  const float *k = nullptr, *q = nullptr, *v = nullptr;
+  int64_t stride = 0;
+  const float *decay = nullptr, *beta = nullptr;
+  float scale = 1.0f;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+};
+
 struct KernelTable {
   Isa isa;
   // dot(w_row dequantized, x) over n elements; n is a multiple of the type's block size
@@ -179,6 +191,13 @@ struct KernelTable {
   void (*quantize_acts)(const float* x, int64_t k, int64_t k_stride, int8_t* qs, float* d, int32_t* qsum);
   void (*quantize_acts16)(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uint8_t* lo, float* d,
                           int32_t* qsum);
+  // n tokens of the gated delta rule on one head's state m ([s, s]: row j is value element j over
+  // the key elements). For each token i in order: m_j *= decay[i]; d = (v_j - m_j . k) * beta[i];
+  // m_j += d * k; out_j = (m_j . q) * scale (Gated DeltaNet's recurrence). A row's update reads
+  // only that row, so a row may go through several tokens before the next row (the state then
+  // streams through the cache once per several tokens, not per token); a row's arithmetic is the
+  // same however the loops are blocked, so n tokens at once are bitwise n calls of one.
+  void (*delta_rule)(float* m, int64_t s, const DeltaRuleTokens& t);
   // What this table adds to its ISA's baseline where the CPU allows (shown beside the ISA's name),
   // or nullptr: "avx-vnni" for AVX2 with 256-bit vpdpbusd.
   const char* variant = nullptr;

@@ -555,6 +555,7 @@ void SiluMul(float* gate, const float* up, int64_t n) { Active().silu_mul(gate, 
 void GeluTanhMul(float* gate, const float* up, int64_t n) { Active().gelu_mul(gate, up, n); }
 void Softmax(float* x, int64_t n) { Active().softmax(x, n); }
 void Axpy(float a, const float* x, float* y, int64_t n) { Active().axpy(a, x, y, n); }
+void DeltaRule(float* m, int64_t s, const DeltaRuleTokens& t) { Active().delta_rule(m, s, t); }
 
 void RopeAngles(int rope_dims, int64_t pos, float freq_base, float freq_scale, float* cos_sin,
                 const float* freq_factors) {

@@ -112,6 +112,8 @@ void GeluTanh(float* x, int64_t n);
 // x = softmax(x) in place (n >= 1); y += a * x.
 void Softmax(float* x, int64_t n);
 void Axpy(float a, const float* x, float* y, int64_t n);
+// Gated DeltaNet's recurrence on one head over n tokens (KernelTable::delta_rule).
+void DeltaRule(float* m, int64_t s, const struct DeltaRuleTokens& t);
 
 // Rotary embedding in llama's "normal" mode (adjacent pairs (2i, 2i+1) rotate together), applied
 // to the first rope_dims of each head of x ([num_heads, head_dim]) at position pos, in two steps

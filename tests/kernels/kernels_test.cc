@@ -176,6 +176,53 @@ TEST(KernelsTest, RmsNormSiluAxpyMatchScalar) {
   }
 }
 
+// Gated DeltaNet's recurrence on every ISA is the scalar one's within f32 reordering, over several
+// tokens (the state carries each one's rounding into the next) and head sizes with tails; n tokens
+// at once are bitwise n calls of one token; and one token from a zero state is the rule itself.
+TEST(KernelsTest, DeltaRuleMatchesScalar) {
+  const KernelTable& ref = *GetKernelTable(Isa::kScalar);
+  std::vector<Isa> isas = SimdIsas();
+  isas.push_back(Isa::kScalar);
+  for (Isa isa : isas) {
+    const KernelTable& simd = *GetKernelTable(isa);
+    for (int64_t s : {1, 13, 32, 40, 128}) {
+      const int64_t n = 6, stride = 3 * s + 5;
+      const auto rows = test::RandomFloats(n * stride, s, -0.3f, 0.3f);
+      const auto decay = test::RandomFloats(n, s + 1, 0.5f, 1.0f), beta = test::RandomFloats(n, s + 2, 0.0f, 1.0f);
+      DeltaRuleTokens t;
+      t.n = n, t.q = rows.data(), t.k = rows.data() + s, t.v = rows.data() + 2 * s, t.stride = stride;
+      t.decay = decay.data(), t.beta = beta.data(), t.scale = 0.125f, t.out_stride = s + 3;
+      const std::vector<float> m0 = test::RandomFloats(s * s, s, -0.5f, 0.5f);
+      std::vector<float> m1 = m0, m2 = m0, m3 = m0;
+      std::vector<float> o1(n * (s + 3)), o2(n * (s + 3)), o3(n * (s + 3));
+      t.out = o1.data();
+      ref.delta_rule(m1.data(), s, t);
+      t.out = o2.data();
+      simd.delta_rule(m2.data(), s, t);
+      for (int64_t i = 0; i < n; ++i) {  // one token at a time
+        DeltaRuleTokens one = t;
+        one.n = 1, one.q += i * stride, one.k += i * stride, one.v += i * stride, one.decay += i, one.beta += i;
+        one.out = o3.data() + i * t.out_stride;
+        simd.delta_rule(m3.data(), s, one);
+      }
+      EXPECT_EQ(m3, m2) << s;
+      EXPECT_EQ(o3, o2) << s;
+      for (size_t i = 0; i < o1.size(); ++i) ASSERT_NEAR(o1[i], o2[i], 1e-5f * (1.0f + std::fabs(o1[i]))) << s;
+      for (int64_t i = 0; i < s * s; ++i) ASSERT_NEAR(m1[i], m2[i], 1e-5f * (1.0f + std::fabs(m1[i]))) << s;
+      // The rule itself, in double: one token from a zero state gives m_j = beta v_j k.
+      std::vector<float> z(s * s, 0.0f), o(s);
+      DeltaRuleTokens one = t;
+      one.n = 1, one.scale = 2.0f, one.out = o.data();
+      simd.delta_rule(z.data(), s, one);
+      for (int64_t j = 0; j < s; ++j) {
+        double want = 0.0;
+        for (int64_t e = 0; e < s; ++e) want += static_cast<double>(beta[0]) * one.v[j] * one.k[e] * one.q[e];
+        ASSERT_NEAR(o[j], 2.0 * want, 1e-5);
+      }
+    }
+  }
+}
+
 // SiluMul on every ISA is bitwise the scalar path (its vector exp rounds like libm's expf), over
 // a few million inputs from tiny to overflowing magnitudes.
 TEST(KernelsTest, SiluMulIsBitwiseTheScalarPath) {

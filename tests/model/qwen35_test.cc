@@ -296,33 +296,48 @@ TEST(Qwen35Test, EngineGivesTheFixedCachesTokens) {
     }
     return out;
   };
-  EngineConfig cfg;
-  cfg.kv_cache_memory_bytes = 64 << 20;
-  cfg.sched.max_batch_size = 3;
-  cfg.sched.prefill_chunk_size = 24;  // prompts in chunks
-  auto engine = Engine::Create(*m, nullptr, cfg, pool);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   std::vector<std::vector<int32_t>> prompts;
   for (int r = 0; r < 5; ++r) prompts.emplace_back(ref.tokens.begin() + 10 * r, ref.tokens.begin() + 10 * r + 30 + 7 * r);
-  // All submitted before the first step: they run together, prompts in chunks.
-  std::vector<decltype((*engine)->Submit(GenerationRequest()))> streams;
-  for (const auto& p : prompts) {
-    GenerationRequest req;
-    req.prompt = p;
-    req.max_tokens = 12;
-    req.sampling.temperature = 0.0f;
-    streams.push_back((*engine)->Submit(req));
-    ASSERT_TRUE(streams.back().ok()) << streams.back().status().ToString();
-  }
-  for (size_t r = 0; r < prompts.size(); ++r) {
-    std::vector<int32_t> got;
-    StreamUpdate u;
-    while ((*streams[r])->Next(&u)) {
-      got.insert(got.end(), u.token_ids.begin(), u.token_ids.end());
-      if (u.finished) EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(greedy(p, 12));
+  // Room for everything; then for three requests' states and 7 f32 blocks of 16 tokens, so that
+  // requests are preempted (their states released, computed again from the first token).
+  const int64_t state_bytes = m->kv_layout().state_floats * 4;
+  for (const int64_t memory : {int64_t{64} << 20, 3 * state_bytes + 7 * 16 * 2 * 2 * 48 * 4}) {
+    SCOPED_TRACE(memory);
+    EngineConfig cfg;
+    cfg.kv_cache_memory_bytes = static_cast<uint64_t>(memory);
+    cfg.kv_type = kernels::KvType::kF32;
+    cfg.sched.max_batch_size = 3;
+    cfg.sched.prefill_chunk_size = 24;  // prompts in chunks
+    auto engine = Engine::Create(*m, nullptr, cfg, pool);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    // All submitted before the first step: they run together.
+    std::vector<decltype((*engine)->Submit(GenerationRequest()))> streams;
+    for (const auto& p : prompts) {
+      GenerationRequest req;
+      req.prompt = p;
+      req.max_tokens = 12;
+      req.sampling.temperature = 0.0f;
+      streams.push_back((*engine)->Submit(req));
+      ASSERT_TRUE(streams.back().ok()) << streams.back().status().ToString();
     }
-    EXPECT_EQ(got, greedy(prompts[r], 12)) << "request " << r;
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      std::vector<int32_t> got;
+      StreamUpdate u;
+      while ((*streams[r])->Next(&u)) {
+        got.insert(got.end(), u.token_ids.begin(), u.token_ids.end());
+        if (u.finished) EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+      }
+      EXPECT_EQ(got, want[r]) << "request " << r;
+    }
+    if (memory < (int64_t{1} << 20)) EXPECT_GT((*engine)->stats().num_preemptions.load(), 0) << "nothing was preempted";
   }
+  // Speculation and retention need earlier states: refused.
+  EngineConfig spec;
+  spec.kv_cache_memory_bytes = 64 << 20;
+  spec.spec.method = SpecMethod::kNgram;
+  EXPECT_FALSE(Engine::Create(*m, nullptr, spec, pool).ok());
 }
 
 }  // namespace

@@ -230,6 +230,27 @@ void ExpShiftedRef(const float* x, float m, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i] - m);
 }
 
+void DeltaRuleRef(float* m, int64_t s, const DeltaRuleTokens& t) {
+  for (int64_t j = 0; j < s; ++j) {
+    float* mj = m + j * s;
+    for (int64_t i = 0; i < t.n; ++i) {
+      const float *k = t.k + i * t.stride, *q = t.q + i * t.stride;
+      float sk = 0.0f;
+      for (int64_t e = 0; e < s; ++e) {
+        mj[e] *= t.decay[i];
+        sk += mj[e] * k[e];
+      }
+      const float d = (t.v[i * t.stride + j] - sk) * t.beta[i];
+      float sq = 0.0f;
+      for (int64_t e = 0; e < s; ++e) {
+        mj[e] += d * k[e];
+        sq += mj[e] * q[e];
+      }
+      t.out[i * t.out_stride + j] = sq * t.scale;
+    }
+  }
+}
+
 void AxpyRef(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -453,6 +474,7 @@ const KernelTable& ScalarTable() {
       ExpShiftedRef,
       QuantizeActivations,
       QuantizeActivations16,
+      DeltaRuleRef,
   };
   return table;
 }

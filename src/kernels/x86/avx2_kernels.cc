@@ -191,6 +191,80 @@ void GeluMul(float* gate, const float* up, int64_t n) {
   if (i < n) GeluMulReference(gate + i, up + i, n - i);
 }
 
+// The sum of the eight lanes, pairwise: (0+4, 1+5, 2+6, 3+7), then halves again.
+inline float Hsum256(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Gated DeltaNet's recurrence on R rows of the state at once for one token: each row is the
+// single-row arithmetic (one accumulator per dot, its lanes summed by one reduction), the R rows'
+// chains independent so that they overlap.
+template <int R>
+inline void DeltaRows(float* m, int64_t s, int64_t j, const DeltaRuleTokens& t, int64_t i) {
+  const float *k = t.k + i * t.stride, *q = t.q + i * t.stride;
+  const float decay = t.decay[i];
+  const __m256 vd = _mm256_set1_ps(decay);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t e = 0;
+  for (; e + 8 <= s; e += 8) {
+    const __m256 ke = _mm256_loadu_ps(k + e);
+    for (int r = 0; r < R; ++r) {
+      float* mr = m + (j + r) * s + e;
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(mr), vd);
+      _mm256_storeu_ps(mr, x);
+      acc[r] = _mm256_fmadd_ps(x, ke, acc[r]);
+    }
+  }
+  float d[R];
+  for (int r = 0; r < R; ++r) {
+    float* mr = m + (j + r) * s;
+    float sk = Hsum256(acc[r]);
+    for (int64_t f = e; f < s; ++f) {
+      mr[f] *= decay;
+      sk += mr[f] * k[f];
+    }
+    d[r] = (t.v[i * t.stride + j + r] - sk) * t.beta[i];
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (e = 0; e + 8 <= s; e += 8) {
+    const __m256 ke = _mm256_loadu_ps(k + e), qe = _mm256_loadu_ps(q + e);
+    for (int r = 0; r < R; ++r) {
+      float* mr = m + (j + r) * s + e;
+      const __m256 x = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), ke, _mm256_loadu_ps(mr));
+      _mm256_storeu_ps(mr, x);
+      acc[r] = _mm256_fmadd_ps(x, qe, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* mr = m + (j + r) * s;
+    float sq = Hsum256(acc[r]);
+    for (int64_t f = e; f < s; ++f) {
+      mr[f] += d[r] * k[f];
+      sq += mr[f] * q[f];
+    }
+    t.out[i * t.out_stride + j + r] = sq * t.scale;
+  }
+}
+
+// 16 tokens at a time (their k and q stay in L1), four rows through the 16 before the next four
+// (they stay in L1): the state streams once per 16 tokens, not per token.
+void DeltaRule(float* m, int64_t s, const DeltaRuleTokens& t) {
+  for (int64_t i0 = 0; i0 < t.n; i0 += 16) {
+    const int64_t i1 = std::min<int64_t>(t.n, i0 + 16);
+    int64_t j = 0;
+    for (; j + 4 <= s; j += 4) {
+      for (int64_t i = i0; i < i1; ++i) DeltaRows<4>(m, s, j, t, i);
+    }
+    for (; j < s; ++j) {
+      for (int64_t i = i0; i < i1; ++i) DeltaRows<1>(m, s, j, t, i);
+    }
+  }
+}
+
 void Axpy(float a, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;
@@ -564,6 +638,7 @@ const KernelTable& Avx2TableWithoutVnni() {
       ExpShifted,
       QuantizeActs,
       QuantizeActs16,
+      DeltaRule,
   };
   return table;
 }

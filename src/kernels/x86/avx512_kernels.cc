@@ -359,6 +359,72 @@ void QuantizeActs16(const float* x, int64_t k, int64_t k_stride, int8_t* hi, uin
   QuantizeActsImpl<true>(x, k, k_stride, hi, lo, d, qsum);
 }
 
+// Gated DeltaNet's recurrence on R rows of the state at once for one token: each row is the
+// single-row arithmetic (one accumulator per dot, its lanes summed by one reduction), the R rows'
+// chains independent so that they overlap.
+template <int R>
+inline void DeltaRows(float* m, int64_t s, int64_t j, const DeltaRuleTokens& t, int64_t i) {
+  const float *k = t.k + i * t.stride, *q = t.q + i * t.stride;
+  const float decay = t.decay[i];
+  const __m512 vd = _mm512_set1_ps(decay);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t e = 0;
+  for (; e + 16 <= s; e += 16) {
+    const __m512 ke = _mm512_loadu_ps(k + e);
+    for (int r = 0; r < R; ++r) {
+      float* mr = m + (j + r) * s + e;
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(mr), vd);
+      _mm512_storeu_ps(mr, x);
+      acc[r] = _mm512_fmadd_ps(x, ke, acc[r]);
+    }
+  }
+  float d[R];
+  for (int r = 0; r < R; ++r) {
+    float* mr = m + (j + r) * s;
+    float sk = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t f = e; f < s; ++f) {
+      mr[f] *= decay;
+      sk += mr[f] * k[f];
+    }
+    d[r] = (t.v[i * t.stride + j + r] - sk) * t.beta[i];
+    acc[r] = _mm512_setzero_ps();
+  }
+  for (e = 0; e + 16 <= s; e += 16) {
+    const __m512 ke = _mm512_loadu_ps(k + e), qe = _mm512_loadu_ps(q + e);
+    for (int r = 0; r < R; ++r) {
+      float* mr = m + (j + r) * s + e;
+      const __m512 x = _mm512_fmadd_ps(_mm512_set1_ps(d[r]), ke, _mm512_loadu_ps(mr));
+      _mm512_storeu_ps(mr, x);
+      acc[r] = _mm512_fmadd_ps(x, qe, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* mr = m + (j + r) * s;
+    float sq = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t f = e; f < s; ++f) {
+      mr[f] += d[r] * k[f];
+      sq += mr[f] * q[f];
+    }
+    t.out[i * t.out_stride + j + r] = sq * t.scale;
+  }
+}
+
+// 16 tokens at a time (their k and q stay in L1), four rows through the 16 before the next four
+// (they stay in L1): the state streams once per 16 tokens, not per token.
+void DeltaRule(float* m, int64_t s, const DeltaRuleTokens& t) {
+  for (int64_t i0 = 0; i0 < t.n; i0 += 16) {
+    const int64_t i1 = std::min<int64_t>(t.n, i0 + 16);
+    int64_t j = 0;
+    for (; j + 4 <= s; j += 4) {
+      for (int64_t i = i0; i < i1; ++i) DeltaRows<4>(m, s, j, t, i);
+    }
+    for (; j < s; ++j) {
+      for (int64_t i = i0; i < i1; ++i) DeltaRows<1>(m, s, j, t, i);
+    }
+  }
+}
+
 void Axpy(float a, const float* x, float* y, int64_t n) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t i = 0;
@@ -1010,6 +1076,7 @@ const KernelTable& Avx512Table() {
       ExpShifted,
       QuantizeActs,
       QuantizeActs16,
+      DeltaRule,
     };
     Avx512FillPacked(t);
     return t;

@@ -47,6 +47,7 @@ struct Qwen35Layer {
   // Gated DeltaNet.
   MatrixWeight wqkv, wgate, wbeta, walpha, wout;
   TensorView conv, dt_bias, a, ssm_norm;
+  std::vector<float> conv_t;  // the convolution's taps as [K, conv_dim] (the file's is [conv_dim, K])
   MatrixWeight w_gate, w_up, w_down;
 };
 
@@ -70,6 +71,10 @@ struct Qwen35Buffers {
   std::vector<float> z;          // [n, value_dim]
   std::vector<float> beta, alpha;  // [n, v_heads]
   std::vector<float> core;       // [n, value_dim] the recurrence's outputs
+  std::vector<float> seq_rows, seq_out;  // one sequence's rows of conv_out and core, gathered
+  std::vector<float> decay, write;       // [v_heads, tokens of one sequence] exp(g) and beta
+  std::vector<float> ones;               // [conv_dim] of 1 (SiLU alone through SiluMul)
+  std::vector<float> conv_keep;          // [K - 1, conv_dim] the convolution's next state
   std::vector<float> out;        // [n, dim]
 };
 
@@ -83,7 +88,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // as ggml's
 
 class Qwen35Model final : public Model {
@@ -139,6 +143,10 @@ class Qwen35Model final : public Model {
         RETURN_IF_ERROR(tensors.Matrix(b + "ssm_alpha.weight", h.dim, d.v_heads, &w.walpha));
         RETURN_IF_ERROR(tensors.Get(b + "ssm_conv1d.weight", {d.conv_kernel, d.conv_dim()}, &w.conv));
         if (w.conv.type != GgmlType::kF32) return InvalidArgument("{}ssm_conv1d.weight must be f32", b);
+        w.conv_t.resize(static_cast<size_t>(d.conv_kernel * d.conv_dim()));
+        for (int64_t c = 0; c < d.conv_dim(); ++c) {
+          for (int64_t j = 0; j < d.conv_kernel; ++j) w.conv_t[j * d.conv_dim() + c] = Floats(w.conv)[c * d.conv_kernel + j];
+        }
         RETURN_IF_ERROR(tensors.Vector(b + "ssm_dt.bias", d.v_heads, &w.dt_bias));
         RETURN_IF_ERROR(tensors.Vector(b + "ssm_a", d.v_heads, &w.a));
         RETURN_IF_ERROR(tensors.Vector(b + "ssm_norm.weight", d.head, &w.ssm_norm));
@@ -279,6 +287,7 @@ class Qwen35Model final : public Model {
     buf.alpha.resize(static_cast<size_t>(n * d.v_heads));
     buf.core.resize(static_cast<size_t>(n * value_dim));
     buf.out.resize(static_cast<size_t>(n * hp_.dim));
+    buf.ones.assign(static_cast<size_t>(conv_dim), 1.0f);
     f.NormedProducts(l, Floats(w.attn_norm), {{&w.wqkv, buf.mixed.data()}, {&w.wgate, buf.z.data()},
                      {&w.wbeta, buf.beta.data()}}, LinearInput::kAttnIn, "matmul_qkvz");
     f.NormedProducts(l, Floats(w.attn_norm), {{&w.walpha, buf.alpha.data()}}, LinearInput::kAttnIn, "matmul_alpha");
@@ -290,7 +299,6 @@ class Qwen35Model final : public Model {
       if (static_cast<size_t>(s) >= seq_tokens.size()) seq_tokens.resize(static_cast<size_t>(s) + 1);
       seq_tokens[s].push_back(t);
     }
-    const float* conv_w = Floats(w.conv);  // [conv_dim, K]
     const float* dt = Floats(w.dt_bias);
     const float* a = Floats(w.a);
     const float eps = hp_.rms_eps, scale = 1.0f / std::sqrt(static_cast<float>(S));
@@ -304,22 +312,31 @@ class Qwen35Model final : public Model {
       const bool fresh = batch.positions[toks[0]] == 0;
       if (fresh) std::memset(state, 0, static_cast<size_t>(d.state_floats()) * sizeof(float));
       const int64_t m = static_cast<int64_t>(toks.size());
-      // The convolution, channel by channel over the sequence's tokens, then SiLU; the state keeps
-      // the last K - 1 inputs.
+      // The convolution token by token (each output the sum over the K taps in order, then SiLU),
+      // channels in parallel; the inputs before the batch's are the state's, which then keeps the
+      // last K - 1.
+      span.Next("delta_conv", m, 0, l);
+      auto input = [&](int64_t p) -> const float* {
+        return p >= 0 ? buf.mixed.data() + toks[p] * conv_dim : conv_state + (K - 1 + p) * conv_dim;
+      };
       pool.ParallelFor(conv_dim, [&](int64_t c0, int64_t c1) {
-        std::vector<float> hist(static_cast<size_t>(K - 1 + m));
-        for (int64_t c = c0; c < c1; ++c) {
-          for (int64_t j = 0; j < K - 1; ++j) hist[j] = conv_state[j * conv_dim + c];
-          for (int64_t i = 0; i < m; ++i) hist[K - 1 + i] = buf.mixed[toks[i] * conv_dim + c];
-          const float* wc = conv_w + c * K;
-          for (int64_t i = 0; i < m; ++i) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < K; ++j) acc += hist[i + j] * wc[j];
-            buf.conv_out[toks[i] * conv_dim + c] = Silu(acc);
+        for (int64_t i = 0; i < m; ++i) {
+          float* out = buf.conv_out.data() + toks[i] * conv_dim;
+          std::fill(out + c0, out + c1, 0.0f);
+          for (int64_t j = 0; j < K; ++j) {
+            const float* x = input(i - (K - 1) + j);
+            const float* wj = w.conv_t.data() + j * conv_dim;
+            for (int64_t c = c0; c < c1; ++c) out[c] += x[c] * wj[c];
           }
-          for (int64_t j = 0; j < K - 1; ++j) conv_state[j * conv_dim + c] = hist[m + j];
+          kernels::SiluMul(out + c0, buf.ones.data() + c0, c1 - c0);
         }
-      }, /*min_items_per_thread=*/64);
+      }, /*min_items_per_thread=*/256);
+      buf.conv_keep.resize(static_cast<size_t>((K - 1) * conv_dim));
+      for (int64_t j = 0; j < K - 1; ++j) {
+        std::memcpy(buf.conv_keep.data() + j * conv_dim, input(m - (K - 1) + j), static_cast<size_t>(conv_dim) * sizeof(float));
+      }
+      std::memcpy(conv_state, buf.conv_keep.data(), buf.conv_keep.size() * sizeof(float));
+      span.Next("delta_rule", m, 0, l);
       // q and k L2-normed per key head.
       pool.ParallelFor(m, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
@@ -331,47 +348,68 @@ class Qwen35Model final : public Model {
           }
         }
       });
-      // The recurrence, value head by value head.
+      // The recurrence, value head by value head, on the sequence's rows (gathered when the batch
+      // interleaves its tokens with other sequences').
+      const bool contiguous = toks.back() - toks.front() == m - 1;
+      const float* rows = buf.conv_out.data() + toks.front() * conv_dim;
+      float* outs = buf.core.data() + toks.front() * value_dim;
+      if (!contiguous) {
+        buf.seq_rows.resize(static_cast<size_t>(m * conv_dim));
+        buf.seq_out.resize(static_cast<size_t>(m * value_dim));
+        for (int64_t i = 0; i < m; ++i) {
+          std::memcpy(buf.seq_rows.data() + i * conv_dim, buf.conv_out.data() + toks[i] * conv_dim,
+                      static_cast<size_t>(conv_dim) * sizeof(float));
+        }
+        rows = buf.seq_rows.data();
+        outs = buf.seq_out.data();
+      }
+      buf.decay.resize(static_cast<size_t>(d.v_heads * m));
+      buf.write.resize(static_cast<size_t>(d.v_heads * m));
+      for (int64_t h = 0; h < d.v_heads; ++h) {
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t t = toks[i];
+          buf.decay[h * m + i] = std::exp(Softplus(buf.alpha[t * d.v_heads + h] + dt[h]) * a[h]);
+          buf.write[h * m + i] = 1.0f / (1.0f + std::exp(-buf.beta[t * d.v_heads + h]));
+        }
+      }
       pool.ParallelFor(d.v_heads, [&](int64_t h0, int64_t h1) {
-        std::vector<float> delta(static_cast<size_t>(S));
         for (int64_t h = h0; h < h1; ++h) {
-          float* M = ssm + h * S * S;
           const int64_t kh = h % d.k_heads;
-          for (int64_t i = 0; i < m; ++i) {
-            const int64_t t = toks[i];
-            const float* row = buf.conv_out.data() + t * conv_dim;
-            const float* q = row + kh * S;
-            const float* k = row + d.key_dim() + kh * S;
-            const float* v = row + 2 * d.key_dim() + h * S;
-            const float g = std::exp(Softplus(buf.alpha[t * d.v_heads + h] + dt[h]) * a[h]);
-            const float b = 1.0f / (1.0f + std::exp(-buf.beta[t * d.v_heads + h]));
-            for (int64_t e = 0; e < S * S; ++e) M[e] *= g;
-            for (int64_t j = 0; j < S; ++j) delta[j] = (v[j] - Dot(M + j * S, k, S)) * b;
-            for (int64_t j = 0; j < S; ++j) {
-              float* Mj = M + j * S;
-              const float dj = delta[j];
-              for (int64_t e = 0; e < S; ++e) Mj[e] += dj * k[e];
-            }
-            float* o = buf.core.data() + t * value_dim + h * S;
-            for (int64_t j = 0; j < S; ++j) o[j] = Dot(M + j * S, q, S) * scale;
-          }
+          kernels::DeltaRuleTokens in;
+          in.n = m;
+          in.q = rows + kh * S;
+          in.k = rows + d.key_dim() + kh * S;
+          in.v = rows + 2 * d.key_dim() + h * S;
+          in.stride = conv_dim;
+          in.decay = buf.decay.data() + h * m;
+          in.beta = buf.write.data() + h * m;
+          in.scale = scale;
+          in.out = outs + h * S;
+          in.out_stride = value_dim;
+          kernels::DeltaRule(ssm + h * S * S, S, in);
         }
       }, /*min_items_per_thread=*/1);
+      if (!contiguous) {
+        for (int64_t i = 0; i < m; ++i) {
+          std::memcpy(buf.core.data() + toks[i] * value_dim, buf.seq_out.data() + i * value_dim,
+                      static_cast<size_t>(value_dim) * sizeof(float));
+        }
+      }
     }
-    // RmsNorm per value head with ssm_norm, times SiLU(z).
+    // RmsNorm per value head with ssm_norm, times SiLU(z) (into z, ssm_out's input).
+    span.Next("delta_norm", n, 0, l);
     const float* norm_w = Floats(w.ssm_norm);
     pool.ParallelFor(n, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         for (int64_t h = 0; h < d.v_heads; ++h) {
           float* o = buf.core.data() + t * value_dim + h * S;
-          const float* z = buf.z.data() + t * value_dim + h * S;
           kernels::RmsNorm(o, norm_w, S, eps, o);
-          for (int64_t e = 0; e < S; ++e) o[e] *= Silu(z[e]);
+          kernels::SiluMul(buf.z.data() + t * value_dim + h * S, o, S);
         }
       }
     });
     span.Next("matmul_ssm_out", n, WeightBytes(w.wout), l);
-    MatMul(w.wout, buf.core.data(), n, buf.out.data(), pool);
+    MatMul(w.wout, buf.z.data(), n, buf.out.data(), pool);
     for (int64_t i = 0; i < n * hp_.dim; ++i) ws.x[i] += buf.out[i];
   }
 
