@@ -18,7 +18,7 @@ import sys
 # gale's architecture -> llama.cpp's model file (src/models/<file>.cpp). deepseek41 is not in
 # this release (gale follows a later port's layout): it reads deepseek4's keys and its own.
 ARCH_FILES = {
-    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3moe", "qwen35": "qwen35", "phi3": "phi3",
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3moe", "qwen35": "qwen35", "qwen35moe": "qwen35moe", "phi3": "phi3",
     "gemma2": "gemma2", "gemma3": "gemma3", "deepseek2": "deepseek2", "deepseek4": "deepseek4",
     "glm4moe": "glm4-moe", "gpt-oss": "openai-moe", "bert": "bert",
 }

@@ -16,21 +16,24 @@ mkdir -p tests/data/llamacpp
 # test's Shapes(); `make-ggml-reference.sh qwen35` writes only these). qwen35_odd: odd heads, three
 # value heads on one key head, attention every third layer; qwen35_sections: RoPE sections that
 # leave pairs in the fourth section (unrotated for text); qwen35_recurrent: the layers' kinds as a
-# list (attention at layers 1 and 3).
+# list (attention at layers 1 and 3); qwen35moe, qwen35moe_odd: the mixture of experts with its
+# gated shared expert.
 if [[ "${1:-}" != keys ]]; then
   q35=()
   while IFS='|' read -r name args keys; do
     kflags=()
     for k in $keys; do kflags+=(--key "$k"); done
     # shellcheck disable=SC2086
-    "$build/gale" synth --shape custom --arch qwen35 $args --vocab 512 --ctx 256 --type f32 --seed 7 "${kflags[@]}" \
+    "$build/gale" synth --shape custom $args --vocab 512 --ctx 256 --type f32 --seed 7 "${kflags[@]}" \
       -o "$tmp/$name.gguf"
     q35+=("$name=$tmp/$name.gguf")
   done <<'SHAPES'
-qwen35|--dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256|
-qwen35_odd|--dim 96 --layers 6 --heads 3 --kv-heads 1 --head-dim 48 --ffn 192 --ssm-k-heads 1 --ssm-v-heads 3 --ssm-state 24 --full-attention-interval 3|
-qwen35_sections|--dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256|rope.dimension_sections=i32s:0,1,1,0
-qwen35_recurrent|--dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256|attention.recurrent_layers=bools:true,false,true,false
+qwen35|--arch qwen35 --dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256|
+qwen35_odd|--arch qwen35 --dim 96 --layers 6 --heads 3 --kv-heads 1 --head-dim 48 --ffn 192 --ssm-k-heads 1 --ssm-v-heads 3 --ssm-state 24 --full-attention-interval 3|
+qwen35_sections|--arch qwen35 --dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256|rope.dimension_sections=i32s:0,1,1,0
+qwen35_recurrent|--arch qwen35 --dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 256|attention.recurrent_layers=bools:true,false,true,false
+qwen35moe|--arch qwen35moe --dim 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 96 --experts 8 --experts-used 2 --expert-ffn 64|
+qwen35moe_odd|--arch qwen35moe --dim 96 --layers 6 --heads 3 --kv-heads 1 --head-dim 48 --ffn 64 --experts 6 --experts-used 3 --expert-ffn 32 --ssm-k-heads 1 --ssm-v-heads 3 --ssm-state 24 --full-attention-interval 3|
 SHAPES
   LD_LIBRARY_PATH="$lib" "$build/ggml_reference" long "$lib" tests/data/llamacpp/qwen35.gguf 200 "${q35[@]}" \
       2> "$tmp/log" || { tail -20 "$tmp/log"; exit 1; }

@@ -64,7 +64,12 @@ inline SynthShape ArchTestShape(const std::string& arch) {
   SynthShape s = *NamedSynthShape("tiny");
   s.arch = arch;
   if (arch == "qwen3") s.head_dim = 48;
-  if (arch == "qwen35") s.num_layers = 4;  // three Gated DeltaNet layers, then full attention
+  if (arch == "qwen35" || arch == "qwen35moe") s.num_layers = 4;  // three Gated DeltaNet layers, then full attention
+  if (arch == "qwen35moe") {  // eight experts of 64, two per token, and the gated shared one
+    s.num_experts = 8;
+    s.experts_used = 2;
+    s.expert_ffn = 64;
+  }
   if (arch == "qwen3moe") {  // eight experts of 64, two per token
     s.head_dim = 48;
     s.num_experts = 8;

@@ -163,6 +163,9 @@ Status LoadMoeWeights(TensorLoader& tensors, const std::string& b, const ModelHP
     RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate_shexp.weight", dim, shared, &w->shared_gate));
     RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up_shexp.weight", dim, shared, &w->shared_up));
     RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down_shexp.weight", shared, dim, &w->shared_down));
+    if (tensors.Has(b + "ffn_gate_inp_shexp.weight")) {
+      RETURN_IF_ERROR(tensors.Vector(b + "ffn_gate_inp_shexp.weight", dim, &w->shared_expert_gate));
+    }
   }
   return Status::Ok();
 }
@@ -688,6 +691,20 @@ void ForwardPass::MoeShared(int64_t l, const MoeWeights& w, GateActivation act, 
   ActivateRows(act, ws_.hb.data(), ws_.hb2.data(), n, shared, pool_);
   span.Next("shexp_down", n, WeightBytes(w.shared_down), l);
   MatMul(w.shared_down, ws_.hb.data(), n, ws_.xb2.data(), pool_);
+  if (w.shared_expert_gate.data != nullptr) {
+    const float* g = Floats(w.shared_expert_gate);
+    const int64_t dim = hp_.dim;
+    pool_.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* x = ws_.xb.data() + t * dim;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < dim; ++i) dot += g[i] * x[i];
+        const float s = 1.0f / (1.0f + std::exp(-dot));
+        float* y = ws_.xb2.data() + t * dim;
+        for (int64_t i = 0; i < dim; ++i) y[i] *= s;
+      }
+    }, /*min_items_per_thread=*/4);
+  }
 }
 
 // Each token's weighted sum of its experts' outputs, best first (then + the shared experts'),

@@ -70,6 +70,9 @@ struct MoeWeights {
   TensorView router_bias, selection_bias;  // empty (data null) where absent
   std::vector<ExpertMatrices> experts;
   MatrixWeight shared_gate, shared_up, shared_down;  // empty where num_shared == 0
+  // Qwen2-MoE's and Qwen3.5-MoE's gate of the shared experts (ffn_gate_inp_shexp, [dim] f32):
+  // their output times sigmoid(gate . x) per token; empty where absent.
+  TensorView shared_expert_gate;
   // DeepSeek-V4's hash routing: [vocab, num_used] expert ids per token id (ffn_gate_tid2eid), the
   // router then only weighs them; null: the router chooses.
   const int32_t* token_experts = nullptr;
@@ -84,7 +87,7 @@ struct MoeWeights {
 // ffn_gate_up_exps: per expert the gate's rows, then up's, as llama.cpp splits it), and
 // ffn_gate_inp.bias, exp_probs_b.bias, ffn_{gate,up,down}_exps.bias (all three or none, f32) and
 // ffn_{gate,up,down}_shexp where the file has them (the shared ones required when
-// hp.moe.num_shared > 0).
+// hp.moe.num_shared > 0), with ffn_gate_inp_shexp where the file has it.
 Status LoadMoeWeights(class TensorLoader& tensors, const std::string& prefix, const ModelHParams& hp, MoeWeights* w);
 
 // One token's routing (llama.cpp's build_moe_ffn): scores ([num_experts]) holds the router's

@@ -12,7 +12,7 @@ namespace {
 
 // The one table of architectures; each spec is defined in the architecture's own file.
 constexpr const ArchSpec* kArchitectures[] = {
-    &kLlamaArch, &kQwen2Arch, &kQwen3Arch, &kQwen3MoeArch, &kQwen35Arch, &kPhi3Arch, &kGemma2Arch, &kGemma3Arch,
+    &kLlamaArch, &kQwen2Arch, &kQwen3Arch, &kQwen3MoeArch, &kQwen35Arch, &kQwen35MoeArch, &kPhi3Arch, &kGemma2Arch, &kGemma3Arch,
     &kDeepseek2Arch, &kDeepseek4Arch, &kDeepseek41Arch, &kGlm4MoeArch, &kGptOssArch, &kBertArch,
 };
 

@@ -258,10 +258,10 @@ Status SynthWriter::BiasedExperts(const std::string& b) {
   return Status::Ok();
 }
 
-Status SynthWriter::GatedFfn(const std::string& b, int64_t width) {
-  RETURN_IF_ERROR(Matrix(b + "ffn_gate.weight", s.dim, width, type));
-  RETURN_IF_ERROR(Matrix(b + "ffn_up.weight", s.dim, width, type));
-  return Matrix(b + "ffn_down.weight", width, s.dim, type);
+Status SynthWriter::GatedFfn(const std::string& b, int64_t width, const std::string& suffix) {
+  RETURN_IF_ERROR(Matrix(b + "ffn_gate" + suffix + ".weight", s.dim, width, type));
+  RETURN_IF_ERROR(Matrix(b + "ffn_up" + suffix + ".weight", s.dim, width, type));
+  return Matrix(b + "ffn_down" + suffix + ".weight", width, s.dim, type);
 }
 
 Status SynthWriter::DecoderLayers(const DecoderLayout& o) {

@@ -146,7 +146,8 @@ class SynthWriter {
   Status Experts(const std::string& b);           // ffn_{gate,up,down}_exps
   // DeepSeek-V3's and GLM's mixture: the router, a selection bias, the experts, the shared ones.
   Status BiasedExperts(const std::string& b);
-  Status GatedFfn(const std::string& b, int64_t width);  // ffn_gate, ffn_up, ffn_down
+  // ffn_gate, ffn_up, ffn_down (with suffix: ffn_gate_shexp, ...)
+  Status GatedFfn(const std::string& b, int64_t width, const std::string& suffix = "");
   uint64_t seed() const { return seed_; }  // for an architecture's own random constants
 
   // The decoder layer most architectures share (llama's: norms, Q/K/V, output, gated FFN or a

@@ -290,6 +290,18 @@ const std::vector<KeyCase>& KeyCases() {
       {"qwen35", "ssm.inner_size", How::kStructural, "every qwen35 shape (checked: value heads x state size)"},
       {"qwen35", "ssm.state_size", How::kStructural, "every qwen35 shape (24 in qwen35_odd)"},
       {"qwen35", "ssm.time_step_rank", How::kStructural, "every qwen35 shape (value heads; 3 in qwen35_odd)"},
+      // qwen35moe: qwen35's loader and layers, with the mixture.
+      {"qwen35moe", "attention.layer_norm_rms_epsilon", How::kReference, "qwen35.gguf qwen35moe (1e-6)"},
+      {"qwen35moe", "attention.recurrent_layers", How::kReference, "qwen35.gguf qwen35_recurrent (qwen35's loader)"},
+      {"qwen35moe", "expert_feed_forward_length", How::kReference, "qwen35.gguf qwen35moe (64)"},
+      {"qwen35moe", "expert_shared_feed_forward_length", How::kReference, "qwen35.gguf qwen35moe (96)"},
+      {"qwen35moe", "full_attention_interval", How::kReference, "qwen35.gguf qwen35moe_odd (3)"},
+      {"qwen35moe", "rope.dimension_sections", How::kReference, "qwen35.gguf qwen35_sections (qwen35's loader)"},
+      {"qwen35moe", "ssm.conv_kernel", How::kStructural, "every qwen35moe shape"},
+      {"qwen35moe", "ssm.group_count", How::kStructural, "every qwen35moe shape (1 in qwen35moe_odd)"},
+      {"qwen35moe", "ssm.inner_size", How::kStructural, "every qwen35moe shape"},
+      {"qwen35moe", "ssm.state_size", How::kStructural, "every qwen35moe shape (24 in qwen35moe_odd)"},
+      {"qwen35moe", "ssm.time_step_rank", How::kStructural, "every qwen35moe shape (3 in qwen35moe_odd)"},
   };
   return cases;
 }

@@ -28,28 +28,34 @@ namespace {
 // The script's qwen35 lines (vocab 512, context 256, f32, seed 7).
 struct Q35Shape {
   const char* name;
+  const char* arch;
   int64_t dim, layers, heads, kv_heads, head_dim, ffn, ssm_k, ssm_v, ssm_state, interval;
   std::vector<int32_t> sections;  // empty: the writer's
   std::vector<bool> recurrent = {};  // attention.recurrent_layers; empty: by the interval
+  int64_t experts = 0, used = 0, expert_ffn = 0;  // qwen35moe
 };
 
 const std::vector<Q35Shape>& Shapes() {
   static const std::vector<Q35Shape> shapes = {
       // Two value heads per key head; layers 0-2 recurrent, 3 attention.
-      {"qwen35", 128, 4, 4, 2, 64, 256, 0, 0, 0, 0, {}},
+      {"qwen35", "qwen35", 128, 4, 4, 2, 64, 256, 0, 0, 0, 0, {}},
       // Odd heads, three value heads on one key head, attention every third layer.
-      {"qwen35_odd", 96, 6, 3, 1, 48, 192, 1, 3, 24, 3, {}},
+      {"qwen35_odd", "qwen35", 96, 6, 3, 1, 48, 192, 1, 3, 24, 3, {}},
       // Sections leaving pairs in the fourth (unrotated for text).
-      {"qwen35_sections", 128, 4, 4, 2, 64, 256, 0, 0, 0, 0, {0, 1, 1, 0}},
+      {"qwen35_sections", "qwen35", 128, 4, 4, 2, 64, 256, 0, 0, 0, 0, {0, 1, 1, 0}},
       // The layers' kinds as a list: attention at layers 1 and 3.
-      {"qwen35_recurrent", 128, 4, 4, 2, 64, 256, 0, 0, 0, 0, {}, {true, false, true, false}},
+      {"qwen35_recurrent", "qwen35", 128, 4, 4, 2, 64, 256, 0, 0, 0, 0, {}, {true, false, true, false}},
+      // The mixture: routed experts and the gated shared one (of --ffn).
+      {"qwen35moe", "qwen35moe", 128, 4, 4, 2, 64, 96, 0, 0, 0, 0, {}, {}, 8, 2, 64},
+      {"qwen35moe_odd", "qwen35moe", 96, 6, 3, 1, 48, 64, 1, 3, 24, 3, {}, {}, 6, 3, 32},
   };
   return shapes;
 }
 
 SynthShape ShapeOf(const Q35Shape& a) {
   SynthShape s;
-  s.arch = "qwen35";
+  s.arch = a.arch;
+  s.num_experts = a.experts, s.experts_used = a.used, s.expert_ffn = a.expert_ffn;
   s.dim = a.dim, s.num_layers = a.layers, s.num_heads = a.heads, s.num_kv_heads = a.kv_heads;
   s.head_dim = a.head_dim, s.ffn_dim = a.ffn, s.vocab_size = 512, s.context_length = 256;
   s.ssm_k_heads = a.ssm_k, s.ssm_v_heads = a.ssm_v, s.ssm_state = a.ssm_state, s.full_attention_interval = a.interval;
@@ -161,12 +167,12 @@ TEST(Qwen35Test, GivesLlamaCppLogits) {
 // the convolution's earlier taps, the per-token write strength beta).
 TEST(Qwen35Test, MutationsAreCaught) {
   const Reference& ref = Ref();
-  const std::vector<float> want = Floats(*ref.file->FindTensor("qwen35"));
   struct Mutation {
     const char* what;
     std::vector<std::pair<std::string, GgufValue>> keys;
     const char* tensor = nullptr;  // every layer's tensor of this name ...
     std::function<void(float* x, int64_t n)> change;  // ... changed so
+    size_t shape = 0;  // of Shapes()
   };
   const std::vector<Mutation> mutations = {
       {"rope sections", {{"rope.dimension_sections", GgufValue::I32Array({0, 1, 1, 0})}}},
@@ -177,9 +183,11 @@ TEST(Qwen35Test, MutationsAreCaught) {
          for (int64_t i = 0; i < n; ++i) x[i] = i % 4 == 3 ? x[i] : 0.0f;
        }},
       {"beta 1/2", {}, "ssm_beta.weight", [](float* x, int64_t n) { std::fill(x, x + n, 0.0f); }},
+      {"shared expert's gate 1/2", {}, "ffn_gate_inp_shexp.weight", [](float* x, int64_t n) { std::fill(x, x + n, 0.0f); }, 4},
   };
   for (const Mutation& mu : mutations) {
-    SynthShape s = ShapeOf(Shapes()[0]);
+    const std::vector<float> want = Floats(*ref.file->FindTensor(Shapes()[mu.shape].name));
+    SynthShape s = ShapeOf(Shapes()[mu.shape]);
     s.keys = mu.keys;
     auto file = Synth(s);
     if (mu.tensor != nullptr) {

@@ -16,6 +16,7 @@ StatusOr<std::unique_ptr<Model>> LoadQwen2(const GgufFile& file, ModelHParams hp
 StatusOr<std::unique_ptr<Model>> LoadQwen3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadQwen3Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadQwen35(const GgufFile& file, ModelHParams hp);
+StatusOr<std::unique_ptr<Model>> LoadQwen35Moe(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadPhi3(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGemma2(const GgufFile& file, ModelHParams hp);
 StatusOr<std::unique_ptr<Model>> LoadGemma3(const GgufFile& file, ModelHParams hp);
@@ -31,7 +32,7 @@ struct HfFamily;
 extern const HfFamily kDeepseek4HfFamily;
 
 // Each architecture's spec, defined in its file (model/registry.cc lists them).
-extern const ArchSpec kLlamaArch, kQwen2Arch, kQwen3Arch, kQwen3MoeArch, kQwen35Arch, kPhi3Arch, kGemma2Arch, kGemma3Arch,
+extern const ArchSpec kLlamaArch, kQwen2Arch, kQwen3Arch, kQwen3MoeArch, kQwen35Arch, kQwen35MoeArch, kPhi3Arch, kGemma2Arch, kGemma3Arch,
     kDeepseek2Arch, kDeepseek4Arch, kDeepseek41Arch, kGlm4MoeArch, kGptOssArch, kBertArch;
 
 }  // namespace gale

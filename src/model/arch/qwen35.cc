@@ -48,7 +48,8 @@ struct Qwen35Layer {
   MatrixWeight wqkv, wgate, wbeta, walpha, wout;
   TensorView conv, dt_bias, a, ssm_norm;
   std::vector<float> conv_t;  // the convolution's taps as [K, conv_dim] (the file's is [conv_dim, K])
-  MatrixWeight w_gate, w_up, w_down;
+  MatrixWeight w_gate, w_up, w_down;  // qwen35
+  MoeWeights moe;                     // qwen35moe
 };
 
 // Gated DeltaNet's sizes.
@@ -92,11 +93,27 @@ inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 
 class Qwen35Model final : public Model {
  public:
-  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp) {
+  static StatusOr<std::unique_ptr<Model>> Load(const GgufFile& file, ModelHParams hp, bool moe) {
     std::unique_ptr<Qwen35Model> m(new Qwen35Model());
     m->hp_ = std::move(hp);
     ModelHParams& h = m->hp_;
     h.rope_style = RopeStyle::kNeox;
+    if (moe) {
+      // llama.cpp's graph: softmax routing, the top k renormalized (and scaled by
+      // expert_weights_scale), one shared expert of expert_shared_feed_forward_length (default
+      // feed_forward_length) gated by sigmoid(ffn_gate_inp_shexp . x).
+      MoeHParams& e = h.moe;
+      if (!e.enabled()) return InvalidArgument("{}: the file has no {}.expert_count", h.arch, h.arch);
+      if (e.num_groups > 0 || e.leading_dense > 0) {
+        return Unimplemented("{}: expert groups and dense leading layers are not part of this architecture", h.arch);
+      }
+      if (e.num_shared > 1) return Unimplemented("{}: {} shared experts (the architecture has one)", h.arch, e.num_shared);
+      if (e.expert_ffn == 0) e.expert_ffn = h.ffn_dim / e.num_used;
+      e.gating = ExpertGating::kSoftmax;
+      e.norm_weights = true;
+      e.num_shared = 1;
+      if (e.shared_ffn == 0) e.shared_ffn = h.ffn_dim;
+    }
     const std::string p = h.arch + ".";
     DeltaNetShape& d = m->dn_;
     ASSIGN_OR_RETURN(d.conv_kernel, file.GetInt(p + "ssm.conv_kernel"));
@@ -159,6 +176,11 @@ class Qwen35Model final : public Model {
         RETURN_IF_ERROR(tensors.Vector(b + "attn_q_norm.weight", h.head_dim, &w.q_norm));
         RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
       }
+      if (moe) {
+        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
+        if (w.moe.shared_expert_gate.data == nullptr) return InvalidArgument("{}: {}ffn_gate_inp_shexp.weight is missing", h.arch, b);
+        continue;
+      }
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
       RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
@@ -180,7 +202,11 @@ class Qwen35Model final : public Model {
       } else {
         GatedAttention(f, buf, l, w);
       }
-      f.GatedFfn(l, Floats(w.post_norm), w.w_gate, w.w_up, w.w_down);
+      if (hp_.moe.enabled()) {
+        f.MoeFfn(l, Floats(w.post_norm), w.moe);
+      } else {
+        f.GatedFfn(l, Floats(w.post_norm), w.w_gate, w.w_up, w.w_down);
+      }
     }
     f.OutputHead(output_norm_, output_);
     return Status::Ok();
@@ -188,8 +214,14 @@ class Qwen35Model final : public Model {
 
   std::vector<MatrixWeight*> LayerMatrices(int64_t layer) override {
     Qwen35Layer& w = layers_[layer];
-    if (w.recurrent) return {&w.wqkv, &w.wgate, &w.wbeta, &w.walpha, &w.wout, &w.w_gate, &w.w_up, &w.w_down};
-    return {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down};
+    std::vector<MatrixWeight*> all = w.recurrent ? std::vector<MatrixWeight*>{&w.wqkv, &w.wgate, &w.wbeta, &w.walpha, &w.wout}
+                                                 : std::vector<MatrixWeight*>{&w.wq, &w.wk, &w.wv, &w.wo};
+    if (hp_.moe.enabled()) {
+      w.moe.AppendTo(&all);
+    } else {
+      all.insert(all.end(), {&w.w_gate, &w.w_up, &w.w_down});
+    }
+    return all;
   }
 
  private:
@@ -423,7 +455,8 @@ class Qwen35Model final : public Model {
 // real models' proportions). A --key attention.recurrent_layers decides which layers get which
 // tensors, as it decides for the loader.
 Status SynthCheckQwen35(const SynthShape& s) {
-  if (s.num_experts > 0) return InvalidArgument("synth: qwen35 is dense (qwen35moe has the experts)");
+  if (s.arch == "qwen35" && s.num_experts > 0) return InvalidArgument("synth: qwen35 is dense (qwen35moe has the experts)");
+  if (s.arch == "qwen35moe" && s.num_experts == 0) return InvalidArgument("synth: qwen35moe needs experts (--experts, --experts-used)");
   if (s.ssm_state > 0 && (s.ssm_v_heads % std::max<int64_t>(1, s.ssm_k_heads) != 0)) {
     return InvalidArgument("synth: qwen35: --ssm-v-heads must be a multiple of --ssm-k-heads");
   }
@@ -486,7 +519,19 @@ Status SynthWriteQwen35(SynthWriter& w) {
       RETURN_IF_ERROR(w.Vector(b + "attn_k_norm.weight", w.head_dim, 1.0f, 0.3f));
       RETURN_IF_ERROR(w.Matrix(b + "attn_output.weight", w.q_dim, s.dim, w.type));
     }
-    RETURN_IF_ERROR(w.GatedFfn(b, s.ffn_dim));
+    if (s.num_experts > 0) {
+      // Routed experts of expert_ffn, one shared expert of ffn_dim behind its sigmoid gate.
+      RETURN_IF_ERROR(w.Router(b));
+      RETURN_IF_ERROR(w.Experts(b));
+      RETURN_IF_ERROR(w.Vector(b + "ffn_gate_inp_shexp.weight", s.dim, 0.0f, 0.1f));
+      RETURN_IF_ERROR(w.GatedFfn(b, s.ffn_dim, "_shexp"));
+    } else {
+      RETURN_IF_ERROR(w.GatedFfn(b, s.ffn_dim));
+    }
+  }
+  if (s.num_experts > 0) {
+    w.w.SetU32(p + "expert_feed_forward_length", static_cast<uint32_t>(w.expert_ffn));
+    w.w.SetU32(p + "expert_shared_feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
   }
   return Status::Ok();
 }
@@ -500,10 +545,23 @@ std::vector<SynthShape> SynthShapesQwen35() {
   return {s};
 }
 
+std::vector<SynthShape> SynthShapesQwen35Moe() {
+  SynthShape s;  // Qwen3.5-35B-A3B's shapes, 8 of its 40 layers
+  s.name = "qwen3.5-35b-a3b", s.arch = "qwen35moe";
+  s.dim = 2048, s.num_layers = 8, s.num_heads = 16, s.num_kv_heads = 2, s.head_dim = 256, s.ffn_dim = 512;
+  s.vocab_size = 248320, s.context_length = 262144, s.rope_dim = 64;
+  s.ssm_conv = 4, s.ssm_state = 128, s.ssm_k_heads = 16, s.ssm_v_heads = 32;
+  s.num_experts = 256, s.experts_used = 8, s.expert_ffn = 512;
+  return {s};
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Model>> LoadQwen35(const GgufFile& file, ModelHParams hp) {
-  return Qwen35Model::Load(file, std::move(hp));
+  return Qwen35Model::Load(file, std::move(hp), /*moe=*/false);
+}
+StatusOr<std::unique_ptr<Model>> LoadQwen35Moe(const GgufFile& file, ModelHParams hp) {
+  return Qwen35Model::Load(file, std::move(hp), /*moe=*/true);
 }
 
 const ArchSpec kQwen35Arch = {.name = "qwen35",
@@ -511,5 +569,11 @@ const ArchSpec kQwen35Arch = {.name = "qwen35",
                               .synth_check = SynthCheckQwen35,
                               .synth_write = SynthWriteQwen35,
                               .synth_shapes = SynthShapesQwen35};
+const ArchSpec kQwen35MoeArch = {.name = "qwen35moe",
+                                 .load = LoadQwen35Moe,
+                                 .experts = true,
+                                 .synth_check = SynthCheckQwen35,
+                                 .synth_write = SynthWriteQwen35,
+                                 .synth_shapes = SynthShapesQwen35Moe};
 
 }  // namespace gale
