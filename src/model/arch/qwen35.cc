@@ -121,10 +121,11 @@ class Qwen35Model final : public Model {
     ASSIGN_OR_RETURN(d.head, file.GetInt(p + "ssm.state_size"));
     ASSIGN_OR_RETURN(d.v_heads, file.GetInt(p + "ssm.time_step_rank"));
     ASSIGN_OR_RETURN(d.k_heads, file.GetInt(p + "ssm.group_count"));
-    if (d.conv_kernel < 1 || d.head < 1 || d.v_heads < 1 || d.k_heads < 1 || d.v_heads % d.k_heads != 0) {
-      return InvalidArgument("{}: ssm.conv_kernel {}, state_size {}, time_step_rank {}, group_count {}: all must be "
-                             "positive, the value heads a multiple of the key heads", h.arch, d.conv_kernel, d.head,
-                             d.v_heads, d.k_heads);
+    if (d.conv_kernel < 1 || d.conv_kernel > 64 || d.head < 1 || d.head > 4096 || d.v_heads < 1 || d.v_heads > 4096 ||
+        d.k_heads < 1 || d.v_heads % d.k_heads != 0) {
+      return InvalidArgument("{}: ssm.conv_kernel {}, state_size {}, time_step_rank {}, group_count {}: the kernel in "
+                             "[1, 64], heads and sizes in [1, 4096], the value heads a multiple of the key heads", h.arch,
+                             d.conv_kernel, d.head, d.v_heads, d.k_heads);
     }
     if (inner != d.v_heads * d.head) {
       return InvalidArgument("{}: ssm.inner_size {} is not time_step_rank {} x state_size {} (value heads of the key "
