@@ -48,8 +48,7 @@ struct Qwen35Layer {
   MatrixWeight wqkv, wgate, wbeta, walpha, wout;
   TensorView conv, dt_bias, a, ssm_norm;
   std::vector<float> conv_t;  // the convolution's taps as [K, conv_dim] (the file's is [conv_dim, K])
-  MatrixWeight w_gate, w_up, w_down;  // qwen35
-  MoeWeights moe;                     // qwen35moe
+  LayerFfn ffn;  // SwiGLU (qwen35) or the mixture (qwen35moe)
 };
 
 // Gated DeltaNet's sizes.
@@ -177,14 +176,10 @@ class Qwen35Model final : public Model {
         RETURN_IF_ERROR(tensors.Vector(b + "attn_q_norm.weight", h.head_dim, &w.q_norm));
         RETURN_IF_ERROR(tensors.Vector(b + "attn_k_norm.weight", h.head_dim, &w.k_norm));
       }
-      if (moe) {
-        RETURN_IF_ERROR(LoadMoeWeights(tensors, b, h, &w.moe));
-        if (w.moe.shared_expert_gate.data == nullptr) return InvalidArgument("{}: {}ffn_gate_inp_shexp.weight is missing", h.arch, b);
-        continue;
+      RETURN_IF_ERROR(w.ffn.Load(tensors, b, h, l));
+      if (moe && w.ffn.moe.shared_expert_gate.data == nullptr) {
+        return InvalidArgument("{}: {}ffn_gate_inp_shexp.weight is missing", h.arch, b);
       }
-      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_gate.weight", h.dim, h.ffn_dim, &w.w_gate));
-      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_up.weight", h.dim, h.ffn_dim, &w.w_up));
-      RETURN_IF_ERROR(tensors.Matrix(b + "ffn_down.weight", h.ffn_dim, h.dim, &w.w_down));
     }
     m->FinishLoad(tensors);
     return std::unique_ptr<Model>(std::move(m));
@@ -203,11 +198,7 @@ class Qwen35Model final : public Model {
       } else {
         GatedAttention(f, buf, l, w);
       }
-      if (hp_.moe.enabled()) {
-        f.MoeFfn(l, Floats(w.post_norm), w.moe);
-      } else {
-        f.GatedFfn(l, Floats(w.post_norm), w.w_gate, w.w_up, w.w_down);
-      }
+      f.Ffn(l, Floats(w.post_norm), w.ffn);
     }
     f.OutputHead(output_norm_, output_);
     return Status::Ok();
@@ -217,11 +208,7 @@ class Qwen35Model final : public Model {
     Qwen35Layer& w = layers_[layer];
     std::vector<MatrixWeight*> all = w.recurrent ? std::vector<MatrixWeight*>{&w.wqkv, &w.wgate, &w.wbeta, &w.walpha, &w.wout}
                                                  : std::vector<MatrixWeight*>{&w.wq, &w.wk, &w.wv, &w.wo};
-    if (hp_.moe.enabled()) {
-      w.moe.AppendTo(&all);
-    } else {
-      all.insert(all.end(), {&w.w_gate, &w.w_up, &w.w_down});
-    }
+    w.ffn.AppendTo(&all, hp_, layer);
     return all;
   }
 
