@@ -385,6 +385,11 @@ function validateAll(label, outs) {
   } else {
     const qwen = path.join(os.tmpdir(), `gale-structured-qwen3-${process.pid}.gguf`);
     const oss = path.join(os.tmpdir(), `gale-structured-gptoss-${process.pid}.gguf`);
+    // Qwen3.5's template on a Qwen3.5 model (Gated DeltaNet layers: the engine's recurrent states).
+    const qwen35 = path.join(os.tmpdir(), `gale-structured-qwen35-${process.pid}.gguf`);
+    execFileSync(gale, ['synth', '--shape', 'custom', '--arch', 'qwen35', '--dim', '64', '--layers', '4', '--heads', '4',
+                        '--kv-heads', '2', '--ffn', '128', '--ctx', '4096', '--type', 'q8_0',
+                        '--tokenizer', path.join(hf, 'tokenizer-qwen3/models'), '-o', qwen35], { stdio: 'ignore' });
     execFileSync(gale, ['synth', '--shape', 'custom', '--arch', 'qwen3', '--dim', '64', '--layers', '2', '--heads', '4',
                         '--kv-heads', '2', '--ffn', '128', '--ctx', '4096', '--type', 'q8_0',
                         '--tokenizer', path.join(hf, 'tokenizer-qwen3/models'), '-o', qwen], { stdio: 'ignore' });
@@ -395,7 +400,7 @@ function validateAll(label, outs) {
     const qwenTokens = JSON.parse(fs.readFileSync(path.join(hf, 'tokenizer-qwen3/models/tokenizer.json'), 'utf8')).added_tokens;
     const endThink = qwenTokens.find((t) => t.content === '</think>').id;
     const cases = [
-      { template: 'Qwen3.5-4B.jinja', model: qwen, parser: 'qwen3_coder', thinks: true },
+      { template: 'Qwen3.5-4B.jinja', model: qwen35, parser: 'qwen3_coder', thinks: true },
       { template: 'Qwen3-Coder.jinja', model: qwen, parser: 'qwen3_coder', thinks: false },
       { template: 'llama-cpp-deepseek-r1.jinja', model: qwen, parser: 'deepseek_v3', thinks: true },
       { template: 'openai-gpt-oss-120b.jinja', model: oss, parser: 'gpt_oss', thinks: false },
@@ -512,6 +517,7 @@ function validateAll(label, outs) {
       th.proc.kill('SIGTERM');
       fs.rmSync(qwen, { force: true });
       fs.rmSync(oss, { force: true });
+      fs.rmSync(qwen35, { force: true });
     }
   }
 
