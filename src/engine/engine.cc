@@ -685,7 +685,12 @@ void Engine::Loop() {
     AfterSpecStep(plan, b.out);
     StreamStep(plan, finished, b);
     Evict();
-    // Counters first: a client that sees its request finish sees its blocks free.
+    // Counters first: a client that sees its request finish sees its blocks (and state slot) free.
+    auto release = [&](int64_t id) {
+      if (auto it = live_.find(id); it != live_.end()) ReleaseStateSlot(*it->second);
+    };
+    for (const auto& r : finished) release(r->id);
+    for (const auto& [r, status] : b.failed) release(r->id);
     PublishStats();
     for (const auto& r : finished) Finish(*r, r->finish_reason, Status::Ok());
     for (const auto& [r, status] : b.failed) Finish(*r, FinishReason::kError, status, /*request_error=*/true);
@@ -772,6 +777,7 @@ void Engine::Evict() {
 void Engine::PublishStats() {
   const int64_t used = num_blocks_ - kv_.num_free_blocks();
   stats_.num_free_blocks = kv_.num_free_blocks();
+  stats_.num_free_state_slots = static_cast<int64_t>(free_state_slots_.size());
   stats_.window_released_blocks = kv_.num_window_released();
   stats_.num_running = sched_.num_running();
   stats_.num_waiting = sched_.num_waiting();

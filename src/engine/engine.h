@@ -91,6 +91,7 @@ struct EngineStats {
   std::atomic<int64_t> num_generated_tokens{0};
   std::atomic<int64_t> num_preemptions{0};
   std::atomic<int64_t> num_free_blocks{0};
+  std::atomic<int64_t> num_free_state_slots{0};  // recurrent layers' state slots no request holds
   std::atomic<int64_t> num_running{0};
   std::atomic<int64_t> num_waiting{0};
   std::atomic<int64_t> wasted_slots{0};           // unfilled tails of last blocks, now

@@ -340,6 +340,9 @@ TEST(Qwen35Test, EngineGivesTheFixedCachesTokens) {
       EXPECT_EQ(got, want[r]) << "request " << r;
     }
     if (memory < (int64_t{1} << 20)) EXPECT_GT((*engine)->stats().num_preemptions.load(), 0) << "nothing was preempted";
+    // Every block and state slot free again.
+    EXPECT_EQ((*engine)->stats().num_free_blocks.load(), (*engine)->num_blocks());
+    EXPECT_EQ((*engine)->stats().num_free_state_slots.load(), 3);
   }
   // Speculation and retention need earlier states: refused.
   EngineConfig spec;
