@@ -162,6 +162,10 @@ StatusOr<std::unique_ptr<PipelineDriver>> PipelineDriver::Connect(const Model& m
     return InvalidArgument("{} pipeline stages for a model of {} layers", comm.size(), model.hparams().num_layers);
   }
   if (!model.hparams().causal) return InvalidArgument("an encoder runs in one process (no pipeline stages)");
+  if (model.hparams().recurrent_state_floats > 0) {
+    return Unimplemented("{}: pipeline stages of a model with recurrent layers are not supported yet (the stages would "
+                         "need their state slots)", model.hparams().arch);
+  }
   RETURN_IF_ERROR(AwaitHellos(model, comm, options.timeout, "pipeline"));
   return std::unique_ptr<PipelineDriver>(new PipelineDriver(model, comm, options));
 }
@@ -251,6 +255,9 @@ Status RunPipelineWorker(const Model& model, Communicator& comm, ThreadPool& poo
   if (rank == 0) return InvalidArgument("rank 0 drives the pipeline");
   const ModelHParams& hp = model.hparams();
   if (comm.size() > hp.num_layers) return InvalidArgument("{} pipeline stages for {} layers", comm.size(), hp.num_layers);
+  if (hp.recurrent_state_floats > 0) {
+    return Unimplemented("{}: pipeline stages of a model with recurrent layers are not supported yet", hp.arch);
+  }
   const auto [first_layer, end_layer] = StageLayers(hp.num_layers, comm.size())[rank];
   const int64_t width = model.StageWidth();
   RETURN_IF_ERROR(SayHello(model, comm));
