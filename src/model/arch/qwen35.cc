@@ -1,8 +1,10 @@
-// Qwen3.5 / Qwen3.6 dense models (GGUF "qwen35"), as llama.cpp's converter writes them and its
-// graph computes them. Three of every four layers (attention.recurrent_layers, else every layer l
-// with (l + 1) % full_attention_interval != 0) are Gated DeltaNet linear attention; the others are
-// full attention. Every layer: RmsNorm -> mixer -> residual, then post_attention_norm -> SwiGLU FFN
-// -> residual.
+// Qwen3.5 / Qwen3.6, dense (GGUF "qwen35") and mixtures of experts ("qwen35moe"), as llama.cpp's
+// converter writes them and its graph computes them. Three of every four layers
+// (attention.recurrent_layers, else every layer l with (l + 1) % full_attention_interval != 0) are
+// Gated DeltaNet linear attention; the others are full attention. Every layer: RmsNorm -> mixer ->
+// residual, then post_attention_norm -> FFN -> residual; the FFN is SwiGLU, or (qwen35moe) softmax-
+// routed experts plus one shared expert scaled by sigmoid(ffn_gate_inp_shexp . x). See
+// docs/qwen35.md.
 //
 // Full attention: Q's projection gives per head [query, gate] (2 * head_dim rows per head); Q and
 // K are RmsNormed per head, rotated by multi-section RoPE (rope.dimension_sections, interleaved:
@@ -66,9 +68,9 @@ struct DeltaNetShape {
 struct Qwen35Buffers {
   std::vector<float> qg;         // [n, num_heads * 2 * head_dim] query and gate rows
   std::vector<float> gate;       // [n, q_dim]
-  std::vector<float> mixed;      // [n, conv_dim] attn_qkv's rows, then the convolution's outputs
-  std::vector<float> conv_out;   // [n, conv_dim]
-  std::vector<float> z;          // [n, value_dim]
+  std::vector<float> mixed;      // [n, conv_dim] attn_qkv's rows (the convolution's inputs)
+  std::vector<float> conv_out;   // [n, conv_dim] the convolution's outputs after SiLU (q, k L2-normed)
+  std::vector<float> z;          // [n, value_dim] attn_gate's rows, then ssm_out's input
   std::vector<float> beta, alpha;  // [n, v_heads]
   std::vector<float> core;       // [n, value_dim] the recurrence's outputs
   std::vector<float> seq_rows, seq_out;  // one sequence's rows of conv_out and core, gathered
