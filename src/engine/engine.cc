@@ -222,7 +222,12 @@ uint64_t Engine::activation_bytes() const {
 std::string Engine::Describe() const {
   const ModelHParams& hp = model_.hparams();
   std::string latent;
-  if (!hp.kv_windows.empty()) {
+  if (storage_.num_state_slots() > 0) {
+    // Recurrent layers (Qwen3.5): the cache holds the attention layers; the states sit beside it.
+    latent = fmt::format(" (attention on {} of {} layers; {} recurrent-state slots of {:.3g} MiB, one per running "
+                         "request)", hp.kv_num_layers(), hp.num_layers, storage_.num_state_slots(),
+                         static_cast<double>(storage_.state_floats()) * sizeof(float) / 1048576.0);
+  } else if (!hp.kv_windows.empty()) {
     // Several cache layers per model layer (DeepSeek-V4): the bytes a token adds past the windows
     // (the full layers') against one full row per layer and position.
     const int64_t full = std::count(hp.kv_windows.begin(), hp.kv_windows.end(), 0);
@@ -259,7 +264,8 @@ std::string Engine::Describe() const {
       key_channels_active() ? " (keys per channel, calibrated)" : "", latent,
       prefault_seconds_ >= 0 ? fmt::format(" (committed at start in {:.2f} s)", prefault_seconds_) : "",
       max_request_tokens_, config_.sched.max_batch_size,
-      config_.enable_prefix_caching ? "on" : "off", SpecMethodName(config_.spec.method),
+      config_.enable_prefix_caching ? "on" : storage_.num_state_slots() > 0 ? "off (recurrent states are not checkpointed)" : "off",
+      SpecMethodName(config_.spec.method),
       config_.spec.method == SpecMethod::kOff
           ? std::string()
           : fmt::format(" (up to {} tokens per request, off above {} tokens per step{})", config_.spec.num_tokens,

@@ -320,6 +320,10 @@ TEST(Qwen35Test, EngineGivesTheFixedCachesTokens) {
     cfg.sched.prefill_chunk_size = 24;  // prompts in chunks
     auto engine = Engine::Create(*m, nullptr, cfg, pool);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    const std::string described = (*engine)->Describe();
+    std::printf("%s\n", described.c_str());
+    EXPECT_NE(described.find("3 recurrent-state slots"), std::string::npos) << described;
+    EXPECT_NE(described.find("prefix caching off (recurrent states are not checkpointed)"), std::string::npos) << described;
     // All submitted before the first step: they run together.
     std::vector<decltype((*engine)->Submit(GenerationRequest()))> streams;
     for (const auto& p : prompts) {
