@@ -70,6 +70,10 @@ Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, cons
   if (spec.method == SpecMethod::kDraft) {
     return InvalidArgument("KV retention does not work with a draft model (its own cache keeps every position)");
   }
+  if (hp.recurrent_state_floats > 0) {
+    return Unimplemented("KV retention is not supported for {} (its recurrent layers keep one state of every token "
+                         "read)", hp.arch);
+  }
   if (!hp.kv_windows.empty()) {
     return Unimplemented("KV retention is not supported for {} (its compressed rows are not per position)", hp.arch);
   }
@@ -124,13 +128,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     return Unimplemented("{}: its cache rows are written in parts (compressed rows packed side by side): f32, f16 or "
                          "bf16 only, not an int8/int4 cache", hp.arch);
   }
-  if (layout.state_floats > 0) {
-    // Recurrent layers keep one state per sequence, of everything it has read: a prefix cache hit
-    // or a rejected draft would need the state at an earlier token (not kept yet).
-    if (config.spec.method != SpecMethod::kOff) {
-      return Unimplemented("{}: speculative decoding is not supported for recurrent layers yet", hp.arch);
-    }
-    if (config.retention.active()) return Unimplemented("{}: KV retention is not supported for recurrent layers", hp.arch);
+  if (layout.state_floats > 0 && config.spec.method != SpecMethod::kOff) {
+    // Recurrent layers keep one state per sequence, of everything it has read: a rejected draft
+    // would need the state at an earlier token (not kept yet). Retention: CheckRetention.
+    return Unimplemented("{}: speculative decoding is not supported for recurrent layers yet", hp.arch);
   }
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");

@@ -293,23 +293,27 @@ void SetWindowedRope(ModelHParams* hp, float base, bool scaled) {
   }
 }
 
+Status ReadLayerFlags(const GgufValue& v, const std::string& key, int64_t num_layers, std::vector<uint8_t>* out) {
+  // One bool per layer of the file (its multi-token-prediction layers included).
+  if (v.type != GgufValueType::kArray || static_cast<int64_t>(v.array.size()) < num_layers) {
+    return InvalidArgument("metadata key '{}' holds {} values for {} layers", key,
+                           v.type == GgufValueType::kArray ? v.array.size() : 1, num_layers);
+  }
+  out->assign(static_cast<size_t>(num_layers), 0);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const std::optional<bool> b = v.array[l].AsBool();
+    const std::optional<int64_t> i = v.array[l].AsInt();
+    if (!b && !i) return InvalidArgument("metadata key '{}' holds a {}, expected bools", key, GgufValueTypeName(v.array[l].type));
+    (*out)[l] = b ? *b : *i != 0;
+  }
+  return Status::Ok();
+}
+
 Status ReadWindowedLayers(const GgufFile& file, int64_t default_period, ModelHParams* hp) {
   const std::string key = hp->arch + ".attention.sliding_window_pattern";
   hp->swa_layers.assign(static_cast<size_t>(hp->num_layers), 0);
   const GgufValue* v = file.Find(key);
-  if (v != nullptr && v->type == GgufValueType::kArray) {
-    // One bool per layer of the file (its multi-token-prediction layers included).
-    if (static_cast<int64_t>(v->array.size()) < hp->num_layers) {
-      return InvalidArgument("metadata key '{}' holds {} values for {} layers", key, v->array.size(), hp->num_layers);
-    }
-    for (int64_t l = 0; l < hp->num_layers; ++l) {
-      const std::optional<bool> b = v->array[l].AsBool();
-      const std::optional<int64_t> i = v->array[l].AsInt();
-      if (!b && !i) return InvalidArgument("metadata key '{}' holds a {}, expected bools", key, GgufValueTypeName(v->array[l].type));
-      hp->swa_layers[l] = b ? *b : *i != 0;
-    }
-    return Status::Ok();
-  }
+  if (v != nullptr && v->type == GgufValueType::kArray) return ReadLayerFlags(*v, key, hp->num_layers, &hp->swa_layers);
   int64_t period = default_period;
   if (v != nullptr) {
     if (!v->AsInt() || *v->AsInt() < 0) return InvalidArgument("metadata key '{}' must be a period >= 0 or bools", key);

@@ -159,6 +159,10 @@ StatusOr<int64_t> PerLayerInt(const GgufFile& file, const std::string& key, int6
 // not at all.
 void SetWindowedRope(ModelHParams* hp, float base, bool scaled);
 
+// A key llama.cpp reads as a bool per layer (an array of at least num_layers bools or integers):
+// out[l] = layer l's; an error naming the key otherwise.
+Status ReadLayerFlags(const GgufValue& v, const std::string& key, int64_t num_layers, std::vector<uint8_t>* out);
+
 // Which layers are windowed, as llama.cpp reads it (load_swa_pattern): the file's
 // attention.sliding_window_pattern, a bool per layer or a period n (layer l windowed when
 // l % n < n - 1; 0: every layer), else default_period. Sets hp->swa_layers.

@@ -297,7 +297,7 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   if (!batch.slots.empty() && batch.slots.size() != batch.tokens.size()) {
     return InvalidArgument("batch: tokens and slots differ in length");
   }
-  if (!hp_.kv_windows.empty()) {
+  if (!hp_.kv_windows.empty() || hp_.recurrent_state_floats > 0) {
     bool retention = false;
     for (const auto& a : batch.attn_acc) retention = retention || a.data != nullptr;
     for (size_t i = 0; i < batch.slots.size() && !retention; ++i) retention = batch.slots[i] != batch.positions[i];
@@ -391,7 +391,6 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
   if (!batch.state_slots.empty() && static_cast<int64_t>(batch.state_slots.size()) != num_seqs) {
     return InvalidArgument("batch: {} state slots for {} sequences", batch.state_slots.size(), num_seqs);
   }
-  if (!batch.attn_acc.empty()) return Unimplemented("{}: KV retention is not supported for recurrent layers", hp_.arch);
   std::vector<int64_t> next(num_seqs, -1);  // the position each sequence's next token must have
   for (int64_t i = 0; i < n; ++i) {
     const int32_t s = batch.seq(i);
@@ -399,7 +398,6 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     if (slot < 0 || slot >= kv.num_state_slots()) {
       return InvalidArgument("state slot {} outside the cache's {}", slot, kv.num_state_slots());
     }
-    if (batch.slot(i) != batch.positions[i]) return Unimplemented("{}: KV retention is not supported for recurrent layers", hp_.arch);
     if (next[s] < 0) {
       if (batch.positions[i] != 0 && batch.positions[i] != kv.state_tokens(slot)) {
         return InvalidArgument("sequence {} continues at position {}, but its recurrent state (slot {}) has taken in {} "

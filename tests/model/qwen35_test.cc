@@ -171,7 +171,7 @@ TEST(Qwen35Test, MutationsAreCaught) {
     const char* what;
     std::vector<std::pair<std::string, GgufValue>> keys;
     const char* tensor = nullptr;  // every layer's tensor of this name ...
-    std::function<void(float* x, int64_t n)> change;  // ... changed so
+    std::function<void(float* x, int64_t n)> change = nullptr;  // ... changed so
     size_t shape = 0;  // of Shapes()
   };
   const std::vector<Mutation> mutations = {
@@ -339,11 +339,15 @@ TEST(Qwen35Test, EngineGivesTheFixedCachesTokens) {
       StreamUpdate u;
       while ((*streams[r])->Next(&u)) {
         got.insert(got.end(), u.token_ids.begin(), u.token_ids.end());
-        if (u.finished) EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+        if (u.finished) {
+          EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+        }
       }
       EXPECT_EQ(got, want[r]) << "request " << r;
     }
-    if (memory < (int64_t{1} << 20)) EXPECT_GT((*engine)->stats().num_preemptions.load(), 0) << "nothing was preempted";
+    if (memory < (int64_t{1} << 20)) {
+      EXPECT_GT((*engine)->stats().num_preemptions.load(), 0) << "nothing was preempted";
+    }
     // Every block and state slot free again.
     EXPECT_EQ((*engine)->stats().num_free_blocks.load(), (*engine)->num_blocks());
     EXPECT_EQ((*engine)->stats().num_free_state_slots.load(), 3);

@@ -221,19 +221,8 @@ class Qwen35Model final : public Model {
   // full_attention_interval (default 4), as llama.cpp reads them.
   Status ReadLayerKinds(const GgufFile& file) {
     const std::string key = hp_.arch + ".attention.recurrent_layers";
-    recurrent_.assign(static_cast<size_t>(hp_.num_layers), false);
-    if (const GgufValue* v = file.Find(key); v != nullptr) {
-      if (v->type != GgufValueType::kArray || static_cast<int64_t>(v->array.size()) < hp_.num_layers) {
-        return InvalidArgument("metadata key '{}' needs a bool per layer ({})", key, hp_.num_layers);
-      }
-      for (int64_t l = 0; l < hp_.num_layers; ++l) {
-        const std::optional<bool> b = v->array[l].AsBool();
-        const std::optional<int64_t> i = v->array[l].AsInt();
-        if (!b && !i) return InvalidArgument("metadata key '{}' holds a {}, expected bools", key, GgufValueTypeName(v->array[l].type));
-        recurrent_[l] = b ? *b : *i != 0;
-      }
-      return Status::Ok();
-    }
+    if (const GgufValue* v = file.Find(key); v != nullptr) return ReadLayerFlags(*v, key, hp_.num_layers, &recurrent_);
+    recurrent_.assign(static_cast<size_t>(hp_.num_layers), 0);
     const int64_t interval = file.GetInt(hp_.arch + ".full_attention_interval", 4);
     if (interval < 1) return InvalidArgument("metadata key '{}.full_attention_interval' must be >= 1", hp_.arch);
     for (int64_t l = 0; l < hp_.num_layers; ++l) recurrent_[l] = (l + 1) % interval != 0;
@@ -309,7 +298,7 @@ class Qwen35Model final : public Model {
     buf.alpha.resize(static_cast<size_t>(n * d.v_heads));
     buf.core.resize(static_cast<size_t>(n * value_dim));
     buf.out.resize(static_cast<size_t>(n * hp_.dim));
-    buf.ones.assign(static_cast<size_t>(conv_dim), 1.0f);
+    if (buf.ones.size() != static_cast<size_t>(conv_dim)) buf.ones.assign(static_cast<size_t>(conv_dim), 1.0f);
     f.NormedProducts(l, Floats(w.attn_norm), {{&w.wqkv, buf.mixed.data()}, {&w.wgate, buf.z.data()},
                      {&w.wbeta, buf.beta.data()}}, LinearInput::kAttnIn, "matmul_qkvz");
     f.NormedProducts(l, Floats(w.attn_norm), {{&w.walpha, buf.alpha.data()}}, LinearInput::kAttnIn, "matmul_alpha");
@@ -436,7 +425,7 @@ class Qwen35Model final : public Model {
   }
 
   DeltaNetShape dn_;
-  std::vector<bool> recurrent_;
+  std::vector<uint8_t> recurrent_;  // [num_layers] Gated DeltaNet (1) or full attention (0)
   std::vector<int64_t> unrotated_;  // RoPE pairs in the fourth section
   std::vector<Qwen35Layer> layers_;
 };
