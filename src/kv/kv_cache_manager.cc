@@ -67,6 +67,16 @@ BlockHash KvCacheManager::HashBlock(const BlockHash& parent, std::span<const int
   return {h.low64, h.high64};
 }
 
+BlockHash KvCacheManager::PrefixHash(std::span<const int32_t> tokens, int64_t num_blocks,
+                                    const std::string& salt) const {
+  CHECK(num_blocks >= 1 && num_blocks * block_size_ <= static_cast<int64_t>(tokens.size()));
+  BlockHash h;
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    h = HashBlock(h, tokens.subspan(i * block_size_, block_size_), i == 0 ? salt : std::string());
+  }
+  return h;
+}
+
 namespace {
 BlockHash InGroup(BlockHash h, int64_t g) {
   h.group = static_cast<int32_t>(g);
@@ -110,6 +120,10 @@ int64_t KvCacheManager::AllocateCachedPrefix(int64_t request_id, std::span<const
           break;
         }
       }
+    }
+    if (held && resumable_ && !resumable_(chain[k - 1])) {
+      held = false;
+      --k;
     }
   }
   if (k == 0) return 0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -89,6 +90,13 @@ class KvCacheManager {
   void CacheFullBlocks(int64_t request_id, std::span<const int32_t> tokens, int64_t num_computed,
                        const std::string& salt);
   bool prefix_caching() const { return prefix_caching_; }
+  // The hash a request's first num_blocks blocks are cached under (group 0's key of the last
+  // one): it names the prefix tokens[0, num_blocks * block_size) with the salt.
+  BlockHash PrefixHash(std::span<const int32_t> tokens, int64_t num_blocks, const std::string& salt) const;
+  // When set, a hit must also end where `resumable` accepts (given PrefixHash of the hit): a
+  // model with recurrent layers resumes only where its states were checkpointed. The longest
+  // chain that does is taken.
+  void set_resumable(std::function<bool(const BlockHash&)> resumable) { resumable_ = std::move(resumable); }
   // KV-cache events: off by default; when on, every block of group 0 made findable and every one
   // evicted is recorded until TakeEvents (the removals of a step come before what it stored:
   // evictions happen as blocks are allocated, storing after the forward).
@@ -136,6 +144,7 @@ class KvCacheManager {
   std::unordered_map<int64_t, Entry> tables_;
   bool record_events_ = false;
   std::vector<KvCacheEvent> stored_;
+  std::function<bool(const BlockHash&)> resumable_;
 };
 
 }  // namespace gale

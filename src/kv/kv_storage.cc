@@ -111,6 +111,13 @@ void KvStorage::ReserveStates(int64_t num_slots, int64_t floats) {
   state_tokens_.assign(static_cast<size_t>(num_slots), 0);
 }
 
+void KvStorage::CopyState(int64_t from, int64_t to) {
+  CHECK(from >= 0 && from < num_state_slots_ && to >= 0 && to < num_state_slots_);
+  if (from == to) return;
+  std::memcpy(State(to), State(from), static_cast<size_t>(state_floats_) * sizeof(float));
+  state_tokens_[to] = state_tokens_[from];
+}
+
 KvStorage::KvStorage(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                      int64_t block_size, kernels::KvType k_type, kernels::KvType v_type, bool v_is_k,
                      std::optional<KvLayerGroups> groups, int64_t v_head_dim)

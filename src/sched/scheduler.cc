@@ -89,6 +89,17 @@ void Scheduler::Preempt(std::unique_ptr<SeqRequest> req) {
   waiting_.push_front(std::move(req));
 }
 
+bool Scheduler::Rewind(int64_t id, int64_t num_computed) {
+  auto it = std::find_if(running_.begin(), running_.end(), [id](const auto& r) { return r->id == id; });
+  if (it == running_.end()) return false;
+  SeqRequest& r = **it;
+  CHECK(!r.retains() && num_computed >= 0 && num_computed <= r.num_computed_tokens);
+  r.num_computed_tokens = num_computed;
+  r.spec_tokens.clear();
+  kv_->TrimSlots(id, num_computed);
+  return true;
+}
+
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int64_t budget = config_.max_num_batched_tokens;
@@ -96,7 +107,11 @@ StepPlan Scheduler::Schedule() {
   // A request with a KV budget also stays within all KV memory (it evicts after the step).
   auto num_new = [&](const SeqRequest& r) {
     const int64_t left = r.num_tokens() - r.num_computed_tokens;
-    const int64_t n = std::min({left, config_.prefill_chunk_size, budget});
+    int64_t n = std::min({left, config_.prefill_chunk_size, budget});
+    if (end_chunks_at_prompt_block_) {
+      const int64_t b = kv_->block_size(), boundary = (r.num_prompt_tokens - 1) / b * b;
+      if (r.num_computed_tokens < boundary && r.num_computed_tokens + n > boundary) n = boundary - r.num_computed_tokens;
+    }
     if (r.whole_prompt && r.num_computed_tokens < r.num_prompt_tokens && n < left) return int64_t{0};
     return r.retains() ? std::max<int64_t>(1, std::min(n, capacity_ - r.num_slots())) : n;
   };

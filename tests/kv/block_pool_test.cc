@@ -6,6 +6,7 @@
 
 #include "base/rng.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/state_checkpoints.h"
 
 namespace gale {
 namespace {
@@ -149,6 +150,41 @@ TEST(PrefixCacheTest, ReusesFullBlocksAndLeavesOneTokenToCompute) {
   EXPECT_EQ(kv.AllocateCachedPrefix(8, a, ""), 0);
   EXPECT_EQ(kv.CheckInvariants(), "");
   EXPECT_EQ(kv.num_hit_tokens(), 8 + 4 + 8);
+}
+
+// A model with recurrent layers resumes only where a state was checkpointed: the longest hit
+// whose end the filter accepts is taken. PrefixHash names a prefix as the chain does.
+TEST(PrefixCacheTest, HitsEndWhereTheModelCanResume) {
+  KvCacheManager kv(16, 4, /*enable_prefix_caching=*/true);
+  const auto a = Seq(20);
+  ASSERT_TRUE(kv.AllocateSlots(1, 20));
+  kv.CacheFullBlocks(1, a, 20, "s");
+  StateCheckpoints ckpt(0, 2);
+  kv.set_resumable([&](const BlockHash& h) { return ckpt.Contains(h); });
+  EXPECT_EQ(kv.AllocateCachedPrefix(2, a, "s"), 0) << "no checkpoint: no hit";
+  ASSERT_TRUE(ckpt.Save(kv.PrefixHash(a, 2, "s")).has_value());
+  EXPECT_EQ(kv.AllocateCachedPrefix(3, a, "s"), 8);
+  ASSERT_TRUE(ckpt.Save(kv.PrefixHash(a, 4, "s")).has_value());
+  EXPECT_EQ(kv.AllocateCachedPrefix(4, a, "s"), 16);
+  EXPECT_EQ(kv.AllocateCachedPrefix(5, a, ""), 0) << "another salt names another prefix";
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
+// Checkpoints: a slot per prefix, the least recently used given up first.
+TEST(StateCheckpointsTest, KeepsTheMostRecentlyUsed) {
+  StateCheckpoints c(10, 2);
+  const BlockHash a{1, 0}, b{2, 0}, d{3, 0};
+  EXPECT_EQ(c.Save(a), 10);
+  EXPECT_EQ(c.Save(b), 11);
+  EXPECT_FALSE(c.Save(a).has_value()) << "kept already (now the most recent)";
+  EXPECT_EQ(c.Save(d), 11) << "b was the least recently used";
+  EXPECT_TRUE(c.Contains(a));
+  EXPECT_FALSE(c.Contains(b));
+  EXPECT_EQ(c.Find(d), 11);
+  EXPECT_EQ(c.Save(b), 10);
+  EXPECT_EQ(c.num_saved(), 4);
+  StateCheckpoints none(0, 0);
+  EXPECT_FALSE(none.Save(a).has_value());
 }
 
 TEST(PrefixCacheTest, DisabledFindsNothing) {
