@@ -103,12 +103,18 @@ struct Engine::Live {
   bool retention_fresh = true;
   bool embed = false;  // an embedding request: no text, the embedding at the end
   int32_t state_slot = -1;  // recurrent layers' state slot while running (-1: none held)
+  // The checkpoint of its state taken last while it decoded: the next one replaces it, so that a
+  // long generation holds one checkpoint (its latest state) and not one per block.
+  std::optional<BlockHash> decode_checkpoint;
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Tokenizer* tokenizer,
                                                  const EngineConfig& config, ThreadPool& pool) {
   RETURN_IF_ERROR(config.sched.Validate());
   RETURN_IF_ERROR(config.spec.Validate());
+  if (config.state_checkpoints < -1 || config.state_checkpoints > (int64_t{1} << 20)) {
+    return InvalidArgument("state checkpoints must be -1 (automatic) or in [0, 2^20], got {}", config.state_checkpoints);
+  }
   const KvLayout layout = model.kv_layout();
   const KvLayerGroups groups = config.KvGroups(layout);
   RETURN_IF_ERROR(CheckRetention(config.retention, config, model.hparams(), groups));
@@ -128,11 +134,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     return Unimplemented("{}: its cache rows are written in parts (compressed rows packed side by side): f32, f16 or "
                          "bf16 only, not an int8/int4 cache", hp.arch);
   }
-  if (layout.state_floats > 0 && config.spec.method != SpecMethod::kOff) {
-    // Recurrent layers keep one state per sequence, of everything it has read: a rejected draft
-    // would need the state at an earlier token (not kept yet). Retention: CheckRetention.
-    return Unimplemented("{}: speculative decoding is not supported for recurrent layers yet", hp.arch);
-  }
   if (hp.kv_latent && config.v_type() != config.kv_type) {
     return InvalidArgument("this model caches one latent row per position (K and V at once): a V type of its own does not apply");
   }
@@ -147,13 +148,35 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     if (avail == 0) return InvalidArgument("cannot read MemAvailable from /proc/meminfo: set --kv-cache-memory");
     budget = avail > workspace ? static_cast<uint64_t>(static_cast<double>(avail - workspace) * config.kv_cache_ratio) : 0;
   }
-  // Recurrent layers' states, one slot per running request, come out of the same budget.
-  const uint64_t state_bytes = static_cast<uint64_t>(config.sched.max_batch_size * layout.state_floats) * sizeof(float);
-  if (state_bytes > 0 && budget <= state_bytes) {
-    return ResourceExhausted("KV cache memory of {} bytes does not hold the recurrent states of {} requests ({} bytes)",
-                             budget, config.sched.max_batch_size, state_bytes);
+  // Recurrent layers' states come out of the same budget: a slot per running request (and with
+  // speculation another, its state before its guesses), then the prefix cache's checkpoints.
+  EngineConfig cfg = config;
+  const uint64_t one_state = static_cast<uint64_t>(layout.state_floats) * sizeof(float);
+  if (one_state > 0) {
+    const int64_t running = config.sched.max_batch_size * (config.spec.method != SpecMethod::kOff ? 2 : 1);
+    const uint64_t running_bytes = static_cast<uint64_t>(running) * one_state;
+    if (budget <= running_bytes) {
+      return ResourceExhausted("KV cache memory of {} bytes does not hold the recurrent states of {} requests ({} "
+                               "bytes{})", budget, config.sched.max_batch_size, running_bytes,
+                               running > config.sched.max_batch_size ? ", twice for speculation" : "");
+    }
+    budget -= running_bytes;
+    int64_t checkpoints = 0;
+    if (cfg.enable_prefix_caching && cfg.state_checkpoints >= 0) {
+      checkpoints = cfg.state_checkpoints;
+      if (static_cast<uint64_t>(checkpoints) * one_state >= budget) {
+        return ResourceExhausted("KV cache memory left after the running requests' recurrent states ({} bytes) does "
+                                 "not hold {} state checkpoints of {} bytes and a block", budget, checkpoints, one_state);
+      }
+    } else if (cfg.enable_prefix_caching) {
+      checkpoints = std::min<int64_t>(config.sched.max_batch_size, static_cast<int64_t>(budget / 4 / one_state));
+    }
+    budget -= static_cast<uint64_t>(checkpoints) * one_state;
+    cfg.state_checkpoints = checkpoints;
+    if (checkpoints == 0) cfg.enable_prefix_caching = false;
+  } else {
+    cfg.state_checkpoints = 0;
   }
-  budget -= state_bytes;
   int64_t num_blocks = static_cast<int64_t>(budget / block_bytes);
   // More than every running request at its longest could use is never touched: do not reserve it.
   const int64_t seq_cap = config.sched.max_seq_len > 0 ? config.sched.max_seq_len
@@ -167,8 +190,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
                              budget, block_bytes, config.block_size);
   }
   if (num_blocks > (int64_t{1} << 30)) num_blocks = int64_t{1} << 30;
-  EngineConfig cfg = config;
-  if (layout.state_floats > 0) cfg.enable_prefix_caching = false;  // no state checkpoints yet
   if (cfg.sched.max_seq_len == 0) cfg.sched.max_seq_len = seq_cap;
   std::unique_ptr<DraftProposer> draft;
   if (cfg.spec.method == SpecMethod::kDraft) {
@@ -192,8 +213,20 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       runner_(model, storage_, pool),
       draft_(std::move(draft)) {
   if (config.key_channels) storage_.set_key_channels(*config.key_channels);
-  storage_.ReserveStates(model.kv_layout().state_floats > 0 ? config.sched.max_batch_size : 0, model.kv_layout().state_floats);
-  for (int32_t s = static_cast<int32_t>(storage_.num_state_slots()) - 1; s >= 0; --s) free_state_slots_.push_back(s);
+  if (model.kv_layout().state_floats > 0) {
+    // Slots: the running requests', their states before guesses (with speculation), checkpoints.
+    const int64_t running = config.sched.max_batch_size;
+    spec_state_offset_ = config.spec.method != SpecMethod::kOff ? running : 0;
+    const int64_t first_checkpoint = running + spec_state_offset_;
+    storage_.ReserveStates(first_checkpoint + config.state_checkpoints, model.kv_layout().state_floats);
+    for (int32_t s = static_cast<int32_t>(running) - 1; s >= 0; --s) free_state_slots_.push_back(s);
+    checkpoints_ = StateCheckpoints(first_checkpoint, config.state_checkpoints);
+    if (config.state_checkpoints > 0) {
+      // A hit resumes from the state at its end; prompts leave one where a repeat would resume.
+      kv_.set_resumable([this](const BlockHash& h) { return checkpoints_.Contains(h); });
+      sched_.set_end_chunks_at_prompt_block(true);
+    }
+  }
   if (config.forward) runner_.set_forward(config.forward);
   max_request_tokens_ = sched_.max_request_tokens();
   kv_capacity_ = kv_.capacity_tokens(config.sched.max_num_batched_tokens, /*retaining=*/true);
@@ -225,9 +258,13 @@ std::string Engine::Describe() const {
   std::string latent;
   if (storage_.num_state_slots() > 0) {
     // Recurrent layers (Qwen3.5): the cache holds the attention layers; the states sit beside it.
-    latent = fmt::format(" (attention on {} of {} layers; {} recurrent-state slots of {:.3g} MiB, one per running "
-                         "request)", hp.kv_num_layers(), hp.num_layers, storage_.num_state_slots(),
-                         static_cast<double>(storage_.state_floats()) * sizeof(float) / 1048576.0);
+    latent = fmt::format(" (attention on {} of {} layers; recurrent-state slots of {:.3g} MiB: {} for running "
+                         "requests{}, {} checkpoints for the prefix cache)", hp.kv_num_layers(), hp.num_layers,
+                         static_cast<double>(storage_.state_floats()) * sizeof(float) / 1048576.0,
+                         config_.sched.max_batch_size,
+                         spec_state_offset_ > 0 ? fmt::format(", {} for their states before guesses", spec_state_offset_)
+                                                : "",
+                         checkpoints_.capacity());
   } else if (!hp.kv_windows.empty()) {
     // Several cache layers per model layer (DeepSeek-V4): the bytes a token adds past the windows
     // (the full layers') against one full row per layer and position.
@@ -265,7 +302,7 @@ std::string Engine::Describe() const {
       key_channels_active() ? " (keys per channel, calibrated)" : "", latent,
       prefault_seconds_ >= 0 ? fmt::format(" (committed at start in {:.2f} s)", prefault_seconds_) : "",
       max_request_tokens_, config_.sched.max_batch_size,
-      config_.enable_prefix_caching ? "on" : storage_.num_state_slots() > 0 ? "off (recurrent states are not checkpointed)" : "off",
+      config_.enable_prefix_caching ? "on" : storage_.num_state_slots() > 0 ? "off (no recurrent-state checkpoints)" : "off",
       SpecMethodName(config_.spec.method),
       config_.spec.method == SpecMethod::kOff
           ? std::string()
@@ -481,6 +518,38 @@ void Engine::ReleaseStateSlot(Live& l) {
   l.state_slot = -1;
 }
 
+void Engine::AfterStepStates(const StepPlan& plan, const RunnerOutput& out) {
+  if (storage_.num_state_slots() == 0) return;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    SeqRequest& r = *s.req;
+    Live& l = *live_.at(r.id);
+    if (l.state_slot < 0) continue;
+    if (s.num_spec > 0 && static_cast<int64_t>(out.tokens[i].size()) - 1 < s.num_spec &&
+        r.finish_reason == FinishReason::kNone) {
+      // The state took in every guess; the cache's rows past the accepted ones are trimmed, the
+      // state goes back to before the step and the accepted tokens are computed again.
+      storage_.CopyState(l.state_slot + spec_state_offset_, l.state_slot);
+      CHECK(sched_.Rewind(r.id, s.start));
+      ++stats_.spec_state_rollbacks;
+    }
+    // Not a state that took in a rejected guess (of a request that finished in this step).
+    const int64_t taken = storage_.state_tokens(l.state_slot);
+    if (checkpoints_.capacity() == 0 || taken <= 0 || taken != r.num_computed_tokens ||
+        taken % config_.block_size != 0) {
+      continue;
+    }
+    const BlockHash h = kv_.PrefixHash(r.tokens, taken / config_.block_size, r.cache_salt);
+    const bool decoding = taken > r.num_prompt_tokens;
+    if (decoding && l.decode_checkpoint && !(*l.decode_checkpoint == h)) checkpoints_.Drop(*l.decode_checkpoint);
+    if (const std::optional<int64_t> to = checkpoints_.Save(h)) {
+      storage_.CopyState(l.state_slot, *to);
+      ++stats_.state_checkpoints_saved;
+    }
+    if (decoding) l.decode_checkpoint = h;
+  }
+}
+
 void Engine::Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error) {
   auto it = live_.find(r.id);
   if (it == live_.end()) return;
@@ -564,7 +633,16 @@ bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
         CHECK(!free_state_slots_.empty());  // never more running than slots
         l.state_slot = free_state_slots_.back();
         free_state_slots_.pop_back();
+        if (s.start > 0) {
+          // A prefix-cache hit (admission starts nowhere else): it ends at a checkpoint.
+          const std::optional<int64_t> from =
+              checkpoints_.Find(kv_.PrefixHash(s.req->tokens, s.start / config_.block_size, s.req->cache_salt));
+          CHECK(from.has_value() && storage_.state_tokens(*from) == s.start);
+          storage_.CopyState(*from, l.state_slot);
+        }
       }
+      // A verifying request keeps its state from before the guesses, in case some are rejected.
+      if (s.num_spec > 0) storage_.CopyState(l.state_slot, l.state_slot + spec_state_offset_);
       q.state_slot = l.state_slot;
     }
     q.num_prompt = s.req->num_prompt_tokens;
@@ -690,6 +768,7 @@ void Engine::Loop() {
     stats_.max_running = std::max<int64_t>(stats_.max_running, static_cast<int64_t>(plan.seqs.size()));
     auto finished = sched_.Update(plan, b.out);
     AfterSpecStep(plan, b.out);
+    AfterStepStates(plan, b.out);
     StreamStep(plan, finished, b);
     Evict();
     // Counters first: a client that sees its request finish sees its blocks (and state slot) free.

@@ -18,6 +18,7 @@
 #include "engine/request_queue.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/kv_storage.h"
+#include "kv/state_checkpoints.h"
 #include "kv/retention.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -64,6 +65,11 @@ struct EngineConfig {
   // for int8/int4 keys when the model has it; true/false force it on/off.
   std::optional<bool> key_channels;
   bool enable_prefix_caching = true;     // reuse the K/V of full blocks whose tokens match
+  // Models with recurrent layers (Qwen3.5): states kept at block-aligned prefixes for the prefix
+  // cache to resume from (StateCheckpoints). -1: as many as requests run at once, within a
+  // quarter of the KV memory left after the running requests' states; 0: the prefix cache is off
+  // for such a model.
+  int64_t state_checkpoints = -1;
   // Commit the KV cache's memory at start-up (KvStorage::Prefault), as llama.cpp and vLLM hold
   // theirs, instead of page by page as blocks are first written.
   bool kv_prefault = false;
@@ -106,6 +112,10 @@ struct EngineStats {
   std::atomic<int64_t> spec_num_drafts{0};          // verifications of one request's guesses
   std::atomic<int64_t> spec_num_draft_tokens{0};    // guesses verified
   std::atomic<int64_t> spec_num_accepted_tokens{0}; // of which accepted
+  // Recurrent layers: verifications whose rejected guesses the state had taken in (it went back to
+  // the state before them, the accepted tokens computed again), and checkpoints of states saved.
+  std::atomic<int64_t> spec_state_rollbacks{0};
+  std::atomic<int64_t> state_checkpoints_saved{0};
   std::atomic<int64_t> kv_evicted_tokens{0};        // positions KV retention dropped from the cache
   std::atomic<int64_t> kv_evictions{0};             // compactions that dropped them
   std::atomic<int64_t> max_running{0};              // most requests running in one step
@@ -182,6 +192,10 @@ class Engine {
   bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
   void Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error = false);
   void ReleaseStateSlot(Live& l);
+  // Recurrent states after a step: a verifying request whose state took in rejected guesses goes
+  // back to its state before them (computing the accepted ones again next step); a state that
+  // has taken in a whole number of blocks is checkpointed for the prefix cache.
+  void AfterStepStates(const StepPlan& plan, const RunnerOutput& out);
   void PublishStats();
   // After a step: KV retention compacts the requests that reached their budget plus a block.
   void Evict();
@@ -205,6 +219,10 @@ class Engine {
   ModelRunner runner_;
   std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
   std::vector<int32_t> free_state_slots_;  // recurrent layers' state slots no running request holds
+  // With speculation, slot s + spec_state_offset_ keeps running slot s's state from before its
+  // guesses (0: no such slots).
+  int64_t spec_state_offset_ = 0;
+  StateCheckpoints checkpoints_{0, 0};
   std::unique_ptr<DraftProposer> draft_;
   SpecCostModel spec_cost_;
   std::vector<DraftProposer::Job> draft_jobs_;

@@ -16,6 +16,10 @@ StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(const Model& draf
                            draft.hparams().vocab_size, target.hparams().vocab_size);
   }
   if (num_blocks < 1 || block_size < 1) return InvalidArgument("draft KV cache needs blocks, got {}", num_blocks);
+  if (draft.hparams().recurrent_state_floats > 0) {
+    // Its guesses run ahead of what the target accepts; a recurrent state cannot step back.
+    return Unimplemented("a draft model with recurrent layers ({}) is not supported", draft.hparams().arch);
+  }
   return std::unique_ptr<DraftProposer>(new DraftProposer(draft, num_blocks, block_size, kv_type, v_type, pool));
 }
 

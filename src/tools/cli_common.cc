@@ -208,6 +208,11 @@ void EngineOptions::Register(CLI::App& app) {
   app.add_option("--max-seq-len", s.max_seq_len, "most tokens (prompt + output) per request (0 = the model's context)")
       ->capture_default_str();
   app.add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of prompt prefixes seen before");
+  app.add_option("--state-checkpoints", config.state_checkpoints,
+                 "models with recurrent layers (Qwen3.5): states kept at block-aligned prefixes for the prefix cache "
+                 "to resume from (-1: as many as --max-batch-size, within a quarter of the KV memory; 0: no prefix "
+                 "cache for such a model)")
+      ->capture_default_str();
   app.add_flag("--no-kv-window-groups", no_window_groups,
                "keep every block of sliding-window layers (by default they sit in layer groups of their own whose "
                "blocks behind the window go back to the pool)");

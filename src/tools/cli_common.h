@@ -66,7 +66,8 @@ struct RetentionFlags {
 };
 
 // Engine flags as vLLM names them: --block-size, --kv-cache-memory, --kv-cache-ratio, --kv-type,
-// --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len, --no-prefix-cache.
+// --max-num-batched-tokens, --max-batch-size, --prefill-chunk-size, --max-seq-len, --no-prefix-cache,
+// --state-checkpoints.
 // Speculative decoding: --spec off|ngram|draft, --spec-tokens, --draft-model, --spec-ngram-min/max,
 // --spec-max-step-tokens. KV retention: --kv-retention, --kv-budget or --kv-budget-ratio,
 // --kv-sink-tokens.

@@ -138,6 +138,7 @@ std::vector<Result> RunAlone(const TestModel& m, const std::vector<GenerationReq
 
 struct SpecCounts {
   int64_t guessed = 0, accepted = 0;
+  int64_t rollbacks = 0;  // recurrent states taken back to before rejected guesses
 };
 
 // Returns the speculative decoding counters (zero when spec is off).
@@ -184,6 +185,14 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
   cfg.v_kv_type = v_type;
   cfg.enable_prefix_caching = shared_prefixes;
   cfg.spec = spec;
+  const int64_t state_floats = m.model->kv_layout().state_floats;
+  if (state_floats > 0) {
+    // Recurrent layers (qwen35): a state per running request, another per verifying one, and 12
+    // checkpoints for the prefix cache (fewer than the prefixes' block boundaries: some are reused).
+    cfg.state_checkpoints = shared_prefixes ? 12 : 0;
+    const int64_t slots = cfg.sched.max_batch_size * (spec.method != SpecMethod::kOff ? 2 : 1) + cfg.state_checkpoints;
+    cfg.kv_cache_memory_bytes += static_cast<uint64_t>(slots * state_floats) * sizeof(float);
+  }
   auto engine = Engine::Create(*m.model, m.tok.get(), cfg, pool);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   if (!engine.ok()) return {};
@@ -213,6 +222,12 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
     EXPECT_GT(st.window_released_blocks.load(), 0);
   }
   EXPECT_EQ(st.num_generated_tokens.load(), num_generated);
+  if (state_floats > 0) {
+    EXPECT_EQ(st.num_free_state_slots.load(), cfg.sched.max_batch_size) << "every state slot is free afterwards";
+    if (shared_prefixes) {
+      EXPECT_GT(st.state_checkpoints_saved.load(), 0);
+    }
+  }
   std::printf("%s: %lld steps, %lld preemptions, most blocks in use %lld of %lld (%lld given back behind windows), "
               "prefix-cache hit tokens %lld\n",
               kernels::KvTypeName(type), static_cast<long long>(st.num_steps.load()),
@@ -226,7 +241,7 @@ SpecCounts ExpectConcurrentEqualsAlone(const TestModel& m, kernels::KvType type,
     EXPECT_GT(st.prefix_cache_hit_tokens.load(), groups.window[0] > 0 ? 0 : 200);
   }
   if (spec.method != SpecMethod::kOff) std::printf("%s\n", (*engine)->DescribeSpec().c_str());
-  return {st.spec_num_draft_tokens.load(), st.spec_num_accepted_tokens.load()};
+  return {st.spec_num_draft_tokens.load(), st.spec_num_accepted_tokens.load(), st.spec_state_rollbacks.load()};
 }
 
 // Prompts sharing system-prompt prefixes, the prefix cache on, memory tight: each request still
@@ -277,6 +292,51 @@ TEST(EngineTest, ConcurrentEqualsAloneOnEachArchitecture) {
   const SpecCounts c41 = ExpectConcurrentEqualsAlone(Synthetic(GgmlType::kQ8_0, "deepseek41"), kernels::KvType::kBF16,
                                                      /*shared_prefixes=*/true, ngram);
   EXPECT_GT(c41.guessed, 0);
+}
+
+// Hybrid models (qwen35, qwen35moe: Gated DeltaNet layers keeping a recurrent state per
+// sequence, and full attention): alone = batched = chunked = preempted = cached = speculated,
+// token for token, every block and state slot free afterwards. A cache hit resumes from the state
+// checkpointed at the hit's end; a verification whose guesses were rejected takes the state back
+// to before them and computes the accepted tokens again.
+TEST(EngineTest, HybridRecurrentModelsKeepOutputsExact) {
+  for (const char* arch : {"qwen35", "qwen35moe"}) {
+    SCOPED_TRACE(arch);
+    ExpectConcurrentEqualsAlone(Synthetic(GgmlType::kQ8_0, arch), kernels::KvType::kF16, /*shared_prefixes=*/true);
+    ExpectConcurrentEqualsAlone(Synthetic(GgmlType::kF32, arch), kernels::KvType::kF32);
+  }
+  const TestModel m = Synthetic(GgmlType::kQ8_0, "qwen35");
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.num_tokens = 4;
+  ngram.always = true;
+  SpecCounts c = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF16, /*shared_prefixes=*/true, ngram);
+  EXPECT_GT(c.guessed, 20);  // few: the random model's outputs rarely repeat (accepted: Qwen35Test)
+  EXPECT_GT(c.rollbacks, 0);
+  // A draft model of attention layers only, sharing the vocabulary: most guesses rejected.
+  SynthShape small;
+  small.dim = 32;
+  small.num_layers = 1;
+  small.num_heads = 2;
+  small.num_kv_heads = 1;
+  small.ffn_dim = 64;
+  small.vocab_size = m.model->hparams().vocab_size;
+  auto file = GgufFile::FromBytes(SynthesizeModel(small, GgmlType::kF32, 5)->WriteToBytes()).value();
+  auto draft = LoadModel(*file).value();
+  SpecConfig d;
+  d.method = SpecMethod::kDraft;
+  d.num_tokens = 3;
+  d.always = true;
+  d.draft = draft.get();
+  c = ExpectConcurrentEqualsAlone(m, kernels::KvType::kF32, /*shared_prefixes=*/false, d);
+  EXPECT_GT(c.rollbacks, 50);
+  // A draft with recurrent layers cannot step back: refused.
+  ThreadPool pool(2);
+  EngineConfig cfg;
+  cfg.kv_cache_memory_bytes = 64ull << 20;
+  cfg.spec = d;
+  cfg.spec.draft = m.model.get();
+  EXPECT_EQ(Engine::Create(*m.model, m.tok.get(), cfg, pool).status().code(), StatusCode::kUnimplemented);
 }
 
 // KV memory one request holds at its peak: one prompt of prompt_len (chunks of 512), then 16

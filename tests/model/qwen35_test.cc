@@ -322,8 +322,14 @@ TEST(Qwen35Test, EngineGivesTheFixedCachesTokens) {
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     const std::string described = (*engine)->Describe();
     std::printf("%s\n", described.c_str());
-    EXPECT_NE(described.find("3 recurrent-state slots"), std::string::npos) << described;
-    EXPECT_NE(described.find("prefix caching off (recurrent states are not checkpointed)"), std::string::npos) << described;
+    EXPECT_NE(described.find("3 for running requests"), std::string::npos) << described;
+    // With room, checkpoints for the prefix cache (as many as run at once); too little: none.
+    if (memory > (int64_t{1} << 20)) {
+      EXPECT_NE(described.find("3 checkpoints for the prefix cache"), std::string::npos) << described;
+      EXPECT_NE(described.find("prefix caching on"), std::string::npos) << described;
+    } else {
+      EXPECT_NE(described.find("prefix caching off (no recurrent-state checkpoints)"), std::string::npos) << described;
+    }
     // All submitted before the first step: they run together.
     std::vector<decltype((*engine)->Submit(GenerationRequest()))> streams;
     for (const auto& p : prompts) {
@@ -352,11 +358,113 @@ TEST(Qwen35Test, EngineGivesTheFixedCachesTokens) {
     EXPECT_EQ((*engine)->stats().num_free_blocks.load(), (*engine)->num_blocks());
     EXPECT_EQ((*engine)->stats().num_free_state_slots.load(), 3);
   }
-  // Speculation and retention need earlier states: refused.
-  EngineConfig spec;
-  spec.kv_cache_memory_bytes = 64 << 20;
-  spec.spec.method = SpecMethod::kNgram;
-  EXPECT_FALSE(Engine::Create(*m, nullptr, spec, pool).ok());
+  // Retention drops positions a recurrent state has taken in: refused.
+  EngineConfig retain;
+  retain.kv_cache_memory_bytes = 64 << 20;
+  retain.retention.policy = RetentionPolicy::kSinkWindow;
+  retain.retention.budget = 64;
+  EXPECT_EQ(Engine::Create(*m, nullptr, retain, pool).status().code(), StatusCode::kUnimplemented);
+}
+
+// Speculative decoding on a hybrid model: long greedy and seeded continuations with n-gram
+// guesses every step give plain decoding's tokens and log-probabilities, bitwise; a repeated
+// prompt hits the prefix cache at its checkpoint. The layers' outputs are scaled down so that a
+// token's logits follow mostly from the token itself: the continuations fall into loops and
+// guesses are accepted in part and in whole (a random model's rarely are), while the states still
+// move every logit.
+TEST(Qwen35Test, EngineSpeculationAndPrefixCacheAreExact) {
+  SynthShape shape = ShapeOf(Shapes()[1]);
+  auto file = Synth(shape);
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    for (const char* name : {"ssm_out.weight", "attn_output.weight", "ffn_down.weight"}) {
+      const GgufTensorInfo* t = file->FindTensor("blk." + std::to_string(l) + "." + name);
+      if (t == nullptr) continue;
+      float* x = reinterpret_cast<float*>(const_cast<uint8_t*>(t->data));
+      for (size_t i = 0; i < t->num_bytes / 4; ++i) x[i] *= 0.01f;
+    }
+  }
+  auto m = LoadModel(*file).value();
+  m->PackWeights(nullptr);
+  const Reference& ref = Ref();
+  ThreadPool pool(2);
+  std::vector<GenerationRequest> reqs;
+  for (int r = 0; r < 4; ++r) {
+    GenerationRequest req;
+    req.prompt.assign(ref.tokens.begin() + 5 * r, ref.tokens.begin() + 5 * r + 40 + 9 * r);
+    req.max_tokens = 120;
+    req.sampling.temperature = r % 2 == 0 ? 0.0f : 0.8f;
+    req.sampling.seed = 17 + r;
+    req.top_logprobs = 2;
+    reqs.push_back(req);
+  }
+  reqs.push_back(reqs[0]);  // a repeat: its prompt from the cache
+  auto run = [&](const SpecConfig& spec, bool cache, EngineStats* stats_out) {
+    EngineConfig cfg;
+    cfg.kv_cache_memory_bytes = 64 << 20;
+    cfg.kv_type = kernels::KvType::kF32;
+    cfg.sched.max_batch_size = 4;
+    cfg.sched.prefill_chunk_size = 24;
+    cfg.enable_prefix_caching = cache;
+    cfg.state_checkpoints = cache ? 12 : 0;
+    cfg.spec = spec;
+    auto engine = Engine::Create(*m, nullptr, cfg, pool);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    // Per request its tokens, then each token's log-probability and its top two's (bits).
+    std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> out;
+    for (const auto& req : reqs) {
+      // One at a time: the repeat comes after the first finished.
+      auto stream = (*engine)->Submit(req);
+      EXPECT_TRUE(stream.ok());
+      auto& [tokens, lps] = out.emplace_back();
+      StreamUpdate u;
+      while ((*stream)->Next(&u)) {
+        tokens.insert(tokens.end(), u.token_ids.begin(), u.token_ids.end());
+        for (const TokenLogprobs& lp : u.logprobs) {
+          lps.push_back(lp.logprob);
+          for (const auto& [t, p] : lp.top) lps.push_back(p);
+        }
+        if (u.finished) {
+          EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+        }
+      }
+      EXPECT_EQ(lps.size(), 3 * tokens.size());
+    }
+    const EngineStats& st = (*engine)->stats();
+    EXPECT_EQ(st.num_free_state_slots.load(), 4);
+    EXPECT_EQ(st.num_free_blocks.load(), (*engine)->num_blocks());
+    if (stats_out != nullptr) {
+      stats_out->spec_num_draft_tokens = st.spec_num_draft_tokens.load();
+      stats_out->spec_num_accepted_tokens = st.spec_num_accepted_tokens.load();
+      stats_out->spec_state_rollbacks = st.spec_state_rollbacks.load();
+      stats_out->prefix_cache_hit_tokens = st.prefix_cache_hit_tokens.load();
+      stats_out->state_checkpoints_saved = st.state_checkpoints_saved.load();
+    }
+    if (spec.method != SpecMethod::kOff) std::printf("%s\n", (*engine)->DescribeSpec().c_str());
+    return out;
+  };
+  const auto plain = run(SpecConfig{}, /*cache=*/false, nullptr);
+  SpecConfig ngram;
+  ngram.method = SpecMethod::kNgram;
+  ngram.num_tokens = 4;
+  ngram.always = true;
+  EngineStats st;
+  const auto spec = run(ngram, /*cache=*/true, &st);
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    EXPECT_EQ(spec[r].first, plain[r].first) << "request " << r;
+    EXPECT_EQ(spec[r].second, plain[r].second) << "request " << r;
+  }
+  EXPECT_EQ(plain[4], plain[0]);
+  std::printf("guesses %lld, accepted %lld, rollbacks %lld, prefix-cache hit tokens %lld, checkpoints saved %lld\n",
+              static_cast<long long>(st.spec_num_draft_tokens.load()),
+              static_cast<long long>(st.spec_num_accepted_tokens.load()),
+              static_cast<long long>(st.spec_state_rollbacks.load()),
+              static_cast<long long>(st.prefix_cache_hit_tokens.load()),
+              static_cast<long long>(st.state_checkpoints_saved.load()));
+  EXPECT_GT(st.spec_num_accepted_tokens.load(), 20);
+  EXPECT_GT(st.spec_state_rollbacks.load(), 5);
+  EXPECT_GT(st.spec_num_draft_tokens.load() - st.spec_num_accepted_tokens.load(), 5);
+  // The repeat found its prompt but the last token, less what the last boundary leaves.
+  EXPECT_EQ(st.prefix_cache_hit_tokens.load(), (static_cast<int64_t>(reqs[0].prompt.size()) - 1) / 16 * 16);
 }
 
 }  // namespace
