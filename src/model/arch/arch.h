@@ -30,6 +30,8 @@ StatusOr<std::unique_ptr<Model>> LoadBert(const GgufFile& file, ModelHParams hp)
 // (deepseek4_hf.cc), one family for both.
 struct HfFamily;
 extern const HfFamily kDeepseek4HfFamily;
+// Qwen3.5 / 3.6 checkpoints (qwen35_hf.cc), dense and MoE, one family for both.
+extern const HfFamily kQwen35HfFamily;
 
 // Each architecture's spec, defined in its file (model/registry.cc lists them).
 extern const ArchSpec kLlamaArch, kQwen2Arch, kQwen3Arch, kQwen3MoeArch, kQwen35Arch, kQwen35MoeArch, kPhi3Arch, kGemma2Arch, kGemma3Arch,

@@ -547,12 +547,14 @@ const ArchSpec kQwen35Arch = {.name = "qwen35",
                               .load = LoadQwen35,
                               .synth_check = SynthCheckQwen35,
                               .synth_write = SynthWriteQwen35,
-                              .synth_shapes = SynthShapesQwen35};
+                              .synth_shapes = SynthShapesQwen35,
+                              .hf = &kQwen35HfFamily};
 const ArchSpec kQwen35MoeArch = {.name = "qwen35moe",
                                  .load = LoadQwen35Moe,
                                  .experts = true,
                                  .synth_check = SynthCheckQwen35,
                                  .synth_write = SynthWriteQwen35,
-                                 .synth_shapes = SynthShapesQwen35Moe};
+                                 .synth_shapes = SynthShapesQwen35Moe,
+                                 .hf = &kQwen35HfFamily};
 
 }  // namespace gale
