@@ -80,6 +80,14 @@ Status CheckRetention(const RetentionConfig& r, const EngineConfig& config, cons
   return CheckRetentionGroups(groups, hp.sliding_window > 0);
 }
 
+// Speculation on a model with recurrent layers keeps the state after each guess of a verifying
+// request: num_tokens slots for each of up to four requests verifying at once (speculation pays at
+// small batches; past four, later requests' guesses wait for free slots).
+int64_t SnapshotSlots(const EngineConfig& config) {
+  if (config.spec.method == SpecMethod::kOff) return 0;
+  return config.spec.num_tokens * std::min<int64_t>(config.sched.max_batch_size, 4);
+}
+
 }  // namespace
 
 struct Engine::Live {
@@ -103,6 +111,7 @@ struct Engine::Live {
   bool retention_fresh = true;
   bool embed = false;  // an embedding request: no text, the embedding at the end
   int32_t state_slot = -1;  // recurrent layers' state slot while running (-1: none held)
+  std::vector<int32_t> snapshots;  // while verifying: slots for the states after each of its guesses
   // The checkpoint of its state taken last while it decoded: the next one replaces it, so that a
   // long generation holds one checkpoint (its latest state) and not one per block.
   std::optional<BlockHash> decode_checkpoint;
@@ -153,12 +162,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
   EngineConfig cfg = config;
   const uint64_t one_state = static_cast<uint64_t>(layout.state_floats) * sizeof(float);
   if (one_state > 0) {
-    const int64_t running = config.sched.max_batch_size * (config.spec.method != SpecMethod::kOff ? 2 : 1);
+    const int64_t running = config.sched.max_batch_size + SnapshotSlots(config);
     const uint64_t running_bytes = static_cast<uint64_t>(running) * one_state;
     if (budget <= running_bytes) {
       return ResourceExhausted("KV cache memory of {} bytes does not hold the recurrent states of {} requests ({} "
                                "bytes{})", budget, config.sched.max_batch_size, running_bytes,
-                               running > config.sched.max_batch_size ? ", twice for speculation" : "");
+                               running > config.sched.max_batch_size ? ", with the states after guesses" : "");
     }
     budget -= running_bytes;
     int64_t checkpoints = 0;
@@ -214,12 +223,11 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
       draft_(std::move(draft)) {
   if (config.key_channels) storage_.set_key_channels(*config.key_channels);
   if (model.kv_layout().state_floats > 0) {
-    // Slots: the running requests', their states before guesses (with speculation), checkpoints.
-    const int64_t running = config.sched.max_batch_size;
-    spec_state_offset_ = config.spec.method != SpecMethod::kOff ? running : 0;
-    const int64_t first_checkpoint = running + spec_state_offset_;
+    // Slots: the running requests' and their states after guesses (one pool), then checkpoints.
+    num_snapshot_slots_ = SnapshotSlots(config);
+    const int64_t first_checkpoint = config.sched.max_batch_size + num_snapshot_slots_;
     storage_.ReserveStates(first_checkpoint + config.state_checkpoints, model.kv_layout().state_floats);
-    for (int32_t s = static_cast<int32_t>(running) - 1; s >= 0; --s) free_state_slots_.push_back(s);
+    for (int32_t s = static_cast<int32_t>(first_checkpoint) - 1; s >= 0; --s) free_state_slots_.push_back(s);
     checkpoints_ = StateCheckpoints(first_checkpoint, config.state_checkpoints);
     if (config.state_checkpoints > 0) {
       // A hit resumes from the state at its end; prompts leave one where a repeat would resume.
@@ -262,8 +270,8 @@ std::string Engine::Describe() const {
                          "requests{}, {} checkpoints for the prefix cache)", hp.kv_num_layers(), hp.num_layers,
                          static_cast<double>(storage_.state_floats()) * sizeof(float) / 1048576.0,
                          config_.sched.max_batch_size,
-                         spec_state_offset_ > 0 ? fmt::format(", {} for their states before guesses", spec_state_offset_)
-                                                : "",
+                         num_snapshot_slots_ > 0 ? fmt::format(", {} for states after guesses", num_snapshot_slots_)
+                                                 : "",
                          checkpoints_.capacity());
   } else if (!hp.kv_windows.empty()) {
     // Several cache layers per model layer (DeepSeek-V4): the bytes a token adds past the windows
@@ -513,9 +521,31 @@ bool Engine::EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs) {
 }
 
 void Engine::ReleaseStateSlot(Live& l) {
+  ReleaseSnapshots(l);
   if (l.state_slot < 0) return;
   free_state_slots_.push_back(l.state_slot);
   l.state_slot = -1;
+}
+
+void Engine::ReleaseSnapshots(Live& l) {
+  for (int32_t slot : l.snapshots) free_state_slots_.push_back(slot);
+  snapshot_slots_held_ -= static_cast<int64_t>(l.snapshots.size());
+  l.snapshots.clear();
+}
+
+void Engine::TakeSnapshots() {
+  if (num_snapshot_slots_ == 0) return;
+  for (SeqRequest* r : sched_.running()) {
+    Live& l = *live_.at(r->id);
+    ReleaseSnapshots(l);  // none held between steps; a failed step's are given back here
+    const int64_t k = std::min(static_cast<int64_t>(r->spec_tokens.size()), num_snapshot_slots_ - snapshot_slots_held_);
+    r->spec_tokens.resize(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) {
+      l.snapshots.push_back(free_state_slots_.back());
+      free_state_slots_.pop_back();
+    }
+    snapshot_slots_held_ += k;
+  }
 }
 
 void Engine::AfterStepStates(const StepPlan& plan, const RunnerOutput& out) {
@@ -525,14 +555,14 @@ void Engine::AfterStepStates(const StepPlan& plan, const RunnerOutput& out) {
     SeqRequest& r = *s.req;
     Live& l = *live_.at(r.id);
     if (l.state_slot < 0) continue;
-    if (s.num_spec > 0 && static_cast<int64_t>(out.tokens[i].size()) - 1 < s.num_spec &&
-        r.finish_reason == FinishReason::kNone) {
-      // The state took in every guess; the cache's rows past the accepted ones are trimmed, the
-      // state goes back to before the step and the accepted tokens are computed again.
-      storage_.CopyState(l.state_slot + spec_state_offset_, l.state_slot);
-      CHECK(sched_.Rewind(r.id, s.start));
+    const int64_t accepted = static_cast<int64_t>(out.tokens[i].size()) - 1;
+    if (s.num_spec > 0 && accepted < s.num_spec && r.finish_reason == FinishReason::kNone) {
+      // The state took in every guess: go on from the snapshot after the last accepted token (the
+      // slots trade places; the old one goes back with the other snapshots).
+      std::swap(l.state_slot, l.snapshots[static_cast<size_t>(accepted)]);
       ++stats_.spec_state_rollbacks;
     }
+    ReleaseSnapshots(l);
     // Not a state that took in a rejected guess (of a request that finished in this step).
     const int64_t taken = storage_.state_tokens(l.state_slot);
     if (checkpoints_.capacity() == 0 || taken <= 0 || taken != r.num_computed_tokens ||
@@ -641,9 +671,9 @@ bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
           storage_.CopyState(*from, l.state_slot);
         }
       }
-      // A verifying request keeps its state from before the guesses, in case some are rejected.
-      if (s.num_spec > 0) storage_.CopyState(l.state_slot, l.state_slot + spec_state_offset_);
       q.state_slot = l.state_slot;
+      // A verifying request keeps the states after its decode token and each guess but the last.
+      q.state_snapshots = std::span<const int32_t>(l.snapshots).first(static_cast<size_t>(s.num_spec));
     }
     q.num_prompt = s.req->num_prompt_tokens;
     if (kv_.num_groups() > 1) q.group_tables = kv_.BlockTables(s.req->id);
@@ -741,6 +771,7 @@ void Engine::Loop() {
       // The draft model failed: its guesses are dropped, target decoding carries on.
       for (SeqRequest* r : sched_.running()) r->spec_tokens.clear();
     }
+    TakeSnapshots();
     const StepPlan plan = sched_.Schedule();
     stats_.num_preemptions += static_cast<int64_t>(plan.preempted.size());
     if (draft_) {

@@ -112,8 +112,8 @@ struct EngineStats {
   std::atomic<int64_t> spec_num_drafts{0};          // verifications of one request's guesses
   std::atomic<int64_t> spec_num_draft_tokens{0};    // guesses verified
   std::atomic<int64_t> spec_num_accepted_tokens{0}; // of which accepted
-  // Recurrent layers: verifications whose rejected guesses the state had taken in (it went back to
-  // the state before them, the accepted tokens computed again), and checkpoints of states saved.
+  // Recurrent layers: verifications whose rejected guesses the state had taken in (it went on from
+  // the snapshot after the last accepted token), and checkpoints of states saved.
   std::atomic<int64_t> spec_state_rollbacks{0};
   std::atomic<int64_t> state_checkpoints_saved{0};
   std::atomic<int64_t> kv_evicted_tokens{0};        // positions KV retention dropped from the cache
@@ -149,6 +149,9 @@ class Engine {
 
   const EngineConfig& config() const { return config_; }
   int64_t num_blocks() const { return num_blocks_; }
+  // Models with recurrent layers: state slots for running requests and the states after their
+  // guesses (every one free when the engine is idle: EngineStats::num_free_state_slots).
+  int64_t num_working_state_slots() const { return config_.sched.max_batch_size + num_snapshot_slots_; }
   int64_t max_request_tokens() const { return max_request_tokens_; }
   uint64_t kv_bytes() const { return kv_bytes_; }
   const EngineStats& stats() const { return stats_; }
@@ -192,10 +195,15 @@ class Engine {
   bool EmitToken(Live& l, int32_t token, const TokenLogprobs* logprobs);
   void Finish(const SeqRequest& r, FinishReason reason, const Status& status, bool request_error = false);
   void ReleaseStateSlot(Live& l);
-  // Recurrent states after a step: a verifying request whose state took in rejected guesses goes
-  // back to its state before them (computing the accepted ones again next step); a state that
-  // has taken in a whole number of blocks is checkpointed for the prefix cache.
+  // Recurrent states after a step: a verifying request whose state took in rejected guesses takes
+  // the snapshot after its last accepted token; a state that has taken in a whole number of
+  // blocks is checkpointed for the prefix cache.
   void AfterStepStates(const StepPlan& plan, const RunnerOutput& out);
+  // Gives a verifying request's snapshot slots back.
+  void ReleaseSnapshots(Live& l);
+  // Models with recurrent layers: a snapshot slot per guess, as far as the pool holds (the
+  // guesses past that are dropped).
+  void TakeSnapshots();
   void PublishStats();
   // After a step: KV retention compacts the requests that reached their budget plus a block.
   void Evict();
@@ -219,9 +227,9 @@ class Engine {
   ModelRunner runner_;
   std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
   std::vector<int32_t> free_state_slots_;  // recurrent layers' state slots no running request holds
-  // With speculation, slot s + spec_state_offset_ keeps running slot s's state from before its
-  // guesses (0: no such slots).
-  int64_t spec_state_offset_ = 0;
+  // With speculation: slots for verifying requests' states after each guess (Propose hands them
+  // out, the step's end takes them back), and how many are handed out now.
+  int64_t num_snapshot_slots_ = 0, snapshot_slots_held_ = 0;
   StateCheckpoints checkpoints_{0, 0};
   std::unique_ptr<DraftProposer> draft_;
   SpecCostModel spec_cost_;

@@ -416,13 +416,49 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       }
     }
   }
+  // Snapshots: slots of their own (no sequence's, no other snapshot's), one per token at most.
+  std::vector<int64_t> first_pos(num_seqs, -1), count(num_seqs, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = batch.seq(i);
+    if (first_pos[s] < 0) first_pos[s] = batch.positions[i];
+    ++count[s];
+  }
+  if (!batch.state_snapshots.empty()) {
+    if (static_cast<int64_t>(batch.state_snapshots.size()) != num_seqs) {
+      return InvalidArgument("batch: {} state snapshot lists for {} sequences", batch.state_snapshots.size(), num_seqs);
+    }
+    std::vector<char> taken(static_cast<size_t>(kv.num_state_slots()), 0);
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      if (next[s] >= 0) taken[batch.state_slot(static_cast<int32_t>(s))] = 1;
+    }
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const auto& snaps = batch.state_snapshots[s];
+      if (static_cast<int64_t>(snaps.size()) > count[s]) {
+        return InvalidArgument("sequence {}: {} state snapshots for {} tokens", s, snaps.size(), count[s]);
+      }
+      for (int32_t slot : snaps) {
+        if (slot < 0 || slot >= kv.num_state_slots() || taken[slot]) {
+          return InvalidArgument("state snapshot slot {}: outside the cache's {} or in use by the batch", slot,
+                                 kv.num_state_slots());
+        }
+        taken[slot] = 1;
+      }
+    }
+  }
+  auto for_each_snapshot = [&](auto fn) {
+    for (int64_t s = 0; s < static_cast<int64_t>(batch.state_snapshots.size()); ++s) {
+      for (size_t j = 0; j < batch.state_snapshots[s].size(); ++j) fn(batch.state_snapshots[s][j], first_pos[s] + j + 1);
+    }
+  };
   for (int64_t s = 0; s < num_seqs; ++s) {
     if (next[s] >= 0) kv.set_state_tokens(batch.state_slot(static_cast<int32_t>(s)), -1);
   }
+  for_each_snapshot([&](int32_t slot, int64_t) { kv.set_state_tokens(slot, -1); });
   RETURN_IF_ERROR(RunForward(batch, kv, ws, pool));
   for (int64_t s = 0; s < num_seqs; ++s) {
     if (next[s] >= 0) kv.set_state_tokens(batch.state_slot(static_cast<int32_t>(s)), next[s]);
   }
+  for_each_snapshot([&](int32_t slot, int64_t tokens) { kv.set_state_tokens(slot, tokens); });
   return Status::Ok();
 }
 

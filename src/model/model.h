@@ -59,6 +59,11 @@ struct ForwardBatch {
   // have taken in exactly p tokens (else the step is refused).
   std::vector<int32_t> state_slots;
   int32_t state_slot(int32_t seq) const { return state_slots.empty() ? seq : state_slots[seq]; }
+  // [num_seqs] or empty: slots (other than every sequence's own) that receive the state after
+  // each of the sequence's first tokens here: snapshot j the state after its j-th token in the
+  // batch (the state then taken in that token's position + 1 tokens). Speculative decoding keeps
+  // the states after a decode token and each guess, so that a rejected guess costs no recompute.
+  std::vector<std::span<const int32_t>> state_snapshots;
   // KV retention's attention tracking, [num_seqs] or empty: for a sequence with an accumulator,
   // each layer l adds the attention probabilities of all its query heads, over its tokens in the
   // batch, to data[l * stride + slot] for every slot they attend to (stride > its last slot).

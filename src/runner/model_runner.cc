@@ -87,11 +87,13 @@ Status ModelRunner::BuildBatch(std::span<const RunnerSeq> seqs) {
   b.slots.clear();
   b.attn_acc.clear();
   b.state_slots.clear();
+  b.state_snapshots.clear();
   sample_jobs_.clear();
-  bool any_slots = false, any_acc = false;
+  bool any_slots = false, any_acc = false, any_snapshots = false;
   for (const RunnerSeq& q : seqs) {
     any_slots = any_slots || (q.slot_start >= 0 && q.slot_start != q.start);
     any_acc = any_acc || q.attn_acc != nullptr;
+    any_snapshots = any_snapshots || !q.state_snapshots.empty();
   }
   for (size_t s = 0; s < seqs.size(); ++s) {
     const RunnerSeq& q = seqs[s];
@@ -112,6 +114,7 @@ Status ModelRunner::BuildBatch(std::span<const RunnerSeq> seqs) {
     }
     if (any_acc) b.attn_acc.push_back({q.attn_acc, q.attn_acc_stride});
     if (q.state_slot >= 0) b.state_slots.push_back(q.state_slot);
+    if (any_snapshots) b.state_snapshots.push_back(q.state_snapshots);
     auto it = requests_.find(q.request_id);
     PerRequest* req = it == requests_.end() ? nullptr : &it->second;
     if (req != nullptr && req->pooling != Pooling::kNone) {

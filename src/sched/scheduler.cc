@@ -89,17 +89,6 @@ void Scheduler::Preempt(std::unique_ptr<SeqRequest> req) {
   waiting_.push_front(std::move(req));
 }
 
-bool Scheduler::Rewind(int64_t id, int64_t num_computed) {
-  auto it = std::find_if(running_.begin(), running_.end(), [id](const auto& r) { return r->id == id; });
-  if (it == running_.end()) return false;
-  SeqRequest& r = **it;
-  CHECK(!r.retains() && num_computed >= 0 && num_computed <= r.num_computed_tokens);
-  r.num_computed_tokens = num_computed;
-  r.spec_tokens.clear();
-  kv_->TrimSlots(id, num_computed);
-  return true;
-}
-
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int64_t budget = config_.max_num_batched_tokens;

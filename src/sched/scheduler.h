@@ -116,10 +116,6 @@ class Scheduler {
   // prompt chunk that would cross the last boundary a prefix-cache hit of its prompt can use
   // ((prompt - 1) / block_size blocks) ends there.
   void set_end_chunks_at_prompt_block(bool on) { end_chunks_at_prompt_block_ = on; }
-  // Takes a running request back to num_computed tokens (fewer than it has computed), giving back
-  // the slots past them: a model with recurrent layers whose state took in rejected guesses
-  // computes the accepted ones again from the state before them. False when it is not running.
-  bool Rewind(int64_t id, int64_t num_computed);
 
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }

@@ -249,6 +249,58 @@ TEST(Qwen35Test, SequencesDoNotShareState) {
   EXPECT_EQ(got_b, alone_b);
 }
 
+// Snapshots: a step can leave the state after each of a sequence's first tokens in slots of their
+// own (bitwise what decoding to there gives), and a later step continues from one of them;
+// snapshot lists that overlap the batch's slots or outrun its tokens are refused.
+TEST(Qwen35Test, StepsLeaveSnapshotsOfTheState) {
+  const Reference& ref = Ref();
+  auto file = Synth(ShapeOf(Shapes()[1]));
+  auto m = LoadModel(*file).value();
+  KvCache kv(m->hparams(), 64, /*num_seqs=*/6);
+  Workspace ws;
+  ThreadPool pool(2);
+  KvStorage& st = kv.storage();
+  const int64_t floats = st.state_floats();
+  auto step = [&](int32_t slot, int first, int count, std::vector<int32_t> snaps = {}) {
+    ForwardBatch b;
+    for (int i = first; i < first + count; ++i) {
+      b.tokens.push_back(ref.tokens[i]);
+      b.positions.push_back(i);
+    }
+    // The cache's six sequences: only the first has tokens here.
+    b.state_slots.assign(6, slot);
+    if (!snaps.empty()) {
+      b.state_snapshots.assign(6, {});
+      b.state_snapshots[0] = snaps;
+    }
+    return m->Forward(b, kv, ws, pool);
+  };
+  auto state = [&](int32_t slot) { return std::vector<float>(st.State(slot), st.State(slot) + floats); };
+  // Slot 0 one token at a time to 20, keeping the states after 17, 18 and 19 tokens.
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(step(0, i, 1).ok());
+    if (i >= 16 && i < 19) want.push_back(state(0));
+  }
+  const std::vector<float> logits_after_17(ws.logits.begin(), ws.logits.begin() + 512);
+  // Slot 1: 16 tokens, then four in one step with snapshots after the first three.
+  ASSERT_TRUE(step(1, 0, 16).ok());
+  ASSERT_TRUE(step(1, 16, 4, {2, 3, 4}).ok());
+  EXPECT_EQ(state(1), state(0));
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(state(2 + j), want[j]) << "snapshot " << j;
+    EXPECT_EQ(st.state_tokens(2 + j), 17 + j);
+  }
+  // Going on from the snapshot after 17 tokens.
+  ASSERT_TRUE(step(2, 17, 3).ok());
+  EXPECT_EQ(state(2), state(0));
+  EXPECT_EQ(std::vector<float>(ws.logits.begin(), ws.logits.begin() + 512), logits_after_17);
+  EXPECT_FALSE(step(5, 0, 2, {5}).ok()) << "the sequence's own slot";
+  EXPECT_FALSE(step(5, 0, 2, {3, 3}).ok()) << "one slot twice";
+  EXPECT_FALSE(step(5, 0, 2, {3, 4, 1}).ok()) << "more snapshots than tokens";
+  EXPECT_FALSE(step(5, 0, 2, {9}).ok()) << "no such slot";
+}
+
 // A step must continue the tokens its state slot has taken in (no gaps, no going back) and the
 // slots must exist and not be shared.
 TEST(Qwen35Test, RefusesStepsThatDoNotContinueTheState) {
@@ -430,7 +482,7 @@ TEST(Qwen35Test, EngineSpeculationAndPrefixCacheAreExact) {
       EXPECT_EQ(lps.size(), 3 * tokens.size());
     }
     const EngineStats& st = (*engine)->stats();
-    EXPECT_EQ(st.num_free_state_slots.load(), 4);
+    EXPECT_EQ(st.num_free_state_slots.load(), (*engine)->num_working_state_slots());
     EXPECT_EQ(st.num_free_blocks.load(), (*engine)->num_blocks());
     if (stats_out != nullptr) {
       stats_out->spec_num_draft_tokens = st.spec_num_draft_tokens.load();

@@ -491,9 +491,8 @@ TEST(SchedulerTest, VerifiesGuessesWithinTheBudgetAndReleasesRejectedSlots) {
 }
 
 // For models with recurrent states (checkpointed where a step ends on a block boundary): a
-// prompt chunk crossing the last boundary a repeat of the prompt could resume from ends there;
-// Rewind takes a request back (slots past the point given up) to compute again from there.
-TEST(SchedulerTest, EndsChunksAtThePromptsLastBlockAndRewinds) {
+// prompt chunk crossing the last boundary a repeat of the prompt could resume from ends there.
+TEST(SchedulerTest, EndsChunksAtThePromptsLastBlock) {
   KvCacheManager kv(32, 4);
   SchedulerConfig cfg;
   cfg.prefill_chunk_size = 8;
@@ -513,19 +512,6 @@ TEST(SchedulerTest, EndsChunksAtThePromptsLastBlockAndRewinds) {
   ASSERT_EQ(p.seqs.size(), 2u);
   EXPECT_EQ(p.seqs[1].num_new_tokens, 4);
   s.Update(p, FakeRun(p));
-  // Rewind request 1 (19 prompt + 2 generated, 20 computed) to 17: its slots past 17 go back and
-  // the next step computes tokens 17..20 again in one chunk, sampling after the last.
-  SeqRequest* r = s.running()[0];
-  ASSERT_EQ(r->num_computed_tokens, 20);
-  EXPECT_TRUE(s.Rewind(1, 17));
-  EXPECT_EQ(r->num_computed_tokens, 17);
-  EXPECT_EQ(kv.BlockTable(1).size(), 5u);
-  EXPECT_EQ(s.CheckInvariants(), "");
-  p = s.Schedule();
-  EXPECT_EQ(p.seqs[0].start, 17);
-  EXPECT_EQ(p.seqs[0].num_new_tokens, 4);
-  EXPECT_TRUE(p.seqs[0].sample);
-  EXPECT_FALSE(s.Rewind(99, 0));
 }
 
 }  // namespace
