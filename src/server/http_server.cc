@@ -24,6 +24,7 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 
+#include "server/api_keys.h"
 #include "base/memory.h"
 #include "jinja/value.h"
 #include "server/anthropic_api.h"
@@ -524,8 +525,16 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!state) return Send(http::status::service_unavailable, "application/json", R"({"status":"loading"})");
       return Send(http::status::ok, "application/json", R"({"status":"ok"})");
     }
+    // OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
+    const auto sv = [](beast::string_view v) { return std::string_view(v.data(), v.size()); };
+    const std::string_view auth = sv(req[http::field::authorization]);
+    const std::string_view bearer = auth.starts_with("Bearer ") ? auth.substr(7) : std::string_view();
+    const bool key_ok = ApiKeyMatches(server_->opt.api_keys, bearer) ||
+                        ApiKeyMatches(server_->opt.api_keys, sv(req["x-api-key"]));
+    const char* kWrongKey = "missing or wrong API key (Authorization: Bearer <key>, or x-api-key)";
     if (path == "/metrics") {
       if (!get) return SendError({405, "use GET", "invalid_request_error", ""});
+      if (!key_ok && !server_->opt.metrics_public) return SendError({401, kWrongKey, "authentication_error", ""});
       return Send(http::status::ok, "text/plain; version=0.0.4", server_->metrics.Render(state ? state->engine : nullptr,
                                                                                             state ? state->model_name : ""));
     }
@@ -533,13 +542,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path.rfind("/v1/", 0) != 0 && !ollama_ && !tokenize && !detokenize) {
       return SendError({404, fmt::format("no route for {}", path), "not_found_error", ""});
     }
-    if (!server_->opt.api_key.empty()) {
-      // OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
-      const auto auth = req[http::field::authorization];
-      if (auth != "Bearer " + server_->opt.api_key && req["x-api-key"] != server_->opt.api_key) {
-        return SendError({401, "missing or wrong API key (Authorization: Bearer <key>, or x-api-key)", "authentication_error", ""});
-      }
-    }
+    if (!key_ok) return SendError({401, kWrongKey, "authentication_error", ""});
     if (!state) return SendError({503, "the model is still loading", "service_unavailable", ""}, false, "5");
     if (tokenize || detokenize) {
       if (!post) return SendError({405, "use POST", "invalid_request_error", ""});

@@ -26,7 +26,10 @@ struct ServerOptions {
   uint16_t port = 8080;              // 0: any free port (see HttpServer::port)
   int num_threads = 2;               // I/O threads
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
-  std::string api_key;               // set: /v1/* needs "Authorization: Bearer <key>"
+  // Non-empty: every API route (/v1/*, /api/*, /tokenize, /detokenize) and /metrics need one of
+  // these as "Authorization: Bearer <key>" or "x-api-key: <key>" (server/api_keys.h).
+  std::vector<std::string> api_keys;
+  bool metrics_public = false;       // /metrics answers without a key even when keys are set
   // Sequences (prompts x n of every request) waiting beyond the engine's batch; past this: 429
   // with Retry-After. A request asking for more than max_batch_size + max_waiting at once: 400.
   int64_t max_waiting = 512;

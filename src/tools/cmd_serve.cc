@@ -21,6 +21,7 @@
 #include "gguf/ggml_types.h"
 #include "gguf/gguf_file.h"
 #include "model/chat_template.h"
+#include "server/api_keys.h"
 #include "server/http_server.h"
 #include "server/kv_events.h"
 #include "tools/cli_common.h"
@@ -32,7 +33,8 @@ namespace {
 
 struct ServeOpts {
   std::string model, isa, chat_template, served_name, tool_call_parser, pooling, kv_events_endpoint, kv_events_topic,
-      kv_events_replay;
+      kv_events_replay, api_key_file;
+  std::vector<std::string> api_keys;
   int threads = ThreadPool::DefaultNumThreads();
   bool no_warmup = false;
   double shutdown_timeout = 10.0;
@@ -47,7 +49,12 @@ void AddServeOptions(CLI::App& app, ServeOpts& o) {
   app.add_option("-m,--model", o.model, "GGUF model (default: the bundled stories260K)");
   app.add_option("--host", o.http.host, "address to listen on")->capture_default_str();
   app.add_option("--port", o.http.port, "port (0: any free port, printed at start)")->capture_default_str();
-  app.add_option("--api-key", o.http.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  app.add_option("--api-key", o.api_keys,
+                 "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on the API routes and /metrics; may be "
+                 "repeated (a key on the command line shows in ps: prefer --api-key-file or GALE_API_KEY)");
+  app.add_option("--api-key-file", o.api_key_file,
+                 "a file of keys, one per line (blank lines and # comments skipped), accepted as --api-key's");
+  app.add_flag("--metrics-public", o.http.metrics_public, "serve /metrics without a key even when keys are set");
   app.add_option("--served-model-name", o.served_name, "model name in the API (default: the file name)");
   app.add_option("--chat-template", o.chat_template, "Jinja chat template file (default: the model's)");
   app.add_option("--max-body-bytes", o.http.max_body_bytes, "largest request body; larger gets 413")->capture_default_str();
@@ -230,6 +237,12 @@ int RunServe(ServeOpts& o) {
   ParallelGuard parallel(rank->comm);  // outlives the engine
   auto cfg = o.engine.Resolve();
   if (!cfg.ok()) return Fail(cfg.status());
+  // Keys from the flags and the file; GALE_API_KEY when neither gives one.
+  const char* env_key = std::getenv("GALE_API_KEY");
+  auto keys = server::ResolveApiKeys(o.api_keys, o.api_key_file,
+                                     env_key != nullptr ? std::optional<std::string>(env_key) : std::nullopt);
+  if (!keys.ok()) return Fail(keys.status());
+  o.http.api_keys = std::move(*keys);
   std::optional<Pooling> pooling;
   if (!o.pooling.empty()) {
     auto p = ParsePooling(o.pooling);

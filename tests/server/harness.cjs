@@ -22,10 +22,12 @@ function finish() {
   process.exit(failures ? 1 : 0);
 }
 
-// args: everything after `serve --port 0`; resolves { proc, port, log() }.
-function startServer(gale, args, { timeoutMs = 60000 } = {}) {
+// args: everything after `serve --port 0`; env: variables set beside this process's; resolves
+// { proc, port, log() }.
+function startServer(gale, args, { timeoutMs = 60000, env = {} } = {}) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(gale, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const proc = spawn(gale, ['serve', '--port', '0', ...args],
+                       { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
     let log = '';
     let port = null;
     const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), timeoutMs);

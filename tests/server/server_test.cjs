@@ -12,9 +12,9 @@ const OpenAI = require(path.join(nodeModules, 'openai'));
 
 const harness = require('./harness.cjs');
 const { check } = harness;
-function startServer(extraArgs = [], { template = true } = {}) {
+function startServer(extraArgs = [], { template = true, env = {} } = {}) {
   return harness.startServer(gale, [...(template ? ['--chat-template', chatTemplate] : []), '-t', '2', ...extraArgs],
-                             { timeoutMs: 30000 });
+                             { timeoutMs: 30000, env });
 }
 
 function request(port, method, p, body, headers = {}) {
@@ -998,6 +998,40 @@ function rawStream(port, cutAfter) {
     } finally {
       s2.proc.kill('SIGTERM');
     }
+  });
+
+  await check('API keys from GALE_API_KEY and --api-key-file, on every API route and /metrics (--metrics-public opens it)', async () => {
+    const get = (port, p, headers = {}) => request(port, 'GET', p, undefined, headers);
+    const s3 = await startServer(['--no-warmup'], { env: { GALE_API_KEY: 'from-env' } });
+    try {
+      for (const p of ['/v1/models', '/api/tags', '/metrics']) {
+        assert.strictEqual((await get(s3.port, p)).status, 401, p);
+        assert.strictEqual((await get(s3.port, p, { authorization: 'Bearer from-envX' })).status, 401, p);
+        assert.strictEqual((await get(s3.port, p, { authorization: 'Bearer from-env' })).status, 200, p);
+        assert.strictEqual((await get(s3.port, p, { 'x-api-key': 'from-env' })).status, 200, p);
+      }
+      assert.strictEqual((await get(s3.port, '/health')).status, 200);
+    } finally {
+      s3.proc.kill('SIGTERM');
+    }
+    const file = path.join(require('os').tmpdir(), `gale-keys-${process.pid}`);
+    fs.writeFileSync(file, '# team keys\nalpha-1\n\n  beta-2  \r\n');
+    const s4 = await startServer(['--no-warmup', '--api-key-file', file, '--metrics-public'], { env: { GALE_API_KEY: 'unused' } });
+    try {
+      for (const key of ['alpha-1', 'beta-2']) {
+        const c = new OpenAI({ baseURL: `http://127.0.0.1:${s4.port}/v1`, apiKey: key, maxRetries: 0 });
+        assert.strictEqual((await c.completions.create({ prompt: 'Hi', max_tokens: 2 })).choices.length, 1);
+      }
+      assert.strictEqual((await get(s4.port, '/v1/models', { authorization: 'Bearer unused' })).status, 401, 'the file wins');
+      assert.strictEqual((await get(s4.port, '/v1/models', { authorization: 'Bearer # team keys' })).status, 401);
+      assert.strictEqual((await get(s4.port, '/metrics')).status, 200);
+    } finally {
+      s4.proc.kill('SIGTERM');
+    }
+    // A file without keys stops the server with the reason.
+    fs.writeFileSync(file, '# nothing\n\n');
+    await assert.rejects(startServer(['--api-key-file', file]), /holds no key/);
+    fs.unlinkSync(file);
   });
 
   harness.finish();
