@@ -230,9 +230,8 @@ Engine::Engine(const Model& model, const Tokenizer* tokenizer, const EngineConfi
     for (int32_t s = static_cast<int32_t>(first_checkpoint) - 1; s >= 0; --s) free_state_slots_.push_back(s);
     checkpoints_ = StateCheckpoints(first_checkpoint, config.state_checkpoints);
     if (config.state_checkpoints > 0) {
-      // A hit resumes from the state at its end; prompts leave one where a repeat would resume.
+      // A hit resumes from the state at its end (CheckpointPrompts, AfterStepStates).
       kv_.set_resumable([this](const BlockHash& h) { return checkpoints_.Contains(h); });
-      sched_.set_end_chunks_at_prompt_block(true);
     }
   }
   if (config.forward) runner_.set_forward(config.forward);
@@ -644,6 +643,9 @@ bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
   bool any_prompt_logprobs = false;
   b.seqs.clear();
   b.spec_inputs.resize(plan.seqs.size());
+  b.snapshots.assign(plan.seqs.size(), {});
+  b.new_checkpoints.clear();
+  b.checkpoint_slots.clear();
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& s = plan.seqs[i];
     std::span<const int32_t> tokens = s.req->tokens;
@@ -673,7 +675,9 @@ bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
       }
       q.state_slot = l.state_slot;
       // A verifying request keeps the states after its decode token and each guess but the last.
-      q.state_snapshots = std::span<const int32_t>(l.snapshots).first(static_cast<size_t>(s.num_spec));
+      for (int64_t j = 0; j < s.num_spec; ++j) {
+        b.snapshots[i].push_back({static_cast<int32_t>(j), l.snapshots[static_cast<size_t>(j)]});
+      }
     }
     q.num_prompt = s.req->num_prompt_tokens;
     if (kv_.num_groups() > 1) q.group_tables = kv_.BlockTables(s.req->id);
@@ -689,7 +693,32 @@ bool Engine::BuildSeqs(const StepPlan& plan, StepBuffers& b) {
       q.attn_acc_stride = l.retention->stride();
     }
   }
+  if (checkpoints_.capacity() > 0) CheckpointPrompts(plan, b);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) b.seqs[i].state_snapshots = b.snapshots[i];
   return any_prompt_logprobs;
+}
+
+// A prompt chunk that passes the last block boundary a repeat of its prompt can resume from
+// ((prompt - 1) / block_size blocks) keeps the state there as a checkpoint, part way through the
+// step (a chunk that ends there is checkpointed after it). After the restores of BuildSeqs: a
+// checkpoint given up here for room was not one of theirs.
+void Engine::CheckpointPrompts(const StepPlan& plan, StepBuffers& b) {
+  const int64_t block = config_.block_size;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    const SeqRequest& r = *s.req;
+    const int64_t boundary = (r.num_prompt_tokens - 1) / block * block;
+    if (live_.at(r.id)->state_slot < 0 || boundary <= s.start || boundary >= s.start + s.num_new_tokens) continue;
+    const BlockHash h = kv_.PrefixHash(r.tokens, boundary / block, r.cache_salt);
+    // Not a slot this step fills already (with fewer checkpoints than such prompts, the later
+    // ones go without).
+    const std::optional<int64_t> slot = checkpoints_.Save(h, b.checkpoint_slots);
+    if (!slot) continue;
+    b.checkpoint_slots.push_back(*slot);
+    b.snapshots[i].push_back({static_cast<int32_t>(boundary - 1 - s.start), static_cast<int32_t>(*slot)});
+    b.new_checkpoints.push_back(h);
+    ++stats_.state_checkpoints_saved;
+  }
 }
 
 Status Engine::RunStep(const StepPlan& plan, StepBuffers& b, bool any_prompt_logprobs) {
@@ -785,7 +814,9 @@ void Engine::Loop() {
     b.idle_released = false;
     const bool any_prompt_logprobs = BuildSeqs(plan, b);
     if (Status st = RunStep(plan, b, any_prompt_logprobs); !st.ok()) {
-      // The model refused the batch: fail its requests (never the engine).
+      // The model refused the batch: fail its requests (never the engine); the checkpoints it was
+      // to fill hold nothing.
+      for (const BlockHash& h : b.new_checkpoints) checkpoints_.Drop(h);
       for (const ScheduledSeq& s : plan.seqs) {
         if (auto r = sched_.Abort(s.req->id, FinishReason::kError)) Finish(*r, FinishReason::kError, st);
       }

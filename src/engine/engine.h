@@ -182,11 +182,17 @@ class Engine {
     std::vector<std::vector<TokenLogprobs>> logprobs;
     std::vector<PromptLogprobs> prompt_logprobs;
     std::vector<std::pair<std::unique_ptr<SeqRequest>, Status>> failed;  // grammar errors of a step
+    // Recurrent states kept part way through the step, per plan entry, and the checkpoints they
+    // fill (forgotten if the step fails).
+    std::vector<std::vector<StateSnapshot>> snapshots;
+    std::vector<BlockHash> new_checkpoints;
+    std::vector<int64_t> checkpoint_slots;  // their slots
     bool idle_released = true;  // memory given back since the last step
   };
   void Loop();
   bool TakeRequests(StepBuffers& b);
   bool BuildSeqs(const StepPlan& plan, StepBuffers& b);
+  void CheckpointPrompts(const StepPlan& plan, StepBuffers& b);
   Status RunStep(const StepPlan& plan, StepBuffers& b, bool any_prompt_logprobs);
   void KeepPromptLogprobs(const StepPlan& plan, const std::vector<PromptLogprobs>& prompt_logprobs);
   void StreamStep(const StepPlan& plan, std::vector<std::unique_ptr<SeqRequest>>& finished, StepBuffers& b);

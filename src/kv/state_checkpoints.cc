@@ -1,5 +1,7 @@
 #include "kv/state_checkpoints.h"
 
+#include <algorithm>
+
 namespace gale {
 
 StateCheckpoints::StateCheckpoints(int64_t first_slot, int64_t count) : first_slot_(first_slot), count_(count) {
@@ -13,16 +15,25 @@ std::optional<int64_t> StateCheckpoints::Find(const BlockHash& h) {
   return it->second->slot;
 }
 
-std::optional<int64_t> StateCheckpoints::Save(const BlockHash& h) {
+std::optional<int64_t> StateCheckpoints::Save(const BlockHash& h, std::span<const int64_t> busy) {
   if (count_ == 0 || Find(h)) return std::nullopt;
   int64_t slot;
   if (!free_.empty()) {
     slot = free_.back();
     free_.pop_back();
   } else {
-    slot = lru_.back().slot;
-    index_.erase(lru_.back().hash);
-    lru_.pop_back();
+    auto victim = lru_.end();
+    for (auto it = lru_.end(); it != lru_.begin();) {
+      --it;
+      if (std::find(busy.begin(), busy.end(), it->slot) == busy.end()) {
+        victim = it;
+        break;
+      }
+    }
+    if (victim == lru_.end()) return std::nullopt;
+    slot = victim->slot;
+    index_.erase(victim->hash);
+    lru_.erase(victim);
   }
   lru_.push_front({h, slot});
   index_[h] = lru_.begin();

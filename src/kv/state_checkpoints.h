@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <list>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -26,10 +27,10 @@ class StateCheckpoints {
   bool Contains(const BlockHash& h) const { return index_.contains(h); }
   // The slot holding the state after the prefix h (now the most recently used), if any.
   std::optional<int64_t> Find(const BlockHash& h);
-  // A slot to write the state after the prefix h into (the least recently used one given up when
-  // all are taken), or nullopt when h has one already (then the most recently used) or the pool
-  // has no slots.
-  std::optional<int64_t> Save(const BlockHash& h);
+  // A slot to write the state after the prefix h into (when all are taken, the least recently
+  // used one not in `busy` given up), or nullopt when h has one already (then the most recently
+  // used) or no slot can be had.
+  std::optional<int64_t> Save(const BlockHash& h, std::span<const int64_t> busy = {});
   // Forgets the checkpoint of h (its slot is taken first by the next Save); no-op when none.
   void Drop(const BlockHash& h);
 

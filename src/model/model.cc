@@ -432,22 +432,24 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       if (next[s] >= 0) taken[batch.state_slot(static_cast<int32_t>(s))] = 1;
     }
     for (int64_t s = 0; s < num_seqs; ++s) {
-      const auto& snaps = batch.state_snapshots[s];
-      if (static_cast<int64_t>(snaps.size()) > count[s]) {
-        return InvalidArgument("sequence {}: {} state snapshots for {} tokens", s, snaps.size(), count[s]);
-      }
-      for (int32_t slot : snaps) {
-        if (slot < 0 || slot >= kv.num_state_slots() || taken[slot]) {
-          return InvalidArgument("state snapshot slot {}: outside the cache's {} or in use by the batch", slot,
+      int64_t last = -1;
+      for (const StateSnapshot& snap : batch.state_snapshots[s]) {
+        if (snap.after <= last || snap.after >= count[s]) {
+          return InvalidArgument("sequence {}: a state snapshot after its token {} (of {}, increasing)", s, snap.after,
+                                 count[s]);
+        }
+        last = snap.after;
+        if (snap.slot < 0 || snap.slot >= kv.num_state_slots() || taken[snap.slot]) {
+          return InvalidArgument("state snapshot slot {}: outside the cache's {} or in use by the batch", snap.slot,
                                  kv.num_state_slots());
         }
-        taken[slot] = 1;
+        taken[snap.slot] = 1;
       }
     }
   }
   auto for_each_snapshot = [&](auto fn) {
     for (int64_t s = 0; s < static_cast<int64_t>(batch.state_snapshots.size()); ++s) {
-      for (size_t j = 0; j < batch.state_snapshots[s].size(); ++j) fn(batch.state_snapshots[s][j], first_pos[s] + j + 1);
+      for (const StateSnapshot& snap : batch.state_snapshots[s]) fn(snap.slot, first_pos[s] + snap.after + 1);
     }
   };
   for (int64_t s = 0; s < num_seqs; ++s) {

@@ -34,6 +34,13 @@ class PartialSums {
 };
 
 // One step's tokens, from one or more sequences. Tokens of a sequence appear in position order.
+// A recurrent state kept part way through a step (ForwardBatch::state_snapshots).
+struct StateSnapshot {
+  int32_t after = 0;  // the sequence's token (0-based among its tokens in the batch)
+  int32_t slot = -1;
+  bool operator==(const StateSnapshot&) const = default;
+};
+
 struct ForwardBatch {
   std::vector<int32_t> tokens;      // [num_tokens]
   std::vector<int32_t> positions;   // [num_tokens] position of each token in its sequence
@@ -59,11 +66,12 @@ struct ForwardBatch {
   // have taken in exactly p tokens (else the step is refused).
   std::vector<int32_t> state_slots;
   int32_t state_slot(int32_t seq) const { return state_slots.empty() ? seq : state_slots[seq]; }
-  // [num_seqs] or empty: slots (other than every sequence's own) that receive the state after
-  // each of the sequence's first tokens here: snapshot j the state after its j-th token in the
-  // batch (the state then taken in that token's position + 1 tokens). Speculative decoding keeps
-  // the states after a decode token and each guess, so that a rejected guess costs no recompute.
-  std::vector<std::span<const int32_t>> state_snapshots;
+  // [num_seqs] or empty: states kept part way through the step, each in a slot of its own (no
+  // sequence's): the state after the sequence's `after`-th token here (0-based, increasing within
+  // a list; the slot has then taken in that token's position + 1 tokens). Speculative decoding
+  // keeps the states after a decode token and each guess, so that a rejected guess costs no
+  // recompute; the prefix cache keeps the state at a prompt's last block boundary.
+  std::vector<std::span<const StateSnapshot>> state_snapshots;
   // KV retention's attention tracking, [num_seqs] or empty: for a sequence with an accumulator,
   // each layer l adds the attention probabilities of all its query heads, over its tokens in the
   // batch, to data[l * stride + slot] for every slot they attend to (stride > its last slot).

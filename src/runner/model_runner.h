@@ -48,9 +48,9 @@ struct RunnerSeq {
   std::span<const std::span<const int32_t>> group_tables = {};
   // Models with recurrent layers: the sequence's state slot (ForwardBatch::state_slots); -1: none.
   int32_t state_slot = -1;
-  // Slots to receive the state after each of the chunk's first tokens (ForwardBatch::
-  // state_snapshots): a verifying request's states after its decode token and guesses.
-  std::span<const int32_t> state_snapshots = {};
+  // States kept part way through the chunk (ForwardBatch::state_snapshots): a verifying request's
+  // after its decode token and guesses, a prompt's at its last block boundary.
+  std::span<const StateSnapshot> state_snapshots = {};
 };
 
 // Log-probabilities of a sampled token under the model (log-softmax of the raw logits, before

@@ -96,11 +96,7 @@ StepPlan Scheduler::Schedule() {
   // A request with a KV budget also stays within all KV memory (it evicts after the step).
   auto num_new = [&](const SeqRequest& r) {
     const int64_t left = r.num_tokens() - r.num_computed_tokens;
-    int64_t n = std::min({left, config_.prefill_chunk_size, budget});
-    if (end_chunks_at_prompt_block_) {
-      const int64_t b = kv_->block_size(), boundary = (r.num_prompt_tokens - 1) / b * b;
-      if (r.num_computed_tokens < boundary && r.num_computed_tokens + n > boundary) n = boundary - r.num_computed_tokens;
-    }
+    const int64_t n = std::min({left, config_.prefill_chunk_size, budget});
     if (r.whole_prompt && r.num_computed_tokens < r.num_prompt_tokens && n < left) return int64_t{0};
     return r.retains() ? std::max<int64_t>(1, std::min(n, capacity_ - r.num_slots())) : n;
   };

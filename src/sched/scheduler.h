@@ -112,10 +112,6 @@ class Scheduler {
   // (blocks freed) in plan order.
   std::vector<std::unique_ptr<SeqRequest>> Update(const StepPlan& plan, const RunnerOutput& out);
 
-  // Recurrent states are checkpointed where a step ends on a block boundary: with this on, a
-  // prompt chunk that would cross the last boundary a prefix-cache hit of its prompt can use
-  // ((prompt - 1) / block_size blocks) ends there.
-  void set_end_chunks_at_prompt_block(bool on) { end_chunks_at_prompt_block_ = on; }
 
   bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -142,7 +138,6 @@ class Scheduler {
   std::deque<std::unique_ptr<SeqRequest>> waiting_;   // front: next to admit
   std::vector<std::unique_ptr<SeqRequest>> running_;  // admission order: back is preempted first
   int64_t num_preemptions_ = 0;
-  bool end_chunks_at_prompt_block_ = false;
   int64_t num_spec_verifications_ = 0, num_spec_proposed_ = 0, num_spec_accepted_ = 0;
 };
 

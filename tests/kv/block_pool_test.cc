@@ -183,6 +183,10 @@ TEST(StateCheckpointsTest, KeepsTheMostRecentlyUsed) {
   EXPECT_EQ(c.Find(d), 11);
   EXPECT_EQ(c.Save(b), 10);
   EXPECT_EQ(c.num_saved(), 4);
+  // A slot in use is not given up: the next least recently used is; with every slot busy, none.
+  const BlockHash e{4, 0}, f{5, 0};
+  EXPECT_EQ(c.Save(e, std::vector<int64_t>{11}), 10);  // b (slot 10) is now the most recent, d (11) busy
+  EXPECT_FALSE(c.Save(f, std::vector<int64_t>{10, 11}).has_value());
   StateCheckpoints none(0, 0);
   EXPECT_FALSE(none.Save(a).has_value());
 }

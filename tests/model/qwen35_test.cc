@@ -261,7 +261,7 @@ TEST(Qwen35Test, StepsLeaveSnapshotsOfTheState) {
   ThreadPool pool(2);
   KvStorage& st = kv.storage();
   const int64_t floats = st.state_floats();
-  auto step = [&](int32_t slot, int first, int count, std::vector<int32_t> snaps = {}) {
+  auto step = [&](int32_t slot, int first, int count, std::vector<StateSnapshot> snaps = {}) {
     ForwardBatch b;
     for (int i = first; i < first + count; ++i) {
       b.tokens.push_back(ref.tokens[i]);
@@ -285,20 +285,25 @@ TEST(Qwen35Test, StepsLeaveSnapshotsOfTheState) {
   const std::vector<float> logits_after_17(ws.logits.begin(), ws.logits.begin() + 512);
   // Slot 1: 16 tokens, then four in one step with snapshots after the first three.
   ASSERT_TRUE(step(1, 0, 16).ok());
-  ASSERT_TRUE(step(1, 16, 4, {2, 3, 4}).ok());
+  ASSERT_TRUE(step(1, 16, 4, {{0, 2}, {1, 3}, {2, 4}}).ok());
   EXPECT_EQ(state(1), state(0));
   for (int j = 0; j < 3; ++j) {
     EXPECT_EQ(state(2 + j), want[j]) << "snapshot " << j;
     EXPECT_EQ(st.state_tokens(2 + j), 17 + j);
   }
+  // One snapshot inside a longer chunk (a prompt's checkpoint): slot 5 after 18 of 20 tokens.
+  ASSERT_TRUE(step(1, 0, 20, {{17, 5}}).ok());
+  EXPECT_EQ(state(5), want[1]);
+  EXPECT_EQ(state(1), state(0));
   // Going on from the snapshot after 17 tokens.
   ASSERT_TRUE(step(2, 17, 3).ok());
   EXPECT_EQ(state(2), state(0));
   EXPECT_EQ(std::vector<float>(ws.logits.begin(), ws.logits.begin() + 512), logits_after_17);
-  EXPECT_FALSE(step(5, 0, 2, {5}).ok()) << "the sequence's own slot";
-  EXPECT_FALSE(step(5, 0, 2, {3, 3}).ok()) << "one slot twice";
-  EXPECT_FALSE(step(5, 0, 2, {3, 4, 1}).ok()) << "more snapshots than tokens";
-  EXPECT_FALSE(step(5, 0, 2, {9}).ok()) << "no such slot";
+  EXPECT_FALSE(step(5, 0, 2, {{0, 5}}).ok()) << "the sequence's own slot";
+  EXPECT_FALSE(step(5, 0, 2, {{0, 3}, {1, 3}}).ok()) << "one slot twice";
+  EXPECT_FALSE(step(5, 0, 2, {{1, 3}, {0, 4}}).ok()) << "not increasing";
+  EXPECT_FALSE(step(5, 0, 2, {{2, 3}}).ok()) << "after a token the step does not have";
+  EXPECT_FALSE(step(5, 0, 2, {{0, 9}}).ok()) << "no such slot";
 }
 
 // A step must continue the tokens its state slot has taken in (no gaps, no going back) and the
@@ -517,6 +522,55 @@ TEST(Qwen35Test, EngineSpeculationAndPrefixCacheAreExact) {
   EXPECT_GT(st.spec_num_draft_tokens.load() - st.spec_num_accepted_tokens.load(), 5);
   // The repeat found its prompt but the last token, less what the last boundary leaves.
   EXPECT_EQ(st.prefix_cache_hit_tokens.load(), (static_cast<int64_t>(reqs[0].prompt.size()) - 1) / 16 * 16);
+}
+
+// More prompts passing their checkpoint boundary in one step than there are checkpoints: each
+// gets what it gets alone, and a repeat finds the one checkpoint left.
+TEST(Qwen35Test, FewCheckpointsForManyPromptsInAStep) {
+  auto file = Synth(ShapeOf(Shapes()[1]));
+  auto m = LoadModel(*file).value();
+  const Reference& ref = Ref();
+  ThreadPool pool(2);
+  auto run = [&](int64_t checkpoints, int repeats) {
+    EngineConfig cfg;
+    cfg.kv_cache_memory_bytes = 64 << 20;
+    cfg.kv_type = kernels::KvType::kF32;
+    cfg.sched.max_batch_size = 4;
+    cfg.sched.prefill_chunk_size = 24;  // the second chunk of each 40-token prompt holds its boundary (32)
+    cfg.enable_prefix_caching = checkpoints > 0;
+    cfg.state_checkpoints = checkpoints;
+    auto engine = Engine::Create(*m, nullptr, cfg, pool);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    std::vector<std::vector<int32_t>> out;
+    for (int round = 0; round < repeats; ++round) {
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (int r = 0; r < 4; ++r) {
+        GenerationRequest req;
+        req.prompt.assign(ref.tokens.begin() + 7 * r, ref.tokens.begin() + 7 * r + 40);
+        req.max_tokens = 6;
+        req.sampling.temperature = 0.0f;
+        streams.push_back(*(*engine)->Submit(req));
+      }
+      for (auto& st : streams) {
+        std::vector<int32_t> got;
+        StreamUpdate u;
+        while (st->Next(&u)) {
+          got.insert(got.end(), u.token_ids.begin(), u.token_ids.end());
+          if (u.finished) {
+            EXPECT_TRUE(u.status.ok()) << u.status.ToString();
+          }
+        }
+        out.push_back(got);
+      }
+    }
+    if (checkpoints > 0) {
+      EXPECT_GT((*engine)->stats().prefix_cache_hit_tokens.load(), 0);
+    }
+    return out;
+  };
+  const auto plain = run(0, 1);
+  const auto cached = run(1, 2);
+  for (size_t i = 0; i < cached.size(); ++i) EXPECT_EQ(cached[i], plain[i % 4]) << i;
 }
 
 }  // namespace

@@ -490,29 +490,5 @@ TEST(SchedulerTest, VerifiesGuessesWithinTheBudgetAndReleasesRejectedSlots) {
   EXPECT_LE(kv2.BlockTable(2).size(), 2u);
 }
 
-// For models with recurrent states (checkpointed where a step ends on a block boundary): a
-// prompt chunk crossing the last boundary a repeat of the prompt could resume from ends there.
-TEST(SchedulerTest, EndsChunksAtThePromptsLastBlock) {
-  KvCacheManager kv(32, 4);
-  SchedulerConfig cfg;
-  cfg.prefill_chunk_size = 8;
-  Scheduler s(cfg, &kv);
-  s.set_end_chunks_at_prompt_block(true);
-  ASSERT_TRUE(s.Add(MakeRequest(1, 19, 20)).ok());  // a repeat would resume after 4 blocks (16 tokens)
-  std::vector<int64_t> chunks;
-  while (s.running().empty() || s.running()[0]->num_computed_tokens < 19) {
-    StepPlan p = s.Schedule();
-    ASSERT_EQ(p.seqs.size(), 1u);
-    chunks.push_back(p.seqs[0].num_new_tokens);
-    s.Update(p, FakeRun(p));
-  }
-  EXPECT_EQ(chunks, (std::vector<int64_t>{8, 8, 3}));  // 16 is a chunk end already
-  ASSERT_TRUE(s.Add(MakeRequest(2, 7, 20)).ok());  // the boundary at 4 falls inside the first chunk
-  StepPlan p = s.Schedule();
-  ASSERT_EQ(p.seqs.size(), 2u);
-  EXPECT_EQ(p.seqs[1].num_new_tokens, 4);
-  s.Update(p, FakeRun(p));
-}
-
 }  // namespace
 }  // namespace gale

@@ -344,12 +344,12 @@ class Qwen35Model final : public Model {
       }, /*min_items_per_thread=*/256);
       // Snapshots (a verifying step's states after each of its first tokens): the convolution's
       // inputs up to that token.
-      const std::span<const int32_t> snaps =
-          batch.state_snapshots.empty() ? std::span<const int32_t>() : batch.state_snapshots[s];
-      auto snapshot = [&](size_t j) { return kv.State(snaps[j]) + w.index * d.state_floats(); };
+      const std::span<const StateSnapshot> snaps =
+          batch.state_snapshots.empty() ? std::span<const StateSnapshot>() : batch.state_snapshots[s];
+      auto snapshot = [&](size_t j) { return kv.State(snaps[j].slot) + w.index * d.state_floats(); };
       for (size_t j = 0; j < snaps.size(); ++j) {
         for (int64_t x = 0; x < K - 1; ++x) {
-          std::memcpy(snapshot(j) + x * conv_dim, input(static_cast<int64_t>(j) - (K - 2) + x),
+          std::memcpy(snapshot(j) + x * conv_dim, input(snaps[j].after - (K - 2) + x),
                       static_cast<size_t>(conv_dim) * sizeof(float));
         }
       }
@@ -408,18 +408,19 @@ class Qwen35Model final : public Model {
           in.scale = scale;
           in.out = outs + h * S;
           in.out_stride = value_dim;
-          // A row's arithmetic does not depend on how many tokens a call takes: the tokens with
-          // snapshots go one at a time, each head's matrix copied after its token.
+          // A row's arithmetic does not depend on how many tokens a call takes: the tokens up to
+          // each snapshot go in a call of their own, the head's matrix copied after it.
+          int64_t done = 0;
           for (size_t j = 0; j < snaps.size(); ++j) {
-            kernels::DeltaRuleTokens one = in;
-            one.n = 1;
-            one.q += j * in.stride, one.k += j * in.stride, one.v += j * in.stride;
-            one.decay += j, one.beta += j, one.out += j * in.out_stride;
-            kernels::DeltaRule(ssm + h * S * S, S, one);
+            kernels::DeltaRuleTokens part = in;
+            part.n = snaps[j].after + 1 - done;
+            part.q += done * in.stride, part.k += done * in.stride, part.v += done * in.stride;
+            part.decay += done, part.beta += done, part.out += done * in.out_stride;
+            kernels::DeltaRule(ssm + h * S * S, S, part);
             std::memcpy(snapshot(j) + d.conv_floats() + h * S * S, ssm + h * S * S,
                         static_cast<size_t>(S * S) * sizeof(float));
+            done = snaps[j].after + 1;
           }
-          const int64_t done = static_cast<int64_t>(snaps.size());
           if (done == m) continue;
           in.n = m - done;
           in.q += done * in.stride, in.k += done * in.stride, in.v += done * in.stride;
