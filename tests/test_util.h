@@ -185,6 +185,48 @@ inline SynthShape SmallGqaShape(int64_t vocab_size) {
   return shape;
 }
 
+// A one-layer llama of dim 32 (2 query heads over 1 KV head, ffn 64): a draft model that shares
+// only the vocabulary with its target.
+inline SynthShape TinyDraftShape(int64_t vocab_size) {
+  SynthShape shape;
+  shape.dim = 32;
+  shape.num_layers = 1;
+  shape.num_heads = 2;
+  shape.num_kv_heads = 1;
+  shape.ffn_dim = 64;
+  shape.vocab_size = vocab_size;
+  return shape;
+}
+
+// Writes a file whole (tests that build folders: Hugging Face checkpoints, key files).
+inline void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+inline void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
+  WriteFile(path, std::string(bytes.begin(), bytes.end()));
+}
+
+// GPT-2's byte-to-character map (byte-level BPE's alphabet): the character byte b is written as,
+// in UTF-8.
+inline std::string ByteLevelChar(int b) {
+  auto printable = [](int c) { return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255); };
+  int cp = b;
+  if (!printable(b)) {
+    int n = 0;
+    for (int c = 0; c < b; ++c) n += !printable(c);
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
 // A whole file's bytes ("" when it cannot be read; tests check what they expect in it).
 inline std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

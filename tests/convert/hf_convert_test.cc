@@ -40,16 +40,6 @@ std::vector<std::string> Strings(const GgufValue* v) {
   return out;
 }
 
-void WriteText(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
-
-void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
 // Encodes llama.cpp's test vectors for ../shared/vocab's `vocab` with tok (and, for byte-level
 // BPE, decodes them back); returns how many were checked.
 size_t CheckLlamaCppVectors(const Tokenizer& tok, const std::string& vocab, bool decode) {
@@ -176,8 +166,8 @@ class HfConvertTest : public ::testing::Test {
     if (!gemma) put(1, "lm_head.weight", "output.weight", 0);  // Gemma ties it to the embedding
     SafetensorsFile::Entry extra{"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, std::vector<uint8_t>(8, 0)};
     shard[0].push_back(extra);
-    WriteBytes(dir_ / "model-00001-of-00002.safetensors", SafetensorsFile::Write(shard[0]));
-    WriteBytes(dir_ / "model-00002-of-00002.safetensors", SafetensorsFile::Write(shard[1]));
+    test::WriteFile(dir_ / "model-00001-of-00002.safetensors", SafetensorsFile::Write(shard[0]));
+    test::WriteFile(dir_ / "model-00002-of-00002.safetensors", SafetensorsFile::Write(shard[1]));
     const char* hf_arch = shape_.arch == "qwen2"   ? "Qwen2ForCausalLM"
                           : shape_.arch == "qwen3" ? "Qwen3ForCausalLM"
                           : shape_.arch == "phi3"  ? "Phi3ForCausalLM"
@@ -210,7 +200,7 @@ class HfConvertTest : public ::testing::Test {
                                 {"long_factor", factors("rope_factors_long.weight")},
                                 {"short_factor", factors("rope_factors_short.weight")}};
     }
-    WriteText(dir_ / "config.json", config.dump(2));
+    test::WriteFile(dir_ / "config.json", config.dump(2));
     auto tokens = Strings(vocab_file_->Find("tokenizer.ggml.tokens"));
     Json vocab = Json::object();
     Json added = Json::array();
@@ -229,7 +219,7 @@ class HfConvertTest : public ::testing::Test {
       }
       model["merges"] = Strings(vocab_file_->Find("tokenizer.ggml.merges"));
       tok["pre_tokenizer"] = Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-      WriteText(dir_ / "tokenizer_config.json",
+      test::WriteFile(dir_ / "tokenizer_config.json",
                 Json{{"bos_token", "<|endoftext|>"}, {"eos_token", {{"content", "<|endoftext|>"}}},
                      {"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
     } else {
@@ -265,14 +255,14 @@ class HfConvertTest : public ::testing::Test {
                                                             Json{{"type", "Replace"}, {"pattern", {{"String", " "}}},
                                                                  {"content", "\u2581"}}})}};
       tok["pre_tokenizer"] = nullptr;
-      WriteText(dir_ / "tokenizer_config.json",
+      test::WriteFile(dir_ / "tokenizer_config.json",
                 Json{{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"add_bos_token", true}}.dump());
     }
     model["vocab"] = vocab;
     tok["added_tokens"] = added;
     tok["post_processor"] = nullptr;
     tok["model"] = model;
-    WriteText(dir_ / "tokenizer.json", tok.dump());
+    test::WriteFile(dir_ / "tokenizer.json", tok.dump());
   }
 
   // llama.cpp's test vectors for the folder's vocab.
@@ -386,7 +376,7 @@ TEST_F(HfConvertTest, QwenRoundTrips) {
     Build("gpt-2", "phi3");
     auto config = Json::parse(test::ReadFile((dir_ / "config.json").string()));
     config["rope_scaling"]["long_factor"] = {1.0, 2.0, 3.0};
-    WriteText(dir_ / "config.json", config.dump(2));
+    test::WriteFile(dir_ / "config.json", config.dump(2));
     EXPECT_NE(Convert().status().message().find("rope_scaling.long_factor must hold 8 numbers"), std::string::npos);
   }
   // Gemma: a query scale gale does not run is refused. (A converter that forgot the norms' "1 +"
@@ -395,7 +385,7 @@ TEST_F(HfConvertTest, QwenRoundTrips) {
     Build("gpt-2", "gemma2");
     auto config = Json::parse(test::ReadFile((dir_ / "config.json").string()));
     config["query_pre_attn_scalar"] = 100;
-    WriteText(dir_ / "config.json", config.dump(2));
+    test::WriteFile(dir_ / "config.json", config.dump(2));
     EXPECT_NE(Convert().status().message().find("query_pre_attn_scalar 100 is not supported"), std::string::npos);
   }
   // The qwen2 folder without one bias.
@@ -408,7 +398,7 @@ TEST_F(HfConvertTest, QwenRoundTrips) {
     kept.push_back({t.name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)});
   }
   st.reset();
-  WriteBytes(shard, SafetensorsFile::Write(kept));
+  test::WriteFile(shard, SafetensorsFile::Write(kept));
   auto r = Convert();
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("model.layers.1.self_attn.k_proj.bias"), std::string::npos) << r.status().message();
@@ -512,7 +502,7 @@ TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   auto config = Json::parse(test::ReadFile((dir_ / "config.json").string()));
   config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
-  WriteText(dir_ / "config.json", config.dump(2));
+  test::WriteFile(dir_ / "config.json", config.dump(2));
   auto out = Convert();
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   const GgufTensorInfo* t = (*out)->FindTensor("rope_freqs.weight");
@@ -529,7 +519,7 @@ TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   // YaRN (Qwen2.5's long-context configs): the type, factor and original context as llama.cpp's
   // converter writes them, which the model reads.
   config["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}};
-  WriteText(dir_ / "config.json", config.dump(2));
+  test::WriteFile(dir_ / "config.json", config.dump(2));
   auto yarn = Convert();
   ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
   EXPECT_EQ(*(*yarn)->GetString("llama.rope.scaling.type"), "yarn");
@@ -539,13 +529,13 @@ TEST_F(HfConvertTest, Llama3RopeScalingBecomesRopeFreqs) {
   EXPECT_EQ((*ym)->hparams().yarn_ext_factor, 1.0f);
   EXPECT_FLOAT_EQ((*ym)->hparams().rope_freq_scale, 0.25f);
   config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
-  WriteText(dir_ / "config.json", config.dump(2));
+  test::WriteFile(dir_ / "config.json", config.dump(2));
   EXPECT_NE(Convert().status().message().find("'dynamic' is not supported"), std::string::npos);
   // Mistral 7B v0.1's sliding window becomes the llama file's window on every layer.
   config.erase("rope_scaling");
   config["architectures"] = {"MistralForCausalLM"};
   config["sliding_window"] = 64;
-  WriteText(dir_ / "config.json", config.dump(2));
+  test::WriteFile(dir_ / "config.json", config.dump(2));
   auto mistral = Convert();
   ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
   EXPECT_EQ((*mistral)->GetInt("llama.attention.sliding_window", 0), 64);
@@ -576,28 +566,28 @@ TEST_F(HfConvertTest, BadFoldersAreClearErrors) {
   };
   const std::string config = test::ReadFile((dir_ / "config.json").string());
   const std::string tokenizer = test::ReadFile((dir_ / "tokenizer.json").string());
-  WriteText(dir_ / "config.json", Json{{"architectures", {"GPT2LMHeadModel"}}}.dump());
+  test::WriteFile(dir_ / "config.json", Json{{"architectures", {"GPT2LMHeadModel"}}}.dump());
   EXPECT_NE(message().find("'GPT2LMHeadModel' is not supported"), std::string::npos);
-  WriteText(dir_ / "config.json", "{not json");
+  test::WriteFile(dir_ / "config.json", "{not json");
   EXPECT_NE(message().find("not a JSON object"), std::string::npos);
-  WriteText(dir_ / "config.json", config);
+  test::WriteFile(dir_ / "config.json", config);
   // A pre-tokenizer it does not know.
   auto tj = Json::parse(tokenizer);
   tj["pre_tokenizer"] = Json{{"type", "Whitespace"}};
-  WriteText(dir_ / "tokenizer.json", tj.dump());
+  test::WriteFile(dir_ / "tokenizer.json", tj.dump());
   EXPECT_NE(message().find("pre-tokenizer not recognized"), std::string::npos);
-  WriteText(dir_ / "tokenizer.json", tokenizer);
+  test::WriteFile(dir_ / "tokenizer.json", tokenizer);
   // A truncated shard.
   const fs::path shard = dir_ / "model-00002-of-00002.safetensors";
   const std::string bytes = test::ReadFile(shard.string());
-  WriteText(shard, bytes.substr(0, bytes.size() / 2));
+  test::WriteFile(shard, bytes.substr(0, bytes.size() / 2));
   EXPECT_NE(message().find("runs past"), std::string::npos);
-  WriteText(shard, bytes.substr(0, 4));
+  test::WriteFile(shard, bytes.substr(0, 4));
   EXPECT_NE(message().find("too short"), std::string::npos);
   // A tensor of the wrong shape.
   // (layer 1, the second shard's first tensor, comes first)
   auto wrong = SafetensorsFile::Write({{"model.layers.1.input_layernorm.weight", "F32", {3}, std::vector<uint8_t>(12, 0)}});
-  WriteBytes(shard, wrong);
+  test::WriteFile(shard, wrong);
   EXPECT_NE(message().find("shape"), std::string::npos);
   fs::remove(shard);
   EXPECT_NE(message().find("missing"), std::string::npos);

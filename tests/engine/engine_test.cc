@@ -316,14 +316,8 @@ TEST(EngineTest, HybridRecurrentModelsKeepOutputsExact) {
   EXPECT_GT(c.guessed, 20);  // few: the random model's outputs rarely repeat (accepted: Qwen35Test)
   EXPECT_GT(c.rollbacks, 0);
   // A draft model of attention layers only, sharing the vocabulary: most guesses rejected.
-  SynthShape small;
-  small.dim = 32;
-  small.num_layers = 1;
-  small.num_heads = 2;
-  small.num_kv_heads = 1;
-  small.ffn_dim = 64;
-  small.vocab_size = m.model->hparams().vocab_size;
-  auto file = GgufFile::FromBytes(SynthesizeModel(small, GgmlType::kF32, 5)->WriteToBytes()).value();
+  auto file = GgufFile::FromBytes(
+      SynthesizeModel(test::TinyDraftShape(m.model->hparams().vocab_size), GgmlType::kF32, 5)->WriteToBytes()).value();
   auto draft = LoadModel(*file).value();
   SpecConfig d;
   d.method = SpecMethod::kDraft;
@@ -456,14 +450,7 @@ TEST(EngineTest, SpeculativeDecodingKeepsOutputsExact) {
   EXPECT_GT(a.accepted, 200);
   EXPECT_GT(a.guessed - a.accepted, 50);
   // A draft that shares only the vocabulary: almost every guess rejected.
-  SynthShape small;
-  small.dim = 32;
-  small.num_layers = 1;
-  small.num_heads = 2;
-  small.num_kv_heads = 1;
-  small.ffn_dim = 64;
-  small.vocab_size = m.model->hparams().vocab_size;
-  const auto bytes = SynthesizeModel(small, GgmlType::kF32, 5)->WriteToBytes();
+  const auto bytes = SynthesizeModel(test::TinyDraftShape(m.model->hparams().vocab_size), GgmlType::kF32, 5)->WriteToBytes();
   auto file = GgufFile::FromBytes(bytes).value();
   auto unrelated = LoadModel(*file).value();
   d.draft = unrelated.get();

@@ -116,31 +116,6 @@ std::vector<uint8_t> Bytes(const std::vector<float>& v) {
   return b;
 }
 
-void WriteText(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
-
-// GPT-2's byte-to-character map (byte-level BPE's alphabet).
-std::string ByteChar(int b) {
-  int cp = b;
-  if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) {
-    int n = 0;
-    for (int c = 0; c < b; ++c) {
-      if (!((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255))) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 class HfDeepseek4Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -316,18 +291,18 @@ class HfDeepseek4Test : public ::testing::Test {
       config["model_type"] = "deepseek_v4";
       config["quantization_config"] = quant;
     }
-    WriteText(dir_ / "config.json", config.dump(2));
+    test::WriteFile(dir_ / "config.json", config.dump(2));
     // A byte-level BPE tokenizer with DeepSeek's two specials.
     Json vocab = Json::object();
-    for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
+    for (int b = 0; b < 256; ++b) vocab[test::ByteLevelChar(b)] = b;
     Json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
                 {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
                 {"decoder", {{"type", "ByteLevel"}}},
                 {"added_tokens",
                  {{{"id", 256}, {"content", "<｜begin▁of▁sentence｜>"}, {"special", true}},
                   {{"id", 257}, {"content", "<｜end▁of▁sentence｜>"}, {"special", true}}}}};
-    WriteText(dir_ / "tokenizer.json", tok.dump());
-    WriteText(dir_ / "tokenizer_config.json",
+    test::WriteFile(dir_ / "tokenizer.json", tok.dump());
+    test::WriteFile(dir_ / "tokenizer_config.json",
               Json{{"bos_token", "<｜begin▁of▁sentence｜>"}, {"eos_token", "<｜end▁of▁sentence｜>"}}.dump());
     return GgufFile::FromBytes(want.WriteToBytes()).value();
   }
@@ -477,28 +452,28 @@ TEST_F(HfDeepseek4Test, EngramChecksAgainstTheConfig) {
   ASSERT_EQ(error(), "ok");
   Json c = Json::parse(config);
   c["text_config"]["engram_compressed_vocab_size"] = 230;  // another tokenizer's
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("not the checkpoint's tokenizer"), std::string::npos) << error();
   c = Json::parse(config);
   c["text_config"]["engram_vocab_size"] = 44;  // a different prime layout (buckets from 47 on)
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("table rows"), std::string::npos) << error();
   c = Json::parse(config);
   c["text_config"].erase("engram_layer_ids");
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("no engram_layer_ids"), std::string::npos) << error();
   // Hostile values: a layer past the model, a huge bucket start, a wrongly typed field.
   c = Json::parse(config);
   c["text_config"]["engram_layer_ids"] = {0, 99};
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("Engram layer 99"), std::string::npos) << error();
   c = Json::parse(config);
   c["text_config"]["engram_vocab_size"] = {int64_t{1} << 62, 40};
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("engram_vocab_size"), std::string::npos) << error();
   c = Json::parse(config);
   c["text_config"]["norm_topk_prob"] = "yes";
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("unexpected type"), std::string::npos) << error();
 }
 
@@ -514,12 +489,12 @@ TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
   // Tiles that do not match the scale tensors.
   Json c = Json::parse(config);
   c["quantization_config"]["weight_block_size"] = {32, 32};
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("scale shape"), std::string::npos) << error();
   // A ratio list shorter than the layers.
   c = Json::parse(config);
   c["compress_ratios"] = {0};
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("compress_ratios"), std::string::npos) << error();
   // YaRN as DeepSeek's configs write it (with or without its type) becomes the GGUF keys; another
   // scaling is refused.
@@ -527,7 +502,7 @@ TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
     c = Json::parse(config);
     c["rope_scaling"] = {{"factor", 16}, {"original_max_position_embeddings", 65536}, {"beta_fast", 32}, {"beta_slow", 1}};
     if (typed) c["rope_scaling"]["type"] = "yarn";
-    WriteText(dir_ / "config.json", c.dump());
+    test::WriteFile(dir_ / "config.json", c.dump());
     auto yarn = Convert();
     ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
     EXPECT_EQ((*yarn)->GetString("deepseek4.rope.scaling.type").value(), "yarn");
@@ -535,9 +510,9 @@ TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
     EXPECT_EQ((*yarn)->GetInt("deepseek4.rope.scaling.original_context_length").value(), 65536);
   }
   c["rope_scaling"]["type"] = "linear";
-  WriteText(dir_ / "config.json", c.dump());
+  test::WriteFile(dir_ / "config.json", c.dump());
   EXPECT_NE(error().find("rope_scaling 'linear'"), std::string::npos) << error();
-  WriteText(dir_ / "config.json", config);
+  test::WriteFile(dir_ / "config.json", config);
   ASSERT_EQ(error(), "ok");
   // A missing expert and a missing scale: one shard rewritten without them.
   for (const char* drop : {"layers.1.ffn.experts.3.w2.weight", "layers.0.attn.wq_a.scale"}) {
@@ -557,7 +532,7 @@ TEST_F(HfDeepseek4Test, BadCheckpointsAreClearErrors) {
     WriteBytesTo(shard, SafetensorsFile::Write(kept));
     const std::string e = error();
     EXPECT_NE(e.find(std::string(drop).substr(0, std::string(drop).rfind('.'))), std::string::npos) << e;
-    WriteText(shard, saved);
+    test::WriteFile(shard, saved);
   }
 }
 

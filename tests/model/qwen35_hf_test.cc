@@ -31,16 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-void WriteText(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
-
-void WriteBytes(const fs::path& p, const std::vector<uint8_t>& b) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
 std::vector<float> Floats(const GgufTensorInfo& t) {
   std::vector<float> v(t.num_bytes / 4);
   std::memcpy(v.data(), t.data, t.num_bytes);
@@ -51,25 +41,6 @@ std::vector<uint8_t> Bytes(const std::vector<float>& v) {
   std::vector<uint8_t> b(v.size() * 4);
   std::memcpy(b.data(), v.data(), b.size());
   return b;
-}
-
-// GPT-2's byte-to-character map (byte-level BPE's alphabet).
-std::string ByteChar(int b) {
-  auto printable = [](int c) { return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255); };
-  int cp = b;
-  if (!printable(b)) {
-    int n = 0;
-    for (int c = 0; c < b; ++c) n += !printable(c);
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
 }
 
 SynthShape Shape(bool moe) {
@@ -207,8 +178,8 @@ class HfQwen35Test : public ::testing::Test {
     std::vector<SafetensorsFile::Entry> second(entries.begin() + static_cast<std::ptrdiff_t>(entries.size() / 2),
                                                entries.end());
     entries.resize(entries.size() / 2);
-    WriteBytes(dir_ / "model-00001-of-00002.safetensors", SafetensorsFile::Write(entries));
-    WriteBytes(dir_ / "model-00002-of-00002.safetensors", SafetensorsFile::Write(second));
+    test::WriteFile(dir_ / "model-00001-of-00002.safetensors", SafetensorsFile::Write(entries));
+    test::WriteFile(dir_ / "model-00002-of-00002.safetensors", SafetensorsFile::Write(second));
 
     const auto sections = g.Find(s.arch + ".rope.dimension_sections");
     std::vector<int32_t> mrope;
@@ -244,17 +215,17 @@ class HfQwen35Test : public ::testing::Test {
       config = text;
       config["architectures"] = {s.num_experts > 0 ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"};
     }
-    WriteText(dir_ / "config.json", config.dump(2));
+    test::WriteFile(dir_ / "config.json", config.dump(2));
     Json vocab = Json::object();
-    for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
+    for (int b = 0; b < 256; ++b) vocab[test::ByteLevelChar(b)] = b;
     Json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
                 {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
                 {"decoder", {{"type", "ByteLevel"}}},
                 {"added_tokens",
                  {{{"id", 256}, {"content", "<|endoftext|>"}, {"special", true}},
                   {{"id", 257}, {"content", "<|im_end|>"}, {"special", true}}}}};
-    WriteText(dir_ / "tokenizer.json", tok.dump());
-    WriteText(dir_ / "tokenizer_config.json", Json{{"eos_token", "<|im_end|>"}}.dump());
+    test::WriteFile(dir_ / "tokenizer.json", tok.dump());
+    test::WriteFile(dir_ / "tokenizer_config.json", Json{{"eos_token", "<|im_end|>"}}.dump());
     return config;
   }
 
@@ -354,7 +325,7 @@ TEST_F(HfQwen35Test, BadCheckpointsAreClearErrors) {
   auto synth = Synth(s, 3);
   const Json good = Export(s, *synth, false, false);
   auto expect = [&](Json c, const std::string& needle) {
-    WriteText(dir_ / "config.json", c.dump());
+    test::WriteFile(dir_ / "config.json", c.dump());
     auto got = Convert();
     ASSERT_FALSE(got.ok()) << needle;
     EXPECT_NE(got.status().message().find(needle), std::string::npos) << got.status().ToString();
@@ -378,7 +349,7 @@ TEST_F(HfQwen35Test, BadCheckpointsAreClearErrors) {
   c["hidden_size"] = 32;  // the tensors are 64 wide
   expect(c, "has shape");
   // A tensor missing.
-  WriteText(dir_ / "config.json", good.dump());
+  test::WriteFile(dir_ / "config.json", good.dump());
   fs::remove(dir_ / "model-00002-of-00002.safetensors");
   auto got = Convert();
   ASSERT_FALSE(got.ok());
