@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +15,7 @@
 
 #include "base/rng.h"
 #include "base/thread_pool.h"
+#include "gguf/ggml_types.h"
 #include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -225,6 +227,24 @@ inline std::string ByteLevelChar(int b) {
     s += static_cast<char>(0x80 | (cp & 0x3F));
   }
   return s;
+}
+
+// A tensor's values as floats, whatever its type (dequantized row by row).
+inline std::vector<float> TensorValues(const GgufTensorInfo& t) {
+  const GgmlType type = GetTypeTraits(t.type_id)->type;
+  std::vector<float> v(t.NumElements());
+  const int64_t cols = t.shape[0];
+  for (int64_t r = 0; r < t.NumElements() / cols; ++r) {
+    DequantizeRowRef(type, t.data + r * RowBytes(type, cols), v.data() + r * cols, cols);
+  }
+  return v;
+}
+
+// Floats as the bytes of an F32 tensor (a safetensors entry, a GGUF tensor).
+inline std::vector<uint8_t> FloatBytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
 }
 
 // A whole file's bytes ("" when it cannot be read; tests check what they expect in it).

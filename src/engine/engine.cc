@@ -158,7 +158,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, const Token
     budget = avail > workspace ? static_cast<uint64_t>(static_cast<double>(avail - workspace) * config.kv_cache_ratio) : 0;
   }
   // Recurrent layers' states come out of the same budget: a slot per running request (and with
-  // speculation another, its state before its guesses), then the prefix cache's checkpoints.
+  // speculation the states after guesses, SnapshotSlots), then the prefix cache's checkpoints.
   EngineConfig cfg = config;
   const uint64_t one_state = static_cast<uint64_t>(layout.state_floats) * sizeof(float);
   if (one_state > 0) {
@@ -571,10 +571,7 @@ void Engine::AfterStepStates(const StepPlan& plan, const RunnerOutput& out) {
     const BlockHash h = kv_.PrefixHash(r.tokens, taken / config_.block_size, r.cache_salt);
     const bool decoding = taken > r.num_prompt_tokens;
     if (decoding && l.decode_checkpoint && !(*l.decode_checkpoint == h)) checkpoints_.Drop(*l.decode_checkpoint);
-    if (const std::optional<int64_t> to = checkpoints_.Save(h)) {
-      storage_.CopyState(l.state_slot, *to);
-      ++stats_.state_checkpoints_saved;
-    }
+    if (const std::optional<int64_t> to = checkpoints_.Save(h)) storage_.CopyState(l.state_slot, *to);
     if (decoding) l.decode_checkpoint = h;
   }
 }
@@ -717,7 +714,6 @@ void Engine::CheckpointPrompts(const StepPlan& plan, StepBuffers& b) {
     b.checkpoint_slots.push_back(*slot);
     b.snapshots[i].push_back({static_cast<int32_t>(boundary - 1 - s.start), static_cast<int32_t>(*slot)});
     b.new_checkpoints.push_back(h);
-    ++stats_.state_checkpoints_saved;
   }
 }
 
@@ -926,6 +922,7 @@ void Engine::PublishStats() {
   const int64_t used = num_blocks_ - kv_.num_free_blocks();
   stats_.num_free_blocks = kv_.num_free_blocks();
   stats_.num_free_state_slots = static_cast<int64_t>(free_state_slots_.size());
+  stats_.state_checkpoints_saved = checkpoints_.num_saved();
   stats_.window_released_blocks = kv_.num_window_released();
   stats_.num_running = sched_.num_running();
   stats_.num_waiting = sched_.num_waiting();

@@ -233,8 +233,8 @@ class Engine {
   ModelRunner runner_;
   std::unordered_map<int64_t, std::unique_ptr<Live>> live_;
   std::vector<int32_t> free_state_slots_;  // recurrent layers' state slots no running request holds
-  // With speculation: slots for verifying requests' states after each guess (Propose hands them
-  // out, the step's end takes them back), and how many are handed out now.
+  // With speculation: slots for verifying requests' states after each guess (TakeSnapshots hands
+  // them out, AfterStepStates takes them back), and how many are handed out now.
   int64_t num_snapshot_slots_ = 0, snapshot_slots_held_ = 0;
   StateCheckpoints checkpoints_{0, 0};
   std::unique_ptr<DraftProposer> draft_;

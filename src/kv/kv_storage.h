@@ -139,7 +139,7 @@ class KvStorage {
   int64_t state_tokens(int64_t slot) const { return state_tokens_[slot]; }
   void set_state_tokens(int64_t slot, int64_t n) { state_tokens_[slot] = n; }
   // Makes slot `to` a copy of slot `from` (its state and its token count): a checkpoint taken or
-  // restored, a draft window's starting state kept.
+  // restored.
   void CopyState(int64_t from, int64_t to);
 
   // The layer as the attention kernel reads it.

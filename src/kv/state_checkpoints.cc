@@ -4,7 +4,7 @@
 
 namespace gale {
 
-StateCheckpoints::StateCheckpoints(int64_t first_slot, int64_t count) : first_slot_(first_slot), count_(count) {
+StateCheckpoints::StateCheckpoints(int64_t first_slot, int64_t count) : count_(count) {
   for (int64_t s = first_slot + count - 1; s >= first_slot; --s) free_.push_back(s);
 }
 

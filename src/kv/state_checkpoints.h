@@ -39,7 +39,7 @@ class StateCheckpoints {
     BlockHash hash;
     int64_t slot;
   };
-  int64_t first_slot_, count_;
+  int64_t count_;
   std::list<Entry> lru_;  // front: most recently used
   std::vector<int64_t> free_;  // slots no checkpoint holds (next at the back)
   std::unordered_map<BlockHash, std::list<Entry>::iterator, BlockHashHasher> index_;

@@ -392,6 +392,7 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
     return InvalidArgument("batch: {} state slots for {} sequences", batch.state_slots.size(), num_seqs);
   }
   std::vector<int64_t> next(num_seqs, -1);  // the position each sequence's next token must have
+  std::vector<int64_t> first_pos(num_seqs, -1);  // and of its first here
   for (int64_t i = 0; i < n; ++i) {
     const int32_t s = batch.seq(i);
     const int32_t slot = batch.state_slot(s);
@@ -399,6 +400,7 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       return InvalidArgument("state slot {} outside the cache's {}", slot, kv.num_state_slots());
     }
     if (next[s] < 0) {
+      first_pos[s] = batch.positions[i];
       if (batch.positions[i] != 0 && batch.positions[i] != kv.state_tokens(slot)) {
         return InvalidArgument("sequence {} continues at position {}, but its recurrent state (slot {}) has taken in {} "
                                "tokens", s, batch.positions[i], slot, kv.state_tokens(slot));
@@ -416,13 +418,8 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       }
     }
   }
-  // Snapshots: slots of their own (no sequence's, no other snapshot's), one per token at most.
-  std::vector<int64_t> first_pos(num_seqs, -1), count(num_seqs, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t s = batch.seq(i);
-    if (first_pos[s] < 0) first_pos[s] = batch.positions[i];
-    ++count[s];
-  }
+  // Snapshots: slots of their own (no sequence's, no other snapshot's), after tokens of the step
+  // (a sequence's are consecutive: next - first_pos of them).
   if (!batch.state_snapshots.empty()) {
     if (static_cast<int64_t>(batch.state_snapshots.size()) != num_seqs) {
       return InvalidArgument("batch: {} state snapshot lists for {} sequences", batch.state_snapshots.size(), num_seqs);
@@ -432,11 +429,12 @@ Status Model::Forward(const ForwardBatch& batch, KvStorage& kv, Workspace& ws, T
       if (next[s] >= 0) taken[batch.state_slot(static_cast<int32_t>(s))] = 1;
     }
     for (int64_t s = 0; s < num_seqs; ++s) {
+      const int64_t count = next[s] - first_pos[s];
       int64_t last = -1;
       for (const StateSnapshot& snap : batch.state_snapshots[s]) {
-        if (snap.after <= last || snap.after >= count[s]) {
+        if (snap.after <= last || snap.after >= count) {
           return InvalidArgument("sequence {}: a state snapshot after its token {} (of {}, increasing)", s, snap.after,
-                                 count[s]);
+                                 count);
         }
         last = snap.after;
         if (snap.slot < 0 || snap.slot >= kv.num_state_slots() || taken[snap.slot]) {

@@ -100,22 +100,6 @@ bool HfNameOf(const std::string& gguf, std::string* hf, Store* store) {
   return true;
 }
 
-std::vector<float> ValuesOf(const GgufTensorInfo& t) {
-  const GgmlType type = GetTypeTraits(t.type_id)->type;
-  std::vector<float> v(t.NumElements());
-  const int64_t cols = t.shape[0];
-  for (int64_t r = 0; r < t.NumElements() / cols; ++r) {
-    DequantizeRowRef(type, t.data + r * RowBytes(type, cols), v.data() + r * cols, cols);
-  }
-  return v;
-}
-
-std::vector<uint8_t> Bytes(const std::vector<float>& v) {
-  std::vector<uint8_t> b(v.size() * 4);
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
 class HfDeepseek4Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -179,9 +163,9 @@ class HfDeepseek4Test : public ::testing::Test {
         EXPECT_TRUE(want.AddTensor(name, t.type_id, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)).ok());
         continue;
       }
-      std::vector<float> v = ValuesOf(t);
+      std::vector<float> v = test::TensorValues(t);
       if (store == Store::kF32) {
-        entries.push_back({hf, "F32", hf_shape, Bytes(v)});
+        entries.push_back({hf, "F32", hf_shape, test::FloatBytes(v)});
       } else if (store == Store::kBf16) {
         std::vector<uint8_t> b(v.size() * 2);
         for (size_t i = 0; i < v.size(); ++i) {
@@ -220,7 +204,7 @@ class HfDeepseek4Test : public ::testing::Test {
         entries.push_back({hf, "F8_E4M3", hf_shape, std::move(codes)});
         entries.push_back({hf.substr(0, hf.size() - 7) + ".scale", "F8_E8M0", {sr, sc}, std::move(scales)});
       }
-      EXPECT_TRUE(want.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), t.shape, Bytes(v)).ok());
+      EXPECT_TRUE(want.AddTensor(name, static_cast<uint32_t>(GgmlType::kF32), t.shape, test::FloatBytes(v)).ok());
     }
     // Two shards, as releases are split.
     const size_t half = entries.size() / 2;
@@ -333,7 +317,7 @@ class HfDeepseek4Test : public ::testing::Test {
         ASSERT_EQ(0, std::memcmp(g->data, w.data, w.num_bytes)) << w.name;
         continue;
       }
-      const std::vector<float> gv = ValuesOf(*g), wv = ValuesOf(w);
+      const std::vector<float> gv = test::TensorValues(*g), wv = test::TensorValues(w);
       for (size_t i = 0; i < wv.size(); ++i) ASSERT_EQ(gv[i], wv[i]) << w.name << " at " << i;
     }
     EXPECT_EQ(got.tensors().size(), want.tensors().size());

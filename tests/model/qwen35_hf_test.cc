@@ -31,18 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-std::vector<float> Floats(const GgufTensorInfo& t) {
-  std::vector<float> v(t.num_bytes / 4);
-  std::memcpy(v.data(), t.data, t.num_bytes);
-  return v;
-}
-
-std::vector<uint8_t> Bytes(const std::vector<float>& v) {
-  std::vector<uint8_t> b(v.size() * 4);
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
 SynthShape Shape(bool moe) {
   SynthShape s;
   s.arch = moe ? "qwen35moe" : "qwen35";
@@ -76,12 +64,12 @@ class HfQwen35Test : public ::testing::Test {
     const std::string pre = multimodal ? "model.language_model." : "model.";
     std::vector<SafetensorsFile::Entry> entries;
     auto put = [&](const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values) {
-      entries.push_back({name, "F32", std::move(shape), Bytes(values)});
+      entries.push_back({name, "F32", std::move(shape), test::FloatBytes(values)});
     };
     auto tensor = [&](const std::string& name) {
       const GgufTensorInfo* t = g.FindTensor(name);
       EXPECT_NE(t, nullptr) << name;
-      return Floats(*t);
+      return test::TensorValues(*t);
     };
     auto minus_one = [](std::vector<float> x) {
       for (float& e : x) e -= 1.0f;
@@ -254,7 +242,7 @@ void ExpectSameModel(const GgufFile& got, const GgufFile& want, const std::strin
     ASSERT_NE(g, nullptr);
     ASSERT_EQ(g->shape, w.shape);
     ASSERT_EQ(g->type_id, w.type_id);
-    const std::vector<float> gv = Floats(*g), wv = Floats(w);
+    const std::vector<float> gv = test::TensorValues(*g), wv = test::TensorValues(w);
     const bool rounded = w.name.ends_with("ssm_a");
     for (size_t i = 0; i < wv.size(); ++i) {
       if (rounded) {
